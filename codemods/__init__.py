@@ -1,0 +1,30 @@
+"""The passes, one module each, in the one order they run.
+
+Order matters: a rename can create the input of a later pass. Import moves run first, so later
+passes see `jax.sharding`; the experimental shard_map rename runs before anything that reads
+`jax.shard_map`; pjit runs before `with mesh:`, whose rewrite is grouped with the pjit sites it
+encloses. A meta-test fails when a module here is missing from `PASSES`.
+"""
+
+from __future__ import annotations
+
+from jaxmigrate.codemods.device_put_replicated import DevicePutReplicated
+from jaxmigrate.codemods.device_put_sharded import DevicePutSharded
+from jaxmigrate.codemods.experimental_shard_map import ExperimentalShardMap
+from jaxmigrate.codemods.legacy_imports import LegacyImports
+from jaxmigrate.codemods.pjit import Pjit
+from jaxmigrate.codemods.pmap import Pmap
+from jaxmigrate.codemods.with_mesh import WithMesh
+from jaxmigrate.passes import Pass
+
+PASSES: tuple[type[Pass], ...] = (
+    LegacyImports,
+    ExperimentalShardMap,
+    Pjit,
+    WithMesh,
+    DevicePutReplicated,
+    DevicePutSharded,
+    Pmap,
+)
+
+__all__ = ["PASSES"]

@@ -1,0 +1,26 @@
+"""jaxmigrate: move JAX code off its legacy parallel APIs, and prove each rewrite by running it.
+
+The Python API for editors and other tools::
+
+    from jaxmigrate import migrate_source
+    result = migrate_source(code)          # -> Migration(code, sites, skips)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = ["Migration", "Options", "__version__", "migrate_source"]
+
+if TYPE_CHECKING:
+    from jaxmigrate.engine import Migration, Options, migrate_source
+
+
+def __getattr__(name: str) -> Any:
+    if name in {"Migration", "Options", "migrate_source"}:
+        from jaxmigrate import engine
+
+        return getattr(engine, name)
+    raise AttributeError(name)

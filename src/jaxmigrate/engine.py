@@ -1,0 +1,202 @@
+"""The pipeline for one file: prefilter, parse once, run the passes, apply the policy.
+
+`migrate_source` is the pure core (text in, text and sites out) that the CLI, the review UI and
+editor integrations share; `process_file` wraps it with reading and never raises.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+
+from jaxmigrate.model import Bucket, FileResult, Safety, Site, Skip, Status
+from jaxmigrate.passes import LATEST_JAX, STATE_KEY, FileState, Pass
+from jaxmigrate.textio import SourceError, read_source
+
+PassList = Sequence[type[Pass]]
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the user asked for that changes which rewrites are made and applied."""
+
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    unsafe_fixes: bool = False
+    target_jax: tuple[int, int] = LATEST_JAX
+
+    def passes(self) -> tuple[type[Pass], ...]:
+        """Return the registered passes this run uses, in registry order."""
+        from jaxmigrate.registry import select_passes
+
+        return select_passes(self.select, self.ignore)
+
+
+@dataclass(frozen=True)
+class Migration:
+    """The result of running passes over one source text."""
+
+    code: str
+    sites: tuple[Site, ...]
+    skips: tuple[Skip, ...]
+
+
+@dataclass
+class _Run:
+    sites: list[Site] = field(default_factory=list)
+    skips: list[Skip] = field(default_factory=list)
+
+
+def line_map_between(original: Sequence[str], current: str) -> Callable[[int], int]:
+    """Return a function mapping 1-based lines of `current` back to lines of `original`."""
+    cur = current.splitlines(keepends=True)
+    if list(original) == cur:
+        return lambda line: line
+    table: dict[int, int] = {}
+    matcher = difflib.SequenceMatcher(None, list(original), cur, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        for j in range(j1, j2):
+            if tag == "equal":
+                table[j + 1] = i1 + (j - j1) + 1
+            else:
+                table[j + 1] = min(i1 + (j - j1), max(i2 - 1, i1)) + 1
+    return lambda line: table.get(line, line)
+
+
+def run_passes(
+    module: cst.Module,
+    source: str,
+    passes: PassList,
+    *,
+    enabled: frozenset[str] | None = None,
+    target_jax: tuple[int, int] = LATEST_JAX,
+    path: str | None = None,
+) -> tuple[cst.Module, _Run]:
+    """Run `passes` in order over `module`; return the new module and what they recorded."""
+    original = source.splitlines(keepends=True)
+    run = _Run()
+    changed = False
+    for pass_cls in passes:
+        if not pass_cls.applies_to(source):
+            continue
+        state = FileState(enabled=enabled, target_jax=target_jax, original_lines=original)
+        if changed:
+            state.line_map = line_map_between(original, module.code)
+        context = CodemodContext(filename=path, scratch={STATE_KEY: state})
+        module = pass_cls(context).transform_module(module)
+        changed = changed or state.changed
+        run.sites.extend(state.sites)
+        run.skips.extend(state.skips)
+    return module, run
+
+
+def initial_status(site: Site) -> Site:
+    """Return `site` with the status it has before any verification ran."""
+    status = Status.NOT_NEEDED if site.safety is Safety.SAFE else Status.UNVERIFIED
+    return replace(site, status=status)
+
+
+def decide(sites: Sequence[Site], unsafe_fixes: bool) -> tuple[Site, ...]:
+    """Apply the default policy: mark which sites are written, and why the rest are not."""
+    decided: list[Site] = []
+    for site in sites:
+        if site.status is Status.FAILED:
+            decided.append(replace(site, applied=False, reason="failed verification"))
+        elif site.safety is Safety.SAFE or site.status is Status.VERIFIED or unsafe_fixes:
+            decided.append(replace(site, applied=True, reason=""))
+        else:
+            decided.append(
+                replace(
+                    site,
+                    applied=False,
+                    reason="unsafe and not verified; --unsafe-fixes or --interactive applies it",
+                )
+            )
+    return enforce_groups(decided)
+
+
+def enforce_groups(sites: Sequence[Site]) -> tuple[Site, ...]:
+    """Unapply every site of a group one of whose members is not applied."""
+    blocked = {s.group for s in sites if s.group is not None and not s.applied}
+    out = []
+    for site in sites:
+        if site.applied and site.group in blocked:
+            site = replace(
+                site, applied=False, reason="depends on another site of its group, not applied"
+            )
+        out.append(site)
+    return tuple(out)
+
+
+def migrate_source(
+    code: str,
+    *,
+    options: Options | None = None,
+    passes: PassList | None = None,
+    accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
+    path: str | None = None,
+) -> Migration:
+    """Migrate one source text and return the new code with its sites and skips.
+
+    Every site is decided by the default policy (`options.unsafe_fixes`), then by `accept`, which
+    may turn sites on or off (verification and interactive review plug in there). Raises
+    `libcst.ParserSyntaxError` for code that does not parse.
+    """
+    options = options or Options()
+    passes = options.passes() if passes is None else passes
+    if not any(p.applies_to(code) for p in passes):
+        return Migration(code, (), ())
+    module = cst.parse_module(code)
+    new, run = run_passes(module, code, passes, target_jax=options.target_jax, path=path)
+    if not run.sites:
+        return Migration(code, (), tuple(run.skips))
+    sites = decide([initial_status(s) for s in run.sites], options.unsafe_fixes)
+    if accept is not None:
+        sites = enforce_groups(accept(sites))
+    applied = frozenset(s.key for s in sites if s.applied)
+    if len(applied) != len(sites):
+        new, _ = run_passes(
+            module, code, passes, enabled=applied, target_jax=options.target_jax, path=path
+        )
+    return Migration(new.code if applied else code, sites, tuple(run.skips))
+
+
+def describe_syntax_error(exc: cst.ParserSyntaxError) -> str:
+    """Return a one-line message for a parse error."""
+    message = str(exc.message).strip().splitlines()[0]
+    return f"cannot parse: line {exc.raw_line}, column {exc.raw_column + 1}: {message}"
+
+
+def process_file(
+    path: Path,
+    options: Options,
+    accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
+) -> FileResult:
+    """Migrate one file in memory; never raises for a bad file and never writes."""
+    shown = str(path)
+    try:
+        source = read_source(path)
+    except SourceError as exc:
+        return FileResult(shown, Bucket.FAILED, reason=str(exc))
+    try:
+        result = migrate_source(source.text, options=options, accept=accept, path=shown)
+    except cst.ParserSyntaxError as exc:
+        return FileResult(shown, Bucket.FAILED, reason=describe_syntax_error(exc))
+    except RecursionError:
+        return FileResult(shown, Bucket.FAILED, reason="too deeply nested for the parser")
+    except Exception as exc:  # noqa: BLE001 - one bad file never stops the batch
+        return FileResult(shown, Bucket.FAILED, reason=f"internal error: {type(exc).__name__}: {exc}")
+    bucket = Bucket.CHANGED if result.code != source.text else Bucket.UNCHANGED
+    return FileResult(
+        shown,
+        bucket,
+        sites=result.sites,
+        skips=result.skips,
+        old_text=source.text,
+        new_text=result.code,
+    )

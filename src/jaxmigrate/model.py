@@ -1,0 +1,124 @@
+"""The frozen records every layer passes around: sites, skips and per-file results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Safety(StrEnum):
+    """Whether a rewrite provably keeps behaviour (`safe`) or can change it (`unsafe`)."""
+
+    SAFE = "safe"
+    UNSAFE = "unsafe"
+
+
+class Status(StrEnum):
+    """What execution said about a site."""
+
+    VERIFIED = "verified"
+    FAILED = "failed"
+    UNVERIFIED = "unverified"
+    NOT_NEEDED = "not-needed"
+
+
+class Bucket(StrEnum):
+    """The one outcome of a file."""
+
+    CHANGED = "changed"
+    UNCHANGED = "unchanged"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Site:
+    """One rewrite of one legacy construct, located in the original source."""
+
+    code: str
+    name: str
+    line: int
+    col: int
+    safety: Safety
+    message: str
+    key: str
+    group: str | None = None
+    status: Status = Status.UNVERIFIED
+    applied: bool = False
+    reason: str = ""
+    details: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def to_json(self, path: str) -> dict[str, Any]:
+        """Return the report form of this site."""
+        out: dict[str, Any] = {
+            "code": self.code,
+            "name": self.name,
+            "path": path,
+            "line": self.line,
+            "col": self.col,
+            "safety": str(self.safety),
+            "status": str(self.status),
+            "applied": self.applied,
+            "message": self.message,
+        }
+        if self.reason:
+            out["reason"] = self.reason
+        if self.details:
+            out["details"] = self.details
+        return out
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A legacy construct a pass saw and deliberately left alone, with the reason."""
+
+    code: str
+    name: str
+    line: int
+    col: int
+    reason: str
+    suppressed: bool = False
+
+    def to_json(self, path: str) -> dict[str, Any]:
+        """Return the report form of this skip."""
+        return {
+            "code": self.code,
+            "name": self.name,
+            "path": path,
+            "line": self.line,
+            "col": self.col,
+            "reason": self.reason,
+            "suppressed": self.suppressed,
+        }
+
+
+@dataclass(frozen=True)
+class FileResult:
+    """Everything one file came to: its bucket, its sites and skips, and both texts."""
+
+    path: str
+    bucket: Bucket
+    sites: tuple[Site, ...] = ()
+    skips: tuple[Skip, ...] = ()
+    reason: str = ""
+    old_text: str | None = None
+    new_text: str | None = None
+    written: bool = False
+
+    @property
+    def pending(self) -> tuple[Site, ...]:
+        """Sites found but not applied."""
+        return tuple(s for s in self.sites if not s.applied)
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the report form of this file."""
+        out: dict[str, Any] = {
+            "path": self.path,
+            "bucket": str(self.bucket),
+            "sites": [s.to_json(self.path) for s in self.sites],
+            "skips": [s.to_json(self.path) for s in self.skips],
+        }
+        if self.reason:
+            out["reason"] = self.reason
+        return out

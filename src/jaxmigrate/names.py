@@ -1,0 +1,300 @@
+"""Resolve names to the JAX objects they mean, by meaning and not by spelling.
+
+libcst's `QualifiedNameProvider` runs a full scope analysis and costs about a second on a large
+file. Passes only ever ask "does this expression mean `jax.pmap`?", so this module does one cheap
+walk that records, per scope, how each name is bound (an import, an alias of something imported,
+or anything else), and answers that question lazily. It follows Python's rules where they matter
+for correctness: function scopes see enclosing function and module scopes but not class bodies; a
+name bound anywhere in a function is local to all of it; a name with conflicting bindings in the
+scope that owns it resolves to nothing, so a pass leaves the site alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+_UNKNOWN = object()
+
+
+@dataclass(eq=False)
+class Scope:
+    """One Python scope and the bindings made in it."""
+
+    kind: str
+    parent: Scope | None
+    bindings: dict[str, list[object]] = field(default_factory=dict)
+
+    def bind(self, name: str, value: object) -> None:
+        self.bindings.setdefault(name, []).append(value)
+
+    def lookup_scope(self, name: str) -> Scope | None:
+        """Return the scope whose binding of `name` a reference in this scope sees."""
+        scope: Scope | None = self
+        first = True
+        while scope is not None:
+            if (first or scope.kind != "class") and name in scope.bindings:
+                return scope
+            first = False
+            scope = scope.parent
+        return None
+
+
+@dataclass(frozen=True)
+class _Import:
+    qualname: str
+
+
+@dataclass(frozen=True)
+class _Alias:
+    value: cst.BaseExpression
+    scope: Scope
+
+
+def dotted(node: cst.BaseExpression) -> str | None:
+    """Return `a.b.c` for a Name/Attribute chain, else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted(node.value)
+        return None if base is None else f"{base}.{node.attr.value}"
+    return None
+
+
+def _import_module_name(node: cst.BaseExpression) -> str:
+    name = dotted(node)
+    assert name is not None
+    return name
+
+
+class _ScopeBuilder(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.module_scope = Scope("module", None)
+        self.stack: list[Scope] = [self.module_scope]
+        self.scope_of: dict[int, Scope] = {}
+        self.names: set[str] = set()
+
+    @property
+    def scope(self) -> Scope:
+        return self.stack[-1]
+
+    def _push(self, kind: str) -> None:
+        self.stack.append(Scope(kind, self.scope))
+
+    def _pop(self) -> None:
+        self.stack.pop()
+
+    # Scopes -------------------------------------------------------------------------------
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self.scope.bind(node.name.value, _UNKNOWN)
+        for deco in node.decorators:
+            deco.visit(self)
+        self._visit_param_defaults(node.params)
+        if node.returns is not None:
+            node.returns.visit(self)
+        self._push("function")
+        self._bind_params(node.params)
+        node.body.visit(self)
+        self._pop()
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        self._visit_param_defaults(node.params)
+        self._push("function")
+        self._bind_params(node.params)
+        node.body.visit(self)
+        self._pop()
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self.scope.bind(node.name.value, _UNKNOWN)
+        for deco in node.decorators:
+            deco.visit(self)
+        for arg in (*node.bases, *node.keywords):
+            arg.visit(self)
+        self._push("class")
+        node.body.visit(self)
+        self._pop()
+        return False
+
+    def _visit_param_defaults(self, params: cst.Parameters) -> None:
+        for p in (*params.posonly_params, *params.params, *params.kwonly_params):
+            if p.default is not None:
+                p.default.visit(self)
+            if p.annotation is not None:
+                p.annotation.visit(self)
+
+    def _bind_params(self, params: cst.Parameters) -> None:
+        for p in (*params.posonly_params, *params.params, *params.kwonly_params):
+            self.scope.bind(p.name.value, _UNKNOWN)
+        for star in (params.star_arg, params.star_kwarg):
+            if isinstance(star, cst.Param):
+                self.scope.bind(star.name.value, _UNKNOWN)
+
+    # Bindings -----------------------------------------------------------------------------
+    def visit_Import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            full = _import_module_name(alias.name)
+            if alias.asname is not None:
+                target = alias.asname.name
+                if isinstance(target, cst.Name):
+                    self.scope.bind(target.value, _Import(full))
+            else:
+                top = full.split(".")[0]
+                self.scope.bind(top, _Import(top))
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if node.relative or node.module is None:
+            base = None
+        else:
+            base = _import_module_name(node.module)
+        if isinstance(node.names, cst.ImportStar):
+            return
+        for alias in node.names:
+            name = alias.name.value
+            assert isinstance(name, str)
+            local = name
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                local = alias.asname.name.value
+            self.scope.bind(local, _Import(f"{base}.{name}") if base else _UNKNOWN)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        single = len(node.targets) == 1
+        for t in node.targets:
+            if single and isinstance(t.target, cst.Name) and dotted(node.value) is not None:
+                self.scope.bind(t.target.value, _Alias(node.value, self.scope))
+            else:
+                self._bind_target(t.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._bind_target(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._bind_target(node.target)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._bind_target(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._bind_target(node.target)
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self._bind_target(node.target)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self._bind_target(node.asname.name)
+
+    def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+        if node.name is not None:
+            self._bind_target(node.name.name)
+
+    def visit_Global(self, node: cst.Global) -> None:
+        for item in node.names:
+            self.scope.bind(item.name.value, _UNKNOWN)
+
+    def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
+        for item in node.names:
+            self.scope.bind(item.name.value, _UNKNOWN)
+
+    def visit_Del(self, node: cst.Del) -> None:
+        self._bind_target(node.target)
+
+    def visit_MatchAs(self, node: cst.MatchAs) -> None:
+        if node.name is not None:
+            self.scope.bind(node.name.value, _UNKNOWN)
+
+    def visit_MatchStar(self, node: cst.MatchStar) -> None:
+        if node.name is not None:
+            self.scope.bind(node.name.value, _UNKNOWN)
+
+    def visit_MatchMapping(self, node: cst.MatchMapping) -> None:
+        if node.rest is not None:
+            self.scope.bind(node.rest.value, _UNKNOWN)
+
+    def _bind_target(self, target: cst.BaseExpression) -> None:
+        if isinstance(target, cst.Name):
+            self.scope.bind(target.value, _UNKNOWN)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for el in target.elements:
+                self._bind_target(el.value)
+        elif isinstance(target, cst.StarredElement):
+            self._bind_target(target.value)
+
+    # References ---------------------------------------------------------------------------
+    def visit_Name(self, node: cst.Name) -> None:
+        self.scope_of[id(node)] = self.scope
+        self.names.add(node.value)
+
+
+class Names:
+    """Answers "what does this expression mean?" for one module."""
+
+    def __init__(self, module: cst.Module) -> None:
+        builder = _ScopeBuilder()
+        module.visit(builder)
+        self._module_scope = builder.module_scope
+        self._scope_of = builder.scope_of
+        self.all_names: frozenset[str] = frozenset(builder.names)
+
+    def qualified_name(self, node: cst.BaseExpression) -> str | None:
+        """Return the dotted name `node` refers to (`jax.pmap`), or None if unknown."""
+        if isinstance(node, cst.Name):
+            scope = self._scope_of.get(id(node), self._module_scope)
+            return self._resolve(node.value, scope, 0)
+        if isinstance(node, cst.Attribute):
+            base = self.qualified_name(node.value)
+            return None if base is None else f"{base}.{node.attr.value}"
+        return None
+
+    def is_one_of(self, node: cst.BaseExpression, qualnames: Sequence[str] | set[str]) -> bool:
+        """Return True if `node` refers to one of `qualnames`."""
+        return self.qualified_name(node) in qualnames
+
+    def _resolve(self, name: str, scope: Scope, depth: int) -> str | None:
+        owner = scope.lookup_scope(name)
+        if owner is None or depth > 20:
+            return None
+        found: set[str | None] = set()
+        for binding in owner.bindings[name]:
+            if isinstance(binding, _Import):
+                found.add(binding.qualname)
+            elif isinstance(binding, _Alias):
+                target = dotted(binding.value)
+                assert target is not None
+                head, _, rest = target.partition(".")
+                if head == name and binding.scope is owner:
+                    found.add(None)
+                    continue
+                base = self._resolve(head, binding.scope, depth + 1)
+                found.add(None if base is None else ".".join(filter(None, (base, rest))))
+            else:
+                found.add(None)
+        if len(found) != 1:
+            return None
+        return found.pop()
+
+    def module_alias(self, module: str) -> str | None:
+        """Return a module-level name bound to exactly `module` (`import jax as jx` -> `jx`)."""
+        for local, bindings in self._module_scope.bindings.items():
+            if bindings and all(b == _Import(module) for b in bindings):
+                return local
+        return None
+
+    def module_binding(self, qualname: str) -> str | None:
+        """Return a module-level local name bound to exactly `qualname`, however imported."""
+        for local in self._module_scope.bindings:
+            if self._resolve(local, self._module_scope, 0) == qualname:
+                return local
+        return None
+
+    def is_free(self, name: str) -> bool:
+        """Return True if no scope binds or reads `name`: a new helper may use it."""
+        return name not in self.all_names and name not in self._module_scope.bindings
+
+    def module_bindings(self) -> Iterator[str]:
+        """Yield every name bound at module level."""
+        yield from self._module_scope.bindings

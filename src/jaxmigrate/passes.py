@@ -1,0 +1,224 @@
+"""The base class every pass in `codemods/` derives from, and the per-file state passes share.
+
+A pass is a libcst codemod command (so `python -m libcst.tool codemod -x
+jaxmigrate.codemods.pjit.Pjit PATH` runs it on its own) that also reports what it found: each
+rewrite it could make is a `Site`, each construct it leaves alone on purpose is a `Skip`. The
+engine can re-run a pass with only some sites enabled; `Pass.site()` answers whether to rewrite.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import libcst as cst
+from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
+
+from jaxmigrate.imports import remove_unused_imports
+from jaxmigrate.model import Safety, Site, Skip
+from jaxmigrate.names import Names
+
+STATE_KEY = "jaxmigrate.state"
+LATEST_JAX = (0, 10)
+SUPPRESS = re.compile(r"#\s*jaxmigrate:\s*skip(?:\[([A-Za-z0-9,\s]+)\])?")
+
+
+@dataclass
+class FileState:
+    """Per-file, per-run state the engine hands to every pass through the codemod context."""
+
+    enabled: frozenset[str] | None = None
+    target_jax: tuple[int, int] = LATEST_JAX
+    original_lines: Sequence[str] = ()
+    line_map: Callable[[int], int] = lambda line: line
+    sites: list[Site] = field(default_factory=list)
+    skips: list[Skip] = field(default_factory=list)
+    changed: bool = False
+    _keys: dict[str, int] = field(default_factory=dict)
+
+    def new_key(self, base: str) -> str:
+        """Return a key unique within this file for a site located at `base`."""
+        n = self._keys.get(base, 0)
+        self._keys[base] = n + 1
+        return base if n == 0 else f"{base}#{n}"
+
+    def suppressed(self, line: int, code: str) -> bool:
+        """Return True if the original line carries `# jaxmigrate: skip` for `code`."""
+        if not 0 < line <= len(self.original_lines):
+            return False
+        match = SUPPRESS.search(self.original_lines[line - 1])
+        if match is None:
+            return False
+        codes = match.group(1)
+        return codes is None or code in {c.strip() for c in codes.split(",")}
+
+
+def version_text(version: tuple[int, int]) -> str:
+    """Return `0.6` for `(0, 6)`."""
+    return ".".join(map(str, version))
+
+
+class Pass(VisitorBasedCodemodCommand):
+    """A migration: one legacy pattern, rewritten; subclasses set the class attributes."""
+
+    NAME: ClassVar[str]
+    CODE: ClassVar[str]
+    SAFETY: ClassVar[Safety]
+    MIN_JAX: ClassVar[tuple[int, int]] = (0, 4)
+    TRIGGER: ClassVar[re.Pattern[str]]
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, context: CodemodContext) -> None:
+        super().__init__(context)
+        state = context.scratch.get(STATE_KEY)
+        if not isinstance(state, FileState):
+            state = FileState()
+            context.scratch[STATE_KEY] = state
+        self.state: FileState = state
+        self.names: Names | None = None
+        self.unused_candidates: set[str] = set()
+
+    # Identity and documentation ------------------------------------------------------------
+    @classmethod
+    def summary(cls) -> str:
+        """Return the first line of the pass's documentation."""
+        return (cls.__doc__ or "").strip().splitlines()[0]
+
+    @classmethod
+    def applies_to(cls, source: str) -> bool:
+        """Return True if `source` may contain a site: the cheap text prefilter."""
+        return cls.TRIGGER.search(source) is not None
+
+    # Running ------------------------------------------------------------------------------
+    def transform_module(self, tree: cst.Module) -> cst.Module:
+        """Run the pass; modules with no candidate are returned untouched, unwrapped."""
+        names = Names(tree)
+        if not self.has_candidates(tree, names):
+            return tree
+        wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)
+        self.names = names
+        with self.resolve(wrapper):
+            old = self.context.wrapper
+            self.context = _replace_wrapper(self.context, wrapper)
+            try:
+                out = self.transform_module_impl(tree)
+            finally:
+                self.context = _replace_wrapper(self.context, old)
+        return self._finish(out)
+
+    def _finish(self, tree: cst.Module) -> cst.Module:
+        tree = remove_unused_imports(tree, self.unused_candidates)
+        if AddImportsVisitor.CONTEXT_KEY in self.context.scratch:
+            tree = AddImportsVisitor(self.context).transform_module(tree)
+            self.context.scratch.pop(AddImportsVisitor.CONTEXT_KEY, None)
+        return tree
+
+    def has_candidates(self, tree: cst.Module, names: Names) -> bool:
+        """Return False when the module surely holds no site; the default asks the pass."""
+        return True
+
+    @property
+    def resolver(self) -> Names:
+        assert self.names is not None, "names are resolved in transform_module"
+        return self.names
+
+    def qualname(self, node: cst.BaseExpression) -> str | None:
+        """Return what `node` means (`jax.pmap`), or None."""
+        return self.resolver.qualified_name(node)
+
+    # Recording ----------------------------------------------------------------------------
+    def _where(self, node: cst.CSTNode) -> tuple[int, int]:
+        pos: CodeRange = self.get_metadata(PositionProvider, node)
+        return self.state.line_map(pos.start.line), pos.start.column + 1
+
+    def site(
+        self,
+        node: cst.CSTNode,
+        message: str,
+        *,
+        group: str | None = None,
+        safety: Safety | None = None,
+        min_jax: tuple[int, int] | None = None,
+    ) -> bool:
+        """Record a site at `node`; return True if the pass should rewrite it now."""
+        line, col = self._where(node)
+        if self.state.suppressed(line, self.CODE):
+            self.state.skips.append(
+                Skip(self.CODE, self.NAME, line, col, "suppressed by comment", suppressed=True)
+            )
+            return False
+        need = max(self.MIN_JAX, min_jax or self.MIN_JAX)
+        if self.state.target_jax < need:
+            reason = (
+                f"the rewrite needs JAX >= {version_text(need)}, "
+                f"the target is {version_text(self.state.target_jax)}"
+            )
+            self.state.skips.append(Skip(self.CODE, self.NAME, line, col, reason))
+            return False
+        key = self.state.new_key(f"{self.CODE}:{line}:{col}")
+        self.state.sites.append(
+            Site(
+                code=self.CODE,
+                name=self.NAME,
+                line=line,
+                col=col,
+                safety=safety or self.SAFETY,
+                message=message,
+                key=key,
+                group=group,
+            )
+        )
+        enabled = self.state.enabled is None or key in self.state.enabled
+        if enabled:
+            self.state.changed = True
+        return enabled
+
+    def skip(self, node: cst.CSTNode, reason: str) -> None:
+        """Record that the construct at `node` is left alone on purpose, and why."""
+        line, col = self._where(node)
+        suppressed = self.state.suppressed(line, self.CODE)
+        self.state.skips.append(
+            Skip(
+                self.CODE,
+                self.NAME,
+                line,
+                col,
+                "suppressed by comment" if suppressed else reason,
+                suppressed=suppressed,
+            )
+        )
+
+    # Emitting -----------------------------------------------------------------------------
+    def need_import(self, module: str, obj: str | None = None, asname: str | None = None) -> None:
+        """Schedule `import module` / `from module import obj` at the top of the file."""
+        AddImportsVisitor.add_needed_import(self.context, module, obj, asname)
+
+    def drop_import_if_unused(self, local_name: str) -> None:
+        """Remove the import binding `local_name` after the pass, if nothing reads it then."""
+        self.unused_candidates.add(local_name)
+
+    def module_ref(self, module: str) -> cst.BaseExpression:
+        """Return an expression for `module` (`jax`, or the user's alias), importing it if needed."""
+        local = self.resolver.module_alias(module)
+        if local is None:
+            local = module
+            self.need_import(module)
+        return cst.parse_expression(local)
+
+    def jax_attr(self, dotted_path: str) -> cst.BaseExpression:
+        """Return `jax.<dotted_path>` spelled with the module's own alias for `jax`."""
+        base = self.module_ref("jax")
+        for part in dotted_path.split("."):
+            base = cst.Attribute(value=base, attr=cst.Name(part))
+        return base
+
+
+def _replace_wrapper(context: CodemodContext, wrapper: MetadataWrapper | None) -> CodemodContext:
+    from dataclasses import replace
+
+    return replace(context, wrapper=wrapper)

@@ -1,0 +1,46 @@
+"""Look-ups over the one ordered tuple of passes in `jaxmigrate.codemods`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from jaxmigrate.passes import Pass
+
+
+class UnknownRule(ValueError):
+    """A rule code or name that no pass has."""
+
+
+def all_passes() -> tuple[type[Pass], ...]:
+    """Return every registered pass, in the order they run."""
+    from jaxmigrate.codemods import PASSES
+
+    return PASSES
+
+
+def find_pass(code_or_name: str) -> type[Pass]:
+    """Return the pass with this code (`JM201`) or name (`pmap`); raise UnknownRule."""
+    wanted = code_or_name.strip()
+    for p in all_passes():
+        if wanted.upper() == p.CODE or wanted.lower().replace("_", "-") == p.NAME:
+            return p
+    raise UnknownRule(f"unknown rule {code_or_name!r}; `jaxmigrate rules` lists them")
+
+
+def _matches(p: type[Pass], selectors: Iterable[str]) -> bool:
+    for sel in selectors:
+        sel = sel.strip()
+        if sel.upper() == "ALL" or p.CODE.startswith(sel.upper()) or p.NAME == sel.lower():
+            return True
+    return False
+
+
+def select_passes(select: Iterable[str], ignore: Iterable[str]) -> tuple[type[Pass], ...]:
+    """Return the passes chosen by code prefixes or names; an unknown selector is an error."""
+    select, ignore = tuple(select), tuple(ignore)
+    passes = all_passes()
+    for sel in (*select, *ignore):
+        if not any(_matches(p, [sel]) for p in passes):
+            raise UnknownRule(f"unknown rule selector {sel!r}; `jaxmigrate rules` lists them")
+    chosen = [p for p in passes if not select or _matches(p, select)]
+    return tuple(p for p in chosen if not _matches(p, ignore))

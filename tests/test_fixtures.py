@@ -1,0 +1,127 @@
+"""Every fixture pair: the rewrite matches, is a fixed point, and (with `main()`) runs the same.
+
+`tests/fixtures/<pass_name>/<case>.py` rewrites to `<case>.expected.py`; a `noop_*` case must
+come out byte-for-byte unchanged. Cases that define `main()` run before and after in separate
+processes on a simulated 8-device CPU mesh; when the original cannot run on the installed JAX,
+the input defines `reference()`, an equivalent form that does, and that is the reference.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, jax_env
+from jaxmigrate.engine import Options, migrate_source
+from jaxmigrate.registry import all_passes
+
+CASES = sorted(p for p in FIXTURES.glob("*/*.py") if not p.name.endswith(".expected.py"))
+RUNNABLE = [p for p in CASES if re.search(r"^def main\(", p.read_text(), re.M)]
+RUNNER = Path(__file__).with_name("fixture_runner.py")
+
+
+def case_id(path: Path) -> str:
+    return f"{path.parent.name}/{path.stem}"
+
+
+def expected_path(case: Path) -> Path:
+    return case.with_name(case.stem + ".expected.py")
+
+
+def migrate(code: str) -> str:
+    return migrate_source(code, options=Options(unsafe_fixes=True)).code
+
+
+def test_every_fixture_folder_names_a_pass() -> None:
+    names = {p.NAME.replace("-", "_") for p in all_passes()}
+    folders = {p.name for p in FIXTURES.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders <= names, folders - names
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_fixture(case: Path, request: pytest.FixtureRequest) -> None:
+    source = case.read_text()
+    result = migrate_source(source, options=Options(unsafe_fixes=True))
+    folder_name = case.parent.name.replace("_", "-")
+    if case.name.startswith("noop_"):
+        assert result.code == source, "a noop_ case must come out unchanged"
+        assert not expected_path(case).exists()
+        return
+    expected = expected_path(case)
+    if request.config.getoption("--update-fixtures"):
+        expected.write_text(result.code)
+    assert expected.exists(), f"{expected.name} is missing (run pytest --update-fixtures)"
+    assert result.code == expected.read_text()
+    assert any(s.name == folder_name and s.applied for s in result.sites), (
+        f"no {folder_name} site was applied in a positive case"
+    )
+    assert migrate(result.code) == result.code, "the output is not a fixed point"
+
+
+def run_batch(specs: list[str], tmp: Path, tag: str) -> dict:
+    out = tmp / f"{tag}.pkl"
+    proc = subprocess.run(
+        [sys.executable, str(RUNNER), str(out), *specs],
+        env=jax_env(8),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with out.open("rb") as handle:
+        return pickle.load(handle)
+
+
+@pytest.fixture(scope="session")
+def executed(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, tuple]:
+    """Run every runnable input in one process and every expected output in another."""
+    if not RUNNABLE:
+        return {}
+    tmp = tmp_path_factory.mktemp("executed")
+    refs = []
+    for case in RUNNABLE:
+        func = "reference" if re.search(r"^def reference\(", case.read_text(), re.M) else "main"
+        refs.append(f"{case}:{func}")
+    news = [f"{expected_path(c) if expected_path(c).exists() else c}:main" for c in RUNNABLE]
+    before = run_batch(refs, tmp, "before")
+    after = run_batch(news, tmp, "after")
+    return {c: (before[r], after[n]) for c, r, n in zip(RUNNABLE, refs, news)}
+
+
+def assert_same(a, b, where: str = "out") -> None:
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and sorted(a) == sorted(b), f"{where}: keys differ"
+        for k in a:
+            assert_same(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)) and not (isinstance(a, tuple) and a[:1] == ("prng_key",)):
+        assert type(a) is type(b) and len(a) == len(b), f"{where}: structure differs"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, tuple):
+        assert isinstance(b, tuple) and b[0] == "prng_key", f"{where}: key vs non-key"
+        np.testing.assert_array_equal(a[1], b[1], err_msg=where)
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray), f"{where}: array vs {type(b).__name__}"
+        assert a.shape == b.shape, f"{where}: shape {a.shape} != {b.shape}"
+        assert a.dtype == b.dtype, f"{where}: dtype {a.dtype} != {b.dtype}"
+        if np.issubdtype(a.dtype, np.inexact):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=where)
+        else:
+            np.testing.assert_array_equal(a, b, err_msg=where)
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+@pytest.mark.jax
+@pytest.mark.parametrize("case", RUNNABLE, ids=case_id)
+def test_fixture_runs_the_same(case: Path, executed: dict[Path, tuple]) -> None:
+    (ref_status, ref), (new_status, new) = executed[case]
+    assert ref_status == "ok", f"the reference did not run:\n{ref}"
+    assert new_status == "ok", f"the rewritten code did not run:\n{new}"
+    assert_same(ref, new)
