@@ -1,0 +1,1 @@
+"""A small JAX project written against the legacy parallel APIs, for jaxmigrate to migrate."""

@@ -1,0 +1,162 @@
+"""What `run` and `check` share: option declarations, settings resolution, the batch itself."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from jaxmigrate.config import ConfigError, find_pyproject, load_config
+from jaxmigrate.discovery import Discovery
+from jaxmigrate.engine import Options
+from jaxmigrate.model import Bucket, FileResult, Status
+from jaxmigrate.passes import LATEST_JAX, version_text
+from jaxmigrate.registry import UnknownRule, select_passes
+from jaxmigrate.report import json_report
+
+PathsArg = Annotated[list[Path], typer.Argument(help="Files or directories to migrate.")]
+SelectOpt = Annotated[
+    str | None, typer.Option("--select", help="Comma-separated rule codes or names to run.")
+]
+IgnoreOpt = Annotated[
+    str | None, typer.Option("--ignore", help="Comma-separated rule codes or names to skip.")
+]
+ExcludeOpt = Annotated[
+    list[str] | None, typer.Option("--exclude", help="Glob of paths to leave out (repeatable).")
+]
+JobsOpt = Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Worker processes.")]
+TargetOpt = Annotated[
+    str | None,
+    typer.Option("--target-jax", help="Oldest JAX the output must run on (default: installed)."),
+]
+ReportOpt = Annotated[Path | None, typer.Option("--report", help="Write a report to this file.")]
+FormatOpt = Annotated[str, typer.Option("--format", help="Report format: text or json.")]
+NoVerifyOpt = Annotated[
+    bool, typer.Option("--no-verify", help="Do not execute rewrites to verify them.")
+]
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Flags merged over `[tool.jaxmigrate]`: everything one batch needs."""
+
+    paths: tuple[Path, ...]
+    options: Options
+    excludes: tuple[str, ...]
+    jobs: int
+    verify: bool
+
+
+def split_codes(value: str | None) -> tuple[str, ...] | None:
+    """Return `("JM1", "pmap")` for `"JM1,pmap"`; None when not given."""
+    if value is None:
+        return None
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    """Return `(0, 6)` for `"0.6"` or `"0.6.1"`; raise UsageError otherwise."""
+    parts = text.strip().split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        raise UsageError(f"--target-jax expects a version like 0.6, got {text!r}") from None
+
+
+def installed_jax() -> tuple[int, int]:
+    """Return the JAX version installed here (read from metadata, JAX is never imported)."""
+    try:
+        return parse_version(metadata.version("jax"))
+    except (metadata.PackageNotFoundError, UsageError):
+        return LATEST_JAX
+
+
+def resolve_settings(
+    paths: Sequence[Path],
+    *,
+    select: str | None,
+    ignore: str | None,
+    exclude: Sequence[str] | None,
+    jobs: int | None,
+    target_jax: str | None,
+    unsafe_fixes: bool | None,
+    no_verify: bool,
+) -> Settings:
+    """Merge command-line flags over the nearest pyproject's `[tool.jaxmigrate]`."""
+    try:
+        config = load_config(find_pyproject(paths))
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    chosen_select = split_codes(select) or config.select or ()
+    chosen_ignore = split_codes(ignore) or config.ignore or ()
+    try:
+        select_passes(chosen_select, chosen_ignore)
+    except UnknownRule as exc:
+        raise UsageError(str(exc)) from None
+    target_text = target_jax or config.target_jax
+    options = Options(
+        select=chosen_select,
+        ignore=chosen_ignore,
+        unsafe_fixes=bool(unsafe_fixes if unsafe_fixes is not None else config.unsafe_fixes),
+        target_jax=parse_version(target_text) if target_text else installed_jax(),
+    )
+    return Settings(
+        paths=tuple(paths),
+        options=options,
+        excludes=(*config.exclude, *(exclude or ())),
+        jobs=jobs or config.jobs or 1,
+        verify=not no_verify,
+    )
+
+
+def discover(settings: Settings) -> list:
+    """Return the discovered files for the settings."""
+    return list(Discovery(excludes=settings.excludes).find(settings.paths))
+
+
+def exit_code(results: Sequence[FileResult]) -> int:
+    """1 when a file failed or a site failed verification, else 0."""
+    failed = any(r.bucket is Bucket.FAILED for r in results)
+    bad_site = any(s.status is Status.FAILED for r in results for s in r.sites)
+    return 1 if failed or bad_site else 0
+
+
+def write_report(
+    results: Sequence[FileResult], report: Path | None, fmt: str, *, dry_run: bool
+) -> None:
+    """Write the report where asked (`-` is standard output)."""
+    if report is None:
+        return
+    if fmt != "json":
+        raise UsageError(f"unknown report format {fmt!r} (available: json)")
+    text = json.dumps(json_report(results, dry_run=dry_run), indent=2) + "\n"
+    if str(report) == "-":
+        sys.stdout.write(text)
+    else:
+        report.write_text(text, encoding="utf-8")
+
+
+def stdout() -> Console:
+    """The console for results (diffs, site lines, tables)."""
+    return Console(highlight=False, soft_wrap=True)
+
+
+def stderr() -> Console:
+    """The console for progress and problems."""
+    return Console(stderr=True, highlight=False)
+
+
+def target_note(settings: Settings) -> str:
+    """Return a short description of the target JAX, for headers."""
+    return f"target JAX {version_text(settings.options.target_jax)}"

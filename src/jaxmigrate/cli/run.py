@@ -1,0 +1,127 @@
+"""`jaxmigrate run`: migrate files in place, or show the diffs with `--dry-run`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from jaxmigrate.cli.common import (
+    ExcludeOpt,
+    FormatOpt,
+    IgnoreOpt,
+    JobsOpt,
+    NoVerifyOpt,
+    PathsArg,
+    ReportOpt,
+    SelectOpt,
+    Settings,
+    TargetOpt,
+    UsageError,
+    discover,
+    exit_code,
+    resolve_settings,
+    stderr,
+    stdout,
+    write_report,
+)
+from jaxmigrate.model import Bucket, FileResult
+from jaxmigrate.runner import dirty_files, migrate_files, write_result
+from jaxmigrate.ui.diff import print_diff
+from jaxmigrate.ui.summary import file_problem_line, print_summary, site_line, skip_line
+
+
+def run(
+    paths: PathsArg,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Write nothing; print the diffs.")
+    ] = False,
+    unsafe_fixes: Annotated[
+        bool | None,
+        typer.Option("--unsafe-fixes", help="Also apply unsafe sites that were not verified."),
+    ] = None,
+    allow_dirty: Annotated[
+        bool,
+        typer.Option("--allow-dirty", help="Write files that have uncommitted git changes."),
+    ] = False,
+    no_verify: NoVerifyOpt = False,
+    select: SelectOpt = None,
+    ignore: IgnoreOpt = None,
+    exclude: ExcludeOpt = None,
+    jobs: JobsOpt = None,
+    target_jax: TargetOpt = None,
+    report: ReportOpt = None,
+    fmt: FormatOpt = "json",
+) -> None:
+    """Migrate the legacy JAX APIs in PATHS (in place; `--dry-run` only shows the diffs)."""
+    try:
+        settings = resolve_settings(
+            paths,
+            select=select,
+            ignore=ignore,
+            exclude=exclude,
+            jobs=jobs,
+            target_jax=target_jax,
+            unsafe_fixes=unsafe_fixes,
+            no_verify=no_verify,
+        )
+        results = execute(settings, stdout(), dry_run=dry_run, allow_dirty=allow_dirty)
+        write_report(results, report, fmt, dry_run=dry_run)
+    except UsageError as exc:
+        stderr().print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    raise typer.Exit(exit_code(results))
+
+
+def execute(
+    settings: Settings, console: Console, *, dry_run: bool, allow_dirty: bool, show_diff: bool = True
+) -> list[FileResult]:
+    """Migrate, write (unless `dry_run`), print diffs, site lines and the summary."""
+    found = discover(settings)
+    if not found:
+        raise UsageError("no Python files found under the given paths")
+    results = list(migrate_files(found, settings.options, jobs=settings.jobs))
+    if not dry_run:
+        results = write_all(results, allow_dirty=allow_dirty)
+    report_results(console, results, dry_run=dry_run, show_diff=show_diff)
+    return results
+
+
+def write_all(results: Sequence[FileResult], *, allow_dirty: bool) -> list[FileResult]:
+    """Write every changed file, refusing files with uncommitted changes unless allowed."""
+    changed = [Path(r.path) for r in results if r.bucket is Bucket.CHANGED]
+    dirty = set() if allow_dirty or not changed else dirty_files(changed)
+    out = []
+    for result in results:
+        if result.bucket is Bucket.CHANGED and Path(result.path).resolve() in dirty:
+            result = replace(
+                result,
+                bucket=Bucket.FAILED,
+                reason="has uncommitted changes; commit or stash them, or pass --allow-dirty",
+                sites=tuple(
+                    replace(s, applied=False, reason="file not written") if s.applied else s
+                    for s in result.sites
+                ),
+            )
+        out.append(write_result(result))
+    return out
+
+
+def report_results(
+    console: Console, results: Sequence[FileResult], *, dry_run: bool, show_diff: bool
+) -> None:
+    """Print diffs (dry run), the site and skip lines, file problems and the summary."""
+    for result in results:
+        if dry_run and show_diff and result.old_text is not None and result.new_text is not None:
+            print_diff(console, result.old_text, result.new_text, result.path)
+        for site in result.sites:
+            console.print(site_line(result.path, site, dry_run=dry_run))
+        for skip in result.skips:
+            console.print(skip_line(result.path, skip))
+        if result.bucket in (Bucket.FAILED, Bucket.SKIPPED):
+            console.print(file_problem_line(result))
+    print_summary(console, results, dry_run=dry_run)

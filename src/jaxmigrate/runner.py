@@ -1,0 +1,106 @@
+"""Running the engine over many files (in worker processes) and writing the results back."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+from jaxmigrate.discovery import Found
+from jaxmigrate.engine import Options, process_file
+from jaxmigrate.model import Bucket, FileResult, Site
+from jaxmigrate.textio import SourceError, atomic_write, read_source
+
+Accept = Callable[[Sequence[Site]], Sequence[Site]]
+
+
+def _skipped(found: Found) -> FileResult:
+    bucket = Bucket.FAILED if "no such file" in found.problem else Bucket.SKIPPED
+    return FileResult(str(found.path), bucket, reason=found.problem)
+
+
+def migrate_files(
+    found: Sequence[Found], options: Options, jobs: int = 1, accept: Accept | None = None
+) -> Iterator[FileResult]:
+    """Yield one FileResult per discovered path, in order; files run in `jobs` processes."""
+    files = [f.path for f in found if not f.problem]
+    results: Iterator[FileResult]
+    work = partial(process_file, options=options, accept=accept)
+    if jobs > 1 and len(files) > 1 and accept is None:
+        context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            chunk = max(1, min(16, len(files) // (jobs * 8)))
+            results = pool.map(work, files, chunksize=chunk)
+            yield from _merge(found, results)
+    else:
+        yield from _merge(found, map(work, files))
+
+
+def _merge(found: Sequence[Found], results: Iterator[FileResult]) -> Iterator[FileResult]:
+    for f in found:
+        yield _skipped(f) if f.problem else next(results)
+
+
+def dirty_files(paths: Sequence[Path]) -> set[Path]:
+    """Return the files among `paths` that have uncommitted changes in their git work tree."""
+    dirty: set[Path] = set()
+    by_dir: dict[Path, list[Path]] = {}
+    for path in paths:
+        by_dir.setdefault(path.absolute().parent, []).append(path.absolute())
+    for directory, members in by_dir.items():
+        try:
+            proc = subprocess.run(
+                ["git", "status", "--porcelain", "-z", "--", *map(str, members)],
+                cwd=directory,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if proc.returncode != 0:
+            continue  # not a git work tree
+        top = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], cwd=directory, capture_output=True, text=True
+        ).stdout.strip()
+        for entry in filter(None, proc.stdout.split("\0")):
+            status, name = entry[:2], entry[3:]
+            if top:  # untracked files count too: git could not restore them
+                dirty.add((Path(top) / name).resolve())
+    return dirty
+
+
+def write_result(result: FileResult) -> FileResult:
+    """Write a changed file atomically; return the result, failed if the write could not be made.
+
+    The file is re-read first: if it changed since it was migrated, nothing is written.
+    """
+    if result.bucket is not Bucket.CHANGED or result.new_text is None:
+        return result
+    path = Path(result.path)
+    try:
+        current = read_source(path)
+    except SourceError as exc:
+        return _write_failed(result, str(exc))
+    if current.text != result.old_text:
+        return _write_failed(result, "changed on disk while it was being migrated; not written")
+    if not os.access(path, os.W_OK):
+        return _write_failed(result, "read-only file; not written")
+    try:
+        atomic_write(path, current.encode(result.new_text))
+    except OSError as exc:
+        return _write_failed(result, f"could not be written: {exc.strerror or exc}")
+    return replace(result, written=True)
+
+
+def _write_failed(result: FileResult, reason: str) -> FileResult:
+    sites = tuple(
+        replace(s, applied=False, reason="file not written") if s.applied else s
+        for s in result.sites
+    )
+    return replace(result, bucket=Bucket.FAILED, reason=reason, sites=sites)

@@ -1,0 +1,142 @@
+"""The per-site lines and the end-of-run summary tables."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from jaxmigrate.model import Bucket, FileResult, Site, Skip, Status
+
+STATUS_STYLE = {
+    Status.VERIFIED: "green",
+    Status.FAILED: "bold red",
+    Status.UNVERIFIED: "yellow",
+    Status.NOT_NEEDED: "dim",
+}
+BUCKET_STYLE = {
+    Bucket.CHANGED: "green",
+    Bucket.UNCHANGED: "dim",
+    Bucket.SKIPPED: "yellow",
+    Bucket.FAILED: "bold red",
+}
+
+
+def site_line(path: str, site: Site, *, dry_run: bool = False) -> Text:
+    """Return `path:line:col CODE name [safety, status] message` (and why it was not applied)."""
+    text = Text()
+    text.append(f"{path}:{site.line}:{site.col}", style="bold")
+    text.append(f" {site.code} ", style="magenta")
+    text.append(f"{site.name} ", style="cyan")
+    text.append(f"[{site.safety}, ")
+    text.append(str(site.status), style=STATUS_STYLE[site.status])
+    text.append("] ")
+    text.append(site.message)
+    if site.applied:
+        text.append(" (would apply)" if dry_run else " (applied)", style="green")
+    elif site.reason:
+        text.append(f" (not applied: {site.reason})", style="yellow")
+    return text
+
+
+def skip_line(path: str, skip: Skip) -> Text:
+    """Return the line for a construct a pass left alone."""
+    text = Text()
+    text.append(f"{path}:{skip.line}:{skip.col}", style="bold")
+    text.append(f" {skip.code} ", style="magenta")
+    text.append(f"{skip.name} ", style="cyan")
+    text.append("[suppressed] " if skip.suppressed else "[skipped] ", style="dim")
+    text.append(skip.reason)
+    return text
+
+
+def file_problem_line(result: FileResult) -> Text:
+    """Return the one line for a skipped or failed file."""
+    style = BUCKET_STYLE[result.bucket]
+    return Text.assemble((result.path, "bold"), ": ", (str(result.bucket), style), f": {result.reason}")
+
+
+def summary_tables(results: Sequence[FileResult], *, dry_run: bool) -> list[Table]:
+    """Return the tables printed at the end of every run."""
+    tables = [_bucket_table(results, dry_run=dry_run)]
+    sites = [s for r in results for s in r.sites]
+    skips = [s for r in results for s in r.skips]
+    if sites or skips:
+        tables.append(_rule_table(sites, skips, dry_run=dry_run))
+    pending = [(r.path, s) for r in results for s in r.sites if not s.applied]
+    if pending:
+        tables.append(_pending_table(pending))
+    return tables
+
+
+def _bucket_table(results: Sequence[FileResult], *, dry_run: bool) -> Table:
+    counts = Counter(r.bucket for r in results)
+    table = Table(title="Files", title_justify="left", show_edge=False)
+    table.add_column("bucket")
+    table.add_column("files", justify="right")
+    for bucket in Bucket:
+        label = "would change" if dry_run and bucket is Bucket.CHANGED else str(bucket)
+        table.add_row(Text(label, style=BUCKET_STYLE[bucket]), str(counts.get(bucket, 0)))
+    return table
+
+
+def _rule_table(sites: Sequence[Site], skips: Sequence[Skip], *, dry_run: bool) -> Table:
+    table = Table(title="Sites by rule", title_justify="left", show_edge=False)
+    for column in ("rule", "name", "found", "would apply" if dry_run else "applied"):
+        table.add_column(column, justify="left" if column in ("rule", "name") else "right")
+    table.add_column("verification")
+    table.add_column("left alone", justify="right")
+    rules = sorted({(s.code, s.name) for s in sites} | {(s.code, s.name) for s in skips})
+    for code, name in rules:
+        mine = [s for s in sites if s.code == code]
+        by_status = Counter(s.status for s in mine)
+        statuses = Text(", ").join(
+            Text(f"{by_status[st]} {st}", style=STATUS_STYLE[st]) for st in Status if by_status[st]
+        )
+        table.add_row(
+            code,
+            name,
+            str(len(mine)),
+            str(sum(s.applied for s in mine)),
+            statuses,
+            str(sum(s.code == code for s in skips)),
+        )
+    return table
+
+
+def apply_hint(site: Site) -> str:
+    """Return the flag or action that would apply an unapplied site."""
+    if site.status is Status.FAILED:
+        return "fix the code by hand; failed sites are never written"
+    if "group" in site.reason:
+        return "apply the other sites of its group"
+    if site.reason.startswith("file not written"):
+        return "see the file's error above"
+    return "--unsafe-fixes, --interactive, or --verify-with CMD to verify it"
+
+
+def _pending_table(pending: Sequence[tuple[str, Site]]) -> Table:
+    table = Table(title="Not applied", title_justify="left", show_edge=False)
+    for column in ("site", "rule", "status", "why", "to apply"):
+        table.add_column(column)
+    for path, site in pending[:50]:
+        table.add_row(
+            f"{path}:{site.line}",
+            site.code,
+            Text(str(site.status), style=STATUS_STYLE[site.status]),
+            site.reason,
+            apply_hint(site),
+        )
+    if len(pending) > 50:
+        table.add_row(f"... and {len(pending) - 50} more", "", "", "", "")
+    return table
+
+
+def print_summary(console: Console, results: Sequence[FileResult], *, dry_run: bool) -> None:
+    """Print the summary tables."""
+    for table in summary_tables(results, dry_run=dry_run):
+        console.print()
+        console.print(table)
