@@ -15,6 +15,7 @@ from jaxmigrate.codemods.legacy_imports import LegacyImports
 from jaxmigrate.codemods.pjit import Pjit
 from jaxmigrate.codemods.pmap import Pmap
 from jaxmigrate.codemods.with_mesh import WithMesh
+
 from jaxmigrate.passes import Pass
 
 PASSES: tuple[type[Pass], ...] = (

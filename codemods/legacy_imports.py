@@ -78,16 +78,17 @@ class LegacyImports(Pass):
             return updated_node
         module = dotted(node.module)
         if isinstance(node.names, cst.ImportStar):
-            if module is not None and any(q.startswith(module + ".") for q in MOVED):
-                if _split(next(q for q in MOVED if q.startswith(module + ".")))[0] == module:
-                    self.skip(original, "star import: the names it brings are not known")
+            if any(_split(q)[0] == module for q in MOVED):
+                self.skip(original, "star import: the names it brings are not known")
             return updated_node
         moved: list[cst.ImportAlias] = []
         kept: list[cst.ImportAlias] = []
         assert not isinstance(original.names, cst.ImportStar)
         for alias, orig_alias in zip(node.names, original.names):
             qualname = f"{module}.{dotted(alias.name)}"
-            if qualname in MOVED and self.site(orig_alias, f"`{qualname}` moved to `{MOVED[qualname]}`"):
+            if qualname in MOVED and self.site(
+                orig_alias, f"`{qualname}` moved to `{MOVED[qualname]}`"
+            ):
                 moved.append(alias.with_changes(name=cst.Name(_split(MOVED[qualname])[1])))
             else:
                 kept.append(alias)

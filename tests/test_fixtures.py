@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import FIXTURES, jax_env
+
 from jaxmigrate.engine import Options, migrate_source
 from jaxmigrate.registry import all_passes
 
 CASES = sorted(p for p in FIXTURES.glob("*/*.py") if not p.name.endswith(".expected.py"))
-RUNNABLE = [p for p in CASES if re.search(r"^def main\(", p.read_text(), re.M)]
+RUNNABLE = [p for p in CASES if re.search(r"^def main\(", p.read_text(), re.MULTILINE)]
 RUNNER = Path(__file__).with_name("fixture_runner.py")
 
 
@@ -70,6 +70,7 @@ def run_batch(specs: list[str], tmp: Path, tag: str) -> dict:
         [sys.executable, str(RUNNER), str(out), *specs],
         env=jax_env(8),
         capture_output=True,
+        check=False,
         text=True,
         timeout=900,
     )
@@ -93,7 +94,11 @@ def executed(
     tmp = tmp_path_factory.mktemp("executed")
     refs = []
     for case in chosen:
-        func = "reference" if re.search(r"^def reference\(", case.read_text(), re.M) else "main"
+        func = (
+            "reference"
+            if re.search(r"^def reference\(", case.read_text(), re.MULTILINE)
+            else "main"
+        )
         refs.append(f"{case}:{func}")
     news = [f"{expected_path(c) if expected_path(c).exists() else c}:main" for c in chosen]
     before = run_batch(refs, tmp, "before")

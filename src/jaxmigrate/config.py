@@ -79,6 +79,6 @@ def _check(pyproject: Path, key: str, value: Any) -> Any:
     expected = _TYPES[key]
     if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
         raise ConfigError(f"{where} must be a {expected.__name__}")
-    if expected is int and value < 1:
+    if isinstance(value, int) and not isinstance(value, bool) and value < 1:
         raise ConfigError(f"{where} must be at least 1")
     return value

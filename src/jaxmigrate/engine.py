@@ -190,7 +190,9 @@ def process_file(
     except RecursionError:
         return FileResult(shown, Bucket.FAILED, reason="too deeply nested for the parser")
     except Exception as exc:  # noqa: BLE001 - one bad file never stops the batch
-        return FileResult(shown, Bucket.FAILED, reason=f"internal error: {type(exc).__name__}: {exc}")
+        return FileResult(
+            shown, Bucket.FAILED, reason=f"internal error: {type(exc).__name__}: {exc}"
+        )
     bucket = Bucket.CHANGED if result.code != source.text else Bucket.UNCHANGED
     return FileResult(
         shown,

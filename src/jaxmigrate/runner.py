@@ -60,16 +60,21 @@ def dirty_files(paths: Sequence[Path]) -> set[Path]:
                 capture_output=True,
                 text=True,
                 timeout=60,
+                check=False,
             )
         except (OSError, subprocess.TimeoutExpired):
             continue
         if proc.returncode != 0:
             continue  # not a git work tree
         top = subprocess.run(
-            ["git", "rev-parse", "--show-toplevel"], cwd=directory, capture_output=True, text=True
+            ["git", "rev-parse", "--show-toplevel"],
+            cwd=directory,
+            capture_output=True,
+            text=True,
+            check=False,
         ).stdout.strip()
         for entry in filter(None, proc.stdout.split("\0")):
-            status, name = entry[:2], entry[3:]
+            name = entry[3:]
             if top:  # untracked files count too: git could not restore them
                 dirty.add((Path(top) / name).resolve())
     return dirty

@@ -37,8 +37,10 @@ def decode(data: bytes) -> SourceText:
         raise SourceError(f"unknown source encoding: {exc.msg}") from None
     try:
         text = data.decode(encoding)
-    except (UnicodeDecodeError, LookupError) as exc:
+    except UnicodeDecodeError as exc:
         raise SourceError(f"cannot be decoded as {encoding}: {exc.reason}") from None
+    except LookupError:
+        raise SourceError(f"unknown source encoding {encoding!r}") from None
     return SourceText(text=text, encoding=encoding)
 
 

@@ -78,7 +78,12 @@ def run(
 
 
 def execute(
-    settings: Settings, console: Console, *, dry_run: bool, allow_dirty: bool, show_diff: bool = True
+    settings: Settings,
+    console: Console,
+    *,
+    dry_run: bool,
+    allow_dirty: bool,
+    show_diff: bool = True,
 ) -> list[FileResult]:
     """Migrate, write (unless `dry_run`), print diffs, site lines and the summary."""
     found = discover(settings)

@@ -56,7 +56,9 @@ def skip_line(path: str, skip: Skip) -> Text:
 def file_problem_line(result: FileResult) -> Text:
     """Return the one line for a skipped or failed file."""
     style = BUCKET_STYLE[result.bucket]
-    return Text.assemble((result.path, "bold"), ": ", (str(result.bucket), style), f": {result.reason}")
+    return Text.assemble(
+        (result.path, "bold"), ": ", (str(result.bucket), style), f": {result.reason}"
+    )
 
 
 def summary_tables(results: Sequence[FileResult], *, dry_run: bool) -> list[Table]:

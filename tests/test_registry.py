@@ -1,0 +1,77 @@
+"""Meta-tests: the registry is complete and every pass documents itself truthfully."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxmigrate.engine import Options, migrate_source
+from jaxmigrate.model import Safety
+from jaxmigrate.registry import all_passes, find_pass, select_passes
+
+CODEMODS = Path(__file__).resolve().parent.parent / "codemods"
+SECTIONS = ("## Why", "## Before", "## After", "## Safety", "## Skips", "## Verification")
+PASSES = all_passes()
+
+
+def module_doc(p) -> str:
+    return sys.modules[p.__module__].__doc__ or ""
+
+
+def test_every_module_is_registered() -> None:
+    modules = {p.stem for p in CODEMODS.glob("*.py") if p.stem != "__init__"}
+    registered = {p.__module__.rsplit(".", 1)[1] for p in PASSES}
+    assert modules == registered, f"missing from PASSES: {modules - registered}"
+
+
+def test_identities_are_unique_and_consistent() -> None:
+    assert len({p.CODE for p in PASSES}) == len(PASSES)
+    assert len({p.NAME for p in PASSES}) == len(PASSES)
+    for p in PASSES:
+        assert re.fullmatch(r"JM\d{3}", p.CODE), p.CODE
+        module = p.__module__.rsplit(".", 1)[1]
+        assert module == p.NAME.replace("-", "_"), (module, p.NAME)
+        assert p.__name__ == "".join(w.capitalize() for w in module.split("_")), p.__name__
+        assert isinstance(p.SAFETY, Safety)
+
+
+@pytest.mark.parametrize("p", PASSES, ids=lambda p: p.NAME)
+def test_doc_has_every_section(p) -> None:
+    doc = module_doc(p)
+    first = doc.strip().splitlines()[0]
+    assert first == p.summary(), "module and class docstrings must open with the same line"
+    for section in SECTIONS:
+        assert section in doc, f"{p.NAME}: no {section!r} section"
+
+
+def fenced(doc: str, section: str) -> str:
+    body = doc.split(section, 1)[1]
+    match = re.search(r"```python\n(.*?)```", body, re.DOTALL)
+    assert match, f"no python block under {section}"
+    return match.group(1)
+
+
+@pytest.mark.parametrize("p", PASSES, ids=lambda p: p.NAME)
+def test_doc_before_becomes_after(p) -> None:
+    doc = module_doc(p)
+    before, after = fenced(doc, "## Before"), fenced(doc, "## After")
+    result = migrate_source(before, options=Options(unsafe_fixes=True))
+    assert result.code == after
+    assert any(s.code == p.CODE for s in result.sites)
+
+
+def test_lookup_by_code_and_name() -> None:
+    for p in PASSES:
+        assert find_pass(p.CODE) is p
+        assert find_pass(p.NAME) is p
+        assert find_pass(p.NAME.replace("-", "_")) is p
+
+
+def test_select_and_ignore() -> None:
+    assert select_passes(["JM1"], []) == tuple(p for p in PASSES if p.CODE.startswith("JM1"))
+    assert find_pass("pmap") not in select_passes([], ["pmap"])
+    with pytest.raises(ValueError, match="unknown rule"):
+        select_passes(["JM999"], [])
