@@ -8,7 +8,7 @@ as a `Name`), which is conservative: a name still used in a nested scope keeps i
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import libcst as cst
 
@@ -19,20 +19,27 @@ class _NameUses(cst.CSTVisitor):
     def __init__(self) -> None:
         self.used: set[str] = set()
         self.dotted_used: set[str] = set()
+        self.imported: list[str] = []  # what each import alias binds: `a.b.c`, `np`, ...
 
     def visit_Import(self, node: cst.Import) -> bool:
+        self.imported.extend(filter(None, map(_bound_name, node.names)))
         return False
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        if not isinstance(node.names, cst.ImportStar):
+            self.imported.extend(filter(None, map(_bound_name, node.names)))
         return False
 
     def visit_Name(self, node: cst.Name) -> None:
         self.used.add(node.value)
 
-    def visit_Attribute(self, node: cst.Attribute) -> None:
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
         name = dotted(node)
         if name is not None:
             self.dotted_used.add(name)
+        # `obj.name` reads `obj`, not a variable called `name`.
+        node.value.visit(self)
+        return False
 
 
 def _bound_name(alias: cst.ImportAlias) -> str | None:
@@ -54,6 +61,39 @@ class _Remover(cst.CSTTransformer):
     def __init__(self, candidates: Collection[str], uses: _NameUses) -> None:
         self.candidates = candidates
         self.uses = uses
+        self.emptied: set[int] = set()
+
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> cst.SimpleStatementLine | cst.RemovalSentinel:
+        if original_node.body and not updated_node.body:
+            self.emptied.add(id(original_node))
+            return cst.RemoveFromParent()
+        return updated_node
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        body = self._tidy(original_node.body, updated_node.body)
+        return updated_node if body is updated_node.body else updated_node.with_changes(body=body)
+
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
+        body = self._tidy(original_node.body, updated_node.body)
+        return updated_node if body is updated_node.body else updated_node.with_changes(body=body)
+
+    def _tidy(
+        self, original: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]
+    ) -> Sequence[cst.BaseStatement]:
+        """Drop the blank lines a removed first import leaves at the top of its block."""
+        if not original or id(original[0]) not in self.emptied or not updated:
+            return updated
+        first = updated[0]
+        if not isinstance(first, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            return updated
+        lines = list(first.leading_lines)
+        while lines and lines[0].comment is None:
+            lines.pop(0)
+        return [first.with_changes(leading_lines=lines), *updated[1:]]
 
     def _unused(self, alias: cst.ImportAlias, plain_import: bool) -> bool:
         bound = _bound_name(alias)
@@ -62,7 +102,13 @@ class _Remover(cst.CSTTransformer):
         if plain_import and alias.asname is None and "." in bound:
             # `import a.b.c` binds `a`; it is unused when no `a.b.c...` chain remains.
             prefix = bound + "."
-            return not any(d == bound or d.startswith(prefix) for d in self.uses.dotted_used)
+            if any(d == bound or d.startswith(prefix) for d in self.uses.dotted_used):
+                return False
+            # ... and when `a` itself is still read, another import must keep binding it.
+            top = bound.split(".")[0]
+            return top not in self.uses.used or any(
+                b.split(".")[0] == top and b not in self.candidates for b in self.uses.imported
+            )
         return bound not in self.uses.used
 
     def leave_Import(
