@@ -61,10 +61,8 @@ class LegacyImports(Pass):
     CODE: ClassVar[str] = "JM101"
     SAFETY: ClassVar[Safety] = Safety.SAFE
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 4)
-    TRIGGER: ClassVar[re.Pattern[str]] = re.compile(
-        r"\b(PartitionSpec|Mesh)\b[\s\S]*\b(experimental|pxla)\b"
-        r"|\b(experimental|pxla)\b[\s\S]*\b(PartitionSpec|Mesh)\b"
-    )
+    QUALNAMES: ClassVar[tuple[str, ...]] = tuple(MOVED)
+    TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\b(experimental|pxla)\b")
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine

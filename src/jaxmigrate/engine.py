@@ -16,6 +16,7 @@ from libcst.codemod import CodemodContext
 
 from jaxmigrate.model import Bucket, FileResult, Safety, Site, Skip, Status
 from jaxmigrate.passes import LATEST_JAX, STATE_KEY, FileState, Pass
+from jaxmigrate.prefilter import passes_for
 from jaxmigrate.textio import SourceError, read_source
 
 PassList = Sequence[type[Pass]]
@@ -148,8 +149,8 @@ def migrate_source(
     `libcst.ParserSyntaxError` for code that does not parse.
     """
     options = options or Options()
-    passes = options.passes() if passes is None else passes
-    if not any(p.applies_to(code) for p in passes):
+    passes = passes_for(code, options.passes() if passes is None else passes)
+    if not passes:
         return Migration(code, (), ())
     module = cst.parse_module(code)
     new, run = run_passes(module, code, passes, target_jax=options.target_jax, path=path)

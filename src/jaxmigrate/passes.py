@@ -70,6 +70,7 @@ class Pass(VisitorBasedCodemodCommand):
     SAFETY: ClassVar[Safety]
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 4)
     TRIGGER: ClassVar[re.Pattern[str]]
+    QUALNAMES: ClassVar[tuple[str, ...]] = ()
 
     METADATA_DEPENDENCIES = (PositionProvider,)
 
