@@ -15,7 +15,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 
 from jaxmigrate.model import Bucket, FileResult, Safety, Site, Skip, Status
-from jaxmigrate.passes import LATEST_JAX, STATE_KEY, FileState, Pass
+from jaxmigrate.passes import LATEST_JAX, STATE_KEY, FileState, ModuleCache, Pass
 from jaxmigrate.prefilter import passes_for
 from jaxmigrate.textio import SourceError, read_source
 
@@ -82,10 +82,13 @@ def run_passes(
     original = source.splitlines(keepends=True)
     run = _Run()
     changed = False
+    cache = ModuleCache()
     for pass_cls in passes:
         if not pass_cls.applies_to(source):
             continue
-        state = FileState(enabled=enabled, target_jax=target_jax, original_lines=original)
+        state = FileState(
+            enabled=enabled, target_jax=target_jax, original_lines=original, cache=cache
+        )
         if changed:
             state.line_map = line_map_between(original, module.code)
         context = CodemodContext(filename=path, scratch={STATE_KEY: state})

@@ -9,9 +9,9 @@ engine can re-run a pass with only some sites enabled; `Pass.site()` answers whe
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import libcst as cst
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
@@ -23,8 +23,41 @@ from jaxmigrate.model import Safety, Site, Skip
 from jaxmigrate.names import Names
 
 STATE_KEY = "jaxmigrate.state"
+_UNSET: Any = object()
 LATEST_JAX = (0, 10)
 SUPPRESS = re.compile(r"#\s*jaxmigrate:\s*skip(?:\[([A-Za-z0-9,\s]+)\])?")
+
+
+class ModuleCache:
+    """Name resolution and positions of a module, computed lazily and shared by the passes.
+
+    The engine keeps a pass's input module when the pass changed nothing, so these carry over
+    to the next pass: most passes resolve names once and never compute positions at all.
+    """
+
+    def __init__(self) -> None:
+        self._module: cst.Module | None = None
+        self._names: Names | None = None
+        self._positions: Mapping[cst.CSTNode, CodeRange] | None = None
+
+    def _switch(self, module: cst.Module) -> None:
+        if module is not self._module:
+            self._module, self._names, self._positions = module, None, None
+
+    def names(self, module: cst.Module) -> Names:
+        """Return the resolver for `module`."""
+        self._switch(module)
+        if self._names is None:
+            self._names = Names(module)
+        return self._names
+
+    def positions(self, module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
+        """Return the position of every node of `module`."""
+        self._switch(module)
+        if self._positions is None:
+            wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+            self._positions = wrapper.resolve(PositionProvider)
+        return self._positions
 
 
 @dataclass
@@ -38,6 +71,7 @@ class FileState:
     sites: list[Site] = field(default_factory=list)
     skips: list[Skip] = field(default_factory=list)
     changed: bool = False
+    cache: ModuleCache = field(default_factory=ModuleCache)
     _keys: dict[str, int] = field(default_factory=dict)
 
     def new_key(self, base: str) -> str:
@@ -72,8 +106,6 @@ class Pass(VisitorBasedCodemodCommand):
     TRIGGER: ClassVar[re.Pattern[str]]
     QUALNAMES: ClassVar[tuple[str, ...]] = ()
 
-    METADATA_DEPENDENCIES = (PositionProvider,)
-
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
         state = context.scratch.get(STATE_KEY)
@@ -82,6 +114,7 @@ class Pass(VisitorBasedCodemodCommand):
             context.scratch[STATE_KEY] = state
         self.state: FileState = state
         self.names: Names | None = None
+        self._input: cst.Module | None = None
         self.unused_candidates: set[str] = set()
 
     # Identity and documentation ------------------------------------------------------------
@@ -97,20 +130,26 @@ class Pass(VisitorBasedCodemodCommand):
 
     # Running ------------------------------------------------------------------------------
     def transform_module(self, tree: cst.Module) -> cst.Module:
-        """Run the pass; modules with no candidate are returned untouched, unwrapped."""
-        names = Names(tree)
+        """Run the pass; a module with no candidate is returned as it is (the same object)."""
+        names = self.state.cache.names(tree)
         if not self.has_candidates(tree, names):
             return tree
-        wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)
-        self.names = names
-        with self.resolve(wrapper):
-            old = self.context.wrapper
-            self.context = _replace_wrapper(self.context, wrapper)
-            try:
+        self.names, self._input = names, tree
+        if self.METADATA_DEPENDENCIES:
+            wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)
+            with self.resolve(wrapper):
                 out = self.transform_module_impl(tree)
-            finally:
-                self.context = _replace_wrapper(self.context, old)
-        return self._finish(out)
+        else:
+            out = self.transform_module_impl(tree)
+        return self._finish(out) if self.state.changed else tree
+
+    def get_metadata(self, key: Any, node: cst.CSTNode, default: Any = _UNSET) -> Any:
+        """Positions are computed lazily, only once a pass asks for one."""
+        if key is PositionProvider and self._input is not None:
+            return self.state.cache.positions(self._input)[node]
+        if default is _UNSET:
+            return super().get_metadata(key, node)
+        return super().get_metadata(key, node, default)
 
     def _finish(self, tree: cst.Module) -> cst.Module:
         tree = remove_unused_imports(tree, self.unused_candidates)
@@ -219,7 +258,3 @@ class Pass(VisitorBasedCodemodCommand):
         return base
 
 
-def _replace_wrapper(context: CodemodContext, wrapper: MetadataWrapper | None) -> CodemodContext:
-    from dataclasses import replace
-
-    return replace(context, wrapper=wrapper)
