@@ -1,6 +1,56 @@
 """Rewrite the removed `jax.device_put_replicated` as `jax.device_put` with a `NamedSharding`.
 
-(Placeholder while the pass is being written: it matches nothing.)
+## Why
+`jax.device_put_replicated(x, devices)` was deprecated in JAX 0.8.1 and removed in 0.10.0
+(accessing it raises `AttributeError`). It stacked `len(devices)` copies of every leaf of the
+pytree `x` along a new leading axis and put slice `i` on `devices[i]`: an array sharded over a
+1-D mesh of `devices`. The rewrite is the drop-in replacement from JAX's own migration guide
+(docs/migrate_pmap.md, "Drop-in replacements"), written out in place.
+
+## Before
+```python
+import jax
+
+params = jax.device_put_replicated(params, jax.local_devices())
+```
+
+## After
+```python
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+params = jax.device_put(
+    jax.tree.map(lambda a: jnp.stack([a] * len(jax.local_devices())), params),
+    NamedSharding(Mesh(np.array(jax.local_devices()), ("x",)), P("x")),
+)
+```
+
+Names the module already imports are reused (`jnp`, `np`, `Mesh`, `NamedSharding`, `P`, however
+spelt); missing ones are imported under their customary names, or spelt in full
+(`jax.sharding.PartitionSpec`, `jax.numpy.stack`) when that name means something else here.
+
+## Safety
+safe: compared with JAX 0.10.2's own implementation (`jax._src.api.device_put_replicated`) on
+numpy and Python scalars (including weak types), float64 inputs, bfloat16, PRNG keys, uncommitted,
+committed and sharded arrays, nested pytrees with `None`, and device lists in any order: same
+values, dtypes, weak types, shapes, device order and sharding of the leading axis. The only
+differences are for inputs the old function rejected or the mesh axis name (`"x"`, on an Auto
+mesh, where axis names do not constrain later use).
+
+## Skips
+- `devices` that is not a plain expression (a name, attribute, subscript, literal list or a
+  `jax.devices()` / `jax.local_devices()` call): the rewrite evaluates it twice. Bind it to a name
+  first.
+- `*args` / `**kwargs`, missing or unknown arguments, keywords in reverse order.
+- The function passed around as a value rather than called.
+- `len` rebound in the file; a function of your own called `device_put_replicated`, and the
+  private `jax._src.api.device_put_replicated`, which still exists.
+
+## Verification
+not needed at run time: the fixtures of this pass run the rewritten code on an 8-device CPU mesh
+against JAX's own (private) implementation and compare values and device placement.
 """
 
 from __future__ import annotations
@@ -8,8 +58,28 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
+import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.helpers import parse_template_expression
+from libcst.metadata import PositionProvider
+
+from jaxmigrate.cstutil import (
+    Bindings,
+    fit_call,
+    fresh_name,
+    is_reusable,
+    jnp_ref,
+    make_leading_axis_sharding,
+    names_in,
+)
 from jaxmigrate.model import Safety
+from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
+
+LEGACY = "jax.device_put_replicated"
+PARAMS = ("x", "devices")
+PURE_CALLS = frozenset({"jax.devices", "jax.local_devices"})
+MESSAGE = "`jax.device_put_replicated` was removed in JAX 0.10: use `jax.device_put`"
 
 
 class DevicePutReplicated(Pass):
@@ -18,4 +88,78 @@ class DevicePutReplicated(Pass):
     NAME: ClassVar[str] = "device-put-replicated"
     CODE: ClassVar[str] = "JM104"
     SAFETY: ClassVar[Safety] = Safety.SAFE
-    TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"(?!x)x")
+    MIN_JAX: ClassVar[tuple[int, int]] = (0, 5)
+    TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\bdevice_put_replicated\b")
+
+    def __init__(self, context: CodemodContext) -> None:
+        super().__init__(context)
+        self.bindings: Bindings | None = None
+        self.lines: list[str] = []
+        self.called: set[int] = set()
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.bindings = Bindings.of(node)
+        self.lines = node.code.splitlines()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if self.qualname(node.func) == LEGACY:
+            self.called.add(id(node.func))
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if id(node.value) not in self.called and self.qualname(node.value) == LEGACY:
+            self.skip(node, "`device_put_replicated` passed as a value, not called")
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if self.qualname(original_node.func) != LEGACY:
+            return updated_node
+        reason = self._why_not(original_node)
+        if reason is not None:
+            self.skip(original_node, reason)
+            return updated_node
+        if not self.site(original_node, MESSAGE):
+            return updated_node
+        base = dotted(original_node.func) or ""
+        self.drop_import_if_unused(base if "." not in base else base.rpartition(".")[0])
+        return self._rewrite(original_node, updated_node)
+
+    def _why_not(self, call: cst.Call) -> str | None:
+        """Return why this call is left alone, or None to rewrite it."""
+        assert self.bindings is not None
+        args = call.args
+        if any(a.star for a in args):
+            return "`*args` / `**kwargs`: which parameters they fill is not known"
+        names = tuple(
+            PARAMS[i] if a.keyword is None else a.keyword.value for i, a in enumerate(args)
+        )
+        if names != PARAMS:
+            return f"arguments {', '.join(names) or '(none)'}: expected (x, devices) in order"
+        if not is_reusable(args[1].value, lambda c: self.qualname(c.func) in PURE_CALLS):
+            return "`devices` is not a plain expression and the rewrite uses it twice: bind it to a name first"
+        if self.bindings.bound("len"):
+            return "`len` is rebound in this file"
+        return None
+
+    def _rewrite(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        assert self.bindings is not None
+        x, devices = updated.args
+        jnp = jnp_ref(self, self.bindings)
+        leaf = fresh_name(("a", "leaf", "arr"), names_in(devices.value) | names_in(jnp) | {"len"})
+        stacked = parse_template_expression(
+            "{tree_map}(lambda {leaf}: {stack}([{leaf}] * len({devices})), {x})",
+            tree_map=self.jax_attr("tree.map"),
+            leaf=cst.Name(leaf),
+            stack=cst.Attribute(jnp, cst.Name("stack")),
+            devices=devices.value,
+            x=x.value,
+        )
+        sharding = make_leading_axis_sharding(self, self.bindings, devices.value)
+        new = updated.with_changes(
+            func=self.jax_attr("device_put"),
+            args=[_positional(x, stacked), _positional(devices, sharding)],
+        )
+        line = self.get_metadata(PositionProvider, original).start.line
+        return fit_call(updated, new, self.lines[line - 1])
+
+
+def _positional(arg: cst.Arg, value: cst.BaseExpression) -> cst.Arg:
+    return arg.with_changes(value=value, keyword=None, equal=cst.MaybeSentinel.DEFAULT)
