@@ -1,0 +1,142 @@
+"""Compare two flattened outputs: structure, shapes and dtypes exactly, values by dtype.
+
+Floating values agree within a tolerance that depends on the dtype (two compiled programs may
+sum in different orders); integers, booleans, PRNG key data and other leaves must be equal. A
+mismatch names the pytree path, the shapes and the largest absolute and relative errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .hostify import Flat, HostKey
+
+# (rtol, atol) per floating dtype; atol is scaled by the reference's magnitude when above 1.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "float64": (1e-9, 1e-12),
+    "float32": (1e-5, 1e-6),
+    "float16": (4e-3, 1e-3),
+    "bfloat16": (3.2e-2, 1e-2),
+}
+
+
+def tolerance(dtype: np.dtype) -> tuple[float, float]:
+    """Return (rtol, atol) for values of `dtype` (complex: that of its components)."""
+    name = dtype.name
+    if dtype.kind == "c":
+        name = np.dtype(f"f{dtype.itemsize // 2}").name
+    if name in TOLERANCES:
+        return TOLERANCES[name]
+    return 0.25, 0.1  # float8 and other narrow types: only gross differences are meaningful
+
+
+def is_inexact(a: np.ndarray) -> bool:
+    """Return True for floating or complex arrays (including bfloat16 and float8)."""
+    return a.dtype.kind in "fc" or a.dtype.name.startswith(("bfloat", "float"))
+
+
+def wide(a: np.ndarray) -> np.ndarray:
+    """Return `a` as complex128 or float64, for arithmetic on any floating dtype."""
+    return a.astype(np.complex128 if a.dtype.kind == "c" else np.float64)
+
+
+def errors(ref: np.ndarray, new: np.ndarray) -> tuple[float, float]:
+    """Return the largest absolute and relative differences, ignoring shared NaNs."""
+    a, b = wide(ref), wide(new)
+    both_nan = np.isnan(a) & np.isnan(b)
+    same = (a == b) | both_nan
+    diff = np.where(same, 0.0, np.abs(a - b))
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    if diff.size == 0:
+        return 0.0, 0.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rel = diff / np.maximum(np.abs(a), np.finfo(np.float64).tiny)
+    rel = np.where(np.isnan(rel), np.inf, rel)
+    return float(diff.max()), float(np.where(same, 0.0, rel).max())
+
+
+def close(ref: np.ndarray, new: np.ndarray) -> bool:
+    """Return True if floating arrays agree within the dtype's tolerance (NaNs in place)."""
+    rtol, atol = tolerance(ref.dtype)
+    a, b = wide(ref), wide(new)
+    scale = max(1.0, float(np.nanmax(np.abs(a), initial=0.0, where=np.isfinite(a))))
+    return bool(np.allclose(a, b, rtol=rtol, atol=atol * scale, equal_nan=True))
+
+
+def _array_mismatch(where: str, ref: np.ndarray, new: np.ndarray) -> dict[str, Any] | None:
+    info: dict[str, Any] = {"path": where, "shape": list(ref.shape), "dtype": ref.dtype.name}
+    if ref.shape != new.shape:
+        return {
+            **info,
+            "why": f"shape {list(new.shape)}, expected {list(ref.shape)}",
+            "new_shape": list(new.shape),
+        }
+    if ref.dtype != new.dtype:
+        return {
+            **info,
+            "why": f"dtype {new.dtype.name}, expected {ref.dtype.name}",
+            "new_dtype": new.dtype.name,
+        }
+    if is_inexact(ref):
+        if close(ref, new):
+            return None
+        max_abs, max_rel = errors(ref, new)
+        return {
+            **info,
+            "why": f"values differ: max abs err {max_abs:.3g}, max rel err {max_rel:.3g}",
+            "max_abs_err": max_abs,
+            "max_rel_err": max_rel,
+        }
+    if np.array_equal(ref, new):
+        return None
+    count = int(np.sum(ref != new))
+    return {**info, "why": f"{count} of {ref.size} exact values differ"}
+
+
+def leaf_mismatch(where: str, ref: Any, new: Any) -> dict[str, Any] | None:
+    """Return why two leaves differ (a dict with `path` and `why`), or None if they agree."""
+    if isinstance(ref, HostKey) or isinstance(new, HostKey):
+        if not (isinstance(ref, HostKey) and isinstance(new, HostKey)):
+            return {"path": where, "why": "a PRNG key on one side only"}
+        if ref.impl != new.impl:
+            return {"path": where, "why": f"PRNG impl {new.impl}, expected {ref.impl}"}
+        found = _array_mismatch(where, ref.data, new.data)
+        return None if found is None else {**found, "why": "PRNG key data: " + found["why"]}
+    if isinstance(ref, (np.ndarray, np.generic)) and isinstance(new, (np.ndarray, np.generic)):
+        return _array_mismatch(where, np.asarray(ref), np.asarray(new))
+    if type(ref) is not type(new):
+        return {"path": where, "why": f"{type(new).__name__}, expected {type(ref).__name__}"}
+    if isinstance(ref, float) and isinstance(new, float):
+        return _array_mismatch(where, np.asarray(ref), np.asarray(new))
+    return None if ref == new else {"path": where, "why": f"{new!r}, expected {ref!r}"}
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def compare(ref: Flat, new: Flat) -> dict[str, Any] | None:
+    """Return the first difference between two outputs, or None when they agree."""
+    if ref.treedef != new.treedef:
+        return {
+            "path": "output",
+            "why": f"pytree structure {_short(new.treedef)}, expected {_short(ref.treedef)}",
+        }
+    for (where, a), (_, b) in zip(ref.leaves, new.leaves):
+        found = leaf_mismatch(f"output{where}", a, b)
+        if found is not None:
+            return found
+    return None
+
+
+def max_errors(ref: Flat, new: Flat) -> tuple[float, float]:
+    """Return the largest absolute and relative errors over all floating leaves."""
+    worst = (0.0, 0.0)
+    for (_, a), (_, b) in zip(ref.leaves, new.leaves):
+        arrays = isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+        if arrays and a.shape == b.shape and is_inexact(a) and is_inexact(b):
+            e = errors(a, b)
+            worst = (max(worst[0], e[0]), max(worst[1], e[1]))
+    return worst

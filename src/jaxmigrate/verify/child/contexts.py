@@ -1,0 +1,70 @@
+"""Mesh contexts: describe the meshes a program had active, and re-enter a call's contexts.
+
+A call is replayed under the `with` items that enclosed it in the program, evaluated from the
+source of the side being run (the original's `with mesh:`, the rewrite's `with
+jax.set_mesh(mesh):`). Names the module cannot resolve (a mesh that was a local variable) are
+bound to the mesh recorded while the program ran.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+from contextlib import ExitStack
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AbstractMesh, Mesh
+
+
+def describe_mesh(mesh: Any) -> dict[str, Any] | None:
+    """Return a JSON description of a concrete mesh (names, shape, device ids, axis types)."""
+    if not isinstance(mesh, Mesh) or mesh.empty:
+        return None
+    return {
+        "axis_names": [str(n) for n in mesh.axis_names],
+        "shape": list(mesh.devices.shape),
+        "device_ids": [int(d.id) for d in mesh.devices.flat],
+        "axis_types": [t.name for t in mesh.axis_types],
+    }
+
+
+def active_meshes() -> list[dict[str, Any]]:
+    """Return the meshes set by `with mesh:` and by `jax.set_mesh`, as descriptions."""
+    from jax._src import mesh as mesh_lib
+
+    found = [
+        describe_mesh(mesh_lib.thread_resources.env.physical_mesh),
+        describe_mesh(mesh_lib.get_concrete_mesh()),
+    ]
+    return [d for d in found if d is not None]
+
+
+def build_mesh(desc: dict[str, Any]) -> Mesh:
+    """Return the mesh a description names, on this process's devices."""
+    by_id = {d.id: d for d in jax.devices()}
+    devices = np.array([by_id[i] for i in desc["device_ids"]]).reshape(desc["shape"])
+    types = tuple(getattr(jax.sharding.AxisType, t) for t in desc["axis_types"])
+    return Mesh(devices, tuple(desc["axis_names"]), axis_types=types)
+
+
+def _fallback(code: Any, namespace: dict[str, Any], meshes: list[Mesh]) -> dict[str, Any]:
+    if not meshes:
+        return {}
+    free = [n for n in code.co_names if n not in namespace and not hasattr(builtins, n)]
+    return dict.fromkeys(free, meshes[0])
+
+
+def enter(stack: ExitStack, expr: str, namespace: dict[str, Any], meshes: list[Mesh]) -> str:
+    """Enter one with-item evaluated in `namespace`; return what was entered, or why not."""
+    code = compile(expr, "<mesh context>", "eval")
+    try:
+        value = eval(code, namespace, _fallback(code, namespace, meshes))
+    except Exception as exc:  # noqa: BLE001 - a context we cannot rebuild is reported
+        return f"skipped `{expr}` ({type(exc).__name__}: {exc})"
+    is_call = isinstance(ast.parse(expr, mode="eval").body, ast.Call)
+    if isinstance(value, (Mesh, AbstractMesh)) or (is_call and hasattr(value, "__enter__")):
+        stack.enter_context(value)
+        return f"entered `{expr}`"
+    return f"skipped `{expr}` (not a mesh)"

@@ -1,0 +1,248 @@
+"""Record the first few argument sets each target receives while the user's command runs.
+
+Installed by the workspace's `sitecustomize` when `JAXMIGRATE_RECORD` names a plan (JSON):
+
+    {"root": "/tmp/.../original", "out": "/tmp/.../records", "max_calls": 3,
+     "spans": {"pkg/train.py": [[first_line, last_line, target_id], ...]},
+     "functions": {"pkg.train": {"run": target_id}}}
+
+An import hook patches the legacy entry points (`jax.pmap`, `jax.jit`, `jax.shard_map`,
+`jax.experimental.pjit.pjit`, `jax.experimental.shard_map.shard_map`) once JAX is imported: a
+call made directly from a line inside a span returns the usual function wrapped so that its
+concrete calls are recorded, keyed by that span's target. The functions named in `functions`
+(targets that enclose a site) are wrapped after their module is imported. Each record is a
+pickle of the travelling arguments plus a JSON sidecar with the mesh contexts of the call: the
+mesh-like `with` statements around the callers' lines, and the meshes active at the time.
+Nothing here imports JAX before the program does.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import pickle
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import FrameType, MethodType, ModuleType
+from typing import Any
+
+from .source import enclosing_withs
+
+ENTRY_POINTS: dict[str, tuple[str, ...]] = {
+    "jax": ("pmap", "jit", "shard_map"),
+    "jax.experimental.pjit": ("pjit",),
+    "jax.experimental.shard_map": ("shard_map",),
+}
+
+
+@dataclass(frozen=True)
+class Span:
+    """Lines of one file whose legacy-API calls create the callable of target `target`."""
+
+    file: str
+    first: int
+    last: int
+    target: str
+
+
+@dataclass
+class Recorder:
+    """Per-process recording state: what to record, where, and how many calls so far."""
+
+    root: str
+    out: str
+    max_calls: int
+    spans: dict[str, list[Span]]
+    functions: dict[str, dict[str, str]]
+    counts: dict[str, int] = field(default_factory=dict)
+    trees: dict[str, tuple[ast.Module, str] | None] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # Where a call comes from ------------------------------------------------------------------
+    def relative(self, filename: str) -> str | None:
+        path = os.path.realpath(filename)
+        if not path.startswith(self.root + os.sep):
+            return None
+        return os.path.relpath(path, self.root)
+
+    def span_at(self, frame: FrameType) -> Span | None:
+        """Return the span holding the line `frame` is executing, if any."""
+        rel = self.relative(frame.f_code.co_filename)
+        for span in self.spans.get(rel or "", ()):
+            if span.first <= frame.f_lineno <= span.last:
+                return span
+        return None
+
+    def parsed(self, rel: str) -> tuple[ast.Module, str] | None:
+        if rel not in self.trees:
+            try:
+                with open(os.path.join(self.root, rel), encoding="utf-8") as handle:
+                    text = handle.read()
+                self.trees[rel] = (ast.parse(text), text)
+            except (OSError, SyntaxError, ValueError):
+                self.trees[rel] = None
+        return self.trees[rel]
+
+    def context(self, frame: FrameType | None) -> list[list[Any]]:
+        """Return [file, line] of each mesh-like `with` around the callers, outermost first."""
+        found: list[list[Any]] = []
+        while frame is not None:
+            rel = self.relative(frame.f_code.co_filename)
+            parsed = self.parsed(rel) if rel else None
+            if parsed is not None and rel is not None:
+                withs = enclosing_withs(parsed[0], parsed[1], frame.f_lineno)
+                found[:0] = [[rel, w.line] for w in withs]
+            frame = frame.f_back
+        return found
+
+    # Recording -----------------------------------------------------------------------------
+    def wants(self, target: str) -> bool:
+        with self.lock:
+            return self.counts.get(target, 0) < self.max_calls
+
+    def snapshot(self, target: str, args: Sequence[Any], kwargs: dict[str, Any]) -> bytes | None:
+        """Return the pickled travelling form of a call, or None if it cannot be recorded."""
+        from .hostify import has_tracer, to_host
+
+        if not self.wants(target) or has_tracer((args, kwargs)):
+            return None
+        try:
+            return pickle.dumps(to_host((tuple(args), dict(kwargs))))
+        except Exception:  # noqa: BLE001 - an argument we cannot copy: this call is not recorded
+            return None
+
+    def save(self, target: str, payload: bytes, caller: FrameType | None) -> None:
+        """Write one recorded call and its context, if the target still wants calls."""
+        from .contexts import active_meshes
+        from .hostify import shapes
+
+        with self.lock:
+            n = self.counts.get(target, 0)
+            if n >= self.max_calls:
+                return
+            self.counts[target] = n + 1
+        base = os.path.join(self.out, f"{target}-{os.getpid()}-{n}")
+        with open(base + ".pkl", "wb") as handle:
+            handle.write(payload)
+        meta = {
+            "target": target,
+            "contexts": self.context(caller),
+            "meshes": active_meshes(),
+            "shapes": shapes(pickle.loads(payload)),
+        }
+        with open(base + ".json", "w", encoding="utf-8") as handle:
+            json.dump(meta, handle)
+
+    # Patching ------------------------------------------------------------------------------
+    def entry(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        """Return `real` (a legacy entry point) recording what it creates from a span."""
+
+        @functools.wraps(real)
+        def entry(*args: Any, **kwargs: Any) -> Any:
+            span = self.span_at(sys._getframe(1))
+            result = real(*args, **kwargs)
+            if span is None or not callable(result):
+                return result
+            if not args and not ({"f", "fun", "fn"} & set(kwargs)):
+                return lambda fun: Recording(result(fun), span.target, self)
+            return Recording(result, span.target, self)
+
+        return entry
+
+    def patch_jax(self, module: ModuleType) -> None:
+        for name in ENTRY_POINTS[module.__name__]:
+            if hasattr(module, name):
+                setattr(module, name, self.entry(getattr(module, name)))
+
+    def patch_functions(self, module: ModuleType) -> None:
+        for qualname, target in self.functions[module.__name__].items():
+            fn = getattr(module, qualname, None)
+            if callable(fn) and not isinstance(fn, Recording):
+                setattr(module, qualname, Recording(fn, target, self))
+
+
+class Recording:
+    """A callable that records its first concrete calls for `target`, then behaves as `fn`."""
+
+    def __init__(self, fn: Callable[..., Any], target: str, recorder: Recorder) -> None:
+        functools.update_wrapper(self, fn, updated=())
+        self._fn = fn
+        self._target = target
+        self._recorder = recorder
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        payload = self._recorder.snapshot(self._target, args, kwargs)
+        out = self._fn(*args, **kwargs)
+        if payload is not None:
+            self._recorder.save(self._target, payload, sys._getframe(1))
+        return out
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else MethodType(self, obj)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fn, name)
+
+
+class _After(importlib.abc.Loader):
+    """A loader that runs `then(module)` after the real loader executed the module."""
+
+    def __init__(self, loader: Any, then: Callable[[ModuleType], None]) -> None:
+        self.loader = loader
+        self.then = then
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.loader.exec_module(module)
+        self.then(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+
+class Hook(importlib.abc.MetaPathFinder):
+    """Finds modules with the other finders and wraps their loader to patch them when run."""
+
+    def __init__(self, after: dict[str, Callable[[ModuleType], None]]) -> None:
+        self.after = after
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name not in self.after:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _After(spec.loader, self.after[name])
+                return spec
+        return None
+
+
+def load_plan(path: str) -> Recorder:
+    """Return the recorder a plan file describes."""
+    with open(path, encoding="utf-8") as handle:
+        plan = json.load(handle)
+    spans = {
+        rel: [Span(rel, first, last, target) for first, last, target in items]
+        for rel, items in plan["spans"].items()
+    }
+    root = os.path.realpath(plan["root"])
+    return Recorder(root, plan["out"], int(plan["max_calls"]), spans, plan["functions"])
+
+
+def install(plan_path: str) -> Recorder:
+    """Install the import hook for the plan at `plan_path`; return the recorder."""
+    recorder = load_plan(plan_path)
+    after: dict[str, Callable[[ModuleType], None]] = dict.fromkeys(ENTRY_POINTS, recorder.patch_jax)
+    after.update(dict.fromkeys(recorder.functions, recorder.patch_functions))
+    sys.meta_path.insert(0, Hook(after))
+    return recorder

@@ -1,0 +1,131 @@
+"""References: equivalent forms of the original that run when the original cannot.
+
+Each reference is a context manager that patches one legacy entry point while the original
+module is imported and called (the worker imports a fresh copy of the module under the patch):
+
+- `vmap-oracle`: `jax.pmap` becomes `jax.vmap(..., axis_name=...)`, which has pmap's semantics
+  including named collectives and nested maps (0.10.2's pmap breaks on nested pmap and negative
+  axes; cookbook cases 04 and 07).
+- `widened-shard-map`: `shard_map` with every mesh axis manual (drops `axis_names` / `auto`); a
+  callback in a partial-auto region then runs, and is equivalent when the specs never name the
+  auto axes (cookbook case 12e).
+- `pjit-in-shardings`: pjit's removed `in_axis_resources` / `out_axis_resources` keywords are
+  passed as `in_shardings` / `out_shardings` (cookbook case 10).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+
+ORIGINAL = "original"
+
+
+@contextlib.contextmanager
+def patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """Set `owner.name` to `value` for the duration of the block."""
+    old = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, old)
+
+
+def _as_tuple(argnums: Any) -> tuple[int, ...]:
+    return (argnums,) if isinstance(argnums, int) else tuple(argnums)
+
+
+def oracle_pmap(
+    fun: Callable[..., Any] | None = None,
+    axis_name: Any = None,
+    *,
+    in_axes: Any = 0,
+    out_axes: Any = 0,
+    static_broadcasted_argnums: Any = (),
+    **_ignored: Any,
+) -> Any:
+    """Return `fun` mapped with `jax.vmap` as pmap would map it (statics closed over)."""
+    if fun is None:
+        return functools.partial(
+            oracle_pmap,
+            axis_name=axis_name,
+            in_axes=in_axes,
+            out_axes=out_axes,
+            static_broadcasted_argnums=static_broadcasted_argnums,
+        )
+    static = _as_tuple(static_broadcasted_argnums)
+
+    @functools.wraps(fun)
+    def mapped(*args: Any, **kwargs: Any) -> Any:
+        dyn = [i for i in range(len(args)) if i not in static]
+        axes = in_axes
+        if isinstance(in_axes, tuple) and len(in_axes) == len(args):
+            axes = tuple(in_axes[i] for i in dyn)
+
+        def body(*dyn_args: Any, **kw: Any) -> Any:
+            full = list(args)
+            for i, value in zip(dyn, dyn_args):
+                full[i] = value
+            return fun(*full, **kw)
+
+        vmapped = jax.vmap(body, in_axes=axes, out_axes=out_axes, axis_name=axis_name)
+        return vmapped(*[args[i] for i in dyn], **kwargs)
+
+    return mapped
+
+
+def widened(real: Callable[..., Any], drop: str) -> Callable[..., Any]:
+    """Return `real` (a shard_map) with the keyword `drop` removed: every mesh axis manual."""
+
+    def shard_map(*args: Any, **kwargs: Any) -> Any:
+        kwargs.pop(drop, None)
+        return real(*args, **kwargs)
+
+    return shard_map
+
+
+def _widened_shard_map() -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    stack.enter_context(patched(jax, "shard_map", widened(jax.shard_map, "axis_names")))
+    legacy = importlib.import_module("jax.experimental.shard_map")
+    stack.enter_context(patched(legacy, "shard_map", widened(legacy.shard_map, "auto")))
+    return stack
+
+
+def with_in_shardings(real: Callable[..., Any]) -> Callable[..., Any]:
+    """Return `real` (pjit) accepting the removed `*_axis_resources` keywords as shardings."""
+
+    def pjit(*args: Any, **kwargs: Any) -> Any:
+        for old, new in (
+            ("in_axis_resources", "in_shardings"),
+            ("out_axis_resources", "out_shardings"),
+        ):
+            if old in kwargs:
+                kwargs[new] = kwargs.pop(old)
+        return real(*args, **kwargs)
+
+    return pjit
+
+
+def _pjit_in_shardings() -> contextlib.AbstractContextManager[None]:
+    legacy = importlib.import_module("jax.experimental.pjit")
+    return patched(legacy, "pjit", with_in_shardings(legacy.pjit))
+
+
+REFERENCES: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
+    ORIGINAL: contextlib.nullcontext,
+    "vmap-oracle": lambda: patched(jax, "pmap", oracle_pmap),
+    "widened-shard-map": _widened_shard_map,
+    "pjit-in-shardings": _pjit_in_shardings,
+}
+
+
+def reference(name: str) -> contextlib.AbstractContextManager[Any]:
+    """Return the context manager that makes `name` the reference while it is active."""
+    return REFERENCES[name]()

@@ -1,0 +1,104 @@
+"""Read-only questions about Python source, answered with `ast` (no JAX, imported by both sides).
+
+Which `with` statements that can set a mesh enclose a line, and where the target of a site is
+called. The recorder asks them about the frames of a running program; the planner about files.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+MESH_CALLS = frozenset({"set_mesh", "use_mesh", "use_abstract_mesh", "Mesh", "make_mesh"})
+
+
+_BLOCKS = (ast.stmt, ast.excepthandler, ast.match_case)
+
+
+@dataclass(frozen=True)
+class MeshWith:
+    """A `with` statement at `line` whose items may set a mesh, as source text."""
+
+    line: int
+    exprs: tuple[str, ...]
+
+
+def _callee_name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    return None
+
+
+def is_mesh_expr(node: ast.expr) -> bool:
+    """Return True if a with-item may set a mesh: a name, an attribute, or a known mesh call."""
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        return True
+    return isinstance(node, ast.Call) and _callee_name(node.func) in MESH_CALLS
+
+
+def mesh_with(node: ast.With | ast.AsyncWith, text: str) -> MeshWith | None:
+    """Return the mesh-like items of one `with` statement, or None if it has none."""
+    exprs = tuple(
+        ast.get_source_segment(text, item.context_expr) or ""
+        for item in node.items
+        if is_mesh_expr(item.context_expr)
+    )
+    return MeshWith(node.lineno, exprs) if exprs else None
+
+
+def _contains(node: ast.AST, line: int) -> bool:
+    start = getattr(node, "lineno", None)
+    end = getattr(node, "end_lineno", None)
+    return start is not None and end is not None and start <= line <= end
+
+
+def enclosing_withs(tree: ast.Module, text: str, line: int) -> tuple[MeshWith, ...]:
+    """Return the mesh-like `with` statements around `line` whose body holds it, outermost first."""
+    found: list[MeshWith] = []
+    node: ast.AST = tree
+    while True:
+        child = next(
+            (
+                c
+                for c in ast.iter_child_nodes(node)
+                if isinstance(c, _BLOCKS) and _contains(c, line)
+            ),
+            None,
+        )
+        if child is None:
+            return tuple(found)
+        if isinstance(child, (ast.With, ast.AsyncWith)) and child.body[0].lineno <= line:
+            item = mesh_with(child, text)
+            if item is not None:
+                found.append(item)
+        node = child
+
+
+def calls_of(tree: ast.Module, name: str) -> Iterator[ast.Call]:
+    """Yield every call of the plain name `name` in the module, in source order."""
+    calls = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name
+    ]
+    yield from sorted(calls, key=lambda c: (c.lineno, c.col_offset))
+
+
+def call_site_withs(tree: ast.Module, text: str, name: str) -> tuple[MeshWith, ...]:
+    """Return the mesh contexts of the first call of `name` that runs under one, else ()."""
+    for call in calls_of(tree, name):
+        withs = enclosing_withs(tree, text, call.lineno)
+        if withs:
+            return withs
+    return ()
+
+
+def with_at(tree: ast.Module, text: str, line: int) -> MeshWith | None:
+    """Return the mesh-like `with` statement starting at `line`, or None."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.With, ast.AsyncWith)) and node.lineno == line:
+            return mesh_with(node, text)
+    return None

@@ -1,0 +1,80 @@
+"""What the caller asks of the verifier, and what it answers per site."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jaxmigrate.model import Site, Status
+
+if TYPE_CHECKING:
+    from jaxmigrate.passes import Pass
+
+GIB = 2**30
+
+
+def default_jobs() -> int:
+    """Return the default number of worker pairs: one per two cores."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """How to verify: the project, the interpreter, the mesh, the inputs and the limits.
+
+    `root` is copied (never written); `python` runs the user's code; `verify_with` is a shell
+    command whose calls are recorded on the original copy; `timeout` bounds each site (seconds)
+    and `memory_limit` each worker's address space (bytes, 0 for none); `jobs` is the number of
+    worker pairs (one original, one candidate process each); `synthesize` allows inputs built
+    from the call's structure; `passes` (default: the registry) re-derives a file's rewrite with
+    only some sites enabled when a request gives no `rewrite`.
+    """
+
+    root: Path
+    devices: int = 8
+    python: str = sys.executable
+    verify_with: str | None = None
+    timeout: float = 120.0
+    memory_limit: int = 8 * GIB
+    jobs: int = field(default_factory=default_jobs)
+    synthesize: bool = True
+    max_calls: int = 3
+    record_timeout: float = 1800.0
+    passes: tuple[type[Pass], ...] | None = None
+
+
+@dataclass(frozen=True)
+class VerifyRequest:
+    """One file: its original text, its text with every site rewritten, and its sites.
+
+    `rewrite(keys)`, when given, returns the file with only the sites in `keys` rewritten; the
+    verifier uses it to drop failed sites and re-verify the rest as they will be written.
+    """
+
+    path: str
+    original: str
+    candidate: str
+    sites: tuple[Site, ...]
+    rewrite: Callable[[frozenset[str]], str] | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What verification said about one site: a status, a one-line reason, and the evidence.
+
+    `details` may hold: target, input_source (recorded/declared/synthesized), reference,
+    reference_errors, calls, input_shapes, output_shapes, max_abs_err, max_rel_err, mismatch
+    (path, why, shape, ...), contexts, round.
+    """
+
+    status: Status
+    reason: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the report form of this verdict."""
+        return {"status": str(self.status), "reason": self.reason, **self.details}

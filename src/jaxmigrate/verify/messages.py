@@ -1,0 +1,156 @@
+"""Build the requests sent to workers: the target, its inputs, and its mesh contexts per side.
+
+A call's context is the list of mesh-like `with` statements that enclosed it (from the recording,
+or else from the first call of the target in its own file that runs under one). Each is looked up
+in the side's own text: the original's `with mesh:`, the rewrite's line mapped through the diff
+(`with jax.set_mesh(mesh):`, or nothing if the rewrite dropped it).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from jaxmigrate.engine import line_map_between
+from jaxmigrate.verify.child.source import MeshWith, call_site_withs, with_at
+from jaxmigrate.verify.planner import Plan
+from jaxmigrate.verify.recording import Recorded
+from jaxmigrate.verify.workspace import Workspace, module_name
+
+
+@dataclass(frozen=True)
+class Source:
+    """One file as the original and the candidate have it."""
+
+    original: str
+    candidate: str
+
+    @cached_property
+    def trees(self) -> tuple[ast.Module | None, ast.Module | None]:
+        return parse(self.original), parse(self.candidate)
+
+    @cached_property
+    def forward(self) -> dict[int, int]:
+        """Map original line numbers to candidate line numbers."""
+        back = line_map_between(self.original.splitlines(keepends=True), self.candidate)
+        out: dict[int, int] = {}
+        for line in range(1, len(self.candidate.splitlines()) + 1):
+            out.setdefault(back(line), line)
+        return out
+
+    def withs(self, line: int) -> tuple[MeshWith | None, MeshWith | None]:
+        """Return the `with` at original `line` as each side has it."""
+        orig_tree, cand_tree = self.trees
+        orig = with_at(orig_tree, self.original, line) if orig_tree else None
+        mapped = self.forward.get(line)
+        cand = with_at(cand_tree, self.candidate, mapped) if cand_tree and mapped else None
+        return orig, cand
+
+
+def parse(text: str) -> ast.Module | None:
+    try:
+        return ast.parse(text)
+    except SyntaxError:
+        return None
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The texts of every file a run may look at, per side."""
+
+    root: Path
+    originals: Mapping[str, str]
+    candidates: Mapping[str, str]
+
+    def get(self, relpath: str) -> Source | None:
+        original = self.originals.get(relpath)
+        if original is None:
+            try:
+                original = (self.root / relpath).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                return None
+        return Source(original, self.candidates.get(relpath, original))
+
+
+def module_spec(root: Path, relpath: str, text: str | None) -> dict[str, Any]:
+    """Return how a worker finds a module: dotted name, file, sys.path entry, optional text."""
+    name, entry = module_name(root, relpath)
+    return {"module": name, "file": relpath, "path": entry, "text": text}
+
+
+def static_withs(plan: Plan) -> tuple[tuple[str, int], ...]:
+    """Return the contexts of the first call of the target in its own file that has one."""
+    tree = parse(plan.request.original)
+    if tree is None:
+        return ()
+    found = call_site_withs(tree, plan.request.original, plan.target.qualname)
+    return tuple((plan.path, w.line) for w in found)
+
+
+def context_messages(
+    withs: Sequence[tuple[str, int]], sources: Sources
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Return the contexts to enter on the original side and on the candidate side."""
+    orig: list[dict[str, Any]] = []
+    cand: list[dict[str, Any]] = []
+    for relpath, line in withs:
+        source = sources.get(relpath)
+        if source is None:
+            continue
+        orig_with, cand_with = source.withs(line)
+        text = sources.candidates.get(relpath)
+        if orig_with is not None:
+            orig.append(
+                {"module": module_spec(sources.root, relpath, None), "exprs": orig_with.exprs}
+            )
+        if cand_with is not None:
+            spec = module_spec(sources.root, relpath, text)
+            cand.append({"module": spec, "exprs": cand_with.exprs})
+    return orig, cand
+
+
+@dataclass(frozen=True)
+class Task:
+    """One plan in one round: the requests for both sides."""
+
+    plan: Plan
+    original: dict[str, Any]
+    candidate: dict[str, Any]
+
+
+def make_task(
+    plan: Plan,
+    candidate_text: str,
+    recorded: Recorded | None,
+    sources: Sources,
+    ws: Workspace,
+    synthesize: bool,
+    devices: int,
+) -> Task:
+    """Return the original and candidate requests for `plan` against `candidate_text`."""
+    withs = recorded.contexts if recorded else static_withs(plan)
+    orig_ctx, cand_ctx = context_messages(withs, sources)
+    common = {
+        "op": "run",
+        "meshes": list(recorded.meshes) if recorded else [],
+        "inputs_path": str(ws.io / f"{plan.id}.inputs.pkl"),
+        "outputs_path": str(ws.io / f"{plan.id}.outputs.pkl"),
+    }
+    target = module_spec(sources.root, plan.path, None) | {"qualname": plan.target.qualname}
+    original = common | {
+        "target": target,
+        "contexts": orig_ctx,
+        "references": list(plan.references),
+        "inputs": {
+            "recorded": list(recorded.files) if recorded else [],
+            "synthesize": synthesize,
+            "structure": plan.target.structure,
+            "devices": devices,
+        },
+    }
+    candidate = common | {"target": target | {"text": candidate_text}, "contexts": cand_ctx}
+    return Task(plan, original, candidate)

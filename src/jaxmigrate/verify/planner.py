@@ -1,0 +1,113 @@
+"""Plan the verification of each unsafe site: its target, its module, and its references.
+
+Sites whose targets coincide (a `with mesh:` and the pjit call inside the same function) share
+one plan, run once. A site whose target cannot be called on its own gets its verdict here.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from jaxmigrate.model import Safety, Site, Status
+from jaxmigrate.verify.config import Verdict, VerifyRequest
+from jaxmigrate.verify.targets import Target, find_target
+from jaxmigrate.verify.workspace import module_name
+
+ORIGINAL = "original"
+# The reference to fall back on when the original raises, per pass (cookbook, "Notes for the
+# verifier"); for a hand-made change, per legacy API its source mentions.
+REFERENCE_BY_PASS = {
+    "pmap": "vmap-oracle",
+    "pjit": "pjit-in-shardings",
+    "with-mesh": "pjit-in-shardings",
+    "experimental-shard-map": "widened-shard-map",
+    "partial-auto-callback": "widened-shard-map",
+}
+REFERENCE_BY_TEXT = {
+    "pmap": "vmap-oracle",
+    "axis_resources": "pjit-in-shardings",
+    "shard_map": "widened-shard-map",
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How to verify the sites of one target."""
+
+    id: str
+    request: VerifyRequest
+    sites: tuple[Site, ...]
+    target: Target
+    module: str
+    entry: str
+    references: tuple[str, ...]
+
+    @property
+    def path(self) -> str:
+        return self.request.path
+
+    @property
+    def label(self) -> str:
+        return f"{self.path}::{self.target.qualname}"
+
+
+def references_for(sites: Sequence[Site], target: Target, text: str) -> tuple[str, ...]:
+    """Return the references to try, in order: the original first unless it is known wrong."""
+    if target.structure.get("negative_axes"):
+        return ("vmap-oracle",)  # 0.10.2's pmap mishandles negative axes (cookbook case 04)
+    found = [REFERENCE_BY_PASS[s.name] for s in sites if s.name in REFERENCE_BY_PASS]
+    found += [ref for word, ref in REFERENCE_BY_TEXT.items() if word in text]
+    return (ORIGINAL, *dict.fromkeys(found))
+
+
+def plan_file(
+    request: VerifyRequest, root: Path, start: int
+) -> tuple[list[Plan], dict[str, Verdict]]:
+    """Return the plans for a file's unsafe sites, and verdicts for sites needing no run."""
+    tree = ast.parse(request.original)
+    verdicts: dict[str, Verdict] = {}
+    grouped: dict[str, tuple[Target, list[Site]]] = {}
+    for site in request.sites:
+        if site.safety is Safety.SAFE:
+            verdicts[site.key] = Verdict(Status.NOT_NEEDED, "safe rewrite")
+            continue
+        target = find_target(tree, site.line)
+        if not target.reachable:
+            verdicts[site.key] = Verdict(Status.UNVERIFIED, f"cannot be run alone: {target.why}")
+            continue
+        grouped.setdefault(target.qualname, (target, []))[1].append(site)
+    module, entry = module_name(root, request.path)
+    plans = [
+        Plan(
+            id=f"t{start + n}",
+            request=request,
+            sites=tuple(sites),
+            target=target,
+            module=module,
+            entry=entry,
+            references=references_for(sites, target, request.original),
+        )
+        for n, (target, sites) in enumerate(grouped.values())
+    ]
+    return plans, verdicts
+
+
+def plan_all(
+    requests: Sequence[VerifyRequest], root: Path
+) -> tuple[list[Plan], dict[tuple[str, str], Verdict]]:
+    """Return the plans for every request, and the verdicts decided without running."""
+    plans: list[Plan] = []
+    verdicts: dict[tuple[str, str], Verdict] = {}
+    for request in requests:
+        try:
+            more, decided = plan_file(request, root, len(plans))
+        except SyntaxError as exc:
+            reason = f"the original does not parse: {exc.msg} (line {exc.lineno})"
+            decided = {s.key: Verdict(Status.UNVERIFIED, reason) for s in request.sites}
+            more = []
+        plans += more
+        verdicts.update({(request.path, key): v for key, v in decided.items()})
+    return plans, verdicts

@@ -1,0 +1,239 @@
+"""Run a verification: plan, record, run both sides in worker pairs, and decide per site.
+
+Files are spread over `jobs` lanes; a lane is one original worker and one candidate worker, and
+its original worker runs ahead of its candidate worker, so the two overlap. When sites of a file
+fail, the file is rewritten without them (`VerifyRequest.rewrite`, or the passes) and the sites
+that had verified are verified again against that text, so what is written is what was verified.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+
+from jaxmigrate.model import Status
+from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
+from jaxmigrate.verify.judge import candidate_verdict, original_verdict
+from jaxmigrate.verify.messages import Sources, Task, make_task
+from jaxmigrate.verify.planner import Plan, plan_all
+from jaxmigrate.verify.pool import Reply, Worker
+from jaxmigrate.verify.recording import Recording, record
+from jaxmigrate.verify.workspace import Workspace, workspace
+
+MAX_ROUNDS = 3
+Key = tuple[str, str]
+
+
+@dataclass
+class Lane:
+    """A pair of workers: one for original code, one for rewritten code."""
+
+    original: Worker
+    candidate: Worker
+
+    def stop(self) -> None:
+        self.original.stop()
+        self.candidate.stop()
+
+
+@dataclass
+class Run:
+    """The state of one verification run."""
+
+    config: VerifyConfig
+    ws: Workspace
+    lanes: list[Lane]
+    recording: Recording
+    originals: dict[str, Reply] = field(default_factory=dict)
+
+    def candidate_reply(self, lane: Lane, task: Task) -> Reply:
+        """Run the rewrite; a hang is retried once (simulated meshes can deadlock)."""
+        reply = lane.candidate.request(task.candidate, self.config.timeout)
+        if reply.timed_out:
+            reply = lane.candidate.request(task.candidate, self.config.timeout)
+        return reply
+
+    def judge(self, lane: Lane, task: Task, original: Reply) -> Verdict:
+        verdict = original_verdict(task.plan, original)
+        if verdict is not None:
+            return verdict
+        return candidate_verdict(task.plan, original.data, self.candidate_reply(lane, task))
+
+    def run_lane(self, lane: Lane, tasks: Sequence[Task]) -> dict[str, Verdict]:
+        """Run tasks on one lane, the original worker one task ahead of the candidate worker."""
+        handoff: queue.Queue[tuple[Task, Reply]] = queue.Queue()
+
+        def originals() -> None:
+            for task in tasks:
+                reply = self.originals.get(task.plan.id)
+                if reply is None:
+                    reply = lane.original.request(task.original, self.config.timeout)
+                    self.originals[task.plan.id] = reply
+                handoff.put((task, reply))
+
+        ahead = threading.Thread(target=originals, daemon=True)
+        ahead.start()
+        verdicts = {}
+        for _ in tasks:
+            task, reply = handoff.get()
+            verdicts[task.plan.id] = self.judge(lane, task, reply)
+        ahead.join()
+        return verdicts
+
+    def run_tasks(self, tasks: Sequence[Task]) -> dict[str, Verdict]:
+        """Run tasks over the lanes, each file on one lane (its modules load once)."""
+        shares: list[list[Task]] = [[] for _ in self.lanes]
+        by_file: dict[str, list[Task]] = defaultdict(list)
+        for task in tasks:
+            by_file[task.plan.path].append(task)
+        for group in sorted(by_file.values(), key=len, reverse=True):
+            min(shares, key=len).extend(group)
+        with ThreadPoolExecutor(len(self.lanes)) as pool:
+            results = pool.map(self.run_lane, self.lanes, shares)
+        return {k: v for part in results for k, v in part.items()}
+
+
+def rewrite(request: VerifyRequest, keys: frozenset[str], config: VerifyConfig) -> str:
+    """Return the file with only the sites in `keys` rewritten."""
+    if request.rewrite is not None:
+        return request.rewrite(keys)
+    import libcst as cst
+
+    from jaxmigrate.engine import run_passes
+    from jaxmigrate.registry import all_passes
+
+    passes = config.passes if config.passes is not None else all_passes()
+    module, _ = run_passes(
+        cst.parse_module(request.original),
+        request.original,
+        passes,
+        enabled=keys,
+        path=request.path,
+    )
+    return module.code
+
+
+@contextmanager
+def lanes_for(config: VerifyConfig, ws: Workspace, count: int) -> Iterator[list[Lane]]:
+    """Start `count` lanes (their JAX start-ups overlap); stop every worker afterwards."""
+    lanes = [
+        Lane(Worker("original", config, ws, i), Worker("candidate", config, ws, i))
+        for i in range(count)
+    ]
+    try:
+        yield lanes
+    finally:
+        for lane in lanes:
+            lane.stop()
+
+
+def sources(
+    config: VerifyConfig, requests: Sequence[VerifyRequest], texts: dict[str, str]
+) -> Sources:
+    return Sources(config.root, {r.path: r.original for r in requests}, dict(texts))
+
+
+def tasks_for(run: Run, plans: Sequence[Plan], texts: dict[str, str], src: Sources) -> list[Task]:
+    return [
+        make_task(
+            p,
+            texts[p.path],
+            run.recording.calls.get(p.id),
+            src,
+            run.ws,
+            run.config.synthesize,
+            run.config.devices,
+        )
+        for p in plans
+    ]
+
+
+def next_round(
+    run: Run,
+    plans: Sequence[Plan],
+    verdicts: dict[str, Verdict],
+    enabled: dict[str, set[str]],
+    texts: dict[str, str],
+) -> list[Plan]:
+    """Drop this round's failed sites from their files; return the plans to verify again."""
+    failed = [p for p in plans if verdicts[p.id].status is Status.FAILED]
+    again: list[Plan] = []
+    for path, request in {p.path: p.request for p in failed}.items():
+        survivors = [
+            p for p in plans if p.path == path and verdicts[p.id].status is Status.VERIFIED
+        ]
+        if not survivors:
+            continue
+        enabled[path] -= {s.key for p in failed if p.path == path for s in p.sites}
+        try:
+            texts[path] = rewrite(request, frozenset(enabled[path]), run.config)
+        except Exception as exc:  # noqa: BLE001 - keep this round's verdicts
+            note = f"not re-verified without the failed sites: {type(exc).__name__}: {exc}"
+            verdicts.update({p.id: unsure(verdicts[p.id], note) for p in survivors})
+            continue
+        run.ws.write("candidate", path, texts[path])
+        again += survivors
+    return again
+
+
+def unsure(verdict: Verdict, note: str) -> Verdict:
+    """Return a verified verdict demoted: the text that will be written was not verified."""
+    return Verdict(Status.UNVERIFIED, note, {**verdict.details, "verified_with_all_sites": True})
+
+
+def run_rounds(
+    run: Run, requests: Sequence[VerifyRequest], plans: Sequence[Plan]
+) -> dict[str, Verdict]:
+    """Verify every plan; re-verify survivors of files that lost failed sites."""
+    texts = {r.path: r.candidate for r in requests}
+    enabled = {r.path: {s.key for s in r.sites} for r in requests}
+    verdicts: dict[str, Verdict] = {}
+    pending = list(plans)
+    for number in range(1, MAX_ROUNDS + 1):
+        src = sources(run.config, requests, texts)
+        fresh = run.run_tasks(tasks_for(run, pending, texts, src))
+        verdicts.update({k: with_round(v, number) for k, v in fresh.items()})
+        pending = next_round(run, pending, verdicts, enabled, texts)
+        if not pending:
+            break
+        for lane in run.lanes:
+            lane.candidate.stop()
+    return verdicts
+
+
+def with_round(verdict: Verdict, number: int) -> Verdict:
+    return (
+        verdict if number == 1 else replace(verdict, details={**verdict.details, "round": number})
+    )
+
+
+def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key, Verdict]:
+    """Verify every unsafe site of `requests`; return a verdict for every site.
+
+    Safe sites are `not-needed`; an unsafe site is `verified`, `failed` or `unverified`. Never
+    raises for what user code does; never writes under `config.root`.
+    """
+    plans, verdicts = plan_all(requests, config.root)
+    if not plans:
+        return verdicts
+    originals = {r.path: r.original for r in requests}
+    candidates = {r.path: r.candidate for r in requests}
+    with workspace(config.root, originals, candidates) as ws:
+        recording = (
+            record(config.verify_with, plans, ws, config) if config.verify_with else Recording()
+        )
+        count = max(1, min(config.jobs, len({p.path for p in plans})))
+        with lanes_for(config, ws, count) as lanes:
+            run = Run(config, ws, lanes, recording)
+            by_plan = run_rounds(run, requests, plans)
+    for plan in plans:
+        verdict = by_plan[plan.id]
+        if recording.note:
+            verdict = replace(verdict, details={**verdict.details, "verify_with": recording.note})
+        verdicts.update({(plan.path, site.key): verdict for site in plan.sites})
+    return verdicts

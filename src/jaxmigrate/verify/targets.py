@@ -1,0 +1,179 @@
+"""Find a site's target: the callable whose outputs show whether the rewrite kept behaviour.
+
+From the source around the site's line:
+
+- a decorated module-level `def` -> that function (`callable`);
+- `name = jax.pmap(...)` at module level -> `name` (`callable`);
+- a module-level plain `def` whose body holds the site -> that function (`function`);
+- anything inside a module-level function (inline `jax.pmap(f)(x)`, a local decorated `def`, a
+  local `step = pjit(...)`, a `with mesh:`) -> the enclosing module-level function (`function`);
+- `self.attr = ...`, methods, class attributes and module-level statements cannot be called on
+  their own: the target is unreachable and the site stays unverified, with the reason.
+
+Callable targets are recorded where the legacy API creates them (their `span`); function targets
+by wrapping the module attribute. Both can be replayed with recorded, declared or synthesized
+inputs.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
+BLOCKS = (ast.stmt, ast.excepthandler, ast.match_case)
+
+
+class Kind(StrEnum):
+    """How a target is reached."""
+
+    CALLABLE = "callable"
+    FUNCTION = "function"
+    UNREACHABLE = "unreachable"
+
+
+@dataclass(frozen=True)
+class Target:
+    """The callable to run for a site, where it is created, and hints to synthesize inputs."""
+
+    kind: Kind
+    qualname: str
+    first: int
+    last: int
+    why: str = ""
+    structure: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def reachable(self) -> bool:
+        return self.kind is not Kind.UNREACHABLE
+
+
+def start_line(node: ast.AST) -> int:
+    """Return the first line of a statement, counting its decorators."""
+    decorators = getattr(node, "decorator_list", None) or []
+    return min([d.lineno for d in decorators] + [getattr(node, "lineno", 0)])
+
+
+def header_end(node: ast.stmt) -> int:
+    """Return the last line of a statement's header (a def's line), or its last line."""
+    if isinstance(node, (*DEFS, ast.ClassDef)):
+        return node.body[0].lineno - 1 if node.body[0].lineno > node.lineno else node.lineno
+    return node.end_lineno or node.lineno
+
+
+def chain_at(tree: ast.Module, line: int) -> list[ast.AST]:
+    """Return the statements containing `line`, from the module level inward."""
+    chain: list[ast.AST] = []
+    node: ast.AST = tree
+    while True:
+        child = next(
+            (
+                c
+                for c in ast.iter_child_nodes(node)
+                if isinstance(c, BLOCKS)
+                and start_line(c) <= line <= (getattr(c, "end_lineno", 0) or 0)
+            ),
+            None,
+        )
+        if child is None:
+            return chain
+        chain.append(child)
+        node = child
+
+
+def unreachable(qualname: str, why: str) -> Target:
+    return Target(Kind.UNREACHABLE, qualname, 0, 0, why=why)
+
+
+def find_target(tree: ast.Module, line: int) -> Target:
+    """Return the target of the site at `line`."""
+    chain = chain_at(tree, line)
+    if not chain:
+        return unreachable("", "the site is not inside a statement")
+    top, inner = chain[0], chain[-1]
+    if isinstance(top, ast.ClassDef):
+        return unreachable(top.name, f"the site is in class `{top.name}`: it needs an instance")
+    if isinstance(top, DEFS):
+        in_header = inner is top and line <= header_end(top)
+        if in_header and top.decorator_list:
+            return callable_target(top.name, top)
+        return Target(Kind.FUNCTION, top.name, start_line(top), header_end(top))
+    return module_statement_target(top)
+
+
+def module_statement_target(stmt: ast.AST) -> Target:
+    """Return the target of a site in a module-level statement that is not a def."""
+    names = assigned_names(stmt)
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and len(names) == 1:
+        return callable_target(names[0], stmt)
+    return unreachable("", "the site is in module-level code, not in a function")
+
+
+def assigned_names(stmt: ast.AST) -> list[str]:
+    """Return the plain names an assignment binds (none for attributes or unpacking)."""
+    if isinstance(stmt, ast.Assign):
+        return [t.id for t in stmt.targets if isinstance(t, ast.Name)]
+    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+        return [stmt.target.id]
+    return []
+
+
+def callable_target(name: str, stmt: ast.stmt) -> Target:
+    """Return a callable target created by `stmt` (a decorated def or an assignment)."""
+    return Target(
+        Kind.CALLABLE, name, start_line(stmt), header_end(stmt), structure=structure(stmt)
+    )
+
+
+def legacy_calls(stmt: ast.stmt) -> list[ast.Call]:
+    """Return the calls in a statement's header (decorators, or the assigned value)."""
+    parts: list[ast.AST] = list(getattr(stmt, "decorator_list", []))
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+        parts.append(stmt.value)
+    return [n for part in parts for n in ast.walk(part) if isinstance(n, ast.Call)]
+
+
+def dotted(node: ast.expr) -> str | None:
+    """Return `a.b.c` for a Name/Attribute chain, else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def is_pmap_call(call: ast.Call) -> bool:
+    """Return True for `pmap(...)`, `jax.pmap(...)` or `partial(jax.pmap, ...)`."""
+    names = [dotted(call.func) or ""]
+    if call.args:
+        names.append(dotted(call.args[0]) or "")
+    return any(n == "pmap" or n.endswith(".pmap") for n in names)
+
+
+def has_negative(node: ast.AST) -> bool:
+    """Return True if a literal holds a negative number."""
+    return any(isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub) for n in ast.walk(node))
+
+
+def structure(stmt: ast.stmt) -> dict[str, Any]:
+    """Return what the legacy call tells about the target's arguments (for synthesis)."""
+    pmaps = [c for c in legacy_calls(stmt) if is_pmap_call(c)]
+    if not pmaps:
+        return {"kind": "array"}
+    keywords = {k.arg: k.value for c in pmaps for k in c.keywords if k.arg}
+    out: dict[str, Any] = {"kind": "pmap", "in_axes": 0}
+    if "in_axes" in keywords:
+        try:
+            out["in_axes"] = ast.literal_eval(keywords["in_axes"])
+        except ValueError:
+            out["in_axes"] = "?"
+    if isinstance(keywords.get("axis_size"), ast.Constant):
+        out["axis_size"] = keywords["axis_size"].value  # type: ignore[attr-defined]
+    out["statics"] = "static_broadcasted_argnums" in keywords
+    out["negative_axes"] = any(
+        has_negative(keywords[k]) for k in ("in_axes", "out_axes") if k in keywords
+    )
+    return out

@@ -1,0 +1,121 @@
+"""The temporary directory a verification run works in; the user's tree is only ever read.
+
+<base>/original/   a copy of the project, each requested file as its original text
+<base>/candidate/  a copy of the project, each requested file as its rewritten text
+<base>/child/_jaxmigrate_child/   the worker-side package (on the children's PYTHONPATH)
+<base>/boot/sitecustomize.py      the recorder's bootstrap (only for the recorded command)
+<base>/io/        inputs and outputs passed from original to candidate workers
+<base>/records/   calls recorded while the user's command ran
+<base>/logs/      the workers' and the command's stderr
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+CHILD_PACKAGE = "_jaxmigrate_child"
+SKIP = shutil.ignore_patterns(
+    ".git",
+    ".hg",
+    ".svn",
+    ".venv",
+    "venv",
+    "__pycache__",
+    "*.pyc",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".tox",
+    ".nox",
+    "node_modules",
+    "*.egg-info",
+)
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """The directories of one verification run."""
+
+    base: Path
+
+    @property
+    def original(self) -> Path:
+        return self.base / "original"
+
+    @property
+    def candidate(self) -> Path:
+        return self.base / "candidate"
+
+    @property
+    def child(self) -> Path:
+        return self.base / "child"
+
+    @property
+    def boot(self) -> Path:
+        return self.base / "boot"
+
+    @property
+    def io(self) -> Path:
+        return self.base / "io"
+
+    @property
+    def records(self) -> Path:
+        return self.base / "records"
+
+    @property
+    def logs(self) -> Path:
+        return self.base / "logs"
+
+    def tree(self, side: str) -> Path:
+        """Return the copy of the project for `side` ("original" or "candidate")."""
+        return self.original if side == "original" else self.candidate
+
+    def write(self, side: str, relpath: str, text: str) -> None:
+        """Write one file of one side's copy."""
+        path = self.tree(side) / relpath
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def install_child(ws: Workspace) -> None:
+    """Copy the worker-side package and the recorder's bootstrap into the workspace."""
+    source = Path(__file__).with_name("child")
+    shutil.copytree(source, ws.child / CHILD_PACKAGE, ignore=SKIP)
+    ws.boot.mkdir()
+    shutil.copyfile(source / "bootstrap.py", ws.boot / "sitecustomize.py")
+
+
+@contextmanager
+def workspace(
+    root: Path, originals: Mapping[str, str], candidates: Mapping[str, str]
+) -> Iterator[Workspace]:
+    """Create a workspace for `root` with the given file texts per side; remove it after."""
+    base = Path(tempfile.mkdtemp(prefix="jaxmigrate-verify-"))
+    ws = Workspace(base)
+    try:
+        for side, texts in (("original", originals), ("candidate", candidates)):
+            shutil.copytree(root, ws.tree(side), ignore=SKIP, ignore_dangling_symlinks=True)
+            for relpath, text in texts.items():
+                ws.write(side, relpath, text)
+        for folder in (ws.io, ws.records, ws.logs):
+            folder.mkdir()
+        install_child(ws)
+        yield ws
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def module_name(root: Path, relpath: str) -> tuple[str, str]:
+    """Return the dotted name of the module at `relpath` and the sys.path entry it needs."""
+    path = Path(relpath)
+    parts = [] if path.stem == "__init__" else [path.stem]
+    folder = path.parent
+    while folder != Path(".") and (root / folder / "__init__.py").exists():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    return ".".join(parts) or path.parent.name, str(folder)
