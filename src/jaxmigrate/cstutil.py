@@ -406,3 +406,42 @@ def fit_call(old: cst.Call, new: cst.Call, line: str, width: int = 100) -> cst.C
     if "\n" in old_code or "\n" in new_code or len(line) - len(old_code) + len(new_code) <= width:
         return new
     return one_arg_per_line(new, line[: len(line) - len(line.lstrip())])
+
+
+class _Loads(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[cst.CSTNode] = []
+        self.found: list[tuple[cst.BaseExpression, tuple[cst.CSTNode, ...]]] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            return False
+        if isinstance(node, (cst.Name, cst.Attribute)) and self._is_read(node):
+            self.found.append((node, tuple(self.stack)))
+        self.stack.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        if self.stack and self.stack[-1] is original_node:
+            self.stack.pop()
+
+    def _is_read(self, node: cst.Name | cst.Attribute) -> bool:
+        parent = self.stack[-1] if self.stack else None
+        if isinstance(parent, cst.Attribute):
+            return node is parent.value
+        if isinstance(parent, cst.Arg):
+            return node is not parent.keyword
+        if isinstance(parent, cst.Param):
+            return node is not parent.name
+        return not isinstance(
+            parent, (cst.FunctionDef, cst.ClassDef, cst.NameItem, cst.AssignTarget)
+        )
+
+
+def loads(module: cst.Module) -> list[tuple[cst.BaseExpression, tuple[cst.CSTNode, ...]]]:
+    """Return every Name and Attribute `module` reads (not attribute names, keywords, import
+    names, definitions or assignment targets), each with its ancestors, outermost first."""
+    walker = _Loads()
+    module.visit(walker)
+    return walker.found
