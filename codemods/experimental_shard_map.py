@@ -72,7 +72,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.metadata import PositionProvider
 
-from jaxmigrate.cstutil import Bindings, fit_call, parenthesized, with_keyword
+from jaxmigrate.cstutil import Bindings, fit_call, loads, parenthesized, with_keyword
 from jaxmigrate.model import Safety
 from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
@@ -94,6 +94,11 @@ _Thunk = Callable[[], cst.Call]
 _ArgsThunk = Callable[[], list[cst.Arg]]
 _ValueThunk = Callable[[cst.Arg], cst.BaseExpression]
 
+STRAY = (
+    "`shard_map` used as a value: its callers may pass mesh and specs positionally, which "
+    "`jax.shard_map` rejects"
+)
+STRAY_DECORATOR = "`@shard_map` without arguments: the call fails today"
 MESSAGE = "`jax.experimental.shard_map.shard_map` is deprecated: use `jax.shard_map` with keywords"
 
 
@@ -108,13 +113,13 @@ class ExperimentalShardMap(Pass):
     CODE: ClassVar[str] = "JM102"
     SAFETY: ClassVar[Safety] = Safety.SAFE
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 7)
+    QUALNAMES: ClassVar[tuple[str, ...]] = (LEGACY,)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\bshard_map\b")
 
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
         self.bindings: Bindings | None = None
         self.decorators: set[int] = set()
-        self.consumed: set[int] = set()
         self.scopes: list[cst.CSTNode] = []
         self.lines: list[str] = []
 
@@ -123,13 +128,14 @@ class ExperimentalShardMap(Pass):
         self.bindings = Bindings.of(node)
         self.lines = node.code.splitlines()
         self.scopes = [node]
+        for ref, parents in loads(node):
+            if self.qualname(ref) == LEGACY and not self._handled(ref, parents):
+                self.skip(ref, STRAY_DECORATOR if isinstance(parents[-1], cst.Decorator) else STRAY)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         for deco in node.decorators:
             if isinstance(deco.decorator, cst.Call) and self._is_partial(deco.decorator):
                 self.decorators.add(id(deco.decorator))
-            elif self.qualname(deco.decorator) == LEGACY:
-                self.skip(deco, "`@shard_map` without arguments: the call fails today")
         self.scopes.append(node)
 
     def leave_FunctionDef(
@@ -145,20 +151,6 @@ class ExperimentalShardMap(Pass):
         self.scopes.pop()
         return updated_node
 
-    def visit_Call(self, node: cst.Call) -> None:
-        if self.qualname(node.func) == LEGACY:
-            self.consumed.add(id(node.func))
-        elif self._is_partial(node):
-            self.consumed.add(id(node.args[0].value))
-
-    def visit_Arg(self, node: cst.Arg) -> None:
-        if id(node.value) not in self.consumed and self.qualname(node.value) == LEGACY:
-            self.skip(
-                node,
-                "`shard_map` passed as a value: its callers may pass mesh and specs "
-                "positionally, which `jax.shard_map` rejects",
-            )
-
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
             return
@@ -173,6 +165,19 @@ class ExperimentalShardMap(Pass):
                     f"`{bound.value}` is also bound to something else (e.g. a "
                     "try/except ImportError fallback): its calls are left alone",
                 )
+
+    def _handled(self, ref: cst.BaseExpression, parents: Sequence[cst.CSTNode]) -> bool:
+        """Return True for a call `shard_map(...)`, `partial(shard_map, ...)`, or `x = shard_map`
+        (calls through such an alias are rewritten where they are)."""
+        parent = parents[-1]
+        if isinstance(parent, cst.Call):
+            return parent.func is ref
+        if isinstance(parent, cst.Assign):
+            return len(parent.targets) == 1 and isinstance(parent.targets[0].target, cst.Name)
+        if isinstance(parent, cst.Arg) and len(parents) > 1:
+            call = parents[-2]
+            return isinstance(call, cst.Call) and call.args[0] is parent and self._is_partial(call)
+        return False
 
     def _is_partial(self, node: cst.Call) -> bool:
         return (
