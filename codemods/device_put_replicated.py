@@ -44,7 +44,9 @@ mesh, where axis names do not constrain later use).
   `jax.devices()` / `jax.local_devices()` call): the rewrite evaluates it twice. Bind it to a name
   first.
 - `*args` / `**kwargs`, missing or unknown arguments, keywords in reverse order.
-- The function passed around as a value rather than called.
+- Any other use of `jax.device_put_replicated` (passed as a value, stored, aliased): the name no longer
+  exists, so such a line fails; it is reported for a hand edit (calls through a plain alias
+  `put = jax.device_put_replicated` are rewritten where they are).
 - `len` rebound in the file; a function of your own called `device_put_replicated`, and the
   private `jax._src.api.device_put_replicated`, which still exists.
 
@@ -69,6 +71,7 @@ from jaxmigrate.cstutil import (
     fresh_name,
     is_reusable,
     jnp_ref,
+    loads,
     make_leading_axis_sharding,
     names_in,
 )
@@ -79,6 +82,10 @@ from jaxmigrate.passes import Pass
 LEGACY = "jax.device_put_replicated"
 PARAMS = ("x", "devices")
 PURE_CALLS = frozenset({"jax.devices", "jax.local_devices"})
+STRAY = (
+    "`jax.device_put_replicated` used but not called: it no longer exists (JAX >= 0.10), so this "
+    "line fails; rewrite it by hand"
+)
 MESSAGE = "`jax.device_put_replicated` was removed in JAX 0.10: use `jax.device_put`"
 
 
@@ -89,25 +96,20 @@ class DevicePutReplicated(Pass):
     CODE: ClassVar[str] = "JM104"
     SAFETY: ClassVar[Safety] = Safety.SAFE
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 5)
+    QUALNAMES: ClassVar[tuple[str, ...]] = (LEGACY,)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\bdevice_put_replicated\b")
 
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
         self.bindings: Bindings | None = None
         self.lines: list[str] = []
-        self.called: set[int] = set()
 
     def visit_Module(self, node: cst.Module) -> None:
         self.bindings = Bindings.of(node)
         self.lines = node.code.splitlines()
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if self.qualname(node.func) == LEGACY:
-            self.called.add(id(node.func))
-
-    def visit_Arg(self, node: cst.Arg) -> None:
-        if id(node.value) not in self.called and self.qualname(node.value) == LEGACY:
-            self.skip(node, "`device_put_replicated` passed as a value, not called")
+        for ref, parents in loads(node):
+            if self.qualname(ref) == LEGACY and not _called(ref, parents[-1]):
+                self.skip(ref, STRAY)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if self.qualname(original_node.func) != LEGACY:
@@ -159,6 +161,10 @@ class DevicePutReplicated(Pass):
         )
         line = self.get_metadata(PositionProvider, original).start.line
         return fit_call(updated, new, self.lines[line - 1])
+
+
+def _called(ref: cst.BaseExpression, parent: cst.CSTNode) -> bool:
+    return isinstance(parent, cst.Call) and parent.func is ref
 
 
 def _positional(arg: cst.Arg, value: cst.BaseExpression) -> cst.Arg:
