@@ -82,7 +82,7 @@ def run_passes(
     original = source.splitlines(keepends=True)
     run = _Run()
     changed = False
-    cache = ModuleCache()
+    cache = ModuleCache(frozenset(q for p in passes for q in p.QUALNAMES))
     for pass_cls in passes:
         if not pass_cls.applies_to(source):
             continue

@@ -11,7 +11,7 @@ scope that owns it resolves to nothing, so a pass leaves the site alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -70,11 +70,45 @@ def _import_module_name(node: cst.BaseExpression) -> str:
 
 
 class _ScopeBuilder(cst.CSTVisitor):
-    def __init__(self) -> None:
+    def __init__(self, watch: Collection[str] = ()) -> None:
         self.module_scope = Scope("module", None)
         self.stack: list[Scope] = [self.module_scope]
         self.scope_of: dict[int, Scope] = {}
         self.names: set[str] = set()
+        # Where watched names are referenced: the ids of every node on the path to each use.
+        self.watch = tuple(watch)
+        self.path: list[int] = []
+        self.roots: dict[str, set[str]] = {}
+        self.marks: dict[str, set[int]] = {w: set() for w in self.watch}
+        self.complete = True
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.path.append(id(node))
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        self.path.pop()
+
+    def _mark(self, qualified: str) -> None:
+        for w in self.watch:
+            if qualified == w or qualified.startswith(w + "."):
+                self.marks[w].update(self.path)
+
+    def _mark_chain(self, chain: str) -> None:
+        root, _, rest = chain.partition(".")
+        for base in self.roots.get(root, ()):
+            self._mark(f"{base}.{rest}" if rest else base)
+
+    def _root(self, local: str, qualified: str) -> None:
+        if not self.watch:
+            return
+        related = any(w.startswith(qualified + ".") or qualified.startswith(w) for w in self.watch)
+        if qualified == "jax" or related:
+            if local in self.names:
+                self.complete = False  # used before this import: marks may have missed uses
+            self.roots.setdefault(local, set()).add(qualified)
+            self._mark(qualified)
 
     @property
     def scope(self) -> Scope:
@@ -141,9 +175,12 @@ class _ScopeBuilder(cst.CSTVisitor):
                 target = alias.asname.name
                 if isinstance(target, cst.Name):
                     self.scope.bind(target.value, _Import(full))
+                    self._root(target.value, full)
             else:
                 top = full.split(".")[0]
                 self.scope.bind(top, _Import(top))
+                self._root(top, top)
+                self._mark(full)
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         if node.relative or node.module is None:
@@ -159,12 +196,18 @@ class _ScopeBuilder(cst.CSTVisitor):
             if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
                 local = alias.asname.name.value
             self.scope.bind(local, _Import(f"{base}.{name}") if base else _UNKNOWN)
+            if base:
+                self._root(local, f"{base}.{name}")
 
     def visit_Assign(self, node: cst.Assign) -> None:
         single = len(node.targets) == 1
         for t in node.targets:
-            if single and isinstance(t.target, cst.Name) and dotted(node.value) is not None:
+            value = dotted(node.value)
+            if single and isinstance(t.target, cst.Name) and value is not None:
                 self.scope.bind(t.target.value, _Alias(node.value, self.scope))
+                root, _, rest = value.partition(".")
+                for base in list(self.roots.get(root, ())):
+                    self._root(t.target.value, f"{base}.{rest}" if rest else base)
             else:
                 self._bind_target(t.target)
 
@@ -228,17 +271,37 @@ class _ScopeBuilder(cst.CSTVisitor):
     def visit_Name(self, node: cst.Name) -> None:
         self.scope_of[id(node)] = self.scope
         self.names.add(node.value)
+        if node.value in self.roots:
+            self._mark_chain(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if self.roots:
+            chain = dotted(node)
+            if chain is not None and chain.partition(".")[0] in self.roots:
+                self._mark_chain(chain)
 
 
 class Names:
     """Answers "what does this expression mean?" for one module."""
 
-    def __init__(self, module: cst.Module) -> None:
-        builder = _ScopeBuilder()
+    def __init__(self, module: cst.Module, watch: Collection[str] = ()) -> None:
+        builder = _ScopeBuilder(watch)
         module.visit(builder)
         self._module_scope = builder.module_scope
         self._scope_of = builder.scope_of
         self.all_names: frozenset[str] = frozenset(builder.names)
+        self._marks = builder.marks
+        self._complete = builder.complete
+
+    def paths_to(self, qualnames: Collection[str]) -> frozenset[int] | None:
+        """Return the ids of every node on a path from the module to a use of `qualnames`.
+
+        None when that cannot be known (a watched import comes after a use of its name, or
+        `qualnames` were not watched when the module was analysed): visit everything then.
+        """
+        if not self._complete or not qualnames or any(q not in self._marks for q in qualnames):
+            return None
+        return frozenset().union(*(self._marks[q] for q in qualnames))
 
     def qualified_name(self, node: cst.BaseExpression) -> str | None:
         """Return the dotted name `node` refers to (`jax.pmap`), or None if unknown."""
