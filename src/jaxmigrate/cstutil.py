@@ -33,6 +33,7 @@ class Bindings(cst.CSTVisitor):
     def __init__(self, module: cst.Module) -> None:
         super().__init__()
         self.by_name: dict[str, list[Binding]] = {}
+        self.declared: set[str] = set()  # named in a `global` or `nonlocal` statement
         self.star_import = False
         self._stack: list[cst.CSTNode] = [module]
 
@@ -51,12 +52,24 @@ class Bindings(cst.CSTVisitor):
         """Return True if a function, class or comprehension binds `name` (may shadow it)."""
         return any(not isinstance(b.scope, cst.Module) for b in self.by_name.get(name, ()))
 
-    def only_assignment(self, name: str) -> Binding | None:
-        """Return the binding of `name` if it is its only one and a plain `name = value`."""
+    def assignment_seen_from(self, name: str, scopes: Sequence[cst.CSTNode]) -> Binding | None:
+        """Return the plain `name = value` that a read of `name` inside `scopes` (the enclosing
+        module, classes, functions, lambdas and comprehensions, outermost first) sees, if it is the only binding
+        of `name` in the scope that owns it; None when that is not certain."""
         found = self.by_name.get(name, [])
-        if self.star_import or len(found) != 1 or found[0].value is None:
+        if self.star_import or name in self.declared:
             return None
-        return found[0]
+        for depth, scope in enumerate(reversed(scopes)):
+            if isinstance(scope, cst.ClassDef) and depth > 0:
+                continue  # a class body's names are not visible in its methods
+            here = [b for b in found if b.scope is scope]
+            if here:
+                return here[0] if len(here) == 1 and here[0].value is not None else None
+        return None
+
+    def values(self, name: str) -> list[cst.BaseExpression]:
+        """Return every value assigned to `name` by a plain `name = value`, in any scope."""
+        return [b.value for b in self.by_name.get(name, []) if b.value is not None]
 
     # Recording ----------------------------------------------------------------------------
     def _bind(self, name: str, value: cst.BaseExpression | None = None) -> None:
@@ -182,10 +195,12 @@ class Bindings(cst.CSTVisitor):
     def visit_Global(self, node: cst.Global) -> None:
         for item in node.names:
             self._bind(item.name.value)
+            self.declared.add(item.name.value)
 
     def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
         for item in node.names:
             self._bind(item.name.value)
+            self.declared.add(item.name.value)
 
     def visit_Del(self, node: cst.Del) -> None:
         self._bind_target(node.target)
