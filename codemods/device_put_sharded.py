@@ -146,13 +146,11 @@ class DevicePutSharded(Pass):
         return None
 
     def _placed_per_device(self, shards: cst.BaseExpression) -> bool:
-        """Return True if `shards` (or the one value assigned to it) calls `device_put(x, d)`."""
+        """Return True if `shards` (or any value assigned to that name) calls `device_put(x, d)`."""
         assert self.bindings is not None
         found = [shards]
         if isinstance(shards, cst.Name):
-            binding = self.bindings.only_assignment(shards.value)
-            if binding is not None and binding.value is not None:
-                found.append(binding.value)
+            found.extend(self.bindings.values(shards.value))
         calls = [c for node in found for c in _calls_in(node)]
         return any(
             self.qualname(c.func) == "jax.device_put"

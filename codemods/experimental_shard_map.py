@@ -31,9 +31,9 @@ unused are removed and `import jax` is added when missing.
 
 `auto=A` becomes `axis_names=`, the mesh axes that are *not* in `A`, which is how the old
 endpoint computed it (`frozenset(mesh.axis_names) - auto`). When `A` is a literal set of names
-and the mesh's axis names are visible (the mesh is built inline, or is a name assigned exactly
-once in the file from `Mesh(..., ("x", "y"))` / `jax.make_mesh(..., ("x", "y"))`, in the same
-function or at module level), the complement is written out: `axis_names={"x"}`. Otherwise it is
+and the mesh's axis names are visible (the mesh is built inline, or is a name whose only
+assignment, in the scope the name resolves to, is `mesh = Mesh(..., ("x", "y"))` or
+`jax.make_mesh(..., ("x", "y"))`), the complement is written out: `axis_names={"x"}`. Otherwise it is
 computed at run time: `axis_names=frozenset(mesh.axis_names) - A`, which needs the mesh to be a
 plain name or attribute (it is then read twice). `auto=frozenset()` is dropped.
 
@@ -82,6 +82,16 @@ PARTIAL = "functools.partial"
 PARAMS = ("f", "mesh", "in_specs", "out_specs", "check_rep", "auto")
 RENAMED = {"check_rep": "check_vma"}
 REQUIRED = ("mesh", "in_specs", "out_specs")
+SCOPES = (
+    cst.Module,
+    cst.ClassDef,
+    cst.FunctionDef,
+    cst.Lambda,
+    cst.ListComp,
+    cst.SetComp,
+    cst.GeneratorExp,
+    cst.DictComp,
+)
 MESH_MAKERS = frozenset(
     {
         "jax.sharding.Mesh",
@@ -121,13 +131,13 @@ class ExperimentalShardMap(Pass):
         self.bindings: Bindings | None = None
         self.decorators: set[int] = set()
         self.scopes: list[cst.CSTNode] = []
+        self.in_decorator = 0
         self.lines: list[str] = []
 
     # Finding ------------------------------------------------------------------------------
     def visit_Module(self, node: cst.Module) -> None:
         self.bindings = Bindings.of(node)
         self.lines = node.code.splitlines()
-        self.scopes = [node]
         for ref, parents in loads(node):
             if self.qualname(ref) == LEGACY and not self._handled(ref, parents):
                 self.skip(ref, STRAY_DECORATOR if isinstance(parents[-1], cst.Decorator) else STRAY)
@@ -136,20 +146,28 @@ class ExperimentalShardMap(Pass):
         for deco in node.decorators:
             if isinstance(deco.decorator, cst.Call) and self._is_partial(deco.decorator):
                 self.decorators.add(id(deco.decorator))
-        self.scopes.append(node)
 
-    def leave_FunctionDef(
-        self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
-    ) -> cst.FunctionDef:
-        self.scopes.pop()
+    def visit_Decorator(self, node: cst.Decorator) -> None:
+        self.in_decorator += 1
+
+    def leave_Decorator(
+        self, original_node: cst.Decorator, updated_node: cst.Decorator
+    ) -> cst.Decorator:
+        self.in_decorator -= 1
         return updated_node
 
-    def visit_Lambda(self, node: cst.Lambda) -> None:
-        self.scopes.append(node)
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, SCOPES):
+            self.scopes.append(node)
+        return super().on_visit(node)
 
-    def leave_Lambda(self, original_node: cst.Lambda, updated_node: cst.Lambda) -> cst.Lambda:
-        self.scopes.pop()
-        return updated_node
+    def on_leave(
+        self, original_node: cst.CSTNodeT, updated_node: cst.CSTNodeT
+    ) -> cst.CSTNodeT | cst.RemovalSentinel | cst.FlattenSentinel[cst.CSTNodeT]:
+        out = super().on_leave(original_node, updated_node)
+        if isinstance(original_node, SCOPES):
+            self.scopes.pop()
+        return out
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
@@ -316,12 +334,10 @@ class ExperimentalShardMap(Pass):
         """Return the axis-name literals of a mesh built in view, else None."""
         assert self.bindings is not None
         if isinstance(node, cst.Name) and follow:
-            binding = self.bindings.only_assignment(node.value)
+            # A decorator runs in the scope around the function it decorates.
+            scopes = self.scopes[:-1] if self.in_decorator else self.scopes
+            binding = self.bindings.assignment_seen_from(node.value, scopes)
             if binding is None or binding.value is None:
-                return None
-            if not isinstance(binding.scope, (cst.Module, cst.FunctionDef)):
-                return None
-            if not any(scope is binding.scope for scope in self.scopes):
                 return None
             return self._mesh_axes(binding.value, follow=False)
         if not isinstance(node, cst.Call) or self.qualname(node.func) not in MESH_MAKERS:
