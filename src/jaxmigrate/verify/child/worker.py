@@ -172,8 +172,10 @@ class Worker:
                     jax.eval_shape(fn, *args, **kwargs)
                     stage = "call"
                 flat = flatten_output(fn(*args, **kwargs))
-            except BaseException as exc:
+            except Exception as exc:
                 raise UserError(stage, self.explain(exc)) from exc
+            except BaseException as exc:  # sys.exit is not a shape problem
+                raise UserError("call", self.explain(exc)) from exc
         return flat, notes
 
     def context_module(self, ctx: dict[str, Any], variant: str) -> ModuleType:
@@ -188,6 +190,7 @@ class Worker:
         from .references import reference
 
         errors: list[str] = []
+        first = ""
         stage = "inputs"
         for name in request["references"]:
             with reference(name):
@@ -197,12 +200,13 @@ class Worker:
                     return {"ok": False, "stage": exc.stage, "error": str(exc), "no_inputs": True}
                 except UserError as exc:
                     errors.append(f"{name}: {exc}")
+                    first = first or str(exc)
                     stage = exc.stage
                     continue
             if errors:
                 reply["reference_errors"] = errors
             return reply
-        return {"ok": False, "stage": stage, "error": errors[0], "errors": errors}
+        return {"ok": False, "stage": stage, "error": first, "errors": errors}
 
     def attempt(self, request: dict[str, Any], variant: str) -> dict[str, Any]:
         from .hostify import flat_shapes, shapes
