@@ -106,17 +106,22 @@ def executed(
     return {c: (before[r], after[n]) for c, r, n in zip(chosen, refs, news)}
 
 
+def _is_key(x) -> bool:
+    """A PRNG key as `fixture_runner` records it: `("prng_key", key_data)`."""
+    return isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) and x[0] == "prng_key"
+
+
 def assert_same(a, b, where: str = "out") -> None:
     if isinstance(a, dict):
         assert isinstance(b, dict) and sorted(a) == sorted(b), f"{where}: keys differ"
         for k in a:
             assert_same(a[k], b[k], f"{where}[{k!r}]")
-    elif isinstance(a, (list, tuple)) and not (isinstance(a, tuple) and a[:1] == ("prng_key",)):
+    elif isinstance(a, (list, tuple)) and not _is_key(a):
         assert type(a) is type(b) and len(a) == len(b), f"{where}: structure differs"
         for i, (x, y) in enumerate(zip(a, b)):
             assert_same(x, y, f"{where}[{i}]")
     elif isinstance(a, tuple):
-        assert isinstance(b, tuple) and b[0] == "prng_key", f"{where}: key vs non-key"
+        assert _is_key(b), f"{where}: key vs non-key"
         np.testing.assert_array_equal(a[1], b[1], err_msg=where)
     elif isinstance(a, np.ndarray):
         assert isinstance(b, np.ndarray), f"{where}: array vs {type(b).__name__}"
