@@ -1,0 +1,146 @@
+"""Translating `jax.pmap`/`jax.vmap`-style axes into `jax.shard_map` partition specs, as CST.
+
+`in_axes`/`out_axes` say where each value's mapped axis is with a pytree prefix of ints and
+`None`s; `in_specs`/`out_specs` say the same with `PartitionSpec`s: axis `k` along the mesh axis
+`name` is `P(None, ..., None, name)` with `k` leading `None`s, and an unmapped value is `P()`.
+`spec_tree` keeps the prefix's structure (tuples stay tuples, dicts stay dicts) and the source's
+layout and comments, and refuses what cannot be known without running the code: computed axes,
+negative axes (they need the value's rank), booleans and unpacking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import libcst as cst
+
+SpecMaker = Callable[[int | None], cst.BaseExpression]
+
+
+class Untranslatable(ValueError):
+    """An axes expression that cannot be translated statically; the message says why."""
+
+
+def literal_axis(node: cst.BaseExpression) -> int | None:
+    """Return the axis `node` spells (`1`, `None`); raise Untranslatable for anything else."""
+    if isinstance(node, cst.Name) and node.value == "None":
+        return None
+    if isinstance(node, cst.Integer):
+        return int(node.evaluated_value)
+    if isinstance(node, cst.Name) and node.value in ("True", "False"):
+        raise Untranslatable(f"`{node.value}` is not an axis: pmap and vmap reject booleans")
+    if (
+        isinstance(node, cst.UnaryOperation)
+        and isinstance(node.operator, cst.Minus)
+        and isinstance(node.expression, cst.Integer)
+    ):
+        raise Untranslatable("a negative axis needs the value's rank, which is not known here")
+    raise Untranslatable(f"`{_code(node)}` is computed: its axes are only known at run time")
+
+
+def spec_tree(axes: cst.BaseExpression, make_spec: SpecMaker) -> cst.BaseExpression:
+    """Return `axes` with each leaf axis replaced by `make_spec(axis)`, keeping its containers."""
+    if isinstance(axes, (cst.Tuple, cst.List)):
+        return axes.with_changes(elements=[_element(e, make_spec) for e in axes.elements])
+    if isinstance(axes, cst.Dict):
+        return axes.with_changes(elements=[_dict_element(e, make_spec) for e in axes.elements])
+    return make_spec(literal_axis(axes))
+
+
+def _element(element: cst.BaseElement, make_spec: SpecMaker) -> cst.BaseElement:
+    if not isinstance(element, cst.Element):
+        raise Untranslatable("unpacking (`*`) inside the axes: their structure is not known")
+    return element.with_changes(value=spec_tree(element.value, make_spec))
+
+
+def _dict_element(element: cst.BaseDictElement, make_spec: SpecMaker) -> cst.BaseDictElement:
+    if not isinstance(element, cst.DictElement):
+        raise Untranslatable("unpacking (`**`) inside the axes: their structure is not known")
+    return element.with_changes(value=spec_tree(element.value, make_spec))
+
+
+def partition_spec(
+    spec: cst.BaseExpression, names: Sequence[cst.BaseExpression], axis: int | None
+) -> cst.Call:
+    """Return `P()` for an unmapped value, else `P(None, ..., *names)` with `axis` Nones."""
+    if axis is None:
+        return cst.Call(func=spec.deep_clone())
+    entries = [cst.Name("None")] * axis + [n.deep_clone() for n in names]
+    return cst.Call(func=spec.deep_clone(), args=_args(entries))
+
+
+def argnums(node: cst.BaseExpression) -> tuple[int, ...]:
+    """Return the positions a literal `static_argnums`-like value names; else Untranslatable."""
+    if isinstance(node, cst.Integer):
+        return (int(node.evaluated_value),)
+    if isinstance(node, (cst.Tuple, cst.List)):
+        found = []
+        for element in node.elements:
+            if not isinstance(element, cst.Element) or not isinstance(element.value, cst.Integer):
+                break
+            found.append(int(element.value.evaluated_value))
+        else:
+            return tuple(found)
+    raise Untranslatable(f"`{_code(node)}` is computed: which arguments are static is not known")
+
+
+def with_statics(
+    specs: cst.BaseExpression, statics: Sequence[int], arity: int | None
+) -> cst.BaseExpression:
+    """Return `specs` with `None` (static: passed through, not sharded) at `statics` positions.
+
+    A tuple of per-argument specs gets them in place (or appended right after its end); one spec
+    for every argument is spread over `arity` positions, which must then be known.
+    """
+    if isinstance(specs, cst.Tuple):
+        elements = list(specs.elements)
+        for i in sorted(statics):
+            if i > len(elements):
+                raise Untranslatable(f"static argument {i} is past the end of `in_axes`")
+            if i < len(elements):
+                elements[i] = elements[i].with_changes(value=cst.Name("None"))
+            else:
+                elements = [*_with_comma(elements), cst.Element(cst.Name("None"))]
+        return specs.with_changes(elements=elements)
+    if arity is None:
+        raise Untranslatable(
+            "static arguments with one `in_axes` for all: the function's arity is not known"
+        )
+    if any(i >= arity for i in statics):
+        raise Untranslatable("a static argument number is past the function's parameters")
+    values = [cst.Name("None") if i in statics else specs.deep_clone() for i in range(arity)]
+    return tuple_of(values)
+
+
+def tuple_of(values: Sequence[cst.BaseExpression]) -> cst.Tuple:
+    """Return the tuple `(a, b)` of `values`, with the trailing comma a 1-tuple needs."""
+    elements: list[cst.BaseElement] = [cst.Element(v) for v in values]
+    if len(elements) == 1:
+        return cst.Tuple([elements[0].with_changes(comma=cst.Comma())])
+    return cst.Tuple([*_with_comma(elements[:-1]), *elements[-1:]])
+
+
+def _with_comma(elements: Sequence[cst.BaseElement]) -> list[cst.BaseElement]:
+    """Return `elements`, each followed by a comma and a space."""
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    return [e if _spaced(e.comma) else e.with_changes(comma=comma) for e in elements]
+
+
+def _spaced(comma: cst.Comma | cst.MaybeSentinel) -> bool:
+    """Return True for a comma followed by whitespace (a space or a line break)."""
+    if isinstance(comma, cst.MaybeSentinel):
+        return False
+    after = comma.whitespace_after
+    return not isinstance(after, cst.SimpleWhitespace) or bool(after.value)
+
+
+def _args(values: Sequence[cst.BaseExpression]) -> list[cst.Arg]:
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    return [
+        cst.Arg(v, comma=comma if i < len(values) - 1 else cst.MaybeSentinel.DEFAULT)
+        for i, v in enumerate(values)
+    ]
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node)
