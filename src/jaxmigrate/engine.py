@@ -82,7 +82,10 @@ def run_passes(
     original = source.splitlines(keepends=True)
     run = _Run()
     changed = False
-    cache = ModuleCache(frozenset(q for p in passes for q in p.QUALNAMES))
+    cache = ModuleCache(
+        frozenset(q for p in passes for q in p.QUALNAMES),
+        tuple({t for p in passes for t in p.NODE_TYPES}),
+    )
     for pass_cls in passes:
         if not pass_cls.applies_to(source):
             continue

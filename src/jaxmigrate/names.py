@@ -70,7 +70,9 @@ def _import_module_name(node: cst.BaseExpression) -> str:
 
 
 class _ScopeBuilder(cst.CSTVisitor):
-    def __init__(self, watch: Collection[str] = ()) -> None:
+    def __init__(
+        self, watch: Collection[str] = (), watch_types: tuple[type[cst.CSTNode], ...] = ()
+    ) -> None:
         self.module_scope = Scope("module", None)
         self.stack: list[Scope] = [self.module_scope]
         self.scope_of: dict[int, Scope] = {}
@@ -80,10 +82,16 @@ class _ScopeBuilder(cst.CSTVisitor):
         self.path: list[int] = []
         self.roots: dict[str, set[str]] = {}
         self.marks: dict[str, set[int]] = {w: set() for w in self.watch}
+        self.watch_types = watch_types
+        self.type_marks: dict[type[cst.CSTNode], set[int]] = {t: set() for t in watch_types}
         self.complete = True
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         self.path.append(id(node))
+        if self.watch_types and isinstance(node, self.watch_types):
+            for t in self.watch_types:
+                if isinstance(node, t):
+                    self.type_marks[t].update(self.path)
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
@@ -105,7 +113,7 @@ class _ScopeBuilder(cst.CSTVisitor):
             return
         related = any(w.startswith(qualified + ".") or qualified.startswith(w) for w in self.watch)
         if qualified == "jax" or related:
-            if local in self.names:
+            if local in self.names and qualified not in self.roots.get(local, ()):
                 self.complete = False  # used before this import: marks may have missed uses
             self.roots.setdefault(local, set()).add(qualified)
             self._mark(qualified)
@@ -284,24 +292,38 @@ class _ScopeBuilder(cst.CSTVisitor):
 class Names:
     """Answers "what does this expression mean?" for one module."""
 
-    def __init__(self, module: cst.Module, watch: Collection[str] = ()) -> None:
-        builder = _ScopeBuilder(watch)
+    def __init__(
+        self,
+        module: cst.Module,
+        watch: Collection[str] = (),
+        watch_types: tuple[type[cst.CSTNode], ...] = (),
+    ) -> None:
+        builder = _ScopeBuilder(watch, watch_types)
         module.visit(builder)
         self._module_scope = builder.module_scope
         self._scope_of = builder.scope_of
         self.all_names: frozenset[str] = frozenset(builder.names)
         self._marks = builder.marks
+        self._type_marks = builder.type_marks
         self._complete = builder.complete
 
-    def paths_to(self, qualnames: Collection[str]) -> frozenset[int] | None:
-        """Return the ids of every node on a path from the module to a use of `qualnames`.
+    def paths_to(
+        self, qualnames: Collection[str], types: tuple[type[cst.CSTNode], ...] = ()
+    ) -> frozenset[int] | None:
+        """Return the ids of every node on a path from the module to a use of `qualnames`
+        or to a node of one of `types`.
 
         None when that cannot be known (a watched import comes after a use of its name, or
-        `qualnames` were not watched when the module was analysed): visit everything then.
+        these were not watched when the module was analysed): visit everything then.
         """
-        if not self._complete or not qualnames or any(q not in self._marks for q in qualnames):
+        if qualnames and not self._complete:
             return None
-        return frozenset().union(*(self._marks[q] for q in qualnames))
+        if any(q not in self._marks for q in qualnames):
+            return None
+        if any(t not in self._type_marks for t in types):
+            return None
+        marks = [self._marks[q] for q in qualnames] + [self._type_marks[t] for t in types]
+        return frozenset().union(*marks)
 
     def qualified_name(self, node: cst.BaseExpression) -> str | None:
         """Return the dotted name `node` refers to (`jax.pmap`), or None if unknown."""

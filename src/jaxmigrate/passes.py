@@ -35,8 +35,11 @@ class ModuleCache:
     to the next pass: most passes resolve names once and never compute positions at all.
     """
 
-    def __init__(self, watch: Collection[str] = ()) -> None:
+    def __init__(
+        self, watch: Collection[str] = (), watch_types: tuple[type[cst.CSTNode], ...] = ()
+    ) -> None:
         self.watch = frozenset(watch)
+        self.watch_types = watch_types
         self._module: cst.Module | None = None
         self._names: Names | None = None
         self._positions: Mapping[cst.CSTNode, CodeRange] | None = None
@@ -49,7 +52,7 @@ class ModuleCache:
         """Return the resolver for `module`."""
         self._switch(module)
         if self._names is None:
-            self._names = Names(module, self.watch)
+            self._names = Names(module, self.watch, self.watch_types)
         return self._names
 
     def positions(self, module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
@@ -100,8 +103,9 @@ def version_text(version: tuple[int, int]) -> str:
 class Pass(CodemodCommand, cst.CSTTransformer):
     """A migration: one legacy pattern, rewritten; subclasses set the class attributes.
 
-    A pass that declares `QUALNAMES` only visits the nodes on the way to a use of one of them
-    (`PRUNE = False` visits everything): on a large file that is most of the cost saved.
+    A pass that declares `QUALNAMES` (or `NODE_TYPES`) only visits the nodes on the way to a use
+    of one of them (or a node of one of those types); `PRUNE = False` visits everything. On a
+    large file that is most of the cost saved.
     """
 
     NAME: ClassVar[str]
@@ -110,6 +114,7 @@ class Pass(CodemodCommand, cst.CSTTransformer):
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 4)
     TRIGGER: ClassVar[re.Pattern[str]]
     QUALNAMES: ClassVar[tuple[str, ...]] = ()
+    NODE_TYPES: ClassVar[tuple[type[cst.CSTNode], ...]] = ()
     PRUNE: ClassVar[bool] = True
 
     def __init__(self, context: CodemodContext) -> None:
@@ -138,10 +143,11 @@ class Pass(CodemodCommand, cst.CSTTransformer):
     # Running ------------------------------------------------------------------------------
     def transform_module(self, tree: cst.Module) -> cst.Module:
         """Run the pass; a module with no candidate is returned as it is (the same object)."""
-        if not self.state.cache.watch:
-            self.state.cache = ModuleCache(self.QUALNAMES)
+        if not self.state.cache.watch and not self.state.cache.watch_types:
+            self.state.cache = ModuleCache(self.QUALNAMES, self.NODE_TYPES)
         names = self.state.cache.names(tree)
-        visit_only = names.paths_to(self.QUALNAMES) if self.QUALNAMES else None
+        watched = self.QUALNAMES or self.NODE_TYPES
+        visit_only = names.paths_to(self.QUALNAMES, self.NODE_TYPES) if watched else None
         if visit_only is not None and not visit_only:
             return tree
         if not self.has_candidates(tree, names):
