@@ -1,0 +1,344 @@
+"""Which `with` items enter a legacy `jax.sharding.Mesh`: shared by the pjit and with-mesh passes.
+
+The with-mesh pass rewrites `with mesh:` as `with jax.set_mesh(mesh):`, and the pjit pass ties a
+pjit call lexically inside such a `with` to that rewrite (`group=mesh_group(line)`), so both must
+agree on which items are meshes. `MeshFinder` decides once per module, after a scope walk that
+sees every binding of a name (a name bound anywhere in a function is local to all of it).
+
+An item is a legacy mesh when it is a `Mesh(...)` / `jax.make_mesh(...)` call, a name every
+binding of which is such a call (or a parameter annotated `Mesh`), or, in a module importing JAX,
+a name or attribute whose last part ends in `mesh` and that nothing binds to a non-mesh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import libcst as cst
+
+from jaxmigrate.names import Names, Scope, _ScopeBuilder, dotted
+
+MESH_TYPES = frozenset(
+    {"jax.sharding.Mesh", "jax.experimental.maps.Mesh", "jax.interpreters.pxla.Mesh"}
+)
+MAKE_MESH = "jax.make_mesh"
+SET_MESH = frozenset({"jax.set_mesh", "jax.sharding.set_mesh", "jax.sharding.use_mesh"})
+TRACING = frozenset({"jax.jit", "jax.experimental.pjit.pjit", "jax.pmap"})
+PARTIAL = "functools.partial"
+# Calls into these make something other than a `jax.sharding.Mesh` (JAX's own non-mesh calls,
+# and libraries whose meshes are device meshes or geometry).
+OTHER_MESHES = frozenset({"jax", "numpy", "torch", "tensorflow", "trimesh", "open3d", "pyvista"})
+# The with-mesh pass's identity, which the pjit pass needs to know whether that rewrite happens.
+WITH_MESH_CODE = "JM201"
+SET_MESH_MIN_JAX = (0, 8)  # `jax.set_mesh` is public from JAX 0.7.1
+
+
+def mesh_group(line: int) -> str:
+    """Return the group tying a `with mesh:` at original `line` to the pjit sites inside it."""
+    return f"mesh@{line}"
+
+
+class Kind(Enum):
+    """What a mesh-like `with` item is."""
+
+    LEGACY = "legacy"  # a `jax.sharding.Mesh` entered directly: the with-mesh pass rewrites it
+    MODERN = "modern"  # already `jax.set_mesh(...)`
+    KEPT = "kept"  # a Mesh, but the with-mesh pass cannot rewrite this item
+    UNSURE = "unsure"  # looks like a mesh but may not be one: left alone
+
+
+@dataclass(frozen=True)
+class MeshItem:
+    """The verdict on one `with` item: for LEGACY how it is known, else why it is left alone."""
+
+    item: cst.WithItem
+    kind: Kind
+    why: str
+    note: str = ""
+
+
+def _ends_in_mesh(name: str) -> bool:
+    return name.lower().endswith("mesh")
+
+
+def _has_keyword(call: cst.Call, keyword: str) -> bool:
+    return any(a.keyword is not None and a.keyword.value == keyword for a in call.args)
+
+
+class _Collector(_ScopeBuilder):
+    """The scope walk of `Names`, also recording which bindings make meshes and every `with`."""
+
+    def __init__(self, names: Names) -> None:
+        super().__init__()
+        self.resolver = names
+        # Per (scope, name): one entry per binding recognised: the mesh-making call, or None
+        # for a value that is surely not a mesh. Unrecognised bindings are not recorded.
+        self.made: dict[tuple[Scope, str], list[cst.Call | None]] = {}
+        self.values: dict[tuple[Scope, str], list[cst.BaseExpression]] = {}
+        self.withs: list[tuple[cst.With, Scope, bool, tuple[cst.With, ...]]] = []
+        self._open: list[cst.With] = []
+        self.imports_jax = False
+        self._traced = 0
+
+    def mesh_call(self, node: cst.BaseExpression) -> cst.Call | None:
+        """Return `node` if it is a call that makes a `jax.sharding.Mesh`."""
+        if isinstance(node, cst.Call):
+            qualname = self.resolver.qualified_name(node.func)
+            if qualname in MESH_TYPES or qualname == MAKE_MESH:
+                return node
+        return None
+
+    def note(self, call: cst.Call) -> str:
+        """Return a caution for the site message when `call` makes a mesh with Explicit axes."""
+        if self.resolver.qualified_name(call.func) != MAKE_MESH or _has_keyword(call, "axis_types"):
+            return ""
+        return (
+            "`jax.make_mesh` without `axis_types=` makes Explicit axes, and under `jax.set_mesh`"
+            " explicit sharding is on: pass `axis_types=(AxisType.Auto,) * n` to keep the legacy"
+            " behaviour"
+        )
+
+    def _is_not_mesh(self, node: cst.BaseExpression) -> bool:
+        if isinstance(node, cst.Call):
+            qualname = self.resolver.qualified_name(node.func) or ""
+            return qualname.split(".")[0] in OTHER_MESHES
+        literals = (cst.BaseNumber, cst.BaseString, cst.Tuple, cst.List, cst.Dict, cst.Set)
+        if isinstance(node, cst.Name):
+            return node.value in ("None", "True", "False")
+        return isinstance(node, literals)
+
+    def _record(
+        self, name: str, value: cst.BaseExpression, annotation: cst.Annotation | None
+    ) -> None:
+        call = self.mesh_call(value)
+        if call is None and annotation is not None and self._is_mesh_type(annotation):
+            call = cst.Call(func=annotation.annotation)
+        if call is not None or self._is_not_mesh(value):
+            self.made.setdefault((self.scope, name), []).append(call)
+
+    def _is_mesh_type(self, annotation: cst.Annotation) -> bool:
+        return self.resolver.qualified_name(annotation.annotation) in MESH_TYPES
+
+    def _is_tracing(self, decorator: cst.BaseExpression) -> bool:
+        if isinstance(decorator, cst.Call):
+            if self.resolver.qualified_name(decorator.func) == PARTIAL and decorator.args:
+                decorator = decorator.args[0].value
+            else:
+                decorator = decorator.func
+        return self.resolver.qualified_name(decorator) in TRACING
+
+    # Bindings -----------------------------------------------------------------------------
+    def visit_Assign(self, node: cst.Assign) -> None:
+        super().visit_Assign(node)
+        for target in node.targets:
+            if isinstance(target.target, cst.Name):
+                self._record(target.target.value, node.value, None)
+                self.values.setdefault((self.scope, target.target.value), []).append(node.value)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        super().visit_AnnAssign(node)
+        if node.value is not None and isinstance(node.target, cst.Name):
+            self._record(node.target.value, node.value, node.annotation)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        super().visit_WithItem(node)
+        if node.asname is not None and isinstance(node.asname.name, cst.Name):
+            call = self.mesh_call(node.item)
+            if call is not None:
+                self.made.setdefault((self.scope, node.asname.name.value), []).append(call)
+
+    def _bind_params(self, params: cst.Parameters) -> None:
+        super()._bind_params(params)
+        for p in (*params.posonly_params, *params.params, *params.kwonly_params):
+            if p.annotation is not None and self._is_mesh_type(p.annotation):
+                made = cst.Call(func=p.annotation.annotation)
+                self.made.setdefault((self.scope, p.name.value), []).append(made)
+
+    def visit_Import(self, node: cst.Import) -> None:
+        super().visit_Import(node)
+        for alias in node.names:
+            self.imports_jax |= (dotted(alias.name) or "").split(".")[0] == "jax"
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        super().visit_ImportFrom(node)
+        if not node.relative and node.module is not None:
+            self.imports_jax |= (dotted(node.module) or "").split(".")[0] == "jax"
+
+    # Scopes and contexts ------------------------------------------------------------------
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        traced = any(self._is_tracing(d.decorator) for d in node.decorators)
+        self._traced += traced
+        super().visit_FunctionDef(node)
+        self._traced -= traced
+        return False
+
+    def visit_With(self, node: cst.With) -> None:
+        if node.asynchronous is None:
+            self.withs.append((node, self.scope, self._traced > 0, tuple(self._open)))
+        self._open.append(node)
+
+    def leave_With(self, original_node: cst.With) -> None:
+        self._open.pop()
+
+
+class MeshFinder:
+    """The mesh-like items of every `with` statement of one module."""
+
+    def __init__(self, module: cst.Module, names: Names) -> None:
+        collector = _Collector(names)
+        module.visit(collector)
+        self._collector = collector
+        self._items: dict[int, tuple[MeshItem, ...]] = {}
+        self._outer: dict[int, tuple[cst.With, ...]] = {}
+        for node, scope, traced, outer in collector.withs:
+            self._outer[id(node)] = outer
+            verdicts = (self._classify(item, scope, traced) for item in node.items)
+            found = tuple(v for v in verdicts if v is not None)
+            if found:
+                self._items[id(node)] = found
+
+    def items(self, node: cst.With) -> tuple[MeshItem, ...]:
+        """Return the verdicts on the mesh-like items of `node` (an original node), in order."""
+        return self._items.get(id(node), ())
+
+    def is_legacy(self, node: cst.With) -> bool:
+        """Return True if the with-mesh pass rewrites an item of `node`."""
+        return any(v.kind is Kind.LEGACY for v in self.items(node))
+
+    def root(self, node: cst.With) -> cst.With | None:
+        """Return the outermost `with` around `node` (or `node`) that the with-mesh pass rewrites.
+
+        Its line names the group of every with-mesh and pjit site inside it: a `with` whose body
+        still holds a pjit stays legacy, so nested rewrites must be applied all or none.
+        """
+        for candidate in (*self._outer.get(id(node), ()), node):
+            if self.is_legacy(candidate):
+                return candidate
+        return None
+
+    def assigned(self, node: cst.Name) -> cst.BaseExpression | None:
+        """Return `value` if the only binding `node` (an original node) sees is `name = value`."""
+        scope = self._collector.scope_of.get(id(node))
+        owner = None if scope is None else scope.lookup_scope(node.value)
+        if owner is None or len(owner.bindings[node.value]) != 1:
+            return None
+        values = self._collector.values.get((owner, node.value), [])
+        return values[0] if len(values) == 1 else None
+
+    def _classify(self, item: cst.WithItem, scope: Scope, traced: bool) -> MeshItem | None:
+        verdict = self._expression(item, scope)
+        if verdict is None or verdict.kind is not Kind.LEGACY:
+            return verdict
+        if traced:
+            why = (
+                "inside a function traced by jit/pjit/pmap: `jax.set_mesh` cannot run under a trace"
+            )
+            return MeshItem(item, Kind.KEPT, why)
+        if item.asname is not None and not isinstance(item.asname.name, cst.Name):
+            why = "`as` binds a non-name target, and `jax.set_mesh(...)` enters as None"
+            return MeshItem(item, Kind.KEPT, why)
+        return verdict
+
+    def _expression(self, item: cst.WithItem, scope: Scope) -> MeshItem | None:
+        node = item.item
+        resolver = self._collector.resolver
+        if isinstance(node, cst.Call):
+            qualname = resolver.qualified_name(node.func)
+            if qualname in SET_MESH:
+                return MeshItem(item, Kind.MODERN, "already `jax.set_mesh`")
+            if self._collector.mesh_call(node) is not None:
+                return MeshItem(
+                    item, Kind.LEGACY, "constructed in the `with`", self._collector.note(node)
+                )
+            callee = dotted(node.func)
+            if callee is not None and _ends_in_mesh(callee) and self._collector.imports_jax:
+                why = f"`{callee}(...)` is a call of an unknown function: it may not return a Mesh"
+                return MeshItem(item, Kind.UNSURE, why)
+            return None
+        if isinstance(node, cst.Name):
+            return self._name(item, node, scope)
+        if isinstance(node, cst.Attribute):
+            text = dotted(node)
+            qualname = resolver.qualified_name(node) or ""
+            if text is None or qualname.startswith("jax") or not _ends_in_mesh(node.attr.value):
+                return None
+            if self._collector.imports_jax:
+                return MeshItem(item, Kind.LEGACY, f"`{text}` is assumed a Mesh from its name")
+        return None
+
+    def _name(self, item: cst.WithItem, node: cst.Name, scope: Scope) -> MeshItem | None:
+        name = node.value
+        qualname = self._collector.resolver.qualified_name(node)
+        if qualname is not None and qualname.startswith("jax"):
+            return None
+        owner = scope.lookup_scope(name)
+        made = [] if owner is None else self._collector.made.get((owner, name), [])
+        bound = 0 if owner is None else len(owner.bindings[name])
+        calls = [c for c in made if c is not None]
+        if made and len(calls) == bound == len(made):
+            notes = {self._collector.note(c) for c in calls} - {""}
+            return MeshItem(item, Kind.LEGACY, f"`{name}` is bound to a Mesh", " ".join(notes))
+        if None in made and (calls or _ends_in_mesh(name)):
+            why = f"`{name}` is also bound to something that is not a Mesh"
+            return MeshItem(item, Kind.UNSURE, why)
+        if not _ends_in_mesh(name):
+            if calls:
+                why = f"`{name}` is bound to a Mesh on some paths only"
+                return MeshItem(item, Kind.UNSURE, why)
+            return None
+        if not self._collector.imports_jax:
+            return None
+        return MeshItem(item, Kind.LEGACY, f"`{name}` is assumed a Mesh from its name")
+
+
+class NameReads(cst.CSTVisitor):
+    """Calls `read` for every Name or Attribute that reads a value.
+
+    Import aliases, keyword names, parameters, `def`/`class` names and assignment targets are not
+    reads. The pjit pass (which pjit references it leaves) and the with-mesh pass (whether a
+    `with` still holds a pjit) must agree on this, so both use it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.not_reads: set[int] = set()
+
+    def read(self, node: cst.Name | cst.Attribute) -> None:
+        """Handle one read; subclasses override."""
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.not_reads.add(id(node.attr))
+        self.read(node)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if id(node) not in self.not_reads:
+            self.read(node)
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:
+            self.not_reads.add(id(node.keyword))
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self.not_reads.add(id(node.name))
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.not_reads.add(id(node.name))
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.not_reads.add(id(node.name))
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        self.not_reads.add(id(node.name))
+
+    def visit_NameItem(self, node: cst.NameItem) -> None:
+        self.not_reads.add(id(node.name))
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self.not_reads.add(id(node.target))
