@@ -1,6 +1,69 @@
 """Rewrite a legacy `with mesh:` context as `with jax.set_mesh(mesh):`.
 
-(Placeholder while the pass is being written: it matches nothing.)
+## Why
+Entering a `jax.sharding.Mesh` as a context manager is deprecated (JAX 0.10 warns), and it no
+longer gives `jax.jit` a mesh: `jax.jit(f, in_shardings=P("x"))` under `with mesh:` raises
+`RuntimeError: jit requires a non-empty mesh in context` (unless pjit compiled the same function
+first, an order-dependent accident). `jax.set_mesh(mesh)` (public from JAX 0.7.1) is the context
+manager that does; `jax.shard_map` without `mesh=` and `jax.device_put(x, P(...))` need it too.
+
+## Before
+```python
+import jax
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+
+def step(x):
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    with mesh:
+        return jax.jit(lambda v: v * 2, in_shardings=P("x"))(x)
+```
+
+## After
+```python
+import jax
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+
+def step(x):
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    with jax.set_mesh(mesh):
+        return jax.jit(lambda v: v * 2, in_shardings=P("x"))(x)
+```
+
+## Safety
+unsafe: `jax.set_mesh` also sets the abstract mesh, so code under it can behave differently:
+PartitionSpec shardings and `jax.shard_map` without `mesh=` start to work, a mesh made by
+`jax.make_mesh` without `axis_types=` (Explicit axes on current JAX) turns explicit sharding on
+(the message says so), and a legacy `pjit` no longer sees the mesh (it reads only the legacy
+context). Every site joins the group `mesh@<line>` of the outermost rewritten `with` around it,
+shared with the pjit sites inside, so nested rewrites are applied together or not at all.
+`with mesh as m:` becomes `with jax.set_mesh(m := mesh):`: `jax.set_mesh(...)` enters as None,
+while a `Mesh` entered as itself.
+
+## Skips
+Only the item that is a mesh changes (`with mesh, nn.logical_axis_rules(rules):` keeps the rest).
+An item is taken for a `jax.sharding.Mesh` when it is a `Mesh(...)` or `jax.make_mesh(...)` call;
+a name every binding of which is such a call, or a parameter annotated `Mesh`; or, in a module
+that imports JAX, a name or attribute (`mesh`, `device_mesh`, `self._mesh`,
+`partitioner.mesh`) whose last part ends in `mesh` and that nothing binds to a non-mesh (the
+message says the type was assumed from the name; `jax.set_mesh` raises `ValueError` at once for
+anything that is not a Mesh). Left alone, with a reason:
+- a call of an unknown function named like a mesh (`with get_mesh():`): it may return a context
+  manager of its own; other unknown context managers (`with mesh_context(...)`, `with open(...)`)
+  are not mesh-like and are not reported;
+- a name bound to a Mesh on some paths only, or also to a non-mesh (`mesh = None`);
+- `as` with a target that is not a plain name;
+- a `with` inside a function decorated with jit/pjit/pmap (`jax.set_mesh` raises under a trace);
+- a `with` whose body still calls a legacy `pjit` (the pjit pass skipped it): pjit reads only the
+  legacy context, so it would lose its mesh.
+`with jax.set_mesh(...)` and `async with` are never touched.
+
+## Verification
+by execution, where the verifier can run the code around the `with` before and after on a
+simulated mesh. The original often cannot run on current JAX (jit with PartitionSpecs under
+`with mesh:` raises `RuntimeError`); its reference is then the same program with
+`NamedSharding(mesh, spec)` shardings (cookbook case 10).
 """
 
 from __future__ import annotations
@@ -8,14 +71,88 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
+import libcst as cst
+
+from jaxmigrate.meshes import (
+    SET_MESH_MIN_JAX,
+    WITH_MESH_CODE,
+    Kind,
+    MeshFinder,
+    MeshItem,
+    NameReads,
+    mesh_group,
+)
 from jaxmigrate.model import Safety
 from jaxmigrate.passes import Pass
+
+PJIT = "jax.experimental.pjit.pjit"
 
 
 class WithMesh(Pass):
     """Rewrite a legacy `with mesh:` context as `with jax.set_mesh(mesh):`."""
 
     NAME: ClassVar[str] = "with-mesh"
-    CODE: ClassVar[str] = "JM201"
+    CODE: ClassVar[str] = WITH_MESH_CODE
     SAFETY: ClassVar[Safety] = Safety.UNSAFE
-    TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"(?!x)x")
+    MIN_JAX: ClassVar[tuple[int, int]] = SET_MESH_MIN_JAX
+    TRIGGER: ClassVar[re.Pattern[str]] = re.compile(
+        r"\A(?=[\s\S]*?\bwith\b)(?=[\s\S]*?mesh)", re.IGNORECASE
+    )
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self.meshes = MeshFinder(node, self.resolver)
+
+    def leave_With(self, original_node: cst.With, updated_node: cst.With) -> cst.With:
+        found = self.meshes.items(original_node)
+        for verdict in found:
+            if verdict.kind in (Kind.KEPT, Kind.UNSURE):
+                self.skip(verdict.item, verdict.why)
+        legacy = [v for v in found if v.kind is Kind.LEGACY]
+        if not legacy:
+            return updated_node
+        if self.state.target_jax >= self.MIN_JAX and self._calls_pjit(original_node.body):
+            for verdict in legacy:
+                reason = "the body still calls a legacy `pjit`, which would lose its mesh"
+                self.skip(verdict.item, reason)
+            return updated_node
+        root = self.meshes.root(original_node) or original_node
+        group = mesh_group(self._where(root)[0])
+        items = list(updated_node.items)
+        for verdict in legacy:
+            index = next(i for i, it in enumerate(original_node.items) if it is verdict.item)
+            if self.site(verdict.item, _message(verdict), group=group):
+                items[index] = self._set_mesh(items[index])
+        return updated_node.with_changes(items=items)
+
+    def _set_mesh(self, item: cst.WithItem) -> cst.WithItem:
+        value = item.item
+        if item.asname is not None:
+            assert isinstance(item.asname.name, cst.Name)
+            value = cst.NamedExpr(target=item.asname.name, value=value)
+        call = cst.Call(func=self.jax_attr("set_mesh"), args=[cst.Arg(value=value)])
+        return item.with_changes(item=call, asname=None)
+
+    def _calls_pjit(self, body: cst.BaseSuite) -> bool:
+        finder = _FindQualname(self, PJIT)
+        body.visit(finder)
+        return finder.found
+
+
+class _FindQualname(NameReads):
+    def __init__(self, owner: Pass, qualname: str) -> None:
+        super().__init__()
+        self.owner = owner
+        self.qualname = qualname
+        self.found = False
+
+    def read(self, node: cst.Name | cst.Attribute) -> None:
+        self.found |= self.owner.qualname(node) == self.qualname
+
+
+def _message(verdict: MeshItem) -> str:
+    text = cst.Module([]).code_for_node(verdict.item.item)
+    message = (
+        f"`with {text}:` is deprecated and gives `jax.jit` no mesh; "
+        f"`jax.set_mesh(...)` does ({verdict.why})"
+    )
+    return f"{message}; {verdict.note}" if verdict.note else message
