@@ -382,6 +382,76 @@ KEY_CASES = [
     ),
 ]
 
+# A pmap over 4 of the 8 devices (cookbook case 06): the recorded/declared calls show the size.
+FOUR = """
+__jaxmigrate_examples__ = {{"step": [(np.arange(12, dtype=np.float32).reshape(4, 3),)]}}
+{define}
+"""
+FOUR_SHARD_MAP = """
+mesh = Mesh(np.array(jax.devices()[:{n}]), ("i",))
+step = jax.jit(jax.shard_map(lambda x: jnp.expand_dims(lax.psum(jnp.squeeze(x, 0), "i"), 0),
+                             mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+"""
+FOUR_PMAP = """
+@partial(jax.pmap, axis_name="i")  # SITE
+def step(x):
+    return lax.psum(x, "i")
+"""
+MESH_SIZE_CASES = [
+    Case(
+        "four_of_eight_devices",
+        module(FOUR.format(define=FOUR_PMAP)),
+        module(FOUR.format(define=FOUR_SHARD_MAP.format(n=4))),
+        VERIFIED,
+    ),
+    Case(
+        "four_on_an_eight_device_mesh",
+        module(FOUR.format(define=FOUR_PMAP)),
+        module(FOUR.format(define=FOUR_SHARD_MAP.format(n=8))),
+        FAILED,
+        "not evenly divisible",
+    ),
+]
+
+# Exactness of the comparison itself: small errors, dtypes and structure all count.
+TOLERANCE_CASES = [
+    Case(
+        "relative_error_1e-4",
+        pmapped("return x * 3"),
+        faithful("return x * 3 * 1.0001"),
+        FAILED,
+        "max rel err 0.0001",
+    ),
+    Case(
+        "float_noise_1e-7", pmapped("return x * 3"), faithful("return x * 3 * (1 + 1e-7)"), VERIFIED
+    ),
+    Case(
+        "dtype_changed",
+        pmapped("return x * 3"),
+        faithful("return (x * 3).astype(jnp.bfloat16)"),
+        FAILED,
+        "dtype bfloat16, expected float32",
+    ),
+    Case(
+        "tuple_became_list",
+        pmapped("return (x, x * 2)"),
+        module("""
+            mesh = Mesh(np.array(jax.devices()[:8]), ("i",))
+            step = jax.jit(jax.shard_map(lambda x: [x, x * 2], mesh=mesh, in_specs=P("i"),
+                                         out_specs=P("i")))
+            """),
+        FAILED,
+        "pytree structure",
+    ),
+    Case(
+        "integer_off_by_one",
+        pmapped('return lax.axis_index("i") + jnp.int32(x.shape[0])'),
+        faithful('return lax.axis_index("i") + jnp.int32(x.shape[0]) + (lax.axis_index("i") == 7)'),
+        FAILED,
+        "1 of 8 exact values differ",
+    ),
+]
+
 # Nothing to call it with, or nothing to call.
 UNREACHABLE_CASES = [
     Case(
@@ -414,6 +484,8 @@ CASES = (
     + REFERENCE_CASES
     + CALLBACK_CASES
     + KEY_CASES
+    + MESH_SIZE_CASES
+    + TOLERANCE_CASES
     + UNREACHABLE_CASES
 )
 
@@ -450,3 +522,10 @@ def test_a_verified_site_states_its_inputs_and_errors(verdicts: dict) -> None:
     details = verdicts["pjit_to_jit_with_set_mesh"].details
     assert details["contexts"] == ["entered `mesh`"]
     assert details["candidate_contexts"] == ["entered `jax.set_mesh(mesh)`"]
+
+
+def test_the_mesh_size_comes_from_the_calls(verdicts: dict) -> None:
+    details = verdicts["four_of_eight_devices"].details
+    assert details["mapped_axis_size"] == 4
+    assert details["mesh_hint"] == "the calls map 4 of 8 devices: the mesh needs 4"
+    assert "mesh_hint" not in verdicts["faithful_divide_by_len"].details

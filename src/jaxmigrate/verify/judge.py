@@ -16,7 +16,16 @@ from jaxmigrate.verify.config import Verdict
 from jaxmigrate.verify.planner import Plan
 from jaxmigrate.verify.pool import Reply
 
-KEPT = ("reference", "reference_errors", "calls", "input_shapes", "output_shapes", "contexts")
+KEPT = (
+    "reference",
+    "reference_errors",
+    "calls",
+    "input_shapes",
+    "output_shapes",
+    "contexts",
+    "mapped_axis_size",
+    "mesh_hint",
+)
 
 
 def hint(plan: Plan) -> str:

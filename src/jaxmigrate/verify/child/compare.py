@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .hostify import Flat, HostKey
+from .values import Flat, HostKey
 
 # (rtol, atol) per floating dtype; atol is scaled by the reference's magnitude when above 1.
 TOLERANCES: dict[str, tuple[float, float]] = {
@@ -51,7 +51,7 @@ def errors(ref: np.ndarray, new: np.ndarray) -> tuple[float, float]:
     diff = np.where(np.isnan(diff), np.inf, diff)
     if diff.size == 0:
         return 0.0, 0.0
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         rel = diff / np.maximum(np.abs(a), np.finfo(np.float64).tiny)
     rel = np.where(np.isnan(rel), np.inf, rel)
     return float(diff.max()), float(np.where(same, 0.0, rel).max())

@@ -7,44 +7,16 @@ left as numpy. Outputs travel flattened: the tree structure's text and `(path, l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .values import Flat, HostArray, HostKey, Opaque
+
 SCALARS = (bool, int, float, complex, str, bytes, type(None))
-
-
-@dataclass(frozen=True)
-class HostArray:
-    """A `jax.Array` copied to the host."""
-
-    value: np.ndarray
-
-
-@dataclass(frozen=True)
-class HostKey:
-    """A typed PRNG key array: its raw key data and the name of its implementation."""
-
-    data: np.ndarray
-    impl: str
-
-
-@dataclass(frozen=True)
-class Opaque:
-    """An output leaf that is neither an array nor a plain scalar, kept as its `repr`."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class Flat:
-    """A flattened output: the tree structure as text and each leaf with its path."""
-
-    treedef: str
-    leaves: tuple[tuple[str, Any], ...]
+__all__ = ["Flat", "HostArray", "HostKey", "Opaque", "from_host", "to_host"]
 
 
 def is_key(x: Any) -> bool:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .hostify import to_host
+from .values import HostArray
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 EXAMPLES = "__jaxmigrate_examples__"
@@ -137,3 +138,30 @@ def synthesized(fn: Callable[..., Any], structure: dict[str, Any], devices: int)
         return pmap_candidates(params, structure, devices)
     rng = np.random.default_rng(0)
     return [(tuple(make_value(n, s, rng) for n in params), {}) for s in global_shapes(devices)]
+
+
+def first_array(tree: Any) -> np.ndarray | None:
+    """Return the first array leaf of a travelling tree of dicts, lists and tuples."""
+    if isinstance(tree, HostArray):
+        return tree.value
+    if isinstance(tree, np.ndarray):
+        return tree
+    children = tree.values() if isinstance(tree, dict) else tree
+    if isinstance(children, (list, tuple, type({}.values()))):
+        for child in children:
+            found = first_array(child)
+            if found is not None:
+                return found
+    return None
+
+
+def mapped_size(call: Call, structure: dict[str, Any]) -> int | None:
+    """Return how many devices a pmap call maps over (the size of its first mapped axis)."""
+    if structure.get("kind") != "pmap":
+        return None
+    for index, arg in enumerate(call[0]):
+        axis = axis_of(structure.get("in_axes", 0), index)
+        array = first_array(arg) if isinstance(axis, int) else None
+        if array is not None and isinstance(axis, int) and -array.ndim <= axis < array.ndim:
+            return int(array.shape[axis])
+    return None

@@ -217,7 +217,7 @@ class Worker:
             pickle.dump(calls, handle)
         with open(request["outputs_path"], "wb") as handle:
             pickle.dump(outputs, handle)
-        return {
+        reply = {
             "ok": True,
             "reference": variant,
             "source": source,
@@ -226,6 +226,22 @@ class Worker:
             "output_shapes": flat_shapes(outputs[0]),
             "contexts": notes,
         }
+        return reply | self.mesh_size(calls[0], request["inputs"]["structure"])
+
+    @staticmethod
+    def mesh_size(call: Any, structure: dict[str, Any]) -> dict[str, Any]:
+        """Return how many devices the pmap calls map, with a hint when not all of them."""
+        import jax
+
+        from .inputs import mapped_size
+
+        size = mapped_size(call, structure)
+        if size is None:
+            return {}
+        if size == len(jax.devices()):
+            return {"mapped_axis_size": size}
+        hint = f"the calls map {size} of {len(jax.devices())} devices: the mesh needs {size}"
+        return {"mapped_axis_size": size, "mesh_hint": hint}
 
     def inputs_and_outputs(
         self, request: dict[str, Any], module: ModuleType, fn: Any, variant: str

@@ -1,0 +1,89 @@
+"""The comparison rules on host values (numpy only, no workers)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jaxmigrate.verify.child.compare import compare, max_errors, tolerance
+from jaxmigrate.verify.child.values import Flat, HostKey, Opaque
+
+
+def flat(*leaves, treedef="PyTreeDef((*, *))") -> Flat:
+    return Flat(treedef, tuple((f"[{i}]", leaf) for i, leaf in enumerate(leaves)))
+
+
+def test_equal_outputs_agree() -> None:
+    a = flat(np.arange(4, dtype=np.float32), np.array([1, 2], np.int32))
+    assert compare(a, a) is None
+    assert max_errors(a, a) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "rel", "agree"),
+    [
+        (np.float32, 1e-6, True),
+        (np.float32, 1e-4, False),
+        (np.float64, 1e-10, True),
+        (np.float64, 1e-7, False),
+        (ml_dtypes.bfloat16, 1e-2, True),
+        (ml_dtypes.bfloat16, 1e-1, False),
+        (np.float16, 1e-3, True),
+        (np.float16, 1e-2, False),
+    ],
+)
+def test_float_tolerance_depends_on_the_dtype(dtype, rel: float, agree: bool) -> None:
+    ref = np.linspace(1, 2, 16).astype(dtype)
+    new = (ref.astype(np.float64) * (1 + rel)).astype(dtype)
+    assert (compare(flat(ref), flat(new)) is None) is agree
+
+
+def test_a_mismatch_names_path_errors_and_shape() -> None:
+    ref = np.ones((8, 5), np.float32)
+    new = ref.copy()
+    new[3, 2] = 1.5
+    found = compare(flat(ref, ref), flat(ref, new))
+    assert found["path"] == "output[1]" and found["shape"] == [8, 5]
+    assert found["max_abs_err"] == pytest.approx(0.5) and found["max_rel_err"] == pytest.approx(0.5)
+
+
+def test_shapes_dtypes_and_structure_must_match_exactly() -> None:
+    ref = np.zeros((8, 4), np.float32)
+    assert "shape [4], expected [8, 4]" in compare(flat(ref), flat(np.zeros(4, np.float32)))["why"]
+    assert "dtype float64" in compare(flat(ref), flat(ref.astype(np.float64)))["why"]
+    other = flat(ref, treedef="PyTreeDef([*, *])")
+    assert "pytree structure" in compare(flat(ref), other)["why"]
+
+
+def test_integers_bools_and_keys_are_exact() -> None:
+    assert (
+        compare(flat(np.array([1, 2])), flat(np.array([1, 3])))["why"]
+        == "1 of 2 exact values differ"
+    )
+    assert compare(flat(np.array([True])), flat(np.array([False]))) is not None
+    key = HostKey(np.array([[0, 1]], np.uint32), "threefry2x32")
+    assert compare(flat(key), flat(key)) is None
+    other = HostKey(np.array([[0, 2]], np.uint32), "threefry2x32")
+    assert "PRNG key data" in compare(flat(key), flat(other))["why"]
+    assert "a PRNG key on one side only" in compare(flat(key), flat(key.data))["why"]
+
+
+def test_nans_must_be_in_the_same_places() -> None:
+    ref = np.array([np.nan, 1.0], np.float32)
+    assert compare(flat(ref), flat(ref.copy())) is None
+    assert compare(flat(ref), flat(np.array([1.0, 1.0], np.float32))) is not None
+
+
+def test_other_leaves_compare_by_value() -> None:
+    assert compare(flat(3, "a"), flat(3, "a")) is None
+    assert compare(flat(3), flat(4))["why"] == "4, expected 3"
+    assert compare(flat(Opaque("<obj>")), flat(Opaque("<other>"))) is not None
+
+
+def test_large_magnitudes_scale_the_absolute_tolerance() -> None:
+    rtol, atol = tolerance(np.dtype(np.float32))
+    ref = np.array([1e6, 0.0], np.float32)
+    assert compare(flat(ref), flat(np.array([1e6, 0.5], np.float32))) is None
+    assert compare(flat(ref), flat(np.array([1e6, 50.0], np.float32))) is not None
+    assert (rtol, atol) == (1e-5, 1e-6)
