@@ -1,0 +1,107 @@
+"""Plug verification into a run: from the engine's file results to verified, re-decided ones.
+
+`verify_results` is what `jaxmigrate run` calls between migrating and writing: it verifies the
+unsafe sites of every changed file against the file with all its sites rewritten, records each
+site's status and evidence, applies the default policy again (a failed site is never applied;
+an unsafe one only when verified, or with `--unsafe-fixes`), and re-renders each file from the
+sites that remain applied.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import libcst as cst
+
+from jaxmigrate.engine import Options, PassList, decide, run_passes
+from jaxmigrate.model import Bucket, FileResult, Safety, Site
+from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
+from jaxmigrate.verify.session import Key, verify
+
+
+def annotate(path: str, sites: Sequence[Site], verdicts: Mapping[Key, Verdict]) -> tuple[Site, ...]:
+    """Return `sites` with the status and evidence of their verdicts (others unchanged)."""
+    out = []
+    for site in sites:
+        verdict = verdicts.get((path, site.key))
+        if verdict is not None:
+            details = {**site.details, "verification": verdict.reason, **verdict.details}
+            site = replace(site, status=verdict.status, details=details)
+        out.append(site)
+    return tuple(out)
+
+
+def render(
+    old_text: str, path: str, options: Options, keys: frozenset[str] | None, passes: PassList
+) -> str:
+    """Return `old_text` with the sites in `keys` rewritten (None: all of them)."""
+    module = cst.parse_module(old_text)
+    new, _ = run_passes(
+        module, old_text, passes, enabled=keys, target_jax=options.target_jax, path=path
+    )
+    return new.code
+
+
+def request_for(
+    result: FileResult, relpath: str, options: Options, passes: PassList
+) -> VerifyRequest:
+    """Return the verification request of one migrated file."""
+    old = result.old_text or ""
+    return VerifyRequest(
+        path=relpath,
+        original=old,
+        candidate=render(old, result.path, options, None, passes),
+        sites=result.sites,
+        rewrite=lambda keys: render(old, result.path, options, keys, passes),
+    )
+
+
+def needs_verifying(result: FileResult) -> bool:
+    return result.old_text is not None and any(s.safety is Safety.UNSAFE for s in result.sites)
+
+
+def relative(path: str, root: Path) -> str | None:
+    """Return `path` relative to the project root, or None if it lies outside."""
+    rel = os.path.relpath(Path(path).resolve(), root.resolve())
+    return None if rel.startswith("..") else rel
+
+
+def redecide(
+    result: FileResult, sites: tuple[Site, ...], options: Options, passes: PassList
+) -> FileResult:
+    """Return the result with `sites` decided by the policy and the text re-rendered to match."""
+    decided = decide(sites, options.unsafe_fixes)
+    applied = frozenset(s.key for s in decided if s.applied)
+    old = result.old_text or ""
+    new = render(old, result.path, options, applied, passes) if applied else old
+    bucket = Bucket.CHANGED if new != old else Bucket.UNCHANGED
+    return replace(result, sites=decided, new_text=new, bucket=bucket)
+
+
+def verify_results(
+    results: Sequence[FileResult],
+    options: Options,
+    config: VerifyConfig,
+    passes: PassList | None = None,
+) -> list[FileResult]:
+    """Verify the unsafe sites of `results` and return them re-decided and re-rendered.
+
+    `passes` are those that produced the results (default: the options' selection).
+    """
+    chosen = options.passes() if passes is None else passes
+    wanted = {}
+    for result in results:
+        rel = relative(result.path, config.root)
+        if needs_verifying(result) and rel is not None:
+            wanted[result.path] = (rel, request_for(result, rel, options, chosen))
+    verdicts = verify([request for _, request in wanted.values()], config)
+    out = []
+    for result in results:
+        if result.path in wanted:
+            sites = annotate(wanted[result.path][0], result.sites, verdicts)
+            result = redecide(result, sites, options, chosen)
+        out.append(result)
+    return out
