@@ -6,6 +6,7 @@ A toy unsafe pass inlines `double(e)` as `e * 2` but forgets parentheses, so it 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -86,8 +87,7 @@ def git(root: Path, *args: str) -> None:
     subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
 
 
-def test_verify_against_a_revision(tmp_path: Path) -> None:
-    legacy = textwrap.dedent("""
+LEGACY = textwrap.dedent("""
         from functools import partial
 
         import jax
@@ -107,7 +107,8 @@ def test_verify_against_a_revision(tmp_path: Path) -> None:
         def untouched(x):
             return x
         """)
-    by_hand = textwrap.dedent("""
+
+BY_HAND = textwrap.dedent("""
         import jax
         import jax.numpy as jnp
         import numpy as np
@@ -130,28 +131,49 @@ def test_verify_against_a_revision(tmp_path: Path) -> None:
         def untouched(x):
             return x
         """)
-    (tmp_path / "train.py").write_text(legacy)
+
+
+@pytest.fixture
+def migrated_by_hand(tmp_path: Path) -> Path:
+    (tmp_path / "train.py").write_text(LEGACY)
     git(tmp_path, "init", "-q")
-    git(
-        tmp_path,
-        "-c",
-        "user.name=t",
-        "-c",
-        "user.email=t@t",
-        "commit",
-        "-q",
-        "--allow-empty",
-        "-m",
-        "0",
-    )
     git(tmp_path, "add", "train.py")
     git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "legacy")
-    (tmp_path / "train.py").write_text(by_hand)
-    verdicts = verify_against("HEAD", [], VerifyConfig(root=tmp_path, timeout=60.0, jobs=1))
+    (tmp_path / "train.py").write_text(BY_HAND)
+    return tmp_path
+
+
+def test_verify_against_a_revision(migrated_by_hand: Path) -> None:
+    config = VerifyConfig(root=migrated_by_hand, timeout=60.0, jobs=1)
+    verdicts = verify_against("HEAD", [], config)
     assert set(verdicts) == {("train.py", "changed:good"), ("train.py", "changed:bad")}
     assert verdicts[("train.py", "changed:good")].status is Status.VERIFIED
     bad = verdicts[("train.py", "changed:bad")]
     assert bad.status is Status.FAILED and "values differ" in bad.reason
+
+
+def jaxmigrate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "jaxmigrate", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
+
+
+def test_the_verify_command_exits_1_on_a_failure_and_reports(migrated_by_hand: Path) -> None:
+    proc = jaxmigrate("verify", "--against", "HEAD", "--report", "out.json", cwd=migrated_by_hand)
+    assert proc.returncode == 1, proc.stderr
+    assert "train.py:13:1 JM000 hand-migration [unsafe, failed] `bad` changed" in proc.stdout
+    assert "2 changed definition(s): 1 verified, 1 failed" in proc.stdout
+    report = json.loads((migrated_by_hand / "out.json").read_text())
+    sites = {s["message"]: s for f in report["files"] for s in f["sites"]}
+    bad = sites["`bad` changed since HEAD"]
+    assert bad["status"] == "failed" and bad["details"]["mismatch"]["path"] == "output"
+    assert bad["details"]["input_source"] == "synthesized"
+    assert bad["details"]["reference"] == "original"
+
+
+def test_the_verify_command_exits_2_on_an_unknown_revision(migrated_by_hand: Path) -> None:
+    proc = jaxmigrate("verify", "--against", "no-such-rev", cwd=migrated_by_hand)
+    assert proc.returncode == 2
+    assert "error:" in proc.stderr
 
 
 def test_the_parent_process_never_imports_jax() -> None:

@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from jaxmigrate.cli import check, explain, rules, run
+from jaxmigrate.cli import check, explain, rules, run, verify
 
 app = typer.Typer(
     name="jaxmigrate",
@@ -23,6 +23,7 @@ app.command("run")(run.run)
 app.command("check")(check.check)
 app.command("rules")(rules.rules)
 app.command("explain")(explain.explain)
+app.command("verify")(verify.verify)
 
 
 def main() -> None:

@@ -1,0 +1,115 @@
+"""`jaxmigrate verify --against REV`: check a migration made by hand against git revision REV."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from jaxmigrate.cli.common import (
+    FormatOpt,
+    JobsOpt,
+    ReportOpt,
+    UsageError,
+    stderr,
+    stdout,
+    write_report,
+)
+from jaxmigrate.config import ConfigError, FileConfig, find_pyproject, load_config
+from jaxmigrate.model import Bucket, FileResult, Status
+from jaxmigrate.ui.summary import STATUS_STYLE, site_line
+
+AgainstOpt = Annotated[
+    str, typer.Option("--against", help="Git revision holding the code before the migration.")
+]
+VerifyWithOpt = Annotated[
+    str | None,
+    typer.Option("--verify-with", help="Command whose calls are recorded as inputs (e.g. tests)."),
+]
+DevicesOpt = Annotated[
+    int | None, typer.Option("--devices", min=1, help="Simulated CPU devices (default 8).")
+]
+PythonOpt = Annotated[
+    str | None, typer.Option("--python", help="Interpreter that runs the project's code.")
+]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1, help="Seconds allowed per site.")]
+PathsOpt = Annotated[
+    list[Path] | None, typer.Argument(help="Files or directories (default: the whole project).")
+]
+
+
+def project_root(paths: list[Path], config: FileConfig) -> Path:
+    """Return the tree to copy: the pyproject's folder, else the git top level, else cwd."""
+    if config.path is not None:
+        return config.path.parent.resolve()
+    start = paths[0] if paths else Path.cwd()
+    folder = start if start.is_dir() else start.parent
+    proc = subprocess.run(
+        ["git", "rev-parse", "--show-toplevel"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return Path(proc.stdout.strip()).resolve() if proc.returncode == 0 else Path.cwd().resolve()
+
+
+def print_results(console: Console, results: list[FileResult]) -> None:
+    """Print one line per changed definition, with the verdict's reason under it."""
+    for result in results:
+        for site in result.sites:
+            console.print(site_line(result.path, site, dry_run=True))
+            reason = str(site.details.get("verification", ""))
+            console.print(Text("    " + reason, style=STATUS_STYLE[site.status]))
+    counts = {s: sum(x.status is s for r in results for x in r.sites) for s in Status}
+    shown = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    console.print(f"{sum(len(r.sites) for r in results)} changed definition(s): {shown or 'none'}")
+
+
+def verify(
+    paths: PathsOpt = None,
+    against: AgainstOpt = "HEAD",
+    verify_with: VerifyWithOpt = None,
+    devices: DevicesOpt = None,
+    python: PythonOpt = None,
+    jobs: JobsOpt = None,
+    timeout: TimeoutOpt = 120.0,
+    report: ReportOpt = None,
+    fmt: FormatOpt = "json",
+) -> None:
+    """Verify, by running old and new code, the functions changed since git revision REV."""
+    from jaxmigrate.verify import VerifyConfig, annotate
+    from jaxmigrate.verify.against import GitError, requests_against
+    from jaxmigrate.verify.config import default_jobs
+    from jaxmigrate.verify.session import verify as run_verification
+
+    chosen = list(paths or [])
+    try:
+        config = load_config(find_pyproject(chosen))
+        root = project_root(chosen, config)
+        settings = VerifyConfig(
+            root=root,
+            devices=devices or config.devices or 8,
+            python=python or sys.executable,
+            verify_with=verify_with or config.verify_with,
+            timeout=timeout,
+            jobs=jobs or config.jobs or default_jobs(),
+        )
+        requests = requests_against(root, against, [str(p.resolve()) for p in chosen])
+        verdicts = run_verification(requests, settings)
+        results = [
+            FileResult(r.path, Bucket.UNCHANGED, sites=annotate(r.path, r.sites, verdicts))
+            for r in requests
+        ]
+        print_results(stdout(), results)
+        write_report(results, report, fmt, dry_run=True)
+    except (ConfigError, GitError, UsageError) as exc:
+        stderr().print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    failed = any(s.status is Status.FAILED for r in results for s in r.sites)
+    raise typer.Exit(1 if failed else 0)
