@@ -95,6 +95,7 @@ class WithMesh(Pass):
     CODE: ClassVar[str] = WITH_MESH_CODE
     SAFETY: ClassVar[Safety] = Safety.UNSAFE
     MIN_JAX: ClassVar[tuple[int, int]] = SET_MESH_MIN_JAX
+    NODE_TYPES: ClassVar[tuple[type[cst.CSTNode], ...]] = (cst.With,)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(
         r"\A(?=[\s\S]*?\bwith\b)(?=[\s\S]*?mesh)", re.IGNORECASE
     )
