@@ -452,6 +452,42 @@ TOLERANCE_CASES = [
     ),
 ]
 
+# The original imports what JAX removed: its safe rewrites (here, the import move) are the reference.
+OLD_IMPORTS = "from jax.experimental.maps import Mesh as LegacyMesh\n"
+NEW_IMPORTS = "from jax.sharding import Mesh as LegacyMesh\n"
+OLD_PJIT = PJIT.format(
+    define='f = pjit(fn, in_axis_resources=P("x"), out_axis_resources=P("x"))  # SITE',
+    call="    with LegacyMesh(np.array(jax.devices()), ('x',)):\n        return f(a)",
+)
+BASELINE_CASES = [
+    Case(
+        "removed_import",
+        OLD_IMPORTS + pmapped("return x / x.shape[0]"),
+        faithful("return x / x.shape[0]"),
+        VERIFIED,
+        reference="safe-rewrites",
+        baseline=NEW_IMPORTS + pmapped("return x / x.shape[0]"),
+    ),
+    Case(
+        "removed_import_and_keywords",
+        OLD_IMPORTS + module(OLD_PJIT),
+        module(PJIT.format(define=JIT_NAMED, call="    return f(a)")),
+        VERIFIED,
+        site_name="pjit",
+        reference="safe-rewrites+pjit-in-shardings",
+        baseline=NEW_IMPORTS + module(OLD_PJIT),
+    ),
+    Case(
+        "removed_import_wrong_rewrite",
+        OLD_IMPORTS + pmapped("return x / x.shape[0]"),
+        idiomatic("return x / x.shape[0]"),
+        FAILED,
+        "values differ",
+        reference="safe-rewrites",
+        baseline=NEW_IMPORTS + pmapped("return x / x.shape[0]"),
+    ),
+]
+
 # Nothing to call it with, or nothing to call.
 UNREACHABLE_CASES = [
     Case(
@@ -486,6 +522,7 @@ CASES = (
     + KEY_CASES
     + MESH_SIZE_CASES
     + TOLERANCE_CASES
+    + BASELINE_CASES
     + UNREACHABLE_CASES
 )
 

@@ -71,6 +71,7 @@ class Case:
     reason: str = ""
     site_name: str = "pmap"
     reference: str = "original"
+    baseline: str | None = None
 
     @property
     def path(self) -> str:
@@ -83,7 +84,10 @@ class Case:
         )
 
     def request(self) -> VerifyRequest:
-        return VerifyRequest(self.path, self.original, self.candidate, (self.site(),))
+        site = self.site()
+        return VerifyRequest(
+            self.path, self.original, self.candidate, (site,), baseline=self.baseline
+        )
 
 
 def verify_cases(cases: list[Case], root: Path, **config: object) -> dict[str, Verdict]:

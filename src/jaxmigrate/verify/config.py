@@ -53,6 +53,8 @@ class VerifyRequest:
 
     `rewrite(keys)`, when given, returns the file with only the sites in `keys` rewritten; the
     verifier uses it to drop failed sites and re-verify the rest as they will be written.
+    `baseline`, when given, is the original with only its safe sites rewritten: the reference
+    when the original itself no longer runs (say, it imports a module JAX removed).
     """
 
     path: str
@@ -60,6 +62,7 @@ class VerifyRequest:
     candidate: str
     sites: tuple[Site, ...]
     rewrite: Callable[[frozenset[str]], str] | None = None
+    baseline: str | None = None
 
 
 @dataclass(frozen=True)

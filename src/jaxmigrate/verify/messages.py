@@ -141,8 +141,9 @@ def make_task(
         "outputs_path": str(ws.io / f"{plan.id}.outputs.pkl"),
     }
     target = module_spec(sources.root, plan.path, None) | {"qualname": plan.target.qualname}
+    baseline = plan.request.baseline
     original = common | {
-        "target": target,
+        "target": target | ({"baseline": baseline} if baseline else {}),
         "contexts": orig_ctx,
         "references": list(plan.references),
         "inputs": {

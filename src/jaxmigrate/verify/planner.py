@@ -17,6 +17,7 @@ from jaxmigrate.verify.targets import Target, find_target
 from jaxmigrate.verify.workspace import module_name
 
 ORIGINAL = "original"
+SAFE_REWRITES = "safe-rewrites"
 # The reference to fall back on when the original raises, per pass (cookbook, "Notes for the
 # verifier"); for a hand-made change, per legacy API its source mentions.
 REFERENCE_BY_PASS = {
@@ -54,13 +55,22 @@ class Plan:
         return f"{self.path}::{self.target.qualname}"
 
 
-def references_for(sites: Sequence[Site], target: Target, text: str) -> tuple[str, ...]:
-    """Return the references to try, in order: the original first unless it is known wrong."""
-    if target.structure.get("negative_axes"):
-        return ("vmap-oracle",)  # 0.10.2's pmap mishandles negative axes (cookbook case 04)
+def references_for(
+    sites: Sequence[Site], target: Target, text: str, baseline: bool
+) -> tuple[str, ...]:
+    """Return the references to try, in order: the original first unless it is known wrong.
+
+    With a `baseline` (the original with its safe sites rewritten), each is tried again on it.
+    """
     found = [REFERENCE_BY_PASS[s.name] for s in sites if s.name in REFERENCE_BY_PASS]
     found += [ref for word, ref in REFERENCE_BY_TEXT.items() if word in text]
-    return (ORIGINAL, *dict.fromkeys(found))
+    # 0.10.2's pmap mishandles negative axes (cookbook case 04): never trust it there.
+    negative = bool(target.structure.get("negative_axes"))
+    plain = ["vmap-oracle"] if negative else [ORIGINAL, *dict.fromkeys(found)]
+    if not baseline:
+        return tuple(plain)
+    safe = [SAFE_REWRITES if p == ORIGINAL else f"{SAFE_REWRITES}+{p}" for p in plain]
+    return tuple(plain + safe)
 
 
 def plan_file(
@@ -88,7 +98,9 @@ def plan_file(
             target=target,
             module=module,
             entry=entry,
-            references=references_for(sites, target, request.original),
+            references=references_for(
+                sites, target, request.original, request.baseline not in (None, request.original)
+            ),
         )
         for n, (target, sites) in enumerate(grouped.values())
     ]

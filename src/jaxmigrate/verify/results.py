@@ -50,12 +50,14 @@ def request_for(
 ) -> VerifyRequest:
     """Return the verification request of one migrated file."""
     old = result.old_text or ""
+    safe = frozenset(s.key for s in result.sites if s.safety is Safety.SAFE)
     return VerifyRequest(
         path=relpath,
         original=old,
         candidate=render(old, result.path, options, None, passes),
         sites=result.sites,
         rewrite=lambda keys: render(old, result.path, options, keys, passes),
+        baseline=render(old, result.path, options, safe, passes) if safe else None,
     )
 
 

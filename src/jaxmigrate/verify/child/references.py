@@ -11,6 +11,8 @@ module is imported and called (the worker imports a fresh copy of the module und
   auto axes (cookbook case 12e).
 - `pjit-in-shardings`: pjit's removed `in_axis_resources` / `out_axis_resources` keywords are
   passed as `in_shardings` / `out_shardings` (cookbook case 10).
+
+Any of them may be combined with `safe-rewrites` (the original with its safe sites rewritten).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import jax
 
 ORIGINAL = "original"
+SAFE_REWRITES = "safe-rewrites"
 
 
 @contextlib.contextmanager
@@ -127,5 +130,14 @@ REFERENCES: dict[str, Callable[[], contextlib.AbstractContextManager[Any]]] = {
 
 
 def reference(name: str) -> contextlib.AbstractContextManager[Any]:
-    """Return the context manager that makes `name` the reference while it is active."""
-    return REFERENCES[name]()
+    """Return the patches of a reference named like `vmap-oracle` or `safe-rewrites+vmap-oracle`.
+
+    `safe-rewrites` is not a patch: it makes the worker run the original with its safe rewrites
+    applied (a module that no longer imports on the installed JAX, because of a removed import
+    path, runs once its safe sites are rewritten: those provably keep behaviour).
+    """
+    stack = contextlib.ExitStack()
+    for part in name.split("+"):
+        if part != SAFE_REWRITES:
+            stack.enter_context(REFERENCES[part]())
+    return stack

@@ -33,10 +33,14 @@ def _callee_name(node: ast.expr) -> str | None:
 
 
 def is_mesh_expr(node: ast.expr) -> bool:
-    """Return True if a with-item may set a mesh: a name, an attribute, or a known mesh call."""
+    """Return True if a with-item may set a mesh: a name, an attribute, or a call of a callee
+    named like a mesh (`Mesh(...)`, `jax.set_mesh(...)`, `use_mesh`, an alias `LegacyMesh`)."""
     if isinstance(node, (ast.Name, ast.Attribute)):
         return True
-    return isinstance(node, ast.Call) and _callee_name(node.func) in MESH_CALLS
+    if not isinstance(node, ast.Call):
+        return False
+    name = _callee_name(node.func) or ""
+    return name in MESH_CALLS or "mesh" in name.lower()
 
 
 def mesh_with(node: ast.With | ast.AsyncWith, text: str) -> MeshWith | None:

@@ -62,6 +62,9 @@ def where(exc: BaseException, root: str) -> str:
     return ""
 
 
+STAGES = ("import", "target", "inputs", "call")
+
+
 class UserError(Exception):
     """User code failed at `stage` (import, target, inputs, call)."""
 
@@ -129,7 +132,11 @@ class Worker:
     # Running ------------------------------------------------------------------------------
     def target(self, request: dict[str, Any], variant: str) -> tuple[ModuleType, Any]:
         """Return the target's module and the callable named by its qualname."""
+        from .references import SAFE_REWRITES
+
         spec = request["target"]
+        if variant.startswith(SAFE_REWRITES):
+            spec = spec | {"text": spec["baseline"]}
         try:
             module = self.load(spec, variant)
         except BaseException as exc:
@@ -146,7 +153,12 @@ class Worker:
         return describe(exc) + (f" (at {at})" if at else "")
 
     def call(
-        self, fn: Any, call: Any, request: dict[str, Any], variant: str, probe: bool = False
+        self,
+        fn: Any,
+        call: Any,
+        request: dict[str, Any],
+        variant: str,
+        probe: bool = False,
     ) -> tuple[Any, list[str]]:
         """Run one call under the request's mesh contexts; return the flattened output.
 
@@ -162,7 +174,7 @@ class Worker:
         meshes = [build_mesh(d) for d in request.get("meshes", [])]
         with ExitStack() as stack:
             notes = [
-                enter(stack, expr, vars(self.context_module(ctx, variant)), meshes)
+                enter(stack, expr, vars(self.context_module(ctx, request, variant)), meshes)
                 for ctx in request.get("contexts", [])
                 for expr in ctx["exprs"]
             ]
@@ -178,8 +190,12 @@ class Worker:
                 raise UserError("call", self.explain(exc)) from exc
         return flat, notes
 
-    def context_module(self, ctx: dict[str, Any], variant: str) -> ModuleType:
+    def context_module(
+        self, ctx: dict[str, Any], request: dict[str, Any], variant: str
+    ) -> ModuleType:
         """Return the module in whose namespace a context's with-items are evaluated."""
+        if ctx["module"]["file"] == request["target"]["file"]:
+            return self.target(request, variant)[0]
         try:
             return self.load(ctx["module"], variant)
         except BaseException as exc:
@@ -190,8 +206,7 @@ class Worker:
         from .references import reference
 
         errors: list[str] = []
-        first = ""
-        stage = "inputs"
+        furthest: UserError | None = None
         for name in request["references"]:
             with reference(name):
                 try:
@@ -200,13 +215,14 @@ class Worker:
                     return {"ok": False, "stage": exc.stage, "error": str(exc), "no_inputs": True}
                 except UserError as exc:
                     errors.append(f"{name}: {exc}")
-                    first = first or str(exc)
-                    stage = exc.stage
+                    if furthest is None or STAGES.index(exc.stage) > STAGES.index(furthest.stage):
+                        furthest = exc
                     continue
             if errors:
                 reply["reference_errors"] = errors
             return reply
-        return {"ok": False, "stage": stage, "error": first, "errors": errors}
+        stage, error = (furthest.stage, str(furthest)) if furthest else ("inputs", "no reference")
+        return {"ok": False, "stage": stage, "error": error, "errors": errors}
 
     def attempt(self, request: dict[str, Any], variant: str) -> dict[str, Any]:
         from .hostify import flat_shapes, shapes
