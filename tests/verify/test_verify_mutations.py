@@ -26,10 +26,21 @@ RANK_CASES = [
     Case(f"idiomatic_{name}", pmapped(body), idiomatic(body), FAILED, why)
     for name, (body, why) in RANK.items()
 ] + [
-    Case(f"faithful_{name}", pmapped(body), faithful(body), VERIFIED)
+    Case(f"faithful_{name}", pmapped(body), faithful(body), VERIFIED, alternative=idiomatic(body))
     for name, (body, _) in RANK.items()
     if name in {"divide_by_len", "outer", "scalar_sum"}
 ]
+# When the body ignores the extra axis, the idiomatic form is offered (it verifies too).
+ELEMENTWISE = "return jnp.tanh(x) * 2 + 1"
+RANK_CASES.append(
+    Case(
+        "faithful_elementwise",
+        pmapped(ELEMENTWISE),
+        faithful(ELEMENTWISE),
+        VERIFIED,
+        alternative=idiomatic(ELEMENTWISE),
+    )
+)
 
 PSUM = 'return lax.psum(x, "i")'
 OUT_AXES_CASES = [
@@ -566,3 +577,12 @@ def test_the_mesh_size_comes_from_the_calls(verdicts: dict) -> None:
     assert details["mapped_axis_size"] == 4
     assert details["mesh_hint"] == "the calls map 4 of 8 devices: the mesh needs 4"
     assert "mesh_hint" not in verdicts["faithful_divide_by_len"].details
+
+
+def test_the_idiomatic_alternative_is_verified_only_where_it_is_right(verdicts: dict) -> None:
+    offered = verdicts["faithful_elementwise"].details["alternative"]
+    assert offered["status"] == "verified", offered
+    for name in ("divide_by_len", "outer", "scalar_sum"):
+        refused = verdicts[f"faithful_{name}"].details["alternative"]
+        assert refused["status"] == "failed", (name, refused)
+    assert "alternative" not in verdicts["idiomatic_outer"].details

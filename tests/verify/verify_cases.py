@@ -72,6 +72,7 @@ class Case:
     site_name: str = "pmap"
     reference: str = "original"
     baseline: str | None = None
+    alternative: str | None = None
 
     @property
     def path(self) -> str:
@@ -85,8 +86,14 @@ class Case:
 
     def request(self) -> VerifyRequest:
         site = self.site()
+        alternatives = {site.key: self.alternative} if self.alternative else {}
         return VerifyRequest(
-            self.path, self.original, self.candidate, (site,), baseline=self.baseline
+            self.path,
+            self.original,
+            self.candidate,
+            (site,),
+            baseline=self.baseline,
+            alternatives=alternatives,
         )
 
 

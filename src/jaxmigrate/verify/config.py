@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +55,9 @@ class VerifyRequest:
     verifier uses it to drop failed sites and re-verify the rest as they will be written.
     `baseline`, when given, is the original with only its safe sites rewritten: the reference
     when the original itself no longer runs (say, it imports a module JAX removed).
+    `alternatives[key]` is `candidate` with site `key` in another form (the idiomatic pmap
+    rewrite, body unchanged); when the emitted form verifies, the alternative is verified too
+    and the verdict's details say how it went (`alternative`: site, status, reason).
     """
 
     path: str
@@ -63,6 +66,7 @@ class VerifyRequest:
     sites: tuple[Site, ...]
     rewrite: Callable[[frozenset[str]], str] | None = None
     baseline: str | None = None
+    alternatives: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,28 @@ def run_rounds(
     return verdicts
 
 
+def try_alternatives(
+    run: Run, requests: Sequence[VerifyRequest], plans: Sequence[Plan], verdicts: dict[str, Verdict]
+) -> None:
+    """Verify the offered alternative of each site verified in the first round, in place."""
+    chosen: dict[str, tuple[str, str]] = {}
+    for plan in plans:
+        verdict = verdicts[plan.id]
+        offered = [s.key for s in plan.sites if s.key in plan.request.alternatives]
+        if offered and verdict.status is Status.VERIFIED and "round" not in verdict.details:
+            chosen[plan.id] = (offered[0], plan.request.alternatives[offered[0]])
+    tasks = []
+    for plan in plans:
+        if plan.id in chosen:
+            texts = {plan.path: chosen[plan.id][1]}
+            tasks += tasks_for(run, [plan], texts, sources(run.config, requests, texts))
+    for plan_id, outcome in run.run_tasks(tasks).items():
+        alternative = {"site": chosen[plan_id][0], "status": str(outcome.status)}
+        alternative["reason"] = outcome.reason
+        details = {**verdicts[plan_id].details, "alternative": alternative}
+        verdicts[plan_id] = replace(verdicts[plan_id], details=details)
+
+
 def with_round(verdict: Verdict, number: int) -> Verdict:
     return (
         verdict if number == 1 else replace(verdict, details={**verdict.details, "round": number})
@@ -231,6 +253,7 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
         with lanes_for(config, ws, count) as lanes:
             run = Run(config, ws, lanes, recording)
             by_plan = run_rounds(run, requests, plans)
+            try_alternatives(run, requests, plans, by_plan)
     for plan in plans:
         verdict = by_plan[plan.id]
         if recording.note:
