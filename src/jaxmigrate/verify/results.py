@@ -50,7 +50,7 @@ def request_for(
 ) -> VerifyRequest:
     """Return the verification request of one migrated file."""
     old = result.old_text or ""
-    safe = frozenset(s.key for s in result.sites if s.safety is Safety.SAFE)
+    safe = safe_alone(result.sites)
     return VerifyRequest(
         path=relpath,
         original=old,
@@ -59,6 +59,12 @@ def request_for(
         rewrite=lambda keys: render(old, result.path, options, keys, passes),
         baseline=render(old, result.path, options, safe, passes) if safe else None,
     )
+
+
+def safe_alone(sites: Sequence[Site]) -> frozenset[str]:
+    """Return the keys of safe sites that can be applied alone (no unsafe site in their group)."""
+    tied = {s.group for s in sites if s.group is not None and s.safety is Safety.UNSAFE}
+    return frozenset(s.key for s in sites if s.safety is Safety.SAFE and s.group not in tied)
 
 
 def needs_verifying(result: FileResult) -> bool:

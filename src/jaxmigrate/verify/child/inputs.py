@@ -134,6 +134,8 @@ def synthesized(fn: Callable[..., Any], structure: dict[str, Any], devices: int)
     params = positional_params(fn)
     if params is None or structure.get("statics"):
         return []
+    if not params:
+        return [((), {})]
     if structure.get("kind") == "pmap":
         return pmap_candidates(params, structure, devices)
     rng = np.random.default_rng(0)

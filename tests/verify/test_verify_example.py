@@ -1,0 +1,61 @@
+"""The bundled example project through the real passes and the verifier (the issue's criterion).
+
+With `--verify-with run_all.py` every unsafe site verifies and is applied; without any inputs the
+sites whose targets need arguments stay unverified, unapplied, with the hint.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxmigrate.engine import Options, process_file
+from jaxmigrate.model import FileResult, Safety, Status
+from jaxmigrate.verify import VerifyConfig, verify_results
+
+pytestmark = pytest.mark.jax
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "legacy_project"
+
+
+def migrated(root: Path, verify_with: str | None) -> list[FileResult]:
+    options = Options()
+    results = [process_file(p, options) for p in sorted((root / "legacy_project").glob("*.py"))]
+    config = VerifyConfig(root=root, verify_with=verify_with, timeout=120.0, jobs=1)
+    return verify_results(results, options, config)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "legacy_project"
+    shutil.copytree(EXAMPLE, root)
+    return root
+
+
+def unsafe(results: list[FileResult]) -> dict[tuple[str, int], object]:
+    return {
+        (Path(r.path).name, s.line): s
+        for r in results
+        for s in r.sites
+        if s.safety is Safety.UNSAFE
+    }
+
+
+def test_recorded_inputs_verify_every_unsafe_site(project: Path) -> None:
+    sites = unsafe(migrated(project, f"{sys.executable} run_all.py"))
+    assert sites, "the passes found no unsafe site in the example"
+    for where, site in sites.items():
+        assert site.status is Status.VERIFIED, (where, site.details)
+        assert site.applied, where
+
+
+def test_without_inputs_sites_needing_arguments_stay_unapplied(project: Path) -> None:
+    results = migrated(project, None)
+    sites = unsafe(results)
+    step = sites[("train.py", 15)]
+    assert step.status is Status.UNVERIFIED and not step.applied
+    assert "--verify-with" in step.details["verification"]
+    train = next(r for r in results if r.path.endswith("train.py"))
+    assert train.new_text is not None and "@functools.partial(jax.pmap" in train.new_text
