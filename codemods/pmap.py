@@ -417,12 +417,15 @@ class Survey(cst.CSTVisitor):
         self.rebound: set[str] = set()  # names bound by anything but a `def`
         self.strings: set[str] = set()
         self._stack: list[cst.CSTNode] = []
+        self._paths = names.paths_to((PMAP,))  # the nodes leading to a use, when known
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         parent = self._stack[-1] if self._stack else None
         is_ref = isinstance(node, cst.Attribute) or (
             isinstance(node, cst.Name) and _is_load(node, parent)
         )
+        if self._paths is not None and id(node) not in self._paths:
+            is_ref = False
         if is_ref and self.names.qualified_name(node) == PMAP:  # type: ignore[arg-type]
             self.refs.append((node, tuple(self._stack)))  # type: ignore[arg-type]
         self._note(node)
