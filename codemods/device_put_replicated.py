@@ -66,12 +66,13 @@ from libcst.helpers import parse_template_expression
 from libcst.metadata import PositionProvider
 
 from jaxmigrate.cstutil import (
+    AncestorTracking,
     Bindings,
     fit_call,
     fresh_name,
+    is_read,
     is_reusable,
     jnp_ref,
-    loads,
     make_leading_axis_sharding,
     names_in,
 )
@@ -89,7 +90,7 @@ STRAY = (
 MESSAGE = "`jax.device_put_replicated` was removed in JAX 0.10: use `jax.device_put`"
 
 
-class DevicePutReplicated(Pass):
+class DevicePutReplicated(AncestorTracking, Pass):
     """Rewrite the removed `jax.device_put_replicated` as `jax.device_put` with a `NamedSharding`."""
 
     NAME: ClassVar[str] = "device-put-replicated"
@@ -101,15 +102,46 @@ class DevicePutReplicated(Pass):
 
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
-        self.bindings: Bindings | None = None
-        self.lines: list[str] = []
+        self._tree: cst.Module | None = None
+        self._bindings: Bindings | None = None
+        self._lines: list[str] | None = None
+
+    @property
+    def bindings(self) -> Bindings:
+        """Where every name of the module is bound (built on first use)."""
+        if self._bindings is None:
+            assert self._tree is not None
+            self._bindings = Bindings.of(self._tree)
+        return self._bindings
+
+    def line_of(self, node: cst.CSTNode) -> str:
+        """Return the source line `node` starts on."""
+        if self._lines is None:
+            assert self._tree is not None
+            self._lines = self._tree.code.splitlines()
+        return self._lines[self.get_metadata(PositionProvider, node).start.line - 1]
 
     def visit_Module(self, node: cst.Module) -> None:
-        self.bindings = Bindings.of(node)
-        self.lines = node.code.splitlines()
-        for ref, parents in loads(node):
-            if self.qualname(ref) == LEGACY and not _called(ref, parents[-1]):
-                self.skip(ref, STRAY)
+        self._tree = node
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self._check_use(node)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self._check_use(node)
+
+    def _check_use(self, node: cst.Name | cst.Attribute) -> None:
+        parent = self.ancestors[-1] if self.ancestors else None
+        if not is_read(node, parent) or self.qualname(node) != LEGACY:
+            return
+        if not (isinstance(parent, cst.Call) and parent.func is node):
+            self.skip(node, STRAY)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if self.qualname(original_node.func) != LEGACY:
@@ -126,7 +158,6 @@ class DevicePutReplicated(Pass):
 
     def _why_not(self, call: cst.Call) -> str | None:
         """Return why this call is left alone, or None to rewrite it."""
-        assert self.bindings is not None
         args = call.args
         if any(a.star for a in args):
             return "`*args` / `**kwargs`: which parameters they fill is not known"
@@ -142,7 +173,6 @@ class DevicePutReplicated(Pass):
         return None
 
     def _rewrite(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        assert self.bindings is not None
         x, devices = updated.args
         jnp = jnp_ref(self, self.bindings)
         leaf = fresh_name(("a", "leaf", "arr"), names_in(devices.value) | names_in(jnp) | {"len"})
@@ -159,12 +189,7 @@ class DevicePutReplicated(Pass):
             func=self.jax_attr("device_put"),
             args=[_positional(x, stacked), _positional(devices, sharding)],
         )
-        line = self.get_metadata(PositionProvider, original).start.line
-        return fit_call(updated, new, self.lines[line - 1])
-
-
-def _called(ref: cst.BaseExpression, parent: cst.CSTNode) -> bool:
-    return isinstance(parent, cst.Call) and parent.func is ref
+        return fit_call(updated, new, self.line_of(original))
 
 
 def _positional(arg: cst.Arg, value: cst.BaseExpression) -> cst.Arg:

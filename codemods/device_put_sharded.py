@@ -71,11 +71,12 @@ from libcst.helpers import parse_template_expression
 from libcst.metadata import PositionProvider
 
 from jaxmigrate.cstutil import (
+    AncestorTracking,
     Bindings,
     fit_call,
     fresh_name,
+    is_read,
     jnp_ref,
-    loads,
     make_leading_axis_sharding,
     names_in,
 )
@@ -92,7 +93,7 @@ STRAY = (
 MESSAGE = "`jax.device_put_sharded` was removed in JAX 0.10: use `jax.device_put`"
 
 
-class DevicePutSharded(Pass):
+class DevicePutSharded(AncestorTracking, Pass):
     """Rewrite the removed `jax.device_put_sharded` as `jax.device_put` with a `NamedSharding`."""
 
     NAME: ClassVar[str] = "device-put-sharded"
@@ -104,15 +105,46 @@ class DevicePutSharded(Pass):
 
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
-        self.bindings: Bindings | None = None
-        self.lines: list[str] = []
+        self._tree: cst.Module | None = None
+        self._bindings: Bindings | None = None
+        self._lines: list[str] | None = None
+
+    @property
+    def bindings(self) -> Bindings:
+        """Where every name of the module is bound (built on first use)."""
+        if self._bindings is None:
+            assert self._tree is not None
+            self._bindings = Bindings.of(self._tree)
+        return self._bindings
+
+    def line_of(self, node: cst.CSTNode) -> str:
+        """Return the source line `node` starts on."""
+        if self._lines is None:
+            assert self._tree is not None
+            self._lines = self._tree.code.splitlines()
+        return self._lines[self.get_metadata(PositionProvider, node).start.line - 1]
 
     def visit_Module(self, node: cst.Module) -> None:
-        self.bindings = Bindings.of(node)
-        self.lines = node.code.splitlines()
-        for ref, parents in loads(node):
-            if self.qualname(ref) == LEGACY and not _called(ref, parents[-1]):
-                self.skip(ref, STRAY)
+        self._tree = node
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self._check_use(node)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self._check_use(node)
+
+    def _check_use(self, node: cst.Name | cst.Attribute) -> None:
+        parent = self.ancestors[-1] if self.ancestors else None
+        if not is_read(node, parent) or self.qualname(node) != LEGACY:
+            return
+        if not (isinstance(parent, cst.Call) and parent.func is node):
+            self.skip(node, STRAY)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if self.qualname(original_node.func) != LEGACY:
@@ -147,7 +179,6 @@ class DevicePutSharded(Pass):
 
     def _placed_per_device(self, shards: cst.BaseExpression) -> bool:
         """Return True if `shards` (or any value assigned to that name) calls `device_put(x, d)`."""
-        assert self.bindings is not None
         found = [shards]
         if isinstance(shards, cst.Name):
             found.extend(self.bindings.values(shards.value))
@@ -159,7 +190,6 @@ class DevicePutSharded(Pass):
         )
 
     def _rewrite(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        assert self.bindings is not None
         shards, devices = updated.args
         jnp = jnp_ref(self, self.bindings)
         leaves = fresh_name(("xs", "leaves", "shard"), names_in(jnp) | names_in(shards.value))
@@ -175,12 +205,7 @@ class DevicePutSharded(Pass):
             func=self.jax_attr("device_put"),
             args=[_positional(shards, stacked), _positional(devices, sharding)],
         )
-        line = self.get_metadata(PositionProvider, original).start.line
-        return fit_call(updated, new, self.lines[line - 1])
-
-
-def _called(ref: cst.BaseExpression, parent: cst.CSTNode) -> bool:
-    return isinstance(parent, cst.Call) and parent.func is ref
+        return fit_call(updated, new, self.line_of(original))
 
 
 def _positional(arg: cst.Arg, value: cst.BaseExpression) -> cst.Arg:

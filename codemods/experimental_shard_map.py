@@ -72,7 +72,15 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.metadata import PositionProvider
 
-from jaxmigrate.cstutil import Bindings, fit_call, loads, parenthesized, with_keyword
+from jaxmigrate.cstutil import (
+    AncestorTracking,
+    Bindings,
+    enclosing_scopes,
+    fit_call,
+    is_read,
+    parenthesized,
+    with_keyword,
+)
 from jaxmigrate.model import Safety
 from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
@@ -82,16 +90,6 @@ PARTIAL = "functools.partial"
 PARAMS = ("f", "mesh", "in_specs", "out_specs", "check_rep", "auto")
 RENAMED = {"check_rep": "check_vma"}
 REQUIRED = ("mesh", "in_specs", "out_specs")
-SCOPES = (
-    cst.Module,
-    cst.ClassDef,
-    cst.FunctionDef,
-    cst.Lambda,
-    cst.ListComp,
-    cst.SetComp,
-    cst.GeneratorExp,
-    cst.DictComp,
-)
 MESH_MAKERS = frozenset(
     {
         "jax.sharding.Mesh",
@@ -116,7 +114,7 @@ class Skip(Exception):
     """A call this pass leaves alone; the message is the reason."""
 
 
-class ExperimentalShardMap(Pass):
+class ExperimentalShardMap(AncestorTracking, Pass):
     """Rewrite `jax.experimental.shard_map.shard_map` as `jax.shard_map`."""
 
     NAME: ClassVar[str] = "experimental-shard-map"
@@ -128,50 +126,54 @@ class ExperimentalShardMap(Pass):
 
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
-        self.bindings: Bindings | None = None
+        self._tree: cst.Module | None = None
+        self._bindings: Bindings | None = None
+        self._lines: list[str] | None = None
         self.decorators: set[int] = set()
-        self.scopes: list[cst.CSTNode] = []
-        self.in_decorator = 0
-        self.lines: list[str] = []
+
+    @property
+    def bindings(self) -> Bindings:
+        """Where every name of the module is bound (built on first use)."""
+        if self._bindings is None:
+            assert self._tree is not None
+            self._bindings = Bindings.of(self._tree)
+        return self._bindings
+
+    def line_of(self, node: cst.CSTNode) -> str:
+        """Return the source line `node` starts on."""
+        if self._lines is None:
+            assert self._tree is not None
+            self._lines = self._tree.code.splitlines()
+        return self._lines[self.get_metadata(PositionProvider, node).start.line - 1]
 
     # Finding ------------------------------------------------------------------------------
     def visit_Module(self, node: cst.Module) -> None:
-        self.bindings = Bindings.of(node)
-        self.lines = node.code.splitlines()
-        for ref, parents in loads(node):
-            if self.qualname(ref) == LEGACY and not self._handled(ref, parents):
-                self.skip(ref, STRAY_DECORATOR if isinstance(parents[-1], cst.Decorator) else STRAY)
+        self._tree = node
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         for deco in node.decorators:
             if isinstance(deco.decorator, cst.Call) and self._is_partial(deco.decorator):
                 self.decorators.add(id(deco.decorator))
 
-    def visit_Decorator(self, node: cst.Decorator) -> None:
-        self.in_decorator += 1
+    def visit_Name(self, node: cst.Name) -> None:
+        self._check_use(node)
 
-    def leave_Decorator(
-        self, original_node: cst.Decorator, updated_node: cst.Decorator
-    ) -> cst.Decorator:
-        self.in_decorator -= 1
-        return updated_node
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self._check_use(node)
 
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, SCOPES):
-            self.scopes.append(node)
-        return super().on_visit(node)
-
-    def on_leave(
-        self, original_node: cst.CSTNodeT, updated_node: cst.CSTNodeT
-    ) -> cst.CSTNodeT | cst.RemovalSentinel | cst.FlattenSentinel[cst.CSTNodeT]:
-        out = super().on_leave(original_node, updated_node)
-        if isinstance(original_node, SCOPES):
-            self.scopes.pop()
-        return out
-
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+    def _check_use(self, node: cst.Name | cst.Attribute) -> None:
+        parent = self.ancestors[-1] if self.ancestors else None
+        if not is_read(node, parent) or self.qualname(node) != LEGACY:
             return
+        if not self._handled(node, self.ancestors):
+            self.skip(node, STRAY_DECORATOR if isinstance(parent, cst.Decorator) else STRAY)
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+            return False
         module = dotted(node.module)
         for alias in node.names:
             if f"{module}.{dotted(alias.name)}" not in (LEGACY, LEGACY.rpartition(".")[0]):
@@ -183,6 +185,7 @@ class ExperimentalShardMap(Pass):
                     f"`{bound.value}` is also bound to something else (e.g. a "
                     "try/except ImportError fallback): its calls are left alone",
                 )
+        return False
 
     def _handled(self, ref: cst.BaseExpression, parents: Sequence[cst.CSTNode]) -> bool:
         """Return True for a call `shard_map(...)`, `partial(shard_map, ...)`, or `x = shard_map`
@@ -222,8 +225,7 @@ class ExperimentalShardMap(Pass):
         if not self.site(original_node, MESSAGE):
             return updated_node
         self._drop(legacy)
-        line = self.get_metadata(PositionProvider, original_node).start.line
-        return fit_call(updated_node, new(), self.lines[line - 1])
+        return fit_call(updated_node, new(), self.line_of(original_node))
 
     def _rewrite_call(self, original: cst.Call, updated: cst.Call) -> _Thunk:
         args = self._keywords(original.args, updated.args, needs_f=True)
@@ -301,7 +303,6 @@ class ExperimentalShardMap(Pass):
             return lambda arg: cst.Set([cst.Element(s) for s in manual])
         if not isinstance(mesh, (cst.Name, cst.Attribute)) or dotted(mesh) is None:
             raise Skip("`auto=` needs the mesh twice and the mesh is not a plain name")
-        assert self.bindings is not None
         if self.bindings.bound("frozenset"):
             raise Skip("`frozenset` is rebound in this file")
         return lambda arg: cst.BinaryOperation(
@@ -312,7 +313,6 @@ class ExperimentalShardMap(Pass):
 
     def _literal_names(self, node: cst.BaseExpression) -> set[str] | None:
         """Return the names in `{"y"}` / `frozenset({"y"})` / `frozenset()`, else None."""
-        assert self.bindings is not None
         if isinstance(node, cst.Call) and dotted(node.func) in ("frozenset", "set"):
             if self.bindings.bound(dotted(node.func) or "") or any(a.keyword for a in node.args):
                 return None
@@ -332,10 +332,8 @@ class ExperimentalShardMap(Pass):
         self, node: cst.BaseExpression, follow: bool = True
     ) -> list[cst.SimpleString] | None:
         """Return the axis-name literals of a mesh built in view, else None."""
-        assert self.bindings is not None
         if isinstance(node, cst.Name) and follow:
-            # A decorator runs in the scope around the function it decorates.
-            scopes = self.scopes[:-1] if self.in_decorator else self.scopes
+            scopes = enclosing_scopes(self.ancestors)
             binding = self.bindings.assignment_seen_from(node.value, scopes)
             if binding is None or binding.value is None:
                 return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import libcst as cst
 from libcst.codemod.visitors import AddImportsVisitor
@@ -423,40 +424,66 @@ def fit_call(old: cst.Call, new: cst.Call, line: str, width: int = 100) -> cst.C
     return one_arg_per_line(new, line[: len(line) - len(line.lstrip())])
 
 
-class _Loads(cst.CSTVisitor):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stack: list[cst.CSTNode] = []
-        self.found: list[tuple[cst.BaseExpression, tuple[cst.CSTNode, ...]]] = []
+def is_read(node: cst.Name | cst.Attribute, parent: cst.CSTNode | None) -> bool:
+    """Return True if `node`, a child of `parent`, reads a variable: not an attribute name, a
+    keyword, a parameter, a definition's name, a `global` name or an assignment target."""
+    if isinstance(parent, cst.Attribute):
+        return node is parent.value
+    if isinstance(parent, cst.Arg):
+        return node is not parent.keyword
+    if isinstance(parent, cst.Param):
+        return node is not parent.name
+    return not isinstance(
+        parent,
+        (
+            cst.FunctionDef,
+            cst.ClassDef,
+            cst.NameItem,
+            cst.AssignTarget,
+            cst.ImportAlias,
+            cst.AsName,
+        ),
+    )
+
+
+class AncestorTracking(cst.CSTTransformer):
+    """Transformer mixin: while `visit_X(node)` runs, `self.ancestors` holds the nodes around
+    `node`, outermost first (its parent last). Put it before `Pass` in the bases."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ancestors: list[cst.CSTNode] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, (cst.Import, cst.ImportFrom)):
+        if not super().on_visit(node):
             return False
-        if isinstance(node, (cst.Name, cst.Attribute)) and self._is_read(node):
-            self.found.append((node, tuple(self.stack)))
-        self.stack.append(node)
+        self.ancestors.append(node)
         return True
 
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        if self.stack and self.stack[-1] is original_node:
-            self.stack.pop()
-
-    def _is_read(self, node: cst.Name | cst.Attribute) -> bool:
-        parent = self.stack[-1] if self.stack else None
-        if isinstance(parent, cst.Attribute):
-            return node is parent.value
-        if isinstance(parent, cst.Arg):
-            return node is not parent.keyword
-        if isinstance(parent, cst.Param):
-            return node is not parent.name
-        return not isinstance(
-            parent, (cst.FunctionDef, cst.ClassDef, cst.NameItem, cst.AssignTarget)
-        )
+    def on_leave(self, original_node: cst.CSTNodeT, updated_node: cst.CSTNodeT) -> Any:
+        if self.ancestors and self.ancestors[-1] is original_node:
+            self.ancestors.pop()
+        return super().on_leave(original_node, updated_node)
 
 
-def loads(module: cst.Module) -> list[tuple[cst.BaseExpression, tuple[cst.CSTNode, ...]]]:
-    """Return every Name and Attribute `module` reads (not attribute names, keywords, import
-    names, definitions or assignment targets), each with its ancestors, outermost first."""
-    walker = _Loads()
-    module.visit(walker)
-    return walker.found
+SCOPE_NODES = (
+    cst.Module,
+    cst.ClassDef,
+    cst.FunctionDef,
+    cst.Lambda,
+    cst.ListComp,
+    cst.SetComp,
+    cst.GeneratorExp,
+    cst.DictComp,
+)
+
+
+def enclosing_scopes(ancestors: Sequence[cst.CSTNode]) -> list[cst.CSTNode]:
+    """Return the scopes a name read below `ancestors` is looked up in, outermost first (a
+    decorator belongs to the scope around the function or class it decorates)."""
+    scopes: list[cst.CSTNode] = []
+    for i, node in enumerate(ancestors):
+        decorating = i + 1 < len(ancestors) and isinstance(ancestors[i + 1], cst.Decorator)
+        if isinstance(node, SCOPE_NODES) and not decorating:
+            scopes.append(node)
+    return scopes
