@@ -44,9 +44,9 @@ mesh, where axis names do not constrain later use).
   `jax.devices()` / `jax.local_devices()` call): the rewrite evaluates it twice. Bind it to a name
   first.
 - `*args` / `**kwargs`, missing or unknown arguments, keywords in reverse order.
-- Any other use of `jax.device_put_replicated` (passed as a value, stored, aliased): the name no longer
-  exists, so such a line fails; it is reported for a hand edit (calls through a plain alias
-  `put = jax.device_put_replicated` are rewritten where they are).
+- Any other use of `jax.device_put_replicated` (passed as a value, stored, aliased): the name
+  no longer exists, so such a line fails; it is reported for a hand edit (calls through a plain
+  alias `put = jax.device_put_replicated` are rewritten where they are).
 - `len` rebound in the file; a function of your own called `device_put_replicated`, and the
   private `jax._src.api.device_put_replicated`, which still exists.
 
@@ -167,7 +167,10 @@ class DevicePutReplicated(AncestorTracking, Pass):
         if names != PARAMS:
             return f"arguments {', '.join(names) or '(none)'}: expected (x, devices) in order"
         if not is_reusable(args[1].value, lambda c: self.qualname(c.func) in PURE_CALLS):
-            return "`devices` is not a plain expression and the rewrite uses it twice: bind it to a name first"
+            return (
+                "`devices` is not a plain expression and the rewrite uses it twice: "
+                "bind it to a name first"
+            )
         if self.bindings.bound("len"):
             return "`len` is rebound in this file"
         return None

@@ -33,9 +33,9 @@ unused are removed and `import jax` is added when missing.
 endpoint computed it (`frozenset(mesh.axis_names) - auto`). When `A` is a literal set of names
 and the mesh's axis names are visible (the mesh is built inline, or is a name whose only
 assignment, in the scope the name resolves to, is `mesh = Mesh(..., ("x", "y"))` or
-`jax.make_mesh(..., ("x", "y"))`), the complement is written out: `axis_names={"x"}`. Otherwise it is
-computed at run time: `axis_names=frozenset(mesh.axis_names) - A`, which needs the mesh to be a
-plain name or attribute (it is then read twice). `auto=frozenset()` is dropped.
+`jax.make_mesh(..., ("x", "y"))`), the complement is written out: `axis_names={"x"}`.
+Otherwise it is computed at run time, `axis_names=frozenset(mesh.axis_names) - A`, which needs
+the mesh to be a plain name or attribute (it is then read twice). `auto=frozenset()` is dropped.
 
 ## Safety
 safe: `jax.experimental.shard_map.shard_map(f, mesh, in_specs, out_specs, check_rep)` is, in

@@ -54,9 +54,12 @@ class Bindings(cst.CSTVisitor):
         return any(not isinstance(b.scope, cst.Module) for b in self.by_name.get(name, ()))
 
     def assignment_seen_from(self, name: str, scopes: Sequence[cst.CSTNode]) -> Binding | None:
-        """Return the plain `name = value` that a read of `name` inside `scopes` (the enclosing
-        module, classes, functions, lambdas and comprehensions, outermost first) sees, if it is the only binding
-        of `name` in the scope that owns it; None when that is not certain."""
+        """Return the plain `name = value` a read of `name` inside `scopes` sees.
+
+        `scopes` are the module, classes, functions, lambdas and comprehensions around the read,
+        outermost first. None unless that assignment is the only binding of `name` in the scope
+        that owns it (and no `global` / `nonlocal` or star import could change that).
+        """
         found = self.by_name.get(name, [])
         if self.star_import or name in self.declared:
             return None
