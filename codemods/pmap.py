@@ -98,6 +98,11 @@ or `pmap` imported by name, at module level or in a function. Arguments:
 - `jax.pmap(jax.pmap(f, axis_name="j"), axis_name="i")` and two stacked pmap decorators become one
   shard_map over a 2-D mesh `("i", "j")` (nested pmap no longer runs on JAX 0.10.2).
 
+The body is never rewritten into the "idiomatic" shard_map form (seeing a size-1 block): whether
+a body is indifferent to that extra axis cannot be proven from its text in general (it calls
+other functions), and the per-device form costs nothing to keep: the squeeze and expand are free
+in XLA, and `jax.jit` dispatches faster than pmap did (`benchmarks/pmap_step.py`).
+
 ## Safety
 unsafe. The per-device form keeps each body's meaning, but the program around it changes: `jit`
 (not pmap) now places inputs, so inputs already sharded differently are resharded instead of
@@ -116,14 +121,19 @@ multi-process platforms the function now takes global arrays, not per-host ones.
 - Calls with `*args`/`**kwargs`, unknown keywords, more positional arguments than pmap takes, or
   `fun=` by keyword; `functools.partial(jax.pmap, ...)` kept as a value and `jax.pmap` passed
   around as a value (its calls are not visible).
-- Nested pmap that is not visible in one expression or one def (a pmapped function whose body, or
-  whose callee, is pmapped elsewhere), or whose levels take other arguments than `axis_name`.
+- `functools.partial(jax.pmap, ...)` binding positional arguments (they would fill `fun`).
+- Nested pmap that is not visible in one expression or one def (a pmapped function whose body
+  pmaps again, `jax.pmap(g)` of a `g` pmapped in another statement), whose levels take other
+  arguments than `axis_name` (and `donate_argnums` outside), or that is three levels deep; pmap
+  decorators that are not adjacent.
+- Every site of a module where `shard_map_per_device` already names something else.
 
 ## Verification
 The fixtures run each original (or, for nested pmap, the nested-`vmap` oracle) and its rewrite in
 separate processes on an 8-device CPU mesh and compare outputs: rank-sensitive bodies, PRNG keys,
 `out_axes=None`, static arguments, 4 of 8 devices, kwargs, nested pmap and `pure_callback` in the
-body. Each site is verified the same way on the user's own inputs by `jaxmigrate run`.
+body, and `check_vma` traps (a gradient of a closed-over value, a `lax.scan` with a replicated
+initial carry). `jaxmigrate run` verifies each site the same way on the user's own inputs.
 """
 
 from __future__ import annotations
@@ -406,6 +416,9 @@ def _bound_names(target: cst.CSTNode) -> set[str]:
 TARGETED = (cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor, cst.NamedExpr)
 
 
+SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
+
+
 class Survey(cst.CSTVisitor):
     """One walk over a module: each `jax.pmap` reference with its ancestors, and context."""
 
@@ -416,6 +429,7 @@ class Survey(cst.CSTVisitor):
         self.defs: dict[str, list[cst.FunctionDef]] = {}
         self.rebound: set[str] = set()  # names bound by anything but a `def`
         self.strings: set[str] = set()
+        self.local: set[str] = set()  # names bound in a function or class (may shadow)
         self._stack: list[cst.CSTNode] = []
         self._paths = names.paths_to((PMAP,))  # the nodes leading to a use, when known
 
@@ -436,18 +450,22 @@ class Survey(cst.CSTVisitor):
         self._stack.pop()
 
     def _note(self, node: cst.CSTNode) -> None:
+        bound: set[str] = set()
         if isinstance(node, cst.FunctionDef):
             self.defs.setdefault(node.name.value, []).append(node)
         elif isinstance(node, cst.SimpleString):
             self.strings.add(str(node.evaluated_value))
         elif isinstance(node, (cst.Param, cst.ClassDef)):
-            self.rebound.add(node.name.value)
+            bound = {node.name.value}
         elif isinstance(node, cst.ImportAlias):
-            self.rebound.add(str(node.evaluated_alias or node.evaluated_name).split(".")[0])
+            bound = {str(node.evaluated_alias or node.evaluated_name).split(".")[0]}
         elif isinstance(node, cst.AsName):
-            self.rebound |= _bound_names(node.name)
+            bound = _bound_names(node.name)
         elif isinstance(node, TARGETED):
-            self.rebound |= _bound_names(node.target)
+            bound = _bound_names(node.target)
+        self.rebound |= bound
+        if bound and any(isinstance(n, SCOPES) for n in self._stack):
+            self.local |= bound
 
 
 @dataclass
@@ -679,7 +697,7 @@ class Pmap(Pass):
         """Return the name a site's result is bound to (`f = jax.pmap(g)`, `@jax.pmap def f`)."""
         if isinstance(site.node, cst.Decorator) and isinstance(site.mapped, cst.FunctionDef):
             return site.mapped.name.value
-        parent = site.ancestors[-1]
+        parent = site.ancestors[-2] if len(site.ancestors) > 1 else None  # [-1] is the call
         if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
             target = parent.targets[0].target
             return target.value if isinstance(target, cst.Name) else None
@@ -816,11 +834,12 @@ class Pmap(Pass):
 
     def _spec_ref(self) -> tuple[cst.BaseExpression, tuple[str, str, str | None] | None]:
         """Return how to spell `PartitionSpec` here, and the import that spelling needs."""
+        assert self.survey is not None
         local = self.resolver.module_binding(PARTITION_SPEC)
-        if local is not None:
+        if local is not None and local not in self.survey.local:
             return cst.Name(local), None
         for name, asname in (("P", "P"), ("PartitionSpec", None)):
-            if self.resolver.is_free(name):
+            if local is None and self.resolver.is_free(name):
                 return cst.Name(name), ("jax.sharding", "PartitionSpec", asname)
         jax = self.resolver.module_alias("jax") or "jax"
         return cst.parse_expression(f"{jax}.sharding.PartitionSpec"), None
