@@ -163,3 +163,21 @@ def test_forked_processes_are_gone(outcome: tuple) -> None:
     pids = outcome[3]
     assert len(pids) >= 2, "the fork cases did not fork"
     assert not [pid for pid in pids if running(pid)]
+
+
+@pytest.mark.parametrize("python", ["missing", "without_jax"])
+def test_an_interpreter_that_cannot_run_workers_leaves_sites_unverified(
+    python: str, tmp_path: Path
+) -> None:
+    fake = tmp_path / "python"
+    if python == "without_jax":
+        fake.write_text(
+            "#!/bin/sh\necho \"ModuleNotFoundError: No module named 'jax'\" >&2\nexit 1\n"
+        )
+        fake.chmod(0o755)
+    case = Case("plain", pmapped("return x * 2"), faithful("return x * 2"), UNVERIFIED)
+    verdict = verify_cases([case], tmp_path / "project", python=str(fake))["plain"]
+    assert verdict.status is UNVERIFIED
+    assert "could not start a worker" in verdict.reason
+    if python == "without_jax":
+        assert "No module named 'jax'" in verdict.reason

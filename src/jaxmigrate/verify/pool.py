@@ -29,11 +29,11 @@ TELLING = ("Fatal Python error", "Check failed", "MemoryError", "RESOURCE_EXHAUS
 
 @dataclass(frozen=True)
 class Reply:
-    """A worker's answer (`data`), or why there is none (`fault`)."""
+    """A worker's answer (`data`), or why there is none (`fault`, of kind timeout/crash/start)."""
 
     data: dict[str, Any]
     fault: str = ""
-    timed_out: bool = False
+    kind: str = ""
 
 
 def child_env(
@@ -102,6 +102,7 @@ class Worker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready = False
         self.buffer = b""
+        self.spawn_error = ""
         self.spawn()
 
     def spawn(self) -> None:
@@ -118,18 +119,23 @@ class Worker:
             "--memory",
             str(self.config.memory_limit),
         ]
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                command,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                cwd=root,
-                env=child_env(self.config, self.ws),
-                start_new_session=True,
-            )
         self.ready = False
         self.buffer = b""
+        self.spawn_error = ""
+        with self.log.open("ab") as log:
+            try:
+                self.proc = subprocess.Popen(
+                    command,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    cwd=root,
+                    env=child_env(self.config, self.ws),
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                self.proc = None
+                self.spawn_error = f"{self.config.python}: {exc.strerror or exc}"
 
     def readline(self, deadline: float) -> bytes | None:
         """Return the next line from the worker, None at EOF; raise TimeoutError at deadline."""
@@ -154,14 +160,14 @@ class Worker:
             line = self.readline(time.monotonic() + timeout)
         except TimeoutError:
             self.stop()
-            return Reply({}, f"timed out after {timeout:g} s", timed_out=True)
+            return Reply({}, f"timed out after {timeout:g} s", kind="timeout")
         if line is None:
             return self.died()
         try:
             return Reply(json.loads(line))
         except json.JSONDecodeError:
             self.stop()
-            return Reply({}, f"sent garbage: {line[:100]!r}")
+            return Reply({}, f"sent garbage: {line[:100]!r}", kind="crash")
 
     def died(self) -> Reply:
         assert self.proc is not None
@@ -171,17 +177,19 @@ class Worker:
             code = None
         self.stop()
         detail = telling_line(self.log)
-        return Reply({}, exit_reason(code) + (f": {detail}" if detail else ""))
+        return Reply({}, exit_reason(code) + (f": {detail}" if detail else ""), kind="crash")
 
     def ensure_ready(self) -> Reply | None:
         """Start the worker if needed and wait until JAX is up; return a fault, or None."""
         if self.proc is None:
             self.spawn()
+        if self.proc is None:
+            return Reply({}, f"could not start a worker: {self.spawn_error}", kind="start")
         if self.ready:
             return None
         reply = self.receive(max(STARTUP_TIMEOUT, self.config.timeout))
         if reply.fault:
-            return Reply({}, f"the {self.side} worker could not start: {reply.fault}")
+            return Reply({}, f"could not start a worker: it {reply.fault}", kind="start")
         self.ready = True
         return None
 

@@ -54,7 +54,7 @@ class Run:
     def candidate_reply(self, lane: Lane, task: Task) -> Reply:
         """Run the rewrite; a hang is retried once (simulated meshes can deadlock)."""
         reply = lane.candidate.request(task.candidate, self.config.timeout)
-        if reply.timed_out:
+        if reply.kind == "timeout":
             reply = lane.candidate.request(task.candidate, self.config.timeout)
         return reply
 
