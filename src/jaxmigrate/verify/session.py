@@ -51,6 +51,14 @@ class Run:
     recording: Recording
     originals: dict[str, Reply] = field(default_factory=dict)
 
+    def original_reply(self, lane: Lane, task: Task) -> Reply:
+        """Run the original (once per plan: later rounds reuse its outputs)."""
+        reply = self.originals.get(task.plan.id)
+        if reply is None:
+            reply = lane.original.request(task.original, self.config.timeout)
+            self.originals[task.plan.id] = reply
+        return reply
+
     def candidate_reply(self, lane: Lane, task: Task) -> Reply:
         """Run the rewrite; a hang is retried once (simulated meshes can deadlock)."""
         reply = lane.candidate.request(task.candidate, self.config.timeout)
@@ -70,10 +78,10 @@ class Run:
 
         def originals() -> None:
             for task in tasks:
-                reply = self.originals.get(task.plan.id)
-                if reply is None:
-                    reply = lane.original.request(task.original, self.config.timeout)
-                    self.originals[task.plan.id] = reply
+                try:
+                    reply = self.original_reply(lane, task)
+                except Exception as exc:  # noqa: BLE001 - never leave the candidate side waiting
+                    reply = Reply({}, f"could not be run: {type(exc).__name__}: {exc}", "crash")
                 handoff.put((task, reply))
 
         ahead = threading.Thread(target=originals, daemon=True)

@@ -353,7 +353,7 @@ def serve(worker: Worker, inp: IO[str], out: IO[str]) -> None:
             reply = {"ok": False, "stage": "worker", "error": f"worker error: {describe(exc)}"}
         if os.getpid() != pid:
             os._exit(0)
-        out.write(json.dumps(reply) + "\n")
+        out.write(json.dumps(reply, default=str) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
