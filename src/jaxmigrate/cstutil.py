@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
-from libcst.codemod.visitors import AddImportsVisitor
 
 from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
@@ -299,10 +298,7 @@ def ref_to(
         return None
     default = obj if obj is not None else module
     asname = None if local == default else local
-    scheduled = p.context.scratch.get(AddImportsVisitor.CONTEXT_KEY, [])
-    # libcst de-duplicates imports against the module, not `as` imports against each other.
-    if not any((i.module, i.obj_name, i.alias) == (module, obj, asname) for i in scheduled):
-        p.need_import(module, obj, asname=asname)
+    p.need_import(module, obj, asname=asname)
     return cst.Name(local)
 
 

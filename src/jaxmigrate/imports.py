@@ -148,3 +148,127 @@ def remove_unused_imports(module: cst.Module, candidates: Collection[str]) -> cs
     uses = _NameUses()
     module.visit(uses)
     return module.visit(_Remover(candidates, uses))
+
+
+ImportRequest = tuple[str, str | None, str | None]  # (module, obj, asname)
+
+
+def _is_import_line(stmt: cst.CSTNode) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
+    )
+
+
+def _is_docstring(stmt: cst.CSTNode) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def _existing(module: cst.Module) -> set[ImportRequest]:
+    have: set[ImportRequest] = set()
+    for stmt in module.body:
+        if not _is_import_line(stmt):
+            continue
+        assert isinstance(stmt, cst.SimpleStatementLine)
+        for imp in stmt.body:
+            if isinstance(imp, cst.Import):
+                for a in imp.names:
+                    asname = _bound_name(a) if a.asname is not None else None
+                    have.add((dotted(a.name) or "", None, asname))
+            elif isinstance(imp, cst.ImportFrom) and not isinstance(imp.names, cst.ImportStar):
+                base = dotted(imp.module) if imp.module is not None and not imp.relative else None
+                for a in imp.names:
+                    asname = _bound_name(a) if a.asname is not None else None
+                    have.add((base or "", dotted(a.name), asname))
+    return have
+
+
+def _make(request: ImportRequest) -> cst.SimpleStatementLine:
+    module, obj, asname = request
+    alias_as = cst.AsName(name=cst.Name(asname)) if asname else None
+    if obj is None:
+        node: cst.BaseSmallStatement = cst.Import(
+            names=[cst.ImportAlias(name=cst.parse_expression(module), asname=alias_as)]  # type: ignore[arg-type]
+        )
+    else:
+        node = cst.ImportFrom(
+            module=cst.parse_expression(module),  # type: ignore[arg-type]
+            names=[cst.ImportAlias(name=cst.Name(obj), asname=alias_as)],
+        )
+    return cst.SimpleStatementLine(body=[node])
+
+
+def _merge_into(
+    stmt: cst.SimpleStatementLine, extra: list[ImportRequest]
+) -> cst.SimpleStatementLine:
+    imp = stmt.body[0]
+    assert isinstance(imp, cst.ImportFrom) and not isinstance(imp.names, cst.ImportStar)
+    names = list(imp.names)
+    last = names[-1]
+    names[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    for _, obj, asname in extra:
+        assert obj is not None
+        alias_as = cst.AsName(name=cst.Name(asname)) if asname else None
+        names.append(cst.ImportAlias(name=cst.Name(obj), asname=alias_as))
+    names[-1] = names[-1].with_changes(comma=last.comma)
+    return stmt.with_changes(body=[imp.with_changes(names=names)])
+
+
+def _from_line_of(stmt: cst.CSTNode) -> str | None:
+    """Return `M` if `stmt` is exactly one plain `from M import a, b` line."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+        return None
+    imp = stmt.body[0]
+    if not isinstance(imp, cst.ImportFrom) or imp.relative or imp.module is None:
+        return None
+    if isinstance(imp.names, cst.ImportStar):
+        return None
+    return dotted(imp.module)
+
+
+def add_imports(module: cst.Module, requests: Sequence[ImportRequest]) -> cst.Module:
+    """Return `module` with the missing `requests` imported at its top.
+
+    A `from M import x` joins an existing top-level `from M import ...` line; anything else goes
+    after the top import block. Only the module's top-level statements are read, so this costs
+    nothing like libcst's `AddImportsVisitor`, which transforms the whole tree.
+    """
+    have = _existing(module)
+    missing = [r for r in dict.fromkeys(requests) if r not in have]
+    if not missing:
+        return module
+    body = list(module.body)
+    by_module: dict[str, int] = {}
+    for i, stmt in enumerate(body):
+        name = _from_line_of(stmt)
+        if name is not None:
+            by_module.setdefault(name, i)
+    rest = []
+    for index in sorted({by_module[r[0]] for r in missing if r[1] and r[0] in by_module}):
+        joining = [r for r in missing if r[1] and by_module.get(r[0]) == index]
+        statement = body[index]
+        assert isinstance(statement, cst.SimpleStatementLine)
+        body[index] = _merge_into(statement, joining)
+    rest = [r for r in missing if not (r[1] and r[0] in by_module)]
+    if not rest:
+        return module.with_changes(body=body)
+    at = 0
+    for i, stmt in enumerate(body):
+        if _is_import_line(stmt) or (i == 0 and _is_docstring(stmt)):
+            at = i + 1
+        elif at or i > 0:
+            break
+    # As libcst's AddImportsVisitor: plain imports first, then one from-import per module.
+    rest.sort(key=lambda r: (r[1] is not None, r[0], r[1] or "", r[2] or ""))
+    new = [_make(r) for r in rest if r[1] is None]
+    for name in dict.fromkeys(r[0] for r in rest if r[1] is not None):
+        group = [r for r in rest if r[0] == name and r[1] is not None]
+        new.append(_merge_into(_make(group[0]), group[1:]) if len(group) > 1 else _make(group[0]))
+    if at == 0 and body:
+        new[0] = new[0].with_changes(leading_lines=body[0].leading_lines)
+        body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine()])
+    return module.with_changes(body=[*body[:at], *new, *body[at:]])

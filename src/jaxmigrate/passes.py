@@ -15,10 +15,9 @@ from typing import Any, ClassVar
 
 import libcst as cst
 from libcst.codemod import CodemodCommand, CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from jaxmigrate.imports import remove_unused_imports
+from jaxmigrate.imports import ImportRequest, add_imports, remove_unused_imports
 from jaxmigrate.model import Safety, Site, Skip
 from jaxmigrate.names import Names
 
@@ -128,6 +127,7 @@ class Pass(CodemodCommand, cst.CSTTransformer):
         self._input: cst.Module | None = None
         self._visit_only: frozenset[int] | None = None
         self.unused_candidates: set[str] = set()
+        self.import_requests: list[ImportRequest] = []
 
     # Identity and documentation ------------------------------------------------------------
     @classmethod
@@ -186,9 +186,8 @@ class Pass(CodemodCommand, cst.CSTTransformer):
 
     def _finish(self, tree: cst.Module) -> cst.Module:
         tree = remove_unused_imports(tree, self.unused_candidates)
-        if AddImportsVisitor.CONTEXT_KEY in self.context.scratch:
-            tree = AddImportsVisitor(self.context).transform_module(tree)
-            self.context.scratch.pop(AddImportsVisitor.CONTEXT_KEY, None)
+        if self.import_requests:
+            tree = add_imports(tree, self.import_requests)
         return tree
 
     def has_candidates(self, tree: cst.Module, names: Names) -> bool:
@@ -269,7 +268,9 @@ class Pass(CodemodCommand, cst.CSTTransformer):
     # Emitting -----------------------------------------------------------------------------
     def need_import(self, module: str, obj: str | None = None, asname: str | None = None) -> None:
         """Schedule `import module` / `from module import obj` at the top of the file."""
-        AddImportsVisitor.add_needed_import(self.context, module, obj, asname)
+        request = (module, obj, asname)
+        if request not in self.import_requests:
+            self.import_requests.append(request)
 
     def drop_import_if_unused(self, local_name: str) -> None:
         """Remove the import binding `local_name` after the pass, if nothing reads it then."""
