@@ -97,7 +97,7 @@ class WithMesh(Pass):
     MIN_JAX: ClassVar[tuple[int, int]] = SET_MESH_MIN_JAX
     NODE_TYPES: ClassVar[tuple[type[cst.CSTNode], ...]] = (cst.With,)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(
-        r"\A(?=[\s\S]*?\bwith\b)(?=[\s\S]*?mesh)", re.IGNORECASE
+        r"^[ \t]*(?:async[ \t]+)?with\b[^:]*?mesh", re.IGNORECASE | re.MULTILINE
     )
 
     def visit_Module(self, node: cst.Module) -> None:

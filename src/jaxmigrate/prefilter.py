@@ -55,7 +55,7 @@ def referenced_names(source: str) -> set[str] | None:
 
 
 def _mentions(names: Iterable[str], wanted: Sequence[str]) -> bool:
-    return any(n.startswith(w) or w.startswith(n + ".") for n in names for w in wanted)
+    return any(n == w or n.startswith(w + ".") for n in names for w in wanted)
 
 
 def passes_for(source: str, passes: Sequence[type[Pass]]) -> list[type[Pass]]:
