@@ -83,6 +83,7 @@ from jaxmigrate.meshes import (
     mesh_group,
 )
 from jaxmigrate.model import Safety
+from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
 
 PJIT = "jax.experimental.pjit.pjit"
@@ -100,10 +101,27 @@ class WithMesh(Pass):
         r"^[ \t]*(?:async[ \t]+)?with\b[^:]*?mesh", re.IGNORECASE | re.MULTILINE
     )
 
+    @classmethod
+    def applies_to(cls, source: str) -> bool:
+        """A `with` naming a mesh, or any `with` in a file that mentions the `Mesh` type."""
+        if cls.TRIGGER.search(source) is not None:
+            return True
+        return _MESH_TYPE.search(source) is not None and _ANY_WITH.search(source) is not None
+
     def visit_Module(self, node: cst.Module) -> None:
-        self.meshes = MeshFinder(node, self.resolver)
+        self._module = node
+        self._meshes: MeshFinder | None = None
+
+    @property
+    def meshes(self) -> MeshFinder:
+        """The module's mesh analysis, built for the first `with` that could hold a mesh."""
+        if self._meshes is None:
+            self._meshes = MeshFinder(self._module, self.resolver)
+        return self._meshes
 
     def leave_With(self, original_node: cst.With, updated_node: cst.With) -> cst.With:
+        if not any(_could_be_mesh(item.item) for item in original_node.items):
+            return updated_node
         found = self.meshes.items(original_node)
         for verdict in found:
             if verdict.kind in (Kind.KEPT, Kind.UNSURE):
@@ -137,6 +155,20 @@ class WithMesh(Pass):
         finder = _FindQualname(self, PJIT)
         body.visit(finder)
         return finder.found
+
+
+def _could_be_mesh(node: cst.BaseExpression) -> bool:
+    """Cheap test: a name or attribute, or a call of something whose name mentions a mesh."""
+    if isinstance(node, (cst.Name, cst.Attribute)):
+        return True
+    if isinstance(node, cst.Call):
+        name = dotted(node.func)
+        return name is not None and "mesh" in name.lower()
+    return False
+
+
+_MESH_TYPE = re.compile(r"\bMesh\b")
+_ANY_WITH = re.compile(r"^[ \t]*(?:async[ \t]+)?with\b", re.MULTILINE)
 
 
 class _FindQualname(NameReads):
