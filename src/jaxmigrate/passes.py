@@ -9,7 +9,7 @@ engine can re-run a pass with only some sites enabled; `Pass.site()` answers whe
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -20,6 +20,7 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 from jaxmigrate.imports import ImportRequest, add_imports, remove_unused_imports
 from jaxmigrate.model import Safety, Site, Skip
 from jaxmigrate.names import Names
+from jaxmigrate.positions import Positions
 
 STATE_KEY = "jaxmigrate.state"
 _UNSET: Any = object()
@@ -41,7 +42,7 @@ class ModuleCache:
         self.watch_types = watch_types
         self._module: cst.Module | None = None
         self._names: Names | None = None
-        self._positions: Mapping[cst.CSTNode, CodeRange] | None = None
+        self._positions: Positions | None = None
 
     def _switch(self, module: cst.Module) -> None:
         if module is not self._module:
@@ -54,12 +55,11 @@ class ModuleCache:
             self._names = Names(module, self.watch, self.watch_types)
         return self._names
 
-    def positions(self, module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
-        """Return the position of every node of `module`."""
+    def positions(self, module: cst.Module) -> Positions:
+        """Return the positions of the nodes of `module` (as `PositionProvider` gives them)."""
         self._switch(module)
         if self._positions is None:
-            wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-            self._positions = wrapper.resolve(PositionProvider)
+            self._positions = Positions(module)
         return self._positions
 
 
