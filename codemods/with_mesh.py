@@ -157,13 +157,18 @@ class WithMesh(Pass):
         return finder.found
 
 
+_MESH_CONTEXTS = {"set_mesh", "use_mesh", "use_abstract_mesh", "get_abstract_mesh"}
+
+
 def _could_be_mesh(node: cst.BaseExpression) -> bool:
-    """Cheap test: a name or attribute, or a call of something whose name mentions a mesh."""
+    """Cheap test: a name or attribute, or a call of something named like a mesh maker
+    (`Mesh(...)`, `make_mesh(...)`, `get_mesh()`), not of the modern mesh contexts."""
     if isinstance(node, (cst.Name, cst.Attribute)):
         return True
     if isinstance(node, cst.Call):
         name = dotted(node.func)
-        return name is not None and "mesh" in name.lower()
+        last = (name or "").rsplit(".", 1)[-1]
+        return last.lower().endswith("mesh") and last not in _MESH_CONTEXTS
     return False
 
 
