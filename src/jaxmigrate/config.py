@@ -26,6 +26,8 @@ class FileConfig:
     devices: int | None = None
     verify_with: str | None = None
     target_jax: str | None = None
+    python: str | None = None
+    timeout: float | None = None
 
 
 _LISTS = {"select", "ignore", "exclude"}
@@ -35,6 +37,8 @@ _TYPES: dict[str, type] = {
     "devices": int,
     "verify-with": str,
     "target-jax": str,
+    "python": str,
+    "timeout": float,
 }
 
 
@@ -77,6 +81,8 @@ def _check(pyproject: Path, key: str, value: Any) -> Any:
         known = ", ".join(sorted({*_LISTS, *_TYPES}))
         raise ConfigError(f"{where}: unknown key (known keys: {known})")
     expected = _TYPES[key]
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
     if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
         raise ConfigError(f"{where} must be a {expected.__name__}")
     if isinstance(value, int) and not isinstance(value, bool) and value < 1:

@@ -121,7 +121,7 @@ def decide(sites: Sequence[Site], unsafe_fixes: bool) -> tuple[Site, ...]:
                 replace(
                     site,
                     applied=False,
-                    reason="unsafe and not verified; --unsafe-fixes or --interactive applies it",
+                    reason="unsafe and not verified",
                 )
             )
     return enforce_groups(decided)

@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from jaxmigrate.config import ConfigError, find_pyproject, load_config
+from jaxmigrate.config import ConfigError, FileConfig, find_pyproject, load_config
 from jaxmigrate.discovery import Discovery
 from jaxmigrate.engine import Options
 from jaxmigrate.model import Bucket, FileResult, Status
 from jaxmigrate.passes import LATEST_JAX, version_text
 from jaxmigrate.registry import UnknownRule, select_passes
 from jaxmigrate.report import json_report
+
+if TYPE_CHECKING:
+    from jaxmigrate.verify import VerifyConfig
 
 PathsArg = Annotated[list[Path], typer.Argument(help="Files or directories to migrate.")]
 SelectOpt = Annotated[
@@ -42,6 +46,20 @@ NoVerifyOpt = Annotated[
     bool, typer.Option("--no-verify", help="Do not execute rewrites to verify them.")
 ]
 
+VerifyWithOpt = Annotated[
+    str | None,
+    typer.Option("--verify-with", help="Command whose calls are recorded as inputs (e.g. tests)."),
+]
+DevicesOpt = Annotated[
+    int | None, typer.Option("--devices", min=1, help="Simulated CPU devices (default 8).")
+]
+PythonOpt = Annotated[
+    str | None, typer.Option("--python", help="Interpreter that runs the project's code.")
+]
+TimeoutOpt = Annotated[
+    float | None, typer.Option("--timeout", min=1, help="Seconds allowed per site (default 120).")
+]
+
 
 class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
@@ -56,6 +74,24 @@ class Settings:
     excludes: tuple[str, ...]
     jobs: int
     verify: bool
+    root: Path = Path()
+    devices: int = 8
+    python: str = sys.executable
+    verify_with: str | None = None
+    timeout: float = 120.0
+
+    def verify_config(self) -> VerifyConfig:
+        """Return the verifier's configuration for this run."""
+        from jaxmigrate.verify import VerifyConfig
+
+        return VerifyConfig(
+            root=self.root,
+            devices=self.devices,
+            python=self.python,
+            verify_with=self.verify_with,
+            timeout=self.timeout,
+            passes=self.options.passes(),
+        )
 
 
 def split_codes(value: str | None) -> tuple[str, ...] | None:
@@ -92,6 +128,10 @@ def resolve_settings(
     target_jax: str | None,
     unsafe_fixes: bool | None,
     no_verify: bool,
+    devices: int | None = None,
+    python: str | None = None,
+    verify_with: str | None = None,
+    timeout: float | None = None,
 ) -> Settings:
     """Merge command-line flags over the nearest pyproject's `[tool.jaxmigrate]`."""
     try:
@@ -117,7 +157,28 @@ def resolve_settings(
         excludes=(*config.exclude, *(exclude or ())),
         jobs=jobs or config.jobs or 1,
         verify=not no_verify,
+        root=project_root(list(paths), config),
+        devices=devices or config.devices or 8,
+        python=python or config.python or sys.executable,
+        verify_with=verify_with or config.verify_with,
+        timeout=timeout or config.timeout or 120.0,
     )
+
+
+def project_root(paths: list[Path], config: FileConfig) -> Path:
+    """Return the tree to copy: the pyproject's folder, else the git top level, else cwd."""
+    if config.path is not None:
+        return config.path.parent.resolve()
+    start = paths[0] if paths else Path.cwd()
+    folder = start if start.is_dir() else start.parent
+    proc = subprocess.run(
+        ["git", "rev-parse", "--show-toplevel"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return Path(proc.stdout.strip()).resolve() if proc.returncode == 0 else Path.cwd().resolve()
 
 
 def discover(settings: Settings) -> list:

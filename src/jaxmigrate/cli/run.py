@@ -11,17 +11,21 @@ import typer
 from rich.console import Console
 
 from jaxmigrate.cli.common import (
+    DevicesOpt,
     ExcludeOpt,
     FormatOpt,
     IgnoreOpt,
     JobsOpt,
     NoVerifyOpt,
     PathsArg,
+    PythonOpt,
     ReportOpt,
     SelectOpt,
     Settings,
     TargetOpt,
+    TimeoutOpt,
     UsageError,
+    VerifyWithOpt,
     discover,
     exit_code,
     resolve_settings,
@@ -29,7 +33,7 @@ from jaxmigrate.cli.common import (
     stdout,
     write_report,
 )
-from jaxmigrate.model import Bucket, FileResult
+from jaxmigrate.model import Bucket, FileResult, Safety
 from jaxmigrate.runner import dirty_files, migrate_files, write_result
 from jaxmigrate.ui.diff import print_diff
 from jaxmigrate.ui.summary import file_problem_line, print_summary, site_line, skip_line
@@ -49,6 +53,10 @@ def run(
         typer.Option("--allow-dirty", help="Write files that have uncommitted git changes."),
     ] = False,
     no_verify: NoVerifyOpt = False,
+    verify_with: VerifyWithOpt = None,
+    devices: DevicesOpt = None,
+    python: PythonOpt = None,
+    timeout: TimeoutOpt = None,
     select: SelectOpt = None,
     ignore: IgnoreOpt = None,
     exclude: ExcludeOpt = None,
@@ -68,6 +76,10 @@ def run(
             target_jax=target_jax,
             unsafe_fixes=unsafe_fixes,
             no_verify=no_verify,
+            devices=devices,
+            python=python,
+            verify_with=verify_with,
+            timeout=timeout,
         )
         results = execute(settings, stdout(), dry_run=dry_run, allow_dirty=allow_dirty)
         write_report(results, report, fmt, dry_run=dry_run)
@@ -90,10 +102,29 @@ def execute(
     if not found:
         raise UsageError("no Python files found under the given paths")
     results = list(migrate_files(found, settings.options, jobs=settings.jobs))
+    if settings.verify:
+        results = verify_unsafe(results, settings)
     if not dry_run:
         results = write_all(results, allow_dirty=allow_dirty)
     report_results(console, results, dry_run=dry_run, show_diff=show_diff)
     return results
+
+
+def verify_unsafe(results: list[FileResult], settings: Settings) -> list[FileResult]:
+    """Run the unsafe sites on the simulated mesh and re-decide every file by the verdicts."""
+    unsafe = sum(s.safety is Safety.UNSAFE for r in results for s in r.sites)
+    if not unsafe:
+        return results
+    from jaxmigrate.verify import verify_results
+
+    files = sum(any(s.safety is Safety.UNSAFE for s in r.sites) for r in results)
+    message = (
+        f"verifying {unsafe} unsafe site(s) in {files} file(s) on {settings.devices} "
+        f"simulated CPU devices"
+        + (f", inputs from `{settings.verify_with}`" if settings.verify_with else "")
+    )
+    with stderr().status(message):
+        return verify_results(results, settings.options, settings.verify_config())
 
 
 def write_all(results: Sequence[FileResult], *, allow_dirty: bool) -> list[FileResult]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -12,51 +11,29 @@ from rich.console import Console
 from rich.text import Text
 
 from jaxmigrate.cli.common import (
+    DevicesOpt,
     FormatOpt,
     JobsOpt,
+    PythonOpt,
     ReportOpt,
+    TimeoutOpt,
     UsageError,
+    VerifyWithOpt,
+    project_root,
     stderr,
     stdout,
     write_report,
 )
-from jaxmigrate.config import ConfigError, FileConfig, find_pyproject, load_config
+from jaxmigrate.config import ConfigError, find_pyproject, load_config
 from jaxmigrate.model import Bucket, FileResult, Status
 from jaxmigrate.ui.summary import STATUS_STYLE, site_line
 
 AgainstOpt = Annotated[
     str, typer.Option("--against", help="Git revision holding the code before the migration.")
 ]
-VerifyWithOpt = Annotated[
-    str | None,
-    typer.Option("--verify-with", help="Command whose calls are recorded as inputs (e.g. tests)."),
-]
-DevicesOpt = Annotated[
-    int | None, typer.Option("--devices", min=1, help="Simulated CPU devices (default 8).")
-]
-PythonOpt = Annotated[
-    str | None, typer.Option("--python", help="Interpreter that runs the project's code.")
-]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", min=1, help="Seconds allowed per site.")]
 PathsOpt = Annotated[
     list[Path] | None, typer.Argument(help="Files or directories (default: the whole project).")
 ]
-
-
-def project_root(paths: list[Path], config: FileConfig) -> Path:
-    """Return the tree to copy: the pyproject's folder, else the git top level, else cwd."""
-    if config.path is not None:
-        return config.path.parent.resolve()
-    start = paths[0] if paths else Path.cwd()
-    folder = start if start.is_dir() else start.parent
-    proc = subprocess.run(
-        ["git", "rev-parse", "--show-toplevel"],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return Path(proc.stdout.strip()).resolve() if proc.returncode == 0 else Path.cwd().resolve()
 
 
 def print_results(console: Console, results: list[FileResult]) -> None:
@@ -97,7 +74,7 @@ def verify(
             devices=devices or config.devices or 8,
             python=python or sys.executable,
             verify_with=verify_with or config.verify_with,
-            timeout=timeout,
+            timeout=timeout or 120.0,
             jobs=jobs or config.jobs or default_jobs(),
         )
         requests = requests_against(root, against, [str(p.resolve()) for p in chosen])

@@ -39,6 +39,9 @@ def site_line(path: str, site: Site, *, dry_run: bool = False) -> Text:
         text.append(" (would apply)" if dry_run else " (applied)", style="green")
     elif site.reason:
         text.append(f" (not applied: {site.reason})", style="yellow")
+    evidence = site.details.get("verification")
+    if evidence and site.status in (Status.FAILED, Status.UNVERIFIED, Status.VERIFIED):
+        text.append(f"\n    {evidence}", style=STATUS_STYLE[site.status])
     return text
 
 
@@ -61,16 +64,16 @@ def file_problem_line(result: FileResult) -> Text:
     )
 
 
-def summary_tables(results: Sequence[FileResult], *, dry_run: bool) -> list[Table]:
-    """Return the tables printed at the end of every run."""
-    tables = [_bucket_table(results, dry_run=dry_run)]
+def summary_tables(results: Sequence[FileResult], *, dry_run: bool) -> list[Table | Text]:
+    """Return the tables (and the list of unapplied sites) printed at the end of every run."""
+    tables: list[Table | Text] = [_bucket_table(results, dry_run=dry_run)]
     sites = [s for r in results for s in r.sites]
     skips = [s for r in results for s in r.skips]
     if sites or skips:
         tables.append(_rule_table(sites, skips, dry_run=dry_run))
     pending = [(r.path, s) for r in results for s in r.sites if not s.applied]
     if pending:
-        tables.append(_pending_table(pending))
+        tables.append(_pending_lines(pending))
     return tables
 
 
@@ -112,29 +115,23 @@ def _rule_table(sites: Sequence[Site], skips: Sequence[Skip], *, dry_run: bool) 
 def apply_hint(site: Site) -> str:
     """Return the flag or action that would apply an unapplied site."""
     if site.status is Status.FAILED:
-        return "fix the code by hand; failed sites are never written"
+        return "fix it by hand (failed sites are never written)"
     if "group" in site.reason:
         return "apply the other sites of its group"
     if site.reason.startswith("file not written"):
         return "see the file's error above"
-    return "--unsafe-fixes, --interactive, or --verify-with CMD to verify it"
+    return "--verify-with CMD (record real inputs) or --unsafe-fixes"
 
 
-def _pending_table(pending: Sequence[tuple[str, Site]]) -> Table:
-    table = Table(title="Not applied", title_justify="left", show_edge=False)
-    for column in ("site", "rule", "status", "why", "to apply"):
-        table.add_column(column)
+def _pending_lines(pending: Sequence[tuple[str, Site]]) -> Text:
+    text = Text(f"Not applied ({len(pending)})\n", style="bold")
     for path, site in pending[:50]:
-        table.add_row(
-            f"{path}:{site.line}",
-            site.code,
-            Text(str(site.status), style=STATUS_STYLE[site.status]),
-            site.reason,
-            apply_hint(site),
-        )
+        text.append(f"  {path}:{site.line} {site.code} ")
+        text.append(str(site.status), style=STATUS_STYLE[site.status])
+        text.append(f": {site.reason}; to apply: {apply_hint(site)}\n")
     if len(pending) > 50:
-        table.add_row(f"... and {len(pending) - 50} more", "", "", "", "")
-    return table
+        text.append(f"  ... and {len(pending) - 50} more (see the site lines above)\n")
+    return text
 
 
 def print_summary(console: Console, results: Sequence[FileResult], *, dry_run: bool) -> None:
