@@ -253,7 +253,10 @@ class Pjit(Pass):
                 notes.append("PartitionSpec shardings need `jax.set_mesh(mesh)` at the call site")
             else:
                 notes.append("no legacy mesh is visible here")
-        return self.site(decision.node, "; ".join(notes), group=group, safety=safety)
+        requires = (WITH_MESH_CODE,) if group is not None else ()
+        return self.site(
+            decision.node, "; ".join(notes), group=group, safety=safety, requires=requires
+        )
 
     def _translates(self, decision: _Decision) -> bool:
         """Return True if `None` leaves mean replicated: the call runs under a legacy mesh."""

@@ -77,8 +77,14 @@ def run_passes(
     enabled: frozenset[str] | None = None,
     target_jax: tuple[int, int] = LATEST_JAX,
     path: str | None = None,
+    selected: frozenset[str] | None = None,
 ) -> tuple[cst.Module, _Run]:
-    """Run `passes` in order over `module`; return the new module and what they recorded."""
+    """Run `passes` in order over `module`; return the new module and what they recorded.
+
+    `selected` are the codes of every pass the user chose (default: those of `passes`).
+    """
+    if selected is None:
+        selected = frozenset(p.CODE for p in passes)
     original = source.splitlines(keepends=True)
     run = _Run()
     changed = False
@@ -90,7 +96,11 @@ def run_passes(
         if not pass_cls.applies_to(source):
             continue
         state = FileState(
-            enabled=enabled, target_jax=target_jax, original_lines=original, cache=cache
+            enabled=enabled,
+            target_jax=target_jax,
+            selected=selected,
+            original_lines=original,
+            cache=cache,
         )
         if changed:
             state.line_map = line_map_between(original, module.code)
@@ -155,11 +165,15 @@ def migrate_source(
     `libcst.ParserSyntaxError` for code that does not parse.
     """
     options = options or Options()
-    passes = passes_for(code, options.passes() if passes is None else passes)
+    chosen = options.passes() if passes is None else passes
+    selected = frozenset(p.CODE for p in chosen)
+    passes = passes_for(code, chosen)
     if not passes:
         return Migration(code, (), ())
     module = cst.parse_module(code)
-    new, run = run_passes(module, code, passes, target_jax=options.target_jax, path=path)
+    new, run = run_passes(
+        module, code, passes, target_jax=options.target_jax, path=path, selected=selected
+    )
     if not run.sites:
         return Migration(code, (), tuple(run.skips))
     sites = decide([initial_status(s) for s in run.sites], options.unsafe_fixes)
@@ -168,7 +182,13 @@ def migrate_source(
     applied = frozenset(s.key for s in sites if s.applied)
     if len(applied) != len(sites):
         new, _ = run_passes(
-            module, code, passes, enabled=applied, target_jax=options.target_jax, path=path
+            module,
+            code,
+            passes,
+            enabled=applied,
+            target_jax=options.target_jax,
+            path=path,
+            selected=selected,
         )
     return Migration(new.code if applied else code, sites, tuple(run.skips))
 

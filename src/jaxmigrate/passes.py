@@ -69,6 +69,7 @@ class FileState:
 
     enabled: frozenset[str] | None = None
     target_jax: tuple[int, int] = LATEST_JAX
+    selected: frozenset[str] | None = None
     original_lines: Sequence[str] = ()
     line_map: Callable[[int], int] = lambda line: line
     sites: list[Site] = field(default_factory=list)
@@ -216,8 +217,13 @@ class Pass(CodemodCommand, cst.CSTTransformer):
         group: str | None = None,
         safety: Safety | None = None,
         min_jax: tuple[int, int] | None = None,
+        requires: tuple[str, ...] = (),
     ) -> bool:
-        """Record a site at `node`; return True if the pass should rewrite it now."""
+        """Record a site at `node`; return True if the pass should rewrite it now.
+
+        `requires` names rules (codes) whose sites this one cannot do without (its group's other
+        members): when one is not selected, the site is skipped with that reason.
+        """
         line, col = self._where(node)
         if self.state.suppressed(line, self.CODE):
             self.state.skips.append(
@@ -230,6 +236,13 @@ class Pass(CodemodCommand, cst.CSTTransformer):
                 f"the rewrite needs JAX >= {version_text(need)}, "
                 f"the target is {version_text(self.state.target_jax)}"
             )
+            self.state.skips.append(Skip(self.CODE, self.NAME, line, col, reason))
+            return False
+        missing = [
+            c for c in requires if self.state.selected is not None and c not in self.state.selected
+        ]
+        if missing:
+            reason = f"needs rule {', '.join(missing)} too, which is not selected"
             self.state.skips.append(Skip(self.CODE, self.NAME, line, col, reason))
             return False
         key = self.state.new_key(f"{self.CODE}:{line}:{col}")
