@@ -190,7 +190,9 @@ def migrate_source(
             path=path,
             selected=selected,
         )
-    return Migration(new.code if applied else code, sites, tuple(run.skips))
+    by_place = tuple(sorted(sites, key=lambda s: (s.line, s.col)))
+    skips = tuple(sorted(run.skips, key=lambda s: (s.line, s.col)))
+    return Migration(new.code if applied else code, by_place, skips)
 
 
 def describe_syntax_error(exc: cst.ParserSyntaxError) -> str:
