@@ -91,6 +91,7 @@ class Settings:
             verify_with=self.verify_with,
             timeout=self.timeout,
             passes=self.options.passes(),
+            workdir=Path.cwd(),
         )
 
 

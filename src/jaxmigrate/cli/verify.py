@@ -72,10 +72,11 @@ def verify(
         settings = VerifyConfig(
             root=root,
             devices=devices or config.devices or 8,
-            python=python or sys.executable,
+            python=python or config.python or sys.executable,
             verify_with=verify_with or config.verify_with,
-            timeout=timeout or 120.0,
+            timeout=timeout or config.timeout or 120.0,
             jobs=jobs or config.jobs or default_jobs(),
+            workdir=Path.cwd(),
         )
         requests = requests_against(root, against, [str(p.resolve()) for p in chosen])
         verdicts = run_verification(requests, settings)

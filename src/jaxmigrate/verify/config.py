@@ -45,6 +45,16 @@ class VerifyConfig:
     max_calls: int = 3
     record_timeout: float = 1800.0
     passes: tuple[type[Pass], ...] | None = None
+    workdir: Path | None = None
+
+    def command_dir(self, copy_root: Path) -> Path:
+        """Return where `verify_with` runs in a copy: the user's working directory, mirrored."""
+        if self.workdir is None:
+            return copy_root
+        try:
+            return copy_root / self.workdir.resolve().relative_to(self.root.resolve())
+        except ValueError:
+            return copy_root
 
 
 @dataclass(frozen=True)

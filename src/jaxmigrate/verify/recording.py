@@ -70,7 +70,7 @@ def run_command(command: str, ws: Workspace, config: VerifyConfig, plan_file: Pa
         proc = subprocess.Popen(
             command,
             shell=True,
-            cwd=ws.original,
+            cwd=config.command_dir(ws.original),
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
