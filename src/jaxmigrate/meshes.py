@@ -17,7 +17,7 @@ from enum import Enum
 
 import libcst as cst
 
-from jaxmigrate.names import Names, Scope, _ScopeBuilder, dotted
+from jaxmigrate.names import Names, Scope, _ScopeBuilder, dotted, walk
 
 MESH_TYPES = frozenset(
     {"jax.sharding.Mesh", "jax.experimental.maps.Mesh", "jax.interpreters.pxla.Mesh"}
@@ -187,7 +187,7 @@ class MeshFinder:
 
     def __init__(self, module: cst.Module, names: Names) -> None:
         collector = _Collector(names)
-        module.visit(collector)
+        walk(collector, module)
         self._collector = collector
         self._items: dict[int, tuple[MeshItem, ...]] = {}
         self._outer: dict[int, tuple[cst.With, ...]] = {}

@@ -11,12 +11,71 @@ scope that owns it resolves to nothing, so a pass leaves the site alone.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
 
 _UNKNOWN = object()
+
+# Fields that only ever hold punctuation and whitespace: the walk below never enters them.
+_TRIVIA = frozenset(
+    {
+        "lpar",
+        "rpar",
+        "leading_lines",
+        "lines_after_decorators",
+        "comma",
+        "semicolon",
+        "header",
+        "footer",
+        "trailing_whitespace",
+        "newline",
+        "equal",
+        "colon",
+        "operator",
+        "lbracket",
+        "rbracket",
+        "lbrace",
+        "rbrace",
+        "dot",
+        "relative",
+        "asynchronous",
+        "star_tok",
+    }
+)
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _child_fields(kind: type) -> tuple[str, ...]:
+    found = _FIELDS.get(kind)
+    if found is None:
+        found = tuple(
+            f.name
+            for f in dataclasses.fields(kind)
+            if f.name not in _TRIVIA and not f.name.startswith("whitespace")
+        )
+        _FIELDS[kind] = found
+    return found
+
+
+def walk(visitor: cst.CSTVisitor, node: cst.CSTNode) -> None:
+    """Visit `node` and its non-trivia children with `visitor`'s on_visit/on_leave.
+
+    About four times faster than `node.visit(visitor)`, which rebuilds every node it passes;
+    for read-only visitors that need no attribute hooks and no whitespace or punctuation.
+    """
+    if visitor.on_visit(node):
+        for name in _child_fields(type(node)):
+            value = getattr(node, name)
+            if isinstance(value, cst.CSTNode):
+                walk(visitor, value)
+            elif type(value) is tuple or type(value) is list:
+                for child in value:
+                    if isinstance(child, cst.CSTNode):
+                        walk(visitor, child)
+    visitor.on_leave(node)
 
 
 @dataclass(eq=False)
@@ -132,13 +191,13 @@ class _ScopeBuilder(cst.CSTVisitor):
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         self.scope.bind(node.name.value, _UNKNOWN)
         for deco in node.decorators:
-            deco.visit(self)
+            walk(self, deco)
         self._visit_param_defaults(node.params)
         if node.returns is not None:
-            node.returns.visit(self)
+            walk(self, node.returns)
         self._push("function")
         self._bind_params(node.params)
-        node.body.visit(self)
+        walk(self, node.body)
         self._pop()
         return False
 
@@ -146,27 +205,27 @@ class _ScopeBuilder(cst.CSTVisitor):
         self._visit_param_defaults(node.params)
         self._push("function")
         self._bind_params(node.params)
-        node.body.visit(self)
+        walk(self, node.body)
         self._pop()
         return False
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
         self.scope.bind(node.name.value, _UNKNOWN)
         for deco in node.decorators:
-            deco.visit(self)
+            walk(self, deco)
         for arg in (*node.bases, *node.keywords):
-            arg.visit(self)
+            walk(self, arg)
         self._push("class")
-        node.body.visit(self)
+        walk(self, node.body)
         self._pop()
         return False
 
     def _visit_param_defaults(self, params: cst.Parameters) -> None:
         for p in (*params.posonly_params, *params.params, *params.kwonly_params):
             if p.default is not None:
-                p.default.visit(self)
+                walk(self, p.default)
             if p.annotation is not None:
-                p.annotation.visit(self)
+                walk(self, p.annotation)
 
     def _bind_params(self, params: cst.Parameters) -> None:
         for p in (*params.posonly_params, *params.params, *params.kwonly_params):
@@ -299,7 +358,7 @@ class Names:
         watch_types: tuple[type[cst.CSTNode], ...] = (),
     ) -> None:
         builder = _ScopeBuilder(watch, watch_types)
-        module.visit(builder)
+        walk(builder, module)
         self._module_scope = builder.module_scope
         self._scope_of = builder.scope_of
         self.all_names: frozenset[str] = frozenset(builder.names)
