@@ -12,6 +12,7 @@ from jaxmigrate.codemods.device_put_replicated import DevicePutReplicated
 from jaxmigrate.codemods.device_put_sharded import DevicePutSharded
 from jaxmigrate.codemods.experimental_shard_map import ExperimentalShardMap
 from jaxmigrate.codemods.legacy_imports import LegacyImports
+from jaxmigrate.codemods.partial_auto_callback import PartialAutoCallback
 from jaxmigrate.codemods.pjit import Pjit
 from jaxmigrate.codemods.pmap import Pmap
 from jaxmigrate.codemods.with_mesh import WithMesh
@@ -21,6 +22,7 @@ from jaxmigrate.passes import Pass
 PASSES: tuple[type[Pass], ...] = (
     LegacyImports,
     ExperimentalShardMap,
+    PartialAutoCallback,
     Pjit,
     WithMesh,
     DevicePutReplicated,
