@@ -63,7 +63,6 @@ def test_reported_example_is_rewritten_verified_and_runs(tmp_path: Path) -> None
             "jaxmigrate",
             "run",
             ".",
-            "--allow-dirty",
             "--report",
             str(report),
             "--format",
