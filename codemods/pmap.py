@@ -148,7 +148,7 @@ from libcst.codemod import CodemodContext
 from libcst.metadata import PositionProvider
 
 from jaxmigrate.model import Safety
-from jaxmigrate.names import Names, dotted
+from jaxmigrate.names import Names, dotted, walk
 from jaxmigrate.passes import Pass
 from jaxmigrate.specs import (
     Untranslatable,
@@ -578,7 +578,7 @@ class Pmap(Pass):
     # Finding ------------------------------------------------------------------------------
     def visit_Module(self, node: cst.Module) -> None:
         self.survey = Survey(self.resolver)
-        node.visit(self.survey)
+        walk(self.survey, node)
         self.lines = node.code.splitlines()
         found = [self._classify(ref, ancestors) for ref, ancestors in self.survey.refs]
         sites = self._stack_decorators([s for s in found if s is not None])
