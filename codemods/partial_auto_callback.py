@@ -79,18 +79,25 @@ shard_map nested in the body adds its axes. Three rewrites, the smallest that is
   its result shared with `psum`, so each side effect happens once per manual shard, as before:
 
 ```python
-jax.lax.psum(
+y = jax.lax.psum(
     jax.lax.cond(
         jax.lax.axis_index("model") == 0,
         lambda: io_callback(log, jax.ShapeDtypeStruct(v.shape, v.dtype), v, ordered=True),
-        lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
+        lambda: jnp.zeros(v.shape, v.dtype),
     ),
     "model",
 )
 ```
 
-`jax.debug.callback` and `jax.debug.print` already work in such regions (once per manual
-shard) and are left alone.
+(other result shapes get `jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)`; a
+callback with no result, `io_callback(log, None, ...)`, is just the `cond`). The cookbook's gate
+needs `check_vma=False` because its other branch, `jnp.zeros_like(v)`, varies along the manual
+axes; zeros built from the result shape do not, so `check_vma` is left as it was.
+
+`jax.debug.callback` and `jax.debug.print` work in such regions with one automatic axis (once
+per manual shard) and are left alone. With two or more automatic axes JAX 0.10.2 raises
+`TypeError: axis_index() takes 1 positional argument but 2 were given` from its own lowering of
+them; those are widened and gated like an `io_callback`.
 
 ## Safety
 unsafe: the rewrite moves where and how often a host function runs. Nested pure callbacks run
@@ -133,7 +140,7 @@ from libcst.metadata import PositionProvider
 
 from jaxmigrate.cstutil import Bindings, fresh_name, is_reusable, jax_ref, jnp_ref
 from jaxmigrate.model import Safety
-from jaxmigrate.names import Names, dotted
+from jaxmigrate.names import Names, dotted, walk
 from jaxmigrate.passes import Pass
 
 SHARD_MAP = "jax.shard_map"
@@ -266,14 +273,48 @@ class Survey(Bindings):
             else:
                 self.defs[(id(outer[-1]), node.name.value)] = unit
                 unit.region, unit.jitted = self._decorations(node, unit)
-            self._scopes = (*outer, node)
             self._readers.append(unit)
-            super()._scoped(node, params, *body)
-            self._readers.pop()
-        else:
-            self._scopes = (*outer, node)
-            super()._scoped(node, params, *body)
+        self._scopes = (*outer, node)
+        self._stack.append(node)
+        if params is not None:
+            for p in (*params.posonly_params, *params.params, *params.kwonly_params):
+                self._bind(p.name.value)
+            for star in (params.star_arg, params.star_kwarg):
+                if isinstance(star, cst.Param):
+                    self._bind(star.name.value)
+        for part in body:
+            walk(self, part)
+        self._stack.pop()
         self._scopes = outer
+        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
+            self._readers.pop()
+
+    # `Bindings` walks these by hand; the same through the fast read-only `walk`.
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self._bind(node.name.value)
+        for deco in node.decorators:
+            walk(self, deco)
+        walk(self, node.params)
+        self._scoped(node, node.params, node.body)
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        walk(self, node.params)
+        self._scoped(node, node.params, node.body)
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self._bind(node.name.value)
+        for part in (*node.decorators, *node.bases, *node.keywords):
+            walk(self, part)
+        self._scoped(node, None, node.body)
+        return False
+
+    def visit_Param(self, node: cst.Param) -> bool:
+        for part in (node.default, node.annotation):
+            if part is not None:
+                walk(self, part)
+        return False
 
     def _decorations(self, node: cst.FunctionDef, unit: Unit) -> tuple[Region | None, bool]:
         region, jitted = None, False
@@ -350,12 +391,12 @@ class Survey(Bindings):
             return True
         region.has_body = True
         region.jitted = id(node) in self.jit_nodes or id(region.call) in self.jit_nodes
-        node.func.visit(self)
+        walk(self, node.func)
         self._readers.append(region)
-        body.visit(self)
+        walk(self, body)
         self._readers.pop()
         for arg in node.args[1:]:
-            arg.visit(self)
+            walk(self, arg)
         return False
 
     def on_visit(self, node: cst.CSTNode) -> bool:
@@ -384,11 +425,11 @@ class Survey(Bindings):
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         self._opaque(node)
-        node.value.visit(self)
+        walk(self, node.value)
         return False
 
     def visit_Arg(self, node: cst.Arg) -> bool:
-        node.value.visit(self)
+        walk(self, node.value)
         return False
 
     def visit_Import(self, node: cst.Import) -> bool:
@@ -474,7 +515,8 @@ class PartialAutoCallback(Pass):
         super().__init__(context)
         self.edits: dict[int, Edit] = {}
         self.survey: Survey | None = None
-        self._lines: list[str] = []
+        self._tree: cst.Module | None = None
+        self._lines: list[str] | None = None
 
     def has_candidates(self, tree: cst.Module, names: Names) -> bool:
         for wanted in ((SHARD_MAP,), (PURE, IO, *DEBUG)):
@@ -485,8 +527,8 @@ class PartialAutoCallback(Pass):
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self.survey = Survey(tree, self.resolver)
-        tree.visit(self.survey)
-        self._lines = tree.code.splitlines()
+        walk(self.survey, tree)
+        self._tree = tree
         covered: set[int] = set()
         for region in self.survey.regions:
             for unit in self._reach(region, [], None).units:
@@ -897,10 +939,9 @@ class PartialAutoCallback(Pass):
             if not is_reusable(site.call.args[1].value, lambda c: self._is_shape(c) is not None):
                 raise Skip("the `io_callback`'s result shapes are computed by a call")
         axes = _axes_code(site.auto)
-        where = self._where_text(site.call)
 
         def edit(updated: cst.Call) -> cst.BaseExpression:
-            lax = self._lax()
+            lax, where = self._lax(), self._where_text(site.call)
             shapes = updated.args[1].value if site.kind == IO else cst.Name("None")
             has_result = not _is_none(shapes)
             one = self._is_shape(shapes) if isinstance(shapes, cst.Call) else None
@@ -936,10 +977,9 @@ class PartialAutoCallback(Pass):
         """Run the callback in a shard_map over the automatic axes, its operands as parameters."""
         operands = self._operands(site)
         names = "{" + ", ".join(a.value for a in site.auto) + "}"
-        where = self._where_text(site.call)
 
         def edit(updated: cst.Call) -> cst.BaseExpression:
-            bindings = self._bindings()
+            bindings, where = self._bindings(), self._where_text(site.call)
             spec = _code(
                 jax_ref(self, bindings, "sharding.PartitionSpec", local="P", also=("jax.P",))
             )
@@ -982,6 +1022,9 @@ class PartialAutoCallback(Pass):
         assert self.survey is not None
         statement = self.survey.statement_of.get(id(node), node)
         here = self.get_metadata(PositionProvider, node)
+        if self._lines is None:  # generated once, and only when code is emitted
+            assert self._tree is not None
+            self._lines = self._tree.code.splitlines()
         line = self._lines[here.start.line - 1]
         first = self._lines[self.get_metadata(PositionProvider, statement).start.line - 1]
         base = _leading(first)
