@@ -122,6 +122,14 @@ def dotted(node: cst.BaseExpression) -> str | None:
     return None
 
 
+def _name_ids(node: cst.CSTNode) -> Iterator[int]:
+    """Yield the ids of the Name nodes in an import statement (module paths, aliases)."""
+    if isinstance(node, cst.Name):
+        yield id(node)
+    for child in node.children:
+        yield from _name_ids(child)
+
+
 def _import_module_name(node: cst.BaseExpression) -> str:
     name = dotted(node)
     assert name is not None
@@ -136,6 +144,9 @@ class _ScopeBuilder(cst.CSTVisitor):
         self.stack: list[Scope] = [self.module_scope]
         self.scope_of: dict[int, Scope] = {}
         self.names: set[str] = set()
+        self.inner_bound: set[str] = set()  # names bound in a function, class or comprehension
+        self.reads: set[str] = set()  # names read as variables (not `x.name`, `f(name=)`, imports)
+        self._not_reads: set[int] = set()
         # Where watched names are referenced: the ids of every node on the path to each use.
         self.watch = tuple(watch)
         self.path: list[int] = []
@@ -185,7 +196,7 @@ class _ScopeBuilder(cst.CSTVisitor):
         self.stack.append(Scope(kind, self.scope))
 
     def _pop(self) -> None:
-        self.stack.pop()
+        self.inner_bound.update(self.stack.pop().bindings)
 
     # Scopes -------------------------------------------------------------------------------
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
@@ -236,6 +247,7 @@ class _ScopeBuilder(cst.CSTVisitor):
 
     # Bindings -----------------------------------------------------------------------------
     def visit_Import(self, node: cst.Import) -> None:
+        self._not_reads.update(_name_ids(node))
         for alias in node.names:
             full = _import_module_name(alias.name)
             if alias.asname is not None:
@@ -250,6 +262,7 @@ class _ScopeBuilder(cst.CSTVisitor):
                 self._mark(full)
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        self._not_reads.update(_name_ids(node))
         if node.relative or node.module is None:
             base = None
         else:
@@ -338,10 +351,17 @@ class _ScopeBuilder(cst.CSTVisitor):
     def visit_Name(self, node: cst.Name) -> None:
         self.scope_of[id(node)] = self.scope
         self.names.add(node.value)
+        if id(node) not in self._not_reads:
+            self.reads.add(node.value)
         if node.value in self.roots:
             self._mark_chain(node.value)
 
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:
+            self._not_reads.add(id(node.keyword))
+
     def visit_Attribute(self, node: cst.Attribute) -> None:
+        self._not_reads.add(id(node.attr))
         if self.roots:
             chain = dotted(node)
             if chain is not None and chain.partition(".")[0] in self.roots:
@@ -362,6 +382,8 @@ class Names:
         self._module_scope = builder.module_scope
         self._scope_of = builder.scope_of
         self.all_names: frozenset[str] = frozenset(builder.names)
+        self._inner_bound = frozenset(builder.inner_bound)
+        self._reads = frozenset(builder.reads)
         self._marks = builder.marks
         self._type_marks = builder.type_marks
         self._complete = builder.complete
@@ -422,15 +444,23 @@ class Names:
         return found.pop()
 
     def module_alias(self, module: str) -> str | None:
-        """Return a module-level name bound to exactly `module` (`import jax as jx` -> `jx`)."""
+        """Return a module-level name bound to exactly `module` (`import jax as jx` -> `jx`).
+
+        Only a name no function or class rebinds: new code may be put in any scope.
+        """
         for local, bindings in self._module_scope.bindings.items():
+            if local in self._inner_bound:
+                continue
             if bindings and all(b == _Import(module) for b in bindings):
                 return local
         return None
 
     def module_binding(self, qualname: str) -> str | None:
-        """Return a module-level local name bound to exactly `qualname`, however imported."""
+        """Return a module-level local name bound to exactly `qualname`, however imported
+        (and that no function or class rebinds)."""
         for local in self._module_scope.bindings:
+            if local in self._inner_bound:
+                continue
             if self._resolve(local, self._module_scope, 0) == qualname:
                 return local
         return None
@@ -438,6 +468,15 @@ class Names:
     def is_free(self, name: str) -> bool:
         """Return True if no scope binds or reads `name`: a new helper may use it."""
         return name not in self.all_names and name not in self._module_scope.bindings
+
+    def is_unused(self, name: str) -> bool:
+        """Return True if no scope binds `name` and no code reads it: importing it at the top of
+        the module changes the meaning of nothing already there."""
+        return (
+            name not in self._module_scope.bindings
+            and name not in self._inner_bound
+            and name not in self._reads
+        )
 
     def module_bindings(self) -> Iterator[str]:
         """Yield every name bound at module level."""

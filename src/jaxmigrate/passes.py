@@ -290,11 +290,22 @@ class Pass(CodemodCommand, cst.CSTTransformer):
         self.unused_candidates.add(local_name)
 
     def module_ref(self, module: str) -> cst.BaseExpression:
-        """Return an expression for `module` (`jax`, or the user's alias), importing it if needed."""
+        """Return an expression for `module` (`jax`, or the user's alias), importing it if needed.
+
+        A module imported here under a name the file already uses for something else (a
+        parameter `jax`, an unimported `functools`) gets a fresh alias (`functools_`): binding
+        the name would change what that other code means.
+        """
         local = self.resolver.module_alias(module)
         if local is None:
             local = module
-            self.need_import(module)
+            if self.resolver.is_unused(module.partition(".")[0]):
+                self.need_import(module)
+            else:
+                local = module.replace(".", "_") + "_"
+                while not self.resolver.is_free(local):
+                    local += "_"
+                self.need_import(module, None, local)
         return cst.parse_expression(local)
 
     def jax_attr(self, dotted_path: str) -> cst.BaseExpression:
