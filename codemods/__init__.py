@@ -2,7 +2,8 @@
 
 Order matters: a rename can create the input of a later pass. Import moves run first, so later
 passes see `jax.sharding`; the experimental shard_map rename runs before anything that reads
-`jax.shard_map`; pjit runs before `with mesh:`, whose rewrite is grouped with the pjit sites it
+`jax.shard_map`; host_callback calls become `io_callback` before the partial-auto callback pass
+looks for callbacks; pjit runs before `with mesh:`, whose rewrite is grouped with the pjit sites it
 encloses. A meta-test fails when a module here is missing from `PASSES`.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from jaxmigrate.codemods.device_put_replicated import DevicePutReplicated
 from jaxmigrate.codemods.device_put_sharded import DevicePutSharded
 from jaxmigrate.codemods.experimental_shard_map import ExperimentalShardMap
+from jaxmigrate.codemods.host_callback import HostCallback
 from jaxmigrate.codemods.legacy_imports import LegacyImports
 from jaxmigrate.codemods.partial_auto_callback import PartialAutoCallback
 from jaxmigrate.codemods.pjit import Pjit
@@ -22,6 +24,7 @@ from jaxmigrate.passes import Pass
 PASSES: tuple[type[Pass], ...] = (
     LegacyImports,
     ExperimentalShardMap,
+    HostCallback,
     PartialAutoCallback,
     Pjit,
     WithMesh,

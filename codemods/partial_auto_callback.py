@@ -1068,11 +1068,15 @@ class Layout:
 
     def call(self, call: cst.Call, offset: int) -> str:
         """Return `call` laid out `offset` columns into this layout's line (kept as written
-        when it spans lines already)."""
+        when it holds a comment)."""
         text = _code(call)
-        if "\n" in text or any(a.star for a in call.args):
-            return text
-        parts = [_code(a.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip() for a in call.args]
+        if "#" in text or any(a.star for a in call.args):
+            return text  # comments stay where they were
+        plain = cst.SimpleWhitespace("")
+        parts = [
+            _code(a.with_changes(comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=plain))
+            for a in call.args
+        ]
         shifted = Layout(self.base, self.indent, self.column + offset, 1)
         return shifted.layout(_code(call.func), parts)
 
