@@ -1,4 +1,4 @@
-"""Finding the files to migrate: `.py` under the given paths, minus ignored and excluded ones.
+"""Finding the files to migrate: `.py` and `.ipynb` under the given paths, minus ignored ones.
 
 Paths named explicitly are always taken (as ruff does); directories are walked with `.gitignore`
 files honoured at every level (pathspec's git-wildmatch, the same rules git uses), sensible
@@ -38,7 +38,7 @@ DEFAULT_EXCLUDES = (
     ".ipynb_checkpoints",
     ".jaxmigrate_cache",
 )
-SUFFIXES = (".py",)
+SUFFIXES = (".py", ".ipynb")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The pipeline for one file: prefilter, parse once, run the passes, apply the policy.
 
 `migrate_source` is the pure core (text in, text and sites out) that the CLI, the review UI and
-editor integrations share; `process_file` wraps it with reading and never raises.
+editor integrations share; `migrate_text` also takes notebooks (`jaxmigrate.notebook`), by the
+file's name; `process_file` wraps it with reading (and the result cache) and never raises.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import difflib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import libcst as cst
 from libcst.codemod import CodemodContext
@@ -17,7 +19,10 @@ from libcst.codemod import CodemodContext
 from jaxmigrate.model import Bucket, FileResult, Safety, Site, Skip, Status
 from jaxmigrate.passes import LATEST_JAX, STATE_KEY, FileState, ModuleCache, Pass
 from jaxmigrate.prefilter import passes_for
-from jaxmigrate.textio import SourceError, read_source
+from jaxmigrate.textio import SourceError, decode, read_bytes
+
+if TYPE_CHECKING:
+    from jaxmigrate.cache import ResultCache
 
 PassList = Sequence[type[Pass]]
 
@@ -201,33 +206,80 @@ def describe_syntax_error(exc: cst.ParserSyntaxError) -> str:
     return f"cannot parse: line {exc.raw_line}, column {exc.raw_column + 1}: {message}"
 
 
-def process_file(
-    path: Path,
+def migrate_text(
+    text: str,
+    *,
+    path: str,
+    options: Options,
+    accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
+) -> Migration:
+    """Migrate a file's text: a notebook's JSON (by its `.ipynb` name) cell by cell, else Python.
+
+    Raises what `migrate_source` raises, and `NotebookError` for a notebook it cannot take.
+    """
+    if path.endswith(".ipynb"):
+        from jaxmigrate.notebook import migrate_notebook
+
+        return migrate_notebook(text, options=options, accept=accept, path=path)
+    return migrate_source(text, options=options, accept=accept, path=path)
+
+
+def process_text(
+    shown: str,
+    text: str,
     options: Options,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
 ) -> FileResult:
-    """Migrate one file in memory; never raises for a bad file and never writes."""
-    shown = str(path)
+    """Migrate one file's decoded text into its FileResult; never raises for a bad file."""
+    from jaxmigrate.notebook import NotebookError
+
     try:
-        source = read_source(path)
-    except SourceError as exc:
-        return FileResult(shown, Bucket.FAILED, reason=str(exc))
-    try:
-        result = migrate_source(source.text, options=options, accept=accept, path=shown)
+        result = migrate_text(text, path=shown, options=options, accept=accept)
     except cst.ParserSyntaxError as exc:
         return FileResult(shown, Bucket.FAILED, reason=describe_syntax_error(exc))
+    except NotebookError as exc:
+        bucket = Bucket.SKIPPED if exc.skipped else Bucket.FAILED
+        return FileResult(shown, bucket, reason=str(exc))
     except RecursionError:
         return FileResult(shown, Bucket.FAILED, reason="too deeply nested for the parser")
     except Exception as exc:  # noqa: BLE001 - one bad file never stops the batch
         return FileResult(
             shown, Bucket.FAILED, reason=f"internal error: {type(exc).__name__}: {exc}"
         )
-    bucket = Bucket.CHANGED if result.code != source.text else Bucket.UNCHANGED
+    bucket = Bucket.CHANGED if result.code != text else Bucket.UNCHANGED
     return FileResult(
         shown,
         bucket,
         sites=result.sites,
         skips=result.skips,
-        old_text=source.text,
+        old_text=text,
         new_text=result.code,
     )
+
+
+def process_file(
+    path: Path,
+    options: Options,
+    accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
+    cache: ResultCache | None = None,
+) -> FileResult:
+    """Migrate one file in memory; never raises for a bad file and never writes.
+
+    `cache` answers for bytes it has already seen under the same settings; it is not consulted
+    when `accept` decides the sites (those decisions are not the engine's alone).
+    """
+    shown = str(path)
+    try:
+        data = read_bytes(path)
+        text = decode(data).text
+    except SourceError as exc:
+        return FileResult(shown, Bucket.FAILED, reason=str(exc))
+    if cache is None or accept is not None:
+        return process_text(shown, text, options, accept)
+    key = cache.key(data, notebook=shown.endswith(".ipynb"))
+    hit = cache.load(key, shown, text)
+    if hit is not None:
+        return hit
+    result = process_text(shown, text, options)
+    cache.store(key, result)
+    return result

@@ -48,6 +48,7 @@ class Site:
     applied: bool = False
     reason: str = ""
     details: dict[str, Any] = field(default_factory=dict, compare=False)
+    cell: int | None = None
 
     def to_json(self, path: str) -> dict[str, Any]:
         """Return the report form of this site."""
@@ -62,6 +63,8 @@ class Site:
             "applied": self.applied,
             "message": self.message,
         }
+        if self.cell is not None:
+            out["cell"] = self.cell
         if self.reason:
             out["reason"] = self.reason
         if self.details:
@@ -79,10 +82,11 @@ class Skip:
     col: int
     reason: str
     suppressed: bool = False
+    cell: int | None = None
 
     def to_json(self, path: str) -> dict[str, Any]:
         """Return the report form of this skip."""
-        return {
+        out: dict[str, Any] = {
             "code": self.code,
             "name": self.name,
             "path": path,
@@ -91,6 +95,17 @@ class Skip:
             "reason": self.reason,
             "suppressed": self.suppressed,
         }
+        if self.cell is not None:
+            out["cell"] = self.cell
+        return out
+
+
+def place(path: str, cell: int | None) -> str:
+    """Return how a location is named to the user: `nb.ipynb[cell 3]` in a notebook, else `path`.
+
+    Cells are numbered from 1 among the notebook's code cells, as ruff numbers them.
+    """
+    return path if cell is None else f"{path}[cell {cell}]"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
+from jaxmigrate.cache import ResultCache
 from jaxmigrate.discovery import Found
 from jaxmigrate.engine import Options, process_file
 from jaxmigrate.model import Bucket, FileResult, Site
@@ -25,12 +26,19 @@ def _skipped(found: Found) -> FileResult:
 
 
 def migrate_files(
-    found: Sequence[Found], options: Options, jobs: int = 1, accept: Accept | None = None
+    found: Sequence[Found],
+    options: Options,
+    jobs: int = 1,
+    accept: Accept | None = None,
+    cache: ResultCache | None = None,
 ) -> Iterator[FileResult]:
-    """Yield one FileResult per discovered path, in order; files run in `jobs` processes."""
+    """Yield one FileResult per discovered path, in order; files run in `jobs` processes.
+
+    `cache` (shared by the workers) answers for files already seen under the same settings.
+    """
     files = [f.path for f in found if not f.problem]
     results: Iterator[FileResult]
-    work = partial(process_file, options=options, accept=accept)
+    work = partial(process_file, options=options, accept=accept, cache=cache)
     if jobs > 1 and len(files) > 1 and accept is None:
         context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:

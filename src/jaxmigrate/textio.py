@@ -44,13 +44,17 @@ def decode(data: bytes) -> SourceText:
     return SourceText(text=text, encoding=encoding)
 
 
-def read_source(path: Path) -> SourceText:
-    """Read and decode `path`; raise SourceError with a one-line reason."""
+def read_bytes(path: Path) -> bytes:
+    """Return the bytes of `path`; raise SourceError with a one-line reason."""
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except OSError as exc:
         raise SourceError(f"cannot be read: {exc.strerror or exc}") from None
-    return decode(data)
+
+
+def read_source(path: Path) -> SourceText:
+    """Read and decode `path`; raise SourceError with a one-line reason."""
+    return decode(read_bytes(path))
 
 
 def atomic_write(path: Path, data: bytes) -> None:

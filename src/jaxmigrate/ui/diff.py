@@ -1,4 +1,4 @@
-"""Unified diffs (difflib) rendered in colour with rich."""
+"""Unified diffs (difflib) rendered in colour with rich; a notebook's diff is one per cell."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ import difflib
 
 from rich.console import Console
 from rich.text import Text
+
+from jaxmigrate.model import place
+from jaxmigrate.notebook import NotebookError, changed_cells
 
 
 def unified_diff(old: str, new: str, path: str, context: int = 3) -> list[str]:
@@ -39,8 +42,31 @@ def diff_text(lines: list[str]) -> Text:
     return out
 
 
+def file_diff(old: str, new: str, path: str, context: int = 3) -> list[str]:
+    """Return the diff lines of a file; a notebook's per changed cell (`a/nb.ipynb[cell 3]`)."""
+    if path.endswith(".ipynb"):
+        try:
+            cells = changed_cells(old, new)
+        except NotebookError:
+            cells = None  # not a notebook we read: show its text as it is
+        if cells is not None:
+            return [
+                line
+                for number, before, after in cells
+                for line in unified_diff(*_ended(before, after), place(path, number), context)
+            ]
+    return unified_diff(old, new, path, context)
+
+
+def _ended(old: str, new: str) -> tuple[str, str]:
+    """Cells rarely end with a newline: say so only when a rewrite changed that."""
+    if not old.endswith("\n") and not new.endswith("\n"):
+        return old + "\n", new + "\n"
+    return old, new
+
+
 def print_diff(console: Console, old: str, new: str, path: str, context: int = 3) -> None:
     """Print a coloured unified diff (nothing when the texts are equal)."""
-    lines = unified_diff(old, new, path, context)
+    lines = file_diff(old, new, path, context)
     if lines:
         console.print(diff_text(lines), end="", soft_wrap=True, highlight=False)

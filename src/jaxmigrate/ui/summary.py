@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from jaxmigrate.model import Bucket, FileResult, Site, Skip, Status
+from jaxmigrate.model import Bucket, FileResult, Site, Skip, Status, place
 
 STATUS_STYLE = {
     Status.VERIFIED: "green",
@@ -28,7 +28,7 @@ BUCKET_STYLE = {
 def site_line(path: str, site: Site, *, dry_run: bool = False) -> Text:
     """Return `path:line:col CODE name [safety, status] message` (and why it was not applied)."""
     text = Text()
-    text.append(f"{path}:{site.line}:{site.col}", style="bold")
+    text.append(f"{place(path, site.cell)}:{site.line}:{site.col}", style="bold")
     text.append(f" {site.code} ", style="magenta")
     text.append(f"{site.name} ", style="cyan")
     text.append(f"[{site.safety}, ")
@@ -48,7 +48,7 @@ def site_line(path: str, site: Site, *, dry_run: bool = False) -> Text:
 def skip_line(path: str, skip: Skip) -> Text:
     """Return the line for a construct a pass left alone."""
     text = Text()
-    text.append(f"{path}:{skip.line}:{skip.col}", style="bold")
+    text.append(f"{place(path, skip.cell)}:{skip.line}:{skip.col}", style="bold")
     text.append(f" {skip.code} ", style="magenta")
     text.append(f"{skip.name} ", style="cyan")
     text.append("[suppressed] " if skip.suppressed else "[skipped] ", style="dim")
@@ -120,13 +120,15 @@ def apply_hint(site: Site) -> str:
         return "apply the other sites of its group"
     if site.reason.startswith("file not written"):
         return "see the file's error above"
+    if site.cell is not None:
+        return "--unsafe-fixes after reviewing the diff (notebook cells are not verified)"
     return "--verify-with CMD (record real inputs) or --unsafe-fixes"
 
 
 def _pending_lines(pending: Sequence[tuple[str, Site]]) -> Text:
     text = Text(f"Not applied ({len(pending)})\n", style="bold")
     for path, site in pending[:50]:
-        text.append(f"  {path}:{site.line} {site.code} ")
+        text.append(f"  {place(path, site.cell)}:{site.line} {site.code} ")
         text.append(str(site.status), style=STATUS_STYLE[site.status])
         text.append(f": {site.reason}; to apply: {apply_hint(site)}\n")
     if len(pending) > 50:
