@@ -36,6 +36,7 @@ from jaxmigrate.cli.common import (
 from jaxmigrate.model import Bucket, FileResult, Safety
 from jaxmigrate.runner import dirty_files, migrate_files, write_result
 from jaxmigrate.ui.diff import print_diff
+from jaxmigrate.ui.review import review_interactively
 from jaxmigrate.ui.summary import file_problem_line, print_summary, site_line, skip_line
 
 
@@ -51,6 +52,14 @@ def run(
     allow_dirty: Annotated[
         bool,
         typer.Option("--allow-dirty", help="Write files that have uncommitted git changes."),
+    ] = False,
+    interactive: Annotated[
+        bool,
+        typer.Option(
+            "--interactive",
+            "-i",
+            help="Review each site (y/n/a/d/A/q/e/?) before writing; resumes an unfinished review.",
+        ),
     ] = False,
     no_verify: NoVerifyOpt = False,
     verify_with: VerifyWithOpt = None,
@@ -81,7 +90,9 @@ def run(
             verify_with=verify_with,
             timeout=timeout,
         )
-        results = execute(settings, stdout(), dry_run=dry_run, allow_dirty=allow_dirty)
+        results = execute(
+            settings, stdout(), dry_run=dry_run, allow_dirty=allow_dirty, interactive=interactive
+        )
         write_report(results, report, fmt, dry_run=dry_run)
     except UsageError as exc:
         stderr().print(f"[bold red]error:[/] {exc}")
@@ -96,15 +107,29 @@ def execute(
     dry_run: bool,
     allow_dirty: bool,
     show_diff: bool = True,
+    interactive: bool = False,
 ) -> list[FileResult]:
-    """Migrate, write (unless `dry_run`), print diffs, site lines and the summary."""
+    """Migrate, write (unless `dry_run`), print diffs, site lines and the summary.
+
+    `interactive` asks about every site first (`jaxmigrate.ui.review`) and writes what is accepted.
+    """
     found = discover(settings)
     if not found:
         raise UsageError("no Python files found under the given paths")
     results = list(migrate_files(found, settings.options, jobs=settings.jobs))
     if settings.verify:
         results = verify_unsafe(results, settings)
-    if not dry_run:
+    if interactive:
+        results = review_interactively(
+            results,
+            console,
+            options=settings.options,
+            root=settings.root,
+            dry_run=dry_run,
+            allow_dirty=allow_dirty,
+            verification_ran=settings.verify,
+        )
+    elif not dry_run:
         results = write_all(results, allow_dirty=allow_dirty)
     report_results(console, results, dry_run=dry_run, show_diff=show_diff)
     return results

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from jaxmigrate.model import Bucket, FileResult, Site, Skip, Status, place
+from jaxmigrate.review import NOT_REVIEWED, REJECTED
 
 STATUS_STYLE = {
     Status.VERIFIED: "green",
@@ -120,6 +121,10 @@ def apply_hint(site: Site) -> str:
         return "apply the other sites of its group"
     if site.reason.startswith("file not written"):
         return "see the file's error above"
+    if site.reason == NOT_REVIEWED:
+        return "jaxmigrate run --interactive (resumes the review)"
+    if site.reason == REJECTED:
+        return "jaxmigrate run --interactive, and answer y"
     if site.cell is not None:
         return "--unsafe-fixes after reviewing the diff (notebook cells are not verified)"
     return "--verify-with CMD (record real inputs) or --unsafe-fixes"

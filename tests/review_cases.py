@@ -1,0 +1,97 @@
+"""What the interactive review tests share: sources with known sites, the CLI, the engine's
+rendering of a chosen subset of sites."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+
+from jaxmigrate.engine import Options, migrate_source
+
+# Four safe sites, in line order: JM101 (line 2), JM103 (13), JM102 (14), JM103 (15).
+SAFE = """\
+import jax
+from jax.experimental.maps import Mesh
+from jax.experimental.pjit import pjit
+from jax.experimental.shard_map import shard_map
+from jax.sharding import PartitionSpec as P
+
+
+def f(x):
+    return x * 2
+
+
+mesh = Mesh(jax.devices(), ("x",))
+g = pjit(f)
+h = shard_map(f, mesh, in_specs=P("x"), out_specs=P("x"), check_rep=False)
+k = pjit(f, donate_argnums=0)
+"""
+SECOND = "from jax.experimental.pjit import pjit\n\ng = pjit(abs)\n"
+PMAP = """\
+import jax
+
+
+def step(x):
+    return jax.lax.pmean(x * 2, "i")
+
+
+run = jax.pmap(step, axis_name="i")
+"""
+GROUPED = """\
+import numpy as np
+import jax
+from jax.sharding import Mesh, PartitionSpec as P
+from jax.experimental.pjit import pjit
+
+
+def main():
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("x", "y"))
+    with mesh:
+        f = pjit(lambda a: a * 2, in_shardings=P("x"), out_shardings=P("x"))
+        return f(np.ones((8, 2)))
+"""
+PROMPT = "Apply this site?"
+
+
+def jm(*args: str, cwd: Path, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "jaxmigrate", "run", "--interactive", *args],
+        cwd=cwd,
+        capture_output=True,
+        check=False,
+        text=True,
+        env=env,
+        input=stdin,
+        timeout=120,
+    )
+
+
+def keys_of(code: str) -> list[str]:
+    return [s.key for s in migrate_source(code).sites]
+
+
+def rendered(code: str, accepted: Iterable[int], **options: bool) -> str:
+    """The engine's rendering of `code` with only the sites at positions `accepted`."""
+    keys = {keys_of(code)[i] for i in accepted}
+    migration = migrate_source(
+        code,
+        options=Options(**options),
+        accept=lambda sites: [replace(s, applied=s.key in keys) for s in sites],
+    )
+    assert {s.key for s in migration.sites if s.applied} == keys
+    return migration.code
+
+
+def changed_lines(output: str) -> list[str]:
+    """The removed and added lines of the one diff in `output`."""
+    body = output.split("+++ b/")[1].split("\n", 1)[1]
+    return [line for line in body.splitlines() if line.startswith(("+", "-"))]
+
+
+def progress_file(root: Path) -> Path:
+    return root / ".jaxmigrate_cache" / "review.json"
