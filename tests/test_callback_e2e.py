@@ -84,3 +84,90 @@ def test_reported_example_is_rewritten_verified_and_runs(tmp_path: Path) -> None
     after = run([sys.executable, str(program)], tmp_path, env)
     assert after.returncode == 0, after.stderr[-3000:]
     assert float(after.stdout.strip().splitlines()[-1]) == 2 * 120 + 16
+
+
+ORDERED = """\
+import jax
+import numpy as np
+from jax.experimental import io_callback
+from jax.sharding import Mesh, PartitionSpec as P
+
+mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+SEEN = []
+
+
+def log_and_double(v):
+    SEEN.append(float(np.asarray(v).sum()))
+    return np.asarray(v) * 2
+
+
+def body(v):
+    return io_callback(log_and_double, jax.ShapeDtypeStruct(v.shape, v.dtype), v, ordered=True)
+
+
+def logged(x):
+    SEEN.clear()
+    step = jax.jit(
+        jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=P("data"), axis_names={"data"})
+    )
+    out = jax.block_until_ready(step(x))
+    jax.effects_barrier()
+    return out, sorted(SEEN)
+
+
+if __name__ == "__main__":
+    out, seen = logged(np.arange(16, dtype=np.float32).reshape(8, 2))
+    print(len(seen), float(np.asarray(out).sum()))
+"""
+
+
+def jaxmigrate(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return run([sys.executable, "-m", "jaxmigrate", *args], cwd, env)
+
+
+def sites_of(report: Path) -> list[dict]:
+    return [s for f in json.loads(report.read_text())["files"] for s in f["sites"]]
+
+
+@pytest.mark.jax
+def test_ordered_io_callback_is_gated_and_verified_with_its_side_effects(tmp_path: Path) -> None:
+    """`logged` returns the host calls it saw: the site verifies because the widened reference
+    runs an io_callback once per manual shard, as the gate does."""
+    program = tmp_path / "model.py"
+    program.write_text(ORDERED)
+    report = tmp_path / "report.json"
+    proc = jaxmigrate(["run", ".", "--report", str(report), "--format", "json"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sites = sites_of(report)
+    assert [(s["code"], s["status"], s["applied"]) for s in sites] == [("JM203", "verified", True)]
+    assert sites[0]["details"]["target"] == "model.py::logged"
+    assert sites[0]["details"]["reference"] == "widened-shard-map"
+    written = program.read_text()
+    assert "axis_names" not in written and 'axis_index("model") == 0' in written
+    after = run([sys.executable, str(program)], tmp_path, jax_env(8))
+    assert after.returncode == 0, after.stderr[-3000:]
+    calls, total = after.stdout.strip().splitlines()[-1].split()
+    assert int(calls) == 4  # once per 'data' shard
+    assert float(total) == 2 * 120
+
+
+@pytest.mark.jax
+def test_widening_alone_repeats_the_side_effect_and_fails(tmp_path: Path) -> None:
+    """A hand migration that only widens the shard_map calls the host twice per shard: the
+    verifier's reference counts once per manual shard, so `verify --against` fails it."""
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    program = tmp_path / "model.py"
+    program.write_text(ORDERED)
+    for cmd in (["init", "-q"], ["add", "model.py"], ["commit", "-qm", "before"]):
+        subprocess.run([*git, *cmd], cwd=tmp_path, check=True, capture_output=True)
+    program.write_text(ORDERED.replace(', axis_names={"data"})', ")"))
+    report = tmp_path / "report.json"
+    proc = jaxmigrate(["verify", "--against", "HEAD", "--report", str(report)], tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [site] = sites_of(report)
+    assert site["status"] == "failed"
+    assert site["details"]["reference"] == "widened-shard-map"
+    # the list of host calls: 8 (two per shard) where the reference made 4
+    why = site["details"]["mismatch"]["why"]
+    assert "[*, *, *, *, *, *, *, *]" in why and "expected PyTreeDef((*, [*, *, *, *]))" in why

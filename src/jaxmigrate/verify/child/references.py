@@ -8,7 +8,10 @@ module is imported and called (the worker imports a fresh copy of the module und
   axes; cookbook cases 04 and 07).
 - `widened-shard-map`: `shard_map` with every mesh axis manual (drops `axis_names` / `auto`); a
   callback in a partial-auto region then runs, and is equivalent when the specs never name the
-  auto axes (cookbook case 12e).
+  auto axes (cookbook case 12e). Side effects keep their count: in a widened region,
+  `io_callback` and `jax.debug.callback` run on the first device along the formerly automatic
+  axes only (their result shared with `psum`), once per manual shard, as `jax.debug.callback`
+  runs in a partial-auto region; pure callbacks run on every device.
 - `pjit-in-shardings`: pjit's removed `in_axis_resources` / `out_axis_resources` keywords are
   passed as `in_shardings` / `out_shardings` (cookbook case 10).
 
@@ -83,14 +86,69 @@ def oracle_pmap(
     return mapped
 
 
+# The formerly automatic axes of the widened shard_maps being traced, innermost last.
+_AUTO: list[tuple[str, ...]] = []
+
+
+def _auto_axes(drop: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, ...]:
+    """Return the axes a shard_map call leaves automatic (`auto=`, or the mesh's axes that
+    `axis_names=` does not name; none when every axis is manual)."""
+    value = kwargs.get(drop)
+    if not value:
+        return ()
+    if drop == "auto":
+        return tuple(value)
+    mesh = kwargs.get("mesh") or (args[1] if len(args) > 1 else None)
+    if mesh is None:
+        mesh = jax.sharding.get_abstract_mesh()
+    return tuple(a for a in mesh.axis_names if a not in value)
+
+
 def widened(real: Callable[..., Any], drop: str) -> Callable[..., Any]:
-    """Return `real` (a shard_map) with the keyword `drop` removed: every mesh axis manual."""
+    """Return `real` (a shard_map) with the keyword `drop` removed: every mesh axis manual.
+
+    While the body is traced, the axes that were automatic are on `_AUTO`, so the callbacks it
+    makes can run once per manual shard.
+    """
 
     def shard_map(*args: Any, **kwargs: Any) -> Any:
+        if not args:  # decorator factory: `jax.shard_map(mesh=..., ...)(f)`
+            return lambda f: shard_map(f, **kwargs)
+        auto = _auto_axes(drop, args, kwargs)
         kwargs.pop(drop, None)
-        return real(*args, **kwargs)
+        f = args[0]
+
+        @functools.wraps(f)
+        def body(*a: Any, **k: Any) -> Any:
+            _AUTO.append(auto)
+            try:
+                return f(*a, **k)
+            finally:
+                _AUTO.pop()
+
+        return real(body, *args[1:], **kwargs)
 
     return shard_map
+
+
+def once_per_manual_shard(real: Callable[..., Any], *, has_result: bool) -> Callable[..., Any]:
+    """Return `real` (a callback) gated to the first device along the widened axes: each side
+    effect happens as often as in the partial-auto region (the rewrite's own gate)."""
+
+    def callback(*args: Any, **kwargs: Any) -> Any:
+        axes = _AUTO[-1] if _AUTO else ()
+        if not axes or not args or args[0] is None:
+            return real(*args, **kwargs)
+        lax, jnp = jax.lax, importlib.import_module("jax.numpy")
+        shapes = args[1] if has_result and len(args) > 1 else None
+
+        def skip() -> Any:
+            return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+        out = lax.cond(lax.axis_index(axes) == 0, lambda: real(*args, **kwargs), skip)
+        return out if shapes is None else lax.psum(out, axes)
+
+    return callback
 
 
 def _widened_shard_map() -> contextlib.ExitStack:
@@ -98,6 +156,11 @@ def _widened_shard_map() -> contextlib.ExitStack:
     stack.enter_context(patched(jax, "shard_map", widened(jax.shard_map, "axis_names")))
     legacy = importlib.import_module("jax.experimental.shard_map")
     stack.enter_context(patched(legacy, "shard_map", widened(legacy.shard_map, "auto")))
+    experimental = importlib.import_module("jax.experimental")
+    io = once_per_manual_shard(experimental.io_callback, has_result=True)
+    stack.enter_context(patched(experimental, "io_callback", io))
+    debug = once_per_manual_shard(jax.debug.callback, has_result=False)
+    stack.enter_context(patched(jax.debug, "callback", debug))
     return stack
 
 
