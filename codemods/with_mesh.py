@@ -68,6 +68,7 @@ simulated mesh. The original often cannot run on current JAX (jit with Partition
 
 from __future__ import annotations
 
+import ast
 import re
 from typing import ClassVar
 
@@ -107,6 +108,16 @@ class WithMesh(Pass):
         if cls.TRIGGER.search(source) is not None:
             return True
         return _MESH_TYPE.search(source) is not None and _ANY_WITH.search(source) is not None
+
+    @classmethod
+    def may_apply_to(cls, tree: ast.Module) -> bool:
+        """Only a `with` one of whose items could be a mesh (see `_could_be_mesh`) matters."""
+        return any(
+            _ast_could_be_mesh(item.context_expr)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.With)
+            for item in node.items
+        )
 
     def visit_Module(self, node: cst.Module) -> None:
         self._module = node
@@ -168,6 +179,17 @@ def _could_be_mesh(node: cst.BaseExpression) -> bool:
     if isinstance(node, cst.Call):
         name = dotted(node.func)
         last = (name or "").rsplit(".", 1)[-1]
+        return last.lower().endswith("mesh") and last not in _MESH_CONTEXTS
+    return False
+
+
+def _ast_could_be_mesh(node: ast.expr) -> bool:
+    """`_could_be_mesh` on Python's own syntax tree."""
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        return True
+    if isinstance(node, ast.Call):
+        func = node.func
+        last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
         return last.lower().endswith("mesh") and last not in _MESH_CONTEXTS
     return False
 

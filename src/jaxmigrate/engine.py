@@ -180,7 +180,7 @@ def migrate_source(
         module, code, passes, target_jax=options.target_jax, path=path, selected=selected
     )
     if not run.sites:
-        return Migration(code, (), tuple(run.skips))
+        return Migration(code, (), tuple(sorted(run.skips, key=lambda s: (s.line, s.col))))
     sites = decide([initial_status(s) for s in run.sites], options.unsafe_fixes)
     if accept is not None:
         sites = enforce_groups(accept(sites))

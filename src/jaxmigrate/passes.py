@@ -8,6 +8,7 @@ engine can re-run a pass with only some sites enabled; `Pass.site()` answers whe
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -135,6 +136,11 @@ class Pass(CodemodCommand, cst.CSTTransformer):
     def summary(cls) -> str:
         """Return the first line of the pass's documentation."""
         return (cls.__doc__ or "").strip().splitlines()[0]
+
+    @classmethod
+    def may_apply_to(cls, tree: ast.Module) -> bool:
+        """Return False when the file's `ast` shows it holds no site (prefilter, second stage)."""
+        return True
 
     @classmethod
     def applies_to(cls, source: str) -> bool:

@@ -1,7 +1,7 @@
 """Deciding cheaply which passes a file needs, so most files are never parsed by libcst.
 
-Two stages. The text stage asks each pass's `TRIGGER` regex. The name stage runs only for passes
-that declare `QUALNAMES` (the legacy objects they rewrite): Python's own `ast` parser, an order of
+Two stages. The text stage asks each pass's `TRIGGER` regex. A pass may also look at the `ast` itself
+(`Pass.may_apply_to`). The name stage runs only for passes that declare `QUALNAMES` (the legacy objects they rewrite): Python's own `ast` parser, an order of
 magnitude faster than libcst's, lists what the file's imports make reachable, and a pass stays
 only if one of its qualified names is referenced. The name stage over-approximates (it ignores
 shadowing), so it never drops a file a pass would rewrite; a file `ast` cannot parse (newer syntax
@@ -26,12 +26,16 @@ def _chain(node: ast.expr) -> tuple[str, list[str]] | None:
     return None
 
 
-def referenced_names(source: str) -> set[str] | None:
-    """Return the dotted names of imported objects the source mentions; None if unparsable."""
+def parse(source: str) -> ast.Module | None:
+    """Return the `ast` of `source`, or None when the running Python cannot parse it."""
     try:
-        tree = ast.parse(source)
+        return ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
+
+
+def referenced_names(tree: ast.Module) -> set[str]:
+    """Return the dotted names of imported objects the module mentions."""
     aliases: dict[str, set[str]] = {}
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -61,9 +65,14 @@ def _mentions(names: Iterable[str], wanted: Sequence[str]) -> bool:
 def passes_for(source: str, passes: Sequence[type[Pass]]) -> list[type[Pass]]:
     """Return the passes that may find a site in `source`, in their order."""
     chosen = [p for p in passes if p.applies_to(source)]
-    if not any(p.QUALNAMES for p in chosen):
+    if not chosen:
         return chosen
-    names = referenced_names(source)
-    if names is None:
+    tree = parse(source)
+    if tree is None:
         return chosen
-    return [p for p in chosen if not p.QUALNAMES or _mentions(names, p.QUALNAMES)]
+    names = referenced_names(tree) if any(p.QUALNAMES for p in chosen) else set()
+    return [
+        p
+        for p in chosen
+        if (not p.QUALNAMES or _mentions(names, p.QUALNAMES)) and p.may_apply_to(tree)
+    ]
