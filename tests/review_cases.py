@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from jaxmigrate.engine import Options, migrate_source
+from jaxmigrate.engine import Options, migrate_text
 
 # Four safe sites, in line order: JM101 (line 2), JM103 (13), JM102 (14), JM103 (15).
 SAFE = """\
@@ -71,15 +71,14 @@ def jm(*args: str, cwd: Path, stdin: str = "") -> subprocess.CompletedProcess[st
     )
 
 
-def keys_of(code: str) -> list[str]:
-    return [s.key for s in migrate_source(code).sites]
-
-
-def rendered(code: str, accepted: Iterable[int], **options: bool) -> str:
-    """The engine's rendering of `code` with only the sites at positions `accepted`."""
-    keys = {keys_of(code)[i] for i in accepted}
-    migration = migrate_source(
+def rendered(code: str, accepted: Iterable[int], path: str = "x.py", **options: bool) -> str:
+    """The engine's rendering of `code` with only the sites at positions `accepted` (in file
+    order: notebook cell, line, column)."""
+    every = migrate_text(code, path=path, options=Options()).sites
+    keys = {every[i].key for i in accepted}
+    migration = migrate_text(
         code,
+        path=path,
         options=Options(**options),
         accept=lambda sites: [replace(s, applied=s.key in keys) for s in sites],
     )

@@ -31,6 +31,8 @@ from jaxmigrate.runner import write_result
 from jaxmigrate.ui.review import RichPresenter
 from jaxmigrate.verify import Verdict, annotate
 
+FIXTURES = Path(__file__).parent / "fixtures_notebooks"
+
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
@@ -173,6 +175,24 @@ def test_dry_run_prompts_then_shows_the_accepted_result(tree: Path) -> None:
     assert "+g = jax.jit(f)" not in after
     assert "would write a.py: 1 of 4 site(s) applied" in proc.stdout
     assert not progress_file(tree).exists(), "a dry run writes nothing, not even progress"
+
+
+def test_a_notebook_is_reviewed_cell_by_cell_and_resumed(tmp_path: Path) -> None:
+    original = (FIXTURES / "jupyterlab.ipynb").read_text()
+    (tmp_path / "nb.ipynb").write_text(original)
+    proc = jm("--no-verify", ".", cwd=tmp_path, stdin="y\nn\ny\nq\n")
+    assert "[1/4] nb.ipynb[cell 2]:6:30 JM101" in proc.stdout
+    assert "+++ b/nb.ipynb[cell 2]" in proc.stdout, "the diff is of the cell, not of the JSON"
+    assert "Apply these 2 sites?" in proc.stdout.split("[3/4]")[1]
+    text = (tmp_path / "nb.ipynb").read_text()
+    assert text == rendered(original, [0, 2, 3], path="nb.ipynb", unsafe_fixes=True)
+    json.loads(text)
+    again = jm("--no-verify", ".", cwd=tmp_path, stdin="y\n")
+    assert "resuming: 1 decision(s) remembered, 1 left to review" in again.stdout
+    assert "[1/1] nb.ipynb[cell 6]:1:14 JM104" in again.stdout
+    everything_but_one = [0, 2, 3, 4]
+    expected = rendered(original, everything_but_one, path="nb.ipynb", unsafe_fixes=True)
+    assert (tmp_path / "nb.ipynb").read_text() == expected
 
 
 def git(root: Path, *args: str) -> None:

@@ -27,7 +27,7 @@ from typing import IO, Any, Protocol
 
 import libcst as cst
 
-from jaxmigrate.engine import Options, enforce_groups, line_map_between, migrate_source
+from jaxmigrate.engine import Options, enforce_groups, line_map_between, migrate_text
 from jaxmigrate.model import Bucket, FileResult, Safety, Site, Status
 
 PROGRESS_FILE = Path(".jaxmigrate_cache") / "review.json"
@@ -98,7 +98,7 @@ def units_of(sites: Sequence[Site], path: str) -> tuple[Unit, ...]:
     """Return the units of one file's sites, ordered by the line and column of their lead."""
     by_group: dict[str, list[Site]] = {}
     units: list[list[Site]] = []
-    for site in sorted(sites, key=lambda s: (s.line, s.col)):
+    for site in sorted(sites, key=place_of):
         if site.group is None:
             units.append([site])
         elif site.group in by_group:
@@ -109,15 +109,20 @@ def units_of(sites: Sequence[Site], path: str) -> tuple[Unit, ...]:
     return tuple(Unit(path, tuple(members)) for members in units)
 
 
+def place_of(site: Site) -> tuple[int, int, int]:
+    """Return where a site sorts in its file: (notebook cell, line, column)."""
+    return (site.cell or 0, site.line, site.col)
+
+
 def render(result: FileResult, keys: frozenset[str], options: Options) -> str:
     """Return the file's original text re-rendered by the engine with exactly `keys` applied."""
     old = result.old_text or ""
     if not keys:
         return old
-    migration = migrate_source(
+    migration = migrate_text(
         old,
-        options=options,
         path=result.path,
+        options=options,
         accept=lambda sites: [replace(s, applied=s.key in keys) for s in sites],
     )
     return migration.code
@@ -223,30 +228,45 @@ def carry_over(
     """Return the answers of the sites still in `new_text` after writing `result` partially.
 
     The sites left in the written file are the original's unapplied ones. Each is matched to
-    the original site of the same rule on the same original line (in column order), so that a
-    resumed review does not ask again about a site the user already rejected.
+    the original site of the same rule on the same original line (of the same notebook cell),
+    in column order, so that a resumed review does not ask again about a rejected site.
     """
     try:
-        left = migrate_source(new_text, options=options, path=result.path).sites
-    except cst.ParserSyntaxError:
+        left = migrate_text(new_text, path=result.path, options=options).sites
+        old_sources = _sources(result.old_text or "", result.path)
+        new_sources = _sources(new_text, result.path)
+    except Exception:  # noqa: BLE001 - nothing carried over is always safe: it is asked again
         return {}
-    to_old = line_map_between((result.old_text or "").splitlines(keepends=True), new_text)
-    old_by_place: dict[tuple[str, int], list[Site]] = {}
-    for site in sorted(result.sites, key=lambda s: (s.line, s.col)):
+    to_old = {
+        cell: line_map_between(old_sources.get(cell, "").splitlines(keepends=True), source)
+        for cell, source in new_sources.items()
+    }
+    old_by_place: dict[tuple[int | None, str, int], list[Site]] = {}
+    for site in sorted(result.sites, key=place_of):
         if not decisions.get(site.key, False):
-            old_by_place.setdefault((site.code, site.line), []).append(site)
-    new_by_place: dict[tuple[str, int], list[Site]] = {}
-    for site in sorted(left, key=lambda s: (s.line, s.col)):
-        new_by_place.setdefault((site.code, to_old(site.line)), []).append(site)
+            old_by_place.setdefault((site.cell, site.code, site.line), []).append(site)
+    new_by_place: dict[tuple[int | None, str, int], list[Site]] = {}
+    for site in sorted(left, key=place_of):
+        line = to_old[site.cell](site.line) if site.cell in to_old else -1
+        new_by_place.setdefault((site.cell, site.code, line), []).append(site)
     carried: dict[str, bool] = {}
-    for place, new_sites in new_by_place.items():
-        old_sites = old_by_place.get(place, [])
+    for where, new_sites in new_by_place.items():
+        old_sites = old_by_place.get(where, [])
         if len(old_sites) != len(new_sites):
             continue  # ambiguous: ask again rather than guess
         for old, new in zip(old_sites, new_sites, strict=True):
             if old.key in decisions:
                 carried[new.key] = decisions[old.key]
     return carried
+
+
+def _sources(text: str, path: str) -> dict[int | None, str]:
+    """Return a file's text by notebook cell number (one entry, None, for a Python file)."""
+    if not path.endswith(".ipynb"):
+        return {None: text}
+    from jaxmigrate.notebook import cell_sources
+
+    return dict(cell_sources(text))
 
 
 # The session -----------------------------------------------------------------------------------
@@ -264,7 +284,8 @@ class Prompt:
 class Presenter(Protocol):
     """Everything the session shows; `jaxmigrate.ui.review.RichPresenter` draws it with rich."""
 
-    def resuming(self, remembered: int, left: int, stale: Sequence[str]) -> None: ...
+    def resuming(self, remembered: int, left: int) -> None: ...
+    def forgotten(self, stale: Sequence[str]) -> None: ...
     def show(self, prompt: Prompt) -> None: ...
     def ask(self, prompt: Prompt) -> None: ...
     def answered(self, key: str, prompt: Prompt) -> None: ...
@@ -357,6 +378,7 @@ class Review:
             if r.sites and r.old_text is not None and r.bucket is not Bucket.FAILED
         ]
         stale = []
+        resumed = False
         for file in files:
             known = (
                 self.progress.recall(file.name, file.result.old_text or "") if self.progress else {}
@@ -364,6 +386,8 @@ class Review:
             if known is None:
                 stale.append(file.name)
                 known = {}
+            elif self.progress is not None and file.name in self.progress.files:
+                resumed = True  # even with no answer left: the file was written by the review
             for unit in file.units:
                 if unit.keys <= known.keys():
                     answer = unit.applicable and all(known[k] for k in unit.keys)
@@ -371,8 +395,10 @@ class Review:
         files = self._refuse_dirty(files, results)
         left = sum(len(f.undecided()) for f in files)
         remembered = sum(len(f.units) for f in files) - left
-        if remembered or stale:
-            self.presenter.resuming(remembered, left, stale)
+        if stale:
+            self.presenter.forgotten(stale)
+        if resumed:
+            self.presenter.resuming(remembered, left)
         return files
 
     def _refuse_dirty(self, files: list[_File], results: list[FileResult]) -> list[_File]:

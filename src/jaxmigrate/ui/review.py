@@ -12,9 +12,10 @@ from rich.console import Console
 from rich.text import Text
 
 from jaxmigrate.engine import Options
-from jaxmigrate.model import Bucket, FileResult, Safety, Site, Status
+from jaxmigrate.model import Bucket, FileResult, Safety, Site, Status, place
 from jaxmigrate.review import KEYS, Progress, Prompt, Review, stdin_keys
 from jaxmigrate.runner import dirty_files, write_result
+from jaxmigrate.ui.diff import file_diff
 from jaxmigrate.ui.summary import STATUS_STYLE
 
 CONTEXT = 3
@@ -30,18 +31,18 @@ class RichPresenter:
     dry_run: bool = False
     _path: str = field(default="", init=False)
 
-    def resuming(self, remembered: int, left: int, stale: Sequence[str]) -> None:
-        """Say how many answers a previous session left, and which files forgot theirs."""
-        if remembered:
-            self.console.print(
-                f"resuming: {remembered} decision(s) remembered, {left} left to review",
-                style="bold",
-            )
-        if stale:
-            self.console.print(
-                f"forgot the answers for {len(stale)} file(s) changed since: {', '.join(stale)}",
-                style="yellow",
-            )
+    def resuming(self, remembered: int, left: int) -> None:
+        """Say that a previous session is resumed, with how many answers it left."""
+        self.console.print(
+            f"resuming: {remembered} decision(s) remembered, {left} left to review", style="bold"
+        )
+
+    def forgotten(self, stale: Sequence[str]) -> None:
+        """Name the files whose remembered answers no longer count (they changed since)."""
+        self.console.print(
+            f"forgot the answers for {len(stale)} file(s) changed since: {', '.join(stale)}",
+            style="yellow",
+        )
 
     def show(self, prompt: Prompt) -> None:
         """Print the site: where, which rule and why, its verification, and its diff."""
@@ -166,7 +167,7 @@ def default_reason(sites: Sequence[Site]) -> str:
 def site_header(path: str, site: Site) -> Text:
     """Return `path:line:col CODE name [safety]` and the site's one-line reason."""
     return Text.assemble(
-        (f"{path}:{site.line}:{site.col}", "bold"),
+        (f"{place(path, site.cell)}:{site.line}:{site.col}", "bold"),
         (f" {site.code}", "magenta"),
         (f" {site.name}", "cyan"),
         f" [{site.safety}] ",
@@ -175,16 +176,11 @@ def site_header(path: str, site: Site) -> Text:
 
 
 def site_diff(before: str, after: str, path: str) -> list[str]:
-    """Return the unified diff (a few lines of context) that accepting the site makes."""
-    return list(
-        difflib.unified_diff(
-            before.splitlines(keepends=True),
-            after.splitlines(keepends=True),
-            fromfile=f"a/{path}",
-            tofile=f"b/{path}",
-            n=CONTEXT,
-        )
-    )
+    """Return the unified diff (a few lines of context) that accepting the site makes.
+
+    A notebook's diff is of the cells it changes (`a/nb.ipynb[cell 3]`), not of its JSON.
+    """
+    return file_diff(before, after, path, CONTEXT)
 
 
 def diff_text(lines: Sequence[str]) -> Text:
