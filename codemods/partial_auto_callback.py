@@ -152,6 +152,8 @@ CALLBACKS = frozenset({PURE, IO})
 DEBUG = frozenset({"jax.debug.callback", "jax.debug.print"})
 PARTIAL = "functools.partial"
 JITS = frozenset({"jax.jit", "jax.experimental.pjit.pjit"})
+# `helper = jax.jit(f)`, `partial(f, ...)`: calling `helper` runs `f`.
+WRAPPERS = JITS | {PARTIAL, "jax.vmap", "jax.checkpoint", "jax.remat", "jax.named_call"}
 MESH_MAKERS = frozenset(
     {
         "jax.sharding.Mesh",
@@ -475,7 +477,7 @@ class Survey(Bindings):
                     isinstance(value.func, cst.Call) and region.call is value.func
                 ):
                     return region
-            if self.qualname(value.func) == PARTIAL and value.args:
+            if self.qualname(value.func) in WRAPPERS and value.args:
                 return self.resolve_value(value.args[0].value, scopes)
         return None
 
@@ -670,7 +672,10 @@ class PartialAutoCallback(Pass):
 
     def _reach_any_callback(self, region: Region) -> bool:
         reach = self._reach(region, [], None)
-        return any(u.callbacks or u.opaque for u in reach.units)
+        calls = (c for u in reach.units for c in u.callbacks)
+        return any(u.opaque for u in reach.units) or any(
+            self.qualname(c.func) in CALLBACKS for c in calls
+        )
 
     def _reach(
         self, region: Region, axes: Sequence[cst.SimpleString], manual: frozenset[str] | None
