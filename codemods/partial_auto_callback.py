@@ -404,7 +404,8 @@ class Survey(Bindings):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             self._statements.append(node)
-        return super().on_visit(node)
+        # an import binds names (recorded by `Bindings`), it reads none
+        return super().on_visit(node) and not isinstance(node, (cst.Import, cst.ImportFrom))
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         if isinstance(original_node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
@@ -434,20 +435,12 @@ class Survey(Bindings):
         walk(self, node.value)
         return False
 
-    def visit_Import(self, node: cst.Import) -> bool:
-        super().visit_Import(node)
-        return False
-
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-        super().visit_ImportFrom(node)
-        return False
-
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         if isinstance(self.reader, Unit) and isinstance(node.evaluated_value, str):
             self.reader.strings.add(node.evaluated_value)
 
     # Resolving -----------------------------------------------------------------------------
-    def resolve(self, name: str, scopes: Scopes) -> Unit | Region | None:
+    def lookup(self, name: str, scopes: Scopes) -> Unit | Region | None:
         """Return the unit (or region, for `f = jax.shard_map(...)`) a read of `name` means."""
         if self.star_import or name in self.declared:
             return None
@@ -470,7 +463,7 @@ class Survey(Bindings):
         if isinstance(value, cst.Lambda):
             return self.lambda_units.get(id(value))
         if isinstance(value, cst.Name):
-            return self.resolve(value.value, scopes)
+            return self.lookup(value.value, scopes)
         if isinstance(value, cst.Call):
             for region in self.regions:
                 if region.call is value or (
@@ -665,7 +658,7 @@ class PartialAutoCallback(Pass):
             return [region.body_def]
         found = list(region.lambdas)
         for read in region.reads:
-            target = self.survey.resolve(read.name.value, read.scopes)
+            target = self.survey.lookup(read.name.value, read.scopes)
             if isinstance(target, Unit) and target.region is None:
                 found.append(target)
         return found
@@ -695,7 +688,7 @@ class PartialAutoCallback(Pass):
             reach.units.append(unit)
             todo += [(u, here) for u in unit.lambdas]
             for read in unit.reads:
-                target = self.survey.resolve(read.name.value, read.scopes)
+                target = self.survey.lookup(read.name.value, read.scopes)
                 if isinstance(target, Unit) and target.region is None:
                     todo.append((target, here))
             for inner in unit.regions:
@@ -772,7 +765,7 @@ class PartialAutoCallback(Pass):
             ]
         for name in names:
             for read in self.survey.reads.get(name, []):
-                if self.survey.resolve(name, read.scopes) is unit:
+                if self.survey.lookup(name, read.scopes) is unit:
                     yield read
 
     def _jitted(self, region: Region) -> bool:
@@ -780,7 +773,7 @@ class PartialAutoCallback(Pass):
         if region.jitted or (region.unit is not None and region.unit.jitted):
             return True
         for read in self.survey.jit_args:
-            target = self.survey.resolve(read.name.value, read.scopes)
+            target = self.survey.lookup(read.name.value, read.scopes)
             if target is region or (target is not None and target is region.unit):
                 return True
         return False
