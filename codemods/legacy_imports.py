@@ -62,7 +62,14 @@ class LegacyImports(Pass):
     SAFETY: ClassVar[Safety] = Safety.SAFE
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 4)
     QUALNAMES: ClassVar[tuple[str, ...]] = tuple(MOVED)
-    TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\b(experimental|pxla)\b")
+    TRIGGER: ClassVar[re.Pattern[str]] = re.compile(
+        # Every way to reach a moved name: an attribute chain, an import naming it (also in
+        # parentheses or after a backslash), the legacy modules, or an alias of the package.
+        r"\bexperimental\.(PartitionSpec|maps)\b|\bpxla\b|\bmaps\b|\bpjit\.PartitionSpec\b"
+        r"|\bexperimental(\.pjit)?\s+import\b[^\n]*\bPartitionSpec\b"
+        r"|\bexperimental(\.pjit)?\s+import\s*[(\\]"
+        r"|\bimport\s+jax\.experimental\s+as\b|\bfrom\s+jax\s+import\b[^\n]*\bexperimental\b"
+    )
 
     def leave_SimpleStatementLine(
         self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
