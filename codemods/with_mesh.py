@@ -88,6 +88,7 @@ from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
 
 PJIT = "jax.experimental.pjit.pjit"
+INTERNAL_PJIT = "jax._src.pjit.pjit"  # reads the legacy mesh too, and no pass rewrites it
 
 
 class WithMesh(Pass):
@@ -163,7 +164,9 @@ class WithMesh(Pass):
         return item.with_changes(item=call, asname=None)
 
     def _calls_pjit(self, body: cst.BaseSuite) -> bool:
-        finder = _FindQualname(self, PJIT)
+        """Return True if the body reads a pjit that takes its mesh from `with mesh:`: the
+        legacy one (left alone under a with this pass cannot rewrite) or JAX's internal one."""
+        finder = _FindQualname(self, (PJIT, INTERNAL_PJIT))
         body.visit(finder)
         return finder.found
 
@@ -199,14 +202,14 @@ _ANY_WITH = re.compile(r"^[ \t]*(?:async[ \t]+)?with\b", re.MULTILINE)
 
 
 class _FindQualname(NameReads):
-    def __init__(self, owner: Pass, qualname: str) -> None:
+    def __init__(self, owner: Pass, qualnames: tuple[str, ...]) -> None:
         super().__init__()
         self.owner = owner
-        self.qualname = qualname
+        self.qualnames = qualnames
         self.found = False
 
     def read(self, node: cst.Name | cst.Attribute) -> None:
-        self.found |= self.owner.qualname(node) == self.qualname
+        self.found |= self.owner.qualname(node) in self.qualnames
 
 
 def _message(verdict: MeshItem) -> str:
