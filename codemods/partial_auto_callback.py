@@ -103,15 +103,15 @@ them; those are widened and gated like an `io_callback`.
 unsafe: the rewrite moves where and how often a host function runs. Nested pure callbacks run
 once per device instead of once per manual shard (their results are equal); the widened region
 loses the automatic sharding of its other computations (same values, more memory per device).
-Every site is verified by execution before it is applied.
+A site is applied once verified by execution (or with `--unsafe-fixes`).
 
 ## Skips
 - The mesh's axis names are not visible (a parameter, an attribute, a mesh from `jax.set_mesh`
   without `mesh=`), or `axis_names=` is computed: which axes are automatic is not known.
 - The body is not a function of this file (a parameter, an attribute, an import): its callbacks
   cannot be seen. Callbacks in other modules are never seen.
-- A callback passed around as a value (`partial(jax.pure_callback, ...)`), or called with
-  `*args`/`**kwargs`.
+- A callback passed around as a value (`partial(jax.pure_callback, ...)`), or a `pure_callback`
+  to nest called with `*args`/`**kwargs` (its operands are not known).
 - An `io_callback` whose shard_map cannot be widened (its specs or its functions name an
   automatic axis, or it holds another shard_map), or that sits in a function also used outside
   this shard_map, or in a nested shard_map; an `io_callback` whose result shapes are computed by
@@ -122,9 +122,12 @@ Every site is verified by execution before it is applied.
 ## Verification
 the original raises, so its reference is the widened program (every mesh axis manual, the
 verifier's `widened-shard-map` reference, cookbook case 12e), which is sound when the specs never
-name the automatic axes. The fixtures run the original's `reference()` (that widened form; for
-`io_callback`, the side effects counted by a `jax.debug.callback`, which runs once per manual
-shard) and the rewrite on an 8-device CPU mesh and compare values and side effects.
+name the automatic axes; in it, `io_callback` and `jax.debug.callback` run once per manual shard,
+so a target that returns what its host functions saw is compared on that too (a rewrite that
+only widened would call them twice as often, and fail). The fixtures run the original's
+`reference()` (that widened form, or what it computes; for `io_callback`, the side effects
+counted by a `jax.debug.callback`, which runs once per manual shard) and the rewrite on an
+8-device CPU mesh and compare values and side effects.
 """
 
 from __future__ import annotations
