@@ -555,7 +555,8 @@ class PartialAutoCallback(Pass):
         if not self._entries(region):
             self.skip(
                 region.call,
-                "the shard_map's body is not a function of this file: its callbacks cannot be seen",
+                "the shard_map's body is not a function of this file the pass can follow (a "
+                "parameter, an attribute, a method, an import): its callbacks cannot be seen",
             )
             return
         reach = self._reach(region, axes, manual)
@@ -798,6 +799,9 @@ class PartialAutoCallback(Pass):
         for s in sites:
             if s.kind == PURE and any(a.star for a in s.call.args):
                 raise Skip(f"`{SHORT[s.kind]}` called with `*args`/`**kwargs`")
+            positional = [a for a in s.call.args if a.keyword is None]
+            if s.kind in CALLBACKS and len(positional) < 2:
+                raise Skip(f"`{SHORT[s.kind]}` without its function and result shape")
         if any(not s.auto for s in sites):
             raise Skip("a nested shard_map's `axis_names=` is computed")
         auto = [a for a in axes if a.evaluated_value not in manual]
