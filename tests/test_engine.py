@@ -130,3 +130,14 @@ def test_each_pass_runs_as_a_libcst_codemod_command(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert target.read_text() == "from jax.sharding import Mesh\n"
+
+
+def test_legacy_names_in_parameter_defaults_are_reached() -> None:
+    source = (
+        "import jax\n\n\n"
+        "def f(spec=jax.experimental.PartitionSpec('x'), *, m: jax.experimental.maps.Mesh):\n"
+        "    return spec\n"
+    )
+    result = migrate_source(source)
+    assert "jax.experimental" not in result.code
+    assert len(result.sites) == 2

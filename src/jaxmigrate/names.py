@@ -232,11 +232,22 @@ class _ScopeBuilder(cst.CSTVisitor):
         return False
 
     def _visit_param_defaults(self, params: cst.Parameters) -> None:
+        # Defaults and annotations are read in the enclosing scope; the Parameters and Param
+        # nodes stay on the path so a legacy name used there is reachable by a pruned pass.
+        self.path.append(id(params))
         for p in (*params.posonly_params, *params.params, *params.kwonly_params):
+            self.path.append(id(p))
             if p.default is not None:
                 walk(self, p.default)
             if p.annotation is not None:
                 walk(self, p.annotation)
+            self.path.pop()
+        for star in (params.star_arg, params.star_kwarg):
+            if isinstance(star, cst.Param) and star.annotation is not None:
+                self.path.append(id(star))
+                walk(self, star.annotation)
+                self.path.pop()
+        self.path.pop()
 
     def _bind_params(self, params: cst.Parameters) -> None:
         for p in (*params.posonly_params, *params.params, *params.kwonly_params):
