@@ -509,6 +509,11 @@ class PartialAutoCallback(Pass):
     QUALNAMES: ClassVar[tuple[str, ...]] = (SHARD_MAP, PURE, IO, *sorted(DEBUG))
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\b(?:pure_callback|io_callback|debug)\b")
 
+    @classmethod
+    def applies_to(cls, source: str) -> bool:
+        """A callback and a shard_map in the same file: the body is followed within it."""
+        return "shard_map" in source and cls.TRIGGER.search(source) is not None
+
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
         self.edits: dict[int, Edit] = {}
