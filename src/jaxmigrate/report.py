@@ -1,4 +1,9 @@
-"""Machine-readable reports of a run: the versioned JSON document (schema in docs/)."""
+"""Machine-readable reports of a run: the versioned JSON document.
+
+Its JSON Schema is docs/report.schema.json (tested against real output). Adding an optional
+field keeps `SCHEMA_VERSION`; removing or retyping one raises it. The SARIF and markdown forms
+are in `report_sarif` and `report_markdown`.
+"""
 
 from __future__ import annotations
 

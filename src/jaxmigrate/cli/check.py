@@ -11,14 +11,16 @@ from jaxmigrate.cli.common import (
     FormatOpt,
     IgnoreOpt,
     JobsOpt,
+    NoCacheOpt,
     PathsArg,
     ReportOpt,
     SelectOpt,
     TargetOpt,
     UsageError,
+    report_destination,
     resolve_settings,
+    results_console,
     stderr,
-    stdout,
     write_report,
 )
 from jaxmigrate.cli.run import execute
@@ -34,10 +36,12 @@ def check(
     jobs: JobsOpt = None,
     target_jax: TargetOpt = None,
     report: ReportOpt = None,
-    fmt: FormatOpt = "json",
+    fmt: FormatOpt = None,
+    no_cache: NoCacheOpt = False,
 ) -> None:
     """Report pending migrations in PATHS without writing; exit 1 if any site is found."""
     try:
+        report, fmt = report_destination(report, fmt)
         settings = resolve_settings(
             paths,
             select=select,
@@ -47,9 +51,11 @@ def check(
             target_jax=target_jax,
             unsafe_fixes=None,
             no_verify=True,
+            no_cache=no_cache,
         )
-        results = execute(settings, stdout(), dry_run=True, allow_dirty=True, show_diff=diff)
-        write_report(results, report, fmt, dry_run=True)
+        console = results_console(report)
+        results = execute(settings, console, dry_run=True, allow_dirty=True, show_diff=diff)
+        write_report(results, report, fmt, dry_run=True, root=settings.root, show_diff=diff)
     except UsageError as exc:
         stderr().print(f"[bold red]error:[/] {exc}")
         raise typer.Exit(2) from None

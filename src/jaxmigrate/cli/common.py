@@ -23,6 +23,7 @@ from jaxmigrate.registry import UnknownRule, select_passes
 from jaxmigrate.report import json_report
 
 if TYPE_CHECKING:
+    from jaxmigrate.cache import ResultCache
     from jaxmigrate.verify import VerifyConfig
 
 PathsArg = Annotated[list[Path], typer.Argument(help="Files or directories to migrate.")]
@@ -40,8 +41,26 @@ TargetOpt = Annotated[
     str | None,
     typer.Option("--target-jax", help="Oldest JAX the output must run on (default: installed)."),
 ]
-ReportOpt = Annotated[Path | None, typer.Option("--report", help="Write a report to this file.")]
-FormatOpt = Annotated[str, typer.Option("--format", help="Report format: text or json.")]
+ReportOpt = Annotated[
+    Path | None,
+    typer.Option("--report", help="Write the report to this file (`-`: standard output)."),
+]
+FormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--format",
+        help=(
+            "Report format: text, json, sarif or markdown (default: from the --report file's "
+            "extension, else json). Without --report, a format other than text goes to "
+            "standard output and the usual output to standard error."
+        ),
+    ),
+]
+NoCacheOpt = Annotated[
+    bool, typer.Option("--no-cache", help="Neither read nor write the result cache.")
+]
+FORMATS = ("text", "json", "sarif", "markdown")
+_SUFFIX_FORMATS = {".json": "json", ".sarif": "sarif", ".md": "markdown", ".txt": "text"}
 NoVerifyOpt = Annotated[
     bool, typer.Option("--no-verify", help="Do not execute rewrites to verify them.")
 ]
@@ -79,6 +98,13 @@ class Settings:
     python: str = sys.executable
     verify_with: str | None = None
     timeout: float = 120.0
+    cache: bool = True
+
+    def open_cache(self) -> ResultCache | None:
+        """Return the result cache under the project root, or None with `--no-cache`."""
+        from jaxmigrate.cache import ResultCache
+
+        return ResultCache.open(self.root, self.options) if self.cache else None
 
     def verify_config(self) -> VerifyConfig:
         """Return the verifier's configuration for this run."""
@@ -133,6 +159,7 @@ def resolve_settings(
     python: str | None = None,
     verify_with: str | None = None,
     timeout: float | None = None,
+    no_cache: bool = False,
 ) -> Settings:
     """Merge command-line flags over the nearest pyproject's `[tool.jaxmigrate]`."""
     try:
@@ -163,6 +190,7 @@ def resolve_settings(
         python=python or config.python or sys.executable,
         verify_with=verify_with or config.verify_with,
         timeout=timeout or config.timeout or 120.0,
+        cache=not no_cache,
     )
 
 
@@ -194,19 +222,82 @@ def exit_code(results: Sequence[FileResult]) -> int:
     return 1 if failed or bad_site else 0
 
 
+def report_format(report: Path | None, fmt: str | None) -> str:
+    """Return the format asked for, else the one the report's file name suggests, else json."""
+    if fmt is None:
+        name = "" if report is None else report.name.lower()
+        return next((f for s, f in _SUFFIX_FORMATS.items() if name.endswith(s)), "json")
+    if fmt.lower() not in FORMATS:
+        raise UsageError(f"unknown report format {fmt!r} (available: {', '.join(FORMATS)})")
+    return fmt.lower()
+
+
+def report_destination(report: Path | None, fmt: str | None) -> tuple[Path | None, str]:
+    """Return where the report goes and its format: `--format json` alone means stdout."""
+    if report is None and fmt is None:
+        return None, "text"
+    chosen = report_format(report, fmt)
+    if report is None:
+        report = None if chosen == "text" else Path("-")
+    elif str(report) == "-" and chosen == "text":
+        report = None  # the usual output is the text report, on standard output already
+    return report, chosen
+
+
+def results_console(report: Path | None) -> Console:
+    """The console for the usual output: standard error when the report takes stdout."""
+    return stderr() if report is not None and str(report) == "-" else stdout()
+
+
+def render_report(
+    results: Sequence[FileResult],
+    fmt: str,
+    *,
+    dry_run: bool,
+    root: Path | None = None,
+    show_diff: bool = False,
+) -> str:
+    """Return the report of `results` in format `fmt` (text, json, sarif or markdown)."""
+    if fmt == "json":
+        return json.dumps(json_report(results, dry_run=dry_run), indent=2) + "\n"
+    if fmt == "sarif":
+        from jaxmigrate.registry import all_passes
+        from jaxmigrate.report_sarif import sarif_report
+
+        log = sarif_report(results, all_passes(), root=root or Path.cwd(), dry_run=dry_run)
+        return json.dumps(log, indent=2) + "\n"
+    if fmt == "markdown":
+        from jaxmigrate.report_markdown import markdown_report
+        from jaxmigrate.ui.summary import apply_hint
+
+        return markdown_report(results, dry_run=dry_run, hint=apply_hint)
+    from jaxmigrate.ui.report import text_report
+
+    return text_report(results, dry_run=dry_run, show_diff=show_diff)
+
+
 def write_report(
-    results: Sequence[FileResult], report: Path | None, fmt: str, *, dry_run: bool
+    results: Sequence[FileResult],
+    report: Path | None,
+    fmt: str | None,
+    *,
+    dry_run: bool,
+    root: Path | None = None,
+    show_diff: bool = False,
 ) -> None:
-    """Write the report where asked (`-` is standard output)."""
+    """Write the report where asked (`-` is standard output); nothing when `report` is None."""
     if report is None:
         return
-    if fmt != "json":
-        raise UsageError(f"unknown report format {fmt!r} (available: json)")
-    text = json.dumps(json_report(results, dry_run=dry_run), indent=2) + "\n"
+    chosen = report_format(report, fmt)
+    text = render_report(results, chosen, dry_run=dry_run, root=root, show_diff=show_diff)
     if str(report) == "-":
         sys.stdout.write(text)
-    else:
+        sys.stdout.flush()
+        return
+    try:
         report.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write the report to {report}: {exc.strerror or exc}") from None
 
 
 def stdout() -> Console:

@@ -16,6 +16,7 @@ from jaxmigrate.cli.common import (
     FormatOpt,
     IgnoreOpt,
     JobsOpt,
+    NoCacheOpt,
     NoVerifyOpt,
     PathsArg,
     PythonOpt,
@@ -28,16 +29,17 @@ from jaxmigrate.cli.common import (
     VerifyWithOpt,
     discover,
     exit_code,
+    report_destination,
     resolve_settings,
+    results_console,
     stderr,
-    stdout,
     write_report,
 )
 from jaxmigrate.model import Bucket, FileResult, Safety
 from jaxmigrate.runner import dirty_files, migrate_files, write_result
-from jaxmigrate.ui.diff import print_diff
+from jaxmigrate.ui.progress import track
+from jaxmigrate.ui.report import print_results
 from jaxmigrate.ui.review import review_interactively
-from jaxmigrate.ui.summary import file_problem_line, print_summary, site_line, skip_line
 
 
 def run(
@@ -72,10 +74,12 @@ def run(
     jobs: JobsOpt = None,
     target_jax: TargetOpt = None,
     report: ReportOpt = None,
-    fmt: FormatOpt = "json",
+    fmt: FormatOpt = None,
+    no_cache: NoCacheOpt = False,
 ) -> None:
     """Migrate the legacy JAX APIs in PATHS (in place; `--dry-run` only shows the diffs)."""
     try:
+        report, fmt = report_destination(report, fmt)
         settings = resolve_settings(
             paths,
             select=select,
@@ -89,11 +93,16 @@ def run(
             python=python,
             verify_with=verify_with,
             timeout=timeout,
+            no_cache=no_cache,
         )
         results = execute(
-            settings, stdout(), dry_run=dry_run, allow_dirty=allow_dirty, interactive=interactive
+            settings,
+            results_console(report),
+            dry_run=dry_run,
+            allow_dirty=allow_dirty,
+            interactive=interactive,
         )
-        write_report(results, report, fmt, dry_run=dry_run)
+        write_report(results, report, fmt, dry_run=dry_run, root=settings.root, show_diff=dry_run)
     except UsageError as exc:
         stderr().print(f"[bold red]error:[/] {exc}")
         raise typer.Exit(2) from None
@@ -115,8 +124,11 @@ def execute(
     """
     found = discover(settings)
     if not found:
-        raise UsageError("no Python files found under the given paths")
-    results = list(migrate_files(found, settings.options, jobs=settings.jobs))
+        raise UsageError("no Python files or notebooks found under the given paths")
+    migrated = migrate_files(
+        found, settings.options, jobs=settings.jobs, cache=settings.open_cache()
+    )
+    results = list(track(migrated, len(found), stderr()))
     if settings.verify:
         results = verify_unsafe(results, settings)
     if interactive:
@@ -137,12 +149,16 @@ def execute(
 
 def verify_unsafe(results: list[FileResult], settings: Settings) -> list[FileResult]:
     """Run the unsafe sites on the simulated mesh and re-decide every file by the verdicts."""
-    unsafe = sum(s.safety is Safety.UNSAFE for r in results for s in r.sites)
-    if not unsafe:
+    if not any(s.safety is Safety.UNSAFE for r in results for s in r.sites):
         return results
     from jaxmigrate.verify import verify_results
+    from jaxmigrate.verify.results import needs_verifying
 
-    files = sum(any(s.safety is Safety.UNSAFE for s in r.sites) for r in results)
+    verifiable = [r for r in results if needs_verifying(r)]  # notebooks are not verified
+    unsafe = sum(s.safety is Safety.UNSAFE for r in verifiable for s in r.sites)
+    if not unsafe:
+        return results
+    files = len(verifiable)
     message = (
         f"verifying {unsafe} unsafe site(s) in {files} file(s) on {settings.devices} "
         f"simulated CPU devices"
@@ -176,13 +192,4 @@ def report_results(
     console: Console, results: Sequence[FileResult], *, dry_run: bool, show_diff: bool
 ) -> None:
     """Print diffs (dry run), the site and skip lines, file problems and the summary."""
-    for result in results:
-        if dry_run and show_diff and result.old_text is not None and result.new_text is not None:
-            print_diff(console, result.old_text, result.new_text, result.path)
-        for site in result.sites:
-            console.print(site_line(result.path, site, dry_run=dry_run))
-        for skip in result.skips:
-            console.print(skip_line(result.path, skip))
-        if result.bucket in (Bucket.FAILED, Bucket.SKIPPED):
-            console.print(file_problem_line(result))
-    print_summary(console, results, dry_run=dry_run)
+    print_results(console, results, dry_run=dry_run, show_diff=show_diff)

@@ -1,0 +1,194 @@
+"""The result cache never changes a result: same reports with and without it, after edits and
+option changes; broken entries are ignored; concurrent writers leave whole entries."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from test_cli import LEGACY, jm
+
+from jaxmigrate.cache import CACHE_DIR, ResultCache
+from jaxmigrate.discovery import Discovery
+from jaxmigrate.engine import Options
+from jaxmigrate.model import Bucket, FileResult
+from jaxmigrate.runner import migrate_files
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every pass fixture (inputs and outputs) and every notebook fixture, plus broken files."""
+    root = tmp_path_factory.mktemp("corpus")
+    shutil.copytree(TESTS / "fixtures", root / "fixtures")
+    shutil.copytree(TESTS / "fixtures_notebooks", root / "notebooks")
+    (root / "broken.py").write_text("import jax\nf = jax.pmap(\n")
+    (root / "broken.ipynb").write_text('{"cells": [')
+    return root
+
+
+def results(root: Path, options: Options, cache: ResultCache | None) -> list[FileResult]:
+    found = list(Discovery().find([root]))
+    return list(migrate_files(found, options, cache=cache))
+
+
+def same(left: list[FileResult], right: list[FileResult]) -> None:
+    assert left == right
+    # Site.details is left out of dataclass equality: compare the report form too
+    assert [r.to_json() for r in left] == [r.to_json() for r in right]
+
+
+OPTION_SETS = [
+    Options(),
+    Options(unsafe_fixes=True, target_jax=(0, 4)),
+    Options(select=("JM1",), ignore=("pjit",)),
+]
+
+
+def test_cold_warm_and_uncached_agree_under_every_option_set(corpus: Path, tmp_path: Path) -> None:
+    for options in OPTION_SETS:
+        cache = ResultCache.open(tmp_path, options)
+        bare = results(corpus, options, None)
+        assert any(r.bucket is Bucket.CHANGED for r in bare)
+        cold = results(corpus, options, cache)
+        warm = results(corpus, options, cache)
+        same(bare, cold)
+        same(bare, warm)
+    folders = list((tmp_path / CACHE_DIR / "v1").iterdir())
+    assert len(folders) == len(OPTION_SETS)  # every option set has its own entries
+
+
+def test_entries_hold_only_what_the_engine_decided(corpus: Path, tmp_path: Path) -> None:
+    cache = ResultCache.open(tmp_path, Options())
+    fresh = results(corpus, Options(), cache)
+    entries = {p.name for p in cache.directory.iterdir()}
+    failed = [r for r in fresh if r.bucket is Bucket.FAILED]
+    assert failed and len(entries) == len(fresh) - len(failed)  # failures are never kept
+    assert (tmp_path / CACHE_DIR / ".gitignore").read_text().splitlines()[-1] == "*"
+    assert (tmp_path / CACHE_DIR / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f59")
+
+
+def test_edits_are_seen(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.py").write_text(LEGACY)
+    (tree / "b.py").write_text("import jax\n")
+    cache = ResultCache.open(tmp_path, Options())
+    first = results(tree, Options(), cache)
+    (tree / "a.py").write_text("import jax\n")
+    (tree / "b.py").write_text(LEGACY)
+    second = results(tree, Options(), cache)
+    same(second, results(tree, Options(), None))
+    assert [r.bucket for r in first] == [Bucket.CHANGED, Bucket.UNCHANGED]
+    assert [r.bucket for r in second] == [Bucket.UNCHANGED, Bucket.CHANGED]
+
+
+def test_same_bytes_as_python_and_as_notebook_are_different_entries(tmp_path: Path) -> None:
+    cache = ResultCache.open(tmp_path, Options())
+    data = (TESTS / "fixtures_notebooks" / "colab.ipynb").read_bytes()
+    assert cache.key(data, notebook=True) != cache.key(data, notebook=False)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda b: b"",
+        lambda b: b[: len(b) // 2],
+        lambda b: b"garbage\n{}",
+        lambda b: b.replace(b'"changed"', b'"changes"'),
+        lambda b: b.splitlines()[0] + b'\n{"bucket": "changed"}',
+        lambda b: b"\xff\xfe\x00",
+    ],
+    ids=["empty", "truncated", "garbage", "bit-flip", "forged-shape", "binary"],
+)
+def test_a_broken_entry_is_a_miss_never_an_error(tmp_path: Path, damage) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.py").write_text(LEGACY)
+    cache = ResultCache.open(tmp_path, Options())
+    expected = results(tree, Options(), cache)
+    (entry,) = cache.directory.iterdir()
+    entry.write_bytes(damage(entry.read_bytes()))
+    same(results(tree, Options(), cache), expected)
+    same(results(tree, Options(), cache), expected)  # and the entry was written again
+
+
+def test_a_cache_that_cannot_be_written_is_no_error(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.py").write_text(LEGACY)
+    (tmp_path / "blocked").write_text("a file where the cache folder would go")
+    cache = ResultCache.open(tmp_path / "blocked", Options())
+    same(results(tree, Options(), cache), results(tree, Options(), None))
+
+
+def test_unrelated_details_survive_the_round_trip(tmp_path: Path) -> None:
+    cache = ResultCache.open(tmp_path, Options())
+    (site,) = results_for(LEGACY, tmp_path).sites
+    result = FileResult("a.py", Bucket.CHANGED, sites=(replace(site, details={"k": [1]}),))
+    cache.store("k", replace(result, old_text="x", new_text="y"))
+    loaded = cache.load("k", "a.py", "x")
+    assert loaded is not None and loaded.sites[0].details == {"k": [1]}
+    assert loaded.new_text == "y" and loaded.old_text == "x"
+
+
+def results_for(text: str, tmp_path: Path) -> FileResult:
+    path = tmp_path / "one.py"
+    path.write_text(text)
+    (result,) = results(path, Options(), None)
+    return result
+
+
+def test_cli_cache_and_no_cache(corpus: Path, tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    shutil.copytree(corpus / "notebooks", tree)
+    (tree / "pyproject.toml").write_text("[tool.jaxmigrate]\n")
+    args = ("check", "--format", "json")
+    bare = jm(*args, "--no-cache", ".", cwd=tree)
+    assert not (tree / CACHE_DIR).exists()
+    cold = jm(*args, ".", cwd=tree)
+    warm = jm(*args, ".", cwd=tree)
+    assert (tree / CACHE_DIR).is_dir()
+    assert bare.stdout == cold.stdout == warm.stdout and bare.returncode == warm.returncode == 1
+    changed = jm(*args, "--select", "JM101", ".", cwd=tree)
+    assert changed.stdout == jm(*args, "--select", "JM101", "--no-cache", ".", cwd=tree).stdout
+    assert changed.stdout != warm.stdout
+    # the cache folder is never migrated, and git never sees it
+    assert CACHE_DIR not in jm("run", "--dry-run", "--no-verify", ".", cwd=tree).stdout
+
+
+def test_concurrent_writers_leave_whole_entries(corpus: Path, tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    for folder in ("pmap", "pjit", "legacy_imports"):
+        shutil.copytree(corpus / "fixtures" / folder, tree / folder)
+    (tree / "pyproject.toml").write_text("[tool.jaxmigrate]\n")
+    cmd = [sys.executable, "-m", "jaxmigrate", "check", "--format", "json", "--jobs", "2", "."]
+    procs = [
+        subprocess.Popen(cmd, cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    assert outputs[0] == outputs[1]
+    entries = list((tree / CACHE_DIR / "v1").glob("*/*"))
+    assert entries and all(not e.name.startswith(".tmp-") for e in entries)
+    cache = ResultCache(entries[0].parent)
+    assert all(cache.load(e.stem, "x.py", "") is not None for e in entries)
+    bare = jm("check", "--format", "json", "--no-cache", ".", cwd=tree)
+    assert json.loads(bare.stdout) == json.loads(outputs[0])
+
+
+def test_engine_results_do_not_depend_on_the_path(corpus: Path) -> None:
+    """Entries are keyed by content alone: that holds only while no pass reads the file name."""
+    from jaxmigrate.engine import migrate_text
+
+    for case in sorted((corpus / "fixtures").glob("*/*.py"))[::7]:
+        code = case.read_text()
+        here = migrate_text(code, path=str(case), options=Options(unsafe_fixes=True))
+        there = migrate_text(code, path="elsewhere/other.py", options=Options(unsafe_fixes=True))
+        assert (here.code, here.sites, here.skips) == (there.code, there.sites, there.skips)
