@@ -2,8 +2,9 @@
 
 On a terminal, rich draws files done out of the total, the sites found so far, the time spent
 and the time left, and clears the bar when the batch ends (the summary follows). Elsewhere (CI
-logs, pre-commit, a pipe) a plain line is printed every `every` files, or every `seconds` when
-files are slow, and once at the end if any was printed: a log gets a heartbeat, not a flood.
+logs, pre-commit, a pipe) a plain line is printed every `every` files but at most one per
+`gap` seconds, or after `seconds` without one when files are slow, and once at the end if any
+was printed: a log gets a heartbeat, not a flood (a warm cache answers 2000 files in 0.1 s).
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ def track(
     console: Console,
     *,
     every: int = 100,
+    gap: float = 1.0,
     seconds: float = 10.0,
 ) -> Iterator[FileResult]:
     """Yield `results` unchanged while showing how far the batch of `total` files has got."""
     if console.is_terminal:
         yield from _bar(results, total, console)
     else:
-        yield from _lines(results, total, console, every, seconds)
+        yield from _lines(results, total, console, every, gap, seconds)
 
 
 def _bar(results: Iterable[FileResult], total: int, console: Console) -> Iterator[FileResult]:
@@ -73,18 +75,21 @@ def _lines(
     total: int,
     console: Console,
     every: int,
+    gap: float,
     seconds: float,
 ) -> Iterator[FileResult]:
-    start = last = time.monotonic()
+    start = time.monotonic()
+    last: float | None = None  # when the last line was printed
     done = sites = 0
-    printed = False
     for result in results:
         done += 1
         sites += len(result.sites)
         now = time.monotonic()
-        if done < total and (done % every == 0 or now - last >= seconds):
+        due = done % every == 0 and (last is None or now - last >= gap)
+        slow = now - (start if last is None else last) >= seconds
+        if done < total and (due or slow):
             console.print(line(done, total, sites, now - start), highlight=False)
-            last, printed = now, True
+            last = now
         yield result
-    if printed:
+    if last is not None:
         console.print(line(done, total, sites, time.monotonic() - start), highlight=False)
