@@ -141,6 +141,11 @@ def test_sarif_levels_follow_verification() -> None:
     assert levels == [("JM202", "note"), ("JM202", "error"), ("JM201", "warning")]
     failed = log["runs"][0]["results"][1]
     assert "outputs differ" in failed["message"]["text"]
+    elsewhere = sarif_report(verified_and_failed(), all_passes(), root=ROOT / "docs", dry_run=False)
+    validate_sarif(elsewhere)
+    where = elsewhere["runs"][0]["results"][0]["locations"][0]["physicalLocation"]
+    assert where["artifactLocation"]["uri"].startswith("file:///")  # outside the project root
+    assert "uriBaseId" not in where["artifactLocation"]
 
 
 def test_markdown_summary(project: Path) -> None:

@@ -311,6 +311,8 @@ def migrate_notebook(
 
     document = load(text)
     passes = options.passes()
+    if not any(p.applies_to(c.source) for c in code_cells(document) for p in passes):
+        return Migration(text, (), ())  # most notebooks: no legacy name anywhere, nothing parsed
     cells, skips = _cells_to_migrate(document, passes)
     if not cells:
         return Migration(text, (), tuple(skips))

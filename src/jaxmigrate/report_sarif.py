@@ -57,8 +57,13 @@ def _uri(path: str, root: Path) -> str:
         return absolute.as_uri()
 
 
+def _artifact(uri: str) -> dict[str, Any]:
+    """A location relative to the project root, or an absolute `file:` URI outside it."""
+    return {"uri": uri} if uri.startswith("file:") else {"uri": uri, "uriBaseId": "%SRCROOT%"}
+
+
 def _location(uri: str, record: Site | Skip) -> dict[str, Any]:
-    physical: dict[str, Any] = {"artifactLocation": {"uri": uri, "uriBaseId": "%SRCROOT%"}}
+    physical: dict[str, Any] = {"artifactLocation": _artifact(uri)}
     if record.cell is None:
         physical["region"] = {"startLine": record.line, "startColumn": record.col}
     return {"physicalLocation": physical}
@@ -122,7 +127,7 @@ def _notification(result: FileResult, uri: str) -> dict[str, Any]:
     return {
         "level": "error",
         "message": {"text": f"{result.path}: {result.reason}"},
-        "locations": [{"physicalLocation": {"artifactLocation": {"uri": uri}}}],
+        "locations": [{"physicalLocation": {"artifactLocation": _artifact(uri)}}],
     }
 
 
