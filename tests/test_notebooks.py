@@ -121,6 +121,16 @@ def test_names_resolve_across_cells_and_unused_imports_go() -> None:
     assert sources == {1: "import jax", 2: "x = 1", 3: "f = jax.jit(g, in_shardings=None)"}
 
 
+@pytest.mark.parametrize("first", [["!pip install -q jax"], ["x = 1"], ["%%bash\n", "ls"]])
+def test_new_imports_go_after_the_first_imports_not_above_a_pip_cell(first: list[str]) -> None:
+    cells = [first, ["import jax\n", "y = jax.device_put_replicated(1, jax.devices())"]]
+    result = migrate_notebook(notebook(cells), options=Options(), path="nb.ipynb")
+    sources = dict(cell_sources(result.code))
+    assert sources[1] == "".join(first)
+    assert sources[2].startswith("import jax\nimport jax.numpy as jnp\nimport numpy as np\n")
+    assert [(s.cell, s.line) for s in result.sites] == [(2, 2)]
+
+
 @pytest.mark.parametrize(
     "line",
     [

@@ -226,7 +226,12 @@ class _Part:
 
 @dataclass(frozen=True)
 class _Module:
-    """The notebook's code cells as one module, each after a `pass` carrying a cell marker."""
+    """The notebook's code cells as one module, each after a `pass` carrying a cell marker.
+
+    What a pass puts at the very top of the module (the imports it needs, when the first cell
+    does not start with imports) lands before the first marker; it is moved into the first cell
+    that has imports, after them, rather than above a first cell of `!pip install` lines.
+    """
 
     code: str
     parts: tuple[_Part, ...]
@@ -245,9 +250,8 @@ class _Module:
         parts: list[_Part] = []
         line = 1
         for cell, masked in cells:
-            if parts:
-                chunks.append(f"pass  # {marker}:{cell.number}\n")
-                line += 1
+            chunks.append(f"pass  # {marker}:{cell.number}\n")
+            line += 1
             code = masked.code
             added = bool(code) and not code.endswith("\n")
             code += "\n" if added else ""
@@ -277,10 +281,12 @@ class _Module:
         """Return the new source of each cell whose code changed, by index in `cells`."""
         pattern = re.compile(rf"^pass  # {self.marker}:(\d+)\r?\n", re.MULTILINE)
         numbers = [int(n) for n in pattern.findall(code)]
-        if numbers != [p.cell.number for p in self.parts[1:]]:
+        if numbers != [p.cell.number for p in self.parts]:
             raise NotebookError("a rewrite moved a cell boundary; not migrated")
+        header, *rest = pattern.split(code)[::2]
+        segments = _place_header(header, rest)
         sources: dict[int, str] = {}
-        for part, segment in zip(self.parts, pattern.split(code)[::2], strict=True):
+        for part, segment in zip(self.parts, segments, strict=True):
             if part.newline_added and segment.endswith("\n"):
                 segment = segment[:-1]
             try:
@@ -290,6 +296,37 @@ class _Module:
             if new != part.cell.source:
                 sources[part.cell.index] = new
         return sources
+
+
+def _place_header(header: str, segments: list[str]) -> list[str]:
+    """Return `segments` with the `header` lines put after the imports of the first cell that
+    starts a run of them (else at the top of the first cell)."""
+    lines = split_lines(header.strip("\n") + "\n") if header.strip() else []
+    if not lines:
+        return segments
+    for index, segment in enumerate(segments):
+        end = _end_of_first_imports(segment)
+        if end is not None:
+            cut = split_lines(segment)
+            segments[index] = "".join([*cut[:end], *lines, *cut[end:]])
+            return segments
+    segments[0] = "".join(lines) + segments[0]
+    return segments
+
+
+def _end_of_first_imports(code: str) -> int | None:
+    """Return the line after the first run of top-level imports in `code`, or None."""
+    try:
+        body = ast.parse(code).body
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+    imports = [isinstance(s, (ast.Import, ast.ImportFrom)) for s in body]
+    if True not in imports:
+        return None
+    last = imports.index(True)
+    while last + 1 < len(body) and imports[last + 1]:
+        last += 1
+    return body[last].end_lineno
 
 
 def migrate_notebook(
