@@ -189,3 +189,18 @@ def test_rules_and_explain(tmp_path: Path) -> None:
     explain = jm("explain", "legacy-imports", cwd=tmp_path)
     assert explain.returncode == 0 and "Why" in explain.stdout
     assert jm("explain", "JM999", cwd=tmp_path).returncode == 2
+
+
+@pytest.mark.jax
+def test_verification_works_from_another_working_directory(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "step.py").write_text(
+        "import jax\n\n\ndef double(x):\n    return x * 2\n\n\n"
+        "def main():\n    return jax.pmap(double)(jax.numpy.ones((8, 3)))\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = jm("run", "--dry-run", str(project / "step.py"), cwd=elsewhere)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "JM202 pmap [unsafe, verified]" in proc.stdout, proc.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -195,19 +196,22 @@ def resolve_settings(
 
 
 def project_root(paths: list[Path], config: FileConfig) -> Path:
-    """Return the tree to copy: the pyproject's folder, else the git top level, else cwd."""
+    """Return the tree to copy: the pyproject's folder, else the git top level, else the
+    deepest folder holding every given path."""
     if config.path is not None:
         return config.path.parent.resolve()
-    start = paths[0] if paths else Path.cwd()
-    folder = start if start.is_dir() else start.parent
+    folders = [(p if p.is_dir() else p.parent).resolve() for p in paths if p.exists()]
+    if not folders:
+        return Path.cwd().resolve()
+    common = Path(os.path.commonpath(folders))
     proc = subprocess.run(
         ["git", "rev-parse", "--show-toplevel"],
-        cwd=folder,
+        cwd=common,
         capture_output=True,
         text=True,
         check=False,
     )
-    return Path(proc.stdout.strip()).resolve() if proc.returncode == 0 else Path.cwd().resolve()
+    return Path(proc.stdout.strip()).resolve() if proc.returncode == 0 else common
 
 
 def discover(settings: Settings) -> list:

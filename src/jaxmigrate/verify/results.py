@@ -104,15 +104,27 @@ def verify_results(
     """
     chosen = options.passes() if passes is None else passes
     wanted = {}
+    outside = set()
     for result in results:
         rel = relative(result.path, config.root)
         if needs_verifying(result) and rel is not None:
             wanted[result.path] = (rel, request_for(result, rel, options, chosen))
+        elif needs_verifying(result):
+            outside.add(result.path)
     verdicts = verify([request for _, request in wanted.values()], config)
     out = []
     for result in results:
         if result.path in wanted:
             sites = annotate(wanted[result.path][0], result.sites, verdicts)
             result = redecide(result, sites, options, chosen)
+        elif result.path in outside:
+            why = f"not verified: the file lies outside the project root {config.root}"
+            sites = tuple(
+                replace(s, details={**s.details, "verification": why})
+                if s.safety is Safety.UNSAFE
+                else s
+                for s in result.sites
+            )
+            result = replace(result, sites=sites)
         out.append(result)
     return out
