@@ -645,3 +645,17 @@ def test_found_a_parameter_named_like_the_module_is_not_shadowing_new_code() -> 
     source = "import jax as jx\nfrom jax import pmap\n\n\ndef f(jx, xs):\n    return pmap(g)(xs)\n"
     result = check_fixed_point(source)
     assert "return jax.jit(" in result.code and "jx.jit(" not in result.code
+
+
+def test_found_an_import_below_code_is_not_joined() -> None:
+    """A `from jax.sharding import ...` line below code was extended with the `P` a site above
+    it needs: edited far from any site, and bound only after the decorator that used it ran."""
+    source = (
+        "import jax\n\n"
+        "if True:\n    @jax.pmap\n    def step(x, y):\n        return x + y\n\n"
+        "from jax.sharding import NamedSharding\n"
+    )
+    result = check_fixed_point(source)
+    assert result.code.endswith("\nfrom jax.sharding import NamedSharding\n")
+    head = result.code[: result.code.index("if True:")]
+    assert "from jax.sharding import PartitionSpec as P\n" in head

@@ -230,20 +230,34 @@ def _from_line_of(stmt: cst.CSTNode) -> str | None:
     return dotted(imp.module)
 
 
+def _top_block_end(body: Sequence[cst.BaseStatement]) -> int:
+    """Return the index after the module's top import block (after a docstring, if any)."""
+    at = 0
+    for i, stmt in enumerate(body):
+        if _is_import_line(stmt) or (i == 0 and _is_docstring(stmt)):
+            at = i + 1
+        elif at or i > 0:
+            break
+    return at
+
+
 def add_imports(module: cst.Module, requests: Sequence[ImportRequest]) -> cst.Module:
     """Return `module` with the missing `requests` imported at its top.
 
-    A `from M import x` joins an existing top-level `from M import ...` line; anything else goes
-    after the top import block. Only the module's top-level statements are read, so this costs
-    nothing like libcst's `AddImportsVisitor`, which transforms the whole tree.
+    A `from M import x` joins a `from M import ...` line of the top import block; anything else
+    goes after that block. Imports further down are left alone: code above them runs before
+    them, and a line far from any site is not edited. Only the module's top-level statements
+    are read, so this costs nothing like libcst's `AddImportsVisitor`, which transforms the
+    whole tree.
     """
-    have = _existing(module)
+    body = list(module.body)
+    at = _top_block_end(body)
+    have = _existing(module.with_changes(body=body[:at]))
     missing = [r for r in dict.fromkeys(requests) if r not in have]
     if not missing:
         return module
-    body = list(module.body)
     by_module: dict[str, int] = {}
-    for i, stmt in enumerate(body):
+    for i, stmt in enumerate(body[:at]):
         name = _from_line_of(stmt)
         if name is not None:
             by_module.setdefault(name, i)
@@ -256,12 +270,6 @@ def add_imports(module: cst.Module, requests: Sequence[ImportRequest]) -> cst.Mo
     rest = [r for r in missing if not (r[1] and r[0] in by_module)]
     if not rest:
         return module.with_changes(body=body)
-    at = 0
-    for i, stmt in enumerate(body):
-        if _is_import_line(stmt) or (i == 0 and _is_docstring(stmt)):
-            at = i + 1
-        elif at or i > 0:
-            break
     # As libcst's AddImportsVisitor: plain imports first, then one from-import per module.
     rest.sort(key=lambda r: (r[1] is not None, r[0], r[1] or "", r[2] or ""))
     new = [_make(r) for r in rest if r[1] is None]
