@@ -7,7 +7,10 @@ file's name; `process_file` wraps it with reading (and the result cache) and nev
 
 from __future__ import annotations
 
+import ast
 import difflib
+import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -155,6 +158,42 @@ def enforce_groups(sites: Sequence[Site]) -> tuple[Site, ...]:
     return tuple(out)
 
 
+PYTHON_MAX_BRACKETS = 200  # CPython's tokenizer refuses deeper nesting of brackets
+_BRACKETS = re.compile(r"[][(){}]")
+
+
+def refuse_deep_nesting(code: str) -> None:
+    """Raise RecursionError for code nested more deeply than Python itself can parse.
+
+    libcst's native parser overflows its stack on such input and takes the whole process down
+    (a segmentation fault, not an exception). Python's own parser says when code is too deep;
+    when it rejects the code for another reason, brackets nested deeper than it allows are
+    enough to refuse it.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ast.parse(code)
+    except (RecursionError, MemoryError):
+        raise RecursionError("nested too deeply for Python's parser") from None
+    except SyntaxError as exc:
+        if "too many nested" in str(exc.msg) or _bracket_depth(code) > PYTHON_MAX_BRACKETS:
+            raise RecursionError("nested too deeply for Python's parser") from None
+    except ValueError:
+        pass  # NUL bytes: libcst reports those itself
+
+
+def _bracket_depth(code: str) -> int:
+    depth = deepest = 0
+    for match in _BRACKETS.finditer(code):
+        if match.group() in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth = max(depth - 1, 0)
+    return deepest
+
+
 def migrate_source(
     code: str,
     *,
@@ -167,7 +206,8 @@ def migrate_source(
 
     Every site is decided by the default policy (`options.unsafe_fixes`), then by `accept`, which
     may turn sites on or off (verification and interactive review plug in there). Raises
-    `libcst.ParserSyntaxError` for code that does not parse.
+    `libcst.ParserSyntaxError` for code that does not parse, RecursionError for code nested too
+    deeply to parse.
     """
     options = options or Options()
     chosen = options.passes() if passes is None else passes
@@ -175,6 +215,7 @@ def migrate_source(
     passes = passes_for(code, chosen)
     if not passes:
         return Migration(code, (), ())
+    refuse_deep_nesting(code)
     module = cst.parse_module(code)
     new, run = run_passes(
         module, code, passes, target_jax=options.target_jax, path=path, selected=selected
