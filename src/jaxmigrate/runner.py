@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import stat
 import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -102,13 +103,23 @@ def write_result(result: FileResult) -> FileResult:
         return _write_failed(result, str(exc))
     if current.text != result.old_text:
         return _write_failed(result, "changed on disk while it was being migrated; not written")
-    if not os.access(path, os.W_OK):
+    if _read_only(path):
         return _write_failed(result, "read-only file; not written")
     try:
         atomic_write(path, current.encode(result.new_text))
     except OSError as exc:
         return _write_failed(result, f"could not be written: {exc.strerror or exc}")
     return replace(result, written=True)
+
+
+def _read_only(path: Path) -> bool:
+    """True for a file we may not write, or that has no write bit at all: that is how a user
+    marks a file read-only, and root, who may write anything, must respect it too."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False  # the write itself reports it
+    return not os.access(path, os.W_OK) or not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
 
 
 def _write_failed(result: FileResult, reason: str) -> FileResult:
