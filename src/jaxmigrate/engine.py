@@ -241,8 +241,22 @@ def migrate_source(
     return Migration(new.code if applied else code, by_place, skips)
 
 
-def describe_syntax_error(exc: cst.ParserSyntaxError) -> str:
-    """Return a one-line message for a parse error."""
+def describe_syntax_error(exc: cst.ParserSyntaxError, code: str | None = None) -> str:
+    """Return a one-line message for a parse error.
+
+    Given the code, Python's own message is preferred when Python rejects it too: it says what
+    is wrong ("Missing parentheses in call to 'print'") where libcst lists the tokens it wanted.
+    """
+    if code is not None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ast.parse(code)
+        except SyntaxError as error:
+            message = str(error.msg).strip().splitlines()[0] if error.msg else "invalid syntax"
+            return f"cannot parse: line {error.lineno}, column {error.offset}: {message}"
+        except (ValueError, RecursionError, MemoryError):
+            pass
     message = str(exc.message).strip().splitlines()[0]
     return f"cannot parse: line {exc.raw_line}, column {exc.raw_column + 1}: {message}"
 
@@ -277,7 +291,8 @@ def process_text(
     try:
         result = migrate_text(text, path=shown, options=options, accept=accept)
     except cst.ParserSyntaxError as exc:
-        return FileResult(shown, Bucket.FAILED, reason=describe_syntax_error(exc))
+        code = None if shown.endswith(".ipynb") else text
+        return FileResult(shown, Bucket.FAILED, reason=describe_syntax_error(exc, code))
     except NotebookError as exc:
         bucket = Bucket.SKIPPED if exc.skipped else Bucket.FAILED
         return FileResult(shown, bucket, reason=str(exc))
