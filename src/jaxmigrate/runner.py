@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import signal
 import stat
 import subprocess
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
@@ -19,6 +24,7 @@ from jaxmigrate.model import Bucket, FileResult, Site
 from jaxmigrate.textio import SourceError, atomic_write, read_source
 
 Accept = Callable[[Sequence[Site]], Sequence[Site]]
+PR_SET_PDEATHSIG = 1
 
 
 def _skipped(found: Found) -> FileResult:
@@ -42,12 +48,37 @@ def migrate_files(
     work = partial(process_file, options=options, accept=accept, cache=cache)
     if jobs > 1 and len(files) > 1 and accept is None:
         context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        with ProcessPoolExecutor(
+            max_workers=jobs,
+            mp_context=context,
+            initializer=_die_with_parent,
+            initargs=(os.getpid(),),
+        ) as pool:
             chunk = max(1, min(16, len(files) // (jobs * 8)))
             results = pool.map(work, files, chunksize=chunk)
             yield from _merge(found, results)
     else:
         yield from _merge(found, map(work, files))
+
+
+def _die_with_parent(parent: int) -> None:
+    """Worker initializer: end with the run that started it, however that run ends.
+
+    A run killed by SIGKILL (the OOM killer, `kill -9`) cannot stop its pool, and its workers
+    would wait for work forever. Linux ends them with the parent; elsewhere a watcher does.
+    """
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    else:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    if os.getppid() != parent:  # died before the signal was armed
+        os._exit(1)
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1)
+    os._exit(1)
 
 
 def _merge(found: Sequence[Found], results: Iterator[FileResult]) -> Iterator[FileResult]:
