@@ -300,22 +300,44 @@ class _Module:
 
 def _place_header(header: str, segments: list[str]) -> list[str]:
     """Return `segments` with the `header` lines put after the imports of the first cell that
-    starts a run of them (else at the top of the first cell)."""
+    imports the same package (`jax`), else of the first cell with imports, else at the top of
+    the first cell: a notebook sets `XLA_FLAGS` and the like before it imports JAX."""
     lines = split_lines(header.strip("\n") + "\n") if header.strip() else []
     if not lines:
         return segments
-    for index, segment in enumerate(segments):
-        end = _end_of_first_imports(segment)
-        if end is not None:
-            cut = split_lines(segment)
-            segments[index] = "".join([*cut[:end], *lines, *cut[end:]])
-            return segments
-    segments[0] = "".join(lines) + segments[0]
+    packages = _packages(header)
+    ends = [_end_of_first_imports(segment) for segment in segments]
+    chosen = next((i for i, e in enumerate(ends) if e and packages & e[1]), None)
+    if chosen is None:
+        chosen = next((i for i, e in enumerate(ends) if e), None)
+    if chosen is None:
+        segments[0] = "".join(lines) + segments[0]
+        return segments
+    end = ends[chosen]
+    assert end is not None
+    cut = split_lines(segments[chosen])
+    segments[chosen] = "".join([*cut[: end[0]], *lines, *cut[end[0] :]])
     return segments
 
 
-def _end_of_first_imports(code: str) -> int | None:
-    """Return the line after the first run of top-level imports in `code`, or None."""
+def _packages(code: str) -> set[str]:
+    """Return the top-level packages the import statements of `code` name."""
+    try:
+        body = ast.parse(code).body
+    except (SyntaxError, ValueError, RecursionError):
+        return set()
+    found = set()
+    for stmt in body:
+        if isinstance(stmt, ast.Import):
+            found |= {a.name.split(".")[0] for a in stmt.names}
+        elif isinstance(stmt, ast.ImportFrom) and stmt.module and not stmt.level:
+            found.add(stmt.module.split(".")[0])
+    return found
+
+
+def _end_of_first_imports(code: str) -> tuple[int, set[str]] | None:
+    """Return the line after the first run of top-level imports in `code` and the packages
+    that run imports, or None."""
     try:
         body = ast.parse(code).body
     except (SyntaxError, ValueError, RecursionError):
@@ -323,10 +345,13 @@ def _end_of_first_imports(code: str) -> int | None:
     imports = [isinstance(s, (ast.Import, ast.ImportFrom)) for s in body]
     if True not in imports:
         return None
-    last = imports.index(True)
+    first = last = imports.index(True)
     while last + 1 < len(body) and imports[last + 1]:
         last += 1
-    return body[last].end_lineno
+    end = body[last].end_lineno
+    assert end is not None
+    run = "\n".join(ast.unparse(s) for s in body[first : last + 1])
+    return end, _packages(run)
 
 
 def migrate_notebook(
