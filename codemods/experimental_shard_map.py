@@ -124,6 +124,11 @@ class ExperimentalShardMap(AncestorTracking, Pass):
     QUALNAMES: ClassVar[tuple[str, ...]] = (LEGACY,)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\bshard_map\b")
 
+    @classmethod
+    def applies_to(cls, source: str) -> bool:
+        """The legacy `shard_map` can only be reached through a path naming `jax.experimental`."""
+        return "experimental" in source and cls.TRIGGER.search(source) is not None
+
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
         self._tree: cst.Module | None = None

@@ -168,6 +168,11 @@ class Pjit(Pass):
     QUALNAMES: ClassVar[tuple[str, ...]] = (PJIT,)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\bpjit\b")
 
+    @classmethod
+    def applies_to(cls, source: str) -> bool:
+        """The legacy `pjit` can only be reached through a path naming `jax.experimental`."""
+        return "experimental" in source and cls.TRIGGER.search(source) is not None
+
     def visit_Module(self, node: cst.Module) -> None:
         self.meshes = MeshFinder(node, self.resolver)
         survey = _Survey(self, self.meshes)
