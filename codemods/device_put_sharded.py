@@ -83,6 +83,7 @@ from jaxmigrate.cstutil import (
 from jaxmigrate.model import Safety
 from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
+from jaxmigrate.textio import source_lines
 
 LEGACY = "jax.device_put_sharded"
 PARAMS = ("shards", "devices")
@@ -121,7 +122,7 @@ class DevicePutSharded(AncestorTracking, Pass):
         """Return the source line `node` starts on."""
         if self._lines is None:
             assert self._tree is not None
-            self._lines = self._tree.code.splitlines()
+            self._lines = source_lines(self._tree.code)
         return self._lines[self.get_metadata(PositionProvider, node).start.line - 1]
 
     def visit_Module(self, node: cst.Module) -> None:

@@ -88,6 +88,7 @@ from jaxmigrate.cstutil import AncestorTracking, Bindings, fit_call, is_read, ja
 from jaxmigrate.model import Safety
 from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
+from jaxmigrate.textio import source_lines
 
 MODULE = "jax.experimental.host_callback"
 CALL, ID_TAP, ID_PRINT, BARRIER = (
@@ -253,7 +254,7 @@ class HostCallback(AncestorTracking, Pass):
     def _line(self, node: cst.CSTNode) -> str:
         if self._lines is None:
             assert self._tree is not None
-            self._lines = self._tree.code.splitlines()
+            self._lines = source_lines(self._tree.code)
         return self._lines[self.get_metadata(PositionProvider, node).start.line - 1]
 
     def _call(self, args: dict[str, cst.Arg]) -> cst.Call:

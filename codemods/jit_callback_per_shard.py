@@ -87,6 +87,7 @@ from jaxmigrate.cstutil import Bindings, fit_call
 from jaxmigrate.model import Safety
 from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
+from jaxmigrate.textio import source_lines
 
 PURE = "jax.pure_callback"
 JIT = "jax.jit"
@@ -281,7 +282,7 @@ class JitCallbackPerShard(Pass):
     def _line(self, node: cst.CSTNode) -> str:
         if self._lines is None:
             assert self._tree is not None
-            self._lines = self._tree.code.splitlines()
+            self._lines = source_lines(self._tree.code)
         return self._lines[self.get_metadata(PositionProvider, node).start.line - 1]
 
 

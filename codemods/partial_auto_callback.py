@@ -145,6 +145,7 @@ from jaxmigrate.cstutil import Bindings, fresh_name, is_reusable, jax_ref, jnp_r
 from jaxmigrate.model import Safety
 from jaxmigrate.names import Names, dotted, walk
 from jaxmigrate.passes import Pass
+from jaxmigrate.textio import source_lines
 
 SHARD_MAP = "jax.shard_map"
 PURE = "jax.pure_callback"
@@ -1034,7 +1035,7 @@ class PartialAutoCallback(Pass):
         here = self.get_metadata(PositionProvider, node)
         if self._lines is None:  # generated once, and only when code is emitted
             assert self._tree is not None
-            self._lines = self._tree.code.splitlines()
+            self._lines = source_lines(self._tree.code)
         line = self._lines[here.start.line - 1]
         first = self._lines[self.get_metadata(PositionProvider, statement).start.line - 1]
         base = _leading(first)

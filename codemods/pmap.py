@@ -158,6 +158,7 @@ from jaxmigrate.specs import (
     tuple_of,
     with_statics,
 )
+from jaxmigrate.textio import source_lines
 
 PMAP = "jax.pmap"
 PARTIAL = "functools.partial"
@@ -579,7 +580,7 @@ class Pmap(Pass):
     def visit_Module(self, node: cst.Module) -> None:
         self.survey = Survey(self.resolver)
         walk(self.survey, node)
-        self.lines = node.code.splitlines()
+        self.lines = source_lines(node.code)
         found = [self._classify(ref, ancestors) for ref, ancestors in self.survey.refs]
         sites = self._stack_decorators([s for s in found if s is not None])
         self._mark_nested(sites)

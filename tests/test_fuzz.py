@@ -40,6 +40,7 @@ from hypothesis.control import currently_in_test_context
 
 from jaxmigrate.engine import Migration, Options, migrate_source
 from jaxmigrate.model import Site
+from jaxmigrate.textio import source_lines
 
 LONG = int(os.environ.get("JAXMIGRATE_FUZZ_EXAMPLES", "0"))
 OPTIONS = Options(unsafe_fixes=True)
@@ -481,7 +482,7 @@ def programs(draw: st.DrawFn) -> Program:
 def chunks(code: str) -> tuple[list[str], list[tuple[int, int]]]:
     """Split `code` at sentinel lines: the texts between them and the 1-based line span of each."""
     texts, spans = [""], [(1, 0)]
-    for number, line in enumerate(code.splitlines(keepends=True), start=1):
+    for number, line in enumerate(source_lines(code, keepends=True), start=1):
         match = SENTINEL.match(line)
         if match is not None:
             assert int(match.group(1)) == len(texts) - 1, f"sentinel out of order: {line!r}"
@@ -659,3 +660,13 @@ def test_found_an_import_below_code_is_not_joined() -> None:
     assert result.code.endswith("\nfrom jax.sharding import NamedSharding\n")
     head = result.code[: result.code.index("if True:")]
     assert "from jax.sharding import PartitionSpec as P\n" in head
+
+
+def test_found_a_form_feed_shifts_no_line() -> None:
+    """`str.splitlines` also breaks at form feeds (and \\x1c-\\x1e, \\x85, \\u2028): after one,
+    the suppression comment was looked up on the wrong line and the site rewritten anyway."""
+    for separator in ("\x0c", "\x1e", "\u2028"):
+        source = f"import jax\n#{separator}\n\n@jax.pmap  # jaxmigrate: skip\ndef step(x, y):\n    return x + y\n"
+        result = migrate_source(source, options=OPTIONS)
+        assert result.code == source and not result.sites
+        assert [(s.line, s.suppressed) for s in result.skips] == [(4, True)]

@@ -22,7 +22,7 @@ from libcst.codemod import CodemodContext
 from jaxmigrate.model import Bucket, FileResult, Safety, Site, Skip, Status
 from jaxmigrate.passes import LATEST_JAX, STATE_KEY, FileState, ModuleCache, Pass
 from jaxmigrate.prefilter import passes_for
-from jaxmigrate.textio import SourceError, decode, read_bytes
+from jaxmigrate.textio import SourceError, decode, read_bytes, source_lines
 
 if TYPE_CHECKING:
     from jaxmigrate.cache import ResultCache
@@ -63,7 +63,7 @@ class _Run:
 
 def line_map_between(original: Sequence[str], current: str) -> Callable[[int], int]:
     """Return a function mapping 1-based lines of `current` back to lines of `original`."""
-    cur = current.splitlines(keepends=True)
+    cur = source_lines(current, keepends=True)
     if list(original) == cur:
         return lambda line: line
     table: dict[int, int] = {}
@@ -93,7 +93,7 @@ def run_passes(
     """
     if selected is None:
         selected = frozenset(p.CODE for p in passes)
-    original = source.splitlines(keepends=True)
+    original = source_lines(source, keepends=True)
     run = _Run()
     changed = False
     cache = ModuleCache(

@@ -27,6 +27,16 @@ class SourceText:
         return text.encode(self.encoding)
 
 
+def source_lines(text: str, keepends: bool = False) -> list[str]:
+    """Return the lines of source `text` as Python and libcst count them.
+
+    Only `\n`, `\r\n` and `\r` end a line; `str.splitlines` also splits at form feeds and
+    other control characters, and every line number after one would point at the wrong line.
+    """
+    lines = io.StringIO(text, newline="").readlines()
+    return lines if keepends else [line.rstrip("\r\n") for line in lines]
+
+
 def decode(data: bytes) -> SourceText:
     """Decode Python source bytes, honouring a BOM and a coding cookie."""
     if b"\x00" in data:
