@@ -29,6 +29,7 @@ import libcst as cst
 
 from jaxmigrate.engine import Options, enforce_groups, line_map_between, migrate_text
 from jaxmigrate.model import Bucket, FileResult, Safety, Site, Status
+from jaxmigrate.textio import source_lines
 
 PROGRESS_FILE = Path(".jaxmigrate_cache") / "review.json"
 PROGRESS_VERSION = 1
@@ -238,7 +239,7 @@ def carry_over(
     except Exception:  # noqa: BLE001 - nothing carried over is always safe: it is asked again
         return {}
     to_old = {
-        cell: line_map_between(old_sources.get(cell, "").splitlines(keepends=True), source)
+        cell: line_map_between(source_lines(old_sources.get(cell, ""), keepends=True), source)
         for cell, source in new_sources.items()
     }
     old_by_place: dict[tuple[int | None, str, int], list[Site]] = {}
