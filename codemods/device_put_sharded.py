@@ -83,7 +83,6 @@ from jaxmigrate.cstutil import (
 from jaxmigrate.model import Safety
 from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
-from jaxmigrate.textio import source_lines
 
 LEGACY = "jax.device_put_sharded"
 PARAMS = ("shards", "devices")
@@ -102,6 +101,7 @@ class DevicePutSharded(AncestorTracking, Pass):
     SAFETY: ClassVar[Safety] = Safety.SAFE
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 5)
     QUALNAMES: ClassVar[tuple[str, ...]] = (LEGACY,)
+    LITERALS: ClassVar[tuple[str, ...]] = ("device_put_sharded",)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\bdevice_put_sharded\b")
 
     def __init__(self, context: CodemodContext) -> None:
@@ -122,7 +122,7 @@ class DevicePutSharded(AncestorTracking, Pass):
         """Return the source line `node` starts on."""
         if self._lines is None:
             assert self._tree is not None
-            self._lines = source_lines(self._tree.code)
+            self._lines = self.state.cache.lines(self._tree)
         return self._lines[self.get_metadata(PositionProvider, node).start.line - 1]
 
     def visit_Module(self, node: cst.Module) -> None:

@@ -84,7 +84,6 @@ from jaxmigrate.cstutil import (
 from jaxmigrate.model import Safety
 from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
-from jaxmigrate.textio import source_lines
 
 LEGACY = "jax.experimental.shard_map.shard_map"
 PARTIAL = "functools.partial"
@@ -123,7 +122,7 @@ class ExperimentalShardMap(AncestorTracking, Pass):
     SAFETY: ClassVar[Safety] = Safety.SAFE
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 7)
     QUALNAMES: ClassVar[tuple[str, ...]] = (LEGACY,)
-    TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\bshard_map\b")
+    TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"shard_map\b")
 
     @classmethod
     def applies_to(cls, source: str) -> bool:
@@ -149,7 +148,7 @@ class ExperimentalShardMap(AncestorTracking, Pass):
         """Return the source line `node` starts on."""
         if self._lines is None:
             assert self._tree is not None
-            self._lines = source_lines(self._tree.code)
+            self._lines = self.state.cache.lines(self._tree)
         return self._lines[self.get_metadata(PositionProvider, node).start.line - 1]
 
     # Finding ------------------------------------------------------------------------------

@@ -88,7 +88,6 @@ from jaxmigrate.cstutil import AncestorTracking, Bindings, fit_call, is_read, ja
 from jaxmigrate.model import Safety
 from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
-from jaxmigrate.textio import source_lines
 
 MODULE = "jax.experimental.host_callback"
 CALL, ID_TAP, ID_PRINT, BARRIER = (
@@ -112,6 +111,7 @@ class HostCallback(AncestorTracking, Pass):
     SAFETY: ClassVar[Safety] = Safety.SAFE
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 4)
     QUALNAMES: ClassVar[tuple[str, ...]] = (MODULE,)
+    LITERALS: ClassVar[tuple[str, ...]] = ("host_callback",)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\bhost_callback\b")
 
     def __init__(self, context: CodemodContext) -> None:
@@ -254,7 +254,7 @@ class HostCallback(AncestorTracking, Pass):
     def _line(self, node: cst.CSTNode) -> str:
         if self._lines is None:
             assert self._tree is not None
-            self._lines = source_lines(self._tree.code)
+            self._lines = self.state.cache.lines(self._tree)
         return self._lines[self.get_metadata(PositionProvider, node).start.line - 1]
 
     def _call(self, args: dict[str, cst.Arg]) -> cst.Call:

@@ -87,7 +87,6 @@ from jaxmigrate.cstutil import Bindings, fit_call
 from jaxmigrate.model import Safety
 from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
-from jaxmigrate.textio import source_lines
 
 PURE = "jax.pure_callback"
 JIT = "jax.jit"
@@ -114,6 +113,7 @@ class JitCallbackPerShard(Pass):
     SAFETY: ClassVar[Safety] = Safety.UNSAFE
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 7)
     QUALNAMES: ClassVar[tuple[str, ...]] = (PURE,)
+    LITERALS: ClassVar[tuple[str, ...]] = ("vmap_method",)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\bvmap_method\b")
 
     def __init__(self, context: CodemodContext) -> None:
@@ -282,7 +282,7 @@ class JitCallbackPerShard(Pass):
     def _line(self, node: cst.CSTNode) -> str:
         if self._lines is None:
             assert self._tree is not None
-            self._lines = source_lines(self._tree.code)
+            self._lines = self.state.cache.lines(self._tree)
         return self._lines[self.get_metadata(PositionProvider, node).start.line - 1]
 
 

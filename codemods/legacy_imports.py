@@ -62,6 +62,7 @@ class LegacyImports(Pass):
     SAFETY: ClassVar[Safety] = Safety.SAFE
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 4)
     QUALNAMES: ClassVar[tuple[str, ...]] = tuple(MOVED)
+    LITERALS: ClassVar[tuple[str, ...]] = ("experimental", "pxla", "maps", "pjit.")
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(
         # Every way to reach a moved name: an attribute chain, an import naming it (also in
         # parentheses or after a backslash), the legacy modules, or an alias of the package.

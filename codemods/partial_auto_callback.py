@@ -145,9 +145,11 @@ from jaxmigrate.cstutil import Bindings, fresh_name, is_reusable, jax_ref, jnp_r
 from jaxmigrate.model import Safety
 from jaxmigrate.names import Names, dotted, walk
 from jaxmigrate.passes import Pass
-from jaxmigrate.textio import source_lines
+from jaxmigrate.prefilter import AstFacts
 
 SHARD_MAP = "jax.shard_map"
+EXPERIMENTAL_SHARD_MAP = "jax.experimental.shard_map.shard_map"  # JM102 runs first
+HOST_CALLBACK = "jax.experimental.host_callback"  # JM106 runs first
 PURE = "jax.pure_callback"
 IO = "jax.experimental.io_callback"
 CALLBACKS = frozenset({PURE, IO})
@@ -508,12 +510,22 @@ class PartialAutoCallback(Pass):
     SAFETY: ClassVar[Safety] = Safety.UNSAFE
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 7)
     QUALNAMES: ClassVar[tuple[str, ...]] = (SHARD_MAP, PURE, IO, *sorted(DEBUG))
-    TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\b(?:pure_callback|io_callback|debug)\b")
+    TRIGGER: ClassVar[re.Pattern[str]] = re.compile(
+        r"\b(?:pure_callback|io_callback|debug|host_callback)\b"  # JM106 makes io_callbacks
+    )
 
     @classmethod
     def applies_to(cls, source: str) -> bool:
         """A callback and a shard_map in the same file: the body is followed within it."""
         return "shard_map" in source and cls.TRIGGER.search(source) is not None
+
+    @classmethod
+    def may_apply_to(cls, facts: AstFacts) -> bool:
+        """Both a shard_map and a callback; earlier passes turn the experimental shard_map
+        into `jax.shard_map` (JM102) and host_callback calls into `io_callback` (JM106)."""
+        return facts.mentions((SHARD_MAP, EXPERIMENTAL_SHARD_MAP)) and facts.mentions(
+            (PURE, IO, *DEBUG, HOST_CALLBACK)
+        )
 
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
@@ -1035,7 +1047,7 @@ class PartialAutoCallback(Pass):
         here = self.get_metadata(PositionProvider, node)
         if self._lines is None:  # generated once, and only when code is emitted
             assert self._tree is not None
-            self._lines = source_lines(self._tree.code)
+            self._lines = self.state.cache.lines(self._tree)
         line = self._lines[here.start.line - 1]
         first = self._lines[self.get_metadata(PositionProvider, statement).start.line - 1]
         base = _leading(first)

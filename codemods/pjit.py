@@ -166,7 +166,7 @@ class Pjit(Pass):
     SAFETY: ClassVar[Safety] = Safety.SAFE
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 4)
     QUALNAMES: ClassVar[tuple[str, ...]] = (PJIT,)
-    TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\bpjit\b")
+    TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"pjit\b")
 
     @classmethod
     def applies_to(cls, source: str) -> bool:

@@ -158,7 +158,6 @@ from jaxmigrate.specs import (
     tuple_of,
     with_statics,
 )
-from jaxmigrate.textio import source_lines
 
 PMAP = "jax.pmap"
 PARTIAL = "functools.partial"
@@ -561,6 +560,7 @@ class Pmap(Pass):
     CODE: ClassVar[str] = "JM202"
     SAFETY: ClassVar[Safety] = Safety.UNSAFE
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 7)  # `jax.shard_map` is public from JAX 0.6.1
+    LITERALS: ClassVar[tuple[str, ...]] = ("pmap",)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\bpmap\b")
     QUALNAMES: ClassVar[tuple[str, ...]] = (PMAP,)
 
@@ -580,7 +580,7 @@ class Pmap(Pass):
     def visit_Module(self, node: cst.Module) -> None:
         self.survey = Survey(self.resolver)
         walk(self.survey, node)
-        self.lines = source_lines(node.code)
+        self.lines = self.state.cache.lines(node)
         found = [self._classify(ref, ancestors) for ref, ancestors in self.survey.refs]
         sites = self._stack_decorators([s for s in found if s is not None])
         self._mark_nested(sites)

@@ -58,7 +58,7 @@ class MeshItem:
     note: str = ""
 
 
-def _ends_in_mesh(name: str) -> bool:
+def ends_in_mesh(name: str) -> bool:
     return name.lower().endswith("mesh")
 
 
@@ -252,7 +252,7 @@ class MeshFinder:
                     item, Kind.LEGACY, "constructed in the `with`", self._collector.note(node)
                 )
             callee = dotted(node.func)
-            if callee is not None and _ends_in_mesh(callee) and self._collector.imports_jax:
+            if callee is not None and ends_in_mesh(callee) and self._collector.imports_jax:
                 why = f"`{callee}(...)` is a call of an unknown function: it may not return a Mesh"
                 return MeshItem(item, Kind.UNSURE, why)
             return None
@@ -261,7 +261,7 @@ class MeshFinder:
         if isinstance(node, cst.Attribute):
             text = dotted(node)
             qualname = resolver.qualified_name(node) or ""
-            if text is None or qualname.startswith("jax") or not _ends_in_mesh(node.attr.value):
+            if text is None or qualname.startswith("jax") or not ends_in_mesh(node.attr.value):
                 return None
             if self._collector.imports_jax:
                 return MeshItem(item, Kind.LEGACY, f"`{text}` is assumed a Mesh from its name")
@@ -279,10 +279,10 @@ class MeshFinder:
         if made and len(calls) == bound == len(made):
             notes = {self._collector.note(c) for c in calls} - {""}
             return MeshItem(item, Kind.LEGACY, f"`{name}` is bound to a Mesh", " ".join(notes))
-        if None in made and (calls or _ends_in_mesh(name)):
+        if None in made and (calls or ends_in_mesh(name)):
             why = f"`{name}` is also bound to something that is not a Mesh"
             return MeshItem(item, Kind.UNSURE, why)
-        if not _ends_in_mesh(name):
+        if not ends_in_mesh(name):
             if calls:
                 why = f"`{name}` is bound to a Mesh on some paths only"
                 return MeshItem(item, Kind.UNSURE, why)

@@ -11,9 +11,14 @@ than the running Python) keeps every pass.
 from __future__ import annotations
 
 import ast
+import re
+import sys
 from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 from jaxmigrate.passes import Pass
+
+_Node = TypeVar("_Node", bound=ast.AST)
 
 
 def _chain(node: ast.expr) -> tuple[str, list[str]] | None:
@@ -27,30 +32,171 @@ def _chain(node: ast.expr) -> tuple[str, list[str]] | None:
 
 
 def parse(source: str) -> ast.Module | None:
-    """Return the `ast` of `source`, or None when the running Python cannot parse it."""
+    """Return the `ast` of `source`, or None when the running Python cannot parse it.
+
+    Python 3.11 cannot parse PEP 695 type parameters (`class C[T]:`, `def f[T](x: T)`,
+    `type A = ...`), which much new code (JAX's own) uses; such a source is parsed again with
+    them rewritten away (`_without_type_params`), which keeps every name it reads.
+    """
     try:
-        return ast.parse(source)
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        pass
+    else:
+        _PARSED[0] = source
+        return tree
+    if sys.version_info >= (3, 12):
+        return None
+    lowered = _without_type_params(source)
+    if lowered is None:
+        return None
+    try:
+        return ast.parse(lowered)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 
 
+_PARSED: list[str | None] = [None]  # the last source Python parsed as it is
+
+
+def python_parsed(source: str) -> bool:
+    """Return True if `parse` just parsed this very string (the same object) unchanged."""
+    return _PARSED[0] is source
+
+
+_TYPE_PARAMS = re.compile(
+    r"\b(?:def|class)[ \t]+\w+[ \t]*\[|^[ \t]*type[ \t]+\w+[ \t]*\[", re.MULTILINE
+)
+_TYPE_ALIAS = re.compile(r"^([ \t]*)type[ \t]+(?=\w+[ \t]*=)", re.MULTILINE)
+_BRACKETS = {"[": "]", "(": ")", "{": "}"}
+
+
+def _without_type_params(source: str) -> str | None:
+    """Return `source` with PEP 695 syntax rewritten into Python 3.11's, or None.
+
+    The `[...]` of type parameters after a `def`, `class` or `type` name is dropped, and the
+    bounds and defaults it held are appended as expression statements, so every name they read
+    is still seen; then `type A = v` becomes `A = v`.
+    """
+    pieces: list[str] = []
+    reads: list[str] = []
+    start = 0
+    for match in _TYPE_PARAMS.finditer(source):
+        if match.start() < start:
+            continue
+        opened = match.end() - 1
+        closed = _closing(source, opened)
+        if closed is None:
+            return None
+        reads.extend(_bounds(source[opened + 1 : closed]))
+        pieces.append(source[start:opened])
+        start = closed + 1
+    pieces.append(source[start:])
+    lowered = _TYPE_ALIAS.sub(r"\1", "".join(pieces))
+    return lowered + "".join(f"\n({expr})" for expr in reads) + "\n"
+
+
+def _closing(source: str, opened: int) -> int | None:
+    """Return the index of the bracket closing the one at `opened` (no strings inside)."""
+    stack: list[str] = []
+    for index in range(opened, len(source)):
+        char = source[index]
+        if char in _BRACKETS:
+            stack.append(_BRACKETS[char])
+        elif char in ")]}":
+            if not stack or stack.pop() != char:
+                return None
+            if not stack:
+                return index
+        elif char in "'\"#":
+            return None
+    return None
+
+
+def _bounds(params: str) -> list[str]:
+    """Return the bound and default expressions in the text of a type parameter list."""
+    found: list[str] = []
+    depth = 0
+    item: list[str] = []
+    for char in params + ",":
+        if char == "," and depth == 0:
+            # `T`, `T: bound`, `T = default`, `T: bound = default`, `*Ts`, `**P`
+            rest = re.sub(r"^\s*\**\s*\w+\s*", "", "".join(item))
+            if rest.startswith(":"):
+                bound, _, default = rest[1:].partition("=")
+            else:
+                bound, default = "", rest.removeprefix("=")
+            found.extend(e.strip() for e in (bound, default) if e.strip())
+            item = []
+            continue
+        depth += char in "([{"
+        depth -= char in ")]}"
+        item.append(char)
+    return found
+
+
+class AstFacts:
+    """One walk of a module's `ast`, shared by the name stage and every pass's `may_apply_to`.
+
+    `nodes(ast.With)` lists the nodes of a type without walking again; `names` holds the dotted
+    names of imported objects the module mentions (see `referenced_names`).
+    """
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.tree = tree
+        self._by_type: dict[type[ast.AST], list[ast.AST]] = {}
+        stack: list[ast.AST] = [tree]
+        by_type = self._by_type
+        node_type = ast.AST
+        while stack:
+            node = stack.pop()
+            by_type.setdefault(type(node), []).append(node)
+            for field in node._fields:
+                value = getattr(node, field, None)
+                if isinstance(value, list):
+                    stack.extend(v for v in value if isinstance(v, node_type))
+                elif isinstance(value, node_type):
+                    stack.append(value)
+        self._names: set[str] | None = None
+
+    def nodes(self, kind: type[_Node]) -> list[_Node]:
+        """Return the module's nodes of type `kind` (exactly: not of its subclasses)."""
+        return self._by_type.get(kind, [])  # type: ignore[return-value]
+
+    @property
+    def names(self) -> set[str]:
+        if self._names is None:
+            self._names = _referenced(self)
+        return self._names
+
+    def mentions(self, wanted: Sequence[str]) -> bool:
+        """Return True if the module mentions one of `wanted` or something inside it."""
+        return _mentions(self.names, wanted)
+
+
 def referenced_names(tree: ast.Module) -> set[str]:
     """Return the dotted names of imported objects the module mentions."""
+    return AstFacts(tree).names
+
+
+def _referenced(facts: AstFacts) -> set[str]:
     aliases: dict[str, set[str]] = {}
     found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                local = a.asname or a.name.split(".")[0]
-                aliases.setdefault(local, set()).add(a.name if a.asname else local)
-                found.add(a.name)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for a in node.names:
-                qualified = f"{node.module}.{a.name}"
+    for imp in facts.nodes(ast.Import):
+        for a in imp.names:
+            local = a.asname or a.name.split(".")[0]
+            aliases.setdefault(local, set()).add(a.name if a.asname else local)
+            found.add(a.name)
+    for imp_from in facts.nodes(ast.ImportFrom):
+        if imp_from.module and not imp_from.level:
+            for a in imp_from.names:
+                qualified = f"{imp_from.module}.{a.name}"
                 aliases.setdefault(a.asname or a.name, set()).add(qualified)
                 found.add(qualified)
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Attribute, ast.Name)) and isinstance(node.ctx, ast.Load):
+    load = ast.Load
+    reads: list[ast.Attribute | ast.Name] = [*facts.nodes(ast.Attribute), *facts.nodes(ast.Name)]
+    for node in reads:
+        if isinstance(node.ctx, load):
             chain = _chain(node)
             if chain is not None and chain[0] in aliases:
                 for base in aliases[chain[0]]:
@@ -70,9 +216,9 @@ def passes_for(source: str, passes: Sequence[type[Pass]]) -> list[type[Pass]]:
     tree = parse(source)
     if tree is None:
         return chosen
-    names = referenced_names(tree) if any(p.QUALNAMES for p in chosen) else set()
+    facts = AstFacts(tree)
     return [
         p
         for p in chosen
-        if (not p.QUALNAMES or _mentions(names, p.QUALNAMES)) and p.may_apply_to(tree)
+        if (not p.QUALNAMES or facts.mentions(p.QUALNAMES)) and p.may_apply_to(facts)
     ]
