@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,8 +13,9 @@ import libcst as cst
 import pytest
 
 from jaxmigrate import migrate_source
-from jaxmigrate.engine import Options, line_map_between
-from jaxmigrate.model import Safety, Status
+from jaxmigrate.engine import Options, line_map_between, run_passes
+from jaxmigrate.model import Safety, Site, Status
+from jaxmigrate.registry import all_passes
 
 PJIT_UNDER_MESH = """\
 import numpy as np
@@ -141,3 +143,49 @@ def test_legacy_names_in_parameter_defaults_are_reached() -> None:
     result = migrate_source(source)
     assert "jax.experimental" not in result.code
     assert len(result.sites) == 2
+
+
+FIXTURE_CASES = sorted(
+    p
+    for p in (Path(__file__).resolve().parent / "fixtures").glob("*/*.py")
+    if not p.name.endswith(".expected.py")
+)
+
+
+@pytest.mark.parametrize("case", FIXTURE_CASES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_passes_with_no_site_enabled_change_nothing(case: Path) -> None:
+    """What lets a partial apply reuse the first run's modules (`engine._rerun`)."""
+    code = case.read_text()
+    module, _ = run_passes(cst.parse_module(code), code, all_passes(), enabled=frozenset())
+    assert module.code == code
+
+
+MIXED = (
+    PJIT_UNDER_MESH
+    + """
+
+def other(x):
+    from jax.experimental.pjit import pjit as p2
+    from jax.experimental import PartitionSpec
+    return p2(lambda v: v, in_axis_resources=PartitionSpec("x"))(x), jax.pmap(abs)(x)
+"""
+)
+
+
+@pytest.mark.parametrize("unsafe_fixes", [False, True])
+@pytest.mark.parametrize("drop", [None, "JM101", "JM103", "JM202"])
+def test_a_partial_apply_matches_a_fresh_run_of_just_those_sites(
+    unsafe_fixes: bool, drop: str | None
+) -> None:
+    """Some sites applied (safe ones by default, or all but one rule's): the code is what a
+    run enabling exactly them makes from scratch."""
+
+    def accept(sites: Sequence[Site]) -> list[Site]:
+        return [replace(s, applied=s.applied and s.code != drop) for s in sites]
+
+    result = migrate_source(MIXED, options=Options(unsafe_fixes=unsafe_fixes), accept=accept)
+    applied = frozenset(s.key for s in result.sites if s.applied)
+    if drop is None:  # the safe JM101 alone, or everything
+        assert len(applied) == (len(result.sites) if unsafe_fixes else 1)
+    fresh, _ = run_passes(cst.parse_module(MIXED), MIXED, all_passes(), enabled=applied)
+    assert result.code == fresh.code

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import ast
 import difflib
+import gc
 import re
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +23,7 @@ from libcst.codemod import CodemodContext
 
 from jaxmigrate.model import Bucket, FileResult, Safety, Site, Skip, Status
 from jaxmigrate.passes import LATEST_JAX, STATE_KEY, FileState, ModuleCache, Pass
-from jaxmigrate.prefilter import passes_for
+from jaxmigrate.prefilter import passes_for, python_parsed
 from jaxmigrate.textio import SourceError, decode, read_bytes, source_lines
 
 if TYPE_CHECKING:
@@ -56,9 +58,19 @@ class Migration:
 
 
 @dataclass
+class _Stage:
+    """A pass as run, the module it returned and the keys of the sites it recorded."""
+
+    pass_cls: type[Pass]
+    module: cst.Module
+    keys: frozenset[str]
+
+
+@dataclass
 class _Run:
     sites: list[Site] = field(default_factory=list)
     skips: list[Skip] = field(default_factory=list)
+    stages: list[_Stage] = field(default_factory=list)
 
 
 def line_map_between(original: Sequence[str], current: str) -> Callable[[int], int]:
@@ -86,20 +98,23 @@ def run_passes(
     target_jax: tuple[int, int] = LATEST_JAX,
     path: str | None = None,
     selected: frozenset[str] | None = None,
+    changed: bool = False,
 ) -> tuple[cst.Module, _Run]:
     """Run `passes` in order over `module`; return the new module and what they recorded.
 
+    `module` is the one parsed from `source`, or, `changed`, what earlier passes made of it.
     `selected` are the codes of every pass the user chose (default: those of `passes`).
     """
     if selected is None:
         selected = frozenset(p.CODE for p in passes)
     original = source_lines(source, keepends=True)
     run = _Run()
-    changed = False
     cache = ModuleCache(
         frozenset(q for p in passes for q in p.QUALNAMES),
         tuple({t for p in passes for t in p.NODE_TYPES}),
     )
+    if not changed:
+        cache.seed(module, source)
     for pass_cls in passes:
         if not pass_cls.applies_to(source):
             continue
@@ -111,12 +126,13 @@ def run_passes(
             cache=cache,
         )
         if changed:
-            state.line_map = line_map_between(original, module.code)
+            state.line_map = line_map_between(original, cache.code(module))
         context = CodemodContext(filename=path, scratch={STATE_KEY: state})
         module = pass_cls(context).transform_module(module)
         changed = changed or state.changed
         run.sites.extend(state.sites)
         run.skips.extend(state.skips)
+        run.stages.append(_Stage(pass_cls, module, frozenset(s.key for s in state.sites)))
     return module, run
 
 
@@ -215,7 +231,8 @@ def migrate_source(
     passes = passes_for(code, chosen)
     if not passes:
         return Migration(code, (), ())
-    refuse_deep_nesting(code)
+    if not python_parsed(code):  # else Python's parser just took it: not too deep
+        refuse_deep_nesting(code)
     module = cst.parse_module(code)
     new, run = run_passes(
         module, code, passes, target_jax=options.target_jax, path=path, selected=selected
@@ -226,19 +243,47 @@ def migrate_source(
     if accept is not None:
         sites = enforce_groups(accept(sites))
     applied = frozenset(s.key for s in sites if s.applied)
-    if len(applied) != len(sites):
-        new, _ = run_passes(
-            module,
-            code,
-            passes,
-            enabled=applied,
-            target_jax=options.target_jax,
-            path=path,
-            selected=selected,
-        )
+    if applied and len(applied) != len(sites):  # none applied: the code is the original
+        new = _rerun(module, code, run.stages, applied, options, path, selected)
     by_place = tuple(sorted(sites, key=lambda s: (s.line, s.col)))
     skips = tuple(sorted(run.skips, key=lambda s: (s.line, s.col)))
     return Migration(new.code if applied else code, by_place, skips)
+
+
+def _rerun(
+    module: cst.Module,
+    code: str,
+    stages: Sequence[_Stage],
+    applied: frozenset[str],
+    options: Options,
+    path: str | None,
+    selected: frozenset[str],
+) -> cst.Module:
+    """Return `module` with just the `applied` sites rewritten, after a run that rewrote all.
+
+    The leading passes all of whose sites are applied made what they made in that run: their
+    result is taken as it is, and only the passes after them run again. A pass with no site to
+    rewrite changes nothing, so when none of those has one, nothing runs again at all.
+    """
+    done = 0
+    while done < len(stages) and stages[done].keys <= applied:
+        done += 1
+    if done:
+        module = stages[done - 1].module
+    rest = stages[done:]
+    if not any(stage.keys & applied for stage in rest):
+        return module
+    new, _ = run_passes(
+        module,
+        code,
+        [stage.pass_cls for stage in rest],
+        enabled=applied,
+        target_jax=options.target_jax,
+        path=path,
+        selected=selected,
+        changed=done > 0,
+    )
+    return new
 
 
 def describe_syntax_error(exc: cst.ParserSyntaxError, code: str | None = None) -> str:
@@ -324,6 +369,35 @@ def process_file(
     `cache` answers for bytes it has already seen under the same settings; it is not consulted
     when `accept` decides the sites (those decisions are not the engine's alone).
     """
+    with _collector_paused():
+        return _process_file(path, options, accept, cache)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while one file is processed.
+
+    Parsing allocates hundreds of thousands of CST nodes, and the collector, triggered by the
+    allocations alone, rescans them again and again: a quarter of the parse time, for nothing,
+    since a CST holds no cycles and is freed by reference counting. What cyclic garbage a file
+    leaves is collected as usual once the collector runs again.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _process_file(
+    path: Path,
+    options: Options,
+    accept: Callable[[Sequence[Site]], Sequence[Site]] | None,
+    cache: ResultCache | None,
+) -> FileResult:
     shown = str(path)
     try:
         data = read_bytes(path)

@@ -13,6 +13,8 @@ from jaxmigrate.notebook import NotebookError, changed_cells
 
 def unified_diff(old: str, new: str, path: str, context: int = 3) -> list[str]:
     """Return the lines of a unified diff of `old` -> `new` for `path`."""
+    if old == new:
+        return []
     return list(
         difflib.unified_diff(
             old.splitlines(keepends=True),
