@@ -156,8 +156,9 @@ def test_pyproject_config_and_unknown_key(tree: Path) -> None:
 
 
 def test_jobs_give_the_same_result(tree: Path) -> None:
+    # growing sizes: the workers start the largest first, and the report still follows the tree
     for i in range(12):
-        (tree / "pkg" / f"m{i}.py").write_text(LEGACY)
+        (tree / "pkg" / f"m{i:02}.py").write_text(LEGACY + "# padding\n" * (50 * i))
     one = jm("run", "--dry-run", "--report", "one.json", ".", cwd=tree)
     two = jm("run", "--dry-run", "--jobs", "2", "--report", "two.json", ".", cwd=tree)
     assert one.returncode == two.returncode == 0

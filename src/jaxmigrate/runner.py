@@ -11,8 +11,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -39,14 +39,18 @@ def migrate_files(
     accept: Accept | None = None,
     cache: ResultCache | None = None,
 ) -> Iterator[FileResult]:
-    """Yield one FileResult per discovered path, in order; files run in `jobs` processes.
+    """Yield one FileResult per discovered path; files run in `jobs` processes.
 
+    With one process the results come in discovery order. With more they come as the files
+    finish, the largest files started first (`in_order` restores the order): a file costs from
+    microseconds (no trigger) to seconds (a large module with sites), and a big file started
+    last would keep one worker busy long after the others ran out of work.
     `cache` (shared by the workers) answers for files already seen under the same settings.
     """
     files = [f.path for f in found if not f.problem]
-    results: Iterator[FileResult]
     work = partial(process_file, options=options, accept=accept, cache=cache)
     if jobs > 1 and len(files) > 1 and accept is None:
+        yield from (_skipped(f) for f in found if f.problem)
         context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
         with ProcessPoolExecutor(
             max_workers=jobs,
@@ -54,11 +58,24 @@ def migrate_files(
             initializer=_die_with_parent,
             initargs=(os.getpid(),),
         ) as pool:
-            chunk = max(1, min(16, len(files) // (jobs * 8)))
-            results = pool.map(work, files, chunksize=chunk)
-            yield from _merge(found, results)
+            futures = [pool.submit(work, path) for path in sorted(files, key=_size, reverse=True)]
+            for future in as_completed(futures):
+                yield future.result()
     else:
         yield from _merge(found, map(work, files))
+
+
+def in_order(found: Sequence[Found], results: Iterable[FileResult]) -> list[FileResult]:
+    """Return `results` (one per file of `found`) in the order the files were found."""
+    index = {str(f.path): n for n, f in enumerate(found)}
+    return sorted(results, key=lambda r: index.get(r.path, len(index)))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _die_with_parent(parent: int) -> None:

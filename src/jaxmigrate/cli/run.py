@@ -36,7 +36,7 @@ from jaxmigrate.cli.common import (
     write_report,
 )
 from jaxmigrate.model import Bucket, FileResult, Safety
-from jaxmigrate.runner import dirty_files, migrate_files, write_result
+from jaxmigrate.runner import dirty_files, in_order, migrate_files, write_result
 from jaxmigrate.ui.progress import track
 from jaxmigrate.ui.report import print_results
 from jaxmigrate.ui.review import review_interactively
@@ -128,7 +128,7 @@ def execute(
     migrated = migrate_files(
         found, settings.options, jobs=settings.jobs, cache=settings.open_cache()
     )
-    results = list(track(migrated, len(found), stderr()))
+    results = in_order(found, track(migrated, len(found), stderr()))
     if settings.verify:
         results = verify_unsafe(results, settings)
     if interactive:
