@@ -69,7 +69,15 @@ def test_entries_hold_only_what_the_engine_decided(corpus: Path, tmp_path: Path)
     fresh = results(corpus, Options(), cache)
     entries = {p.name for p in cache.directory.iterdir()}
     failed = [r for r in fresh if r.bucket is Bucket.FAILED]
-    assert failed and len(entries) == len(fresh) - len(failed)  # failures are never kept
+    found = [r for r in fresh if r.bucket is not Bucket.FAILED and (r.sites or r.skips)]
+    assert failed and found
+    # every file with something to say is kept; failures never are
+    key = {
+        r.path: cache.key(Path(r.path).read_bytes(), notebook=r.path.endswith(".ipynb"))
+        for r in fresh
+    }
+    assert {f"{key[r.path]}.json" for r in found} <= entries
+    assert not {f"{key[r.path]}.json" for r in failed} & entries
     assert (tmp_path / CACHE_DIR / ".gitignore").read_text().splitlines()[-1] == "*"
     assert (tmp_path / CACHE_DIR / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f59")
 

@@ -8,6 +8,10 @@ never imported), Python's and libcst's versions. The entry's name is a digest of
 bytes and kind (`.py` or `.ipynb`); the path is not part of the key, as the engine's result does
 not depend on it.
 
+Entries are written for files with sites or skips, and for any other file that took longer to
+decide than an entry costs to write (`engine.WORTH_CACHING`); a file without a text trigger,
+most files, is decided again in microseconds.
+
 Only the pure engine result is kept: bucket, sites and skips as the default policy decided them,
 and the new text (or "unchanged"). Verification always runs after the engine and is never
 cached, so `run` re-verifies cached unsafe sites like fresh ones. Failed files (parse errors,

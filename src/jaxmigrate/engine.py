@@ -11,6 +11,7 @@ import ast
 import difflib
 import gc
 import re
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -410,6 +411,13 @@ def _process_file(
     hit = cache.load(key, shown, text)
     if hit is not None:
         return hit
+    start = time.perf_counter()
     result = process_text(shown, text, options)
-    cache.store(key, result)
+    if result.sites or result.skips or time.perf_counter() - start >= WORTH_CACHING:
+        cache.store(key, result)
     return result
+
+
+# A file decided faster than this (no text trigger: most files) gets no cache entry: writing
+# one (a temporary file renamed into place) costs more than deciding it again.
+WORTH_CACHING = 0.002

@@ -12,7 +12,7 @@ from collections.abc import Collection, Sequence
 
 import libcst as cst
 
-from jaxmigrate.names import dotted
+from jaxmigrate.names import dotted, walk
 
 
 class _NameUses(cst.CSTVisitor):
@@ -20,14 +20,17 @@ class _NameUses(cst.CSTVisitor):
         self.used: set[str] = set()
         self.dotted_used: set[str] = set()
         self.imported: list[str] = []  # what each import alias binds: `a.b.c`, `np`, ...
+        self.aliases: list[tuple[cst.ImportAlias, bool]] = []  # and whether a plain import
 
     def visit_Import(self, node: cst.Import) -> bool:
         self.imported.extend(filter(None, map(_bound_name, node.names)))
+        self.aliases.extend((alias, True) for alias in node.names)
         return False
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
         if not isinstance(node.names, cst.ImportStar):
             self.imported.extend(filter(None, map(_bound_name, node.names)))
+            self.aliases.extend((alias, False) for alias in node.names)
         return False
 
     def visit_Name(self, node: cst.Name) -> None:
@@ -38,7 +41,7 @@ class _NameUses(cst.CSTVisitor):
         if name is not None:
             self.dotted_used.add(name)
         # `obj.name` reads `obj`, not a variable called `name`.
-        node.value.visit(self)
+        walk(self, node.value)
         return False
 
 
@@ -95,7 +98,7 @@ class _Remover(cst.CSTTransformer):
             lines.pop(0)
         return [first.with_changes(leading_lines=lines), *updated[1:]]
 
-    def _unused(self, alias: cst.ImportAlias, plain_import: bool) -> bool:
+    def unused(self, alias: cst.ImportAlias, plain_import: bool) -> bool:
         bound = _bound_name(alias)
         if bound is None or bound not in self.candidates:
             return False
@@ -114,7 +117,7 @@ class _Remover(cst.CSTTransformer):
     def leave_Import(
         self, original_node: cst.Import, updated_node: cst.Import
     ) -> cst.Import | cst.RemovalSentinel:
-        kept = [a for a in updated_node.names if not self._unused(a, plain_import=True)]
+        kept = [a for a in updated_node.names if not self.unused(a, plain_import=True)]
         if not kept:
             return cst.RemoveFromParent()
         if len(kept) == len(updated_node.names):
@@ -126,7 +129,7 @@ class _Remover(cst.CSTTransformer):
     ) -> cst.ImportFrom | cst.RemovalSentinel:
         if isinstance(updated_node.names, cst.ImportStar):
             return updated_node
-        kept = [a for a in updated_node.names if not self._unused(a, plain_import=False)]
+        kept = [a for a in updated_node.names if not self.unused(a, plain_import=False)]
         if not kept:
             return cst.RemoveFromParent()
         if len(kept) == len(updated_node.names):
@@ -146,8 +149,11 @@ def remove_unused_imports(module: cst.Module, candidates: Collection[str]) -> cs
     if not candidates:
         return module
     uses = _NameUses()
-    module.visit(uses)
-    return module.visit(_Remover(candidates, uses))
+    walk(uses, module)  # read-only: `module.visit` would rebuild every node
+    remover = _Remover(candidates, uses)
+    if not any(remover.unused(alias, plain) for alias, plain in uses.aliases):
+        return module  # the usual case: nothing to remove, and no transform of the whole tree
+    return module.visit(remover)
 
 
 ImportRequest = tuple[str, str | None, str | None]  # (module, obj, asname)
