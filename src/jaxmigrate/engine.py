@@ -269,20 +269,19 @@ def _rerun(
     done = 0
     while done < len(stages) and stages[done].keys <= applied:
         done += 1
-    if done:
-        module = stages[done - 1].module
+    start = stages[done - 1].module if done else module
     rest = stages[done:]
     if not any(stage.keys & applied for stage in rest):
-        return module
+        return start
     new, _ = run_passes(
-        module,
+        start,
         code,
         [stage.pass_cls for stage in rest],
         enabled=applied,
         target_jax=options.target_jax,
         path=path,
         selected=selected,
-        changed=done > 0,
+        changed=start is not module,
     )
     return new
 
