@@ -66,34 +66,16 @@ import re
 from typing import ClassVar
 
 import libcst as cst
-from libcst.codemod import CodemodContext
 from libcst.helpers import parse_template_expression
-from libcst.metadata import PositionProvider
 
-from jaxmigrate.cstutil import (
-    AncestorTracking,
-    Bindings,
-    fit_call,
-    fresh_name,
-    is_read,
-    jnp_ref,
-    make_leading_axis_sharding,
-    names_in,
-)
+from jaxmigrate.cstutil import fresh_name, jnp_ref, names_in
+from jaxmigrate.device_put import RemovedDevicePut
 from jaxmigrate.model import Safety
-from jaxmigrate.names import dotted
-from jaxmigrate.passes import Pass
 
 LEGACY = "jax.device_put_sharded"
-PARAMS = ("shards", "devices")
-STRAY = (
-    "`jax.device_put_sharded` used but not called: it no longer exists (JAX >= 0.10), so this "
-    "line fails; rewrite it by hand"
-)
-MESSAGE = "`jax.device_put_sharded` was removed in JAX 0.10: use `jax.device_put`"
 
 
-class DevicePutSharded(AncestorTracking, Pass):
+class DevicePutSharded(RemovedDevicePut):
     """Rewrite the removed `jax.device_put_sharded` as `jax.device_put` with a `NamedSharding`."""
 
     NAME: ClassVar[str] = "device-put-sharded"
@@ -103,80 +85,21 @@ class DevicePutSharded(AncestorTracking, Pass):
     QUALNAMES: ClassVar[tuple[str, ...]] = (LEGACY,)
     LITERALS: ClassVar[tuple[str, ...]] = ("device_put_sharded",)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\bdevice_put_sharded\b")
+    LEGACY: ClassVar[str] = LEGACY
+    PARAMS: ClassVar[tuple[str, str]] = ("shards", "devices")
+    MESSAGE: ClassVar[str] = (
+        "`jax.device_put_sharded` was removed in JAX 0.10: use `jax.device_put`"
+    )
 
-    def __init__(self, context: CodemodContext) -> None:
-        super().__init__(context)
-        self._tree: cst.Module | None = None
-        self._bindings: Bindings | None = None
-        self._lines: list[str] | None = None
-
-    @property
-    def bindings(self) -> Bindings:
-        """Where every name of the module is bound (built on first use)."""
-        if self._bindings is None:
-            assert self._tree is not None
-            self._bindings = Bindings.of(self._tree)
-        return self._bindings
-
-    def line_of(self, node: cst.CSTNode) -> str:
-        """Return the source line `node` starts on."""
-        if self._lines is None:
-            assert self._tree is not None
-            self._lines = self.state.cache.lines(self._tree)
-        return self._lines[self.get_metadata(PositionProvider, node).start.line - 1]
-
-    def visit_Module(self, node: cst.Module) -> None:
-        self._tree = node
-
-    def visit_Import(self, node: cst.Import) -> bool:
-        return False
-
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-        return False
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self._check_use(node)
-
-    def visit_Attribute(self, node: cst.Attribute) -> None:
-        self._check_use(node)
-
-    def _check_use(self, node: cst.Name | cst.Attribute) -> None:
-        parent = self.ancestors[-1] if self.ancestors else None
-        if not is_read(node, parent) or self.qualname(node) != LEGACY:
-            return
-        if not (isinstance(parent, cst.Call) and parent.func is node):
-            self.skip(node, STRAY)
-
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        if self.qualname(original_node.func) != LEGACY:
-            return updated_node
-        reason = self._why_not(original_node)
-        if reason is not None:
-            self.skip(original_node, reason)
-            return updated_node
-        if not self.site(original_node, MESSAGE):
-            return updated_node
-        base = dotted(original_node.func) or ""
-        self.drop_import_if_unused(base if "." not in base else base.rpartition(".")[0])
-        return self._rewrite(original_node, updated_node)
-
-    def _why_not(self, call: cst.Call) -> str | None:
-        """Return why this call is left alone, or None to rewrite it."""
-        args = call.args
-        if any(a.star for a in args):
-            return "`*args` / `**kwargs`: which parameters they fill is not known"
-        names = tuple(
-            PARAMS[i] if a.keyword is None else a.keyword.value for i, a in enumerate(args)
-        )
-        if names != PARAMS:
-            return f"arguments {', '.join(names) or '(none)'}: expected (shards, devices) in order"
-        if self._placed_per_device(args[0].value):
+    def why_not(self, call: cst.Call) -> str | None:
+        reason = super().why_not(call)
+        if reason is None and self._placed_per_device(call.args[0].value):
             return (
                 "the shards are put on devices one by one, and `jnp.stack` cannot stack arrays "
                 "committed to different devices: stack them on the host, or build the array with "
                 "`jax.make_array_from_single_device_arrays`"
             )
-        return None
+        return reason
 
     def _placed_per_device(self, shards: cst.BaseExpression) -> bool:
         """Return True if `shards` (or any value assigned to that name) calls `device_put(x, d)`."""
@@ -190,27 +113,16 @@ class DevicePutSharded(AncestorTracking, Pass):
             for c in calls
         )
 
-    def _rewrite(self, original: cst.Call, updated: cst.Call) -> cst.Call:
-        shards, devices = updated.args
+    def stacked(self, first: cst.BaseExpression, devices: cst.BaseExpression) -> cst.BaseExpression:
         jnp = jnp_ref(self, self.bindings)
-        leaves = fresh_name(("xs", "leaves", "shard"), names_in(jnp) | names_in(shards.value))
-        stacked = parse_template_expression(
+        leaves = fresh_name(("xs", "leaves", "shard"), names_in(jnp) | names_in(first))
+        return parse_template_expression(
             "{tree_map}(lambda *{leaves}: {stack}({leaves}), *{shards})",
             tree_map=self.jax_attr("tree.map"),
             leaves=cst.Name(leaves),
             stack=cst.Attribute(jnp, cst.Name("stack")),
-            shards=shards.value,
+            shards=first,
         )
-        sharding = make_leading_axis_sharding(self, self.bindings, devices.value)
-        new = updated.with_changes(
-            func=self.jax_attr("device_put"),
-            args=[_positional(shards, stacked), _positional(devices, sharding)],
-        )
-        return fit_call(updated, new, self.line_of(original))
-
-
-def _positional(arg: cst.Arg, value: cst.BaseExpression) -> cst.Arg:
-    return arg.with_changes(value=value, keyword=None, equal=cst.MaybeSentinel.DEFAULT)
 
 
 def _calls_in(node: cst.CSTNode) -> list[cst.Call]:

@@ -1,0 +1,124 @@
+"""What the passes for JAX's removed `device_put_replicated` and `device_put_sharded` share.
+
+Both rewrite `jax.device_put_X(first, devices)` as `jax.device_put(stacked, sharding)`, where
+`stacked` stacks `first` along a new leading axis and `sharding` splits that axis over `devices`
+(`cstutil.make_leading_axis_sharding`). They differ in how they stack, and in what else makes a
+call unsafe to rewrite: a subclass sets the class constants and implements `stacked` (and may
+extend `why_not`).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.metadata import PositionProvider
+
+from jaxmigrate.cstutil import (
+    AncestorTracking,
+    Bindings,
+    fit_call,
+    is_read,
+    make_leading_axis_sharding,
+)
+from jaxmigrate.names import dotted
+from jaxmigrate.passes import Pass
+
+
+class RemovedDevicePut(AncestorTracking, Pass):
+    """Rewrite a call of a removed `jax.device_put_*` helper as `jax.device_put`."""
+
+    LEGACY: ClassVar[str]  # the removed function's qualified name
+    PARAMS: ClassVar[tuple[str, str]]  # its two parameters, in order
+    MESSAGE: ClassVar[str]  # the site message
+
+    def __init__(self, context: CodemodContext) -> None:
+        super().__init__(context)
+        self._tree: cst.Module | None = None
+        self._bindings: Bindings | None = None
+
+    @property
+    def bindings(self) -> Bindings:
+        """Where every name of the module is bound (built on first use)."""
+        if self._bindings is None:
+            assert self._tree is not None
+            self._bindings = Bindings.of(self._tree)
+        return self._bindings
+
+    def line_of(self, node: cst.CSTNode) -> str:
+        """Return the source line `node` starts on."""
+        assert self._tree is not None
+        lines = self.state.cache.lines(self._tree)
+        return lines[self.get_metadata(PositionProvider, node).start.line - 1]
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._tree = node
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self._check_use(node)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self._check_use(node)
+
+    def _check_use(self, node: cst.Name | cst.Attribute) -> None:
+        parent = self.ancestors[-1] if self.ancestors else None
+        if not is_read(node, parent) or self.qualname(node) != self.LEGACY:
+            return
+        if not (isinstance(parent, cst.Call) and parent.func is node):
+            short = self.LEGACY.rpartition(".")[2]
+            self.skip(
+                node,
+                f"`jax.{short}` used but not called: it no longer exists (JAX >= 0.10), so this "
+                "line fails; rewrite it by hand",
+            )
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if self.qualname(original_node.func) != self.LEGACY:
+            return updated_node
+        reason = self.why_not(original_node)
+        if reason is not None:
+            self.skip(original_node, reason)
+            return updated_node
+        if not self.site(original_node, self.MESSAGE):
+            return updated_node
+        base = dotted(original_node.func) or ""
+        self.drop_import_if_unused(base if "." not in base else base.rpartition(".")[0])
+        first, devices = updated_node.args
+        new = updated_node.with_changes(
+            func=self.jax_attr("device_put"),
+            args=[
+                _positional(first, self.stacked(first.value, devices.value)),
+                _positional(
+                    devices, make_leading_axis_sharding(self, self.bindings, devices.value)
+                ),
+            ],
+        )
+        return fit_call(updated_node, new, self.line_of(original_node))
+
+    def why_not(self, call: cst.Call) -> str | None:
+        """Return why this call is left alone, or None to rewrite it."""
+        args = call.args
+        if any(a.star for a in args):
+            return "`*args` / `**kwargs`: which parameters they fill is not known"
+        names = tuple(
+            self.PARAMS[i] if a.keyword is None else a.keyword.value for i, a in enumerate(args)
+        )
+        if names != self.PARAMS:
+            expected = ", ".join(self.PARAMS)
+            return f"arguments {', '.join(names) or '(none)'}: expected ({expected}) in order"
+        return None
+
+    def stacked(self, first: cst.BaseExpression, devices: cst.BaseExpression) -> cst.BaseExpression:
+        """Return the expression stacking `first` along a new leading axis, one per device."""
+        raise NotImplementedError
+
+
+def _positional(arg: cst.Arg, value: cst.BaseExpression) -> cst.Arg:
+    return arg.with_changes(value=value, keyword=None, equal=cst.MaybeSentinel.DEFAULT)
