@@ -70,11 +70,9 @@ from typing import ClassVar
 
 import libcst as cst
 from libcst.codemod import CodemodContext
-from libcst.metadata import PositionProvider
 
 from jaxmigrate.cstutil import (
     AncestorTracking,
-    Bindings,
     enclosing_scopes,
     fit_call,
     is_read,
@@ -131,30 +129,9 @@ class ExperimentalShardMap(AncestorTracking, Pass):
 
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
-        self._tree: cst.Module | None = None
-        self._bindings: Bindings | None = None
-        self._lines: list[str] | None = None
         self.decorators: set[int] = set()
 
-    @property
-    def bindings(self) -> Bindings:
-        """Where every name of the module is bound (built on first use)."""
-        if self._bindings is None:
-            assert self._tree is not None
-            self._bindings = Bindings.of(self._tree)
-        return self._bindings
-
-    def line_of(self, node: cst.CSTNode) -> str:
-        """Return the source line `node` starts on."""
-        if self._lines is None:
-            assert self._tree is not None
-            self._lines = self.state.cache.lines(self._tree)
-        return self._lines[self.get_metadata(PositionProvider, node).start.line - 1]
-
     # Finding ------------------------------------------------------------------------------
-    def visit_Module(self, node: cst.Module) -> None:
-        self._tree = node
-
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         for deco in node.decorators:
             if isinstance(deco.decorator, cst.Call) and self._is_partial(deco.decorator):

@@ -82,9 +82,8 @@ from typing import ClassVar
 
 import libcst as cst
 from libcst.codemod import CodemodContext
-from libcst.metadata import PositionProvider
 
-from jaxmigrate.cstutil import AncestorTracking, Bindings, fit_call, is_read, jax_ref
+from jaxmigrate.cstutil import AncestorTracking, fit_call, is_read, jax_ref
 from jaxmigrate.model import Safety
 from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
@@ -116,25 +115,12 @@ class HostCallback(AncestorTracking, Pass):
 
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
-        self._bindings: Bindings | None = None
-        self._tree: cst.Module | None = None
         self._handled: set[int] = set()
-        self._lines: list[str] | None = None
-
-    def visit_Module(self, node: cst.Module) -> None:
-        self._tree = node
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         call = _value_call(node.body[0]) if len(node.body) == 1 else None
         if call is not None and self.qualname(call.func) == ID_TAP:
             self._handled.add(id(call))  # rewritten with its statement, on leaving it
-
-    @property
-    def bindings(self) -> Bindings:
-        if self._bindings is None:
-            assert self._tree is not None
-            self._bindings = Bindings.of(self._tree)
-        return self._bindings
 
     # Statements: id_tap's value, and calls standing alone -----------------------------------
     def leave_SimpleStatementLine(
@@ -249,13 +235,7 @@ class HostCallback(AncestorTracking, Pass):
         if not self.site(original_node, message):
             return updated_node
         self._drop(original_node.func)
-        return fit_call(updated_node, new, self._line(original_node))
-
-    def _line(self, node: cst.CSTNode) -> str:
-        if self._lines is None:
-            assert self._tree is not None
-            self._lines = self.state.cache.lines(self._tree)
-        return self._lines[self.get_metadata(PositionProvider, node).start.line - 1]
+        return fit_call(updated_node, new, self.line_of(original_node))
 
     def _call(self, args: dict[str, cst.Arg]) -> cst.Call:
         for key in ("call_with_device", "callback_flavor", "device_index"):

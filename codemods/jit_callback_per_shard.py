@@ -81,9 +81,8 @@ from typing import ClassVar
 
 import libcst as cst
 from libcst.codemod import CodemodContext
-from libcst.metadata import PositionProvider
 
-from jaxmigrate.cstutil import Bindings, fit_call
+from jaxmigrate.cstutil import fit_call
 from jaxmigrate.model import Safety
 from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
@@ -119,21 +118,12 @@ class JitCallbackPerShard(Pass):
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
         self._tree: cst.Module | None = None
-        self._lines: list[str] | None = None
-        self._bindings: Bindings | None = None
         self._functions: list[tuple[cst.FunctionDef, cst.BaseExpression | None]] = []
         self._shard_maps = 0
         self._jitted: dict[str, cst.BaseExpression] | None = None
 
     def visit_Module(self, node: cst.Module) -> None:
         self._tree = node
-
-    @property
-    def bindings(self) -> Bindings:
-        if self._bindings is None:
-            assert self._tree is not None
-            self._bindings = Bindings.of(self._tree)
-        return self._bindings
 
     # Where a callback is: the jitted function around it, and shard_maps -------------------
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
@@ -176,7 +166,7 @@ class JitCallbackPerShard(Pass):
                 _kw("out_specs", spec.deep_clone()),
             ],
         )
-        laid = fit_call(original_node, inner, self._line(original_node))
+        laid = fit_call(original_node, inner, self.line_of(original_node))
         return cst.Call(laid, [cst.Arg(cst.Name(operand))])
 
     # Checking one site --------------------------------------------------------------------
@@ -278,12 +268,6 @@ class JitCallbackPerShard(Pass):
                     if shardings is not None:
                         found[value.args[0].value.value] = shardings
         return found
-
-    def _line(self, node: cst.CSTNode) -> str:
-        if self._lines is None:
-            assert self._tree is not None
-            self._lines = self.state.cache.lines(self._tree)
-        return self._lines[self.get_metadata(PositionProvider, node).start.line - 1]
 
 
 def _keyword(call: cst.Call, name: str) -> cst.BaseExpression | None:

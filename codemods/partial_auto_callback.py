@@ -531,8 +531,6 @@ class PartialAutoCallback(Pass):
         super().__init__(context)
         self.edits: dict[int, Edit] = {}
         self.survey: Survey | None = None
-        self._tree: cst.Module | None = None
-        self._lines: list[str] | None = None
 
     def has_candidates(self, tree: cst.Module, names: Names) -> bool:
         for wanted in ((SHARD_MAP,), (PURE, IO, *DEBUG)):
@@ -544,7 +542,6 @@ class PartialAutoCallback(Pass):
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         self.survey = Survey(tree, self.resolver)
         walk(self.survey, tree)
-        self._tree = tree
         covered: set[int] = set()
         for region in self.survey.regions:
             for unit in self._reach(region, [], None).units:
@@ -1045,11 +1042,7 @@ class PartialAutoCallback(Pass):
         assert self.survey is not None
         statement = self.survey.statement_of.get(id(node), node)
         here = self.get_metadata(PositionProvider, node)
-        if self._lines is None:  # generated once, and only when code is emitted
-            assert self._tree is not None
-            self._lines = self.state.cache.lines(self._tree)
-        line = self._lines[here.start.line - 1]
-        first = self._lines[self.get_metadata(PositionProvider, statement).start.line - 1]
+        line, first = self.line_of(node), self.line_of(statement)
         base = _leading(first)
         tail = len(line) - here.end.column if here.start.line == here.end.line else 0
         return Layout(base, _leading(line)[len(base) :], here.start.column, tail)

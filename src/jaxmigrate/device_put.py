@@ -12,12 +12,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 import libcst as cst
-from libcst.codemod import CodemodContext
-from libcst.metadata import PositionProvider
 
 from jaxmigrate.cstutil import (
     AncestorTracking,
-    Bindings,
     fit_call,
     is_read,
     make_leading_axis_sharding,
@@ -32,28 +29,6 @@ class RemovedDevicePut(AncestorTracking, Pass):
     LEGACY: ClassVar[str]  # the removed function's qualified name
     PARAMS: ClassVar[tuple[str, str]]  # its two parameters, in order
     MESSAGE: ClassVar[str]  # the site message
-
-    def __init__(self, context: CodemodContext) -> None:
-        super().__init__(context)
-        self._tree: cst.Module | None = None
-        self._bindings: Bindings | None = None
-
-    @property
-    def bindings(self) -> Bindings:
-        """Where every name of the module is bound (built on first use)."""
-        if self._bindings is None:
-            assert self._tree is not None
-            self._bindings = Bindings.of(self._tree)
-        return self._bindings
-
-    def line_of(self, node: cst.CSTNode) -> str:
-        """Return the source line `node` starts on."""
-        assert self._tree is not None
-        lines = self.state.cache.lines(self._tree)
-        return lines[self.get_metadata(PositionProvider, node).start.line - 1]
-
-    def visit_Module(self, node: cst.Module) -> None:
-        self._tree = node
 
     def visit_Import(self, node: cst.Import) -> bool:
         return False

@@ -24,6 +24,7 @@ from jaxmigrate.positions import Positions
 from jaxmigrate.textio import source_lines
 
 if TYPE_CHECKING:
+    from jaxmigrate.cstutil import Bindings
     from jaxmigrate.prefilter import AstFacts
 
 STATE_KEY = "jaxmigrate.state"
@@ -49,11 +50,12 @@ class ModuleCache:
         self._positions: Positions | None = None
         self._code: str | None = None
         self._lines: list[str] | None = None
+        self._bindings: Bindings | None = None
 
     def _switch(self, module: cst.Module) -> None:
         if module is not self._module:
             self._module, self._names, self._positions = module, None, None
-            self._code, self._lines = None, None
+            self._code, self._lines, self._bindings = None, None, None
 
     def seed(self, module: cst.Module, code: str) -> None:
         """Record that `module`'s code is `code` (the source it was parsed from)."""
@@ -66,6 +68,15 @@ class ModuleCache:
         if self._code is None:
             self._code = module.code
         return self._code
+
+    def bindings(self, module: cst.Module) -> Bindings:
+        """Return where every name of `module` is bound (`cstutil.Bindings`)."""
+        from jaxmigrate.cstutil import Bindings  # cstutil builds on this module
+
+        self._switch(module)
+        if self._bindings is None:
+            self._bindings = Bindings.of(module)
+        return self._bindings
 
     def lines(self, module: cst.Module) -> list[str]:
         """Return the lines of `module`'s code (see `textio.source_lines`)."""
@@ -222,6 +233,18 @@ class Pass(CodemodCommand, cst.CSTTransformer):
         if default is _UNSET:
             return super().get_metadata(key, node)
         return super().get_metadata(key, node, default)
+
+    @property
+    def bindings(self) -> Bindings:
+        """Where every name of the module being transformed is bound (built on first use)."""
+        assert self._input is not None
+        return self.state.cache.bindings(self._input)
+
+    def line_of(self, node: cst.CSTNode) -> str:
+        """Return the line of the module being transformed that `node` (original) starts on."""
+        assert self._input is not None
+        lines = self.state.cache.lines(self._input)
+        return lines[self.get_metadata(PositionProvider, node).start.line - 1]
 
     def _finish(self, tree: cst.Module) -> cst.Module:
         tree = remove_unused_imports(tree, self.unused_candidates)
