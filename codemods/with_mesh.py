@@ -75,6 +75,8 @@ from typing import ClassVar
 import libcst as cst
 
 from jaxmigrate.meshes import (
+    MAKE_MESH,
+    MESH_TYPES,
     SET_MESH_MIN_JAX,
     WITH_MESH_CODE,
     Kind,
@@ -131,7 +133,7 @@ class WithMesh(Pass):
         return self._meshes
 
     def leave_With(self, original_node: cst.With, updated_node: cst.With) -> cst.With:
-        if not any(_could_be_mesh(item.item) for item in original_node.items):
+        if not any(self._could_be_mesh(item.item) for item in original_node.items):
             return updated_node
         found = self.meshes.items(original_node)
         for verdict in found:
@@ -161,6 +163,15 @@ class WithMesh(Pass):
             value = cst.NamedExpr(target=item.asname.name, value=value)
         call = cst.Call(func=self.jax_attr("set_mesh"), args=[cst.Arg(value=value)])
         return item.with_changes(item=call, asname=None)
+
+    def _could_be_mesh(self, node: cst.BaseExpression) -> bool:
+        """Cheap test before `MeshFinder`: `_could_be_mesh`, or a call of a mesh maker under
+        any alias (`from jax import make_mesh as grid`), which `MeshFinder` calls a mesh too."""
+        if _could_be_mesh(node):
+            return True
+        if not isinstance(node, cst.Call):
+            return False
+        return self.qualname(node.func) in MESH_TYPES | {MAKE_MESH}
 
     def _calls_pjit(self, body: cst.BaseSuite) -> bool:
         """Return True if the body reads a pjit that takes its mesh from `with mesh:`: the
