@@ -9,8 +9,6 @@ column only when a pass asks for that node.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
-from contextlib import contextmanager
 from itertools import accumulate
 
 import libcst as cst
@@ -34,24 +32,42 @@ class _Recorder(CodegenState):
         # A syntactic range, recorded while the node generated its code, wins.
         self.spans.setdefault(id(node), (start, len(self.tokens)))
 
-    @contextmanager
-    def record_syntactic_position(
+    def record_syntactic_position(  # type: ignore[override]
         self,
         node: cst.CSTNode,
         *,
         start_node: cst.CSTNode | None = None,
         end_node: cst.CSTNode | None = None,
-    ) -> Iterator[None]:
-        start = len(self.tokens)
-        try:
-            yield
-        finally:
-            end = len(self.tokens)
-            if start_node is not None and id(start_node) in self.spans:
-                start = self.spans[id(start_node)][0]
-            if end_node is not None and id(end_node) in self.spans:
-                end = self.spans[id(end_node)][1]
-            self.spans[id(node)] = (start, end)
+    ) -> _Span:
+        # A plain object, not a @contextmanager generator: this runs for most nodes, and a
+        # generator-based context manager costs several times more to enter and leave.
+        return _Span(self, node, start_node, end_node)
+
+
+class _Span:
+    __slots__ = ("end_node", "node", "start", "start_node", "state")
+
+    def __init__(
+        self,
+        state: _Recorder,
+        node: cst.CSTNode,
+        start_node: cst.CSTNode | None,
+        end_node: cst.CSTNode | None,
+    ) -> None:
+        self.state, self.node, self.start_node, self.end_node = state, node, start_node, end_node
+        self.start = 0
+
+    def __enter__(self) -> None:
+        self.start = len(self.state.tokens)
+
+    def __exit__(self, *exc: object) -> None:
+        spans = self.state.spans
+        start, end = self.start, len(self.state.tokens)
+        if self.start_node is not None and id(self.start_node) in spans:
+            start = spans[id(self.start_node)][0]
+        if self.end_node is not None and id(self.end_node) in spans:
+            end = spans[id(self.end_node)][1]
+        spans[id(self.node)] = (start, end)
 
 
 class Positions:
