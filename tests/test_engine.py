@@ -189,3 +189,15 @@ def test_a_partial_apply_matches_a_fresh_run_of_just_those_sites(
         assert len(applied) == (len(result.sites) if unsafe_fixes else 1)
     fresh, _ = run_passes(cst.parse_module(MIXED), MIXED, all_passes(), enabled=applied)
     assert result.code == fresh.code
+
+
+def test_parsing_skips_validation_only_while_the_parser_runs() -> None:
+    from jaxmigrate.engine import parse_module
+
+    code = "@d\nasync def f(a, /, *, b=1):\n    return [x async for x in a]\n"
+    assert parse_module(code).code == code
+    assert parse_module(code).deep_equals(cst.parse_module(code))
+    with pytest.raises(cst.CSTValidationError):
+        cst.Name("not a name")  # nodes built afterwards are checked again
+    with pytest.raises(cst.ParserSyntaxError):
+        parse_module("def f(:\n")

@@ -14,9 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-import libcst as cst
-
-from jaxmigrate.engine import Options, PassList, decide, run_passes
+from jaxmigrate.engine import Options, PassList, decide, parse_module, run_passes
 from jaxmigrate.model import Bucket, FileResult, Safety, Site
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.session import Key, verify
@@ -38,7 +36,7 @@ def render(
     old_text: str, path: str, options: Options, keys: frozenset[str] | None, passes: PassList
 ) -> str:
     """Return `old_text` with the sites in `keys` rewritten (None: all of them)."""
-    module = cst.parse_module(old_text)
+    module = parse_module(old_text)
     new, _ = run_passes(
         module, old_text, passes, enabled=keys, target_jax=options.target_jax, path=path
     )

@@ -110,14 +110,13 @@ def rewrite(request: VerifyRequest, keys: frozenset[str], config: VerifyConfig) 
     """Return the file with only the sites in `keys` rewritten."""
     if request.rewrite is not None:
         return request.rewrite(keys)
-    import libcst as cst
 
-    from jaxmigrate.engine import run_passes
+    from jaxmigrate.engine import parse_module, run_passes
     from jaxmigrate.registry import all_passes
 
     passes = config.passes if config.passes is not None else all_passes()
     module, _ = run_passes(
-        cst.parse_module(request.original),
+        parse_module(request.original),
         request.original,
         passes,
         enabled=keys,
