@@ -434,15 +434,18 @@ class Survey(cst.CSTVisitor):
         self._paths = names.paths_to((PMAP,))  # the nodes leading to a use, when known
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        parent = self._stack[-1] if self._stack else None
-        is_ref = isinstance(node, cst.Attribute) or (
-            isinstance(node, cst.Name) and _is_load(node, parent)
-        )
-        if self._paths is not None and id(node) not in self._paths:
-            is_ref = False
-        if is_ref and self.names.qualified_name(node) == PMAP:  # type: ignore[arg-type]
-            self.refs.append((node, tuple(self._stack)))  # type: ignore[arg-type]
-        self._note(node)
+        # Exact types, not isinstance: libcst's node classes are concrete and never subclassed,
+        # and isinstance against them (ABCs) is what this walk over every node spent most on.
+        kind = type(node)
+        if kind is cst.Attribute or kind is cst.Name:
+            parent = self._stack[-1] if self._stack else None
+            is_ref = kind is cst.Attribute or _is_load(node, parent)  # type: ignore[arg-type]
+            if self._paths is not None and id(node) not in self._paths:
+                is_ref = False
+            if is_ref and self.names.qualified_name(node) == PMAP:  # type: ignore[arg-type]
+                self.refs.append((node, tuple(self._stack)))  # type: ignore[arg-type]
+        elif kind in _NOTED:
+            self._note(node)
         self._stack.append(node)
         return True
 
@@ -466,6 +469,20 @@ class Survey(cst.CSTVisitor):
         self.rebound |= bound
         if bound and any(isinstance(n, SCOPES) for n in self._stack):
             self.local |= bound
+
+
+# The node types `Survey._note` records something for.
+_NOTED = frozenset(
+    {
+        cst.FunctionDef,
+        cst.SimpleString,
+        cst.Param,
+        cst.ClassDef,
+        cst.ImportAlias,
+        cst.AsName,
+        *TARGETED,
+    }
+)
 
 
 @dataclass

@@ -60,6 +60,18 @@ def _child_fields(kind: type) -> tuple[str, ...]:
     return found
 
 
+_IS_NODE: dict[type, bool] = {}
+
+
+def _is_node(kind: type) -> bool:
+    """`issubclass(kind, cst.CSTNode)`, remembered: CSTNode is an ABC, and `isinstance` against
+    an ABC costs several times a plain class check, for every field of every node walked."""
+    found = _IS_NODE.get(kind)
+    if found is None:
+        found = _IS_NODE[kind] = issubclass(kind, cst.CSTNode)
+    return found
+
+
 def walk(visitor: cst.CSTVisitor, node: cst.CSTNode) -> None:
     """Visit `node` and its non-trivia children with `visitor`'s on_visit/on_leave.
 
@@ -69,12 +81,13 @@ def walk(visitor: cst.CSTVisitor, node: cst.CSTNode) -> None:
     if visitor.on_visit(node):
         for name in _child_fields(type(node)):
             value = getattr(node, name)
-            if isinstance(value, cst.CSTNode):
-                walk(visitor, value)
-            elif type(value) is tuple or type(value) is list:
+            kind = type(value)
+            if kind is tuple or kind is list:
                 for child in value:
-                    if isinstance(child, cst.CSTNode):
+                    if _is_node(type(child)):
                         walk(visitor, child)
+            elif _is_node(kind):
+                walk(visitor, value)
     visitor.on_leave(node)
 
 
