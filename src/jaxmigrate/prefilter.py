@@ -150,10 +150,14 @@ class AstFacts:
         node_type = ast.AST
         while stack:
             node = stack.pop()
-            by_type.setdefault(type(node), []).append(node)
-            for field in node._fields:
+            kind = type(node)
+            found = by_type.get(kind)
+            if found is None:
+                found = by_type[kind] = []
+            found.append(node)
+            for field in _fields(kind):
                 value = getattr(node, field, None)
-                if isinstance(value, list):
+                if type(value) is list:
                     stack.extend(v for v in value if isinstance(v, node_type))
                 elif isinstance(value, node_type):
                     stack.append(value)
@@ -172,6 +176,18 @@ class AstFacts:
     def mentions(self, wanted: Sequence[str]) -> bool:
         """Return True if the module mentions one of `wanted` or something inside it."""
         return _mentions(self.names, wanted)
+
+
+_FIELDS: dict[type[ast.AST], tuple[str, ...]] = {}
+
+
+def _fields(kind: type[ast.AST]) -> tuple[str, ...]:
+    """The fields of an `ast` node type that may hold nodes, without `ctx` (Load/Store: a third
+    of all nodes, which no check reads)."""
+    found = _FIELDS.get(kind)
+    if found is None:
+        found = _FIELDS[kind] = tuple(f for f in kind._fields if f != "ctx")
+    return found
 
 
 def referenced_names(tree: ast.Module) -> set[str]:
