@@ -25,7 +25,7 @@ from libcst.codemod import CodemodContext
 
 from jaxmigrate.model import Bucket, FileResult, Safety, Site, Skip, Status
 from jaxmigrate.passes import LATEST_JAX, STATE_KEY, FileState, ModuleCache, Pass
-from jaxmigrate.prefilter import passes_for, python_parsed
+from jaxmigrate.prefilter import outline_of, passes_for, python_parsed
 from jaxmigrate.textio import SourceError, decode, read_bytes, source_lines
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ def run_passes(
         tuple({t for p in passes for t in p.NODE_TYPES}),
     )
     if not changed:
-        cache.seed(module, source)
+        cache.seed(module, source, outline_of(source))
     for pass_cls in passes:
         if not pass_cls.applies_to(source):
             continue

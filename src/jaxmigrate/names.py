@@ -48,7 +48,7 @@ _TRIVIA = frozenset(
 _FIELDS: dict[type, tuple[str, ...]] = {}
 
 
-def _child_fields(kind: type) -> tuple[str, ...]:
+def child_fields(kind: type) -> tuple[str, ...]:
     found = _FIELDS.get(kind)
     if found is None:
         found = tuple(
@@ -63,7 +63,7 @@ def _child_fields(kind: type) -> tuple[str, ...]:
 _IS_NODE: dict[type, bool] = {}
 
 
-def _is_node(kind: type) -> bool:
+def is_node(kind: type) -> bool:
     """`issubclass(kind, cst.CSTNode)`, remembered: CSTNode is an ABC, and `isinstance` against
     an ABC costs several times a plain class check, for every field of every node walked."""
     found = _IS_NODE.get(kind)
@@ -79,14 +79,14 @@ def walk(visitor: cst.CSTVisitor, node: cst.CSTNode) -> None:
     for read-only visitors that need no attribute hooks and no whitespace or punctuation.
     """
     if visitor.on_visit(node):
-        for name in _child_fields(type(node)):
+        for name in child_fields(type(node)):
             value = getattr(node, name)
             kind = type(value)
             if kind is tuple or kind is list:
                 for child in value:
-                    if _is_node(type(child)):
+                    if is_node(type(child)):
                         walk(visitor, child)
-            elif _is_node(kind):
+            elif is_node(kind):
                 walk(visitor, value)
     visitor.on_leave(node)
 

@@ -20,12 +20,12 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 from jaxmigrate.imports import ImportRequest, add_imports, remove_unused_imports
 from jaxmigrate.model import Safety, Site, Skip
 from jaxmigrate.names import Names
-from jaxmigrate.positions import Positions
+from jaxmigrate.positions import LazyPositions, Positions
 from jaxmigrate.textio import source_lines
 
 if TYPE_CHECKING:
     from jaxmigrate.cstutil import Bindings
-    from jaxmigrate.prefilter import AstFacts
+    from jaxmigrate.prefilter import AstFacts, Outline
 
 STATE_KEY = "jaxmigrate.state"
 _UNSET: Any = object()
@@ -47,20 +47,24 @@ class ModuleCache:
         self.watch_types = watch_types
         self._module: cst.Module | None = None
         self._names: Names | None = None
-        self._positions: Positions | None = None
+        self._positions: Positions | LazyPositions | None = None
         self._code: str | None = None
         self._lines: list[str] | None = None
         self._bindings: Bindings | None = None
+        self._outline: Outline | None = None
 
     def _switch(self, module: cst.Module) -> None:
         if module is not self._module:
             self._module, self._names, self._positions = module, None, None
             self._code, self._lines, self._bindings = None, None, None
+            self._outline = None
 
-    def seed(self, module: cst.Module, code: str) -> None:
-        """Record that `module`'s code is `code` (the source it was parsed from)."""
+    def seed(self, module: cst.Module, code: str, outline: Outline | None = None) -> None:
+        """Record that `module`'s code is `code` (the source it was parsed from), and the
+        outline of Python's own parse of it, if there is one (see `LazyPositions`)."""
         self._switch(module)
         self._code = code
+        self._outline = outline
 
     def code(self, module: cst.Module) -> str:
         """Return `module.code`, generated at most once per module version."""
@@ -92,11 +96,14 @@ class ModuleCache:
             self._names = Names(module, self.watch, self.watch_types)
         return self._names
 
-    def positions(self, module: cst.Module) -> Positions:
+    def positions(self, module: cst.Module) -> Positions | LazyPositions:
         """Return the positions of the nodes of `module` (as `PositionProvider` gives them)."""
         self._switch(module)
         if self._positions is None:
-            self._positions = Positions(module)
+            if self._code is not None and self._outline is not None:
+                self._positions = LazyPositions(module, self._code, self._outline)
+            else:
+                self._positions = Positions(module)
         return self._positions
 
 

@@ -14,11 +14,12 @@ import ast
 import re
 import sys
 from collections.abc import Iterable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from jaxmigrate.passes import Pass
 
 _Node = TypeVar("_Node", bound=ast.AST)
+Outline = list[tuple[int, list[int] | None]]
 
 
 def _chain(node: ast.expr) -> tuple[str, list[str]] | None:
@@ -43,7 +44,7 @@ def parse(source: str) -> ast.Module | None:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         pass
     else:
-        _PARSED[0] = source
+        _PARSED[:] = [source, outline(tree)]
         return tree
     if sys.version_info >= (3, 12):
         return None
@@ -56,12 +57,31 @@ def parse(source: str) -> ast.Module | None:
         return None
 
 
-_PARSED: list[str | None] = [None]  # the last source Python parsed as it is
+# The last source Python parsed as it is, and its outline.
+_PARSED: list[Any] = [None, None]
 
 
 def python_parsed(source: str) -> bool:
     """Return True if `parse` just parsed this very string (the same object) unchanged."""
     return _PARSED[0] is source
+
+
+def outline_of(source: str) -> Outline | None:
+    """Return the outline of `source` if `parse` just parsed this very string unchanged."""
+    return _PARSED[1] if _PARSED[0] is source else None
+
+
+def outline(tree: ast.Module) -> Outline:
+    """Where each top-level statement starts, and each statement of a top-level class.
+
+    One entry per `ast` statement: the line of its first token as libcst places a statement
+    (`def`/`class`, not the decorators), and for a class the same for its body. This lets
+    `positions.LazyPositions` place one statement without generating the code before it.
+    """
+    return [
+        (stmt.lineno, [s.lineno for s in stmt.body] if isinstance(stmt, ast.ClassDef) else None)
+        for stmt in tree.body
+    ]
 
 
 _TYPE_PARAMS = re.compile(
