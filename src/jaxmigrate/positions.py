@@ -161,10 +161,10 @@ class LazyPositions:
         state = _Recorder(self._module)
         state.indent_tokens = list(indent)
         stmt._codegen(state)
-        placed = _Placed(state, line)
+        placed = _Placed(state, stmt, line)
         if self._newlines is None:
             self._newlines = [i for i, ch in enumerate(self._code) if ch == "\n"]
-        first = placed.first_line(stmt)
+        first = placed.first
         fits = 1 <= first <= len(self._newlines) + 1
         if fits:
             start = 0 if first == 1 else self._newlines[first - 2] + 1
@@ -176,24 +176,22 @@ class LazyPositions:
 class _Placed:
     """The spans of one statement's code generated alone, and the line it starts on."""
 
-    def __init__(self, state: _Recorder, line: int) -> None:
+    def __init__(self, state: _Recorder, stmt: cst.CSTNode, line: int) -> None:
         self.spans = state.spans
         self.text = "".join(state.tokens)
         self._offsets = [0, *accumulate(map(len, state.tokens))]
         self._newlines = [i for i, ch in enumerate(self.text) if ch == "\n"]
-        self._line = line  # of the statement's own first token; made the text's first below
-
-    def first_line(self, stmt: cst.CSTNode) -> int:
-        """Make `_line` the line of the text's first line, from the statement's own span."""
-        offset = self._offsets[self.spans[id(stmt)][0]]
-        self._line -= bisect.bisect_left(self._newlines, offset)
-        return self._line
+        # `line` is where the statement's own first token is; lines before it in the text
+        # (comments, blank lines, decorators) move the text's first line up.
+        self.first = line - bisect.bisect_left(
+            self._newlines, self._offsets[self.spans[id(stmt)][0]]
+        )
 
     def _position(self, token_index: int) -> CodePosition:
         offset = self._offsets[token_index]
         line = bisect.bisect_left(self._newlines, offset)
         line_start = self._newlines[line - 1] + 1 if line else 0
-        return CodePosition(self._line + line, offset - line_start)
+        return CodePosition(self.first + line, offset - line_start)
 
     def __getitem__(self, node: cst.CSTNode) -> CodeRange:
         start, end = self.spans[id(node)]
