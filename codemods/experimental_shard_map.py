@@ -79,6 +79,7 @@ from jaxmigrate.cstutil import (
     parenthesized,
     with_keyword,
 )
+from jaxmigrate.meshes import MESH_MAKERS, literal_axis_names, string_elements
 from jaxmigrate.model import Safety
 from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
@@ -88,14 +89,6 @@ PARTIAL = "functools.partial"
 PARAMS = ("f", "mesh", "in_specs", "out_specs", "check_rep", "auto")
 RENAMED = {"check_rep": "check_vma"}
 REQUIRED = ("mesh", "in_specs", "out_specs")
-MESH_MAKERS = frozenset(
-    {
-        "jax.sharding.Mesh",
-        "jax.make_mesh",
-        "jax.experimental.maps.Mesh",
-        "jax.interpreters.pxla.Mesh",
-    }
-)
 _Thunk = Callable[[], cst.Call]
 _ArgsThunk = Callable[[], list[cst.Arg]]
 _ValueThunk = Callable[[cst.Arg], cst.BaseExpression]
@@ -307,7 +300,7 @@ class ExperimentalShardMap(AncestorTracking, Pass):
             node = node.args[0].value
         elif not isinstance(node, cst.Set):
             return None
-        strings = _strings(node.elements)
+        strings = string_elements(node.elements)
         return None if strings is None else {str(s.evaluated_value) for s in strings}
 
     def _mesh_axes(
@@ -322,24 +315,10 @@ class ExperimentalShardMap(AncestorTracking, Pass):
             return self._mesh_axes(binding.value, follow=False)
         if not isinstance(node, cst.Call) or self.qualname(node.func) not in MESH_MAKERS:
             return None
-        names = [a for a in node.args if a.keyword is not None and a.keyword.value == "axis_names"]
-        if not names and len(node.args) > 1 and not any(a.keyword or a.star for a in node.args[:2]):
-            names = [node.args[1]]
-        if len(names) != 1 or not isinstance(names[0].value, (cst.Tuple, cst.List)):
-            return None
-        return _strings(names[0].value.elements)
+        return literal_axis_names(node)
 
     def _drop(self, node: cst.BaseExpression) -> None:
         name = dotted(node)
         if name is None:
             return
         self.drop_import_if_unused(name if isinstance(node, cst.Name) else name.rpartition(".")[0])
-
-
-def _strings(elements: Sequence[cst.BaseElement]) -> list[cst.SimpleString] | None:
-    out = []
-    for e in elements:
-        if not isinstance(e, cst.Element) or not isinstance(e.value, cst.SimpleString):
-            return None
-        out.append(e.value)
-    return out

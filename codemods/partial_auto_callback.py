@@ -142,6 +142,7 @@ from libcst.codemod import CodemodContext
 from libcst.metadata import PositionProvider
 
 from jaxmigrate.cstutil import Bindings, fresh_name, is_reusable, jax_ref, jnp_ref
+from jaxmigrate.meshes import MESH_MAKERS, literal_axis_names, string_elements
 from jaxmigrate.model import Safety
 from jaxmigrate.names import Names, dotted, walk
 from jaxmigrate.passes import Pass
@@ -160,14 +161,6 @@ PARTIAL = "functools.partial"
 JITS = frozenset({"jax.jit", "jax.experimental.pjit.pjit"})
 # `helper = jax.jit(f)`, `partial(f, ...)`: calling `helper` runs `f`.
 WRAPPERS = JITS | {PARTIAL, "jax.vmap", "jax.checkpoint", "jax.remat", "jax.named_call"}
-MESH_MAKERS = frozenset(
-    {
-        "jax.sharding.Mesh",
-        "jax.make_mesh",
-        "jax.experimental.maps.Mesh",
-        "jax.interpreters.pxla.Mesh",
-    }
-)
 SPEC_TYPES = frozenset({"jax.P", "jax.sharding.PartitionSpec"})
 SHAPE_MAKERS = frozenset({"jax.ShapeDtypeStruct", "jax.core.ShapedArray"})
 OPTIONS = {
@@ -624,12 +617,7 @@ class PartialAutoCallback(Pass):
             return self._mesh_axes(binding.value, scopes, follow=False)
         if not isinstance(node, cst.Call) or self.qualname(node.func) not in MESH_MAKERS:
             return None
-        found = [a for a in node.args if a.keyword is not None and a.keyword.value == "axis_names"]
-        if not found and len(node.args) > 1 and not any(a.keyword or a.star for a in node.args[:2]):
-            found = [node.args[1]]
-        if len(found) != 1 or not isinstance(found[0].value, (cst.Tuple, cst.List)):
-            return None
-        return _strings(found[0].value.elements)
+        return literal_axis_names(node)
 
     def _manual(
         self, node: cst.BaseExpression, mesh: cst.BaseExpression, axes: list[str]
@@ -661,7 +649,7 @@ class PartialAutoCallback(Pass):
             return frozenset({str(node.evaluated_value)})
         if not isinstance(node, (cst.Set, cst.Tuple, cst.List)):
             return None
-        strings = _strings(node.elements)
+        strings = string_elements(node.elements)
         return None if strings is None else frozenset(str(s.evaluated_value) for s in strings)
 
     def _builtin(self, call: cst.Call, names: Sequence[str]) -> bool:
@@ -1099,15 +1087,6 @@ class Layout:
 
 def _leading(line: str) -> str:
     return line[: len(line) - len(line.lstrip())]
-
-
-def _strings(elements: Sequence[cst.BaseElement]) -> list[cst.SimpleString] | None:
-    out = []
-    for e in elements:
-        if not isinstance(e, cst.Element) or not isinstance(e.value, cst.SimpleString):
-            return None
-        out.append(e.value)
-    return out
 
 
 def _names(axes: Iterable[cst.SimpleString]) -> str:

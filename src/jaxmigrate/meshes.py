@@ -12,6 +12,7 @@ a name or attribute whose last part ends in `mesh` and that nothing binds to a n
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -23,6 +24,7 @@ MESH_TYPES = frozenset(
     {"jax.sharding.Mesh", "jax.experimental.maps.Mesh", "jax.interpreters.pxla.Mesh"}
 )
 MAKE_MESH = "jax.make_mesh"
+MESH_MAKERS = MESH_TYPES | {MAKE_MESH}
 SET_MESH = frozenset({"jax.set_mesh", "jax.sharding.set_mesh", "jax.sharding.use_mesh"})
 TRACING = frozenset({"jax.jit", "jax.experimental.pjit.pjit", "jax.pmap"})
 PARTIAL = "functools.partial"
@@ -342,3 +344,27 @@ class NameReads(cst.CSTVisitor):
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
         self.not_reads.add(id(node.target))
+
+
+def string_elements(elements: Sequence[cst.BaseElement]) -> list[cst.SimpleString] | None:
+    """Return the elements of a tuple or list display if every one is a string literal."""
+    out = []
+    for e in elements:
+        if not isinstance(e, cst.Element) or not isinstance(e.value, cst.SimpleString):
+            return None
+        out.append(e.value)
+    return out
+
+
+def literal_axis_names(call: cst.Call) -> list[cst.SimpleString] | None:
+    """Return the axis names written in a mesh-making call (`axis_names=` or its second
+    positional argument), or None when they are not a literal tuple or list of strings.
+
+    The caller checks that `call` makes a mesh (its callee resolves to one of `MESH_MAKERS`).
+    """
+    found = [a for a in call.args if a.keyword is not None and a.keyword.value == "axis_names"]
+    if not found and len(call.args) > 1 and not any(a.keyword or a.star for a in call.args[:2]):
+        found = [call.args[1]]
+    if len(found) != 1 or not isinstance(found[0].value, (cst.Tuple, cst.List)):
+        return None
+    return string_elements(found[0].value.elements)
