@@ -67,7 +67,8 @@ def sort_rows(x):
 
 def rewritten() -> str:
     """Return the original module text as jaxmigrate rewrites it."""
-    from jaxmigrate.engine import Options, migrate_source
+    from jaxmigrate.engine import migrate_source
+    from jaxmigrate.model import Options
 
     options = Options(unsafe_fixes=True, select=("jit-callback-per-shard",))
     result = migrate_source(ORIGINAL, options=options)

@@ -47,7 +47,8 @@ def train_step(params, batch):
 
 def rewritten() -> str:
     """Return the original module text as jaxmigrate rewrites it."""
-    from jaxmigrate.engine import Options, migrate_source
+    from jaxmigrate.engine import migrate_source
+    from jaxmigrate.model import Options
 
     result = migrate_source(ORIGINAL, options=Options(unsafe_fixes=True, select=("pmap",)))
     assert any(s.applied for s in result.sites), "the pmap site was not rewritten"

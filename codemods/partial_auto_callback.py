@@ -142,11 +142,11 @@ from libcst.codemod import CodemodContext
 from libcst.metadata import PositionProvider
 
 from jaxmigrate.cstutil import Bindings, fresh_name, is_reusable, jax_ref, jnp_ref
+from jaxmigrate.facts import AstFacts
 from jaxmigrate.meshes import MESH_MAKERS, literal_axis_names, string_elements
 from jaxmigrate.model import Safety
 from jaxmigrate.names import Names, dotted, walk
 from jaxmigrate.passes import Pass
-from jaxmigrate.prefilter import AstFacts
 
 SHARD_MAP = "jax.shard_map"
 EXPERIMENTAL_SHARD_MAP = "jax.experimental.shard_map.shard_map"  # JM102 runs first

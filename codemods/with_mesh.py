@@ -74,6 +74,7 @@ from typing import ClassVar
 
 import libcst as cst
 
+from jaxmigrate.facts import AstFacts
 from jaxmigrate.meshes import (
     MAKE_MESH,
     MESH_TYPES,
@@ -89,7 +90,6 @@ from jaxmigrate.meshes import (
 from jaxmigrate.model import Safety
 from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
-from jaxmigrate.prefilter import AstFacts
 
 PJIT = "jax.experimental.pjit.pjit"
 INTERNAL_PJIT = "jax._src.pjit.pjit"  # reads the legacy mesh too, and no pass rewrites it

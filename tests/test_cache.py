@@ -15,8 +15,7 @@ from test_cli import LEGACY, jm
 
 from jaxmigrate.cache import CACHE_DIR, ResultCache
 from jaxmigrate.discovery import Discovery
-from jaxmigrate.engine import Options
-from jaxmigrate.model import Bucket, FileResult
+from jaxmigrate.model import Bucket, FileResult, Options
 from jaxmigrate.runner import migrate_files
 
 TESTS = Path(__file__).resolve().parent
@@ -193,7 +192,7 @@ def test_concurrent_writers_leave_whole_entries(corpus: Path, tmp_path: Path) ->
 
 def test_engine_results_do_not_depend_on_the_path(corpus: Path) -> None:
     """Entries are keyed by content alone: that holds only while no pass reads the file name."""
-    from jaxmigrate.engine import migrate_text
+    from jaxmigrate.files import migrate_text
 
     for case in sorted((corpus / "fixtures").glob("*/*.py"))[::7]:
         code = case.read_text()

@@ -13,8 +13,8 @@ import libcst as cst
 import pytest
 
 from jaxmigrate import migrate_source
-from jaxmigrate.engine import Options, line_map_between, run_passes
-from jaxmigrate.model import Safety, Site, Status
+from jaxmigrate.engine import line_map_between, run_passes
+from jaxmigrate.model import Options, Safety, Site, Status
 from jaxmigrate.registry import all_passes
 
 PJIT_UNDER_MESH = """\

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from conftest import FIXTURES, jax_env
 
-from jaxmigrate.engine import Options, migrate_source
+from jaxmigrate.engine import migrate_source
+from jaxmigrate.model import Options
 from jaxmigrate.registry import all_passes
 
 CASES = sorted(p for p in FIXTURES.glob("*/*.py") if not p.name.endswith(".expected.py"))

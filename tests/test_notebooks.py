@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from test_cli import jm
 
-from jaxmigrate.engine import Options, process_file
-from jaxmigrate.model import Bucket
+from jaxmigrate.files import process_file
+from jaxmigrate.model import Bucket, Options
 from jaxmigrate.notebook import (
     NotebookError,
     cell_sources,

@@ -69,7 +69,7 @@ def test_positions_are_libcst_positions(source: str) -> None:
 
 
 def outlined(source: str) -> list:
-    from jaxmigrate.prefilter import outline
+    from jaxmigrate.facts import outline
 
     return outline(ast.parse(source))
 

@@ -15,8 +15,10 @@ import libcst as cst
 import pytest
 from conftest import FIXTURES
 
-from jaxmigrate.engine import Options, migrate_source, run_passes
-from jaxmigrate.prefilter import AstFacts, parse, passes_for
+from jaxmigrate.engine import migrate_source, run_passes
+from jaxmigrate.facts import AstFacts, parse
+from jaxmigrate.model import Options
+from jaxmigrate.prefilter import passes_for
 from jaxmigrate.registry import all_passes
 
 CASES = sorted(p for p in FIXTURES.glob("*/*.py") if not p.name.endswith(".expected.py"))
@@ -142,3 +144,19 @@ def test_pep_695_syntax_is_lowered_for_the_name_stage() -> None:
 def test_a_pep_695_file_without_legacy_names_is_dropped() -> None:
     code = "import jax\n\nclass Tracer[T: jax.Array]:\n    pmap = None  # pjit, shard_map\n"
     assert passes_for(code, all_passes()) == []
+
+
+def test_the_prefilter_returns_its_parse_for_the_engine_to_reuse() -> None:
+    from jaxmigrate.prefilter import prefilter
+    from jaxmigrate.registry import all_passes
+
+    plain = "import jax\n\n\ndef f(x):\n    return x\n\n\ny = jax.pmap(f)\n"
+    found = prefilter(plain, all_passes())
+    assert [p.NAME for p in found.passes] == ["pmap"]
+    assert found.outline == [(1, None), (4, None), (8, None)]
+    # PEP 695 syntax is lowered before Python 3.11 parses it: no outline of the source as written
+    lowered = "import jax\n\n\ndef f[T](x: T) -> T:\n    return x\n\n\ny = jax.pmap(f)\n"
+    found = prefilter(lowered, all_passes())
+    assert [p.NAME for p in found.passes] == ["pmap"]
+    assert (found.outline is None) == (sys.version_info < (3, 12))
+    assert prefilter("x = 1\n", all_passes()).passes == []

@@ -24,8 +24,8 @@ from review_cases import (
 )
 from rich.console import Console
 
-from jaxmigrate.engine import Options, process_file
-from jaxmigrate.model import Status
+from jaxmigrate.files import process_file
+from jaxmigrate.model import Options, Status
 from jaxmigrate.review import Progress, Review, StreamKeys
 from jaxmigrate.runner import write_result
 from jaxmigrate.ui.review import RichPresenter

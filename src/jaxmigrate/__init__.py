@@ -15,7 +15,8 @@ __version__ = "0.1.0"
 __all__ = ["Migration", "Options", "__version__", "migrate_source"]
 
 if TYPE_CHECKING:
-    from jaxmigrate.engine import Migration, Options, migrate_source
+    from jaxmigrate.engine import Migration, migrate_source
+    from jaxmigrate.model import Options
 
 
 def __getattr__(name: str) -> Any:

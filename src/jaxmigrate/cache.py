@@ -9,7 +9,7 @@ bytes and kind (`.py` or `.ipynb`); the path is not part of the key, as the engi
 not depend on it.
 
 Entries are written for files with sites or skips, and for any other file that took longer to
-decide than an entry costs to write (`engine.WORTH_CACHING`); a file without a text trigger,
+decide than an entry costs to write (`files.WORTH_CACHING`); a file without a text trigger,
 most files, is decided again in microseconds.
 
 Only the pure engine result is kept: bucket, sites and skips as the default policy decided them,
@@ -42,13 +42,11 @@ from dataclasses import dataclass, fields
 from functools import cache
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jaxmigrate import __version__
-from jaxmigrate.model import Bucket, FileResult, Safety, Site, Skip, Status
-
-if TYPE_CHECKING:
-    from jaxmigrate.engine import Options
+from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site, Skip, Status
+from jaxmigrate.registry import chosen_passes
 
 CACHE_DIR = ".jaxmigrate_cache"
 FORMAT = 1
@@ -96,7 +94,7 @@ def settings_digest(options: Options) -> str:
         "code": code_digest(),
         "passes": [
             [p.__module__, p.__qualname__, p.CODE, p.NAME, str(p.SAFETY), list(p.MIN_JAX)]
-            for p in options.passes()
+            for p in chosen_passes(options)
         ],
         "select": list(options.select),
         "ignore": list(options.ignore),

@@ -1,53 +1,30 @@
-"""The pipeline for one file: prefilter, parse once, run the passes, apply the policy.
+"""The engine for one source text: prefilter, parse once, run the passes, apply the policy.
 
-`migrate_source` is the pure core (text in, text and sites out) that the CLI, the review UI and
-editor integrations share; `migrate_text` also takes notebooks (`jaxmigrate.notebook`), by the
-file's name; `process_file` wraps it with reading (and the result cache) and never raises.
+`migrate_source` is the pure core (text in, text and sites out) that the file pipeline
+(`jaxmigrate.files`), notebooks, the review UI and editor integrations share.
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
-import gc
 import re
-import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import libcst as cst
 from libcst import CSTNode
 from libcst.codemod import CodemodContext
 
-from jaxmigrate.model import Bucket, FileResult, Safety, Site, Skip, Status
+from jaxmigrate.facts import Outline
+from jaxmigrate.model import Options, Safety, Site, Skip, Status
 from jaxmigrate.passes import LATEST_JAX, STATE_KEY, FileState, ModuleCache, Pass
-from jaxmigrate.prefilter import outline_of, passes_for, python_parsed
-from jaxmigrate.textio import SourceError, decode, read_bytes, source_lines
-
-if TYPE_CHECKING:
-    from jaxmigrate.cache import ResultCache
+from jaxmigrate.prefilter import prefilter
+from jaxmigrate.registry import chosen_passes
+from jaxmigrate.textio import source_lines
 
 PassList = Sequence[type[Pass]]
-
-
-@dataclass(frozen=True)
-class Options:
-    """What the user asked for that changes which rewrites are made and applied."""
-
-    select: tuple[str, ...] = ()
-    ignore: tuple[str, ...] = ()
-    unsafe_fixes: bool = False
-    target_jax: tuple[int, int] = LATEST_JAX
-
-    def passes(self) -> tuple[type[Pass], ...]:
-        """Return the registered passes this run uses, in registry order."""
-        from jaxmigrate.registry import select_passes
-
-        return select_passes(self.select, self.ignore)
 
 
 @dataclass(frozen=True)
@@ -101,11 +78,13 @@ def run_passes(
     path: str | None = None,
     selected: frozenset[str] | None = None,
     changed: bool = False,
+    outline: Outline | None = None,
 ) -> tuple[cst.Module, _Run]:
     """Run `passes` in order over `module`; return the new module and what they recorded.
 
     `module` is the one parsed from `source`, or, `changed`, what earlier passes made of it.
     `selected` are the codes of every pass the user chose (default: those of `passes`).
+    `outline` is that of Python's parse of `source`, if there was one (see `LazyPositions`).
     """
     if selected is None:
         selected = frozenset(p.CODE for p in passes)
@@ -116,7 +95,7 @@ def run_passes(
         tuple({t for p in passes for t in p.NODE_TYPES}),
     )
     if not changed:
-        cache.seed(module, source, outline_of(source))
+        cache.seed(module, source, outline)
     for pass_cls in passes:
         if not pass_cls.applies_to(source):
             continue
@@ -249,16 +228,22 @@ def migrate_source(
     deeply to parse.
     """
     options = options or Options()
-    chosen = options.passes() if passes is None else passes
+    chosen = chosen_passes(options) if passes is None else passes
     selected = frozenset(p.CODE for p in chosen)
-    passes = passes_for(code, chosen)
-    if not passes:
+    found = prefilter(code, chosen)
+    if not found.passes:
         return Migration(code, (), ())
-    if not python_parsed(code):  # else Python's parser just took it: not too deep
+    if found.outline is None:  # else Python's parser just took it: not too deep
         refuse_deep_nesting(code)
     module = parse_module(code)
     new, run = run_passes(
-        module, code, passes, target_jax=options.target_jax, path=path, selected=selected
+        module,
+        code,
+        found.passes,
+        target_jax=options.target_jax,
+        path=path,
+        selected=selected,
+        outline=found.outline,
     )
     if not run.sites:
         return Migration(code, (), tuple(sorted(run.skips, key=lambda s: (s.line, s.col))))
@@ -267,7 +252,7 @@ def migrate_source(
         sites = enforce_groups(accept(sites))
     applied = frozenset(s.key for s in sites if s.applied)
     if applied and len(applied) != len(sites):  # none applied: the code is the original
-        new = _rerun(module, code, run.stages, applied, options, path, selected)
+        new = _rerun(module, code, run.stages, applied, options, path, selected, found.outline)
     by_place = tuple(sorted(sites, key=lambda s: (s.line, s.col)))
     skips = tuple(sorted(run.skips, key=lambda s: (s.line, s.col)))
     return Migration(new.code if applied else code, by_place, skips)
@@ -281,6 +266,7 @@ def _rerun(
     options: Options,
     path: str | None,
     selected: frozenset[str],
+    outline: Outline | None,
 ) -> cst.Module:
     """Return `module` with just the `applied` sites rewritten, after a run that rewrote all.
 
@@ -304,6 +290,7 @@ def _rerun(
         path=path,
         selected=selected,
         changed=start is not module,
+        outline=outline,
     )
     return new
 
@@ -326,119 +313,3 @@ def describe_syntax_error(exc: cst.ParserSyntaxError, code: str | None = None) -
             pass
     message = str(exc.message).strip().splitlines()[0]
     return f"cannot parse: line {exc.raw_line}, column {exc.raw_column + 1}: {message}"
-
-
-def migrate_text(
-    text: str,
-    *,
-    path: str,
-    options: Options,
-    accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
-) -> Migration:
-    """Migrate a file's text: a notebook's JSON (by its `.ipynb` name) cell by cell, else Python.
-
-    Raises what `migrate_source` raises, and `NotebookError` for a notebook it cannot take.
-    """
-    if path.endswith(".ipynb"):
-        from jaxmigrate.notebook import migrate_notebook
-
-        return migrate_notebook(text, options=options, accept=accept, path=path)
-    return migrate_source(text, options=options, accept=accept, path=path)
-
-
-def process_text(
-    shown: str,
-    text: str,
-    options: Options,
-    accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
-) -> FileResult:
-    """Migrate one file's decoded text into its FileResult; never raises for a bad file."""
-    from jaxmigrate.notebook import NotebookError
-
-    try:
-        result = migrate_text(text, path=shown, options=options, accept=accept)
-    except cst.ParserSyntaxError as exc:
-        code = None if shown.endswith(".ipynb") else text
-        return FileResult(shown, Bucket.FAILED, reason=describe_syntax_error(exc, code))
-    except NotebookError as exc:
-        bucket = Bucket.SKIPPED if exc.skipped else Bucket.FAILED
-        return FileResult(shown, bucket, reason=str(exc))
-    except RecursionError:
-        return FileResult(shown, Bucket.FAILED, reason="too deeply nested for the parser")
-    except Exception as exc:  # noqa: BLE001 - one bad file never stops the batch
-        return FileResult(
-            shown, Bucket.FAILED, reason=f"internal error: {type(exc).__name__}: {exc}"
-        )
-    bucket = Bucket.CHANGED if result.code != text else Bucket.UNCHANGED
-    return FileResult(
-        shown,
-        bucket,
-        sites=result.sites,
-        skips=result.skips,
-        old_text=text,
-        new_text=result.code,
-    )
-
-
-def process_file(
-    path: Path,
-    options: Options,
-    accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
-    cache: ResultCache | None = None,
-) -> FileResult:
-    """Migrate one file in memory; never raises for a bad file and never writes.
-
-    `cache` answers for bytes it has already seen under the same settings; it is not consulted
-    when `accept` decides the sites (those decisions are not the engine's alone).
-    """
-    with _collector_paused():
-        return _process_file(path, options, accept, cache)
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while one file is processed.
-
-    Parsing allocates hundreds of thousands of CST nodes, and the collector, triggered by the
-    allocations alone, rescans them again and again: a quarter of the parse time, for nothing,
-    since a CST holds no cycles and is freed by reference counting. What cyclic garbage a file
-    leaves is collected as usual once the collector runs again.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-def _process_file(
-    path: Path,
-    options: Options,
-    accept: Callable[[Sequence[Site]], Sequence[Site]] | None,
-    cache: ResultCache | None,
-) -> FileResult:
-    shown = str(path)
-    try:
-        data = read_bytes(path)
-        text = decode(data).text
-    except SourceError as exc:
-        return FileResult(shown, Bucket.FAILED, reason=str(exc))
-    if cache is None or accept is not None:
-        return process_text(shown, text, options, accept)
-    key = cache.key(data, notebook=shown.endswith(".ipynb"))
-    hit = cache.load(key, shown, text)
-    if hit is not None:
-        return hit
-    start = time.perf_counter()
-    result = process_text(shown, text, options)
-    if result.sites or result.skips or time.perf_counter() - start >= WORTH_CACHING:
-        cache.store(key, result)
-    return result
-
-
-# A file decided faster than this (no text trigger: most files) gets no cache entry: writing
-# one (a temporary file renamed into place) costs more than deciding it again.
-WORTH_CACHING = 0.002

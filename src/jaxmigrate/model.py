@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+# The newest JAX minor version the passes know; the default `--target-jax`.
+LATEST_JAX = (0, 10)
+
 
 class Safety(StrEnum):
     """Whether a rewrite provably keeps behaviour (`safe`) or can change it (`unsafe`)."""
@@ -137,3 +140,13 @@ class FileResult:
         if self.reason:
             out["reason"] = self.reason
         return out
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the user asked for that changes which rewrites are made and applied."""
+
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    unsafe_fixes: bool = False
+    target_jax: tuple[int, int] = LATEST_JAX

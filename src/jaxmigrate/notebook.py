@@ -37,10 +37,12 @@ from typing import TYPE_CHECKING, Any
 
 import libcst as cst
 
-from jaxmigrate.model import Safety, Site, Skip
+from jaxmigrate.engine import Migration, describe_syntax_error, migrate_source
+from jaxmigrate.model import Options, Safety, Site, Skip
+from jaxmigrate.prefilter import passes_for
+from jaxmigrate.registry import chosen_passes
 
 if TYPE_CHECKING:
-    from jaxmigrate.engine import Migration, Options
     from jaxmigrate.passes import Pass
 
 NOT_VERIFIED = (
@@ -369,10 +371,8 @@ def migrate_notebook(
     mentions a legacy API and cannot be parsed (the message names the cell); a cell that cannot
     be parsed but mentions none is left out.
     """
-    from jaxmigrate.engine import Migration, describe_syntax_error, migrate_source
-
     document = load(text)
-    passes = options.passes()
+    passes = chosen_passes(options)
     if not any(p.applies_to(c.source) for c in code_cells(document) for p in passes):
         return Migration(text, (), ())  # most notebooks: no legacy name anywhere, nothing parsed
     cells, skips = _cells_to_migrate(document, passes)
@@ -414,8 +414,6 @@ def _cells_to_migrate(
     document: dict[str, Any], passes: Sequence[type[Pass]]
 ) -> tuple[list[tuple[_Cell, Masked]], list[Skip]]:
     """Return the masked cells to migrate, and skips for the cells left alone."""
-    from jaxmigrate.prefilter import passes_for
-
     cells: list[tuple[_Cell, Masked]] = []
     skips: list[Skip] = []
     for cell in code_cells(document):

@@ -18,18 +18,17 @@ from libcst.codemod import CodemodCommand, CodemodContext
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from jaxmigrate.imports import ImportRequest, add_imports, remove_unused_imports
-from jaxmigrate.model import Safety, Site, Skip
+from jaxmigrate.model import LATEST_JAX, Safety, Site, Skip
 from jaxmigrate.names import Names
 from jaxmigrate.positions import LazyPositions, Positions
 from jaxmigrate.textio import source_lines
 
 if TYPE_CHECKING:
     from jaxmigrate.cstutil import Bindings
-    from jaxmigrate.prefilter import AstFacts, Outline
+    from jaxmigrate.facts import AstFacts, Outline
 
 STATE_KEY = "jaxmigrate.state"
 _UNSET: Any = object()
-LATEST_JAX = (0, 10)
 SUPPRESS = re.compile(r"#\s*jaxmigrate:\s*skip(?:\[([A-Za-z0-9,\s]+)\])?")
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
+import sys
 from collections.abc import Iterable
 
+from jaxmigrate.model import Options
 from jaxmigrate.passes import Pass
 
 
@@ -44,3 +47,26 @@ def select_passes(select: Iterable[str], ignore: Iterable[str]) -> tuple[type[Pa
             raise UnknownRule(f"unknown rule selector {sel!r}; `jaxmigrate rules` lists them")
     chosen = [p for p in passes if not select or _matches(p, select)]
     return tuple(p for p in chosen if not _matches(p, ignore))
+
+
+def chosen_passes(options: Options) -> tuple[type[Pass], ...]:
+    """Return the registered passes a run with `options` uses, in registry order."""
+    return select_passes(options.select, options.ignore)
+
+
+def rule_doc(pass_cls: type[Pass]) -> str:
+    """Return the rule's documentation: its module docstring, headed by code and name."""
+    module = sys.modules[pass_cls.__module__]
+    doc = inspect.cleandoc(module.__doc__ or pass_cls.__doc__ or "")
+    return f"# {pass_cls.CODE} {pass_cls.NAME} ({pass_cls.SAFETY})\n\n{doc}\n"
+
+
+def find_by_text(text: str) -> list[type[Pass]]:
+    """Return the passes whose documentation mentions `text` (pasted error messages, APIs)."""
+    needle = " ".join(text.lower().split())
+    found = []
+    for p in all_passes():
+        doc = " ".join(rule_doc(p).lower().split())
+        if needle and needle in doc:
+            found.append(p)
+    return found

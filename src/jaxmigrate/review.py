@@ -27,8 +27,9 @@ from typing import IO, Any, Protocol
 
 import libcst as cst
 
-from jaxmigrate.engine import Options, enforce_groups, line_map_between, migrate_text
-from jaxmigrate.model import Bucket, FileResult, Safety, Site, Status
+from jaxmigrate.engine import enforce_groups, line_map_between
+from jaxmigrate.files import migrate_text
+from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site, Status
 from jaxmigrate.textio import source_lines
 
 PROGRESS_FILE = Path(".jaxmigrate_cache") / "review.json"

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from jaxmigrate.cache import ResultCache
 from jaxmigrate.discovery import Found
-from jaxmigrate.engine import Options, process_file
-from jaxmigrate.model import Bucket, FileResult, Site
+from jaxmigrate.files import process_file
+from jaxmigrate.model import Bucket, FileResult, Options, Site
 from jaxmigrate.textio import SourceError, atomic_write, read_source
 
 Accept = Callable[[Sequence[Site]], Sequence[Site]]

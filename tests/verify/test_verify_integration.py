@@ -17,8 +17,8 @@ from typing import ClassVar
 import libcst as cst
 import pytest
 
-from jaxmigrate.engine import Options, migrate_source
-from jaxmigrate.model import Bucket, FileResult, Safety, Status
+from jaxmigrate.engine import migrate_source
+from jaxmigrate.model import Bucket, FileResult, Options, Safety, Status
 from jaxmigrate.passes import Pass
 from jaxmigrate.verify import VerifyConfig, verify_against, verify_results
 

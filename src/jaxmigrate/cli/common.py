@@ -17,10 +17,9 @@ from rich.console import Console
 
 from jaxmigrate.config import ConfigError, FileConfig, find_pyproject, load_config
 from jaxmigrate.discovery import Discovery
-from jaxmigrate.engine import Options
-from jaxmigrate.model import Bucket, FileResult, Status
-from jaxmigrate.passes import LATEST_JAX, version_text
-from jaxmigrate.registry import UnknownRule, select_passes
+from jaxmigrate.model import LATEST_JAX, Bucket, FileResult, Options, Status
+from jaxmigrate.passes import version_text
+from jaxmigrate.registry import UnknownRule, chosen_passes, select_passes
 from jaxmigrate.report import json_report
 
 if TYPE_CHECKING:
@@ -117,7 +116,7 @@ class Settings:
             python=self.python,
             verify_with=self.verify_with,
             timeout=self.timeout,
-            passes=self.options.passes(),
+            passes=chosen_passes(self.options),
             workdir=Path.cwd(),
         )
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from jaxmigrate.engine import Options
-from jaxmigrate.model import Bucket, FileResult, Safety, Site, Status, place
+from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site, Status, place
+from jaxmigrate.registry import find_pass, rule_doc
 from jaxmigrate.review import KEYS, Progress, Prompt, Review, stdin_keys
 from jaxmigrate.runner import dirty_files, write_result
 from jaxmigrate.ui.diff import file_diff
@@ -107,9 +107,6 @@ class RichPresenter:
     def explain(self, codes: Sequence[str]) -> None:
         """Print the documentation of the rules, as `jaxmigrate explain` does."""
         from rich.markdown import Markdown
-
-        from jaxmigrate.cli.explain import rule_doc
-        from jaxmigrate.registry import find_pass
 
         for code in codes:
             self.console.print(Markdown(rule_doc(find_pass(code))))

@@ -14,8 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from jaxmigrate.engine import Options, PassList, decide, parse_module, run_passes
-from jaxmigrate.model import Bucket, FileResult, Safety, Site
+from jaxmigrate.engine import PassList, decide, parse_module, run_passes
+from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site
+from jaxmigrate.registry import chosen_passes
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.session import Key, verify
 
@@ -100,7 +101,7 @@ def verify_results(
 
     `passes` are those that produced the results (default: the options' selection).
     """
-    chosen = options.passes() if passes is None else passes
+    chosen = chosen_passes(options) if passes is None else passes
     wanted = {}
     outside = set()
     for result in results:

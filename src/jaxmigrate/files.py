@@ -1,0 +1,135 @@
+"""The pipeline for one file on disk: read it, answer from the result cache or migrate it.
+
+Above the engine (`jaxmigrate.engine`, one Python source) and notebooks (`jaxmigrate.notebook`,
+cells through the engine): `migrate_text` picks one by the file's name, `process_text` turns any
+failure into the file's bucket, and `process_file` adds reading and the cache. Never raises for one
+bad file.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import libcst as cst
+
+from jaxmigrate.cache import ResultCache
+from jaxmigrate.engine import Migration, describe_syntax_error, migrate_source
+from jaxmigrate.model import Bucket, FileResult, Options, Site
+from jaxmigrate.notebook import NotebookError, migrate_notebook
+from jaxmigrate.textio import SourceError, decode, read_bytes
+
+
+def migrate_text(
+    text: str,
+    *,
+    path: str,
+    options: Options,
+    accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
+) -> Migration:
+    """Migrate a file's text: a notebook's JSON (by its `.ipynb` name) cell by cell, else Python.
+
+    Raises what `migrate_source` raises, and `NotebookError` for a notebook it cannot take.
+    """
+    if path.endswith(".ipynb"):
+        return migrate_notebook(text, options=options, accept=accept, path=path)
+    return migrate_source(text, options=options, accept=accept, path=path)
+
+
+def process_text(
+    shown: str,
+    text: str,
+    options: Options,
+    accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
+) -> FileResult:
+    """Migrate one file's decoded text into its FileResult; never raises for a bad file."""
+    try:
+        result = migrate_text(text, path=shown, options=options, accept=accept)
+    except cst.ParserSyntaxError as exc:
+        code = None if shown.endswith(".ipynb") else text
+        return FileResult(shown, Bucket.FAILED, reason=describe_syntax_error(exc, code))
+    except NotebookError as exc:
+        bucket = Bucket.SKIPPED if exc.skipped else Bucket.FAILED
+        return FileResult(shown, bucket, reason=str(exc))
+    except RecursionError:
+        return FileResult(shown, Bucket.FAILED, reason="too deeply nested for the parser")
+    except Exception as exc:  # noqa: BLE001 - one bad file never stops the batch
+        return FileResult(
+            shown, Bucket.FAILED, reason=f"internal error: {type(exc).__name__}: {exc}"
+        )
+    bucket = Bucket.CHANGED if result.code != text else Bucket.UNCHANGED
+    return FileResult(
+        shown,
+        bucket,
+        sites=result.sites,
+        skips=result.skips,
+        old_text=text,
+        new_text=result.code,
+    )
+
+
+def process_file(
+    path: Path,
+    options: Options,
+    accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
+    cache: ResultCache | None = None,
+) -> FileResult:
+    """Migrate one file in memory; never raises for a bad file and never writes.
+
+    `cache` answers for bytes it has already seen under the same settings; it is not consulted
+    when `accept` decides the sites (those decisions are not the engine's alone).
+    """
+    with _collector_paused():
+        return _process_file(path, options, accept, cache)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while one file is processed.
+
+    Parsing allocates hundreds of thousands of CST nodes, and the collector, triggered by the
+    allocations alone, rescans them again and again: a quarter of the parse time, for nothing,
+    since a CST holds no cycles and is freed by reference counting. What cyclic garbage a file
+    leaves is collected as usual once the collector runs again.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _process_file(
+    path: Path,
+    options: Options,
+    accept: Callable[[Sequence[Site]], Sequence[Site]] | None,
+    cache: ResultCache | None,
+) -> FileResult:
+    shown = str(path)
+    try:
+        data = read_bytes(path)
+        text = decode(data).text
+    except SourceError as exc:
+        return FileResult(shown, Bucket.FAILED, reason=str(exc))
+    if cache is None or accept is not None:
+        return process_text(shown, text, options, accept)
+    key = cache.key(data, notebook=shown.endswith(".ipynb"))
+    hit = cache.load(key, shown, text)
+    if hit is not None:
+        return hit
+    start = time.perf_counter()
+    result = process_text(shown, text, options)
+    if result.sites or result.skips or time.perf_counter() - start >= WORTH_CACHING:
+        cache.store(key, result)
+    return result
+
+
+# A file decided faster than this (no text trigger: most files) gets no cache entry: writing
+# one (a temporary file renamed into place) costs more than deciding it again.
+WORTH_CACHING = 0.002
