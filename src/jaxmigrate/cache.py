@@ -44,7 +44,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from jaxmigrate import __version__
+from jaxmigrate._version import __version__
 from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site, Skip, Status
 from jaxmigrate.registry import chosen_passes
 

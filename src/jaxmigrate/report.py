@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from jaxmigrate import __version__
+from jaxmigrate._version import __version__
 from jaxmigrate.model import FileResult
 
 SCHEMA_VERSION = 1

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxmigrate import __version__
+from jaxmigrate._version import __version__
 from jaxmigrate.model import Bucket, FileResult, Site, Skip, Status
 from jaxmigrate.passes import Pass
 
