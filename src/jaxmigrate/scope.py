@@ -112,7 +112,7 @@ class Scope:
         return [b for b in self.bindings.get(name, ()) if b.assigns]
 
 
-_COMPREHENSIONS = (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)
+_Comprehension = cst.ListComp | cst.SetComp | cst.GeneratorExp | cst.DictComp
 
 
 def _name_ids(node: cst.CSTNode) -> Iterator[int]:
@@ -243,18 +243,12 @@ class _Builder(cst.CSTVisitor):
         self._visit_param_defaults(node.params)
         if node.returns is not None:
             walk(self, node.returns)
-        self._push("function", node)
-        self._bind_params(node.params)
-        walk(self, node.body)
-        self.stack.pop()
+        self._scoped("function", node, node.params)
         return False
 
     def visit_Lambda(self, node: cst.Lambda) -> bool:
         self._visit_param_defaults(node.params)
-        self._push("lambda", node)
-        self._bind_params(node.params)
-        walk(self, node.body)
-        self.stack.pop()
+        self._scoped("lambda", node, node.params)
         return False
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
@@ -263,10 +257,20 @@ class _Builder(cst.CSTVisitor):
             walk(self, deco)
         for arg in (*node.bases, *node.keywords):
             walk(self, arg)
-        self._push("class", node)
+        self._scoped("class", node, None)
+        return False
+
+    def _scoped(
+        self,
+        kind: str,
+        node: cst.FunctionDef | cst.Lambda | cst.ClassDef,
+        params: cst.Parameters | None,
+    ) -> None:
+        self._push(kind, node)
+        if params is not None:
+            self._bind_params(params)
         walk(self, node.body)
         self.stack.pop()
-        return False
 
     def _visit_param_defaults(self, params: cst.Parameters) -> None:
         # Defaults and annotations are read in the enclosing scope; the Parameters and Param
@@ -293,34 +297,16 @@ class _Builder(cst.CSTVisitor):
             if isinstance(star, cst.Param):
                 self._bind(star.name.value, BindingKind.PARAM, star, target=star.name)
 
-    def _comprehension(self, node: cst.CSTNode, for_in: cst.CompFor) -> bool:
-        self._first_for.add(id(for_in))
+    def _enter_comprehension(self, node: _Comprehension) -> bool:
+        self._first_for.add(id(node.for_in))
         self._push("comprehension", node)
         return True
 
-    def visit_ListComp(self, node: cst.ListComp) -> bool:
-        return self._comprehension(node, node.for_in)
-
-    def visit_SetComp(self, node: cst.SetComp) -> bool:
-        return self._comprehension(node, node.for_in)
-
-    def visit_GeneratorExp(self, node: cst.GeneratorExp) -> bool:
-        return self._comprehension(node, node.for_in)
-
-    def visit_DictComp(self, node: cst.DictComp) -> bool:
-        return self._comprehension(node, node.for_in)
-
-    def leave_ListComp(self, original_node: cst.ListComp) -> None:
+    def _leave_comprehension(self, original_node: _Comprehension) -> None:
         self.stack.pop()
 
-    def leave_SetComp(self, original_node: cst.SetComp) -> None:
-        self.stack.pop()
-
-    def leave_GeneratorExp(self, original_node: cst.GeneratorExp) -> None:
-        self.stack.pop()
-
-    def leave_DictComp(self, original_node: cst.DictComp) -> None:
-        self.stack.pop()
+    visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _enter_comprehension
+    leave_ListComp = leave_SetComp = leave_GeneratorExp = leave_DictComp = _leave_comprehension
 
     def visit_CompFor(self, node: cst.CompFor) -> bool:
         if id(node) in self._first_for:
