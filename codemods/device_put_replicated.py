@@ -96,12 +96,12 @@ class DevicePutReplicated(RemovedDevicePut):
                 "`devices` is not a plain expression and the rewrite uses it twice: "
                 "bind it to a name first"
             )
-        if self.bindings.bound("len"):
+        if self.resolver.bound("len"):
             return "`len` is rebound in this file"
         return None
 
     def stacked(self, first: cst.BaseExpression, devices: cst.BaseExpression) -> cst.BaseExpression:
-        jnp = jnp_ref(self, self.bindings)
+        jnp = jnp_ref(self, self.resolver)
         leaf = fresh_name(("a", "leaf", "arr"), names_in(devices) | names_in(jnp) | {"len"})
         return parse_template_expression(
             "{tree_map}(lambda {leaf}: {stack}([{leaf}] * len({devices})), {x})",

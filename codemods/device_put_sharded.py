@@ -105,7 +105,7 @@ class DevicePutSharded(RemovedDevicePut):
         """Return True if `shards` (or any value assigned to that name) calls `device_put(x, d)`."""
         found = [shards]
         if isinstance(shards, cst.Name):
-            found.extend(self.bindings.values(shards.value))
+            found.extend(self.resolver.values(shards.value))
         calls = [c for node in found for c in _calls_in(node)]
         return any(
             self.qualname(c.func) == "jax.device_put"
@@ -114,7 +114,7 @@ class DevicePutSharded(RemovedDevicePut):
         )
 
     def stacked(self, first: cst.BaseExpression, devices: cst.BaseExpression) -> cst.BaseExpression:
-        jnp = jnp_ref(self, self.bindings)
+        jnp = jnp_ref(self, self.resolver)
         leaves = fresh_name(("xs", "leaves", "shard"), names_in(jnp) | names_in(first))
         return parse_template_expression(
             "{tree_map}(lambda *{leaves}: {stack}({leaves}), *{shards})",

@@ -73,7 +73,6 @@ from libcst.codemod import CodemodContext
 
 from jaxmigrate.cstutil import (
     AncestorTracking,
-    enclosing_scopes,
     fit_call,
     is_read,
     parenthesized,
@@ -278,7 +277,7 @@ class ExperimentalShardMap(AncestorTracking, Pass):
             return lambda arg: cst.Set([cst.Element(s) for s in manual])
         if not isinstance(mesh, (cst.Name, cst.Attribute)) or dotted(mesh) is None:
             raise Skip("`auto=` needs the mesh twice and the mesh is not a plain name")
-        if self.bindings.bound("frozenset"):
+        if self.resolver.bound("frozenset"):
             raise Skip("`frozenset` is rebound in this file")
         return lambda arg: cst.BinaryOperation(
             left=cst.parse_expression(f"frozenset({dotted(mesh)}.axis_names)"),
@@ -289,7 +288,7 @@ class ExperimentalShardMap(AncestorTracking, Pass):
     def _literal_names(self, node: cst.BaseExpression) -> set[str] | None:
         """Return the names in `{"y"}` / `frozenset({"y"})` / `frozenset()`, else None."""
         if isinstance(node, cst.Call) and dotted(node.func) in ("frozenset", "set"):
-            if self.bindings.bound(dotted(node.func) or "") or any(a.keyword for a in node.args):
+            if self.resolver.bound(dotted(node.func) or "") or any(a.keyword for a in node.args):
                 return None
             if not node.args:
                 return set()
@@ -308,8 +307,7 @@ class ExperimentalShardMap(AncestorTracking, Pass):
     ) -> list[cst.SimpleString] | None:
         """Return the axis-name literals of a mesh built in view, else None."""
         if isinstance(node, cst.Name) and follow:
-            scopes = enclosing_scopes(self.ancestors)
-            binding = self.bindings.assignment_seen_from(node.value, scopes)
+            binding = self.resolver.assignment_seen_from(node.value, self.resolver.scope_of(node))
             if binding is None or binding.value is None:
                 return None
             return self._mesh_axes(binding.value, follow=False)

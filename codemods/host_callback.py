@@ -279,7 +279,7 @@ class HostCallback(AncestorTracking, Pass):
 
     # Helpers ------------------------------------------------------------------------------
     def _io_callback(self) -> cst.BaseExpression:
-        return jax_ref(self, self.bindings, "experimental.io_callback", local="io_callback")
+        return jax_ref(self, self.resolver, "experimental.io_callback", local="io_callback")
 
     def _drop(self, func: cst.BaseExpression) -> None:
         name = dotted(func)

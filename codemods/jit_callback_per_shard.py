@@ -191,12 +191,12 @@ class JitCallbackPerShard(Pass):
         rebound = [
             b
             for name in (operand.value, (dotted(mesh) or "").split(".")[0])
-            for b in self.bindings.by_name.get(name, [])
-            if b.scope is function and name != operand.value
+            for b in self.resolver.bindings(name)
+            if b.scope.node is function and name != operand.value
         ]
         if (
             rebound
-            or len([b for b in self.bindings.by_name.get(operand.value, []) if b.scope is function])
+            or len([b for b in self.resolver.bindings(operand.value) if b.scope.node is function])
             != 1
         ):
             raise Skip("the jitted function rebinds the operand or the mesh's name")

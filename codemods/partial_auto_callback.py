@@ -141,12 +141,13 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.metadata import PositionProvider
 
-from jaxmigrate.cstutil import Bindings, fresh_name, is_reusable, jax_ref, jnp_ref
+from jaxmigrate.cstutil import fresh_name, is_reusable, jax_ref, jnp_ref
 from jaxmigrate.facts import AstFacts
 from jaxmigrate.meshes import MESH_MAKERS, literal_axis_names, string_elements
 from jaxmigrate.model import Safety
-from jaxmigrate.names import Names, dotted, walk
+from jaxmigrate.names import dotted, walk
 from jaxmigrate.passes import Pass
+from jaxmigrate.scope import Scope, ScopeModel
 
 SHARD_MAP = "jax.shard_map"
 EXPERIMENTAL_SHARD_MAP = "jax.experimental.shard_map.shard_map"  # JM102 runs first
@@ -174,7 +175,6 @@ SHORT = {
     "jax.debug.print": "jax.debug.print",
 }
 LINE = 100
-Scopes = tuple[cst.CSTNode, ...]
 Edit = Callable[[cst.Call], cst.BaseExpression]
 
 
@@ -188,7 +188,7 @@ class Read:
     """A name read, where it is read, and who reads it (a unit, a region's body, or the module)."""
 
     name: cst.Name
-    scopes: Scopes
+    scope: Scope
     reader: Unit | Region | None
 
 
@@ -218,7 +218,7 @@ class Region:
 
     call: cst.Call
     keywords: dict[str, cst.BaseExpression]
-    scopes: Scopes
+    scope: Scope
     unit: Unit | None
     splat: bool = False
     reads: list[Read] = field(default_factory=list)
@@ -228,21 +228,28 @@ class Region:
     jitted: bool = False
 
 
-class Survey(Bindings):
-    """Every binding of the module (as `Bindings`), plus its units, regions, reads and callbacks."""
+def _head(node: cst.BaseExpression) -> cst.Name:
+    """Return the leftmost name of a callee that resolves (`jax` of `jax.shard_map`)."""
+    while not isinstance(node, cst.Name):
+        assert isinstance(node, (cst.Attribute, cst.Call))
+        node = node.value if isinstance(node, cst.Attribute) else node.func
+    return node
 
-    def __init__(self, module: cst.Module, names: Names) -> None:
-        super().__init__(module)
+
+class Survey(cst.CSTVisitor):
+    """The module's units, regions, reads and callbacks; bindings are the scope model's."""
+
+    def __init__(self, module: cst.Module, names: ScopeModel) -> None:
+        super().__init__()
         self.resolver = names
         self.units: list[Unit] = []
         self.regions: list[Region] = []
-        self.defs: dict[tuple[int, str], Unit] = {}
+        self.defs: dict[tuple[int, str], Unit] = {}  # by (id of the scope it is bound in, name)
         self.lambda_units: dict[int, Unit] = {}
         self.reads: dict[str, list[Read]] = {}
         self.jit_args: list[Read] = []
         self.jit_nodes: set[int] = set()
         self._readers: list[Unit | Region | None] = [None]
-        self._scopes: Scopes = (module,)
         self._called: set[int] = set()
         self._statements: list[cst.CSTNode] = [module]
         self.statement_of: dict[int, cst.CSTNode] = {}
@@ -261,54 +268,36 @@ class Survey(Bindings):
     def qualname(self, node: cst.BaseExpression) -> str | None:
         return self.resolver.qualified_name(node)
 
-    # Scopes and units ----------------------------------------------------------------------
-    def _scoped(self, node: cst.CSTNode, params: cst.Parameters | None, *body: cst.CSTNode) -> None:
-        outer = self._scopes
-        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
-            unit = Unit(node, self.reader)
-            self.units.append(unit)
-            if isinstance(node, cst.Lambda):
-                self.lambda_units[id(node)] = unit
-                if isinstance(self.reader, (Unit, Region)):
-                    self.reader.lambdas.append(unit)
-            else:
-                self.defs[(id(outer[-1]), node.name.value)] = unit
-                unit.region, unit.jitted = self._decorations(node, unit)
-            self._readers.append(unit)
-        self._scopes = (*outer, node)
-        self._stack.append(node)
-        if params is not None:
-            for p in (*params.posonly_params, *params.params, *params.kwonly_params):
-                self._bind(p.name.value)
-            for star in (params.star_arg, params.star_kwarg):
-                if isinstance(star, cst.Param):
-                    self._bind(star.name.value)
-        for part in body:
-            walk(self, part)
-        self._stack.pop()
-        self._scopes = outer
-        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
-            self._readers.pop()
+    # Units ---------------------------------------------------------------------------------
+    def _read_in(self, unit: Unit, body: cst.CSTNode) -> None:
+        self._readers.append(unit)
+        walk(self, body)
+        self._readers.pop()
 
-    # `Bindings` walks these by hand; the same through the fast read-only `walk`.
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        self._bind(node.name.value)
         for deco in node.decorators:
             walk(self, deco)
         walk(self, node.params)
-        self._scoped(node, node.params, node.body)
+        unit = Unit(node, self.reader)
+        self.units.append(unit)
+        self.defs[(id(self.resolver.scope_of(node.name)), node.name.value)] = unit
+        unit.region, unit.jitted = self._decorations(node, unit)
+        self._read_in(unit, node.body)
         return False
 
     def visit_Lambda(self, node: cst.Lambda) -> bool:
         walk(self, node.params)
-        self._scoped(node, node.params, node.body)
+        unit = Unit(node, self.reader)
+        self.units.append(unit)
+        self.lambda_units[id(node)] = unit
+        if isinstance(self.reader, (Unit, Region)):
+            self.reader.lambdas.append(unit)
+        self._read_in(unit, node.body)
         return False
 
     def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        self._bind(node.name.value)
-        for part in (*node.decorators, *node.bases, *node.keywords):
+        for part in (*node.decorators, *node.bases, *node.keywords, node.body):
             walk(self, part)
-        self._scoped(node, None, node.body)
         return False
 
     def visit_Param(self, node: cst.Param) -> bool:
@@ -316,6 +305,23 @@ class Survey(Bindings):
             if part is not None:
                 walk(self, part)
         return False
+
+    def _comprehension(self, *parts: cst.CSTNode) -> bool:
+        for part in parts:  # the loops first, as they run first
+            walk(self, part)
+        return False
+
+    def visit_ListComp(self, node: cst.ListComp) -> bool:
+        return self._comprehension(node.for_in, node.elt)
+
+    def visit_SetComp(self, node: cst.SetComp) -> bool:
+        return self._comprehension(node.for_in, node.elt)
+
+    def visit_GeneratorExp(self, node: cst.GeneratorExp) -> bool:
+        return self._comprehension(node.for_in, node.elt)
+
+    def visit_DictComp(self, node: cst.DictComp) -> bool:
+        return self._comprehension(node.for_in, node.key, node.value)
 
     def _decorations(self, node: cst.FunctionDef, unit: Unit) -> tuple[Region | None, bool]:
         region, jitted = None, False
@@ -352,7 +358,7 @@ class Survey(Bindings):
         return None
 
     def _region(self, call: cst.Call, args: Sequence[cst.Arg]) -> Region:
-        region = Region(call, {}, self._scopes, self.unit)
+        region = Region(call, {}, self.resolver.scope_of(_head(call.func)), self.unit)
         for arg in args:
             if arg.star or arg.keyword is None:
                 region.splat = True
@@ -374,7 +380,7 @@ class Survey(Bindings):
             first = node.args[0].value
             self.jit_nodes.add(id(first))
             if isinstance(first, cst.Name):
-                self.jit_args.append(Read(first, self._scopes, self.reader))
+                self.jit_args.append(Read(first, self.resolver.scope_of(first), self.reader))
         body: cst.BaseExpression | None = None
         region: Region | None = None
         if (
@@ -403,7 +409,7 @@ class Survey(Bindings):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             self._statements.append(node)
-        # an import binds names (recorded by `Bindings`), it reads none
+        # an import binds names (the scope model's), it reads none
         return super().on_visit(node) and not isinstance(node, (cst.Import, cst.ImportFrom))
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
@@ -413,7 +419,7 @@ class Survey(Bindings):
 
     # Reads and strings ---------------------------------------------------------------------
     def visit_Name(self, node: cst.Name) -> None:
-        read = Read(node, self._scopes, self.reader)
+        read = Read(node, self.resolver.scope_of(node), self.reader)
         self.reads.setdefault(node.value, []).append(read)
         if isinstance(self.reader, (Unit, Region)):
             self.reader.reads.append(read)
@@ -439,30 +445,25 @@ class Survey(Bindings):
             self.reader.strings.add(node.evaluated_value)
 
     # Resolving -----------------------------------------------------------------------------
-    def lookup(self, name: str, scopes: Scopes) -> Unit | Region | None:
-        """Return the unit (or region, for `f = jax.shard_map(...)`) a read of `name` means."""
-        if self.star_import or name in self.declared:
+    def lookup(self, name: str, scope: Scope) -> Unit | Region | None:
+        """Return the unit (or region, for `f = jax.shard_map(...)`) a read of `name` in `scope`
+        means."""
+        model = self.resolver
+        if model.star_import or model.declared(name):
             return None
-        found = self.by_name.get(name, [])
-        for depth, scope in enumerate(reversed(scopes)):
-            if isinstance(scope, cst.ClassDef) and depth > 0:
-                continue
-            here = [b for b in found if b.scope is scope]
-            if not here:
-                continue
-            if len(here) != 1:
-                return None
-            value = here[0].value
-            if value is None:
-                return self.defs.get((id(scope), name))
-            return self.resolve_value(value, scopes[: len(scopes) - depth])
-        return None
+        owner = model.lookup(name, scope)
+        here = [] if owner is None else owner.assigning(name)
+        if owner is None or len(here) != 1:
+            return None
+        if not here[0].plain or here[0].value is None:
+            return self.defs.get((id(owner), name))
+        return self.resolve_value(here[0].value, owner)
 
-    def resolve_value(self, value: cst.BaseExpression, scopes: Scopes) -> Unit | Region | None:
+    def resolve_value(self, value: cst.BaseExpression, scope: Scope) -> Unit | Region | None:
         if isinstance(value, cst.Lambda):
             return self.lambda_units.get(id(value))
         if isinstance(value, cst.Name):
-            return self.lookup(value.value, scopes)
+            return self.lookup(value.value, scope)
         if isinstance(value, cst.Call):
             for region in self.regions:
                 if region.call is value or (
@@ -470,7 +471,7 @@ class Survey(Bindings):
                 ):
                     return region
             if self.qualname(value.func) in WRAPPERS and value.args:
-                return self.resolve_value(value.args[0].value, scopes)
+                return self.resolve_value(value.args[0].value, scope)
         return None
 
 
@@ -525,7 +526,7 @@ class PartialAutoCallback(Pass):
         self.edits: dict[int, Edit] = {}
         self.survey: Survey | None = None
 
-    def has_candidates(self, tree: cst.Module, names: Names) -> bool:
+    def has_candidates(self, tree: cst.Module, names: ScopeModel) -> bool:
         for wanted in ((SHARD_MAP,), (PURE, IO, *DEBUG)):
             paths = names.paths_to(wanted)
             if paths is not None and not paths:
@@ -592,7 +593,7 @@ class PartialAutoCallback(Pass):
                 "no `mesh=`: the axes of the context mesh are not known here; pass `mesh=` or "
                 "nest the callback by hand"
             )
-        axes = self._mesh_axes(mesh, region.scopes)
+        axes = self._mesh_axes(mesh, region.scope)
         if axes is None:
             raise Skip(
                 "the mesh's axis names are not known in this file (build it with "
@@ -607,14 +608,14 @@ class PartialAutoCallback(Pass):
         return axes, manual
 
     def _mesh_axes(
-        self, node: cst.BaseExpression, scopes: Scopes, follow: bool = True
+        self, node: cst.BaseExpression, scope: Scope, follow: bool = True
     ) -> list[cst.SimpleString] | None:
         assert self.survey is not None
         if isinstance(node, cst.Name) and follow:
-            binding = self.survey.assignment_seen_from(node.value, scopes)
+            binding = self.resolver.assignment_seen_from(node.value, scope)
             if binding is None or binding.value is None:
                 return None
-            return self._mesh_axes(binding.value, scopes, follow=False)
+            return self._mesh_axes(binding.value, scope, follow=False)
         if not isinstance(node, cst.Call) or self.qualname(node.func) not in MESH_MAKERS:
             return None
         return literal_axis_names(node)
@@ -655,7 +656,7 @@ class PartialAutoCallback(Pass):
     def _builtin(self, call: cst.Call, names: Sequence[str]) -> bool:
         assert self.survey is not None
         name = dotted(call.func)
-        return name in names and not self.survey.bound(name or "")
+        return name in names and not self.resolver.bound(name or "")
 
     # Reach ---------------------------------------------------------------------------------
     def _entries(self, region: Region) -> list[Unit]:
@@ -665,7 +666,7 @@ class PartialAutoCallback(Pass):
             return [region.body_def]
         found = list(region.lambdas)
         for read in region.reads:
-            target = self.survey.lookup(read.name.value, read.scopes)
+            target = self.survey.lookup(read.name.value, read.scope)
             if isinstance(target, Unit) and target.region is None:
                 found.append(target)
         return found
@@ -695,7 +696,7 @@ class PartialAutoCallback(Pass):
             reach.units.append(unit)
             todo += [(u, here) for u in unit.lambdas]
             for read in unit.reads:
-                target = self.survey.lookup(read.name.value, read.scopes)
+                target = self.survey.lookup(read.name.value, read.scope)
                 if isinstance(target, Unit) and target.region is None:
                     todo.append((target, here))
             for inner in unit.regions:
@@ -768,11 +769,13 @@ class PartialAutoCallback(Pass):
         names = [unit.node.name.value] if isinstance(unit.node, cst.FunctionDef) else []
         if isinstance(unit.node, cst.Lambda):
             names = [
-                n for n, bs in self.survey.by_name.items() if any(b.value is unit.node for b in bs)
+                n
+                for n, bs in self.resolver.bound_names()
+                if any(b.plain and b.value is unit.node for b in bs)
             ]
         for name in names:
             for read in self.survey.reads.get(name, []):
-                if self.survey.lookup(name, read.scopes) is unit:
+                if self.survey.lookup(name, read.scope) is unit:
                     yield read
 
     def _jitted(self, region: Region) -> bool:
@@ -780,7 +783,7 @@ class PartialAutoCallback(Pass):
         if region.jitted or (region.unit is not None and region.unit.jitted):
             return True
         for read in self.survey.jit_args:
-            target = self.survey.lookup(read.name.value, read.scopes)
+            target = self.survey.lookup(read.name.value, read.scope)
             if target is region or (target is not None and target is region.unit):
                 return True
         return False
@@ -869,7 +872,7 @@ class PartialAutoCallback(Pass):
             value = region.keywords.get(key)
             if value is None:
                 return f"no `{key}=`"
-            strings = self._spec_strings(value, region.scopes)
+            strings = self._spec_strings(value, region.scope)
             if strings is None:
                 return f"`{key}=` is not a literal PartitionSpec structure"
             if strings & names:
@@ -882,17 +885,19 @@ class PartialAutoCallback(Pass):
         return ""
 
     def _spec_strings(
-        self, node: cst.BaseExpression, scopes: Scopes, follow: bool = True
+        self, node: cst.BaseExpression, scope: Scope | None, follow: bool = True
     ) -> set[str] | None:
         """Return the axis names a literal spec structure mentions; None if it is not literal."""
         assert self.survey is not None
         if isinstance(node, cst.Name):
             if node.value == "None":
                 return set()
-            binding = self.survey.assignment_seen_from(node.value, scopes) if follow else None
+            binding = None
+            if follow and scope is not None:
+                binding = self.resolver.assignment_seen_from(node.value, scope)
             if binding is None or binding.value is None:
                 return None
-            return self._spec_strings(binding.value, scopes, follow=False)
+            return self._spec_strings(binding.value, scope, follow=False)
         if isinstance(node, (cst.Tuple, cst.List)):
             return self._union(e.value for e in node.elements if isinstance(e, cst.Element))
         if isinstance(node, cst.Dict):
@@ -916,7 +921,7 @@ class PartialAutoCallback(Pass):
     def _union(self, nodes: Iterable[cst.BaseExpression]) -> set[str] | None:
         out: set[str] = set()
         for node in nodes:
-            found = self._spec_strings(node, (), follow=False)
+            found = self._spec_strings(node, None, follow=False)
             if found is None:
                 return None
             out |= found
@@ -953,7 +958,7 @@ class PartialAutoCallback(Pass):
             shapes = updated.args[1].value if site.kind == IO else cst.Name("None")
             has_result = not _is_none(shapes)
             one = self._is_shape(shapes) if isinstance(shapes, cst.Call) else None
-            zeros = f"{_code(jnp_ref(self, self._bindings()))}.zeros" if has_result else ""
+            zeros = f"{_code(jnp_ref(self, self.resolver))}.zeros" if has_result else ""
             empty = "None"
             if one:
                 empty = f"{zeros}({', '.join(map(_code, one))})"
@@ -987,7 +992,7 @@ class PartialAutoCallback(Pass):
         names = "{" + ", ".join(a.value for a in site.auto) + "}"
 
         def edit(updated: cst.Call) -> cst.BaseExpression:
-            bindings, where = self._bindings(), self._where_text(site.call)
+            bindings, where = self.resolver, self._where_text(site.call)
             spec = _code(
                 jax_ref(self, bindings, "sharding.PartitionSpec", local="P", also=("jax.P",))
             )
@@ -1036,15 +1041,10 @@ class PartialAutoCallback(Pass):
         return Layout(base, _leading(line)[len(base) :], here.start.column, tail)
 
     def _lax(self) -> str:
-        bindings = self._bindings()
         local = self.resolver.module_binding("jax.lax")
-        if local is not None and not bindings.bound_below_module(local):
+        if local is not None and not self.resolver.bound_below_module(local):
             return local
         return _code(self.jax_attr("lax"))
-
-    def _bindings(self) -> Bindings:
-        assert self.survey is not None
-        return self.survey
 
 
 @dataclass(frozen=True)

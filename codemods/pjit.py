@@ -247,7 +247,7 @@ class Pjit(Pass):
         group = safety = None
         root = self.meshes.root(decision.enclosing[-1]) if decision.enclosing else None
         if root is not None:
-            group = mesh_group(self._where(root)[0])
+            group = mesh_group(self.where(root)[0])
         if (
             decision.mesh is None
             and not decision.modern
@@ -298,7 +298,7 @@ class _Survey(NameReads):
     """
 
     def __init__(self, owner: Pjit, meshes: MeshFinder) -> None:
-        super().__init__()
+        super().__init__(owner.resolver)
         self.owner = owner
         self.meshes = meshes
         self.stack: list[cst.With | None] = []  # None: a function body starts
@@ -324,7 +324,7 @@ class _Survey(NameReads):
                     why = "it also holds a pjit left as is" if id(node) in blocked else ""
                     why = why or self._mesh_stays(node)
                     if why:
-                        line = self.owner._where(node)[0]
+                        line = self.owner.where(node)[0]
                         d.reason = (
                             f"the `with` at line {line} stays legacy ({why}), "
                             "so `jax.jit` would not see its mesh"
@@ -338,14 +338,14 @@ class _Survey(NameReads):
         return any(v.kind is Kind.KEPT for v in self.meshes.items(node))
 
     def _suppressed(self, node: cst.CSTNode) -> bool:
-        return self.owner.state.suppressed(self.owner._where(node)[0], self.owner.CODE)
+        return self.owner.state.suppressed(self.owner.where(node)[0], self.owner.CODE)
 
     def _mesh_stays(self, node: cst.With) -> str:
         """Return why the with-mesh pass leaves this `with` as it is, or ""."""
         for verdict in self.meshes.items(node):
             if verdict.kind is Kind.KEPT:
                 return verdict.why
-            line = self.owner._where(verdict.item)[0]
+            line = self.owner.where(verdict.item)[0]
             if verdict.kind is Kind.LEGACY and self.owner.state.suppressed(line, WITH_MESH_CODE):
                 return "its rewrite is suppressed"
         if self.owner.state.target_jax < SET_MESH_MIN_JAX:

@@ -148,8 +148,9 @@ from libcst.codemod import CodemodContext
 from libcst.metadata import PositionProvider
 
 from jaxmigrate.model import Safety
-from jaxmigrate.names import Names, dotted, walk
+from jaxmigrate.names import dotted, walk
 from jaxmigrate.passes import Pass
+from jaxmigrate.scope import BindingKind, ScopeModel
 from jaxmigrate.specs import (
     Untranslatable,
     argnums,
@@ -393,43 +394,16 @@ class Call:
 
 
 # Finding every pmap ---------------------------------------------------------------------------
-def _is_load(name: cst.Name, parent: cst.CSTNode | None) -> bool:
-    """Return True if `name` is read where it stands (not an attribute, keyword or target)."""
-    if isinstance(parent, (cst.Attribute, cst.Arg)):
-        return parent.value is name
-    if isinstance(parent, (cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor, cst.NamedExpr)):
-        return parent.target is not name
-    stores = (cst.Param, cst.FunctionDef, cst.ClassDef, cst.ImportAlias, cst.AsName)
-    return not isinstance(parent, (*stores, cst.AssignTarget, cst.NameItem))
-
-
-def _bound_names(target: cst.CSTNode) -> set[str]:
-    if isinstance(target, cst.Name):
-        return {target.value}
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return {n for e in target.elements for n in _bound_names(e.value)}
-    if isinstance(target, cst.StarredElement):
-        return _bound_names(target.value)
-    return set()
-
-
-TARGETED = (cst.AssignTarget, cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor, cst.NamedExpr)
-
-
-SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
-
-
 class Survey(cst.CSTVisitor):
-    """One walk over a module: each `jax.pmap` reference with its ancestors, and context."""
+    """One walk over a module: each `jax.pmap` reference with its ancestors, and the strings.
 
-    def __init__(self, names: Names) -> None:
+    Which names are bound, and how, is the scope model's (`defs`, `rebound`)."""
+
+    def __init__(self, names: ScopeModel) -> None:
         super().__init__()
         self.names = names
         self.refs: list[tuple[cst.BaseExpression, tuple[cst.CSTNode, ...]]] = []
-        self.defs: dict[str, list[cst.FunctionDef]] = {}
-        self.rebound: set[str] = set()  # names bound by anything but a `def`
         self.strings: set[str] = set()
-        self.local: set[str] = set()  # names bound in a function or class (may shadow)
         self._stack: list[cst.CSTNode] = []
         self._paths = names.paths_to((PMAP,))  # the nodes leading to a use, when known
 
@@ -438,51 +412,27 @@ class Survey(cst.CSTVisitor):
         # and isinstance against them (ABCs) is what this walk over every node spent most on.
         kind = type(node)
         if kind is cst.Attribute or kind is cst.Name:
-            parent = self._stack[-1] if self._stack else None
-            is_ref = kind is cst.Attribute or _is_load(node, parent)  # type: ignore[arg-type]
+            is_ref = kind is cst.Attribute or self.names.is_read(node)  # type: ignore[arg-type]
             if self._paths is not None and id(node) not in self._paths:
                 is_ref = False
             if is_ref and self.names.qualified_name(node) == PMAP:  # type: ignore[arg-type]
                 self.refs.append((node, tuple(self._stack)))  # type: ignore[arg-type]
-        elif kind in _NOTED:
-            self._note(node)
+        elif kind is cst.SimpleString:
+            self.strings.add(str(node.evaluated_value))  # type: ignore[attr-defined]
         self._stack.append(node)
         return True
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         self._stack.pop()
 
-    def _note(self, node: cst.CSTNode) -> None:
-        bound: set[str] = set()
-        if isinstance(node, cst.FunctionDef):
-            self.defs.setdefault(node.name.value, []).append(node)
-        elif isinstance(node, cst.SimpleString):
-            self.strings.add(str(node.evaluated_value))
-        elif isinstance(node, (cst.Param, cst.ClassDef)):
-            bound = {node.name.value}
-        elif isinstance(node, cst.ImportAlias):
-            bound = {str(node.evaluated_alias or node.evaluated_name).split(".")[0]}
-        elif isinstance(node, cst.AsName):
-            bound = _bound_names(node.name)
-        elif isinstance(node, TARGETED):
-            bound = _bound_names(node.target)
-        self.rebound |= bound
-        if bound and any(isinstance(n, SCOPES) for n in self._stack):
-            self.local |= bound
+    def defs(self, name: str) -> list[cst.FunctionDef]:
+        """Return every `def name` of the module, in any scope."""
+        found = (b.node for b in self.names.bindings(name) if b.kind is BindingKind.DEF)
+        return [d for d in found if isinstance(d, cst.FunctionDef)]
 
-
-# The node types `Survey._note` records something for.
-_NOTED = frozenset(
-    {
-        cst.FunctionDef,
-        cst.SimpleString,
-        cst.Param,
-        cst.ClassDef,
-        cst.ImportAlias,
-        cst.AsName,
-        *TARGETED,
-    }
-)
+    def rebound(self, name: str) -> bool:
+        """Return True if anything but a `def` binds `name` anywhere in the module."""
+        return any(b.kind is not BindingKind.DEF for b in self.names.bindings(name))
 
 
 @dataclass
@@ -590,7 +540,7 @@ class Pmap(Pass):
         self.applied: list[Site] = []
         self.reuse_helper = False
 
-    def has_candidates(self, tree: cst.Module, names: Names) -> bool:
+    def has_candidates(self, tree: cst.Module, names: ScopeModel) -> bool:
         return "pmap" in names.all_names
 
     # Finding ------------------------------------------------------------------------------
@@ -665,8 +615,8 @@ class Pmap(Pass):
         if fun is None or not isinstance(fun.value, cst.Name):
             return None
         name = fun.value.value
-        defs = self.survey.defs.get(name, [])
-        return defs[0] if len(defs) == 1 and name not in self.survey.rebound else None
+        defs = self.survey.defs(name)
+        return defs[0] if len(defs) == 1 and not self.survey.rebound(name) else None
 
     def _stack_decorators(self, sites: list[Site]) -> list[Site]:
         """Merge two stacked pmap decorators of one def into one site, a nested pmap."""
@@ -724,10 +674,11 @@ class Pmap(Pass):
     def _check_helper_name(self, module: cst.Module, sites: list[Site]) -> None:
         """Reuse the helper of an earlier run; skip everything if the name means another thing."""
         assert self.survey is not None
-        defs = self.survey.defs.get(HELPER, [])
+        defs = self.survey.defs(HELPER)
+        rebound = self.survey.rebound(HELPER)
         ours = [d for d in defs if d in module.body and _docstring(d) == HELPER_DOC]
-        self.reuse_helper = len(defs) == len(ours) == 1 and HELPER not in self.survey.rebound
-        if (defs or HELPER in self.survey.rebound) and not self.reuse_helper:
+        self.reuse_helper = len(defs) == len(ours) == 1 and not rebound
+        if (defs or rebound) and not self.reuse_helper:
             for site in sites:
                 site.skip = site.skip or f"the name `{HELPER}` is already used in this module"
 
@@ -852,9 +803,8 @@ class Pmap(Pass):
 
     def _spec_ref(self) -> tuple[cst.BaseExpression, tuple[str, str, str | None] | None]:
         """Return how to spell `PartitionSpec` here, and the import that spelling needs."""
-        assert self.survey is not None
-        local = self.resolver.module_binding(PARTITION_SPEC)
-        if local is not None and local not in self.survey.local:
+        local = self.resolver.module_binding(PARTITION_SPEC)  # one no function rebinds
+        if local is not None:
             return cst.Name(local), None
         for name, asname in (("P", "P"), ("PartitionSpec", None)):
             if local is None and self.resolver.is_free(name):

@@ -148,7 +148,7 @@ class WithMesh(Pass):
                 self.skip(verdict.item, reason)
             return updated_node
         root = self.meshes.root(original_node) or original_node
-        group = mesh_group(self._where(root)[0])
+        group = mesh_group(self.where(root)[0])
         items = list(updated_node.items)
         for verdict in legacy:
             index = next(i for i, it in enumerate(original_node.items) if it is verdict.item)
@@ -278,7 +278,7 @@ _ANY_WITH = re.compile(r"^[ \t]*(?:async[ \t]+)?with\b", re.MULTILINE)
 
 class _FindQualname(NameReads):
     def __init__(self, owner: Pass, qualnames: tuple[str, ...]) -> None:
-        super().__init__()
+        super().__init__(owner.resolver)
         self.owner = owner
         self.qualnames = qualnames
         self.found = False

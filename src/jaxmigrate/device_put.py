@@ -71,7 +71,7 @@ class RemovedDevicePut(AncestorTracking, Pass):
             args=[
                 _positional(first, self.stacked(first.value, devices.value)),
                 _positional(
-                    devices, make_leading_axis_sharding(self, self.bindings, devices.value)
+                    devices, make_leading_axis_sharding(self, self.resolver, devices.value)
                 ),
             ],
         )

@@ -18,7 +18,8 @@ from enum import Enum
 
 import libcst as cst
 
-from jaxmigrate.names import Names, Scope, _ScopeBuilder, dotted, walk
+from jaxmigrate.names import dotted, walk
+from jaxmigrate.scope import Binding, BindingKind, Scope, ScopeModel
 
 MESH_TYPES = frozenset(
     {"jax.sharding.Mesh", "jax.experimental.maps.Mesh", "jax.interpreters.pxla.Mesh"}
@@ -68,20 +69,23 @@ def _has_keyword(call: cst.Call, keyword: str) -> bool:
     return any(a.keyword is not None and a.keyword.value == keyword for a in call.args)
 
 
-class _Collector(_ScopeBuilder):
-    """The scope walk of `Names`, also recording which bindings make meshes and every `with`."""
+class _Collector(cst.CSTVisitor):
+    """Which bindings make meshes (read from the scope model), and every `with` with its
+    context (a walk of its own: these facts are this analysis's, not the model's)."""
 
-    def __init__(self, names: Names) -> None:
+    def __init__(self, names: ScopeModel) -> None:
         super().__init__()
         self.resolver = names
-        # Per (scope, name): one entry per binding recognised: the mesh-making call, or None
-        # for a value that is surely not a mesh. Unrecognised bindings are not recorded.
-        self.made: dict[tuple[Scope, str], list[cst.Call | None]] = {}
-        self.values: dict[tuple[Scope, str], list[cst.BaseExpression]] = {}
-        self.withs: list[tuple[cst.With, Scope, bool, tuple[cst.With, ...]]] = []
+        self.withs: list[tuple[cst.With, bool, tuple[cst.With, ...]]] = []
         self._open: list[cst.With] = []
         self.imports_jax = False
         self._traced = 0
+        # Per (scope, name): one entry per binding recognised: the mesh-making call, or None
+        # for a value that is surely not a mesh. Unrecognised bindings are not recorded.
+        self.made: dict[tuple[Scope, str], list[cst.Call | None]] = {}
+        for _, bindings in names.bound_names():
+            for binding in bindings:
+                self._record(binding)
 
     def mesh_call(self, node: cst.BaseExpression) -> cst.Call | None:
         """Return `node` if it is a call that makes a `jax.sharding.Mesh`."""
@@ -110,17 +114,31 @@ class _Collector(_ScopeBuilder):
             return node.value in ("None", "True", "False")
         return isinstance(node, literals)
 
-    def _record(
-        self, name: str, value: cst.BaseExpression, annotation: cst.Annotation | None
-    ) -> None:
-        call = self.mesh_call(value)
-        if call is None and annotation is not None and self._is_mesh_type(annotation):
-            call = cst.Call(func=annotation.annotation)
-        if call is not None or self._is_not_mesh(value):
-            self.made.setdefault((self.scope, name), []).append(call)
+    def _record(self, binding: Binding) -> None:
+        """Note whether `binding` makes a mesh, surely does not, or cannot be told."""
+        node, call = binding.node, None
+        if binding.kind is BindingKind.WITH and isinstance(node, cst.WithItem):
+            if node.asname is not None and isinstance(node.asname.name, cst.Name):
+                call = self.mesh_call(node.item)
+        elif binding.kind is BindingKind.PARAM and isinstance(node, cst.Param):
+            if node.star not in ("*", "**") and node.annotation is not None:
+                call = self._annotated_mesh(node.annotation)
+        elif binding.kind in (BindingKind.ASSIGN, BindingKind.ANNOTATED):
+            if binding.value is None:
+                return
+            call = self.mesh_call(binding.value)
+            annotation = node.annotation if isinstance(node, cst.AnnAssign) else None
+            if call is None and annotation is not None:
+                call = self._annotated_mesh(annotation)
+            if call is None and not self._is_not_mesh(binding.value):
+                return
+        if call is not None or binding.kind in (BindingKind.ASSIGN, BindingKind.ANNOTATED):
+            self.made.setdefault((binding.scope, binding.name), []).append(call)
 
-    def _is_mesh_type(self, annotation: cst.Annotation) -> bool:
-        return self.resolver.qualified_name(annotation.annotation) in MESH_TYPES
+    def _annotated_mesh(self, annotation: cst.Annotation) -> cst.Call | None:
+        if self.resolver.qualified_name(annotation.annotation) in MESH_TYPES:
+            return cst.Call(func=annotation.annotation)
+        return None
 
     def _is_tracing(self, decorator: cst.BaseExpression) -> bool:
         if isinstance(decorator, cst.Call):
@@ -130,54 +148,27 @@ class _Collector(_ScopeBuilder):
                 decorator = decorator.func
         return self.resolver.qualified_name(decorator) in TRACING
 
-    # Bindings -----------------------------------------------------------------------------
-    def visit_Assign(self, node: cst.Assign) -> None:
-        super().visit_Assign(node)
-        for target in node.targets:
-            if isinstance(target.target, cst.Name):
-                self._record(target.target.value, node.value, None)
-                self.values.setdefault((self.scope, target.target.value), []).append(node.value)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        super().visit_AnnAssign(node)
-        if node.value is not None and isinstance(node.target, cst.Name):
-            self._record(node.target.value, node.value, node.annotation)
-
-    def visit_WithItem(self, node: cst.WithItem) -> None:
-        super().visit_WithItem(node)
-        if node.asname is not None and isinstance(node.asname.name, cst.Name):
-            call = self.mesh_call(node.item)
-            if call is not None:
-                self.made.setdefault((self.scope, node.asname.name.value), []).append(call)
-
-    def _bind_params(self, params: cst.Parameters) -> None:
-        super()._bind_params(params)
-        for p in (*params.posonly_params, *params.params, *params.kwonly_params):
-            if p.annotation is not None and self._is_mesh_type(p.annotation):
-                made = cst.Call(func=p.annotation.annotation)
-                self.made.setdefault((self.scope, p.name.value), []).append(made)
-
-    def visit_Import(self, node: cst.Import) -> None:
-        super().visit_Import(node)
+    # Imports, functions and withs ---------------------------------------------------------
+    def visit_Import(self, node: cst.Import) -> bool:
         for alias in node.names:
             self.imports_jax |= (dotted(alias.name) or "").split(".")[0] == "jax"
+        return False
 
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-        super().visit_ImportFrom(node)
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
         if not node.relative and node.module is not None:
             self.imports_jax |= (dotted(node.module) or "").split(".")[0] == "jax"
+        return False
 
-    # Scopes and contexts ------------------------------------------------------------------
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         traced = any(self._is_tracing(d.decorator) for d in node.decorators)
         self._traced += traced
-        super().visit_FunctionDef(node)
+        walk(self, node.body)
         self._traced -= traced
         return False
 
     def visit_With(self, node: cst.With) -> None:
         if node.asynchronous is None:
-            self.withs.append((node, self.scope, self._traced > 0, tuple(self._open)))
+            self.withs.append((node, self._traced > 0, tuple(self._open)))
         self._open.append(node)
 
     def leave_With(self, original_node: cst.With) -> None:
@@ -187,15 +178,15 @@ class _Collector(_ScopeBuilder):
 class MeshFinder:
     """The mesh-like items of every `with` statement of one module."""
 
-    def __init__(self, module: cst.Module, names: Names) -> None:
+    def __init__(self, module: cst.Module, names: ScopeModel) -> None:
         collector = _Collector(names)
         walk(collector, module)
         self._collector = collector
         self._items: dict[int, tuple[MeshItem, ...]] = {}
         self._outer: dict[int, tuple[cst.With, ...]] = {}
-        for node, scope, traced, outer in collector.withs:
+        for node, traced, outer in collector.withs:
             self._outer[id(node)] = outer
-            verdicts = (self._classify(item, scope, traced) for item in node.items)
+            verdicts = (self._classify(item, traced) for item in node.items)
             found = tuple(v for v in verdicts if v is not None)
             if found:
                 self._items[id(node)] = found
@@ -221,15 +212,15 @@ class MeshFinder:
 
     def assigned(self, node: cst.Name) -> cst.BaseExpression | None:
         """Return `value` if the only binding `node` (an original node) sees is `name = value`."""
-        scope = self._collector.scope_of.get(id(node))
-        owner = None if scope is None else scope.lookup_scope(node.value)
-        if owner is None or len(owner.bindings[node.value]) != 1:
+        resolver = self._collector.resolver
+        owner = resolver.lookup(node.value, resolver.scope_of(node))
+        here = [] if owner is None else owner.assigning(node.value)
+        if len(here) != 1 or here[0].kind is not BindingKind.ASSIGN:
             return None
-        values = self._collector.values.get((owner, node.value), [])
-        return values[0] if len(values) == 1 else None
+        return here[0].value
 
-    def _classify(self, item: cst.WithItem, scope: Scope, traced: bool) -> MeshItem | None:
-        verdict = self._expression(item, scope)
+    def _classify(self, item: cst.WithItem, traced: bool) -> MeshItem | None:
+        verdict = self._expression(item)
         if verdict is None or verdict.kind is not Kind.LEGACY:
             return verdict
         if traced:
@@ -242,7 +233,7 @@ class MeshFinder:
             return MeshItem(item, Kind.KEPT, why)
         return verdict
 
-    def _expression(self, item: cst.WithItem, scope: Scope) -> MeshItem | None:
+    def _expression(self, item: cst.WithItem) -> MeshItem | None:
         node = item.item
         resolver = self._collector.resolver
         if isinstance(node, cst.Call):
@@ -259,7 +250,7 @@ class MeshFinder:
                 return MeshItem(item, Kind.UNSURE, why)
             return None
         if isinstance(node, cst.Name):
-            return self._name(item, node, scope)
+            return self._name(item, node)
         if isinstance(node, cst.Attribute):
             text = dotted(node)
             qualname = resolver.qualified_name(node) or ""
@@ -269,14 +260,15 @@ class MeshFinder:
                 return MeshItem(item, Kind.LEGACY, f"`{text}` is assumed a Mesh from its name")
         return None
 
-    def _name(self, item: cst.WithItem, node: cst.Name, scope: Scope) -> MeshItem | None:
+    def _name(self, item: cst.WithItem, node: cst.Name) -> MeshItem | None:
         name = node.value
-        qualname = self._collector.resolver.qualified_name(node)
+        resolver = self._collector.resolver
+        qualname = resolver.qualified_name(node)
         if qualname is not None and qualname.startswith("jax"):
             return None
-        owner = scope.lookup_scope(name)
+        owner = resolver.lookup(name, resolver.scope_of(node))
         made = [] if owner is None else self._collector.made.get((owner, name), [])
-        bound = 0 if owner is None else len(owner.bindings[name])
+        bound = 0 if owner is None else len(owner.assigning(name))
         calls = [c for c in made if c is not None]
         if made and len(calls) == bound == len(made):
             notes = {self._collector.note(c) for c in calls} - {""}
@@ -295,26 +287,26 @@ class MeshFinder:
 
 
 class NameReads(cst.CSTVisitor):
-    """Calls `read` for every Name or Attribute that reads a value.
+    """Calls `read` for every Name that reads a variable (`ScopeModel.is_read`) and for every
+    Attribute, outside imports.
 
-    Import aliases, keyword names, parameters, `def`/`class` names and assignment targets are not
-    reads. The pjit pass (which pjit references it leaves) and the with-mesh pass (whether a
-    `with` still holds a pjit) must agree on this, so both use it.
+    The pjit pass (which pjit references it leaves) and the with-mesh pass (whether a `with`
+    still holds a pjit) must agree on this, so both use it. Visit original nodes of the module
+    `names` describes.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, names: ScopeModel) -> None:
         super().__init__()
-        self.not_reads: set[int] = set()
+        self.names = names
 
     def read(self, node: cst.Name | cst.Attribute) -> None:
         """Handle one read; subclasses override."""
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
-        self.not_reads.add(id(node.attr))
         self.read(node)
 
     def visit_Name(self, node: cst.Name) -> None:
-        if id(node) not in self.not_reads:
+        if self.names.is_read(node):
             self.read(node)
 
     def visit_Import(self, node: cst.Import) -> bool:
@@ -322,28 +314,6 @@ class NameReads(cst.CSTVisitor):
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
         return False
-
-    def visit_Arg(self, node: cst.Arg) -> None:
-        if node.keyword is not None:
-            self.not_reads.add(id(node.keyword))
-
-    def visit_Param(self, node: cst.Param) -> None:
-        self.not_reads.add(id(node.name))
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self.not_reads.add(id(node.name))
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self.not_reads.add(id(node.name))
-
-    def visit_AsName(self, node: cst.AsName) -> None:
-        self.not_reads.add(id(node.name))
-
-    def visit_NameItem(self, node: cst.NameItem) -> None:
-        self.not_reads.add(id(node.name))
-
-    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
-        self.not_reads.add(id(node.target))
 
 
 def string_elements(elements: Sequence[cst.BaseElement]) -> list[cst.SimpleString] | None:

@@ -19,12 +19,11 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from jaxmigrate.imports import ImportRequest, add_imports, remove_unused_imports
 from jaxmigrate.model import LATEST_JAX, Safety, Site, Skip
-from jaxmigrate.names import Names
 from jaxmigrate.positions import LazyPositions, Positions
+from jaxmigrate.scope import ScopeModel
 from jaxmigrate.textio import source_lines
 
 if TYPE_CHECKING:
-    from jaxmigrate.cstutil import Bindings
     from jaxmigrate.facts import AstFacts, Outline
 
 STATE_KEY = "jaxmigrate.state"
@@ -33,7 +32,7 @@ SUPPRESS = re.compile(r"#\s*jaxmigrate:\s*skip(?:\[([A-Za-z0-9,\s]+)\])?")
 
 
 class ModuleCache:
-    """Name resolution and positions of a module, computed lazily and shared by the passes.
+    """The scope model and positions of a module, computed lazily and shared by the passes.
 
     The engine keeps a pass's input module when the pass changed nothing, so these carry over
     to the next pass: most passes resolve names once and never compute positions at all.
@@ -45,17 +44,16 @@ class ModuleCache:
         self.watch = frozenset(watch)
         self.watch_types = watch_types
         self._module: cst.Module | None = None
-        self._names: Names | None = None
+        self._names: ScopeModel | None = None
         self._positions: Positions | LazyPositions | None = None
         self._code: str | None = None
         self._lines: list[str] | None = None
-        self._bindings: Bindings | None = None
         self._outline: Outline | None = None
 
     def _switch(self, module: cst.Module) -> None:
         if module is not self._module:
             self._module, self._names, self._positions = module, None, None
-            self._code, self._lines, self._bindings = None, None, None
+            self._code, self._lines = None, None
             self._outline = None
 
     def seed(self, module: cst.Module, code: str, outline: Outline | None = None) -> None:
@@ -72,15 +70,6 @@ class ModuleCache:
             self._code = module.code
         return self._code
 
-    def bindings(self, module: cst.Module) -> Bindings:
-        """Return where every name of `module` is bound (`cstutil.Bindings`)."""
-        from jaxmigrate.cstutil import Bindings  # cstutil builds on this module
-
-        self._switch(module)
-        if self._bindings is None:
-            self._bindings = Bindings.of(module)
-        return self._bindings
-
     def lines(self, module: cst.Module) -> list[str]:
         """Return the lines of `module`'s code (see `textio.source_lines`)."""
         self._switch(module)
@@ -88,11 +77,12 @@ class ModuleCache:
             self._lines = source_lines(self.code(module))
         return self._lines
 
-    def names(self, module: cst.Module) -> Names:
-        """Return the resolver for `module`."""
+    def names(self, module: cst.Module) -> ScopeModel:
+        """Return the scope model of `module` (scopes, bindings, what names mean), built by one
+        walk per module version."""
         self._switch(module)
         if self._names is None:
-            self._names = Names(module, self.watch, self.watch_types)
+            self._names = ScopeModel(module, self.watch, self.watch_types)
         return self._names
 
     def positions(self, module: cst.Module) -> Positions | LazyPositions:
@@ -170,7 +160,7 @@ class Pass(CodemodCommand, cst.CSTTransformer):
             state = FileState()
             context.scratch[STATE_KEY] = state
         self.state: FileState = state
-        self.names: Names | None = None
+        self.names: ScopeModel | None = None
         self._input: cst.Module | None = None
         self._visit_only: frozenset[int] | None = None
         self.unused_candidates: set[str] = set()
@@ -240,12 +230,6 @@ class Pass(CodemodCommand, cst.CSTTransformer):
             return super().get_metadata(key, node)
         return super().get_metadata(key, node, default)
 
-    @property
-    def bindings(self) -> Bindings:
-        """Where every name of the module being transformed is bound (built on first use)."""
-        assert self._input is not None
-        return self.state.cache.bindings(self._input)
-
     def line_of(self, node: cst.CSTNode) -> str:
         """Return the line of the module being transformed that `node` (original) starts on."""
         assert self._input is not None
@@ -258,12 +242,14 @@ class Pass(CodemodCommand, cst.CSTTransformer):
             tree = add_imports(tree, self.import_requests)
         return tree
 
-    def has_candidates(self, tree: cst.Module, names: Names) -> bool:
+    def has_candidates(self, tree: cst.Module, names: ScopeModel) -> bool:
         """Return False when the module surely holds no site; the default asks the pass."""
         return True
 
     @property
-    def resolver(self) -> Names:
+    def resolver(self) -> ScopeModel:
+        """The scope model of the module being transformed (the same for every pass that
+        leaves it unchanged): ask it what names mean and where they are bound."""
         assert self.names is not None, "names are resolved in transform_module"
         return self.names
 
@@ -272,7 +258,8 @@ class Pass(CodemodCommand, cst.CSTTransformer):
         return self.resolver.qualified_name(node)
 
     # Recording ----------------------------------------------------------------------------
-    def _where(self, node: cst.CSTNode) -> tuple[int, int]:
+    def where(self, node: cst.CSTNode) -> tuple[int, int]:
+        """Return the original line and 1-based column of `node` (a node of the input)."""
         pos: CodeRange = self.get_metadata(PositionProvider, node)
         return self.state.line_map(pos.start.line), pos.start.column + 1
 
@@ -291,7 +278,7 @@ class Pass(CodemodCommand, cst.CSTTransformer):
         `requires` names rules (codes) whose sites this one cannot do without (its group's other
         members): when one is not selected, the site is skipped with that reason.
         """
-        line, col = self._where(node)
+        line, col = self.where(node)
         if self.state.suppressed(line, self.CODE):
             self.state.skips.append(
                 Skip(self.CODE, self.NAME, line, col, "suppressed by comment", suppressed=True)
@@ -332,7 +319,7 @@ class Pass(CodemodCommand, cst.CSTTransformer):
 
     def skip(self, node: cst.CSTNode, reason: str) -> None:
         """Record that the construct at `node` is left alone on purpose, and why."""
-        line, col = self._where(node)
+        line, col = self.where(node)
         suppressed = self.state.suppressed(line, self.CODE)
         self.state.skips.append(
             Skip(
