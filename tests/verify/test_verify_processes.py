@@ -20,10 +20,12 @@ import pytest
 from multihost import run_job
 
 from jaxmigrate.config import load_config
-from jaxmigrate.model import Status
-from jaxmigrate.verify.config import Verdict, VerifyConfig
+from jaxmigrate.model import Safety, Site, Status
+from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
+from jaxmigrate.verify.planner import plan_all
 from jaxmigrate.verify.pool import combine
 from jaxmigrate.verify.processes import DeviceSplitError, processes_hint
+from jaxmigrate.verify.session import with_processes_hint
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "multihost"
 JAXMIGRATE = [sys.executable, "-m", "jaxmigrate"]
@@ -158,18 +160,14 @@ def test_one_process_that_disagrees_fails_the_site() -> None:
 
 
 def test_the_processes_hint_reaches_the_verdict(tmp_path: Path) -> None:
-    from jaxmigrate.verify.session import with_processes_hint
-
-    class Request:
-        original = "import jax\nrank = jax.process_index()\n"
-
-    class Plan:
-        request = Request()
-
+    text = "import jax\n\n\ndef step(x):\n    return x * jax.process_index()\n"
+    site = Site("JM000", "hand-migration", 5, 5, Safety.UNSAFE, "changed", key="changed:step")
+    (plan,), _ = plan_all([VerifyRequest("m.py", text, text, (site,))], tmp_path)
     verdict = Verdict(Status.VERIFIED, "agrees with the original on 1 recorded call(s)")
-    config = VerifyConfig(tmp_path)
-    out = with_processes_hint(verdict, Plan(), config)  # type: ignore[arg-type]
-    assert out.reason.endswith("verify it as a multi-process job too (--processes 2)")
+    out = with_processes_hint(verdict, plan, VerifyConfig(tmp_path))
+    assert out.reason == (
+        "agrees with the original on 1 recorded call(s); the code calls jax.process_index: "
+        "verify it as a multi-process job too (--processes 2)"
+    )
     assert out.details["processes_hint"]
-    two = VerifyConfig(tmp_path, processes=2)
-    assert with_processes_hint(verdict, Plan(), two) is verdict  # type: ignore[arg-type]
+    assert with_processes_hint(verdict, plan, VerifyConfig(tmp_path, processes=2)) is verdict
