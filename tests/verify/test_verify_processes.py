@@ -157,6 +157,10 @@ def test_one_process_that_disagrees_fails_the_site() -> None:
     out = combine("candidate", [differs, raised, agree])
     assert out["error"] == "RuntimeError: boom [process 1 of 3; process 0: outputs differ]"
     assert combine("original", [agree]) is agree
+    # a process that fell back on another reference ran other code than its peers
+    ran = [{"ok": True, "reference": "original"}, {"ok": True, "reference": "vmap-oracle"}]
+    out = combine("original", ran)
+    assert not out["ok"] and "process 1: vmap-oracle" in out["error"]
 
 
 def test_the_processes_hint_reaches_the_verdict(tmp_path: Path) -> None:

@@ -314,6 +314,10 @@ def combine(side: str, replies: list[dict[str, Any]]) -> dict[str, Any]:
         first, *rest = raised + differ
         others = [f"process {i}: {'raised' if i in raised else 'outputs differ'}" for i in rest]
         return tagged(replies[first], first, count, others)
+    references = [r.get("reference") for r in replies]
+    if len(set(references)) > 1:  # each process fell back on its own: nothing coherent ran
+        ran = ", ".join(f"process {i}: {ref}" for i, ref in enumerate(references))
+        return {"ok": False, "stage": "call", "error": f"the processes ran different code ({ran})"}
     out = dict(replies[0])
     for key in ("max_abs_err", "max_rel_err"):
         if key in out:
