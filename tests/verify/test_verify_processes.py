@@ -110,6 +110,28 @@ def test_a_global_array_migration_verifies_and_gives_every_process_the_oracle(
         np.testing.assert_allclose(weights(out), oracle_weights(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.jax
+def test_each_process_gets_its_own_synthesized_data(repo: Path) -> None:
+    # With identical data in every process, a mean over one process's devices equals the mean
+    # over all of them: only per-process inputs expose a rewrite that never leaves its process.
+    shutil.copyfile(DATA / "train_local_mesh.py", repo / "train.py")
+    proc = subprocess.run(
+        [*JAXMIGRATE, "verify", "--against", "HEAD", "--processes", "2"],
+        cwd=repo,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "[unsafe, failed]" in proc.stdout
+    assert (
+        "outputs differ" in proc.stdout
+        and "[process 0 of 2; process 1: outputs differ]" in proc.stdout
+    )
+    assert "synthesized" not in proc.stdout  # the reason is the difference, not the inputs
+
+
 def test_devices_must_split_evenly_between_processes(tmp_path: Path) -> None:
     (tmp_path / "m.py").write_text("x = 1\n")
     for command in (["run", "m.py"], ["verify", "--against", "HEAD"]):
