@@ -129,9 +129,9 @@ class Settings:
             python=self.python,
             verify_with=self.verify_with,
             timeout=self.timeout,
-            processes=self.processes,
             passes=self.options.passes(),
             workdir=Path.cwd(),
+            processes=self.processes,
         )
 
 
