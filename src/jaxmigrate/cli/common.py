@@ -75,6 +75,17 @@ DevicesOpt = Annotated[
 PythonOpt = Annotated[
     str | None, typer.Option("--python", help="Interpreter that runs the project's code.")
 ]
+ProcessesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--processes",
+        min=1,
+        help=(
+            "Verify as an N-process JAX job on this machine (jax.distributed on localhost, "
+            "the --devices split evenly between the processes; default 1)."
+        ),
+    ),
+]
 TimeoutOpt = Annotated[
     float | None, typer.Option("--timeout", min=1, help="Seconds allowed per site (default 120).")
 ]
@@ -99,6 +110,7 @@ class Settings:
     verify_with: str | None = None
     timeout: float = 120.0
     cache: bool = True
+    processes: int = 1
 
     def open_cache(self) -> ResultCache | None:
         """Return the result cache under the project root, or None with `--no-cache`."""
@@ -118,6 +130,7 @@ class Settings:
             timeout=self.timeout,
             passes=chosen_passes(self.options),
             workdir=Path.cwd(),
+            processes=self.processes,
         )
 
 
@@ -160,6 +173,7 @@ def resolve_settings(
     verify_with: str | None = None,
     timeout: float | None = None,
     no_cache: bool = False,
+    processes: int | None = None,
 ) -> Settings:
     """Merge command-line flags over the nearest pyproject's `[tool.jaxmigrate]`."""
     try:
@@ -179,6 +193,8 @@ def resolve_settings(
         unsafe_fixes=bool(unsafe_fixes if unsafe_fixes is not None else config.unsafe_fixes),
         target_jax=parse_version(target_text) if target_text else installed_jax(),
     )
+    chosen_devices = devices or config.devices or 8
+    chosen_processes = check_processes(chosen_devices, processes or config.processes or 1)
     return Settings(
         paths=tuple(paths),
         options=options,
@@ -186,12 +202,24 @@ def resolve_settings(
         jobs=jobs or config.jobs or 1,
         verify=not no_verify,
         root=project_root(list(paths), config),
-        devices=devices or config.devices or 8,
+        devices=chosen_devices,
+        processes=chosen_processes,
         python=python or config.python or sys.executable,
         verify_with=verify_with or config.verify_with,
         timeout=timeout or config.timeout or 120.0,
         cache=not no_cache,
     )
+
+
+def check_processes(devices: int, processes: int) -> int:
+    """Return `processes` if the devices split evenly between them; raise UsageError if not."""
+    from jaxmigrate.verify.processes import DeviceSplitError, devices_per_process
+
+    try:
+        devices_per_process(devices, processes)
+    except DeviceSplitError as exc:
+        raise UsageError(str(exc)) from None
+    return processes
 
 
 def project_root(paths: list[Path], config: FileConfig) -> Path:

@@ -19,6 +19,7 @@ from jaxmigrate.cli.common import (
     NoCacheOpt,
     NoVerifyOpt,
     PathsArg,
+    ProcessesOpt,
     PythonOpt,
     ReportOpt,
     SelectOpt,
@@ -66,6 +67,7 @@ def run(
     no_verify: NoVerifyOpt = False,
     verify_with: VerifyWithOpt = None,
     devices: DevicesOpt = None,
+    processes: ProcessesOpt = None,
     python: PythonOpt = None,
     timeout: TimeoutOpt = None,
     select: SelectOpt = None,
@@ -90,6 +92,7 @@ def run(
             unsafe_fixes=unsafe_fixes,
             no_verify=no_verify,
             devices=devices,
+            processes=processes,
             python=python,
             verify_with=verify_with,
             timeout=timeout,
@@ -162,6 +165,7 @@ def verify_unsafe(results: list[FileResult], settings: Settings) -> list[FileRes
     message = (
         f"verifying {unsafe} unsafe site(s) in {files} file(s) on {settings.devices} "
         f"simulated CPU devices"
+        + (f" in {settings.processes} processes" if settings.processes > 1 else "")
         + (f", inputs from `{settings.verify_with}`" if settings.verify_with else "")
     )
     with stderr().status(message):

@@ -14,11 +14,13 @@ from jaxmigrate.cli.common import (
     DevicesOpt,
     FormatOpt,
     JobsOpt,
+    ProcessesOpt,
     PythonOpt,
     ReportOpt,
     TimeoutOpt,
     UsageError,
     VerifyWithOpt,
+    check_processes,
     project_root,
     stderr,
     stdout,
@@ -53,6 +55,7 @@ def verify(
     against: AgainstOpt = "HEAD",
     verify_with: VerifyWithOpt = None,
     devices: DevicesOpt = None,
+    processes: ProcessesOpt = None,
     python: PythonOpt = None,
     jobs: JobsOpt = None,
     timeout: TimeoutOpt = 120.0,
@@ -69,9 +72,11 @@ def verify(
     try:
         config = load_config(find_pyproject(chosen))
         root = project_root(chosen, config)
+        chosen_devices = devices or config.devices or 8
         settings = VerifyConfig(
             root=root,
-            devices=devices or config.devices or 8,
+            devices=chosen_devices,
+            processes=check_processes(chosen_devices, processes or config.processes or 1),
             python=python or config.python or sys.executable,
             verify_with=verify_with or config.verify_with,
             timeout=timeout or config.timeout or 120.0,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jaxmigrate.model import Site, Status
+from jaxmigrate.verify.processes import devices_per_process
 
 if TYPE_CHECKING:
     from jaxmigrate.passes import Pass
@@ -31,7 +32,9 @@ class VerifyConfig:
     and `memory_limit` each worker's address space (bytes, 0 for none); `jobs` is the number of
     worker pairs (one original, one candidate process each); `synthesize` allows inputs built
     from the call's structure; `passes` (default: the registry) re-derives a file's rewrite with
-    only some sites enabled when a request gives no `rewrite`.
+    only some sites enabled when a request gives no `rewrite`. With `processes` N > 1 the
+    recorded command and every worker run as N-process JAX jobs on this machine (`devices` split
+    evenly between them, else DeviceSplitError), and a site holds only if it holds in every process.
     """
 
     root: Path
@@ -46,6 +49,10 @@ class VerifyConfig:
     record_timeout: float = 1800.0
     passes: tuple[type[Pass], ...] | None = None
     workdir: Path | None = None
+    processes: int = 1
+
+    def __post_init__(self) -> None:
+        devices_per_process(self.devices, self.processes)  # raises DeviceSplitError
 
     def command_dir(self, copy_root: Path) -> Path:
         """Return where `verify_with` runs in a copy: the user's working directory, mirrored."""

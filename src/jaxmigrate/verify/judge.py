@@ -9,6 +9,7 @@ the inputs, not the rewrite, are at fault (`unverified`).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from jaxmigrate.model import Status
@@ -16,6 +17,7 @@ from jaxmigrate.verify.config import Verdict
 from jaxmigrate.verify.planner import Plan
 from jaxmigrate.verify.pool import Reply
 
+PROCESS_TAG = re.compile(r" \[process \d+ of \d+[^\]]*\]$")  # pool.tagged, multi-process jobs
 KEPT = (
     "reference",
     "reference_errors",
@@ -64,7 +66,7 @@ def original_verdict(plan: Plan, reply: Reply) -> Verdict | None:
 
 def same_error(original: dict[str, Any], error: str) -> bool:
     """Return True if the rewrite raised what the original raised before a reference ran."""
-    message = error.split(" (at ")[0]
+    message = PROCESS_TAG.sub("", error).split(" (at ")[0]
     return any(
         e.split(": ", 1)[-1].split(" (at ")[0] == message
         for e in original.get("reference_errors", [])

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from jaxmigrate.verify.config import VerifyConfig
+from jaxmigrate.verify.processes import coordinator_address, process_env
 from jaxmigrate.verify.workspace import CHILD_PACKAGE, Workspace
 
 STARTUP_TIMEOUT = 120.0
@@ -37,15 +38,18 @@ class Reply:
 
 
 def child_env(
-    config: VerifyConfig, ws: Workspace, extra_path: tuple[Path, ...] = ()
+    config: VerifyConfig,
+    ws: Workspace,
+    extra_path: tuple[Path, ...] = (),
+    process: int = 0,
+    coordinator: str = "",
 ) -> dict[str, str]:
-    """Return the environment of a child: the simulated mesh, CPU only, our package on the path."""
-    env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
-    env["XLA_FLAGS"] = " ".join(
-        [*flags, f"--xla_force_host_platform_device_count={config.devices}"]
-    )
-    env["JAX_PLATFORMS"] = "cpu"
+    """Return the environment of a child: the simulated mesh, CPU only, our package on the path.
+
+    With `config.processes` > 1 it is process `process` of a job coordinated at `coordinator`,
+    with its share of the devices.
+    """
+    env = process_env(os.environ, process, config.processes, config.devices, coordinator)
     env.setdefault("PYTHONHASHSEED", "0")
     path = [str(p) for p in (*extra_path, ws.child)]
     env["PYTHONPATH"] = os.pathsep.join([*path, *filter(None, [env.get("PYTHONPATH")])])
@@ -91,22 +95,103 @@ def exit_reason(returncode: int | None) -> str:
     return f"exited with status {returncode}"
 
 
+class Process:
+    """One OS process of a worker: its pipes, its unread output and its log."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.buffer = b""
+
+    def spawn(self, command: list[str], cwd: Path, env: dict[str, str]) -> str:
+        """Start the process; return why it could not start, or ''."""
+        self.buffer = b""
+        with self.log.open("ab") as log:
+            try:
+                self.proc = subprocess.Popen(
+                    command,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    cwd=cwd,
+                    env=env,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                self.proc = None
+                return f"{command[0]}: {exc.strerror or exc}"
+        return ""
+
+    def fileno(self) -> int:
+        assert self.proc is not None and self.proc.stdout is not None
+        return self.proc.stdout.fileno()
+
+    def line(self) -> bytes | None:
+        """Return a complete line already read, or None."""
+        if b"\n" not in self.buffer:
+            return None
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line
+
+    def read(self) -> bool:
+        """Read what is available; return False at end of file."""
+        chunk = os.read(self.fileno(), 1 << 16)
+        self.buffer += chunk
+        return bool(chunk)
+
+    def send(self, data: bytes) -> bool:
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return False
+        return True
+
+    def ended(self) -> str:
+        """Return how the (dead or dying) process ended, with the telling line of its log."""
+        assert self.proc is not None
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = None
+        detail = telling_line(self.log)
+        return exit_reason(code) + (f": {detail}" if detail else "")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stdin: IO[bytes] | None = self.proc.stdin
+            kill_group(self.proc)
+            for stream in (stdin, self.proc.stdout):
+                if stream is not None:
+                    stream.close()
+        self.proc = None
+        self.buffer = b""
+
+
 class Worker:
-    """One worker process for one side; restarted after any fault."""
+    """One worker for one side: one process, or the N processes of a multi-process JAX job.
+
+    Every request goes to every process; the replies are combined into one (`combine`). Any
+    fault of one process (a hang, a crash) stops them all: its peers would wait for it in their
+    collectives. The next request starts a new job, on a fresh coordinator port.
+    """
 
     def __init__(self, side: str, config: VerifyConfig, ws: Workspace, index: int) -> None:
         self.side = side
         self.config = config
         self.ws = ws
-        self.log = ws.logs / f"{side}-{index}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        count = config.processes
+        names = [f"{side}-{index}" + (f".p{i}" if count > 1 else "") for i in range(count)]
+        self.processes = [Process(ws.logs / f"{name}.log") for name in names]
+        self.log = self.processes[0].log
+        self.started = False
         self.ready = False
-        self.buffer = b""
         self.spawn_error = ""
         self.spawn()
 
     def spawn(self) -> None:
-        """Start the process; it imports JAX in the background until the first request."""
+        """Start the processes; they import JAX (and join their job) until the first request."""
         root = self.ws.tree(self.side)
         command = [
             self.config.python,
@@ -120,70 +205,63 @@ class Worker:
             str(self.config.memory_limit),
         ]
         self.ready = False
-        self.buffer = b""
-        self.spawn_error = ""
-        with self.log.open("ab") as log:
-            try:
-                self.proc = subprocess.Popen(
-                    command,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=log,
-                    cwd=root,
-                    env=child_env(self.config, self.ws),
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                self.proc = None
-                self.spawn_error = f"{self.config.python}: {exc.strerror or exc}"
+        coordinator = coordinator_address() if len(self.processes) > 1 else ""
+        errors = [
+            p.spawn(command, root, child_env(self.config, self.ws, (), i, coordinator))
+            for i, p in enumerate(self.processes)
+        ]
+        self.spawn_error = next((e for e in errors if e), "")
+        self.started = not self.spawn_error
+        if not self.started:
+            self.stop()
 
-    def readline(self, deadline: float) -> bytes | None:
-        """Return the next line from the worker, None at EOF; raise TimeoutError at deadline."""
-        assert self.proc is not None and self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self.buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError
-            readable, _, _ = select.select([fd], [], [], remaining)
-            if readable:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    return None
-                self.buffer += chunk
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        return line
+    def tag(self, index: int) -> str:
+        """Return ' [process i of n]' in a multi-process job, else ''."""
+        count = len(self.processes)
+        return f" [process {index} of {count}]" if count > 1 else ""
 
     def receive(self, timeout: float) -> Reply:
-        """Wait for one reply; turn silence or death into a fault."""
-        try:
-            line = self.readline(time.monotonic() + timeout)
-        except TimeoutError:
-            self.stop()
-            return Reply({}, f"timed out after {timeout:g} s", kind="timeout")
-        if line is None:
-            return self.died()
-        try:
-            return Reply(json.loads(line))
-        except json.JSONDecodeError:
-            self.stop()
-            return Reply({}, f"sent garbage: {line[:100]!r}", kind="crash")
+        """Wait for one reply from every process; turn silence or death into a fault."""
+        deadline = time.monotonic() + timeout
+        lines: dict[int, bytes] = {}
+        while len(lines) < len(self.processes):
+            for i, process in enumerate(self.processes):
+                if i not in lines and (line := process.line()) is not None:
+                    lines[i] = line
+            waiting = [p for i, p in enumerate(self.processes) if i not in lines]
+            if not waiting:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                slow = [i for i in range(len(self.processes)) if i not in lines]
+                self.stop()
+                return Reply({}, f"timed out after {timeout:g} s{self.tag(slow[0])}", "timeout")
+            readable, _, _ = select.select(waiting, [], [], remaining)
+            for process in readable:
+                if not process.read():
+                    return self.died(self.processes.index(process))
+        return self.decode(lines)
 
-    def died(self) -> Reply:
-        assert self.proc is not None
-        try:
-            code = self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            code = None
+    def decode(self, lines: dict[int, bytes]) -> Reply:
+        replies = []
+        for i in range(len(self.processes)):
+            try:
+                replies.append(json.loads(lines[i]))
+            except json.JSONDecodeError:
+                self.stop()
+                return Reply({}, f"sent garbage: {lines[i][:100]!r}{self.tag(i)}", kind="crash")
+        return Reply(combine(self.side, replies))
+
+    def died(self, index: int) -> Reply:
+        reason = self.processes[index].ended()
         self.stop()
-        detail = telling_line(self.log)
-        return Reply({}, exit_reason(code) + (f": {detail}" if detail else ""), kind="crash")
+        return Reply({}, reason + self.tag(index), kind="crash")
 
     def ensure_ready(self) -> Reply | None:
         """Start the worker if needed and wait until JAX is up; return a fault, or None."""
-        if self.proc is None:
+        if not self.started:
             self.spawn()
-        if self.proc is None:
+        if not self.started:
             return Reply({}, f"could not start a worker: {self.spawn_error}", kind="start")
         if self.ready:
             return None
@@ -193,14 +271,13 @@ class Worker:
         self.ready = True
         return None
 
-    def send(self, message: dict[str, Any]) -> bool:
-        assert self.proc is not None and self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            return False
-        return True
+    def send(self, message: dict[str, Any]) -> int | None:
+        """Send `message` to every process; return the index of one that is gone, or None."""
+        data = json.dumps(message).encode() + b"\n"
+        for i, process in enumerate(self.processes):
+            if not process.send(data):
+                return i
+        return None
 
     def request(self, message: dict[str, Any], timeout: float) -> Reply:
         """Send one request and return the reply (or the fault)."""
@@ -208,18 +285,52 @@ class Worker:
         if fault is not None:
             self.stop()
             return fault
-        if not self.send(message):
-            return self.died()
+        gone = self.send(message)
+        if gone is not None:
+            return self.died(gone)
         return self.receive(timeout)
 
     def stop(self) -> None:
-        """Kill the worker (and whatever it forked); the next request starts a new one."""
-        if self.proc is not None:
-            stdin: IO[bytes] | None = self.proc.stdin
-            kill_group(self.proc)
-            for stream in (stdin, self.proc.stdout):
-                if stream is not None:
-                    stream.close()
-        self.proc = None
+        """Kill every process (and whatever they forked); the next request starts a new job."""
+        for process in self.processes:
+            process.stop()
+        self.started = False
         self.ready = False
-        self.buffer = b""
+
+
+def combine(side: str, replies: list[dict[str, Any]]) -> dict[str, Any]:
+    """Return one reply standing for the replies of every process of a job.
+
+    The site holds only if it holds in every process: the first process whose code raised is
+    the reply (tagged with its index), else the first whose outputs differ, else process 0's
+    reply with the largest errors of all.
+    """
+    if len(replies) == 1 or "ready" in replies[0]:
+        return replies[0]
+    count = len(replies)
+    raised = [i for i, r in enumerate(replies) if not r.get("ok")]
+    differ = [i for i, r in enumerate(replies) if r.get("ok") and r.get("equal") is False]
+    if raised or differ:
+        first, *rest = raised + differ
+        others = [f"process {i}: {'raised' if i in raised else 'outputs differ'}" for i in rest]
+        return tagged(replies[first], first, count, others)
+    references = [r.get("reference") for r in replies]
+    if len(set(references)) > 1:  # each process fell back on its own: nothing coherent ran
+        ran = ", ".join(f"process {i}: {ref}" for i, ref in enumerate(references))
+        return {"ok": False, "stage": "call", "error": f"the processes ran different code ({ran})"}
+    out = dict(replies[0])
+    for key in ("max_abs_err", "max_rel_err"):
+        if key in out:
+            out[key] = max(float(r.get(key, 0.0)) for r in replies)
+    return out | {"processes": count}
+
+
+def tagged(reply: dict[str, Any], index: int, count: int, others: list[str]) -> dict[str, Any]:
+    """Return a process's reply with its index in the message that will become the reason."""
+    tag = f" [process {index} of {count}" + "".join(f"; {o}" for o in others) + "]"
+    out = dict(reply) | {"process": index}
+    if "error" in out:
+        out["error"] = f"{out['error']}{tag}"
+    if isinstance(out.get("mismatch"), dict):
+        out["mismatch"] = out["mismatch"] | {"why": f"{out['mismatch']['why']}{tag}"}
+    return out

@@ -20,6 +20,7 @@ from typing import Any
 from jaxmigrate.verify.config import VerifyConfig
 from jaxmigrate.verify.planner import Plan
 from jaxmigrate.verify.pool import child_env, kill_group
+from jaxmigrate.verify.processes import coordinator_address, wait_all
 from jaxmigrate.verify.targets import Kind
 from jaxmigrate.verify.workspace import Workspace
 
@@ -62,41 +63,69 @@ def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> dict
 
 
 def run_command(command: str, ws: Workspace, config: VerifyConfig, plan_file: Path) -> str:
-    """Run the command on the original copy; return a note if it did not end cleanly."""
-    env = child_env(config, ws, extra_path=(ws.boot,))
-    env["JAXMIGRATE_RECORD"] = str(plan_file)
-    log = ws.logs / "verify-with.log"
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            command,
-            shell=True,
-            cwd=config.command_dir(ws.original),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,
-        )
-        try:
-            code = proc.wait(timeout=config.record_timeout)
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            return f"`{command}` timed out after {config.record_timeout:g} s"
-    kill_group(proc)
-    return "" if code == 0 else f"`{command}` exited with status {code}"
+    """Run the command on the original copy; return a note if it did not end cleanly.
+
+    With `config.processes` N > 1 the command runs N times at once, as the processes of one JAX
+    job (each records its own calls); the first process to fail names the note.
+    """
+    count = config.processes
+    coordinator = coordinator_address() if count > 1 else ""
+    procs = []
+    for i in range(count):
+        env = child_env(config, ws, (ws.boot,), i, coordinator)
+        env["JAXMIGRATE_RECORD"] = str(plan_file)
+        log = ws.logs / ("verify-with.log" if count == 1 else f"verify-with.p{i}.log")
+        with log.open("ab") as out:
+            procs.append(
+                subprocess.Popen(
+                    command,
+                    shell=True,
+                    cwd=config.command_dir(ws.original),
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=out,
+                    start_new_session=True,
+                )
+            )
+    codes = wait_all(procs, config.record_timeout)
+    for proc in procs:
+        kill_group(proc)
+    return command_note(command, codes, config.record_timeout)
 
 
-def collect(ws: Workspace, max_calls: int) -> dict[str, Recorded]:
-    """Return the recorded calls per plan id, the first `max_calls` of each."""
-    metas: dict[str, list[tuple[Path, dict[str, Any]]]] = defaultdict(list)
+def command_note(command: str, codes: list[int | None], timeout: float) -> str:
+    """Return how a (multi-process) command ended when not cleanly, else ''."""
+    where = (lambda i: f" (process {i} of {len(codes)})") if len(codes) > 1 else (lambda i: "")
+    for i, code in enumerate(codes):
+        if code not in (0, None):
+            return f"`{command}` exited with status {code}{where(i)}"
+    if None in codes:
+        return f"`{command}` timed out after {timeout:g} s{where(codes.index(None))}"
+    return ""
+
+
+def collect(ws: Workspace, max_calls: int, processes: int = 1) -> dict[str, Recorded]:
+    """Return the recorded calls per plan id, the first `max_calls` of each.
+
+    In a multi-process recording the files listed are process 0's; process i replays its own
+    n-th call where process 0 replays its n-th (child/distributed.py), so only the calls that
+    every process made are kept.
+    """
+    metas: dict[tuple[str, int], list[tuple[Path, dict[str, Any]]]] = defaultdict(list)
     for sidecar in sorted(ws.records.glob("*.json"), key=lambda p: p.stat().st_mtime_ns):
         meta = json.loads(sidecar.read_text(encoding="utf-8"))
-        metas[meta["target"]].append((sidecar.with_suffix(".pkl"), meta))
+        metas[(meta["target"], meta.get("process", 0))].append((sidecar.with_suffix(".pkl"), meta))
     out = {}
-    for target, items in metas.items():
+    for (target, process), items in metas.items():
+        if process != 0:
+            continue
+        made = min(len(metas.get((target, i), [])) for i in range(processes))
+        if not made:
+            continue
         first = items[0][1]
         out[target] = Recorded(
-            files=tuple(str(p) for p, _ in items[:max_calls]),
+            files=tuple(str(p) for p, _ in items[: min(max_calls, made)]),
             contexts=tuple((rel, int(line)) for rel, line in first["contexts"]),
             meshes=tuple(first["meshes"]),
             shapes=tuple(first["shapes"]),
@@ -110,6 +139,6 @@ def record(command: str, plans: Sequence[Plan], ws: Workspace, config: VerifyCon
     plan_file.write_text(json.dumps(recording_plan(plans, ws, config.max_calls)), encoding="utf-8")
     started = time.monotonic()
     note = run_command(command, ws, config, plan_file)
-    calls = collect(ws, config.max_calls)
+    calls = collect(ws, config.max_calls, config.processes)
     seconds = time.monotonic() - started
     return Recording(calls, note or f"`{command}` ran in {seconds:.1f} s")

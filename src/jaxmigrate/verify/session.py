@@ -22,6 +22,7 @@ from jaxmigrate.verify.judge import candidate_verdict, original_verdict
 from jaxmigrate.verify.messages import Sources, Task, make_task
 from jaxmigrate.verify.planner import Plan, plan_all
 from jaxmigrate.verify.pool import Reply, Worker
+from jaxmigrate.verify.processes import processes_hint
 from jaxmigrate.verify.recording import Recording, record
 from jaxmigrate.verify.workspace import Workspace, workspace
 
@@ -241,6 +242,15 @@ def with_round(verdict: Verdict, number: int) -> Verdict:
     )
 
 
+def with_processes_hint(verdict: Verdict, plan: Plan, config: VerifyConfig) -> Verdict:
+    """Add `--processes 2` to the reason when the code uses multi-process APIs."""
+    hint = processes_hint(plan.request.original, config.processes)
+    if not hint:
+        return verdict
+    details = {**verdict.details, "processes_hint": hint}
+    return replace(verdict, reason=f"{verdict.reason}; {hint}", details=details)
+
+
 def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key, Verdict]:
     """Verify every unsafe site of `requests`; return a verdict for every site.
 
@@ -262,7 +272,7 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
             by_plan = run_rounds(run, requests, plans)
             try_alternatives(run, requests, plans, by_plan)
     for plan in plans:
-        verdict = by_plan[plan.id]
+        verdict = with_processes_hint(by_plan[plan.id], plan, config)
         if recording.note:
             verdict = replace(verdict, details={**verdict.details, "verify_with": recording.note})
         verdicts.update({(plan.path, site.key): verdict for site in plan.sites})

@@ -113,14 +113,16 @@ def global_shapes(devices: int) -> tuple[tuple[int, ...], ...]:
     return ((devices, 4), (devices,), (devices, 4, 4), (2 * devices, 4), (devices, devices))
 
 
-def pmap_candidates(params: list[str], structure: dict[str, Any], devices: int) -> list[Call]:
+def pmap_candidates(
+    params: list[str], structure: dict[str, Any], devices: int, seed: int = 0
+) -> list[Call]:
     """Return calls whose mapped axes have the pmap's size, one per per-device shape."""
     in_axes = structure.get("in_axes", 0)
     axes = [axis_of(in_axes, i) for i in range(len(params))]
     if "?" in axes:
         return []
     size = int(structure.get("axis_size") or devices)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     calls: list[Call] = []
     for shape in PER_DEVICE_SHAPES:
         args = [mapped_value(n, shape, a, size, rng) for n, a in zip(params, axes)]  # type: ignore[arg-type]
@@ -129,16 +131,22 @@ def pmap_candidates(params: list[str], structure: dict[str, Any], devices: int) 
     return calls
 
 
-def synthesized(fn: Callable[..., Any], structure: dict[str, Any], devices: int) -> list[Call]:
-    """Return candidate calls for `fn`, best guess first (the worker probes each in turn)."""
+def synthesized(
+    fn: Callable[..., Any], structure: dict[str, Any], devices: int, seed: int = 0
+) -> list[Call]:
+    """Return candidate calls for `fn`, best guess first (the worker probes each in turn).
+
+    `devices` are the process's own; each process of a multi-process job has its own `seed`,
+    so that its local data differ from its peers' (as a data-parallel program's batches do).
+    """
     params = positional_params(fn)
     if params is None or structure.get("statics"):
         return []
     if not params:
         return [((), {})]
     if structure.get("kind") == "pmap":
-        return pmap_candidates(params, structure, devices)
-    rng = np.random.default_rng(0)
+        return pmap_candidates(params, structure, devices, seed)
+    rng = np.random.default_rng(seed)
     return [(tuple(make_value(n, s, rng) for n in params), {}) for s in global_shapes(devices)]
 
 

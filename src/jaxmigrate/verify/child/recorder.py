@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from types import FrameType, MethodType, ModuleType
 from typing import Any
 
+from .distributed import for_process, job, process_index
 from .source import enclosing_withs
 
 ENTRY_POINTS: dict[str, tuple[str, ...]] = {
@@ -128,6 +129,8 @@ class Recorder:
                 return
             self.counts[target] = n + 1
         base = os.path.join(self.out, f"{target}-{os.getpid()}-{n}")
+        if job() is not None:  # process i of a job: its n-th call pairs with the others' n-th
+            base = for_process(os.path.join(self.out, f"{target}-{n}.pkl"))[: -len(".pkl")]
         with open(base + ".pkl", "wb") as handle:
             handle.write(payload)
         meta = {
@@ -135,6 +138,7 @@ class Recorder:
             "contexts": self.context(caller),
             "meshes": active_meshes(),
             "shapes": shapes(pickle.loads(payload)),
+            "process": process_index(),
         }
         with open(base + ".json", "w", encoding="utf-8") as handle:
             json.dump(meta, handle)

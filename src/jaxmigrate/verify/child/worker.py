@@ -254,9 +254,10 @@ class Worker:
         size = mapped_size(call, structure)
         if size is None:
             return {}
-        if size == len(jax.devices()):
+        local = jax.local_device_count()  # a pmap maps its process's devices
+        if size == local:
             return {"mapped_axis_size": size}
-        hint = f"the calls map {size} of {len(jax.devices())} devices: the mesh needs {size}"
+        hint = f"the calls map {size} of {local} devices: the mesh needs {size}"
         return {"mapped_axis_size": size, "mesh_hint": hint}
 
     def inputs_and_outputs(
@@ -277,7 +278,12 @@ class Worker:
             return calls, source, [r[0] for r in results], results[0][1]
         if not spec.get("synthesize"):
             raise NoInputs()
-        return self.probe(request, fn, synthesized(fn, spec["structure"], spec["devices"]), variant)
+        return self.probe(
+            request,
+            fn,
+            synthesized(fn, spec["structure"], spec["devices"], spec.get("seed", 0)),
+            variant,
+        )
 
     def probe(self, request: dict[str, Any], fn: Any, candidates: list[Any], variant: str) -> Any:
         """Run the first synthesized candidate the target accepts.
@@ -332,6 +338,9 @@ class Worker:
         }
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        from .distributed import localize
+
+        request = localize(request)
         op = request.get("op")
         if op == "run" and self.side == "original":
             return self.run_original(request)
@@ -366,10 +375,14 @@ def main(argv: list[str] | None = None) -> None:
     inp, out = claim_stdio()
     warnings.simplefilter("ignore")
     os.chdir(args.root)
+    from .distributed import join
+
+    join()  # one process of a multi-process job: join it before any other JAX use
     import jax
 
-    devices = len(jax.devices())
-    out.write(json.dumps({"ready": True, "jax": jax.__version__, "devices": devices}) + "\n")
+    ready = {"ready": True, "jax": jax.__version__, "devices": len(jax.devices())}
+    ready |= {"process": jax.process_index(), "processes": jax.process_count()}
+    out.write(json.dumps(ready) + "\n")
     serve(Worker(args.side, os.path.realpath(args.root)), inp, out)
 
 

@@ -1,0 +1,199 @@
+"""`--processes N`: verification as an N-process JAX job (issue 13, multi-process verification).
+
+The acceptance case: a 2-process pmap data-parallel train step in a git repository. Against it,
+`jaxmigrate verify --against REV --processes 2` fails the single-host-only rewrite (its mesh is
+the first n of jax.devices(): process 0 averages over its own devices, process 1 cannot read its
+result) and verifies a correct global-array migration; the migrated program, run as a 2-process
+job, gives every process the numpy oracle's weights.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from multihost import run_job
+
+from jaxmigrate.config import load_config
+from jaxmigrate.model import Safety, Site, Status
+from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
+from jaxmigrate.verify.planner import plan_all
+from jaxmigrate.verify.pool import combine
+from jaxmigrate.verify.processes import DeviceSplitError, processes_hint
+from jaxmigrate.verify.session import with_processes_hint
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "multihost"
+JAXMIGRATE = [sys.executable, "-m", "jaxmigrate"]
+
+
+def git(root: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.email=t@t", "-c", "user.name=t", *args],
+        cwd=root,
+        check=True,
+        capture_output=True,
+    )
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A git repository whose HEAD holds the pmap program, train.py."""
+    shutil.copyfile(DATA / "train_pmap.py", tmp_path / "train.py")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "train.py")
+    git(tmp_path, "commit", "-qm", "pmap")
+    return tmp_path
+
+
+def verify_against(root: Path, *extra: str) -> tuple[int, dict, str]:
+    """Run `jaxmigrate verify --against HEAD --processes 2`; return code, the site, stdout."""
+    report = root.parent / "report.json"
+    proc = subprocess.run(
+        [*JAXMIGRATE, "verify", "--against", "HEAD", "--processes", "2", *extra]
+        + ["--verify-with", "python train.py", "--report", str(report)],
+        cwd=root,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert report.exists(), proc.stderr
+    (site,) = json.loads(report.read_text())["files"][0]["sites"]
+    return proc.returncode, site, proc.stdout
+
+
+def oracle_weights(steps: int = 3, devices: int = 8) -> np.ndarray:
+    """The weights of train.py's loop, by numpy: the gradient averaged over all devices."""
+    w = np.zeros(3, np.float64)
+    for step in range(steps):
+        rng = np.random.default_rng(step)
+        x = rng.standard_normal((devices, 2, 3)).astype(np.float32).astype(np.float64)
+        y = rng.standard_normal((devices, 2)).astype(np.float32).astype(np.float64)
+        grads = [2 * x[d].T @ (x[d] @ w - y[d]) / len(y[d]) for d in range(devices)]
+        w = w - 0.1 * np.mean(grads, axis=0)
+    return w
+
+
+def weights(stdout: str) -> np.ndarray:
+    line = next(line for line in stdout.splitlines() if line.startswith("weights "))
+    return np.array(json.loads(line.removeprefix("weights ")))
+
+
+@pytest.mark.jax
+def test_a_single_host_only_rewrite_fails_on_two_processes(repo: Path) -> None:
+    shutil.copyfile(DATA / "train_single_host.py", repo / "train.py")
+    code, site, stdout = verify_against(repo)
+    assert code == 1 and site["status"] == "failed", site
+    reason = site["details"]["verification"]
+    # process 1's result lives on process 0's devices; process 0's mean misses process 1's
+    assert "non-addressable" in reason and "[process 1 of 2; process 0: outputs differ]" in reason
+    assert site["details"]["input_source"] == "recorded"
+    assert site["details"]["input_shapes"] == ["float32[4, 3]", "float32[4, 2, 3]", "float32[4, 2]"]
+    assert "process 1 of 2" in stdout
+
+
+@pytest.mark.jax
+def test_a_global_array_migration_verifies_and_gives_every_process_the_oracle(
+    repo: Path,
+) -> None:
+    shutil.copyfile(DATA / "train_global.py", repo / "train.py")
+    code, site, _ = verify_against(repo)
+    assert code == 0 and site["status"] == "verified", site
+    assert site["details"]["calls"] == 3 and site["details"]["input_source"] == "recorded"
+    job = run_job(repo / "train.py", processes=2, devices=8, cwd=repo).check()
+    for out in job.stdouts:
+        np.testing.assert_allclose(weights(out), oracle_weights(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.jax
+def test_each_process_gets_its_own_synthesized_data(repo: Path) -> None:
+    # With identical data in every process, a mean over one process's devices equals the mean
+    # over all of them: only per-process inputs expose a rewrite that never leaves its process.
+    shutil.copyfile(DATA / "train_local_mesh.py", repo / "train.py")
+    proc = subprocess.run(
+        [*JAXMIGRATE, "verify", "--against", "HEAD", "--processes", "2"],
+        cwd=repo,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "[unsafe, failed]" in proc.stdout
+    assert (
+        "outputs differ" in proc.stdout
+        and "[process 0 of 2; process 1: outputs differ]" in proc.stdout
+    )
+    assert "synthesized" not in proc.stdout  # the reason is the difference, not the inputs
+
+
+def test_devices_must_split_evenly_between_processes(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text("x = 1\n")
+    for command in (["run", "m.py"], ["verify", "--against", "HEAD"]):
+        proc = subprocess.run(
+            [*JAXMIGRATE, *command, "--devices", "8", "--processes", "3"],
+            cwd=tmp_path,
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "--devices 8 cannot be split evenly between 3 processes" in proc.stderr
+    with pytest.raises(DeviceSplitError):
+        VerifyConfig(tmp_path, devices=6, processes=4)
+
+
+def test_processes_is_read_from_pyproject(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[tool.jaxmigrate]\nprocesses = 2\n")
+    assert load_config(tmp_path / "pyproject.toml").processes == 2
+
+
+@pytest.mark.parametrize(
+    ("code", "api"),
+    [
+        ("if jax.process_index() == 0:\n    log(x)\n", "jax.process_index"),
+        ("n = jax.process_count()\n", "jax.process_count"),
+        ("jax.distributed.initialize()\n", "jax.distributed"),
+    ],
+)
+def test_multi_process_code_gets_the_processes_hint(code: str, api: str) -> None:
+    hint = processes_hint(code, processes=1)
+    assert f"the code calls {api}" in hint and "--processes 2" in hint
+    assert processes_hint(code, processes=2) == ""
+    assert processes_hint("torch.distributed.init()\nprocess = 1\n", processes=1) == ""
+
+
+def test_one_process_that_disagrees_fails_the_site() -> None:
+    agree = {"ok": True, "equal": True, "calls": 2, "max_abs_err": 0.0, "max_rel_err": 1e-7}
+    worse = agree | {"max_abs_err": 1e-6}
+    assert combine("candidate", [agree, worse]) == worse | {"processes": 2, "max_rel_err": 1e-7}
+    differs = {"ok": True, "equal": False, "mismatch": {"path": "[0]", "why": "values differ"}}
+    out = combine("candidate", [agree, differs])
+    assert out["mismatch"]["why"] == "values differ [process 1 of 2]"
+    raised = {"ok": False, "stage": "call", "error": "RuntimeError: boom"}
+    out = combine("candidate", [differs, raised, agree])
+    assert out["error"] == "RuntimeError: boom [process 1 of 3; process 0: outputs differ]"
+    assert combine("original", [agree]) is agree
+    # a process that fell back on another reference ran other code than its peers
+    ran = [{"ok": True, "reference": "original"}, {"ok": True, "reference": "vmap-oracle"}]
+    out = combine("original", ran)
+    assert not out["ok"] and "process 1: vmap-oracle" in out["error"]
+
+
+def test_the_processes_hint_reaches_the_verdict(tmp_path: Path) -> None:
+    text = "import jax\n\n\ndef step(x):\n    return x * jax.process_index()\n"
+    site = Site("JM000", "hand-migration", 5, 5, Safety.UNSAFE, "changed", key="changed:step")
+    (plan,), _ = plan_all([VerifyRequest("m.py", text, text, (site,))], tmp_path)
+    verdict = Verdict(Status.VERIFIED, "agrees with the original on 1 recorded call(s)")
+    out = with_processes_hint(verdict, plan, VerifyConfig(tmp_path))
+    assert out.reason == (
+        "agrees with the original on 1 recorded call(s); the code calls jax.process_index: "
+        "verify it as a multi-process job too (--processes 2)"
+    )
+    assert out.details["processes_hint"]
+    assert with_processes_hint(verdict, plan, VerifyConfig(tmp_path, processes=2)) is verdict
