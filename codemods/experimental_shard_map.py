@@ -111,6 +111,7 @@ class ExperimentalShardMap(AncestorTracking, Pass):
     CODE: ClassVar[str] = "JM102"
     SAFETY: ClassVar[Safety] = Safety.SAFE
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 7)
+    REFERENCE: ClassVar[str | None] = "widened-shard-map"
     QUALNAMES: ClassVar[tuple[str, ...]] = (LEGACY,)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"shard_map\b")
 

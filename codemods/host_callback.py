@@ -108,7 +108,7 @@ class HostCallback(AncestorTracking, Pass):
     NAME: ClassVar[str] = "host-callback"
     CODE: ClassVar[str] = "JM106"
     SAFETY: ClassVar[Safety] = Safety.SAFE
-    MIN_JAX: ClassVar[tuple[int, int]] = (0, 4)
+    MIN_JAX: ClassVar[tuple[int, int]] = (0, 5)  # `jax.experimental.io_callback`: JAX 0.4.2
     QUALNAMES: ClassVar[tuple[str, ...]] = (MODULE,)
     LITERALS: ClassVar[tuple[str, ...]] = ("host_callback",)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\bhost_callback\b")

@@ -60,7 +60,7 @@ class LegacyImports(Pass):
     NAME: ClassVar[str] = "legacy-imports"
     CODE: ClassVar[str] = "JM101"
     SAFETY: ClassVar[Safety] = Safety.SAFE
-    MIN_JAX: ClassVar[tuple[int, int]] = (0, 4)
+    MIN_JAX: ClassVar[tuple[int, int]] = (0, 4)  # `jax.sharding`: JAX 0.4.1 (0.4.0 was yanked)
     QUALNAMES: ClassVar[tuple[str, ...]] = tuple(MOVED)
     LITERALS: ClassVar[tuple[str, ...]] = ("experimental", "pxla", "maps", "pjit.")
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(

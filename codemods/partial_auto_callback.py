@@ -503,6 +503,7 @@ class PartialAutoCallback(Pass):
     CODE: ClassVar[str] = "JM203"
     SAFETY: ClassVar[Safety] = Safety.UNSAFE
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 7)
+    REFERENCE: ClassVar[str | None] = "widened-shard-map"
     QUALNAMES: ClassVar[tuple[str, ...]] = (SHARD_MAP, PURE, IO, *sorted(DEBUG))
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(
         r"\b(?:pure_callback|io_callback|debug|host_callback)\b"  # JM106 makes io_callbacks

@@ -79,10 +79,9 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import libcst as cst
+from jaxmigrate.codemods.with_mesh import WithMesh
 
 from jaxmigrate.meshes import (
-    SET_MESH_MIN_JAX,
-    WITH_MESH_CODE,
     Kind,
     MeshFinder,
     NameReads,
@@ -164,7 +163,9 @@ class Pjit(Pass):
     NAME: ClassVar[str] = "pjit"
     CODE: ClassVar[str] = "JM103"
     SAFETY: ClassVar[Safety] = Safety.SAFE
-    MIN_JAX: ClassVar[tuple[int, int]] = (0, 4)
+    # `jax.jit(in_shardings=...)`: JAX 0.4.2; `None` leaves in them (kept): JAX 0.4.13
+    MIN_JAX: ClassVar[tuple[int, int]] = (0, 5)
+    REFERENCE: ClassVar[str | None] = "pjit-in-shardings"
     QUALNAMES: ClassVar[tuple[str, ...]] = (PJIT,)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"pjit\b")
 
@@ -258,7 +259,7 @@ class Pjit(Pass):
                 notes.append("PartitionSpec shardings need `jax.set_mesh(mesh)` at the call site")
             else:
                 notes.append("no legacy mesh is visible here")
-        requires = (WITH_MESH_CODE,) if group is not None else ()
+        requires = (WithMesh.CODE,) if group is not None else ()
         return self.site(
             decision.node, "; ".join(notes), group=group, safety=safety, requires=requires
         )
@@ -346,9 +347,9 @@ class _Survey(NameReads):
             if verdict.kind is Kind.KEPT:
                 return verdict.why
             line = self.owner.where(verdict.item)[0]
-            if verdict.kind is Kind.LEGACY and self.owner.state.suppressed(line, WITH_MESH_CODE):
+            if verdict.kind is Kind.LEGACY and self.owner.state.suppressed(line, WithMesh.CODE):
                 return "its rewrite is suppressed"
-        if self.owner.state.target_jax < SET_MESH_MIN_JAX:
+        if self.owner.state.target_jax < WithMesh.MIN_JAX:
             return "the target JAX lacks `jax.set_mesh`"
         return ""
 

@@ -527,6 +527,7 @@ class Pmap(Pass):
     CODE: ClassVar[str] = "JM202"
     SAFETY: ClassVar[Safety] = Safety.UNSAFE
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 7)  # `jax.shard_map` is public from JAX 0.6.1
+    REFERENCE: ClassVar[str | None] = "vmap-oracle"
     LITERALS: ClassVar[tuple[str, ...]] = ("pmap",)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\bpmap\b")
     QUALNAMES: ClassVar[tuple[str, ...]] = (PMAP,)

@@ -78,8 +78,6 @@ from jaxmigrate.facts import AstFacts
 from jaxmigrate.meshes import (
     MAKE_MESH,
     MESH_TYPES,
-    SET_MESH_MIN_JAX,
-    WITH_MESH_CODE,
     Kind,
     MeshFinder,
     MeshItem,
@@ -99,9 +97,10 @@ class WithMesh(Pass):
     """Rewrite a legacy `with mesh:` context as `with jax.set_mesh(mesh):`."""
 
     NAME: ClassVar[str] = "with-mesh"
-    CODE: ClassVar[str] = WITH_MESH_CODE
+    CODE: ClassVar[str] = "JM201"
     SAFETY: ClassVar[Safety] = Safety.UNSAFE
-    MIN_JAX: ClassVar[tuple[int, int]] = SET_MESH_MIN_JAX
+    MIN_JAX: ClassVar[tuple[int, int]] = (0, 8)  # `jax.set_mesh` is public from JAX 0.7.1
+    REFERENCE: ClassVar[str | None] = "pjit-in-shardings"
     NODE_TYPES: ClassVar[tuple[type[cst.CSTNode], ...]] = (cst.With,)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(
         r"^[ \t]*(?:async[ \t]+)?with\b[^:]*?mesh", re.IGNORECASE | re.MULTILINE

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+
+from jaxmigrate.model import Site, Skip
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -16,7 +19,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--update-fixtures",
         action="store_true",
-        help="rewrite every <case>.expected.py from the current passes (review the diff!)",
+        help=(
+            "rewrite every fixture's expected output and <case>.messages.txt from the current"
+            " passes (review the diff!)"
+        ),
     )
 
 
@@ -32,3 +38,30 @@ def jax_env(devices: int = 8) -> dict[str, str]:
 @pytest.fixture
 def python() -> str:
     return sys.executable
+
+
+def pinned_messages(sites: Iterable[Site], skips: Iterable[Skip]) -> str:
+    """The user-facing text of a file's sites and skips, one line each, in source order:
+    `line:col CODE message` and `line:col CODE skip: reason` (`[cell N]:line:col ...` in a
+    notebook). A fixture pins it in `<case>.messages.txt`, so a changed message is a diff."""
+    entries = [(s.cell or 0, s.line, s.col, s.code, s.message) for s in sites]
+    entries += [(k.cell or 0, k.line, k.col, k.code, f"skip: {k.reason}") for k in skips]
+    lines = []
+    for cell, line, col, code, text in sorted(entries, key=lambda e: e[:3]):
+        where = f"[cell {cell}]:{line}:{col}" if cell else f"{line}:{col}"
+        lines.append(f"{where} {code} {text.replace(chr(10), chr(92) + 'n')}\n")
+    return "".join(lines)
+
+
+def check_messages(path: Path, text: str, update: bool) -> None:
+    """Compare `text` with the pinned `path` (absent when there is nothing to say)."""
+    if update:
+        if text:
+            path.write_text(text, encoding="utf-8")
+        else:
+            path.unlink(missing_ok=True)
+    if not text:
+        assert not path.exists(), f"{path.name}: no site or skip any more (--update-fixtures)"
+        return
+    assert path.exists(), f"{path.name} is missing (run pytest --update-fixtures)"
+    assert text == path.read_text(encoding="utf-8"), f"{path.name} differs (--update-fixtures)"

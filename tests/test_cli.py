@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from jaxmigrate.registry import all_passes
 
 LEGACY = "from jax.experimental.maps import Mesh\n\nmesh = Mesh(devices, ('x',))\n"
 MIGRATED = "from jax.sharding import Mesh\n\nmesh = Mesh(devices, ('x',))\n"
@@ -190,6 +193,31 @@ def test_rules_and_explain(tmp_path: Path) -> None:
     explain = jm("explain", "legacy-imports", cwd=tmp_path)
     assert explain.returncode == 0 and "Why" in explain.stdout
     assert jm("explain", "JM999", cwd=tmp_path).returncode == 2
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+RULES_BLOCK = re.compile(r"(<!-- rules: .*? -->\n)(.*?)(<!-- end of rules -->)", re.DOTALL)
+
+
+def test_readme_rules_table_is_what_jaxmigrate_rules_prints(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The README's table is `jaxmigrate rules --markdown`; both list the rows of `rules`."""
+    markdown = jm("rules", "--markdown", cwd=tmp_path)
+    assert markdown.returncode == 0, markdown.stderr
+    readme = README.read_text(encoding="utf-8")
+    match = RULES_BLOCK.search(readme)
+    assert match, "README.md has no generated rules block"
+    if request.config.getoption("--update-fixtures"):
+        readme = readme[: match.start(2)] + markdown.stdout + readme[match.end(2) :]
+        README.write_text(readme, encoding="utf-8")
+    assert match.group(2) == markdown.stdout, "README rules table is stale (--update-fixtures)"
+    rows = [line.split(" | ") for line in markdown.stdout.splitlines()[2:]]
+    assert [row[0].lstrip("| ") for row in rows] == [p.CODE for p in all_passes()]
+    table = jm("rules", cwd=tmp_path).stdout
+    for row in rows:
+        code, name, safety, needs = (cell.strip("| ") for cell in row[:4])
+        assert re.search(rf"{code}\s.*{name}\s.*{safety}\s.*{needs}", table), code
 
 
 @pytest.mark.jax

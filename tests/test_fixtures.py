@@ -1,7 +1,8 @@
 """Every fixture pair: the rewrite matches, is a fixed point, and (with `main()`) runs the same.
 
 `tests/fixtures/<pass_name>/<case>.py` rewrites to `<case>.expected.py`; a `noop_*` case must
-come out byte-for-byte unchanged. Cases that define `main()` run before and after in separate
+come out byte-for-byte unchanged. `<case>.messages.txt` pins the sites and skips users read, one
+`line:col CODE message` (or `line:col CODE skip: reason`) a line; none when there are neither. Cases that define `main()` run before and after in separate
 processes on a simulated 8-device CPU mesh; when the original cannot run on the installed JAX,
 the input defines `reference()`, an equivalent form that does, and that is the reference.
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, jax_env
+from conftest import FIXTURES, check_messages, jax_env, pinned_messages
 
 from jaxmigrate.engine import migrate_source
 from jaxmigrate.model import Options
@@ -35,6 +36,10 @@ def expected_path(case: Path) -> Path:
     return case.with_name(case.stem + ".expected.py")
 
 
+def messages_path(case: Path) -> Path:
+    return case.with_name(case.stem + ".messages.txt")
+
+
 def migrate(code: str) -> str:
     return migrate_source(code, options=Options(unsafe_fixes=True)).code
 
@@ -49,6 +54,8 @@ def test_every_fixture_folder_names_a_pass() -> None:
 def test_fixture(case: Path, request: pytest.FixtureRequest) -> None:
     source = case.read_text()
     result = migrate_source(source, options=Options(unsafe_fixes=True))
+    update = bool(request.config.getoption("--update-fixtures"))
+    check_messages(messages_path(case), pinned_messages(result.sites, result.skips), update)
     folder_name = case.parent.name.replace("_", "-")
     if case.name.startswith("noop_"):
         assert result.code == source, "a noop_ case must come out unchanged"

@@ -3,7 +3,9 @@
 Fixture pairs live in tests/fixtures_notebooks/: `<case>.ipynb` is what a user has (shaped as
 JupyterLab, Colab and a Windows editor save them), `<case>.expected.ipynb` what
 `jaxmigrate run --unsafe-fixes --no-verify` writes; a `noop_<why>.ipynb` must come out
-byte-for-byte unchanged. `pytest --update-fixtures` rewrites the expected files (review the diff).
+byte-for-byte unchanged; `<case>.messages.txt` pins the sites and skips users read
+(`[cell N]:line:col CODE message`). `pytest --update-fixtures` rewrites the expected files
+(review the diff).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import check_messages, pinned_messages
 from test_cli import jm
 
 from jaxmigrate.files import process_file
@@ -46,6 +49,9 @@ def test_fixture(case: Path, request: pytest.FixtureRequest) -> None:
     before = case.read_bytes()
     result = process_file(case, UNSAFE)
     assert result.bucket is not Bucket.FAILED, result.reason
+    update = bool(request.config.getoption("--update-fixtures"))
+    messages = case.with_name(case.stem + ".messages.txt")
+    check_messages(messages, pinned_messages(result.sites, result.skips), update)
     after = (result.new_text or result.old_text or before.decode()).encode()
     if case.name.startswith("noop_"):
         assert after == before

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from review_cases import PROMPT, SAFE, SECOND, jm, progress_file, rendered
@@ -14,7 +16,9 @@ from review_cases import PROMPT, SAFE, SECOND, jm, progress_file, rendered
 pexpect = pytest.importorskip("pexpect")
 
 
-def spawn(cwd: Path, *args: str) -> pexpect.spawn:
+def spawn(cwd: Path, *args: str, sigint: Any = signal.SIG_DFL) -> pexpect.spawn:
+    """Start an interactive run on a new terminal, SIGINT's disposition set to `sigint` (as it
+    is inherited: a job started in the background by a shell without job control ignores it)."""
     env = {**os.environ, "NO_COLOR": "1", "TERM": "xterm"}
     child = pexpect.spawn(
         sys.executable,
@@ -24,6 +28,7 @@ def spawn(cwd: Path, *args: str) -> pexpect.spawn:
         encoding="utf-8",
         timeout=30,
         dimensions=(50, 200),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
     )
     return child
 
@@ -85,8 +90,23 @@ def test_ctrl_d_quits_like_q(tree: Path) -> None:
     assert (tree / "b.py").read_text() == SAFE
 
 
-def test_ctrl_c_leaves_no_half_written_file_and_keeps_the_progress(tree: Path) -> None:
+def test_keys_typed_ahead_are_answers_not_lost(tree: Path) -> None:
+    """Two keys at once: the second answers the next prompt (the terminal mode is changed for
+    each key without discarding what was typed but not read yet)."""
     child = spawn(tree, ".")
+    answer(child, "[1/5]", "yn", "a.py:3:5")
+    child.expect_exact("wrote a.py: 1 of 1 site(s) applied")
+    answer(child, "[3/5]", "q")  # [2/5] was answered by the "n" typed ahead
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert (tree / "a.py").read_text() == rendered(SECOND, [0])
+    assert (tree / "b.py").read_text() == SAFE
+
+
+@pytest.mark.parametrize("sigint", [signal.SIG_DFL, signal.SIG_IGN], ids=["default", "ignored"])
+def test_ctrl_c_leaves_no_half_written_file_and_keeps_the_progress(tree: Path, sigint: Any) -> None:
+    child = spawn(tree, ".", sigint=sigint)
     answer(child, "[1/5]", "y")
     child.expect_exact("wrote a.py: 1 of 1 site(s) applied")
     answer(child, "[2/5]", "y")
@@ -106,3 +126,26 @@ def test_ctrl_c_leaves_no_half_written_file_and_keeps_the_progress(tree: Path) -
     assert "resuming: 2 decision(s) remembered, 2 left to review" in again.stdout
     assert again.stdout.count(PROMPT) == 2
     assert (tree / "b.py").read_text() == rendered(SAFE, [0, 2])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tgkill is Linux's")
+def test_ctrl_c_taken_by_the_engine_thread_still_interrupts_the_prompt(tree: Path) -> None:
+    """The kernel may hand a process's SIGINT to any thread; Python runs handlers only on the
+    main thread, which waits for a key: SIGINT sent to the engine's thread alone must still
+    stop the review."""
+    import ctypes
+
+    child = spawn(tree, ".")
+    answer(child, "[1/5]", "y")
+    child.expect_exact("[2/5]")
+    child.expect_exact("(Enter = y) ")
+    others = [int(t) for t in os.listdir(f"/proc/{child.pid}/task") if int(t) != child.pid]
+    assert others, "the engine runs on a thread of its own"
+    tgkill = 234 if os.uname().machine == "x86_64" else 131  # aarch64
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(tgkill, child.pid, others[0], signal.SIGINT) == 0
+    child.expect_exact("interrupted: files already written are complete")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 130
+    assert (tree / "b.py").read_text() == SAFE

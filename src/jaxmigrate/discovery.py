@@ -1,7 +1,7 @@
 """Finding the files to migrate: `.py` and `.ipynb` under the given paths, minus ignored ones.
 
 Paths named explicitly are always taken (as ruff does); directories are walked with `.gitignore`
-files honoured at every level (pathspec's git-wildmatch, the same rules git uses), sensible
+files honoured at every level (pathspec's `GitIgnoreSpec`, the rules git uses), sensible
 default excludes, and `--exclude` globs. Symlinked directories are not followed, and a symlinked
 file whose target leaves the tree is reported rather than migrated.
 """
@@ -50,7 +50,10 @@ class Found:
 
 
 def _spec(patterns: Iterable[str]) -> pathspec.PathSpec:
-    return pathspec.PathSpec.from_lines("gitwildmatch", patterns)
+    # GitIgnoreSpec (pathspec >= 0.10) matches as git does and as the "gitwildmatch" patterns
+    # did; pathspec 1.0 deprecates "gitwildmatch", and its replacement "gitignore" changes what
+    # `foo/*` matches (and does not exist before 1.0).
+    return pathspec.GitIgnoreSpec.from_lines(patterns)
 
 
 @dataclass(frozen=True)

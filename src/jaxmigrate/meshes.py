@@ -32,9 +32,6 @@ PARTIAL = "functools.partial"
 # Calls into these make something other than a `jax.sharding.Mesh` (JAX's own non-mesh calls,
 # and libraries whose meshes are device meshes or geometry).
 OTHER_MESHES = frozenset({"jax", "numpy", "torch", "tensorflow", "trimesh", "open3d", "pyvista"})
-# The with-mesh pass's identity, which the pjit pass needs to know whether that rewrite happens.
-WITH_MESH_CODE = "JM201"
-SET_MESH_MIN_JAX = (0, 8)  # `jax.set_mesh` is public from JAX 0.7.1
 
 
 def mesh_group(line: int) -> str:

@@ -507,6 +507,28 @@ class Review:
 
 
 @contextmanager
+def interrupts_enabled() -> Iterator[None]:
+    """Make Ctrl-C raise KeyboardInterrupt in the block even if SIGINT came in ignored.
+
+    A process started with SIGINT ignored (a background job of a shell without job control, as
+    `cmd &` in a script, some CI runners) keeps it ignored: Python installs its handler only
+    over the default disposition. A review at the terminal must stop on Ctrl-C all the same.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
 def interrupts_deferred() -> Iterator[None]:
     """Hold Ctrl-C until the block is done (then raise KeyboardInterrupt), in the main thread."""
     if threading.current_thread() is not threading.main_thread():
@@ -582,6 +604,11 @@ class TerminalKeys:
     escape sequences (arrow keys) are read whole and ignored.
     """
 
+    # How long a wait for a key sleeps in the kernel at most before Python runs the signal
+    # handlers: a SIGINT the kernel hands to another thread (the engine's) interrupts no
+    # system call of the main thread, which Python alone runs the handlers on.
+    POLL_SECONDS = 0.1
+
     def __init__(self, fd: int) -> None:
         self.fd = fd
 
@@ -592,8 +619,11 @@ class TerminalKeys:
 
         saved = termios.tcgetattr(self.fd)
         try:
-            tty.setcbreak(self.fd)
+            # TCSANOW, not tty's default TCSAFLUSH, which discards the input not read yet: a key
+            # pressed as soon as the prompt shows, before this line runs, was lost.
+            tty.setcbreak(self.fd, termios.TCSANOW)
             while True:
+                self._wait()
                 char = os.read(self.fd, 1)
                 if char == b"\x1b":
                     self._drain()
@@ -606,6 +636,11 @@ class TerminalKeys:
         if char in (b"\r", b"\n"):
             return ""
         return char.decode("utf-8", "replace")
+
+    def _wait(self) -> None:
+        """Return once a key can be read; signal handlers run between the polls."""
+        while not select.select([self.fd], [], [], self.POLL_SECONDS)[0]:
+            pass
 
     def _drain(self) -> None:
         while select.select([self.fd], [], [], 0.05)[0]:

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site, Status, place
 from jaxmigrate.registry import find_pass, rule_doc
-from jaxmigrate.review import KEYS, Progress, Prompt, Review, stdin_keys
+from jaxmigrate.review import KEYS, Progress, Prompt, Review, interrupts_enabled, stdin_keys
 from jaxmigrate.runner import dirty_files, write_result
 from jaxmigrate.ui.diff import file_diff
 from jaxmigrate.ui.summary import STATUS_STYLE
@@ -266,7 +266,8 @@ def review_interactively(
         dirty=None if dry_run or allow_dirty else dirty_files,
     )
     try:
-        return review.run()
+        with interrupts_enabled():
+            return review.run()
     except KeyboardInterrupt:
         kept = sum(len(entry["decisions"]) for entry in progress.files.values())
         Console(stderr=True, highlight=False).print(

@@ -12,21 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jaxmigrate.model import Safety, Site, Status
+from jaxmigrate.registry import all_passes
 from jaxmigrate.verify.config import Verdict, VerifyRequest
 from jaxmigrate.verify.targets import Target, find_target
 from jaxmigrate.verify.workspace import module_name
 
 ORIGINAL = "original"
 SAFE_REWRITES = "safe-rewrites"
-# The reference to fall back on when the original raises, per pass (cookbook, "Notes for the
-# verifier"); for a hand-made change, per legacy API its source mentions.
-REFERENCE_BY_PASS = {
-    "pmap": "vmap-oracle",
-    "pjit": "pjit-in-shardings",
-    "with-mesh": "pjit-in-shardings",
-    "experimental-shard-map": "widened-shard-map",
-    "partial-auto-callback": "widened-shard-map",
-}
+# The reference to fall back on when the original raises: per pass, its `REFERENCE`; for a
+# hand-made change, per legacy API its source mentions (cookbook, "Notes for the verifier").
 REFERENCE_BY_TEXT = {
     "pmap": "vmap-oracle",
     "axis_resources": "pjit-in-shardings",
@@ -55,6 +49,11 @@ class Plan:
         return f"{self.path}::{self.target.qualname}"
 
 
+def reference_by_pass() -> dict[str, str]:
+    """Return the verification reference of every pass that has one, by pass name."""
+    return {p.NAME: p.REFERENCE for p in all_passes() if p.REFERENCE is not None}
+
+
 def references_for(
     sites: Sequence[Site], target: Target, text: str, baseline: bool
 ) -> tuple[str, ...]:
@@ -62,7 +61,8 @@ def references_for(
 
     With a `baseline` (the original with its safe sites rewritten), each is tried again on it.
     """
-    found = [REFERENCE_BY_PASS[s.name] for s in sites if s.name in REFERENCE_BY_PASS]
+    by_pass = reference_by_pass()
+    found = [by_pass[s.name] for s in sites if s.name in by_pass]
     found += [ref for word, ref in REFERENCE_BY_TEXT.items() if word in text]
     # 0.10.2's pmap mishandles negative axes (cookbook case 04): never trust it there.
     negative = bool(target.structure.get("negative_axes"))
