@@ -28,6 +28,7 @@ class FileConfig:
     target_jax: str | None = None
     python: str | None = None
     timeout: float | None = None
+    pmap_style: str | None = None
 
 
 _LISTS = {"select", "ignore", "exclude"}
@@ -39,6 +40,7 @@ _TYPES: dict[str, type] = {
     "target-jax": str,
     "python": str,
     "timeout": float,
+    "pmap-style": str,
 }
 
 

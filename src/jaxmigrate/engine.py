@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import difflib
 import gc
+import os
 import re
 import time
 import warnings
@@ -23,8 +24,8 @@ import libcst as cst
 from libcst import CSTNode
 from libcst.codemod import CodemodContext
 
-from jaxmigrate.model import Bucket, FileResult, Safety, Site, Skip, Status
-from jaxmigrate.passes import LATEST_JAX, STATE_KEY, FileState, ModuleCache, Pass
+from jaxmigrate.model import Bucket, FileResult, ProjectFile, Safety, Site, Skip, Status
+from jaxmigrate.passes import LATEST_JAX, STATE_KEY, FileState, Home, ModuleCache, Pass
 from jaxmigrate.prefilter import outline_of, passes_for, python_parsed
 from jaxmigrate.textio import SourceError, decode, read_bytes, source_lines
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from jaxmigrate.cache import ResultCache
 
 PassList = Sequence[type[Pass]]
+PMAP_STYLES = ("idiomatic", "faithful")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class Options:
     ignore: tuple[str, ...] = ()
     unsafe_fixes: bool = False
     target_jax: tuple[int, int] = LATEST_JAX
+    pmap_style: str = "idiomatic"  # PMAP_STYLES: the program-level form where the flow is visible
 
     def passes(self) -> tuple[type[Pass], ...]:
         """Return the registered passes this run uses, in registry order."""
@@ -57,6 +60,7 @@ class Migration:
     code: str
     sites: tuple[Site, ...]
     skips: tuple[Skip, ...]
+    files: tuple[ProjectFile, ...] = ()  # the project modules `code` imports, to write with it
 
 
 @dataclass
@@ -73,6 +77,7 @@ class _Run:
     sites: list[Site] = field(default_factory=list)
     skips: list[Skip] = field(default_factory=list)
     stages: list[_Stage] = field(default_factory=list)
+    files: list[ProjectFile] = field(default_factory=list)
 
 
 def line_map_between(original: Sequence[str], current: str) -> Callable[[int], int]:
@@ -101,11 +106,14 @@ def run_passes(
     path: str | None = None,
     selected: frozenset[str] | None = None,
     changed: bool = False,
+    home: Home | None = None,
+    pmap_style: str = "idiomatic",
 ) -> tuple[cst.Module, _Run]:
     """Run `passes` in order over `module`; return the new module and what they recorded.
 
     `module` is the one parsed from `source`, or, `changed`, what earlier passes made of it.
     `selected` are the codes of every pass the user chose (default: those of `passes`).
+    `home` says where the file lives (`home_of`), for passes that share a module of the project.
     """
     if selected is None:
         selected = frozenset(p.CODE for p in passes)
@@ -126,6 +134,8 @@ def run_passes(
             selected=selected,
             original_lines=original,
             cache=cache,
+            home=home,
+            pmap_style=pmap_style,
         )
         if changed:
             state.line_map = line_map_between(original, cache.code(module))
@@ -134,6 +144,7 @@ def run_passes(
         changed = changed or state.changed
         run.sites.extend(state.sites)
         run.skips.extend(state.skips)
+        run.files.extend(state.files)
         run.stages.append(_Stage(pass_cls, module, frozenset(s.key for s in state.sites)))
     return module, run
 
@@ -240,8 +251,12 @@ def migrate_source(
     passes: PassList | None = None,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
     path: str | None = None,
+    home: Home | None = None,
 ) -> Migration:
     """Migrate one source text and return the new code with its sites and skips.
+
+    `home` (`home_of(path)`) lets passes put a helper in one module of the project, imported
+    where needed: the new code then comes with the project files it imports.
 
     Every site is decided by the default policy (`options.unsafe_fixes`), then by `accept`, which
     may turn sites on or off (verification and interactive review plug in there). Raises
@@ -258,7 +273,14 @@ def migrate_source(
         refuse_deep_nesting(code)
     module = parse_module(code)
     new, run = run_passes(
-        module, code, passes, target_jax=options.target_jax, path=path, selected=selected
+        module,
+        code,
+        passes,
+        target_jax=options.target_jax,
+        path=path,
+        selected=selected,
+        home=home,
+        pmap_style=options.pmap_style,
     )
     if not run.sites:
         return Migration(code, (), tuple(sorted(run.skips, key=lambda s: (s.line, s.col))))
@@ -267,10 +289,35 @@ def migrate_source(
         sites = enforce_groups(accept(sites))
     applied = frozenset(s.key for s in sites if s.applied)
     if applied and len(applied) != len(sites):  # none applied: the code is the original
-        new = _rerun(module, code, run.stages, applied, options, path, selected)
+        new = _rerun(module, code, run.stages, applied, options, path, selected, home)
     by_place = tuple(sorted(sites, key=lambda s: (s.line, s.col)))
     skips = tuple(sorted(run.skips, key=lambda s: (s.line, s.col)))
-    return Migration(new.code if applied else code, by_place, skips)
+    return Migration(new.code if applied else code, by_place, skips, needed(run.files, applied))
+
+
+def needed(files: Sequence[ProjectFile], applied: frozenset[str]) -> tuple[ProjectFile, ...]:
+    """Return the requested project files some applied site needs, one per path."""
+    out: dict[str, ProjectFile] = {}
+    for file in files:
+        if file.keys & applied:
+            out.setdefault(file.path, file)
+    return tuple(out.values())
+
+
+def home_of(path: Path) -> Home | None:
+    """Return where a Python file lives: its top-level package's folder and name, else its own.
+
+    Reads the file system (which folders hold an `__init__.py`); None for a notebook.
+    """
+    if path.suffix != ".py":
+        return None
+    folder = path.absolute().parent
+    top = None
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        top, folder = folder, folder.parent
+    shown = top if top is not None else folder
+    relative = os.path.relpath(shown) if not path.is_absolute() else str(shown)
+    return Home(relative, None if top is None else top.name)
 
 
 def _rerun(
@@ -281,6 +328,7 @@ def _rerun(
     options: Options,
     path: str | None,
     selected: frozenset[str],
+    home: Home | None = None,
 ) -> cst.Module:
     """Return `module` with just the `applied` sites rewritten, after a run that rewrote all.
 
@@ -304,6 +352,8 @@ def _rerun(
         path=path,
         selected=selected,
         changed=start is not module,
+        home=home,
+        pmap_style=options.pmap_style,
     )
     return new
 
@@ -334,6 +384,7 @@ def migrate_text(
     path: str,
     options: Options,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
+    home: Home | None = None,
 ) -> Migration:
     """Migrate a file's text: a notebook's JSON (by its `.ipynb` name) cell by cell, else Python.
 
@@ -343,7 +394,7 @@ def migrate_text(
         from jaxmigrate.notebook import migrate_notebook
 
         return migrate_notebook(text, options=options, accept=accept, path=path)
-    return migrate_source(text, options=options, accept=accept, path=path)
+    return migrate_source(text, options=options, accept=accept, path=path, home=home)
 
 
 def process_text(
@@ -351,12 +402,13 @@ def process_text(
     text: str,
     options: Options,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
+    home: Home | None = None,
 ) -> FileResult:
     """Migrate one file's decoded text into its FileResult; never raises for a bad file."""
     from jaxmigrate.notebook import NotebookError
 
     try:
-        result = migrate_text(text, path=shown, options=options, accept=accept)
+        result = migrate_text(text, path=shown, options=options, accept=accept, home=home)
     except cst.ParserSyntaxError as exc:
         code = None if shown.endswith(".ipynb") else text
         return FileResult(shown, Bucket.FAILED, reason=describe_syntax_error(exc, code))
@@ -377,6 +429,7 @@ def process_text(
         skips=result.skips,
         old_text=text,
         new_text=result.code,
+        files=result.files,
     )
 
 
@@ -426,14 +479,17 @@ def _process_file(
         text = decode(data).text
     except SourceError as exc:
         return FileResult(shown, Bucket.FAILED, reason=str(exc))
+    home = home_of(path)
     if cache is None or accept is not None:
-        return process_text(shown, text, options, accept)
+        return process_text(shown, text, options, accept, home)
     key = cache.key(data, notebook=shown.endswith(".ipynb"))
     hit = cache.load(key, shown, text)
     if hit is not None:
         return hit
     start = time.perf_counter()
-    result = process_text(shown, text, options)
+    result = process_text(shown, text, options, home=home)
+    if result.files:  # the result depends on where the file is, which the key does not hold
+        return result
     if result.sites or result.skips or time.perf_counter() - start >= WORTH_CACHING:
         cache.store(key, result)
     return result

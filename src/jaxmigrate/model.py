@@ -109,6 +109,19 @@ def place(path: str, cell: int | None) -> str:
 
 
 @dataclass(frozen=True)
+class ProjectFile:
+    """A module of the user's project that rewritten code imports (a helper shared by many files).
+
+    A pass requests it (`Pass.shared_module`); the engine keeps it when a site in `keys` is
+    applied, and the run creates or updates it together with the files that import it.
+    """
+
+    path: str
+    text: str
+    keys: frozenset[str] = frozenset()  # the sites of the requesting file that need it
+
+
+@dataclass(frozen=True)
 class FileResult:
     """Everything one file came to: its bucket, its sites and skips, and both texts."""
 
@@ -120,6 +133,7 @@ class FileResult:
     old_text: str | None = None
     new_text: str | None = None
     written: bool = False
+    files: tuple[ProjectFile, ...] = ()  # the project modules its new text imports
 
     @property
     def pending(self) -> tuple[Site, ...]:
