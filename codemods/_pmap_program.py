@@ -571,9 +571,9 @@ def _follow_argument(
     call, is where the value comes from, not what the step gets: it is not counted.
     """
     kinds: set[str] = set()
-    first_call = min(flow.order[id(c.assign)] for c in calls)
     for call in calls:
         name = call.args[position]
+        first_call = min(flow.order[id(c.assign)] for c in calls if c.args[position] == name)
         found = [
             (flow.order[id(b)], b, _binding_kind(program, b, name, forms, calls, flow))
             for b in flow.stores.get(name, [])
