@@ -73,6 +73,8 @@ class Program:
     mesh: str = "mesh"  # the name the mesh is bound to
     sharding: str = "batch_sharding"  # the name the sharding of batches is bound to
     fixed: dict[int, str] = field(default_factory=dict)  # unmapped positions: "none", "static"
+    varying: list[bool] = field(default_factory=list)  # per result: differs between devices
+    hosts: str = "jax.experimental.multihost_utils"  # how the module spells that module
     statics: cst.Arg | None = None  # `static_broadcasted_argnums`, as written
     made_at: int = 0  # where the step is made, in `_Parents.order`
     nodes: dict[int, cst.CSTNode] = field(default_factory=dict)  # the edited nodes, by id
@@ -101,7 +103,7 @@ class Program:
             for i, batch in enumerate(self.batches)
         ]
         in_specs = f"({', '.join(specs)}{',' if len(specs) == 1 else ''})"
-        outs = [f"{spec}()"] * (self.outputs or 1)
+        outs = [f"{spec}({axis})" if v else f"{spec}()" for v in self.varying]
         out_specs = f"({', '.join(outs)})" if self.outputs is not None else outs[0]
         target = _code(self.statement.body[0].targets[0].target)  # type: ignore[attr-defined]
         inner = [
@@ -415,13 +417,14 @@ def analyze(
     for position in range(arity):
         if position not in fixed:
             _follow_argument(program, flow, forms, calls, position)
-    program.outputs = _body_outputs(body, program.batches, qualname)
+    program.outputs, program.varying = _body_outputs(body, program.batches, qualname)
     for call in calls:
-        if program.outputs is not None and len(call.targets) not in (1, program.outputs):
-            raise NotVisible(f"a call of `{step}` unpacks another number of results")
+        wanted = 1 if program.outputs is None else program.outputs
+        if call.readback is None and len(call.targets) != wanted:
+            raise NotVisible(f"a call of `{step}` binds its results other than one name each")
         if call.readback is not None:
-            if program.outputs is not None:
-                raise NotVisible(f"`{step}(...)[0]` of a tuple of results: not a readback")
+            if program.outputs is not None or program.varying[0]:
+                raise NotVisible(f"`{step}(...)[0]` of a tuple or of a per-device result")
             _read_at_once(program, call.readback, step)
         for output, name in enumerate(call.targets):
             _follow_result(program, flow, forms, calls, step, name, output)
@@ -519,11 +522,11 @@ def _step_call(
     return _Call(around, call, names, targets)
 
 
-def _body_outputs(body: cst.FunctionDef, batches: list[bool], qualname: Qualname) -> int | None:
-    """Return how many results the body returns as a tuple (None: one, not a tuple).
-
-    Every result must be the same on every device; otherwise NotVisible.
-    """
+def _body_outputs(
+    body: cst.FunctionDef, batches: list[bool], qualname: Qualname
+) -> tuple[int | None, list[bool]]:
+    """Return how many results the body returns as a tuple (None: one, not a tuple), and
+    which of them may differ between devices (the others are the same on every device)."""
     params = [p.name.value for p in body.params.params]
     varying = {p for p, batch in zip(params, batches) if batch}
     returned: cst.BaseExpression | None = None
@@ -547,10 +550,8 @@ def _body_outputs(body: cst.FunctionDef, batches: list[bool], qualname: Qualname
         raise NotVisible("the body does not end in one return")
     results = list(returned.elements) if isinstance(returned, cst.Tuple) else None
     values = [e.value for e in results] if results is not None else [returned]
-    for value in values:
-        if _is_varying(value, varying, qualname):
-            raise NotVisible("a result differs between devices: it keeps its device axis")
-    return len(values) if results is not None else None
+    flags = [_is_varying(value, varying, qualname) for value in values]
+    return (len(values) if results is not None else None), flags
 
 
 def _is_varying(node: cst.BaseExpression, varying: set[str], qualname: Qualname) -> bool:
@@ -693,7 +694,14 @@ def _follow_result(
     name: str,
     output: int,
 ) -> None:
-    """Check every read of a result: a readback (then deleted) or fed back to the step."""
+    """Check every read of a result: a readback (then deleted) or fed back to the step.
+
+    A result that differs between devices must be read only flattened over the devices
+    (`r.reshape(-1)`, `r.reshape((-1,) + r.shape[2:])`): the flat result is that already.
+    """
+    if program.varying[output]:
+        _follow_flattened(program, flow, calls, step, name)
+        return
     for binding in flow.stores.get(name, []):
         fed = any(binding is c.assign for c in calls)
         read = isinstance(binding, cst.Assign) and forms.readback_of(binding.value, name)
@@ -743,6 +751,60 @@ def _in_loop_with(flow: _Parents, node: cst.CSTNode, calls: list[_Call]) -> bool
     """Return True if `node` is in a loop that also makes a call of the step."""
     loops = {id(a) for a in _ancestors(flow, node) if isinstance(a, (cst.For, cst.While))}
     return any(id(a) in loops for c in calls for a in _ancestors(flow, c.assign))
+
+
+def _follow_flattened(
+    program: Program, flow: _Parents, calls: list[_Call], step: str, name: str
+) -> None:
+    for binding in flow.stores.get(name, []):
+        if not any(binding is c.assign for c in calls) and not _before(flow, binding, calls):
+            raise NotVisible(f"`{name}` holds a result of `{step}` and something else")
+    for use in flow.loads.get(name, []):
+        if _upstream(flow, use, calls):
+            continue
+        around = list(_ancestors(flow, use))[:6]  # `r.reshape(...)`, `r` in its shape too
+        node = next((a for a in around if isinstance(a, cst.Call) and _flattens(a, name)), None)
+        if node is None:
+            why = f"`{name}`, a per-device result of `{step}`, is read other than flattened"
+            raise NotVisible(why)
+        reason = f"a flattening of `{name}` over devices deleted: the result is flat already"
+        program.edit(node, reason, lambda: _local_part(program, name))
+
+
+def _flattens(node: cst.Call, var: str) -> bool:
+    """`var.reshape(-1)` or `var.reshape((-1,) + var.shape[2:])`."""
+    if not isinstance(node.func, cst.Attribute) or node.func.attr.value != "reshape":
+        return False
+    if _single_name(node.func.value) != var:
+        return False
+    args = _positional(node, 1)
+    shape = args[0] if args else None
+    if _is_minus_one(shape):
+        return True
+    return (
+        isinstance(shape, cst.BinaryOperation)
+        and isinstance(shape.operator, cst.Add)
+        and isinstance(shape.left, cst.Tuple)
+        and len(shape.left.elements) == 1
+        and _is_minus_one(shape.left.elements[0].value)
+        and _code(shape.right) in (f"{var}.shape[2:]",)
+    )
+
+
+def _is_minus_one(node: cst.BaseExpression | None) -> bool:
+    return (
+        isinstance(node, cst.UnaryOperation)
+        and isinstance(node.operator, cst.Minus)
+        and isinstance(node.expression, cst.Integer)
+        and node.expression.value == "1"
+    )
+
+
+def _local_part(program: Program, name: str) -> cst.BaseExpression:
+    """This process's part of a result sharded over the devices (in one process, all of it)."""
+    spec = f"{_code(program.spec)}({_code(program.axis)})"
+    text = f"{program.hosts}.global_array_to_host_local_array({name}, {program.mesh}, {spec})"
+    return cst.parse_expression(text)
 
 
 def _read_at_once(program: Program, readback: cst.Subscript, step: str) -> None:

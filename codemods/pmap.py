@@ -130,7 +130,10 @@ the step is made and called in one function, its arguments are replicated values
 `jax.tree.map`, `common_utils.shard`), `in_axes=None` or static arguments, or its own results fed
 back; its results are read only as `r[0]`, `jax.tree.map(lambda v: v[0], r)`, `unreplicate(r)`,
 `step(...)[0]` or fed back; and each result is the same on every device (a `pmean`/`psum`/`pmax`/
-`pmin` result, or computed from replicated values alone, read from the body's straight-line code).
+`pmin` result, or computed from replicated values alone, read from the body's straight-line code),
+or is read only flattened over the devices (`r.reshape(-1)`, `r.reshape((-1,) + r.shape[2:])`:
+per-example predictions), which gets `P(axis)` and becomes this process's part of the flat result
+(`multihost_utils.global_array_to_host_local_array`; in one process, all of it).
 The device axis then disappears, as in the public migrations (big_vision, AlgoPerf, flax lm1b):
 
 ```python
@@ -1109,12 +1112,24 @@ class Pmap(Pass):
         if isinstance(site.ref, cst.Name):
             self.drop_import_if_unused(site.ref.value)
         program.jax = dotted(self.module_ref("jax")) or "jax"
+        if any(program.varying):  # results read flattened: each process reads its own part
+            program.hosts = self._multihost_utils()
         program.spec = spec
         taken = set(names_in(program.host))
         program.mesh = self._fresh("mesh", taken)
         program.sharding = self._fresh("batch_sharding", taken)
         indent = self._room(program.statement)[0]
         return program.rewrite(" " * indent, LINE)
+
+    def _multihost_utils(self) -> str:
+        """Return how to spell `jax.experimental.multihost_utils` here, importing it if needed."""
+        bound = self.resolver.module_binding("jax.experimental.multihost_utils")
+        if bound is not None:
+            return bound
+        if self.resolver.is_free("multihost_utils"):
+            self.need_import("jax.experimental", "multihost_utils")
+            return "multihost_utils"
+        return dotted(self.module_ref("jax.experimental.multihost_utils")) or "multihost_utils"
 
     def _fresh(self, name: str, taken: set[str]) -> str:
         """Return `name`, or `name_1`, ...: one neither the function nor the module uses."""
