@@ -247,8 +247,11 @@ def _positional(call: cst.Call, count: int) -> list[cst.BaseExpression] | None:
 class _Forms:
     """Recognizes the stacking and readback forms, by meaning."""
 
-    def __init__(self, qualname: Qualname) -> None:
+    def __init__(
+        self, qualname: Qualname, counts: Callable[[cst.BaseExpression], bool] = lambda _: True
+    ) -> None:
         self.qualname = qualname
+        self.counts = counts  # is this the number of local devices (pmap's mapped size)?
 
     def _is(self, node: cst.BaseExpression, names: frozenset[str]) -> bool:
         return isinstance(node, cst.Call) and self.qualname(node.func) in names
@@ -271,7 +274,12 @@ class _Forms:
         if self._is(node, BROADCAST):
             assert isinstance(node, cst.Call)
             args = _positional(node, 2)
-            return args is not None and _single_name(args[0]) == var and _adds_leading(args[1], var)
+            return (
+                args is not None
+                and _single_name(args[0]) == var
+                and _adds_leading(args[1], var)
+                and self.counts(args[1].left.elements[0].value)  # type: ignore[attr-defined]
+            )
         if self._is(node, STACK):
             assert isinstance(node, cst.Call)
             args = _positional(node, 1)
@@ -282,6 +290,7 @@ class _Forms:
                 and isinstance(item.left, cst.List)
                 and len(item.left.elements) == 1
                 and _single_name(item.left.elements[0].value) == var
+                and self.counts(item.right)
             )
         return False
 
@@ -308,15 +317,22 @@ class _Forms:
             assert isinstance(node, cst.Call)
             args = _positional(node, 1)
             return args[0] if args else None
-        mapped = self._tree_mapped(node, _splits)
+        mapped = self._tree_mapped(node, self._splits)
         if mapped is not None:
             return mapped
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
             owner = node.func.value
             name = _single_name(owner)
-            if name is not None and _splits(node, name):
+            if name is not None and self._splits(node, name):
                 return owner
         return None
+
+    def _splits(self, node: cst.BaseExpression, var: str) -> bool:
+        """`var.reshape((n, -1) + var.shape[1:])`, n the number of local devices."""
+        if not _splits(node, var):
+            return False
+        shape = node.args[0].value  # type: ignore[attr-defined]
+        return self.counts(shape.left.elements[0].value)
 
     def readback_of(self, node: cst.BaseExpression, var: str) -> bool:
         """`var[0]`, `jax.tree.map(lambda v: v[0], var)`, `unreplicate(var)`."""
@@ -413,7 +429,7 @@ def analyze(
     )
     program.fixed, program.statics = fixed, options.statics_arg
     program.made_at = flow.order[id(statement)]
-    forms = _Forms(qualname)
+    forms = _Forms(qualname, lambda node: _is_device_count(node, flow, qualname))
     for position in range(arity):
         if position not in fixed:
             _follow_argument(program, flow, forms, calls, position)
@@ -731,6 +747,24 @@ def _follow_result(
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
         program.edit(readback, why, lambda: cst.Name(name))
     del output
+
+
+DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
+
+
+def _is_device_count(node: cst.BaseExpression, flow: _Parents, qualname: Qualname) -> bool:
+    """`jax.local_device_count()`, or a name bound only to it in the function.
+
+    Stacking over another number (pmap over some of the devices) keeps the faithful form: the
+    mesh of the program-level form spans every device.
+    """
+    if isinstance(node, cst.Call):
+        return not node.args and qualname(node.func) in DEVICE_COUNTS
+    name = _single_name(node)
+    stores = flow.stores.get(name, []) if name is not None else []
+    return bool(stores) and all(
+        isinstance(b, cst.Assign) and _is_device_count(b.value, flow, qualname) for b in stores
+    )
 
 
 def _ancestors(flow: _Parents, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
