@@ -424,6 +424,9 @@ def analyze(
     calls = [_step_call(flow, use, step, arity, fixed) for use in flow.loads.get(step, [])]
     if not calls:
         raise NotVisible(f"`{step}` is not called in `{host.name.value}`")
+    for call in calls:  # a call in a nested def or lambda runs when that is called: not followed
+        if any(isinstance(a, (cst.FunctionDef, cst.Lambda)) for a in _ancestors(flow, call.call)):
+            raise NotVisible(f"`{step}` is called in a nested function")
     program = Program(
         host, statement, options.fun, options.axis, options.donate, [False] * arity, None
     )
@@ -570,13 +573,21 @@ def _body_outputs(
     return (len(values) if results is not None else None), flags
 
 
-def _is_varying(node: cst.BaseExpression, varying: set[str], qualname: Qualname) -> bool:
-    """Return True unless `node` is the same on every device: reduced, or from replicated values."""
-    if isinstance(node, cst.Call) and qualname(node.func) in REDUCED:
-        return False
-    if any(qualname(c.func) in VARYING for c in _calls_in(node)):
-        return True
-    return any(name in varying for name in names_in(node))
+def _is_varying(node: cst.CSTNode, varying: set[str], qualname: Qualname) -> bool:
+    """Return True unless `node` is the same on every device: reduced, or from replicated values.
+
+    A `pmean`/`psum`/`pmax`/`pmin` call is the same on every device whatever it reduces; an
+    `axis_index` differs; a name differs when it was computed from what differs.
+    """
+    if isinstance(node, cst.Call):
+        name = qualname(node.func)
+        if name in REDUCED:
+            return False
+        if name in VARYING:
+            return True
+    if isinstance(node, cst.Name):
+        return node.value in varying
+    return any(_is_varying(child, varying, qualname) for child in node.children)
 
 
 def _follow_argument(
@@ -595,6 +606,8 @@ def _follow_argument(
             (flow.order[id(b)], b, _binding_kind(program, b, name, forms, calls, flow))
             for b in flow.stores.get(name, [])
         ]
+        if not found:  # a global, or a name bound outside the function: not followed
+            kinds.add("other")
         stacking = [
             at
             for at, b, kind in found
