@@ -123,7 +123,8 @@ class Program:
         if len(indent) + len(flat) > line:  # continuation lines: relative to the block
             body = "".join(f"        {arg},\n" for arg in inner)
             rest = "".join(f"    {arg},\n" for arg in outer[1:])
-            flat = f"{target} = {jax}.jit(\n    {jax}.shard_map(\n{body}    ),\n{rest})"
+            comma = "," if rest else ""  # a sole argument is hugged, as black does
+            flat = f"{target} = {jax}.jit(\n    {jax}.shard_map(\n{body}    ){comma}\n{rest})"
         texts = [mesh, flat]
         if any(self.batches):
             sharding = f"{jax}.sharding.NamedSharding({self.mesh}, {spec}({axis}))"
