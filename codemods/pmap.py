@@ -32,9 +32,9 @@ from jax.sharding import PartitionSpec as P
 
 
 def shard_map_per_device(
-    f, *, axis_name, in_specs, out_specs, devices=None, backend=None
+    f, *, axis_name, in_specs, out_specs, devices=None, backend=None, **jit_options
 ):
-    \"\"\"Shard-map `f` like `jax.pmap`: one call per device, on that device's slice.\"\"\"
+    \"\"\"Run `f` as `jax.pmap` does, in `jax.jit`: one call per device, on its slice.\"\"\"
     names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
     specs = (in_specs, P(*names))  # pmap maps keyword arguments over their leading axis
 
@@ -49,25 +49,57 @@ def shard_map_per_device(
         args, kwargs = at_mapped_axes(specs, (args, kwargs), jax.lax.squeeze)
         return at_mapped_axes(out_specs, f(*args, **kwargs), jax.lax.expand_dims)
 
-    def on_devices(*args, **kwargs):  # runs when jax.jit traces: devices are found then
+    def mesh_of(args, kwargs, processes):  # pmap's: the first devices, by process
         sizes = []
         at_mapped_axes(
             specs, (args, kwargs), lambda x, ax: sizes.append([x.shape[a] for a in ax])
         )
+        shape = [sizes[0][0] * processes, *sizes[0][1:]]
         pool = jax.devices(backend) if devices is None else devices
-        shape = sizes[0]  # pmap's mesh: the first devices, as many as the mapped size
-        mesh = jax.sharding.Mesh(np.reshape(pool[: np.prod(shape)], shape), names)
+        pool = sorted(pool, key=lambda d: d.process_index)
+        return jax.sharding.Mesh(np.reshape(pool[: np.prod(shape)], shape), names)
+
+    def on_devices(*args, **kwargs):  # runs when jax.jit traces: devices are found then
+        mesh = mesh_of(args, kwargs, 1)
         # check_vma=False as in pmap: True would sum the gradients of replicated values
         return jax.shard_map(
             per_device, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False
         )(args, kwargs)
 
-    return on_devices
+    jitted = jax.jit(on_devices, **jit_options)
+
+    def call(*args, **kwargs):
+        processes = jax.process_count(backend)
+        if processes == 1:
+            return jitted(*args, **kwargs)
+        # As pmap: each process passes its own devices' slices, and gets its own back.
+        from jax.experimental import multihost_utils as hosts
+
+        def to_global(spec, tree):  # Python scalars stay: jax.jit takes them as given
+            def put(x):
+                return hosts.host_local_array_to_global_array(x, mesh, spec)
+
+            return jax.tree.map(lambda x: put(x) if hasattr(x, "shape") else x, tree)
+
+        mesh = mesh_of(args, kwargs, processes)
+        args, kwargs = jax.tree.map(
+            lambda s, t: t if s is None else to_global(s, t),
+            specs,
+            (args, kwargs),
+            is_leaf=lambda s: s is None,
+        )
+        out = jitted(*args, **kwargs)
+        return hosts.global_array_to_host_local_array(out, mesh, out_specs)
+
+    return call
 
 
-@functools.partial(jax.jit, donate_argnums=(0,))
 @functools.partial(
-    shard_map_per_device, axis_name="batch", in_specs=P("batch"), out_specs=P("batch")
+    shard_map_per_device,
+    axis_name="batch",
+    in_specs=P("batch"),
+    out_specs=P("batch"),
+    donate_argnums=(0,),
 )
 def train_step(params, batch):
     grads = jax.grad(loss)(params, batch)
@@ -82,6 +114,75 @@ theirs: outputs still carry the leading device axis, so `flax.jax_utils.replicat
 pmap's: an Auto `Mesh` of the first n devices in `jax.devices()` order, n the size of the mapped
 axis, built when `jax.jit` first traces a call (never at import, so `jax.distributed.initialize()`
 and `XLA_FLAGS` set in `main()` still take effect), or of `devices=` / `backend=` when given.
+The helper owns the `jax.jit` (`static_argnums`/`donate_argnums` are passed through to it): on a
+multi-process job (`jax.distributed`), as in pmap, each process passes its own devices' slices;
+they become its part of global arrays (`multihost_utils.host_local_array_to_global_array`) before
+the jitted call, over a mesh of every device of the job, each process's devices together (pmap's
+order), and each process gets its own part of the results back
+(`global_array_to_host_local_array`). In one process the call is `jax.jit`'s and nothing else.
+
+## Two forms: program-level (the default) and faithful
+`pmap-style = "idiomatic"` (`[tool.jaxmigrate]`, `--pmap-style` on `run` and `check`; the
+default) takes the **program-level** form wherever the data flow around the step is fully visible:
+the step is made and called in one function, its arguments are replicated values
+(`flax.jax_utils.replicate`, `jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`,
+`jnp.stack([x] * n)`), splits of a flat batch (`x.reshape((n, -1) + x.shape[1:])` or its
+`jax.tree.map`, `common_utils.shard`), `in_axes=None` or static arguments, or its own results fed
+back; its results are read only as `r[0]`, `jax.tree.map(lambda v: v[0], r)`, `unreplicate(r)`,
+`step(...)[0]` or fed back; and each result is the same on every device (a `pmean`/`psum`/`pmax`/
+`pmin` result, or computed from replicated values alone, read from the body's straight-line code),
+or is read only flattened over the devices (`r.reshape(-1)`, `r.reshape((-1,) + r.shape[2:])`:
+per-example predictions), which gets `P(axis)` and becomes this process's part of the flat result
+(`multihost_utils.global_array_to_host_local_array`; in one process, all of it).
+The device axis then disappears, as in the public migrations (big_vision, AlgoPerf, flax lm1b):
+
+```python
+def main():
+    n = jax.local_device_count()
+    p_train_step = jax.pmap(train_step, axis_name="batch", donate_argnums=(0,))
+    params = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), params)
+    for x, y in batches:
+        batch = jax.tree.map(lambda v: v.reshape((n, -1) + v.shape[1:]), {"x": x, "y": y})
+        params, loss = p_train_step(params, batch)
+        log(loss[0])
+    params = jax.tree.map(lambda x: x[0], params)
+```
+becomes
+```python
+def main():
+    n = jax.local_device_count()
+    mesh = jax.sharding.Mesh(jax.devices(), ("batch",))
+    batch_sharding = jax.sharding.NamedSharding(mesh, P("batch"))
+    p_train_step = jax.jit(
+        jax.shard_map(
+            train_step,
+            mesh=mesh,
+            in_specs=(P(), P("batch")),
+            out_specs=(P(), P()),
+            check_vma=False,
+        ),
+        donate_argnums=(0,),
+    )
+    for x, y in batches:
+        batch = jax.make_array_from_process_local_data(batch_sharding, {"x": x, "y": y})
+        params, loss = p_train_step(params, batch)
+        log(loss)
+```
+The mesh (every device of the job, `jax.devices()` order) is made once, where the step was made;
+replicated arguments and results are `P()` and passed or read as they are (the replication and
+the readbacks are deleted); a batch is `P(axis)`: its per-device block is exactly the old
+per-device slice, so the body is unchanged, collectives included; on a multi-process job each
+process's flat batch becomes its part of the global batch (`make_array_from_process_local_data`;
+in one process, the batch itself). `in_axes=None` -> `P()`, `static_broadcasted_argnums` ->
+`static_argnums` (spec `None`), `donate_argnums` kept. `check_vma=False` keeps pmap's numbers: the
+body's `pmean` of per-device gradients of a `P()` parameter (with `check_vma=True` those come out
+already summed over devices; cookbook rule 9). The step and every replicate/split/readback edit
+are one group of sites: written together or not at all. Anything else (a step made at module
+level or by a decorator, passed to other code, arguments from outside the function, a result that
+differs between devices, a body with control flow) gets the faithful form below, and the site's
+message says why the program-level form was not taken. `pmap-style = "faithful"` selects the
+faithful form everywhere. Fixtures: `tests/fixtures/pmap/program_*.py`, each paired with a
+`faithful_program_*.py` of the same program (both executed on 8 CPU devices).
 
 Forms: `jax.pmap(f, ...)` anywhere in an expression (assigned, on attributes, called inline,
 `f = jax.pmap(f)`), `@jax.pmap`, `@functools.partial(jax.pmap, ...)`, with `jax` under any alias
@@ -89,9 +190,9 @@ or `pmap` imported by name, at module level or in a function. Arguments:
 - `axis_name` (positional or keyword) is kept; an unnamed axis gets a name no string in the module
   uses (`"device"`); `in_axes`/`out_axes` become `in_specs`/`out_specs` of the same structure
   (`0` -> `P(name)`, `1` -> `P(None, name)`, `None` -> `P()`, tuples and dicts stay so);
-- `static_broadcasted_argnums` -> `jax.jit(static_argnums=...)`, the static positions of
-  `in_specs` set to `None` (passed through, not sharded); `donate_argnums` is carried to `jax.jit`
-  unchanged (both count static arguments);
+- `static_broadcasted_argnums` -> `static_argnums=` of the helper's `jax.jit`, the static
+  positions of `in_specs` set to `None` (passed through, not sharded); `donate_argnums` is carried
+  to `jax.jit` unchanged (both count static arguments);
 - `devices=` and `backend=` go to the mesh; `axis_size=` is dropped: in one process it only checks
   the mapped size, which the mesh is built from;
 - keyword arguments of the call are mapped over their leading axis, as pmap maps them;
@@ -109,8 +210,8 @@ unsafe. The per-device form keeps each body's meaning, but the program around it
 rejected; `out_axes=None` still returns device 0's value without proof that all devices agree
 (`check_vma=False`, as pmap: with `check_vma=True` a gradient taken in the body with respect to a
 replicated or closed-over value comes out summed over devices, 8x too large on 8 devices, and a
-`lax.scan` whose carry starts replicated raises); the semantics are pmap's in one process: on
-multi-process platforms the function now takes global arrays, not per-host ones.
+`lax.scan` whose carry starts replicated raises). On multi-process jobs a call made while tracing
+(the pmapped function called inside another `jax.jit`) is not converted to global arrays.
 
 ## Skips
 - `in_axes`/`out_axes` that are computed, negative (they need the rank), booleans, a top-level
@@ -134,6 +235,8 @@ separate processes on an 8-device CPU mesh and compare outputs: rank-sensitive b
 `out_axes=None`, static arguments, 4 of 8 devices, kwargs, nested pmap and `pure_callback` in the
 body, and `check_vma` traps (a gradient of a closed-over value, a `lax.scan` with a replicated
 initial carry). `jaxmigrate run` verifies each site the same way on the user's own inputs.
+`tests/test_pmap_multihost.py` runs a pmap train step and its rewrite as a real 2-process job
+(gloo collectives, 4 CPU devices per process): every process gets the numpy oracle's weights.
 """
 
 from __future__ import annotations
@@ -144,6 +247,7 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import libcst as cst
+from jaxmigrate.codemods._pmap_program import NotVisible, Program, analyze, names_in
 from libcst.codemod import CodemodContext
 from libcst.metadata import PositionProvider
 
@@ -164,19 +268,24 @@ PMAP = "jax.pmap"
 PARTIAL = "functools.partial"
 PARTITION_SPEC = "jax.sharding.PartitionSpec"
 HELPER = "shard_map_per_device"
-HELPER_DOC = "Shard-map `f` like `jax.pmap`: one call per device, on that device's slice."
+HELPER_DOC = "Run `f` as `jax.pmap` does, in `jax.jit`: one call per device, on its slice."
 KEYWORDS = frozenset(
     {"in_axes", "out_axes", "static_broadcasted_argnums", "donate_argnums"}
     | {"devices", "backend", "axis_size"}
 )
+SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)  # where a step may be made and called
 UNNAMED = "device"  # the name of an unnamed mapped axis, unless the module uses it
 STATIC_MIN_JAX = (0, 8)  # `in_specs` entries `None` (static arguments): JAX 0.7.1
 LINE = 88  # the line length new code is laid out for: black's and ruff's default
+PROGRAM_MESSAGE = (
+    "`jax.pmap` -> `jax.jit(jax.shard_map(...))` over the flat data (program-level): replicated "
+    "arguments and results `P()`, batches `P({axis})`, the device axis gone"
+)
 MESSAGE = "`jax.pmap` -> `jax.jit` of `shard_map_per_device`, the body keeping its per-device view"
 
 HELPER_SOURCE = '''\
 def shard_map_per_device(
-    f, *, axis_name, in_specs, out_specs, devices=None, backend=None
+    f, *, axis_name, in_specs, out_specs, devices=None, backend=None, **jit_options
 ):
     """{doc}"""
     names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
@@ -193,21 +302,66 @@ def shard_map_per_device(
         args, kwargs = at_mapped_axes(specs, (args, kwargs), {jax}.lax.squeeze)
         return at_mapped_axes(out_specs, f(*args, **kwargs), {jax}.lax.expand_dims)
 
-    def on_devices(*args, **kwargs):  # runs when jax.jit traces: devices are found then
+    def mesh_of(args, kwargs, processes):  # pmap's: the first devices, by process
         sizes = []
         at_mapped_axes(
             specs, (args, kwargs), lambda x, ax: sizes.append([x.shape[a] for a in ax])
         )
+        shape = [sizes[0][0] * processes, *sizes[0][1:]]
         pool = {jax}.devices(backend) if devices is None else devices
-        shape = sizes[0]  # pmap's mesh: the first devices, as many as the mapped size
-        mesh = {jax}.sharding.Mesh({np}.reshape(pool[: {np}.prod(shape)], shape), names)
+        pool = sorted(pool, key=lambda d: d.process_index)
+        return {jax}.sharding.Mesh({np}.reshape(pool[: {np}.prod(shape)], shape), names)
+
+    def on_devices(*args, **kwargs):  # runs when jax.jit traces: devices are found then
+        mesh = mesh_of(args, kwargs, 1)
         # check_vma=False as in pmap: True would sum the gradients of replicated values
         return {jax}.shard_map(
             per_device, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False
         )(args, kwargs)
 
-    return on_devices
+    jitted = {jax}.jit(on_devices, **jit_options)
+
+    def call(*args, **kwargs):
+        processes = {jax}.process_count(backend)
+        if processes == 1:
+            return jitted(*args, **kwargs)
+        # As pmap: each process passes its own devices' slices, and gets its own back.
+        from jax.experimental import multihost_utils as hosts
+
+        def to_global(spec, tree):  # Python scalars stay: jax.jit takes them as given
+            def put(x):
+                return hosts.host_local_array_to_global_array(x, mesh, spec)
+
+            return {jax}.tree.map(lambda x: put(x) if hasattr(x, "shape") else x, tree)
+
+        mesh = mesh_of(args, kwargs, processes)
+        args, kwargs = {jax}.tree.map(
+            lambda s, t: t if s is None else to_global(s, t),
+            specs,
+            (args, kwargs),
+            is_leaf=lambda s: s is None,
+        )
+        out = jitted(*args, **kwargs)
+        return hosts.global_array_to_host_local_array(out, mesh, out_specs)
+
+    return call
 '''
+
+
+SHARED_MODULE = "_pmap_compat"
+SHARED_DOC = """\
+`shard_map_per_device`: `jax.pmap` as `jax.jit` of `jax.shard_map`, for this project.
+
+Written by jaxmigrate (JM202, pmap) for the modules whose `jax.pmap` it rewrote; they
+import the helper from here. `jaxmigrate explain JM202` says what it does and why.
+"""
+
+
+def shared_source() -> str:
+    """Return the text of the project module holding the helper, in canonical spelling."""
+    helper = HELPER_SOURCE.format(doc=HELPER_DOC, jax="jax", np="np", P="P")
+    imports = "import jax\nimport numpy as np\nfrom jax.sharding import PartitionSpec as P\n"
+    return f'"""{SHARED_DOC}"""\n\n{imports}\n\n{helper}'
 
 
 class Skip(Exception):
@@ -445,6 +599,7 @@ class Site:
     ancestors: tuple[cst.CSTNode, ...]
     mapped: cst.CSTNode | None = None  # the def or lambda it maps, when visible
     skip: str = ""
+    fallback: str = ""  # why the program-level form was not taken, when it was looked for
 
     @property
     def statement(self) -> cst.CSTNode:
@@ -539,7 +694,9 @@ class Pmap(Pass):
         self.lower: set[int] = set()  # the inner one of two stacked pmap decorators
         self.lines: list[str] = []
         self.applied: list[Site] = []
+        self.applied_keys: list[str] = []
         self.reuse_helper = False
+        self.programs: dict[int, tuple[Site, Program]] = {}  # by id of the function they are in
 
     def has_candidates(self, tree: cst.Module, names: ScopeModel) -> bool:
         return "pmap" in names.all_names
@@ -558,6 +715,39 @@ class Pmap(Pass):
                 self.skip(site.node, site.skip)
             else:
                 self.sites[id(site.node)] = site
+        if self.state.pmap_style == "idiomatic":
+            self._find_programs(node)
+
+    def _find_programs(self, module: cst.Module) -> None:
+        """Take the sites whose whole data flow is visible to the program-level form."""
+        hosts: dict[int, list[Site]] = {}
+        for site in self.sites.values():
+            host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
+            hosts.setdefault(id(host), []).append(site)
+        for key, site in list(self.sites.items()):
+            try:
+                host, program = self._program(module, site)
+                if len(hosts[id(host)]) > 1:
+                    raise NotVisible("the function makes several pmapped steps")
+            except NotVisible as why:
+                site.fallback = str(why)
+                continue
+            del self.sites[key]
+            self.programs[id(host)] = (site, program)
+
+    def _program(self, module: cst.Module, site: Site) -> tuple[cst.FunctionDef, Program]:
+        """Return the function making the step and its program; raise NotVisible for why not."""
+        host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
+        if not isinstance(site.node, cst.Call) or len(site.pmaps) != 1:
+            raise NotVisible("a decorator or nested pmap: its calls are not followed (yet)")
+        if not isinstance(host, cst.FunctionDef) or host is site.mapped:
+            raise NotVisible("the step is made outside a function: its calls are not followed")
+        if not isinstance(site.mapped, cst.FunctionDef) or site.mapped not in module.body:
+            raise NotVisible("the pmapped function is not a def of this module")
+        statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
+        if not isinstance(statement, cst.SimpleStatementLine):
+            raise NotVisible("the step is not made by a statement of its own")
+        return host, analyze(host, statement, site.node, site.mapped, self.qualname)
 
     def _classify(self, ref: cst.BaseExpression, ancestors: tuple[cst.CSTNode, ...]) -> Site | None:
         """Return the site a reference to `jax.pmap` belongs to; None if another covers it."""
@@ -723,6 +913,8 @@ class Pmap(Pass):
             self._spec_item(outer, items, "in_axes", "in_specs", in_specs),
             self._spec_item(outer, items, "out_axes", "out_specs", out_specs),
         ]
+        if site.fallback:
+            notes.append(f"program-level form not taken: {site.fallback}")
         plan = Plan(fun, helper, notes=notes, min_jax=STATIC_MIN_JAX if statics else None)
         for keyword, i in outer.options.items():
             if keyword in ("devices", "backend"):
@@ -826,9 +1018,8 @@ class Pmap(Pass):
         plan = self._planned(site, calls)
         if plan is None:
             return updated_node
-        helper = Call(cst.Name(HELPER), [i for i in (plan.fun,) if i is not None] + plan.helper)
-        jit = Call(self.jax_attr("jit"), [Item(cst.Arg(helper.func), helper), *plan.jit])
-        jit = replace(jit, opening=_opening(updated_node))
+        mapped = [plan.fun] if plan.fun is not None else []
+        jit = Call(cst.Name(HELPER), [*mapped, *plan.helper, *plan.jit], _opening(updated_node))
         indent, extra, room = self._room(original_node)
         ws = updated_node.whitespace_before_args
         if isinstance(ws, cst.ParenthesizedWhitespace) and len(ws.last_line.value) > 4:
@@ -839,6 +1030,8 @@ class Pmap(Pass):
     def leave_FunctionDef(
         self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
     ) -> cst.FunctionDef:
+        if id(original_node) in self.programs:
+            return self._rewrite_program(*self.programs[id(original_node)], updated_node)
         decorators: list[cst.Decorator] = []
         pending = list(zip(original_node.decorators, updated_node.decorators))
         while pending:
@@ -853,6 +1046,48 @@ class Pmap(Pass):
             decorators += self._decorators(site, plan, new)
         return updated_node.with_changes(decorators=decorators)
 
+    def _rewrite_program(
+        self, site: Site, program: Program, updated: cst.FunctionDef
+    ) -> cst.FunctionDef:
+        """Record the step and its edits as one group; rewrite them all, or nothing."""
+        line, col = self.where(site.node)
+        group = f"{self.CODE}:program:{line}:{col}"
+        axis = _code(program.axis)
+        enabled = [self.site(site.node, PROGRAM_MESSAGE.format(axis=axis), group=group)]
+        for node_id, why in program.reasons.items():
+            enabled.append(self.site(program.nodes[node_id], why, group=group))
+        if not all(enabled):
+            return updated
+        spec, spec_import = self._spec_ref()
+        if spec_import is not None:
+            self.need_import(*spec_import)
+        if isinstance(site.ref, cst.Name):
+            self.drop_import_if_unused(site.ref.value)
+        program.jax = dotted(self.module_ref("jax")) or "jax"
+        if any(program.varying):  # results read flattened: each process reads its own part
+            program.hosts = self._multihost_utils()
+        program.spec = spec
+        taken = set(names_in(program.host))
+        program.mesh = self._fresh("mesh", taken)
+        program.sharding = self._fresh("batch_sharding", taken)
+        indent = self._room(program.statement)[0]
+        return program.rewrite(" " * indent, LINE)
+
+    def _multihost_utils(self) -> str:
+        """Return how to spell `jax.experimental.multihost_utils` here, importing it if needed."""
+        bound = self.resolver.module_binding("jax.experimental.multihost_utils")
+        if bound is not None:
+            return bound
+        if self.resolver.is_free("multihost_utils"):
+            self.need_import("jax.experimental", "multihost_utils")
+            return "multihost_utils"
+        return dotted(self.module_ref("jax.experimental.multihost_utils")) or "multihost_utils"
+
+    def _fresh(self, name: str, taken: set[str]) -> str:
+        """Return `name`, or `name_1`, ...: one neither the function nor the module uses."""
+        candidates = (name, *(f"{name}_{k}" for k in range(1, len(taken) + 2)))
+        return next(c for c in candidates if c not in taken and self.resolver.is_free(c))
+
     def _planned(self, site: Site, updated: Sequence[cst.CSTNode]) -> Plan | None:
         """Return the plan of a site to rewrite now, once recorded; None to leave it."""
         try:
@@ -863,6 +1098,7 @@ class Pmap(Pass):
         if not self.site(site.node, plan.message, min_jax=plan.min_jax):
             return None
         self.applied.append(site)
+        self.applied_keys.append(self.state.sites[-1].key)
         spec_import = self._spec_ref()[1]
         if spec_import is not None and len(self.applied) == 1:
             self.need_import(*spec_import)
@@ -871,17 +1107,11 @@ class Pmap(Pass):
         return plan
 
     def _decorators(self, site: Site, plan: Plan, new: cst.Decorator) -> list[cst.Decorator]:
-        """Return `@jax.jit` (with its arguments) and `@partial(shard_map_per_device, ...)`."""
+        """Return `@partial(shard_map_per_device, ...)`, `jax.jit`'s arguments last."""
         partial = self._partial(site)
         indent, extra, room = self._room(site.node)
-        jit: cst.BaseExpression = self.jax_attr("jit")
-        if plan.jit:
-            jit = Call(partial, [Item(cst.Arg(jit)), *plan.jit]).laid_out(indent, extra, room)
-        helper = Call(partial.deep_clone(), [Item(cst.Arg(cst.Name(HELPER))), *plan.helper])
-        return [
-            new.with_changes(decorator=jit),
-            cst.Decorator(decorator=helper.laid_out(indent, extra, room)),
-        ]
+        helper = Call(partial, [Item(cst.Arg(cst.Name(HELPER))), *plan.helper, *plan.jit])
+        return [new.with_changes(decorator=helper.laid_out(indent, extra, room))]
 
     def _partial(self, site: Site) -> cst.BaseExpression:
         """Return `functools.partial` as the site or the module spells it."""
@@ -905,6 +1135,10 @@ class Pmap(Pass):
     # The helper ---------------------------------------------------------------------------
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         if not self.applied or self.reuse_helper:
+            return updated_node
+        shared = self.shared_module(SHARED_MODULE, shared_source(), self.applied_keys)
+        if shared is not None:  # one helper for the whole project, imported where needed
+            self.need_import(shared, HELPER)
             return updated_node
         jax = dotted(self.module_ref("jax")) or "jax"
         np = self.resolver.module_alias("numpy")

@@ -2,7 +2,9 @@
 
 `tests/fixtures/<pass_name>/<case>.py` rewrites to `<case>.expected.py`; a `noop_*` case must
 come out byte-for-byte unchanged. `<case>.messages.txt` pins the sites and skips users read, one
-`line:col CODE message` (or `line:col CODE skip: reason`) a line; none when there are neither. Cases that define `main()` run before and after in separate
+`line:col CODE message` (or `line:col CODE skip: reason`) a line; none when there are neither.
+A `faithful_*` case runs with `pmap_style="faithful"`: paired with a case of the same pattern in
+the default (program-level) style, it shows both forms. Cases that define `main()` run before and after in separate
 processes on a simulated 8-device CPU mesh; when the original cannot run on the installed JAX,
 the input defines `reference()`, an equivalent form that does, and that is the reference.
 """
@@ -40,8 +42,13 @@ def messages_path(case: Path) -> Path:
     return case.with_name(case.stem + ".messages.txt")
 
 
-def migrate(code: str) -> str:
-    return migrate_source(code, options=Options(unsafe_fixes=True)).code
+def options_for(case: Path) -> Options:
+    style = "faithful" if case.name.startswith("faithful_") else "idiomatic"
+    return Options(unsafe_fixes=True, pmap_style=style)
+
+
+def migrate(code: str, options: Options | None = None) -> str:
+    return migrate_source(code, options=options or Options(unsafe_fixes=True)).code
 
 
 def test_every_fixture_folder_names_a_pass() -> None:
@@ -53,7 +60,7 @@ def test_every_fixture_folder_names_a_pass() -> None:
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_fixture(case: Path, request: pytest.FixtureRequest) -> None:
     source = case.read_text()
-    result = migrate_source(source, options=Options(unsafe_fixes=True))
+    result = migrate_source(source, options=options_for(case))
     update = bool(request.config.getoption("--update-fixtures"))
     check_messages(messages_path(case), pinned_messages(result.sites, result.skips), update)
     folder_name = case.parent.name.replace("_", "-")
@@ -69,7 +76,7 @@ def test_fixture(case: Path, request: pytest.FixtureRequest) -> None:
     assert any(s.name == folder_name and s.applied for s in result.sites), (
         f"no {folder_name} site was applied in a positive case"
     )
-    assert migrate(result.code) == result.code, "the output is not a fixed point"
+    assert migrate(result.code, options_for(case)) == result.code, "the output is not a fixed point"
 
 
 def run_batch(specs: list[str], tmp: Path, tag: str) -> dict:

@@ -22,7 +22,7 @@ def module_doc(p) -> str:
 
 
 def test_every_module_is_registered() -> None:
-    modules = {p.stem for p in CODEMODS.glob("*.py") if p.stem != "__init__"}
+    modules = {p.stem for p in CODEMODS.glob("*.py") if not p.stem.startswith("_")}  # helpers: _x
     registered = {p.__module__.rsplit(".", 1)[1] for p in PASSES}
     assert modules == registered, f"missing from PASSES: {modules - registered}"
 

@@ -100,6 +100,7 @@ def settings_digest(options: Options) -> str:
         "ignore": list(options.ignore),
         "unsafe_fixes": options.unsafe_fixes,
         "target_jax": list(options.target_jax),
+        "pmap_style": options.pmap_style,
         "jax": _version("jax"),
         "libcst": _version("libcst"),
         "python": list(sys.version_info[:2]),

@@ -29,6 +29,7 @@ class FileConfig:
     python: str | None = None
     timeout: float | None = None
     processes: int | None = None
+    pmap_style: str | None = None
 
 
 _LISTS = {"select", "ignore", "exclude"}
@@ -41,6 +42,7 @@ _TYPES: dict[str, type] = {
     "python": str,
     "timeout": float,
     "processes": int,
+    "pmap-style": str,
 }
 
 

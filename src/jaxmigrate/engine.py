@@ -18,8 +18,8 @@ from libcst import CSTNode
 from libcst.codemod import CodemodContext
 
 from jaxmigrate.facts import Outline
-from jaxmigrate.model import Options, Safety, Site, Skip, Status
-from jaxmigrate.passes import LATEST_JAX, STATE_KEY, FileState, ModuleCache, Pass
+from jaxmigrate.model import Options, ProjectFile, Safety, Site, Skip, Status
+from jaxmigrate.passes import LATEST_JAX, STATE_KEY, FileState, Home, ModuleCache, Pass
 from jaxmigrate.prefilter import prefilter
 from jaxmigrate.registry import chosen_passes
 from jaxmigrate.textio import source_lines
@@ -34,6 +34,7 @@ class Migration:
     code: str
     sites: tuple[Site, ...]
     skips: tuple[Skip, ...]
+    files: tuple[ProjectFile, ...] = ()  # the project modules `code` imports, to write with it
 
 
 @dataclass
@@ -50,6 +51,7 @@ class _Run:
     sites: list[Site] = field(default_factory=list)
     skips: list[Skip] = field(default_factory=list)
     stages: list[_Stage] = field(default_factory=list)
+    files: list[ProjectFile] = field(default_factory=list)
 
 
 def line_map_between(original: Sequence[str], current: str) -> Callable[[int], int]:
@@ -79,12 +81,16 @@ def run_passes(
     selected: frozenset[str] | None = None,
     changed: bool = False,
     outline: Outline | None = None,
+    home: Home | None = None,
+    pmap_style: str = "idiomatic",
 ) -> tuple[cst.Module, _Run]:
     """Run `passes` in order over `module`; return the new module and what they recorded.
 
     `module` is the one parsed from `source`, or, `changed`, what earlier passes made of it.
     `selected` are the codes of every pass the user chose (default: those of `passes`).
     `outline` is that of Python's parse of `source`, if there was one (see `LazyPositions`).
+    `home` says where the file lives (`files.home_of`), for passes that share a module of the
+    project.
     """
     if selected is None:
         selected = frozenset(p.CODE for p in passes)
@@ -105,6 +111,8 @@ def run_passes(
             selected=selected,
             original_lines=original,
             cache=cache,
+            home=home,
+            pmap_style=pmap_style,
         )
         if changed:
             state.line_map = line_map_between(original, cache.code(module))
@@ -113,6 +121,7 @@ def run_passes(
         changed = changed or state.changed
         run.sites.extend(state.sites)
         run.skips.extend(state.skips)
+        run.files.extend(state.files)
         run.stages.append(_Stage(pass_cls, module, frozenset(s.key for s in state.sites)))
     return module, run
 
@@ -219,8 +228,12 @@ def migrate_source(
     passes: PassList | None = None,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
     path: str | None = None,
+    home: Home | None = None,
 ) -> Migration:
     """Migrate one source text and return the new code with its sites and skips.
+
+    `home` (`home_of(path)`) lets passes put a helper in one module of the project, imported
+    where needed: the new code then comes with the project files it imports.
 
     Every site is decided by the default policy (`options.unsafe_fixes`), then by `accept`, which
     may turn sites on or off (verification and interactive review plug in there). Raises
@@ -244,6 +257,8 @@ def migrate_source(
         path=path,
         selected=selected,
         outline=found.outline,
+        home=home,
+        pmap_style=options.pmap_style,
     )
     if not run.sites:
         return Migration(code, (), tuple(sorted(run.skips, key=lambda s: (s.line, s.col))))
@@ -252,10 +267,21 @@ def migrate_source(
         sites = enforce_groups(accept(sites))
     applied = frozenset(s.key for s in sites if s.applied)
     if applied and len(applied) != len(sites):  # none applied: the code is the original
-        new = _rerun(module, code, run.stages, applied, options, path, selected, found.outline)
+        new = _rerun(
+            module, code, run.stages, applied, options, path, selected, found.outline, home
+        )
     by_place = tuple(sorted(sites, key=lambda s: (s.line, s.col)))
     skips = tuple(sorted(run.skips, key=lambda s: (s.line, s.col)))
-    return Migration(new.code if applied else code, by_place, skips)
+    return Migration(new.code if applied else code, by_place, skips, needed(run.files, applied))
+
+
+def needed(files: Sequence[ProjectFile], applied: frozenset[str]) -> tuple[ProjectFile, ...]:
+    """Return the requested project files some applied site needs, one per path."""
+    out: dict[str, ProjectFile] = {}
+    for file in files:
+        if file.keys & applied:
+            out.setdefault(file.path, file)
+    return tuple(out.values())
 
 
 def _rerun(
@@ -267,6 +293,7 @@ def _rerun(
     path: str | None,
     selected: frozenset[str],
     outline: Outline | None,
+    home: Home | None = None,
 ) -> cst.Module:
     """Return `module` with just the `applied` sites rewritten, after a run that rewrote all.
 
@@ -291,6 +318,8 @@ def _rerun(
         selected=selected,
         changed=start is not module,
         outline=outline,
+        home=home,
+        pmap_style=options.pmap_style,
     )
     return new
 

@@ -9,6 +9,7 @@ bad file.
 from __future__ import annotations
 
 import gc
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from jaxmigrate.cache import ResultCache
 from jaxmigrate.engine import Migration, describe_syntax_error, migrate_source
 from jaxmigrate.model import Bucket, FileResult, Options, Site
 from jaxmigrate.notebook import NotebookError, migrate_notebook
+from jaxmigrate.passes import Home
 from jaxmigrate.textio import SourceError, decode, read_bytes
 
 
@@ -29,6 +31,7 @@ def migrate_text(
     path: str,
     options: Options,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
+    home: Home | None = None,
 ) -> Migration:
     """Migrate a file's text: a notebook's JSON (by its `.ipynb` name) cell by cell, else Python.
 
@@ -36,7 +39,7 @@ def migrate_text(
     """
     if path.endswith(".ipynb"):
         return migrate_notebook(text, options=options, accept=accept, path=path)
-    return migrate_source(text, options=options, accept=accept, path=path)
+    return migrate_source(text, options=options, accept=accept, path=path, home=home)
 
 
 def process_text(
@@ -44,10 +47,11 @@ def process_text(
     text: str,
     options: Options,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
+    home: Home | None = None,
 ) -> FileResult:
     """Migrate one file's decoded text into its FileResult; never raises for a bad file."""
     try:
-        result = migrate_text(text, path=shown, options=options, accept=accept)
+        result = migrate_text(text, path=shown, options=options, accept=accept, home=home)
     except cst.ParserSyntaxError as exc:
         code = None if shown.endswith(".ipynb") else text
         return FileResult(shown, Bucket.FAILED, reason=describe_syntax_error(exc, code))
@@ -68,6 +72,7 @@ def process_text(
         skips=result.skips,
         old_text=text,
         new_text=result.code,
+        files=result.files,
     )
 
 
@@ -117,14 +122,17 @@ def _process_file(
         text = decode(data).text
     except SourceError as exc:
         return FileResult(shown, Bucket.FAILED, reason=str(exc))
+    home = home_of(path)
     if cache is None or accept is not None:
-        return process_text(shown, text, options, accept)
+        return process_text(shown, text, options, accept, home)
     key = cache.key(data, notebook=shown.endswith(".ipynb"))
     hit = cache.load(key, shown, text)
     if hit is not None:
         return hit
     start = time.perf_counter()
-    result = process_text(shown, text, options)
+    result = process_text(shown, text, options, home=home)
+    if result.files:  # the result depends on where the file is, which the key does not hold
+        return result
     if result.sites or result.skips or time.perf_counter() - start >= WORTH_CACHING:
         cache.store(key, result)
     return result
@@ -133,3 +141,19 @@ def _process_file(
 # A file decided faster than this (no text trigger: most files) gets no cache entry: writing
 # one (a temporary file renamed into place) costs more than deciding it again.
 WORTH_CACHING = 0.002
+
+
+def home_of(path: Path) -> Home | None:
+    """Return where a Python file lives: its top-level package's folder and name, else its own.
+
+    Reads the file system (which folders hold an `__init__.py`); None for a notebook.
+    """
+    if path.suffix != ".py":
+        return None
+    folder = path.absolute().parent
+    top = None
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        top, folder = folder, folder.parent
+    shown = top if top is not None else folder
+    relative = os.path.relpath(shown) if not path.is_absolute() else str(shown)
+    return Home(relative, None if top is None else top.name)

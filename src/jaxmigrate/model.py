@@ -8,6 +8,8 @@ from typing import Any
 
 # The newest JAX minor version the passes know; the default `--target-jax`.
 LATEST_JAX = (0, 10)
+# How pmap is migrated: program-level where the data flow is visible, or always per device.
+PMAP_STYLES = ("idiomatic", "faithful")
 
 
 class Safety(StrEnum):
@@ -112,6 +114,19 @@ def place(path: str, cell: int | None) -> str:
 
 
 @dataclass(frozen=True)
+class ProjectFile:
+    """A module of the user's project that rewritten code imports (a helper shared by many files).
+
+    A pass requests it (`Pass.shared_module`); the engine keeps it when a site in `keys` is
+    applied, and the run creates or updates it together with the files that import it.
+    """
+
+    path: str
+    text: str
+    keys: frozenset[str] = frozenset()  # the sites of the requesting file that need it
+
+
+@dataclass(frozen=True)
 class FileResult:
     """Everything one file came to: its bucket, its sites and skips, and both texts."""
 
@@ -123,6 +138,7 @@ class FileResult:
     old_text: str | None = None
     new_text: str | None = None
     written: bool = False
+    files: tuple[ProjectFile, ...] = ()  # the project modules its new text imports
 
     @property
     def pending(self) -> tuple[Site, ...]:
@@ -150,3 +166,4 @@ class Options:
     ignore: tuple[str, ...] = ()
     unsafe_fixes: bool = False
     target_jax: tuple[int, int] = LATEST_JAX
+    pmap_style: str = "idiomatic"  # PMAP_STYLES: the program-level form where the flow is visible

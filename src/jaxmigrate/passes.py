@@ -8,8 +8,9 @@ engine can re-run a pass with only some sites enabled; `Pass.site()` answers whe
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -18,7 +19,7 @@ from libcst.codemod import CodemodCommand, CodemodContext
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from jaxmigrate.imports import ImportRequest, add_imports, remove_unused_imports
-from jaxmigrate.model import LATEST_JAX, Safety, Site, Skip
+from jaxmigrate.model import LATEST_JAX, ProjectFile, Safety, Site, Skip
 from jaxmigrate.positions import LazyPositions, Positions
 from jaxmigrate.scope import ScopeModel
 from jaxmigrate.textio import source_lines
@@ -96,6 +97,18 @@ class ModuleCache:
         return self._positions
 
 
+@dataclass(frozen=True)
+class Home:
+    """Where the file being migrated lives, as the engine found it: where shared modules go.
+
+    `directory` is the folder of the file's top-level package (`package`), or, for a script in
+    no package, the file's own folder (`package` None: the module is imported by its bare name).
+    """
+
+    directory: str
+    package: str | None = None
+
+
 @dataclass
 class FileState:
     """Per-file, per-run state the engine hands to every pass through the codemod context."""
@@ -109,6 +122,9 @@ class FileState:
     skips: list[Skip] = field(default_factory=list)
     changed: bool = False
     cache: ModuleCache = field(default_factory=ModuleCache)
+    home: Home | None = None  # None: no project around the text (stdin, a notebook, a test)
+    pmap_style: str = "idiomatic"  # "faithful": pmap keeps its per-device form everywhere
+    files: list[ProjectFile] = field(default_factory=list)
     _keys: dict[str, int] = field(default_factory=dict)
 
     def new_key(self, base: str) -> str:
@@ -339,6 +355,19 @@ class Pass(CodemodCommand, cst.CSTTransformer):
         )
 
     # Emitting -----------------------------------------------------------------------------
+    def shared_module(self, name: str, text: str, keys: Iterable[str]) -> str | None:
+        """Request module `name` of the user's project, holding `text`; return its import name.
+
+        The engine creates or updates the file with the run, when one of the sites `keys` is
+        applied. None when the file has no project around it: the pass keeps the code in the file.
+        """
+        home = self.state.home
+        if home is None:
+            return None
+        path = os.path.join(home.directory, f"{name}.py")
+        self.state.files.append(ProjectFile(path, text, frozenset(keys)))
+        return f"{home.package}.{name}" if home.package else name
+
     def need_import(self, module: str, obj: str | None = None, asname: str | None = None) -> None:
         """Schedule `import module` / `from module import obj` at the top of the file."""
         request = (module, obj, asname)

@@ -573,7 +573,8 @@ def decided(result: FileResult, decisions: Mapping[str, bool], options: Options)
             new_text=old,
         )
     bucket = Bucket.CHANGED if new != old else Bucket.UNCHANGED
-    return replace(result, sites=final, new_text=new, bucket=bucket)
+    # `render` gives the engine no `home`: shared helpers stay in the file, no project file
+    return replace(result, sites=final, new_text=new, bucket=bucket, files=())
 
 
 # Key sources --------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -20,7 +21,7 @@ from pathlib import Path
 from jaxmigrate.cache import ResultCache
 from jaxmigrate.discovery import Found
 from jaxmigrate.files import process_file
-from jaxmigrate.model import Bucket, FileResult, Options, Site
+from jaxmigrate.model import Bucket, FileResult, Options, ProjectFile, Site
 from jaxmigrate.textio import SourceError, atomic_write, read_source
 
 Accept = Callable[[Sequence[Site]], Sequence[Site]]
@@ -204,3 +205,92 @@ def _write_failed(result: FileResult, reason: str) -> FileResult:
         for s in result.sites
     )
     return replace(result, bucket=Bucket.FAILED, reason=reason, sites=sites)
+
+
+# Project files: modules of the user's project that rewritten files import ---------------------
+OURS = "jaxmigrate"  # a project file whose first line names us was written by us: may be updated
+
+
+def with_project_files(results: Sequence[FileResult]) -> list[FileResult]:
+    """Return `results` and, first, one result per project file the changed files import.
+
+    Such a file is created, or updated when an earlier run wrote it; a file of the same name
+    that jaxmigrate did not write is left alone, and the files that import it are not written.
+    Dry runs show the new file's diff; the summary counts it as a changed file.
+    """
+    wanted: dict[str, ProjectFile] = {}
+    for result in results:
+        if result.bucket is Bucket.CHANGED:
+            for file in result.files:
+                wanted.setdefault(os.path.normpath(file.path), file)
+    made = [_project_result(path, file.text) for path, file in sorted(wanted.items())]
+    failed = {r.path: r.reason for r in made if r.bucket is Bucket.FAILED}
+    out = [_needing(r, failed) for r in results]
+    return [*made, *out]
+
+
+def _project_result(path: str, text: str) -> FileResult:
+    try:
+        current = read_source(Path(path)).text if os.path.lexists(path) else ""
+    except SourceError as exc:
+        return FileResult(path, Bucket.FAILED, reason=str(exc))
+    if current and current != text and OURS not in current.partition("\n")[0]:
+        return FileResult(path, Bucket.FAILED, reason="a module of that name is not jaxmigrate's")
+    bucket = Bucket.CHANGED if current != text else Bucket.UNCHANGED
+    return FileResult(path, bucket, old_text=current, new_text=text)
+
+
+def _needing(result: FileResult, failed: dict[str, str]) -> FileResult:
+    """Return `result`, failed when a project file its new text imports cannot be written."""
+    for file in result.files:
+        why = failed.get(os.path.normpath(file.path))
+        if why is not None and result.bucket is Bucket.CHANGED:
+            return _write_failed(result, f"imports {file.path}, which is not written: {why}")
+    return result
+
+
+def write_project_files(results: Sequence[FileResult]) -> list[FileResult]:
+    """Write the project files of `results` (`with_project_files`) before the files needing
+    them; a file whose project file could not be written is not written either."""
+    project = {os.path.normpath(f.path) for r in results for f in r.files}
+    needed = {
+        os.path.normpath(f.path) for r in results if r.bucket is Bucket.CHANGED for f in r.files
+    }
+    out = [
+        (_create_or_write(r) if r.path in needed else replace(r, bucket=Bucket.UNCHANGED))
+        if r.path in project
+        else r
+        for r in results
+    ]
+    failed = {r.path: r.reason for r in out if r.path in project and r.bucket is Bucket.FAILED}
+    return [r if r.path in project else _needing(r, failed) for r in out]
+
+
+def _create_or_write(result: FileResult) -> FileResult:
+    if result.old_text or result.bucket is not Bucket.CHANGED or result.new_text is None:
+        return write_result(result)
+    path = Path(result.path)
+    if os.path.lexists(path):
+        return _write_failed(result, "created on disk while being migrated; not written")
+    try:
+        _create(path, result.new_text.encode("utf-8"))
+    except OSError as exc:
+        return _write_failed(result, f"could not be written: {exc.strerror or exc}")
+    return replace(result, written=True)
+
+
+def _create(path: Path, data: bytes) -> None:
+    """Create `path` with `data` in one rename (as `atomic_write` replaces a file)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".jaxmigrate", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from jaxmigrate.config import ConfigError, FileConfig, find_pyproject, load_config
 from jaxmigrate.discovery import Discovery
-from jaxmigrate.model import LATEST_JAX, Bucket, FileResult, Options, Status
+from jaxmigrate.model import LATEST_JAX, PMAP_STYLES, Bucket, FileResult, Options, Status
 from jaxmigrate.passes import version_text
 from jaxmigrate.registry import UnknownRule, chosen_passes, select_passes
 from jaxmigrate.report import json_report
@@ -40,6 +40,14 @@ JobsOpt = Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Worker
 TargetOpt = Annotated[
     str | None,
     typer.Option("--target-jax", help="Oldest JAX the output must run on (default: installed)."),
+]
+PmapStyleOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--pmap-style",
+        help="pmap rewrites: idiomatic (program-level where the data flow is visible, the "
+        "default) or faithful (the per-device form everywhere).",
+    ),
 ]
 ReportOpt = Annotated[
     Path | None,
@@ -141,6 +149,13 @@ def split_codes(value: str | None) -> tuple[str, ...] | None:
     return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
+def parse_pmap_style(text: str) -> str:
+    """Return `text` if it names a pmap style (`PMAP_STYLES`); raise UsageError otherwise."""
+    if text not in PMAP_STYLES:
+        raise UsageError(f"pmap-style is one of {', '.join(PMAP_STYLES)}, got {text!r}")
+    return text
+
+
 def parse_version(text: str) -> tuple[int, int]:
     """Return `(0, 6)` for `"0.6"` or `"0.6.1"`; raise UsageError otherwise."""
     parts = text.strip().split(".")
@@ -174,6 +189,7 @@ def resolve_settings(
     timeout: float | None = None,
     no_cache: bool = False,
     processes: int | None = None,
+    pmap_style: str | None = None,
 ) -> Settings:
     """Merge command-line flags over the nearest pyproject's `[tool.jaxmigrate]`."""
     try:
@@ -192,6 +208,7 @@ def resolve_settings(
         ignore=chosen_ignore,
         unsafe_fixes=bool(unsafe_fixes if unsafe_fixes is not None else config.unsafe_fixes),
         target_jax=parse_version(target_text) if target_text else installed_jax(),
+        pmap_style=parse_pmap_style(pmap_style or config.pmap_style or "idiomatic"),
     )
     chosen_devices = devices or config.devices or 8
     chosen_processes = check_processes(chosen_devices, processes or config.processes or 1)

@@ -19,6 +19,7 @@ from jaxmigrate.cli.common import (
     NoCacheOpt,
     NoVerifyOpt,
     PathsArg,
+    PmapStyleOpt,
     ProcessesOpt,
     PythonOpt,
     ReportOpt,
@@ -37,7 +38,14 @@ from jaxmigrate.cli.common import (
     write_report,
 )
 from jaxmigrate.model import Bucket, FileResult, Safety
-from jaxmigrate.runner import dirty_files, in_order, migrate_files, write_result
+from jaxmigrate.runner import (
+    dirty_files,
+    in_order,
+    migrate_files,
+    with_project_files,
+    write_project_files,
+    write_result,
+)
 from jaxmigrate.ui.progress import track
 from jaxmigrate.ui.report import print_results
 from jaxmigrate.ui.review import review_interactively
@@ -75,6 +83,7 @@ def run(
     exclude: ExcludeOpt = None,
     jobs: JobsOpt = None,
     target_jax: TargetOpt = None,
+    pmap_style: PmapStyleOpt = None,
     report: ReportOpt = None,
     fmt: FormatOpt = None,
     no_cache: NoCacheOpt = False,
@@ -89,6 +98,7 @@ def run(
             exclude=exclude,
             jobs=jobs,
             target_jax=target_jax,
+            pmap_style=pmap_style,
             unsafe_fixes=unsafe_fixes,
             no_verify=no_verify,
             devices=devices,
@@ -144,8 +154,12 @@ def execute(
             allow_dirty=allow_dirty,
             verification_ran=settings.verify,
         )
-    elif not dry_run:
-        results = write_all(results, allow_dirty=allow_dirty)
+        if not dry_run:  # the reviewed files are written: the modules they import follow
+            results = write_project_files(with_project_files(results))
+    else:
+        results = with_project_files(results)
+        if not dry_run:
+            results = write_all(results, allow_dirty=allow_dirty)
     report_results(console, results, dry_run=dry_run, show_diff=show_diff)
     return results
 
@@ -173,7 +187,10 @@ def verify_unsafe(results: list[FileResult], settings: Settings) -> list[FileRes
 
 
 def write_all(results: Sequence[FileResult], *, allow_dirty: bool) -> list[FileResult]:
-    """Write every changed file, refusing files with uncommitted changes unless allowed."""
+    """Write every changed file, refusing files with uncommitted changes unless allowed.
+
+    The project files the changed files import (`with_project_files`) are written first.
+    """
     changed = [Path(r.path) for r in results if r.bucket is Bucket.CHANGED]
     dirty = set() if allow_dirty or not changed else dirty_files(changed)
     out = []
@@ -188,8 +205,8 @@ def write_all(results: Sequence[FileResult], *, allow_dirty: bool) -> list[FileR
                     for s in result.sites
                 ),
             )
-        out.append(write_result(result))
-    return out
+        out.append(result)
+    return [r if r.written else write_result(r) for r in write_project_files(out)]
 
 
 def report_results(

@@ -84,6 +84,7 @@ class VerifyRequest:
     rewrite: Callable[[frozenset[str]], str] | None = None
     baseline: str | None = None
     alternatives: Mapping[str, str] = field(default_factory=dict)
+    files: Mapping[str, str] = field(default_factory=dict)  # project modules it imports, by path
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from jaxmigrate.engine import PassList, decide, parse_module, run_passes
-from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site
+from jaxmigrate.engine import PassList, decide, needed, parse_module, run_passes
+from jaxmigrate.files import home_of
+from jaxmigrate.model import Bucket, FileResult, Options, ProjectFile, Safety, Site
 from jaxmigrate.registry import chosen_passes
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.session import Key, verify
@@ -37,11 +38,26 @@ def render(
     old_text: str, path: str, options: Options, keys: frozenset[str] | None, passes: PassList
 ) -> str:
     """Return `old_text` with the sites in `keys` rewritten (None: all of them)."""
+    return rendered(old_text, path, options, keys, passes)[0]
+
+
+def rendered(
+    old_text: str, path: str, options: Options, keys: frozenset[str] | None, passes: PassList
+) -> tuple[str, tuple[ProjectFile, ...]]:
+    """Return `render`'s text and the project files it imports."""
     module = parse_module(old_text)
-    new, _ = run_passes(
-        module, old_text, passes, enabled=keys, target_jax=options.target_jax, path=path
+    new, run = run_passes(
+        module,
+        old_text,
+        passes,
+        enabled=keys,
+        target_jax=options.target_jax,
+        path=path,
+        home=home_of(Path(path)),
+        pmap_style=options.pmap_style,
     )
-    return new.code
+    applied = frozenset(s.key for s in run.sites) if keys is None else keys
+    return new.code, needed(run.files, applied)
 
 
 def request_for(
@@ -50,10 +66,16 @@ def request_for(
     """Return the verification request of one migrated file."""
     old = result.old_text or ""
     safe = safe_alone(result.sites)
+    candidate, files = rendered(old, result.path, options, None, passes)
+    base = Path(result.path).parent
     return VerifyRequest(
         path=relpath,
         original=old,
-        candidate=render(old, result.path, options, None, passes),
+        candidate=candidate,
+        files={
+            os.path.normpath(Path(relpath).parent / os.path.relpath(f.path, base)): f.text
+            for f in files
+        },
         sites=result.sites,
         rewrite=lambda keys: render(old, result.path, options, keys, passes),
         baseline=render(old, result.path, options, safe, passes) if safe else None,
@@ -86,9 +108,9 @@ def redecide(
     decided = decide(sites, options.unsafe_fixes)
     applied = frozenset(s.key for s in decided if s.applied)
     old = result.old_text or ""
-    new = render(old, result.path, options, applied, passes) if applied else old
+    new, files = rendered(old, result.path, options, applied, passes) if applied else (old, ())
     bucket = Bucket.CHANGED if new != old else Bucket.UNCHANGED
-    return replace(result, sites=decided, new_text=new, bucket=bucket)
+    return replace(result, sites=decided, new_text=new, bucket=bucket, files=files)
 
 
 def verify_results(

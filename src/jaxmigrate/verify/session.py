@@ -261,7 +261,8 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
     if not plans:
         return verdicts
     originals = {r.path: r.original for r in requests}
-    candidates = {r.path: r.candidate for r in requests}
+    candidates = {path: text for r in requests for path, text in r.files.items()}
+    candidates.update({r.path: r.candidate for r in requests})
     with workspace(config.root, originals, candidates) as ws:
         recording = (
             record(config.verify_with, plans, ws, config) if config.verify_with else Recording()

@@ -1,0 +1,154 @@
+"""One `shard_map_per_device` per code base: a module of the user's package, imported where needed.
+
+Real `jaxmigrate` runs over a real package on disk: the helper module is created once (shown in
+a dry run, counted, written with the files that import it), the rewritten modules import it and
+run as before on an 8-device CPU mesh, and a second run changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import jax_env
+
+from jaxmigrate.engine import migrate_source
+from jaxmigrate.files import home_of
+from jaxmigrate.model import Options
+
+STEP = """\
+import functools
+
+import jax
+import numpy as np
+
+
+@functools.partial(jax.pmap, axis_name="i", donate_argnums=(0,))
+def step(w, x):
+    return w - 0.1 * jax.lax.pmean(x * w, "i")
+
+
+def main():
+    w = np.ones((8, 3), np.float32)
+    x = np.arange(24, dtype=np.float32).reshape(8, 3)
+    return np.asarray(step(w, x))
+"""
+
+SCALE = """\
+import jax
+import numpy as np
+
+scale = jax.pmap(lambda x: x * jax.lax.axis_index("j"), axis_name="j")
+
+
+def main():
+    return np.asarray(scale(np.ones((8, 2), np.float32)))
+"""
+
+IMPORT = "from pkg._pmap_compat import shard_map_per_device"
+
+
+def jm(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "jaxmigrate", *args],
+        cwd=cwd,
+        capture_output=True,
+        check=False,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    for folder in ("pkg", "pkg/sub"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text(STEP)
+    (tmp_path / "pkg" / "sub" / "scale.py").write_text(SCALE)
+    (tmp_path / "script").mkdir()
+    (tmp_path / "script" / "run.py").write_text(SCALE)
+    return tmp_path
+
+
+def test_home_is_the_top_package_or_the_scripts_folder(project: Path) -> None:
+    home = home_of(project / "pkg" / "sub" / "scale.py")
+    assert home is not None and home.package == "pkg"
+    assert Path(home.directory) == project / "pkg"
+    script = home_of(project / "script" / "run.py")
+    assert script is not None and script.package is None
+    assert Path(script.directory) == project / "script"
+    assert home_of(project / "nb.ipynb") is None
+
+
+def test_without_a_home_the_helper_stays_in_the_file() -> None:
+    result = migrate_source(STEP, options=Options(unsafe_fixes=True))
+    assert "def shard_map_per_device(" in result.code and not result.files
+
+
+def test_dry_run_shows_the_shared_module_and_writes_nothing(project: Path) -> None:
+    proc = jm("run", "--dry-run", "--unsafe-fixes", "--no-verify", "--no-cache", ".", cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    assert "+++ pkg/_pmap_compat.py" in proc.stdout or "pkg/_pmap_compat.py" in proc.stdout
+    assert proc.stdout.count("+def shard_map_per_device(") == 2  # pkg's and the script's
+    assert not (project / "pkg" / "_pmap_compat.py").exists()
+
+
+@pytest.mark.jax
+def test_one_helper_per_package_imported_and_running(project: Path) -> None:
+    proc = jm("run", "--unsafe-fixes", "--no-verify", "--no-cache", ".", cwd=project)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shared = project / "pkg" / "_pmap_compat.py"
+    assert "def shard_map_per_device(" in shared.read_text()
+    for module in ("pkg/train.py", "pkg/sub/scale.py"):
+        text = (project / module).read_text()
+        assert IMPORT in text and "def shard_map_per_device(" not in text, module
+    script = (project / "script" / "run.py").read_text()
+    assert "from _pmap_compat import shard_map_per_device" in script
+    assert (project / "script" / "_pmap_compat.py").read_text() == shared.read_text()
+    again = jm("run", "--unsafe-fixes", "--no-verify", "--no-cache", ".", cwd=project)
+    assert again.returncode == 0 and "+" not in "".join(
+        line[:1] for line in again.stdout.splitlines()
+    )
+    assert shared.read_text() == (project / "script" / "_pmap_compat.py").read_text()
+    check = (
+        "import numpy as np, pkg.train, pkg.sub.scale;"
+        "w = pkg.train.main(); s = pkg.sub.scale.main();"
+        "x = np.arange(24, dtype=np.float32).reshape(8, 3);"
+        "assert np.allclose(w, 1 - 0.1 * x.mean(0)), w;"
+        "assert np.allclose(s, np.arange(8)[:, None] * np.ones((8, 2))), s"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", check],
+        cwd=project,
+        env=jax_env(8),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    script_run = subprocess.run(
+        [sys.executable, "-c", "import run; print(run.main().sum())"],
+        cwd=project / "script",
+        env=jax_env(8),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert script_run.returncode == 0 and float(script_run.stdout) == 56.0, script_run.stderr
+
+
+def test_a_foreign_module_of_that_name_is_never_replaced(project: Path) -> None:
+    foreign = project / "pkg" / "_pmap_compat.py"
+    foreign.write_text("VALUE = 1\n")
+    proc = jm("run", "--unsafe-fixes", "--no-verify", "--no-cache", "pkg", cwd=project)
+    assert proc.returncode != 0
+    assert foreign.read_text() == "VALUE = 1\n"
+    assert (project / "pkg" / "train.py").read_text() == STEP  # not written without its helper
