@@ -13,7 +13,7 @@ import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,8 @@ from jaxmigrate.verify.planner import Plan
 from jaxmigrate.verify.pool import child_env, kill_group
 from jaxmigrate.verify.targets import Kind
 from jaxmigrate.verify.workspace import Workspace
+
+RETURNED = ".returned"  # the recorder's suffix for the calls of a factory's returned function
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class Recorded:
     contexts: tuple[tuple[str, int], ...]
     meshes: tuple[dict[str, Any], ...]
     shapes: tuple[str, ...]
+    returned: Recorded | None = None  # the calls of the function the target returned
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class Recording:
 
     calls: dict[str, Recorded] = field(default_factory=dict)
     note: str = ""
+    error: str = ""  # how the command failed, with the last lines of its output; '' if it did not
 
 
 def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> dict[str, Any]:
@@ -83,7 +87,19 @@ def run_command(command: str, ws: Workspace, config: VerifyConfig, plan_file: Pa
             kill_group(proc)
             return f"`{command}` timed out after {config.record_timeout:g} s"
     kill_group(proc)
-    return "" if code == 0 else f"`{command}` exited with status {code}"
+    if code == 0:
+        return ""
+    return f"`{command}` exited with status {code}{last_lines(log)}"
+
+
+def last_lines(log: Path, count: int = 5) -> str:
+    """Return the last non-blank lines of the command's output, as a suffix (':\n  ...')."""
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()][-count:]
+    return ":\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
 
 
 def collect(ws: Workspace, max_calls: int) -> dict[str, Recorded]:
@@ -92,16 +108,24 @@ def collect(ws: Workspace, max_calls: int) -> dict[str, Recorded]:
     for sidecar in sorted(ws.records.glob("*.json"), key=lambda p: p.stat().st_mtime_ns):
         meta = json.loads(sidecar.read_text(encoding="utf-8"))
         metas[meta["target"]].append((sidecar.with_suffix(".pkl"), meta))
-    out = {}
-    for target, items in metas.items():
-        first = items[0][1]
-        out[target] = Recorded(
-            files=tuple(str(p) for p, _ in items[:max_calls]),
-            contexts=tuple((rel, int(line)) for rel, line in first["contexts"]),
-            meshes=tuple(first["meshes"]),
-            shapes=tuple(first["shapes"]),
-        )
+    out = {target: recorded(items, max_calls) for target, items in metas.items()}
+    for target in [t for t in out if t.endswith(RETURNED)]:
+        returned = out.pop(target)
+        base = out.get(target.removesuffix(RETURNED))
+        if base is not None:
+            out[target.removesuffix(RETURNED)] = replace(base, returned=returned)
     return out
+
+
+def recorded(items: list[tuple[Path, dict[str, Any]]], max_calls: int) -> Recorded:
+    """Return the first `max_calls` recorded calls of one target, with the first's context."""
+    first = items[0][1]
+    return Recorded(
+        files=tuple(str(p) for p, _ in items[:max_calls]),
+        contexts=tuple((rel, int(line)) for rel, line in first["contexts"]),
+        meshes=tuple(first["meshes"]),
+        shapes=tuple(first["shapes"]),
+    )
 
 
 def record(command: str, plans: Sequence[Plan], ws: Workspace, config: VerifyConfig) -> Recording:
@@ -112,4 +136,4 @@ def record(command: str, plans: Sequence[Plan], ws: Workspace, config: VerifyCon
     note = run_command(command, ws, config, plan_file)
     calls = collect(ws, config.max_calls)
     seconds = time.monotonic() - started
-    return Recording(calls, note or f"`{command}` ran in {seconds:.1f} s")
+    return Recording(calls, note or f"`{command}` ran in {seconds:.1f} s", note)

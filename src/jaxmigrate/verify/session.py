@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from jaxmigrate.model import Status
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
-from jaxmigrate.verify.judge import candidate_verdict, original_verdict
+from jaxmigrate.verify.judge import candidate_verdict, original_verdict, test_folder
 from jaxmigrate.verify.messages import Sources, Task, make_task
 from jaxmigrate.verify.planner import Plan, plan_all
 from jaxmigrate.verify.pool import Reply, Worker
@@ -67,7 +67,8 @@ class Run:
         return reply
 
     def judge(self, lane: Lane, task: Task, original: Reply) -> Verdict:
-        verdict = original_verdict(task.plan, original)
+        tests = test_folder(self.config.root)
+        verdict = original_verdict(task.plan, original, self.config.verify_with, tests)
         if verdict is not None:
             return verdict
         return candidate_verdict(task.plan, original.data, self.candidate_reply(lane, task))
@@ -265,5 +266,8 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
         verdict = by_plan[plan.id]
         if recording.note:
             verdict = replace(verdict, details={**verdict.details, "verify_with": recording.note})
+        if recording.error:
+            error = {"verify_with_error": recording.error}
+            verdict = replace(verdict, details={**verdict.details, **error})
         verdicts.update({(plan.path, site.key): verdict for site in plan.sites})
     return verdicts

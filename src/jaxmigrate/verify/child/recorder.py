@@ -10,7 +10,11 @@ An import hook patches the legacy entry points (`jax.pmap`, `jax.jit`, `jax.shar
 `jax.experimental.pjit.pjit`, `jax.experimental.shard_map.shard_map`) once JAX is imported: a
 call made directly from a line inside a span returns the usual function wrapped so that its
 concrete calls are recorded, keyed by that span's target. The functions named in `functions`
-(targets that enclose a site) are wrapped after their module is imported. Each record is a
+(targets that enclose a site) are wrapped after their module is imported; when such a function
+is a factory (it returns a jitted, pmapped or plain function), the function it returns is
+wrapped too and its calls are recorded as `<target>.returned`. pjit accepts its removed
+`in_axis_resources` / `out_axis_resources` keywords while recording (as the `pjit-in-shardings`
+reference does), so a program the installed JAX can no longer run still yields inputs. Each record is a
 pickle of the travelling arguments plus a JSON sidecar with the mesh contexts of the call: the
 mesh-like `with` statements around the callers' lines, and the meshes active at the time.
 Nothing here imports JAX before the program does.
@@ -29,7 +33,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import FrameType, MethodType, ModuleType
+from types import FrameType, FunctionType, MethodType, ModuleType
 from typing import Any
 
 from .source import enclosing_withs
@@ -158,29 +162,46 @@ class Recorder:
     def patch_jax(self, module: ModuleType) -> None:
         for name in ENTRY_POINTS[module.__name__]:
             if hasattr(module, name):
-                setattr(module, name, self.entry(getattr(module, name)))
+                real = getattr(module, name)
+                if module.__name__ == "jax.experimental.pjit":
+                    from .references import with_in_shardings
+
+                    real = functools.wraps(real)(with_in_shardings(real))
+                setattr(module, name, self.entry(real))
 
     def patch_functions(self, module: ModuleType) -> None:
         for qualname, target in self.functions[module.__name__].items():
             fn = getattr(module, qualname, None)
             if callable(fn) and not isinstance(fn, Recording):
-                setattr(module, qualname, Recording(fn, target, self))
+                setattr(module, qualname, Recording(fn, target, self, factory=True))
+
+
+def function_like(x: Any) -> bool:
+    """Return True for what a factory returns: a plain, partial, jitted or pmapped function."""
+    return isinstance(x, (FunctionType, functools.partial)) or (
+        callable(x) and hasattr(x, "__wrapped__") and not isinstance(x, type)
+    )
 
 
 class Recording:
     """A callable that records its first concrete calls for `target`, then behaves as `fn`."""
 
-    def __init__(self, fn: Callable[..., Any], target: str, recorder: Recorder) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], target: str, recorder: Recorder, factory: bool = False
+    ) -> None:
         functools.update_wrapper(self, fn, updated=())
         self._fn = fn
         self._target = target
         self._recorder = recorder
+        self._factory = factory
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         payload = self._recorder.snapshot(self._target, args, kwargs)
         out = self._fn(*args, **kwargs)
         if payload is not None:
             self._recorder.save(self._target, payload, sys._getframe(1))
+        if self._factory and function_like(out):
+            return Recording(out, f"{self._target}.returned", self._recorder)
         return out
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
