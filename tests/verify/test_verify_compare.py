@@ -112,7 +112,8 @@ def test_structure_compares_node_types_keys_and_static_data() -> None:
     same = node("m.TrainState", {".params": None, ".step": None}, (moved, "tag"))
     assert compare(ref, structured(same, np.ones(2), 1)) is None
     renamed = node("m.Other", {".params": None, ".step": None}, (fn, "tag"))
-    assert compare(ref, structured(renamed))["why"] == "node type m.Other, expected m.TrainState"
+    why = compare(ref, structured(renamed))["why"]
+    assert why == "pytree structure: node type m.Other, expected m.TrainState"
     fewer = node("m.TrainState", {".params": None}, (fn, "tag"))
     assert "children missing ['.step']" in compare(ref, structured(fewer))["why"]
     tagged = node("m.TrainState", {".params": None, ".step": None}, (fn, "other"))

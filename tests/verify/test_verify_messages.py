@@ -73,7 +73,7 @@ ORIGINAL = textwrap.dedent("""
     import jax
     import jax.numpy as jnp
 
-    SHAPE = (8, 3)
+    SHAPE = tuple((8, 3))
 
 
     def double(x):
@@ -88,7 +88,7 @@ ORIGINAL = textwrap.dedent("""
         return jax.pmap(double)(jnp.arange(24.0).reshape(SHAPE))
     """)
 MIGRATED = (
-    ORIGINAL.replace("SHAPE = (8, 3)", "SHAPE = (8, 3)[:2]")
+    ORIGINAL.replace("SHAPE = tuple((8, 3))", "SHAPE = tuple((8, 3, 1))[:2]")
     .replace("jax.pmap(double)(jnp.ones(SHAPE))", "double(jnp.ones(SHAPE))")
     .replace("jax.pmap(double)(jnp.arange(24.0).reshape(SHAPE))", "double(jnp.ones(SHAPE))")
 )

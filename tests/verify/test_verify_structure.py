@@ -32,12 +32,14 @@ class Transform(NamedTuple):
     update: Callable
 
 
-def sgd_init(params):
-    return ()
+def sgd(lr):  # closures, as optax makes them: they travel by value between the workers
+    def init(params):
+        return ()
 
+    def update(grads, state):
+        return jax.tree.map(lambda g: -lr * g, grads), state
 
-def sgd_update(grads, state):
-    return jax.tree.map(lambda g: -0.1 * g, grads), state
+    return Transform(init, update)
 
 
 def apply_fn(params, x):
@@ -57,7 +59,7 @@ class TrainState:
 
 def make_state():
     params = {"w": jnp.ones((4, 2)), "b": jnp.zeros(2)}
-    return TrainState(0, params, apply_fn, Transform(sgd_init, sgd_update))
+    return TrainState(0, params, apply_fn, sgd(0.1))
 
 
 def step(state, x):

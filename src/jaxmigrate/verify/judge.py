@@ -30,11 +30,11 @@ KEPT = (
 
 
 def test_folder(root: Path) -> str:
-    """Return the project's test folder as a pytest argument (`test/`, `tests/`), or ''."""
+    """Return the project's test folder as a pytest argument (`test/`; `tests/` by default)."""
     for name in ("tests", "test", "testing"):
         if (root / name).is_dir():
             return f"{name}/"
-    return ""
+    return "tests/"
 
 
 def hint(plan: Plan, verify_with: str | None = None, tests: str = "tests/") -> str:
@@ -81,6 +81,14 @@ def original_verdict(
     details["reference_errors"] = errors
     if data.get("stage") == "inputs":
         reason = f"{hint(plan, verify_with, tests)} ({data.get('error')})"
+        return Verdict(Status.UNVERIFIED, reason, details)
+    error = str(data.get("error", ""))
+    if error.startswith(("FileNotFoundError", "NotADirectoryError")):
+        reason = (
+            f"the original cannot run the recorded call: {error}; the call needs files the "
+            "recording did not leave (a temporary directory deleted after the command?): "
+            "record with a command that keeps them, or declare __jaxmigrate_examples__"
+        )
         return Verdict(Status.UNVERIFIED, reason, details)
     if data.get("stage") == "target":
         reason = f"cannot be run alone: {data.get('error')}: there is nothing to call"

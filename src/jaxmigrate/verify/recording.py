@@ -9,6 +9,7 @@ the JSON sidecars; the pickled arguments are opened by the workers.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from collections import defaultdict
@@ -47,34 +48,70 @@ class Recording:
 
 
 def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> dict[str, Any]:
-    """Return the recorder's plan: spans for callable targets, functions for the rest."""
+    """Return the recorder's plan: spans for callable and bound targets, functions for the rest.
+
+    Bound targets have their outputs recorded too: their command is the unit, compared on both
+    trees (`verify.bound`).
+    """
     spans: dict[str, list[list[Any]]] = defaultdict(list)
     functions: dict[str, dict[str, str]] = defaultdict(dict)
     for plan in plans:
         target = plan.target
-        if target.kind is Kind.CALLABLE:
+        if target.kind in (Kind.CALLABLE, Kind.BOUND):
             spans[plan.path].append([target.first, target.last, plan.id])
-        if "." not in target.qualname:
+        if target.kind is not Kind.BOUND and "." not in target.qualname:
             functions[plan.module].setdefault(target.qualname, plan.id)
     return {
-        "root": str(ws.original),
+        "root": str(scratch(ws, "original")),
         "out": str(ws.records),
         "max_calls": max_calls,
         "spans": spans,
         "functions": functions,
+        "outputs": [p.id for p in plans if p.target.kind is Kind.BOUND],
     }
 
 
-def run_command(command: str, ws: Workspace, config: VerifyConfig, plan_file: Path) -> str:
-    """Run the command on the original copy; return a note if it did not end cleanly."""
-    env = child_env(config, ws, extra_path=(ws.boot,))
+def scratch(ws: Workspace, side: str) -> Path:
+    """Return a copy of one side's tree for the command to run in, made on first use.
+
+    The command may write into the tree (checkpoints, caches); the workers replay on the
+    untouched copy, so a replay never starts from what the recording left behind.
+    """
+    path = ws.base / f"run-{side}"
+    if not path.exists():
+        shutil.copytree(ws.tree(side), path, symlinks=True)
+    return path
+
+
+def mirror_folders(ran: Path, tree: Path) -> None:
+    """Create in `tree` the folders the command created in `ran`, without their files.
+
+    A replay then starts from the project's files as they were before the command, with the
+    folders it made (`os.makedirs(workdir)` before the first step), never from a checkpoint
+    the recording wrote, which would make both sides restore it and run nothing.
+    """
+    for folder in sorted(p for p in ran.rglob("*") if p.is_dir() and not p.is_symlink()):
+        (tree / folder.relative_to(ran)).mkdir(parents=True, exist_ok=True)
+
+
+def run_command(
+    command: str, ws: Workspace, config: VerifyConfig, plan_file: Path, side: str = "original"
+) -> str:
+    """Run the command on one side's copy; return a note if it did not end cleanly.
+
+    The copy (and its `src/`) comes first on the path: the project's packages import from the
+    copy, not from an installed (or editable) version of them.
+    """
+    tree = scratch(ws, side)
+    imports = tuple(p for p in (tree, tree / "src") if p.is_dir())
+    env = child_env(config, ws, extra_path=(ws.boot, *imports))
     env["JAXMIGRATE_RECORD"] = str(plan_file)
-    log = ws.logs / "verify-with.log"
+    log = ws.logs / ("verify-with.log" if side == "original" else f"verify-with-{side}.log")
     with log.open("ab") as out:
         proc = subprocess.Popen(
             command,
             shell=True,
-            cwd=config.command_dir(ws.original),
+            cwd=config.command_dir(tree),
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -102,10 +139,11 @@ def last_lines(log: Path, count: int = 5) -> str:
     return ":\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
 
 
-def collect(ws: Workspace, max_calls: int) -> dict[str, Recorded]:
+def collect(ws: Workspace, max_calls: int, folder: Path | None = None) -> dict[str, Recorded]:
     """Return the recorded calls per plan id, the first `max_calls` of each."""
     metas: dict[str, list[tuple[Path, dict[str, Any]]]] = defaultdict(list)
-    for sidecar in sorted(ws.records.glob("*.json"), key=lambda p: p.stat().st_mtime_ns):
+    where = ws.records if folder is None else folder
+    for sidecar in sorted(where.glob("*.json"), key=lambda p: p.stat().st_mtime_ns):
         meta = json.loads(sidecar.read_text(encoding="utf-8"))
         metas[meta["target"]].append((sidecar.with_suffix(".pkl"), meta))
     out = {target: recorded(items, max_calls) for target, items in metas.items()}
@@ -136,4 +174,6 @@ def record(command: str, plans: Sequence[Plan], ws: Workspace, config: VerifyCon
     note = run_command(command, ws, config, plan_file)
     calls = collect(ws, config.max_calls)
     seconds = time.monotonic() - started
+    for side in ("original", "candidate"):
+        mirror_folders(scratch(ws, "original"), ws.tree(side))
     return Recording(calls, note or f"`{command}` ran in {seconds:.1f} s", note)

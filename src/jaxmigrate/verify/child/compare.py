@@ -185,15 +185,20 @@ def structure_mismatch(
     if ref is None or new is None:
         if ref is None and new is None:
             return None
-        return {"path": where, "why": f"{_node_text(new)}, expected {_node_text(ref)}"}
+        why = f"{_node_text(new)}, expected {_node_text(ref)}"
+        return {"path": where, "why": f"pytree structure: {why}"}
     if ref.type != new.type:
-        return {"path": where, "why": f"node type {new.type}, expected {ref.type}"}
+        why = f"node type {new.type}, expected {ref.type}"
+        return {"path": where, "why": f"pytree structure: {why}"}
     ref_keys, new_keys = [k for k, _ in ref.children], [k for k, _ in new.children]
     if ref_keys != new_keys:
-        return {"path": where, "why": f"{ref.type}: {_keys_why(ref_keys, new_keys)}"}
-    why = static_mismatch(where, ref.aux, new.aux, notes)
-    if why is not None:
-        return {"path": where, "why": f"{ref.type}: {why}"}
+        count = f"of {len(new_keys)} children, expected {len(ref_keys)}: "
+        why = f"{ref.type} {count if len(new_keys) != len(ref_keys) else ''}"
+        why += _keys_why(ref_keys, new_keys)
+        return {"path": where, "why": f"pytree structure: {why}"}
+    static = static_mismatch(where, ref.aux, new.aux, notes)
+    if static is not None:
+        return {"path": where, "why": f"pytree structure: {ref.type} {static}"}
     for (key, a), (_, b) in zip(ref.children, new.children):
         found = structure_mismatch(where + key, a, b, notes)
         if found is not None:

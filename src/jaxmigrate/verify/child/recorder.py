@@ -29,6 +29,7 @@ import importlib.machinery
 import json
 import os
 import pickle
+import random
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -64,6 +65,7 @@ class Recorder:
     max_calls: int
     spans: dict[str, list[Span]]
     functions: dict[str, dict[str, str]]
+    outputs: frozenset[str] = frozenset()  # targets whose outputs are recorded too (bound sites)
     counts: dict[str, int] = field(default_factory=dict)
     trees: dict[str, tuple[ast.Module, str] | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -113,18 +115,22 @@ class Recorder:
     def snapshot(self, target: str, args: Sequence[Any], kwargs: dict[str, Any]) -> bytes | None:
         """Return the pickled travelling form of a call, or None if it cannot be recorded."""
         from .hostify import has_tracer, to_host
+        from .pickling import dumps
 
         if not self.wants(target) or has_tracer((args, kwargs)):
             return None
         try:
-            return pickle.dumps(to_host((tuple(args), dict(kwargs))))
+            return dumps(to_host((tuple(args), dict(kwargs))))
         except Exception:  # noqa: BLE001 - an argument we cannot copy: this call is not recorded
             return None
 
-    def save(self, target: str, payload: bytes, caller: FrameType | None) -> None:
-        """Write one recorded call and its context, if the target still wants calls."""
+    def save(self, target: str, payload: bytes, caller: FrameType | None, out: Any = None) -> None:
+        """Write one recorded call and its context, if the target still wants calls.
+
+        For targets in `outputs`, the call's output is written too (flattened, on the host).
+        """
         from .contexts import active_meshes
-        from .hostify import shapes
+        from .hostify import flatten_output, shapes
 
         with self.lock:
             n = self.counts.get(target, 0)
@@ -134,6 +140,14 @@ class Recorder:
         base = os.path.join(self.out, f"{target}-{os.getpid()}-{n}")
         with open(base + ".pkl", "wb") as handle:
             handle.write(payload)
+        if target in self.outputs:
+            try:
+                flat = pickle.dumps(out.flat() if isinstance(out, Raised) else flatten_output(out))
+            except Exception:  # noqa: BLE001 - an output we cannot copy: compared as missing
+                flat = None
+            if flat is not None:
+                with open(base + ".out.pkl", "wb") as handle:
+                    handle.write(flat)
         meta = {
             "target": target,
             "contexts": self.context(caller),
@@ -183,6 +197,19 @@ def function_like(x: Any) -> bool:
     )
 
 
+class Raised:
+    """A recorded call that raised: compared by the exception's type only."""
+
+    def __init__(self, exc: BaseException) -> None:
+        kind = type(exc)
+        self.name = f"{kind.__module__}.{kind.__qualname__}"
+
+    def flat(self) -> Any:
+        from .values import Flat
+
+        return Flat("raised", (("", f"raised {self.name}"),))
+
+
 class Recording:
     """A callable that records its first concrete calls for `target`, then behaves as `fn`."""
 
@@ -197,9 +224,15 @@ class Recording:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         payload = self._recorder.snapshot(self._target, args, kwargs)
-        out = self._fn(*args, **kwargs)
+        try:
+            out = self._fn(*args, **kwargs)
+        except BaseException as exc:
+            # For a bound site, raising (what a test may expect) is the call's outcome too.
+            if payload is not None and self._target in self._recorder.outputs:
+                self._recorder.save(self._target, payload, sys._getframe(1), Raised(exc))
+            raise
         if payload is not None:
-            self._recorder.save(self._target, payload, sys._getframe(1))
+            self._recorder.save(self._target, payload, sys._getframe(1), out)
         if self._factory and function_like(out):
             return Recording(out, f"{self._target}.returned", self._recorder)
         return out
@@ -248,6 +281,11 @@ class Hook(importlib.abc.MetaPathFinder):
         return None
 
 
+def seed_numpy(module: ModuleType) -> None:
+    """Seed numpy's global generator once `numpy.random` is imported."""
+    module.seed(0)
+
+
 def load_plan(path: str) -> Recorder:
     """Return the recorder a plan file describes."""
     with open(path, encoding="utf-8") as handle:
@@ -257,7 +295,8 @@ def load_plan(path: str) -> Recorder:
         for rel, items in plan["spans"].items()
     }
     root = os.path.realpath(plan["root"])
-    return Recorder(root, plan["out"], int(plan["max_calls"]), spans, plan["functions"])
+    outputs = frozenset(plan.get("outputs", ()))
+    return Recorder(root, plan["out"], int(plan["max_calls"]), spans, plan["functions"], outputs)
 
 
 def install(plan_path: str) -> Recorder:
@@ -265,5 +304,9 @@ def install(plan_path: str) -> Recorder:
     recorder = load_plan(plan_path)
     after: dict[str, Callable[[ModuleType], None]] = dict.fromkeys(ENTRY_POINTS, recorder.patch_jax)
     after.update(dict.fromkeys(recorder.functions, recorder.patch_functions))
+    # The command runs on both trees for sites only it reaches: the same seeds make unseeded
+    # test data (`np.random.rand`) the same in both runs, so their calls can be compared.
+    random.seed(0)
+    after["numpy.random"] = seed_numpy
     sys.meta_path.insert(0, Hook(after))
     return recorder

@@ -62,6 +62,12 @@ def where(exc: BaseException, root: str) -> str:
     return ""
 
 
+def load_pickle(path: str) -> Any:
+    """Return the object pickled at `path`."""
+    with open(path, "rb") as handle:
+        return pickle.load(handle)
+
+
 def values_only(fn: Any) -> Any:
     """Return `fn` with the outputs JAX cannot trace (a factory's function) dropped."""
     import jax
@@ -251,6 +257,7 @@ class Worker:
 
     def attempt(self, request: dict[str, Any], variant: str) -> dict[str, Any]:
         from .hostify import flat_shapes, shapes
+        from .pickling import dumps
 
         module, fn = self.target(request, variant)
         calls, source, outputs, notes = self.inputs_and_outputs(request, module, fn, variant)
@@ -262,7 +269,7 @@ class Worker:
             (request["outputs_path"] + RETURNED, returned_outputs),
         ):
             with open(path, "wb") as handle:
-                pickle.dump(value, handle)
+                handle.write(dumps(value))
         reply = {
             "ok": True,
             "reference": variant,
@@ -430,8 +437,47 @@ class Worker:
             "not_comparable": notes,
         }
 
+    def compare_records(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Compare the calls a command recorded on both trees: inputs first, then outputs.
+
+        Inputs that differ mean the runs diverged before the site (not the site's fault).
+        """
+        from .compare import compare, has_values, max_errors
+        from .hostify import flatten_output, from_host
+
+        notes: list[str] = []
+        worst = (0.0, 0.0)
+        expected = []
+        for i, (orig, cand) in enumerate(zip(request["original"], request["candidate"])):
+            try:
+                (orig_in, orig_out), (cand_in, cand_out) = (
+                    [load_pickle(path) for path in orig],
+                    [load_pickle(path) for path in cand],
+                )
+            except OSError:
+                return {"ok": False, "error": f"the output of call {i + 1} was not recorded"}
+            found = compare(flatten_output(from_host(orig_in)), flatten_output(from_host(cand_in)))
+            if found is not None:
+                return {"ok": True, "diverged": found | {"call": i}}
+            found = compare(orig_out, cand_out, notes)
+            if found is not None:
+                return {"ok": True, "equal": False, "mismatch": found | {"call": i}}
+            errs = max_errors(orig_out, cand_out)
+            worst = (max(worst[0], errs[0]), max(worst[1], errs[1]))
+            expected.append(orig_out)
+        return {
+            "ok": True,
+            "equal": True,
+            "max_abs_err": worst[0],
+            "max_rel_err": worst[1],
+            "not_comparable": list(dict.fromkeys(notes))[:5],
+            "has_values": any(has_values(r) for r in expected),
+        }
+
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
+        if op == "compare_records":
+            return self.compare_records(request)
         if op == "run" and self.side == "original":
             return self.run_original(request)
         if op == "run":
