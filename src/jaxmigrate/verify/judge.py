@@ -116,6 +116,11 @@ def candidate_verdict(plan: Plan, original: dict[str, Any], reply: Reply) -> Ver
     data = reply.data
     if data.get("candidate_contexts"):
         details["candidate_contexts"] = data["candidate_contexts"]
+    if (
+        not data.get("ok") and data.get("stage") == "worker"
+    ):  # the verifier's fault, not the rewrite's
+        reason = f"the verifier could not run the rewrite: {data.get('error')}"
+        return Verdict(Status.UNVERIFIED, reason, details)
     if not data.get("ok"):
         return raised_verdict(original, str(data.get("error", "")), data.get("stage"), details)
     if not data.get("equal"):

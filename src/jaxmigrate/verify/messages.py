@@ -163,4 +163,5 @@ def make_task(
         "meshes": meshes,
     }
     candidate["returned"] = {"contexts": cand_ret, "meshes": meshes}
+    candidate["records"] = list(recorded.files) if recorded else []  # for their import paths
     return Task(plan, original, candidate)

@@ -72,7 +72,7 @@ class Recorder:
 
     # Where a call comes from ------------------------------------------------------------------
     def relative(self, filename: str) -> str | None:
-        path = os.path.realpath(filename)
+        path = os.path.realpath(filename or ".")
         if not path.startswith(self.root + os.sep):
             return None
         return os.path.relpath(path, self.root)
@@ -153,6 +153,9 @@ class Recorder:
             "contexts": self.context(caller),
             "meshes": active_meshes(),
             "shapes": shapes(pickle.loads(payload)),
+            # where the command imported the tree from (pytest adds test folders): the workers
+            # add the same folders, so what was pickled by name can be found
+            "paths": sorted({rel for rel in map(self.relative, sys.path[:50]) if rel}),
         }
         with open(base + ".json", "w", encoding="utf-8") as handle:
             json.dump(meta, handle)

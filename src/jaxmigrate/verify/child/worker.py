@@ -373,7 +373,10 @@ class Worker:
         A factory's returned function is then run on the calls recorded for the original's.
         """
         from .compare import has_values
+        from .inputs import add_import_paths
 
+        for record in request.get("records", []):
+            add_import_paths(record)
         try:
             _, fn = self.target(request, "candidate")
             calls, expected = self.load_io(request, "")
