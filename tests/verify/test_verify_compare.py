@@ -6,8 +6,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jaxmigrate.verify.child.compare import compare, max_errors, tolerance
-from jaxmigrate.verify.child.values import Flat, HostKey, Opaque
+from jaxmigrate.verify.child.compare import compare, has_values, max_errors, tolerance
+from jaxmigrate.verify.child.values import Flat, HostKey, Node, Opaque
 
 
 def flat(*leaves, treedef="PyTreeDef((*, *))") -> Flat:
@@ -78,7 +78,49 @@ def test_nans_must_be_in_the_same_places() -> None:
 def test_other_leaves_compare_by_value() -> None:
     assert compare(flat(3, "a"), flat(3, "a")) is None
     assert compare(flat(3), flat(4))["why"] == "4, expected 3"
-    assert compare(flat(Opaque("<obj>")), flat(Opaque("<other>"))) is not None
+
+
+def test_an_opaque_value_never_fails_and_says_why_it_was_not_compared() -> None:
+    notes: list[str] = []
+    same = Opaque("<function f at 0x1>", "function m.f")
+    assert compare(flat(same), flat(Opaque("<function f at 0x2>", "function m.f")), notes) is None
+    assert notes == []
+    no_key = Opaque("<Obj at 0x7f>", None, "a m.Obj shown only by its address")
+    assert compare(flat(no_key), flat(no_key), notes) is None
+    assert notes == ["output[0]: not comparable: a m.Obj shown only by its address"]
+    other = Opaque("<function g>", "function m.g")
+    assert compare(flat(same), flat(other), notes) is None
+    assert "function m.g, reference function m.f" in notes[-1]
+    assert not has_values(flat(same)) and has_values(flat(same, 3)) and has_values(flat())
+    assert "expected ndarray" in compare(flat(np.ones(2)), flat(same))["why"]
+
+
+def node(kind: str, children: dict, aux: object = None) -> Node:
+    return Node(kind, aux, tuple(children.items()))
+
+
+def structured(tree: Node, *leaves: object) -> Flat:
+    return Flat("ignored", tuple((f"[{i}]", leaf) for i, leaf in enumerate(leaves)), tree)
+
+
+def test_structure_compares_node_types_keys_and_static_data() -> None:
+    fn = Opaque("<function apply at 0x1>", "function model.apply")
+    state = node("m.TrainState", {".params": None, ".step": None}, (fn, "tag"))
+    ref = structured(state, np.ones(2), 1)
+    assert compare(ref, structured(state, np.ones(2), 1)) is None
+    moved = Opaque("<function apply at 0x2>", "function model.apply")
+    same = node("m.TrainState", {".params": None, ".step": None}, (moved, "tag"))
+    assert compare(ref, structured(same, np.ones(2), 1)) is None
+    renamed = node("m.Other", {".params": None, ".step": None}, (fn, "tag"))
+    why = compare(ref, structured(renamed))["why"]
+    assert why == "pytree structure: node type m.Other, expected m.TrainState"
+    fewer = node("m.TrainState", {".params": None}, (fn, "tag"))
+    assert "children missing ['.step']" in compare(ref, structured(fewer))["why"]
+    tagged = node("m.TrainState", {".params": None, ".step": None}, (fn, "other"))
+    assert "static data 'other', expected 'tag'" in compare(ref, structured(tagged))["why"]
+    nested = node("builtins.dict", {"['a']": state})
+    deeper = node("builtins.dict", {"['a']": fewer})
+    assert compare(structured(nested), structured(deeper))["path"] == "output['a']"
 
 
 def test_large_magnitudes_scale_the_absolute_tolerance() -> None:

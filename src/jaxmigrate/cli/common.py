@@ -241,13 +241,22 @@ def check_processes(devices: int, processes: int) -> int:
 
 def project_root(paths: list[Path], config: FileConfig) -> Path:
     """Return the tree to copy: the pyproject's folder, else the git top level, else the
-    deepest folder holding every given path."""
+    nearest folder above the paths with a `setup.py` / `setup.cfg`, else the deepest folder
+    holding every given path."""
     if config.path is not None:
         return config.path.parent.resolve()
     folders = [(p if p.is_dir() else p.parent).resolve() for p in paths if p.exists()]
     if not folders:
         return Path.cwd().resolve()
     common = Path(os.path.commonpath(folders))
+    marked = next(
+        (
+            f
+            for f in (common, *common.parents)
+            if (f / "setup.py").is_file() or (f / "setup.cfg").is_file()
+        ),
+        None,
+    )
     proc = subprocess.run(
         ["git", "rev-parse", "--show-toplevel"],
         cwd=common,
@@ -255,7 +264,9 @@ def project_root(paths: list[Path], config: FileConfig) -> Path:
         text=True,
         check=False,
     )
-    return Path(proc.stdout.strip()).resolve() if proc.returncode == 0 else common
+    if proc.returncode == 0:
+        return Path(proc.stdout.strip()).resolve()
+    return marked or common
 
 
 def discover(settings: Settings) -> list:

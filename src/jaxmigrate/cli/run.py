@@ -49,6 +49,7 @@ from jaxmigrate.runner import (
 from jaxmigrate.ui.progress import track
 from jaxmigrate.ui.report import print_results
 from jaxmigrate.ui.review import review_interactively
+from jaxmigrate.ui.summary import verify_with_problem
 
 
 def run(
@@ -183,7 +184,11 @@ def verify_unsafe(results: list[FileResult], settings: Settings) -> list[FileRes
         + (f", inputs from `{settings.verify_with}`" if settings.verify_with else "")
     )
     with stderr().status(message):
-        return verify_results(results, settings.options, settings.verify_config())
+        verified = verify_results(results, settings.options, settings.verify_config())
+    problem = verify_with_problem(verified)
+    if problem is not None:
+        stderr().print(problem)
+    return verified
 
 
 def write_all(results: Sequence[FileResult], *, allow_dirty: bool) -> list[FileResult]:

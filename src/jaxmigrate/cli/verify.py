@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.text import Text
 
 from jaxmigrate.cli.common import (
     DevicesOpt,
@@ -28,7 +27,7 @@ from jaxmigrate.cli.common import (
 )
 from jaxmigrate.config import ConfigError, find_pyproject, load_config
 from jaxmigrate.model import Bucket, FileResult, Status
-from jaxmigrate.ui.summary import STATUS_STYLE, site_line
+from jaxmigrate.ui.summary import site_line, verify_with_problem
 
 AgainstOpt = Annotated[
     str, typer.Option("--against", help="Git revision holding the code before the migration.")
@@ -42,9 +41,7 @@ def print_results(console: Console, results: list[FileResult]) -> None:
     """Print one line per changed definition, with the verdict's reason under it."""
     for result in results:
         for site in result.sites:
-            console.print(site_line(result.path, site, dry_run=True))
-            reason = str(site.details.get("verification", ""))
-            console.print(Text("    " + reason, style=STATUS_STYLE[site.status]))
+            console.print(site_line(result.path, site, dry_run=True))  # the reason below it
     counts = {s: sum(x.status is s for r in results for x in r.sites) for s in Status}
     shown = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     console.print(f"{sum(len(r.sites) for r in results)} changed definition(s): {shown or 'none'}")
@@ -89,6 +86,9 @@ def verify(
             FileResult(r.path, Bucket.UNCHANGED, sites=annotate(r.path, r.sites, verdicts))
             for r in requests
         ]
+        problem = verify_with_problem(results)
+        if problem is not None:
+            stderr().print(problem)
         print_results(stdout(), results)
         write_report(results, report, fmt, dry_run=True)
     except (ConfigError, GitError, UsageError) as exc:

@@ -127,7 +127,22 @@ def apply_hint(site: Site) -> str:
         return "jaxmigrate run --interactive, and answer y"
     if site.cell is not None:
         return "--unsafe-fixes after reviewing the diff (notebook cells are not verified)"
+    if site.details.get("verify_with"):  # the command ran: suggesting it again would not help
+        return "a --verify-with command that calls it, __jaxmigrate_examples__, or --unsafe-fixes"
     return "--verify-with CMD (record real inputs) or --unsafe-fixes"
+
+
+def verify_with_problem(results: Sequence[FileResult]) -> Text | None:
+    """Return the warning for a `--verify-with` command that failed or timed out, if any."""
+    for result in results:
+        for site in result.sites:
+            error = site.details.get("verify_with_error")
+            if error:
+                text = Text("warning: ", style="bold yellow")
+                text.append(f"--verify-with {error}\n")
+                text.append("  calls made before it stopped were still recorded", style="dim")
+                return text
+    return None
 
 
 def _pending_lines(pending: Sequence[tuple[str, Site]]) -> Text:
@@ -136,6 +151,8 @@ def _pending_lines(pending: Sequence[tuple[str, Site]]) -> Text:
         text.append(f"  {place(path, site.cell)}:{site.line} {site.code} ")
         text.append(str(site.status), style=STATUS_STYLE[site.status])
         text.append(f": {site.reason}; to apply: {apply_hint(site)}\n")
+        if site.status is Status.FAILED and site.details.get("verification"):
+            text.append(f"      {site.details['verification']}\n", style=STATUS_STYLE[site.status])
     if len(pending) > 50:
         text.append(f"  ... and {len(pending) - 50} more (see the site lines above)\n")
     return text

@@ -10,6 +10,7 @@ the inputs, not the rewrite, are at fault (`unverified`).
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from jaxmigrate.model import Status
@@ -30,12 +31,31 @@ KEPT = (
 )
 
 
-def hint(plan: Plan) -> str:
-    """Return how to give the verifier inputs for this target, in one line."""
+def test_folder(root: Path) -> str:
+    """Return the project's test folder as a pytest argument (`test/`; `tests/` by default)."""
+    for name in ("tests", "test", "testing"):
+        if (root / name).is_dir():
+            return f"{name}/"
+    return "tests/"
+
+
+def hint(plan: Plan, verify_with: str | None = None, tests: str = "tests/") -> str:
+    """Return how to give the verifier inputs for this target, in one line.
+
+    After `--verify-with`, the command is named (it made no call of the target) rather than
+    suggested again.
+    """
     name = plan.target.qualname
+    declare = f'declare __jaxmigrate_examples__ = {{"{name}": [(x,)]}} in {plan.path}'
+    if verify_with:
+        return (
+            f"no inputs for `{name}`: `{verify_with}` made no call of it; point --verify-with "
+            f"at tests that call it, or {declare}"
+        )
+    command = f"pytest {tests}".strip()
     return (
-        f'no inputs for `{name}`: pass --verify-with "pytest tests/" (any command that calls it) '
-        f'or declare __jaxmigrate_examples__ = {{"{name}": [(x,)]}} in {plan.path}'
+        f'no inputs for `{name}`: pass --verify-with "{command}" (any command that calls it) '
+        f"or {declare}"
     )
 
 
@@ -47,7 +67,9 @@ def base_details(plan: Plan, original: dict[str, Any]) -> dict[str, Any]:
     return details
 
 
-def original_verdict(plan: Plan, reply: Reply) -> Verdict | None:
+def original_verdict(
+    plan: Plan, reply: Reply, verify_with: str | None = None, tests: str = "tests/"
+) -> Verdict | None:
     """Return the verdict when the original side gives nothing to compare with, else None."""
     details = {"target": plan.label}
     if reply.fault:
@@ -56,11 +78,23 @@ def original_verdict(plan: Plan, reply: Reply) -> Verdict | None:
     if data.get("ok"):
         return None
     if data.get("no_inputs"):
-        return Verdict(Status.UNVERIFIED, hint(plan), details)
+        return Verdict(Status.UNVERIFIED, hint(plan, verify_with, tests), details)
     errors = data.get("errors", [data.get("error", "")])
     details["reference_errors"] = errors
     if data.get("stage") == "inputs":
-        return Verdict(Status.UNVERIFIED, f"{hint(plan)} ({data.get('error')})", details)
+        reason = f"{hint(plan, verify_with, tests)} ({data.get('error')})"
+        return Verdict(Status.UNVERIFIED, reason, details)
+    error = str(data.get("error", ""))
+    if error.startswith(("FileNotFoundError", "NotADirectoryError")):
+        reason = (
+            f"the original cannot run the recorded call: {error}; the call needs files the "
+            "recording did not leave (a temporary directory deleted after the command?): "
+            "record with a command that keeps them, or declare __jaxmigrate_examples__"
+        )
+        return Verdict(Status.UNVERIFIED, reason, details)
+    if data.get("stage") == "target":
+        reason = f"cannot be run alone: {data.get('error')}: there is nothing to call"
+        return Verdict(Status.UNVERIFIED, reason, details)
     return Verdict(Status.UNVERIFIED, f"the original cannot run: {data.get('error')}", details)
 
 
@@ -84,21 +118,77 @@ def candidate_verdict(plan: Plan, original: dict[str, Any], reply: Reply) -> Ver
     data = reply.data
     if data.get("candidate_contexts"):
         details["candidate_contexts"] = data["candidate_contexts"]
+    if (
+        not data.get("ok") and data.get("stage") == "worker"
+    ):  # the verifier's fault, not the rewrite's
+        reason = f"the verifier could not run the rewrite: {data.get('error')}"
+        return Verdict(Status.UNVERIFIED, reason, details)
     if not data.get("ok"):
-        error = str(data.get("error", ""))
-        if same_error(original, error):
-            reason = f"both the original and the rewrite raise on these inputs: {error}"
-            return Verdict(Status.UNVERIFIED, reason, details)
-        stage = "does not import" if data.get("stage") == "import" else "raised"
-        return Verdict(Status.FAILED, f"the rewrite {stage}: {error}", details)
+        return raised_verdict(original, str(data.get("error", "")), data.get("stage"), details)
     if not data.get("equal"):
-        mismatch = data["mismatch"]
-        details["mismatch"] = mismatch
-        details.update({k: mismatch[k] for k in ("max_abs_err", "max_rel_err") if k in mismatch})
-        where = f"{mismatch['path']} of call {mismatch['call'] + 1}"
-        return Verdict(Status.FAILED, f"outputs differ at {where}: {mismatch['why']}", details)
+        verdict = mismatch_verdict(data["mismatch"], details)
+        if made_up_for_reference(original):
+            return Verdict(Status.UNVERIFIED, made_up_reason(original, verdict.reason), details)
+        return verdict
     details.update({"max_abs_err": data["max_abs_err"], "max_rel_err": data["max_rel_err"]})
+    if data.get("not_comparable"):
+        details["not_comparable"] = data["not_comparable"]
     reference = original.get("reference", "original")
     against = "the original" if reference == "original" else f"the {reference} reference"
+    if data.get("has_values") is False:
+        reason = (
+            f"the outputs on {data['calls']} {source} call(s) hold no values to compare with "
+            f"{against}, only functions or objects: {data.get('not_comparable') or 'by name'}"
+        )
+        return Verdict(Status.UNVERIFIED, reason, details)
     reason = f"agrees with {against} on {data['calls']} {source} call(s)"
+    if data.get("returned_calls"):
+        details["returned_calls"] = data["returned_calls"]
+        reason += f" and {data['returned_calls']} call(s) of the function it returns"
     return Verdict(Status.VERIFIED, reason, details)
+
+
+def raised_verdict(
+    original: dict[str, Any], error: str, stage: str | None, details: dict[str, Any]
+) -> Verdict:
+    """Return the verdict when the rewrite raised on inputs the reference ran."""
+    if same_error(original, error):
+        reason = f"both the original and the rewrite raise on these inputs: {error}"
+        return Verdict(Status.UNVERIFIED, reason, details)
+    if stage == "call" and made_up_for_reference(original):
+        return Verdict(Status.UNVERIFIED, made_up_reason(original, f"it raised: {error}"), details)
+    kind = "does not import" if stage == "import" else "raised"
+    return Verdict(Status.FAILED, f"the rewrite {kind}: {error}", details)
+
+
+def made_up_for_reference(original: dict[str, Any]) -> bool:
+    """Return True if only a fallback reference ran synthesized inputs the original could not.
+
+    Such inputs fit the reference (vmap has no device count) but maybe not the program: no
+    candidate even traced through the original, so a rewrite that disagrees there shows
+    nothing. (An original that traced and then raised, say a callback in a partial-auto
+    region, is what the reference stands in for: disagreeing with it is a failure.)
+    """
+    stages = original.get("reference_stages", {})
+    no_fit = any(stages.get(name) == "inputs" for name in ("original", "safe-rewrites"))
+    return original.get("source") == "synthesized" and no_fit
+
+
+def made_up_reason(original: dict[str, Any], what: str) -> str:
+    reference = original.get("reference")
+    return (
+        f"the rewrite disagrees on synthesized inputs that the original itself could not run "
+        f"(only the {reference} reference did); {what}; "
+        "record real calls with --verify-with to decide"
+    )
+
+
+def mismatch_verdict(mismatch: dict[str, Any], details: dict[str, Any]) -> Verdict:
+    """Return the failed verdict for outputs that differ: where, the shape, and by how much."""
+    details["mismatch"] = mismatch
+    details.update({k: mismatch[k] for k in ("max_abs_err", "max_rel_err") if k in mismatch})
+    shape = f" ({mismatch['dtype']}{mismatch['shape']})" if "shape" in mismatch else ""
+    where = f"{mismatch['path']}{shape} of call {mismatch['call'] + 1}"
+    if mismatch.get("returned"):
+        where += " of the function the target returned"
+    return Verdict(Status.FAILED, f"outputs differ at {where}: {mismatch['why']}", details)

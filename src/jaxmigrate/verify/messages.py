@@ -154,4 +154,14 @@ def make_task(
         },
     }
     candidate = common | {"target": target | {"text": candidate_text}, "contexts": cand_ctx}
+    returned = recorded.returned if recorded else None
+    orig_ret, cand_ret = context_messages(returned.contexts if returned else (), sources)
+    meshes = list(returned.meshes) if returned else []
+    original["returned"] = {
+        "recorded": list(returned.files) if returned else [],
+        "contexts": orig_ret,
+        "meshes": meshes,
+    }
+    candidate["returned"] = {"contexts": cand_ret, "meshes": meshes}
+    candidate["records"] = list(recorded.files) if recorded else []  # for their import paths
     return Task(plan, original, candidate)

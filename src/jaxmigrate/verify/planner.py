@@ -14,7 +14,7 @@ from pathlib import Path
 from jaxmigrate.model import Safety, Site, Status
 from jaxmigrate.registry import all_passes
 from jaxmigrate.verify.config import Verdict, VerifyRequest
-from jaxmigrate.verify.targets import Target, find_target
+from jaxmigrate.verify.targets import Kind, Target, find_target
 from jaxmigrate.verify.workspace import module_name
 
 ORIGINAL = "original"
@@ -74,9 +74,12 @@ def references_for(
 
 
 def plan_file(
-    request: VerifyRequest, root: Path, start: int
+    request: VerifyRequest, root: Path, start: int, record: bool = False
 ) -> tuple[list[Plan], dict[str, Verdict]]:
-    """Return the plans for a file's unsafe sites, and verdicts for sites needing no run."""
+    """Return the plans for a file's unsafe sites, and verdicts for sites needing no run.
+
+    Sites only the program reaches (`bound`) are planned when a command is `record`ed.
+    """
     tree = ast.parse(request.original)
     verdicts: dict[str, Verdict] = {}
     grouped: dict[str, tuple[Target, list[Site]]] = {}
@@ -85,8 +88,12 @@ def plan_file(
             verdicts[site.key] = Verdict(Status.NOT_NEEDED, "safe rewrite")
             continue
         target = find_target(tree, site.line)
+        if target.kind is Kind.BOUND and record:
+            key = f"{target.qualname}@{target.first}"
+            grouped.setdefault(key, (target, []))[1].append(site)
+            continue
         if not target.reachable:
-            verdicts[site.key] = Verdict(Status.UNVERIFIED, f"cannot be run alone: {target.why}")
+            verdicts[site.key] = Verdict(Status.UNVERIFIED, unreachable_reason(target))
             continue
         grouped.setdefault(target.qualname, (target, []))[1].append(site)
     module, entry = module_name(root, request.path)
@@ -107,15 +114,26 @@ def plan_file(
     return plans, verdicts
 
 
+def unreachable_reason(target: Target) -> str:
+    """Return why a site cannot be run alone, and how it could be verified."""
+    reason = f"cannot be run alone: {target.why}"
+    if target.kind is Kind.BOUND:
+        reason += (
+            "; pass --verify-with with tests that reach it: their calls of it are recorded "
+            "on the original and on the rewritten tree and compared"
+        )
+    return reason
+
+
 def plan_all(
-    requests: Sequence[VerifyRequest], root: Path
+    requests: Sequence[VerifyRequest], root: Path, record: bool = False
 ) -> tuple[list[Plan], dict[tuple[str, str], Verdict]]:
     """Return the plans for every request, and the verdicts decided without running."""
     plans: list[Plan] = []
     verdicts: dict[tuple[str, str], Verdict] = {}
     for request in requests:
         try:
-            more, decided = plan_file(request, root, len(plans))
+            more, decided = plan_file(request, root, len(plans), record)
         except SyntaxError as exc:
             reason = f"the original does not parse: {exc.msg} (line {exc.lineno})"
             decided = {s.key: Verdict(Status.UNVERIFIED, reason) for s in request.sites}

@@ -9,11 +9,12 @@ the JSON sidecars; the pickled arguments are opened by the workers.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,8 @@ from jaxmigrate.verify.processes import coordinator_address, wait_all
 from jaxmigrate.verify.targets import Kind
 from jaxmigrate.verify.workspace import Workspace
 
+RETURNED = ".returned"  # the recorder's suffix for the calls of a factory's returned function
+
 
 @dataclass(frozen=True)
 class Recorded:
@@ -33,6 +36,7 @@ class Recorded:
     contexts: tuple[tuple[str, int], ...]
     meshes: tuple[dict[str, Any], ...]
     shapes: tuple[str, ...]
+    returned: Recorded | None = None  # the calls of the function the target returned
 
 
 @dataclass(frozen=True)
@@ -41,46 +45,84 @@ class Recording:
 
     calls: dict[str, Recorded] = field(default_factory=dict)
     note: str = ""
+    error: str = ""  # how the command failed, with the last lines of its output; '' if it did not
 
 
 def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> dict[str, Any]:
-    """Return the recorder's plan: spans for callable targets, functions for the rest."""
+    """Return the recorder's plan: spans for callable and bound targets, functions for the rest.
+
+    Bound targets have their outputs recorded too: their command is the unit, compared on both
+    trees (`verify.bound`).
+    """
     spans: dict[str, list[list[Any]]] = defaultdict(list)
     functions: dict[str, dict[str, str]] = defaultdict(dict)
     for plan in plans:
         target = plan.target
-        if target.kind is Kind.CALLABLE:
+        if target.kind in (Kind.CALLABLE, Kind.BOUND):
             spans[plan.path].append([target.first, target.last, plan.id])
-        if "." not in target.qualname:
+        if target.kind is not Kind.BOUND and "." not in target.qualname:
             functions[plan.module].setdefault(target.qualname, plan.id)
     return {
-        "root": str(ws.original),
+        "root": str(scratch(ws, "original")),
         "out": str(ws.records),
         "max_calls": max_calls,
         "spans": spans,
         "functions": functions,
+        "outputs": [p.id for p in plans if p.target.kind is Kind.BOUND],
     }
 
 
-def run_command(command: str, ws: Workspace, config: VerifyConfig, plan_file: Path) -> str:
-    """Run the command on the original copy; return a note if it did not end cleanly.
+def scratch(ws: Workspace, side: str) -> Path:
+    """Return a copy of one side's tree for the command to run in, made on first use.
 
-    With `config.processes` N > 1 the command runs N times at once, as the processes of one JAX
-    job (each records its own calls); the first process to fail names the note.
+    The command may write into the tree (checkpoints, caches); the workers replay on the
+    untouched copy, so a replay never starts from what the recording left behind.
     """
+    path = ws.base / f"run-{side}"
+    if not path.exists():
+        shutil.copytree(ws.tree(side), path, symlinks=True)
+    return path
+
+
+def mirror_folders(ran: Path, tree: Path) -> None:
+    """Create in `tree` the folders the command created in `ran`, without their files.
+
+    A replay then starts from the project's files as they were before the command, with the
+    folders it made (`os.makedirs(workdir)` before the first step), never from a checkpoint
+    the recording wrote, which would make both sides restore it and run nothing.
+    """
+    for folder in sorted(p for p in ran.rglob("*") if p.is_dir() and not p.is_symlink()):
+        (tree / folder.relative_to(ran)).mkdir(parents=True, exist_ok=True)
+
+
+def run_command(
+    command: str, ws: Workspace, config: VerifyConfig, plan_file: Path, side: str = "original"
+) -> str:
+    """Run the command on one side's copy; return a note if it did not end cleanly.
+
+    The copy (and its `src/`) comes first on the path: the project's packages import from the
+    copy, not from an installed (or editable) version of them. With `config.processes` N > 1
+    the command runs N times at once, as the processes of one JAX job (each records its own
+    calls); the first process to fail names the note.
+    """
+    tree = scratch(ws, side)
+    imports = tuple(p for p in (tree, tree / "src") if p.is_dir())
     count = config.processes
     coordinator = coordinator_address() if count > 1 else ""
     procs = []
+    logs = []
     for i in range(count):
-        env = child_env(config, ws, (ws.boot,), i, coordinator)
+        env = child_env(config, ws, (ws.boot, *imports), i, coordinator)
         env["JAXMIGRATE_RECORD"] = str(plan_file)
-        log = ws.logs / ("verify-with.log" if count == 1 else f"verify-with.p{i}.log")
+        name = "verify-with" if side == "original" else f"verify-with-{side}"
+        log = ws.logs / (f"{name}.log" if count == 1 else f"{name}.p{i}.log")
+        logs.append(log)
         with log.open("ab") as out:
             procs.append(
                 subprocess.Popen(
                     command,
                     shell=True,
-                    cwd=config.command_dir(ws.original),
+                    cwd=config.command_dir(tree),
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
@@ -91,7 +133,9 @@ def run_command(command: str, ws: Workspace, config: VerifyConfig, plan_file: Pa
     codes = wait_all(procs, config.record_timeout)
     for proc in procs:
         kill_group(proc)
-    return command_note(command, codes, config.record_timeout)
+    note = command_note(command, codes, config.record_timeout)
+    failed = next((i for i, code in enumerate(codes) if code not in (0, None)), None)
+    return note + last_lines(logs[failed]) if note and failed is not None else note
 
 
 def command_note(command: str, codes: list[int | None], timeout: float) -> str:
@@ -105,7 +149,19 @@ def command_note(command: str, codes: list[int | None], timeout: float) -> str:
     return ""
 
 
-def collect(ws: Workspace, max_calls: int, processes: int = 1) -> dict[str, Recorded]:
+def last_lines(log: Path, count: int = 5) -> str:
+    """Return the last non-blank lines of the command's output, as a suffix (':\n  ...')."""
+    try:
+        text = log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()][-count:]
+    return ":\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
+
+
+def collect(
+    ws: Workspace, max_calls: int, processes: int = 1, folder: Path | None = None
+) -> dict[str, Recorded]:
     """Return the recorded calls per plan id, the first `max_calls` of each.
 
     In a multi-process recording the files listed are process 0's; process i replays its own
@@ -113,7 +169,8 @@ def collect(ws: Workspace, max_calls: int, processes: int = 1) -> dict[str, Reco
     every process made are kept.
     """
     metas: dict[tuple[str, int], list[tuple[Path, dict[str, Any]]]] = defaultdict(list)
-    for sidecar in sorted(ws.records.glob("*.json"), key=lambda p: p.stat().st_mtime_ns):
+    where = ws.records if folder is None else folder
+    for sidecar in sorted(where.glob("*.json"), key=lambda p: p.stat().st_mtime_ns):
         meta = json.loads(sidecar.read_text(encoding="utf-8"))
         metas[(meta["target"], meta.get("process", 0))].append((sidecar.with_suffix(".pkl"), meta))
     out = {}
@@ -121,16 +178,25 @@ def collect(ws: Workspace, max_calls: int, processes: int = 1) -> dict[str, Reco
         if process != 0:
             continue
         made = min(len(metas.get((target, i), [])) for i in range(processes))
-        if not made:
-            continue
-        first = items[0][1]
-        out[target] = Recorded(
-            files=tuple(str(p) for p, _ in items[: min(max_calls, made)]),
-            contexts=tuple((rel, int(line)) for rel, line in first["contexts"]),
-            meshes=tuple(first["meshes"]),
-            shapes=tuple(first["shapes"]),
-        )
+        if made:
+            out[target] = recorded(items, min(max_calls, made))
+    for target in [t for t in out if t.endswith(RETURNED)]:
+        returned = out.pop(target)
+        base = out.get(target.removesuffix(RETURNED))
+        if base is not None:
+            out[target.removesuffix(RETURNED)] = replace(base, returned=returned)
     return out
+
+
+def recorded(items: list[tuple[Path, dict[str, Any]]], max_calls: int) -> Recorded:
+    """Return the first `max_calls` recorded calls of one target, with the first's context."""
+    first = items[0][1]
+    return Recorded(
+        files=tuple(str(p) for p, _ in items[:max_calls]),
+        contexts=tuple((rel, int(line)) for rel, line in first["contexts"]),
+        meshes=tuple(first["meshes"]),
+        shapes=tuple(first["shapes"]),
+    )
 
 
 def record(command: str, plans: Sequence[Plan], ws: Workspace, config: VerifyConfig) -> Recording:
@@ -141,4 +207,6 @@ def record(command: str, plans: Sequence[Plan], ws: Workspace, config: VerifyCon
     note = run_command(command, ws, config, plan_file)
     calls = collect(ws, config.max_calls, config.processes)
     seconds = time.monotonic() - started
-    return Recording(calls, note or f"`{command}` ran in {seconds:.1f} s")
+    for side in ("original", "candidate"):
+        mirror_folders(scratch(ws, "original"), ws.tree(side))
+    return Recording(calls, note or f"`{command}` ran in {seconds:.1f} s", note)

@@ -17,13 +17,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from jaxmigrate.model import Status
+from jaxmigrate.verify.bound import judge_bound, rerun
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
-from jaxmigrate.verify.judge import candidate_verdict, original_verdict
+from jaxmigrate.verify.judge import candidate_verdict, original_verdict, test_folder
 from jaxmigrate.verify.messages import Sources, Task, make_task
 from jaxmigrate.verify.planner import Plan, plan_all
 from jaxmigrate.verify.pool import Reply, Worker
 from jaxmigrate.verify.processes import processes_hint
 from jaxmigrate.verify.recording import Recording, record
+from jaxmigrate.verify.targets import Kind
 from jaxmigrate.verify.workspace import Workspace, workspace
 
 MAX_ROUNDS = 3
@@ -68,7 +70,8 @@ class Run:
         return reply
 
     def judge(self, lane: Lane, task: Task, original: Reply) -> Verdict:
-        verdict = original_verdict(task.plan, original)
+        tests = test_folder(self.config.root)
+        verdict = original_verdict(task.plan, original, self.config.verify_with, tests)
         if verdict is not None:
             return verdict
         return candidate_verdict(task.plan, original.data, self.candidate_reply(lane, task))
@@ -257,9 +260,11 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
     Safe sites are `not-needed`; an unsafe site is `verified`, `failed` or `unverified`. Never
     raises for what user code does; never writes under `config.root`.
     """
-    plans, verdicts = plan_all(requests, config.root)
+    plans, verdicts = plan_all(requests, config.root, record=bool(config.verify_with))
     if not plans:
         return verdicts
+    bound = [p for p in plans if p.target.kind is Kind.BOUND]
+    runnable = [p for p in plans if p.target.kind is not Kind.BOUND]
     originals = {r.path: r.original for r in requests}
     candidates = {path: text for r in requests for path, text in r.files.items()}
     candidates.update({r.path: r.candidate for r in requests})
@@ -267,14 +272,44 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
         recording = (
             record(config.verify_with, plans, ws, config) if config.verify_with else Recording()
         )
+        again = rerun(config.verify_with or "", bound, candidates, ws, config) if bound else None
         count = max(1, min(config.jobs, len({p.path for p in plans})))
         with lanes_for(config, ws, count) as lanes:
             run = Run(config, ws, lanes, recording)
-            by_plan = run_rounds(run, requests, plans)
-            try_alternatives(run, requests, plans, by_plan)
+            by_plan = run_rounds(run, requests, runnable) if runnable else {}
+            try_alternatives(run, requests, runnable, by_plan)
+            if again is not None:
+                found = judge_bound(bound, recording, again, lanes[0].candidate, config)
+                paths = {p.id: p.path for p in plans}
+                by_plan.update(demote_bound(bound, found, by_plan, paths))
     for plan in plans:
         verdict = with_processes_hint(by_plan[plan.id], plan, config)
         if recording.note:
             verdict = replace(verdict, details={**verdict.details, "verify_with": recording.note})
+        if recording.error:
+            error = {"verify_with_error": recording.error}
+            verdict = replace(verdict, details={**verdict.details, **error})
         verdicts.update({(plan.path, site.key): verdict for site in plan.sites})
     return verdicts
+
+
+def demote_bound(
+    bound: Sequence[Plan],
+    found: dict[str, Verdict],
+    others: dict[str, Verdict],
+    paths: dict[str, str],
+) -> dict[str, Verdict]:
+    """Return bound verdicts, a verified one demoted when its file loses a failed site.
+
+    The command ran on the file with every site rewritten; without the failed one the text
+    that will be written was not run.
+    """
+    lost = {p.path for p in bound if found[p.id].status is Status.FAILED}
+    lost |= {paths[pid] for pid, v in others.items() if v.status is Status.FAILED}
+    note = "not re-verified without the failed sites of its file"
+    return {
+        p.id: unsure(found[p.id], note)
+        if p.path in lost and found[p.id].status is Status.VERIFIED
+        else found[p.id]
+        for p in bound
+    }

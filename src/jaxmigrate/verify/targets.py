@@ -7,8 +7,11 @@ From the source around the site's line:
 - a module-level plain `def` whose body holds the site -> that function (`function`);
 - anything inside a module-level function (inline `jax.pmap(f)(x)`, a local decorated `def`, a
   local `step = pjit(...)`, a `with mesh:`) -> the enclosing module-level function (`function`);
-- `self.attr = ...`, methods, class attributes and module-level statements cannot be called on
-  their own: the target is unreachable and the site stays unverified, with the reason.
+- `self.attr = ...`, methods (of a model class, of a `TestCase`), class attributes and
+  module-level statements cannot be called on their own: the target is `bound` to the program.
+  With `--verify-with`, the command itself is the unit: the calls of the callable created on
+  the site's statement are recorded on both trees and compared (see `verify.bound`); without
+  it the site stays unverified, with the reason.
 
 Callable targets are recorded where the legacy API creates them (their `span`); function targets
 by wrapping the module attribute. Both can be replayed with recorded, declared or synthesized
@@ -31,6 +34,7 @@ class Kind(StrEnum):
 
     CALLABLE = "callable"
     FUNCTION = "function"
+    BOUND = "bound"  # only the recorded command can reach it: compared by recording both trees
     UNREACHABLE = "unreachable"
 
 
@@ -47,7 +51,7 @@ class Target:
 
     @property
     def reachable(self) -> bool:
-        return self.kind is not Kind.UNREACHABLE
+        return self.kind not in (Kind.UNREACHABLE, Kind.BOUND)
 
 
 def start_line(node: ast.AST) -> int:
@@ -87,6 +91,28 @@ def unreachable(qualname: str, why: str) -> Target:
     return Target(Kind.UNREACHABLE, qualname, 0, 0, why=why)
 
 
+def statement_span(stmt: ast.AST) -> tuple[int, int]:
+    """Return the lines of a statement that can create a callable: a compound's header only."""
+    if isinstance(stmt, (*DEFS, ast.ClassDef)):
+        return start_line(stmt), header_end(stmt)  # type: ignore[arg-type]
+    body = getattr(stmt, "body", None)
+    first = start_line(stmt)
+    if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
+        return first, max(first, body[0].lineno - 1)
+    return first, getattr(stmt, "end_lineno", None) or first
+
+
+def bound(chain: list[ast.AST], line: int, why: str) -> Target:
+    """Return the target of a site only the recorded program reaches: its statement's lines."""
+    names = [n.name for n in chain if isinstance(n, (*DEFS, ast.ClassDef))]
+    inner = chain[-1]
+    first, last = statement_span(inner)
+    if not first <= line <= last:  # the site is in a nested body: the innermost statement
+        first, last = line, line
+    label = ".".join(names) or f"line {line}"
+    return Target(Kind.BOUND, label, first, last, why=why)
+
+
 def find_target(tree: ast.Module, line: int) -> Target:
     """Return the target of the site at `line`."""
     chain = chain_at(tree, line)
@@ -94,21 +120,24 @@ def find_target(tree: ast.Module, line: int) -> Target:
         return unreachable("", "the site is not inside a statement")
     top, inner = chain[0], chain[-1]
     if isinstance(top, ast.ClassDef):
-        return unreachable(top.name, f"the site is in class `{top.name}`: it needs an instance")
+        why = f"the site is in class `{top.name}`: it needs an instance"
+        return bound(chain, line, why)
     if isinstance(top, DEFS):
         in_header = inner is top and line <= header_end(top)
         if in_header and top.decorator_list:
             return callable_target(top.name, top)
         return Target(Kind.FUNCTION, top.name, start_line(top), header_end(top))
-    return module_statement_target(top)
+    return module_statement_target(top, chain, line)
 
 
-def module_statement_target(stmt: ast.AST) -> Target:
+def module_statement_target(stmt: ast.AST, chain: list[ast.AST], line: int) -> Target:
     """Return the target of a site in a module-level statement that is not a def."""
     names = assigned_names(stmt)
-    if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and len(names) == 1:
+    value = getattr(stmt, "value", None)
+    made = isinstance(value, (ast.Call, ast.Lambda))  # a tuple or dict of them is not callable
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and len(names) == 1 and made:
         return callable_target(names[0], stmt)
-    return unreachable("", "the site is in module-level code, not in a function")
+    return bound(chain, line, "the site is in module-level code, not in a function")
 
 
 def assigned_names(stmt: ast.AST) -> list[str]:

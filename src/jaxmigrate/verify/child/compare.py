@@ -1,8 +1,13 @@
 """Compare two flattened outputs: structure, shapes and dtypes exactly, values by dtype.
 
-Floating values agree within a tolerance that depends on the dtype (two compiled programs may
-sum in different orders); integers, booleans, PRNG key data and other leaves must be equal. A
-mismatch names the pytree path, the shapes and the largest absolute and relative errors.
+Structure is compared node by node: node types by qualified name, dict keys and field names,
+static data by value (functions by `module.qualname`). Floating values agree within a tolerance
+that depends on the dtype (two compiled programs may sum in different orders); integers,
+booleans, PRNG key data and scalars must be equal. A mismatch names the pytree path, the shapes
+and the largest absolute and relative errors, in full.
+
+An opaque value (a function, an object) never fails: it agrees when both sides have the same
+stable key, and is otherwise "not comparable", with the reason, in `notes`.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .values import Flat, HostKey
+from .values import Flat, HostKey, Node, Opaque
 
 # (rtol, atol) per floating dtype; atol is scaled by the reference's magnitude when above 1.
 TOLERANCES: dict[str, tuple[float, float]] = {
@@ -95,8 +100,28 @@ def _array_mismatch(where: str, ref: np.ndarray, new: np.ndarray) -> dict[str, A
     return {**info, "why": f"{count} of {ref.size} exact values differ"}
 
 
-def leaf_mismatch(where: str, ref: Any, new: Any) -> dict[str, Any] | None:
-    """Return why two leaves differ (a dict with `path` and `why`), or None if they agree."""
+def opaque_note(where: str, ref: Opaque, new: Any) -> str | None:
+    """Return why an opaque reference leaf is not comparable with `new`, or None if equal."""
+    if isinstance(new, Opaque) and ref.key is not None and ref.key == new.key:
+        return None
+    if ref.key is None:
+        return f"{where}: not comparable: {ref.why or ref.text}"
+    other = new.key or new.why if isinstance(new, Opaque) else type(new).__name__
+    return f"{where}: not comparable: {other}, reference {ref.key}"
+
+
+def leaf_mismatch(
+    where: str, ref: Any, new: Any, notes: list[str] | None = None
+) -> dict[str, Any] | None:
+    """Return why two leaves differ (a dict with `path` and `why`), or None if they agree.
+
+    An opaque reference leaf never differs: when not comparable, the reason goes to `notes`.
+    """
+    if isinstance(ref, Opaque):
+        note = opaque_note(where, ref, new)
+        if note is not None and notes is not None:
+            notes.append(note)
+        return None
     if isinstance(ref, HostKey) or isinstance(new, HostKey):
         if not (isinstance(ref, HostKey) and isinstance(new, HostKey)):
             return {"path": where, "why": "a PRNG key on one side only"}
@@ -106,6 +131,8 @@ def leaf_mismatch(where: str, ref: Any, new: Any) -> dict[str, Any] | None:
         return None if found is None else {**found, "why": "PRNG key data: " + found["why"]}
     if isinstance(ref, (np.ndarray, np.generic)) and isinstance(new, (np.ndarray, np.generic)):
         return _array_mismatch(where, np.asarray(ref), np.asarray(new))
+    if isinstance(new, Opaque):
+        return {"path": where, "why": f"{new.key or new.text}, expected {type(ref).__name__}"}
     if type(ref) is not type(new):
         return {"path": where, "why": f"{type(new).__name__}, expected {type(ref).__name__}"}
     if isinstance(ref, float) and isinstance(new, float):
@@ -113,22 +140,97 @@ def leaf_mismatch(where: str, ref: Any, new: Any) -> dict[str, Any] | None:
     return None if ref == new else {"path": where, "why": f"{new!r}, expected {ref!r}"}
 
 
-def _short(text: str, limit: int = 160) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def static_mismatch(where: str, ref: Any, new: Any, notes: list[str]) -> str | None:
+    """Return why two nodes' static data differ, or None (opaque parts go to `notes`)."""
+    if isinstance(ref, Opaque) or isinstance(new, Opaque):
+        if isinstance(ref, Opaque):
+            note = opaque_note(f"{where} (static)", ref, new)
+        else:
+            note = f"{where} (static): not comparable: {new.key or new.why}, reference {ref!r}"
+        if note is not None:
+            notes.append(note)
+        return None
+    if type(ref) is not type(new):
+        return f"static data {new!r}, expected {ref!r}"
+    if isinstance(ref, (tuple, list)):
+        if len(ref) != len(new):
+            return f"static data {new!r}, expected {ref!r}"
+        found = (static_mismatch(where, a, b, notes) for a, b in zip(ref, new))
+        return next((f for f in found if f is not None), None)
+    if isinstance(ref, dict):
+        if list(ref) != list(new):
+            return f"static data keys {list(new)}, expected {list(ref)}"
+        found = (static_mismatch(where, ref[k], new[k], notes) for k in ref)
+        return next((f for f in found if f is not None), None)
+    return None if ref == new else f"static data {new!r}, expected {ref!r}"
 
 
-def compare(ref: Flat, new: Flat) -> dict[str, Any] | None:
-    """Return the first difference between two outputs, or None when they agree."""
-    if ref.treedef != new.treedef:
-        return {
-            "path": "output",
-            "why": f"pytree structure {_short(new.treedef)}, expected {_short(ref.treedef)}",
-        }
-    for (where, a), (_, b) in zip(ref.leaves, new.leaves):
-        found = leaf_mismatch(f"output{where}", a, b)
+def _node_text(node: Node | None) -> str:
+    return "a leaf" if node is None else f"a {node.type} node"
+
+
+def _keys_why(ref: list[str], new: list[str]) -> str:
+    missing = [k for k in ref if k not in new]
+    extra = [k for k in new if k not in ref]
+    if not missing and not extra:
+        return f"children in order {new}, expected {ref}"
+    parts = [f"missing {missing}" if missing else "", f"extra {extra}" if extra else ""]
+    return "children " + ", ".join(p for p in parts if p)
+
+
+def structure_mismatch(
+    where: str, ref: Node | None, new: Node | None, notes: list[str]
+) -> dict[str, Any] | None:
+    """Return where two pytree structures first differ, or None if they have the same shape."""
+    if ref is None or new is None:
+        if ref is None and new is None:
+            return None
+        why = f"{_node_text(new)}, expected {_node_text(ref)}"
+        return {"path": where, "why": f"pytree structure: {why}"}
+    if ref.type != new.type:
+        why = f"node type {new.type}, expected {ref.type}"
+        return {"path": where, "why": f"pytree structure: {why}"}
+    ref_keys, new_keys = [k for k, _ in ref.children], [k for k, _ in new.children]
+    if ref_keys != new_keys:
+        count = f"of {len(new_keys)} children, expected {len(ref_keys)}: "
+        why = f"{ref.type} {count if len(new_keys) != len(ref_keys) else ''}"
+        why += _keys_why(ref_keys, new_keys)
+        return {"path": where, "why": f"pytree structure: {why}"}
+    static = static_mismatch(where, ref.aux, new.aux, notes)
+    if static is not None:
+        return {"path": where, "why": f"pytree structure: {ref.type} {static}"}
+    for (key, a), (_, b) in zip(ref.children, new.children):
+        found = structure_mismatch(where + key, a, b, notes)
         if found is not None:
             return found
     return None
+
+
+def compare(ref: Flat, new: Flat, notes: list[str] | None = None) -> dict[str, Any] | None:
+    """Return the first difference between two outputs, or None when they agree.
+
+    What could not be compared (opaque values without a shared stable key) is appended to
+    `notes`; it never makes the outputs differ.
+    """
+    notes = [] if notes is None else notes
+    if ref.structure is not None and new.structure is not None:
+        found = structure_mismatch("output", ref.structure, new.structure, notes)
+        if found is not None:
+            return found
+    elif ref.treedef != new.treedef:
+        return {"path": "output", "why": f"pytree structure {new.treedef}, expected {ref.treedef}"}
+    if len(ref.leaves) != len(new.leaves):
+        return {"path": "output", "why": f"{len(new.leaves)} leaves, expected {len(ref.leaves)}"}
+    for (where, a), (_, b) in zip(ref.leaves, new.leaves):
+        found = leaf_mismatch(f"output{where}", a, b, notes)
+        if found is not None:
+            return found
+    return None
+
+
+def has_values(flat: Flat) -> bool:
+    """Return True if an output has a leaf compared by value (not only opaque ones), or none."""
+    return not flat.leaves or any(not isinstance(leaf, Opaque) for _, leaf in flat.leaves)
 
 
 def max_errors(ref: Flat, new: Flat) -> tuple[float, float]:

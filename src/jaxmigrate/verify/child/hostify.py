@@ -2,21 +2,27 @@
 
 Inputs travel as the containers the program used with array leaves replaced by `HostArray` /
 `HostKey` (so the receiving side rebuilds uncommitted `jax.Array`s and typed keys), numpy leaves
-left as numpy. Outputs travel flattened: the tree structure's text and `(path, leaf)` pairs.
+left as numpy. Outputs travel flattened: `(path, leaf)` pairs and the tree's structure as
+`Node`s (node types by qualified name, dict keys and field names, static data in stable form).
+Functions and other objects become `Opaque` values with a key that is the same in every process
+(a function's `module.qualname`), never a `repr` that shows an address.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .values import Flat, HostArray, HostKey, Opaque
+from .values import Flat, HostArray, HostKey, Node, Opaque
 
 SCALARS = (bool, int, float, complex, str, bytes, type(None))
-__all__ = ["Flat", "HostArray", "HostKey", "Opaque", "from_host", "to_host"]
+__all__ = ["Flat", "HostArray", "HostKey", "Node", "Opaque", "from_host", "to_host"]
+ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
 
 
 def is_key(x: Any) -> bool:
@@ -67,6 +73,58 @@ def has_tracer(tree: Any) -> bool:
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
 
 
+def qualified_name(fn: Any) -> str | None:
+    """Return `module.qualname` of a function (through jit/pmap/partial wrappers), or None."""
+    if isinstance(fn, functools.partial):
+        inner = qualified_name(fn.func)
+        return None if inner is None else f"partial({inner})"
+    seen = 0
+    while hasattr(fn, "__wrapped__") and seen < 16:  # jit, pmap and functools.wraps keep it
+        fn, seen = fn.__wrapped__, seen + 1
+    module = getattr(fn, "__module__", None)
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if not isinstance(name, str):
+        return None
+    return f"{module}.{name}" if isinstance(module, str) else name
+
+
+def type_name(kind: type) -> str:
+    """Return a type's `module.qualname`."""
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def opaque(x: Any) -> Opaque:
+    """Return an object as an `Opaque` value with a stable key when it has one."""
+    try:
+        text = repr(x)
+    except Exception:  # noqa: BLE001 - a broken __repr__ still gets a name
+        text = f"<{type_name(type(x))}>"
+    text = text if len(text) <= 200 else text[:197] + "..."
+    if isinstance(x, type):
+        return Opaque(text, "type " + type_name(x))
+    if callable(x):
+        name = qualified_name(x)
+        if name is not None:
+            return Opaque(text, "function " + name)
+        return Opaque(text, None, f"a {type_name(type(x))} without a qualified name")
+    if ADDRESS.search(text):
+        return Opaque(text, None, f"a {type_name(type(x))} shown only by its address")
+    return Opaque(text, f"{type_name(type(x))}: {text}")
+
+
+def stable(x: Any) -> Any:
+    """Return a node's static data in a form comparable across processes."""
+    if isinstance(x, SCALARS):
+        return x
+    if type(x) in (tuple, list):
+        return type(x)(stable(v) for v in x)
+    if isinstance(x, tuple):  # a NamedTuple: its type and its fields
+        return (type_name(type(x)), tuple(stable(v) for v in x))
+    if isinstance(x, dict) and all(isinstance(k, SCALARS) for k in x):
+        return {k: stable(v) for k, v in x.items()}
+    return opaque(x)
+
+
 def output_leaf(x: Any) -> Any:
     """Return an output leaf in comparable host form."""
     if is_key(x):
@@ -75,15 +133,27 @@ def output_leaf(x: Any) -> Any:
         return np.asarray(x)
     if isinstance(x, SCALARS):
         return x
-    return Opaque(repr(x))
+    return opaque(x)
+
+
+def describe(tree: Any) -> Node | None:
+    """Return the structure of `tree` as nodes (None for a leaf), one level at a time."""
+    pairs, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is not tree)
+    data = treedef.node_data()  # type: ignore[attr-defined]  # missing from the stubs
+    if data is None:
+        return None
+    kind, aux = data
+    children = tuple((jax.tree_util.keystr(path), describe(child)) for path, child in pairs)
+    return Node(type_name(kind), stable(aux), children)
 
 
 def flatten_output(out: Any) -> Flat:
-    """Block on `out` and return it flattened with host leaves."""
+    """Block on `out` and return it flattened with host leaves and its structure."""
     jax.block_until_ready(out)
     pairs, treedef = jax.tree_util.tree_flatten_with_path(out)
     leaves = tuple((jax.tree_util.keystr(path), output_leaf(leaf)) for path, leaf in pairs)
-    return Flat(str(treedef), leaves)
+    text = ADDRESS.sub("0x...", str(treedef))
+    return Flat(text, leaves, describe(out))
 
 
 def shapes(tree: Any) -> list[str]:

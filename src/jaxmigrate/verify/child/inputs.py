@@ -19,8 +19,11 @@ the call's mesh contexts before it is run.
 from __future__ import annotations
 
 import inspect
+import json
+import os
 import pickle
 import re
+import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -40,9 +43,23 @@ def recorded(paths: list[str]) -> list[Call]:
     """Return the calls recorded in `paths` (pickles written by the recorder)."""
     calls = []
     for path in paths:
+        add_import_paths(path)
         with open(path, "rb") as handle:
             calls.append(pickle.load(handle))
     return calls
+
+
+def add_import_paths(record: str) -> None:
+    """Add the tree's folders the recorded command imported from (its sidecar's `paths`)."""
+    try:
+        with open(os.path.splitext(record)[0] + ".json", encoding="utf-8") as handle:
+            folders = json.load(handle).get("paths", [])
+    except (OSError, ValueError):
+        return
+    for rel in folders:
+        entry = os.path.join(os.getcwd(), rel)
+        if entry not in sys.path:
+            sys.path.append(entry)
 
 
 def normalize_example(example: Any) -> Call:

@@ -10,7 +10,11 @@ An import hook patches the legacy entry points (`jax.pmap`, `jax.jit`, `jax.shar
 `jax.experimental.pjit.pjit`, `jax.experimental.shard_map.shard_map`) once JAX is imported: a
 call made directly from a line inside a span returns the usual function wrapped so that its
 concrete calls are recorded, keyed by that span's target. The functions named in `functions`
-(targets that enclose a site) are wrapped after their module is imported. Each record is a
+(targets that enclose a site) are wrapped after their module is imported; when such a function
+is a factory (it returns a jitted, pmapped or plain function), the function it returns is
+wrapped too and its calls are recorded as `<target>.returned`. pjit accepts its removed
+`in_axis_resources` / `out_axis_resources` keywords while recording (as the `pjit-in-shardings`
+reference does), so a program the installed JAX can no longer run still yields inputs. Each record is a
 pickle of the travelling arguments plus a JSON sidecar with the mesh contexts of the call: the
 mesh-like `with` statements around the callers' lines, and the meshes active at the time.
 Nothing here imports JAX before the program does.
@@ -25,11 +29,12 @@ import importlib.machinery
 import json
 import os
 import pickle
+import random
 import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import FrameType, MethodType, ModuleType
+from types import FrameType, FunctionType, MethodType, ModuleType
 from typing import Any
 
 from .distributed import for_process, job, process_index
@@ -61,13 +66,14 @@ class Recorder:
     max_calls: int
     spans: dict[str, list[Span]]
     functions: dict[str, dict[str, str]]
+    outputs: frozenset[str] = frozenset()  # targets whose outputs are recorded too (bound sites)
     counts: dict[str, int] = field(default_factory=dict)
     trees: dict[str, tuple[ast.Module, str] | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     # Where a call comes from ------------------------------------------------------------------
     def relative(self, filename: str) -> str | None:
-        path = os.path.realpath(filename)
+        path = os.path.realpath(filename or ".")
         if not path.startswith(self.root + os.sep):
             return None
         return os.path.relpath(path, self.root)
@@ -110,18 +116,22 @@ class Recorder:
     def snapshot(self, target: str, args: Sequence[Any], kwargs: dict[str, Any]) -> bytes | None:
         """Return the pickled travelling form of a call, or None if it cannot be recorded."""
         from .hostify import has_tracer, to_host
+        from .pickling import dumps
 
         if not self.wants(target) or has_tracer((args, kwargs)):
             return None
         try:
-            return pickle.dumps(to_host((tuple(args), dict(kwargs))))
+            return dumps(to_host((tuple(args), dict(kwargs))))
         except Exception:  # noqa: BLE001 - an argument we cannot copy: this call is not recorded
             return None
 
-    def save(self, target: str, payload: bytes, caller: FrameType | None) -> None:
-        """Write one recorded call and its context, if the target still wants calls."""
+    def save(self, target: str, payload: bytes, caller: FrameType | None, out: Any = None) -> None:
+        """Write one recorded call and its context, if the target still wants calls.
+
+        For targets in `outputs`, the call's output is written too (flattened, on the host).
+        """
         from .contexts import active_meshes
-        from .hostify import shapes
+        from .hostify import flatten_output, shapes
 
         with self.lock:
             n = self.counts.get(target, 0)
@@ -133,12 +143,23 @@ class Recorder:
             base = for_process(os.path.join(self.out, f"{target}-{n}.pkl"))[: -len(".pkl")]
         with open(base + ".pkl", "wb") as handle:
             handle.write(payload)
+        if target in self.outputs:
+            try:
+                flat = pickle.dumps(out.flat() if isinstance(out, Raised) else flatten_output(out))
+            except Exception:  # noqa: BLE001 - an output we cannot copy: compared as missing
+                flat = None
+            if flat is not None:
+                with open(base + ".out.pkl", "wb") as handle:
+                    handle.write(flat)
         meta = {
             "target": target,
             "contexts": self.context(caller),
             "meshes": active_meshes(),
             "shapes": shapes(pickle.loads(payload)),
             "process": process_index(),
+            # where the command imported the tree from (pytest adds test folders): the workers
+            # add the same folders, so what was pickled by name can be found
+            "paths": sorted({rel for rel in map(self.relative, sys.path[:50]) if rel}),
         }
         with open(base + ".json", "w", encoding="utf-8") as handle:
             json.dump(meta, handle)
@@ -162,29 +183,65 @@ class Recorder:
     def patch_jax(self, module: ModuleType) -> None:
         for name in ENTRY_POINTS[module.__name__]:
             if hasattr(module, name):
-                setattr(module, name, self.entry(getattr(module, name)))
+                real = getattr(module, name)
+                if module.__name__ == "jax.experimental.pjit":
+                    from .references import with_in_shardings
+
+                    real = functools.wraps(real)(with_in_shardings(real))
+                setattr(module, name, self.entry(real))
 
     def patch_functions(self, module: ModuleType) -> None:
         for qualname, target in self.functions[module.__name__].items():
             fn = getattr(module, qualname, None)
             if callable(fn) and not isinstance(fn, Recording):
-                setattr(module, qualname, Recording(fn, target, self))
+                setattr(module, qualname, Recording(fn, target, self, factory=True))
+
+
+def function_like(x: Any) -> bool:
+    """Return True for what a factory returns: a plain, partial, jitted or pmapped function."""
+    return isinstance(x, (FunctionType, functools.partial)) or (
+        callable(x) and hasattr(x, "__wrapped__") and not isinstance(x, type)
+    )
+
+
+class Raised:
+    """A recorded call that raised: compared by the exception's type only."""
+
+    def __init__(self, exc: BaseException) -> None:
+        kind = type(exc)
+        self.name = f"{kind.__module__}.{kind.__qualname__}"
+
+    def flat(self) -> Any:
+        from .values import Flat
+
+        return Flat("raised", (("", f"raised {self.name}"),))
 
 
 class Recording:
     """A callable that records its first concrete calls for `target`, then behaves as `fn`."""
 
-    def __init__(self, fn: Callable[..., Any], target: str, recorder: Recorder) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], target: str, recorder: Recorder, factory: bool = False
+    ) -> None:
         functools.update_wrapper(self, fn, updated=())
         self._fn = fn
         self._target = target
         self._recorder = recorder
+        self._factory = factory
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         payload = self._recorder.snapshot(self._target, args, kwargs)
-        out = self._fn(*args, **kwargs)
+        try:
+            out = self._fn(*args, **kwargs)
+        except BaseException as exc:
+            # For a bound site, raising (what a test may expect) is the call's outcome too.
+            if payload is not None and self._target in self._recorder.outputs:
+                self._recorder.save(self._target, payload, sys._getframe(1), Raised(exc))
+            raise
         if payload is not None:
-            self._recorder.save(self._target, payload, sys._getframe(1))
+            self._recorder.save(self._target, payload, sys._getframe(1), out)
+        if self._factory and function_like(out):
+            return Recording(out, f"{self._target}.returned", self._recorder)
         return out
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
@@ -231,6 +288,11 @@ class Hook(importlib.abc.MetaPathFinder):
         return None
 
 
+def seed_numpy(module: ModuleType) -> None:
+    """Seed numpy's global generator once `numpy.random` is imported."""
+    module.seed(0)
+
+
 def load_plan(path: str) -> Recorder:
     """Return the recorder a plan file describes."""
     with open(path, encoding="utf-8") as handle:
@@ -240,7 +302,8 @@ def load_plan(path: str) -> Recorder:
         for rel, items in plan["spans"].items()
     }
     root = os.path.realpath(plan["root"])
-    return Recorder(root, plan["out"], int(plan["max_calls"]), spans, plan["functions"])
+    outputs = frozenset(plan.get("outputs", ()))
+    return Recorder(root, plan["out"], int(plan["max_calls"]), spans, plan["functions"], outputs)
 
 
 def install(plan_path: str) -> Recorder:
@@ -248,5 +311,9 @@ def install(plan_path: str) -> Recorder:
     recorder = load_plan(plan_path)
     after: dict[str, Callable[[ModuleType], None]] = dict.fromkeys(ENTRY_POINTS, recorder.patch_jax)
     after.update(dict.fromkeys(recorder.functions, recorder.patch_functions))
+    # The command runs on both trees for sites only it reaches: the same seeds make unseeded
+    # test data (`np.random.rand`) the same in both runs, so their calls can be compared.
+    random.seed(0)
+    after["numpy.random"] = seed_numpy
     sys.meta_path.insert(0, Hook(after))
     return recorder

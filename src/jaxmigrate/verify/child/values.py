@@ -28,14 +28,39 @@ class HostKey:
 
 @dataclass(frozen=True)
 class Opaque:
-    """An output leaf that is neither an array nor a plain scalar, kept as its `repr`."""
+    """A value that is neither an array nor a plain scalar (a function, an object).
+
+    `key` is a stable identity that is the same in two processes (a function's
+    `module.qualname`, a `repr` without addresses), or None when there is none: the value is
+    then not comparable, for the reason `why`. An opaque value never fails a comparison.
+    """
 
     text: str
+    key: str | None = None
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Node:
+    """One pytree node: its type's qualified name, its static data, and its children.
+
+    `aux` is the node's static data in stable form (plain values, with `Opaque` for functions
+    and objects); each child is `(key, node)`, where the key is the child's path step
+    (`['params']`, `.tx`, `[0]`) and the node is None for a leaf.
+    """
+
+    type: str
+    aux: Any
+    children: tuple[tuple[str, Node | None], ...]
 
 
 @dataclass(frozen=True)
 class Flat:
-    """A flattened output: the tree structure as text and each leaf with its path."""
+    """A flattened output: the tree structure (as text, and as nodes) and each leaf with its path.
+
+    Without `structure` (older pickles, hand-made values) the text is compared instead.
+    """
 
     treedef: str
     leaves: tuple[tuple[str, Any], ...]
+    structure: Node | None = None

@@ -62,7 +62,25 @@ def where(exc: BaseException, root: str) -> str:
     return ""
 
 
+def load_pickle(path: str) -> Any:
+    """Return the object pickled at `path`."""
+    with open(path, "rb") as handle:
+        return pickle.load(handle)
+
+
+def values_only(fn: Any) -> Any:
+    """Return `fn` with the outputs JAX cannot trace (a factory's function) dropped."""
+    import jax
+
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        keep = (jax.Array, int, float, complex, bool)
+        return jax.tree.map(lambda x: x if isinstance(x, keep) else None, fn(*args, **kwargs))
+
+    return traced
+
+
 STAGES = ("import", "target", "inputs", "call")
+RETURNED = ".returned"  # suffix of the files holding a factory's returned function's calls
 
 
 class UserError(Exception):
@@ -87,6 +105,7 @@ class Worker:
     side: str
     root: str
     modules: dict[tuple[str, str, str], ModuleType] = field(default_factory=dict)
+    last_output: Any = None  # what the last call returned (a factory's function)
 
     # Modules ------------------------------------------------------------------------------
     def load(self, spec: dict[str, Any], variant: str) -> ModuleType:
@@ -145,7 +164,8 @@ class Worker:
         for part in spec["qualname"].split("."):
             obj = getattr(obj, part, None)
         if not callable(obj):
-            raise UserError("target", f"{spec['module']}.{spec['qualname']} is not a callable")
+            kind = type(obj).__name__
+            raise UserError("target", f"`{spec['qualname']}` is a {kind}, not a function")
         return module, obj
 
     def explain(self, exc: BaseException) -> str:
@@ -174,31 +194,39 @@ class Worker:
         meshes = [build_mesh(d) for d in request.get("meshes", [])]
         with ExitStack() as stack:
             notes = [
-                enter(stack, expr, vars(self.context_module(ctx, request, variant)), meshes)
+                enter(stack, expr, self.context_namespace(ctx, request, variant), meshes)
                 for ctx in request.get("contexts", [])
                 for expr in ctx["exprs"]
             ]
             stage = "inputs" if probe else "call"
             try:
                 if probe:
-                    jax.eval_shape(fn, *args, **kwargs)
+                    jax.eval_shape(values_only(fn), *args, **kwargs)
                     stage = "call"
-                flat = flatten_output(fn(*args, **kwargs))
+                self.last_output = fn(*args, **kwargs)
+                flat = flatten_output(self.last_output)
             except Exception as exc:
                 raise UserError(stage, self.explain(exc)) from exc
             except BaseException as exc:  # sys.exit is not a shape problem
                 raise UserError("call", self.explain(exc)) from exc
         return flat, notes
 
-    def context_module(
+    def context_namespace(
         self, ctx: dict[str, Any], request: dict[str, Any], variant: str
-    ) -> ModuleType:
-        """Return the module in whose namespace a context's with-items are evaluated."""
+    ) -> dict[str, Any]:
+        """Return the namespace in which a context's with-items are evaluated.
+
+        Another file's module (often the script that ran the program) that cannot be executed
+        here, and that the rewrite did not change, lends no names: the with-item's names are
+        then bound to the mesh recorded at the call.
+        """
         if ctx["module"]["file"] == request["target"]["file"]:
-            return self.target(request, variant)[0]
+            return vars(self.target(request, variant)[0])
         try:
-            return self.load(ctx["module"], variant)
+            return vars(self.load(ctx["module"], variant))
         except BaseException as exc:
+            if self.side == "original" or ctx["module"].get("text") is None:
+                return {}
             raise UserError("import", self.explain(exc)) from exc
 
     def run_original(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -206,6 +234,7 @@ class Worker:
         from .references import reference
 
         errors: list[str] = []
+        stages: dict[str, str] = {}
         furthest: UserError | None = None
         for name in request["references"]:
             with reference(name):
@@ -215,29 +244,38 @@ class Worker:
                     return {"ok": False, "stage": exc.stage, "error": str(exc), "no_inputs": True}
                 except UserError as exc:
                     errors.append(f"{name}: {exc}")
+                    stages[name] = exc.stage
                     if furthest is None or STAGES.index(exc.stage) > STAGES.index(furthest.stage):
                         furthest = exc
                     continue
             if errors:
                 reply["reference_errors"] = errors
+                reply["reference_stages"] = stages
             return reply
         stage, error = (furthest.stage, str(furthest)) if furthest else ("inputs", "no reference")
         return {"ok": False, "stage": stage, "error": error, "errors": errors}
 
     def attempt(self, request: dict[str, Any], variant: str) -> dict[str, Any]:
         from .hostify import flat_shapes, shapes
+        from .pickling import dumps
 
         module, fn = self.target(request, variant)
         calls, source, outputs, notes = self.inputs_and_outputs(request, module, fn, variant)
-        with open(request["inputs_path"], "wb") as handle:
-            pickle.dump(calls, handle)
-        with open(request["outputs_path"], "wb") as handle:
-            pickle.dump(outputs, handle)
+        returned, returned_outputs = self.factory_calls(request, variant)
+        for path, value in (
+            (request["inputs_path"], calls),
+            (request["outputs_path"], outputs),
+            (request["inputs_path"] + RETURNED, returned),
+            (request["outputs_path"] + RETURNED, returned_outputs),
+        ):
+            with open(path, "wb") as handle:
+                handle.write(dumps(value))
         reply = {
             "ok": True,
             "reference": variant,
             "source": source,
             "calls": len(calls),
+            "returned_calls": len(returned),
             "input_shapes": shapes(calls[0]),
             "output_shapes": flat_shapes(outputs[0]),
             "contexts": notes,
@@ -285,6 +323,38 @@ class Worker:
             variant,
         )
 
+    @staticmethod
+    def returned_request(request: dict[str, Any]) -> dict[str, Any]:
+        """Return `request` with the contexts of the calls of a factory's returned function."""
+        part = request.get("returned") or {}
+        return request | {"contexts": part.get("contexts", []), "meshes": part.get("meshes", [])}
+
+    def factory_calls(self, request: dict[str, Any], variant: str) -> tuple[list[Any], list[Any]]:
+        """Run the function the target's last call returned (a factory's jitted function).
+
+        On the calls recorded for it, else on synthesized ones; none if the target returned
+        no function or nothing fits it.
+        """
+        from .inputs import recorded, synthesized
+        from .recorder import function_like
+
+        made = self.last_output
+        if not function_like(made):
+            return [], []
+        sub = self.returned_request(request)
+        files = (request.get("returned") or {}).get("recorded")
+        if files:
+            calls = recorded(files)
+            return calls, [self.call(made, c, sub, variant)[0] for c in calls]
+        if not request["inputs"].get("synthesize"):
+            return [], []
+        candidates = synthesized(made, {"kind": "array"}, request["inputs"]["devices"])
+        try:
+            calls, _, outputs, _ = self.probe(sub, made, candidates, variant)
+        except UserError:
+            return [], []
+        return calls, outputs
+
     def probe(self, request: dict[str, Any], fn: Any, candidates: list[Any], variant: str) -> Any:
         """Run the first synthesized candidate the target accepts.
 
@@ -304,37 +374,113 @@ class Worker:
         raise UserError("inputs", f"could not synthesize arguments: {last}")
 
     def run_candidate(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Run the rewrite on the original's inputs and compare with the original's outputs."""
-        from .compare import compare, max_errors
+        """Run the rewrite on the original's inputs and compare with the original's outputs.
 
+        A factory's returned function is then run on the calls recorded for the original's.
+        """
+        from .compare import has_values
+        from .inputs import add_import_paths
+
+        for record in request.get("records", []):
+            add_import_paths(record)
         try:
             _, fn = self.target(request, "candidate")
-            with open(request["inputs_path"], "rb") as handle:
-                calls = pickle.load(handle)
-            with open(request["outputs_path"], "rb") as handle:
-                expected = pickle.load(handle)
-            worst = (0.0, 0.0)
-            for i, (call, ref) in enumerate(zip(calls, expected)):
-                flat, notes = self.call(fn, call, request, "candidate")
-                mismatch = compare(ref, flat)
-                if mismatch is not None:
-                    return {
-                        "ok": True,
-                        "equal": False,
-                        "mismatch": {**mismatch, "call": i},
-                        "candidate_contexts": notes,
-                    }
-                errs = max_errors(ref, flat)
-                worst = (max(worst[0], errs[0]), max(worst[1], errs[1]))
+            calls, expected = self.load_io(request, "")
+            returned, returned_expected = self.load_io(request, RETURNED)
+            first = self.compare_calls(fn, calls, expected, request, "")
+            if not first.get("equal") or not returned:
+                reply = first
+            else:
+                sub = self.returned_request(request)
+                reply = self.compare_calls(self.last_output, returned, returned_expected, sub, "r")
         except UserError as exc:
             return {"ok": False, "stage": exc.stage, "error": str(exc)}
+        if not reply.get("equal"):
+            return reply
+        notes = first["not_comparable"] + (reply["not_comparable"] if returned else [])
+        return reply | {
+            "calls": len(calls),
+            "returned_calls": len(returned),
+            "max_abs_err": max(first["max_abs_err"], reply["max_abs_err"]),
+            "max_rel_err": max(first["max_rel_err"], reply["max_rel_err"]),
+            "not_comparable": list(dict.fromkeys(notes))[:5],
+            "has_values": any(has_values(r) for r in [*expected, *returned_expected]),
+        }
+
+    @staticmethod
+    def load_io(request: dict[str, Any], suffix: str) -> tuple[list[Any], list[Any]]:
+        """Return the inputs and outputs the original side wrote (none if it wrote none)."""
+        loaded = []
+        for key in ("inputs_path", "outputs_path"):
+            try:
+                with open(request[key] + suffix, "rb") as handle:
+                    loaded.append(pickle.load(handle))
+            except FileNotFoundError:
+                loaded.append([])
+        return loaded[0], loaded[1]
+
+    def compare_calls(
+        self, fn: Any, calls: list[Any], expected: list[Any], request: dict[str, Any], kind: str
+    ) -> dict[str, Any]:
+        """Run `fn` on each call and compare with `expected`; stop at the first difference."""
+        from .compare import compare, max_errors
+
+        notes: list[str] = []
+        worst = (0.0, 0.0)
+        contexts: list[str] = []
+        for i, (call, ref) in enumerate(zip(calls, expected)):
+            flat, contexts = self.call(fn, call, request, "candidate")
+            mismatch = compare(ref, flat, notes)
+            if mismatch is not None:
+                where = {"call": i} | ({"returned": True} if kind else {})
+                reply = {"ok": True, "equal": False, "mismatch": mismatch | where}
+                return reply | {"candidate_contexts": contexts}
+            errs = max_errors(ref, flat)
+            worst = (max(worst[0], errs[0]), max(worst[1], errs[1]))
         return {
             "ok": True,
             "equal": True,
-            "calls": len(calls),
             "max_abs_err": worst[0],
             "max_rel_err": worst[1],
-            "candidate_contexts": notes,
+            "candidate_contexts": contexts,
+            "not_comparable": notes,
+        }
+
+    def compare_records(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Compare the calls a command recorded on both trees: inputs first, then outputs.
+
+        Inputs that differ mean the runs diverged before the site (not the site's fault).
+        """
+        from .compare import compare, has_values, max_errors
+        from .hostify import flatten_output, from_host
+
+        notes: list[str] = []
+        worst = (0.0, 0.0)
+        expected = []
+        for i, (orig, cand) in enumerate(zip(request["original"], request["candidate"])):
+            try:
+                (orig_in, orig_out), (cand_in, cand_out) = (
+                    [load_pickle(path) for path in orig],
+                    [load_pickle(path) for path in cand],
+                )
+            except OSError:
+                return {"ok": False, "error": f"the output of call {i + 1} was not recorded"}
+            found = compare(flatten_output(from_host(orig_in)), flatten_output(from_host(cand_in)))
+            if found is not None:
+                return {"ok": True, "diverged": found | {"call": i}}
+            found = compare(orig_out, cand_out, notes)
+            if found is not None:
+                return {"ok": True, "equal": False, "mismatch": found | {"call": i}}
+            errs = max_errors(orig_out, cand_out)
+            worst = (max(worst[0], errs[0]), max(worst[1], errs[1]))
+            expected.append(orig_out)
+        return {
+            "ok": True,
+            "equal": True,
+            "max_abs_err": worst[0],
+            "max_rel_err": worst[1],
+            "not_comparable": list(dict.fromkeys(notes))[:5],
+            "has_values": any(has_values(r) for r in expected),
         }
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -342,6 +488,8 @@ class Worker:
 
         request = localize(request)
         op = request.get("op")
+        if op == "compare_records":
+            return self.compare_records(request)
         if op == "run" and self.side == "original":
             return self.run_original(request)
         if op == "run":

@@ -1,0 +1,214 @@
+"""Sites only the program reaches (methods, `TestCase`s, module code): the command is the unit.
+
+The `--verify-with` command runs on the original copy (with the other recordings) and again on
+the rewritten copy; on each, the callable created on the site's statement records its first
+calls with their outputs. A site is verified when the rewritten run made the calls the original
+run made, on the same inputs, with agreeing outputs; failed when its outputs differ, or when it
+made fewer calls and the command failed on the rewritten tree; unverified when the original run
+made no call, or when the runs' inputs diverged before the site.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jaxmigrate.model import Status
+from jaxmigrate.verify.config import Verdict, VerifyConfig
+from jaxmigrate.verify.messages import parse
+from jaxmigrate.verify.planner import Plan
+from jaxmigrate.verify.pool import Worker
+from jaxmigrate.verify.recording import Recorded, Recording, collect, run_command, scratch
+from jaxmigrate.verify.targets import start_line, statement_span
+from jaxmigrate.verify.workspace import Workspace
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """The command's run on the rewritten copy: the calls it recorded, and how it ended."""
+
+    calls: dict[str, Recorded]
+    error: str
+    unplaced: dict[str, str]
+
+
+BODIES = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def signature(node: ast.AST) -> str:
+    """Return what identifies a statement across a rewrite: its kind, and its name or targets."""
+    kind = type(node).__name__
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return f"{kind}:{node.name}"
+    if isinstance(node, ast.Assign):
+        return f"{kind}:" + ",".join(ast.unparse(t) for t in node.targets)
+    if isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+        return f"{kind}:{ast.unparse(node.target)}"
+    return kind
+
+
+def path_to(node: ast.AST, first: int) -> list[tuple[str, int]] | None:
+    """Return the (body field, index) steps from `node` to the statement starting at `first`."""
+    for name in BODIES:
+        children = getattr(node, name, None)
+        if not isinstance(children, list):
+            continue
+        for index, child in enumerate(children):
+            start, end = start_line(child), getattr(child, "end_lineno", None) or 0
+            if start == first and isinstance(child, ast.stmt):
+                return [(name, index)]
+            if start <= first <= end:
+                rest = path_to(child, first)
+                if rest is not None:
+                    return [(name, index), *rest]
+    return None
+
+
+def aligned(old: list[ast.AST], new: list[ast.AST], index: int) -> int | None:
+    """Return where statement `index` of `old` is in `new` (by signatures), or None."""
+    matcher = difflib.SequenceMatcher(
+        None, [signature(n) for n in old], [signature(n) for n in new]
+    )
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if i1 <= index < i2 and (tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1)):
+            return j1 + index - i1
+    return None
+
+
+def candidate_span(plan: Plan, candidate: str) -> tuple[int, int] | None:
+    """Return the lines of the rewritten statement that holds the site, or None.
+
+    The statement is followed from the module down, each body aligned by its statements'
+    kinds, names and assignment targets, so that inserted helpers and a rewrite spanning more
+    lines do not shift it onto a neighbour.
+    """
+    old_tree, new_tree = parse(plan.request.original), parse(candidate)
+    if old_tree is None or new_tree is None:
+        return None
+    steps = path_to(old_tree, plan.target.first)
+    old: ast.AST = old_tree
+    new: ast.AST = new_tree
+    for name, index in steps or []:
+        old_body, new_body = getattr(old, name), getattr(new, name, None)
+        if not isinstance(new_body, list):
+            return None
+        where = aligned(old_body, new_body, index)
+        if where is None:
+            return None
+        old, new = old_body[index], new_body[where]
+    return statement_span(new) if steps else None
+
+
+def rerun(
+    command: str, plans: Sequence[Plan], texts: dict[str, str], ws: Workspace, config: VerifyConfig
+) -> Rerun:
+    """Run `command` on the rewritten copy, recording the calls of each bound site."""
+    spans: dict[str, list[list[Any]]] = defaultdict(list)
+    unplaced = {}
+    for plan in plans:
+        span = candidate_span(plan, texts[plan.path])
+        if span is None:
+            unplaced[plan.id] = "the rewrite has no statement where the site was"
+        else:
+            spans[plan.path].append([*span, plan.id])
+    folder = ws.base / "records-candidate"
+    folder.mkdir(exist_ok=True)
+    plan_file = ws.base / "record-plan-candidate.json"
+    recorder_plan = {
+        "root": str(scratch(ws, "candidate")),
+        "out": str(folder),
+        "max_calls": config.max_calls,
+        "spans": spans,
+        "functions": {},
+        "outputs": [p.id for p in plans],
+    }
+    plan_file.write_text(json.dumps(recorder_plan), encoding="utf-8")
+    error = run_command(command, ws, config, plan_file, side="candidate")
+    return Rerun(collect(ws, config.max_calls, config.processes, folder), error, unplaced)
+
+
+def pairs(recorded: Recorded) -> list[list[str]]:
+    """Return the [inputs, outputs] pickles of each recorded call."""
+    return [[f, str(Path(f).with_suffix(".out.pkl"))] for f in recorded.files]
+
+
+def judge_bound(
+    plans: Sequence[Plan],
+    recording: Recording,
+    again: Rerun,
+    worker: Worker,
+    config: VerifyConfig,
+) -> dict[str, Verdict]:
+    """Return a verdict per bound plan from the two runs' recorded calls."""
+    return {p.id: judge_one(p, recording, again, worker, config) for p in plans}
+
+
+def judge_one(
+    plan: Plan, recording: Recording, again: Rerun, worker: Worker, config: VerifyConfig
+) -> Verdict:
+    command = config.verify_with
+    details: dict[str, Any] = {"target": plan.label, "unit": "verify-with", "reference": "original"}
+    original = recording.calls.get(plan.id)
+    if original is None:
+        why = f"cannot be run alone: {plan.target.why}, and `{command}` made no call of it"
+        return Verdict(Status.UNVERIFIED, why + tail(recording.error), details)
+    details |= {"input_source": "recorded", "calls": len(original.files)}
+    details["input_shapes"] = list(original.shapes)
+    rewritten = again.calls.get(plan.id)
+    made = len(rewritten.files) if rewritten else 0
+    if made < len(original.files):
+        why = (
+            f"on the rewritten tree `{command}` made {made} recorded call(s) of the site, "
+            f"the original {len(original.files)}"
+        )
+        if plan.id in again.unplaced:
+            return Verdict(Status.UNVERIFIED, f"{why}: {again.unplaced[plan.id]}", details)
+        if again.error:
+            return Verdict(Status.FAILED, why + tail(again.error), details)
+        return Verdict(Status.UNVERIFIED, why, details)
+    assert rewritten is not None
+    message = {"op": "compare_records", "original": pairs(original), "candidate": pairs(rewritten)}
+    reply = worker.request(message, config.timeout)
+    if reply.fault:
+        return Verdict(Status.UNVERIFIED, f"the comparison {reply.fault}", details)
+    return records_verdict(reply.data, details, command or "", again.error)
+
+
+def records_verdict(
+    data: dict[str, Any], details: dict[str, Any], command: str, error: str
+) -> Verdict:
+    """Return the verdict from the comparison of the two runs' calls."""
+    if not data.get("ok"):
+        return Verdict(Status.UNVERIFIED, f"the recorded calls: {data.get('error')}", details)
+    if data.get("diverged"):
+        found = data["diverged"]
+        why = (
+            f"the runs diverged before the site: the inputs of call {found['call'] + 1} "
+            f"differ at {found['path']} ({found['why']})"
+        )
+        return Verdict(Status.UNVERIFIED, why, details)
+    if not data.get("equal"):
+        from jaxmigrate.verify.judge import mismatch_verdict
+
+        return mismatch_verdict(data["mismatch"], details)
+    details |= {k: data[k] for k in ("max_abs_err", "max_rel_err", "not_comparable") if k in data}
+    calls = details["calls"]
+    if not data.get("has_values"):
+        why = f"the site's {calls} recorded call(s) return only functions or objects"
+        return Verdict(Status.UNVERIFIED, why, details)
+    if error:
+        why = f"its {calls} recorded call(s) agree, but on the rewritten tree {error}"
+        return Verdict(Status.UNVERIFIED, why, details)
+    why = f"`{command}` made the same {calls} call(s) of it on both trees, with agreeing outputs"
+    return Verdict(Status.VERIFIED, why, details)
+
+
+def tail(error: str) -> str:
+    """Return how the command failed, as a suffix, or ''."""
+    return f" ({error})" if error else ""
