@@ -82,7 +82,6 @@ from typing import ClassVar
 import libcst as cst
 from libcst.codemod import CodemodContext
 
-from jaxmigrate.cstutil import fit_call
 from jaxmigrate.model import Safety
 from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
@@ -166,7 +165,7 @@ class JitCallbackPerShard(Pass):
                 _kw("out_specs", spec.deep_clone()),
             ],
         )
-        laid = fit_call(original_node, inner, self.line_of(original_node))
+        laid = self.fit(original_node, inner)
         return cst.Call(laid, [cst.Arg(cst.Name(operand))])
 
     # Checking one site --------------------------------------------------------------------

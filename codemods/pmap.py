@@ -145,8 +145,18 @@ from typing import ClassVar
 
 import libcst as cst
 from libcst.codemod import CodemodContext
-from libcst.metadata import PositionProvider
 
+from jaxmigrate.emit import (
+    Call,
+    Item,
+    code,
+    fit_lines,
+    fresh_name,
+    is_plain_reusable,
+    is_read,
+    items_of,
+    new_item,
+)
 from jaxmigrate.model import Safety
 from jaxmigrate.names import Names, dotted, walk
 from jaxmigrate.passes import Pass
@@ -170,13 +180,12 @@ KEYWORDS = frozenset(
 )
 UNNAMED = "device"  # the name of an unnamed mapped axis, unless the module uses it
 STATIC_MIN_JAX = (0, 8)  # `in_specs` entries `None` (static arguments): JAX 0.7.1
-LINE = 88  # the line length new code is laid out for: black's and ruff's default
 MESSAGE = "`jax.pmap` -> `jax.jit` of `shard_map_per_device`, the body keeping its per-device view"
 
+# Written one statement per line, 4-space indented: `emit.fit_lines` breaks the lines too long
+# for the file's width, after the indentation is the file's own.
 HELPER_SOURCE = '''\
-def shard_map_per_device(
-    f, *, axis_name, in_specs, out_specs, devices=None, backend=None
-):
+def shard_map_per_device(f, *, axis_name, in_specs, out_specs, devices=None, backend=None):
     """{doc}"""
     names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
     specs = (in_specs, {P}(*names))  # pmap maps keyword arguments over their leading axis
@@ -194,16 +203,12 @@ def shard_map_per_device(
 
     def on_devices(*args, **kwargs):  # runs when jax.jit traces: devices are found then
         sizes = []
-        at_mapped_axes(
-            specs, (args, kwargs), lambda x, ax: sizes.append([x.shape[a] for a in ax])
-        )
+        at_mapped_axes(specs, (args, kwargs), lambda x, ax: sizes.append([x.shape[a] for a in ax]))
         pool = {jax}.devices(backend) if devices is None else devices
         shape = sizes[0]  # pmap's mesh: the first devices, as many as the mapped size
         mesh = {jax}.sharding.Mesh({np}.reshape(pool[: {np}.prod(shape)], shape), names)
         # check_vma=False as in pmap: True would sum the gradients of replicated values
-        return {jax}.shard_map(
-            per_device, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False
-        )(args, kwargs)
+        return {jax}.shard_map(per_device, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False)(args, kwargs)
 
     return on_devices
 '''
@@ -243,166 +248,7 @@ def read_pmap(args: Sequence[cst.Arg], *, has_fun: bool) -> Pmapped:
     return Pmapped(found.pop("fun", None), found.pop("axis_name", None), found)
 
 
-# Laying calls out as black would --------------------------------------------------------------
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)
-
-
-@dataclass(frozen=True)
-class Item:
-    """One argument to emit, with the comments that went with it where it came from."""
-
-    arg: cst.Arg
-    call: Call | None = None  # a call to lay out as the argument's value
-    above: tuple[cst.EmptyLine, ...] = ()  # comment lines above it
-    after: cst.TrailingWhitespace | None = None  # the comment ending its line
-
-    @property
-    def commented(self) -> bool:
-        """Return True if a comment needs the item on a line of its own."""
-        nested = self.call is not None and self.call.commented
-        return nested or self.after is not None or any(line.comment for line in self.above)
-
-    def keyword(self, keyword: str, value: cst.BaseExpression | None = None) -> Item:
-        """Return the item passed as `keyword=value` (its own value by default)."""
-        equal = cst.AssignEqual(
-            whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
-        )
-        value = self.arg.value if value is None else value
-        arg = self.arg.with_changes(keyword=cst.Name(keyword), equal=equal, value=value)
-        return replace(self, arg=arg)
-
-
-def new_item(keyword: str, value: cst.BaseExpression) -> Item:
-    """Return a fresh `keyword=value` argument."""
-    return Item(cst.Arg(value)).keyword(keyword)
-
-
-def items_of(call: cst.Call) -> list[Item]:
-    """Return the arguments of `call` with the comments above and after each."""
-    gaps: list[cst.BaseParenthesizableWhitespace] = [call.whitespace_before_args]
-    for arg in call.args:
-        comma = arg.comma
-        gaps.append(
-            comma.whitespace_after if isinstance(comma, cst.Comma) else arg.whitespace_after_arg
-        )
-    items = []
-    for arg, before, after in zip(call.args, gaps, gaps[1:]):
-        above = tuple(before.empty_lines) if isinstance(before, cst.ParenthesizedWhitespace) else ()
-        line = after.first_line if isinstance(after, cst.ParenthesizedWhitespace) else None
-        items.append(Item(arg, None, above, line if line and line.comment else None))
-    return items
-
-
-def _break(
-    indent: str,
-    after: cst.TrailingWhitespace | None = None,
-    above: Sequence[cst.EmptyLine] = (),
-) -> cst.ParenthesizedWhitespace:
-    """Return a line break (after `after`'s comment) and comment lines, then `indent`."""
-    lines = [
-        cst.EmptyLine(indent=True, whitespace=cst.SimpleWhitespace(indent), comment=line.comment)
-        if line.comment
-        else cst.EmptyLine(indent=False)
-        for line in above
-    ]
-    return cst.ParenthesizedWhitespace(
-        first_line=after or cst.TrailingWhitespace(),
-        empty_lines=lines,
-        indent=True,
-        last_line=cst.SimpleWhitespace(indent),
-    )
-
-
-def _joined(args: Sequence[cst.Arg]) -> list[cst.Arg]:
-    """Return `args` on one line: `a, b, c`."""
-    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    last = len(args) - 1
-    return [
-        a.with_changes(
-            comma=comma if i < last else cst.MaybeSentinel.DEFAULT,
-            whitespace_after_arg=cst.SimpleWhitespace(""),
-        )
-        for i, a in enumerate(args)
-    ]
-
-
-@dataclass(frozen=True)
-class Call:
-    """A call to emit: its function and argument items, nested calls laid out in turn."""
-
-    func: cst.BaseExpression
-    items: list[Item]
-    opening: cst.TrailingWhitespace | None = None  # a comment right after `(`
-
-    @property
-    def commented(self) -> bool:
-        """Return True if a comment forces the call onto several lines."""
-        return self.opening is not None or any(item.commented for item in self.items)
-
-    def flat(self) -> cst.Call:
-        """Return the call on one line."""
-        return cst.Call(self.func, _joined([self._arg(i, Call.flat) for i in self.items]))
-
-    def laid_out(self, indent: int, extra: str, room: tuple[int, int]) -> cst.Call:
-        """Return the call laid out as black lays it out.
-
-        `indent` is the width of the enclosing block's indentation, `extra` the indentation of
-        the closing parenthesis beyond it, `room` the widths of the text before and after.
-        """
-        inner = extra + "    "
-        if not self.commented:
-            flat = self.flat()
-            if room[0] + len(_code(flat)) + room[1] <= LINE:
-                return flat
-            hugged = _joined([self._arg(i, Call.flat) for i in self.items])
-            if indent + len(inner) + len(_code(cst.Call(cst.Name("f"), hugged))) - 3 <= LINE:
-                return self._hugged(hugged, inner, extra)
-            sole = self.items[0].call if len(self.items) == 1 else None
-            if sole is not None:  # black's right-hand split: the sole call is split in turn
-                nested = sole.laid_out(indent, inner, (indent + len(inner), 0))
-                return self._hugged([self.items[0].arg.with_changes(value=nested)], inner, extra)
-        return self._exploded(indent, extra, inner)
-
-    def _exploded(self, indent: int, extra: str, inner: str) -> cst.Call:
-        """Return the call with one argument per line and a trailing comma."""
-        args = []
-        for i, item in enumerate(self.items):
-            nxt = self.items[i + 1] if i + 1 < len(self.items) else None
-            gap = _break(inner if nxt else extra, item.after, nxt.above if nxt else ())
-            arg = self._arg(item, lambda c: c.laid_out(indent, inner, (indent + len(inner), 1)))
-            args.append(
-                arg.with_changes(
-                    comma=cst.Comma(whitespace_after=gap),
-                    whitespace_after_arg=cst.SimpleWhitespace(""),
-                )
-            )
-        opening = _break(inner, self.opening, self.items[0].above if self.items else ())
-        return cst.Call(self.func, args, whitespace_before_args=opening)
-
-    def _hugged(self, args: list[cst.Arg], inner: str, extra: str) -> cst.Call:
-        """Return the call with `args` on their own line, the parentheses hugging them."""
-        last = args[-1].with_changes(
-            comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=_break(extra)
-        )
-        return cst.Call(self.func, [*args[:-1], last], whitespace_before_args=_break(inner))
-
-    @staticmethod
-    def _arg(item: Item, render: Callable[[Call], cst.Call]) -> cst.Arg:
-        return item.arg if item.call is None else item.arg.with_changes(value=render(item.call))
-
-
 # Finding every pmap ---------------------------------------------------------------------------
-def _is_load(name: cst.Name, parent: cst.CSTNode | None) -> bool:
-    """Return True if `name` is read where it stands (not an attribute, keyword or target)."""
-    if isinstance(parent, (cst.Attribute, cst.Arg)):
-        return parent.value is name
-    if isinstance(parent, (cst.AnnAssign, cst.AugAssign, cst.For, cst.CompFor, cst.NamedExpr)):
-        return parent.target is not name
-    stores = (cst.Param, cst.FunctionDef, cst.ClassDef, cst.ImportAlias, cst.AsName)
-    return not isinstance(parent, (*stores, cst.AssignTarget, cst.NameItem))
-
-
 def _bound_names(target: cst.CSTNode) -> set[str]:
     if isinstance(target, cst.Name):
         return {target.value}
@@ -439,7 +285,7 @@ class Survey(cst.CSTVisitor):
         kind = type(node)
         if kind is cst.Attribute or kind is cst.Name:
             parent = self._stack[-1] if self._stack else None
-            is_ref = kind is cst.Attribute or _is_load(node, parent)  # type: ignore[arg-type]
+            is_ref = kind is cst.Attribute or is_read(node, parent)  # type: ignore[arg-type]
             if self._paths is not None and id(node) not in self._paths:
                 is_ref = False
             if is_ref and self.names.qualified_name(node) == PMAP:  # type: ignore[arg-type]
@@ -540,24 +386,6 @@ def arity(node: cst.CSTNode | None) -> int | None:
 def _fun_arg(call: cst.Call) -> cst.Arg | None:
     first = call.args[0] if call.args else None
     return first if first is not None and first.keyword is None and not first.star else None
-
-
-def _is_reusable(node: cst.BaseExpression) -> bool:
-    """Return True for an axis name that can be written twice: a literal or a dotted name."""
-    return isinstance(node, (cst.SimpleString, cst.ConcatenatedString)) or dotted(node) is not None
-
-
-def _fresh_name(taken: set[str]) -> str:
-    """Return an axis name that no string in the module spells."""
-    candidates = (UNNAMED, *(f"{UNNAMED}_{k}" for k in range(1, len(taken) + 2)))
-    return next(name for name in candidates if name not in taken)
-
-
-def _opening(call: cst.Call) -> cst.TrailingWhitespace | None:
-    ws = call.whitespace_before_args
-    if isinstance(ws, cst.ParenthesizedWhitespace) and ws.first_line.comment is not None:
-        return ws.first_line
-    return None
 
 
 def _with_blank_lines(
@@ -789,13 +617,14 @@ class Pmap(Pass):
         for pmapped, items in layers:
             value = items[pmapped.axis_name].arg.value if pmapped.axis_name is not None else None
             if value is None or (isinstance(value, cst.Name) and value.value == "None"):
-                fresh = _fresh_name(taken)
+                candidates = (UNNAMED, *(f"{UNNAMED}_{k}" for k in range(1, len(taken) + 2)))
+                fresh = fresh_name(candidates, taken)
                 taken.add(fresh)
                 notes.append(f'the unnamed mapped axis is called "{fresh}"')
                 value = cst.SimpleString(f'"{fresh}"')
             elif isinstance(value, cst.Tuple):
                 raise Skip("a tuple `axis_name`: shard_map would read it as several mesh axes")
-            elif not _is_reusable(value):
+            elif not is_plain_reusable(value):
                 raise Skip("a computed `axis_name`: the rewrite would evaluate it twice")
             names.append(value)
         return names
@@ -877,12 +706,8 @@ class Pmap(Pass):
             return updated_node
         helper = Call(cst.Name(HELPER), [i for i in (plan.fun,) if i is not None] + plan.helper)
         jit = Call(self.jax_attr("jit"), [Item(cst.Arg(helper.func), helper), *plan.jit])
-        jit = replace(jit, opening=_opening(updated_node))
-        indent, extra, room = self._room(original_node)
-        ws = updated_node.whitespace_before_args
-        if isinstance(ws, cst.ParenthesizedWhitespace) and len(ws.last_line.value) > 4:
-            extra = ws.last_line.value[:-4]  # the call sits in brackets of its own
-        laid = jit.laid_out(indent, extra, room)
+        jit = replace(jit, opening=Call.of(updated_node).opening)
+        laid = jit.laid_out(self.room(original_node), self.state.style)
         return laid.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
 
     def leave_FunctionDef(
@@ -922,14 +747,15 @@ class Pmap(Pass):
     def _decorators(self, site: Site, plan: Plan, new: cst.Decorator) -> list[cst.Decorator]:
         """Return `@jax.jit` (with its arguments) and `@partial(shard_map_per_device, ...)`."""
         partial = self._partial(site)
-        indent, extra, room = self._room(site.node)
+        room, style = self.room(site.node), self.state.style
+        room = replace(room, column=room.column + 1, tail=0)  # after the `@`
         jit: cst.BaseExpression = self.jax_attr("jit")
         if plan.jit:
-            jit = Call(partial, [Item(cst.Arg(jit)), *plan.jit]).laid_out(indent, extra, room)
+            jit = Call(partial, [Item(cst.Arg(jit)), *plan.jit]).laid_out(room, style)
         helper = Call(partial.deep_clone(), [Item(cst.Arg(cst.Name(HELPER))), *plan.helper])
         return [
             new.with_changes(decorator=jit),
-            cst.Decorator(decorator=helper.laid_out(indent, extra, room)),
+            cst.Decorator(decorator=helper.laid_out(room, style)),
         ]
 
     def _partial(self, site: Site) -> cst.BaseExpression:
@@ -942,15 +768,6 @@ class Pmap(Pass):
             return cst.Name(local)
         return cst.Attribute(value=self.module_ref("functools"), attr=cst.Name("partial"))
 
-    def _room(self, node: cst.CSTNode) -> tuple[int, str, tuple[int, int]]:
-        """Return the indentation of `node`'s line, and the widths before and after it."""
-        where = self.get_metadata(PositionProvider, node)
-        first, last = self.lines[where.start.line - 1], self.lines[where.end.line - 1]
-        indent = len(first) - len(first.lstrip())
-        if isinstance(node, cst.Decorator):
-            return indent, "", (where.start.column + 1, 0)
-        return indent, "", (where.start.column, len(last) - where.end.column)
-
     # The helper ---------------------------------------------------------------------------
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         if not self.applied or self.reuse_helper:
@@ -960,7 +777,9 @@ class Pmap(Pass):
         if np is None:
             np = "np" if self.resolver.is_free("np") else "numpy"
             self.need_import("numpy", None, "np" if np == "np" else None)
-        source = HELPER_SOURCE.format(doc=HELPER_DOC, jax=jax, np=np, P=_code(self._spec_ref()[0]))
+        source = HELPER_SOURCE.format(doc=HELPER_DOC, jax=jax, np=np, P=code(self._spec_ref()[0]))
+        style = self.state.style
+        source = fit_lines(style.reindent(source), style)
         helper = cst.parse_statement(source, config=updated_node.config_for_parsing)
         helper = helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
         body = list(updated_node.body)
@@ -984,4 +803,4 @@ class Pmap(Pass):
 
 def _docstring(node: cst.FunctionDef) -> str | None:
     docstring = node.get_docstring()
-    return None if docstring is None else docstring.strip()
+    return None if docstring is None else " ".join(docstring.split())  # wrapped or not

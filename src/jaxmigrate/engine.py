@@ -23,6 +23,8 @@ import libcst as cst
 from libcst import CSTNode
 from libcst.codemod import CodemodContext
 
+from jaxmigrate.config import Formatting, formatting_in, project_formatting
+from jaxmigrate.emit import Style, infer_style
 from jaxmigrate.model import Bucket, FileResult, Safety, Site, Skip, Status
 from jaxmigrate.passes import LATEST_JAX, STATE_KEY, FileState, ModuleCache, Pass
 from jaxmigrate.prefilter import outline_of, passes_for, python_parsed
@@ -75,6 +77,55 @@ class _Run:
     stages: list[_Stage] = field(default_factory=list)
 
 
+@dataclass
+class Project:
+    """What the engine learns about the projects the files it migrates live in, read once per
+    directory: the formatter's line width and indentation, and the project's own modules."""
+
+    formatting: dict[Path, Formatting] = field(default_factory=dict)
+    modules: dict[Path, frozenset[str]] = field(default_factory=dict)
+
+    def style(self, code: str, path: str | None) -> Style:
+        """Return the style of `code`, the text of the file at `path` (None: the code alone)."""
+        if path is None:
+            return infer_style(code)
+        width, indent = project_formatting(Path(path), self.formatting)
+        return infer_style(code, width=width, indent=indent)
+
+    def first_party(self, path: str | None) -> frozenset[str]:
+        """Return the top-level modules that are the project's own for a file at `path`: those
+        beside it, the top package it belongs to, and those at its project's root."""
+        if path is None:
+            return frozenset()
+        here = Path(path).absolute().parent
+        names = set(self._modules_in(here))
+        top = here
+        while (top / "__init__.py").is_file():
+            names.add(top.name)
+            top = top.parent
+        for directory in (here, *here.parents):
+            if directory not in self.formatting:
+                self.formatting[directory] = formatting_in(directory)
+            if self.formatting[directory].root:
+                names |= self._modules_in(directory) | self._modules_in(directory / "src")
+                break
+        return frozenset(names)
+
+    def _modules_in(self, directory: Path) -> frozenset[str]:
+        if directory not in self.modules:
+            try:
+                entries = list(directory.iterdir())
+            except OSError:
+                entries = []
+            self.modules[directory] = frozenset(
+                e.stem if e.suffix == ".py" else e.name
+                for e in entries
+                if (e.suffix == ".py" and e.stem.isidentifier())
+                or (e.name.isidentifier() and (e / "__init__.py").is_file())
+            )
+        return self.modules[directory]
+
+
 def line_map_between(original: Sequence[str], current: str) -> Callable[[int], int]:
     """Return a function mapping 1-based lines of `current` back to lines of `original`."""
     cur = source_lines(current, keepends=True)
@@ -101,12 +152,17 @@ def run_passes(
     path: str | None = None,
     selected: frozenset[str] | None = None,
     changed: bool = False,
+    style: Style | None = None,
+    first_party: frozenset[str] = frozenset(),
 ) -> tuple[cst.Module, _Run]:
     """Run `passes` in order over `module`; return the new module and what they recorded.
 
     `module` is the one parsed from `source`, or, `changed`, what earlier passes made of it.
     `selected` are the codes of every pass the user chose (default: those of `passes`).
+    `style` is how new code is written (default: inferred from `source`), `first_party` the
+    project's own top-level modules (new imports go above theirs).
     """
+    style = infer_style(source) if style is None else style
     if selected is None:
         selected = frozenset(p.CODE for p in passes)
     original = source_lines(source, keepends=True)
@@ -126,6 +182,8 @@ def run_passes(
             selected=selected,
             original_lines=original,
             cache=cache,
+            style=style,
+            first_party=first_party,
         )
         if changed:
             state.line_map = line_map_between(original, cache.code(module))
@@ -240,8 +298,12 @@ def migrate_source(
     passes: PassList | None = None,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
     path: str | None = None,
+    project: Project | None = None,
 ) -> Migration:
     """Migrate one source text and return the new code with its sites and skips.
+
+    New code follows the file's style: the formatter configuration of the project at `path`
+    (read through `project`, which keeps what it read for the next file), else the code's own.
 
     Every site is decided by the default policy (`options.unsafe_fixes`), then by `accept`, which
     may turn sites on or off (verification and interactive review plug in there). Raises
@@ -257,8 +319,17 @@ def migrate_source(
     if not python_parsed(code):  # else Python's parser just took it: not too deep
         refuse_deep_nesting(code)
     module = parse_module(code)
+    project = project or Project()
+    layout = _Layout(project.style(code, path), project.first_party(path))
     new, run = run_passes(
-        module, code, passes, target_jax=options.target_jax, path=path, selected=selected
+        module,
+        code,
+        passes,
+        target_jax=options.target_jax,
+        path=path,
+        selected=selected,
+        style=layout.style,
+        first_party=layout.first_party,
     )
     if not run.sites:
         return Migration(code, (), tuple(sorted(run.skips, key=lambda s: (s.line, s.col))))
@@ -267,10 +338,16 @@ def migrate_source(
         sites = enforce_groups(accept(sites))
     applied = frozenset(s.key for s in sites if s.applied)
     if applied and len(applied) != len(sites):  # none applied: the code is the original
-        new = _rerun(module, code, run.stages, applied, options, path, selected)
+        new = _rerun(module, code, run.stages, applied, options, path, selected, layout)
     by_place = tuple(sorted(sites, key=lambda s: (s.line, s.col)))
     skips = tuple(sorted(run.skips, key=lambda s: (s.line, s.col)))
     return Migration(new.code if applied else code, by_place, skips)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    style: Style
+    first_party: frozenset[str]
 
 
 def _rerun(
@@ -281,6 +358,7 @@ def _rerun(
     options: Options,
     path: str | None,
     selected: frozenset[str],
+    layout: _Layout,
 ) -> cst.Module:
     """Return `module` with just the `applied` sites rewritten, after a run that rewrote all.
 
@@ -304,6 +382,8 @@ def _rerun(
         path=path,
         selected=selected,
         changed=start is not module,
+        style=layout.style,
+        first_party=layout.first_party,
     )
     return new
 
