@@ -126,13 +126,14 @@ def _breakable(line: str) -> bool:
     return not (line.lstrip().startswith("#") or "http" in line or _LONG_STRING.search(line))
 
 
+_TRAILING_COMMENT = re.compile(r"""\s+#[^'"]*$""")
 _OPENS = re.compile(r"[(\[{]\s*$")
 
 
 def _indent_unit(lines: Sequence[str]) -> str | None:
     """Return the indentation of the first indented block (after a line ending in `:`)."""
     for i, line in enumerate(lines[:-1]):
-        stripped = line.rstrip()
+        stripped = _TRAILING_COMMENT.sub("", line.rstrip())
         if not stripped.endswith(":") or stripped.lstrip().startswith("#"):
             continue
         body = next((n for n in lines[i + 1 :] if n.strip() and not n.lstrip().startswith("#")), "")
