@@ -621,7 +621,7 @@ class Pmap(Pass):
                 fresh = fresh_name(candidates, taken)
                 taken.add(fresh)
                 notes.append(f'the unnamed mapped axis is called "{fresh}"')
-                value = cst.SimpleString(f'"{fresh}"')
+                value = self.state.style.string(fresh)
             elif isinstance(value, cst.Tuple):
                 raise Skip("a tuple `axis_name`: shard_map would read it as several mesh axes")
             elif not is_plain_reusable(value):

@@ -351,7 +351,7 @@ def make_leading_axis_sharding(
 ) -> cst.Call:
     """Return `NamedSharding(Mesh(np.array(devices), ("x",)), P("x"))` spelled for the module:
     the leading array axis split over `devices`, in their order, on an Auto 1-D mesh."""
-    name = cst.SimpleString(f'"{axis}"')
+    name = p.state.style.string(axis)
     mesh = cst.Call(
         jax_ref(p, bindings, "sharding.Mesh", local="Mesh"),
         [

@@ -97,8 +97,9 @@ def infer_width(lines: Sequence[str]) -> int | None:
     """Return the line width the file was evidently wrapped at, or None when it does not say.
 
     Only lines a formatter could have broken count (not comments, URLs, nor lines holding a
-    long string, which formatters leave long), and a couple of long lines (one in a hundred) are
-    forgiven. A file that fits 80 columns is taken for an 80-column file (79: pycodestyle's)
+    long string, which formatters leave long); a couple of long lines (one in a hundred) are
+    forgiven, and so are more when more lines come near the width than go past it (code a
+    formatter wrapped, with a few lines it was told to leave alone). A file that fits 80 columns is taken for an 80-column file (79: pycodestyle's)
     only when several of its lines come within a few columns of that limit: a short file says
     nothing. Wider files get the narrowest common width they fit.
     """
@@ -111,11 +112,14 @@ def infer_width(lines: Sequence[str]) -> int | None:
     def near(width: int) -> int:
         return sum(1 for n in lengths if width - NEAR < n <= width)
 
+    def fits(width: int) -> bool:  # the long lines are outliers, or fewer than those near it
+        return over(width) <= allowed or EVIDENCE <= near(width) > over(width)
+
     if over(79) == 0 and near(79) >= EVIDENCE:
         return 79
-    if over(80) <= allowed:
+    if fits(80):
         return 80 if near(80) >= EVIDENCE else None
-    return next((w for w in COMMON_WIDTHS[2:] if over(w) <= allowed), None)
+    return next((w for w in COMMON_WIDTHS[2:] if fits(w)), None)
 
 
 _LONG_STRING = re.compile(r"""(['"]).{30,}?\1""")

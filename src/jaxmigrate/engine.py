@@ -111,6 +111,12 @@ class Project:
                 break
         return frozenset(names)
 
+    def context(self, path: str) -> str:
+        """Return what a file's result depends on besides its bytes and the options: the
+        project's formatter settings and own modules (part of its result cache key)."""
+        width, indent = project_formatting(Path(path), self.formatting)
+        return repr((width, indent, sorted(self.first_party(path))))
+
     def _modules_in(self, directory: Path) -> frozenset[str]:
         if directory not in self.modules:
             try:
@@ -414,6 +420,7 @@ def migrate_text(
     path: str,
     options: Options,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
+    project: Project | None = None,
 ) -> Migration:
     """Migrate a file's text: a notebook's JSON (by its `.ipynb` name) cell by cell, else Python.
 
@@ -423,7 +430,7 @@ def migrate_text(
         from jaxmigrate.notebook import migrate_notebook
 
         return migrate_notebook(text, options=options, accept=accept, path=path)
-    return migrate_source(text, options=options, accept=accept, path=path)
+    return migrate_source(text, options=options, accept=accept, path=path, project=project)
 
 
 def process_text(
@@ -431,12 +438,13 @@ def process_text(
     text: str,
     options: Options,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
+    project: Project | None = None,
 ) -> FileResult:
     """Migrate one file's decoded text into its FileResult; never raises for a bad file."""
     from jaxmigrate.notebook import NotebookError
 
     try:
-        result = migrate_text(text, path=shown, options=options, accept=accept)
+        result = migrate_text(text, path=shown, options=options, accept=accept, project=project)
     except cst.ParserSyntaxError as exc:
         code = None if shown.endswith(".ipynb") else text
         return FileResult(shown, Bucket.FAILED, reason=describe_syntax_error(exc, code))
@@ -465,14 +473,17 @@ def process_file(
     options: Options,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
     cache: ResultCache | None = None,
+    project: Project | None = None,
 ) -> FileResult:
     """Migrate one file in memory; never raises for a bad file and never writes.
 
-    `cache` answers for bytes it has already seen under the same settings; it is not consulted
-    when `accept` decides the sites (those decisions are not the engine's alone).
+    `cache` answers for bytes it has already seen under the same settings (the project's
+    formatter settings and own modules included); it is not consulted when `accept` decides the
+    sites (those decisions are not the engine's alone). `project` keeps what was read about the
+    file's project for the next file.
     """
     with _collector_paused():
-        return _process_file(path, options, accept, cache)
+        return _process_file(path, options, accept, cache, project or Project())
 
 
 @contextmanager
@@ -499,6 +510,7 @@ def _process_file(
     options: Options,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None,
     cache: ResultCache | None,
+    project: Project,
 ) -> FileResult:
     shown = str(path)
     try:
@@ -507,13 +519,13 @@ def _process_file(
     except SourceError as exc:
         return FileResult(shown, Bucket.FAILED, reason=str(exc))
     if cache is None or accept is not None:
-        return process_text(shown, text, options, accept)
-    key = cache.key(data, notebook=shown.endswith(".ipynb"))
+        return process_text(shown, text, options, accept, project)
+    key = cache.key(data, notebook=shown.endswith(".ipynb"), context=project.context(shown))
     hit = cache.load(key, shown, text)
     if hit is not None:
         return hit
     start = time.perf_counter()
-    result = process_text(shown, text, options)
+    result = process_text(shown, text, options, project=project)
     if result.sites or result.skips or time.perf_counter() - start >= WORTH_CACHING:
         cache.store(key, result)
     return result

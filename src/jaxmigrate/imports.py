@@ -369,7 +369,9 @@ def _place(
     if mine:
         top = _module_of(new).split(".")[0]
         kin = [g for g in mine if any(_module_of(body[i]).split(".")[0] == top for i in g)]
-        group = (kin or mine)[0 if section < THIRD_PARTY and not kin else -1]
+        # A module's own group, else the first of its section: a project's own modules not
+        # known as such look third party, and their group comes after the real one.
+        group = kin[-1] if kin else mine[0]
         index = _position_in(body, group, new, section, first_party)
         if index == group[0]:  # the group's first line: it takes over the group's blank lines
             new, body[index] = _take_blank_lines(new, body[index], [])
