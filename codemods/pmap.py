@@ -414,7 +414,6 @@ class Pmap(Pass):
         self.survey: Survey | None = None
         self.sites: dict[int, Site] = {}  # by id of the (outer) pmap call or decorator
         self.lower: set[int] = set()  # the inner one of two stacked pmap decorators
-        self.lines: list[str] = []
         self.applied: list[Site] = []
         self.reuse_helper = False
 
@@ -425,7 +424,6 @@ class Pmap(Pass):
     def visit_Module(self, node: cst.Module) -> None:
         self.survey = Survey(self.resolver)
         walk(self.survey, node)
-        self.lines = self.state.cache.lines(node)
         found = [self._classify(ref, ancestors) for ref, ancestors in self.survey.refs]
         sites = self._stack_decorators([s for s in found if s is not None])
         self._mark_nested(sites)
