@@ -28,7 +28,9 @@ from jax.experimental import io_callback
 
 
 def device_fun(m):
-    return io_callback(host_eig, jax.ShapeDtypeStruct(m.shape[:-1], m.dtype), m, ordered=True)
+    return io_callback(
+        host_eig, jax.ShapeDtypeStruct(m.shape[:-1], m.dtype), m, ordered=True
+    )
 
 
 def step(x):
