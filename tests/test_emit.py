@@ -53,7 +53,9 @@ def test_the_continuation_is_read_from_lines_after_an_opening_bracket() -> None:
     assert infer_style(google) == Style(indent="  ", continuation="    ")
     ruff_two = "def f():\n  y = g(\n    1, 2\n  )\n"
     assert infer_style(ruff_two).continuation == "  "
-    assert infer_style("def f():\n  return 1\n").continuation == "  "  # no evidence: the unit
+    # No evidence: Google style's 4 for 2-space code, else the unit.
+    assert infer_style("def f():\n  return 1\n").continuation == "    "
+    assert infer_style("def f():\n\treturn 1\n").continuation == "\t"
 
 
 @pytest.mark.parametrize(

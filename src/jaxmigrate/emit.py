@@ -85,9 +85,12 @@ def infer_style(
     configuration) win over what the file suggests for those."""
     lines = source.splitlines()
     unit = _indent_unit(lines) or indent or "    "
+    # Without evidence, 2-space code is Google style (pyink, yapf's google): 4-space
+    # continuation lines; otherwise the continuation is the block unit (black, ruff).
+    default = "    " if unit == "  " else unit
     return Style(
         indent=unit,
-        continuation=_continuation(lines) or unit,
+        continuation=_continuation(lines) or default,
         width=width or infer_width(lines) or DEFAULT_WIDTH,
         quote=_quote(source),
     )
