@@ -127,9 +127,7 @@ def formatting_in(directory: Path) -> Formatting:
             found.append(value)
     width = next((w for w, _ in found if w is not None), None)
     indent = next((i for _, i in found if i is not None), None)
-    root = (
-        pyproject is not None or (directory / ".git").exists() or (directory / "setup.py").exists()
-    )
+    root = pyproject is not None or _exists(directory / ".git") or _exists(directory / "setup.py")
     return Formatting(width, indent, root)
 
 
@@ -143,8 +141,16 @@ _INI_KEYS = (
 )
 
 
+def _exists(path: Path) -> bool:
+    """Return True if `path` exists; a directory we may not read has nothing in it."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
 def _toml(path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
+    if not _exists(path):
         return None
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
@@ -153,7 +159,7 @@ def _toml(path: Path) -> dict[str, Any] | None:
 
 
 def _ini(path: Path, section: str, key: str) -> tuple[int | None, str | None] | None:
-    if not path.is_file():
+    if not _exists(path):
         return None
     parser = configparser.ConfigParser(interpolation=None)
     try:

@@ -100,7 +100,7 @@ class Project:
         here = Path(path).absolute().parent
         names = set(self._modules_in(here))
         top = here
-        while (top / "__init__.py").is_file():
+        while _is_file(top / "__init__.py"):
             names.add(top.name)
             top = top.parent
         for directory in (here, *here.parents):
@@ -127,9 +127,17 @@ class Project:
                 e.stem if e.suffix == ".py" else e.name
                 for e in entries
                 if (e.suffix == ".py" and e.stem.isidentifier())
-                or (e.name.isidentifier() and (e / "__init__.py").is_file())
+                or (e.name.isidentifier() and _is_file(e / "__init__.py"))
             )
         return self.modules[directory]
+
+
+def _is_file(path: Path) -> bool:
+    """Return True if `path` is a file; a directory we may not read has none."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def line_map_between(original: Sequence[str], current: str) -> Callable[[int], int]:
