@@ -35,6 +35,7 @@ from typing import Any
 
 import libcst as cst
 
+from jaxmigrate.emit import Call, Room, Style, code
 from jaxmigrate.names import dotted
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
@@ -87,16 +88,16 @@ class Program:
         self.nodes[id(node)], self.reasons[id(node)] = node, why
         self.edits[id(node)] = lambda _: new()
 
-    def rewrite(self, indent: str, line: int) -> cst.FunctionDef:
+    def rewrite(self, indent: str, style: Style) -> cst.FunctionDef:
         """Return the host function rewritten; `indent` is its body's indentation."""
-        out = self.host.visit(_Edit(self, indent, line))
+        out = self.host.visit(_Edit(self, indent, style))
         assert isinstance(out, cst.FunctionDef)
         return out
 
-    def step_statements(self, indent: str, line: int) -> list[cst.SimpleStatementLine]:
+    def step_statements(self, indent: str, style: Style) -> list[cst.SimpleStatementLine]:
         """Return the mesh, made once, and the step as `jax.jit` of `jax.shard_map`."""
-        jax, spec = self.jax, _code(self.spec)
-        axis = _code(self.axis)
+        jax, spec = self.jax, code(self.spec)
+        axis = code(self.axis)
         mesh = f"{self.mesh} = {jax}.sharding.Mesh({jax}.devices(), ({axis},))"
         specs = [
             "None" if self.fixed.get(i) == "static" else f"{spec}({axis})" if batch else f"{spec}()"
@@ -105,7 +106,7 @@ class Program:
         in_specs = f"({', '.join(specs)}{',' if len(specs) == 1 else ''})"
         outs = [f"{spec}({axis})" if v else f"{spec}()" for v in self.varying]
         out_specs = f"({', '.join(outs)})" if self.outputs is not None else outs[0]
-        target = _code(self.statement.body[0].targets[0].target)  # type: ignore[attr-defined]
+        target = code(self.statement.body[0].targets[0].target)  # type: ignore[attr-defined]
         inner = [
             self.body.value,
             f"mesh={self.mesh}",
@@ -115,24 +116,31 @@ class Program:
         ]
         outer = [f"{jax}.shard_map({', '.join(inner)})"]
         if self.statics is not None:
-            value = _code(self.statics.value)
+            value = code(self.statics.value)
             outer.append(f"static_argnums={value}")
         if self.donate is not None:
-            outer.append(_code(self.donate.with_changes(comma=cst.MaybeSentinel.DEFAULT)))
+            outer.append(code(self.donate.with_changes(comma=cst.MaybeSentinel.DEFAULT)))
         flat = f"{target} = {jax}.jit({', '.join(outer)})"
-        if len(indent) + len(flat) > line:  # continuation lines: relative to the block
-            body = "".join(f"        {arg},\n" for arg in inner)
-            rest = "".join(f"    {arg},\n" for arg in outer[1:])
-            comma = "," if rest else ""  # a sole argument is hugged, as black does
-            flat = f"{target} = {jax}.jit(\n    {jax}.shard_map(\n{body}    ){comma}\n{rest})"
         texts = [mesh, flat]
         if any(self.batches):
             sharding = f"{jax}.sharding.NamedSharding({self.mesh}, {spec}({axis}))"
             texts.insert(1, f"{self.sharding} = {sharding}")
-        statements = [cst.parse_statement(text) for text in texts]
+        statements = [_laid_out(cst.parse_statement(text), indent, style) for text in texts]
         assert all(isinstance(s, cst.SimpleStatementLine) for s in statements)
         first = statements[0].with_changes(leading_lines=self.statement.leading_lines)
         return [first, *statements[1:]]  # type: ignore[list-item]
+
+
+def _laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.BaseStatement:
+    """Return `target = call(...)`, the call laid out by the emitter when the line is too long."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return statement
+    assign = statement.body[0]
+    if not isinstance(assign, cst.Assign) or not isinstance(assign.value, cst.Call):
+        return statement
+    head = len(indent) + len(code(assign)) - len(code(assign.value))
+    laid = Call.of(assign.value).laid_out(Room(indent, head), style)
+    return statement.with_changes(body=[assign.with_changes(value=laid)])
 
 
 def names_in(node: cst.CSTNode) -> Iterator[str]:
@@ -670,23 +678,19 @@ def _global_batch(program: Program, source: cst.BaseExpression) -> cst.BaseExpre
     return filled
 
 
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)
-
-
 class _Edit(cst.CSTTransformer):
     """Apply a program's edits to its host function (original nodes, by id)."""
 
-    def __init__(self, program: Program, indent: str, line: int) -> None:
+    def __init__(self, program: Program, indent: str, style: Style) -> None:
         super().__init__()
-        self.program, self.indent, self.line = program, indent, line
+        self.program, self.indent, self.style = program, indent, style
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
         edit = self.program.edits.get(id(original_node))
         if edit is not None and isinstance(updated_node, cst.BaseExpression):
             return edit(updated_node)
         if original_node is self.program.statement:
-            return cst.FlattenSentinel(self.program.step_statements(self.indent, self.line))
+            return cst.FlattenSentinel(self.program.step_statements(self.indent, self.style))
         if _is_self_assignment(updated_node) and not _is_self_assignment(original_node):
             return cst.RemovalSentinel.REMOVE  # `x = replicate(x)` with the replication gone
         return updated_node
@@ -835,7 +839,7 @@ def _flattens(node: cst.Call, var: str) -> bool:
         and isinstance(shape.left, cst.Tuple)
         and len(shape.left.elements) == 1
         and _is_minus_one(shape.left.elements[0].value)
-        and _code(shape.right) in (f"{var}.shape[2:]",)
+        and code(shape.right) in (f"{var}.shape[2:]",)
     )
 
 
@@ -850,7 +854,7 @@ def _is_minus_one(node: cst.BaseExpression | None) -> bool:
 
 def _local_part(program: Program, name: str) -> cst.BaseExpression:
     """This process's part of a result sharded over the devices (in one process, all of it)."""
-    spec = f"{_code(program.spec)}({_code(program.axis)})"
+    spec = f"{code(program.spec)}({code(program.axis)})"
     text = f"{program.hosts}.global_array_to_host_local_array({name}, {program.mesh}, {spec})"
     return cst.parse_expression(text)
 

@@ -63,8 +63,9 @@ from typing import ClassVar
 import libcst as cst
 from libcst.helpers import parse_template_expression
 
-from jaxmigrate.cstutil import fresh_name, is_reusable, jnp_ref, names_in
+from jaxmigrate.cstutil import is_reusable, jnp_ref, names_in
 from jaxmigrate.device_put import RemovedDevicePut
+from jaxmigrate.emit import fresh_name
 from jaxmigrate.model import Safety
 
 LEGACY = "jax.device_put_replicated"

@@ -73,11 +73,9 @@ from libcst.codemod import CodemodContext
 
 from jaxmigrate.cstutil import (
     AncestorTracking,
-    fit_call,
-    is_read,
     parenthesized,
-    with_keyword,
 )
+from jaxmigrate.emit import is_read, with_keyword
 from jaxmigrate.meshes import MESH_MAKERS, literal_axis_names, string_elements
 from jaxmigrate.model import Safety
 from jaxmigrate.names import dotted
@@ -200,7 +198,7 @@ class ExperimentalShardMap(AncestorTracking, Pass):
         if not self.site(original_node, MESSAGE):
             return updated_node
         self._drop(legacy)
-        return fit_call(updated_node, new(), self.line_of(original_node))
+        return self.fit(original_node, new())
 
     def _rewrite_call(self, original: cst.Call, updated: cst.Call) -> _Thunk:
         args = self._keywords(original.args, updated.args, needs_f=True)

@@ -28,7 +28,9 @@ from jax.experimental import io_callback
 
 
 def device_fun(m):
-    return io_callback(host_eig, jax.ShapeDtypeStruct(m.shape[:-1], m.dtype), m, ordered=True)
+    return io_callback(
+        host_eig, jax.ShapeDtypeStruct(m.shape[:-1], m.dtype), m, ordered=True
+    )
 
 
 def step(x):
@@ -83,7 +85,8 @@ from typing import ClassVar
 import libcst as cst
 from libcst.codemod import CodemodContext
 
-from jaxmigrate.cstutil import AncestorTracking, fit_call, is_read, jax_ref
+from jaxmigrate.cstutil import AncestorTracking, jax_ref
+from jaxmigrate.emit import is_read
 from jaxmigrate.model import Safety
 from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
@@ -235,7 +238,7 @@ class HostCallback(AncestorTracking, Pass):
         if not self.site(original_node, message):
             return updated_node
         self._drop(original_node.func)
-        return fit_call(updated_node, new, self.line_of(original_node))
+        return self.fit(original_node, new, rearranged=True)
 
     def _call(self, args: dict[str, cst.Arg]) -> cst.Call:
         for key in ("call_with_device", "callback_flavor", "device_index"):

@@ -77,12 +77,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 import libcst as cst
 from libcst.codemod import CodemodContext
 
-from jaxmigrate.cstutil import fit_call
+from jaxmigrate.emit import fit_call
 from jaxmigrate.model import Safety
 from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
@@ -166,7 +167,9 @@ class JitCallbackPerShard(Pass):
                 _kw("out_specs", spec.deep_clone()),
             ],
         )
-        laid = fit_call(original_node, inner, self.line_of(original_node))
+        room = self.room(original_node)
+        room = replace(room, tail=room.tail + len(f"({operand})"))  # the call of the shard_map
+        laid = fit_call(original_node, inner, room, self.state.style)
         return cst.Call(laid, [cst.Arg(cst.Name(operand))])
 
     # Checking one site --------------------------------------------------------------------

@@ -134,14 +134,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import libcst as cst
 from libcst.codemod import CodemodContext
-from libcst.metadata import PositionProvider
 
-from jaxmigrate.cstutil import fresh_name, is_reusable, jax_ref, jnp_ref
+from jaxmigrate.cstutil import is_reusable, jax_ref, jnp_ref
+from jaxmigrate.emit import Call, Item, code, comments_in, fresh_name, joined, new_item
 from jaxmigrate.facts import AstFacts
 from jaxmigrate.meshes import MESH_MAKERS, literal_axis_names, string_elements
 from jaxmigrate.model import Safety
@@ -174,7 +174,6 @@ SHORT = {
     "jax.debug.callback": "jax.debug.callback",
     "jax.debug.print": "jax.debug.print",
 }
-LINE = 100
 Edit = Callable[[cst.Call], cst.BaseExpression]
 
 
@@ -952,30 +951,31 @@ class PartialAutoCallback(Pass):
                 raise Skip("`io_callback` without a positional result shape")
             if not is_reusable(site.call.args[1].value, lambda c: self._is_shape(c) is not None):
                 raise Skip("the `io_callback`'s result shapes are computed by a call")
-        axes = _axes_code(site.auto)
+        axes = _axescode(site.auto)
 
         def edit(updated: cst.Call) -> cst.BaseExpression:
-            lax, where = self._lax(), self._where_text(site.call)
+            lax = self._lax()
             shapes = updated.args[1].value if site.kind == IO else cst.Name("None")
             has_result = not _is_none(shapes)
             one = self._is_shape(shapes) if isinstance(shapes, cst.Call) else None
-            zeros = f"{_code(jnp_ref(self, self.resolver))}.zeros" if has_result else ""
+            zeros = f"{code(jnp_ref(self, self.resolver))}.zeros" if has_result else ""
             empty = "None"
             if one:
-                empty = f"{zeros}({', '.join(map(_code, one))})"
+                empty = f"{zeros}({', '.join(map(code, one))})"
             elif has_result:
-                tree_map = _code(self.jax_attr("tree.map"))
-                empty = f"{tree_map}(lambda s: {zeros}(s.shape, s.dtype), {_code(shapes)})"
-            layout = where.deeper(2 if has_result else 1)
+                tree_map = code(self.jax_attr("tree.map"))
+                empty = f"{tree_map}(lambda s: {zeros}(s.shape, s.dtype), {code(shapes)})"
             branches = [
-                f"{lax}.axis_index({axes}) == 0",
-                f"lambda: {layout.call(updated, len('lambda: '))}",
-                f"lambda: {empty}",
+                Item(cst.Arg(cst.parse_expression(f"{lax}.axis_index({axes}) == 0"))),
+                _in_lambda(updated, []),
+                Item(cst.Arg(cst.parse_expression(f"lambda: {empty}"))),
             ]
-            if not has_result:  # nothing to share: the other devices just skip the call
-                return cst.parse_expression(where.layout(f"{lax}.cond", branches))
-            cond = where.deeper(1).layout(f"{lax}.cond", branches)
-            return cst.parse_expression(where.layout(f"{lax}.psum", [cond, axes]))
+            cond = Call(cst.parse_expression(f"{lax}.cond"), branches)
+            if has_result:  # the result is shared along the automatic axes
+                cond_item = Item(cst.Arg(cond.flat()), cond)
+                axes_item = Item(cst.Arg(cst.parse_expression(axes)))
+                cond = Call(cst.parse_expression(f"{lax}.psum"), [cond_item, axes_item])
+            return cond.laid_out(self.room(site.call), self.state.style)
 
         return edit
 
@@ -993,26 +993,30 @@ class PartialAutoCallback(Pass):
         names = "{" + ", ".join(a.value for a in site.auto) + "}"
 
         def edit(updated: cst.Call) -> cst.BaseExpression:
-            bindings, where = self.resolver, self._where_text(site.call)
-            spec = _code(
-                jax_ref(self, bindings, "sharding.PartitionSpec", local="P", also=("jax.P",))
+            spec = jax_ref(
+                self, self.resolver, "sharding.PartitionSpec", local="P", also=("jax.P",)
             )
-            shard_map = _code(self.jax_attr("shard_map"))
             args = [
                 a.with_changes(value=cst.Name(operands[i])) if i in operands else a
                 for i, a in enumerate(updated.args)
             ]
-            head = f"lambda {', '.join(operands.values())}:" if operands else "lambda:"
-            inner = where.deeper(1).call(updated.with_changes(args=args), len(head) + 1)
-            values = ", ".join(_code(updated.args[i].value) for i in operands)
-            parts = [
-                f"{head} {inner}",
-                f"in_specs={spec}()" if operands else "in_specs=()",
-                f"out_specs={spec}()",
-                f"axis_names={names}",
-                "check_vma=False",
+            params = [cst.Param(cst.Name(name)) for name in operands.values()]
+            in_specs = f"{code(spec)}()" if operands else "()"
+            keywords = [
+                new_item("in_specs", cst.parse_expression(in_specs)),
+                new_item("out_specs", cst.Call(spec.deep_clone())),
+                new_item("axis_names", cst.parse_expression(names)),
+                new_item("check_vma", cst.Name("False")),
             ]
-            return cst.parse_expression(where.layout(shard_map, parts, f"({values})"))
+            nested = Call(
+                self.jax_attr("shard_map"),
+                [_in_lambda(updated.with_changes(args=args), params), *keywords],
+            )
+            values = [cst.Arg(updated.args[i].value) for i in operands]
+            room = self.room(site.call)
+            applied = code(cst.Call(cst.Name("f"), values))[1:]
+            laid = nested.laid_out(replace(room, tail=room.tail + len(applied)), self.state.style)
+            return cst.Call(laid, joined(values))
 
         return edit
 
@@ -1032,76 +1036,32 @@ class PartialAutoCallback(Pass):
             taken.add(operands[i])
         return operands
 
-    def _where_text(self, node: cst.CSTNode) -> Layout:
-        assert self.survey is not None
-        statement = self.survey.statement_of.get(id(node), node)
-        here = self.get_metadata(PositionProvider, node)
-        line, first = self.line_of(node), self.line_of(statement)
-        base = _leading(first)
-        tail = len(line) - here.end.column if here.start.line == here.end.line else 0
-        return Layout(base, _leading(line)[len(base) :], here.start.column, tail)
-
     def _lax(self) -> str:
         local = self.resolver.module_binding("jax.lax")
         if local is not None and not self.resolver.bound_below_module(local):
             return local
-        return _code(self.jax_attr("lax"))
+        return code(self.jax_attr("lax"))
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Where new code goes: the statement's indentation (code generation adds it to every new
-    line), the line's extra indentation, the column the code starts at and what follows it."""
-
-    base: str
-    indent: str
-    column: int
-    tail: int = 0
-
-    def deeper(self, levels: int) -> Layout:
-        """Return the layout of code `levels` indentation steps further in, on its own line."""
-        indent = self.indent + "    " * levels
-        return Layout(self.base, indent, len(self.base) + len(indent))
-
-    def layout(self, func: str, parts: Sequence[str], after: str = "") -> str:
-        """Return `func(parts...)after` on one line if it fits, else one part per line."""
-        flat = f"{func}({', '.join(parts)}){after}"
-        if "\n" not in flat and self.column + len(flat) + self.tail <= LINE:
-            return flat
-        inner = self.indent + "    "
-        return f"{func}(\n" + "".join(f"{inner}{p},\n" for p in parts) + f"{self.indent}){after}"
-
-    def call(self, call: cst.Call, offset: int) -> str:
-        """Return `call` laid out `offset` columns into this layout's line (kept as written
-        when it holds a comment)."""
-        text = _code(call)
-        if "#" in text or any(a.star for a in call.args):
-            return text  # comments stay where they were
-        plain = cst.SimpleWhitespace("")
-        parts = [
-            _code(a.with_changes(comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=plain))
-            for a in call.args
-        ]
-        shifted = Layout(self.base, self.indent, self.column + offset, 1)
-        return shifted.layout(_code(call.func), parts)
-
-
-def _leading(line: str) -> str:
-    return line[: len(line) - len(line.lstrip())]
+def _in_lambda(call: cst.Call, params: list[cst.Param]) -> Item:
+    """Return `lambda params: call` as an argument whose call is laid out in turn (kept as
+    written when it holds a comment or unpacks arguments)."""
+    head = code(cst.Lambda(cst.Parameters(params), cst.Name("x")))[:-1]
+    wrap = lambda c: cst.Lambda(cst.Parameters(params), c)
+    value = wrap(call)
+    if comments_in(call) or any(a.star for a in call.args):
+        return Item(cst.Arg(value))
+    return Item(cst.Arg(value), Call.of(call), wrap=wrap, head=len(head))
 
 
 def _names(axes: Iterable[cst.SimpleString]) -> str:
     return ", ".join(repr(str(a.evaluated_value)) for a in axes)
 
 
-def _axes_code(axes: Sequence[cst.SimpleString]) -> str:
+def _axescode(axes: Sequence[cst.SimpleString]) -> str:
     if len(axes) == 1:
         return axes[0].value
     return "(" + ", ".join(a.value for a in axes) + ")"
-
-
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(node)
 
 
 def _is_none(node: cst.BaseExpression) -> bool:

@@ -81,6 +81,7 @@ from typing import ClassVar
 import libcst as cst
 from jaxmigrate.codemods.with_mesh import WithMesh
 
+from jaxmigrate.emit import code, with_keyword
 from jaxmigrate.meshes import (
     Kind,
     MeshFinder,
@@ -217,7 +218,7 @@ class Pjit(Pass):
             if keyword is None:
                 continue
             if original.keyword is None or original.keyword.value != keyword:
-                arg = _with_keyword(arg, keyword)
+                arg = with_keyword(arg, keyword)
             if translate and keyword in SHARDINGS:
                 arg = arg.with_changes(value=_translate(original.value, arg.value, spec))
             args[first + i] = arg
@@ -239,7 +240,7 @@ class Pjit(Pass):
             notes.append("`None` leaves -> `P()` (pjit replicated them under its mesh)")
         elif leaves.nones:
             notes.append("`None` leaves kept: pjit replicated them only under a legacy mesh")
-        computed = dict.fromkeys(cst.Module([]).code_for_node(e) for e in leaves.opaque)
+        computed = dict.fromkeys(code(e) for e in leaves.opaque)
         if computed:
             shown = ", ".join(f"`{c}`" for c in computed)
             notes.append(
@@ -425,8 +426,8 @@ class _Survey(NameReads):
             return decision
         for i, arg in enumerate(args):
             if arg.star:
-                code = arg.star + cst.Module([]).code_for_node(arg.value)
-                decision.reason = f"`{code}` unpacked into pjit: its arguments are not visible"
+                shown = arg.star + code(arg.value)
+                decision.reason = f"`{shown}` unpacked into pjit: its arguments are not visible"
                 return decision
             if arg.keyword is None:
                 if not positional:
@@ -481,15 +482,6 @@ class _Survey(NameReads):
 
     def _made_by(self, node: cst.BaseExpression | None, types: frozenset[str]) -> bool:
         return isinstance(node, cst.Call) and self.owner.qualname(node.func) in types
-
-
-def _with_keyword(arg: cst.Arg, keyword: str) -> cst.Arg:
-    equal = arg.equal
-    if not isinstance(equal, cst.AssignEqual):
-        equal = cst.AssignEqual(
-            whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
-        )
-    return arg.with_changes(keyword=cst.Name(keyword), equal=equal)
 
 
 def _translate(

@@ -249,8 +249,17 @@ from typing import ClassVar
 import libcst as cst
 from jaxmigrate.codemods._pmap_program import NotVisible, Program, analyze, names_in
 from libcst.codemod import CodemodContext
-from libcst.metadata import PositionProvider
 
+from jaxmigrate.emit import (
+    Call,
+    Item,
+    code,
+    fit_lines,
+    fresh_name,
+    is_plain_reusable,
+    items_of,
+    new_item,
+)
 from jaxmigrate.model import Safety
 from jaxmigrate.names import dotted, walk
 from jaxmigrate.passes import Pass
@@ -276,17 +285,16 @@ KEYWORDS = frozenset(
 SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)  # where a step may be made and called
 UNNAMED = "device"  # the name of an unnamed mapped axis, unless the module uses it
 STATIC_MIN_JAX = (0, 8)  # `in_specs` entries `None` (static arguments): JAX 0.7.1
-LINE = 88  # the line length new code is laid out for: black's and ruff's default
 PROGRAM_MESSAGE = (
     "`jax.pmap` -> `jax.jit(jax.shard_map(...))` over the flat data (program-level): replicated "
     "arguments and results `P()`, batches `P({axis})`, the device axis gone"
 )
 MESSAGE = "`jax.pmap` -> `jax.jit` of `shard_map_per_device`, the body keeping its per-device view"
 
+# Written one statement per line, 4-space indented: `emit.fit_lines` breaks the lines too long
+# for the file's width, after the indentation is the file's own.
 HELPER_SOURCE = '''\
-def shard_map_per_device(
-    f, *, axis_name, in_specs, out_specs, devices=None, backend=None, **jit_options
-):
+def shard_map_per_device(f, *, axis_name, in_specs, out_specs, devices=None, backend=None, **jit_options):
     """{doc}"""
     names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
     specs = (in_specs, {P}(*names))  # pmap maps keyword arguments over their leading axis
@@ -304,9 +312,7 @@ def shard_map_per_device(
 
     def mesh_of(args, kwargs, processes):  # pmap's: the first devices, by process
         sizes = []
-        at_mapped_axes(
-            specs, (args, kwargs), lambda x, ax: sizes.append([x.shape[a] for a in ax])
-        )
+        at_mapped_axes(specs, (args, kwargs), lambda x, ax: sizes.append([x.shape[a] for a in ax]))
         shape = [sizes[0][0] * processes, *sizes[0][1:]]
         pool = {jax}.devices(backend) if devices is None else devices
         pool = sorted(pool, key=lambda d: d.process_index)
@@ -315,9 +321,7 @@ def shard_map_per_device(
     def on_devices(*args, **kwargs):  # runs when jax.jit traces: devices are found then
         mesh = mesh_of(args, kwargs, 1)
         # check_vma=False as in pmap: True would sum the gradients of replicated values
-        return {jax}.shard_map(
-            per_device, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False
-        )(args, kwargs)
+        return {jax}.shard_map(per_device, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False)(args, kwargs)
 
     jitted = {jax}.jit(on_devices, **jit_options)
 
@@ -396,155 +400,6 @@ def read_pmap(args: Sequence[cst.Arg], *, has_fun: bool) -> Pmapped:
     if has_fun and "fun" not in found:
         raise Skip("no function to map")
     return Pmapped(found.pop("fun", None), found.pop("axis_name", None), found)
-
-
-# Laying calls out as black would --------------------------------------------------------------
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)
-
-
-@dataclass(frozen=True)
-class Item:
-    """One argument to emit, with the comments that went with it where it came from."""
-
-    arg: cst.Arg
-    call: Call | None = None  # a call to lay out as the argument's value
-    above: tuple[cst.EmptyLine, ...] = ()  # comment lines above it
-    after: cst.TrailingWhitespace | None = None  # the comment ending its line
-
-    @property
-    def commented(self) -> bool:
-        """Return True if a comment needs the item on a line of its own."""
-        nested = self.call is not None and self.call.commented
-        return nested or self.after is not None or any(line.comment for line in self.above)
-
-    def keyword(self, keyword: str, value: cst.BaseExpression | None = None) -> Item:
-        """Return the item passed as `keyword=value` (its own value by default)."""
-        equal = cst.AssignEqual(
-            whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
-        )
-        value = self.arg.value if value is None else value
-        arg = self.arg.with_changes(keyword=cst.Name(keyword), equal=equal, value=value)
-        return replace(self, arg=arg)
-
-
-def new_item(keyword: str, value: cst.BaseExpression) -> Item:
-    """Return a fresh `keyword=value` argument."""
-    return Item(cst.Arg(value)).keyword(keyword)
-
-
-def items_of(call: cst.Call) -> list[Item]:
-    """Return the arguments of `call` with the comments above and after each."""
-    gaps: list[cst.BaseParenthesizableWhitespace] = [call.whitespace_before_args]
-    for arg in call.args:
-        comma = arg.comma
-        gaps.append(
-            comma.whitespace_after if isinstance(comma, cst.Comma) else arg.whitespace_after_arg
-        )
-    items = []
-    for arg, before, after in zip(call.args, gaps, gaps[1:]):
-        above = tuple(before.empty_lines) if isinstance(before, cst.ParenthesizedWhitespace) else ()
-        line = after.first_line if isinstance(after, cst.ParenthesizedWhitespace) else None
-        items.append(Item(arg, None, above, line if line and line.comment else None))
-    return items
-
-
-def _break(
-    indent: str,
-    after: cst.TrailingWhitespace | None = None,
-    above: Sequence[cst.EmptyLine] = (),
-) -> cst.ParenthesizedWhitespace:
-    """Return a line break (after `after`'s comment) and comment lines, then `indent`."""
-    lines = [
-        cst.EmptyLine(indent=True, whitespace=cst.SimpleWhitespace(indent), comment=line.comment)
-        if line.comment
-        else cst.EmptyLine(indent=False)
-        for line in above
-    ]
-    return cst.ParenthesizedWhitespace(
-        first_line=after or cst.TrailingWhitespace(),
-        empty_lines=lines,
-        indent=True,
-        last_line=cst.SimpleWhitespace(indent),
-    )
-
-
-def _joined(args: Sequence[cst.Arg]) -> list[cst.Arg]:
-    """Return `args` on one line: `a, b, c`."""
-    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    last = len(args) - 1
-    return [
-        a.with_changes(
-            comma=comma if i < last else cst.MaybeSentinel.DEFAULT,
-            whitespace_after_arg=cst.SimpleWhitespace(""),
-        )
-        for i, a in enumerate(args)
-    ]
-
-
-@dataclass(frozen=True)
-class Call:
-    """A call to emit: its function and argument items, nested calls laid out in turn."""
-
-    func: cst.BaseExpression
-    items: list[Item]
-    opening: cst.TrailingWhitespace | None = None  # a comment right after `(`
-
-    @property
-    def commented(self) -> bool:
-        """Return True if a comment forces the call onto several lines."""
-        return self.opening is not None or any(item.commented for item in self.items)
-
-    def flat(self) -> cst.Call:
-        """Return the call on one line."""
-        return cst.Call(self.func, _joined([self._arg(i, Call.flat) for i in self.items]))
-
-    def laid_out(self, indent: int, extra: str, room: tuple[int, int]) -> cst.Call:
-        """Return the call laid out as black lays it out.
-
-        `indent` is the width of the enclosing block's indentation, `extra` the indentation of
-        the closing parenthesis beyond it, `room` the widths of the text before and after.
-        """
-        inner = extra + "    "
-        if not self.commented:
-            flat = self.flat()
-            if room[0] + len(_code(flat)) + room[1] <= LINE:
-                return flat
-            hugged = _joined([self._arg(i, Call.flat) for i in self.items])
-            if indent + len(inner) + len(_code(cst.Call(cst.Name("f"), hugged))) - 3 <= LINE:
-                return self._hugged(hugged, inner, extra)
-            sole = self.items[0].call if len(self.items) == 1 else None
-            if sole is not None:  # black's right-hand split: the sole call is split in turn
-                nested = sole.laid_out(indent, inner, (indent + len(inner), 0))
-                return self._hugged([self.items[0].arg.with_changes(value=nested)], inner, extra)
-        return self._exploded(indent, extra, inner)
-
-    def _exploded(self, indent: int, extra: str, inner: str) -> cst.Call:
-        """Return the call with one argument per line and a trailing comma."""
-        args = []
-        for i, item in enumerate(self.items):
-            nxt = self.items[i + 1] if i + 1 < len(self.items) else None
-            gap = _break(inner if nxt else extra, item.after, nxt.above if nxt else ())
-            arg = self._arg(item, lambda c: c.laid_out(indent, inner, (indent + len(inner), 1)))
-            args.append(
-                arg.with_changes(
-                    comma=cst.Comma(whitespace_after=gap),
-                    whitespace_after_arg=cst.SimpleWhitespace(""),
-                )
-            )
-        opening = _break(inner, self.opening, self.items[0].above if self.items else ())
-        return cst.Call(self.func, args, whitespace_before_args=opening)
-
-    def _hugged(self, args: list[cst.Arg], inner: str, extra: str) -> cst.Call:
-        """Return the call with `args` on their own line, the parentheses hugging them."""
-        last = args[-1].with_changes(
-            comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=_break(extra)
-        )
-        return cst.Call(self.func, [*args[:-1], last], whitespace_before_args=_break(inner))
-
-    @staticmethod
-    def _arg(item: Item, render: Callable[[Call], cst.Call]) -> cst.Arg:
-        return item.arg if item.call is None else item.arg.with_changes(value=render(item.call))
 
 
 # Finding every pmap ---------------------------------------------------------------------------
@@ -647,24 +502,6 @@ def _fun_arg(call: cst.Call) -> cst.Arg | None:
     return first if first is not None and first.keyword is None and not first.star else None
 
 
-def _is_reusable(node: cst.BaseExpression) -> bool:
-    """Return True for an axis name that can be written twice: a literal or a dotted name."""
-    return isinstance(node, (cst.SimpleString, cst.ConcatenatedString)) or dotted(node) is not None
-
-
-def _fresh_name(taken: set[str]) -> str:
-    """Return an axis name that no string in the module spells."""
-    candidates = (UNNAMED, *(f"{UNNAMED}_{k}" for k in range(1, len(taken) + 2)))
-    return next(name for name in candidates if name not in taken)
-
-
-def _opening(call: cst.Call) -> cst.TrailingWhitespace | None:
-    ws = call.whitespace_before_args
-    if isinstance(ws, cst.ParenthesizedWhitespace) and ws.first_line.comment is not None:
-        return ws.first_line
-    return None
-
-
 def _with_blank_lines(
     statement: cst.SimpleStatementLine | cst.BaseCompoundStatement,
 ) -> cst.SimpleStatementLine | cst.BaseCompoundStatement:
@@ -692,7 +529,6 @@ class Pmap(Pass):
         self.survey: Survey | None = None
         self.sites: dict[int, Site] = {}  # by id of the (outer) pmap call or decorator
         self.lower: set[int] = set()  # the inner one of two stacked pmap decorators
-        self.lines: list[str] = []
         self.applied: list[Site] = []
         self.applied_keys: list[str] = []
         self.reuse_helper = False
@@ -705,7 +541,6 @@ class Pmap(Pass):
     def visit_Module(self, node: cst.Module) -> None:
         self.survey = Survey(self.resolver)
         walk(self.survey, node)
-        self.lines = self.state.cache.lines(node)
         found = [self._classify(ref, ancestors) for ref, ancestors in self.survey.refs]
         sites = self._stack_decorators([s for s in found if s is not None])
         self._mark_nested(sites)
@@ -933,13 +768,14 @@ class Pmap(Pass):
         for pmapped, items in layers:
             value = items[pmapped.axis_name].arg.value if pmapped.axis_name is not None else None
             if value is None or (isinstance(value, cst.Name) and value.value == "None"):
-                fresh = _fresh_name(taken)
+                candidates = (UNNAMED, *(f"{UNNAMED}_{k}" for k in range(1, len(taken) + 2)))
+                fresh = fresh_name(candidates, taken)
                 taken.add(fresh)
                 notes.append(f'the unnamed mapped axis is called "{fresh}"')
-                value = cst.SimpleString(f'"{fresh}"')
+                value = self.state.style.string(fresh)
             elif isinstance(value, cst.Tuple):
                 raise Skip("a tuple `axis_name`: shard_map would read it as several mesh axes")
-            elif not _is_reusable(value):
+            elif not is_plain_reusable(value):
                 raise Skip("a computed `axis_name`: the rewrite would evaluate it twice")
             names.append(value)
         return names
@@ -1019,12 +855,9 @@ class Pmap(Pass):
         if plan is None:
             return updated_node
         mapped = [plan.fun] if plan.fun is not None else []
-        jit = Call(cst.Name(HELPER), [*mapped, *plan.helper, *plan.jit], _opening(updated_node))
-        indent, extra, room = self._room(original_node)
-        ws = updated_node.whitespace_before_args
-        if isinstance(ws, cst.ParenthesizedWhitespace) and len(ws.last_line.value) > 4:
-            extra = ws.last_line.value[:-4]  # the call sits in brackets of its own
-        laid = jit.laid_out(indent, extra, room)
+        jit = Call(cst.Name(HELPER), [*mapped, *plan.helper, *plan.jit])
+        jit = replace(jit, opening=Call.of(updated_node).opening)
+        laid = jit.laid_out(self.room(original_node), self.state.style)
         return laid.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
 
     def leave_FunctionDef(
@@ -1052,7 +885,7 @@ class Pmap(Pass):
         """Record the step and its edits as one group; rewrite them all, or nothing."""
         line, col = self.where(site.node)
         group = f"{self.CODE}:program:{line}:{col}"
-        axis = _code(program.axis)
+        axis = code(program.axis)
         enabled = [self.site(site.node, PROGRAM_MESSAGE.format(axis=axis), group=group)]
         for node_id, why in program.reasons.items():
             enabled.append(self.site(program.nodes[node_id], why, group=group))
@@ -1070,8 +903,7 @@ class Pmap(Pass):
         taken = set(names_in(program.host))
         program.mesh = self._fresh("mesh", taken)
         program.sharding = self._fresh("batch_sharding", taken)
-        indent = self._room(program.statement)[0]
-        return program.rewrite(" " * indent, LINE)
+        return program.rewrite(self.room(program.statement).indent, self.state.style)
 
     def _multihost_utils(self) -> str:
         """Return how to spell `jax.experimental.multihost_utils` here, importing it if needed."""
@@ -1109,9 +941,10 @@ class Pmap(Pass):
     def _decorators(self, site: Site, plan: Plan, new: cst.Decorator) -> list[cst.Decorator]:
         """Return `@partial(shard_map_per_device, ...)`, `jax.jit`'s arguments last."""
         partial = self._partial(site)
-        indent, extra, room = self._room(site.node)
+        room = self.room(site.node)
+        room = replace(room, column=room.column + 1, tail=0)  # after the `@`
         helper = Call(partial, [Item(cst.Arg(cst.Name(HELPER))), *plan.helper, *plan.jit])
-        return [new.with_changes(decorator=helper.laid_out(indent, extra, room))]
+        return [new.with_changes(decorator=helper.laid_out(room, self.state.style))]
 
     def _partial(self, site: Site) -> cst.BaseExpression:
         """Return `functools.partial` as the site or the module spells it."""
@@ -1122,15 +955,6 @@ class Pmap(Pass):
         if local is not None:
             return cst.Name(local)
         return cst.Attribute(value=self.module_ref("functools"), attr=cst.Name("partial"))
-
-    def _room(self, node: cst.CSTNode) -> tuple[int, str, tuple[int, int]]:
-        """Return the indentation of `node`'s line, and the widths before and after it."""
-        where = self.get_metadata(PositionProvider, node)
-        first, last = self.lines[where.start.line - 1], self.lines[where.end.line - 1]
-        indent = len(first) - len(first.lstrip())
-        if isinstance(node, cst.Decorator):
-            return indent, "", (where.start.column + 1, 0)
-        return indent, "", (where.start.column, len(last) - where.end.column)
 
     # The helper ---------------------------------------------------------------------------
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
@@ -1145,7 +969,9 @@ class Pmap(Pass):
         if np is None:
             np = "np" if self.resolver.is_free("np") else "numpy"
             self.need_import("numpy", None, "np" if np == "np" else None)
-        source = HELPER_SOURCE.format(doc=HELPER_DOC, jax=jax, np=np, P=_code(self._spec_ref()[0]))
+        source = HELPER_SOURCE.format(doc=HELPER_DOC, jax=jax, np=np, P=code(self._spec_ref()[0]))
+        style = self.state.style
+        source = fit_lines(style.reindent(source), style)
         helper = cst.parse_statement(source, config=updated_node.config_for_parsing)
         helper = helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
         body = list(updated_node.body)
@@ -1169,4 +995,4 @@ class Pmap(Pass):
 
 def _docstring(node: cst.FunctionDef) -> str | None:
     docstring = node.get_docstring()
-    return None if docstring is None else docstring.strip()
+    return None if docstring is None else " ".join(docstring.split())  # wrapped or not

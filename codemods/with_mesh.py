@@ -74,6 +74,7 @@ from typing import ClassVar
 
 import libcst as cst
 
+from jaxmigrate.emit import code
 from jaxmigrate.facts import AstFacts
 from jaxmigrate.meshes import (
     MAKE_MESH,
@@ -287,7 +288,7 @@ class _FindQualname(NameReads):
 
 
 def _message(verdict: MeshItem) -> str:
-    text = cst.Module([]).code_for_node(verdict.item.item)
+    text = code(verdict.item.item)
     message = (
         f"`with {text}:` is deprecated and gives `jax.jit` no mesh; "
         f"`jax.set_mesh(...)` does ({verdict.why})"

@@ -72,9 +72,11 @@ def jm(*args: str, cwd: Path, stdin: str = "") -> subprocess.CompletedProcess[st
     )
 
 
-def rendered(code: str, accepted: Iterable[int], path: str = "x.py", **options: bool) -> str:
+def rendered(code: str, accepted: Iterable[int], path: str = "/x.py", **options: bool) -> str:
     """The engine's rendering of `code` with only the sites at positions `accepted` (in file
-    order: notebook cell, line, column)."""
+    order: notebook cell, line, column). The default path is in no project: the layout is the
+    code's own, as for a file in a temporary directory (a relative path would be in this
+    repository, whose ruff line-length the engine would follow)."""
     every = migrate_text(code, path=path, options=Options()).sites
     keys = {every[i].key for i in accepted}
     migration = migrate_text(

@@ -15,6 +15,7 @@ from test_cli import LEGACY, jm
 
 from jaxmigrate.cache import CACHE_DIR, ResultCache
 from jaxmigrate.discovery import Discovery
+from jaxmigrate.engine import Project
 from jaxmigrate.model import Bucket, FileResult, Options
 from jaxmigrate.runner import migrate_files
 
@@ -72,7 +73,11 @@ def test_entries_hold_only_what_the_engine_decided(corpus: Path, tmp_path: Path)
     assert failed and found
     # every file with something to say is kept; failures never are
     key = {
-        r.path: cache.key(Path(r.path).read_bytes(), notebook=r.path.endswith(".ipynb"))
+        r.path: cache.key(
+            Path(r.path).read_bytes(),
+            notebook=r.path.endswith(".ipynb"),
+            context=Project().context(r.path),
+        )
         for r in fresh
     }
     assert {f"{key[r.path]}.json" for r in found} <= entries
@@ -190,12 +195,24 @@ def test_concurrent_writers_leave_whole_entries(corpus: Path, tmp_path: Path) ->
     assert json.loads(bare.stdout) == json.loads(outputs[0])
 
 
-def test_engine_results_do_not_depend_on_the_path(corpus: Path) -> None:
-    """Entries are keyed by content alone: that holds only while no pass reads the file name."""
+def test_engine_results_depend_on_the_path_only_through_the_project(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """Entries are keyed by content and `Project.context` (the formatter settings and own
+    modules a file's path leads to): in another place with the same context, a file gives the
+    same result; a project configuration changes the context."""
     from jaxmigrate.files import migrate_text
 
+    options = Options(unsafe_fixes=True)
     for case in sorted((corpus / "fixtures").glob("*/*.py"))[::7]:
+        moved = tmp_path / "moved" / case.parent.name
+        if not moved.exists():
+            shutil.copytree(case.parent, moved)
+        there_path = str(moved / case.name)
+        assert Project().context(str(case)) == Project().context(there_path)
         code = case.read_text()
-        here = migrate_text(code, path=str(case), options=Options(unsafe_fixes=True))
-        there = migrate_text(code, path="elsewhere/other.py", options=Options(unsafe_fixes=True))
+        here = migrate_text(code, path=str(case), options=options)
+        there = migrate_text(code, path=there_path, options=options)
         assert (here.code, here.sites, here.skips) == (there.code, there.sites, there.skips)
+    (tmp_path / "moved" / "pyproject.toml").write_text("[tool.ruff]\nline-length = 60\n")
+    assert Project().context(there_path) != Project().context(str(case))

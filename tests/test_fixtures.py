@@ -26,6 +26,12 @@ from jaxmigrate.model import Options
 from jaxmigrate.registry import all_passes
 
 CASES = sorted(p for p in FIXTURES.glob("*/*.py") if not p.name.endswith(".expected.py"))
+# Small projects (`<pass_name>/projects/<project>/...`): each file is migrated with its path, so
+# the project's formatter configuration and its own modules count; a file without an expected
+# output must come out unchanged.
+PROJECT_CASES = sorted(
+    p for p in FIXTURES.glob("*/projects/*/**/*.py") if not p.name.endswith(".expected.py")
+)
 RUNNABLE = [p for p in CASES if re.search(r"^def main\(", p.read_text(), re.MULTILINE)]
 RUNNER = Path(__file__).with_name("fixture_runner.py")
 
@@ -77,6 +83,20 @@ def test_fixture(case: Path, request: pytest.FixtureRequest) -> None:
         f"no {folder_name} site was applied in a positive case"
     )
     assert migrate(result.code, options_for(case)) == result.code, "the output is not a fixed point"
+
+
+@pytest.mark.parametrize("case", PROJECT_CASES, ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_project_fixture(case: Path, request: pytest.FixtureRequest) -> None:
+    source = case.read_text()
+    options = Options(unsafe_fixes=True)
+    result = migrate_source(source, options=options, path=str(case))
+    expected = expected_path(case)
+    if request.config.getoption("--update-fixtures") and result.code != source:
+        expected.write_text(result.code)
+    want = expected.read_text() if expected.exists() else source
+    assert result.code == want
+    again = migrate_source(result.code, options=options, path=str(case)).code
+    assert again == result.code, "the output is not a fixed point"
 
 
 def run_batch(specs: list[str], tmp: Path, tag: str) -> dict:

@@ -142,9 +142,10 @@ class ResultCache:
             pass  # a tree we cannot write to: every store below fails quietly too
         return cls(base / f"v{FORMAT}" / settings_digest(options))
 
-    def key(self, data: bytes, *, notebook: bool) -> str:
-        """Return the entry name for a file's bytes."""
-        return _digest(b"ipynb\0" if notebook else b"py\0", data)
+    def key(self, data: bytes, *, notebook: bool, context: str = "") -> str:
+        """Return the entry name for a file's bytes (and what else its result depends on: the
+        project's formatter settings and own modules)."""
+        return _digest(b"ipynb\0" if notebook else b"py\0", context.encode("utf-8"), b"\0", data)
 
     def load(self, key: str, path: str, text: str) -> FileResult | None:
         """Return the cached result for `key`, as `path` with its decoded `text`; None if absent."""

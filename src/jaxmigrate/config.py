@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import configparser
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -92,3 +93,123 @@ def _check(pyproject: Path, key: str, value: Any) -> Any:
     if isinstance(value, int) and not isinstance(value, bool) and value < 1:
         raise ConfigError(f"{where} must be at least 1")
     return value
+
+
+# The project's formatter settings ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Formatting:
+    """What one directory's configuration files say about line width and indentation."""
+
+    width: int | None = None
+    indent: str | None = None
+    root: bool = False  # the directory is a project root: the search stops there
+
+
+def formatting_in(directory: Path) -> Formatting:
+    """Return the line width (and indentation) configured in `directory`'s own files.
+
+    Formatters come before linters: ruff (`ruff.toml`, `.ruff.toml`, `[tool.ruff]`), black,
+    pyink, yapf (`.style.yapf`, `setup.cfg [yapf]`), then flake8/pycodestyle (`setup.cfg`,
+    `tox.ini`, `.flake8`). Unreadable files count as saying nothing.
+    """
+    found: list[tuple[int | None, str | None]] = []
+    for name in ("ruff.toml", ".ruff.toml"):
+        table = _toml(directory / name)
+        if table is not None:
+            found.append((_int(table.get("line-length")), _spaces(table.get("indent-width"))))
+    pyproject = _toml(directory / "pyproject.toml")
+    tool = pyproject.get("tool", {}) if pyproject is not None else {}
+    tool = tool if isinstance(tool, dict) else {}
+    for name in ("ruff", "black", "pyink"):
+        table = tool.get(name)
+        if isinstance(table, dict):
+            indent = table.get("indent-width") if name == "ruff" else table.get("pyink-indentation")
+            found.append((_int(table.get("line-length")), _spaces(indent)))
+    for name, section, key in _INI_KEYS:
+        value = _ini(directory / name, section, key)
+        if value is not None:
+            found.append(value)
+    width = next((w for w, _ in found if w is not None), None)
+    indent = next((i for _, i in found if i is not None), None)
+    root = pyproject is not None or _exists(directory / ".git") or _exists(directory / "setup.py")
+    return Formatting(width, indent, root)
+
+
+_INI_KEYS = (
+    (".style.yapf", "style", "column_limit"),
+    ("setup.cfg", "yapf", "column_limit"),
+    ("setup.cfg", "flake8", "max-line-length"),
+    ("setup.cfg", "pycodestyle", "max-line-length"),
+    ("tox.ini", "flake8", "max-line-length"),
+    (".flake8", "flake8", "max-line-length"),
+)
+
+
+def _exists(path: Path) -> bool:
+    """Return True if `path` exists; a directory we may not read has nothing in it."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
+def _toml(path: Path) -> dict[str, Any] | None:
+    if not _exists(path):
+        return None
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+
+
+def _ini(path: Path, section: str, key: str) -> tuple[int | None, str | None] | None:
+    if not _exists(path):
+        return None
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(path, encoding="utf-8")
+    except (OSError, UnicodeDecodeError, configparser.Error):
+        return None
+    if not parser.has_section(section):
+        return None
+    options = {k.replace("_", "-"): v for k, v in parser.items(section)}
+    width = _int(options.get(key.replace("_", "-")))
+    indent = _spaces(options.get("indent-width"))
+    if width is None and section in ("style", "yapf"):
+        based = options.get("based-on-style", "").strip().lower()
+        width = {"pep8": 79, "google": 80, "yapf": 80, "facebook": 80}.get(based)
+    return (width, indent) if width is not None or indent is not None else None
+
+
+def _int(value: object) -> int | None:
+    if isinstance(value, str):
+        value = value.strip()
+        value = int(value) if value.isdigit() else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _spaces(value: object) -> str | None:
+    width = _int(value)
+    return " " * width if width in (2, 4, 8) else None
+
+
+def project_formatting(
+    path: Path, cache: dict[Path, Formatting] | None = None
+) -> tuple[int | None, str | None]:
+    """Return the line width and indentation the nearest configuration above `path` sets.
+
+    Each directory's files are read once into `cache`; the search stops at the project root
+    (a directory with `pyproject.toml`, `setup.py` or `.git`).
+    """
+    cache = {} if cache is None else cache
+    start = path.absolute().parent
+    width = indent = None
+    for directory in (start, *start.parents):
+        if directory not in cache:
+            cache[directory] = formatting_in(directory)
+        here = cache[directory]
+        width = width if width is not None else here.width
+        indent = indent if indent is not None else here.indent
+        if (width is not None and indent is not None) or here.root:
+            break
+    return width, indent

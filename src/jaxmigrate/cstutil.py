@@ -1,7 +1,8 @@
 """Small CST helpers for passes: reusable expressions, emitting names.
 
 Where names are bound, and what they mean, is the scope model's (`scope.ScopeModel`, a pass's
-`self.resolver`). `is_reusable` says whether an expression can be written twice in the output
+`self.resolver`); laying code out, `with_keyword`, `fresh_name` and `is_read` are in
+`jaxmigrate.emit`. `is_reusable` says whether an expression can be written twice in the output
 without changing what the program does. `ref_to` spells an object the way the module already
 imports it, or imports it under its customary name.
 """
@@ -40,6 +41,8 @@ def is_reusable(node: cst.BaseExpression, pure_call: Callable[[cst.Call], bool])
     those, and calls `pure_call` accepts (with reusable arguments) qualify.
     """
     if isinstance(node, (cst.Name, cst.Integer, cst.Float, cst.SimpleString)):
+        return True
+    if isinstance(node, cst.ConcatenatedString):
         return True
     if isinstance(node, cst.Attribute):
         return dotted(node) is not None
@@ -99,16 +102,6 @@ def ref_to(
     return cst.Name(local)
 
 
-def with_keyword(arg: cst.Arg, keyword: str) -> cst.Arg:
-    """Return `arg` passed as `keyword=value`, keeping its value, comma and comments."""
-    equal = arg.equal
-    if not isinstance(equal, cst.AssignEqual):
-        equal = cst.AssignEqual(
-            whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
-        )
-    return arg.with_changes(keyword=cst.Name(keyword), equal=equal)
-
-
 def parenthesized(node: cst.BaseExpression) -> cst.BaseExpression:
     """Return `node`, in parentheses unless it is an atom that binds tighter than any operator."""
     atoms = (
@@ -154,7 +147,7 @@ def make_leading_axis_sharding(
 ) -> cst.Call:
     """Return `NamedSharding(Mesh(np.array(devices), ("x",)), P("x"))` spelled for the module:
     the leading array axis split over `devices`, in their order, on an Auto 1-D mesh."""
-    name = cst.SimpleString(f'"{axis}"')
+    name = p.state.style.string(axis)
     mesh = cst.Call(
         jax_ref(p, bindings, "sharding.Mesh", local="Mesh"),
         [
@@ -174,72 +167,6 @@ def make_leading_axis_sharding(
         p, bindings, "sharding.NamedSharding", local="NamedSharding", also=("jax.NamedSharding",)
     )
     return cst.Call(named, [cst.Arg(mesh), cst.Arg(spec)])
-
-
-def fresh_name(candidates: Sequence[str], taken: set[str]) -> str:
-    """Return the first of `candidates` not in `taken` (or the last one with underscores)."""
-    for name in candidates:
-        if name not in taken:
-            return name
-    name = candidates[-1]
-    while name in taken:
-        name += "_"
-    return name
-
-
-def one_arg_per_line(call: cst.Call, indent: str) -> cst.Call:
-    """Return `call` with each argument on its own line under `indent`, and a trailing comma."""
-
-    def newline(whitespace: str) -> cst.ParenthesizedWhitespace:
-        return cst.ParenthesizedWhitespace(
-            first_line=cst.TrailingWhitespace(),
-            empty_lines=[],
-            indent=False,
-            last_line=cst.SimpleWhitespace(whitespace),
-        )
-
-    inner = indent + "    "
-    last = len(call.args) - 1
-    args = [
-        a.with_changes(
-            comma=cst.Comma(whitespace_after=newline(inner if i < last else indent)),
-            whitespace_after_arg=cst.SimpleWhitespace(""),
-        )
-        for i, a in enumerate(call.args)
-    ]
-    return call.with_changes(whitespace_before_args=newline(inner), args=args)
-
-
-def fit_call(old: cst.Call, new: cst.Call, line: str, width: int = 100) -> cst.Call:
-    """Return `new`, laid out one argument per line if `old` sat on one `line` and `new`
-    would push that line past `width` columns."""
-    render = cst.Module([]).code_for_node
-    old_code, new_code = render(old), render(new)
-    if "\n" in old_code or "\n" in new_code or len(line) - len(old_code) + len(new_code) <= width:
-        return new
-    return one_arg_per_line(new, line[: len(line) - len(line.lstrip())])
-
-
-def is_read(node: cst.Name | cst.Attribute, parent: cst.CSTNode | None) -> bool:
-    """Return True if `node`, a child of `parent`, reads a variable: not an attribute name, a
-    keyword, a parameter, a definition's name, a `global` name or an assignment target."""
-    if isinstance(parent, cst.Attribute):
-        return node is parent.value
-    if isinstance(parent, cst.Arg):
-        return node is not parent.keyword
-    if isinstance(parent, cst.Param):
-        return node is not parent.name
-    return not isinstance(
-        parent,
-        (
-            cst.FunctionDef,
-            cst.ClassDef,
-            cst.NameItem,
-            cst.AssignTarget,
-            cst.ImportAlias,
-            cst.AsName,
-        ),
-    )
 
 
 class AncestorTracking(cst.CSTTransformer):

@@ -15,10 +15,9 @@ import libcst as cst
 
 from jaxmigrate.cstutil import (
     AncestorTracking,
-    fit_call,
-    is_read,
     make_leading_axis_sharding,
 )
+from jaxmigrate.emit import is_read
 from jaxmigrate.names import dotted
 from jaxmigrate.passes import Pass
 
@@ -75,7 +74,7 @@ class RemovedDevicePut(AncestorTracking, Pass):
                 ),
             ],
         )
-        return fit_call(updated_node, new, self.line_of(original_node))
+        return self.fit(original_node, new)
 
     def why_not(self, call: cst.Call) -> str | None:
         """Return why this call is left alone, or None to rewrite it."""

@@ -12,11 +12,14 @@ import re
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import libcst as cst
 from libcst import CSTNode
 from libcst.codemod import CodemodContext
 
+from jaxmigrate.config import Formatting, formatting_in, project_formatting
+from jaxmigrate.emit import Style, infer_style
 from jaxmigrate.facts import Outline
 from jaxmigrate.model import Options, ProjectFile, Safety, Site, Skip, Status
 from jaxmigrate.passes import LATEST_JAX, STATE_KEY, FileState, Home, ModuleCache, Pass
@@ -54,6 +57,69 @@ class _Run:
     files: list[ProjectFile] = field(default_factory=list)
 
 
+@dataclass
+class Project:
+    """What the engine learns about the projects the files it migrates live in, read once per
+    directory: the formatter's line width and indentation, and the project's own modules."""
+
+    formatting: dict[Path, Formatting] = field(default_factory=dict)
+    modules: dict[Path, frozenset[str]] = field(default_factory=dict)
+
+    def style(self, code: str, path: str | None) -> Style:
+        """Return the style of `code`, the text of the file at `path` (None: the code alone)."""
+        if path is None:
+            return infer_style(code)
+        width, indent = project_formatting(Path(path), self.formatting)
+        return infer_style(code, width=width, indent=indent)
+
+    def first_party(self, path: str | None) -> frozenset[str]:
+        """Return the top-level modules that are the project's own for a file at `path`: those
+        beside it, the top package it belongs to, and those at its project's root."""
+        if path is None:
+            return frozenset()
+        here = Path(path).absolute().parent
+        names = set(self._modules_in(here))
+        top = here
+        while _is_file(top / "__init__.py"):
+            names.add(top.name)
+            top = top.parent
+        for directory in (here, *here.parents):
+            if directory not in self.formatting:
+                self.formatting[directory] = formatting_in(directory)
+            if self.formatting[directory].root:
+                names |= self._modules_in(directory) | self._modules_in(directory / "src")
+                break
+        return frozenset(names)
+
+    def context(self, path: str) -> str:
+        """Return what a file's result depends on besides its bytes and the options: the
+        project's formatter settings and own modules (part of its result cache key)."""
+        width, indent = project_formatting(Path(path), self.formatting)
+        return repr((width, indent, sorted(self.first_party(path))))
+
+    def _modules_in(self, directory: Path) -> frozenset[str]:
+        if directory not in self.modules:
+            try:
+                entries = list(directory.iterdir())
+            except OSError:
+                entries = []
+            self.modules[directory] = frozenset(
+                e.stem if e.suffix == ".py" else e.name
+                for e in entries
+                if (e.suffix == ".py" and e.stem.isidentifier())
+                or (e.name.isidentifier() and _is_file(e / "__init__.py"))
+            )
+        return self.modules[directory]
+
+
+def _is_file(path: Path) -> bool:
+    """Return True if `path` is a file; a directory we may not read has none."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 def line_map_between(original: Sequence[str], current: str) -> Callable[[int], int]:
     """Return a function mapping 1-based lines of `current` back to lines of `original`."""
     cur = source_lines(current, keepends=True)
@@ -83,6 +149,8 @@ def run_passes(
     outline: Outline | None = None,
     home: Home | None = None,
     pmap_style: str = "idiomatic",
+    style: Style | None = None,
+    first_party: frozenset[str] = frozenset(),
 ) -> tuple[cst.Module, _Run]:
     """Run `passes` in order over `module`; return the new module and what they recorded.
 
@@ -90,8 +158,10 @@ def run_passes(
     `selected` are the codes of every pass the user chose (default: those of `passes`).
     `outline` is that of Python's parse of `source`, if there was one (see `LazyPositions`).
     `home` says where the file lives (`files.home_of`), for passes that share a module of the
-    project.
+    project. `style` is how new code is written (default: inferred from `source`),
+    `first_party` the project's own top-level modules (new imports go above theirs).
     """
+    style = infer_style(source) if style is None else style
     if selected is None:
         selected = frozenset(p.CODE for p in passes)
     original = source_lines(source, keepends=True)
@@ -113,6 +183,8 @@ def run_passes(
             cache=cache,
             home=home,
             pmap_style=pmap_style,
+            style=style,
+            first_party=first_party,
         )
         if changed:
             state.line_map = line_map_between(original, cache.code(module))
@@ -229,11 +301,14 @@ def migrate_source(
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
     path: str | None = None,
     home: Home | None = None,
+    project: Project | None = None,
 ) -> Migration:
     """Migrate one source text and return the new code with its sites and skips.
 
-    `home` (`home_of(path)`) lets passes put a helper in one module of the project, imported
-    where needed: the new code then comes with the project files it imports.
+    New code follows the file's style: the formatter configuration of the project at `path`
+    (read through `project`, which keeps what it read for the next file), else the code's own.
+    `home` (`files.home_of(path)`) lets passes put a helper in one module of the project,
+    imported where needed: the new code then comes with the project files it imports.
 
     Every site is decided by the default policy (`options.unsafe_fixes`), then by `accept`, which
     may turn sites on or off (verification and interactive review plug in there). Raises
@@ -249,6 +324,8 @@ def migrate_source(
     if found.outline is None:  # else Python's parser just took it: not too deep
         refuse_deep_nesting(code)
     module = parse_module(code)
+    project = project or Project()
+    layout = _Layout(project.style(code, path), project.first_party(path))
     new, run = run_passes(
         module,
         code,
@@ -259,6 +336,8 @@ def migrate_source(
         outline=found.outline,
         home=home,
         pmap_style=options.pmap_style,
+        style=layout.style,
+        first_party=layout.first_party,
     )
     if not run.sites:
         return Migration(code, (), tuple(sorted(run.skips, key=lambda s: (s.line, s.col))))
@@ -268,7 +347,7 @@ def migrate_source(
     applied = frozenset(s.key for s in sites if s.applied)
     if applied and len(applied) != len(sites):  # none applied: the code is the original
         new = _rerun(
-            module, code, run.stages, applied, options, path, selected, found.outline, home
+            module, code, run.stages, applied, options, path, selected, layout, found.outline, home
         )
     by_place = tuple(sorted(sites, key=lambda s: (s.line, s.col)))
     skips = tuple(sorted(run.skips, key=lambda s: (s.line, s.col)))
@@ -284,6 +363,12 @@ def needed(files: Sequence[ProjectFile], applied: frozenset[str]) -> tuple[Proje
     return tuple(out.values())
 
 
+@dataclass(frozen=True)
+class _Layout:
+    style: Style
+    first_party: frozenset[str]
+
+
 def _rerun(
     module: cst.Module,
     code: str,
@@ -292,8 +377,9 @@ def _rerun(
     options: Options,
     path: str | None,
     selected: frozenset[str],
+    layout: _Layout,
     outline: Outline | None,
-    home: Home | None = None,
+    home: Home | None,
 ) -> cst.Module:
     """Return `module` with just the `applied` sites rewritten, after a run that rewrote all.
 
@@ -320,6 +406,8 @@ def _rerun(
         outline=outline,
         home=home,
         pmap_style=options.pmap_style,
+        style=layout.style,
+        first_party=layout.first_party,
     )
     return new
 

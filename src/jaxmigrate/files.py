@@ -18,7 +18,7 @@ from pathlib import Path
 import libcst as cst
 
 from jaxmigrate.cache import ResultCache
-from jaxmigrate.engine import Migration, describe_syntax_error, migrate_source
+from jaxmigrate.engine import Migration, Project, describe_syntax_error, migrate_source
 from jaxmigrate.model import Bucket, FileResult, Options, Site
 from jaxmigrate.notebook import NotebookError, migrate_notebook
 from jaxmigrate.passes import Home
@@ -32,6 +32,7 @@ def migrate_text(
     options: Options,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
     home: Home | None = None,
+    project: Project | None = None,
 ) -> Migration:
     """Migrate a file's text: a notebook's JSON (by its `.ipynb` name) cell by cell, else Python.
 
@@ -39,7 +40,9 @@ def migrate_text(
     """
     if path.endswith(".ipynb"):
         return migrate_notebook(text, options=options, accept=accept, path=path)
-    return migrate_source(text, options=options, accept=accept, path=path, home=home)
+    return migrate_source(
+        text, options=options, accept=accept, path=path, home=home, project=project
+    )
 
 
 def process_text(
@@ -48,10 +51,13 @@ def process_text(
     options: Options,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
     home: Home | None = None,
+    project: Project | None = None,
 ) -> FileResult:
     """Migrate one file's decoded text into its FileResult; never raises for a bad file."""
     try:
-        result = migrate_text(text, path=shown, options=options, accept=accept, home=home)
+        result = migrate_text(
+            text, path=shown, options=options, accept=accept, home=home, project=project
+        )
     except cst.ParserSyntaxError as exc:
         code = None if shown.endswith(".ipynb") else text
         return FileResult(shown, Bucket.FAILED, reason=describe_syntax_error(exc, code))
@@ -81,14 +87,17 @@ def process_file(
     options: Options,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
     cache: ResultCache | None = None,
+    project: Project | None = None,
 ) -> FileResult:
     """Migrate one file in memory; never raises for a bad file and never writes.
 
-    `cache` answers for bytes it has already seen under the same settings; it is not consulted
-    when `accept` decides the sites (those decisions are not the engine's alone).
+    `cache` answers for bytes it has already seen under the same settings (the project's
+    formatter settings and own modules included); it is not consulted when `accept` decides the
+    sites (those decisions are not the engine's alone). `project` keeps what was read about the
+    file's project for the next file.
     """
     with _collector_paused():
-        return _process_file(path, options, accept, cache)
+        return _process_file(path, options, accept, cache, project or Project())
 
 
 @contextmanager
@@ -115,6 +124,7 @@ def _process_file(
     options: Options,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None,
     cache: ResultCache | None,
+    project: Project,
 ) -> FileResult:
     shown = str(path)
     try:
@@ -124,13 +134,13 @@ def _process_file(
         return FileResult(shown, Bucket.FAILED, reason=str(exc))
     home = home_of(path)
     if cache is None or accept is not None:
-        return process_text(shown, text, options, accept, home)
-    key = cache.key(data, notebook=shown.endswith(".ipynb"))
+        return process_text(shown, text, options, accept, home, project)
+    key = cache.key(data, notebook=shown.endswith(".ipynb"), context=project.context(shown))
     hit = cache.load(key, shown, text)
     if hit is not None:
         return hit
     start = time.perf_counter()
-    result = process_text(shown, text, options, home=home)
+    result = process_text(shown, text, options, home=home, project=project)
     if result.files:  # the result depends on where the file is, which the key does not hold
         return result
     if result.sites or result.skips or time.perf_counter() - start >= WORTH_CACHING:

@@ -8,6 +8,7 @@ as a `Name`), which is conservative: a name still used in a nested scope keeps i
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Collection, Sequence
 
 import libcst as cst
@@ -247,14 +248,20 @@ def _top_block_end(body: Sequence[cst.BaseStatement]) -> int:
     return at
 
 
-def add_imports(module: cst.Module, requests: Sequence[ImportRequest]) -> cst.Module:
+def add_imports(
+    module: cst.Module, requests: Sequence[ImportRequest], first_party: Collection[str] = ()
+) -> cst.Module:
     """Return `module` with the missing `requests` imported at its top.
 
     A `from M import x` joins a `from M import ...` line of the top import block; anything else
-    goes after that block. Imports further down are left alone: code above them runs before
-    them, and a line far from any site is not edited. Only the module's top-level statements
-    are read, so this costs nothing like libcst's `AddImportsVisitor`, which transforms the
-    whole tree.
+    goes where isort or ruff would put it: into the group of its section (standard library,
+    third party, first party: `first_party` names the project's own top-level modules, and
+    relative imports are first party too), at its sorted place when the group is sorted (in
+    either isort's order or Google's), else after the last import of its section in the group;
+    a section with no group of its own gets a new group between its neighbours. The user's own
+    imports are never reordered, and imports further down are left alone: code above them runs
+    before them. Only the module's top-level statements are read, so this costs nothing like
+    libcst's `AddImportsVisitor`, which transforms the whole tree.
     """
     body = list(module.body)
     at = _top_block_end(body)
@@ -267,7 +274,6 @@ def add_imports(module: cst.Module, requests: Sequence[ImportRequest]) -> cst.Mo
         name = _from_line_of(stmt)
         if name is not None:
             by_module.setdefault(name, i)
-    rest = []
     for index in sorted({by_module[r[0]] for r in missing if r[1] and r[0] in by_module}):
         joining = [r for r in missing if r[1] and by_module.get(r[0]) == index]
         statement = body[index]
@@ -282,7 +288,131 @@ def add_imports(module: cst.Module, requests: Sequence[ImportRequest]) -> cst.Mo
     for name in dict.fromkeys(r[0] for r in rest if r[1] is not None):
         group = [r for r in rest if r[0] == name and r[1] is not None]
         new.append(_merge_into(_make(group[0]), group[1:]) if len(group) > 1 else _make(group[0]))
-    if at == 0 and body:
-        new[0] = new[0].with_changes(leading_lines=body[0].leading_lines)
-        body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine()])
-    return module.with_changes(body=[*body[:at], *new, *body[at:]])
+    if not any(_is_import_line(stmt) for stmt in body[:at]):
+        if at == 0 and body:
+            new[0] = new[0].with_changes(leading_lines=body[0].leading_lines)
+            body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine()])
+        return module.with_changes(body=[*body[:at], *new, *body[at:]])
+    sections = frozenset(first_party)
+    for statement in new:
+        body, at = _place(body, at, statement, sections)
+    return module.with_changes(body=body)
+
+
+# isort's sections, in their order.
+FUTURE, STDLIB, THIRD_PARTY, FIRST_PARTY = range(4)
+
+
+def _section(stmt: cst.CSTNode, first_party: frozenset[str]) -> int:
+    """Return the section of an import line (of its first import)."""
+    assert isinstance(stmt, cst.SimpleStatementLine)
+    imp = stmt.body[0]
+    if isinstance(imp, cst.ImportFrom) and (imp.relative or imp.module is None):
+        return FIRST_PARTY
+    name = _module_of(stmt).split(".")[0]
+    if name == "__future__":
+        return FUTURE
+    if name in sys.stdlib_module_names:
+        return STDLIB
+    return FIRST_PARTY if name in first_party else THIRD_PARTY
+
+
+def _module_of(stmt: cst.CSTNode) -> str:
+    assert isinstance(stmt, cst.SimpleStatementLine)
+    imp = stmt.body[0]
+    if isinstance(imp, cst.Import):
+        return dotted(imp.names[0].name) or ""
+    assert isinstance(imp, cst.ImportFrom)
+    return ("." * len(imp.relative)) + (dotted(imp.module) or "" if imp.module else "")
+
+
+def _isort_key(stmt: cst.CSTNode) -> tuple[bool, str]:
+    """isort's and ruff's order: `import m` lines first, then `from m import` lines."""
+    assert isinstance(stmt, cst.SimpleStatementLine)
+    return isinstance(stmt.body[0], cst.ImportFrom), _module_of(stmt).lower()
+
+
+def _google_key(stmt: cst.CSTNode) -> tuple[str, bool]:
+    """Google's order (`force_sort_within_sections`): by module, whatever the statement."""
+    assert isinstance(stmt, cst.SimpleStatementLine)
+    return _module_of(stmt).lower(), isinstance(stmt.body[0], cst.ImportFrom)
+
+
+def _groups(body: Sequence[cst.BaseStatement], at: int) -> list[list[int]]:
+    """Return the indices of the import lines of the top block, by group (blank-line separated)."""
+    groups: list[list[int]] = []
+    for i in range(at):
+        stmt = body[i]
+        if not _is_import_line(stmt):
+            continue
+        assert isinstance(stmt, cst.SimpleStatementLine)
+        blank = any(line.comment is None for line in stmt.leading_lines)
+        if not groups or blank or groups[-1][-1] != i - 1:
+            groups.append([])
+        groups[-1].append(i)
+    return groups
+
+
+Statement = cst.SimpleStatementLine | cst.BaseCompoundStatement
+
+
+def _place(
+    body: list[Statement],
+    at: int,
+    new: cst.SimpleStatementLine,
+    first_party: frozenset[str],
+) -> tuple[list[Statement], int]:
+    """Return `body` with `new` inserted into the top import block, and the block's new end."""
+    section = _section(new, first_party)
+    groups = _groups(body, at)
+    mine = [g for g in groups if any(_section(body[i], first_party) == section for i in g)]
+    if mine:
+        top = _module_of(new).split(".")[0]
+        kin = [g for g in mine if any(_module_of(body[i]).split(".")[0] == top for i in g)]
+        # A module's own group, else the first of its section: a project's own modules not
+        # known as such look third party, and their group comes after the real one.
+        group = kin[-1] if kin else mine[0]
+        index = _position_in(body, group, new, section, first_party)
+        if index == group[0]:  # the group's first line: it takes over the group's blank lines
+            new, body[index] = _take_blank_lines(new, body[index], [])
+        return [*body[:index], new, *body[index:]], at + 1
+    after = [g for g in groups if _section(body[g[0]], first_party) > section]
+    if after:  # a group of its own before the first group of a later section
+        index = after[0][0]
+        new, body[index] = _take_blank_lines(new, body[index], [cst.EmptyLine()])
+        return [*body[:index], new, *body[index:]], at + 1
+    index = groups[-1][-1] + 1
+    new = new.with_changes(leading_lines=[cst.EmptyLine()])
+    return [*body[:index], new, *body[index:]], at + 1
+
+
+def _take_blank_lines(
+    new: cst.SimpleStatementLine, old: Statement, left: list[cst.EmptyLine]
+) -> tuple[cst.SimpleStatementLine, Statement]:
+    """Return `new`, put above `old`, with the blank lines above `old`, and `old` with `left`
+    instead of them (comments above `old` stay with it)."""
+    lines = list(old.leading_lines)
+    split = next((i for i, line in enumerate(lines) if line.comment is not None), len(lines))
+    new = new.with_changes(leading_lines=lines[:split])
+    return new, old.with_changes(leading_lines=[*left, *lines[split:]])
+
+
+def _position_in(
+    body: Sequence[cst.BaseStatement],
+    group: list[int],
+    new: cst.SimpleStatementLine,
+    section: int,
+    first_party: frozenset[str],
+) -> int:
+    """Return where `new` goes in `group`: its sorted place, else after its section's last."""
+    sections = [_section(body[i], first_party) for i in group]
+    earlier = [i for i, s in zip(group, sections) if s < section]
+    later = [i for i, s in zip(group, sections) if s > section]
+    low, high = (earlier[-1] + 1 if earlier else group[0]), (later[0] if later else group[-1] + 1)
+    for key in (_isort_key, _google_key):
+        keys = [key(body[i]) for i in group]
+        if keys == sorted(keys):
+            before = [i for i, k in zip(group, keys) if k <= key(new)]
+            return min(max(before[-1] + 1 if before else group[0], low), high)
+    same = [i for i, s in zip(group, sections) if s == section]
+    return same[-1] + 1 if same else low

@@ -18,6 +18,7 @@ import libcst as cst
 from libcst.codemod import CodemodCommand, CodemodContext
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
+from jaxmigrate.emit import Room, Style, fit_call
 from jaxmigrate.imports import ImportRequest, add_imports, remove_unused_imports
 from jaxmigrate.model import LATEST_JAX, ProjectFile, Safety, Site, Skip
 from jaxmigrate.positions import LazyPositions, Positions
@@ -121,6 +122,8 @@ class FileState:
     sites: list[Site] = field(default_factory=list)
     skips: list[Skip] = field(default_factory=list)
     changed: bool = False
+    style: Style = field(default_factory=Style)  # how the file is written: new code follows it
+    first_party: frozenset[str] = frozenset()  # top-level modules of the file's own project
     cache: ModuleCache = field(default_factory=ModuleCache)
     home: Home | None = None  # None: no project around the text (stdin, a notebook, a test)
     pmap_style: str = "idiomatic"  # "faithful": pmap keeps its per-device form everywhere
@@ -258,10 +261,25 @@ class Pass(CodemodCommand, cst.CSTTransformer):
         lines = self.state.cache.lines(self._input)
         return lines[self.get_metadata(PositionProvider, node).start.line - 1]
 
+    def room(self, node: cst.CSTNode) -> Room:
+        """Return where `node` (original) is written: its line's indentation, its column and
+        the width of what follows it on its last line."""
+        assert self._input is not None
+        where = self.get_metadata(PositionProvider, node)
+        lines = self.state.cache.lines(self._input)
+        last = lines[where.end.line - 1]
+        return Room.of_line(
+            lines[where.start.line - 1], where.start.column, len(last) - where.end.column
+        )
+
+    def fit(self, original: cst.Call, new: cst.Call, *, rearranged: bool = False) -> cst.Call:
+        """Return `new`, which replaces `original`, laid out in the file's style."""
+        return fit_call(original, new, self.room(original), self.state.style, rearranged=rearranged)
+
     def _finish(self, tree: cst.Module) -> cst.Module:
         tree = remove_unused_imports(tree, self.unused_candidates)
         if self.import_requests:
-            tree = add_imports(tree, self.import_requests)
+            tree = add_imports(tree, self.import_requests, self.state.first_party)
         return tree
 
     def has_candidates(self, tree: cst.Module, names: ScopeModel) -> bool:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from jaxmigrate.cache import ResultCache
 from jaxmigrate.discovery import Found
+from jaxmigrate.engine import Project
 from jaxmigrate.files import process_file
 from jaxmigrate.model import Bucket, FileResult, Options, ProjectFile, Site
 from jaxmigrate.textio import SourceError, atomic_write, read_source
@@ -49,7 +50,7 @@ def migrate_files(
     `cache` (shared by the workers) answers for files already seen under the same settings.
     """
     files = [f.path for f in found if not f.problem]
-    work = partial(process_file, options=options, accept=accept, cache=cache)
+    work = partial(process_file, options=options, accept=accept, cache=cache, project=Project())
     if accept is None:  # `accept` may ask the user: it stays on the main thread
         work = partial(_on_fresh_stack, work)
     if jobs > 1 and len(files) > 1 and accept is None:

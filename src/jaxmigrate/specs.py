@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 
 import libcst as cst
 
+from jaxmigrate.emit import code
+
 SpecMaker = Callable[[int | None], cst.BaseExpression]
 
 
@@ -35,7 +37,7 @@ def literal_axis(node: cst.BaseExpression) -> int | None:
         and isinstance(node.expression, cst.Integer)
     ):
         raise Untranslatable("a negative axis needs the value's rank, which is not known here")
-    raise Untranslatable(f"`{_code(node)}` is computed: its axes are only known at run time")
+    raise Untranslatable(f"`{code(node)}` is computed: its axes are only known at run time")
 
 
 def spec_tree(axes: cst.BaseExpression, make_spec: SpecMaker) -> cst.BaseExpression:
@@ -81,7 +83,7 @@ def argnums(node: cst.BaseExpression) -> tuple[int, ...]:
             found.append(int(element.value.evaluated_value))
         else:
             return tuple(found)
-    raise Untranslatable(f"`{_code(node)}` is computed: which arguments are static is not known")
+    raise Untranslatable(f"`{code(node)}` is computed: which arguments are static is not known")
 
 
 def with_statics(
@@ -140,7 +142,3 @@ def _args(values: Sequence[cst.BaseExpression]) -> list[cst.Arg]:
         cst.Arg(v, comma=comma if i < len(values) - 1 else cst.MaybeSentinel.DEFAULT)
         for i, v in enumerate(values)
     ]
-
-
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module(body=[]).code_for_node(node)

@@ -1,0 +1,334 @@
+"""The emitter: a file's style (indentation, continuation, width, quotes), the project's
+formatter configuration, the call layout engine, generated templates and import placement."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from jaxmigrate.config import formatting_in, project_formatting
+from jaxmigrate.emit import (
+    DEFAULT_WIDTH,
+    Call,
+    Room,
+    Style,
+    code,
+    fit_call,
+    fit_lines,
+    fresh_name,
+    infer_style,
+    infer_width,
+    is_read,
+    with_keyword,
+)
+from jaxmigrate.engine import Options, Project, migrate_source
+from jaxmigrate.imports import add_imports
+
+
+def wrapped(width: int, count: int = 5) -> list[str]:
+    """Return `count` code lines exactly `width` columns long."""
+    return [f"x = f({'a' * (width - 7)})" for _ in range(count)]
+
+
+# Style detection --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("source", "indent"),
+    [
+        ("def f():\n    return 1\n", "    "),
+        ("def f():\n  return 1\n", "  "),
+        ("class A:\n\tdef f(self):\n\t\treturn 1\n", "\t"),
+        ("if x:  # a comment\n\n  # also a comment\n  y = 1\n", "  "),
+        ("x = 1\n", "    "),  # no block: the default
+    ],
+)
+def test_the_indentation_unit_is_the_first_blocks(source: str, indent: str) -> None:
+    assert infer_style(source).indent == indent
+
+
+def test_the_continuation_is_read_from_lines_after_an_opening_bracket() -> None:
+    google = "def f():\n  y = g(\n      1, 2\n  )\n  z = h(\n      3\n  )\n"
+    assert infer_style(google) == Style(indent="  ", continuation="    ")
+    ruff_two = "def f():\n  y = g(\n    1, 2\n  )\n"
+    assert infer_style(ruff_two).continuation == "  "
+    # No evidence: Google style's 4 for 2-space code, else the unit.
+    assert infer_style("def f():\n  return 1\n").continuation == "    "
+    assert infer_style("def f():\n\treturn 1\n").continuation == "\t"
+
+
+@pytest.mark.parametrize(
+    ("lines", "width"),
+    [
+        (wrapped(80), 80),
+        (wrapped(79), 79),
+        (wrapped(80, 2), None),  # two lines near 80 are no evidence
+        (["x = 1"] * 50, None),  # a short file says nothing
+        ([*wrapped(80), *wrapped(86)], 88),
+        ([*wrapped(80), *wrapped(95)], 100),
+        ([*wrapped(80), *wrapped(110)], 120),
+        ([*wrapped(80), *wrapped(150)], None),  # wrapped at no common width
+        # Two long lines are forgiven, and comments and long strings never count.
+        ([*wrapped(80), *wrapped(95, 2), "# " + "c" * 120, f"s = '{'s' * 100}'"], 80),
+    ],
+)
+def test_the_width_is_inferred_only_from_evidence(lines: list[str], width: int | None) -> None:
+    assert infer_width(lines) == width
+
+
+def test_the_configured_width_wins_and_the_default_is_88() -> None:
+    source = "\n".join(wrapped(80)) + "\n"
+    assert infer_style(source).width == 80
+    assert infer_style(source, width=100).width == 100
+    assert infer_style("x = 1\n").width == DEFAULT_WIDTH == 88
+    assert infer_style("x = 1\n", indent="  ").indent == "  "  # the file has no block
+    assert infer_style("def f():\n    pass\n", indent="  ").indent == "    "  # the file wins
+
+
+def test_the_quote_is_the_files_majority() -> None:
+    assert infer_style("a = 'x'\nb = 'y'\nc = \"z\"\n").quote == "'"
+    assert infer_style("a = 'x'\nb = \"y\"\n").quote == '"'
+    assert Style(quote="'").string("i").value == "'i'"
+    assert Style(quote="'").string("it's").value == '"it\'s"'
+
+
+# The project's configuration --------------------------------------------------------------------
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "width", "indent"),
+    [
+        ("pyproject.toml", "[tool.ruff]\nline-length = 99\nindent-width = 2\n", 99, "  "),
+        ("pyproject.toml", "[tool.black]\nline-length = 79\n", 79, None),
+        ("pyproject.toml", "[tool.pyink]\nline-length = 80\npyink-indentation = 2\n", 80, "  "),
+        ("ruff.toml", "line-length = 120\n", 120, None),
+        ("setup.cfg", "[flake8]\nmax-line-length = 110\n", 110, None),
+        ("setup.cfg", "[yapf]\ncolumn_limit = 90\n", 90, None),
+        ("tox.ini", "[flake8]\nmax-line-length = 95\n", 95, None),
+        (".style.yapf", "[style]\nbased_on_style = google\n", 80, None),
+        (".style.yapf", "[style]\ncolumn_limit = 100\nindent_width = 2\n", 100, "  "),
+        ("pyproject.toml", "[tool.other]\nx = 1\n", None, None),
+        ("pyproject.toml", "not toml [", None, None),
+    ],
+)
+def test_a_directorys_formatter_settings(
+    tmp_path: Path, name: str, text: str, width: int | None, indent: str | None
+) -> None:
+    write(tmp_path / name, text)
+    found = formatting_in(tmp_path)
+    assert (found.width, found.indent) == (width, indent)
+
+
+def test_the_nearest_configuration_wins_and_the_search_stops_at_the_root(tmp_path: Path) -> None:
+    write(tmp_path / "setup.cfg", "[flake8]\nmax-line-length = 120\n")  # outside the project
+    root = tmp_path / "project"
+    write(root / "pyproject.toml", "[tool.black]\nline-length = 100\n")
+    write(root / "pkg" / "tox.ini", "[flake8]\nmax-line-length = 90\n")
+    assert project_formatting(root / "pkg" / "deep" / "mod.py") == (90, None)
+    assert project_formatting(root / "other" / "mod.py") == (100, None)
+    write(tmp_path / "bare" / "pyproject.toml", "[project]\nname = 'bare'\n")
+    assert project_formatting(tmp_path / "bare" / "mod.py") == (None, None)
+
+
+def test_the_engine_reads_each_directory_once(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", "[tool.ruff]\nline-length = 70\n")
+    project = Project()
+    assert project.style("x = 1\n", str(tmp_path / "a.py")).width == 70
+    assert tmp_path in project.formatting
+    (tmp_path / "pyproject.toml").write_text("[tool.ruff]\nline-length = 50\n")
+    assert project.style("x = 1\n", str(tmp_path / "b.py")).width == 70  # read once
+    assert Project().style("x = 1\n", str(tmp_path / "b.py")).width == 50
+    assert project.style("x = 1\n", None).width == DEFAULT_WIDTH  # no path: the code alone
+
+
+def test_first_party_modules_are_the_projects_own(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", "[project]\nname = 'app'\n")
+    write(tmp_path / "tools.py", "")
+    write(tmp_path / "src" / "lib" / "__init__.py", "")
+    write(tmp_path / "app" / "__init__.py", "")
+    write(tmp_path / "app" / "train" / "__init__.py", "")
+    write(tmp_path / "app" / "train" / "models.py", "")
+    first = Project().first_party(str(tmp_path / "app" / "train" / "loop.py"))
+    assert {"app", "train", "models", "tools", "lib"} <= first
+    assert "jax" not in first
+
+
+# Helpers ----------------------------------------------------------------------------------------
+def test_small_helpers() -> None:
+    arg = cst.Arg(cst.Name("x"))
+    assert code(cst.Call(cst.Name("f"), [with_keyword(arg, "y")])) == "f(y=x)"
+    assert fresh_name(["a", "b"], {"a"}) == "b"
+    assert fresh_name(["a", "b"], {"a", "b", "b_"}) == "b__"
+    assign = cst.parse_statement("for x in y: x += 1").body  # type: ignore[attr-defined]
+    assert isinstance(assign, cst.SimpleStatementSuite)
+    loop = cst.parse_statement("for x in y: pass")
+    assert isinstance(loop, cst.For) and isinstance(loop.target, cst.Name)
+    assert not is_read(loop.target, loop)
+    assert is_read(loop.iter, loop)  # type: ignore[arg-type]
+    default = cst.parse_statement("def f(p=q): pass")
+    assert isinstance(default, cst.FunctionDef)
+    param = default.params.params[0]
+    assert not is_read(param.name, param) and is_read(param.default, param)  # type: ignore[arg-type]
+
+
+# The call layout engine -------------------------------------------------------------------------
+def call(text: str) -> cst.Call:
+    node = cst.parse_expression(text)
+    assert isinstance(node, cst.Call)
+    return node
+
+
+def test_a_call_that_fits_stays_on_its_line() -> None:
+    laid = Call.of(call("f(a, b)")).laid_out(Room("", 0), Style(width=10))
+    assert code(laid) == "f(a, b)"
+
+
+def test_a_call_too_long_is_hugged_then_exploded_with_a_trailing_comma() -> None:
+    style = Style(width=20, continuation="    ")
+    hugged = Call.of(call("function(alpha, beta)")).laid_out(Room("", 0), style)
+    assert code(hugged) == "function(\n    alpha, beta\n)"
+    exploded = Call.of(call("function(alpha, beta, gamma, delta)")).laid_out(Room("", 0), style)
+    assert code(exploded) == "function(\n    alpha,\n    beta,\n    gamma,\n    delta,\n)"
+
+
+def test_continuation_lines_follow_the_line_the_call_starts_on() -> None:
+    """A call on a continuation line of its own (a lambda in a tuple in a list) is laid out
+    from that line's indentation, never from column 0 or the statement's."""
+    style = Style(indent="  ", continuation="    ", width=40)
+    line = '    ("pmap", lambda f: function(alpha, beta, gamma)),'
+    column = line.index("function")
+    laid = Call.of(call("function(alpha, beta, gamma)")).laid_out(
+        Room.of_line(line, column, 3), style
+    )
+    assert code(laid) == "function(\n        alpha, beta, gamma\n    )"
+
+
+def test_nested_calls_are_split_in_turn_and_comments_force_one_per_line() -> None:
+    style = Style(width=38)
+    laid = Call.of(call("outer(inner(aaaaaaaa, bbbbbbbb, cccccccc))")).laid_out(Room("", 0), style)
+    assert code(laid) == "outer(\n    inner(\n        aaaaaaaa, bbbbbbbb, cccccccc\n    )\n)"
+    commented = call("f(a,  # why\n  b)")
+    assert code(Call.of(commented).laid_out(Room("", 0), style)) == "f(\n    a,  # why\n    b,\n)"
+
+
+def test_fit_call_keeps_multiline_calls_unless_rearranged() -> None:
+    old = call("g(\n    a,\n    b,\n)")
+    new = call("h(\n    b,\n    a,\n)")
+    style = Style(width=80)
+    assert fit_call(old, new, Room("", 0), style) is new
+    assert code(fit_call(old, new, Room("", 0), style, rearranged=True)) == "h(b, a)"
+
+
+def test_generated_lines_are_wrapped_to_the_width() -> None:
+    source = (
+        "def helper(first_argument, second_argument, third_argument):\n"
+        '    """A docstring that is rather longer than the width allows."""\n'
+        "    value = compute(first_argument, second_argument)  # a comment that moves\n"
+        "    return value\n"
+    )
+    out = fit_lines(source, Style(width=56))
+    assert all(len(line) <= 56 for line in out.splitlines()), out
+    assert out.splitlines()[:3] == [
+        "def helper(",
+        "    first_argument, second_argument, third_argument",
+        "):",
+    ]
+    assert "    # a comment that moves" in out.splitlines()
+    compile(out, "helper", "exec")
+    assert fit_lines(source, Style(width=100)) == source
+    assert Style(indent="  ").reindent(source).splitlines()[-1] == "  return value"
+
+
+# Import placement -------------------------------------------------------------------------------
+def added(source: str, *requests: tuple[str, str | None, str | None], first: str = "") -> str:
+    module = cst.parse_module(textwrap.dedent(source))
+    return add_imports(module, list(requests), frozenset(first.split())).code
+
+
+def test_a_new_import_goes_into_its_sections_group_never_after_first_party() -> None:
+    source = """\
+        import os
+
+        import jax
+
+        import models
+        from . import local
+
+        x = 1
+        """
+    out = added(source, ("numpy", None, "np"), ("functools", None, None), first="models")
+    assert out.startswith("import functools\nimport os\n\nimport jax\nimport numpy as np\n\n")
+
+
+def test_sorted_groups_get_the_import_at_its_place_in_either_order() -> None:
+    isort = "import jax\nimport numpy as np\nfrom jax import lax\n\nx = 1\n"
+    out = added(isort, ("jax.numpy", None, "jnp"), ("jax.sharding", "Mesh", None))
+    assert out.startswith(
+        "import jax\nimport jax.numpy as jnp\nimport numpy as np\nfrom jax import lax\n"
+        "from jax.sharding import Mesh\n"
+    )
+    google = "from absl import app\nimport jax\nimport numpy as np\nfrom t5x import decoding\n"
+    out = added(google, ("jax.experimental", "io_callback", None), first="t5x")
+    assert out == (
+        "from absl import app\nimport jax\nfrom jax.experimental import io_callback\n"
+        "import numpy as np\nfrom t5x import decoding\n"
+    )
+
+
+def test_an_unsorted_group_gets_the_import_after_its_sections_last() -> None:
+    out = added("import numpy as np\nimport jax\nimport trainer\n", ("optax", None, None),
+                first="trainer")  # fmt: skip
+    assert out == "import numpy as np\nimport jax\nimport optax\nimport trainer\n"
+
+
+def test_a_missing_section_gets_a_group_of_its_own() -> None:
+    out = added('"""Doc."""\n\nimport jax\n\nx = 1\n', ("functools", None, None))
+    assert out == '"""Doc."""\n\nimport functools\n\nimport jax\n\nx = 1\n'
+    out = added("import os\n\nx = 1\n", ("jax", None, None))
+    assert out == "import os\n\nimport jax\n\nx = 1\n"
+
+
+def test_the_t5x_host_callback_rewrite_reads_like_the_projects_own_code() -> None:
+    """t5x's decoding_test.py before JAX removed host_callback: 2-space, 80 columns."""
+    lines = [
+        "from absl.testing import absltest",
+        "import jax",
+        "from jax.experimental import host_callback as hcb",
+        "import numpy as np",
+        "from t5x import decoding",
+        "",
+        "",
+        "class DecodeTest(absltest.TestCase):",
+        "",
+        "  def test_callback(self):",
+        "    def callback_fn(args):",
+        "      return args",
+        "",
+        "    def state_callback_fn(state):",
+        "      sequences = hcb.call(",
+        "          callback_fn,",
+        "          (state.cur_index, state.sequences),",
+        "          result_shape=jax.ShapeDtypeStruct(",
+        "              state.sequences.shape, state.sequences.dtype",
+        "          ),",
+        "      )",
+        "      return state.replace(sequences=sequences)",
+        *(f"    # {'x' * 74}" for _ in range(3)),
+        *(f"    y = decoding.f({'a' * 59})" for _ in range(3)),
+    ]
+    new = migrate_source("\n".join(lines) + "\n", options=Options(unsafe_fixes=True)).code
+    assert "from jax.experimental import io_callback\nimport numpy as np\n" in new
+    assert (
+        "      sequences = io_callback(\n"
+        "          callback_fn,\n"
+        "          jax.ShapeDtypeStruct(state.sequences.shape, state.sequences.dtype),\n"
+        "          (state.cur_index, state.sequences),\n"
+        "          ordered=True,\n"
+        "      )\n"
+    ) in new
+    assert max(len(line) for line in new.splitlines()) <= 80
