@@ -6,7 +6,7 @@ The original module text below jits two functions with `in_shardings=NamedShardi
 P("rows"))` whose body is a `jax.pure_callback(..., vmap_method="expand_dims")`: one whose host
 cost grows with the rows it gets (2 ms of sleep per row: I/O, a remote service, a lock-step
 simulator), one CPU-bound (`np.sort` of each row). It is rewritten at run time by
-`jaxmigrate.engine.migrate_source` (the jit-callback-per-shard pass, unsafe fixes on), and both
+`jaxmigrate.pipeline.engine.migrate_source` (the jit-callback-per-shard pass, unsafe fixes on), and both
 variants run in this one process on a simulated 8-device CPU mesh: plain `jax.jit` gathers the
 array on device 0 and calls the host once; the rewrite calls it once per shard, on 8 host
 threads. Each variant is compiled, checked to give the same values, then timed (median of
@@ -67,8 +67,8 @@ def sort_rows(x):
 
 def rewritten() -> str:
     """Return the original module text as jaxmigrate rewrites it."""
-    from jaxmigrate.engine import migrate_source
     from jaxmigrate.model import Options
+    from jaxmigrate.pipeline.engine import migrate_source
 
     options = Options(unsafe_fixes=True, select=("jit-callback-per-shard",))
     result = migrate_source(ORIGINAL, options=options)

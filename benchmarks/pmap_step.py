@@ -4,7 +4,7 @@
 
 The original module text below (a tanh-MLP step: `value_and_grad`, `pmean` of the gradients,
 SGD, params and batch stacked over 8 devices, params donated) is rewritten at run time by
-`jaxmigrate.engine.migrate_source` (the pmap pass, unsafe fixes on), and both are executed in
+`jaxmigrate.pipeline.engine.migrate_source` (the pmap pass, unsafe fixes on), and both are executed in
 this one process on a simulated 8-device CPU mesh. Each variant runs `--steps` chained steps
 per rep (every step blocked: dispatching many collective steps ahead deadlocks a 2-core host),
 reps interleaved; the median step time of each variant and their ratio are printed, after
@@ -52,8 +52,8 @@ def train_step(params, batch):
 
 def rewritten() -> str:
     """Return the original module text as jaxmigrate rewrites it."""
-    from jaxmigrate.engine import migrate_source
     from jaxmigrate.model import Options
+    from jaxmigrate.pipeline.engine import migrate_source
 
     result = migrate_source(ORIGINAL, options=Options(unsafe_fixes=True, select=("pmap",)))
     assert any(s.applied for s in result.sites), "the pmap site was not rewritten"

@@ -22,7 +22,7 @@ from jaxmigrate.codemods.pjit import Pjit
 from jaxmigrate.codemods.pmap import Pmap
 from jaxmigrate.codemods.with_mesh import WithMesh
 
-from jaxmigrate.passes import Pass
+from jaxmigrate.toolkit.passes import Pass
 
 PASSES: tuple[type[Pass], ...] = (
     LegacyImports,

@@ -35,8 +35,8 @@ from typing import Any
 
 import libcst as cst
 
-from jaxmigrate.emit import Call, Room, Style, code
-from jaxmigrate.names import dotted
+from jaxmigrate.toolkit.emit import Call, Room, Style, code
+from jaxmigrate.toolkit.names import dotted
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 

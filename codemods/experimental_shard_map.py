@@ -71,15 +71,15 @@ from typing import ClassVar
 import libcst as cst
 from libcst.codemod import CodemodContext
 
-from jaxmigrate.cstutil import (
+from jaxmigrate.model import Safety
+from jaxmigrate.toolkit.cstutil import (
     AncestorTracking,
     parenthesized,
 )
-from jaxmigrate.emit import is_read, with_keyword
-from jaxmigrate.meshes import MESH_MAKERS, literal_axis_names, string_elements
-from jaxmigrate.model import Safety
-from jaxmigrate.names import dotted
-from jaxmigrate.passes import Pass
+from jaxmigrate.toolkit.emit import is_read, with_keyword
+from jaxmigrate.toolkit.meshes import MESH_MAKERS, literal_axis_names, string_elements
+from jaxmigrate.toolkit.names import dotted
+from jaxmigrate.toolkit.passes import Pass
 
 LEGACY = "jax.experimental.shard_map.shard_map"
 PARTIAL = "functools.partial"

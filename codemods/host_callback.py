@@ -85,11 +85,11 @@ from typing import ClassVar
 import libcst as cst
 from libcst.codemod import CodemodContext
 
-from jaxmigrate.cstutil import AncestorTracking, jax_ref
-from jaxmigrate.emit import is_read
 from jaxmigrate.model import Safety
-from jaxmigrate.names import dotted
-from jaxmigrate.passes import Pass
+from jaxmigrate.toolkit.cstutil import AncestorTracking, jax_ref
+from jaxmigrate.toolkit.emit import is_read
+from jaxmigrate.toolkit.names import dotted
+from jaxmigrate.toolkit.passes import Pass
 
 MODULE = "jax.experimental.host_callback"
 CALL, ID_TAP, ID_PRINT, BARRIER = (

@@ -83,10 +83,10 @@ from typing import ClassVar
 import libcst as cst
 from libcst.codemod import CodemodContext
 
-from jaxmigrate.emit import fit_call
 from jaxmigrate.model import Safety
-from jaxmigrate.names import dotted
-from jaxmigrate.passes import Pass
+from jaxmigrate.toolkit.emit import fit_call
+from jaxmigrate.toolkit.names import dotted
+from jaxmigrate.toolkit.passes import Pass
 
 PURE = "jax.pure_callback"
 JIT = "jax.jit"

@@ -37,8 +37,8 @@ from typing import ClassVar
 import libcst as cst
 
 from jaxmigrate.model import Safety
-from jaxmigrate.names import dotted
-from jaxmigrate.passes import Pass
+from jaxmigrate.toolkit.names import dotted
+from jaxmigrate.toolkit.passes import Pass
 
 MOVED: dict[str, str] = {
     "jax.experimental.PartitionSpec": "jax.sharding.PartitionSpec",

@@ -140,14 +140,14 @@ from typing import ClassVar
 import libcst as cst
 from libcst.codemod import CodemodContext
 
-from jaxmigrate.cstutil import is_reusable, jax_ref, jnp_ref
-from jaxmigrate.emit import Call, Item, code, comments_in, fresh_name, joined, new_item
-from jaxmigrate.facts import AstFacts
-from jaxmigrate.meshes import MESH_MAKERS, literal_axis_names, string_elements
 from jaxmigrate.model import Safety
-from jaxmigrate.names import dotted, walk
-from jaxmigrate.passes import Pass
-from jaxmigrate.scope import Scope, ScopeModel
+from jaxmigrate.toolkit.cstutil import is_reusable, jax_ref, jnp_ref
+from jaxmigrate.toolkit.emit import Call, Item, code, comments_in, fresh_name, joined, new_item
+from jaxmigrate.toolkit.facts import AstFacts
+from jaxmigrate.toolkit.meshes import MESH_MAKERS, literal_axis_names, string_elements
+from jaxmigrate.toolkit.names import dotted, walk
+from jaxmigrate.toolkit.passes import Pass
+from jaxmigrate.toolkit.scope import Scope, ScopeModel
 
 SHARD_MAP = "jax.shard_map"
 EXPERIMENTAL_SHARD_MAP = "jax.experimental.shard_map.shard_map"  # JM102 runs first

@@ -81,16 +81,16 @@ from typing import ClassVar
 import libcst as cst
 from jaxmigrate.codemods.with_mesh import WithMesh
 
-from jaxmigrate.emit import code, with_keyword
-from jaxmigrate.meshes import (
+from jaxmigrate.model import Safety
+from jaxmigrate.toolkit.emit import code, with_keyword
+from jaxmigrate.toolkit.meshes import (
     Kind,
     MeshFinder,
     NameReads,
     mesh_group,
 )
-from jaxmigrate.model import Safety
-from jaxmigrate.names import dotted
-from jaxmigrate.passes import Pass
+from jaxmigrate.toolkit.names import dotted
+from jaxmigrate.toolkit.passes import Pass
 
 PJIT = "jax.experimental.pjit.pjit"
 PARTIAL = "functools.partial"

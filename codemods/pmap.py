@@ -248,9 +248,18 @@ from typing import ClassVar
 
 import libcst as cst
 from jaxmigrate.codemods._pmap_program import NotVisible, Program, analyze, names_in
+from jaxmigrate.codemods._specs import (
+    Untranslatable,
+    argnums,
+    partition_spec,
+    spec_tree,
+    tuple_of,
+    with_statics,
+)
 from libcst.codemod import CodemodContext
 
-from jaxmigrate.emit import (
+from jaxmigrate.model import Safety
+from jaxmigrate.toolkit.emit import (
     Call,
     Item,
     code,
@@ -260,18 +269,9 @@ from jaxmigrate.emit import (
     items_of,
     new_item,
 )
-from jaxmigrate.model import Safety
-from jaxmigrate.names import dotted, walk
-from jaxmigrate.passes import Pass
-from jaxmigrate.scope import BindingKind, ScopeModel
-from jaxmigrate.specs import (
-    Untranslatable,
-    argnums,
-    partition_spec,
-    spec_tree,
-    tuple_of,
-    with_statics,
-)
+from jaxmigrate.toolkit.names import dotted, walk
+from jaxmigrate.toolkit.passes import Pass
+from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
 PMAP = "jax.pmap"
 PARTIAL = "functools.partial"

@@ -74,9 +74,10 @@ from typing import ClassVar
 
 import libcst as cst
 
-from jaxmigrate.emit import code
-from jaxmigrate.facts import AstFacts
-from jaxmigrate.meshes import (
+from jaxmigrate.model import Safety
+from jaxmigrate.toolkit.emit import code
+from jaxmigrate.toolkit.facts import AstFacts
+from jaxmigrate.toolkit.meshes import (
     MAKE_MESH,
     MESH_TYPES,
     Kind,
@@ -86,9 +87,8 @@ from jaxmigrate.meshes import (
     ends_in_mesh,
     mesh_group,
 )
-from jaxmigrate.model import Safety
-from jaxmigrate.names import dotted
-from jaxmigrate.passes import Pass
+from jaxmigrate.toolkit.names import dotted
+from jaxmigrate.toolkit.passes import Pass
 
 PJIT = "jax.experimental.pjit.pjit"
 INTERNAL_PJIT = "jax._src.pjit.pjit"  # reads the legacy mesh too, and no pass rewrites it

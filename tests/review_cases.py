@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-from jaxmigrate.files import migrate_text
 from jaxmigrate.model import Options
+from jaxmigrate.pipeline.files import migrate_text
 
 # Four safe sites, in line order: JM101 (line 2), JM103 (13), JM102 (14), JM103 (15).
 SAFE = """\

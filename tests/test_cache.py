@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from test_cli import LEGACY, jm
 
-from jaxmigrate.cache import CACHE_DIR, ResultCache
-from jaxmigrate.discovery import Discovery
-from jaxmigrate.engine import Project
 from jaxmigrate.model import Bucket, FileResult, Options
-from jaxmigrate.runner import migrate_files
+from jaxmigrate.pipeline.cache import CACHE_DIR, ResultCache
+from jaxmigrate.pipeline.discovery import Discovery
+from jaxmigrate.pipeline.engine import Project
+from jaxmigrate.pipeline.runner import migrate_files
 
 TESTS = Path(__file__).resolve().parent
 
@@ -201,7 +201,7 @@ def test_engine_results_depend_on_the_path_only_through_the_project(
     """Entries are keyed by content and `Project.context` (the formatter settings and own
     modules a file's path leads to): in another place with the same context, a file gives the
     same result; a project configuration changes the context."""
-    from jaxmigrate.files import migrate_text
+    from jaxmigrate.pipeline.files import migrate_text
 
     options = Options(unsafe_fixes=True)
     for case in sorted((corpus / "fixtures").glob("*/*.py"))[::7]:

@@ -10,7 +10,8 @@ import libcst as cst
 import pytest
 
 from jaxmigrate.config import formatting_in, project_formatting
-from jaxmigrate.emit import (
+from jaxmigrate.pipeline.engine import Options, Project, migrate_source
+from jaxmigrate.toolkit.emit import (
     DEFAULT_WIDTH,
     Call,
     Room,
@@ -24,8 +25,7 @@ from jaxmigrate.emit import (
     is_read,
     with_keyword,
 )
-from jaxmigrate.engine import Options, Project, migrate_source
-from jaxmigrate.imports import add_imports
+from jaxmigrate.toolkit.imports import add_imports
 
 
 def wrapped(width: int, count: int = 5) -> list[str]:

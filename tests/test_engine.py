@@ -13,8 +13,8 @@ import libcst as cst
 import pytest
 
 from jaxmigrate import migrate_source
-from jaxmigrate.engine import line_map_between, run_passes
 from jaxmigrate.model import Options, Safety, Site, Status
+from jaxmigrate.pipeline.engine import line_map_between, run_passes
 from jaxmigrate.registry import all_passes
 
 PJIT_UNDER_MESH = """\
@@ -192,7 +192,7 @@ def test_a_partial_apply_matches_a_fresh_run_of_just_those_sites(
 
 
 def test_parsing_skips_validation_only_while_the_parser_runs() -> None:
-    from jaxmigrate.engine import parse_module
+    from jaxmigrate.pipeline.engine import parse_module
 
     code = "@d\nasync def f(a, /, *, b=1):\n    return [x async for x in a]\n"
     assert parse_module(code).code == code

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from conftest import FIXTURES, check_messages, jax_env, pinned_messages
 
-from jaxmigrate.engine import migrate_source
 from jaxmigrate.model import Options
+from jaxmigrate.pipeline.engine import migrate_source
 from jaxmigrate.registry import all_passes
 
 CASES = sorted(p for p in FIXTURES.glob("*/*.py") if not p.name.endswith(".expected.py"))

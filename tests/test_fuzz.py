@@ -38,8 +38,8 @@ from hypothesis import note as hypothesis_note
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from jaxmigrate.engine import Migration, migrate_source
 from jaxmigrate.model import Options, Site
+from jaxmigrate.pipeline.engine import Migration, migrate_source
 from jaxmigrate.textio import source_lines
 
 LONG = int(os.environ.get("JAXMIGRATE_FUZZ_EXAMPLES", "0"))

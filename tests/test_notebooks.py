@@ -19,9 +19,9 @@ import pytest
 from conftest import check_messages, pinned_messages
 from test_cli import jm
 
-from jaxmigrate.files import process_file
 from jaxmigrate.model import Bucket, Options
-from jaxmigrate.notebook import (
+from jaxmigrate.pipeline.files import process_file
+from jaxmigrate.pipeline.notebook import (
     NotebookError,
     cell_sources,
     mask,

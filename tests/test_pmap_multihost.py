@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxmigrate.engine import migrate_source
 from jaxmigrate.model import Options
+from jaxmigrate.pipeline.engine import migrate_source
 
 pytestmark = pytest.mark.jax
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from jaxmigrate.engine import migrate_source
 from jaxmigrate.model import Options
+from jaxmigrate.pipeline.engine import migrate_source
 
 HEAD = """\
 import jax

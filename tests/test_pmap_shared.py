@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import jax_env
 
-from jaxmigrate.engine import migrate_source
-from jaxmigrate.files import home_of
 from jaxmigrate.model import Options
+from jaxmigrate.pipeline.engine import migrate_source
+from jaxmigrate.pipeline.files import home_of
 
 STEP = """\
 import functools

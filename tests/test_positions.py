@@ -10,7 +10,7 @@ import pytest
 from conftest import FIXTURES
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from jaxmigrate.positions import LazyPositions, Positions
+from jaxmigrate.toolkit.positions import LazyPositions, Positions
 
 CASES = sorted(FIXTURES.glob("*/*.py"))
 TRICKY = """\
@@ -69,7 +69,7 @@ def test_positions_are_libcst_positions(source: str) -> None:
 
 
 def outlined(source: str) -> list:
-    from jaxmigrate.facts import outline
+    from jaxmigrate.toolkit.facts import outline
 
     return outline(ast.parse(source))
 

@@ -15,11 +15,11 @@ import libcst as cst
 import pytest
 from conftest import FIXTURES
 
-from jaxmigrate.engine import migrate_source, run_passes
-from jaxmigrate.facts import AstFacts, parse
 from jaxmigrate.model import Options
-from jaxmigrate.prefilter import passes_for
+from jaxmigrate.pipeline.engine import migrate_source, run_passes
+from jaxmigrate.pipeline.prefilter import passes_for
 from jaxmigrate.registry import all_passes
+from jaxmigrate.toolkit.facts import AstFacts, parse
 
 CASES = sorted(p for p in FIXTURES.glob("*/*.py") if not p.name.endswith(".expected.py"))
 
@@ -147,7 +147,7 @@ def test_a_pep_695_file_without_legacy_names_is_dropped() -> None:
 
 
 def test_the_prefilter_returns_its_parse_for_the_engine_to_reuse() -> None:
-    from jaxmigrate.prefilter import prefilter
+    from jaxmigrate.pipeline.prefilter import prefilter
     from jaxmigrate.registry import all_passes
 
     plain = "import jax\n\n\ndef f(x):\n    return x\n\n\ny = jax.pmap(f)\n"

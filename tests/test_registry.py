@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxmigrate.engine import migrate_source
 from jaxmigrate.model import Options, Safety
+from jaxmigrate.pipeline.engine import migrate_source
 from jaxmigrate.registry import all_passes, find_pass, select_passes
 
 CODEMODS = Path(__file__).resolve().parent.parent / "codemods"

@@ -14,9 +14,9 @@ from test_cli import LEGACY, jm
 
 from jaxmigrate.model import Bucket, FileResult, Safety, Site, Skip, Status
 from jaxmigrate.registry import all_passes
-from jaxmigrate.report import json_report
-from jaxmigrate.report_markdown import markdown_report
-from jaxmigrate.report_sarif import sarif_report
+from jaxmigrate.report.json import json_report
+from jaxmigrate.report.markdown import markdown_report
+from jaxmigrate.report.sarif import sarif_report
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORT_SCHEMA = json.loads((ROOT / "docs" / "report.schema.json").read_text())

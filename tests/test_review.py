@@ -24,10 +24,10 @@ from review_cases import (
 )
 from rich.console import Console
 
-from jaxmigrate.files import process_file
 from jaxmigrate.model import Options, Status
-from jaxmigrate.review import Progress, Review, StreamKeys
-from jaxmigrate.runner import write_result
+from jaxmigrate.pipeline.files import process_file
+from jaxmigrate.pipeline.runner import write_result
+from jaxmigrate.review.session import Progress, Review, StreamKeys
 from jaxmigrate.ui.review import RichPresenter
 from jaxmigrate.verify import Verdict, annotate
 

@@ -1,4 +1,4 @@
-"""The scope model (`jaxmigrate.scope`) on every binding form Python has.
+"""The scope model (`jaxmigrate.toolkit.scope`) on every binding form Python has.
 
 Each test parses real code with libcst and asks the model about the Name nodes of that module,
 found by spelling and position (`_name(model_src, "x", 2)` is the third `x`).
@@ -11,9 +11,9 @@ import textwrap
 import libcst as cst
 import pytest
 
-from jaxmigrate.names import walk
-from jaxmigrate.passes import ModuleCache
-from jaxmigrate.scope import BindingKind, ScopeModel
+from jaxmigrate.toolkit.names import walk
+from jaxmigrate.toolkit.passes import ModuleCache
+from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
 K = BindingKind
 

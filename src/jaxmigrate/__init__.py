@@ -15,13 +15,13 @@ from jaxmigrate._version import __version__
 __all__ = ["Migration", "Options", "__version__", "migrate_source"]
 
 if TYPE_CHECKING:
-    from jaxmigrate.engine import Migration, migrate_source
     from jaxmigrate.model import Options
+    from jaxmigrate.pipeline.engine import Migration, migrate_source
 
 
 def __getattr__(name: str) -> Any:
     if name in {"Migration", "Options", "migrate_source"}:
-        from jaxmigrate import engine
+        from jaxmigrate.pipeline import engine
 
         return getattr(engine, name)
     raise AttributeError(name)

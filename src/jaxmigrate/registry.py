@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterable
 
 from jaxmigrate.model import Options
-from jaxmigrate.passes import Pass
+from jaxmigrate.toolkit.passes import Pass
 
 
 class UnknownRule(ValueError):

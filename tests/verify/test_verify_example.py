@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxmigrate.files import process_file
 from jaxmigrate.model import FileResult, Options, Safety, Status
+from jaxmigrate.pipeline.files import process_file
 from jaxmigrate.verify import VerifyConfig, verify_results
 
 pytestmark = pytest.mark.jax

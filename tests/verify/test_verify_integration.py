@@ -17,9 +17,9 @@ from typing import ClassVar
 import libcst as cst
 import pytest
 
-from jaxmigrate.engine import migrate_source
 from jaxmigrate.model import Bucket, FileResult, Options, Safety, Status
-from jaxmigrate.passes import Pass
+from jaxmigrate.pipeline.engine import migrate_source
+from jaxmigrate.toolkit.passes import Pass
 from jaxmigrate.verify import VerifyConfig, verify_against, verify_results
 
 pytestmark = pytest.mark.jax

@@ -6,8 +6,8 @@ import ast
 
 import pytest
 
-from jaxmigrate.engine import migrate_source
 from jaxmigrate.model import Options
+from jaxmigrate.pipeline.engine import migrate_source
 from jaxmigrate.registry import find_pass
 from jaxmigrate.verify.planner import ORIGINAL, SAFE_REWRITES, references_for
 from jaxmigrate.verify.targets import find_target

@@ -16,14 +16,14 @@ import typer
 from rich.console import Console
 
 from jaxmigrate.config import ConfigError, FileConfig, find_pyproject, load_config
-from jaxmigrate.discovery import Discovery
 from jaxmigrate.model import LATEST_JAX, PMAP_STYLES, Bucket, FileResult, Options, Status
-from jaxmigrate.passes import version_text
+from jaxmigrate.pipeline.discovery import Discovery
 from jaxmigrate.registry import UnknownRule, chosen_passes, select_passes
-from jaxmigrate.report import json_report
+from jaxmigrate.report.json import json_report
+from jaxmigrate.toolkit.passes import version_text
 
 if TYPE_CHECKING:
-    from jaxmigrate.cache import ResultCache
+    from jaxmigrate.pipeline.cache import ResultCache
     from jaxmigrate.verify import VerifyConfig
 
 PathsArg = Annotated[list[Path], typer.Argument(help="Files or directories to migrate.")]
@@ -122,7 +122,7 @@ class Settings:
 
     def open_cache(self) -> ResultCache | None:
         """Return the result cache under the project root, or None with `--no-cache`."""
-        from jaxmigrate.cache import ResultCache
+        from jaxmigrate.pipeline.cache import ResultCache
 
         return ResultCache.open(self.root, self.options) if self.cache else None
 
@@ -321,12 +321,12 @@ def render_report(
         return json.dumps(json_report(results, dry_run=dry_run), indent=2) + "\n"
     if fmt == "sarif":
         from jaxmigrate.registry import all_passes
-        from jaxmigrate.report_sarif import sarif_report
+        from jaxmigrate.report.sarif import sarif_report
 
         log = sarif_report(results, all_passes(), root=root or Path.cwd(), dry_run=dry_run)
         return json.dumps(log, indent=2) + "\n"
     if fmt == "markdown":
-        from jaxmigrate.report_markdown import markdown_report
+        from jaxmigrate.report.markdown import markdown_report
         from jaxmigrate.ui.summary import apply_hint
 
         return markdown_report(results, dry_run=dry_run, hint=apply_hint)

@@ -11,8 +11,8 @@ import typer
 from rich.table import Table
 
 from jaxmigrate.cli.common import stdout
-from jaxmigrate.passes import version_text
 from jaxmigrate.registry import all_passes
+from jaxmigrate.toolkit.passes import version_text
 
 COLUMNS = ("code", "name", "safety", "output needs JAX", "what it does")
 

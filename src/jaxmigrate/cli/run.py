@@ -38,7 +38,7 @@ from jaxmigrate.cli.common import (
     write_report,
 )
 from jaxmigrate.model import Bucket, FileResult, Safety
-from jaxmigrate.runner import (
+from jaxmigrate.pipeline.runner import (
     dirty_files,
     in_order,
     migrate_files,

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.text import Text
 
 from jaxmigrate.model import place
-from jaxmigrate.notebook import NotebookError, changed_cells
+from jaxmigrate.pipeline.notebook import NotebookError, changed_cells
 
 
 def unified_diff(old: str, new: str, path: str, context: int = 3) -> list[str]:

@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.text import Text
 
 from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site, Status, place
+from jaxmigrate.pipeline.runner import dirty_files, write_result
 from jaxmigrate.registry import find_pass, rule_doc
-from jaxmigrate.review import KEYS, Progress, Prompt, Review, interrupts_enabled, stdin_keys
-from jaxmigrate.runner import dirty_files, write_result
+from jaxmigrate.review.session import KEYS, Progress, Prompt, Review, interrupts_enabled, stdin_keys
 from jaxmigrate.ui.diff import file_diff
 from jaxmigrate.ui.summary import STATUS_STYLE
 

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from jaxmigrate.model import Bucket, FileResult, Site, Skip, Status, place
-from jaxmigrate.review import NOT_REVIEWED, REJECTED
+from jaxmigrate.review.session import NOT_REVIEWED, REJECTED
 
 STATUS_STYLE = {
     Status.VERIFIED: "green",

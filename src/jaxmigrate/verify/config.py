@@ -13,7 +13,7 @@ from jaxmigrate.model import Site, Status
 from jaxmigrate.verify.processes import devices_per_process
 
 if TYPE_CHECKING:
-    from jaxmigrate.passes import Pass
+    from jaxmigrate.toolkit.passes import Pass
 
 GIB = 2**30
 

@@ -15,7 +15,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from jaxmigrate.engine import line_map_between
+from jaxmigrate.pipeline.engine import line_map_between
 from jaxmigrate.verify.child.source import MeshWith, call_site_withs, with_at
 from jaxmigrate.verify.planner import Plan
 from jaxmigrate.verify.recording import Recorded

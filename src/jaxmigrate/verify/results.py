@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from jaxmigrate.engine import PassList, decide, needed, parse_module, run_passes
-from jaxmigrate.files import home_of
 from jaxmigrate.model import Bucket, FileResult, Options, ProjectFile, Safety, Site
+from jaxmigrate.pipeline.engine import PassList, decide, needed, parse_module, run_passes
+from jaxmigrate.pipeline.files import home_of
 from jaxmigrate.registry import chosen_passes
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.session import Key, verify

@@ -115,7 +115,7 @@ def rewrite(request: VerifyRequest, keys: frozenset[str], config: VerifyConfig) 
     if request.rewrite is not None:
         return request.rewrite(keys)
 
-    from jaxmigrate.engine import parse_module, run_passes
+    from jaxmigrate.pipeline.engine import parse_module, run_passes
     from jaxmigrate.registry import all_passes
 
     passes = config.passes if config.passes is not None else all_passes()

@@ -18,11 +18,11 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from jaxmigrate.cache import ResultCache
-from jaxmigrate.discovery import Found
-from jaxmigrate.engine import Project
-from jaxmigrate.files import process_file
 from jaxmigrate.model import Bucket, FileResult, Options, ProjectFile, Site
+from jaxmigrate.pipeline.cache import ResultCache
+from jaxmigrate.pipeline.discovery import Found
+from jaxmigrate.pipeline.engine import Project
+from jaxmigrate.pipeline.files import process_file
 from jaxmigrate.textio import SourceError, atomic_write, read_source
 
 Accept = Callable[[Sequence[Site]], Sequence[Site]]

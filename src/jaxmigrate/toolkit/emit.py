@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import libcst as cst
 
-from jaxmigrate.names import dotted
+from jaxmigrate.toolkit.names import dotted
 
 # black's and ruff's default, and pmap's layout width before the emitter: a project that says
 # nothing and a file too short to tell get the width most Python formatters use.

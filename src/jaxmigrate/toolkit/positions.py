@@ -17,7 +17,7 @@ import libcst as cst
 from libcst._nodes.internal import CodegenState
 from libcst.metadata import CodePosition, CodeRange
 
-from jaxmigrate.names import child_fields, is_node
+from jaxmigrate.toolkit.names import child_fields, is_node
 
 
 class _Recorder(CodegenState):

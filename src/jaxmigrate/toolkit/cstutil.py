@@ -2,7 +2,7 @@
 
 Where names are bound, and what they mean, is the scope model's (`scope.ScopeModel`, a pass's
 `self.resolver`); laying code out, `with_keyword`, `fresh_name` and `is_read` are in
-`jaxmigrate.emit`. `is_reusable` says whether an expression can be written twice in the output
+`jaxmigrate.toolkit.emit`. `is_reusable` says whether an expression can be written twice in the output
 without changing what the program does. `ref_to` spells an object the way the module already
 imports it, or imports it under its customary name.
 """
@@ -14,9 +14,9 @@ from typing import Any
 
 import libcst as cst
 
-from jaxmigrate.names import dotted
-from jaxmigrate.passes import Pass
-from jaxmigrate.scope import ScopeModel
+from jaxmigrate.toolkit.names import dotted
+from jaxmigrate.toolkit.passes import Pass
+from jaxmigrate.toolkit.scope import ScopeModel
 
 
 def names_in(node: cst.CSTNode) -> set[str]:

@@ -13,7 +13,7 @@ from collections.abc import Collection, Sequence
 
 import libcst as cst
 
-from jaxmigrate.names import dotted, walk
+from jaxmigrate.toolkit.names import dotted, walk
 
 
 class _NameUses(cst.CSTVisitor):

@@ -1,6 +1,6 @@
 """The pipeline for one file on disk: read it, answer from the result cache or migrate it.
 
-Above the engine (`jaxmigrate.engine`, one Python source) and notebooks (`jaxmigrate.notebook`,
+Above the engine (`jaxmigrate.pipeline.engine`, one Python source) and notebooks (`jaxmigrate.pipeline.notebook`,
 cells through the engine): `migrate_text` picks one by the file's name, `process_text` turns any
 failure into the file's bucket, and `process_file` adds reading and the cache. Never raises for one
 bad file.
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import libcst as cst
 
-from jaxmigrate.cache import ResultCache
-from jaxmigrate.engine import Migration, Project, describe_syntax_error, migrate_source
 from jaxmigrate.model import Bucket, FileResult, Options, Site
-from jaxmigrate.notebook import NotebookError, migrate_notebook
-from jaxmigrate.passes import Home
+from jaxmigrate.pipeline.cache import ResultCache
+from jaxmigrate.pipeline.engine import Migration, Project, describe_syntax_error, migrate_source
+from jaxmigrate.pipeline.notebook import NotebookError, migrate_notebook
 from jaxmigrate.textio import SourceError, decode, read_bytes
+from jaxmigrate.toolkit.passes import Home
 
 
 def migrate_text(

@@ -22,7 +22,7 @@ from typing import Any
 
 from jaxmigrate._version import __version__
 from jaxmigrate.model import Bucket, FileResult, Site, Skip, Status
-from jaxmigrate.passes import Pass
+from jaxmigrate.toolkit.passes import Pass
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 LEVELS = {

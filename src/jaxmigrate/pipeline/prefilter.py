@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from jaxmigrate.facts import AstFacts, Outline, outline, parse_exactly
-from jaxmigrate.passes import Pass
+from jaxmigrate.toolkit.facts import AstFacts, Outline, outline, parse_exactly
+from jaxmigrate.toolkit.passes import Pass
 
 
 @dataclass(frozen=True)

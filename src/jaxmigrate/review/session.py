@@ -27,9 +27,9 @@ from typing import IO, Any, Protocol
 
 import libcst as cst
 
-from jaxmigrate.engine import enforce_groups, line_map_between
-from jaxmigrate.files import migrate_text
 from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site, Status
+from jaxmigrate.pipeline.engine import enforce_groups, line_map_between
+from jaxmigrate.pipeline.files import migrate_text
 from jaxmigrate.textio import source_lines
 
 PROGRESS_FILE = Path(".jaxmigrate_cache") / "review.json"
@@ -266,7 +266,7 @@ def _sources(text: str, path: str) -> dict[int | None, str]:
     """Return a file's text by notebook cell number (one entry, None, for a Python file)."""
     if not path.endswith(".ipynb"):
         return {None: text}
-    from jaxmigrate.notebook import cell_sources
+    from jaxmigrate.pipeline.notebook import cell_sources
 
     return dict(cell_sources(text))
 

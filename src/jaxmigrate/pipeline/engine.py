@@ -1,7 +1,7 @@
 """The engine for one source text: prefilter, parse once, run the passes, apply the policy.
 
 `migrate_source` is the pure core (text in, text and sites out) that the file pipeline
-(`jaxmigrate.files`), notebooks, the review UI and editor integrations share.
+(`jaxmigrate.pipeline.files`), notebooks, the review UI and editor integrations share.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from libcst import CSTNode
 from libcst.codemod import CodemodContext
 
 from jaxmigrate.config import Formatting, formatting_in, project_formatting
-from jaxmigrate.emit import Style, infer_style
-from jaxmigrate.facts import Outline
 from jaxmigrate.model import Options, ProjectFile, Safety, Site, Skip, Status
-from jaxmigrate.passes import LATEST_JAX, STATE_KEY, FileState, Home, ModuleCache, Pass
-from jaxmigrate.prefilter import prefilter
+from jaxmigrate.pipeline.prefilter import prefilter
 from jaxmigrate.registry import chosen_passes
 from jaxmigrate.textio import source_lines
+from jaxmigrate.toolkit.emit import Style, infer_style
+from jaxmigrate.toolkit.facts import Outline
+from jaxmigrate.toolkit.passes import LATEST_JAX, STATE_KEY, FileState, Home, ModuleCache, Pass
 
 PassList = Sequence[type[Pass]]
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import libcst as cst
 
-from jaxmigrate.emit import code
+from jaxmigrate.toolkit.emit import code
 
 SpecMaker = Callable[[int | None], cst.BaseExpression]
 

@@ -13,13 +13,13 @@ from typing import ClassVar
 
 import libcst as cst
 
-from jaxmigrate.cstutil import (
+from jaxmigrate.toolkit.cstutil import (
     AncestorTracking,
     make_leading_axis_sharding,
 )
-from jaxmigrate.emit import is_read
-from jaxmigrate.names import dotted
-from jaxmigrate.passes import Pass
+from jaxmigrate.toolkit.emit import is_read
+from jaxmigrate.toolkit.names import dotted
+from jaxmigrate.toolkit.passes import Pass
 
 
 class RemovedDevicePut(AncestorTracking, Pass):

@@ -1,6 +1,6 @@
 """What Python's own `ast` says about a module: parsed cheaply, walked once, shared.
 
-The prefilter (`jaxmigrate.prefilter`) parses a file with `ast`, an order of magnitude faster than
+The prefilter (`jaxmigrate.pipeline.prefilter`) parses a file with `ast`, an order of magnitude faster than
 libcst, and hands the result to each pass's `may_apply_to` as `AstFacts`; the outline of the same
 parse lets `positions.LazyPositions` place a statement without generating the code before it.
 """

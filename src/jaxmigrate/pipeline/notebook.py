@@ -37,13 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 import libcst as cst
 
-from jaxmigrate.engine import Migration, describe_syntax_error, migrate_source
 from jaxmigrate.model import Options, Safety, Site, Skip
-from jaxmigrate.prefilter import passes_for
+from jaxmigrate.pipeline.engine import Migration, describe_syntax_error, migrate_source
+from jaxmigrate.pipeline.prefilter import passes_for
 from jaxmigrate.registry import chosen_passes
 
 if TYPE_CHECKING:
-    from jaxmigrate.passes import Pass
+    from jaxmigrate.toolkit.passes import Pass
 
 NOT_VERIFIED = (
     "notebook cells are not verified by execution: review the diff, then pass --unsafe-fixes"

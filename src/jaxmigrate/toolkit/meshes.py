@@ -18,8 +18,8 @@ from enum import Enum
 
 import libcst as cst
 
-from jaxmigrate.names import dotted, walk
-from jaxmigrate.scope import Binding, BindingKind, Scope, ScopeModel
+from jaxmigrate.toolkit.names import dotted, walk
+from jaxmigrate.toolkit.scope import Binding, BindingKind, Scope, ScopeModel
 
 MESH_TYPES = frozenset(
     {"jax.sharding.Mesh", "jax.experimental.maps.Mesh", "jax.interpreters.pxla.Mesh"}

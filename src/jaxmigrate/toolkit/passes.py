@@ -18,15 +18,15 @@ import libcst as cst
 from libcst.codemod import CodemodCommand, CodemodContext
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
-from jaxmigrate.emit import Room, Style, fit_call
-from jaxmigrate.imports import ImportRequest, add_imports, remove_unused_imports
 from jaxmigrate.model import LATEST_JAX, ProjectFile, Safety, Site, Skip
-from jaxmigrate.positions import LazyPositions, Positions
-from jaxmigrate.scope import ScopeModel
 from jaxmigrate.textio import source_lines
+from jaxmigrate.toolkit.emit import Room, Style, fit_call
+from jaxmigrate.toolkit.imports import ImportRequest, add_imports, remove_unused_imports
+from jaxmigrate.toolkit.positions import LazyPositions, Positions
+from jaxmigrate.toolkit.scope import ScopeModel
 
 if TYPE_CHECKING:
-    from jaxmigrate.facts import AstFacts, Outline
+    from jaxmigrate.toolkit.facts import AstFacts, Outline
 
 STATE_KEY = "jaxmigrate.state"
 _UNSET: Any = object()

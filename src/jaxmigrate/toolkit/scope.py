@@ -27,7 +27,7 @@ from enum import Enum
 
 import libcst as cst
 
-from jaxmigrate.names import dotted, walk
+from jaxmigrate.toolkit.names import dotted, walk
 
 
 class BindingKind(Enum):

@@ -67,10 +67,10 @@ def _digest(*parts: bytes) -> str:
 @cache
 def code_digest() -> str:
     """Return a digest of the source of the jaxmigrate package and its passes."""
-    import jaxmigrate
     import jaxmigrate.codemods
 
-    roots = {Path(jaxmigrate.__file__).parent, Path(jaxmigrate.codemods.__file__).parent}
+    package = Path(__file__).resolve().parent.parent  # src/jaxmigrate, from its pipeline/
+    roots = {package, Path(jaxmigrate.codemods.__file__).resolve().parent}
     h = hashlib.blake2b(digest_size=16)
     for root in sorted(roots):
         for file in sorted(root.rglob("*.py")):
