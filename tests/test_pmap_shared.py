@@ -86,6 +86,22 @@ def test_home_is_the_top_package_or_the_scripts_folder(project: Path) -> None:
     assert home_of(project / "nb.ipynb") is None
 
 
+def test_a_namespace_folder_in_a_package_shares_the_package_helper(project: Path) -> None:
+    """big_vision's `evaluators/proj/image_text/` has no `__init__.py` but its files import
+    `big_vision`: one helper for the package, not one per folder; a script folder whose files
+    import their siblings by bare name keeps its own."""
+    deep = project / "pkg" / "proj" / "image_text"
+    deep.mkdir(parents=True)
+    (deep / "model.py").write_text("from pkg import sub\nimport helpers\n" + SCALE)
+    home = home_of(deep / "model.py", (deep / "model.py").read_text())
+    assert home is not None and home.package == "pkg"
+    assert Path(home.directory) == project / "pkg"
+    (deep / "run.py").write_text("import helpers\n" + SCALE)
+    alone = home_of(deep / "run.py", (deep / "run.py").read_text())
+    assert alone is not None and alone.package is None
+    assert Path(alone.directory) == deep
+
+
 def test_without_a_home_the_helper_stays_in_the_file() -> None:
     result = migrate_source(STEP, options=Options(unsafe_fixes=True))
     assert "def shard_map_per_device(" in result.code and not result.files

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -132,7 +133,7 @@ def _process_file(
         text = decode(data).text
     except SourceError as exc:
         return FileResult(shown, Bucket.FAILED, reason=str(exc))
-    home = home_of(path)
+    home = home_of(path, text)
     if cache is None or accept is not None:
         return process_text(shown, text, options, accept, home, project)
     key = cache.key(data, notebook=shown.endswith(".ipynb"), context=project.context(shown))
@@ -153,17 +154,35 @@ def _process_file(
 WORTH_CACHING = 0.002
 
 
-def home_of(path: Path) -> Home | None:
+def home_of(path: Path, text: str = "") -> Home | None:
     """Return where a Python file lives: its top-level package's folder and name, else its own.
 
-    Reads the file system (which folders hold an `__init__.py`); None for a notebook.
+    The top-level package is the outermost folder with an `__init__.py` around the file. A
+    folder without one can still be part of a package (a namespace package, PEP 420, as
+    big_vision's `evaluators/proj/`): when the file's `text` imports an enclosing package by its
+    absolute name (`from big_vision import utils`), it runs with that package importable, and
+    that package is its home. A script folder whose files import their siblings by bare name
+    (flax's `examples/imagenet`) stays its own home. Reads the file system; None for a notebook.
     """
     if path.suffix != ".py":
         return None
-    folder = path.absolute().parent
-    top = None
+    here = path.absolute().parent
+    folder, top = here, None
     while (folder / "__init__.py").is_file() and folder.parent != folder:
         top, folder = folder, folder.parent
-    shown = top if top is not None else folder
+    top = _imported_package(here, text) or top
+    shown = top if top is not None else here
     relative = os.path.relpath(shown) if not path.is_absolute() else str(shown)
     return Home(relative, None if top is None else top.name)
+
+
+def _imported_package(here: Path, text: str) -> Path | None:
+    """Return the outermost package folder above `here` that `text` imports by its absolute name
+    (across folders without an `__init__.py`), or None."""
+    found = None
+    for folder in (here, *here.parents):
+        if (folder / "__init__.py").is_file() and folder.name.isidentifier():
+            pattern = rf"^[ \t]*(?:from|import)[ \t]+{re.escape(folder.name)}\b"
+            if re.search(pattern, text, re.MULTILINE):
+                found = folder
+    return found

@@ -53,7 +53,7 @@ def rendered(
         enabled=keys,
         target_jax=options.target_jax,
         path=path,
-        home=home_of(Path(path)),
+        home=home_of(Path(path), old_text),
         pmap_style=options.pmap_style,
     )
     applied = frozenset(s.key for s in run.sites) if keys is None else keys
