@@ -168,3 +168,25 @@ def test_a_foreign_module_of_that_name_is_never_replaced(project: Path) -> None:
     assert proc.returncode != 0
     assert foreign.read_text() == "VALUE = 1\n"
     assert (project / "pkg" / "train.py").read_text() == STEP  # not written without its helper
+
+
+def test_a_folder_whose_name_is_no_identifier_is_no_package(tmp_path: Path) -> None:
+    """algorithmic-efficiency's checkout holds an `__init__.py`: `from algorithmic-efficiency
+    import ...` would not parse, so the top package is the one inside it."""
+    root = tmp_path / "algorithmic-efficiency"
+    (root / "algoperf").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "algoperf" / "__init__.py").write_text("")
+    (root / "algoperf" / "workload.py").write_text(SCALE)
+    home = home_of(root / "algoperf" / "workload.py", SCALE)
+    assert home is not None and home.package == "algoperf"
+
+
+def test_code_that_does_not_parse_is_never_written() -> None:
+    from jaxmigrate.pipeline.engine import Migration
+    from jaxmigrate.pipeline.files import _unparsable
+
+    good = Migration("x = 1\n", (), ())
+    assert _unparsable("a.py", good) is None
+    bad = Migration("from algorithmic-efficiency._pmap_compat import f\n", (), ())
+    assert "does not parse" in (_unparsable("a.py", bad) or "")

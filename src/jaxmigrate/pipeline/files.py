@@ -23,6 +23,7 @@ from jaxmigrate.pipeline.cache import ResultCache
 from jaxmigrate.pipeline.engine import Migration, Project, describe_syntax_error, migrate_source
 from jaxmigrate.pipeline.notebook import NotebookError, migrate_notebook
 from jaxmigrate.textio import SourceError, decode, read_bytes
+from jaxmigrate.toolkit.facts import parse
 from jaxmigrate.toolkit.passes import Home
 
 
@@ -72,6 +73,9 @@ def process_text(
             shown, Bucket.FAILED, reason=f"internal error: {type(exc).__name__}: {exc}"
         )
     bucket = Bucket.CHANGED if result.code != text else Bucket.UNCHANGED
+    broken = _unparsable(shown, result) if bucket is Bucket.CHANGED else None
+    if broken is not None:  # never write code that does not parse: a bug, reported as one
+        return FileResult(shown, Bucket.FAILED, reason=f"internal error: {broken}")
     return FileResult(
         shown,
         bucket,
@@ -168,7 +172,7 @@ def home_of(path: Path, text: str = "") -> Home | None:
         return None
     here = path.absolute().parent
     folder, top = here, None
-    while (folder / "__init__.py").is_file() and folder.parent != folder:
+    while _is_package(folder) and folder.parent != folder:
         top, folder = folder, folder.parent
     top = _imported_package(here, text) or top
     shown = top if top is not None else here
@@ -181,8 +185,24 @@ def _imported_package(here: Path, text: str) -> Path | None:
     (across folders without an `__init__.py`), or None."""
     found = None
     for folder in (here, *here.parents):
-        if (folder / "__init__.py").is_file() and folder.name.isidentifier():
+        if _is_package(folder):
             pattern = rf"^[ \t]*(?:from|import)[ \t]+{re.escape(folder.name)}\b"
             if re.search(pattern, text, re.MULTILINE):
                 found = folder
     return found
+
+
+def _is_package(folder: Path) -> bool:
+    """Return True if `folder` is a regular package a module can be imported from by name (a
+    folder named `algorithmic-efficiency` may hold an `__init__.py`, but is no package name)."""
+    return folder.name.isidentifier() and (folder / "__init__.py").is_file()
+
+
+def _unparsable(shown: str, result: Migration) -> str | None:
+    """Return why the migrated code, or a project file it brings, does not parse, or None."""
+    texts = [(shown, result.code)] if not shown.endswith(".ipynb") else []
+    texts += [(file.path, file.text) for file in result.files]
+    for name, code in texts:
+        if parse(code) is None:
+            return f"the rewrite of {name} does not parse; it was not written (please report it)"
+    return None
