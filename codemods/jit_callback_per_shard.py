@@ -101,7 +101,7 @@ MESSAGE = (
 )
 
 
-class Skip(Exception):
+class LeftAlone(Exception):
     """A callback this pass leaves alone; the message is the reason."""
 
 
@@ -153,7 +153,7 @@ class JitCallbackPerShard(Pass):
             return updated_node  # per shard already, or no sharding in sight
         try:
             operand, mesh, spec = self._check(original_node)
-        except Skip as why:
+        except LeftAlone as why:
             self.skip(original_node, str(why))
             return updated_node
         if not self.site(original_node, MESSAGE.format(method=method.evaluated_value)):
@@ -174,20 +174,20 @@ class JitCallbackPerShard(Pass):
 
     # Checking one site --------------------------------------------------------------------
     def _check(self, call: cst.Call) -> tuple[str, cst.BaseExpression, cst.BaseExpression]:
-        """Return the operand's name, the mesh and the operand's spec; raise Skip if unsure."""
+        """Return the operand's name, the mesh and the operand's spec; raise LeftAlone if unsure."""
         function, shardings = self._functions[-1]
         assert shardings is not None
         args = [a for a in call.args if a.keyword is None]
         if any(a.star for a in call.args) or len(args) != 3:
-            raise Skip("not one positional operand: which rows go where is not known")
+            raise LeftAlone("not one positional operand: which rows go where is not known")
         if any(a.keyword and a.keyword.value not in ("vmap_method",) for a in call.args):
-            raise Skip("keyword arguments besides `vmap_method=`")
+            raise LeftAlone("keyword arguments besides `vmap_method=`")
         operand = args[2].value
         if not isinstance(operand, cst.Name):
-            raise Skip("the operand is not a parameter of the jitted function")
+            raise LeftAlone("the operand is not a parameter of the jitted function")
         params = [p.name.value for p in function.params.params]
         if operand.value not in params or function.params.posonly_params:
-            raise Skip(f"`{operand.value}` is not a plain parameter of the jitted function")
+            raise LeftAlone(f"`{operand.value}` is not a plain parameter of the jitted function")
         self._check_shape(args[1].value, operand.value)
         sharding = _at(shardings, params.index(operand.value))
         mesh, spec = self._named_sharding(sharding)
@@ -202,7 +202,7 @@ class JitCallbackPerShard(Pass):
             or len([b for b in self.resolver.bindings(operand.value) if b.scope.node is function])
             != 1
         ):
-            raise Skip("the jitted function rebinds the operand or the mesh's name")
+            raise LeftAlone("the jitted function rebinds the operand or the mesh's name")
         return operand.value, mesh, spec
 
     def _check_shape(self, shape: cst.BaseExpression, operand: str) -> None:
@@ -215,7 +215,9 @@ class JitCallbackPerShard(Pass):
             and dotted(shape.args[1].value) is not None
         )
         if not ok:
-            raise Skip(f"the result shape is not `jax.ShapeDtypeStruct({operand}.shape, dtype)`")
+            raise LeftAlone(
+                f"the result shape is not `jax.ShapeDtypeStruct({operand}.shape, dtype)`"
+            )
 
     def _named_sharding(
         self, sharding: cst.BaseExpression | None
@@ -226,15 +228,15 @@ class JitCallbackPerShard(Pass):
             or len(sharding.args) != 2
             or any(a.keyword or a.star for a in sharding.args)
         ):
-            raise Skip("the operand's sharding is not a literal `NamedSharding(mesh, spec)`")
+            raise LeftAlone("the operand's sharding is not a literal `NamedSharding(mesh, spec)`")
         mesh, spec = (a.value for a in sharding.args)
         if not isinstance(mesh, (cst.Name, cst.Attribute)) or dotted(mesh) is None:
-            raise Skip("the mesh is not a plain name")
+            raise LeftAlone("the mesh is not a plain name")
         if not isinstance(spec, cst.Call) or not spec.args:
-            raise Skip("the operand's spec does not split its leading axis")
+            raise LeftAlone("the operand's spec does not split its leading axis")
         first = spec.args[0].value
         if spec.args[0].keyword or not isinstance(first, (cst.SimpleString, cst.Tuple)):
-            raise Skip("the operand's spec does not split its leading axis")
+            raise LeftAlone("the operand's spec does not split its leading axis")
         return mesh.deep_clone(), spec.deep_clone()
 
     def _in_shardings(self, node: cst.FunctionDef) -> cst.BaseExpression | None:
