@@ -98,7 +98,7 @@ STRAY_DECORATOR = "`@shard_map` without arguments: the call fails today"
 MESSAGE = "`jax.experimental.shard_map.shard_map` is deprecated: use `jax.shard_map` with keywords"
 
 
-class Skip(Exception):
+class LeftAlone(Exception):
     """A call this pass leaves alone; the message is the reason."""
 
 
@@ -192,7 +192,7 @@ class ExperimentalShardMap(AncestorTracking, Pass):
             return updated_node
         try:
             new = rewrite(original_node, updated_node)
-        except Skip as why:
+        except LeftAlone as why:
             self.skip(original_node, str(why))
             return updated_node
         if not self.site(original_node, MESSAGE):
@@ -207,7 +207,7 @@ class ExperimentalShardMap(AncestorTracking, Pass):
     def _rewrite_partial(self, original: cst.Call, updated: cst.Call) -> _Thunk:
         rest = original.args[1:]
         if any(a.keyword is None for a in rest):
-            raise Skip("`partial(shard_map, ...)` binds positional arguments")
+            raise LeftAlone("`partial(shard_map, ...)` binds positional arguments")
         args = self._keywords(rest, updated.args[1:], needs_f=False)
         if id(original) in self.decorators:
 
@@ -228,20 +228,20 @@ class ExperimentalShardMap(AncestorTracking, Pass):
         named: dict[str, int] = {}
         for i, arg in enumerate(original):
             if arg.star:
-                raise Skip(f"`{arg.star}` splat: which parameters it fills is not known")
+                raise LeftAlone(f"`{arg.star}` splat: which parameters it fills is not known")
             if arg.keyword is None and i >= len(PARAMS):
-                raise Skip("more positional arguments than the legacy `shard_map` takes")
+                raise LeftAlone("more positional arguments than the legacy `shard_map` takes")
             name = PARAMS[i] if arg.keyword is None else arg.keyword.value
             if name not in PARAMS or name in named:
-                raise Skip(f"unexpected argument `{name}`: the call fails today")
+                raise LeftAlone(f"unexpected argument `{name}`: the call fails today")
             if name == "f" and i != 0:
-                raise Skip("`f=` after other arguments: moving it first reorders evaluation")
+                raise LeftAlone("`f=` after other arguments: moving it first reorders evaluation")
             named[name] = i
         if not needs_f and "f" in named:
-            raise Skip("`partial(shard_map, f=...)`: the function is bound early")
+            raise LeftAlone("`partial(shard_map, f=...)`: the function is bound early")
         missing = [n for n in (("f",) if needs_f else ()) + REQUIRED if n not in named]
         if missing:
-            raise Skip(f"no `{'`, `'.join(missing)}` argument: the call fails today")
+            raise LeftAlone(f"no `{'`, `'.join(missing)}` argument: the call fails today")
         auto = self._axis_names(original, named) if "auto" in named else None
 
         def build() -> list[cst.Arg]:
@@ -272,12 +272,12 @@ class ExperimentalShardMap(AncestorTracking, Pass):
         if axes is not None and excluded is not None:
             manual = [s for s in axes if s.evaluated_value not in excluded]
             if not manual:
-                raise Skip("`auto=` names every mesh axis; review this one by hand")
+                raise LeftAlone("`auto=` names every mesh axis; review this one by hand")
             return lambda arg: cst.Set([cst.Element(s) for s in manual])
         if not isinstance(mesh, (cst.Name, cst.Attribute)) or dotted(mesh) is None:
-            raise Skip("`auto=` needs the mesh twice and the mesh is not a plain name")
+            raise LeftAlone("`auto=` needs the mesh twice and the mesh is not a plain name")
         if self.resolver.bound("frozenset"):
-            raise Skip("`frozenset` is rebound in this file")
+            raise LeftAlone("`frozenset` is rebound in this file")
         return lambda arg: cst.BinaryOperation(
             left=cst.parse_expression(f"frozenset({dotted(mesh)}.axis_names)"),
             operator=cst.Subtract(),

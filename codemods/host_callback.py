@@ -101,7 +101,7 @@ TAP_PARAMS = ("tap_func", "arg")
 TAP_KEYWORDS = frozenset({"result", "tap_with_device", "device_index", "callback_flavor"})
 
 
-class Skip(Exception):
+class LeftAlone(Exception):
     """A host_callback use this pass leaves alone; the message is the reason."""
 
 
@@ -140,7 +140,7 @@ class HostCallback(AncestorTracking, Pass):
             tap = self._tap(call, args)
             value = args.get("result", args["arg"])
             after = self._after_tap(small, new, value)
-        except Skip as why:
+        except LeftAlone as why:
             self.skip(call, str(why))
             return updated_node
         if not self.site(
@@ -167,7 +167,7 @@ class HostCallback(AncestorTracking, Pass):
         if isinstance(small, cst.Expr):
             return None
         if not isinstance(value.value, cst.Name):
-            raise Skip(
+            raise LeftAlone(
                 "`id_tap` returns an expression that is not a plain name (it would be "
                 "evaluated twice)"
             )
@@ -186,10 +186,10 @@ class HostCallback(AncestorTracking, Pass):
     def _tap(self, call: cst.Call, args: dict[str, cst.Arg]) -> cst.Call:
         for key in ("tap_with_device", "device_index", "callback_flavor"):
             if key in args and not _is_default(args[key].value, key):
-                raise Skip(f"`{key}=` has no `io_callback` equivalent")
+                raise LeftAlone(f"`{key}=` has no `io_callback` equivalent")
         tap = args["tap_func"].value
         if not isinstance(tap, (cst.Name, cst.Attribute)) or dotted(tap) is None:
-            raise Skip(
+            raise LeftAlone(
                 "the tap function is an expression: wrap it by hand (`lambda arg: tap(arg, ())`)"
             )
         name = "arg" if (dotted(tap) or "").split(".")[0] != "arg" else "value"
@@ -221,18 +221,18 @@ class HostCallback(AncestorTracking, Pass):
                 )
             elif qualname == BARRIER:
                 if any(a.star for a in updated_node.args):
-                    raise Skip("`*args`/`**kwargs` passed to `barrier_wait`")
+                    raise LeftAlone("`*args`/`**kwargs` passed to `barrier_wait`")
                 new = cst.Call(self.jax_attr("effects_barrier"), [])
                 message = "`host_callback.barrier_wait()` -> `jax.effects_barrier()`"
             elif qualname == ID_TAP:
-                raise Skip(
+                raise LeftAlone(
                     "`id_tap`'s value is used inside an expression: make the tap its own statement"
                 )
             elif qualname == ID_PRINT:
-                raise Skip("`id_print` has no exact counterpart: use `jax.debug.print`")
+                raise LeftAlone("`id_print` has no exact counterpart: use `jax.debug.print`")
             else:
-                raise Skip(f"`{qualname}` has no counterpart in current JAX")
-        except Skip as why:
+                raise LeftAlone(f"`{qualname}` has no counterpart in current JAX")
+        except LeftAlone as why:
             self.skip(original_node, str(why))
             return updated_node
         if not self.site(original_node, message):
@@ -243,10 +243,10 @@ class HostCallback(AncestorTracking, Pass):
     def _call(self, args: dict[str, cst.Arg]) -> cst.Call:
         for key in ("call_with_device", "callback_flavor", "device_index"):
             if key in args and not _is_default(args[key].value, key):
-                raise Skip(f"`{key}=` has no `io_callback` equivalent")
+                raise LeftAlone(f"`{key}=` has no `io_callback` equivalent")
         shape = args["result_shape"].value if "result_shape" in args else cst.Name("None")
         if isinstance(shape, (cst.Integer, cst.Float, cst.UnaryOperation)):
-            raise Skip("a number as `result_shape=`: `io_callback` needs a shape and a dtype")
+            raise LeftAlone("a number as `result_shape=`: `io_callback` needs a shape and a dtype")
         return cst.Call(
             self._io_callback(),
             [
@@ -303,18 +303,20 @@ def _value_call(small: cst.BaseSmallStatement) -> cst.Call | None:
 def _bind(
     call: cst.Call, positional: Sequence[str], keywords: frozenset[str]
 ) -> dict[str, cst.Arg]:
-    """Return the arguments of a host_callback call by parameter name; raise Skip if unclear."""
+    """Return the arguments of a host_callback call by parameter name; raise LeftAlone if unclear."""
     found: dict[str, cst.Arg] = {}
     for i, arg in enumerate(call.args):
         if arg.star:
-            raise Skip(f"`{arg.star}` unpacking: which parameters it fills is not known")
+            raise LeftAlone(f"`{arg.star}` unpacking: which parameters it fills is not known")
         name = arg.keyword.value if arg.keyword else (positional[i] if i < len(positional) else "")
         if name not in (*positional, *keywords) or name in found:
-            raise Skip(f"unexpected argument `{name or '#' + str(i)}`: the call failed already")
+            raise LeftAlone(
+                f"unexpected argument `{name or '#' + str(i)}`: the call failed already"
+            )
         found[name] = arg
     missing = [p for p in positional if p not in found]
     if missing:
-        raise Skip(f"no `{missing[0]}` argument")
+        raise LeftAlone(f"no `{missing[0]}` argument")
     return found
 
 

@@ -68,11 +68,17 @@ simulated mesh. The original often cannot run on current JAX (jit with Partition
 
 from __future__ import annotations
 
-import ast
 import re
 from typing import ClassVar
 
 import libcst as cst
+from jaxmigrate.codemods._with_mesh_survey import (
+    ANY_WITH,
+    MESH_TYPE,
+    AstMeshes,
+    FindQualname,
+    could_be_mesh,
+)
 
 from jaxmigrate.model import Safety
 from jaxmigrate.toolkit.emit import code
@@ -83,11 +89,8 @@ from jaxmigrate.toolkit.meshes import (
     Kind,
     MeshFinder,
     MeshItem,
-    NameReads,
-    ends_in_mesh,
     mesh_group,
 )
-from jaxmigrate.toolkit.names import dotted
 from jaxmigrate.toolkit.passes import Pass
 
 PJIT = "jax.experimental.pjit.pjit"
@@ -114,12 +117,12 @@ class WithMesh(Pass):
             return False
         if cls.TRIGGER.search(source) is not None:
             return True
-        return _MESH_TYPE.search(source) is not None and _ANY_WITH.search(source) is not None
+        return MESH_TYPE.search(source) is not None and ANY_WITH.search(source) is not None
 
     @classmethod
     def may_apply_to(cls, facts: AstFacts) -> bool:
-        """Only a `with` with an item `MeshFinder` may call a mesh matters (see `_AstMeshes`)."""
-        return _AstMeshes(facts).any_mesh_item()
+        """Only a `with` with an item `MeshFinder` may call a mesh matters (see `AstMeshes`)."""
+        return AstMeshes(facts).any_mesh_item()
 
     def visit_Module(self, node: cst.Module) -> None:
         self._module = node
@@ -165,9 +168,9 @@ class WithMesh(Pass):
         return item.with_changes(item=call, asname=None)
 
     def _could_be_mesh(self, node: cst.BaseExpression) -> bool:
-        """Cheap test before `MeshFinder`: `_could_be_mesh`, or a call of a mesh maker under
+        """Cheap test before `MeshFinder`: `could_be_mesh`, or a call of a mesh maker under
         any alias (`from jax import make_mesh as grid`), which `MeshFinder` calls a mesh too."""
-        if _could_be_mesh(node):
+        if could_be_mesh(node):
             return True
         if not isinstance(node, cst.Call):
             return False
@@ -176,115 +179,9 @@ class WithMesh(Pass):
     def _calls_pjit(self, body: cst.BaseSuite) -> bool:
         """Return True if the body reads a pjit that takes its mesh from `with mesh:`: the
         legacy one (left alone under a with this pass cannot rewrite) or JAX's internal one."""
-        finder = _FindQualname(self, (PJIT, INTERNAL_PJIT))
+        finder = FindQualname(self, (PJIT, INTERNAL_PJIT))
         body.visit(finder)
         return finder.found
-
-
-_MESH_CONTEXTS = {"set_mesh", "use_mesh", "use_abstract_mesh", "get_abstract_mesh"}
-
-
-def _could_be_mesh(node: cst.BaseExpression) -> bool:
-    """Cheap test: a name or attribute, or a call of something named like a mesh maker
-    (`Mesh(...)`, `make_mesh(...)`, `get_mesh()`), not of the modern mesh contexts."""
-    if isinstance(node, (cst.Name, cst.Attribute)):
-        return True
-    if isinstance(node, cst.Call):
-        name = dotted(node.func)
-        last = (name or "").rsplit(".", 1)[-1]
-        return last.lower().endswith("mesh") and last not in _MESH_CONTEXTS
-    return False
-
-
-class _AstMeshes:
-    """An over-approximation, on Python's own syntax tree, of the `with` items that
-    `MeshFinder` gives a verdict on: a call of something named like a mesh maker (not a modern
-    mesh context), an attribute ending in `mesh`, and a name ending in `mesh` or bound anywhere
-    in the module from a mesh maker (a call, an annotation). A maker is any name or attribute
-    ending in `mesh`, or a name imported or assigned from one (`from jax import make_mesh as
-    mm`). The prefilter drops the pass only when no item qualifies, so a file the pass (or the
-    pjit pass, which groups its sites with these) would act on is never dropped.
-    """
-
-    def __init__(self, facts: AstFacts) -> None:
-        self.items: list[ast.expr] = []
-        self.makers: set[str] = set()
-        self.bound: list[tuple[str, ast.expr]] = []  # (name, the maker call or annotation)
-        assigned: list[tuple[str, ast.expr]] = []
-        for node in facts.nodes(ast.With):
-            for item in node.items:
-                self.items.append(item.context_expr)
-                if isinstance(item.optional_vars, ast.Name):
-                    self.bound.append((item.optional_vars.id, item.context_expr))
-        if not self.items:
-            return
-        imports: list[ast.Import | ast.ImportFrom] = [
-            *facts.nodes(ast.Import),
-            *facts.nodes(ast.ImportFrom),
-        ]
-        for imp in imports:
-            for alias in imp.names:
-                if alias.asname and ends_in_mesh(alias.name):
-                    self.makers.add(alias.asname)
-        for assign in facts.nodes(ast.Assign):
-            for target in assign.targets:
-                if isinstance(target, ast.Name):
-                    assigned.append((target.id, assign.value))
-        for ann in facts.nodes(ast.AnnAssign):
-            if isinstance(ann.target, ast.Name):
-                self.bound.append((ann.target.id, ann.annotation))
-                if ann.value is not None:
-                    assigned.append((ann.target.id, ann.value))
-        for arg in facts.nodes(ast.arg):
-            if arg.annotation is not None:
-                self.bound.append((arg.arg, arg.annotation))
-        while True:  # aliases of aliases: `M = Mesh; DeviceGrid = M`
-            more = {name for name, value in assigned if self.is_maker(value)} - self.makers
-            if not more:
-                break
-            self.makers |= more
-        self.bound.extend(assigned)
-
-    def is_maker(self, node: ast.expr) -> bool:
-        if isinstance(node, ast.Attribute):
-            return ends_in_mesh(node.attr)
-        return isinstance(node, ast.Name) and (ends_in_mesh(node.id) or node.id in self.makers)
-
-    def makes_mesh(self, node: ast.expr) -> bool:
-        """A maker, called, or named as an annotation."""
-        return self.is_maker(node.func if isinstance(node, ast.Call) else node)
-
-    def any_mesh_item(self) -> bool:
-        if not self.items:
-            return False
-        meshes = {name for name, value in self.bound if self.makes_mesh(value)}
-        return any(self._could_be_mesh(node, meshes) for node in self.items)
-
-    def _could_be_mesh(self, node: ast.expr, meshes: set[str]) -> bool:
-        if isinstance(node, ast.Call):
-            func = node.func
-            last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            return self.is_maker(func) and last not in _MESH_CONTEXTS
-        if isinstance(node, ast.Attribute):
-            return ends_in_mesh(node.attr)
-        if isinstance(node, ast.Name):
-            return ends_in_mesh(node.id) or node.id in meshes
-        return False
-
-
-_MESH_TYPE = re.compile(r"\bMesh\b|\bmake_mesh\b")  # or an alias of either
-_ANY_WITH = re.compile(r"^[ \t]*(?:async[ \t]+)?with\b", re.MULTILINE)
-
-
-class _FindQualname(NameReads):
-    def __init__(self, owner: Pass, qualnames: tuple[str, ...]) -> None:
-        super().__init__(owner.resolver)
-        self.owner = owner
-        self.qualnames = qualnames
-        self.found = False
-
-    def read(self, node: cst.Name | cst.Attribute) -> None:
-        self.found |= self.owner.qualname(node) in self.qualnames
 
 
 def _message(verdict: MeshItem) -> str:

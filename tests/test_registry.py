@@ -21,10 +21,25 @@ def module_doc(p) -> str:
     return sys.modules[p.__module__].__doc__ or ""
 
 
+def rule_modules() -> set[str]:
+    """The public names at the top of codemods/: each a rule, as a module or a package. Helpers
+    are private (`_x`), beside the rules or inside a rule's package."""
+    modules = {p.stem for p in CODEMODS.glob("*.py")}
+    packages = {p.parent.name for p in CODEMODS.glob("*/__init__.py")}
+    return {name for name in modules | packages if not name.startswith("_")}
+
+
 def test_every_module_is_registered() -> None:
-    modules = {p.stem for p in CODEMODS.glob("*.py") if not p.stem.startswith("_")}  # helpers: _x
+    modules = rule_modules()
     registered = {p.__module__.rsplit(".", 1)[1] for p in PASSES}
     assert modules == registered, f"missing from PASSES: {modules - registered}"
+
+
+def test_a_rule_package_holds_its_pass_and_private_modules() -> None:
+    """A rule split into a package keeps its pass (and docs) in `__init__`; the rest is private."""
+    for init in CODEMODS.glob("*/__init__.py"):
+        for module in init.parent.rglob("*.py"):
+            assert module == init or module.stem.startswith("_"), f"{module}: not private"
 
 
 def test_identities_are_unique_and_consistent() -> None:
@@ -93,7 +108,7 @@ def literal_strings(path: Path) -> set[str]:
 def test_a_rule_code_is_written_only_on_its_pass() -> None:
     """A rule's facts live on the rule: no other module spells its code (read `Pass.CODE`)."""
     codes = {p.CODE: Path(sys.modules[p.__module__].__file__ or "").resolve() for p in PASSES}
-    modules = [*CODEMODS.glob("*.py"), *(ROOT / "src" / "jaxmigrate").rglob("*.py")]
+    modules = [*CODEMODS.rglob("*.py"), *(ROOT / "src" / "jaxmigrate").rglob("*.py")]
     for module in modules:
         for code in literal_strings(module) & codes.keys():
             assert module.resolve() == codes[code], f"{module.name} spells {code}"
