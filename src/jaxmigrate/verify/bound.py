@@ -127,6 +127,7 @@ def rerun(
         "spans": spans,
         "functions": {},
         "outputs": [p.id for p in plans],
+        "deep": sorted({p.path for p in plans if p.request.command}),  # notebooks' scripts
     }
     plan_file.write_text(json.dumps(recorder_plan), encoding="utf-8")
     error = run_command(command, ws, config, plan_file, side="candidate")
