@@ -178,7 +178,24 @@ def verify_notebooks(
                 continue
             verdict = judge_one(plan, recording, again, worker, named)
             verdicts[plan.id] = replace(verdict, details={**verdict.details, "unit": "notebook"})
+        demote(group, verdicts)
     return verdicts
+
+
+def demote(group: Sequence[Plan], verdicts: dict[str, Verdict]) -> None:
+    """Demote the verified sites of a notebook that has a failed one, in place.
+
+    The cells ran with every site rewritten; without the failed one, the text that will be
+    written was not run.
+    """
+    if not any(verdicts[p.id].status is Status.FAILED for p in group):
+        return
+    note = "not re-verified without the failed sites of its notebook"
+    for plan in group:
+        verdict = verdicts[plan.id]
+        if verdict.status is Status.VERIFIED:
+            details = {**verdict.details, "verified_with_all_sites": True}
+            verdicts[plan.id] = Verdict(Status.UNVERIFIED, note, details)
 
 
 def not_run(plan: Plan, error: str, starts: Mapping[int, int]) -> Verdict:
