@@ -128,7 +128,7 @@ def apply_hint(site: Site) -> str:
     if site.cell is not None and site.details.get("unit") == "notebook":
         return "make the notebook run here (see its reason), or --unsafe-fixes after reviewing the diff"
     if site.cell is not None:
-        return "verification on (the notebook's cells are run), or --unsafe-fixes after reviewing the diff"
+        return "run with verification (it runs the notebook's cells), or --unsafe-fixes"
     if site.details.get("verify_with"):  # the command ran: suggesting it again would not help
         return "a --verify-with command that calls it, __jaxmigrate_examples__, or --unsafe-fixes"
     return "--verify-with CMD (record real inputs) or --unsafe-fixes"
