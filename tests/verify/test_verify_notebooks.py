@@ -3,7 +3,8 @@
 A Colab-style notebook with a pmap train step (and a `%matplotlib inline` line) is verified and
 written under the default policy; a hand migration that gets the collective wrong is `failed`
 under `verify --against`, the right one `verified`; a notebook importing a package that is not
-installed stays `unverified`, saying so, and is not written.
+installed stays `unverified`, saying so, and is not written; one whose original imports what JAX
+removed is recorded through its safe rewrites.
 """
 
 from __future__ import annotations
@@ -170,3 +171,18 @@ def test_a_notebook_that_cannot_run_here_stays_unverified_and_unwritten(tmp_path
         "ModuleNotFoundError: No module named 'not_installed_here' (cell 1, line 7)"
     )
     assert path.read_text() == text
+
+
+@pytest.mark.jax
+def test_a_notebook_with_a_removed_import_is_recorded_through_its_safe_rewrites(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "train.ipynb"
+    removed = "\nfrom jax.experimental import PartitionSpec as P"  # gone from JAX: ImportError
+    path.write_text(notebook([*IMPORTS, removed], TRAIN_STEP, LOOP))
+    proc = jaxmigrate("run", "--report", "out.json", "--format", "json", ".", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = json.loads((tmp_path / "out.json").read_text())["files"]
+    pmap = next(s for s in files[0]["sites"] if s["code"] == "JM202")
+    assert (pmap["status"], pmap["applied"]) == ("verified", True)
+    assert pmap["details"]["reference"] == "safe-rewrites"

@@ -17,6 +17,7 @@ import ast
 import posixpath
 import re
 import shlex
+import shutil
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -34,9 +35,9 @@ from jaxmigrate.notebook import (
 )
 from jaxmigrate.verify.bound import judge_one, rerun
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
-from jaxmigrate.verify.planner import Plan
+from jaxmigrate.verify.planner import SAFE_REWRITES, Plan
 from jaxmigrate.verify.pool import Worker
-from jaxmigrate.verify.recording import record
+from jaxmigrate.verify.recording import Recording, record
 from jaxmigrate.verify.workspace import Workspace
 
 # Cell magics whose body is plain Python that runs once: the body runs, the magic line is masked.
@@ -130,15 +131,26 @@ def command_for(relpath: str, python: str) -> str:
 
 
 def notebook_request(
-    relpath: str, old: str, candidate: str, sites: Sequence[Site], python: str
+    relpath: str,
+    old: str,
+    candidate: str,
+    sites: Sequence[Site],
+    python: str,
+    baseline: str | None = None,
 ) -> VerifyRequest | str:
-    """Return the request that verifies a notebook's sites as its script's, or why it cannot."""
+    """Return the request that verifies a notebook's sites as its script's, or why it cannot.
+
+    `baseline` is the notebook with only its safe sites rewritten: the reference when the
+    original cells cannot run on the installed JAX (a removed import).
+    """
     before, after = program(old), program(candidate)
     problem = before.problem or after.problem
     if problem:
         return f"the notebook cannot run here: {problem}"
     located = tuple(replace(s, line=before.line_of(s), cell=None) for s in sites)
+    safe = program(baseline) if baseline is not None else None
     return VerifyRequest(
+        baseline=safe.code if safe is not None and not safe.problem else None,
         path=script_path(relpath),
         original=before.code,
         candidate=after.code,
@@ -167,19 +179,47 @@ def verify_notebooks(
         # The script runs from the notebook's folder, whatever directory jaxmigrate ran from.
         run_config = replace(config, workdir=None, verify_with=command)
         recording = record(command, group, ws, run_config)
-        again = rerun(command, group, candidates, ws, run_config)
         shown = f"{request.label} (its code cells, in order)"
         error = recording.error.replace(f"`{command}`", f"`{shown}`")
+        reference, extra = "original", ""
+        if recording.error and not any(p.id in recording.calls for p in group):
+            safe = through_safe_rewrites(group, ws, run_config)
+            if safe is not None and safe.calls:
+                recording, reference = safe, SAFE_REWRITES
+            elif safe is not None:
+                extra = f"; with its safe rewrites only: {failure(group[0], safe.error, {})}"
+        again = rerun(command, group, candidates, ws, run_config)
         again = replace(again, error=again.error.replace(f"`{command}`", f"`{shown}`"))
         named = replace(config, verify_with=shown)
         for plan in group:
             if plan.id not in recording.calls:
-                verdicts[plan.id] = not_run(plan, error, request.cells)
+                verdicts[plan.id] = not_run(plan, error, request.cells, extra)
                 continue
             verdict = judge_one(plan, recording, again, worker, named)
-            verdicts[plan.id] = replace(verdict, details={**verdict.details, "unit": "notebook"})
+            details = {**verdict.details, "unit": "notebook", "reference": reference}
+            verdicts[plan.id] = replace(verdict, details=details)
         demote(group, verdicts)
     return verdicts
+
+
+def through_safe_rewrites(
+    group: Sequence[Plan], ws: Workspace, config: VerifyConfig
+) -> Recording | None:
+    """Record the notebook with only its safe sites rewritten; None when it has no such text.
+
+    The original cells failed (say, `from jax.experimental import PartitionSpec`): the safe
+    rewrites alone may make them run on the installed JAX, and are then the reference.
+    """
+    request = group[0].request
+    if request.baseline is None or request.baseline == request.original:
+        return None
+    tree = ws.base / f"run-{SAFE_REWRITES}"
+    if not tree.exists():
+        shutil.copytree(ws.original, tree, symlinks=True)
+    (tree / request.path).write_text(request.baseline, encoding="utf-8")
+    texts = {request.path: request.baseline}
+    ran = rerun(request.command, group, texts, ws, config, side=SAFE_REWRITES)
+    return Recording(ran.calls, error=ran.error)
 
 
 def demote(group: Sequence[Plan], verdicts: dict[str, Verdict]) -> None:
@@ -198,7 +238,7 @@ def demote(group: Sequence[Plan], verdicts: dict[str, Verdict]) -> None:
             verdicts[plan.id] = Verdict(Status.UNVERIFIED, note, details)
 
 
-def not_run(plan: Plan, error: str, starts: Mapping[int, int]) -> Verdict:
+def not_run(plan: Plan, error: str, starts: Mapping[int, int], extra: str = "") -> Verdict:
     """Return the verdict of a site the notebook's cells never called.
 
     When the cells failed, the reason is the exception's last line and the cell it came from;
@@ -209,9 +249,8 @@ def not_run(plan: Plan, error: str, starts: Mapping[int, int]) -> Verdict:
         why = "the notebook's cells, run in order, made no call of it"
         return Verdict(Status.UNVERIFIED, why, details)
     details["notebook_error"] = error
-    return Verdict(
-        Status.UNVERIFIED, f"the notebook cannot run here: {failure(plan, error, starts)}", details
-    )
+    why = f"the notebook cannot run here: {failure(plan, error, starts)}{extra}"
+    return Verdict(Status.UNVERIFIED, why, details)
 
 
 def failure(plan: Plan, error: str, starts: Mapping[int, int]) -> str:
@@ -234,11 +273,21 @@ def request_for_notebook(
     result: FileResult, relpath: str, options: Options, python: str
 ) -> VerifyRequest | str:
     """Return the request of a migrated notebook (every site rewritten), or why it cannot run."""
+    from jaxmigrate.verify.results import safe_alone  # results imports this module
+
     old = result.old_text or ""
     everything = migrate_notebook(
         old, options=replace(options, unsafe_fixes=True), path=result.path
     )
-    return notebook_request(relpath, old, everything.code, result.sites, python)
+    safe = safe_alone(result.sites)
+
+    def only_safe(sites: Sequence[Site]) -> Sequence[Site]:
+        return [replace(s, applied=s.key in safe) for s in sites]
+
+    baseline = None
+    if safe:
+        baseline = migrate_notebook(old, options=options, accept=only_safe, path=result.path).code
+    return notebook_request(relpath, old, everything.code, result.sites, python, baseline)
 
 
 def redecide_notebook(result: FileResult, sites: Sequence[Site], options: Options) -> FileResult:
