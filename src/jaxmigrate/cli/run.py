@@ -172,7 +172,7 @@ def verify_unsafe(results: list[FileResult], settings: Settings) -> list[FileRes
     from jaxmigrate.verify import verify_results
     from jaxmigrate.verify.results import needs_verifying
 
-    verifiable = [r for r in results if needs_verifying(r)]  # notebooks are not verified
+    verifiable = [r for r in results if needs_verifying(r)]
     unsafe = sum(s.safety is Safety.UNSAFE for r in verifiable for s in r.sites)
     if not unsafe:
         return results

@@ -63,6 +63,7 @@ def verify(
     from jaxmigrate.verify import VerifyConfig, annotate
     from jaxmigrate.verify.against import GitError, requests_against
     from jaxmigrate.verify.config import default_jobs
+    from jaxmigrate.verify.notebooks import located
     from jaxmigrate.verify.session import verify as run_verification
 
     chosen = list(paths or [])
@@ -80,10 +81,18 @@ def verify(
             jobs=jobs or config.jobs or default_jobs(),
             workdir=Path.cwd(),
         )
-        requests = requests_against(root, against, [str(p.resolve()) for p in chosen])
+        requests = requests_against(
+            root, against, [str(p.resolve()) for p in chosen], settings.python
+        )
         verdicts = run_verification(requests, settings)
         results = [
-            FileResult(r.path, Bucket.UNCHANGED, sites=annotate(r.path, r.sites, verdicts))
+            FileResult(
+                r.label or r.path,
+                Bucket.UNCHANGED,
+                sites=located(annotate(r.path, r.sites, verdicts), r.cells)
+                if r.cells
+                else annotate(r.path, r.sites, verdicts),
+            )
             for r in requests
         ]
         problem = verify_with_problem(results)

@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from jaxmigrate.toolkit.passes import Pass
 
 NOT_VERIFIED = (
-    "notebook cells are not verified by execution: review the diff, then pass --unsafe-fixes"
+    "not verified by execution yet: with verification on, the notebook's code cells are run "
+    "in order on both sides; else review the diff, then pass --unsafe-fixes"
 )
 _IPYTHON = re.compile(
     r"""[ \t]*(?:

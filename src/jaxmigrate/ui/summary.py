@@ -125,8 +125,10 @@ def apply_hint(site: Site) -> str:
         return "jaxmigrate run --interactive (resumes the review)"
     if site.reason == REJECTED:
         return "jaxmigrate run --interactive, and answer y"
+    if site.cell is not None and site.details.get("unit") == "notebook":
+        return "make the notebook run here (see its reason), or --unsafe-fixes after reviewing the diff"
     if site.cell is not None:
-        return "--unsafe-fixes after reviewing the diff (notebook cells are not verified)"
+        return "run with verification (it runs the notebook's cells), or --unsafe-fixes"
     if site.details.get("verify_with"):  # the command ran: suggesting it again would not help
         return "a --verify-with command that calls it, __jaxmigrate_examples__, or --unsafe-fixes"
     return "--verify-with CMD (record real inputs) or --unsafe-fixes"

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import ast
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from jaxmigrate.model import Safety, Site
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
+from jaxmigrate.verify.notebooks import command_for, program, script_path
 from jaxmigrate.verify.session import Key, verify
 from jaxmigrate.verify.targets import DEFS, assigned_names, start_line
 
@@ -38,7 +40,7 @@ def git(root: Path, *args: str) -> str:
 def changed_files(root: Path, rev: str, paths: Sequence[str]) -> list[str]:
     """Return the Python files modified between `rev` and the working tree, relative to root."""
     out = git(root, "diff", "--name-only", "--relative", "--diff-filter=M", rev, "--", *paths)
-    return [line for line in out.splitlines() if line.endswith(".py")]
+    return [line for line in out.splitlines() if line.endswith((".py", ".ipynb"))]
 
 
 def definitions(text: str) -> dict[str, ast.stmt]:
@@ -73,12 +75,21 @@ def changed_sites(old: str, new: str, rev: str) -> tuple[Site, ...]:
     return tuple(sites)
 
 
-def requests_against(root: Path, rev: str, paths: Sequence[str]) -> list[VerifyRequest]:
-    """Return a request per modified file, with its changed definitions as sites."""
+def requests_against(
+    root: Path, rev: str, paths: Sequence[str], python: str = sys.executable
+) -> list[VerifyRequest]:
+    """Return a request per modified file, with its changed definitions as sites.
+
+    A notebook's code cells are compared as the script that runs them (`verify.notebooks`),
+    run by `python`; a notebook that cannot become one is left out.
+    """
     requests = []
     for relpath in changed_files(root, rev, paths):
         old = git(root, "show", f"{rev}:./{relpath}")
         new = (root / relpath).read_text(encoding="utf-8")
+        if relpath.endswith(".ipynb"):
+            requests += notebook_against(relpath, old, new, rev, python)
+            continue
         try:
             sites = changed_sites(old, new, rev)
         except SyntaxError:
@@ -94,3 +105,29 @@ def verify_against(rev: str, paths: Sequence[str], config: VerifyConfig) -> dict
     Returns a verdict per (path, `changed:<name>`); raises GitError if git cannot answer.
     """
     return verify(requests_against(config.root, rev, paths), config)
+
+
+def notebook_against(
+    relpath: str, old: str, new: str, rev: str, python: str
+) -> list[VerifyRequest]:
+    """Return the request of a notebook changed by hand: its changed definitions, as sites."""
+    before, after = program(old), program(new)
+    if before.problem or after.problem:
+        return []
+    try:
+        sites = changed_sites(before.code, after.code, rev)
+    except SyntaxError:
+        return []
+    if not sites:
+        return []
+    return [
+        VerifyRequest(
+            script_path(relpath),
+            before.code,
+            after.code,
+            sites,
+            command=command_for(relpath, python),
+            label=relpath,
+            cells=before.starts,
+        )
+    ]

@@ -106,9 +106,14 @@ def candidate_span(plan: Plan, candidate: str) -> tuple[int, int] | None:
 
 
 def rerun(
-    command: str, plans: Sequence[Plan], texts: dict[str, str], ws: Workspace, config: VerifyConfig
+    command: str,
+    plans: Sequence[Plan],
+    texts: dict[str, str],
+    ws: Workspace,
+    config: VerifyConfig,
+    side: str = "candidate",
 ) -> Rerun:
-    """Run `command` on the rewritten copy, recording the calls of each bound site."""
+    """Run `command` on the rewritten copy (or `side`'s), recording the calls of each bound site."""
     spans: dict[str, list[list[Any]]] = defaultdict(list)
     unplaced = {}
     for plan in plans:
@@ -117,19 +122,20 @@ def rerun(
             unplaced[plan.id] = "the rewrite has no statement where the site was"
         else:
             spans[plan.path].append([*span, plan.id])
-    folder = ws.base / "records-candidate"
+    folder = ws.base / f"records-{side}"
     folder.mkdir(exist_ok=True)
-    plan_file = ws.base / "record-plan-candidate.json"
+    plan_file = ws.base / f"record-plan-{side}.json"
     recorder_plan = {
-        "root": str(scratch(ws, "candidate")),
+        "root": str(scratch(ws, side)),
         "out": str(folder),
         "max_calls": config.max_calls,
         "spans": spans,
         "functions": {},
         "outputs": [p.id for p in plans],
+        "deep": sorted({p.path for p in plans if p.request.command}),  # notebooks' scripts
     }
     plan_file.write_text(json.dumps(recorder_plan), encoding="utf-8")
-    error = run_command(command, ws, config, plan_file, side="candidate")
+    error = run_command(command, ws, config, plan_file, side=side)
     return Rerun(collect(ws, config.max_calls, config.processes, folder), error, unplaced)
 
 

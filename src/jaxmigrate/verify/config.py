@@ -75,6 +75,9 @@ class VerifyRequest:
     `alternatives[key]` is `candidate` with site `key` in another form (the idiomatic pmap
     rewrite, body unchanged); when the emitted form verifies, the alternative is verified too
     and the verdict's details say how it went (`alternative`: site, status, reason).
+    `command`, when given, is the program that runs this file (a notebook's code cells as a
+    script): every site is bound to it (`verify.notebooks`); `label` names the file to the user
+    and `cells` gives where each of the notebook's code cells starts in the script.
     """
 
     path: str
@@ -85,6 +88,9 @@ class VerifyRequest:
     baseline: str | None = None
     alternatives: Mapping[str, str] = field(default_factory=dict)
     files: Mapping[str, str] = field(default_factory=dict)  # project modules it imports, by path
+    command: str = ""
+    label: str = ""
+    cells: Mapping[int, int] = field(default_factory=dict)  # a script's cell -> first line
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from jaxmigrate.model import Safety, Site, Status
@@ -88,7 +88,9 @@ def plan_file(
             verdicts[site.key] = Verdict(Status.NOT_NEEDED, "safe rewrite")
             continue
         target = find_target(tree, site.line)
-        if target.kind is Kind.BOUND and record:
+        if request.command:  # a notebook: its program is the unit, whatever the target
+            target = replace(target, kind=Kind.BOUND)
+        if target.kind is Kind.BOUND and (record or request.command):
             key = f"{target.qualname}@{target.first}"
             grouped.setdefault(key, (target, []))[1].append(site)
             continue

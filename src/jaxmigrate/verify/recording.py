@@ -69,6 +69,7 @@ def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> dict
         "spans": spans,
         "functions": functions,
         "outputs": [p.id for p in plans if p.target.kind is Kind.BOUND],
+        "deep": sorted({p.path for p in plans if p.request.command}),
     }
 
 

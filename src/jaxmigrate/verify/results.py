@@ -19,6 +19,7 @@ from jaxmigrate.pipeline.engine import PassList, decide, needed, parse_module, r
 from jaxmigrate.pipeline.files import home_of
 from jaxmigrate.registry import chosen_passes
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
+from jaxmigrate.verify.notebooks import cannot_run, redecide_notebook, request_for_notebook
 from jaxmigrate.verify.session import Key, verify
 
 
@@ -89,8 +90,8 @@ def safe_alone(sites: Sequence[Site]) -> frozenset[str]:
 
 
 def needs_verifying(result: FileResult) -> bool:
-    """Notebooks are not verified: their cells are not a module the workers could import."""
-    if result.old_text is None or result.path.endswith(".ipynb"):
+    """Return whether a file has unsafe sites (a notebook's are verified by running its cells)."""
+    if result.old_text is None:
         return False
     return any(s.safety is Safety.UNSAFE for s in result.sites)
 
@@ -126,9 +127,16 @@ def verify_results(
     chosen = chosen_passes(options) if passes is None else passes
     wanted = {}
     outside = set()
+    cannot: dict[str, str] = {}  # notebooks that cannot run here, and why
     for result in results:
         rel = relative(result.path, config.root)
-        if needs_verifying(result) and rel is not None:
+        if needs_verifying(result) and rel is not None and result.path.endswith(".ipynb"):
+            made = request_for_notebook(result, rel, options, config.python)
+            if isinstance(made, str):
+                cannot[result.path] = made
+            else:
+                wanted[result.path] = (made.path, made)
+        elif needs_verifying(result) and rel is not None:
             wanted[result.path] = (rel, request_for(result, rel, options, chosen))
         elif needs_verifying(result):
             outside.add(result.path)
@@ -137,7 +145,12 @@ def verify_results(
     for result in results:
         if result.path in wanted:
             sites = annotate(wanted[result.path][0], result.sites, verdicts)
-            result = redecide(result, sites, options, chosen)
+            if result.path.endswith(".ipynb"):
+                result = redecide_notebook(result, sites, options)
+            else:
+                result = redecide(result, sites, options, chosen)
+        elif result.path in cannot:
+            result = replace(result, sites=cannot_run(result.sites, cannot[result.path]))
         elif result.path in outside:
             why = f"not verified: the file lies outside the project root {config.root}"
             sites = tuple(

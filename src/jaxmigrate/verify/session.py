@@ -21,6 +21,7 @@ from jaxmigrate.verify.bound import judge_bound, rerun
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.judge import candidate_verdict, original_verdict, test_folder
 from jaxmigrate.verify.messages import Sources, Task, make_task
+from jaxmigrate.verify.notebooks import verify_notebooks
 from jaxmigrate.verify.planner import Plan, plan_all
 from jaxmigrate.verify.pool import Reply, Worker
 from jaxmigrate.verify.processes import processes_hint
@@ -263,17 +264,21 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
     plans, verdicts = plan_all(requests, config.root, record=bool(config.verify_with))
     if not plans:
         return verdicts
-    bound = [p for p in plans if p.target.kind is Kind.BOUND]
-    runnable = [p for p in plans if p.target.kind is not Kind.BOUND]
+    notebooks = [p for p in plans if p.request.command]
+    modules = [p for p in plans if not p.request.command]
+    bound = [p for p in modules if p.target.kind is Kind.BOUND]
+    runnable = [p for p in modules if p.target.kind is not Kind.BOUND]
     originals = {r.path: r.original for r in requests}
     candidates = {path: text for r in requests for path, text in r.files.items()}
     candidates.update({r.path: r.candidate for r in requests})
     with workspace(config.root, originals, candidates) as ws:
         recording = (
-            record(config.verify_with, plans, ws, config) if config.verify_with else Recording()
+            record(config.verify_with, modules, ws, config)
+            if config.verify_with and modules
+            else Recording()
         )
         again = rerun(config.verify_with or "", bound, candidates, ws, config) if bound else None
-        count = max(1, min(config.jobs, len({p.path for p in plans})))
+        count = max(1, min(config.jobs, len({p.path for p in modules})))
         with lanes_for(config, ws, count) as lanes:
             run = Run(config, ws, lanes, recording)
             by_plan = run_rounds(run, requests, runnable) if runnable else {}
@@ -282,11 +287,15 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
                 found = judge_bound(bound, recording, again, lanes[0].candidate, config)
                 paths = {p.id: p.path for p in plans}
                 by_plan.update(demote_bound(bound, found, by_plan, paths))
+            if notebooks:
+                by_plan.update(
+                    verify_notebooks(notebooks, candidates, ws, lanes[0].candidate, config)
+                )
     for plan in plans:
         verdict = with_processes_hint(by_plan[plan.id], plan, config)
-        if recording.note:
+        if recording.note and not plan.request.command:
             verdict = replace(verdict, details={**verdict.details, "verify_with": recording.note})
-        if recording.error:
+        if recording.error and not plan.request.command:
             error = {"verify_with_error": recording.error}
             verdict = replace(verdict, details={**verdict.details, **error})
         verdicts.update({(plan.path, site.key): verdict for site in plan.sites})

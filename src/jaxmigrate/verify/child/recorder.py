@@ -47,6 +47,9 @@ ENTRY_POINTS: dict[str, tuple[str, ...]] = {
 }
 
 
+MAX_DEPTH = 8  # callers looked at in a deep file
+
+
 @dataclass(frozen=True)
 class Span:
     """Lines of one file whose legacy-API calls create the callable of target `target`."""
@@ -67,6 +70,7 @@ class Recorder:
     spans: dict[str, list[Span]]
     functions: dict[str, dict[str, str]]
     outputs: frozenset[str] = frozenset()  # targets whose outputs are recorded too (bound sites)
+    deep: frozenset[str] = frozenset()  # files whose spans hold what their callers there create
     counts: dict[str, int] = field(default_factory=dict)
     trees: dict[str, tuple[ast.Module, str] | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -79,10 +83,25 @@ class Recorder:
         return os.path.relpath(path, self.root)
 
     def span_at(self, frame: FrameType) -> Span | None:
-        """Return the span holding the line `frame` is executing, if any."""
+        """Return the span holding the line `frame` is executing, if any.
+
+        In a `deep` file (a notebook's script) the callers in the same file are looked at too:
+        the helper a rewrite defines in the notebook (`shard_map_per_device`) calls `jax.jit`
+        for the site's statement, from its own lines.
+        """
         rel = self.relative(frame.f_code.co_filename)
+        found = self.span_in(rel, frame.f_lineno)
+        caller, depth = frame.f_back, 0
+        while found is None and rel in self.deep and caller is not None and depth < MAX_DEPTH:
+            if self.relative(caller.f_code.co_filename) != rel:
+                break
+            found = self.span_in(rel, caller.f_lineno)
+            caller, depth = caller.f_back, depth + 1
+        return found
+
+    def span_in(self, rel: str | None, line: int) -> Span | None:
         for span in self.spans.get(rel or "", ()):
-            if span.first <= frame.f_lineno <= span.last:
+            if span.first <= line <= span.last:
                 return span
         return None
 
@@ -303,7 +322,10 @@ def load_plan(path: str) -> Recorder:
     }
     root = os.path.realpath(plan["root"])
     outputs = frozenset(plan.get("outputs", ()))
-    return Recorder(root, plan["out"], int(plan["max_calls"]), spans, plan["functions"], outputs)
+    deep = frozenset(plan.get("deep", ()))
+    return Recorder(
+        root, plan["out"], int(plan["max_calls"]), spans, plan["functions"], outputs, deep
+    )
 
 
 def install(plan_path: str) -> Recorder:
