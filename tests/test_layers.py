@@ -82,6 +82,20 @@ def layer_of(module: str) -> int:
     return best
 
 
+def test_every_import_of_jaxmigrate_names_a_module_that_exists() -> None:
+    """A module moved into a package leaves no import of its old place behind."""
+    missing = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                if node.module.startswith("jaxmigrate") and node.module not in MODULES:
+                    missing.append(f"{name}: from {node.module} import ...")
+            elif isinstance(node, ast.Import):
+                wanted = [a.name for a in node.names if a.name.startswith("jaxmigrate")]
+                missing += [f"{name}: import {w}" for w in wanted if w not in MODULES]
+    assert not missing, missing
+
+
 def test_every_module_is_in_a_layer() -> None:
     for module in MODULES:
         layer_of(module)

@@ -240,6 +240,12 @@ PYTHON_MAX_BRACKETS = 200  # CPython's tokenizer refuses deeper nesting of brack
 _BRACKETS = re.compile(r"[][(){}]")
 
 
+def safe_alone(sites: Sequence[Site]) -> frozenset[str]:
+    """Return the keys of safe sites that can be applied alone (no unsafe site in their group)."""
+    tied = {s.group for s in sites if s.group is not None and s.safety is Safety.UNSAFE}
+    return frozenset(s.key for s in sites if s.safety is Safety.SAFE and s.group not in tied)
+
+
 def parse_module(code: str) -> cst.Module:
     """Return `cst.parse_module(code)`, without validating again every node the parser built.
 

@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from jaxmigrate.engine import decide
 from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site, Status
-from jaxmigrate.notebook import (
+from jaxmigrate.pipeline.engine import decide, safe_alone
+from jaxmigrate.pipeline.notebook import (
     NotebookError,
     code_cells,
     load,
@@ -273,7 +273,6 @@ def request_for_notebook(
     result: FileResult, relpath: str, options: Options, python: str
 ) -> VerifyRequest | str:
     """Return the request of a migrated notebook (every site rewritten), or why it cannot run."""
-    from jaxmigrate.verify.results import safe_alone  # results imports this module
 
     old = result.old_text or ""
     everything = migrate_notebook(

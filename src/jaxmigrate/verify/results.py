@@ -15,7 +15,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from jaxmigrate.model import Bucket, FileResult, Options, ProjectFile, Safety, Site
-from jaxmigrate.pipeline.engine import PassList, decide, needed, parse_module, run_passes
+from jaxmigrate.pipeline.engine import (
+    PassList,
+    decide,
+    needed,
+    parse_module,
+    run_passes,
+    safe_alone,
+)
 from jaxmigrate.pipeline.files import home_of
 from jaxmigrate.registry import chosen_passes
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
@@ -81,12 +88,6 @@ def request_for(
         rewrite=lambda keys: render(old, result.path, options, keys, passes),
         baseline=render(old, result.path, options, safe, passes) if safe else None,
     )
-
-
-def safe_alone(sites: Sequence[Site]) -> frozenset[str]:
-    """Return the keys of safe sites that can be applied alone (no unsafe site in their group)."""
-    tied = {s.group for s in sites if s.group is not None and s.safety is Safety.UNSAFE}
-    return frozenset(s.key for s in sites if s.safety is Safety.SAFE and s.group not in tied)
 
 
 def needs_verifying(result: FileResult) -> bool:
