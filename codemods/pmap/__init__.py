@@ -1,0 +1,376 @@
+"""Rewrite `jax.pmap` as `jax.jit(jax.shard_map(...))`.
+
+## Why
+Since JAX 0.8.0 `jax.pmap` is a thin shim over `jit` + `shard_map` with behaviour changes of its
+own (nested pmap no longer runs, negative axes are wrong, inputs committed to one device are
+rejected), and the JAX team asks users to move to `jax.jit(jax.shard_map(...))` (docs:
+`migrate_pmap`). The two differ in one way that silently changes numbers: pmap removes the mapped
+axis before calling the function, shard_map hands it a block that keeps it (size 1), so
+`x.shape[0]`, `x.sum()`, a 1-D `jnp.dot`, an untiled `all_gather` or a PRNG key mean something
+else in the body.
+
+## Before
+```python
+import functools
+
+import jax
+
+
+@functools.partial(jax.pmap, axis_name="batch", donate_argnums=(0,))
+def train_step(params, batch):
+    grads = jax.grad(loss)(params, batch)
+    return params - 0.1 * jax.lax.pmean(grads, "batch")
+```
+
+## After
+```python
+import functools
+
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+
+def shard_map_per_device(
+    f, *, axis_name, in_specs, out_specs, devices=None, backend=None, **jit_options
+):
+    \"\"\"Run `f` as `jax.pmap` does, in `jax.jit`: one call per device, on its slice.\"\"\"
+    names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+    specs = (in_specs, P(*names))  # pmap maps keyword arguments over their leading axis
+
+    def at_mapped_axes(specs, tree, fn):  # fn(leaf, axes) on each leaf its spec maps
+        def under(spec, subtree):
+            axes = tuple(tuple(spec).index(n) for n in names if n in (spec or ()))
+            return jax.tree.map(lambda x: fn(x, axes), subtree) if axes else subtree
+
+        return jax.tree.map(under, specs, tree, is_leaf=lambda s: s is None)
+
+    def per_device(args, kwargs):
+        args, kwargs = at_mapped_axes(specs, (args, kwargs), jax.lax.squeeze)
+        return at_mapped_axes(out_specs, f(*args, **kwargs), jax.lax.expand_dims)
+
+    def mesh_of(args, kwargs, processes):  # pmap's: the first devices, by process
+        sizes = []
+        at_mapped_axes(
+            specs, (args, kwargs), lambda x, ax: sizes.append([x.shape[a] for a in ax])
+        )
+        shape = [sizes[0][0] * processes, *sizes[0][1:]]
+        pool = jax.devices(backend) if devices is None else devices
+        pool = sorted(pool, key=lambda d: d.process_index)
+        return jax.sharding.Mesh(np.reshape(pool[: np.prod(shape)], shape), names)
+
+    def on_devices(*args, **kwargs):  # runs when jax.jit traces: devices are found then
+        mesh = mesh_of(args, kwargs, 1)
+        # check_vma=False as in pmap: True would sum the gradients of replicated values
+        return jax.shard_map(
+            per_device, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False
+        )(args, kwargs)
+
+    jitted = jax.jit(on_devices, **jit_options)
+
+    def call(*args, **kwargs):
+        processes = jax.process_count(backend)
+        if processes == 1:
+            return jitted(*args, **kwargs)
+        # As pmap: each process passes its own devices' slices, and gets its own back.
+        from jax.experimental import multihost_utils as hosts
+
+        def to_global(spec, tree):  # Python scalars stay: jax.jit takes them as given
+            def put(x):
+                return hosts.host_local_array_to_global_array(x, mesh, spec)
+
+            return jax.tree.map(lambda x: put(x) if hasattr(x, "shape") else x, tree)
+
+        mesh = mesh_of(args, kwargs, processes)
+        args, kwargs = jax.tree.map(
+            lambda s, t: t if s is None else to_global(s, t),
+            specs,
+            (args, kwargs),
+            is_leaf=lambda s: s is None,
+        )
+        out = jitted(*args, **kwargs)
+        return hosts.global_array_to_host_local_array(out, mesh, out_specs)
+
+    return call
+
+
+@functools.partial(
+    shard_map_per_device,
+    axis_name="batch",
+    in_specs=P("batch"),
+    out_specs=P("batch"),
+    donate_argnums=(0,),
+)
+def train_step(params, batch):
+    grads = jax.grad(loss)(params, batch)
+    return params - 0.1 * jax.lax.pmean(grads, "batch")
+```
+
+The body is left exactly as it was: `shard_map_per_device`, written once per module, gives it
+pmap's per-device view (each mapped axis squeezed on entry, every output expanded back on exit,
+which is what JAX 0.10.2's own pmap does), so every body keeps its meaning, and callers keep
+theirs: outputs still carry the leading device axis, so `flax.jax_utils.replicate/unreplicate`,
+`shard(batch)`, `out[0]` and `jax.local_device_count()` reshapes work unchanged. The mesh is
+pmap's: an Auto `Mesh` of the first n devices in `jax.devices()` order, n the size of the mapped
+axis, built when `jax.jit` first traces a call (never at import, so `jax.distributed.initialize()`
+and `XLA_FLAGS` set in `main()` still take effect), or of `devices=` / `backend=` when given.
+The helper owns the `jax.jit` (`static_argnums`/`donate_argnums` are passed through to it): on a
+multi-process job (`jax.distributed`), as in pmap, each process passes its own devices' slices;
+they become its part of global arrays (`multihost_utils.host_local_array_to_global_array`) before
+the jitted call, over a mesh of every device of the job, each process's devices together (pmap's
+order), and each process gets its own part of the results back
+(`global_array_to_host_local_array`). In one process the call is `jax.jit`'s and nothing else.
+
+## Two forms: program-level (the default) and faithful
+`pmap-style = "idiomatic"` (`[tool.jaxmigrate]`, `--pmap-style` on `run` and `check`; the
+default) takes the **program-level** form wherever the data flow around the step is fully visible:
+the step is made and called in one function, its arguments are replicated values
+(`flax.jax_utils.replicate`, `jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`,
+`jnp.stack([x] * n)`), splits of a flat batch (`x.reshape((n, -1) + x.shape[1:])` or its
+`jax.tree.map`, `common_utils.shard`), `in_axes=None` or static arguments, or its own results fed
+back; its results are read only as `r[0]`, `jax.tree.map(lambda v: v[0], r)`, `unreplicate(r)`,
+`step(...)[0]` or fed back; and each result is the same on every device (a `pmean`/`psum`/`pmax`/
+`pmin` result, or computed from replicated values alone, read from the body's straight-line code),
+or is read only flattened over the devices (`r.reshape(-1)`, `r.reshape((-1,) + r.shape[2:])`:
+per-example predictions), which gets `P(axis)` and becomes this process's part of the flat result
+(`multihost_utils.global_array_to_host_local_array`; in one process, all of it).
+The device axis then disappears, as in the public migrations (big_vision, AlgoPerf, flax lm1b):
+
+```python
+def main():
+    n = jax.local_device_count()
+    p_train_step = jax.pmap(train_step, axis_name="batch", donate_argnums=(0,))
+    params = jax.tree.map(lambda x: jnp.broadcast_to(x, (n,) + x.shape), params)
+    for x, y in batches:
+        batch = jax.tree.map(lambda v: v.reshape((n, -1) + v.shape[1:]), {"x": x, "y": y})
+        params, loss = p_train_step(params, batch)
+        log(loss[0])
+    params = jax.tree.map(lambda x: x[0], params)
+```
+becomes
+```python
+def main():
+    n = jax.local_device_count()
+    mesh = jax.sharding.Mesh(jax.devices(), ("batch",))
+    batch_sharding = jax.sharding.NamedSharding(mesh, P("batch"))
+    p_train_step = jax.jit(
+        jax.shard_map(
+            train_step,
+            mesh=mesh,
+            in_specs=(P(), P("batch")),
+            out_specs=(P(), P()),
+            check_vma=False,
+        ),
+        donate_argnums=(0,),
+    )
+    for x, y in batches:
+        batch = jax.make_array_from_process_local_data(batch_sharding, {"x": x, "y": y})
+        params, loss = p_train_step(params, batch)
+        log(loss)
+```
+The mesh (every device of the job, `jax.devices()` order) is made once, where the step was made;
+replicated arguments and results are `P()` and passed or read as they are (the replication and
+the readbacks are deleted); a batch is `P(axis)`: its per-device block is exactly the old
+per-device slice, so the body is unchanged, collectives included; on a multi-process job each
+process's flat batch becomes its part of the global batch (`make_array_from_process_local_data`;
+in one process, the batch itself). `in_axes=None` -> `P()`, `static_broadcasted_argnums` ->
+`static_argnums` (spec `None`), `donate_argnums` kept. `check_vma=False` keeps pmap's numbers: the
+body's `pmean` of per-device gradients of a `P()` parameter (with `check_vma=True` those come out
+already summed over devices; cookbook rule 9). The step and every replicate/split/readback edit
+are one group of sites: written together or not at all. Anything else (a step made at module
+level or by a decorator, passed to other code, arguments from outside the function, a result that
+differs between devices, a body with control flow) gets the faithful form below, and the site's
+message says why the program-level form was not taken. `pmap-style = "faithful"` selects the
+faithful form everywhere. Fixtures: `tests/fixtures/pmap/program_*.py`, each paired with a
+`faithful_program_*.py` of the same program (both executed on 8 CPU devices).
+
+Forms: `jax.pmap(f, ...)` anywhere in an expression (assigned, on attributes, called inline,
+`f = jax.pmap(f)`), `@jax.pmap`, `@functools.partial(jax.pmap, ...)`, with `jax` under any alias
+or `pmap` imported by name, at module level or in a function. Arguments:
+- `axis_name` (positional or keyword) is kept; an unnamed axis gets a name no string in the module
+  uses (`"device"`); `in_axes`/`out_axes` become `in_specs`/`out_specs` of the same structure
+  (`0` -> `P(name)`, `1` -> `P(None, name)`, `None` -> `P()`, tuples and dicts stay so);
+- `static_broadcasted_argnums` -> `static_argnums=` of the helper's `jax.jit`, the static
+  positions of `in_specs` set to `None` (passed through, not sharded); `donate_argnums` is carried
+  to `jax.jit` unchanged (both count static arguments);
+- `devices=` and `backend=` go to the mesh; `axis_size=` is dropped: in one process it only checks
+  the mapped size, which the mesh is built from;
+- keyword arguments of the call are mapped over their leading axis, as pmap maps them;
+- `jax.pmap(jax.pmap(f, axis_name="j"), axis_name="i")` and two stacked pmap decorators become one
+  shard_map over a 2-D mesh `("i", "j")` (nested pmap no longer runs on JAX 0.10.2).
+
+The body is never rewritten into the "idiomatic" shard_map form (seeing a size-1 block): whether
+a body is indifferent to that extra axis cannot be proven from its text in general (it calls
+other functions), and the per-device form costs nothing to keep: the squeeze and expand are free
+in XLA, and `jax.jit` dispatches faster than pmap did (`benchmarks/pmap_step.py`).
+
+## Safety
+unsafe. The per-device form keeps each body's meaning, but the program around it changes: `jit`
+(not pmap) now places inputs, so inputs already sharded differently are resharded instead of
+rejected; `out_axes=None` still returns device 0's value without proof that all devices agree
+(`check_vma=False`, as pmap: with `check_vma=True` a gradient taken in the body with respect to a
+replicated or closed-over value comes out summed over devices, 8x too large on 8 devices, and a
+`lax.scan` whose carry starts replicated raises). On multi-process jobs a call made while tracing
+(the pmapped function called inside another `jax.jit`) is not converted to global arrays.
+
+## Skips
+- `in_axes`/`out_axes` that are computed, negative (they need the rank), booleans, a top-level
+  list or dict (pmap rejects those), or unpack with `*`/`**`.
+- `static_broadcasted_argnums` that is computed, or with one `in_axes` for all arguments when the
+  function's arity is not visible (a lambda, `partial`, an attribute, `*args`, defaults).
+- `axis_name` that is computed (a call or subscript: it would be evaluated twice) or a tuple.
+- Calls with `*args`/`**kwargs`, unknown keywords, more positional arguments than pmap takes, or
+  `fun=` by keyword; `functools.partial(jax.pmap, ...)` kept as a value and `jax.pmap` passed
+  around as a value (its calls are not visible).
+- `functools.partial(jax.pmap, ...)` binding positional arguments (they would fill `fun`).
+- Nested pmap that is not visible in one expression or one def (a pmapped function whose body
+  pmaps again, `jax.pmap(g)` of a `g` pmapped in another statement), whose levels take other
+  arguments than `axis_name` (and `donate_argnums` outside), or that is three levels deep; pmap
+  decorators that are not adjacent.
+- Every site of a module where `shard_map_per_device` already names something else.
+
+## Verification
+The fixtures run each original (or, for nested pmap, the nested-`vmap` oracle) and its rewrite in
+separate processes on an 8-device CPU mesh and compare outputs: rank-sensitive bodies, PRNG keys,
+`out_axes=None`, static arguments, 4 of 8 devices, kwargs, nested pmap and `pure_callback` in the
+body, and `check_vma` traps (a gradient of a closed-over value, a `lax.scan` with a replicated
+initial carry). `jaxmigrate run` verifies each site the same way on the user's own inputs.
+`tests/test_pmap_multihost.py` runs a pmap train step and its rewrite as a real 2-process job
+(gloo collectives, 4 CPU devices per process): every process gets the numpy oracle's weights.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import ClassVar
+
+import libcst as cst
+
+from jaxmigrate.model import Safety
+from jaxmigrate.toolkit.emit import Call, code
+from jaxmigrate.toolkit.names import dotted, walk
+from jaxmigrate.toolkit.scope import ScopeModel
+
+from ._faithful import Faithful
+from ._forms import names_in
+from ._program import Program
+from ._survey import HELPER, PMAP, PmapUse, Survey, fun_arg
+
+PROGRAM_MESSAGE = (
+    "`jax.pmap` -> `jax.jit(jax.shard_map(...))` over the flat data (program-level): replicated "
+    "arguments and results `P()`, batches `P({axis})`, the device axis gone"
+)
+
+
+# The pass in three layers, one per section: `survey.Finding` holds the state and finds the uses,
+# `faithful.Faithful` plans and emits the faithful form, `Pmap` runs both and the program form.
+class Pmap(Faithful):
+    """Rewrite `jax.pmap` as `jax.jit(jax.shard_map(...))`."""
+
+    NAME: ClassVar[str] = "pmap"
+    CODE: ClassVar[str] = "JM202"
+    SAFETY: ClassVar[Safety] = Safety.UNSAFE
+    MIN_JAX: ClassVar[tuple[int, int]] = (0, 7)  # `jax.shard_map` is public from JAX 0.6.1
+    REFERENCE: ClassVar[str | None] = "vmap-oracle"
+    LITERALS: ClassVar[tuple[str, ...]] = ("pmap",)
+    TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\bpmap\b")
+    QUALNAMES: ClassVar[tuple[str, ...]] = (PMAP,)
+
+    def has_candidates(self, tree: cst.Module, names: ScopeModel) -> bool:
+        return "pmap" in names.all_names
+
+    # Finding ------------------------------------------------------------------------------
+    def visit_Module(self, node: cst.Module) -> None:
+        self.survey = Survey(self.resolver)
+        walk(self.survey, node)
+        found = [self._classify(ref, ancestors) for ref, ancestors in self.survey.refs]
+        sites = self._stack_decorators([s for s in found if s is not None])
+        self._mark_nested(sites)
+        self._check_helper_name(node, sites)
+        for site in sites:
+            if site.skip:
+                self.skip(site.node, site.skip)
+            else:
+                self.sites[id(site.node)] = site
+        if self.state.pmap_style == "idiomatic":
+            self._find_programs(node)
+
+    # Rewriting ----------------------------------------------------------------------------
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        site = self.sites.get(id(original_node))
+        if site is None:
+            return updated_node
+        calls = [updated_node]
+        while len(calls) < len(site.pmaps):
+            fun = fun_arg(calls[-1])
+            assert fun is not None and isinstance(fun.value, cst.Call)
+            calls.append(fun.value)
+        plan = self._planned(site, calls)
+        if plan is None:
+            return updated_node
+        mapped = [plan.fun] if plan.fun is not None else []
+        jit = Call(cst.Name(HELPER), [*mapped, *plan.helper, *plan.jit])
+        jit = replace(jit, opening=Call.of(updated_node).opening)
+        laid = jit.laid_out(self.room(original_node), self.state.style)
+        return laid.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
+
+    def leave_FunctionDef(
+        self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
+    ) -> cst.FunctionDef:
+        if id(original_node) in self.programs:
+            return self._rewrite_program(*self.programs[id(original_node)], updated_node)
+        decorators: list[cst.Decorator] = []
+        pending = list(zip(original_node.decorators, updated_node.decorators))
+        while pending:
+            original, new = pending.pop(0)
+            site = self.sites.get(id(original))
+            stacked = [new, *(n for _, n in pending[: len(site.pmaps) - 1])] if site else []
+            plan = self._planned(site, stacked) if site is not None else None
+            if site is None or plan is None:
+                decorators.append(new)
+                continue
+            del pending[: len(site.pmaps) - 1]
+            decorators += self._decorators(site, plan, new)
+        return updated_node.with_changes(decorators=decorators)
+
+    def _rewrite_program(
+        self, site: PmapUse, program: Program, updated: cst.FunctionDef
+    ) -> cst.FunctionDef:
+        """Record the step and its edits as one group; rewrite them all, or nothing."""
+        line, col = self.where(site.node)
+        group = f"{self.CODE}:program:{line}:{col}"
+        axis = code(program.axis)
+        enabled = [self.site(site.node, PROGRAM_MESSAGE.format(axis=axis), group=group)]
+        for node_id, why in program.reasons.items():
+            enabled.append(self.site(program.nodes[node_id], why, group=group))
+        if not all(enabled):
+            return updated
+        spec, spec_import = self._spec_ref()
+        if spec_import is not None:
+            self.need_import(*spec_import)
+        if isinstance(site.ref, cst.Name):
+            self.drop_import_if_unused(site.ref.value)
+        program.jax = dotted(self.module_ref("jax")) or "jax"
+        if any(program.varying):  # results read flattened: each process reads its own part
+            program.hosts = self._multihost_utils()
+        program.spec = spec
+        taken = set(names_in(program.host))
+        program.mesh = self._fresh("mesh", taken)
+        program.sharding = self._fresh("batch_sharding", taken)
+        return program.rewrite(self.room(program.statement).indent, self.state.style)
+
+    def _multihost_utils(self) -> str:
+        """Return how to spell `jax.experimental.multihost_utils` here, importing it if needed."""
+        bound = self.resolver.module_binding("jax.experimental.multihost_utils")
+        if bound is not None:
+            return bound
+        if self.resolver.is_free("multihost_utils"):
+            self.need_import("jax.experimental", "multihost_utils")
+            return "multihost_utils"
+        return dotted(self.module_ref("jax.experimental.multihost_utils")) or "multihost_utils"
+
+    def _fresh(self, name: str, taken: set[str]) -> str:
+        """Return `name`, or `name_1`, ...: one neither the function nor the module uses."""
+        candidates = (name, *(f"{name}_{k}" for k in range(1, len(taken) + 2)))
+        return next(c for c in candidates if c not in taken and self.resolver.is_free(c))

@@ -1,0 +1,370 @@
+"""The faithful form of a pmap: `jax.jit` of the `shard_map_per_device` helper, the body keeping
+its per-device view; what each site becomes, and the helper written once per module or project."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import libcst as cst
+
+from jaxmigrate.toolkit.emit import (
+    Call,
+    Item,
+    code,
+    fit_lines,
+    fresh_name,
+    is_plain_reusable,
+    items_of,
+    new_item,
+)
+from jaxmigrate.toolkit.names import dotted
+
+from ._specs import (
+    Untranslatable,
+    argnums,
+    partition_spec,
+    spec_tree,
+    tuple_of,
+    with_statics,
+)
+from ._survey import (
+    HELPER,
+    HELPER_DOC,
+    PARTIAL,
+    Finding,
+    NotMigrated,
+    Pmapped,
+    PmapUse,
+    read_pmap,
+)
+
+PARTITION_SPEC = "jax.sharding.PartitionSpec"
+UNNAMED = "device"  # the name of an unnamed mapped axis, unless the module uses it
+STATIC_MIN_JAX = (0, 8)  # `in_specs` entries `None` (static arguments): JAX 0.7.1
+MESSAGE = "`jax.pmap` -> `jax.jit` of `shard_map_per_device`, the body keeping its per-device view"
+
+# Written one statement per line, 4-space indented: `emit.fit_lines` breaks the lines too long
+# for the file's width, after the indentation is the file's own.
+HELPER_SOURCE = '''\
+def shard_map_per_device(f, *, axis_name, in_specs, out_specs, devices=None, backend=None, **jit_options):
+    """{doc}"""
+    names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+    specs = (in_specs, {P}(*names))  # pmap maps keyword arguments over their leading axis
+
+    def at_mapped_axes(specs, tree, fn):  # fn(leaf, axes) on each leaf its spec maps
+        def under(spec, subtree):
+            axes = tuple(tuple(spec).index(n) for n in names if n in (spec or ()))
+            return {jax}.tree.map(lambda x: fn(x, axes), subtree) if axes else subtree
+
+        return {jax}.tree.map(under, specs, tree, is_leaf=lambda s: s is None)
+
+    def per_device(args, kwargs):
+        args, kwargs = at_mapped_axes(specs, (args, kwargs), {jax}.lax.squeeze)
+        return at_mapped_axes(out_specs, f(*args, **kwargs), {jax}.lax.expand_dims)
+
+    def mesh_of(args, kwargs, processes):  # pmap's: the first devices, by process
+        sizes = []
+        at_mapped_axes(specs, (args, kwargs), lambda x, ax: sizes.append([x.shape[a] for a in ax]))
+        shape = [sizes[0][0] * processes, *sizes[0][1:]]
+        pool = {jax}.devices(backend) if devices is None else devices
+        pool = sorted(pool, key=lambda d: d.process_index)
+        return {jax}.sharding.Mesh({np}.reshape(pool[: {np}.prod(shape)], shape), names)
+
+    def on_devices(*args, **kwargs):  # runs when jax.jit traces: devices are found then
+        mesh = mesh_of(args, kwargs, 1)
+        # check_vma=False as in pmap: True would sum the gradients of replicated values
+        return {jax}.shard_map(per_device, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False)(args, kwargs)
+
+    jitted = {jax}.jit(on_devices, **jit_options)
+
+    def call(*args, **kwargs):
+        processes = {jax}.process_count(backend)
+        if processes == 1:
+            return jitted(*args, **kwargs)
+        # As pmap: each process passes its own devices' slices, and gets its own back.
+        from jax.experimental import multihost_utils as hosts
+
+        def to_global(spec, tree):  # Python scalars stay: jax.jit takes them as given
+            def put(x):
+                return hosts.host_local_array_to_global_array(x, mesh, spec)
+
+            return {jax}.tree.map(lambda x: put(x) if hasattr(x, "shape") else x, tree)
+
+        mesh = mesh_of(args, kwargs, processes)
+        args, kwargs = {jax}.tree.map(
+            lambda s, t: t if s is None else to_global(s, t),
+            specs,
+            (args, kwargs),
+            is_leaf=lambda s: s is None,
+        )
+        out = jitted(*args, **kwargs)
+        return hosts.global_array_to_host_local_array(out, mesh, out_specs)
+
+    return call
+'''
+
+
+SHARED_MODULE = "_pmap_compat"
+SHARED_DOC = """\
+`shard_map_per_device`: `jax.pmap` as `jax.jit` of `jax.shard_map`, for this project.
+
+Written by jaxmigrate (JM202, pmap) for the modules whose `jax.pmap` it rewrote; they
+import the helper from here. `jaxmigrate explain JM202` says what it does and why.
+"""
+
+
+def shared_source() -> str:
+    """Return the text of the project module holding the helper, in canonical spelling."""
+    helper = HELPER_SOURCE.format(doc=HELPER_DOC, jax="jax", np="np", P="P")
+    imports = "import jax\nimport numpy as np\nfrom jax.sharding import PartitionSpec as P\n"
+    return f'"""{SHARED_DOC}"""\n\n{imports}\n\n{helper}'
+
+
+@dataclass
+class Rewrite:
+    """What one site becomes: the helper's arguments and `jax.jit`'s, with notes for the report."""
+
+    fun: Item | None
+    helper: list[Item]
+    jit: list[Item] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    min_jax: tuple[int, int] | None = None
+
+    @property
+    def message(self) -> str:
+        """Return the site's message."""
+        return "; ".join([MESSAGE, *self.notes])
+
+
+Layers = list[tuple[Pmapped, list[Item]]]
+
+
+def arity(node: cst.CSTNode | None) -> int | None:
+    """Return how many positional arguments a visible def takes, when that number is fixed."""
+    if not isinstance(node, cst.FunctionDef) or isinstance(node.params.star_arg, cst.Param):
+        return None
+    positional = (*node.params.posonly_params, *node.params.params)
+    return None if any(p.default is not None for p in positional) else len(positional)
+
+
+def _with_blank_lines(
+    statement: cst.SimpleStatementLine | cst.BaseCompoundStatement,
+) -> cst.SimpleStatementLine | cst.BaseCompoundStatement:
+    """Return `statement` with at least two blank lines above it."""
+    leading = list(statement.leading_lines)
+    blank = next((i for i, line in enumerate(leading) if line.comment), len(leading))
+    missing = [cst.EmptyLine()] * max(0, 2 - blank)
+    return statement.with_changes(leading_lines=missing + leading)
+
+
+class Faithful(Finding):
+    """The pmap pass's faithful form: planning a site, and emitting it and the helper."""
+
+    # Planning -----------------------------------------------------------------------------
+    def _layers(self, site: PmapUse, updated: Sequence[cst.CSTNode]) -> Layers:
+        """Return each pmap of a site (outer first), read, with its arguments as updated."""
+        layers: Layers = []
+        for original, new in zip(site.pmaps, updated):
+            if isinstance(original, cst.Call) and isinstance(new, cst.Call):
+                layers.append((read_pmap(original.args, has_fun=True), items_of(new)))
+            elif isinstance(original, cst.Decorator) and isinstance(original.decorator, cst.Call):
+                assert isinstance(new, cst.Decorator) and isinstance(new.decorator, cst.Call)
+                pmapped = read_pmap(original.decorator.args[1:], has_fun=False)
+                layers.append((pmapped, items_of(new.decorator)[1:]))
+            else:
+                layers.append((Pmapped(None, None, {}), []))
+        return layers
+
+    def _plan(self, site: PmapUse, layers: Layers) -> Rewrite:
+        """Return what the site becomes; raise NotMigrated for what is not translated."""
+        (outer, items), notes = layers[0], list[str]()
+        names = self._axis_names(layers, notes)
+        if len(layers) > 1:
+            self._check_nested(layers)
+        spec = self._spec_ref()[0]
+
+        def make(axis: int | None) -> cst.BaseExpression:
+            return partition_spec(spec, names, axis)
+
+        in_specs = self._specs(outer, items, "in_axes", make)
+        out_specs = self._specs(outer, items, "out_axes", make)
+        statics = self._statics(outer, items)
+        if statics:
+            in_specs = with_statics(in_specs, statics, arity(site.mapped))
+        innermost, innermost_items = layers[-1]
+        fun = innermost_items[innermost.fun] if innermost.fun is not None else None
+        name = names[0] if len(names) == 1 else tuple_of(names)
+        axis = items[outer.axis_name] if outer.axis_name is not None else Item(cst.Arg(name))
+        helper = [
+            axis.keyword("axis_name", name),
+            self._spec_item(outer, items, "in_axes", "in_specs", in_specs),
+            self._spec_item(outer, items, "out_axes", "out_specs", out_specs),
+        ]
+        if site.fallback:
+            notes.append(f"program-level form not taken: {site.fallback}")
+        plan = Rewrite(fun, helper, notes=notes, min_jax=STATIC_MIN_JAX if statics else None)
+        for keyword, i in outer.options.items():
+            if keyword in ("devices", "backend"):
+                plan.helper.append(items[i])
+            elif keyword == "donate_argnums" or (keyword.startswith("static_") and statics):
+                plan.jit.append(items[i].keyword(keyword.replace("_broadcasted", "")))
+            elif keyword == "axis_size":
+                notes.append("`axis_size=` dropped: in one process it only checks the mapped size")
+        return plan
+
+    def _axis_names(self, layers: Layers, notes: list[str]) -> list[cst.BaseExpression]:
+        """Return the axis name of each pmap, naming the unnamed ones."""
+        assert self.survey is not None
+        names: list[cst.BaseExpression] = []
+        taken = set(self.survey.strings)
+        for pmapped, items in layers:
+            value = items[pmapped.axis_name].arg.value if pmapped.axis_name is not None else None
+            if value is None or (isinstance(value, cst.Name) and value.value == "None"):
+                candidates = (UNNAMED, *(f"{UNNAMED}_{k}" for k in range(1, len(taken) + 2)))
+                fresh = fresh_name(candidates, taken)
+                taken.add(fresh)
+                notes.append(f'the unnamed mapped axis is called "{fresh}"')
+                value = self.state.style.string(fresh)
+            elif isinstance(value, cst.Tuple):
+                raise NotMigrated(
+                    "a tuple `axis_name`: shard_map would read it as several mesh axes"
+                )
+            elif not is_plain_reusable(value):
+                raise NotMigrated("a computed `axis_name`: the rewrite would evaluate it twice")
+            names.append(value)
+        return names
+
+    def _check_nested(self, layers: Layers) -> None:
+        for depth, (pmapped, items) in enumerate(layers):
+            allowed = {"in_axes", "out_axes", *(("donate_argnums",) if depth == 0 else ())}
+            extra = sorted(set(pmapped.options) - allowed)
+            if extra:
+                raise NotMigrated(f"nested pmap with `{extra[0]}=`: only axis names are translated")
+            for keyword in ("in_axes", "out_axes"):
+                value = (
+                    items[pmapped.options[keyword]].arg.value
+                    if keyword in pmapped.options
+                    else None
+                )
+                if value is not None and not (
+                    isinstance(value, cst.Integer) and value.value == "0"
+                ):
+                    raise NotMigrated(f"nested pmap with `{keyword}=` other than 0")
+
+    def _specs(
+        self,
+        pmapped: Pmapped,
+        items: list[Item],
+        keyword: str,
+        make: Callable[[int | None], cst.BaseExpression],
+    ) -> cst.BaseExpression:
+        """Return the specs for `in_axes`/`out_axes` (0, pmap's default, when not given)."""
+        if keyword not in pmapped.options:
+            return make(0)
+        value = items[pmapped.options[keyword]].arg.value
+        if keyword == "in_axes" and isinstance(value, (cst.List, cst.Dict)):
+            raise NotMigrated("a list or dict as `in_axes`: pmap rejects it (it wants a tuple)")
+        try:
+            return spec_tree(value, make)
+        except Untranslatable as why:
+            raise NotMigrated(f"`{keyword}`: {why}") from None
+
+    def _spec_item(
+        self, pmapped: Pmapped, items: list[Item], old: str, new: str, value: cst.BaseExpression
+    ) -> Item:
+        if old in pmapped.options:
+            return items[pmapped.options[old]].keyword(new, value)
+        return new_item(new, value)
+
+    def _statics(self, pmapped: Pmapped, items: list[Item]) -> tuple[int, ...]:
+        if "static_broadcasted_argnums" not in pmapped.options:
+            return ()
+        try:
+            return argnums(items[pmapped.options["static_broadcasted_argnums"]].arg.value)
+        except Untranslatable as why:
+            raise NotMigrated(f"`static_broadcasted_argnums`: {why}") from None
+
+    def _spec_ref(self) -> tuple[cst.BaseExpression, tuple[str, str, str | None] | None]:
+        """Return how to spell `PartitionSpec` here, and the import that spelling needs."""
+        local = self.resolver.module_binding(PARTITION_SPEC)  # one no function rebinds
+        if local is not None:
+            return cst.Name(local), None
+        for name, asname in (("P", "P"), ("PartitionSpec", None)):
+            if local is None and self.resolver.is_free(name):
+                return cst.Name(name), ("jax.sharding", "PartitionSpec", asname)
+        jax = self.resolver.module_alias("jax") or "jax"
+        return cst.parse_expression(f"{jax}.sharding.PartitionSpec"), None
+
+    # Emitting ----------------------------------------------------------------------------
+    def _planned(self, site: PmapUse, updated: Sequence[cst.CSTNode]) -> Rewrite | None:
+        """Return the plan of a site to rewrite now, once recorded; None to leave it."""
+        try:
+            plan = self._plan(site, self._layers(site, updated))
+        except (NotMigrated, Untranslatable) as why:
+            self.skip(site.node, str(why))
+            return None
+        if not self.site(site.node, plan.message, min_jax=plan.min_jax):
+            return None
+        self.applied.append(site)
+        self.applied_keys.append(self.state.sites[-1].key)
+        spec_import = self._spec_ref()[1]
+        if spec_import is not None and len(self.applied) == 1:
+            self.need_import(*spec_import)
+        if isinstance(site.ref, cst.Name):
+            self.drop_import_if_unused(site.ref.value)
+        return plan
+
+    def _decorators(self, site: PmapUse, plan: Rewrite, new: cst.Decorator) -> list[cst.Decorator]:
+        """Return `@partial(shard_map_per_device, ...)`, `jax.jit`'s arguments last."""
+        partial = self._partial(site)
+        room = self.room(site.node)
+        room = replace(room, column=room.column + 1, tail=0)  # after the `@`
+        helper = Call(partial, [Item(cst.Arg(cst.Name(HELPER))), *plan.helper, *plan.jit])
+        return [new.with_changes(decorator=helper.laid_out(room, self.state.style))]
+
+    def _partial(self, site: PmapUse) -> cst.BaseExpression:
+        """Return `functools.partial` as the site or the module spells it."""
+        for deco in site.pmaps:
+            if isinstance(deco, cst.Decorator) and isinstance(deco.decorator, cst.Call):
+                return deco.decorator.func.deep_clone()
+        local = self.resolver.module_binding(PARTIAL)
+        if local is not None:
+            return cst.Name(local)
+        return cst.Attribute(value=self.module_ref("functools"), attr=cst.Name("partial"))
+
+    # The helper ---------------------------------------------------------------------------
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        if not self.applied or self.reuse_helper:
+            return updated_node
+        shared = self.shared_module(SHARED_MODULE, shared_source(), self.applied_keys)
+        if shared is not None:  # one helper for the whole project, imported where needed
+            self.need_import(shared, HELPER)
+            return updated_node
+        jax = dotted(self.module_ref("jax")) or "jax"
+        np = self.resolver.module_alias("numpy")
+        if np is None:
+            np = "np" if self.resolver.is_free("np") else "numpy"
+            self.need_import("numpy", None, "np" if np == "np" else None)
+        source = HELPER_SOURCE.format(doc=HELPER_DOC, jax=jax, np=np, P=code(self._spec_ref()[0]))
+        style = self.state.style
+        source = fit_lines(style.reindent(source), style)
+        helper = cst.parse_statement(source, config=updated_node.config_for_parsing)
+        helper = helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+        body = list(updated_node.body)
+        at = self._helper_position(original_node)
+        if at < len(body):
+            body[at] = _with_blank_lines(body[at])
+        body.insert(at, helper)
+        return updated_node.with_changes(body=body)
+
+    def _helper_position(self, module: cst.Module) -> int:
+        """Return where the helper goes: after the imports above the first rewritten site."""
+        first = min(module.body.index(s.statement) for s in self.applied)  # type: ignore[arg-type]
+        imports = [
+            i
+            for i, statement in enumerate(module.body[:first])
+            if isinstance(statement, cst.SimpleStatementLine)
+            and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
+        ]
+        return imports[-1] + 1 if imports else first

@@ -1,0 +1,412 @@
+"""The data flow around one pmapped step: `analyze` follows every argument and result of its
+calls in the function that makes it, and records the edits of the program-level form."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from jaxmigrate.toolkit.emit import code
+
+from ._forms import (
+    Forms,
+    Parents,
+    Qualname,
+    ancestors,
+    flattens,
+    is_device_count,
+    is_zero_index,
+    positional,
+    single_name,
+    target_names,
+)
+from ._program import NotVisible, Program, global_batch
+
+REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin")})
+VARYING = frozenset({"jax.lax.axis_index"})
+KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
+
+
+@dataclass
+class _StepCall:
+    """One `out = step(args)` statement."""
+
+    assign: cst.CSTNode  # the `out = step(...)` assignment, or the `step(...)[0]` around it
+    call: cst.Call
+    args: list[str]
+    targets: list[str]  # the names results are bound to, by output position
+    readback: cst.Subscript | None = None  # `step(...)[0]`, the call read back at once
+
+
+def analyze(
+    host: cst.FunctionDef,
+    statement: cst.SimpleStatementLine,
+    pmap: cst.Call,
+    body: cst.FunctionDef,
+    qualname: Qualname,
+) -> Program:
+    """Return the program of a step made by `statement` in `host`; raise NotVisible for why not."""
+    assign = statement.body[0]
+    if len(statement.body) != 1 or not isinstance(assign, cst.Assign) or assign.value is not pmap:
+        raise NotVisible("the pmapped step is not simply assigned to a name")
+    step = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
+    if step is None:
+        raise NotVisible("the pmapped step is not simply assigned to a name")
+    options = _options(pmap)
+    arity = _arity(body)
+    fixed = _fixed_positions(options, arity)
+    flow = Parents()
+    host.body.visit(flow)
+    if id(statement) not in flow.order:
+        raise NotVisible("the step is not made in the function that calls it")
+    if len(flow.stores.get(step, [])) != 1:
+        raise NotVisible(f"`{step}` is bound more than once in `{host.name.value}`")
+    calls = [_step_call(flow, use, step, arity, fixed) for use in flow.loads.get(step, [])]
+    if not calls:
+        raise NotVisible(f"`{step}` is not called in `{host.name.value}`")
+    for call in calls:  # a call in a nested def or lambda runs when that is called: not followed
+        if any(isinstance(a, (cst.FunctionDef, cst.Lambda)) for a in ancestors(flow, call.call)):
+            raise NotVisible(f"`{step}` is called in a nested function")
+    program = Program(
+        host, statement, options.fun, options.axis, options.donate, [False] * arity, None
+    )
+    program.fixed, program.statics = fixed, options.statics_arg
+    program.made_at = flow.order[id(statement)]
+    forms = Forms(qualname, lambda node: is_device_count(node, flow, qualname))
+    for position in range(arity):
+        if position not in fixed:
+            _follow_argument(program, flow, forms, calls, position)
+    program.outputs, program.varying = _body_outputs(body, program.batches, qualname)
+    for call in calls:
+        wanted = 1 if program.outputs is None else program.outputs
+        if call.readback is None and len(call.targets) != wanted:
+            raise NotVisible(f"a call of `{step}` binds its results other than one name each")
+        if call.readback is not None:
+            if program.outputs is not None or program.varying[0]:
+                raise NotVisible(f"`{step}(...)[0]` of a tuple or of a per-device result")
+            _read_at_once(program, call.readback, step)
+        for output, name in enumerate(call.targets):
+            _follow_result(program, flow, forms, calls, step, name, output)
+    return program
+
+
+@dataclass
+class _Options:
+    fun: cst.Name
+    axis: cst.BaseExpression
+    donate: cst.Arg | None = None
+    in_axes: cst.BaseExpression | None = None
+    statics: tuple[int, ...] = ()
+    statics_arg: cst.Arg | None = None
+
+
+def _options(pmap: cst.Call) -> _Options:
+    fun = pmap.args[0].value if pmap.args and pmap.args[0].keyword is None else None
+    if not isinstance(fun, cst.Name):
+        raise NotVisible("the pmapped function is not a def of this module named directly")
+    found: dict[str, cst.Arg] = {}
+    for i, arg in enumerate(pmap.args[1:], 1):
+        keyword = arg.keyword.value if arg.keyword else ("axis_name" if i == 1 else None)
+        if keyword not in KEYWORDS or arg.star:
+            raise NotVisible(f"pmap's `{keyword or 'argument'}` is not taken by this form yet")
+        found[keyword] = arg
+    axis = found["axis_name"].value if "axis_name" in found else None
+    if not isinstance(axis, cst.SimpleString):
+        raise NotVisible("the mapped axis has no literal name")
+    options = _Options(fun, axis, found.get("donate_argnums"))
+    options.in_axes = found["in_axes"].value if "in_axes" in found else None
+    if "static_broadcasted_argnums" in found:
+        options.statics_arg = found["static_broadcasted_argnums"]
+        options.statics = _literal_ints(options.statics_arg.value)
+    return options
+
+
+def _literal_ints(node: cst.BaseExpression) -> tuple[int, ...]:
+    items = [e.value for e in node.elements] if isinstance(node, cst.Tuple) else [node]
+    if not all(isinstance(i, cst.Integer) for i in items):
+        raise NotVisible("`static_broadcasted_argnums` is not a literal")
+    return tuple(int(i.value) for i in items)  # type: ignore[attr-defined]
+
+
+def _fixed_positions(options: _Options, arity: int) -> dict[int, str]:
+    """Return the positions not mapped: `in_axes` None ("none") and static ones ("static")."""
+    fixed = {i: "static" for i in options.statics}
+    if any(i >= arity or i < 0 for i in fixed):
+        raise NotVisible("`static_broadcasted_argnums` out of range")
+    axes = options.in_axes
+    if axes is None:
+        return fixed
+    items = [e.value for e in axes.elements] if isinstance(axes, cst.Tuple) else None
+    if items is None or len(items) != arity:
+        raise NotVisible("`in_axes` is not a tuple with one entry per argument")
+    for i, item in enumerate(items):
+        if isinstance(item, cst.Name) and item.value == "None":
+            fixed.setdefault(i, "none")
+        elif not (isinstance(item, cst.Integer) and item.value == "0"):
+            raise NotVisible("an `in_axes` entry other than 0 or None")
+    return fixed
+
+
+def _arity(body: cst.FunctionDef) -> int:
+    params = body.params
+    extra = params.star_arg not in (None, cst.MaybeSentinel.DEFAULT)
+    if extra or params.kwonly_params or params.star_kwarg or params.posonly_params:
+        raise NotVisible("the body takes more than plain positional parameters")
+    if any(p.default is not None for p in params.params):
+        raise NotVisible("the body has parameters with defaults")
+    return len(params.params)
+
+
+def _step_call(
+    flow: Parents, use: cst.Name, step: str, arity: int, fixed: dict[int, str]
+) -> _StepCall:
+    call = flow.parent.get(id(use))
+    around = flow.parent.get(id(call)) if call is not None else None
+    if not isinstance(call, cst.Call) or call.func is not use:
+        raise NotVisible(f"`{step}` is used other than called")
+    values = positional(call, arity)
+    args = [single_name(v) or ("" if i in fixed else None) for i, v in enumerate(values or [])]
+    if values is None or None in args:
+        raise NotVisible(f"a call of `{step}` passes other than its {arity} arguments by name")
+    names = [a or "" for a in args]
+    if isinstance(around, cst.Subscript) and is_zero_index(
+        around.with_changes(value=cst.Name("_")), "_"
+    ):
+        return _StepCall(around, call, names, [], readback=around)  # `step(...)[0]`
+    if not isinstance(around, cst.Assign) or len(around.targets) != 1:
+        raise NotVisible(f"`{step}` is called other than as `out = {step}(...)`")
+    targets = target_names(around.targets[0].target)
+    if "?" in targets:
+        raise NotVisible(f"a result of `{step}` is not bound to a plain name")
+    return _StepCall(around, call, names, targets)
+
+
+def _body_outputs(
+    body: cst.FunctionDef, batches: list[bool], qualname: Qualname
+) -> tuple[int | None, list[bool]]:
+    """Return how many results the body returns as a tuple (None: one, not a tuple), and
+    which of them may differ between devices (the others are the same on every device)."""
+    params = [p.name.value for p in body.params.params]
+    varying = {p for p, batch in zip(params, batches) if batch}
+    returned: cst.BaseExpression | None = None
+    statements = list(body.body.body) if isinstance(body.body, cst.IndentedBlock) else []
+    for line in statements:
+        small = line.body if isinstance(line, cst.SimpleStatementLine) else None
+        if small is None or len(small) != 1:
+            raise NotVisible("the body has control flow or compound statements")
+        node = small[0]
+        if isinstance(node, cst.Assign):
+            names = [n for t in node.targets for n in target_names(t.target)]
+            if _is_varying(node.value, varying, qualname):
+                varying |= set(names)
+            else:
+                varying -= set(names)
+        elif isinstance(node, cst.Return) and node.value is not None:
+            returned = node.value
+        elif not (isinstance(node, cst.Expr) and isinstance(node.value, cst.SimpleString)):
+            raise NotVisible("the body has statements other than assignments and a return")
+    if returned is None:
+        raise NotVisible("the body does not end in one return")
+    results = list(returned.elements) if isinstance(returned, cst.Tuple) else None
+    values = [e.value for e in results] if results is not None else [returned]
+    flags = [_is_varying(value, varying, qualname) for value in values]
+    return (len(values) if results is not None else None), flags
+
+
+def _is_varying(node: cst.CSTNode, varying: set[str], qualname: Qualname) -> bool:
+    """Return True unless `node` is the same on every device: reduced, or from replicated values.
+
+    A `pmean`/`psum`/`pmax`/`pmin` call is the same on every device whatever it reduces; an
+    `axis_index` differs; a name differs when it was computed from what differs.
+    """
+    if isinstance(node, cst.Call):
+        name = qualname(node.func)
+        if name in REDUCED:
+            return False
+        if name in VARYING:
+            return True
+    if isinstance(node, cst.Name):
+        return node.value in varying
+    return any(_is_varying(child, varying, qualname) for child in node.children)
+
+
+def _follow_argument(
+    program: Program, flow: Parents, forms: Forms, calls: list[_StepCall], position: int
+) -> None:
+    """Classify the argument at `position` from every binding of every name passed there.
+
+    A binding of the plain value that a later `x = replicate(x)` (or split) stacks, before any
+    call, is where the value comes from, not what the step gets: it is not counted.
+    """
+    kinds: set[str] = set()
+    for call in calls:
+        name = call.args[position]
+        first_call = min(flow.order[id(c.assign)] for c in calls if c.args[position] == name)
+        found = [
+            (flow.order[id(b)], b, _binding_kind(program, b, name, forms, calls, flow))
+            for b in flow.stores.get(name, [])
+        ]
+        if not found:  # a global, or a name bound outside the function: not followed
+            kinds.add("other")
+        stacking = [
+            at
+            for at, b, kind in found
+            if kind in ("replicated", "batch") and _stacks_itself(b, name, forms)
+        ]
+        for at, _, kind in found:
+            upstream = any(at < s < first_call for s in stacking)
+            if not (kind == "other" and upstream):
+                kinds.add(kind)
+    kinds.discard("read back")
+    if not kinds or "other" in kinds or ("batch" in kinds and kinds != {"batch"}):
+        why = "comes from elsewhere" if "other" in kinds or not kinds else "is mixed"
+        raise NotVisible(f"argument {position + 1} of the step {why}: its layout is not visible")
+    program.batches[position] = kinds == {"batch"}
+
+
+def _stacks_itself(binding: cst.CSTNode, name: str, forms: Forms) -> bool:
+    """`x = replicate(x)`: the stacked value is bound to the name of the value it stacks."""
+    assert isinstance(binding, cst.Assign)
+    source = forms.replicated_source(binding.value) or forms.shard_source(binding.value)
+    return source is not None and single_name(source) == name
+
+
+def _binding_kind(
+    program: Program,
+    binding: cst.CSTNode,
+    name: str,
+    forms: Forms,
+    calls: list[_StepCall],
+    flow: Parents,
+) -> str:
+    """Return how a binding of an argument makes it: replicated, a batch, fed back, other."""
+    if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
+        return "other"
+    if any(binding is c.assign for c in calls):
+        return "fed back"  # a result of the step: replicated, as every result is
+    if forms.readback_of(binding.value, name):
+        return "read back"  # `x = unreplicate(x)`: becomes `x = x`, dropped
+    if single_name(binding.targets[0].target) != name:
+        return "other"
+    replicated = forms.replicated_source(binding.value)
+    if replicated is not None:
+        why = "a replication deleted: the value is passed as it is, replicated (`P()`)"
+        program.edit(binding.value, why, lambda: replicated)
+        return "replicated"
+    batch = forms.shard_source(binding.value)
+    if batch is not None and program.made_at < flow.order.get(id(binding), -1):
+        why = "a split into per-device slices -> this process's part of a batch sharded on the mesh"
+        program.edit(binding.value, why, lambda: global_batch(program, batch))
+        return "batch"
+    return "other"
+
+
+def _follow_result(
+    program: Program,
+    flow: Parents,
+    forms: Forms,
+    calls: list[_StepCall],
+    step: str,
+    name: str,
+    output: int,
+) -> None:
+    """Check every read of a result: a readback (then deleted) or fed back to the step.
+
+    A result that differs between devices must be read only flattened over the devices
+    (`r.reshape(-1)`, `r.reshape((-1,) + r.shape[2:])`): the flat result is that already.
+    """
+    if program.varying[output]:
+        _follow_flattened(program, flow, calls, step, name)
+        return
+    for binding in flow.stores.get(name, []):
+        fed = any(binding is c.assign for c in calls)
+        read = isinstance(binding, cst.Assign) and forms.readback_of(binding.value, name)
+        if not fed and not read and not _before(flow, binding, calls):
+            raise NotVisible(f"`{name}` holds a result of `{step}` and something else")
+    feeds = {id(c.call.args[i].value) for c in calls for i, a in enumerate(c.args) if a == name}
+    last = max(flow.order[id(c.assign)] for c in calls)
+    settled = [  # `x = unreplicate(x)` after the last call: later reads see the read-back value
+        b
+        for b in flow.stores.get(name, [])
+        if isinstance(b, cst.Assign)
+        and forms.readback_of(b.value, name)
+        and flow.order[id(b)] > last
+        and not _in_loop_with(flow, b, calls)
+    ]
+    for use in flow.loads.get(name, []):
+        if id(use) in feeds or _upstream(flow, use, calls):
+            continue
+        if not _in_loop_with(flow, use, calls) and any(
+            flow.order[id(b)] < flow.order[id(use)] and b not in ancestors(flow, use)
+            for b in settled
+        ):
+            continue
+        readback = _readback_around(flow, forms, use, name)
+        if readback is None:
+            raise NotVisible(f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`")
+        why = f"a readback of device 0 deleted: `{name}` is the same on every device"
+        program.edit(readback, why, lambda: cst.Name(name))
+    del output
+
+
+def _upstream(flow: Parents, use: cst.Name, calls: list[_StepCall]) -> bool:
+    """Return True for a read before any call could have made the value (not in their loop)."""
+    if not _before(flow, use, calls):
+        return False
+    return not _in_loop_with(flow, use, calls)
+
+
+def _in_loop_with(flow: Parents, node: cst.CSTNode, calls: list[_StepCall]) -> bool:
+    """Return True if `node` is in a loop that also makes a call of the step."""
+    loops = {id(a) for a in ancestors(flow, node) if isinstance(a, (cst.For, cst.While))}
+    return any(id(a) in loops for c in calls for a in ancestors(flow, c.assign))
+
+
+def _follow_flattened(
+    program: Program, flow: Parents, calls: list[_StepCall], step: str, name: str
+) -> None:
+    for binding in flow.stores.get(name, []):
+        if not any(binding is c.assign for c in calls) and not _before(flow, binding, calls):
+            raise NotVisible(f"`{name}` holds a result of `{step}` and something else")
+    for use in flow.loads.get(name, []):
+        if _upstream(flow, use, calls):
+            continue
+        around = list(ancestors(flow, use))[:6]  # `r.reshape(...)`, `r` in its shape too
+        node = next((a for a in around if isinstance(a, cst.Call) and flattens(a, name)), None)
+        if node is None:
+            why = f"`{name}`, a per-device result of `{step}`, is read other than flattened"
+            raise NotVisible(why)
+        reason = f"a flattening of `{name}` over devices deleted: the result is flat already"
+        program.edit(node, reason, lambda: _local_part(program, name))
+
+
+def _local_part(program: Program, name: str) -> cst.BaseExpression:
+    """This process's part of a result sharded over the devices (in one process, all of it)."""
+    spec = f"{code(program.spec)}({code(program.axis)})"
+    text = f"{program.hosts}.global_array_to_host_local_array({name}, {program.mesh}, {spec})"
+    return cst.parse_expression(text)
+
+
+def _read_at_once(program: Program, readback: cst.Subscript, step: str) -> None:
+    """`step(...)[0]` -> `step(...)`: the result is the same on every device."""
+    node_id = id(readback)
+    program.nodes[node_id] = readback
+    program.reasons[node_id] = f"a readback of device 0 deleted: `{step}`'s result is replicated"
+    program.edits[node_id] = lambda updated: updated.value  # type: ignore[attr-defined]
+
+
+def _before(flow: Parents, binding: cst.CSTNode, calls: list[_StepCall]) -> bool:
+    """Return True for a binding before the first call (an argument's plain value)."""
+    return flow.order[id(binding)] < min(flow.order[id(c.assign)] for c in calls)
+
+
+def _readback_around(
+    flow: Parents, forms: Forms, use: cst.Name, name: str
+) -> cst.BaseExpression | None:
+    node: cst.CSTNode | None = use
+    for _ in range(4):  # var[0]: 1 up; tree.map(lambda v: v[0], var): Arg, Call
+        node = flow.parent.get(id(node)) if node is not None else None
+        if isinstance(node, cst.BaseExpression) and forms.readback_of(node, name):
+            return node
+    return None

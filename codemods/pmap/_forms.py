@@ -1,0 +1,325 @@
+"""The forms the program-level pmap migration recognizes in a function: replications, splits,
+readbacks of values around one pmapped step, and where each name is bound and read."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import libcst as cst
+
+from jaxmigrate.toolkit.emit import code
+from jaxmigrate.toolkit.names import dotted
+
+Qualname = Callable[[cst.BaseExpression], "str | None"]
+
+REPLICATE = frozenset({"flax.jax_utils.replicate"})
+SHARD = frozenset({"flax.training.common_utils.shard"})
+UNREPLICATE = frozenset({"flax.jax_utils.unreplicate"})
+TREE_MAP = frozenset({"jax.tree.map", "jax.tree_util.tree_map", "jax.tree_map"})
+BROADCAST = frozenset({"jax.numpy.broadcast_to", "numpy.broadcast_to"})
+STACK = frozenset({"jax.numpy.stack", "numpy.stack"})
+DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
+
+
+def names_in(node: cst.CSTNode) -> Iterator[str]:
+    if isinstance(node, cst.Name):
+        yield node.value
+    for child in node.children:
+        yield from names_in(child)
+
+
+def _calls_in(node: cst.CSTNode) -> Iterator[cst.Call]:
+    if isinstance(node, cst.Call):
+        yield node
+    for child in node.children:
+        yield from _calls_in(child)
+
+
+class Parents(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.parent: dict[int, cst.CSTNode] = {}
+        self.stack: list[cst.CSTNode] = []
+        self.loads: dict[str, list[cst.Name]] = {}
+        self.stores: dict[str, list[cst.CSTNode]] = {}  # name -> the Assign (or other) binding
+        self.order: dict[int, int] = {}  # the place of each node in the function's text
+        self.targets: set[int] = set()  # the names assignments bind (not loads)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.order[id(node)] = len(self.order)
+        if self.stack:
+            self.parent[id(node)] = self.stack[-1]
+        self.stack.append(node)
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                for name in target_names(target.target):
+                    self.stores.setdefault(name, []).append(node)
+                self.targets |= {id(n) for n in _target_nodes(target.target)}
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.With)):
+            for name in names_in(getattr(node, "target", None) or cst.Name("_")):
+                self.stores.setdefault(name, []).append(node)
+        elif isinstance(node, (cst.Param, cst.FunctionDef, cst.ClassDef, cst.NamedExpr)):
+            self.stores.setdefault(_bound(node), []).append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.stack.pop()
+        if isinstance(original_node, cst.Name) and id(original_node) not in self.targets:
+            parent = self.parent.get(id(original_node))
+            if (
+                not isinstance(parent, (cst.Attribute, cst.AssignTarget, cst.Param, cst.Arg))
+                or isinstance(parent, cst.Attribute)
+                and parent.value is original_node
+                or isinstance(parent, cst.Arg)
+                and parent.value is original_node
+            ):
+                self.loads.setdefault(original_node.value, []).append(original_node)
+
+
+def _bound(node: cst.CSTNode) -> str:
+    if isinstance(node, cst.NamedExpr):
+        return dotted(node.target) or "?"
+    name = getattr(node, "name", None)
+    return name.value if isinstance(name, cst.Name) else "?"
+
+
+def _target_nodes(target: cst.BaseExpression) -> list[cst.Name]:
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for e in target.elements for n in _target_nodes(e.value)]
+    return []
+
+
+def target_names(target: cst.BaseExpression) -> list[str]:
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for e in target.elements for n in target_names(e.value)]
+    return ["?"]  # attributes, subscripts, starred: not followed
+
+
+def single_name(node: cst.BaseExpression) -> str | None:
+    return node.value if isinstance(node, cst.Name) else None
+
+
+def is_zero_index(node: cst.BaseExpression, var: str) -> bool:
+    """`var[0]`."""
+    if not isinstance(node, cst.Subscript) or single_name(node.value) != var:
+        return False
+    if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+        return False
+    index = node.slice[0].slice.value
+    return isinstance(index, cst.Integer) and index.value == "0"
+
+
+def _lambda_of(node: cst.BaseExpression) -> tuple[str, cst.BaseExpression] | None:
+    """`lambda v: expr` -> (v, expr)."""
+    if not isinstance(node, cst.Lambda) or len(node.params.params) != 1:
+        return None
+    params = node.params
+    if params.star_arg is not cst.MaybeSentinel.DEFAULT and params.star_arg is not None:
+        return None
+    if params.kwonly_params or params.posonly_params or params.star_kwarg is not None:
+        return None
+    return node.params.params[0].name.value, node.body
+
+
+def positional(call: cst.Call, count: int) -> list[cst.BaseExpression] | None:
+    if len(call.args) != count or any(a.keyword is not None or a.star for a in call.args):
+        return None
+    return [a.value for a in call.args]
+
+
+class Forms:
+    """Recognizes the stacking and readback forms, by meaning."""
+
+    def __init__(
+        self, qualname: Qualname, counts: Callable[[cst.BaseExpression], bool] = lambda _: True
+    ) -> None:
+        self.qualname = qualname
+        self.counts = counts  # is this the number of local devices (pmap's mapped size)?
+
+    def _is(self, node: cst.BaseExpression, names: frozenset[str]) -> bool:
+        return isinstance(node, cst.Call) and self.qualname(node.func) in names
+
+    def _tree_mapped(
+        self, node: cst.BaseExpression, leaf: Callable[[cst.BaseExpression, str], bool]
+    ) -> cst.BaseExpression | None:
+        """`jax.tree.map(lambda v: <leaf(v)>, x)` -> x."""
+        if not self._is(node, TREE_MAP):
+            return None
+        assert isinstance(node, cst.Call)
+        args = positional(node, 2)
+        fn = _lambda_of(args[0]) if args else None
+        if args is None or fn is None or not leaf(fn[1], fn[0]):
+            return None
+        return args[1]
+
+    def _broadcast(self, node: cst.BaseExpression, var: str) -> bool:
+        """`jnp.broadcast_to(var, (n,) + var.shape)` or `jnp.stack([var] * n)`."""
+        if self._is(node, BROADCAST):
+            assert isinstance(node, cst.Call)
+            args = positional(node, 2)
+            return (
+                args is not None
+                and single_name(args[0]) == var
+                and _adds_leading(args[1], var)
+                and self.counts(args[1].left.elements[0].value)  # type: ignore[attr-defined]
+            )
+        if self._is(node, STACK):
+            assert isinstance(node, cst.Call)
+            args = positional(node, 1)
+            item = args[0] if args else None
+            return (
+                isinstance(item, cst.BinaryOperation)
+                and isinstance(item.operator, cst.Multiply)
+                and isinstance(item.left, cst.List)
+                and len(item.left.elements) == 1
+                and single_name(item.left.elements[0].value) == var
+                and self.counts(item.right)
+            )
+        return False
+
+    def replicated_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
+        """Return x of a replication of x, else None."""
+        if self._is(node, REPLICATE):
+            assert isinstance(node, cst.Call)
+            args = positional(node, 1)
+            return args[0] if args else None
+        mapped = self._tree_mapped(node, self._broadcast)
+        if mapped is not None:
+            return mapped
+        if isinstance(node, cst.Call) and self._is(node, BROADCAST | STACK):
+            first = node.args[0].value if node.args else None
+            if isinstance(first, cst.BinaryOperation) and isinstance(first.left, cst.List):
+                first = first.left.elements[0].value if first.left.elements else None
+            name = single_name(first) if first is not None else None
+            return first if name is not None and self._broadcast(node, name) else None
+        return None
+
+    def shard_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
+        """Return x of a split of a flat batch x into per-device slices, else None."""
+        if self._is(node, SHARD):
+            assert isinstance(node, cst.Call)
+            args = positional(node, 1)
+            return args[0] if args else None
+        mapped = self._tree_mapped(node, self._splits)
+        if mapped is not None:
+            return mapped
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            owner = node.func.value
+            name = single_name(owner)
+            if name is not None and self._splits(node, name):
+                return owner
+        return None
+
+    def _splits(self, node: cst.BaseExpression, var: str) -> bool:
+        """`var.reshape((n, -1) + var.shape[1:])`, n the number of local devices."""
+        if not _splits(node, var):
+            return False
+        shape = node.args[0].value  # type: ignore[attr-defined]
+        return self.counts(shape.left.elements[0].value)
+
+    def readback_of(self, node: cst.BaseExpression, var: str) -> bool:
+        """`var[0]`, `jax.tree.map(lambda v: v[0], var)`, `unreplicate(var)`."""
+        if is_zero_index(node, var):
+            return True
+        if self._is(node, UNREPLICATE):
+            assert isinstance(node, cst.Call)
+            args = positional(node, 1)
+            return args is not None and single_name(args[0]) == var
+        mapped = self._tree_mapped(node, lambda body, v: is_zero_index(body, v))
+        return mapped is not None and single_name(mapped) == var
+
+
+def _adds_leading(node: cst.BaseExpression, var: str) -> bool:
+    """`(n,) + var.shape`."""
+    return (
+        isinstance(node, cst.BinaryOperation)
+        and isinstance(node.operator, cst.Add)
+        and isinstance(node.left, cst.Tuple)
+        and len(node.left.elements) == 1
+        and dotted(node.right) == f"{var}.shape"
+    )
+
+
+def _splits(node: cst.BaseExpression, var: str) -> bool:
+    """`var.reshape((n, -1) + var.shape[1:])`."""
+    if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
+        return False
+    if node.func.attr.value != "reshape" or single_name(node.func.value) != var:
+        return False
+    args = positional(node, 1)
+    shape = args[0] if args else None
+    if not (isinstance(shape, cst.BinaryOperation) and isinstance(shape.operator, cst.Add)):
+        return False
+    head, rest = shape.left, shape.right
+    minus_one = (
+        isinstance(head, cst.Tuple)
+        and len(head.elements) == 2
+        and isinstance(head.elements[1].value, cst.UnaryOperation)
+        and isinstance(head.elements[1].value.expression, cst.Integer)
+        and head.elements[1].value.expression.value == "1"
+    )
+    tail = (
+        isinstance(rest, cst.Subscript)
+        and dotted(rest.value) == f"{var}.shape"
+        and len(rest.slice) == 1
+        and isinstance(rest.slice[0].slice, cst.Slice)
+        and isinstance(rest.slice[0].slice.lower, cst.Integer)
+        and rest.slice[0].slice.lower.value == "1"
+        and rest.slice[0].slice.upper is None
+    )
+    return minus_one and tail
+
+
+def is_device_count(node: cst.BaseExpression, flow: Parents, qualname: Qualname) -> bool:
+    """`jax.local_device_count()`, or a name bound only to it in the function.
+
+    Stacking over another number (pmap over some of the devices) keeps the faithful form: the
+    mesh of the program-level form spans every device.
+    """
+    if isinstance(node, cst.Call):
+        return not node.args and qualname(node.func) in DEVICE_COUNTS
+    name = single_name(node)
+    stores = flow.stores.get(name, []) if name is not None else []
+    return bool(stores) and all(
+        isinstance(b, cst.Assign) and is_device_count(b.value, flow, qualname) for b in stores
+    )
+
+
+def ancestors(flow: Parents, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    parent = flow.parent.get(id(node))
+    while parent is not None:
+        yield parent
+        parent = flow.parent.get(id(parent))
+
+
+def flattens(node: cst.Call, var: str) -> bool:
+    """`var.reshape(-1)` or `var.reshape((-1,) + var.shape[2:])`."""
+    if not isinstance(node.func, cst.Attribute) or node.func.attr.value != "reshape":
+        return False
+    if single_name(node.func.value) != var:
+        return False
+    args = positional(node, 1)
+    shape = args[0] if args else None
+    if _is_minus_one(shape):
+        return True
+    return (
+        isinstance(shape, cst.BinaryOperation)
+        and isinstance(shape.operator, cst.Add)
+        and isinstance(shape.left, cst.Tuple)
+        and len(shape.left.elements) == 1
+        and _is_minus_one(shape.left.elements[0].value)
+        and code(shape.right) in (f"{var}.shape[2:]",)
+    )
+
+
+def _is_minus_one(node: cst.BaseExpression | None) -> bool:
+    return (
+        isinstance(node, cst.UnaryOperation)
+        and isinstance(node.operator, cst.Minus)
+        and isinstance(node.expression, cst.Integer)
+        and node.expression.value == "1"
+    )

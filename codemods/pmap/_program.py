@@ -1,0 +1,179 @@
+"""The program-level pmap migration: follow the data around one pmapped step and drop the device axis.
+
+`analyze` reads one function that makes a pmapped step and calls it (a training loop), and says
+whether the whole flow is visible and of a shape this module rewrites; `Program.rewrite` returns
+the function rewritten. The shape taken (anything else keeps the faithful form, with the reason):
+
+- `step = jax.pmap(body, axis_name="a"[, donate_argnums=...])` in the function, `body` a def of
+  the module with positional parameters and straight-line code (assignments and one `return`);
+- every use of `step` in the function is a call `out = step(x1, ..., xk)` with names as
+  arguments; each argument is assigned in the function only by a replication of a value
+  (`flax.jax_utils.replicate(x)`, `jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`,
+  `jnp.stack([x] * n)`), only by a split of a flat batch (`x.reshape((n, -1) + x.shape[1:])` or
+  its `jax.tree.map`, `flax.training.common_utils.shard(x)`), or by a replicated result of `step`
+  fed back;
+- every result of `step` is read only as `r[0]`, `jax.tree.map(lambda v: v[0], r)`,
+  `flax.jax_utils.unreplicate(r)`, or fed back as a replicated argument, and is the same on every
+  device: a `pmean`/`psum`/`pmax`/`pmin` result, or computed from replicated values alone.
+
+The rewrite: a mesh over every device of the job (`jax.devices()`, pmap's order) is made once,
+where the step was made; the step becomes `jax.jit(jax.shard_map(body, mesh=..., in_specs=...,
+out_specs=P(), check_vma=False), donate_argnums=...)` with `P()` for replicated arguments and
+`P(a)` for batches; replications and readbacks are deleted (the value itself is passed and read);
+a split batch becomes its process's part of a global batch sharded over the axis
+(`jax.make_array_from_process_local_data`: in one process, the flat batch itself). The per-device
+block of the flat batch is exactly the old per-device slice, so the body is unchanged, with its
+collectives; `check_vma=False` keeps pmap's gradients of replicated parameters (`pmean` of
+per-device gradients; under `check_vma=True` they would come out summed over devices first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import libcst as cst
+
+from jaxmigrate.toolkit.emit import Call, Room, Style, code
+
+
+class NotVisible(Exception):
+    """The flow around the step is not fully visible or not of the shape taken; why."""
+
+
+@dataclass
+class Program:
+    """One step and the edits that go with it, in the function that makes and calls it."""
+
+    host: cst.FunctionDef
+    statement: cst.SimpleStatementLine  # `step = jax.pmap(...)`
+    body: cst.Name
+    axis: cst.BaseExpression
+    donate: cst.Arg | None
+    batches: list[bool]  # per argument: a split batch (True) or replicated (False)
+    outputs: int | None  # how many results the body returns as a tuple; None: one result
+    edits: dict[int, Callable[[cst.BaseExpression], cst.BaseExpression]] = field(
+        default_factory=dict
+    )  # by id of an original expression: what it becomes
+    jax: str = "jax"  # how the module spells `jax`
+    spec: cst.BaseExpression = field(default_factory=lambda: cst.Name("P"))  # PartitionSpec
+    mesh: str = "mesh"  # the name the mesh is bound to
+    sharding: str = "batch_sharding"  # the name the sharding of batches is bound to
+    fixed: dict[int, str] = field(default_factory=dict)  # unmapped positions: "none", "static"
+    varying: list[bool] = field(default_factory=list)  # per result: differs between devices
+    hosts: str = "jax.experimental.multihost_utils"  # how the module spells that module
+    statics: cst.Arg | None = None  # `static_broadcasted_argnums`, as written
+    made_at: int = 0  # where the step is made, in `Parents.order`
+    nodes: dict[int, cst.CSTNode] = field(default_factory=dict)  # the edited nodes, by id
+    reasons: dict[int, str] = field(default_factory=dict)  # what each edit does, by id
+
+    def edit(
+        self, node: cst.BaseExpression, why: str, new: Callable[[], cst.BaseExpression]
+    ) -> None:
+        """Replace `node` (original) by what `new` returns when the function is rewritten."""
+        self.nodes[id(node)], self.reasons[id(node)] = node, why
+        self.edits[id(node)] = lambda _: new()
+
+    def rewrite(self, indent: str, style: Style) -> cst.FunctionDef:
+        """Return the host function rewritten; `indent` is its body's indentation."""
+        out = self.host.visit(_Edit(self, indent, style))
+        assert isinstance(out, cst.FunctionDef)
+        return out
+
+    def step_statements(self, indent: str, style: Style) -> list[cst.SimpleStatementLine]:
+        """Return the mesh, made once, and the step as `jax.jit` of `jax.shard_map`."""
+        jax, spec = self.jax, code(self.spec)
+        axis = code(self.axis)
+        mesh = f"{self.mesh} = {jax}.sharding.Mesh({jax}.devices(), ({axis},))"
+        specs = [
+            "None" if self.fixed.get(i) == "static" else f"{spec}({axis})" if batch else f"{spec}()"
+            for i, batch in enumerate(self.batches)
+        ]
+        in_specs = f"({', '.join(specs)}{',' if len(specs) == 1 else ''})"
+        outs = [f"{spec}({axis})" if v else f"{spec}()" for v in self.varying]
+        out_specs = f"({', '.join(outs)})" if self.outputs is not None else outs[0]
+        target = code(self.statement.body[0].targets[0].target)  # type: ignore[attr-defined]
+        inner = [
+            self.body.value,
+            f"mesh={self.mesh}",
+            f"in_specs={in_specs}",
+            f"out_specs={out_specs}",
+            "check_vma=False",
+        ]
+        outer = [f"{jax}.shard_map({', '.join(inner)})"]
+        if self.statics is not None:
+            value = code(self.statics.value)
+            outer.append(f"static_argnums={value}")
+        if self.donate is not None:
+            outer.append(code(self.donate.with_changes(comma=cst.MaybeSentinel.DEFAULT)))
+        flat = f"{target} = {jax}.jit({', '.join(outer)})"
+        texts = [mesh, flat]
+        if any(self.batches):
+            sharding = f"{jax}.sharding.NamedSharding({self.mesh}, {spec}({axis}))"
+            texts.insert(1, f"{self.sharding} = {sharding}")
+        statements = [_laid_out(cst.parse_statement(text), indent, style) for text in texts]
+        assert all(isinstance(s, cst.SimpleStatementLine) for s in statements)
+        first = statements[0].with_changes(leading_lines=self.statement.leading_lines)
+        return [first, *statements[1:]]  # type: ignore[list-item]
+
+
+def _laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.BaseStatement:
+    """Return `target = call(...)`, the call laid out by the emitter when the line is too long."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return statement
+    assign = statement.body[0]
+    if not isinstance(assign, cst.Assign) or not isinstance(assign.value, cst.Call):
+        return statement
+    head = len(indent) + len(code(assign)) - len(code(assign.value))
+    laid = Call.of(assign.value).laid_out(Room(indent, head), style)
+    return statement.with_changes(body=[assign.with_changes(value=laid)])
+
+
+def global_batch(program: Program, source: cst.BaseExpression) -> cst.BaseExpression:
+    """`jax.make_array_from_process_local_data(<NamedSharding(mesh, P(axis))>, source)`."""
+    text = f"{program.jax}.make_array_from_process_local_data({program.sharding}, SOURCE)"
+    filled = cst.parse_expression(text).visit(_Fill({"SOURCE": source}))
+    assert isinstance(filled, cst.BaseExpression)
+    return filled
+
+
+class _Edit(cst.CSTTransformer):
+    """Apply a program's edits to its host function (original nodes, by id)."""
+
+    def __init__(self, program: Program, indent: str, style: Style) -> None:
+        super().__init__()
+        self.program, self.indent, self.style = program, indent, style
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
+        edit = self.program.edits.get(id(original_node))
+        if edit is not None and isinstance(updated_node, cst.BaseExpression):
+            return edit(updated_node)
+        if original_node is self.program.statement:
+            return cst.FlattenSentinel(self.program.step_statements(self.indent, self.style))
+        if _is_self_assignment(updated_node) and not _is_self_assignment(original_node):
+            return cst.RemovalSentinel.REMOVE  # `x = replicate(x)` with the replication gone
+        return updated_node
+
+
+def _is_self_assignment(statement: cst.CSTNode) -> bool:
+    """`x = x`, which deleting a replication or a readback leaves: dropped."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return False
+    node = statement.body[0]
+    return (
+        isinstance(node, cst.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0].target, cst.Name)
+        and isinstance(node.value, cst.Name)
+        and node.targets[0].target.value == node.value.value
+    )
+
+
+class _Fill(cst.CSTTransformer):
+    def __init__(self, values: dict[str, cst.BaseExpression]) -> None:
+        super().__init__()
+        self.values = values
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        return self.values.get(original_node.value, updated_node)

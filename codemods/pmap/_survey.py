@@ -1,0 +1,309 @@
+"""Finding every `jax.pmap`: the uses of the module, read and classified, and the ones the
+program-level form can take."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+
+from jaxmigrate.toolkit.passes import Pass
+from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
+
+from ._flow import analyze
+from ._program import NotVisible, Program
+
+PMAP = "jax.pmap"
+PARTIAL = "functools.partial"
+HELPER = "shard_map_per_device"
+HELPER_DOC = "Run `f` as `jax.pmap` does, in `jax.jit`: one call per device, on its slice."
+KEYWORDS = frozenset(
+    {"in_axes", "out_axes", "static_broadcasted_argnums", "donate_argnums"}
+    | {"devices", "backend", "axis_size"}
+)
+SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)  # where a step may be made and called
+
+
+class NotMigrated(Exception):
+    """A pmap site this pass leaves alone; the message is the reason."""
+
+
+# Reading one pmap -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Pmapped:
+    """Which argument of one `jax.pmap(...)` (or `partial(jax.pmap, ...)`) is which: indices."""
+
+    fun: int | None
+    axis_name: int | None
+    options: dict[str, int]
+
+
+def read_pmap(args: Sequence[cst.Arg], *, has_fun: bool) -> Pmapped:
+    """Return which of `args` is which pmap parameter; raise NotMigrated if not understood."""
+    positional = ("fun", "axis_name") if has_fun else ()
+    found: dict[str, int] = {}
+    for i, arg in enumerate(args):
+        if arg.star:
+            raise NotMigrated(f"`{arg.star}` unpacking: which parameters it fills is not known")
+        if arg.keyword is None and i >= len(positional):
+            raise NotMigrated("more positional arguments than `jax.pmap` takes")
+        name = positional[i] if arg.keyword is None else arg.keyword.value
+        if name == "fun" and arg.keyword is not None:
+            raise NotMigrated("`fun=` passed by keyword")
+        if name not in {*positional, "axis_name", *KEYWORDS} or name in found:
+            raise NotMigrated(f"unexpected argument `{name}`: the call fails today")
+        found[name] = i
+    if has_fun and "fun" not in found:
+        raise NotMigrated("no function to map")
+    return Pmapped(found.pop("fun", None), found.pop("axis_name", None), found)
+
+
+# Finding every pmap ---------------------------------------------------------------------------
+class Survey(cst.CSTVisitor):
+    """One walk over a module: each `jax.pmap` reference with its ancestors, and the strings.
+
+    Which names are bound, and how, is the scope model's (`defs`, `rebound`)."""
+
+    def __init__(self, names: ScopeModel) -> None:
+        super().__init__()
+        self.names = names
+        self.refs: list[tuple[cst.BaseExpression, tuple[cst.CSTNode, ...]]] = []
+        self.strings: set[str] = set()
+        self._stack: list[cst.CSTNode] = []
+        self._paths = names.paths_to((PMAP,))  # the nodes leading to a use, when known
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        # Exact types, not isinstance: libcst's node classes are concrete and never subclassed,
+        # and isinstance against them (ABCs) is what this walk over every node spent most on.
+        kind = type(node)
+        if kind is cst.Attribute or kind is cst.Name:
+            is_ref = kind is cst.Attribute or self.names.is_read(node)  # type: ignore[arg-type]
+            if self._paths is not None and id(node) not in self._paths:
+                is_ref = False
+            if is_ref and self.names.qualified_name(node) == PMAP:  # type: ignore[arg-type]
+                self.refs.append((node, tuple(self._stack)))  # type: ignore[arg-type]
+        elif kind is cst.SimpleString:
+            self.strings.add(str(node.evaluated_value))  # type: ignore[attr-defined]
+        self._stack.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self._stack.pop()
+
+    def defs(self, name: str) -> list[cst.FunctionDef]:
+        """Return every `def name` of the module, in any scope."""
+        found = (b.node for b in self.names.bindings(name) if b.kind is BindingKind.DEF)
+        return [d for d in found if isinstance(d, cst.FunctionDef)]
+
+    def rebound(self, name: str) -> bool:
+        """Return True if anything but a `def` binds `name` anywhere in the module."""
+        return any(b.kind is not BindingKind.DEF for b in self.names.bindings(name))
+
+
+@dataclass
+class PmapUse:
+    """One pmap site: where it is reported, its pmaps (outer first) and what it maps."""
+
+    node: cst.CSTNode  # the pmap call or decorator, or the reference left alone
+    pmaps: list[cst.Call | cst.Decorator]
+    ref: cst.BaseExpression
+    ancestors: tuple[cst.CSTNode, ...]
+    mapped: cst.CSTNode | None = None  # the def or lambda it maps, when visible
+    skip: str = ""
+    fallback: str = ""  # why the program-level form was not taken, when it was looked for
+
+    @property
+    def statement(self) -> cst.CSTNode:
+        """Return the top-level statement holding the site."""
+        return self.ancestors[1] if len(self.ancestors) > 1 else self.node
+
+    @property
+    def scope(self) -> int | None:
+        """Return (the id of) the function its result is bound in; None for the module."""
+        for node in reversed(self.ancestors):
+            if isinstance(node, (cst.FunctionDef, cst.Lambda)) and node is not self.mapped:
+                return id(node)
+        return None
+
+
+def fun_arg(call: cst.Call) -> cst.Arg | None:
+    first = call.args[0] if call.args else None
+    return first if first is not None and first.keyword is None and not first.star else None
+
+
+def docstring_of(node: cst.FunctionDef) -> str | None:
+    docstring = node.get_docstring()
+    return None if docstring is None else " ".join(docstring.split())  # wrapped or not
+
+
+class Finding(Pass):
+    """The pmap pass's first part: its state, and the sites found in the module."""
+
+    def __init__(self, context: CodemodContext) -> None:
+        super().__init__(context)
+        self.survey: Survey | None = None
+        self.sites: dict[int, PmapUse] = {}  # by id of the (outer) pmap call or decorator
+        self.lower: set[int] = set()  # the inner one of two stacked pmap decorators
+        self.applied: list[PmapUse] = []
+        self.applied_keys: list[str] = []
+        self.reuse_helper = False
+        self.programs: dict[int, tuple[PmapUse, Program]] = {}  # by id of the function they are in
+
+    def _find_programs(self, module: cst.Module) -> None:
+        """Take the sites whose whole data flow is visible to the program-level form."""
+        hosts: dict[int, list[PmapUse]] = {}
+        for site in self.sites.values():
+            host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
+            hosts.setdefault(id(host), []).append(site)
+        for key, site in list(self.sites.items()):
+            try:
+                host, program = self._program(module, site)
+                if len(hosts[id(host)]) > 1:
+                    raise NotVisible("the function makes several pmapped steps")
+            except NotVisible as why:
+                site.fallback = str(why)
+                continue
+            del self.sites[key]
+            self.programs[id(host)] = (site, program)
+
+    def _program(self, module: cst.Module, site: PmapUse) -> tuple[cst.FunctionDef, Program]:
+        """Return the function making the step and its program; raise NotVisible for why not."""
+        host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
+        if not isinstance(site.node, cst.Call) or len(site.pmaps) != 1:
+            raise NotVisible("a decorator or nested pmap: its calls are not followed (yet)")
+        if not isinstance(host, cst.FunctionDef) or host is site.mapped:
+            raise NotVisible("the step is made outside a function: its calls are not followed")
+        if not isinstance(site.mapped, cst.FunctionDef) or site.mapped not in module.body:
+            raise NotVisible("the pmapped function is not a def of this module")
+        statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
+        if not isinstance(statement, cst.SimpleStatementLine):
+            raise NotVisible("the step is not made by a statement of its own")
+        return host, analyze(host, statement, site.node, site.mapped, self.qualname)
+
+    def _classify(
+        self, ref: cst.BaseExpression, ancestors: tuple[cst.CSTNode, ...]
+    ) -> PmapUse | None:
+        """Return the site a reference to `jax.pmap` belongs to; None if another covers it."""
+        parent = ancestors[-1]
+        if isinstance(parent, cst.Call) and parent.func is ref:
+            return None if self._is_inner(ancestors) else self._call_site(parent, ref, ancestors)
+        if isinstance(parent, cst.Decorator):
+            return PmapUse(parent, [parent], ref, ancestors, mapped=ancestors[-2])
+        if isinstance(parent, cst.Arg) and self._is_partial(ancestors[-2], parent):
+            if isinstance(ancestors[-3], cst.Decorator):
+                return PmapUse(ancestors[-3], [ancestors[-3]], ref, ancestors, mapped=ancestors[-4])
+            why = "`functools.partial(jax.pmap, ...)` kept as a value: its calls are not visible"
+            return PmapUse(ref, [], ref, ancestors, skip=why)
+        if isinstance(parent, cst.Assign) and parent.value is ref:
+            return None  # an alias: the calls through it are sites of their own
+        why = "`jax.pmap` passed around as a value: the calls made with it are not visible"
+        return PmapUse(ref, [], ref, ancestors, skip=why)
+
+    def _is_partial(self, node: cst.CSTNode, first: cst.Arg) -> bool:
+        return (
+            isinstance(node, cst.Call)
+            and node.args[0] is first
+            and first.keyword is None
+            and self.qualname(node.func) == PARTIAL
+        )
+
+    def _is_inner(self, ancestors: tuple[cst.CSTNode, ...]) -> bool:
+        """Return True for the `jax.pmap(g)` of `jax.pmap(jax.pmap(g))`: the outer one has it."""
+        outer = ancestors[-3] if len(ancestors) > 2 else None
+        return (
+            isinstance(outer, cst.Call)
+            and fun_arg(outer) is ancestors[-2]
+            and self.qualname(outer.func) == PMAP
+        )
+
+    def _call_site(
+        self, call: cst.Call, ref: cst.BaseExpression, ancestors: tuple[cst.CSTNode, ...]
+    ) -> PmapUse:
+        pmaps: list[cst.Call | cst.Decorator] = [call]
+        fun = fun_arg(call)
+        while fun is not None and isinstance(fun.value, cst.Call):
+            if self.qualname(fun.value.func) != PMAP:
+                break
+            pmaps.append(fun.value)
+            fun = fun_arg(fun.value)
+        site = PmapUse(call, pmaps, ref, ancestors, self._visible(fun))
+        if len(pmaps) > 2:
+            site.skip = "three or more levels of nested pmap"
+        return site
+
+    def _visible(self, fun: cst.Arg | None) -> cst.CSTNode | None:
+        """Return the lambda, or the one def of this module, that `fun` is."""
+        assert self.survey is not None
+        if fun is not None and isinstance(fun.value, cst.Lambda):
+            return fun.value
+        if fun is None or not isinstance(fun.value, cst.Name):
+            return None
+        name = fun.value.value
+        defs = self.survey.defs(name)
+        return defs[0] if len(defs) == 1 and not self.survey.rebound(name) else None
+
+    def _stack_decorators(self, sites: list[PmapUse]) -> list[PmapUse]:
+        """Merge two stacked pmap decorators of one def into one site, a nested pmap."""
+        by_def: dict[int, list[PmapUse]] = {}
+        for site in sites:
+            if isinstance(site.node, cst.Decorator) and isinstance(site.mapped, cst.FunctionDef):
+                by_def.setdefault(id(site.mapped), []).append(site)
+        for group in (g for g in by_def.values() if len(g) > 1):
+            upper, lower = group[0], group[-1]
+            assert isinstance(upper.mapped, cst.FunctionDef)
+            decorators: list[cst.CSTNode] = list(upper.mapped.decorators)
+            if len(group) > 2 or decorators.index(lower.node) != decorators.index(upper.node) + 1:
+                for site in group:
+                    site.skip = "more than two pmap decorators, or not adjacent ones"
+                continue
+            upper.pmaps.append(lower.node)  # type: ignore[arg-type]
+            self.lower.add(id(lower.node))
+            sites.remove(lower)
+        return sites
+
+    def _mark_nested(self, sites: list[PmapUse]) -> None:
+        """Skip pmaps nested across functions or statements: one mesh needs both in view."""
+        mapping: dict[int, list[PmapUse]] = {}
+        producing: dict[str, list[PmapUse]] = {}
+        for site in sites:
+            if site.mapped is not None:
+                mapping.setdefault(id(site.mapped), []).append(site)
+            name = self._bound_to(site)
+            if name is not None:
+                producing.setdefault(name, []).append(site)
+        why = (
+            "nested pmap in two statements: only nesting within one expression or def is rewritten"
+        )
+        for site in sites:
+            outer = [s for a in site.ancestors for s in mapping.get(id(a), [])]
+            innermost = site.pmaps[-1] if site.pmaps else None
+            fun = fun_arg(innermost) if isinstance(innermost, cst.Call) else None
+            if fun is not None and isinstance(fun.value, cst.Name):
+                scopes = {None, *(id(a) for a in site.ancestors)}
+                made = producing.get(fun.value.value, [])
+                outer += [s for s in made if s.scope in scopes]
+            for other in (s for s in outer if s is not site):
+                other.skip, site.skip = other.skip or why, site.skip or why
+
+    def _bound_to(self, site: PmapUse) -> str | None:
+        """Return the name a site's result is bound to (`f = jax.pmap(g)`, `@jax.pmap def f`)."""
+        if isinstance(site.node, cst.Decorator) and isinstance(site.mapped, cst.FunctionDef):
+            return site.mapped.name.value
+        parent = site.ancestors[-2] if len(site.ancestors) > 1 else None  # [-1] is the call
+        if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
+            target = parent.targets[0].target
+            return target.value if isinstance(target, cst.Name) else None
+        return None
+
+    def _check_helper_name(self, module: cst.Module, sites: list[PmapUse]) -> None:
+        """Reuse the helper of an earlier run; skip everything if the name means another thing."""
+        assert self.survey is not None
+        defs = self.survey.defs(HELPER)
+        rebound = self.survey.rebound(HELPER)
+        ours = [d for d in defs if d in module.body and docstring_of(d) == HELPER_DOC]
+        self.reuse_helper = len(defs) == len(ours) == 1 and not rebound
+        if (defs or rebound) and not self.reuse_helper:
+            for site in sites:
+                site.skip = site.skip or f"the name `{HELPER}` is already used in this module"
