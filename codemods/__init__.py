@@ -11,18 +11,18 @@ a module here is missing from `PASSES`.
 
 from __future__ import annotations
 
-from jaxmigrate.codemods.device_put_replicated import DevicePutReplicated
-from jaxmigrate.codemods.device_put_sharded import DevicePutSharded
-from jaxmigrate.codemods.experimental_shard_map import ExperimentalShardMap
-from jaxmigrate.codemods.host_callback import HostCallback
-from jaxmigrate.codemods.jit_callback_per_shard import JitCallbackPerShard
-from jaxmigrate.codemods.legacy_imports import LegacyImports
-from jaxmigrate.codemods.partial_auto_callback import PartialAutoCallback
-from jaxmigrate.codemods.pjit import Pjit
-from jaxmigrate.codemods.pmap import Pmap
-from jaxmigrate.codemods.with_mesh import WithMesh
-
 from jaxmigrate.toolkit.passes import Pass
+
+from .device_put_replicated import DevicePutReplicated
+from .device_put_sharded import DevicePutSharded
+from .experimental_shard_map import ExperimentalShardMap
+from .host_callback import HostCallback
+from .jit_callback_per_shard import JitCallbackPerShard
+from .legacy_imports import LegacyImports
+from .partial_auto_callback import PartialAutoCallback
+from .pjit import Pjit
+from .pmap import Pmap
+from .with_mesh import WithMesh
 
 PASSES: tuple[type[Pass], ...] = (
     LegacyImports,

@@ -66,12 +66,13 @@ import re
 from typing import ClassVar
 
 import libcst as cst
-from jaxmigrate.codemods._device_put import RemovedDevicePut
 from libcst.helpers import parse_template_expression
 
 from jaxmigrate.model import Safety
 from jaxmigrate.toolkit.cstutil import jnp_ref, names_in
 from jaxmigrate.toolkit.emit import fresh_name
+
+from ._device_put import RemovedDevicePut
 
 LEGACY = "jax.device_put_sharded"
 

@@ -80,11 +80,12 @@ from dataclasses import replace
 from typing import ClassVar
 
 import libcst as cst
-from jaxmigrate.codemods._jit_callback_per_shard_checks import LeftAlone, SiteChecks, keyword
 from libcst.codemod import CodemodContext
 
 from jaxmigrate.model import Safety
 from jaxmigrate.toolkit.emit import fit_call
+
+from ._jit_callback_per_shard_checks import LeftAlone, SiteChecks, keyword
 
 PURE = "jax.pure_callback"
 SHARD_MAP = "jax.shard_map"

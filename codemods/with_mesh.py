@@ -72,13 +72,6 @@ import re
 from typing import ClassVar
 
 import libcst as cst
-from jaxmigrate.codemods._with_mesh_survey import (
-    ANY_WITH,
-    MESH_TYPE,
-    AstMeshes,
-    FindQualname,
-    could_be_mesh,
-)
 
 from jaxmigrate.model import Safety
 from jaxmigrate.toolkit.emit import code
@@ -92,6 +85,14 @@ from jaxmigrate.toolkit.meshes import (
     mesh_group,
 )
 from jaxmigrate.toolkit.passes import Pass
+
+from ._with_mesh_survey import (
+    ANY_WITH,
+    MESH_TYPE,
+    AstMeshes,
+    FindQualname,
+    could_be_mesh,
+)
 
 PJIT = "jax.experimental.pjit.pjit"
 INTERNAL_PJIT = "jax._src.pjit.pjit"  # reads the legacy mesh too, and no pass rewrites it

@@ -136,8 +136,14 @@ import re
 from typing import ClassVar
 
 import libcst as cst
-from jaxmigrate.codemods.partial_auto_callback._choice import Choice
-from jaxmigrate.codemods.partial_auto_callback._survey import (
+
+from jaxmigrate.model import Safety
+from jaxmigrate.toolkit.facts import AstFacts
+from jaxmigrate.toolkit.names import walk
+from jaxmigrate.toolkit.scope import ScopeModel
+
+from ._choice import Choice
+from ._survey import (
     DEBUG,
     EXPERIMENTAL_SHARD_MAP,
     HOST_CALLBACK,
@@ -146,11 +152,6 @@ from jaxmigrate.codemods.partial_auto_callback._survey import (
     SHARD_MAP,
     Survey,
 )
-
-from jaxmigrate.model import Safety
-from jaxmigrate.toolkit.facts import AstFacts
-from jaxmigrate.toolkit.names import walk
-from jaxmigrate.toolkit.scope import ScopeModel
 
 
 class PartialAutoCallback(Choice):

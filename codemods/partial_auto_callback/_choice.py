@@ -7,8 +7,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
-from jaxmigrate.codemods.partial_auto_callback._emission import Emission
-from jaxmigrate.codemods.partial_auto_callback._survey import (
+from libcst.codemod import CodemodContext
+
+from jaxmigrate.toolkit.meshes import MESH_MAKERS, literal_axis_names, string_elements
+from jaxmigrate.toolkit.names import dotted
+from jaxmigrate.toolkit.scope import Scope
+
+from ._emission import Emission
+from ._survey import (
     CALLBACKS,
     DEBUG,
     PURE,
@@ -22,11 +28,6 @@ from jaxmigrate.codemods.partial_auto_callback._survey import (
     Region,
     Survey,
 )
-from libcst.codemod import CodemodContext
-
-from jaxmigrate.toolkit.meshes import MESH_MAKERS, literal_axis_names, string_elements
-from jaxmigrate.toolkit.names import dotted
-from jaxmigrate.toolkit.scope import Scope
 
 
 # Reaching callbacks from a region ---------------------------------------------------------------

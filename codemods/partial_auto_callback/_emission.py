@@ -7,7 +7,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import libcst as cst
-from jaxmigrate.codemods.partial_auto_callback._survey import (
+from libcst.codemod import CodemodContext
+
+from jaxmigrate.toolkit.cstutil import is_reusable, jax_ref, jnp_ref
+from jaxmigrate.toolkit.emit import Call, Item, code, comments_in, fresh_name, joined, new_item
+from jaxmigrate.toolkit.passes import Pass
+
+from ._survey import (
     IO,
     OPTIONS,
     SHAPE_MAKERS,
@@ -16,11 +22,6 @@ from jaxmigrate.codemods.partial_auto_callback._survey import (
     LeftAlone,
     Region,
 )
-from libcst.codemod import CodemodContext
-
-from jaxmigrate.toolkit.cstutil import is_reusable, jax_ref, jnp_ref
-from jaxmigrate.toolkit.emit import Call, Item, code, comments_in, fresh_name, joined, new_item
-from jaxmigrate.toolkit.passes import Pass
 
 
 class Emission(Pass):

@@ -77,11 +77,12 @@ import re
 from typing import ClassVar
 
 import libcst as cst
-from jaxmigrate.codemods.pjit._emission import Emission
-from jaxmigrate.codemods.pjit._survey import PJIT, Survey
 
 from jaxmigrate.model import Safety
 from jaxmigrate.toolkit.meshes import MeshFinder
+
+from ._emission import Emission
+from ._survey import PJIT, Survey
 
 
 class Pjit(Emission):

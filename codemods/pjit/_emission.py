@@ -6,14 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import libcst as cst
-from jaxmigrate.codemods.pjit._survey import RENAMED, SHARDINGS, Decision, Leaves
-from jaxmigrate.codemods.with_mesh import WithMesh
 
 from jaxmigrate.model import Safety
 from jaxmigrate.toolkit.emit import code, with_keyword
 from jaxmigrate.toolkit.meshes import MeshFinder, mesh_group
 from jaxmigrate.toolkit.names import dotted
 from jaxmigrate.toolkit.passes import Pass
+
+from ..with_mesh import WithMesh
+from ._survey import RENAMED, SHARDINGS, Decision, Leaves
 
 
 class Emission(Pass):

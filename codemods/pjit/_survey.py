@@ -7,11 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
-from jaxmigrate.codemods.with_mesh import WithMesh
 
 from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.meshes import Kind, MeshFinder, NameReads
 from jaxmigrate.toolkit.passes import Pass
+
+from ..with_mesh import WithMesh
 
 PJIT = "jax.experimental.pjit.pjit"
 PARTIAL = "functools.partial"
