@@ -195,7 +195,12 @@ def _imported_package(here: Path, text: str) -> Path | None:
 def _is_package(folder: Path) -> bool:
     """Return True if `folder` is a regular package a module can be imported from by name (a
     folder named `algorithmic-efficiency` may hold an `__init__.py`, but is no package name)."""
-    return folder.name.isidentifier() and (folder / "__init__.py").is_file()
+    if not folder.name.isidentifier():
+        return False
+    try:
+        return (folder / "__init__.py").is_file()
+    except OSError:  # a folder we may not read holds no package we could import from
+        return False
 
 
 def _unparsable(shown: str, result: Migration) -> str | None:
