@@ -77,7 +77,7 @@ from jaxmigrate.toolkit.cstutil import (
     parenthesized,
 )
 from jaxmigrate.toolkit.emit import is_read, with_keyword
-from jaxmigrate.toolkit.meshes import MESH_MAKERS, literal_axis_names, string_elements
+from jaxmigrate.toolkit.meshes import mesh_axes_in_view, string_elements
 from jaxmigrate.toolkit.names import dotted
 from jaxmigrate.toolkit.passes import Pass
 
@@ -268,7 +268,7 @@ class ExperimentalShardMap(AncestorTracking, Pass):
         excluded = self._literal_names(auto)
         if excluded is not None and not excluded:
             return None
-        axes = self._mesh_axes(mesh)
+        axes = mesh_axes_in_view(mesh, self.resolver)
         if axes is not None and excluded is not None:
             manual = [s for s in axes if s.evaluated_value not in excluded]
             if not manual:
@@ -300,19 +300,6 @@ class ExperimentalShardMap(AncestorTracking, Pass):
             return None
         strings = string_elements(node.elements)
         return None if strings is None else {str(s.evaluated_value) for s in strings}
-
-    def _mesh_axes(
-        self, node: cst.BaseExpression, follow: bool = True
-    ) -> list[cst.SimpleString] | None:
-        """Return the axis-name literals of a mesh built in view, else None."""
-        if isinstance(node, cst.Name) and follow:
-            binding = self.resolver.assignment_seen_from(node.value, self.resolver.scope_of(node))
-            if binding is None or binding.value is None:
-                return None
-            return self._mesh_axes(binding.value, follow=False)
-        if not isinstance(node, cst.Call) or self.qualname(node.func) not in MESH_MAKERS:
-            return None
-        return literal_axis_names(node)
 
     def _drop(self, node: cst.BaseExpression) -> None:
         name = dotted(node)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 from libcst.codemod import CodemodContext
 
-from jaxmigrate.toolkit.meshes import MESH_MAKERS, literal_axis_names, string_elements
+from jaxmigrate.toolkit.meshes import mesh_axes_in_view, string_elements
 from jaxmigrate.toolkit.names import dotted
 from jaxmigrate.toolkit.scope import Scope
 
@@ -92,7 +92,7 @@ class Choice(Emission):
                 "no `mesh=`: the axes of the context mesh are not known here; pass `mesh=` or "
                 "nest the callback by hand"
             )
-        axes = self._mesh_axes(mesh, region.scope)
+        axes = mesh_axes_in_view(mesh, self.resolver, region.scope)
         if axes is None:
             raise LeftAlone(
                 "the mesh's axis names are not known in this file (build it with "
@@ -107,19 +107,6 @@ class Choice(Emission):
                 f"`axis_names=` names axes the mesh lacks: {sorted(manual - set(values))}"
             )
         return axes, manual
-
-    def _mesh_axes(
-        self, node: cst.BaseExpression, scope: Scope, follow: bool = True
-    ) -> list[cst.SimpleString] | None:
-        assert self.survey is not None
-        if isinstance(node, cst.Name) and follow:
-            binding = self.resolver.assignment_seen_from(node.value, scope)
-            if binding is None or binding.value is None:
-                return None
-            return self._mesh_axes(binding.value, scope, follow=False)
-        if not isinstance(node, cst.Call) or self.qualname(node.func) not in MESH_MAKERS:
-            return None
-        return literal_axis_names(node)
 
     def _manual(
         self, node: cst.BaseExpression, mesh: cst.BaseExpression, axes: list[str]

@@ -323,6 +323,22 @@ def string_elements(elements: Sequence[cst.BaseElement]) -> list[cst.SimpleStrin
     return out
 
 
+def mesh_axes_in_view(
+    node: cst.BaseExpression, names: ScopeModel, scope: Scope | None = None, follow: bool = True
+) -> list[cst.SimpleString] | None:
+    """Return the axis-name literals of the mesh `node` is: a mesh-making call, or a name whose
+    one assignment seen from `scope` (by default, the name's own) is such a call; else None."""
+    if isinstance(node, cst.Name) and follow:
+        seen_from = names.scope_of(node) if scope is None else scope
+        binding = names.assignment_seen_from(node.value, seen_from)
+        if binding is None or binding.value is None:
+            return None
+        return mesh_axes_in_view(binding.value, names, scope, follow=False)
+    if not isinstance(node, cst.Call) or names.qualified_name(node.func) not in MESH_MAKERS:
+        return None
+    return literal_axis_names(node)
+
+
 def literal_axis_names(call: cst.Call) -> list[cst.SimpleString] | None:
     """Return the axis names written in a mesh-making call (`axis_names=` or its second
     positional argument), or None when they are not a literal tuple or list of strings.
