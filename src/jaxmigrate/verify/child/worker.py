@@ -363,8 +363,11 @@ class Worker:
         """
         last = "the target's parameters are unknown or static"
         for candidate in candidates:
+            # A call without arguments (a `main()`, a training program) has no shape to get
+            # wrong, and host code in it (`int(x)`, `print`) cannot be traced: it just runs.
+            shaped = bool(candidate[0] or candidate[1])
             try:
-                flat, notes = self.call(fn, candidate, request, variant, probe=True)
+                flat, notes = self.call(fn, candidate, request, variant, probe=shaped)
             except UserError as exc:
                 if exc.stage != "inputs":
                     raise

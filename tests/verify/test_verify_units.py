@@ -1,0 +1,75 @@
+"""A site in a function that takes no arguments (a `main()`, a training program) is verified by
+running that function on both sides: there is nothing to synthesize, and its host code (`int`,
+`float`, `print`) would fail a trace, so it is not probed with `jax.eval_shape` first."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jaxmigrate.model import Status
+from jaxmigrate.verify import VerifyConfig, verify_against
+
+pytestmark = pytest.mark.jax
+
+PROGRAM = textwrap.dedent("""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+
+    def scale(x):
+        return jax.lax.psum(x, "i") * 0.5
+
+
+    def train(num_steps=3):
+        n = jax.local_device_count()
+        x = np.arange(n * 2, dtype=np.float32).reshape(n, 2)
+        total = 0.0
+        step = jax.pmap(scale, axis_name="i")
+        for _ in range(num_steps):
+            x = step(x)
+            total += float(x[0, 0])  # a host read: cannot be traced
+        return total
+    """)
+
+
+def git(root: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
+
+
+def test_a_training_function_without_arguments_is_run_and_its_pmap_verified(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "train.py").write_text(PROGRAM)
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxmigrate", "run", "--dry-run", "--report", str(report)]
+        + ["--format", "json", "."],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode in (0, 1), proc.stderr
+    (site,) = [s for f in json.loads(report.read_text())["files"] for s in f["sites"]]
+    assert site["code"] == "JM202"
+    assert site["status"] == "verified", site["details"]
+    assert site["details"]["target"] == "train.py::train"
+
+
+def test_a_wrong_edit_of_such_a_function_fails(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(PROGRAM)
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "train.py")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "legacy")
+    (tmp_path / "train.py").write_text(PROGRAM.replace("total = 0.0", "total = 1.0"))
+    verdicts = verify_against("HEAD", [], VerifyConfig(root=tmp_path, timeout=120.0, jobs=1))
+    changed = [v for key, v in verdicts.items() if key[0] == "train.py"]
+    assert changed and all(v.status is Status.FAILED for v in changed), verdicts
+    assert any("differ" in v.reason for v in changed)
