@@ -1,7 +1,8 @@
 """The bundled example project through the real passes and the verifier (the issue's criterion).
 
 With `--verify-with run_all.py` every unsafe site verifies and is applied; without any inputs the
-sites whose targets need arguments stay unverified, unapplied, with the hint.
+decorated step, whose own inputs cannot be synthesized, is verified by running the `main()` that
+uses it (its unit), on both sides.
 """
 
 from __future__ import annotations
@@ -51,11 +52,11 @@ def test_recorded_inputs_verify_every_unsafe_site(project: Path) -> None:
         assert site.applied, where
 
 
-def test_without_inputs_sites_needing_arguments_stay_unapplied(project: Path) -> None:
+def test_without_inputs_the_step_is_verified_through_the_main_using_it(project: Path) -> None:
     results = migrated(project, None)
     sites = unsafe(results)
     step = sites[("train.py", 15)]
-    assert step.status is Status.UNVERIFIED and not step.applied
-    assert "--verify-with" in step.details["verification"]
+    assert step.status is Status.VERIFIED and step.applied, step.details
+    assert step.details["target"] == "legacy_project/train.py::main"
     train = next(r for r in results if r.path.endswith("train.py"))
-    assert train.new_text is not None and "@functools.partial(jax.pmap" in train.new_text
+    assert train.new_text is not None and "@functools.partial(jax.pmap" not in train.new_text

@@ -16,11 +16,12 @@ from pathlib import Path
 from jaxmigrate.model import Safety, Site
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.notebooks import command_for, program, script_path
+from jaxmigrate.verify.planner import HAND_MIGRATION
 from jaxmigrate.verify.session import Key, verify
 from jaxmigrate.verify.targets import DEFS, assigned_names, start_line
 
 CODE = "JM000"
-NAME = "hand-migration"
+NAME = HAND_MIGRATION
 
 
 class GitError(ValueError):

@@ -14,11 +14,12 @@ from pathlib import Path
 from jaxmigrate.model import Safety, Site, Status
 from jaxmigrate.registry import all_passes
 from jaxmigrate.verify.config import Verdict, VerifyRequest
-from jaxmigrate.verify.targets import Kind, Target, find_target
+from jaxmigrate.verify.targets import Kind, Target, find_target, header_end, start_line, unit_of
 from jaxmigrate.verify.workspace import module_name
 
 ORIGINAL = "original"
 SAFE_REWRITES = "safe-rewrites"
+HAND_MIGRATION = "hand-migration"  # the sites of `verify --against`
 # The reference to fall back on when the original raises: per pass, its `REFERENCE`; for a
 # hand-made change, per legacy API its source mentions (cookbook, "Notes for the verifier").
 REFERENCE_BY_TEXT = {
@@ -98,6 +99,8 @@ def plan_file(
             verdicts[site.key] = Verdict(Status.UNVERIFIED, unreachable_reason(target))
             continue
         grouped.setdefault(target.qualname, (target, []))[1].append(site)
+        if target.kind is Kind.CALLABLE and not request.command and site.name != HAND_MIGRATION:
+            add_to_unit(tree, target, site, grouped)
     module, entry = module_name(root, request.path)
     plans = [
         Plan(
@@ -114,6 +117,23 @@ def plan_file(
         for n, (target, sites) in enumerate(grouped.values())
     ]
     return plans, verdicts
+
+
+def add_to_unit(
+    tree: ast.Module, target: Target, site: Site, grouped: dict[str, tuple[Target, list[Site]]]
+) -> None:
+    """Verify a module-level callable's site also by running its unit (a `main()` using it):
+    its own inputs may not be synthesizable; the program's are its real ones. (A definition
+    changed by hand, `verify --against`, is judged on its own: a unit would mix its change with
+    the unit's own.)"""
+    if "." in target.qualname:
+        return
+    unit = unit_of(tree, target.qualname)
+    if unit is None:
+        return
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == unit)
+    made = Target(Kind.FUNCTION, unit, start_line(node), header_end(node))
+    grouped.setdefault(unit, (made, []))[1].append(site)
 
 
 def unreachable_reason(target: Target) -> str:

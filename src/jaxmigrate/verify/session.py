@@ -298,8 +298,20 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
         if recording.error and not plan.request.command:
             error = {"verify_with_error": recording.error}
             verdict = replace(verdict, details={**verdict.details, **error})
-        verdicts.update({(plan.path, site.key): verdict for site in plan.sites})
+        for site in plan.sites:
+            key = (plan.path, site.key)
+            verdicts[key] = combined(verdicts[key], verdict) if key in verdicts else verdict
     return verdicts
+
+
+def combined(first: Verdict, second: Verdict) -> Verdict:
+    """Return the verdict of a site verified by two plans (its callable, and the unit using it):
+    failed if either failed, verified if either verified, else unverified with both reasons."""
+    order = (Status.FAILED, Status.VERIFIED)
+    for status in order:
+        if status in (first.status, second.status):
+            return first if first.status is status else second
+    return Verdict(first.status, f"{first.reason}; {second.reason}", first.details)
 
 
 def demote_bound(

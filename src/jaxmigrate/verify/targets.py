@@ -15,7 +15,10 @@ From the source around the site's line:
 
 Callable targets are recorded where the legacy API creates them (their `span`); function targets
 by wrapping the module attribute. Both can be replayed with recorded, declared or synthesized
-inputs.
+inputs. A module-level callable also has a *unit* when the module has one: a module-level
+function that takes no arguments (a `main()`, a training program) and uses it, directly or
+through the module's other functions; running the unit on both sides verifies the callable as
+the program uses it, when its own inputs cannot be synthesized (a dict batch, a `TrainState`).
 """
 
 from __future__ import annotations
@@ -206,3 +209,35 @@ def structure(stmt: ast.stmt) -> dict[str, Any]:
         has_negative(keywords[k]) for k in ("in_axes", "out_axes") if k in keywords
     )
     return out
+
+
+def takes_no_arguments(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Return True if `node` can be called as `node()`: every parameter has a default."""
+    args = node.args
+    positional = [*args.posonlyargs, *args.args]
+    kw_defaults = [d for d in args.kw_defaults if d is None]
+    return len(args.defaults) == len(positional) and not kw_defaults
+
+
+def unit_of(tree: ast.Module, name: str) -> str | None:
+    """Return the module-level function without arguments that uses `name` (directly or through
+    the module's other functions), preferring `main`; None if there is none."""
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    uses = {
+        f: {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        for f, node in defs.items()
+    }
+
+    def reaches(start: str) -> bool:
+        seen, todo = {start}, [start]
+        while todo:
+            names = uses[todo.pop()]
+            if name in names:
+                return True
+            todo += [f for f in names & defs.keys() if f not in seen]
+            seen |= names & defs.keys()
+        return False
+
+    units = [f for f, node in defs.items() if f != name and takes_no_arguments(node)]
+    found = [f for f in units if reaches(f)]
+    return "main" if "main" in found else (found[0] if found else None)
