@@ -147,6 +147,9 @@ def test_new_imports_go_after_the_first_imports_not_above_a_pip_cell(first: list
         "?jax.pmap\n",
         "jax.pmap??\n",
         "  %time g()\n",
+        "timeit -n 5 -r 5 pmap(jnp.dot)(mats, mats).block_until_ready()\n",  # automagic
+        "time f(x)\n",
+        "pip install flax\n",
     ],
 )
 def test_ipython_lines_are_masked_and_restored(line: str) -> None:
@@ -165,6 +168,11 @@ def test_ipython_lines_are_masked_and_restored(line: str) -> None:
         "y = x  # why?\n",
         "z = 10 % 3\n",
         "a != b\n",
+        "time = 3\n",  # a magic's name used as Python
+        "time -x\n",
+        "timeit(f, number=3)\n",
+        "run (a,\n     b)\n",  # a magic's name opening a bracket: Python's call
+        "ls\n",
     ],
 )
 def test_python_is_never_masked(source: str) -> None:

@@ -12,7 +12,8 @@ writes 2, in its own key order), both re-spell floats (`1e-7` becomes `1e-07`) a
 
 IPython syntax is kept out of libcst's way. A cell starting with a cell magic (`%%time`,
 `%%bash`, ...) is left alone entirely (a skip is reported if it mentions a legacy API). In other
-cells, a line that starts a statement with a line magic (`%matplotlib inline`), a shell escape
+cells, a line that starts a statement with a line magic (`%matplotlib inline`, or `timeit f(x)`
+written without its `%`, as IPython's automagic allows), a shell escape
 (`!pip install ...`), a help request (`?jax.pmap`, `jax.pmap??`) or an assignment from one
 (`files = !ls`) is masked with a `pass` statement carrying a unique marker before the passes
 run, and restored, at the indentation its placeholder ends up with, afterwards. Lines inside
@@ -57,6 +58,17 @@ _IPYTHON = re.compile(
     )""",
     re.VERBOSE,
 )
+# IPython's line magics, which automagic (on by default) runs without their `%`.
+_LINE_MAGICS = frozenset(
+    """alias alias_magic autoawait autocall automagic bookmark cd clear colors conda config
+    debug dhist dirs doctest_mode ed edit env gui hist history killbgscripts ldir less load
+    load_ext loadpy logoff logon logstart logstate logstop ls lsmagic macro magic man
+    matplotlib mkdir more notebook page pastebin pdb pdef pdoc pfile pinfo pinfo2 pip popd
+    pprint precision prun psearch psource pushd pwd pycat pylab quickref recall rehashx
+    reload_ext rep rerun reset reset_selective rm rmdir run save sc set_env store sx system tb
+    time timeit unalias unload_ext who who_ls whos xdel xmode""".split()  # noqa: SIM905
+)
+_AUTOMAGIC = re.compile(r"[ \t]*([A-Za-z_]\w*)[ \t]+\S")
 _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
 _PYTHON_NAMES = {"python", "python3", "ipython", "ipython3"}
@@ -133,6 +145,22 @@ def _scan(line: str, depth: int, quote: str) -> tuple[int, str, bool]:
     return depth, quote, not quote and line.rstrip("\r\n").endswith("\\")
 
 
+def _automagic(line: str) -> bool:
+    """Return True for a line magic written without its `%` (`timeit -n 5 f(x)`): a magic's name,
+    then arguments, on a complete line that is not Python (`time = 3` and `time -x` are)."""
+    match = _AUTOMAGIC.match(line)
+    if match is None or match.group(1) not in _LINE_MAGICS:
+        return False
+    depth, quote, continued = _scan(line, 0, "")
+    if depth or quote or continued:
+        return False
+    try:
+        compile(line.strip(), "<cell>", "exec")
+    except SyntaxError:
+        return True
+    return False
+
+
 def mask(source: str) -> Masked | None:
     """Return the cell with its IPython lines masked; None for a cell magic (left alone)."""
     if source.lstrip().startswith("%%"):
@@ -143,7 +171,7 @@ def mask(source: str) -> Masked | None:
     depth, quote, continued, carrying, indent = 0, "", False, False, ""
     for line in split_lines(source):
         starts = depth == 0 and not quote and not continued
-        if carrying or (starts and _IPYTHON.match(line)):
+        if carrying or (starts and (_IPYTHON.match(line) or _automagic(line))):
             body = line.rstrip("\r\n")
             if not carrying:
                 indent = line[: len(line) - len(line.lstrip(" \t"))]
