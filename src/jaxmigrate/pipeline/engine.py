@@ -93,7 +93,7 @@ def run_passes(
     `module` is the one parsed from `source`, or, `changed`, what earlier passes made of it.
     `selected` are the codes of every pass the user chose (default: those of `passes`).
     `outline` is that of Python's parse of `source`, if there was one (see `LazyPositions`).
-    `home` says where the file lives (`files.home_of`), for passes that share a module of the
+    `home` says where the file lives (`Project.home`), for passes that share a module of the
     project. `style` is how new code is written (default: inferred from `source`),
     `first_party` the project's own top-level modules (new imports go above theirs).
     """
@@ -249,7 +249,7 @@ def migrate_source(
 
     New code follows the file's style: the formatter configuration of the project at `path`
     (read through `project`, which keeps what it read for the next file), else the code's own.
-    `home` (`files.home_of(path)`) lets passes put a helper in one module of the project,
+    `home` (`Project.home(path, code)`) lets passes put a helper in one module of the project,
     imported where needed: the new code then comes with the project files it imports.
 
     Every site is decided by the default policy (`options.unsafe_fixes`), then by `accept`, which
