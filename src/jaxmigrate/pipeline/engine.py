@@ -27,6 +27,8 @@ from jaxmigrate.toolkit.facts import Outline
 from jaxmigrate.toolkit.passes import LATEST_JAX, STATE_KEY, FileState, Home, ModuleCache, Pass
 
 PassList = Sequence[type[Pass]]
+# Where a file lives, or how to find it out: asked only when a pass will run on the text.
+Located = Home | Callable[[], Home | None] | None
 
 
 @dataclass(frozen=True)
@@ -242,15 +244,16 @@ def migrate_source(
     passes: PassList | None = None,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
     path: str | None = None,
-    home: Home | None = None,
+    home: Located = None,
     project: Project | None = None,
 ) -> Migration:
     """Migrate one source text and return the new code with its sites and skips.
 
     New code follows the file's style: the formatter configuration of the project at `path`
     (read through `project`, which keeps what it read for the next file), else the code's own.
-    `home` (`Project.home(path, code)`) lets passes put a helper in one module of the project,
-    imported where needed: the new code then comes with the project files it imports.
+    `home` (`Project.home(path, code)`, or a function returning it, called only when a pass
+    runs) lets passes put a helper in one module of the project, imported where needed: the new
+    code then comes with the project files it imports.
 
     Every site is decided by the default policy (`options.unsafe_fixes`), then by `accept`, which
     may turn sites on or off (verification and interactive review plug in there). Raises
@@ -267,6 +270,8 @@ def migrate_source(
         refuse_deep_nesting(code)
     module = parse_module(code)
     project = project or Project()
+    if callable(home):
+        home = home()
     layout = _Layout(project.style(code, path), project.first_party(path))
     new, run = run_passes(
         module,

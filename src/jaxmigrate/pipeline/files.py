@@ -18,7 +18,7 @@ import libcst as cst
 
 from jaxmigrate.model import Bucket, FileResult, Options, Site
 from jaxmigrate.pipeline.cache import ResultCache
-from jaxmigrate.pipeline.engine import Migration, describe_syntax_error, migrate_source
+from jaxmigrate.pipeline.engine import Located, Migration, describe_syntax_error, migrate_source
 from jaxmigrate.pipeline.notebook import NotebookError, migrate_notebook
 from jaxmigrate.pipeline.project import Project
 from jaxmigrate.textio import SourceError, decode, read_bytes
@@ -32,7 +32,7 @@ def migrate_text(
     path: str,
     options: Options,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
-    home: Home | None = None,
+    home: Located = None,
     project: Project | None = None,
 ) -> Migration:
     """Migrate a file's text: a notebook's JSON (by its `.ipynb` name) cell by cell, else Python.
@@ -51,7 +51,7 @@ def process_text(
     text: str,
     options: Options,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
-    home: Home | None = None,
+    home: Located = None,
     project: Project | None = None,
 ) -> FileResult:
     """Migrate one file's decoded text into its FileResult; never raises for a bad file."""
@@ -136,7 +136,10 @@ def _process_file(
         text = decode(data).text
     except SourceError as exc:
         return FileResult(shown, Bucket.FAILED, reason=str(exc))
-    home = project.home(path, text)
+
+    def home() -> Home | None:  # read from the disk only for a file a pass will rewrite
+        return project.home(path, text)
+
     if cache is None or accept is not None:
         return process_text(shown, text, options, accept, home, project)
     key = cache.key(data, notebook=shown.endswith(".ipynb"), context=project.context(shown))

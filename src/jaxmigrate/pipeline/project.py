@@ -110,12 +110,13 @@ class Project:
         if path.suffix != ".py":
             return None
         here = path.absolute().parent
-        main = self._main_home(here, text)
-        folder, package, why = main or self._own_home(here, text)
+        names = imported(text)
+        main = self._main_home(here, names)
+        folder, package, why = main or self._own_home(here, text, names)
         shown = os.path.relpath(folder) if not path.is_absolute() else str(folder)
         return Home(shown, package, why, main=main is not None)
 
-    def _main_home(self, here: Path, text: str) -> tuple[Path, str, str] | None:
+    def _main_home(self, here: Path, names: frozenset[str]) -> tuple[Path, str, str] | None:
         """Return the main package's home when the file can import it (see the docstring)."""
         top = self.top_package(here)
         base = self.code_base(here)
@@ -123,27 +124,29 @@ class Project:
         if base is None or main is None:
             return None
         name = main.name
-        script = not self.is_package(here) and self._imports_sibling(here, text)
-        if _under(here, main) and not script:
+        if _under(here, main) and not self._script(here, names):
             return main, name, f"this file is in `{name}`, the code base's main package"
-        if self._imports_package(here, text, main):
+        if self._imports_package(here, names, main):
             return main, name, f"this file imports `{name}`, the code base's main package"
         if top is not None and top != main and top.parent == main.parent:
             why = f"this file is in package `{top.name}`, beside `{name}`, the main package"
             return main, name, why
         for other in self.packages_of(base):
-            if other.parent == main.parent and self._imports_package(here, text, other):
+            if other.parent == main.parent and self._imports_package(here, names, other):
                 why = f"this file imports `{other.name}`, beside `{name}`, the main package"
                 return main, name, why
         return None
 
-    def _imports_package(self, here: Path, text: str, package: Path) -> bool:
-        """Return True if `text` imports `package` by name: not a module of the file's own
-        folder of that name, which a script running there would import instead."""
+    def _imports_package(self, here: Path, names: frozenset[str], package: Path) -> bool:
+        """Return True if the file imports `package` by name (`names`: what it imports): not a
+        module of the file's own folder of that name, which a script running there would import
+        instead."""
         shadowed = here != package.parent and package.name in self.modules_in(here)
-        return imports(text, package.name) and not shadowed
+        return package.name in names and not shadowed
 
-    def _own_home(self, here: Path, text: str) -> tuple[Path, str | None, str]:
+    def _own_home(
+        self, here: Path, text: str, names: frozenset[str]
+    ) -> tuple[Path, str | None, str]:
         """Return the home of a file the main package's home is not for."""
         top = self.top_package(here)
         if top is not None:
@@ -153,7 +156,7 @@ class Project:
                 why = f"this file imports `{folder.name}`, the package around its folder"
                 return folder, folder.name, why
         around = next((f for f in here.parents if self.is_package(f)), None)
-        if around is not None and not self._imports_sibling(here, text):
+        if around is not None and not self._script(here, names):
             outer = self.top_package(around) or around
             why = f"this file's folder is a namespace folder of package `{outer.name}`"
             return outer, outer.name, why
@@ -166,17 +169,20 @@ class Project:
         is not enough: in a folder named `jax` (AlgoPerf's `lamb/jax/`) it means JAX."""
         modules = self.modules_in(package)
         for head, names, plain in _IMPORTED.findall(text):
-            first, _, rest = (head or plain).partition(".")
-            if first != package.name:
-                continue
-            wanted = {rest.partition(".")[0]} if rest else set(re.findall(r"\w+", names))
-            if wanted & modules:
-                return True
+            for module in [head] if head else [m.split()[0] for m in plain.split(",") if m.strip()]:
+                first, _, rest = module.partition(".")
+                if first != package.name:
+                    continue
+                wanted = {rest.partition(".")[0]} if rest else set(re.findall(r"\w+", names))
+                if wanted & modules:
+                    return True
         return False
 
-    def _imports_sibling(self, here: Path, text: str) -> bool:
-        """Return True if `text` imports a module of its own folder by bare name (a script)."""
-        return any(imports(text, name) for name in self.modules_in(here) - {SHARED})
+    def _script(self, here: Path, names: frozenset[str]) -> bool:
+        """Return True if a file in the folder `here` importing `names` is a script: its folder is
+        no package and it imports a module of its own folder by bare name."""
+        siblings = self.modules_in(here) - {SHARED}
+        return not self.is_package(here) and not siblings.isdisjoint(names)
 
     # The code base's layout ----------------------------------------------------------------
     def root(self, here: Path) -> Path | None:
@@ -263,15 +269,21 @@ class Project:
 
 # `from a.b import c, d` (head `a.b`, names `c, d`) or `import a.b` (plain), at a line's start.
 _IMPORTED = re.compile(
-    r"^[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import[ \t]+\(?([\w, \t]*)|import[ \t]+([\w.]+))",
+    r"^[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import[ \t]+\(?([\w, \t]*)|import[ \t]+([\w., \t]+))",
     re.MULTILINE,
 )
 
 
-def imports(text: str, name: str) -> bool:
-    """Return True if `text` has an absolute `import name...` or `from name... import`."""
-    pattern = rf"^[ \t]*(?:from|import)[ \t]+{re.escape(name)}(?![\w])"
-    return re.search(pattern, text, re.MULTILINE) is not None
+def imported(text: str) -> frozenset[str]:
+    """Return the top-level names `text` imports absolutely (`jax` for `from jax.numpy import
+    x`, `import jax.numpy as jnp`, `import os, jax`), wherever the import statement is."""
+    found = set()
+    for head, _, plain in _IMPORTED.findall(text):
+        for module in [head] if head else plain.split(","):
+            first = module.strip().split(".")[0].split(" ")[0]
+            if first:
+                found.add(first)
+    return frozenset(found)
 
 
 def _named_after(distribution: str | None, packages: list[Path]) -> Path | None:
