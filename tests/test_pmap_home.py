@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from conftest import jax_env
 
-from jaxmigrate.pipeline.project import Project
+from jaxmigrate.pipeline.project import Project, imported
 
 STEP = """\
 import functools
@@ -273,3 +273,16 @@ def test_a_code_base_without_packages_keeps_one_helper_per_script_folder(tmp_pat
         assert float(run([sys.executable, "run.py"], root / folder)) == 56.0
     out = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], root)
     assert "1 passed" in out
+
+
+def test_what_a_file_imports_by_absolute_name() -> None:
+    text = (
+        "import os, jax.numpy as jnp\n"
+        "from . import sibling\n"
+        "from .models import net\n"
+        "from big_vision.utils import x\n"
+        "def f():\n"
+        "    import mylib\n"
+        "s = 'import nothing'\n"
+    )
+    assert imported(text) == {"os", "jax", "big_vision", "mylib"}
