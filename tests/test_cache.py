@@ -16,7 +16,7 @@ from test_cli import LEGACY, jm
 from jaxmigrate.model import Bucket, FileResult, Options
 from jaxmigrate.pipeline.cache import CACHE_DIR, ResultCache
 from jaxmigrate.pipeline.discovery import Discovery
-from jaxmigrate.pipeline.engine import Project
+from jaxmigrate.pipeline.project import Project
 from jaxmigrate.pipeline.runner import migrate_files
 
 TESTS = Path(__file__).resolve().parent

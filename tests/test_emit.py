@@ -10,7 +10,8 @@ import libcst as cst
 import pytest
 
 from jaxmigrate.config import formatting_in, project_formatting
-from jaxmigrate.pipeline.engine import Options, Project, migrate_source
+from jaxmigrate.pipeline.engine import Options, migrate_source
+from jaxmigrate.pipeline.project import Project
 from jaxmigrate.toolkit.emit import (
     DEFAULT_WIDTH,
     Call,

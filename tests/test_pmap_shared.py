@@ -17,7 +17,8 @@ from conftest import jax_env
 
 from jaxmigrate.model import Options
 from jaxmigrate.pipeline.engine import migrate_source
-from jaxmigrate.pipeline.files import home_of
+from jaxmigrate.pipeline.project import Project
+from jaxmigrate.toolkit.passes import Home
 
 STEP = """\
 import functools
@@ -76,6 +77,15 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def home_of(path: Path, text: str = "") -> Home | None:
+    return Project().home(path, text)
+
+
+def code_of(helper: Path) -> str:
+    """Return a helper module's code, without its docstring (which says why it is there)."""
+    return helper.read_text().split('"""\n', 1)[1]
+
+
 def test_home_is_the_top_package_or_the_scripts_folder(project: Path) -> None:
     home = home_of(project / "pkg" / "sub" / "scale.py")
     assert home is not None and home.package == "pkg"
@@ -92,6 +102,7 @@ def test_a_namespace_folder_in_a_package_shares_the_package_helper(project: Path
     import their siblings by bare name keeps its own."""
     deep = project / "pkg" / "proj" / "image_text"
     deep.mkdir(parents=True)
+    (deep / "helpers.py").write_text("")
     (deep / "model.py").write_text("from pkg import sub\nimport helpers\n" + SCALE)
     home = home_of(deep / "model.py", (deep / "model.py").read_text())
     assert home is not None and home.package == "pkg"
@@ -126,12 +137,14 @@ def test_one_helper_per_package_imported_and_running(project: Path) -> None:
         assert IMPORT in text and "def shard_map_per_device(" not in text, module
     script = (project / "script" / "run.py").read_text()
     assert "from _pmap_compat import shard_map_per_device" in script
-    assert (project / "script" / "_pmap_compat.py").read_text() == shared.read_text()
+    beside = project / "script" / "_pmap_compat.py"
+    assert code_of(beside) == code_of(shared) and "beside" in beside.read_text()
+    before = {p: p.read_text() for p in project.rglob("*.py")}
     again = jm("run", "--unsafe-fixes", "--no-verify", "--no-cache", ".", cwd=project)
     assert again.returncode == 0 and "+" not in "".join(
         line[:1] for line in again.stdout.splitlines()
     )
-    assert shared.read_text() == (project / "script" / "_pmap_compat.py").read_text()
+    assert {p: p.read_text() for p in project.rglob("*.py")} == before
     check = (
         "import numpy as np, pkg.train, pkg.sub.scale;"
         "w = pkg.train.main(); s = pkg.sub.scale.main();"

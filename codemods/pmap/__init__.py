@@ -106,7 +106,7 @@ def train_step(params, batch):
     return params - 0.1 * jax.lax.pmean(grads, "batch")
 ```
 
-The body is left exactly as it was: `shard_map_per_device`, written once per module, gives it
+The body is left exactly as it was: `shard_map_per_device` gives it
 pmap's per-device view (each mapped axis squeezed on entry, every output expanded back on exit,
 which is what JAX 0.10.2's own pmap does), so every body keeps its meaning, and callers keep
 theirs: outputs still carry the leading device axis, so `flax.jax_utils.replicate/unreplicate`,
@@ -120,6 +120,14 @@ they become its part of global arrays (`multihost_utils.host_local_array_to_glob
 the jitted call, over a mesh of every device of the job, each process's devices together (pmap's
 order), and each process gets its own part of the results back
 (`global_array_to_host_local_array`). In one process the call is `jax.jit`'s and nothing else.
+
+Run over files of a project, the helper is not pasted into each file: it is written once per
+code base, as `<main package>/_pmap_compat.py`, and imported where needed (`from
+jax._pmap_compat import shard_map_per_device`). The main package is the one named after the
+distribution (else the only library package, else the largest); files in it, importing it, or in
+or importing a package beside it use it, so JAX's `tests/`, flax's example folders and AlgoPerf's
+`algorithms/` share their library's copy. Only a script importing no package of its code base
+gets a copy beside it. The site's message names the module and why (`docs/architecture.md`).
 
 ## Two forms: program-level (the default) and faithful
 `pmap-style = "idiomatic"` (`[tool.jaxmigrate]`, `--pmap-style` on `run` and `check`; the

@@ -19,6 +19,7 @@ from jaxmigrate.toolkit.emit import (
     new_item,
 )
 from jaxmigrate.toolkit.names import dotted
+from jaxmigrate.toolkit.passes import Home
 
 from ._specs import (
     Untranslatable,
@@ -107,18 +108,32 @@ def shard_map_per_device(f, *, axis_name, in_specs, out_specs, devices=None, bac
 
 SHARED_MODULE = "_pmap_compat"
 SHARED_DOC = """\
-`shard_map_per_device`: `jax.pmap` as `jax.jit` of `jax.shard_map`, for this project.
+`shard_map_per_device` (written by jaxmigrate, JM202): `jax.pmap` as `jax.jit` of `shard_map`.
 
-Written by jaxmigrate (JM202, pmap) for the modules whose `jax.pmap` it rewrote; they
-import the helper from here. `jaxmigrate explain JM202` says what it does and why.
+{where}
+`jaxmigrate explain JM202` says what the helper does and why.
 """
+IN_PACKAGE = """\
+The modules whose `jax.pmap` jaxmigrate rewrote import the helper from here: one module per code
+base, in its main package (the package named after the distribution, else its only library
+package, else its largest). Files outside the package that import it, or a package beside it,
+import it from here too."""
+IN_OWN = """\
+The modules of this package whose `jax.pmap` jaxmigrate rewrote import the helper from here (it
+is not the main package of its code base, and they cannot be sure to import that one)."""
+BESIDE = """\
+The scripts beside this module whose `jax.pmap` jaxmigrate rewrote import the helper from here:
+they import no package of their code base, and their folder is first on `sys.path` when they
+run (`python script.py`, pytest), so the helper sits beside them."""
 
 
-def shared_source() -> str:
-    """Return the text of the project module holding the helper, in canonical spelling."""
+def shared_source(home: Home | None = None) -> str:
+    """Return the text of the project module holding the helper, in canonical spelling: the
+    docstring says why the module is where it is (the main package, a package, beside scripts)."""
     helper = HELPER_SOURCE.format(doc=HELPER_DOC, jax="jax", np="np", P="P")
     imports = "import jax\nimport numpy as np\nfrom jax.sharding import PartitionSpec as P\n"
-    return f'"""{SHARED_DOC}"""\n\n{imports}\n\n{helper}'
+    where = IN_PACKAGE if home is None or home.main else IN_OWN if home.package else BESIDE
+    return f'"""{SHARED_DOC.format(where=where)}"""\n\n{imports}\n\n{helper}'
 
 
 @dataclass
@@ -203,6 +218,10 @@ class Faithful(Finding):
         ]
         if site.fallback:
             notes.append(f"program-level form not taken: {site.fallback}")
+        home = self.state.home
+        if home is not None and not self.reuse_helper:  # say where the shared helper is
+            module = f"{home.package}.{SHARED_MODULE}" if home.package else SHARED_MODULE
+            notes.append(f"the helper is imported from `{module}`: {home.why}".rstrip(": "))
         plan = Rewrite(fun, helper, notes=notes, min_jax=STATIC_MIN_JAX if statics else None)
         for keyword, i in outer.options.items():
             if keyword in ("devices", "backend"):
@@ -337,7 +356,8 @@ class Faithful(Finding):
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         if not self.applied or self.reuse_helper:
             return updated_node
-        shared = self.shared_module(SHARED_MODULE, shared_source(), self.applied_keys)
+        text = shared_source(self.state.home)
+        shared = self.shared_module(SHARED_MODULE, text, self.applied_keys)
         if shared is not None:  # one helper for the whole project, imported where needed
             self.need_import(shared, HELPER)
             return updated_node

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import re
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -213,3 +214,31 @@ def project_formatting(
         if (width is not None and indent is not None) or here.root:
             break
     return width, indent
+
+
+# The project's distribution name ---------------------------------------------------------------
+_SETUP_NAME = re.compile(r"""\bname\s*=\s*["']([A-Za-z0-9][A-Za-z0-9._-]*)["']""")
+
+
+def distribution_name(directory: Path) -> str | None:
+    """Return the name a project root declares for its distribution (`[project] name` of
+    `pyproject.toml`, `[metadata] name` of `setup.cfg`, a literal `name=` in `setup.py`), or None."""
+    pyproject = _toml(directory / "pyproject.toml")
+    project = pyproject.get("project") if pyproject is not None else None
+    if isinstance(project, dict) and isinstance(project.get("name"), str):
+        return str(project["name"])
+    if _exists(directory / "setup.cfg"):
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read(directory / "setup.cfg", encoding="utf-8")
+            name = parser.get("metadata", "name", fallback=None)
+        except (OSError, UnicodeDecodeError, configparser.Error):
+            name = None
+        if name:
+            return name.strip()
+    try:
+        setup = (directory / "setup.py").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    found = _SETUP_NAME.search(setup)
+    return found.group(1) if found else None

@@ -12,15 +12,14 @@ import re
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import libcst as cst
 from libcst import CSTNode
 from libcst.codemod import CodemodContext
 
-from jaxmigrate.config import Formatting, formatting_in, project_formatting
 from jaxmigrate.model import Options, ProjectFile, Safety, Site, Skip, Status
 from jaxmigrate.pipeline.prefilter import prefilter
+from jaxmigrate.pipeline.project import Project
 from jaxmigrate.registry import chosen_passes
 from jaxmigrate.textio import source_lines
 from jaxmigrate.toolkit.emit import Style, infer_style
@@ -28,6 +27,8 @@ from jaxmigrate.toolkit.facts import Outline
 from jaxmigrate.toolkit.passes import LATEST_JAX, STATE_KEY, FileState, Home, ModuleCache, Pass
 
 PassList = Sequence[type[Pass]]
+# Where a file lives, or how to find it out: asked only when a pass will run on the text.
+Located = Home | Callable[[], Home | None] | None
 
 
 @dataclass(frozen=True)
@@ -55,69 +56,6 @@ class _Run:
     skips: list[Skip] = field(default_factory=list)
     stages: list[_Stage] = field(default_factory=list)
     files: list[ProjectFile] = field(default_factory=list)
-
-
-@dataclass
-class Project:
-    """What the engine learns about the projects the files it migrates live in, read once per
-    directory: the formatter's line width and indentation, and the project's own modules."""
-
-    formatting: dict[Path, Formatting] = field(default_factory=dict)
-    modules: dict[Path, frozenset[str]] = field(default_factory=dict)
-
-    def style(self, code: str, path: str | None) -> Style:
-        """Return the style of `code`, the text of the file at `path` (None: the code alone)."""
-        if path is None:
-            return infer_style(code)
-        width, indent = project_formatting(Path(path), self.formatting)
-        return infer_style(code, width=width, indent=indent)
-
-    def first_party(self, path: str | None) -> frozenset[str]:
-        """Return the top-level modules that are the project's own for a file at `path`: those
-        beside it, the top package it belongs to, and those at its project's root."""
-        if path is None:
-            return frozenset()
-        here = Path(path).absolute().parent
-        names = set(self._modules_in(here))
-        top = here
-        while _is_file(top / "__init__.py"):
-            names.add(top.name)
-            top = top.parent
-        for directory in (here, *here.parents):
-            if directory not in self.formatting:
-                self.formatting[directory] = formatting_in(directory)
-            if self.formatting[directory].root:
-                names |= self._modules_in(directory) | self._modules_in(directory / "src")
-                break
-        return frozenset(names)
-
-    def context(self, path: str) -> str:
-        """Return what a file's result depends on besides its bytes and the options: the
-        project's formatter settings and own modules (part of its result cache key)."""
-        width, indent = project_formatting(Path(path), self.formatting)
-        return repr((width, indent, sorted(self.first_party(path))))
-
-    def _modules_in(self, directory: Path) -> frozenset[str]:
-        if directory not in self.modules:
-            try:
-                entries = list(directory.iterdir())
-            except OSError:
-                entries = []
-            self.modules[directory] = frozenset(
-                e.stem if e.suffix == ".py" else e.name
-                for e in entries
-                if (e.suffix == ".py" and e.stem.isidentifier())
-                or (e.name.isidentifier() and _is_file(e / "__init__.py"))
-            )
-        return self.modules[directory]
-
-
-def _is_file(path: Path) -> bool:
-    """Return True if `path` is a file; a directory we may not read has none."""
-    try:
-        return path.is_file()
-    except OSError:
-        return False
 
 
 def line_map_between(original: Sequence[str], current: str) -> Callable[[int], int]:
@@ -157,7 +95,7 @@ def run_passes(
     `module` is the one parsed from `source`, or, `changed`, what earlier passes made of it.
     `selected` are the codes of every pass the user chose (default: those of `passes`).
     `outline` is that of Python's parse of `source`, if there was one (see `LazyPositions`).
-    `home` says where the file lives (`files.home_of`), for passes that share a module of the
+    `home` says where the file lives (`Project.home`), for passes that share a module of the
     project. `style` is how new code is written (default: inferred from `source`),
     `first_party` the project's own top-level modules (new imports go above theirs).
     """
@@ -306,15 +244,16 @@ def migrate_source(
     passes: PassList | None = None,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
     path: str | None = None,
-    home: Home | None = None,
+    home: Located = None,
     project: Project | None = None,
 ) -> Migration:
     """Migrate one source text and return the new code with its sites and skips.
 
     New code follows the file's style: the formatter configuration of the project at `path`
     (read through `project`, which keeps what it read for the next file), else the code's own.
-    `home` (`files.home_of(path)`) lets passes put a helper in one module of the project,
-    imported where needed: the new code then comes with the project files it imports.
+    `home` (`Project.home(path, code)`, or a function returning it, called only when a pass
+    runs) lets passes put a helper in one module of the project, imported where needed: the new
+    code then comes with the project files it imports.
 
     Every site is decided by the default policy (`options.unsafe_fixes`), then by `accept`, which
     may turn sites on or off (verification and interactive review plug in there). Raises
@@ -331,6 +270,8 @@ def migrate_source(
         refuse_deep_nesting(code)
     module = parse_module(code)
     project = project or Project()
+    if callable(home):
+        home = home()
     layout = _Layout(project.style(code, path), project.first_party(path))
     new, run = run_passes(
         module,

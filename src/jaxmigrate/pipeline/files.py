@@ -9,8 +9,6 @@ bad file.
 from __future__ import annotations
 
 import gc
-import os
-import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,8 +18,9 @@ import libcst as cst
 
 from jaxmigrate.model import Bucket, FileResult, Options, Site
 from jaxmigrate.pipeline.cache import ResultCache
-from jaxmigrate.pipeline.engine import Migration, Project, describe_syntax_error, migrate_source
+from jaxmigrate.pipeline.engine import Located, Migration, describe_syntax_error, migrate_source
 from jaxmigrate.pipeline.notebook import NotebookError, migrate_notebook
+from jaxmigrate.pipeline.project import Project
 from jaxmigrate.textio import SourceError, decode, read_bytes
 from jaxmigrate.toolkit.facts import parse
 from jaxmigrate.toolkit.passes import Home
@@ -33,7 +32,7 @@ def migrate_text(
     path: str,
     options: Options,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
-    home: Home | None = None,
+    home: Located = None,
     project: Project | None = None,
 ) -> Migration:
     """Migrate a file's text: a notebook's JSON (by its `.ipynb` name) cell by cell, else Python.
@@ -52,7 +51,7 @@ def process_text(
     text: str,
     options: Options,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
-    home: Home | None = None,
+    home: Located = None,
     project: Project | None = None,
 ) -> FileResult:
     """Migrate one file's decoded text into its FileResult; never raises for a bad file."""
@@ -137,7 +136,10 @@ def _process_file(
         text = decode(data).text
     except SourceError as exc:
         return FileResult(shown, Bucket.FAILED, reason=str(exc))
-    home = home_of(path, text)
+
+    def home() -> Home | None:  # read from the disk only for a file a pass will rewrite
+        return project.home(path, text)
+
     if cache is None or accept is not None:
         return process_text(shown, text, options, accept, home, project)
     key = cache.key(data, notebook=shown.endswith(".ipynb"), context=project.context(shown))
@@ -156,51 +158,6 @@ def _process_file(
 # A file decided faster than this (no text trigger: most files) gets no cache entry: writing
 # one (a temporary file renamed into place) costs more than deciding it again.
 WORTH_CACHING = 0.002
-
-
-def home_of(path: Path, text: str = "") -> Home | None:
-    """Return where a Python file lives: its top-level package's folder and name, else its own.
-
-    The top-level package is the outermost folder with an `__init__.py` around the file. A
-    folder without one can still be part of a package (a namespace package, PEP 420, as
-    big_vision's `evaluators/proj/`): when the file's `text` imports an enclosing package by its
-    absolute name (`from big_vision import utils`), it runs with that package importable, and
-    that package is its home. A script folder whose files import their siblings by bare name
-    (flax's `examples/imagenet`) stays its own home. Reads the file system; None for a notebook.
-    """
-    if path.suffix != ".py":
-        return None
-    here = path.absolute().parent
-    folder, top = here, None
-    while _is_package(folder) and folder.parent != folder:
-        top, folder = folder, folder.parent
-    top = _imported_package(here, text) or top
-    shown = top if top is not None else here
-    relative = os.path.relpath(shown) if not path.is_absolute() else str(shown)
-    return Home(relative, None if top is None else top.name)
-
-
-def _imported_package(here: Path, text: str) -> Path | None:
-    """Return the outermost package folder above `here` that `text` imports by its absolute name
-    (across folders without an `__init__.py`), or None."""
-    found = None
-    for folder in (here, *here.parents):
-        if _is_package(folder):
-            pattern = rf"^[ \t]*(?:from|import)[ \t]+{re.escape(folder.name)}\b"
-            if re.search(pattern, text, re.MULTILINE):
-                found = folder
-    return found
-
-
-def _is_package(folder: Path) -> bool:
-    """Return True if `folder` is a regular package a module can be imported from by name (a
-    folder named `algorithmic-efficiency` may hold an `__init__.py`, but is no package name)."""
-    if not folder.name.isidentifier():
-        return False
-    try:
-        return (folder / "__init__.py").is_file()
-    except OSError:  # a folder we may not read holds no package we could import from
-        return False
 
 
 def _unparsable(shown: str, result: Migration) -> str | None:

@@ -21,8 +21,8 @@ from pathlib import Path
 from jaxmigrate.model import Bucket, FileResult, Options, ProjectFile, Site
 from jaxmigrate.pipeline.cache import ResultCache
 from jaxmigrate.pipeline.discovery import Found
-from jaxmigrate.pipeline.engine import Project
 from jaxmigrate.pipeline.files import process_file
+from jaxmigrate.pipeline.project import Project
 from jaxmigrate.textio import SourceError, atomic_write, read_source
 
 Accept = Callable[[Sequence[Site]], Sequence[Site]]

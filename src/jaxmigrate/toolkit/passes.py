@@ -102,12 +102,16 @@ class ModuleCache:
 class Home:
     """Where the file being migrated lives, as the engine found it: where shared modules go.
 
-    `directory` is the folder of the file's top-level package (`package`), or, for a script in
-    no package, the file's own folder (`package` None: the module is imported by its bare name).
+    `directory` is the folder of the code base's main package or the file's own package
+    (`package`), or, for a script in no package, the file's own folder (`package` None: the module
+    is imported by its bare name). `why` says why, for the site's message
+    (`jaxmigrate.pipeline.project` has the rules).
     """
 
     directory: str
     package: str | None = None
+    why: str = ""
+    main: bool = False  # `package` is the main package of the file's code base
 
 
 @dataclass

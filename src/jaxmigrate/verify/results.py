@@ -23,7 +23,7 @@ from jaxmigrate.pipeline.engine import (
     run_passes,
     safe_alone,
 )
-from jaxmigrate.pipeline.files import home_of
+from jaxmigrate.pipeline.project import Project
 from jaxmigrate.registry import chosen_passes
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.notebooks import cannot_run, redecide_notebook, request_for_notebook
@@ -61,7 +61,7 @@ def rendered(
         enabled=keys,
         target_jax=options.target_jax,
         path=path,
-        home=home_of(Path(path), old_text),
+        home=Project().home(Path(path), old_text),
         pmap_style=options.pmap_style,
     )
     applied = frozenset(s.key for s in run.sites) if keys is None else keys

@@ -1,0 +1,319 @@
+"""What the engine reads about the code base a file lives in, once per directory.
+
+One walk of the file system serves every question the engine asks about a file's place: the
+formatter's line width and indentation (`style`), the project's own top-level modules, so new
+imports go above theirs (`first_party`), and where a module shared by many files goes (`home`).
+
+## Where a shared module goes (`home`)
+A code base has one home for the modules passes share (the pmap helper `_pmap_compat.py`): its
+**main package**. The code base is the folder of the nearest project root above the file (a
+`pyproject.toml`, `setup.py` or `.git`), else the folder holding the file's top-level package;
+its packages are the regular packages (an identifier name and an `__init__.py`) in that folder
+and in its `src/`. The main package is, in this order:
+
+1. the package named after the distribution (`[project] name`, `setup.cfg`, a literal `name=` in
+   `setup.py`; `-` and `.` read as `_`; `dm-haiku` names `haiku`, the part after a prefix);
+2. the only package whose name is not a conventional folder of non-library code (`tests`,
+   `examples`, `docs`, `benchmarks`, `scripts`, ...);
+3. the package with the most Python files.
+
+A file uses the main package's module (`from main._pmap_compat import ...`) when it is inside the
+main package (namespace folders without `__init__.py` included, as big_vision's
+`evaluators/proj/`), when it imports the main package by name (JAX's `tests/` import `jax`,
+flax's `examples/` import `flax`), or when it is inside or imports another package of the code
+base sitting beside the main package (AlgoPerf's `algorithms/` and `tests/` packages): that
+package's folder is then on `sys.path`, so the main package is importable too.
+
+Otherwise a file in a package uses its own top-level package; a file in a folder without
+`__init__.py` that imports by name a regular package around it belongs to that package. Only a
+file in no package that imports none of its code base gets the module beside it, imported by its
+bare name: `python script.py`, pytest's default `prepend` import mode and a `conftest.py`-less
+test folder all put the file's own folder first on `sys.path`, and nothing else is sure to be
+there, so two such folders cannot share one module. A folder whose files import their siblings by
+bare name (`import models`, flax's `examples/imagenet`) is such a script folder even inside a
+package, unless the file imports the main package too. A folder whose name is no identifier
+(`algorithmic-efficiency`) is never a package, even with an `__init__.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jaxmigrate.config import Formatting, distribution_name, formatting_in, project_formatting
+from jaxmigrate.toolkit.emit import Style, infer_style
+from jaxmigrate.toolkit.passes import Home
+
+# Folders of a code base that hold no library code: never its main package when another is there.
+NOT_LIBRARY = frozenset(
+    {
+        "benchmark",
+        "benchmarks",
+        "doc",
+        "docs",
+        "example",
+        "examples",
+        "script",
+        "scripts",
+        "test",
+        "tests",
+        "testing",
+        "tools",
+    }
+)
+SHARED = "_pmap_compat"  # a shared module next to a file is no sibling the file chose to import
+
+
+@dataclass
+class Project:
+    """What the engine learns about the code bases the files it migrates live in, read once per
+    directory: formatter settings, packages, modules and each code base's main package."""
+
+    formatting: dict[Path, Formatting] = field(default_factory=dict)
+    modules: dict[Path, frozenset[str]] = field(default_factory=dict)
+    packages: dict[Path, bool] = field(default_factory=dict)
+    mains: dict[Path, Path | None] = field(default_factory=dict)
+
+    # Style and first-party modules -------------------------------------------------------
+    def style(self, code: str, path: str | None) -> Style:
+        """Return the style of `code`, the text of the file at `path` (None: the code alone)."""
+        if path is None:
+            return infer_style(code)
+        width, indent = project_formatting(Path(path), self.formatting)
+        return infer_style(code, width=width, indent=indent)
+
+    def first_party(self, path: str | None) -> frozenset[str]:
+        """Return the top-level modules that are the project's own for a file at `path`: those
+        beside it, the packages it is in, and those at its project's root."""
+        if path is None:
+            return frozenset()
+        here = Path(path).absolute().parent
+        names = set(self.modules_in(here))
+        names.update(folder.name for folder in self._package_chain(here))
+        root = self.root(here)
+        if root is not None:
+            names |= self.modules_in(root) | self.modules_in(root / "src")
+        return frozenset(names)
+
+    def context(self, path: str) -> str:
+        """Return what a file's result depends on besides its bytes and the options: the
+        project's formatter settings and own modules (part of its result cache key)."""
+        width, indent = project_formatting(Path(path), self.formatting)
+        return repr((width, indent, sorted(self.first_party(path))))
+
+    # Where shared modules go ---------------------------------------------------------------
+    def home(self, path: Path, text: str = "") -> Home | None:
+        """Return where the modules shared by the file at `path` (holding `text`) go, and why
+        (the rules are in this module's docstring). None for a notebook."""
+        if path.suffix != ".py":
+            return None
+        here = path.absolute().parent
+        names = imported(text)
+        main = self._main_home(here, names)
+        folder, package, why = main or self._own_home(here, text, names)
+        shown = os.path.relpath(folder) if not path.is_absolute() else str(folder)
+        return Home(shown, package, why, main=main is not None)
+
+    def _main_home(self, here: Path, names: frozenset[str]) -> tuple[Path, str, str] | None:
+        """Return the main package's home when the file can import it (see the docstring)."""
+        top = self.top_package(here)
+        base = self.code_base(here)
+        main = self.main_package(base) if base is not None else None
+        if base is None or main is None:
+            return None
+        name = main.name
+        if _under(here, main) and not self._script(here, names):
+            return main, name, f"this file is in `{name}`, the code base's main package"
+        if self._imports_package(here, names, main):
+            return main, name, f"this file imports `{name}`, the code base's main package"
+        if top is not None and top != main and top.parent == main.parent:
+            why = f"this file is in package `{top.name}`, beside `{name}`, the main package"
+            return main, name, why
+        for other in self.packages_of(base):
+            if other.parent == main.parent and self._imports_package(here, names, other):
+                why = f"this file imports `{other.name}`, beside `{name}`, the main package"
+                return main, name, why
+        return None
+
+    def _imports_package(self, here: Path, names: frozenset[str], package: Path) -> bool:
+        """Return True if the file imports `package` by name (`names`: what it imports): not a
+        module of the file's own folder of that name, which a script running there would import
+        instead."""
+        shadowed = here != package.parent and package.name in self.modules_in(here)
+        return package.name in names and not shadowed
+
+    def _own_home(
+        self, here: Path, text: str, names: frozenset[str]
+    ) -> tuple[Path, str | None, str]:
+        """Return the home of a file the main package's home is not for."""
+        top = self.top_package(here)
+        if top is not None:
+            return top, top.name, f"this file is in package `{top.name}`"
+        for folder in reversed(here.parents):  # outermost first
+            if self.is_package(folder) and self._imports_from(text, folder):
+                why = f"this file imports `{folder.name}`, the package around its folder"
+                return folder, folder.name, why
+        around = next((f for f in here.parents if self.is_package(f)), None)
+        if around is not None and not self._script(here, names):
+            outer = self.top_package(around) or around
+            why = f"this file's folder is a namespace folder of package `{outer.name}`"
+            return outer, outer.name, why
+        why = "this file is in no package and imports none of its code base"
+        return here, None, why
+
+    def _imports_from(self, text: str, package: Path) -> bool:
+        """Return True if `text` imports a module of the package folder `package` by its absolute
+        name (`from big_vision import utils`, `import big_vision.utils`). A bare `import jax`
+        is not enough: in a folder named `jax` (AlgoPerf's `lamb/jax/`) it means JAX."""
+        modules = self.modules_in(package)
+        for head, names, plain in _IMPORTED.findall(text):
+            for module in [head] if head else [m.split()[0] for m in plain.split(",") if m.strip()]:
+                first, _, rest = module.partition(".")
+                if first != package.name:
+                    continue
+                wanted = {rest.partition(".")[0]} if rest else set(re.findall(r"\w+", names))
+                if wanted & modules:
+                    return True
+        return False
+
+    def _script(self, here: Path, names: frozenset[str]) -> bool:
+        """Return True if a file in the folder `here` importing `names` is a script: its folder is
+        no package and it imports a module of its own folder by bare name."""
+        siblings = self.modules_in(here) - {SHARED}
+        return not self.is_package(here) and not siblings.isdisjoint(names)
+
+    # The code base's layout ----------------------------------------------------------------
+    def root(self, here: Path) -> Path | None:
+        """Return the nearest project root at or above the folder `here`, or None."""
+        for directory in (here, *here.parents):
+            if directory not in self.formatting:
+                self.formatting[directory] = formatting_in(directory)
+            if self.formatting[directory].root:
+                return directory
+        return None
+
+    def code_base(self, here: Path) -> Path | None:
+        """Return the folder of the code base the folder `here` is in: its project root, else
+        the folder holding the outermost package around it, else None."""
+        root = self.root(here)
+        if root is not None:
+            return root
+        around = next((f for f in (here, *here.parents) if self.is_package(f)), None)
+        top = self.top_package(around) if around is not None else None
+        return top.parent if top is not None else None
+
+    def is_package(self, folder: Path) -> bool:
+        """Return True if `folder` is a regular package a module can be imported from by name (a
+        folder named `algorithmic-efficiency` may hold an `__init__.py`, but is no package)."""
+        if folder not in self.packages:
+            self.packages[folder] = folder.name.isidentifier() and _is_file(folder / "__init__.py")
+        return self.packages[folder]
+
+    def _package_chain(self, here: Path) -> list[Path]:
+        """Return the regular packages `here` is in, innermost first (`here` itself first)."""
+        chain = []
+        folder = here
+        while self.is_package(folder) and folder.parent != folder:
+            chain.append(folder)
+            folder = folder.parent
+        return chain
+
+    def top_package(self, here: Path) -> Path | None:
+        """Return the outermost regular package the folder `here` is in, or None."""
+        chain = self._package_chain(here)
+        return chain[-1] if chain else None
+
+    def packages_of(self, base: Path) -> list[Path]:
+        """Return the top-level packages of the code base at `base` (and in its `src/`)."""
+        found = []
+        for folder in (base, base / "src"):
+            for name in sorted(self.modules_in(folder)):
+                if self.is_package(folder / name):
+                    found.append(folder / name)
+        return found
+
+    def main_package(self, base: Path) -> Path | None:
+        """Return the main package of the code base at `base` (the rule: module docstring)."""
+        if base not in self.mains:
+            self.mains[base] = self._find_main(base)
+        return self.mains[base]
+
+    def _find_main(self, base: Path) -> Path | None:
+        packages = self.packages_of(base)
+        if len(packages) <= 1:
+            return packages[0] if packages else None
+        named = _named_after(distribution_name(base), packages)
+        if named is not None:
+            return named
+        library = [p for p in packages if p.name.lower() not in NOT_LIBRARY]
+        if len(library) == 1:
+            return library[0]
+        return max(library or packages, key=lambda p: (_python_files(p), p.name))
+
+    def modules_in(self, directory: Path) -> frozenset[str]:
+        """Return the names of the modules and packages importable from `directory`."""
+        if directory not in self.modules:
+            try:
+                entries = list(directory.iterdir())
+            except OSError:
+                entries = []
+            self.modules[directory] = frozenset(
+                e.stem if e.suffix == ".py" else e.name
+                for e in entries
+                if (e.suffix == ".py" and e.stem.isidentifier()) or self.is_package(e)
+            )
+        return self.modules[directory]
+
+
+# `from a.b import c, d` (head `a.b`, names `c, d`) or `import a.b` (plain), at a line's start.
+_IMPORTED = re.compile(
+    r"^[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import[ \t]+\(?([\w, \t]*)|import[ \t]+([\w., \t]+))",
+    re.MULTILINE,
+)
+
+
+def imported(text: str) -> frozenset[str]:
+    """Return the top-level names `text` imports absolutely (`jax` for `from jax.numpy import
+    x`, `import jax.numpy as jnp`, `import os, jax`), wherever the import statement is."""
+    found = set()
+    for head, _, plain in _IMPORTED.findall(text):
+        for module in [head] if head else plain.split(","):
+            first = module.strip().split(".")[0].split(" ")[0]
+            if first:
+                found.add(first)
+    return frozenset(found)
+
+
+def _named_after(distribution: str | None, packages: list[Path]) -> Path | None:
+    """Return the package the distribution is named after (`dm-haiku` -> `haiku`), or None."""
+    if not distribution:
+        return None
+    name = re.sub(r"[-.]+", "_", distribution).lower()
+    for package in packages:
+        if package.name.lower() == name:
+            return package
+    for package in packages:
+        if name.endswith("_" + package.name.lower()):
+            return package
+    return None
+
+
+def _python_files(folder: Path) -> int:
+    try:
+        return sum(1 for p in folder.rglob("*.py") if p.stem != SHARED)
+    except OSError:
+        return 0
+
+
+def _under(folder: Path, package: Path) -> bool:
+    return folder == package or package in folder.parents
+
+
+def _is_file(path: Path) -> bool:
+    """Return True if `path` is a file; a directory we may not read has none."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
