@@ -338,12 +338,12 @@ class Pmap(Faithful):
         self, site: PmapUse, program: Program, updated: cst.FunctionDef
     ) -> cst.FunctionDef:
         """Record the step and its edits as one group; rewrite them all, or nothing."""
-        line, col = self.where(site.node)
-        group = f"{self.CODE}:program:{line}:{col}"
+        group = self.program_group(site.node)
         axis = code(program.axis)
-        enabled = [self.site(site.node, PROGRAM_MESSAGE.format(axis=axis), group=group)]
+        message = PROGRAM_MESSAGE.format(axis=axis)
+        enabled = [self.site(site.node, message, group=group, fallback=group)]
         for node_id, why in program.reasons.items():
-            enabled.append(self.site(program.nodes[node_id], why, group=group))
+            enabled.append(self.site(program.nodes[node_id], why, group=group, fallback=group))
         if not all(enabled):
             return updated
         spec, spec_import = self._spec_ref()
