@@ -145,7 +145,7 @@ class FileResult:
     written: bool = False
     files: tuple[ProjectFile, ...] = ()  # the project modules its new text imports
     # The fallback forms verification chose (`Site.fallback` key -> why), rendered with them.
-    fallbacks: Mapping[str, str] = field(default_factory=dict)
+    fallbacks: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def pending(self) -> tuple[Site, ...]:

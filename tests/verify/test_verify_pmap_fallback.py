@@ -23,7 +23,9 @@ from conftest import jax_env
 
 from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site, Status
 from jaxmigrate.pipeline.engine import migrate_source
-from jaxmigrate.verify import VerifyConfig, verify_results
+from jaxmigrate.verify import Verdict, VerifyConfig, verify_results
+from jaxmigrate.verify.judge import layout_verdict
+from jaxmigrate.verify.pool import combine
 from jaxmigrate.verify.results import failed_forms, short
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "pmap_fallback"
@@ -82,7 +84,7 @@ def test_only_a_failed_group_asks_for_its_fallback() -> None:
     assert failed_forms([site("a", Status.VERIFIED, "F")]) == {}
     # a site already written in its fallback form (no group) never asks again
     assert failed_forms([site("a", Status.FAILED, None)]) == {}
-    assert short("x" * 300).endswith("...") and len(short("x" * 300)) == 100
+    assert short("x" * 300).endswith("...") and len(short("x" * 300)) == 120
     assert short("first line\nsecond") == "first line"
 
 
@@ -197,3 +199,79 @@ def test_when_the_faithful_form_fails_too_nothing_is_written_with_both_reasons(
     assert step.message.endswith("): nothing written")
     assert step.details["program_level"]["status"] == "failed"
     assert out.new_text == NONDETERMINISTIC and out.bucket is Bucket.UNCHANGED
+
+
+def test_the_step_site_says_what_the_program_level_form_assumes() -> None:
+    result = migrate_source(TWO_STEPS, options=Options(unsafe_fixes=True))
+    step = next(s for s in result.sites if s.key == "JM202:14:14")
+    layout = {"line": 14, "end_line": 14, "replicated": [0], "results": [0, 1], "tuple": True}
+    assert step.details["layout"] == layout
+    with_layout = {s.key for s in result.sites if "layout" in s.details}
+    assert with_layout == {"JM202:14:14", "JM202:25:14"}  # the steps, not their edits
+
+
+@pytest.mark.jax
+def test_a_result_that_differs_between_devices_makes_the_step_faithful(tmp_path: Path) -> None:
+    """`rank_helper.py`: the step's first result is `w + axis_index` through a helper the
+    analysis does not read, so it is taken as replicated. Its outputs happen to agree (on one
+    process a `P()` result keeps each device's own buffer), but the original shows it differs
+    between devices: the site fails and the faithful form is written."""
+    text = (DATA / "rank_helper.py").read_text()
+    path = tmp_path / "rank_helper.py"
+    path.write_text(text)
+    migration = migrate_source(text, options=Options())
+    result = FileResult(str(path), Bucket.CHANGED, migration.sites, old_text=text)
+    config = VerifyConfig(root=tmp_path, timeout=300.0, jobs=1)
+    (out,) = verify_results([result], Options(), config)
+    (step,) = out.sites
+    assert step.status is Status.VERIFIED and step.applied, step.details
+    first = step.details["program_level"]["reason"]
+    assert first.startswith("result 1 of `jax.pmap(step)` differs between devices in the original")
+    assert FAILED_NOTE + "result 1 of `jax.pmap(step)` differs" in step.message
+    assert "shard_map_per_device(" in (out.new_text or "")
+
+
+CHECK_ARGUMENTS = """\
+import jax
+import jax.numpy as jnp
+
+from jaxmigrate.verify.child.layouts import checked
+
+step = jax.pmap(lambda w, x: (w * 2, jax.lax.psum(x, "i")), axis_name="i")
+layout = {"replicated": [0], "results": [0, 1], "tuple": True}
+found = []
+run = checked(step, layout, "p", found)
+n = jax.local_device_count()
+run(jnp.stack([jnp.ones(3)] * n), jnp.ones((n, 2)))
+print(found)
+run(jnp.arange(n * 3.0).reshape(n, 3), jnp.ones((n, 2)))
+print(found)
+"""
+
+
+@pytest.mark.jax
+def test_an_argument_passed_replicated_must_be_the_same_on_every_device() -> None:
+    ran = subprocess.run(
+        [sys.executable, "-c", CHECK_ARGUMENTS],
+        check=False,
+        env=jax_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    clean, caught = ran.stdout.strip().splitlines()
+    assert clean == "[]", ran.stderr
+    assert "argument 1 of `p` differs between devices in the original (call 2)" in caught
+
+
+def test_a_broken_assumption_in_any_process_of_a_job_fails_the_site() -> None:
+    ran = {"ok": True, "reference": "original", "calls": 1}
+    broken = ran | {"layout_violations": ["result 1 of `jax.pmap(step)` differs"]}
+    combined = combine("original", [ran, broken])
+    assert combined["layout_violations"] == [
+        "result 1 of `jax.pmap(step)` differs [process 1 of 2]"
+    ]
+    agreed = Verdict(Status.VERIFIED, "agrees with the original on 1 call(s)")
+    verdict = layout_verdict(agreed, combined)
+    assert verdict.status is Status.FAILED and verdict.reason.startswith("result 1 of")
+    assert layout_verdict(agreed, ran) is agreed

@@ -316,12 +316,14 @@ class Pass(CodemodCommand, cst.CSTTransformer):
         min_jax: tuple[int, int] | None = None,
         requires: tuple[str, ...] = (),
         fallback: str | None = None,
+        details: dict[str, Any] | None = None,
     ) -> bool:
         """Record a site at `node`; return True if the pass should rewrite it now.
 
         `requires` names rules (codes) whose sites this one cannot do without (its group's other
         members): when one is not selected, the site is skipped with that reason. `fallback` is
-        the key that asks this pass for the site's fallback form (`FileState.fallbacks`).
+        the key that asks this pass for the site's fallback form (`FileState.fallbacks`);
+        `details` go to the report with the site (and to its verification).
         """
         line, col = self.where(node)
         if self.state.suppressed(line, self.CODE):
@@ -356,6 +358,7 @@ class Pass(CodemodCommand, cst.CSTTransformer):
                 key=key,
                 group=group,
                 fallback=fallback,
+                details=dict(details or {}),
             )
         )
         enabled = self.state.enabled is None or key in self.state.enabled

@@ -153,6 +153,9 @@ def make_task(
             "devices": devices,
         },
     }
+    layouts = [s.details["layout"] for s in plan.sites if "layout" in s.details]
+    if layouts:  # program-level pmap rewrites: what they assume, checked on the original
+        original["layouts"] = layouts
     candidate = common | {"target": target | {"text": candidate_text}, "contexts": cand_ctx}
     returned = recorded.returned if recorded else None
     orig_ret, cand_ret = context_messages(returned.contexts if returned else (), sources)

@@ -205,7 +205,7 @@ def verify_results(
 
 # How much of the program-level form's failure the faithful site's message quotes (the whole
 # reason is in its details, `program_level`).
-SHORT_REASON = 100
+SHORT_REASON = 120
 
 
 def short(reason: str) -> str:

@@ -22,7 +22,8 @@ import resource
 import sys
 import traceback
 import warnings
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import IO, Any
@@ -237,9 +238,11 @@ class Worker:
         stages: dict[str, str] = {}
         furthest: UserError | None = None
         for name in request["references"]:
-            with reference(name):
+            with reference(name), self.layouts_checked(request, name) as violations:
                 try:
                     reply = self.attempt(request, name)
+                    if violations:
+                        reply["layout_violations"] = violations
                 except NoInputs as exc:
                     return {"ok": False, "stage": exc.stage, "error": str(exc), "no_inputs": True}
                 except UserError as exc:
@@ -254,6 +257,20 @@ class Worker:
             return reply
         stage, error = (furthest.stage, str(furthest)) if furthest else ("inputs", "no reference")
         return {"ok": False, "stage": stage, "error": error, "errors": errors}
+
+    @contextmanager
+    def layouts_checked(self, request: dict[str, Any], variant: str) -> Iterator[list[str]]:
+        """Check the original's pmapped steps against what program-level rewrites assume of
+        them (`child.layouts`); yield where they do not hold (nothing to check: no list)."""
+        from .layouts import checking
+        from .references import ORIGINAL
+
+        if variant != ORIGINAL or not request.get("layouts"):
+            yield []
+            return
+        path = os.path.join(self.root, request["target"]["file"])
+        with checking(request["layouts"], path) as found:
+            yield found
 
     def attempt(self, request: dict[str, Any], variant: str) -> dict[str, Any]:
         from .hostify import flat_shapes, shapes
