@@ -369,14 +369,21 @@ class Pmap(Faithful):
         """Return what the program-level form assumes of the step made at `node`, for the
         verifier to check on the original (`verify/child/layouts.py`): the lines making it, the
         argument positions passed stacked and replicated (now `P()`), and the results read on
-        device 0 (now read whole)."""
+        device 0 (now read whole); and, to compare the step's calls through layout adapters,
+        each argument's kind and which results are read flattened."""
         span = self.get_metadata(PositionProvider, node)
-        fixed = program.fixed
+        kinds = [
+            "fixed" if i in program.fixed else "batch" if batch else "replicated"
+            for i, batch in enumerate(program.batches)
+        ]
         return {
             "line": self.state.line_map(span.start.line),
             "end_line": self.state.line_map(span.end.line),
-            "replicated": [i for i, b in enumerate(program.batches) if not b and i not in fixed],
+            "body": program.body.value,
+            "args": kinds,
+            "replicated": [i for i, kind in enumerate(kinds) if kind == "replicated"],
             "results": [i for i, varying in enumerate(program.varying) if not varying],
+            "varying": list(program.varying),
             "tuple": program.outputs is not None,
         }
 

@@ -30,7 +30,7 @@ from jaxmigrate.verify.results import failed_forms, short
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "pmap_fallback"
 TWO_STEPS = (DATA / "two_steps.py").read_text()
-GOOD, ALIASED = "JM202:program:14:14", "JM202:program:25:14"  # the steps' groups
+GOOD, ALIASED, LOGGED = (f"JM202:program:{line}:14" for line in (14, 25, 39))  # steps' groups
 FAILED_NOTE = "program-level form failed verification ("
 
 
@@ -47,15 +47,17 @@ def test_a_step_asked_for_its_fallback_is_faithful_and_the_other_stays_program_l
     result = migrate_source(
         TWO_STEPS, options=Options(unsafe_fixes=True), fallbacks={ALIASED: "outputs differ"}
     )
-    aliased = [s for s in result.sites if s.line >= 22]
+    aliased = [s for s in result.sites if 22 <= s.line < 34]
     good = [s for s in result.sites if s.line < 22]
+    logged = [s for s in result.sites if s.line >= 34]
     assert len(good) == 5 and {s.group for s in good} == {GOOD}
     assert all(s.fallback == GOOD for s in good)
+    assert len(logged) == 5 and {s.fallback for s in logged} == {LOGGED}
     (step,) = aliased
     assert step.group is None and step.fallback == ALIASED
     assert step.message.endswith("program-level form failed verification (outputs differ)")
     assert "shard_map_per_device(\n        step" in result.code  # the aliased step
-    assert result.code.count('jax.sharding.Mesh(jax.devices(), ("batch",))') == 1  # the good step
+    assert result.code.count('jax.sharding.Mesh(jax.devices(), ("batch",))') == 2  # the others
     assert "params = jnp.broadcast_to(w, (n,) + w.shape)\n    w += 1.0" in result.code
 
 
@@ -90,13 +92,15 @@ def test_only_a_failed_group_asks_for_its_fallback() -> None:
 
 @pytest.mark.jax
 def test_run_writes_the_faithful_form_where_the_program_level_one_failed(tmp_path: Path) -> None:
-    shutil.copyfile(DATA / "two_steps.py", tmp_path / "two_steps.py")
+    for name in ("two_steps.py", "predictions.py"):
+        shutil.copyfile(DATA / name, tmp_path / name)
     git(tmp_path, "init", "-q")
-    git(tmp_path, "add", "two_steps.py")
+    git(tmp_path, "add", "two_steps.py", "predictions.py")
     git(tmp_path, "commit", "-qm", "pmap")
     report = tmp_path.parent / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "jaxmigrate", "run", "two_steps.py", "--timeout", "300"]
+        [sys.executable, "-m", "jaxmigrate", "run", "two_steps.py", "predictions.py"]
+        + ["--timeout", "300"]
         + ["--report", str(report), "--format", "json"],
         check=False,
         cwd=tmp_path,
@@ -105,20 +109,30 @@ def test_run_writes_the_faithful_form_where_the_program_level_one_failed(tmp_pat
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (entry,) = [f for f in json.loads(report.read_text())["files"] if f["path"].endswith("s.py")]
+    files = {Path(f["path"]).name: f for f in json.loads(report.read_text())["files"]}
+    predictions = files["predictions.py"]["sites"]
+    assert len(predictions) == 5
+    assert all(s["status"] == "verified" and s["applied"] for s in predictions), predictions
+    assert "program-level" in predictions[0]["message"] + predictions[1]["message"]
+    entry = files["two_steps.py"]
     sites = {(s["line"], s["col"]): s for s in entry["sites"]}
     good = [s for (line, _), s in sites.items() if line < 22]
     assert len(good) == 5 and all(s["status"] == "verified" and s["applied"] for s in good)
     assert "program-level" in sites[(14, 14)]["message"]
-    (faithful,) = [s for (line, _), s in sites.items() if line >= 22]
-    assert faithful["status"] == "verified" and faithful["applied"]
-    assert FAILED_NOTE + "outputs differ" in faithful["message"]
-    assert faithful["message"].endswith(": faithful form written")
+    faithful, logged = [s for (line, _), s in sites.items() if line >= 22]
+    for site in (faithful, logged):
+        assert site["status"] == "verified" and site["applied"]
+        assert FAILED_NOTE + "outputs differ" in site["message"]
+        assert site["message"].endswith(": faithful form written")
     first = faithful["details"]["program_level"]
     assert first["status"] == "failed" and "outputs differ" in first["reason"]
+    # `logged` returns nothing: its step's calls, in the flat layout, show the difference
+    # (argument 1 of call 1: the array updated in place, not the copy replicated before).
+    why = logged["details"]["program_level"]["reason"]
+    assert "['step calls (flat layout)'][0]['arguments'][0]" in why
     assert FAILED_NOTE + "outputs differ" in proc.stdout.replace("\n", " ")
     written = (tmp_path / "two_steps.py").read_text()
-    assert written.count("jax.shard_map(") == 1 and "shard_map_per_device(" in written
+    assert written.count("jax.shard_map(") == 1 and written.count("shard_map_per_device(") == 2
     assert (tmp_path / "_pmap_compat.py").exists()
     # The written program computes what the original did, in both functions.
     check = textwrap.dedent("""
@@ -204,10 +218,19 @@ def test_when_the_faithful_form_fails_too_nothing_is_written_with_both_reasons(
 def test_the_step_site_says_what_the_program_level_form_assumes() -> None:
     result = migrate_source(TWO_STEPS, options=Options(unsafe_fixes=True))
     step = next(s for s in result.sites if s.key == "JM202:14:14")
-    layout = {"line": 14, "end_line": 14, "replicated": [0], "results": [0, 1], "tuple": True}
+    layout = {
+        "line": 14,
+        "end_line": 14,
+        "body": "step",
+        "args": ["replicated", "batch"],
+        "replicated": [0],
+        "results": [0, 1],
+        "varying": [False, False],
+        "tuple": True,
+    }
     assert step.details["layout"] == layout
     with_layout = {s.key for s in result.sites if "layout" in s.details}
-    assert with_layout == {"JM202:14:14", "JM202:25:14"}  # the steps, not their edits
+    assert with_layout == {"JM202:14:14", "JM202:25:14", "JM202:39:14"}  # steps, not edits
 
 
 @pytest.mark.jax

@@ -29,3 +29,17 @@ def aliased():
     x = x.reshape((n, -1) + x.shape[1:])
     params, loss = p_step(params, x)
     return params[0], loss[0], w
+
+
+def logged():
+    # Returns nothing: only the step's calls, compared through layout adapters, show the
+    # difference.
+    n = jax.local_device_count()
+    w = np.ones((3,), np.float32)
+    p_step = jax.pmap(step, axis_name="batch")
+    params = jnp.broadcast_to(w, (n,) + w.shape)
+    w += 1.0
+    x = np.arange(8 * 4, dtype=np.float32)
+    x = x.reshape((n, -1) + x.shape[1:])
+    params, loss = p_step(params, x)
+    print(params[0], loss[0])
