@@ -298,3 +298,16 @@ def test_a_broken_assumption_in_any_process_of_a_job_fails_the_site() -> None:
     verdict = layout_verdict(agreed, combined)
     assert verdict.status is Status.FAILED and verdict.reason.startswith("result 1 of")
     assert layout_verdict(agreed, ran) is agreed
+
+
+def test_the_review_renders_a_file_in_the_fallback_forms_verification_chose() -> None:
+    from jaxmigrate.review.session import render
+
+    fallbacks = {ALIASED: "outputs differ"}
+    migration = migrate_source(TWO_STEPS, options=Options(), fallbacks=fallbacks)
+    result = FileResult(
+        "two_steps.py", Bucket.CHANGED, migration.sites, old_text=TWO_STEPS, fallbacks=fallbacks
+    )
+    faithful = next(s for s in migration.sites if s.fallback == ALIASED)
+    text = render(result, frozenset({faithful.key}), Options())
+    assert text.count("p_step = shard_map_per_device(") == 1 and text.count("jax.pmap(step") == 2
