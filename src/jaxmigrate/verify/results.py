@@ -4,7 +4,8 @@
 unsafe sites of every changed file against the file with all its sites rewritten, records each
 site's status and evidence, applies the default policy again (a failed site is never applied;
 an unsafe one only when verified, or with `--unsafe-fixes`), and re-renders each file from the
-sites that remain applied.
+sites that remain applied. A form with a fallback that failed (a program-level pmap step) is
+migrated again in its fallback form (the faithful one) and verified again first (`fall_back`).
 """
 
 from __future__ import annotations
