@@ -185,7 +185,10 @@ in one process, the batch itself). `in_axes=None` -> `P()`, `static_broadcasted_
 `static_argnums` (spec `None`), `donate_argnums` kept. `check_vma=False` keeps pmap's numbers: the
 body's `pmean` of per-device gradients of a `P()` parameter (with `check_vma=True` those come out
 already summed over devices; cookbook rule 9). The step and every replicate/split/readback edit
-are one group of sites: written together or not at all. Anything else (a step made at module
+are one group of sites: written together or not at all. When verification runs and the group
+fails (its outputs differ, or a value it treats as replicated differs between devices in the
+original), that step is migrated again in the faithful form, verified, and written if it
+verifies, the message saying why the program-level form failed. Anything else (a step made at module
 level or by a decorator, passed to other code, arguments from outside the function, a result that
 differs between devices, a body with control flow) gets the faithful form below, and the site's
 message says why the program-level form was not taken. `pmap-style = "faithful"` selects the
@@ -251,9 +254,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import libcst as cst
+from libcst.metadata import PositionProvider
 
 from jaxmigrate.model import Safety
 from jaxmigrate.toolkit.emit import Call, code
@@ -346,12 +350,13 @@ class Pmap(Faithful):
         self, site: PmapUse, program: Program, updated: cst.FunctionDef
     ) -> cst.FunctionDef:
         """Record the step and its edits as one group; rewrite them all, or nothing."""
-        line, col = self.where(site.node)
-        group = f"{self.CODE}:program:{line}:{col}"
+        group = self.program_group(site.node)
         axis = code(program.axis)
-        enabled = [self.site(site.node, PROGRAM_MESSAGE.format(axis=axis), group=group)]
+        message = PROGRAM_MESSAGE.format(axis=axis)
+        layout = {"layout": self._layout(site.node, program)}
+        enabled = [self.site(site.node, message, group=group, fallback=group, details=layout)]
         for node_id, why in program.reasons.items():
-            enabled.append(self.site(program.nodes[node_id], why, group=group))
+            enabled.append(self.site(program.nodes[node_id], why, group=group, fallback=group))
         if not all(enabled):
             return updated
         spec, spec_import = self._spec_ref()
@@ -367,6 +372,28 @@ class Pmap(Faithful):
         program.mesh = self._fresh("mesh", taken)
         program.sharding = self._fresh("batch_sharding", taken)
         return program.rewrite(self.room(program.statement).indent, self.state.style)
+
+    def _layout(self, node: cst.CSTNode, program: Program) -> dict[str, Any]:
+        """Return what the program-level form assumes of the step made at `node`, for the
+        verifier to check on the original (`verify/child/layouts.py`): the lines making it, the
+        argument positions passed stacked and replicated (now `P()`), and the results read on
+        device 0 (now read whole); and, to compare the step's calls through layout adapters,
+        each argument's kind and which results are read flattened."""
+        span = self.get_metadata(PositionProvider, node)
+        kinds = [
+            "fixed" if i in program.fixed else "batch" if batch else "replicated"
+            for i, batch in enumerate(program.batches)
+        ]
+        return {
+            "line": self.state.line_map(span.start.line),
+            "end_line": self.state.line_map(span.end.line),
+            "body": program.body.value,
+            "args": kinds,
+            "replicated": [i for i, kind in enumerate(kinds) if kind == "replicated"],
+            "results": [i for i, varying in enumerate(program.varying) if not varying],
+            "varying": list(program.varying),
+            "tuple": program.outputs is not None,
+        }
 
     def _multihost_utils(self) -> str:
         """Return how to spell `jax.experimental.multihost_utils` here, importing it if needed."""

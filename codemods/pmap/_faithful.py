@@ -216,7 +216,9 @@ class Faithful(Finding):
             self._spec_item(outer, items, "in_axes", "in_specs", in_specs),
             self._spec_item(outer, items, "out_axes", "out_specs", out_specs),
         ]
-        if site.fallback:
+        if site.failed_program is not None:
+            notes.append(site.fallback)
+        elif site.fallback:
             notes.append(f"program-level form not taken: {site.fallback}")
         home = self.state.home
         if home is not None and not self.reuse_helper:  # say where the shared helper is
@@ -323,7 +325,8 @@ class Faithful(Finding):
         except (NotMigrated, Untranslatable) as why:
             self.skip(site.node, str(why))
             return None
-        if not self.site(site.node, plan.message, min_jax=plan.min_jax):
+        fallback = site.failed_program
+        if not self.site(site.node, plan.message, min_jax=plan.min_jax, fallback=fallback):
             return None
         self.applied.append(site)
         self.applied_keys.append(self.state.sites[-1].key)

@@ -113,6 +113,9 @@ class PmapUse:
     mapped: cst.CSTNode | None = None  # the def or lambda it maps, when visible
     skip: str = ""
     fallback: str = ""  # why the program-level form was not taken, when it was looked for
+    # The key asking for the faithful form instead of a program-level form that failed
+    # verification (`FileState.fallbacks`), when that is why the program-level form is not taken.
+    failed_program: str | None = None
 
     @property
     def statement(self) -> cst.CSTNode:
@@ -158,6 +161,12 @@ class Finding(Pass):
             host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
             hosts.setdefault(id(host), []).append(site)
         for key, site in list(self.sites.items()):
+            group = self.program_group(site.node)
+            if group in self.state.fallbacks:
+                site.failed_program = group
+                why = self.state.fallbacks[group]
+                site.fallback = f"program-level form failed verification ({why})"
+                continue
             try:
                 host, program = self._program(module, site)
                 if len(hosts[id(host)]) > 1:
@@ -167,6 +176,12 @@ class Finding(Pass):
                 continue
             del self.sites[key]
             self.programs[id(host)] = (site, program)
+
+    def program_group(self, node: cst.CSTNode) -> str:
+        """Return the group of the program-level form of the step made at `node`: also the key
+        that asks for the faithful form instead (stable across runs: the original position)."""
+        line, col = self.where(node)
+        return f"{self.CODE}:program:{line}:{col}"
 
     def _program(self, module: cst.Module, site: PmapUse) -> tuple[cst.FunctionDef, Program]:
         """Return the function making the step and its program; raise NotVisible for why not."""

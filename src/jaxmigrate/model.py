@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -54,6 +55,10 @@ class Site:
     reason: str = ""
     details: dict[str, Any] = field(default_factory=dict, compare=False)
     cell: int | None = None
+    # A site of a form that has a fallback (the program-level pmap form and its edits): the key
+    # that asks its pass for the fallback form instead (`fallbacks` of the run). On the site
+    # written in the fallback form, the same key.
+    fallback: str | None = None
 
     def to_json(self, path: str) -> dict[str, Any]:
         """Return the report form of this site."""
@@ -139,6 +144,8 @@ class FileResult:
     new_text: str | None = None
     written: bool = False
     files: tuple[ProjectFile, ...] = ()  # the project modules its new text imports
+    # The fallback forms verification chose (`Site.fallback` key -> why), rendered with them.
+    fallbacks: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property
     def pending(self) -> tuple[Site, ...]:

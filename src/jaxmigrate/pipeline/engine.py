@@ -10,7 +10,7 @@ import ast
 import difflib
 import re
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import libcst as cst
@@ -89,6 +89,7 @@ def run_passes(
     pmap_style: str = "idiomatic",
     style: Style | None = None,
     first_party: frozenset[str] = frozenset(),
+    fallbacks: Mapping[str, str] | None = None,
 ) -> tuple[cst.Module, _Run]:
     """Run `passes` in order over `module`; return the new module and what they recorded.
 
@@ -98,6 +99,7 @@ def run_passes(
     `home` says where the file lives (`Project.home`), for passes that share a module of the
     project. `style` is how new code is written (default: inferred from `source`),
     `first_party` the project's own top-level modules (new imports go above theirs).
+    `fallbacks` are forms to write in their fallback form (`Site.fallback` key -> why).
     """
     style = infer_style(source) if style is None else style
     if selected is None:
@@ -123,6 +125,7 @@ def run_passes(
             pmap_style=pmap_style,
             style=style,
             first_party=first_party,
+            fallbacks=fallbacks or {},
         )
         if changed:
             state.line_map = line_map_between(original, cache.code(module))
@@ -246,6 +249,7 @@ def migrate_source(
     path: str | None = None,
     home: Located = None,
     project: Project | None = None,
+    fallbacks: Mapping[str, str] | None = None,
 ) -> Migration:
     """Migrate one source text and return the new code with its sites and skips.
 
@@ -256,7 +260,8 @@ def migrate_source(
     code then comes with the project files it imports.
 
     Every site is decided by the default policy (`options.unsafe_fixes`), then by `accept`, which
-    may turn sites on or off (verification and interactive review plug in there). Raises
+    may turn sites on or off (verification and interactive review plug in there). `fallbacks`
+    are forms verification found wrong, written in their fallback form (`Site.fallback`). Raises
     `libcst.ParserSyntaxError` for code that does not parse, RecursionError for code nested too
     deeply to parse.
     """
@@ -285,6 +290,7 @@ def migrate_source(
         pmap_style=options.pmap_style,
         style=layout.style,
         first_party=layout.first_party,
+        fallbacks=fallbacks,
     )
     if not run.sites:
         return Migration(code, (), tuple(sorted(run.skips, key=lambda s: (s.line, s.col))))
@@ -293,9 +299,8 @@ def migrate_source(
         sites = enforce_groups(accept(sites))
     applied = frozenset(s.key for s in sites if s.applied)
     if applied and len(applied) != len(sites):  # none applied: the code is the original
-        new = _rerun(
-            module, code, run.stages, applied, options, path, selected, layout, found.outline, home
-        )
+        again = _Again(options, path, selected, layout, found.outline, home, fallbacks)
+        new = _rerun(module, code, run.stages, applied, again)
     by_place = tuple(sorted(sites, key=lambda s: (s.line, s.col)))
     skips = tuple(sorted(run.skips, key=lambda s: (s.line, s.col)))
     return Migration(new.code if applied else code, by_place, skips, needed(run.files, applied))
@@ -316,17 +321,25 @@ class _Layout:
     first_party: frozenset[str]
 
 
+@dataclass(frozen=True)
+class _Again:
+    """What a re-run of the passes takes from the first run besides its stages."""
+
+    options: Options
+    path: str | None
+    selected: frozenset[str]
+    layout: _Layout
+    outline: Outline | None
+    home: Home | None
+    fallbacks: Mapping[str, str] | None
+
+
 def _rerun(
     module: cst.Module,
     code: str,
     stages: Sequence[_Stage],
     applied: frozenset[str],
-    options: Options,
-    path: str | None,
-    selected: frozenset[str],
-    layout: _Layout,
-    outline: Outline | None,
-    home: Home | None,
+    again: _Again,
 ) -> cst.Module:
     """Return `module` with just the `applied` sites rewritten, after a run that rewrote all.
 
@@ -346,15 +359,16 @@ def _rerun(
         code,
         [stage.pass_cls for stage in rest],
         enabled=applied,
-        target_jax=options.target_jax,
-        path=path,
-        selected=selected,
+        target_jax=again.options.target_jax,
+        path=again.path,
+        selected=again.selected,
         changed=start is not module,
-        outline=outline,
-        home=home,
-        pmap_style=options.pmap_style,
-        style=layout.style,
-        first_party=layout.first_party,
+        outline=again.outline,
+        home=again.home,
+        pmap_style=again.options.pmap_style,
+        style=again.layout.style,
+        first_party=again.layout.first_party,
+        fallbacks=again.fallbacks,
     )
     return new
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -34,15 +34,24 @@ def migrate_text(
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
     home: Located = None,
     project: Project | None = None,
+    fallbacks: Mapping[str, str] | None = None,
 ) -> Migration:
     """Migrate a file's text: a notebook's JSON (by its `.ipynb` name) cell by cell, else Python.
 
-    Raises what `migrate_source` raises, and `NotebookError` for a notebook it cannot take.
+    `fallbacks` (a Python file's) are the forms verification chose to write in their fallback
+    form (`FileResult.fallbacks`). Raises what `migrate_source` raises, and `NotebookError` for a
+    notebook it cannot take.
     """
     if path.endswith(".ipynb"):
         return migrate_notebook(text, options=options, accept=accept, path=path)
     return migrate_source(
-        text, options=options, accept=accept, path=path, home=home, project=project
+        text,
+        options=options,
+        accept=accept,
+        path=path,
+        home=home,
+        project=project,
+        fallbacks=fallbacks,
     )
 
 

@@ -117,7 +117,8 @@ def place_of(site: Site) -> tuple[int, int, int]:
 
 
 def render(result: FileResult, keys: frozenset[str], options: Options) -> str:
-    """Return the file's original text re-rendered by the engine with exactly `keys` applied."""
+    """Return the file's original text re-rendered by the engine with exactly `keys` applied
+    (in the fallback forms verification chose for it)."""
     old = result.old_text or ""
     if not keys:
         return old
@@ -126,6 +127,7 @@ def render(result: FileResult, keys: frozenset[str], options: Options) -> str:
         path=result.path,
         options=options,
         accept=lambda sites: [replace(s, applied=s.key in keys) for s in sites],
+        fallbacks=result.fallbacks,
     )
     return migration.code
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -132,6 +132,9 @@ class FileState:
     home: Home | None = None  # None: no project around the text (stdin, a notebook, a test)
     pmap_style: str = "idiomatic"  # "faithful": pmap keeps its per-device form everywhere
     files: list[ProjectFile] = field(default_factory=list)
+    # Forms to write in their fallback form (`Site.fallback` key -> why): verification found
+    # them wrong. The program-level pmap form keyed `JM202:program:LINE:COL` -> faithful form.
+    fallbacks: Mapping[str, str] = field(default_factory=dict)
     _keys: dict[str, int] = field(default_factory=dict)
 
     def new_key(self, base: str) -> str:
@@ -316,11 +319,15 @@ class Pass(CodemodCommand, cst.CSTTransformer):
         safety: Safety | None = None,
         min_jax: tuple[int, int] | None = None,
         requires: tuple[str, ...] = (),
+        fallback: str | None = None,
+        details: dict[str, Any] | None = None,
     ) -> bool:
         """Record a site at `node`; return True if the pass should rewrite it now.
 
         `requires` names rules (codes) whose sites this one cannot do without (its group's other
-        members): when one is not selected, the site is skipped with that reason.
+        members): when one is not selected, the site is skipped with that reason. `fallback` is
+        the key that asks this pass for the site's fallback form (`FileState.fallbacks`);
+        `details` go to the report with the site (and to its verification).
         """
         line, col = self.where(node)
         if self.state.suppressed(line, self.CODE):
@@ -354,6 +361,8 @@ class Pass(CodemodCommand, cst.CSTTransformer):
                 message=message,
                 key=key,
                 group=group,
+                fallback=fallback,
+                details=dict(details or {}),
             )
         )
         enabled = self.state.enabled is None or key in self.state.enabled

@@ -192,3 +192,21 @@ def mismatch_verdict(mismatch: dict[str, Any], details: dict[str, Any]) -> Verdi
     if mismatch.get("returned"):
         where += " of the function the target returned"
     return Verdict(Status.FAILED, f"outputs differ at {where}: {mismatch['why']}", details)
+
+
+def layout_verdict(verdict: Verdict, original: dict[str, Any]) -> Verdict:
+    """Return `verdict` failed when the original broke what a program-level rewrite assumes.
+
+    An argument the rewrite passes replicated (`P()`), or a result it reads whole, that differs
+    between devices in the original makes the rewrite wrong on these inputs even where its
+    outputs agree (on one process, a `P()` result keeps each device's own buffer): the site
+    fails, and the faithful form, which assumes nothing of the kind, is tried instead.
+    """
+    found = original.get("layout_violations")
+    if not found or verdict.status not in (Status.VERIFIED, Status.FAILED):
+        return verdict
+    details = {**verdict.details, "layout_violations": list(found)}
+    reason = str(found[0])
+    if verdict.status is Status.FAILED:
+        reason += f"; and {verdict.reason}"
+    return Verdict(Status.FAILED, reason, details)

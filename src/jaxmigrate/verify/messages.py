@@ -153,7 +153,14 @@ def make_task(
             "devices": devices,
         },
     }
+    layouts = [
+        s.details["layout"] | rewritten_step(candidate_text, plan.target.qualname, s.details)
+        for s in plan.sites
+        if "layout" in s.details
+    ]
     candidate = common | {"target": target | {"text": candidate_text}, "contexts": cand_ctx}
+    if layouts:  # program-level pmap rewrites: what they assume, checked on the original
+        original["layouts"] = candidate["layouts"] = layouts
     returned = recorded.returned if recorded else None
     orig_ret, cand_ret = context_messages(returned.contexts if returned else (), sources)
     meshes = list(returned.meshes) if returned else []
@@ -165,3 +172,41 @@ def make_task(
     candidate["returned"] = {"contexts": cand_ret, "meshes": meshes}
     candidate["records"] = list(recorded.files) if recorded else []  # for their import paths
     return Task(plan, original, candidate)
+
+
+def rewritten_step(text: str, qualname: str, details: dict[str, Any]) -> dict[str, int]:
+    """Return where the rewrite makes a program-level step, `jax.jit(jax.shard_map(body, ...))`
+    in the target function (`candidate_line`, `candidate_end_line`), or nothing when it does not
+    (the step is then only checked, its calls not compared)."""
+    tree = parse(text)
+    body = details["layout"].get("body")
+    unit = next(
+        (
+            node
+            for node in (tree.body if tree is not None else [])
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == qualname
+        ),
+        None,
+    )
+    for node in ast.walk(unit) if unit is not None else ():
+        if isinstance(node, ast.Assign) and _is_step(node.value, body):
+            end = node.value.end_lineno or node.value.lineno
+            return {"candidate_line": node.value.lineno, "candidate_end_line": end}
+    return {}
+
+
+def _is_step(node: ast.expr, body: str | None) -> bool:
+    """`jax.jit(jax.shard_map(body, ...), ...)`, spelled through any alias of `jax`."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return False
+    inner = node.args[0]
+    return (
+        isinstance(node.func, ast.Attribute)
+        and node.func.attr == "jit"
+        and isinstance(inner, ast.Call)
+        and isinstance(inner.func, ast.Attribute)
+        and inner.func.attr == "shard_map"
+        and bool(inner.args)
+        and isinstance(inner.args[0], ast.Name)
+        and inner.args[0].id == body
+    )

@@ -319,6 +319,13 @@ def combine(side: str, replies: list[dict[str, Any]]) -> dict[str, Any]:
         ran = ", ".join(f"process {i}: {ref}" for i, ref in enumerate(references))
         return {"ok": False, "stage": "call", "error": f"the processes ran different code ({ran})"}
     out = dict(replies[0])
+    found = [  # a program-level rewrite's assumption broken in any process (`child.layouts`)
+        f"{v} [process {i} of {count}]"
+        for i, r in enumerate(replies)
+        for v in r.get("layout_violations", [])
+    ]
+    if found:
+        out["layout_violations"] = found
     for key in ("max_abs_err", "max_rel_err"):
         if key in out:
             out[key] = max(float(r.get(key, 0.0)) for r in replies)

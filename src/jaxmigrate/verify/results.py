@@ -4,7 +4,8 @@
 unsafe sites of every changed file against the file with all its sites rewritten, records each
 site's status and evidence, applies the default policy again (a failed site is never applied;
 an unsafe one only when verified, or with `--unsafe-fixes`), and re-renders each file from the
-sites that remain applied.
+sites that remain applied. A form with a fallback that failed (a program-level pmap step) is
+migrated again in its fallback form (the faithful one) and verified again first (`fall_back`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from jaxmigrate.model import Bucket, FileResult, Options, ProjectFile, Safety, Site
+from jaxmigrate.model import Bucket, FileResult, Options, ProjectFile, Safety, Site, Status
 from jaxmigrate.pipeline.engine import (
     PassList,
     decide,
+    initial_status,
     needed,
     parse_module,
     run_passes,
@@ -43,16 +45,40 @@ def annotate(path: str, sites: Sequence[Site], verdicts: Mapping[Key, Verdict]) 
 
 
 def render(
-    old_text: str, path: str, options: Options, keys: frozenset[str] | None, passes: PassList
+    old_text: str,
+    path: str,
+    options: Options,
+    keys: frozenset[str] | None,
+    passes: PassList,
+    fallbacks: Mapping[str, str] | None = None,
 ) -> str:
-    """Return `old_text` with the sites in `keys` rewritten (None: all of them)."""
-    return rendered(old_text, path, options, keys, passes)[0]
+    """Return `old_text` with the sites in `keys` rewritten (None: all of them), the forms in
+    `fallbacks` in their fallback form."""
+    return migrated(old_text, path, options, keys, passes, fallbacks)[0]
 
 
 def rendered(
-    old_text: str, path: str, options: Options, keys: frozenset[str] | None, passes: PassList
+    old_text: str,
+    path: str,
+    options: Options,
+    keys: frozenset[str] | None,
+    passes: PassList,
+    fallbacks: Mapping[str, str] | None = None,
 ) -> tuple[str, tuple[ProjectFile, ...]]:
     """Return `render`'s text and the project files it imports."""
+    code, files, _ = migrated(old_text, path, options, keys, passes, fallbacks)
+    return code, files
+
+
+def migrated(
+    old_text: str,
+    path: str,
+    options: Options,
+    keys: frozenset[str] | None,
+    passes: PassList,
+    fallbacks: Mapping[str, str] | None = None,
+) -> tuple[str, tuple[ProjectFile, ...], tuple[Site, ...]]:
+    """Return `rendered`'s text and files, and the sites the passes recorded (not decided)."""
     module = parse_module(old_text)
     new, run = run_passes(
         module,
@@ -63,18 +89,21 @@ def rendered(
         path=path,
         home=Project().home(Path(path), old_text),
         pmap_style=options.pmap_style,
+        fallbacks=fallbacks,
     )
     applied = frozenset(s.key for s in run.sites) if keys is None else keys
-    return new.code, needed(run.files, applied)
+    return new.code, needed(run.files, applied), tuple(initial_status(s) for s in run.sites)
 
 
 def request_for(
     result: FileResult, relpath: str, options: Options, passes: PassList
 ) -> VerifyRequest:
-    """Return the verification request of one migrated file."""
+    """Return the verification request of one migrated file (in the fallback forms chosen for
+    it, `result.fallbacks`: its sites are those of that rendering)."""
     old = result.old_text or ""
     safe = safe_alone(result.sites)
-    candidate, files = rendered(old, result.path, options, None, passes)
+    fallbacks = result.fallbacks
+    candidate, files = rendered(old, result.path, options, None, passes, fallbacks)
     base = Path(result.path).parent
     return VerifyRequest(
         path=relpath,
@@ -85,8 +114,8 @@ def request_for(
             for f in files
         },
         sites=result.sites,
-        rewrite=lambda keys: render(old, result.path, options, keys, passes),
-        baseline=render(old, result.path, options, safe, passes) if safe else None,
+        rewrite=lambda keys: render(old, result.path, options, keys, passes, fallbacks),
+        baseline=render(old, result.path, options, safe, passes, fallbacks) if safe else None,
     )
 
 
@@ -110,7 +139,11 @@ def redecide(
     decided = decide(sites, options.unsafe_fixes)
     applied = frozenset(s.key for s in decided if s.applied)
     old = result.old_text or ""
-    new, files = rendered(old, result.path, options, applied, passes) if applied else (old, ())
+    new, files = (
+        rendered(old, result.path, options, applied, passes, result.fallbacks)
+        if applied
+        else (old, ())
+    )
     bucket = Bucket.CHANGED if new != old else Bucket.UNCHANGED
     return replace(result, sites=decided, new_text=new, bucket=bucket, files=files)
 
@@ -142,10 +175,16 @@ def verify_results(
         elif needs_verifying(result):
             outside.add(result.path)
     verdicts = verify([request for _, request in wanted.values()], config)
+    annotated = {
+        r.path: annotate(wanted[r.path][0], r.sites, verdicts) for r in results if r.path in wanted
+    }
+    again = fall_back(results, annotated, wanted, options, config, chosen)
     out = []
     for result in results:
-        if result.path in wanted:
-            sites = annotate(wanted[result.path][0], result.sites, verdicts)
+        if result.path in again:
+            result = settled(redecide(*again[result.path], options, chosen))
+        elif result.path in wanted:
+            sites = annotated[result.path]
             if result.path.endswith(".ipynb"):
                 result = redecide_notebook(result, sites, options)
             else:
@@ -163,3 +202,93 @@ def verify_results(
             result = replace(result, sites=sites)
         out.append(result)
     return out
+
+
+# How much of the program-level form's failure the faithful site's message quotes (the whole
+# reason is in its details, `program_level`).
+SHORT_REASON = 120
+
+
+def short(reason: str) -> str:
+    """Return the first line of a verification reason, cut to `SHORT_REASON` characters."""
+    line = reason.strip().splitlines()[0] if reason.strip() else "no reason given"
+    return line if len(line) <= SHORT_REASON else line[: SHORT_REASON - 3].rstrip() + "..."
+
+
+def failed_forms(sites: Sequence[Site]) -> dict[str, str]:
+    """Return the forms with a fallback whose group failed verification: key -> full reason.
+
+    Only `failed` asks for the fallback: an `unverified` form had nothing to compare against
+    (no inputs, an original that cannot run), and the faithful form, verified through the same
+    target on the same inputs, could not do better.
+    """
+    out: dict[str, str] = {}
+    for site in sites:
+        if site.fallback is not None and site.group is not None and site.status is Status.FAILED:
+            out.setdefault(site.fallback, str(site.details.get("verification", "")))
+    return out
+
+
+def fall_back(
+    results: Sequence[FileResult],
+    annotated: Mapping[str, tuple[Site, ...]],
+    wanted: Mapping[str, tuple[str, VerifyRequest]],
+    options: Options,
+    config: VerifyConfig,
+    passes: PassList,
+) -> dict[str, tuple[FileResult, tuple[Site, ...]]]:
+    """Migrate again, in their fallback form, the forms that failed verification; verify those
+    files again; return each one's result (rendered that way) and its annotated sites.
+
+    Per form, not per file: a program-level pmap step that failed becomes faithful, the other
+    steps of its file keep the form they verified in. Every unsafe site of such a file is
+    verified again (the text around them changed), so what is written is what was verified.
+    """
+    todo: dict[str, tuple[FileResult, dict[str, str]]] = {}
+    for result in results:
+        failed = failed_forms(annotated.get(result.path, ()))
+        if failed and not result.path.endswith(".ipynb"):
+            todo[result.path] = (result, failed)
+    if not todo:
+        return {}
+    redone: dict[str, FileResult] = {}
+    requests = []
+    for path, (result, failed) in todo.items():
+        fallbacks = {key: short(reason) for key, reason in failed.items()}
+        old = result.old_text or ""
+        _, _, sites = migrated(old, path, options, None, passes, fallbacks)
+        sites = tuple(_with_failure(s, failed) for s in sites)
+        redone[path] = replace(result, sites=sites, fallbacks=fallbacks)
+        requests.append(request_for(redone[path], wanted[path][0], options, passes))
+    verdicts = verify(requests, config)
+    return {
+        path: (result, annotate(wanted[path][0], result.sites, verdicts))
+        for path, result in redone.items()
+    }
+
+
+def _with_failure(site: Site, failed: Mapping[str, str]) -> Site:
+    """Return a site written in a fallback form with the form's failure in its details."""
+    key = site.fallback
+    if key is None or key not in failed or site.group is not None:
+        return site
+    program = {"status": str(Status.FAILED), "reason": failed[key]}
+    return replace(site, details={**site.details, "program_level": program})
+
+
+def settled(result: FileResult) -> FileResult:
+    """Return `result` with the message of each site written in a fallback form ending in what
+    came of it: written, or failed too (both reasons), or left unapplied."""
+    sites = []
+    for site in result.sites:
+        if site.fallback in result.fallbacks and site.group is None:
+            if site.applied:
+                tail = ": faithful form written"
+            elif site.status is Status.FAILED:
+                why = short(str(site.details.get("verification", "")))
+                tail = f"; the faithful form failed too ({why}): nothing written"
+            else:
+                tail = f": faithful form not written ({site.reason})"
+            site = replace(site, message=site.message + tail)
+        sites.append(site)
+    return replace(result, sites=tuple(sites))

@@ -19,7 +19,12 @@ from dataclasses import dataclass, field, replace
 from jaxmigrate.model import Status
 from jaxmigrate.verify.bound import judge_bound, rerun
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
-from jaxmigrate.verify.judge import candidate_verdict, original_verdict, test_folder
+from jaxmigrate.verify.judge import (
+    candidate_verdict,
+    layout_verdict,
+    original_verdict,
+    test_folder,
+)
 from jaxmigrate.verify.messages import Sources, Task, make_task
 from jaxmigrate.verify.notebooks import verify_notebooks
 from jaxmigrate.verify.planner import Plan, plan_all
@@ -75,7 +80,8 @@ class Run:
         verdict = original_verdict(task.plan, original, self.config.verify_with, tests)
         if verdict is not None:
             return verdict
-        return candidate_verdict(task.plan, original.data, self.candidate_reply(lane, task))
+        verdict = candidate_verdict(task.plan, original.data, self.candidate_reply(lane, task))
+        return layout_verdict(verdict, original.data)
 
     def run_lane(self, lane: Lane, tasks: Sequence[Task]) -> dict[str, Verdict]:
         """Run tasks on one lane, the original worker one task ahead of the candidate worker."""

@@ -22,7 +22,8 @@ import resource
 import sys
 import traceback
 import warnings
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import IO, Any
@@ -81,6 +82,7 @@ def values_only(fn: Any) -> Any:
 
 STAGES = ("import", "target", "inputs", "call")
 RETURNED = ".returned"  # suffix of the files holding a factory's returned function's calls
+STEPS = ".steps"  # beside the outputs: the original's step calls are among them (`layouts`)
 
 
 class UserError(Exception):
@@ -106,6 +108,7 @@ class Worker:
     root: str
     modules: dict[tuple[str, str, str], ModuleType] = field(default_factory=dict)
     last_output: Any = None  # what the last call returned (a factory's function)
+    steps: list[Any] | None = None  # a program-level pmap step's calls in a call (`layouts`)
 
     # Modules ------------------------------------------------------------------------------
     def load(self, spec: dict[str, Any], variant: str) -> ModuleType:
@@ -203,13 +206,21 @@ class Worker:
                 if probe:
                     jax.eval_shape(values_only(fn), *args, **kwargs)
                     stage = "call"
+                if self.steps is not None:
+                    self.steps.clear()
                 self.last_output = fn(*args, **kwargs)
-                flat = flatten_output(self.last_output)
+                flat = flatten_output(self.with_steps(self.last_output))
             except Exception as exc:
                 raise UserError(stage, self.explain(exc)) from exc
             except BaseException as exc:  # sys.exit is not a shape problem
                 raise UserError("call", self.explain(exc)) from exc
         return flat, notes
+
+    def with_steps(self, output: Any) -> Any:
+        """Return a call's output, with the step calls it made when they are compared too."""
+        if self.steps is None:
+            return output
+        return {"output": output, "step calls (flat layout)": list(self.steps)}
 
     def context_namespace(
         self, ctx: dict[str, Any], request: dict[str, Any], variant: str
@@ -237,9 +248,11 @@ class Worker:
         stages: dict[str, str] = {}
         furthest: UserError | None = None
         for name in request["references"]:
-            with reference(name):
+            with reference(name), self.layouts_checked(request, name) as violations:
                 try:
                     reply = self.attempt(request, name)
+                    if violations:
+                        reply["layout_violations"] = violations
                 except NoInputs as exc:
                     return {"ok": False, "stage": exc.stage, "error": str(exc), "no_inputs": True}
                 except UserError as exc:
@@ -254,6 +267,36 @@ class Worker:
             return reply
         stage, error = (furthest.stage, str(furthest)) if furthest else ("inputs", "no reference")
         return {"ok": False, "stage": stage, "error": error, "errors": errors}
+
+    @contextmanager
+    def layouts_checked(self, request: dict[str, Any], variant: str) -> Iterator[list[str]]:
+        """Check the original's pmapped steps against what program-level rewrites assume of
+        them (`child.layouts`); yield where they do not hold (nothing to check: no list)."""
+        import jax
+
+        from .layouts import checking
+        from .references import ORIGINAL
+
+        if variant != ORIGINAL or not request.get("layouts"):
+            yield []
+            return
+        path = os.path.join(self.root, request["target"]["file"])
+        layouts = request["layouts"]
+        # The step calls are compared when the rewrite's step was found, in one process (a
+        # global array is not readable whole from one process).
+        compared = jax.process_count() == 1 and all("candidate_line" in lay for lay in layouts)
+        self.steps = [] if compared else None
+        marker = request["outputs_path"] + STEPS
+        if os.path.exists(marker):  # from a reference tried before
+            os.remove(marker)
+        try:
+            with checking(layouts, path, self.steps) as found:
+                yield found
+                if compared:  # the outputs hold the step calls: the rewrite's side too
+                    with open(marker, "w", encoding="utf-8") as handle:
+                        handle.write("flat layout\n")
+        finally:
+            self.steps = None
 
     def attempt(self, request: dict[str, Any], variant: str) -> dict[str, Any]:
         from .hostify import flat_shapes, shapes
@@ -390,12 +433,14 @@ class Worker:
             _, fn = self.target(request, "candidate")
             calls, expected = self.load_io(request, "")
             returned, returned_expected = self.load_io(request, RETURNED)
-            first = self.compare_calls(fn, calls, expected, request, "")
-            if not first.get("equal") or not returned:
-                reply = first
-            else:
-                sub = self.returned_request(request)
-                reply = self.compare_calls(self.last_output, returned, returned_expected, sub, "r")
+            with self.steps_captured(request):
+                first = self.compare_calls(fn, calls, expected, request, "")
+                if not first.get("equal") or not returned:
+                    reply = first
+                else:
+                    sub = self.returned_request(request)
+                    last = self.last_output
+                    reply = self.compare_calls(last, returned, returned_expected, sub, "r")
         except UserError as exc:
             return {"ok": False, "stage": exc.stage, "error": str(exc)}
         if not reply.get("equal"):
@@ -409,6 +454,22 @@ class Worker:
             "not_comparable": list(dict.fromkeys(notes))[:5],
             "has_values": any(has_values(r) for r in [*expected, *returned_expected]),
         }
+
+    @contextmanager
+    def steps_captured(self, request: dict[str, Any]) -> Iterator[None]:
+        """Keep the rewrite's step calls in each call when the original kept its own."""
+        from .layouts import capturing
+
+        if not os.path.exists(request["outputs_path"] + STEPS) or not request.get("layouts"):
+            yield
+            return
+        self.steps = []
+        path = os.path.join(self.root, request["target"]["file"])
+        try:
+            with capturing(request["layouts"], path, self.steps):
+                yield
+        finally:
+            self.steps = None
 
     @staticmethod
     def load_io(request: dict[str, Any], suffix: str) -> tuple[list[Any], list[Any]]:

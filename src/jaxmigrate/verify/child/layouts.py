@@ -1,0 +1,203 @@
+"""Check, while the original runs, what a program-level pmap rewrite assumes of its step.
+
+The program-level form passes a value the original replicated (`replicate(x)`,
+`jnp.broadcast_to(x, (n,) + x.shape)`, a result fed back) as one unstacked value (`P()`), and
+reads a result the original read on device 0 (`r[0]`) as the whole value: both are right only
+if the original's stacked value is the same on every device. A step's `layout` (from its
+site's details) names the argument positions and results treated so; each concrete call of the
+`jax.pmap` made on the step's lines is checked, and the first values that differ between
+devices are reported (`layout_violations` in the original's reply). Calls made while tracing
+are not checked (their values are not known).
+
+The step's calls are also compared one by one through layout adapters (`steps`): the original's
+stacked arguments and results are brought to the flat layout (a replicated value: device 0's
+copy; a split batch or a result read flattened: its blocks joined), the rewrite's step (the
+`jax.jit` made on its own lines) is captured as it is, and the first `MAX_STEP_CALLS` calls of
+each side travel with the unit's outputs, so a unit that returns nothing (a `main()` that logs)
+is still compared, and a difference names the step call and the argument or result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+from .references import patched
+
+MAX_STEP_CALLS = 3
+
+
+def differs(value: Any) -> bool:
+    """Return True if some leaf of a stacked pytree is not the same on every device (exactly:
+    a replicated value is a copy, and a pmean/psum result is the same bits on each device)."""
+    for leaf in jax.tree.leaves(value):
+        if isinstance(leaf, jax.core.Tracer) or not hasattr(leaf, "shape") or not leaf.shape:
+            continue
+        stacked = _readable(leaf)
+        if stacked is None:
+            continue
+        nan = stacked.dtype.kind in "fc"
+        if any(
+            not np.array_equal(stacked[0], stacked[k], equal_nan=nan)
+            for k in range(1, stacked.shape[0])
+        ):
+            return True
+    return False
+
+
+def _readable(leaf: Any) -> np.ndarray | None:
+    """Return a leaf's values on the host (a PRNG key's data), or None if it cannot be read."""
+    try:
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        return np.asarray(leaf)
+    except Exception:  # noqa: BLE001 - a value we cannot read is not checked
+        return None
+
+
+def concrete(tree: Any) -> bool:
+    """Return True unless some leaf of `tree` is being traced."""
+    return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
+
+
+def on_host(tree: Any) -> Any:
+    """Return `tree` with its arrays read to the host (blocking on them), in the dtype JAX
+    computes them in (a float64 numpy argument is float32 to `jax.jit` without x64)."""
+    return jax.tree.map(lambda x: _host(x) if hasattr(x, "shape") else x, tree)
+
+
+def _host(x: Any) -> np.ndarray:
+    value = np.asarray(x)
+    return value.astype(jax.dtypes.canonicalize_dtype(value.dtype), copy=False)
+
+
+def flatten(tree: Any, kind: str) -> Any:
+    """Return a stacked value in the flat layout: "replicated" -> device 0's copy, "batch" ->
+    the blocks joined along the first axis, anything else as it is."""
+    if kind == "replicated":
+        return jax.tree.map(lambda x: _host(x)[0] if np.ndim(x) else x, tree)
+    if kind == "batch":
+        return jax.tree.map(lambda x: np.reshape(_host(x), (-1, *np.shape(x)[2:])), tree)
+    return on_host(tree)
+
+
+def flat_args(layout: dict[str, Any], args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Return the arguments of a call of the original's step in the flat layout (read before
+    the call: it may donate them)."""
+    kinds = layout.get("args", [])
+    return tuple(flatten(a, kinds[i] if i < len(kinds) else "") for i, a in enumerate(args))
+
+
+def flat_results(layout: dict[str, Any], out: Any) -> Any:
+    """Return the results of a call of the original's step in the flat layout."""
+    results = out if layout.get("tuple") and isinstance(out, tuple) else (out,)
+    varying = layout.get("varying", [])
+    flat = tuple(
+        flatten(r, "batch" if i < len(varying) and varying[i] else "replicated")
+        for i, r in enumerate(results)
+    )
+    return flat if layout.get("tuple") else flat[0]
+
+
+def checked(
+    step: Callable[..., Any],
+    layout: dict[str, Any],
+    name: str,
+    found: list[str],
+    steps: list[Any] | None = None,
+) -> Callable[..., Any]:
+    """Return `step` (a pmapped callable) checking each call against `layout`, and keeping
+    its first calls in the flat layout in `steps` (when given)."""
+    calls = 0
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        if not concrete((args, kwargs)):
+            return step(*args, **kwargs)
+        calls += 1
+        for position in layout.get("replicated", []):
+            if position < len(args) and differs(args[position]) and not found:
+                found.append(
+                    f"argument {position + 1} of `{name}` differs between devices in the "
+                    f"original (call {calls}): it is not replicated, as `P()` assumes"
+                )
+        keep = steps is not None and len(steps) < MAX_STEP_CALLS and not kwargs
+        before = flat_args(layout, args) if keep else ()
+        out = step(*args, **kwargs)
+        results = out if layout.get("tuple") and isinstance(out, tuple) else (out,)
+        for index in layout.get("results", []):
+            if index < len(results) and differs(results[index]) and not found:
+                which = f"result {index + 1}" if layout.get("tuple") else "the result"
+                found.append(
+                    f"{which} of `{name}` differs between devices in the original "
+                    f"(call {calls}): it is not replicated, as `P()` assumes"
+                )
+        if keep and steps is not None:
+            steps.append({"arguments": before, "results": flat_results(layout, out)})
+        return out
+
+    return call
+
+
+@contextlib.contextmanager
+def capturing(layouts: list[dict[str, Any]], path: str, steps: list[Any]) -> Iterator[None]:
+    """Patch `jax.jit` so that the rewrite's steps (made on the layouts' `candidate_line`s of
+    the file `path`) keep their first concrete calls, on the host, in `steps`."""
+    real = jax.jit
+
+    def jit(*args: Any, **kwargs: Any) -> Any:
+        jitted = real(*args, **kwargs)
+        frame = _caller()
+        if frame is None or frame.f_code.co_filename != path:
+            return jitted
+        if not any(
+            lay["candidate_line"] <= frame.f_lineno <= lay["candidate_end_line"] for lay in layouts
+        ):
+            return jitted
+
+        def call(*call_args: Any, **call_kwargs: Any) -> Any:
+            keep = concrete(call_args) and not call_kwargs and len(steps) < MAX_STEP_CALLS
+            before = on_host(call_args) if keep else ()  # before the call: it may donate them
+            out = jitted(*call_args, **call_kwargs)
+            if keep:
+                steps.append({"arguments": before, "results": on_host(out)})
+            return out
+
+        return call
+
+    with patched(jax, "jit", jit):
+        yield
+
+
+@contextlib.contextmanager
+def checking(
+    layouts: list[dict[str, Any]], path: str, steps: list[Any] | None = None
+) -> Iterator[list[str]]:
+    """Patch `jax.pmap` so that the steps made on the layouts' lines of the file `path` are
+    checked (and their calls kept in `steps`, when given); yield the list the first violation
+    is appended to."""
+    found: list[str] = []
+    real = jax.pmap
+
+    def pmap(*args: Any, **kwargs: Any) -> Any:
+        step = real(*args, **kwargs)
+        frame = _caller()
+        if frame is None or frame.f_code.co_filename != path:
+            return step
+        for layout in layouts:
+            if layout["line"] <= frame.f_lineno <= layout["end_line"]:
+                name = getattr(args[0], "__name__", "the step") if args else "the step"
+                return checked(step, layout, f"jax.pmap({name})", found, steps)
+        return step
+
+    with patched(jax, "pmap", pmap):
+        yield found
+
+
+def _caller() -> Any:
+    return sys._getframe(2)  # pmap's caller: where the step is made
