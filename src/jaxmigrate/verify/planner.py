@@ -14,7 +14,7 @@ from pathlib import Path
 from jaxmigrate.model import Safety, Site, Status
 from jaxmigrate.registry import all_passes
 from jaxmigrate.verify.config import Verdict, VerifyRequest
-from jaxmigrate.verify.targets import Kind, Target, find_target
+from jaxmigrate.verify.targets import Kind, Target, find_target, site_span
 from jaxmigrate.verify.workspace import module_name
 
 ORIGINAL = "original"
@@ -114,6 +114,23 @@ def plan_file(
         for n, (target, sites) in enumerate(grouped.values())
     ]
     return plans, verdicts
+
+
+def reach_spans(plan: Plan) -> list[list[int]]:
+    """Return, per site of a function target, the lines one of which a call must run.
+
+    A call of the function around a site that never runs the site (another branch) agrees on
+    both sides whatever the rewrite did; the worker watches for these lines.
+    """
+    try:
+        tree: ast.Module | None = ast.parse(plan.request.original)
+    except SyntaxError:
+        tree = None
+    target = plan.target
+    # a site on the function's own header (a definition changed by hand) runs with every call
+    lines = sorted({s.line for s in plan.sites if not target.first <= s.line <= target.last})
+    spans = [site_span(tree, line) if tree is not None else (line, line) for line in lines]
+    return [list(span) for span in dict.fromkeys(spans)]
 
 
 def unreachable_reason(target: Target) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxmigrate.verify.config import VerifyConfig
-from jaxmigrate.verify.planner import Plan
+from jaxmigrate.verify.planner import Plan, reach_spans
 from jaxmigrate.verify.pool import child_env, kill_group
 from jaxmigrate.verify.processes import coordinator_address, wait_all
 from jaxmigrate.verify.targets import Kind
@@ -46,6 +46,7 @@ class Recording:
     calls: dict[str, Recorded] = field(default_factory=dict)
     note: str = ""
     error: str = ""  # how the command failed, with the last lines of its output; '' if it did not
+    supplied: dict[str, str] = field(default_factory=dict)  # plan id -> the tests that recorded it
 
 
 def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> dict[str, Any]:
@@ -70,6 +71,8 @@ def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> dict
         "functions": functions,
         "outputs": [p.id for p in plans if p.target.kind is Kind.BOUND],
         "deep": sorted({p.path for p in plans if p.request.command}),
+        # only the calls of a function target that run its sites are worth recording
+        "reach": {p.id: reach_spans(p) for p in plans if p.target.kind is Kind.FUNCTION},
     }
 
 
@@ -211,3 +214,37 @@ def record(command: str, plans: Sequence[Plan], ws: Workspace, config: VerifyCon
     for side in ("original", "candidate"):
         mirror_folders(scratch(ws, "original"), ws.tree(side))
     return Recording(calls, note or f"`{command}` ran in {seconds:.1f} s", note)
+
+
+def supplement(
+    recording: Recording, plans: Sequence[Plan], ws: Workspace, config: VerifyConfig
+) -> Recording:
+    """Record the function targets the command never called through the project's own tests
+    that call them (`discover`); the other targets keep what the command recorded."""
+    from jaxmigrate.verify.discover import LIMIT, described, pytest_command, tests_calling
+
+    wanted = [
+        p
+        for p in plans
+        if p.target.kind is Kind.FUNCTION
+        and "." not in p.target.qualname
+        and p.id not in recording.calls
+    ]
+    tests = {p.id: tests_calling(config.root, p.target.qualname) for p in wanted}
+    wanted = [p for p in wanted if tests[p.id]]
+    ids = list(dict.fromkeys(i for p in wanted for i in tests[p.id]))[:LIMIT]
+    if not ids:
+        return recording
+    plan_file = ws.base / "record-plan-tests.json"
+    plan = recording_plan(wanted, ws, config.max_calls)
+    plan_file.write_text(json.dumps(plan), encoding="utf-8")
+    command = pytest_command(config.python, scratch(ws, "original"), ids)
+    run_command(command, ws, config, plan_file)
+    found = collect(ws, config.max_calls, config.processes)
+    calls = dict(recording.calls)
+    supplied = dict(recording.supplied)
+    for p in wanted:
+        if p.id in found:
+            calls[p.id] = found[p.id]
+            supplied[p.id] = described([i for i in tests[p.id] if i in ids])
+    return replace(recording, calls=calls, supplied=supplied)

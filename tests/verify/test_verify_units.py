@@ -1,0 +1,94 @@
+"""A function's recorded call that cannot be replayed falls back on the command as the unit.
+
+flax's `train_and_evaluate(config, workdir)`, driven on synthetic data, is recorded inside
+`tfds.testing.mock_data()`: replayed alone in a worker, outside that block, it reads the real
+(empty) dataset and raises, so "the original cannot run". `train` below does the same with a
+context of its own. The pmap made on the site's statement was recorded during the same command,
+with its outputs: the command then runs on the rewritten tree too and the two runs' calls are
+compared, as for a site in a class. A right rewrite verifies, a wrong one fails.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jaxmigrate.model import Safety, Site, Status
+from jaxmigrate.verify import VerifyConfig, VerifyRequest, verify
+
+pytestmark = pytest.mark.jax
+
+DATA = textwrap.dedent("""
+    from contextlib import contextmanager
+
+    import numpy as np
+
+    ACTIVE = []
+
+
+    @contextmanager
+    def mocked():
+        ACTIVE.append(True)
+        yield
+        ACTIVE.pop()
+
+
+    def load():
+        if not ACTIVE:
+            raise KeyError("splits is empty: the dataset has not been generated")
+        return np.arange(16, dtype=np.float32).reshape(8, 2)
+    """)
+TRAIN = textwrap.dedent("""
+    import jax
+
+    from pkg import data
+
+
+    def train(steps=2):
+        x = data.load()
+        step = jax.pmap(lambda v: v * 2 + 1)  # SITE
+        for _ in range(steps):
+            x = step(x)
+        return x
+    """)
+DRIVE = "from pkg import data\nfrom pkg.train import train\nwith data.mocked():\n    train()\n"
+PMAP = "jax.pmap(lambda v: v * 2 + 1)  # SITE"
+RIGHT = TRAIN.replace(PMAP, "jax.jit(jax.vmap(lambda v: v * 2 + 1))")
+WRONG = TRAIN.replace(PMAP, "jax.jit(jax.vmap(lambda v: v * 2))")
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("units") / "project"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "data.py").write_text(DATA)
+    (root / "pkg" / "train.py").write_text(TRAIN)
+    (root / "drive.py").write_text(DRIVE)
+    return root
+
+
+def run(project: Path, candidate: str):
+    line = next(i for i, t in enumerate(TRAIN.splitlines(), 1) if "# SITE" in t)
+    site = Site("JM202", "pmap", line, 12, Safety.UNSAFE, "pmap", key="site")
+    request = VerifyRequest("pkg/train.py", TRAIN, candidate, (site,))
+    config = VerifyConfig(
+        root=project, timeout=60.0, jobs=1, verify_with=f"{sys.executable} drive.py"
+    )
+    return verify([request], config)[("pkg/train.py", "site")]
+
+
+def test_a_call_that_cannot_be_replayed_is_verified_by_the_command(project: Path) -> None:
+    verdict = run(project, RIGHT)
+    assert verdict.status is Status.VERIFIED, (verdict.reason, verdict.details)
+    assert "made the same 2 call(s) of it on both trees" in verdict.reason
+    assert verdict.details["unit"] == "verify-with"
+    assert "the original cannot run: KeyError" in verdict.details["replay"]
+
+
+def test_a_wrong_rewrite_fails_through_the_command(project: Path) -> None:
+    verdict = run(project, WRONG)
+    assert verdict.status is Status.FAILED, (verdict.reason, verdict.details)
