@@ -92,3 +92,45 @@ def test_a_call_that_cannot_be_replayed_is_verified_by_the_command(project: Path
 def test_a_wrong_rewrite_fails_through_the_command(project: Path) -> None:
     verdict = run(project, WRONG)
     assert verdict.status is Status.FAILED, (verdict.reason, verdict.details)
+
+
+MODEL = textwrap.dedent("""
+    import jax
+
+
+    class Model:
+        def __init__(self):
+            self.step = jax.pmap(lambda x: x * 2 + 1)
+
+        def run(self, x):
+            return self.step(x)
+    """)
+USE = "import numpy as np\nfrom pkg.model import Model\nModel().run(np.ones((8, 2), np.float32))\n"
+
+
+def test_a_site_whose_rewrite_calls_the_projects_helper_module_is_recorded(
+    tmp_path: Path,
+) -> None:
+    # The pmap rewrite imports `shard_map_per_device` from the `_pmap_compat.py` it writes: the
+    # `jax.jit` there is made for the site's statement, and its calls are the site's.
+    import json
+    import subprocess
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "model.py").write_text(MODEL)
+    (tmp_path / "use.py").write_text(USE)
+    command = [sys.executable, "-m", "jaxmigrate", "run", "--dry-run", "--no-cache"]
+    forced = subprocess.run(
+        [*command, "--no-verify", "--unsafe-fixes", "."],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert "+++ b/pkg/_pmap_compat.py" in forced.stdout, forced.stdout  # the premise
+    command += ["--verify-with", f"{sys.executable} use.py", "--report", "r.json", "."]
+    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
+    files = json.loads((tmp_path / "r.json").read_text())["files"]
+    (site,) = [s for f in files for s in f["sites"] if s["code"] == "JM202"]
+    assert site["status"] == "verified", (site, proc.stdout, proc.stderr)

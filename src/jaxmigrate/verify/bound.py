@@ -24,7 +24,14 @@ from jaxmigrate.verify.config import Verdict, VerifyConfig
 from jaxmigrate.verify.messages import parse
 from jaxmigrate.verify.planner import Plan
 from jaxmigrate.verify.pool import Worker
-from jaxmigrate.verify.recording import Recorded, Recording, collect, run_command, scratch
+from jaxmigrate.verify.recording import (
+    Recorded,
+    Recording,
+    collect,
+    helpers,
+    run_command,
+    scratch,
+)
 from jaxmigrate.verify.targets import Kind, bound, chain_at, start_line, statement_span
 from jaxmigrate.verify.workspace import Workspace
 
@@ -133,6 +140,7 @@ def rerun(
         "functions": {},
         "outputs": [p.id for p in plans],
         "deep": sorted({p.path for p in plans if p.request.command}),  # notebooks' scripts
+        "helpers": helpers(plans),
     }
     plan_file.write_text(json.dumps(recorder_plan), encoding="utf-8")
     error = run_command(command, ws, config, plan_file, side=side)

@@ -71,9 +71,16 @@ def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> dict
         "functions": functions,
         "outputs": [p.id for p in plans if p.target.kind is Kind.BOUND],
         "deep": sorted({p.path for p in plans if p.request.command}),
+        "helpers": helpers(plans),
         # only the calls of a function target that run its sites are worth recording
         "reach": {p.id: reach_spans(p) for p in plans if p.target.kind is Kind.FUNCTION},
     }
+
+
+def helpers(plans: Sequence[Plan]) -> list[str]:
+    """Return the project files the rewrites wrote or changed besides their own (the helper
+    module `_pmap_compat.py`): a legacy-API call made there is made for its caller's line."""
+    return sorted({path for p in plans for path in p.request.files} - {p.path for p in plans})
 
 
 def scratch(ws: Workspace, side: str) -> Path:

@@ -83,6 +83,7 @@ class Recorder:
     counts: dict[str, int] = field(default_factory=dict)
     pending: int = 0  # calls whose path arguments outside the tree were kept, so far
     reach: dict[str, list[list[int]]] = field(default_factory=dict)  # a function target's sites
+    helpers: frozenset[str] = frozenset()  # files a rewrite wrote its helpers to (_pmap_compat.py)
     trees: dict[str, tuple[ast.Module, str] | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -106,6 +107,12 @@ class Recorder:
         while found is None and rel in self.deep and caller is not None and depth < MAX_DEPTH:
             if self.relative(caller.f_code.co_filename) != rel:
                 break
+            found = self.span_in(rel, caller.f_lineno)
+            caller, depth = caller.f_back, depth + 1
+        # the rewrite's helper module (`_pmap_compat.shard_map_per_device`) calls `jax.jit` on
+        # behalf of the site's statement: the first caller outside the helpers decides
+        while found is None and rel in self.helpers and caller is not None and depth < MAX_DEPTH:
+            rel = self.relative(caller.f_code.co_filename)
             found = self.span_in(rel, caller.f_lineno)
             caller, depth = caller.f_back, depth + 1
         return found
@@ -388,6 +395,7 @@ def load_plan(path: str) -> Recorder:
         root, plan["out"], int(plan["max_calls"]), spans, plan["functions"], outputs, deep
     )
     recorder.reach = dict(plan.get("reach", {}))
+    recorder.helpers = frozenset(plan.get("helpers", ()))
     return recorder
 
 
