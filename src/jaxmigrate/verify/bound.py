@@ -195,7 +195,10 @@ def fallbacks(
 def with_replay(verdict: Verdict, replay: Verdict) -> Verdict:
     """Return a shadow's verdict, saying why the replay of its function did not decide."""
     details = {**verdict.details, "replay": replay.reason}
-    return replace(verdict, details=details)
+    if verdict.status is not Status.UNVERIFIED:
+        return replace(verdict, details=details)
+    reason = f"{verdict.reason}; and replayed alone, its function's call: {replay.reason}"
+    return replace(verdict, reason=reason, details=details)
 
 
 def pairs(recorded: Recorded) -> list[list[str]]:

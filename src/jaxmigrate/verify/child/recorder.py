@@ -380,6 +380,14 @@ def seed_numpy(module: ModuleType) -> None:
     module.seed(0)
 
 
+def seed_tensorflow(module: ModuleType) -> None:
+    """Seed TensorFlow's global generator once it is imported: its input pipelines (shuffles,
+    random crops) then draw the same batches on both trees."""
+    set_seed = getattr(getattr(module, "random", None), "set_seed", None)
+    if callable(set_seed):  # else its data may differ: the runs then diverge, and say so
+        set_seed(0)
+
+
 def load_plan(path: str) -> Recorder:
     """Return the recorder a plan file describes."""
     with open(path, encoding="utf-8") as handle:
@@ -408,5 +416,6 @@ def install(plan_path: str) -> Recorder:
     # test data (`np.random.rand`) the same in both runs, so their calls can be compared.
     random.seed(0)
     after["numpy.random"] = seed_numpy
+    after["tensorflow"] = seed_tensorflow
     sys.meta_path.insert(0, Hook(after))
     return recorder
