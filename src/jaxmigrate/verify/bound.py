@@ -22,7 +22,7 @@ from typing import Any
 from jaxmigrate.model import Status
 from jaxmigrate.verify.config import Verdict, VerifyConfig
 from jaxmigrate.verify.messages import parse
-from jaxmigrate.verify.planner import Plan
+from jaxmigrate.verify.planner import Plan, body_lines
 from jaxmigrate.verify.pool import Worker
 from jaxmigrate.verify.recording import (
     Recorded,
@@ -164,12 +164,13 @@ def shadows(plans: Sequence[Plan]) -> list[Plan]:
         if plan.target.kind is not Kind.FUNCTION:
             continue
         tree = parse(plan.request.original)
-        if tree is None:
+        body = body_lines(tree, plan.target) if tree is not None else None
+        if tree is None or body is None:
             continue
         for index, site in enumerate(plan.sites):
             chain = chain_at(tree, site.line)
-            if not chain or plan.target.first <= site.line <= plan.target.last:
-                continue  # a definition changed by hand: no statement of its own
+            if not chain or not body[0] <= site.line <= body[1]:
+                continue  # a definition changed by hand, or a site outside the function
             why = f"the call of `{plan.target.qualname}` could not be replayed"
             target = bound(chain, site.line, why)
             out.append(replace(plan, id=f"{plan.id}{SHADOW}{index}", sites=(site,), target=target))

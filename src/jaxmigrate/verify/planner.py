@@ -117,20 +117,35 @@ def plan_file(
 
 
 def reach_spans(plan: Plan) -> list[list[int]]:
-    """Return, per site of a function target, the lines one of which a call must run.
+    """Return, per site inside a function target's body, the lines one of which a call must run.
 
     A call of the function around a site that never runs the site (another branch) agrees on
-    both sides whatever the rewrite did; the worker watches for these lines.
+    both sides whatever the rewrite did; the worker watches for these lines. A site on the
+    function's own header (a definition changed by hand) runs with every call, and a site
+    outside the function (the module-level `step = jax.pmap(f)` a `main()` unit uses) runs at
+    import: neither is watched.
     """
     try:
-        tree: ast.Module | None = ast.parse(plan.request.original)
+        tree = ast.parse(plan.request.original)
     except SyntaxError:
-        tree = None
-    target = plan.target
-    # a site on the function's own header (a definition changed by hand) runs with every call
-    lines = sorted({s.line for s in plan.sites if not target.first <= s.line <= target.last})
-    spans = [site_span(tree, line) if tree is not None else (line, line) for line in lines]
+        return []
+    body = body_lines(tree, plan.target)
+    if body is None:
+        return []
+    lines = sorted({s.line for s in plan.sites if body[0] <= s.line <= body[1]})
+    spans = [site_span(tree, line) for line in lines]
     return [list(span) for span in dict.fromkeys(spans)]
+
+
+def body_lines(tree: ast.Module, target: Target) -> tuple[int, int] | None:
+    """Return the lines of a function target's body, after its header (None if not found)."""
+    for node in tree.body:
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name == target.qualname
+        ):
+            return target.last + 1, node.end_lineno or node.lineno
+    return None
 
 
 def unreachable_reason(target: Target) -> str:

@@ -381,10 +381,12 @@ def seed_numpy(module: ModuleType) -> None:
 
 
 def seed_tensorflow(module: ModuleType) -> None:
-    """Seed TensorFlow's global generator once it is imported: its input pipelines (shuffles,
-    random crops) then draw the same batches on both trees."""
+    """Seed TensorFlow's global generator once it is imported: its shuffles and random ops draw
+    alike on both trees (not always: a parallel `map` may order their draws differently, and
+    the runs then diverge, and say so; making ops deterministic breaks ops like
+    `sample_distorted_bounding_box`, so it is left to the command)."""
     set_seed = getattr(getattr(module, "random", None), "set_seed", None)
-    if callable(set_seed):  # else its data may differ: the runs then diverge, and say so
+    if callable(set_seed):
         set_seed(0)
 
 
