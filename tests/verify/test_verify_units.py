@@ -134,3 +134,52 @@ def test_a_site_whose_rewrite_calls_the_projects_helper_module_is_recorded(
     files = json.loads((tmp_path / "r.json").read_text())["files"]
     (site,) = [s for f in files for s in f["sites"] if s["code"] == "JM202"]
     assert site["status"] == "verified", (site, proc.stdout, proc.stderr)
+
+
+CHECKPOINTING = textwrap.dedent("""
+    import os
+
+    import jax
+    import numpy as np
+
+    from pkg import data
+
+
+    def train(workdir, steps=2):
+        path = os.path.join(workdir, "ckpt.npz")
+        x, start = data.load(), 0
+        if os.path.exists(path):  # restore, then run only the steps left: none
+            saved = np.load(path)
+            x, start = saved["x"], int(saved["step"])
+        step = jax.pmap(lambda v: v * 2 + 1)  # SITE
+        for _ in range(start, steps):
+            x = step(x)
+        np.savez(path, x=np.asarray(x), step=steps)
+        return x
+    """)
+DRIVE_IN = (
+    "import sys\nfrom pkg import data\nfrom pkg.train import train\n"
+    "with data.mocked():\n    train(sys.argv[1])\n"
+)
+
+
+def test_a_folder_the_command_names_starts_each_run_as_it_was(tmp_path: Path) -> None:
+    # The command's workdir is outside the tree: the run on the rewritten tree would restore
+    # the first run's checkpoint and make no call of the site.
+    root = tmp_path / "project"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "data.py").write_text(DATA)
+    (root / "pkg" / "train.py").write_text(CHECKPOINTING)
+    (root / "drive.py").write_text(DRIVE_IN)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    line = next(i for i, t in enumerate(CHECKPOINTING.splitlines(), 1) if "# SITE" in t)
+    site = Site("JM202", "pmap", line, 12, Safety.UNSAFE, "pmap", key="site")
+    right = CHECKPOINTING.replace(PMAP, "jax.jit(jax.vmap(lambda v: v * 2 + 1))")
+    request = VerifyRequest("pkg/train.py", CHECKPOINTING, right, (site,))
+    command = f"{sys.executable} drive.py {workdir}"
+    config = VerifyConfig(root=root, timeout=60.0, jobs=1, verify_with=command)
+    verdict = verify([request], config)[("pkg/train.py", "site")]
+    assert verdict.status is Status.VERIFIED, (verdict.reason, verdict.details)
+    assert "made the same 2 call(s) of it on both trees" in verdict.reason

@@ -9,6 +9,8 @@ the JSON sidecars; the pickled arguments are opened by the workers.
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -117,6 +119,7 @@ def run_command(
     calls); the first process to fail names the note.
     """
     tree = scratch(ws, side)
+    same_start(command, ws, config, first=side == "original")
     imports = tuple(p for p in (tree, tree / "src") if p.is_dir())
     count = config.processes
     coordinator = coordinator_address() if count > 1 else ""
@@ -147,6 +150,35 @@ def run_command(
     note = command_note(command, codes, config.record_timeout)
     failed = next((i for i, code in enumerate(codes) if code not in (0, None)), None)
     return note + last_lines(logs[failed]) if note and failed is not None else note
+
+
+def same_start(command: str, ws: Workspace, config: VerifyConfig, first: bool) -> None:
+    """Give every run of `command` the same start in the folders outside the tree it names.
+
+    `python train.py /tmp/work` writes its checkpoint to /tmp/work: the run on the rewritten
+    tree would restore it and make other calls, or none. Before the first run, each absolute
+    path of the command outside the project is kept (`child/outside.py`: copied, or noted as
+    absent; not over 256 MiB); before a later run, it is laid again as it was.
+    """
+    from jaxmigrate.verify.child.outside import keep, lay_path, outside_arguments
+
+    record = ws.base / "command-paths"
+    saved = ws.base / "command-paths.json"
+    if first and not saved.exists():
+        words = [w for w in shlex_split(command) if w.startswith(os.sep)]
+        found = outside_arguments(words, {}, [str(config.root), str(ws.base)])
+        saved.write_text(json.dumps(keep(found, str(record))), encoding="utf-8")
+    elif not first and saved.exists():
+        for k, entry in enumerate(json.loads(saved.read_text(encoding="utf-8"))):
+            if not entry.get("error"):
+                lay_path(entry["path"], f"{record}.jaxmigrate-snap{k}")
+
+
+def shlex_split(command: str) -> list[str]:
+    try:
+        return shlex.split(command)
+    except ValueError:
+        return command.split()
 
 
 def command_note(command: str, codes: list[int | None], timeout: float) -> str:

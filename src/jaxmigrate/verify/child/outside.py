@@ -148,11 +148,14 @@ def lay(args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         if not isinstance(path, str) or LIVE not in path:
             continue
         base, _, k = path.rpartition(LIVE)
-        if not k.isdigit():
-            continue
-        snap = f"{base}{SNAP}{k}"
-        remove(path)
-        if os.path.isdir(snap):
-            shutil.copytree(snap, path, symlinks=True)
-        elif os.path.lexists(snap):
-            shutil.copy2(snap, path, follow_symlinks=False)
+        if k.isdigit():
+            lay_path(path, f"{base}{SNAP}{k}")
+
+
+def lay_path(path: str, snap: str) -> None:
+    """Make `path` what `snap` holds (a folder or a file), or absent if `snap` is."""
+    remove(path)
+    if os.path.isdir(snap):
+        shutil.copytree(snap, path, symlinks=True)
+    elif os.path.lexists(snap):
+        shutil.copy2(snap, path, follow_symlinks=False)
