@@ -124,8 +124,14 @@ def test_run_verifies_and_writes_a_notebooks_pmap_train_step(tmp_path: Path) -> 
     (tmp_path / "colab").mkdir()
     path = tmp_path / "colab" / "train.ipynb"
     path.write_text(notebook(IMPORTS, TRAIN_STEP, LOOP))
+    skipped = jaxmigrate("run", "--no-verify", "--dry-run", ".", cwd=tmp_path)
+    assert skipped.returncode == 0 and "executes" not in skipped.stderr, skipped.stderr
     proc = jaxmigrate("run", "--report", "out.json", "--format", "json", ".", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the user is told, before it happens, that the notebook runs, and how to avoid it
+    note = " ".join(proc.stderr.split())
+    assert "note: verification executes 1 notebook(s) (colab/train.ipynb): their code cells" in note
+    assert "Pass --no-verify to run nothing" in note
     site = sites_of(tmp_path / "out.json")["colab/train.ipynb"]
     assert (site["cell"], site["line"], site["status"], site["applied"]) == (2, 1, "verified", True)
     assert site["details"]["unit"] == "notebook" and site["details"]["calls"] == 2

@@ -197,3 +197,42 @@ def test_the_processes_hint_reaches_the_verdict(tmp_path: Path) -> None:
     )
     assert out.details["processes_hint"]
     assert with_processes_hint(verdict, plan, VerifyConfig(tmp_path, processes=2)) is verdict
+
+
+SCALE = "import jax.numpy as jnp\n\n\ndef scale(x):\n    return jnp.asarray(x) * 2\n"
+SPAWNER = """\
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from pkg.scale import scale
+
+# A launcher's child: an ordinary single process on this process's 4 devices, outside the job.
+code = "import jax; print(jax.process_count(), jax.local_device_count())"
+child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+assert child.returncode == 0 and child.stdout.split() == ["1", "4"], (child.stdout, child.stderr)
+assert jax.process_count() == 2  # the command itself is one of the job's processes
+scale(jnp.arange(4.0) + jax.process_index())
+"""
+
+
+@pytest.mark.jax
+def test_the_commands_own_subprocesses_do_not_join_the_job(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "scale.py").write_text(SCALE)
+    (tmp_path / "spawner.py").write_text(SPAWNER)
+    site = Site("JM000", "hand-migration", 5, 5, Safety.UNSAFE, "changed", key="changed:scale")
+    candidate = SCALE.replace("jnp.asarray(x) * 2", "jnp.asarray(x) + jnp.asarray(x)")
+    request = VerifyRequest("pkg/scale.py", SCALE, candidate, (site,))
+    config = VerifyConfig(
+        tmp_path, timeout=120.0, jobs=1, processes=2, verify_with=f"{sys.executable} spawner.py"
+    )
+    from jaxmigrate.verify import verify
+
+    verdict = verify([request], config)[("pkg/scale.py", "changed:scale")]
+    assert "verify_with_error" not in verdict.details, verdict.details["verify_with_error"]
+    assert verdict.status is Status.VERIFIED, (verdict.reason, verdict.details)
+    assert verdict.details["input_source"] == "recorded"

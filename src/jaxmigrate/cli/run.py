@@ -49,7 +49,7 @@ from jaxmigrate.pipeline.runner import (
 from jaxmigrate.ui.progress import track
 from jaxmigrate.ui.report import print_results
 from jaxmigrate.ui.review import review_interactively
-from jaxmigrate.ui.summary import verify_with_problem
+from jaxmigrate.ui.summary import notebooks_note, verify_with_problem
 
 
 def run(
@@ -183,6 +183,9 @@ def verify_unsafe(results: list[FileResult], settings: Settings) -> list[FileRes
         + (f" in {settings.processes} processes" if settings.processes > 1 else "")
         + (f", inputs from `{settings.verify_with}`" if settings.verify_with else "")
     )
+    notebooks = notebooks_note(verifiable)
+    if notebooks is not None:
+        stderr().print(notebooks)
     with stderr().status(message):
         verified = verify_results(results, settings.options, settings.verify_config())
     problem = verify_with_problem(verified)

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from jaxmigrate.model import Bucket, FileResult, Site, Skip, Status, place
+from jaxmigrate.model import Bucket, FileResult, Safety, Site, Skip, Status, place
 from jaxmigrate.review.session import NOT_REVIEWED, REJECTED
 
 STATUS_STYLE = {
@@ -145,6 +145,32 @@ def verify_with_problem(results: Sequence[FileResult]) -> Text | None:
                 text.append("  calls made before it stopped were still recorded", style="dim")
                 return text
     return None
+
+
+def notebooks_note(results: Sequence[FileResult]) -> Text | None:
+    """Return the notice that verification will execute notebooks, if any is to be verified.
+
+    A notebook is verified by running its code cells, so the user hears it before it happens,
+    with what it implies and how to avoid it.
+    """
+    notebooks = [
+        r.path
+        for r in results
+        if any(s.cell is not None and s.safety is Safety.UNSAFE for s in r.sites)
+    ]
+    if not notebooks:
+        return None
+    names = ", ".join(notebooks[:3]) + (
+        f" and {len(notebooks) - 3} more" if len(notebooks) > 3 else ""
+    )
+    text = Text("note: ", style="bold")
+    text.append(
+        f"verification executes {len(notebooks)} notebook(s) ({names}): their code cells run "
+        "twice, on the original and on the rewritten text, in temporary copies of the "
+        "project; what they do outside it (downloads, files under ~) still happens. "
+        "Pass --no-verify to run nothing (unsafe notebook sites then stay unverified)."
+    )
+    return text
 
 
 def _pending_lines(pending: Sequence[tuple[str, Site]]) -> Text:

@@ -15,17 +15,24 @@ import difflib
 import json
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from jaxmigrate.model import Status
 from jaxmigrate.verify.config import Verdict, VerifyConfig
 from jaxmigrate.verify.messages import parse
-from jaxmigrate.verify.planner import Plan
+from jaxmigrate.verify.planner import Plan, body_lines
 from jaxmigrate.verify.pool import Worker
-from jaxmigrate.verify.recording import Recorded, Recording, collect, run_command, scratch
-from jaxmigrate.verify.targets import start_line, statement_span
+from jaxmigrate.verify.recording import (
+    Recorded,
+    Recording,
+    collect,
+    helpers,
+    run_command,
+    scratch,
+)
+from jaxmigrate.verify.targets import Kind, bound, chain_at, start_line, statement_span
 from jaxmigrate.verify.workspace import Workspace
 
 
@@ -133,10 +140,66 @@ def rerun(
         "functions": {},
         "outputs": [p.id for p in plans],
         "deep": sorted({p.path for p in plans if p.request.command}),  # notebooks' scripts
+        "helpers": helpers(plans),
     }
     plan_file.write_text(json.dumps(recorder_plan), encoding="utf-8")
     error = run_command(command, ws, config, plan_file, side=side)
     return Rerun(collect(ws, config.max_calls, config.processes, folder), error, unplaced)
+
+
+SHADOW = "~site"  # a shadow plan's id: its function plan's id, this, the site's index
+
+
+def shadows(plans: Sequence[Plan]) -> list[Plan]:
+    """Return, per site of each function target, a bound plan of the site's own statement.
+
+    A recorded call of the function around a site may not replay outside the program: it ran
+    inside a context the worker does not re-enter (a `tfds.testing.mock_data()` block, an open
+    resource, a patched module). The callable created on the site's statement records its calls
+    and outputs during the same command too, so such a site can still be verified as a bound
+    site is: the command as the unit, run on both trees (`fallbacks`).
+    """
+    out = []
+    for plan in plans:
+        if plan.target.kind is not Kind.FUNCTION:
+            continue
+        tree = parse(plan.request.original)
+        body = body_lines(tree, plan.target) if tree is not None else None
+        if tree is None or body is None:
+            continue
+        for index, site in enumerate(plan.sites):
+            chain = chain_at(tree, site.line)
+            if not chain or not body[0] <= site.line <= body[1]:
+                continue  # a definition changed by hand, or a site outside the function
+            why = f"the call of `{plan.target.qualname}` could not be replayed"
+            target = bound(chain, site.line, why)
+            out.append(replace(plan, id=f"{plan.id}{SHADOW}{index}", sites=(site,), target=target))
+    return out
+
+
+def parent(shadow: Plan) -> str:
+    return shadow.id.split(SHADOW)[0]
+
+
+def fallbacks(
+    candidates: Sequence[Plan], verdicts: dict[str, Verdict], recording: Recording
+) -> list[Plan]:
+    """Return the shadows to judge: their function's replay left it unverified, and the
+    command recorded calls of their statement."""
+    return [
+        s
+        for s in candidates
+        if verdicts[parent(s)].status is Status.UNVERIFIED and s.id in recording.calls
+    ]
+
+
+def with_replay(verdict: Verdict, replay: Verdict) -> Verdict:
+    """Return a shadow's verdict, saying why the replay of its function did not decide."""
+    details = {**verdict.details, "replay": replay.reason}
+    if verdict.status is not Status.UNVERIFIED:
+        return replace(verdict, details=details)
+    reason = f"{verdict.reason}; and replayed alone, its function's call: {replay.reason}"
+    return replace(verdict, reason=reason, details=details)
 
 
 def pairs(recorded: Recorded) -> list[list[str]]:

@@ -59,6 +59,16 @@ def hint(plan: Plan, verify_with: str | None = None, tests: str = "tests/") -> s
     )
 
 
+def reach_hint(plan: Plan, verify_with: str | None) -> str:
+    """Return how to give a target calls that run its site."""
+    name = plan.target.qualname
+    where = f"`{verify_with}` did not" if verify_with else "none was recorded"
+    return (
+        f"a call that runs it is needed ({where}): point --verify-with at tests that call "
+        f"`{name}` down that path, or declare such a call in __jaxmigrate_examples__"
+    )
+
+
 def base_details(plan: Plan, original: dict[str, Any]) -> dict[str, Any]:
     details: dict[str, Any] = {"target": plan.label}
     if original.get("source"):
@@ -79,6 +89,11 @@ def original_verdict(
         return None
     if data.get("no_inputs"):
         return Verdict(Status.UNVERIFIED, hint(plan, verify_with, tests), details)
+    if data.get("not_kept"):
+        return Verdict(Status.UNVERIFIED, str(data.get("error")), details)
+    if data.get("not_reached"):
+        reason = f"{data.get('error')}: {reach_hint(plan, verify_with)}"
+        return Verdict(Status.UNVERIFIED, reason, details)
     errors = data.get("errors", [data.get("error", "")])
     details["reference_errors"] = errors
     if data.get("stage") == "inputs":

@@ -17,8 +17,9 @@ from typing import Any
 
 from jaxmigrate.pipeline.engine import line_map_between
 from jaxmigrate.verify.child.source import MeshWith, call_site_withs, with_at
-from jaxmigrate.verify.planner import Plan
+from jaxmigrate.verify.planner import Plan, reach_spans
 from jaxmigrate.verify.recording import Recorded
+from jaxmigrate.verify.targets import Kind
 from jaxmigrate.verify.workspace import Workspace, module_name
 
 
@@ -134,7 +135,7 @@ def make_task(
     """Return the original and candidate requests for `plan` against `candidate_text`."""
     withs = recorded.contexts if recorded else static_withs(plan)
     orig_ctx, cand_ctx = context_messages(withs, sources)
-    common = {
+    common: dict[str, Any] = {
         "op": "run",
         "meshes": list(recorded.meshes) if recorded else [],
         "inputs_path": str(ws.io / f"{plan.id}.inputs.pkl"),
@@ -158,6 +159,9 @@ def make_task(
         for s in plan.sites
         if "layout" in s.details
     ]
+    reach = reach_spans(plan) if plan.target.kind is Kind.FUNCTION else []
+    if reach:
+        original["reach"] = reach
     candidate = common | {"target": target | {"text": candidate_text}, "contexts": cand_ctx}
     if layouts:  # program-level pmap rewrites: what they assume, checked on the original
         original["layouts"] = candidate["layouts"] = layouts

@@ -14,7 +14,15 @@ from pathlib import Path
 from jaxmigrate.model import Safety, Site, Status
 from jaxmigrate.registry import all_passes
 from jaxmigrate.verify.config import Verdict, VerifyRequest
-from jaxmigrate.verify.targets import Kind, Target, find_target, header_end, start_line, unit_of
+from jaxmigrate.verify.targets import (
+    Kind,
+    Target,
+    find_target,
+    header_end,
+    site_span,
+    start_line,
+    unit_of,
+)
 from jaxmigrate.verify.workspace import module_name
 
 ORIGINAL = "original"
@@ -134,6 +142,38 @@ def add_to_unit(
     node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == unit)
     made = Target(Kind.FUNCTION, unit, start_line(node), header_end(node))
     grouped.setdefault(unit, (made, []))[1].append(site)
+
+
+def reach_spans(plan: Plan) -> list[list[int]]:
+    """Return, per site inside a function target's body, the lines one of which a call must run.
+
+    A call of the function around a site that never runs the site (another branch) agrees on
+    both sides whatever the rewrite did; the worker watches for these lines. A site on the
+    function's own header (a definition changed by hand) runs with every call, and a site
+    outside the function (the module-level `step = jax.pmap(f)` a `main()` unit uses) runs at
+    import: neither is watched.
+    """
+    try:
+        tree = ast.parse(plan.request.original)
+    except SyntaxError:
+        return []
+    body = body_lines(tree, plan.target)
+    if body is None:
+        return []
+    lines = sorted({s.line for s in plan.sites if body[0] <= s.line <= body[1]})
+    spans = [site_span(tree, line) for line in lines]
+    return [list(span) for span in dict.fromkeys(spans)]
+
+
+def body_lines(tree: ast.Module, target: Target) -> tuple[int, int] | None:
+    """Return the lines of a function target's body, after its header (None if not found)."""
+    for node in tree.body:
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name == target.qualname
+        ):
+            return target.last + 1, node.end_lineno or node.lineno
+    return None
 
 
 def unreachable_reason(target: Target) -> str:

@@ -9,6 +9,8 @@ the JSON sidecars; the pickled arguments are opened by the workers.
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxmigrate.verify.config import VerifyConfig
-from jaxmigrate.verify.planner import Plan
+from jaxmigrate.verify.planner import Plan, reach_spans
 from jaxmigrate.verify.pool import child_env, kill_group
 from jaxmigrate.verify.processes import coordinator_address, wait_all
 from jaxmigrate.verify.targets import Kind
@@ -46,6 +48,7 @@ class Recording:
     calls: dict[str, Recorded] = field(default_factory=dict)
     note: str = ""
     error: str = ""  # how the command failed, with the last lines of its output; '' if it did not
+    supplied: dict[str, str] = field(default_factory=dict)  # plan id -> the tests that recorded it
 
 
 def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> dict[str, Any]:
@@ -70,7 +73,16 @@ def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> dict
         "functions": functions,
         "outputs": [p.id for p in plans if p.target.kind is Kind.BOUND],
         "deep": sorted({p.path for p in plans if p.request.command}),
+        "helpers": helpers(plans),
+        # only the calls of a function target that run its sites are worth recording
+        "reach": {p.id: reach_spans(p) for p in plans if p.target.kind is Kind.FUNCTION},
     }
+
+
+def helpers(plans: Sequence[Plan]) -> list[str]:
+    """Return the project files the rewrites wrote or changed besides their own (the helper
+    module `_pmap_compat.py`): a legacy-API call made there is made for its caller's line."""
+    return sorted({path for p in plans for path in p.request.files} - {p.path for p in plans})
 
 
 def scratch(ws: Workspace, side: str) -> Path:
@@ -107,6 +119,7 @@ def run_command(
     calls); the first process to fail names the note.
     """
     tree = scratch(ws, side)
+    same_start(command, ws, config, first=side == "original")
     imports = tuple(p for p in (tree, tree / "src") if p.is_dir())
     count = config.processes
     coordinator = coordinator_address() if count > 1 else ""
@@ -137,6 +150,35 @@ def run_command(
     note = command_note(command, codes, config.record_timeout)
     failed = next((i for i, code in enumerate(codes) if code not in (0, None)), None)
     return note + last_lines(logs[failed]) if note and failed is not None else note
+
+
+def same_start(command: str, ws: Workspace, config: VerifyConfig, first: bool) -> None:
+    """Give every run of `command` the same start in the folders outside the tree it names.
+
+    `python train.py /tmp/work` writes its checkpoint to /tmp/work: the run on the rewritten
+    tree would restore it and make other calls, or none. Before the first run, each absolute
+    path of the command outside the project is kept (`child/outside.py`: copied, or noted as
+    absent; not over 256 MiB); before a later run, it is laid again as it was.
+    """
+    from jaxmigrate.verify.child.outside import keep, lay_path, outside_arguments
+
+    record = ws.base / "command-paths"
+    saved = ws.base / "command-paths.json"
+    if first and not saved.exists():
+        words = [w for w in shlex_split(command) if w.startswith(os.sep)]
+        found = outside_arguments(words, {}, [str(config.root), str(ws.base)])
+        saved.write_text(json.dumps(keep(found, str(record))), encoding="utf-8")
+    elif not first and saved.exists():
+        for k, entry in enumerate(json.loads(saved.read_text(encoding="utf-8"))):
+            if not entry.get("error"):
+                lay_path(entry["path"], f"{record}.jaxmigrate-snap{k}")
+
+
+def shlex_split(command: str) -> list[str]:
+    try:
+        return shlex.split(command)
+    except ValueError:
+        return command.split()
 
 
 def command_note(command: str, codes: list[int | None], timeout: float) -> str:
@@ -211,3 +253,37 @@ def record(command: str, plans: Sequence[Plan], ws: Workspace, config: VerifyCon
     for side in ("original", "candidate"):
         mirror_folders(scratch(ws, "original"), ws.tree(side))
     return Recording(calls, note or f"`{command}` ran in {seconds:.1f} s", note)
+
+
+def supplement(
+    recording: Recording, plans: Sequence[Plan], ws: Workspace, config: VerifyConfig
+) -> Recording:
+    """Record the function targets the command never called through the project's own tests
+    that call them (`discover`); the other targets keep what the command recorded."""
+    from jaxmigrate.verify.discover import LIMIT, described, pytest_command, tests_calling
+
+    wanted = [
+        p
+        for p in plans
+        if p.target.kind is Kind.FUNCTION
+        and "." not in p.target.qualname
+        and p.id not in recording.calls
+    ]
+    tests = {p.id: tests_calling(config.root, p.target.qualname) for p in wanted}
+    wanted = [p for p in wanted if tests[p.id]]
+    ids = list(dict.fromkeys(i for p in wanted for i in tests[p.id]))[:LIMIT]
+    if not ids:
+        return recording
+    plan_file = ws.base / "record-plan-tests.json"
+    plan = recording_plan(wanted, ws, config.max_calls)
+    plan_file.write_text(json.dumps(plan), encoding="utf-8")
+    command = pytest_command(config.python, scratch(ws, "original"), ids)
+    run_command(command, ws, config, plan_file)
+    found = collect(ws, config.max_calls, config.processes)
+    calls = dict(recording.calls)
+    supplied = dict(recording.supplied)
+    for p in wanted:
+        if p.id in found:
+            calls[p.id] = found[p.id]
+            supplied[p.id] = described([i for i in tests[p.id] if i in ids])
+    return replace(recording, calls=calls, supplied=supplied)

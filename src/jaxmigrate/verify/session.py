@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from jaxmigrate.model import Status
-from jaxmigrate.verify.bound import judge_bound, rerun
+from jaxmigrate.verify.bound import fallbacks, judge_bound, parent, rerun, shadows, with_replay
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.judge import (
     candidate_verdict,
@@ -30,7 +30,7 @@ from jaxmigrate.verify.notebooks import verify_notebooks
 from jaxmigrate.verify.planner import Plan, plan_all
 from jaxmigrate.verify.pool import Reply, Worker
 from jaxmigrate.verify.processes import processes_hint
-from jaxmigrate.verify.recording import Recording, record
+from jaxmigrate.verify.recording import Recording, record, supplement
 from jaxmigrate.verify.targets import Kind
 from jaxmigrate.verify.workspace import Workspace, workspace
 
@@ -277,22 +277,36 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
     originals = {r.path: r.original for r in requests}
     candidates = {path: text for r in requests for path, text in r.files.items()}
     candidates.update({r.path: r.candidate for r in requests})
+    units = shadows(runnable) if config.verify_with else []
+    command = config.verify_with or ""
     with workspace(config.root, originals, candidates) as ws:
         recording = (
-            record(config.verify_with, modules, ws, config)
+            record(command, [*modules, *units], ws, config)
             if config.verify_with and modules
             else Recording()
         )
-        again = rerun(config.verify_with or "", bound, candidates, ws, config) if bound else None
+        if config.verify_with and runnable:
+            recording = supplement(recording, runnable, ws, config)
+        again = rerun(command, [*bound, *units], candidates, ws, config) if bound else None
         count = max(1, min(config.jobs, len({p.path for p in modules})))
         with lanes_for(config, ws, count) as lanes:
             run = Run(config, ws, lanes, recording)
             by_plan = run_rounds(run, requests, runnable) if runnable else {}
             try_alternatives(run, requests, runnable, by_plan)
+            judged = [*bound, *fallbacks(units, by_plan, recording)]
+            if judged and again is None:
+                again = rerun(command, judged, candidates, ws, config)
             if again is not None:
-                found = judge_bound(bound, recording, again, lanes[0].candidate, config)
+                found = judge_bound(judged, recording, again, lanes[0].candidate, config)
+                found.update(
+                    {
+                        p.id: with_replay(found[p.id], by_plan[parent(p)])
+                        for p in judged[len(bound) :]
+                    }
+                )
                 paths = {p.id: p.path for p in plans}
-                by_plan.update(demote_bound(bound, found, by_plan, paths))
+                by_plan.update(demote_bound(judged, found, by_plan, paths))
+                plans = [*plans, *judged[len(bound) :]]
             if notebooks:
                 by_plan.update(
                     verify_notebooks(notebooks, candidates, ws, lanes[0].candidate, config)
@@ -304,6 +318,8 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
         if recording.error and not plan.request.command:
             error = {"verify_with_error": recording.error}
             verdict = replace(verdict, details={**verdict.details, **error})
+        if plan.id in recording.supplied:
+            verdict = supplied(verdict, plan, recording.supplied[plan.id], command)
         for site in plan.sites:
             key = (plan.path, site.key)
             verdicts[key] = combined(verdicts[key], verdict) if key in verdicts else verdict
@@ -318,6 +334,16 @@ def combined(first: Verdict, second: Verdict) -> Verdict:
         if status in (first.status, second.status):
             return first if first.status is status else second
     return Verdict(first.status, f"{first.reason}; {second.reason}", first.details)
+
+
+def supplied(verdict: Verdict, plan: Plan, tests: str, command: str) -> Verdict:
+    """Return a verdict whose inputs came from the project's tests, saying so."""
+    where = (
+        f"inputs recorded by the project's tests that call `{plan.target.qualname}`, "
+        f"{tests}: `{command}` made no call of it"
+    )
+    details = {**verdict.details, "recorded_by": tests}
+    return replace(verdict, reason=f"{verdict.reason} ({where})", details=details)
 
 
 def demote_bound(

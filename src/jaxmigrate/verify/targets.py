@@ -105,6 +105,15 @@ def statement_span(stmt: ast.AST) -> tuple[int, int]:
     return first, getattr(stmt, "end_lineno", None) or first
 
 
+def site_span(tree: ast.Module, line: int) -> tuple[int, int]:
+    """Return the lines whose running shows that the site at `line` ran: its statement's."""
+    chain = chain_at(tree, line)
+    if not chain:
+        return line, line
+    first, last = statement_span(chain[-1])
+    return (first, last) if first <= line <= last else (line, line)
+
+
 def bound(chain: list[ast.AST], line: int, why: str) -> Target:
     """Return the target of a site only the recorded program reaches: its statement's lines."""
     names = [n.name for n in chain if isinstance(n, (*DEFS, ast.ClassDef))]

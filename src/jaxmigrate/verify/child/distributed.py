@@ -27,11 +27,32 @@ NUM_PROCESSES = "JAXMIGRATE_NUM_PROCESSES"
 COORDINATOR = "JAXMIGRATE_COORDINATOR"
 
 
+RECORD = "JAXMIGRATE_RECORD"
+_job: list[tuple[int, int, str] | None] = []  # this process's job, read from the environment once
+
+
 def job() -> tuple[int, int, str] | None:
     """Return (process index, process count, coordinator) of this process's job, or None."""
-    if not os.environ.get(COORDINATOR):
-        return None
-    return int(os.environ[PROCESS_ID]), int(os.environ[NUM_PROCESSES]), os.environ[COORDINATOR]
+    if not _job:
+        env = os.environ
+        found = None
+        if env.get(COORDINATOR):
+            found = (int(env[PROCESS_ID]), int(env[NUM_PROCESSES]), env[COORDINATOR])
+        _job.append(found)
+    return _job[0]
+
+
+def detach() -> None:
+    """Keep the job to this process: the processes it starts neither join it nor record.
+
+    A program that starts Python subprocesses (a launcher, a data loader, a test spawning a
+    script) would otherwise have each of them join the job as process i, a second process i
+    that the coordinator refuses or that blocks the job; and what they recorded would pass for
+    process i's own calls. They run as ordinary single processes on this process's devices.
+    """
+    job()  # read before the variables go
+    for name in (PROCESS_ID, NUM_PROCESSES, COORDINATOR, RECORD):
+        os.environ.pop(name, None)
 
 
 def process_index() -> int:
@@ -45,6 +66,7 @@ def join() -> None:
     found = job()
     if found is None:
         return
+    detach()
     index, count, coordinator = found
     import jax
     import jax.distributed
@@ -137,6 +159,7 @@ def install() -> None:
     """Join the job when the program imports JAX (now, if it already has)."""
     if job() is None:
         return
+    detach()
     if "jax" in sys.modules:
         join()
     else:

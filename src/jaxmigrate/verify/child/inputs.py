@@ -40,23 +40,36 @@ KEY_NAME = re.compile(r"(^|_)(key|rng|prng)s?($|_)", re.IGNORECASE)
 
 
 def recorded(paths: list[str]) -> list[Call]:
-    """Return the calls recorded in `paths` (pickles written by the recorder)."""
+    """Return the calls recorded in `paths` (pickles written by the recorder).
+
+    A path argument outside the tree is pointed at its live copy (`outside`); NotKept if it
+    could not be kept as it was.
+    """
+    from .outside import pointed
+
     calls = []
     for path in paths:
         add_import_paths(path)
         with open(path, "rb") as handle:
-            calls.append(pickle.load(handle))
+            call = pickle.load(handle)
+        base = os.path.splitext(path)[0]
+        calls.append(pointed(call, sidecar(path).get("outside", []), base))
     return calls
+
+
+def sidecar(record: str) -> dict[str, Any]:
+    """Return the JSON sidecar of a recorded call ({} if it cannot be read)."""
+    try:
+        with open(os.path.splitext(record)[0] + ".json", encoding="utf-8") as handle:
+            found = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def add_import_paths(record: str) -> None:
     """Add the tree's folders the recorded command imported from (its sidecar's `paths`)."""
-    try:
-        with open(os.path.splitext(record)[0] + ".json", encoding="utf-8") as handle:
-            folders = json.load(handle).get("paths", [])
-    except (OSError, ValueError):
-        return
-    for rel in folders:
+    for rel in sidecar(record).get("paths", []):
         entry = os.path.join(os.getcwd(), rel)
         if entry not in sys.path:
             sys.path.append(entry)

@@ -1,7 +1,8 @@
 """Pickle travelling values, with local functions and lambdas copied by value.
 
 Real inputs hold functions that `pickle` cannot name: a flax `TrainState` keeps its optimizer's
-`init`/`update` closures (`chain.<locals>.init_fn`), a config holds a lambda. Such a function
+`init`/`update` closures (`chain.<locals>.init_fn`), a config holds a lambda, a model holds the
+plain function under `jax.nn.relu` (whose module holds a `custom_jvp` wrapper by that name). Such a function
 travels as its code (marshal: both sides run the same interpreter), its closure's values, its
 defaults, and the name of its module, whose namespace the receiving side gives it as globals.
 When that module cannot be imported there (a test module: pytest put its folder on the path),
@@ -56,8 +57,20 @@ def cell_value(cell: types.CellType) -> Any:
 def by_value(fn: Any) -> bool:
     """Return True for a function that pickle cannot find by its qualified name."""
     return isinstance(fn, types.FunctionType) and (
-        "<locals>" in fn.__qualname__ or fn.__name__ == "<lambda>"
+        "<locals>" in fn.__qualname__ or fn.__name__ == "<lambda>" or not findable(fn)
     )
+
+
+def findable(fn: types.FunctionType) -> bool:
+    """Return True if `fn` is what its module holds under its qualified name.
+
+    A function wrapped where it is defined is not: `jax.nn.relu` is a `custom_jvp` around the
+    plain function a flax model holds as its activation, and pickle refuses that function.
+    """
+    found: Any = sys.modules.get(fn.__module__)
+    for part in fn.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return found is fn
 
 
 def global_names(code: types.CodeType) -> set[str]:

@@ -33,6 +33,7 @@ import random
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from types import FrameType, FunctionType, MethodType, ModuleType
 from typing import Any
@@ -60,6 +61,14 @@ class Span:
     target: str
 
 
+@dataclass(frozen=True)
+class Kept:
+    """The copies of a call's path arguments outside the tree, made just before it ran."""
+
+    base: str
+    entries: list[dict[str, Any]]
+
+
 @dataclass
 class Recorder:
     """Per-process recording state: what to record, where, and how many calls so far."""
@@ -72,6 +81,9 @@ class Recorder:
     outputs: frozenset[str] = frozenset()  # targets whose outputs are recorded too (bound sites)
     deep: frozenset[str] = frozenset()  # files whose spans hold what their callers there create
     counts: dict[str, int] = field(default_factory=dict)
+    pending: int = 0  # calls whose path arguments outside the tree were kept, so far
+    reach: dict[str, list[list[int]]] = field(default_factory=dict)  # a function target's sites
+    helpers: frozenset[str] = frozenset()  # files a rewrite wrote its helpers to (_pmap_compat.py)
     trees: dict[str, tuple[ast.Module, str] | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -95,6 +107,12 @@ class Recorder:
         while found is None and rel in self.deep and caller is not None and depth < MAX_DEPTH:
             if self.relative(caller.f_code.co_filename) != rel:
                 break
+            found = self.span_in(rel, caller.f_lineno)
+            caller, depth = caller.f_back, depth + 1
+        # the rewrite's helper module (`_pmap_compat.shard_map_per_device`) calls `jax.jit` on
+        # behalf of the site's statement: the first caller outside the helpers decides
+        while found is None and rel in self.helpers and caller is not None and depth < MAX_DEPTH:
+            rel = self.relative(caller.f_code.co_filename)
             found = self.span_in(rel, caller.f_lineno)
             caller, depth = caller.f_back, depth + 1
         return found
@@ -144,22 +162,47 @@ class Recorder:
         except Exception:  # noqa: BLE001 - an argument we cannot copy: this call is not recorded
             return None
 
-    def save(self, target: str, payload: bytes, caller: FrameType | None, out: Any = None) -> None:
+    def keep_outside(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Kept | None:
+        """Copy the call's path arguments outside the tree as they are now (`outside`)."""
+        from .outside import keep, outside_arguments
+
+        found = outside_arguments(args, kwargs, [self.root, os.path.dirname(self.out)])
+        if not found:
+            return None
+        with self.lock:
+            self.pending += 1
+            base = os.path.join(self.out, f"pending-{os.getpid()}-{self.pending}")
+        return Kept(base, keep(found, base))
+
+    def save(
+        self,
+        target: str,
+        payload: bytes,
+        caller: FrameType | None,
+        out: Any = None,
+        kept: Kept | None = None,
+    ) -> None:
         """Write one recorded call and its context, if the target still wants calls.
 
         For targets in `outputs`, the call's output is written too (flattened, on the host).
+        The copies `kept` of its path arguments outside the tree go with it.
         """
         from .contexts import active_meshes
         from .hostify import flatten_output, shapes
+        from .outside import discard, rename
 
         with self.lock:
             n = self.counts.get(target, 0)
             if n >= self.max_calls:
+                if kept is not None:
+                    discard(kept.entries, kept.base)
                 return
             self.counts[target] = n + 1
         base = os.path.join(self.out, f"{target}-{os.getpid()}-{n}")
         if job() is not None:  # process i of a job: its n-th call pairs with the others' n-th
             base = for_process(os.path.join(self.out, f"{target}-{n}.pkl"))[: -len(".pkl")]
+        if kept is not None:
+            rename(kept.entries, kept.base, base)
         with open(base + ".pkl", "wb") as handle:
             handle.write(payload)
         if target in self.outputs:
@@ -179,6 +222,7 @@ class Recorder:
             # where the command imported the tree from (pytest adds test folders): the workers
             # add the same folders, so what was pickled by name can be found
             "paths": sorted({rel for rel in map(self.relative, sys.path[:50]) if rel}),
+            "outside": kept.entries if kept is not None else [],
         }
         with open(base + ".json", "w", encoding="utf-8") as handle:
             json.dump(meta, handle)
@@ -250,18 +294,42 @@ class Recording:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         payload = self._recorder.snapshot(self._target, args, kwargs)
+        kept = self._recorder.keep_outside(args, kwargs) if payload is not None else None
+        watch = self.watch() if payload is not None else None
         try:
-            out = self._fn(*args, **kwargs)
+            with watch if watch is not None else nullcontext():
+                out = self._fn(*args, **kwargs)
+            if watch is not None and watch.missing:  # another path: the call shows nothing
+                payload = None
+                if kept is not None:
+                    from .outside import discard
+
+                    discard(kept.entries, kept.base)
         except BaseException as exc:
             # For a bound site, raising (what a test may expect) is the call's outcome too.
             if payload is not None and self._target in self._recorder.outputs:
-                self._recorder.save(self._target, payload, sys._getframe(1), Raised(exc))
+                self._recorder.save(self._target, payload, sys._getframe(1), Raised(exc), kept)
+            elif kept is not None:
+                from .outside import discard
+
+                discard(kept.entries, kept.base)
             raise
         if payload is not None:
-            self._recorder.save(self._target, payload, sys._getframe(1), out)
+            self._recorder.save(self._target, payload, sys._getframe(1), out, kept)
         if self._factory and function_like(out):
             return Recording(out, f"{self._target}.returned", self._recorder)
         return out
+
+    def watch(self) -> Any:
+        """Return a Watch over the sites of a function target, so that only calls that run
+        them are recorded (`reach`); None for other targets."""
+        from .reach import Watch, spans_of
+
+        spans = self._recorder.reach.get(self._target)
+        code = getattr(self._fn, "__code__", None)
+        if not spans or code is None:
+            return None
+        return Watch(code.co_filename, spans_of(spans))
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         return self if obj is None else MethodType(self, obj)
@@ -312,6 +380,16 @@ def seed_numpy(module: ModuleType) -> None:
     module.seed(0)
 
 
+def seed_tensorflow(module: ModuleType) -> None:
+    """Seed TensorFlow's global generator once it is imported: its shuffles and random ops draw
+    alike on both trees (not always: a parallel `map` may order their draws differently, and
+    the runs then diverge, and say so; making ops deterministic breaks ops like
+    `sample_distorted_bounding_box`, so it is left to the command)."""
+    set_seed = getattr(getattr(module, "random", None), "set_seed", None)
+    if callable(set_seed):
+        set_seed(0)
+
+
 def load_plan(path: str) -> Recorder:
     """Return the recorder a plan file describes."""
     with open(path, encoding="utf-8") as handle:
@@ -323,9 +401,12 @@ def load_plan(path: str) -> Recorder:
     root = os.path.realpath(plan["root"])
     outputs = frozenset(plan.get("outputs", ()))
     deep = frozenset(plan.get("deep", ()))
-    return Recorder(
+    recorder = Recorder(
         root, plan["out"], int(plan["max_calls"]), spans, plan["functions"], outputs, deep
     )
+    recorder.reach = dict(plan.get("reach", {}))
+    recorder.helpers = frozenset(plan.get("helpers", ()))
+    return recorder
 
 
 def install(plan_path: str) -> Recorder:
@@ -337,5 +418,6 @@ def install(plan_path: str) -> Recorder:
     # test data (`np.random.rand`) the same in both runs, so their calls can be compared.
     random.seed(0)
     after["numpy.random"] = seed_numpy
+    after["tensorflow"] = seed_tensorflow
     sys.meta_path.insert(0, Hook(after))
     return recorder

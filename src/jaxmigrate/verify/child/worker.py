@@ -23,7 +23,7 @@ import sys
 import traceback
 import warnings
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import IO, Any
@@ -93,11 +93,52 @@ class UserError(Exception):
         self.stage = stage
 
 
+class NotReached(UserError):
+    """The calls ran the target but never the lines of (some of) its sites."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("reach", message)
+
+
+class Unkept(UserError):
+    """A recorded call's folder outside the tree could not be kept as it was (`outside`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("inputs", message)
+
+
 class NoInputs(UserError):
     """Nothing was recorded or declared for the target, and synthesis is off."""
 
     def __init__(self) -> None:
         super().__init__("inputs", "no inputs were recorded or declared")
+
+
+def watcher(request: dict[str, Any], module: ModuleType, variant: str) -> Any:
+    """Return a Watch over the sites' lines for a function target's calls, else None.
+
+    A callable target (`step = jax.pmap(f)`) is its site: calling it runs the rewrite. A
+    module with the safe rewrites applied may have other line numbers: not watched.
+    """
+    from .reach import Watch, spans_of
+    from .references import SAFE_REWRITES
+
+    spans = request.get("reach")
+    filename = getattr(module, "__file__", None)
+    if not spans or variant.startswith(SAFE_REWRITES) or not filename:
+        return None
+    return Watch(filename, spans_of(spans))
+
+
+def not_reached(request: dict[str, Any], source: str, calls: int, missing: Any) -> str:
+    """Return why a target's calls verify nothing: they never ran (some of) its sites."""
+    from .reach import describe
+
+    name = request["target"]["qualname"]
+    return (
+        f"the {calls} {source} call(s) of `{name}` never ran the site's {describe(missing)} "
+        "(they took another path through it), so they show nothing about the rewrite"
+    )
 
 
 @dataclass
@@ -109,6 +150,7 @@ class Worker:
     modules: dict[tuple[str, str, str], ModuleType] = field(default_factory=dict)
     last_output: Any = None  # what the last call returned (a factory's function)
     steps: list[Any] | None = None  # a program-level pmap step's calls in a call (`layouts`)
+    watch: Any = None  # a reach.Watch over the calls of the original's current attempt
 
     # Modules ------------------------------------------------------------------------------
     def load(self, spec: dict[str, Any], variant: str) -> ModuleType:
@@ -192,6 +234,7 @@ class Worker:
 
         from .contexts import build_mesh, enter
         from .hostify import flatten_output, from_host
+        from .outside import lay
 
         args, kwargs = from_host(call)
         meshes = [build_mesh(d) for d in request.get("meshes", [])]
@@ -208,7 +251,9 @@ class Worker:
                     stage = "call"
                 if self.steps is not None:
                     self.steps.clear()
-                self.last_output = fn(*args, **kwargs)
+                lay(args, kwargs)  # a folder outside the tree, as it was when the call was recorded
+                with self.watch if self.watch is not None else nullcontext():
+                    self.last_output = fn(*args, **kwargs)
                 flat = flatten_output(self.with_steps(self.last_output))
             except Exception as exc:
                 raise UserError(stage, self.explain(exc)) from exc
@@ -255,6 +300,10 @@ class Worker:
                         reply["layout_violations"] = violations
                 except NoInputs as exc:
                     return {"ok": False, "stage": exc.stage, "error": str(exc), "no_inputs": True}
+                except NotReached as exc:  # another reference takes the same path
+                    return {"ok": False, "stage": exc.stage, "error": str(exc), "not_reached": True}
+                except Unkept as exc:  # no reference can start from the files as they were
+                    return {"ok": False, "stage": exc.stage, "error": str(exc), "not_kept": True}
                 except UserError as exc:
                     errors.append(f"{name}: {exc}")
                     stages[name] = exc.stage
@@ -303,8 +352,14 @@ class Worker:
         from .pickling import dumps
 
         module, fn = self.target(request, variant)
-        calls, source, outputs, notes = self.inputs_and_outputs(request, module, fn, variant)
-        returned, returned_outputs = self.factory_calls(request, variant)
+        self.watch = watcher(request, module, variant)
+        try:
+            calls, source, outputs, notes = self.inputs_and_outputs(request, module, fn, variant)
+            returned, returned_outputs = self.factory_calls(request, variant)
+        finally:
+            watch, self.watch = self.watch, None
+        if watch is not None and watch.missing:
+            raise NotReached(not_reached(request, source, len(calls), watch.missing))
         for path, value in (
             (request["inputs_path"], calls),
             (request["outputs_path"], outputs),
@@ -345,12 +400,16 @@ class Worker:
         self, request: dict[str, Any], module: ModuleType, fn: Any, variant: str
     ) -> tuple[list[Any], str, list[Any], list[str]]:
         from .inputs import declared, recorded, synthesized
+        from .outside import NotKept
 
         spec = request["inputs"]
         calls: list[Any] | None = None
         source = "recorded"
         if spec.get("recorded"):
-            calls = recorded(spec["recorded"])
+            try:
+                calls = recorded(spec["recorded"])
+            except NotKept as exc:
+                raise Unkept(str(exc)) from exc
         if calls is None:
             source = "declared"
             calls = declared(module, request["target"]["qualname"])
@@ -379,6 +438,7 @@ class Worker:
         no function or nothing fits it.
         """
         from .inputs import recorded, synthesized
+        from .outside import NotKept
         from .recorder import function_like
 
         made = self.last_output
@@ -387,7 +447,10 @@ class Worker:
         sub = self.returned_request(request)
         files = (request.get("returned") or {}).get("recorded")
         if files:
-            calls = recorded(files)
+            try:
+                calls = recorded(files)
+            except NotKept as exc:
+                raise Unkept(str(exc)) from exc
             return calls, [self.call(made, c, sub, variant)[0] for c in calls]
         if not request["inputs"].get("synthesize"):
             return [], []

@@ -1,0 +1,153 @@
+"""A call of the function around a site verifies the site only if it runs the site's lines.
+
+`simulate(x, method)` holds a pmap in one branch, as numpyro's `vsbc_diagnostic` does for
+`chain_method="parallel"`. A recorded call with `method="sequential"` takes the other branch:
+both sides agree whatever the rewrite did, so it must leave the site `unverified`, saying why,
+never `verified`. A call down the pmap branch verifies a right rewrite and fails a wrong one.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jaxmigrate.model import Safety, Site, Status
+from jaxmigrate.verify import VerifyConfig, VerifyRequest, verify
+
+pytestmark = pytest.mark.jax
+
+SIM = textwrap.dedent("""
+    import jax
+    import jax.numpy as jnp
+
+
+    def simulate(x, method="sequential"):
+        if method == "parallel":
+            return jax.pmap(lambda v: v * 2)(x)  # SITE
+        return jax.lax.map(lambda v: v * 2, x)
+    """)
+PMAP = "jax.pmap(lambda v: v * 2)(x)  # SITE"
+RIGHT = SIM.replace(PMAP, "jax.jit(jax.vmap(lambda v: v * 2))(x)")
+WRONG = SIM.replace(PMAP, "x * 3")
+SEQUENTIAL = "import jax.numpy as jnp\nfrom pkg.sim import simulate\nsimulate(jnp.ones((8, 2)))\n"
+# three calls down the other branch first: only calls that run the site are recorded
+PARALLEL = (
+    "import jax.numpy as jnp\nfrom pkg.sim import simulate\n"
+    "for i in range(3):\n    simulate(jnp.ones((8, 2)) + i)\n"
+    "simulate(jnp.ones((8, 2)), method='parallel')\n"
+)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("reach") / "project"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "sim.py").write_text(SIM)
+    (root / "sequential.py").write_text(SEQUENTIAL)
+    (root / "parallel.py").write_text(PARALLEL)
+    return root
+
+
+def run(project: Path, script: str | None, candidate: str):
+    line = next(i for i, t in enumerate(SIM.splitlines(), 1) if "# SITE" in t)
+    site = Site("JM202", "pmap", line, 20, Safety.UNSAFE, "pmap", key="site")
+    request = VerifyRequest("pkg/sim.py", SIM, candidate, (site,))
+    command = f"{sys.executable} {script}" if script else None
+    config = VerifyConfig(root=project, timeout=60.0, jobs=1, verify_with=command)
+    return verify([request], config)[("pkg/sim.py", "site")]
+
+
+def test_a_call_down_another_branch_verifies_nothing(project: Path) -> None:
+    verdict = run(project, "sequential.py", WRONG)
+    assert verdict.status is Status.UNVERIFIED, (verdict.reason, verdict.details)
+    assert "never ran the site's line 8" in verdict.reason
+    assert "point --verify-with at tests that call `simulate`" in verdict.reason
+
+
+def test_synthesized_inputs_that_miss_the_branch_verify_nothing(project: Path) -> None:
+    verdict = run(project, None, WRONG)
+    assert verdict.status is Status.UNVERIFIED, (verdict.reason, verdict.details)
+    assert "synthesized call(s) of `simulate` never ran" in verdict.reason
+
+
+def test_a_call_down_the_site_branch_is_judged(project: Path) -> None:
+    right = run(project, "parallel.py", RIGHT)
+    assert right.status is Status.VERIFIED, (right.reason, right.details)
+    assert right.details["calls"] == 1 and right.details["input_source"] == "recorded"
+    wrong = run(project, "parallel.py", WRONG)
+    assert wrong.status is Status.FAILED, (wrong.reason, wrong.details)
+
+
+TESTS = textwrap.dedent("""
+    import jax.numpy as jnp
+
+    from pkg.sim import simulate
+
+
+    def test_sequential():
+        assert simulate(jnp.ones((8, 2))).shape == (8, 2)
+
+
+    def test_parallel():
+        assert simulate(jnp.ones((8, 2)), method="parallel").shape == (8, 2)
+
+
+    def test_unrelated():
+        assert True
+    """)
+
+
+def test_the_projects_tests_record_a_function_the_command_never_called(
+    project: Path, tmp_path: Path
+) -> None:
+    # numpyro: the MCMC tests given to --verify-with never call `vsbc_diagnostic`; its tests do
+    root = tmp_path / "project"
+    (root / "pkg").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "sim.py").write_text(SIM)
+    (root / "tests" / "test_sim.py").write_text(TESTS)
+    (root / "other.py").write_text("print('calls nothing')\n")
+    right = run(root, "other.py", RIGHT)
+    assert right.status is Status.VERIFIED, (right.reason, right.details)
+    assert right.details["calls"] == 1  # test_sequential's call does not run the site
+    assert (
+        "(inputs recorded by the project's tests that call `simulate`, tests/test_sim.py "
+        f"(2 tests): `{sys.executable} other.py` made no call of it)"
+    ) in right.reason
+    wrong = run(root, "other.py", WRONG)
+    assert wrong.status is Status.FAILED, (wrong.reason, wrong.details)
+
+
+UNIT = textwrap.dedent("""
+    import jax
+    import jax.numpy as jnp
+
+    step = jax.pmap(lambda v: v * 2)  # SITE
+
+
+    def main():
+        return step(jnp.ones((8, 2)))
+    """)
+
+
+def test_a_unit_using_a_module_level_site_is_not_asked_to_run_its_line(tmp_path: Path) -> None:
+    # `main` verified as the unit of `step` (whose line runs at import, never in `main`) must
+    # not wait for that line; a site in the function's body must be run
+    from dataclasses import replace
+
+    from jaxmigrate.verify.planner import plan_all, reach_spans
+    from jaxmigrate.verify.targets import Kind, Target
+
+    line = next(i for i, t in enumerate(UNIT.splitlines(), 1) if "# SITE" in t)
+    site = Site("JM202", "pmap", line, 8, Safety.UNSAFE, "pmap", key="site")
+    (plan,), _ = plan_all([VerifyRequest("m.py", UNIT, UNIT, (site,))], tmp_path)
+    unit = replace(plan, target=Target(Kind.FUNCTION, "main", line + 3, line + 3))
+    assert reach_spans(unit) == []
+    inner = Site("JM202", "pmap", 8, 20, Safety.UNSAFE, "pmap", key="s")
+    (sim,), _ = plan_all([VerifyRequest("pkg/sim.py", SIM, SIM, (inner,))], tmp_path)
+    assert sim.target.kind is Kind.FUNCTION and reach_spans(sim) == [[8, 8]]

@@ -1,0 +1,185 @@
+"""A function's recorded call that cannot be replayed falls back on the command as the unit.
+
+flax's `train_and_evaluate(config, workdir)`, driven on synthetic data, is recorded inside
+`tfds.testing.mock_data()`: replayed alone in a worker, outside that block, it reads the real
+(empty) dataset and raises, so "the original cannot run". `train` below does the same with a
+context of its own. The pmap made on the site's statement was recorded during the same command,
+with its outputs: the command then runs on the rewritten tree too and the two runs' calls are
+compared, as for a site in a class. A right rewrite verifies, a wrong one fails.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jaxmigrate.model import Safety, Site, Status
+from jaxmigrate.verify import VerifyConfig, VerifyRequest, verify
+
+pytestmark = pytest.mark.jax
+
+DATA = textwrap.dedent("""
+    from contextlib import contextmanager
+
+    import numpy as np
+
+    ACTIVE = []
+
+
+    @contextmanager
+    def mocked():
+        ACTIVE.append(True)
+        yield
+        ACTIVE.pop()
+
+
+    def load():
+        if not ACTIVE:
+            raise KeyError("splits is empty: the dataset has not been generated")
+        return np.arange(16, dtype=np.float32).reshape(8, 2)
+    """)
+TRAIN = textwrap.dedent("""
+    import jax
+
+    from pkg import data
+
+
+    def train(steps=2):
+        x = data.load()
+        step = jax.pmap(lambda v: v * 2 + 1)  # SITE
+        for _ in range(steps):
+            x = step(x)
+        return x
+    """)
+DRIVE = "from pkg import data\nfrom pkg.train import train\nwith data.mocked():\n    train()\n"
+PMAP = "jax.pmap(lambda v: v * 2 + 1)  # SITE"
+RIGHT = TRAIN.replace(PMAP, "jax.jit(jax.vmap(lambda v: v * 2 + 1))")
+WRONG = TRAIN.replace(PMAP, "jax.jit(jax.vmap(lambda v: v * 2))")
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("units") / "project"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "data.py").write_text(DATA)
+    (root / "pkg" / "train.py").write_text(TRAIN)
+    (root / "drive.py").write_text(DRIVE)
+    return root
+
+
+def run(project: Path, candidate: str):
+    line = next(i for i, t in enumerate(TRAIN.splitlines(), 1) if "# SITE" in t)
+    site = Site("JM202", "pmap", line, 12, Safety.UNSAFE, "pmap", key="site")
+    request = VerifyRequest("pkg/train.py", TRAIN, candidate, (site,))
+    config = VerifyConfig(
+        root=project, timeout=60.0, jobs=1, verify_with=f"{sys.executable} drive.py"
+    )
+    return verify([request], config)[("pkg/train.py", "site")]
+
+
+def test_a_call_that_cannot_be_replayed_is_verified_by_the_command(project: Path) -> None:
+    verdict = run(project, RIGHT)
+    assert verdict.status is Status.VERIFIED, (verdict.reason, verdict.details)
+    assert "made the same 2 call(s) of it on both trees" in verdict.reason
+    assert verdict.details["unit"] == "verify-with"
+    assert "the original cannot run: KeyError" in verdict.details["replay"]
+
+
+def test_a_wrong_rewrite_fails_through_the_command(project: Path) -> None:
+    verdict = run(project, WRONG)
+    assert verdict.status is Status.FAILED, (verdict.reason, verdict.details)
+
+
+MODEL = textwrap.dedent("""
+    import jax
+
+
+    class Model:
+        def __init__(self):
+            self.step = jax.pmap(lambda x: x * 2 + 1)
+
+        def run(self, x):
+            return self.step(x)
+    """)
+USE = "import numpy as np\nfrom pkg.model import Model\nModel().run(np.ones((8, 2), np.float32))\n"
+
+
+def test_a_site_whose_rewrite_calls_the_projects_helper_module_is_recorded(
+    tmp_path: Path,
+) -> None:
+    # The pmap rewrite imports `shard_map_per_device` from the `_pmap_compat.py` it writes: the
+    # `jax.jit` there is made for the site's statement, and its calls are the site's.
+    import json
+    import subprocess
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "model.py").write_text(MODEL)
+    (tmp_path / "use.py").write_text(USE)
+    command = [sys.executable, "-m", "jaxmigrate", "run", "--dry-run", "--no-cache"]
+    forced = subprocess.run(
+        [*command, "--no-verify", "--unsafe-fixes", "."],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert "+++ b/pkg/_pmap_compat.py" in forced.stdout, forced.stdout  # the premise
+    command += ["--verify-with", f"{sys.executable} use.py", "--report", "r.json", "."]
+    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
+    files = json.loads((tmp_path / "r.json").read_text())["files"]
+    (site,) = [s for f in files for s in f["sites"] if s["code"] == "JM202"]
+    assert site["status"] == "verified", (site, proc.stdout, proc.stderr)
+
+
+CHECKPOINTING = textwrap.dedent("""
+    import os
+
+    import jax
+    import numpy as np
+
+    from pkg import data
+
+
+    def train(workdir, steps=2):
+        path = os.path.join(workdir, "ckpt.npz")
+        x, start = data.load(), 0
+        if os.path.exists(path):  # restore, then run only the steps left: none
+            saved = np.load(path)
+            x, start = saved["x"], int(saved["step"])
+        step = jax.pmap(lambda v: v * 2 + 1)  # SITE
+        for _ in range(start, steps):
+            x = step(x)
+        np.savez(path, x=np.asarray(x), step=steps)
+        return x
+    """)
+DRIVE_IN = (
+    "import sys\nfrom pkg import data\nfrom pkg.train import train\n"
+    "with data.mocked():\n    train(sys.argv[1])\n"
+)
+
+
+def test_a_folder_the_command_names_starts_each_run_as_it_was(tmp_path: Path) -> None:
+    # The command's workdir is outside the tree: the run on the rewritten tree would restore
+    # the first run's checkpoint and make no call of the site.
+    root = tmp_path / "project"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "data.py").write_text(DATA)
+    (root / "pkg" / "train.py").write_text(CHECKPOINTING)
+    (root / "drive.py").write_text(DRIVE_IN)
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    line = next(i for i, t in enumerate(CHECKPOINTING.splitlines(), 1) if "# SITE" in t)
+    site = Site("JM202", "pmap", line, 12, Safety.UNSAFE, "pmap", key="site")
+    right = CHECKPOINTING.replace(PMAP, "jax.jit(jax.vmap(lambda v: v * 2 + 1))")
+    request = VerifyRequest("pkg/train.py", CHECKPOINTING, right, (site,))
+    command = f"{sys.executable} drive.py {workdir}"
+    config = VerifyConfig(root=root, timeout=60.0, jobs=1, verify_with=command)
+    verdict = verify([request], config)[("pkg/train.py", "site")]
+    assert verdict.status is Status.VERIFIED, (verdict.reason, verdict.details)
+    assert "made the same 2 call(s) of it on both trees" in verdict.reason
