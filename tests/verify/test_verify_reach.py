@@ -138,16 +138,15 @@ UNIT = textwrap.dedent("""
 def test_a_unit_using_a_module_level_site_is_not_asked_to_run_its_line(tmp_path: Path) -> None:
     # `main` verified as the unit of `step` (whose line runs at import, never in `main`) must
     # not wait for that line; a site in the function's body must be run
-    from dataclasses import replace
-
     from jaxmigrate.verify.planner import plan_all, reach_spans
-    from jaxmigrate.verify.targets import Kind, Target
+    from jaxmigrate.verify.targets import Kind
 
     line = next(i for i, t in enumerate(UNIT.splitlines(), 1) if "# SITE" in t)
     site = Site("JM202", "pmap", line, 8, Safety.UNSAFE, "pmap", key="site")
-    (plan,), _ = plan_all([VerifyRequest("m.py", UNIT, UNIT, (site,))], tmp_path)
-    unit = replace(plan, target=Target(Kind.FUNCTION, "main", line + 3, line + 3))
-    assert reach_spans(unit) == []
+    plans, _ = plan_all([VerifyRequest("m.py", UNIT, UNIT, (site,))], tmp_path)
+    assert [p.target.qualname for p in plans] == ["step", "main"]  # the planner adds the unit
+    unit = plans[1]
+    assert unit.target.kind is Kind.FUNCTION and reach_spans(unit) == []
     inner = Site("JM202", "pmap", 8, 20, Safety.UNSAFE, "pmap", key="s")
     (sim,), _ = plan_all([VerifyRequest("pkg/sim.py", SIM, SIM, (inner,))], tmp_path)
     assert sim.target.kind is Kind.FUNCTION and reach_spans(sim) == [[8, 8]]
