@@ -254,12 +254,22 @@ from jaxmigrate.toolkit.scope import ScopeModel
 
 from ._faithful import Faithful
 from ._forms import names_in
-from ._program import Program
+from ._outer import OuterGroup, OuterStep
+from ._program import Program, rewrite_host
 from ._survey import HELPER, PMAP, PmapUse, Survey, fun_arg
 
 PROGRAM_MESSAGE = (
     "`jax.pmap` -> `jax.jit(jax.shard_map(...))` over the flat data (program-level): replicated "
     "arguments and results `P()`, batches `P({axis})`, the device axis gone"
+)
+OUTER_MESSAGE = (
+    "`jax.pmap` -> `jax.jit(jax.shard_map(...))` over the flat data (program-level), on the mesh "
+    "`{setup}` sets: replicated arguments and results `P()`, batches `P({axis})`, the device "
+    "axis gone"
+)
+SETUP_MESSAGE = (
+    "the mesh of {steps}: {made} over every device of the job (`jax.devices()`, pmap's order) "
+    "and set with `jax.set_mesh` before the first step"
 )
 
 
@@ -295,9 +305,17 @@ class Pmap(Faithful):
                 self.sites[id(site.node)] = site
         if self.state.pmap_style == "idiomatic":
             self._find_programs(node)
+            for group in self.outer:
+                self._record_outer(group)
 
     # Rewriting ----------------------------------------------------------------------------
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        made = self.outer_calls.get(id(original_node))
+        if made is not None:  # `step = jax.pmap(...)` at module level: no mesh, the program's
+            call = cst.parse_expression(made.step_text(None))
+            assert isinstance(call, cst.Call)
+            laid = Call.of(call).laid_out(self.room(original_node), self.state.style)
+            return laid.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
         site = self.sites.get(id(original_node))
         if site is None:
             return updated_node
@@ -320,6 +338,17 @@ class Pmap(Faithful):
     ) -> cst.FunctionDef:
         if id(original_node) in self.programs:
             return self._rewrite_program(*self.programs[id(original_node)], updated_node)
+        if id(original_node) in self.outer_defs:
+            return self._outer_decorators(*self.outer_defs[id(original_node)], updated_node)
+        if id(original_node) in self.host_programs or id(original_node) in self.host_setups:
+            first = original_node.body.body[0] if original_node.body.body else original_node
+            return rewrite_host(
+                original_node,
+                self.host_programs.get(id(original_node), []),
+                self.host_setups.get(id(original_node)),
+                self.room(first).indent,
+                self.state.style,
+            )
         decorators: list[cst.Decorator] = []
         pending = list(zip(original_node.decorators, updated_node.decorators))
         while pending:
@@ -351,14 +380,109 @@ class Pmap(Faithful):
             self.need_import(*spec_import)
         if isinstance(site.ref, cst.Name):
             self.drop_import_if_unused(site.ref.value)
+        self._drop_deleted_imports(program)
         program.jax = dotted(self.module_ref("jax")) or "jax"
         if any(program.varying):  # results read flattened: each process reads its own part
             program.hosts = self._multihost_utils()
         program.spec = spec
         taken = set(names_in(program.host))
-        program.mesh = self._fresh("mesh", taken)
+        if program.make_mesh:
+            program.mesh = self._fresh("mesh", taken)
         program.sharding = self._fresh("batch_sharding", taken)
+        assert program.statement is not None
         return program.rewrite(self.room(program.statement).indent, self.state.style)
+
+    def _record_outer(self, group: OuterGroup) -> None:
+        """Record the steps of `group`, their edits and the mesh as one group of sites; when it
+        is enabled, plan the rewrite of each function they touch."""
+        line, col = self.where(group.steps[0].site.node)  # type: ignore[attr-defined]
+        key = f"{self.CODE}:program:{line}:{col}"
+        setup = group.setup.name.value
+        enabled = []
+        for step in group.steps:
+            text = OUTER_MESSAGE.format(setup=setup, axis=code(step.options.axis))
+            enabled.append(self.site(step.site.node, text, group=key))  # type: ignore[attr-defined]
+            for program in step.programs:
+                for node_id, why in program.reasons.items():
+                    enabled.append(self.site(program.nodes[node_id], why, group=key))
+        steps = ", ".join(f"`{s.name}`" for s in group.steps)
+        made = "made once" if group.make else f"`{group.mesh}` reused, a mesh"
+        enabled.append(
+            self.site(group.before, SETUP_MESSAGE.format(steps=steps, made=made), group=key)
+        )
+        group.enabled = all(enabled)
+        if group.enabled:
+            self._plan_outer(group)
+
+    def _plan_outer(self, group: OuterGroup) -> None:
+        """Spell the names the rewrite needs, and say which node becomes what."""
+        spec, spec_import = self._spec_ref()
+        if spec_import is not None:
+            self.need_import(*spec_import)
+        jax = dotted(self.module_ref("jax")) or "jax"
+        if group.make:
+            group.mesh = self._fresh("mesh", set(names_in(group.setup)))
+        for step in group.steps:
+            ref = step.site.ref  # type: ignore[attr-defined]
+            if isinstance(ref, cst.Name):
+                self.drop_import_if_unused(ref.value)
+            for program in step.programs:
+                self._drop_deleted_imports(program)
+                program.jax, program.spec = jax, spec
+                program.sharding = f"{code(spec)}({code(program.axis)})"  # the mesh set is used
+                setup = program.host is group.setup
+                program.mesh = group.mesh if setup else f"{jax}.sharding.get_mesh()"
+                if any(program.varying):
+                    program.hosts = self._multihost_utils()
+                self.host_programs.setdefault(id(program.host), []).append(program)
+            made = step.programs[0]
+            if step.decorated:
+                self.outer_defs[id(step.body)] = (step, made)
+            else:
+                self.outer_calls[id(step.site.node)] = made  # type: ignore[attr-defined]
+        axis = code(group.steps[0].options.axis)
+        lines = [f"{jax}.set_mesh({group.mesh})"]
+        if group.make:
+            lines.insert(0, f"{group.mesh} = {jax}.sharding.Mesh({jax}.devices(), ({axis},))")
+        self.host_setups[id(group.setup)] = (group.before, lines)
+        if self._visit_only is not None:  # the functions calling the steps hold no pmap
+            touched = {id(p.host) for s in group.steps for p in s.programs}
+            self._visit_only = self._visit_only | touched | {id(group.setup)}
+
+    def _outer_decorators(
+        self, step: OuterStep, program: Program, updated: cst.FunctionDef
+    ) -> cst.FunctionDef:
+        """`@partial(jax.jit, ...)` over `@partial(jax.shard_map, in_specs=..., ...)`: no mesh,
+        the one the program sets with `jax.set_mesh` is used."""
+        site = step.site
+        assert isinstance(site, PmapUse)
+        partial, jax = code(self._partial(site)), program.jax
+        in_specs, out_specs = program.specs()
+        options = program.jit_options()
+        texts = [
+            f"{partial}({jax}.jit, {', '.join(options)})" if options else f"{jax}.jit",
+            (
+                f"{partial}({jax}.shard_map, in_specs={in_specs}, out_specs={out_specs}, "
+                "check_vma=False)"
+            ),
+        ]
+        room = self.room(site.node)
+        room = replace(room, column=room.column + 1, tail=0)  # after the `@`
+        decorators = []
+        for text in texts:
+            expr = cst.parse_expression(text)
+            if isinstance(expr, cst.Call):
+                expr = Call.of(expr).laid_out(room, self.state.style)
+            decorators.append(cst.Decorator(decorator=expr))
+        original = updated.decorators[0]
+        decorators[0] = decorators[0].with_changes(leading_lines=original.leading_lines)
+        return updated.with_changes(decorators=decorators)
+
+    def _drop_deleted_imports(self, program: Program) -> None:
+        """`from flax import jax_utils` goes when the replications deleted were its only use."""
+        for node in program.nodes.values():
+            for name in names_in(node):
+                self.drop_import_if_unused(name)
 
     def _multihost_utils(self) -> str:
         """Return how to spell `jax.experimental.multihost_utils` here, importing it if needed."""
