@@ -124,7 +124,11 @@ order), and each process gets its own part of the results back
 ## Two forms: program-level (the default) and faithful
 `pmap-style = "idiomatic"` (`[tool.jaxmigrate]`, `--pmap-style` on `run` and `check`; the
 default) takes the **program-level** form wherever the data flow around the step is fully visible:
-the step is made and called in one function, its arguments are replicated values
+the step is made in the function that calls it (`jax.pmap(body, ...)` or
+`jax.pmap(functools.partial(body, k=...), ...)`, `body` a def of the module), or outside any
+function (a pmap decorator on a def of the module, or `step = jax.pmap(...)` at module level) and
+called in one function or in several that one function of the module calls; its arguments are
+replicated values
 (`flax.jax_utils.replicate`, `jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`,
 `jnp.stack([x] * n)`), splits of a flat batch (`x.reshape((n, -1) + x.shape[1:])` or its
 `jax.tree.map`, `common_utils.shard`), `in_axes=None` or static arguments, or its own results fed
@@ -168,7 +172,9 @@ def main():
         params, loss = p_train_step(params, batch)
         log(loss)
 ```
-The mesh (every device of the job, `jax.devices()` order) is made once, where the step was made;
+The mesh (every device of the job, `jax.devices()` order) is made once, where the step was made
+(an existing `jax.sharding.Mesh(jax.devices(), (axis,))` in scope is reused; a `jax.make_mesh`,
+Explicit by default and in the topology's device order, keeps the faithful form);
 replicated arguments and results are `P()` and passed or read as they are (the replication and
 the readbacks are deleted); a batch is `P(axis)`: its per-device block is exactly the old
 per-device slice, so the body is unchanged, collectives included; on a multi-process job each
@@ -177,9 +183,37 @@ in one process, the batch itself). `in_axes=None` -> `P()`, `static_broadcasted_
 `static_argnums` (spec `None`), `donate_argnums` kept. `check_vma=False` keeps pmap's numbers: the
 body's `pmean` of per-device gradients of a `P()` parameter (with `check_vma=True` those come out
 already summed over devices; cookbook rule 9). The step and every replicate/split/readback edit
-are one group of sites: written together or not at all. Anything else (a step made at module
-level or by a decorator, passed to other code, arguments from outside the function, a result that
-differs between devices, a body with control flow) gets the faithful form below, and the site's
+are one group of sites: written together or not at all. A step made outside the
+functions calling it keeps no mesh of its own; the function that calls it (or the one function
+calling every function that does) sets the mesh once, before the first call, as a program sets up
+its devices (never at import: `jax.distributed.initialize` must run before any device query):
+
+```python
+@functools.partial(jax.pmap, axis_name="batch", donate_argnums=(0,))
+def train_step(params, batch): ...
+```
+becomes
+```python
+@functools.partial(jax.jit, donate_argnums=(0,))
+@functools.partial(
+    jax.shard_map, in_specs=(P(), P("batch")), out_specs=(P(), P()), check_vma=False
+)
+def train_step(params, batch): ...
+
+
+def main():
+    ...
+    mesh = jax.sharding.Mesh(jax.devices(), ("batch",))
+    jax.set_mesh(mesh)
+    for x, y in batches:
+        batch = jax.make_array_from_process_local_data(P("batch"), {"x": x, "y": y})
+        params, loss = train_step(params, batch)
+```
+Such a step must be used only as called in functions of the module (not named in a string such
+as `__all__`, not passed around). Anything else (a step passed to other code, called where no one
+function calls all its callers, arguments from outside the function, a result fed to another
+step, a result that differs between devices, a body with control flow) gets the faithful form
+below, and the site's
 message says why the program-level form was not taken. `pmap-style = "faithful"` selects the
 faithful form everywhere. Fixtures: `tests/fixtures/pmap/program_*.py`, each paired with a
 `faithful_program_*.py` of the same program (both executed on 8 CPU devices).
