@@ -185,8 +185,12 @@ body's `pmean` of per-device gradients of a `P()` parameter (with `check_vma=Tru
 already summed over devices; cookbook rule 9). The step and every replicate/split/readback edit
 are one group of sites: written together or not at all. A step made outside the
 functions calling it keeps no mesh of its own; the function that calls it (or the one function
-calling every function that does) sets the mesh once, before the first call, as a program sets up
-its devices (never at import: `jax.distributed.initialize` must run before any device query):
+calling every function that does) makes the mesh once, before the first call, as a program sets
+up its devices (never at import: `jax.distributed.initialize` must run before any device query),
+and runs the rest under `with jax.set_mesh(mesh):`. Scoped, not global: under a mesh set so, any
+`jax.pmap` or `shard_map` over another mesh raises, so this is taken only when every pmap of the
+module is migrated program-level over the same axis (code in other modules that the function
+calls, running pmap or shard_map over other meshes, must be migrated too):
 
 ```python
 @functools.partial(jax.pmap, axis_name="batch", donate_argnums=(0,))
@@ -204,11 +208,13 @@ def train_step(params, batch): ...
 def main():
     ...
     mesh = jax.sharding.Mesh(jax.devices(), ("batch",))
-    jax.set_mesh(mesh)
-    for x, y in batches:
-        batch = jax.make_array_from_process_local_data(P("batch"), {"x": x, "y": y})
-        params, loss = train_step(params, batch)
+    with jax.set_mesh(mesh):
+        for x, y in batches:
+            batch = jax.make_array_from_process_local_data(P("batch"), {"x": x, "y": y})
+            params, loss = train_step(params, batch)
 ```
+Steps made in one function share one mesh, and a result of one fed to another (a train step's
+state to an evaluation step) is replicated on both sides.
 Such a step must be used only as called in functions of the module (not named in a string such
 as `__all__`, not passed around). Anything else (a step passed to other code, called where no one
 function calls all its callers, arguments from outside the function, a result fed to another
@@ -333,6 +339,7 @@ class Pmap(Faithful):
         self._mark_nested(sites)
         self._check_helper_name(node, sites)
         for site in sites:
+            self.kept_pmaps |= bool(site.skip)
             if site.skip:
                 self.skip(site.node, site.skip)
             else:
@@ -371,7 +378,7 @@ class Pmap(Faithful):
         self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
     ) -> cst.FunctionDef:
         if id(original_node) in self.programs:
-            return self._rewrite_program(*self.programs[id(original_node)], updated_node)
+            return self._rewrite_program(self.programs[id(original_node)], updated_node)
         if id(original_node) in self.outer_defs:
             return self._outer_decorators(*self.outer_defs[id(original_node)], updated_node)
         if id(original_node) in self.host_programs or id(original_node) in self.host_setups:
@@ -398,33 +405,52 @@ class Pmap(Faithful):
         return updated_node.with_changes(decorators=decorators)
 
     def _rewrite_program(
-        self, site: PmapUse, program: Program, updated: cst.FunctionDef
+        self, programs: list[tuple[PmapUse, Program]], updated: cst.FunctionDef
     ) -> cst.FunctionDef:
-        """Record the step and its edits as one group; rewrite them all, or nothing."""
-        line, col = self.where(site.node)
+        """Record the steps a function makes and their edits as one group; rewrite them all, or
+        nothing. Steps over one axis share one mesh (made by the first) and one sharding."""
+        line, col = self.where(programs[0][0].node)
         group = f"{self.CODE}:program:{line}:{col}"
-        axis = code(program.axis)
-        enabled = [self.site(site.node, PROGRAM_MESSAGE.format(axis=axis), group=group)]
-        for node_id, why in program.reasons.items():
-            enabled.append(self.site(program.nodes[node_id], why, group=group))
+        enabled = []
+        for site, program in programs:
+            axis = code(program.axis)
+            enabled.append(self.site(site.node, PROGRAM_MESSAGE.format(axis=axis), group=group))
+        enabled += self._record_edits([p for _, p in programs], group)
         if not all(enabled):
             return updated
         spec, spec_import = self._spec_ref()
         if spec_import is not None:
             self.need_import(*spec_import)
-        if isinstance(site.ref, cst.Name):
-            self.drop_import_if_unused(site.ref.value)
-        self._drop_deleted_imports(program)
-        program.jax = dotted(self.module_ref("jax")) or "jax"
-        if any(program.varying):  # results read flattened: each process reads its own part
-            program.hosts = self._multihost_utils()
-        program.spec = spec
-        taken = set(names_in(program.host))
-        if program.make_mesh:
-            program.mesh = self._fresh("mesh", taken)
-        program.sharding = self._fresh("batch_sharding", taken)
-        assert program.statement is not None
-        return program.rewrite(self.room(program.statement).indent, self.state.style)
+        host = programs[0][1].host
+        taken = set(names_in(host))
+        meshes: dict[str, str] = {}  # by axis: the mesh made or reused, and the sharding made
+        shardings: dict[str, str] = {}
+        for site, program in programs:
+            if isinstance(site.ref, cst.Name):
+                self.drop_import_if_unused(site.ref.value)
+            self._drop_deleted_imports(program)
+            program.jax = dotted(self.module_ref("jax")) or "jax"
+            if any(program.varying):  # results read flattened: each process reads its own part
+                program.hosts = self._multihost_utils()
+            program.spec = spec
+            axis = code(program.axis)
+            if axis in meshes:
+                program.mesh, program.make_mesh = meshes[axis], False
+            elif program.make_mesh:
+                program.mesh = self._fresh("mesh", taken)
+            meshes[axis] = program.mesh
+            taken.add(program.mesh)
+            if axis in shardings:
+                program.sharding, program.make_sharding = shardings[axis], False
+            else:
+                program.sharding = self._fresh("batch_sharding", taken)
+                if any(program.batches):
+                    shardings[axis] = program.sharding
+                    taken.add(program.sharding)
+        first = programs[0][1].statement
+        assert first is not None
+        indent = self.room(first).indent
+        return rewrite_host(host, [p for _, p in programs], None, indent, self.state.style)
 
     def _record_outer(self, group: OuterGroup) -> None:
         """Record the steps of `group`, their edits and the mesh as one group of sites; when it
@@ -436,9 +462,7 @@ class Pmap(Faithful):
         for step in group.steps:
             text = OUTER_MESSAGE.format(setup=setup, axis=code(step.options.axis))
             enabled.append(self.site(step.site.node, text, group=key))  # type: ignore[attr-defined]
-            for program in step.programs:
-                for node_id, why in program.reasons.items():
-                    enabled.append(self.site(program.nodes[node_id], why, group=key))
+        enabled += self._record_edits([p for s in group.steps for p in s.programs], key)
         steps = ", ".join(f"`{s.name}`" for s in group.steps)
         made = "made once" if group.make else f"`{group.mesh}` reused, a mesh"
         enabled.append(
@@ -475,10 +499,12 @@ class Pmap(Faithful):
             else:
                 self.outer_calls[id(step.site.node)] = made  # type: ignore[attr-defined]
         axis = code(group.steps[0].options.axis)
-        lines = [f"{jax}.set_mesh({group.mesh})"]
-        if group.make:
-            lines.insert(0, f"{group.mesh} = {jax}.sharding.Mesh({jax}.devices(), ({axis},))")
-        self.host_setups[id(group.setup)] = (group.before, lines)
+        lines = [f"{group.mesh} = {jax}.sharding.Mesh({jax}.devices(), ({axis},))"]
+        self.host_setups[id(group.setup)] = (
+            group.before,
+            lines if group.make else [],
+            f"{jax}.set_mesh({group.mesh})",
+        )
         if self._visit_only is not None:  # the functions calling the steps hold no pmap
             touched = {id(p.host) for s in group.steps for p in s.programs}
             self._visit_only = self._visit_only | touched | {id(group.setup)}
@@ -511,6 +537,11 @@ class Pmap(Faithful):
         original = updated.decorators[0]
         decorators[0] = decorators[0].with_changes(leading_lines=original.leading_lines)
         return updated.with_changes(decorators=decorators)
+
+    def _record_edits(self, programs: list[Program], group: str) -> list[bool]:
+        """Record each edit once (a batch or a replication two steps share is one edit)."""
+        reasons = {k: (p.nodes[k], why) for p in programs for k, why in p.reasons.items()}
+        return [self.site(node, why, group=group) for node, why in reasons.values()]
 
     def _drop_deleted_imports(self, program: Program) -> None:
         """`from flax import jax_utils` goes when the replications deleted were its only use."""

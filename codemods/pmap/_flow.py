@@ -47,8 +47,13 @@ def analyze(
     pmap: cst.Call,
     body: cst.FunctionDef,
     qualname: Qualname,
+    siblings: tuple[str, ...] = (),
 ) -> Program:
-    """Return the program of a step made by `statement` in `host`; raise NotVisible for why not."""
+    """Return the program of a step made by `statement` in `host`; raise NotVisible for why not.
+
+    `siblings` are the other steps the function makes: results fed from one to another are
+    replicated on both sides (each side checks its own: a result differing between devices is
+    read only flattened, an argument fed a result is not a batch)."""
     assign = statement.body[0]
     if len(statement.body) != 1 or not isinstance(assign, cst.Assign) or assign.value is not pmap:
         raise NotVisible("the pmapped step is not simply assigned to a name")
@@ -62,7 +67,8 @@ def analyze(
         raise NotVisible("the step is not made in the function that calls it")
     if len(flow.stores.get(step, [])) != 1:
         raise NotVisible(f"`{step}` is bound more than once in `{host.name.value}`")
-    program = _follow(host, flow, step, options, body, qualname, flow.order[id(statement)])
+    made_at = flow.order[id(statement)]
+    program = _follow(host, flow, step, options, body, qualname, made_at, siblings)
     program.statement = statement
     return program
 
@@ -87,6 +93,7 @@ def _follow(
     body: cst.FunctionDef,
     qualname: Qualname,
     made_at: int,
+    siblings: tuple[str, ...] = (),
 ) -> Program:
     """Follow every argument and result of the calls of `step` in `host` (made at `made_at`)."""
     body = _unbound(body, options.bound)
@@ -102,6 +109,12 @@ def _follow(
     program.fixed, program.statics = fixed, options.statics_arg
     program.made_at = made_at
     program.calls = [c.call for c in calls]
+    for sibling in siblings:
+        for use in flow.loads.get(sibling, []):
+            other = flow.parent.get(id(use))
+            if isinstance(other, cst.Call) and other.func is use:
+                program.sibling_feeds |= {id(a.value) for a in other.args}
+                program.siblings.add(id(flow.parent.get(id(other))))
     forms = Forms(qualname, lambda node: is_device_count(node, flow, qualname))
     for position in range(arity):
         if position not in fixed:
@@ -375,8 +388,8 @@ def _binding_kind(
     """Return how a binding of an argument makes it: replicated, a batch, fed back, other."""
     if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
         return "other"
-    if any(binding is c.assign for c in calls):
-        return "fed back"  # a result of the step: replicated, as every result is
+    if any(binding is c.assign for c in calls) or id(binding) in program.siblings:
+        return "fed back"  # a result of the step (or another): replicated, as every result is
     if forms.readback_of(binding.value, name):
         return "read back"  # `x = unreplicate(x)`: becomes `x = x`, dropped
     if single_name(binding.targets[0].target) != name:
@@ -412,11 +425,12 @@ def _follow_result(
         _follow_flattened(program, flow, calls, step, name)
         return
     for binding in flow.stores.get(name, []):
-        fed = any(binding is c.assign for c in calls)
+        fed = any(binding is c.assign for c in calls) or id(binding) in program.siblings
         read = isinstance(binding, cst.Assign) and forms.readback_of(binding.value, name)
         if not fed and not read and not _before(flow, binding, calls):
             raise NotVisible(f"`{name}` holds a result of `{step}` and something else")
     feeds = {id(c.call.args[i].value) for c in calls for i, a in enumerate(c.args) if a == name}
+    feeds |= program.sibling_feeds  # fed to another step of the function: checked there
     last = max(flow.order[id(c.assign)] for c in calls)
     settled = [  # `x = unreplicate(x)` after the last call: later reads see the read-back value
         b

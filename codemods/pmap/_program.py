@@ -69,6 +69,9 @@ class Program:
     reasons: dict[int, str] = field(default_factory=dict)  # what each edit does, by id
     calls: list[cst.Call] = field(default_factory=list)  # the calls of the step in `host`
     make_mesh: bool = True  # False: an existing mesh of pmap's, `mesh`, is reused
+    make_sharding: bool = True  # False: another step of the function made `sharding` already
+    siblings: set[int] = field(default_factory=set)  # `out = other_step(...)` in the function
+    sibling_feeds: set[int] = field(default_factory=set)  # the arguments of those calls
 
     def edit(
         self, node: cst.BaseExpression, why: str, new: Callable[[], cst.BaseExpression]
@@ -118,7 +121,7 @@ class Program:
         axis = code(self.axis)
         target = code(self.statement.body[0].targets[0].target)  # type: ignore[attr-defined]
         texts = [f"{target} = {self.step_text(self.mesh)}"]
-        if any(self.batches):
+        if any(self.batches) and self.make_sharding:
             sharding = f"{jax}.sharding.NamedSharding({self.mesh}, {spec}({axis}))"
             texts.insert(0, f"{self.sharding} = {sharding}")
         if self.make_mesh:
@@ -149,14 +152,16 @@ def global_batch(program: Program, source: cst.BaseExpression) -> cst.BaseExpres
     return filled
 
 
-Setup = tuple[cst.CSTNode, list[str]]  # the statement the mesh is set before, and the lines
+# The statement the mesh is set before, the statements making it, and the `jax.set_mesh(...)`
+# the rest of the function then runs under.
+Setup = tuple[cst.CSTNode, list[str], str]
 
 
 def rewrite_host(
     host: cst.FunctionDef, programs: list[Program], setup: Setup | None, indent: str, style: Style
 ) -> cst.FunctionDef:
     """Return `host` with the edits of `programs` (steps it calls) and the mesh `setup`."""
-    out = host.visit(_Edit(programs, setup, indent, style))
+    out = host.visit(_Edit(host, programs, setup, indent, style))
     assert isinstance(out, cst.FunctionDef)
     return out
 
@@ -165,12 +170,19 @@ class _Edit(cst.CSTTransformer):
     """Apply programs' edits to their host function (original nodes, by id)."""
 
     def __init__(
-        self, programs: list[Program], setup: Setup | None, indent: str, style: Style
+        self,
+        host: cst.FunctionDef,
+        programs: list[Program],
+        setup: Setup | None,
+        indent: str,
+        style: Style,
     ) -> None:
         super().__init__()
-        self.programs, self.setup, self.indent, self.style = programs, setup, indent, style
+        self.host, self.programs, self.setup = host, programs, setup
+        self.indent, self.style = indent, style
         self.edits = {k: e for p in programs for k, e in p.edits.items()}
         self.made = {id(p.statement): p for p in programs if p.statement is not None}
+        self.before: cst.CSTNode | None = None  # the setup's statement, as rewritten
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
         edit = self.edits.get(id(original_node))
@@ -182,16 +194,29 @@ class _Edit(cst.CSTTransformer):
         if _is_self_assignment(updated_node) and not _is_self_assignment(original_node):
             return cst.RemovalSentinel.REMOVE  # `x = replicate(x)` with the replication gone
         if self.setup is not None and original_node is self.setup[0]:
-            return cst.FlattenSentinel(self._with_setup(updated_node))
+            self.before = updated_node
+        if self.setup is not None and original_node is self.host.body:
+            assert isinstance(updated_node, cst.IndentedBlock)
+            return self._with_setup(updated_node)
         return updated_node
 
-    def _with_setup(self, statement: cst.CSTNode) -> list[cst.BaseStatement]:
-        """The mesh lines, then `statement` (its leading comments and blank lines go first)."""
-        assert self.setup is not None and isinstance(statement, cst.BaseStatement)
-        lines = [_laid_out(cst.parse_statement(t), self.indent, self.style) for t in self.setup[1]]
-        leading = getattr(statement, "leading_lines", ())
-        lines[0] = lines[0].with_changes(leading_lines=leading)
-        return [*lines, statement.with_changes(leading_lines=())]
+    def _with_setup(self, block: cst.IndentedBlock) -> cst.IndentedBlock:
+        """Make the mesh before the setup's statement, and run the rest under `with
+        jax.set_mesh(mesh):` (its leading comments and blank lines go first)."""
+        assert self.setup is not None
+        body = list(block.body)
+        at = next(i for i, s in enumerate(body) if s is self.before)
+        first = body[at]
+        leading = getattr(first, "leading_lines", ())
+        body[at] = first.with_changes(leading_lines=())  # type: ignore[call-arg]
+        made = [_laid_out(cst.parse_statement(t), self.indent, self.style) for t in self.setup[1]]
+        scoped = cst.With(
+            items=[cst.WithItem(cst.parse_expression(self.setup[2]))],
+            body=cst.IndentedBlock(body=body[at:]),
+        )
+        head = [*made, scoped]
+        head[0] = head[0].with_changes(leading_lines=leading)  # type: ignore[call-arg]
+        return block.with_changes(body=[*body[:at], *head])
 
 
 def _is_self_assignment(statement: cst.CSTNode) -> bool:

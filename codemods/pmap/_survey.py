@@ -159,8 +159,9 @@ class Finding(Pass):
         self.applied: list[PmapUse] = []
         self.applied_keys: list[str] = []
         self.reuse_helper = False
-        self.programs: dict[int, tuple[PmapUse, Program]] = {}  # by id of the function they are in
+        self.programs: dict[int, list[tuple[PmapUse, Program]]] = {}  # by id of their function
         self.outer: list[OuterGroup] = []  # the steps made outside the functions calling them
+        self.kept_pmaps = False  # a `jax.pmap` of the module is left alone (skipped)
         self.outer_calls: dict[int, Program] = {}  # `step = jax.pmap(...)` at module level, taken
         self.outer_defs: dict[int, tuple[OuterStep, Program]] = {}  # pmap-decorated defs, taken
         self.host_programs: dict[int, list[Program]] = {}  # by id of a function calling them
@@ -168,29 +169,55 @@ class Finding(Pass):
 
     def _find_programs(self, module: cst.Module) -> None:
         """Take the sites whose whole data flow is visible to the program-level form."""
-        hosts: dict[int, list[PmapUse]] = {}
-        for site in self.sites.values():
-            host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
-            hosts.setdefault(id(host), []).append(site)
         flow = Parents()
         module.visit(flow)
         outer: list[OuterStep] = []
-        for key, site in list(self.sites.items()):
+        made_in: dict[int, list[PmapUse]] = {}  # the steps each function makes
+        for site in list(self.sites.values()):
             try:
                 if self._made_outside(module, site):
-                    outer.append(
-                        follow_step(self._outer_step(module, site), flow, module, self.qualname)
-                    )
+                    step = self._outer_step(module, site)
+                    outer.append(follow_step(step, flow, module, self.qualname))
                     continue
-                host, program = self._program(module, site, flow)
-                if len(hosts[id(host)]) > 1:
-                    raise NotVisible("the function makes several pmapped steps")
+                host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
+                made_in.setdefault(id(host), []).append(site)
             except NotVisible as why:
                 site.fallback = str(why)
-                continue
-            del self.sites[key]
-            self.programs[id(host)] = (site, program)
+        for sites in made_in.values():
+            self._take_steps(module, flow, sites)
         self._group_outer(module, flow, outer)
+
+    def _take_steps(self, module: cst.Module, flow: Parents, sites: list[PmapUse]) -> None:
+        """Take the steps one function makes, together: results fed from one to another are
+        replicated on both sides. A step that is not taken is left out and the others are
+        followed again without it (a result fed to it is then read other than as taken)."""
+        active = sites
+        while active:
+            names = {id(s): self._bound_to(s) or "" for s in active}
+            taken: list[tuple[PmapUse, cst.FunctionDef, Program]] = []
+            for site in active:
+                siblings = tuple(n for k, n in names.items() if n and k != id(site))
+                try:
+                    taken.append((site, *self._program(module, site, flow, siblings)))
+                except NotVisible as why:
+                    site.fallback = str(why)
+            if len(taken) == len(active):
+                break
+            active = [site for site, _, _ in taken]
+        if not active:
+            return
+        blocks = {id(flow.parent.get(id(p.statement))) for _, _, p in taken}
+        if len(blocks) > 1:
+            for site, _, _ in taken:
+                site.fallback = (
+                    "the function makes its steps in different blocks: no one place for the mesh"
+                )
+            return
+        taken.sort(key=lambda t: flow.order[id(t[2].statement)])
+        host = taken[0][1]
+        for site, _, program in taken:
+            del self.sites[id(site.node)]
+        self.programs[id(host)] = [(site, program) for site, _, program in taken]
 
     def _made_outside(self, module: cst.Module, site: PmapUse) -> bool:
         """A pmap decorator on a def of the module, or `step = jax.pmap(...)` at module level."""
@@ -283,9 +310,28 @@ class Finding(Pass):
             except NotVisible as why:
                 for step in group:
                     step.site.fallback = str(why)  # type: ignore[attr-defined]
-                continue
-            for step in group:
-                del self.sites[id(step.site.node)]  # type: ignore[attr-defined]
+        taken = {id(step.site.node) for g in self.outer for step in g.steps}  # type: ignore[attr-defined]
+        clash = self._clash(taken)
+        for outer in self.outer if clash else ():
+            for step in outer.steps:
+                step.site.fallback = clash  # type: ignore[attr-defined]
+        self.outer = [] if clash else self.outer
+        for node_id in () if clash else taken:
+            del self.sites[node_id]
+
+    def _clash(self, taken: set[int]) -> str:
+        """Why the mesh `jax.set_mesh` sets would clash with another pmap of the module, if so:
+        a `jax.pmap` or `shard_map` over any other mesh fails when called under it."""
+        others = [s for key, s in self.sites.items() if key not in taken]
+        axes = {code(g.steps[0].options.axis) for g in self.outer}
+        axes |= {code(p.axis) for programs in self.programs.values() for _, p in programs}
+        if others or self.kept_pmaps:
+            line = "a pmap of the module stays per-device"
+        elif len(axes) > 1:
+            line = "the steps of the module are over different axes"
+        else:
+            return ""
+        return f"{line}: its mesh would clash with the one `jax.set_mesh` sets (JAX raises)"
 
     def _outer_group(
         self, module: cst.Module, flow: Parents, setup: cst.FunctionDef, group: list[OuterStep]
@@ -311,7 +357,7 @@ class Finding(Pass):
         return OuterGroup(group, setup, before, mesh or "mesh", make=mesh is None)
 
     def _program(
-        self, module: cst.Module, site: PmapUse, flow: Parents
+        self, module: cst.Module, site: PmapUse, flow: Parents, siblings: tuple[str, ...] = ()
     ) -> tuple[cst.FunctionDef, Program]:
         """Return the function making the step and its program; raise NotVisible for why not."""
         assert self.survey is not None
@@ -319,7 +365,9 @@ class Finding(Pass):
         if not isinstance(site.node, cst.Call) or len(site.pmaps) != 1:
             raise NotVisible("a decorator or nested pmap: its calls are not followed (yet)")
         if not isinstance(host, cst.FunctionDef) or host is site.mapped:
-            raise NotVisible("the step is made outside a function: its calls are not followed")
+            raise NotVisible(
+                "the step is made in a class body or a lambda: its calls are not followed"
+            )
         name = self._mapped_def_name(site.node)
         defs = self.survey.defs(name)
         if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(name):
@@ -327,7 +375,7 @@ class Finding(Pass):
         statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
         if not isinstance(statement, cst.SimpleStatementLine):
             raise NotVisible("the step is not made by a statement of its own")
-        program = analyze(host, statement, site.node, defs[0], self.qualname)
+        program = analyze(host, statement, site.node, defs[0], self.qualname, siblings)
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
         mesh = mesh_in_scope(scopes, flow.order[id(statement)], flow, program.axis, self.qualname)
         if mesh is not None:
