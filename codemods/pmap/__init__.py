@@ -308,8 +308,8 @@ OUTER_MESSAGE = (
     "axis gone"
 )
 SETUP_MESSAGE = (
-    "the mesh of {steps}: {made} over every device of the job (`jax.devices()`, pmap's order) "
-    "and set with `jax.set_mesh` before the first step"
+    "the mesh of {steps}: {made} over every device of the job (`jax.devices()`, pmap's order); "
+    "the rest of `{setup}` runs under it (`with jax.set_mesh(...)`)"
 )
 
 
@@ -466,7 +466,9 @@ class Pmap(Faithful):
         steps = ", ".join(f"`{s.name}`" for s in group.steps)
         made = "made once" if group.make else f"`{group.mesh}` reused, a mesh"
         enabled.append(
-            self.site(group.before, SETUP_MESSAGE.format(steps=steps, made=made), group=key)
+            self.site(
+                group.before, SETUP_MESSAGE.format(steps=steps, made=made, setup=setup), group=key
+            )
         )
         group.enabled = all(enabled)
         if group.enabled:
