@@ -362,8 +362,10 @@ class Finding(Pass):
         """Return the function making the step and its program; raise NotVisible for why not."""
         assert self.survey is not None
         host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
-        if not isinstance(site.node, cst.Call) or len(site.pmaps) != 1:
-            raise NotVisible("a decorator or nested pmap: its calls are not followed (yet)")
+        if len(site.pmaps) != 1:
+            raise NotVisible("a nested pmap: its calls are not followed (yet)")
+        if not isinstance(site.node, cst.Call):
+            raise NotVisible("a pmap decorator on a def inside a function: not followed (yet)")
         if not isinstance(host, cst.FunctionDef) or host is site.mapped:
             raise NotVisible(
                 "the step is made in a class body or a lambda: its calls are not followed"
