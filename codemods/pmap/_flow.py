@@ -216,10 +216,16 @@ def _unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
     missing = [b for b in bound if b not in names]
     if missing:
         raise NotVisible(f"`partial` binds `{missing[0]}`, not a parameter of the def")
-    kept = [p for p in params.params if p.name.value not in bound]
-    if kept != list(params.params[: len(kept)]):
-        raise NotVisible("`partial` binds a parameter before one the step passes by position")
-    kwonly = [p for p in params.kwonly_params if p.name.value not in bound]
+    order = [*params.params, *params.kwonly_params]
+    first = next(i for i, p in enumerate(order) if p.name.value in bound)
+    kept = list(params.params[:first])
+    later = [p for p in order[first:] if p.name.value not in bound]
+    plain = [p.name.value for p in later if p.default is None]
+    if plain:
+        why = f"`partial` binds a parameter before `{plain[0]}`, which the step must then pass"
+        raise NotVisible(why)
+    # The later ones keep their defaults, on every device: neither pmap nor shard_map maps them.
+    kwonly = [p for p in params.kwonly_params if p.name.value not in bound and p not in later]
     star = params.star_arg
     if not kwonly and isinstance(star, cst.ParamStar):
         star = cst.MaybeSentinel.DEFAULT  # `*, lr` with `lr` bound: nothing keyword-only left
