@@ -5,7 +5,11 @@ whether the whole flow is visible and of a shape this module rewrites; `Program.
 the function rewritten. The shape taken (anything else keeps the faithful form, with the reason):
 
 - `step = jax.pmap(body, axis_name="a"[, donate_argnums=...])` in the function, `body` a def of
-  the module with positional parameters and straight-line code (assignments and one `return`);
+  the module (or `functools.partial(body, k=...)`: the parameters it binds are replicated, later
+  ones keep their defaults) with positional parameters and straight-line code (assignments and
+  one `return`); several such steps in one function share one mesh, and a result of one fed to
+  another is replicated on both sides; a step made outside any function (a pmap decorator on a
+  def of the module, `step = jax.pmap(...)` at module level) is read by `_outer`;
 - every use of `step` in the function is a call `out = step(x1, ..., xk)` with names as
   arguments; each argument is assigned in the function only by a replication of a value
   (`flax.jax_utils.replicate(x)`, `jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`,
