@@ -272,3 +272,63 @@ def test_program_level_decorated_step_is_right_on_every_process(tmp_path: Path) 
     migrated = tmp_path / "decorated_migrated.py"
     migrated.write_text(result.code)
     check_loop(run_job(migrated, tmp_path))
+
+
+PREDICT = """\
+import json
+import sys
+
+import jax
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+process, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process)
+
+import jax.numpy as jnp
+import numpy as np
+
+
+@jax.pmap
+def predict(w, x):
+    return jnp.tanh(x @ w)
+
+
+def evaluate(w, x):
+    n = jax.local_device_count()
+    w = jnp.broadcast_to(w, (n,) + w.shape)
+    x = x.reshape((n, -1) + x.shape[1:])
+    out = predict(w, x)
+    return out.reshape(-1)
+
+
+def main():
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4,)).astype(np.float32)
+    xs = rng.normal(size=(8 * 2, 4)).astype(np.float32)
+    n = jax.local_device_count()
+    mine = xs[process * n * 2 : (process + 1) * n * 2]  # this process's rows
+    return evaluate(w, mine)
+
+
+p = np.asarray(main())
+with open(out, "w") as handle:
+    json.dump({"p": p.tolist()}, handle)
+"""
+
+
+def test_program_level_flattened_results_are_each_process_own(tmp_path: Path) -> None:
+    """A pmap-decorated step called in `evaluate`: the mesh is set around the call there, each
+    process's rows become its part of the global batch, and each reads back its own rows of the
+    per-example predictions (`global_array_to_host_local_array`), as pmap gave them."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4,)).astype(np.float32)
+    xs = rng.normal(size=(8 * 2, 4)).astype(np.float32)
+    expected = np.tanh(xs @ w).reshape(PROCESSES, -1)
+    result = migrate_source(PREDICT, options=Options(unsafe_fixes=True))
+    assert "with jax.set_mesh(mesh):" in result.code
+    assert "reshape" not in result.code
+    for name, code in (("predict_original", PREDICT), ("predict_migrated", result.code)):
+        script = tmp_path / f"{name}.py"
+        script.write_text(code)
+        for process, out in enumerate(run_job(script, tmp_path)):
+            np.testing.assert_allclose(out["p"], expected[process], rtol=1e-5, err_msg=name)
