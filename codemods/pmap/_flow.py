@@ -3,6 +3,7 @@ calls in the function that makes it, and records the edits of the program-level 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -26,6 +27,7 @@ from ._program import NotVisible, Program, global_batch
 REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin")})
 VARYING = frozenset({"jax.lax.axis_index"})
 KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
+PARTIAL = "functools.partial"
 
 
 @dataclass
@@ -45,34 +47,74 @@ def analyze(
     pmap: cst.Call,
     body: cst.FunctionDef,
     qualname: Qualname,
+    siblings: tuple[str, ...] = (),
 ) -> Program:
-    """Return the program of a step made by `statement` in `host`; raise NotVisible for why not."""
+    """Return the program of a step made by `statement` in `host`; raise NotVisible for why not.
+
+    `siblings` are the other steps the function makes: results fed from one to another are
+    replicated on both sides (each side checks its own: a result differing between devices is
+    read only flattened, an argument fed a result is not a batch)."""
     assign = statement.body[0]
     if len(statement.body) != 1 or not isinstance(assign, cst.Assign) or assign.value is not pmap:
         raise NotVisible("the pmapped step is not simply assigned to a name")
     step = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
     if step is None:
         raise NotVisible("the pmapped step is not simply assigned to a name")
-    options = _options(pmap)
-    arity = _arity(body)
-    fixed = _fixed_positions(options, arity)
+    options = options_of(pmap, qualname)
     flow = Parents()
     host.body.visit(flow)
     if id(statement) not in flow.order:
         raise NotVisible("the step is not made in the function that calls it")
     if len(flow.stores.get(step, [])) != 1:
         raise NotVisible(f"`{step}` is bound more than once in `{host.name.value}`")
+    made_at = flow.order[id(statement)]
+    program = _follow(host, flow, step, options, body, qualname, made_at, siblings)
+    program.statement = statement
+    return program
+
+
+def analyze_calls(
+    host: cst.FunctionDef, step: str, options: Options, body: cst.FunctionDef, qualname: Qualname
+) -> Program:
+    """Return the program of `host`, a function calling `step`, a step made outside it (at
+    module level or by a decorator); raise NotVisible for why not."""
+    flow = Parents()
+    host.body.visit(flow)
+    if step in flow.stores:
+        raise NotVisible(f"`{step}` is bound in `{host.name.value}` too")
+    return _follow(host, flow, step, options, body, qualname, -1)
+
+
+def _follow(
+    host: cst.FunctionDef,
+    flow: Parents,
+    step: str,
+    options: Options,
+    body: cst.FunctionDef,
+    qualname: Qualname,
+    made_at: int,
+    siblings: tuple[str, ...] = (),
+) -> Program:
+    """Follow every argument and result of the calls of `step` in `host` (made at `made_at`)."""
+    body = _unbound(body, options.bound)
+    arity = _arity(body)
+    fixed = _fixed_positions(options, arity)
     calls = [_step_call(flow, use, step, arity, fixed) for use in flow.loads.get(step, [])]
     if not calls:
         raise NotVisible(f"`{step}` is not called in `{host.name.value}`")
     for call in calls:  # a call in a nested def or lambda runs when that is called: not followed
         if any(isinstance(a, (cst.FunctionDef, cst.Lambda)) for a in ancestors(flow, call.call)):
             raise NotVisible(f"`{step}` is called in a nested function")
-    program = Program(
-        host, statement, options.fun, options.axis, options.donate, [False] * arity, None
-    )
+    program = Program(host, None, options.fun, options.axis, options.donate, [False] * arity, None)
     program.fixed, program.statics = fixed, options.statics_arg
-    program.made_at = flow.order[id(statement)]
+    program.made_at = made_at
+    program.calls = [c.call for c in calls]
+    for sibling in siblings:
+        for use in flow.loads.get(sibling, []):
+            other = flow.parent.get(id(use))
+            if isinstance(other, cst.Call) and other.func is use:
+                program.sibling_feeds |= {id(a.value) for a in other.args}
+                program.siblings.add(id(flow.parent.get(id(other))))
     forms = Forms(qualname, lambda node: is_device_count(node, flow, qualname))
     for position in range(arity):
         if position not in fixed:
@@ -92,34 +134,103 @@ def analyze(
 
 
 @dataclass
-class _Options:
-    fun: cst.Name
+class Options:
+    """What one pmap says: the function mapped, its axis and the options this form takes."""
+
+    fun: cst.BaseExpression  # the def's name, or `functools.partial(name, k=...)`
     axis: cst.BaseExpression
     donate: cst.Arg | None = None
     in_axes: cst.BaseExpression | None = None
     statics: tuple[int, ...] = ()
     statics_arg: cst.Arg | None = None
+    bound: tuple[str, ...] = ()  # the parameters `functools.partial` binds by keyword
+    name: str = ""  # the name of the def mapped
+    named: bool = True  # False: pmap's axis is unnamed (the body cannot name it), `axis` ours
 
 
-def _options(pmap: cst.Call) -> _Options:
+def options_of(pmap: cst.Call, qualname: Qualname) -> Options:
+    """Read `jax.pmap(fun, axis_name, ...)`; raise NotVisible when this form does not take it."""
     fun = pmap.args[0].value if pmap.args and pmap.args[0].keyword is None else None
-    if not isinstance(fun, cst.Name):
+    if fun is None:
         raise NotVisible("the pmapped function is not a def of this module named directly")
+    return read_options(fun, pmap.args[1:], qualname, positional_axis=True)
+
+
+def read_options(
+    fun: cst.BaseExpression,
+    args: Sequence[cst.Arg],
+    qualname: Qualname,
+    *,
+    positional_axis: bool,
+    unnamed: cst.BaseExpression | None = None,
+) -> Options:
+    """Read pmap's `args` (all but the function); `unnamed` names an axis pmap leaves unnamed."""
+    name, bound = mapped_name(fun, qualname)
     found: dict[str, cst.Arg] = {}
-    for i, arg in enumerate(pmap.args[1:], 1):
-        keyword = arg.keyword.value if arg.keyword else ("axis_name" if i == 1 else None)
+    for i, arg in enumerate(args):
+        positional = "axis_name" if i == 0 and positional_axis else None
+        keyword = arg.keyword.value if arg.keyword else positional
         if keyword not in KEYWORDS or arg.star:
             raise NotVisible(f"pmap's `{keyword or 'argument'}` is not taken by this form yet")
         found[keyword] = arg
-    axis = found["axis_name"].value if "axis_name" in found else None
+    axis = found["axis_name"].value if "axis_name" in found else unnamed
     if not isinstance(axis, cst.SimpleString):
         raise NotVisible("the mapped axis has no literal name")
-    options = _Options(fun, axis, found.get("donate_argnums"))
+    options = Options(fun, axis, found.get("donate_argnums"), bound=bound, name=name)
+    options.named = "axis_name" in found
     options.in_axes = found["in_axes"].value if "in_axes" in found else None
     if "static_broadcasted_argnums" in found:
         options.statics_arg = found["static_broadcasted_argnums"]
         options.statics = _literal_ints(options.statics_arg.value)
     return options
+
+
+def mapped_name(fun: cst.BaseExpression, qualname: Qualname) -> tuple[str, tuple[str, ...]]:
+    """Return the name of the def `fun` maps and the parameters it binds by `partial` keywords."""
+    if isinstance(fun, cst.Name):
+        return fun.value, ()
+    args = fun.args if isinstance(fun, cst.Call) else ()
+    if (
+        isinstance(fun, cst.Call)
+        and qualname(fun.func) == PARTIAL
+        and args
+        and args[0].keyword is None
+        and not args[0].star
+        and isinstance(args[0].value, cst.Name)
+        and all(a.keyword is not None and not a.star for a in args[1:])
+    ):
+        return args[0].value.value, tuple(a.keyword.value for a in args[1:] if a.keyword)
+    why = "the pmapped function is not a def of this module named directly (or with `partial`)"
+    raise NotVisible(why)
+
+
+def _unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
+    """Return `body` as the step sees it: without the parameters `partial` binds by keyword.
+
+    They are the same on every device (pmap does not map them): replicated values in the body.
+    """
+    if not bound:
+        return body
+    params = body.params
+    names = {p.name.value for p in (*params.params, *params.kwonly_params)}
+    missing = [b for b in bound if b not in names]
+    if missing:
+        raise NotVisible(f"`partial` binds `{missing[0]}`, not a parameter of the def")
+    order = [*params.params, *params.kwonly_params]
+    first = next(i for i, p in enumerate(order) if p.name.value in bound)
+    kept = list(params.params[:first])
+    later = [p for p in order[first:] if p.name.value not in bound]
+    plain = [p.name.value for p in later if p.default is None]
+    if plain:
+        why = f"`partial` binds a parameter before `{plain[0]}`, which the step must then pass"
+        raise NotVisible(why)
+    # The later ones keep their defaults, on every device: neither pmap nor shard_map maps them.
+    kwonly = [p for p in params.kwonly_params if p.name.value not in bound and p not in later]
+    star = params.star_arg
+    if not kwonly and isinstance(star, cst.ParamStar):
+        star = cst.MaybeSentinel.DEFAULT  # `*, lr` with `lr` bound: nothing keyword-only left
+    changed = params.with_changes(params=kept, kwonly_params=kwonly, star_arg=star)
+    return body.with_changes(params=changed)
 
 
 def _literal_ints(node: cst.BaseExpression) -> tuple[int, ...]:
@@ -129,7 +240,7 @@ def _literal_ints(node: cst.BaseExpression) -> tuple[int, ...]:
     return tuple(int(i.value) for i in items)  # type: ignore[attr-defined]
 
 
-def _fixed_positions(options: _Options, arity: int) -> dict[int, str]:
+def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
     """Return the positions not mapped: `in_axes` None ("none") and static ones ("static")."""
     fixed = {i: "static" for i in options.statics}
     if any(i >= arity or i < 0 for i in fixed):
@@ -283,8 +394,8 @@ def _binding_kind(
     """Return how a binding of an argument makes it: replicated, a batch, fed back, other."""
     if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
         return "other"
-    if any(binding is c.assign for c in calls):
-        return "fed back"  # a result of the step: replicated, as every result is
+    if any(binding is c.assign for c in calls) or id(binding) in program.siblings:
+        return "fed back"  # a result of the step (or another): replicated, as every result is
     if forms.readback_of(binding.value, name):
         return "read back"  # `x = unreplicate(x)`: becomes `x = x`, dropped
     if single_name(binding.targets[0].target) != name:
@@ -320,11 +431,12 @@ def _follow_result(
         _follow_flattened(program, flow, calls, step, name)
         return
     for binding in flow.stores.get(name, []):
-        fed = any(binding is c.assign for c in calls)
+        fed = any(binding is c.assign for c in calls) or id(binding) in program.siblings
         read = isinstance(binding, cst.Assign) and forms.readback_of(binding.value, name)
         if not fed and not read and not _before(flow, binding, calls):
             raise NotVisible(f"`{name}` holds a result of `{step}` and something else")
     feeds = {id(c.call.args[i].value) for c in calls for i, a in enumerate(c.args) if a == name}
+    feeds |= program.sibling_feeds  # fed to another step of the function: checked there
     last = max(flow.order[id(c.assign)] for c in calls)
     settled = [  # `x = unreplicate(x)` after the last call: later reads see the read-back value
         b

@@ -5,7 +5,11 @@ whether the whole flow is visible and of a shape this module rewrites; `Program.
 the function rewritten. The shape taken (anything else keeps the faithful form, with the reason):
 
 - `step = jax.pmap(body, axis_name="a"[, donate_argnums=...])` in the function, `body` a def of
-  the module with positional parameters and straight-line code (assignments and one `return`);
+  the module (or `functools.partial(body, k=...)`: the parameters it binds are replicated, later
+  ones keep their defaults) with positional parameters and straight-line code (assignments and
+  one `return`); several such steps in one function share one mesh, and a result of one fed to
+  another is replicated on both sides; a step made outside any function (a pmap decorator on a
+  def of the module, `step = jax.pmap(...)` at module level) is read by `_outer`;
 - every use of `step` in the function is a call `out = step(x1, ..., xk)` with names as
   arguments; each argument is assigned in the function only by a replication of a value
   (`flax.jax_utils.replicate(x)`, `jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`,
@@ -47,8 +51,8 @@ class Program:
     """One step and the edits that go with it, in the function that makes and calls it."""
 
     host: cst.FunctionDef
-    statement: cst.SimpleStatementLine  # `step = jax.pmap(...)`
-    body: cst.Name
+    statement: cst.SimpleStatementLine | None  # `step = jax.pmap(...)`; None: made elsewhere
+    body: cst.BaseExpression  # the def's name, or `functools.partial(name, k=...)`
     axis: cst.BaseExpression
     donate: cst.Arg | None
     batches: list[bool]  # per argument: a split batch (True) or replicated (False)
@@ -67,6 +71,11 @@ class Program:
     made_at: int = 0  # where the step is made, in `Parents.order`
     nodes: dict[int, cst.CSTNode] = field(default_factory=dict)  # the edited nodes, by id
     reasons: dict[int, str] = field(default_factory=dict)  # what each edit does, by id
+    calls: list[cst.Call] = field(default_factory=list)  # the calls of the step in `host`
+    make_mesh: bool = True  # False: an existing mesh of pmap's, `mesh`, is reused
+    make_sharding: bool = True  # False: another step of the function made `sharding` already
+    siblings: set[int] = field(default_factory=set)  # `out = other_step(...)` in the function
+    sibling_feeds: set[int] = field(default_factory=set)  # the arguments of those calls
 
     def edit(
         self, node: cst.BaseExpression, why: str, new: Callable[[], cst.BaseExpression]
@@ -77,15 +86,11 @@ class Program:
 
     def rewrite(self, indent: str, style: Style) -> cst.FunctionDef:
         """Return the host function rewritten; `indent` is its body's indentation."""
-        out = self.host.visit(_Edit(self, indent, style))
-        assert isinstance(out, cst.FunctionDef)
-        return out
+        return rewrite_host(self.host, [self], None, indent, style)
 
-    def step_statements(self, indent: str, style: Style) -> list[cst.SimpleStatementLine]:
-        """Return the mesh, made once, and the step as `jax.jit` of `jax.shard_map`."""
-        jax, spec = self.jax, code(self.spec)
-        axis = code(self.axis)
-        mesh = f"{self.mesh} = {jax}.sharding.Mesh({jax}.devices(), ({axis},))"
+    def specs(self) -> tuple[str, str]:
+        """Return the text of `in_specs` and `out_specs`."""
+        spec, axis = code(self.spec), code(self.axis)
         specs = [
             "None" if self.fixed.get(i) == "static" else f"{spec}({axis})" if batch else f"{spec}()"
             for i, batch in enumerate(self.batches)
@@ -93,25 +98,38 @@ class Program:
         in_specs = f"({', '.join(specs)}{',' if len(specs) == 1 else ''})"
         outs = [f"{spec}({axis})" if v else f"{spec}()" for v in self.varying]
         out_specs = f"({', '.join(outs)})" if self.outputs is not None else outs[0]
-        target = code(self.statement.body[0].targets[0].target)  # type: ignore[attr-defined]
-        inner = [
-            self.body.value,
-            f"mesh={self.mesh}",
-            f"in_specs={in_specs}",
-            f"out_specs={out_specs}",
-            "check_vma=False",
-        ]
-        outer = [f"{jax}.shard_map({', '.join(inner)})"]
+        return in_specs, out_specs
+
+    def jit_options(self) -> list[str]:
+        """Return `jax.jit`'s arguments besides the function: static and donated ones."""
+        options = []
         if self.statics is not None:
-            value = code(self.statics.value)
-            outer.append(f"static_argnums={value}")
+            options.append(f"static_argnums={code(self.statics.value)}")
         if self.donate is not None:
-            outer.append(code(self.donate.with_changes(comma=cst.MaybeSentinel.DEFAULT)))
-        flat = f"{target} = {jax}.jit({', '.join(outer)})"
-        texts = [mesh, flat]
-        if any(self.batches):
+            options.append(code(self.donate.with_changes(comma=cst.MaybeSentinel.DEFAULT)))
+        return options
+
+    def step_text(self, mesh: str | None) -> str:
+        """Return `jax.jit(jax.shard_map(body, ...), ...)`; no `mesh=` when `mesh` is None (the
+        mesh the program sets with `jax.set_mesh` is used)."""
+        in_specs, out_specs = self.specs()
+        inner = [code(self.body), *([f"mesh={mesh}"] if mesh is not None else [])]
+        inner += [f"in_specs={in_specs}", f"out_specs={out_specs}", "check_vma=False"]
+        outer = [f"{self.jax}.shard_map({', '.join(inner)})", *self.jit_options()]
+        return f"{self.jax}.jit({', '.join(outer)})"
+
+    def step_statements(self, indent: str, style: Style) -> list[cst.SimpleStatementLine]:
+        """Return the mesh, made once, and the step as `jax.jit` of `jax.shard_map`."""
+        assert self.statement is not None
+        jax, spec = self.jax, code(self.spec)
+        axis = code(self.axis)
+        target = code(self.statement.body[0].targets[0].target)  # type: ignore[attr-defined]
+        texts = [f"{target} = {self.step_text(self.mesh)}"]
+        if any(self.batches) and self.make_sharding:
             sharding = f"{jax}.sharding.NamedSharding({self.mesh}, {spec}({axis}))"
-            texts.insert(1, f"{self.sharding} = {sharding}")
+            texts.insert(0, f"{self.sharding} = {sharding}")
+        if self.make_mesh:
+            texts.insert(0, f"{self.mesh} = {jax}.sharding.Mesh({jax}.devices(), ({axis},))")
         statements = [_laid_out(cst.parse_statement(text), indent, style) for text in texts]
         assert all(isinstance(s, cst.SimpleStatementLine) for s in statements)
         first = statements[0].with_changes(leading_lines=self.statement.leading_lines)
@@ -138,22 +156,71 @@ def global_batch(program: Program, source: cst.BaseExpression) -> cst.BaseExpres
     return filled
 
 
-class _Edit(cst.CSTTransformer):
-    """Apply a program's edits to its host function (original nodes, by id)."""
+# The statement the mesh is set before, the statements making it, and the `jax.set_mesh(...)`
+# the rest of the function then runs under.
+Setup = tuple[cst.CSTNode, list[str], str]
 
-    def __init__(self, program: Program, indent: str, style: Style) -> None:
+
+def rewrite_host(
+    host: cst.FunctionDef, programs: list[Program], setup: Setup | None, indent: str, style: Style
+) -> cst.FunctionDef:
+    """Return `host` with the edits of `programs` (steps it calls) and the mesh `setup`."""
+    out = host.visit(_Edit(host, programs, setup, indent, style))
+    assert isinstance(out, cst.FunctionDef)
+    return out
+
+
+class _Edit(cst.CSTTransformer):
+    """Apply programs' edits to their host function (original nodes, by id)."""
+
+    def __init__(
+        self,
+        host: cst.FunctionDef,
+        programs: list[Program],
+        setup: Setup | None,
+        indent: str,
+        style: Style,
+    ) -> None:
         super().__init__()
-        self.program, self.indent, self.style = program, indent, style
+        self.host, self.programs, self.setup = host, programs, setup
+        self.indent, self.style = indent, style
+        self.edits = {k: e for p in programs for k, e in p.edits.items()}
+        self.made = {id(p.statement): p for p in programs if p.statement is not None}
+        self.before: cst.CSTNode | None = None  # the setup's statement, as rewritten
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
-        edit = self.program.edits.get(id(original_node))
+        edit = self.edits.get(id(original_node))
         if edit is not None and isinstance(updated_node, cst.BaseExpression):
             return edit(updated_node)
-        if original_node is self.program.statement:
-            return cst.FlattenSentinel(self.program.step_statements(self.indent, self.style))
+        program = self.made.get(id(original_node))
+        if program is not None:
+            return cst.FlattenSentinel(program.step_statements(self.indent, self.style))
         if _is_self_assignment(updated_node) and not _is_self_assignment(original_node):
             return cst.RemovalSentinel.REMOVE  # `x = replicate(x)` with the replication gone
+        if self.setup is not None and original_node is self.setup[0]:
+            self.before = updated_node
+        if self.setup is not None and original_node is self.host.body:
+            assert isinstance(updated_node, cst.IndentedBlock)
+            return self._with_setup(updated_node)
         return updated_node
+
+    def _with_setup(self, block: cst.IndentedBlock) -> cst.IndentedBlock:
+        """Make the mesh before the setup's statement, and run the rest under `with
+        jax.set_mesh(mesh):` (its leading comments and blank lines go first)."""
+        assert self.setup is not None
+        body = list(block.body)
+        at = next(i for i, s in enumerate(body) if s is self.before)
+        first = body[at]
+        leading = getattr(first, "leading_lines", ())
+        body[at] = first.with_changes(leading_lines=())  # type: ignore[call-arg]
+        made = [_laid_out(cst.parse_statement(t), self.indent, self.style) for t in self.setup[1]]
+        scoped = cst.With(
+            items=[cst.WithItem(cst.parse_expression(self.setup[2]))],
+            body=cst.IndentedBlock(body=body[at:]),
+        )
+        head = [*made, scoped]
+        head[0] = head[0].with_changes(leading_lines=leading)  # type: ignore[call-arg]
+        return block.with_changes(body=[*body[:at], *head])
 
 
 def _is_self_assignment(statement: cst.CSTNode) -> bool:
