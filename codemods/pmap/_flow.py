@@ -9,6 +9,7 @@ import libcst as cst
 
 from jaxmigrate.toolkit.emit import code
 
+from ._body import Defs, body_outputs
 from ._forms import (
     Forms,
     Parents,
@@ -23,8 +24,7 @@ from ._forms import (
 )
 from ._program import NotVisible, Program, global_batch
 
-REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin")})
-VARYING = frozenset({"jax.lax.axis_index"})
+INLINE = "?"  # an argument passed as an expression, not a name: `step(state, shard(batch))`
 KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
 
 
@@ -45,8 +45,12 @@ def analyze(
     pmap: cst.Call,
     body: cst.FunctionDef,
     qualname: Qualname,
+    defs: Defs | None = None,
 ) -> Program:
-    """Return the program of a step made by `statement` in `host`; raise NotVisible for why not."""
+    """Return the program of a step made by `statement` in `host`; raise NotVisible for why not.
+
+    `defs`: the module's functions by name, which the body may call.
+    """
     assign = statement.body[0]
     if len(statement.body) != 1 or not isinstance(assign, cst.Assign) or assign.value is not pmap:
         raise NotVisible("the pmapped step is not simply assigned to a name")
@@ -72,12 +76,17 @@ def analyze(
         host, statement, options.fun, options.axis, options.donate, [False] * arity, None
     )
     program.fixed, program.statics = fixed, options.statics_arg
+    program.params = [p.name.value for p in body.params.params]
     program.made_at = flow.order[id(statement)]
     forms = Forms(qualname, lambda node: is_device_count(node, flow, qualname))
     for position in range(arity):
         if position not in fixed:
             _follow_argument(program, flow, forms, calls, position)
-    program.outputs, program.varying = _body_outputs(body, program.batches, qualname)
+    assert isinstance(options.axis, cst.SimpleString)
+    axis = options.axis.evaluated_value
+    assert isinstance(axis, str)
+    outputs = body_outputs(body, program.batches, axis, qualname, defs or {})
+    program.outputs, program.varying = outputs
     for call in calls:
         wanted = 1 if program.outputs is None else program.outputs
         if call.readback is None and len(call.targets) != wanted:
@@ -166,9 +175,9 @@ def _step_call(
     if not isinstance(call, cst.Call) or call.func is not use:
         raise NotVisible(f"`{step}` is used other than called")
     values = positional(call, arity)
-    args = [single_name(v) or ("" if i in fixed else None) for i, v in enumerate(values or [])]
-    if values is None or None in args:
-        raise NotVisible(f"a call of `{step}` passes other than its {arity} arguments by name")
+    if values is None:
+        raise NotVisible(f"a call of `{step}` passes other than its {arity} arguments")
+    args = [single_name(v) or ("" if i in fixed else INLINE) for i, v in enumerate(values)]
     names = [a or "" for a in args]
     if isinstance(around, cst.Subscript) and is_zero_index(
         around.with_changes(value=cst.Name("_")), "_"
@@ -182,55 +191,6 @@ def _step_call(
     return _StepCall(around, call, names, targets)
 
 
-def _body_outputs(
-    body: cst.FunctionDef, batches: list[bool], qualname: Qualname
-) -> tuple[int | None, list[bool]]:
-    """Return how many results the body returns as a tuple (None: one, not a tuple), and
-    which of them may differ between devices (the others are the same on every device)."""
-    params = [p.name.value for p in body.params.params]
-    varying = {p for p, batch in zip(params, batches) if batch}
-    returned: cst.BaseExpression | None = None
-    statements = list(body.body.body) if isinstance(body.body, cst.IndentedBlock) else []
-    for line in statements:
-        small = line.body if isinstance(line, cst.SimpleStatementLine) else None
-        if small is None or len(small) != 1:
-            raise NotVisible("the body has control flow or compound statements")
-        node = small[0]
-        if isinstance(node, cst.Assign):
-            names = [n for t in node.targets for n in target_names(t.target)]
-            if _is_varying(node.value, varying, qualname):
-                varying |= set(names)
-            else:
-                varying -= set(names)
-        elif isinstance(node, cst.Return) and node.value is not None:
-            returned = node.value
-        elif not (isinstance(node, cst.Expr) and isinstance(node.value, cst.SimpleString)):
-            raise NotVisible("the body has statements other than assignments and a return")
-    if returned is None:
-        raise NotVisible("the body does not end in one return")
-    results = list(returned.elements) if isinstance(returned, cst.Tuple) else None
-    values = [e.value for e in results] if results is not None else [returned]
-    flags = [_is_varying(value, varying, qualname) for value in values]
-    return (len(values) if results is not None else None), flags
-
-
-def _is_varying(node: cst.CSTNode, varying: set[str], qualname: Qualname) -> bool:
-    """Return True unless `node` is the same on every device: reduced, or from replicated values.
-
-    A `pmean`/`psum`/`pmax`/`pmin` call is the same on every device whatever it reduces; an
-    `axis_index` differs; a name differs when it was computed from what differs.
-    """
-    if isinstance(node, cst.Call):
-        name = qualname(node.func)
-        if name in REDUCED:
-            return False
-        if name in VARYING:
-            return True
-    if isinstance(node, cst.Name):
-        return node.value in varying
-    return any(_is_varying(child, varying, qualname) for child in node.children)
-
-
 def _follow_argument(
     program: Program, flow: Parents, forms: Forms, calls: list[_StepCall], position: int
 ) -> None:
@@ -242,6 +202,9 @@ def _follow_argument(
     kinds: set[str] = set()
     for call in calls:
         name = call.args[position]
+        if name == INLINE:
+            kinds.add(_inline_kind(program, call.call.args[position].value, forms))
+            continue
         first_call = min(flow.order[id(c.assign)] for c in calls if c.args[position] == name)
         found = [
             (flow.order[id(b)], b, _binding_kind(program, b, name, forms, calls, flow))
@@ -252,24 +215,52 @@ def _follow_argument(
         stacking = [
             at
             for at, b, kind in found
-            if kind in ("replicated", "batch") and _stacks_itself(b, name, forms)
+            if kind in ("replicated", "batch", "keys") and _stacks_itself(b, name, forms)
         ]
         for at, _, kind in found:
             upstream = any(at < s < first_call for s in stacking)
             if not (kind == "other" and upstream):
                 kinds.add(kind)
     kinds.discard("read back")
-    if not kinds or "other" in kinds or ("batch" in kinds and kinds != {"batch"}):
+    mapped = {"batch", "keys"} & kinds
+    if not kinds or "other" in kinds or (mapped and len(kinds) != 1):
         why = "comes from elsewhere" if "other" in kinds or not kinds else "is mixed"
         raise NotVisible(f"argument {position + 1} of the step {why}: its layout is not visible")
-    program.batches[position] = kinds == {"batch"}
+    program.batches[position] = bool(mapped)
+    if kinds == {"keys"}:
+        program.squeezed.add(position)
+
+
+def _inline_kind(program: Program, value: cst.BaseExpression, forms: Forms) -> str:
+    """Classify an argument passed as an expression, and record its edit."""
+    replicated = forms.replicated_source(value)
+    if replicated is not None:
+        program.edit(value, REPLICATED, lambda: replicated)
+        return "replicated"
+    batch = forms.shard_source(value)
+    if batch is not None:
+        program.edit(value, BATCH, lambda: global_batch(program, batch))
+        return "batch"
+    if forms.keys_source(value) is not None:
+        program.edit(value, KEYS, lambda: global_batch(program, value))
+        return "keys"
+    return "other"
 
 
 def _stacks_itself(binding: cst.CSTNode, name: str, forms: Forms) -> bool:
     """`x = replicate(x)`: the stacked value is bound to the name of the value it stacks."""
     assert isinstance(binding, cst.Assign)
-    source = forms.replicated_source(binding.value) or forms.shard_source(binding.value)
+    value = binding.value
+    source = forms.replicated_source(value) or forms.shard_source(value) or forms.keys_source(value)
     return source is not None and single_name(source) == name
+
+
+REPLICATED = "a replication deleted: the value is passed as it is, replicated (`P()`)"
+BATCH = "a split into per-device slices -> this process's part of a batch sharded on the mesh"
+KEYS = (
+    "per-device keys -> this process's part of the keys sharded on the mesh, one per device "
+    "(the body takes its own key, `key[0]`, as under pmap)"
+)
 
 
 def _binding_kind(
@@ -289,16 +280,19 @@ def _binding_kind(
         return "read back"  # `x = unreplicate(x)`: becomes `x = x`, dropped
     if single_name(binding.targets[0].target) != name:
         return "other"
-    replicated = forms.replicated_source(binding.value)
+    value = binding.value
+    replicated = forms.replicated_source(value)
     if replicated is not None:
-        why = "a replication deleted: the value is passed as it is, replicated (`P()`)"
-        program.edit(binding.value, why, lambda: replicated)
+        program.edit(value, REPLICATED, lambda: replicated)
         return "replicated"
-    batch = forms.shard_source(binding.value)
-    if batch is not None and program.made_at < flow.order.get(id(binding), -1):
-        why = "a split into per-device slices -> this process's part of a batch sharded on the mesh"
-        program.edit(binding.value, why, lambda: global_batch(program, batch))
+    after = program.made_at < flow.order.get(id(binding), -1)  # the mesh exists there
+    batch = forms.shard_source(value)
+    if batch is not None and after:
+        program.edit(value, BATCH, lambda: global_batch(program, batch))
         return "batch"
+    if forms.keys_source(value) is not None and after:
+        program.edit(value, KEYS, lambda: global_batch(program, value))
+        return "keys"
     return "other"
 
 
@@ -342,11 +336,12 @@ def _follow_result(
             for b in settled
         ):
             continue
-        readback = _readback_around(flow, forms, use, name)
-        if readback is None:
+        found = _readback_around(flow, forms, use, name)
+        if found is None:
             raise NotVisible(f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`")
+        readback, value = found
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
-        program.edit(readback, why, lambda: cst.Name(name))
+        program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
     del output
 
 
@@ -403,10 +398,14 @@ def _before(flow: Parents, binding: cst.CSTNode, calls: list[_StepCall]) -> bool
 
 def _readback_around(
     flow: Parents, forms: Forms, use: cst.Name, name: str
-) -> cst.BaseExpression | None:
+) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """Return the readback of device 0 reading `use` and what it becomes, else None."""
     node: cst.CSTNode | None = use
-    for _ in range(4):  # var[0]: 1 up; tree.map(lambda v: v[0], var): Arg, Call
+    for _ in range(6):  # var[0]: 1 up; var.a.b[0]: 3; jax.device_get(var.a)[0]: 5
         node = flow.parent.get(id(node)) if node is not None else None
-        if isinstance(node, cst.BaseExpression) and forms.readback_of(node, name):
-            return node
+        if not isinstance(node, cst.BaseExpression):
+            continue
+        read = forms.readback_value(node, name)
+        if read is not None and read[0] is use:
+            return node, read[1]
     return None

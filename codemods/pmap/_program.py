@@ -67,6 +67,8 @@ class Program:
     made_at: int = 0  # where the step is made, in `Parents.order`
     nodes: dict[int, cst.CSTNode] = field(default_factory=dict)  # the edited nodes, by id
     reasons: dict[int, str] = field(default_factory=dict)  # what each edit does, by id
+    params: list[str] = field(default_factory=list)  # the body's parameters
+    squeezed: set[int] = field(default_factory=set)  # per-device stacks: the body takes x[0]
 
     def edit(
         self, node: cst.BaseExpression, why: str, new: Callable[[], cst.BaseExpression]
@@ -95,7 +97,7 @@ class Program:
         out_specs = f"({', '.join(outs)})" if self.outputs is not None else outs[0]
         target = code(self.statement.body[0].targets[0].target)  # type: ignore[attr-defined]
         inner = [
-            self.body.value,
+            self._per_device_body(),
             f"mesh={self.mesh}",
             f"in_specs={in_specs}",
             f"out_specs={out_specs}",
@@ -116,6 +118,17 @@ class Program:
         assert all(isinstance(s, cst.SimpleStatementLine) for s in statements)
         first = statements[0].with_changes(leading_lines=self.statement.leading_lines)
         return [first, *statements[1:]]  # type: ignore[list-item]
+
+    def _per_device_body(self) -> str:
+        """The body, or a lambda calling it with its own `x[0]` of each per-device stack.
+
+        A stack of per-device values that is not a split batch (keys, one per device) comes to
+        each device as a block of one: the body takes that block's only element, as pmap
+        gave it (brax's ES migration does the same)."""
+        if not self.squeezed:
+            return self.body.value
+        args = [f"{p}[0]" if i in self.squeezed else p for i, p in enumerate(self.params)]
+        return f"lambda {', '.join(self.params)}: {self.body.value}({', '.join(args)})"
 
 
 def _laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.BaseStatement:
@@ -143,17 +156,43 @@ class _Edit(cst.CSTTransformer):
 
     def __init__(self, program: Program, indent: str, style: Style) -> None:
         super().__init__()
-        self.program, self.indent, self.style = program, indent, style
+        self.program, self.style = program, style
+        self.blocks: list[str] = []  # the indentation of each block we are in
+        self.indent = indent  # the host function body's
+        self.edited = False  # whether the statement being left had an edit
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.IndentedBlock):
+            unit = node.indent if node.indent is not None else self.style.indent
+            self.blocks.append(self.blocks[-1] + unit if self.blocks else self.indent)
+        if isinstance(node, cst.SimpleStatementLine):
+            self.edited = False
+        return True
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
+        if isinstance(original_node, cst.IndentedBlock):
+            self.blocks.pop()
+        here = self.blocks[-1] if self.blocks else self.indent
         edit = self.program.edits.get(id(original_node))
         if edit is not None and isinstance(updated_node, cst.BaseExpression):
+            self.edited = True
             return edit(updated_node)
         if original_node is self.program.statement:
-            return cst.FlattenSentinel(self.program.step_statements(self.indent, self.style))
+            return cst.FlattenSentinel(self.program.step_statements(here, self.style))
         if _is_self_assignment(updated_node) and not _is_self_assignment(original_node):
             return cst.RemovalSentinel.REMOVE  # `x = replicate(x)` with the replication gone
+        if self.edited and isinstance(updated_node, cst.SimpleStatementLine):
+            return _fitted(updated_node, here, self.style)
         return updated_node
+
+
+def _fitted(statement: cst.SimpleStatementLine, indent: str, style: Style) -> cst.BaseStatement:
+    """An edited `target = call(...)` laid out again when it no longer fits its line."""
+    lines = code(statement.with_changes(leading_lines=[])).splitlines()
+    lines[0] = indent + lines[0]  # continuation lines carry their own indentation
+    if all(len(line) <= style.width for line in lines):
+        return statement
+    return _laid_out(statement, indent, style)
 
 
 def _is_self_assignment(statement: cst.CSTNode) -> bool:

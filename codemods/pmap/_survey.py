@@ -180,7 +180,8 @@ class Finding(Pass):
         statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
         if not isinstance(statement, cst.SimpleStatementLine):
             raise NotVisible("the step is not made by a statement of its own")
-        return host, analyze(host, statement, site.node, site.mapped, self.qualname)
+        defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
+        return host, analyze(host, statement, site.node, site.mapped, self.qualname, defs)
 
     def _classify(
         self, ref: cst.BaseExpression, ancestors: tuple[cst.CSTNode, ...]
