@@ -124,16 +124,25 @@ order), and each process gets its own part of the results back
 ## Two forms: program-level (the default) and faithful
 `pmap-style = "idiomatic"` (`[tool.jaxmigrate]`, `--pmap-style` on `run` and `check`; the
 default) takes the **program-level** form wherever the data flow around the step is fully visible:
-the step is made and called in one function, its arguments are replicated values
-(`flax.jax_utils.replicate`, `jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`,
-`jnp.stack([x] * n)`), splits of a flat batch (`x.reshape((n, -1) + x.shape[1:])` or its
-`jax.tree.map`, `common_utils.shard`), `in_axes=None` or static arguments, or its own results fed
-back; its results are read only as `r[0]`, `jax.tree.map(lambda v: v[0], r)`, `unreplicate(r)`,
-`step(...)[0]` or fed back; and each result is the same on every device (a `pmean`/`psum`/`pmax`/
-`pmin` result, or computed from replicated values alone, read from the body's straight-line code),
-or is read only flattened over the devices (`r.reshape(-1)`, `r.reshape((-1,) + r.shape[2:])`:
-per-example predictions), which gets `P(axis)` and becomes this process's part of the flat result
-(`multihost_utils.global_array_to_host_local_array`; in one process, all of it).
+the step is made and called in one function, its arguments (names, or the expressions below
+written in the call) are replicated values (`flax.jax_utils.replicate`, `jnp.broadcast_to(x,
+(n,) + x.shape)` or its `jax.tree.map`, `jnp.stack([x] * n)`), splits of a flat batch
+(`x.reshape((n, -1) + x.shape[1:])` or its `jax.tree.map`, `common_utils.shard`, of a loop
+variable too), per-device keys (`jax.random.split(k, n)`, `common_utils.shard_prng_key(k)`:
+`P(axis)`, each device taking its own key, `key[0]`, in a lambda around the body), `in_axes=None`
+or static arguments, or its own results fed back; its results are read only as device 0's copy
+(`r[0]`, a field `r.step[0]`/`r["loss"][0]`, `jax.device_get(r)[0]`, `jax.tree.map(lambda v:
+v[0], r)`, `unreplicate(r)`, `step(...)[0]`), appended to a list read by
+`common_utils.get_metrics` (-> `common_utils.stack_forest(jax.device_get(...))`), or fed back;
+and each result is the same on every device, or is read only reshaped on the host
+(`r.reshape(-1)`, `r.reshape(-1, k)`: per-example predictions), which gets `P(axis)` and becomes
+this process's part of the flat result (`multihost_utils.global_array_to_host_local_array`; in
+one process, all of it). "The same on every device" is read from the body (nested defs,
+closures, `value_and_grad(..., has_aux=True)`, dicts, `if`/`else`, loops): a `pmean`/`psum`/
+`pmax`/`pmin`/`all_gather` over the step's axis, or computed from replicated values alone; a
+value computed from a batch or a key, `axis_index`, `ppermute`, a function of the module using
+one, or a closure reading any of these differs (when unsure: differs, and the faithful form is
+kept: batch-norm statistics of each device's forward pass, unless `pmean`'d).
 The device axis then disappears, as in the public migrations (big_vision, AlgoPerf, flax lm1b):
 
 ```python
@@ -179,7 +188,8 @@ body's `pmean` of per-device gradients of a `P()` parameter (with `check_vma=Tru
 already summed over devices; cookbook rule 9). The step and every replicate/split/readback edit
 are one group of sites: written together or not at all. Anything else (a step made at module
 level or by a decorator, passed to other code, arguments from outside the function, a result that
-differs between devices, a body with control flow) gets the faithful form below, and the site's
+differs between devices and is read otherwise, a body with `try` or `global`) gets the faithful
+form below, and the site's
 message says why the program-level form was not taken. `pmap-style = "faithful"` selects the
 faithful form everywhere. Fixtures: `tests/fixtures/pmap/program_*.py`, each paired with a
 `faithful_program_*.py` of the same program (both executed on 8 CPU devices).

@@ -18,12 +18,14 @@ from ._forms import (
     flattens,
     is_device_count,
     is_zero_index,
+    names_in,
     positional,
     single_name,
     target_names,
 )
 from ._program import NotVisible, Program, global_batch
 
+GET_METRICS = "flax.training.common_utils.get_metrics"
 INLINE = "?"  # an argument passed as an expression, not a name: `step(state, shard(batch))`
 KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
 
@@ -336,6 +338,10 @@ def _follow_result(
             for b in settled
         ):
             continue
+        listed = _appended_to(flow, use)
+        if listed is not None:
+            _follow_list(program, flow, forms, calls, step, listed)
+            continue
         found = _readback_around(flow, forms, use, name)
         if found is None:
             raise NotVisible(f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`")
@@ -343,6 +349,99 @@ def _follow_result(
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
         program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
     del output
+
+
+def _appended_to(flow: Parents, use: cst.Name) -> str | None:
+    """Return `L` of a statement `L.append(use)`, else None."""
+    arg = flow.parent.get(id(use))
+    call = flow.parent.get(id(arg))
+    if not isinstance(arg, cst.Arg) or not isinstance(call, cst.Call) or len(call.args) != 1:
+        return None
+    method = call.func
+    if not isinstance(method, cst.Attribute) or method.attr.value != "append" or arg.keyword:
+        return None
+    statement = flow.parent.get(id(call))
+    return single_name(method.value) if isinstance(statement, cst.Expr) else None
+
+
+def _follow_list(
+    program: Program, flow: Parents, forms: Forms, calls: list[_StepCall], step: str, name: str
+) -> None:
+    """`L.append(r)` of replicated results, `L` read only as `common_utils.get_metrics(L)`
+    (device 0 of each, fetched and stacked) or where that value has replaced it.
+
+    `get_metrics(L)` becomes `common_utils.stack_forest(jax.device_get(L))`: the same stacked
+    host values, from results that have no device axis.
+    """
+    results = {t for c in calls for i, t in enumerate(c.targets) if not program.varying[i]}
+    gathered = []
+    for binding in flow.stores.get(name, []):
+        value = binding.value if isinstance(binding, cst.Assign) else None
+        if isinstance(value, cst.List) and not value.elements:
+            continue
+        if value is None or _gathering(forms, value, name) is None:
+            raise NotVisible(f"`{name}`, a list of results of `{step}`, is bound to other values")
+        gathered.append(binding)
+    for use in flow.loads.get(name, []):
+        arg = flow.parent.get(id(use))
+        call = flow.parent.get(id(arg))
+        appended = isinstance(arg, cst.Attribute) and _appended_to(flow, _item(call)) == name
+        if appended and _item(call).value in results:
+            continue
+        owner = _gathering(forms, call, name) if isinstance(call, cst.Call) else None
+        if owner is not None and isinstance(arg, cst.Arg) and isinstance(call, cst.Call):
+            why = f"a readback of device 0 of each of `{name}` deleted: the results are replicated"
+            program.edit(call, why, lambda o=owner: _stacked(program, o, name))  # type: ignore[misc]
+            continue
+        if not any(_dominated(flow, b, use, name) for b in gathered):
+            why = f"`{name}`, a list of results of `{step}`, is read other than by `get_metrics`"
+            raise NotVisible(why)
+
+
+def _item(call: cst.CSTNode | None) -> cst.Name:
+    """The one argument of `L.append(x)`, when a name (else a placeholder no read matches)."""
+    if isinstance(call, cst.Call) and len(call.args) == 1:
+        value = call.args[0].value
+        if isinstance(value, cst.Name):
+            return value
+    return cst.Name("_")
+
+
+def _gathering(forms: Forms, node: cst.BaseExpression, name: str) -> cst.BaseExpression | None:
+    """Return `X` of `X.get_metrics(name)` (flax's `common_utils`), else None."""
+    if not isinstance(node, cst.Call) or forms.qualname(node.func) != GET_METRICS:
+        return None
+    args = positional(node, 1)
+    if args is None or single_name(args[0]) != name or not isinstance(node.func, cst.Attribute):
+        return None
+    return node.func.value
+
+
+def _stacked(program: Program, owner: cst.BaseExpression, name: str) -> cst.BaseExpression:
+    text = f"OWNER.stack_forest({program.jax}.device_get({name}))"
+    return cst.parse_expression(text).visit(_Owner(owner))  # type: ignore[return-value]
+
+
+class _Owner(cst.CSTTransformer):
+    def __init__(self, owner: cst.BaseExpression) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        return self.owner if original_node.value == "OWNER" else updated_node
+
+
+def _dominated(flow: Parents, binding: cst.CSTNode, use: cst.Name, name: str) -> bool:
+    """Return True if every path to `use` runs `binding` last of the bindings of `name`: the
+    binding's statement is in a block around `use`, before it, and no binding comes between."""
+    line = flow.parent.get(id(binding))
+    block = flow.parent.get(id(line))
+    around = list(ancestors(flow, use))
+    if not any(a is block for a in around) or any(a is binding for a in around):
+        return False
+    start, at = flow.order[id(binding)], flow.order[id(use)]
+    between = [b for b in flow.stores.get(name, []) if start < flow.order[id(b)] < at]
+    return start < at and not [b for b in between if b is not binding]
 
 
 def _upstream(flow: Parents, use: cst.Name, calls: list[_StepCall]) -> bool:
@@ -369,11 +468,39 @@ def _follow_flattened(
             continue
         around = list(ancestors(flow, use))[:6]  # `r.reshape(...)`, `r` in its shape too
         node = next((a for a in around if isinstance(a, cst.Call) and flattens(a, name)), None)
-        if node is None:
+        if node is not None:
+            reason = f"a flattening of `{name}` over devices deleted: the result is flat already"
+            program.edit(node, reason, lambda: _local_part(program, name))
+            continue
+        reshape = _reshaped(flow, use, name)
+        if reshape is None:
             why = f"`{name}`, a per-device result of `{step}`, is read other than flattened"
             raise NotVisible(why)
-        reason = f"a flattening of `{name}` over devices deleted: the result is flat already"
-        program.edit(node, reason, lambda: _local_part(program, name))
+        reason = f"`{name}` reshaped as it is: the flat result has the same elements in order"
+        program.edit(reshape, reason, lambda r=reshape: _local_reshape(program, r, name))  # type: ignore[misc]
+
+
+def _reshaped(flow: Parents, use: cst.Name, name: str) -> cst.Call | None:
+    """`name.reshape(...)` whose shape does not read `name`: the per-device results stacked,
+    or flat over the devices, have the same elements in the same (row-major) order."""
+    method = flow.parent.get(id(use))
+    call = flow.parent.get(id(method))
+    if not isinstance(method, cst.Attribute) or method.attr.value != "reshape":
+        return None
+    if not isinstance(call, cst.Call) or call.func is not method or not call.args:
+        return None
+    if any(a.keyword is not None or a.star for a in call.args):  # `order="F"`: another order
+        return None
+    return (
+        None
+        if name in set(names_in(cst.Tuple([cst.Element(a.value) for a in call.args])))
+        else call
+    )
+
+
+def _local_reshape(program: Program, call: cst.Call, name: str) -> cst.BaseExpression:
+    assert isinstance(call.func, cst.Attribute)
+    return call.with_changes(func=call.func.with_changes(value=_local_part(program, name)))
 
 
 def _local_part(program: Program, name: str) -> cst.BaseExpression:

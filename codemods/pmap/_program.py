@@ -5,21 +5,25 @@ whether the whole flow is visible and of a shape this module rewrites; `Program.
 the function rewritten. The shape taken (anything else keeps the faithful form, with the reason):
 
 - `step = jax.pmap(body, axis_name="a"[, donate_argnums=...])` in the function, `body` a def of
-  the module with positional parameters and straight-line code (assignments and one `return`);
-- every use of `step` in the function is a call `out = step(x1, ..., xk)` with names as
-  arguments; each argument is assigned in the function only by a replication of a value
-  (`flax.jax_utils.replicate(x)`, `jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`,
-  `jnp.stack([x] * n)`), only by a split of a flat batch (`x.reshape((n, -1) + x.shape[1:])` or
-  its `jax.tree.map`, `flax.training.common_utils.shard(x)`), or by a replicated result of `step`
-  fed back;
-- every result of `step` is read only as `r[0]`, `jax.tree.map(lambda v: v[0], r)`,
-  `flax.jax_utils.unreplicate(r)`, or fed back as a replicated argument, and is the same on every
-  device: a `pmean`/`psum`/`pmax`/`pmin` result, or computed from replicated values alone.
+  the module with positional parameters, whose results are read from its code (`_body.py`:
+  nested defs, closures, `if`/`else`, loops);
+- every use of `step` in the function is a call `out = step(x1, ..., xk)`; each argument is a
+  name assigned in the function only by a replication of a value (`flax.jax_utils.replicate(x)`,
+  `jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`, `jnp.stack([x] * n)`), only by a
+  split of a flat batch (`x.reshape((n, -1) + x.shape[1:])` or its `jax.tree.map`,
+  `flax.training.common_utils.shard(x)`), only by per-device keys (`jax.random.split(k, n)`,
+  `common_utils.shard_prng_key(k)`), or by a replicated result of `step` fed back; or one of
+  those expressions written in the call;
+- every result of `step` is read only as device 0's copy (`r[0]`, `r.field[0]`, `r["k"][0]`,
+  `jax.device_get(r)[0]`, `jax.tree.map(lambda v: v[0], r)`, `flax.jax_utils.unreplicate(r)`),
+  appended to a list read by `common_utils.get_metrics`, or fed back as a replicated argument, and
+  is the same on every device (`_body.py`); or it differs and is read only reshaped on the host.
 
 The rewrite: a mesh over every device of the job (`jax.devices()`, pmap's order) is made once,
 where the step was made; the step becomes `jax.jit(jax.shard_map(body, mesh=..., in_specs=...,
 out_specs=P(), check_vma=False), donate_argnums=...)` with `P()` for replicated arguments and
-`P(a)` for batches; replications and readbacks are deleted (the value itself is passed and read);
+`P(a)` for batches and per-device keys (each device takes its own key, `key[0]`, in a lambda
+around the body); replications and readbacks are deleted (the value itself is passed and read);
 a split batch becomes its process's part of a global batch sharded over the axis
 (`jax.make_array_from_process_local_data`: in one process, the flat batch itself). The per-device
 block of the flat batch is exactly the old per-device slice, so the body is unchanged, with its
@@ -132,15 +136,16 @@ class Program:
 
 
 def _laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.BaseStatement:
-    """Return `target = call(...)`, the call laid out by the emitter when the line is too long."""
+    """Return `target = call(...)` or `call(...)`, the call laid out by the emitter when the
+    line is too long."""
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
         return statement
-    assign = statement.body[0]
-    if not isinstance(assign, cst.Assign) or not isinstance(assign.value, cst.Call):
+    node = statement.body[0]
+    if not isinstance(node, (cst.Assign, cst.Expr)) or not isinstance(node.value, cst.Call):
         return statement
-    head = len(indent) + len(code(assign)) - len(code(assign.value))
-    laid = Call.of(assign.value).laid_out(Room(indent, head), style)
-    return statement.with_changes(body=[assign.with_changes(value=laid)])
+    head = len(indent) + len(code(node)) - len(code(node.value))
+    laid = Call.of(node.value).laid_out(Room(indent, head), style)
+    return statement.with_changes(body=[node.with_changes(value=laid)])
 
 
 def global_batch(program: Program, source: cst.BaseExpression) -> cst.BaseExpression:
