@@ -231,7 +231,9 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
 - `axis_name` that is computed (a call or subscript: it would be evaluated twice) or a tuple.
 - Calls with `*args`/`**kwargs`, unknown keywords, more positional arguments than pmap takes, or
   `fun=` by keyword; `functools.partial(jax.pmap, ...)` kept as a value and `jax.pmap` passed
-  around as a value (its calls are not visible).
+  around as a value (its calls are not visible). `t = jax.pmap if c else g` whose every use in
+  its function is a call `t(f, axis_name="a")` (one literal `a`) is taken: `jax.pmap` becomes
+  `functools.partial(shard_map_per_device, in_specs=P("a"), out_specs=P("a"))`.
 - `functools.partial(jax.pmap, ...)` binding positional arguments (they would fill `fun`).
 - Nested pmap that is not visible in one expression or one def (a pmapped function whose body
   pmaps again, `jax.pmap(g)` of a `g` pmapped in another statement), whose levels take other
@@ -324,6 +326,16 @@ class Pmap(Faithful):
         jit = replace(jit, opening=Call.of(updated_node).opening)
         laid = jit.laid_out(self.room(original_node), self.state.style)
         return laid.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
+
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.BaseExpression:
+        site = self.sites.get(id(original_node))  # `jax.pmap` kept as a value
+        return updated_node if site is None else self._value(site, updated_node)
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        site = self.sites.get(id(original_node))  # `pmap` (imported by name) kept as a value
+        return updated_node if site is None else self._value(site, updated_node)
 
     def leave_FunctionDef(
         self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef

@@ -13,6 +13,7 @@ from jaxmigrate.toolkit.passes import Pass
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
 from ._flow import analyze
+from ._forms import Parents, single_name
 from ._program import NotVisible, Program
 
 PMAP = "jax.pmap"
@@ -113,6 +114,9 @@ class PmapUse:
     mapped: cst.CSTNode | None = None  # the def or lambda it maps, when visible
     skip: str = ""
     fallback: str = ""  # why the program-level form was not taken, when it was looked for
+    # `t = jax.pmap if c else jax.vmap`, called in its function only as `t(f, axis_name="a")`:
+    # the axis name those calls give (the value becomes the faithful helper, partially applied)
+    value_axis: cst.SimpleString | None = None
 
     @property
     def statement(self) -> cst.CSTNode:
@@ -126,6 +130,41 @@ class PmapUse:
             if isinstance(node, (cst.FunctionDef, cst.Lambda)) and node is not self.mapped:
                 return id(node)
         return None
+
+
+def called_here(
+    ref: cst.BaseExpression, ancestors: tuple[cst.CSTNode, ...]
+) -> cst.SimpleString | None:
+    """Return the axis name of `t = jax.pmap if c else g` whose every use in its function is a
+    call `t(f, axis_name="a")` (one literal `a` for all); None when the value goes elsewhere."""
+    choice = ancestors[-1]
+    assign = ancestors[-2] if len(ancestors) > 1 else None
+    host = next((a for a in reversed(ancestors) if isinstance(a, cst.FunctionDef)), None)
+    if not isinstance(choice, cst.IfExp) or ref not in (choice.body, choice.orelse):
+        return None
+    if not isinstance(assign, cst.Assign) or assign.value is not choice or host is None:
+        return None
+    name = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
+    flow = Parents()
+    host.body.visit(flow)
+    if name is None or len(flow.stores.get(name, [])) != 1:
+        return None
+    axes = [_axis_called(flow, use) for use in flow.loads.get(name, [])]
+    literal = {a.evaluated_value if a is not None else None for a in axes}
+    return axes[0] if axes and len(literal) == 1 and None not in literal else None
+
+
+def _axis_called(flow: Parents, use: cst.Name) -> cst.SimpleString | None:
+    """The literal `a` of a call `use(f, axis_name="a")`, else None."""
+    call = flow.parent.get(id(use))
+    if not isinstance(call, cst.Call) or call.func is not use or len(call.args) != 2:
+        return None
+    fun, axis = call.args
+    if fun.keyword is not None or fun.star or axis.keyword is None:
+        return None
+    if axis.keyword.value != "axis_name" or not isinstance(axis.value, cst.SimpleString):
+        return None
+    return axis.value
 
 
 def fun_arg(call: cst.Call) -> cst.Arg | None:
@@ -158,6 +197,8 @@ class Finding(Pass):
             host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
             hosts.setdefault(id(host), []).append(site)
         for key, site in list(self.sites.items()):
+            if site.value_axis is not None:  # a value: no step to follow
+                continue
             try:
                 host, program = self._program(module, site)
                 if len(hosts[id(host)]) > 1:
@@ -199,6 +240,9 @@ class Finding(Pass):
             return PmapUse(ref, [], ref, ancestors, skip=why)
         if isinstance(parent, cst.Assign) and parent.value is ref:
             return None  # an alias: the calls through it are sites of their own
+        axis = called_here(ref, ancestors)
+        if axis is not None:
+            return PmapUse(ref, [], ref, ancestors, value_axis=axis)
         why = "`jax.pmap` passed around as a value: the calls made with it are not visible"
         return PmapUse(ref, [], ref, ancestors, skip=why)
 
