@@ -474,7 +474,10 @@ def _follow_flattened(
             continue
         reshape = _reshaped(flow, use, name)
         if reshape is None:
-            why = f"`{name}`, a per-device result of `{step}`, is read other than flattened"
+            why = (
+                f"`{name}`, a result of `{step}` that may differ between devices (the body does "
+                f"not reduce it over {code(program.axis)}), is read other than flattened"
+            )
             raise NotVisible(why)
         reason = f"`{name}` reshaped as it is: the flat result has the same elements in order"
         program.edit(reshape, reason, lambda r=reshape: _local_reshape(program, r, name))  # type: ignore[misc]
