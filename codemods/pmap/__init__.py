@@ -135,17 +135,26 @@ default) takes the **program-level** form wherever the data flow around the step
 the step is made in the function that calls it (`jax.pmap(body, ...)` or
 `jax.pmap(functools.partial(body, k=...), ...)`, `body` a def of the module), or outside any
 function (a pmap decorator on a def of the module, or `step = jax.pmap(...)` at module level) and
-called in one function or in several that one function of the module calls; its arguments are
-replicated values
-(`flax.jax_utils.replicate`, `jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`,
-`jnp.stack([x] * n)`), splits of a flat batch (`x.reshape((n, -1) + x.shape[1:])` or its
-`jax.tree.map`, `common_utils.shard`), `in_axes=None` or static arguments, or its own results fed
-back; its results are read only as `r[0]`, `jax.tree.map(lambda v: v[0], r)`, `unreplicate(r)`,
-`step(...)[0]` or fed back; and each result is the same on every device (a `pmean`/`psum`/`pmax`/
-`pmin` result, or computed from replicated values alone, read from the body's straight-line code),
-or is read only flattened over the devices (`r.reshape(-1)`, `r.reshape((-1,) + r.shape[2:])`:
-per-example predictions), which gets `P(axis)` and becomes this process's part of the flat result
-(`multihost_utils.global_array_to_host_local_array`; in one process, all of it).
+called in one function or in several that one function of the module calls; its arguments (names,
+or the expressions below written in the call) are replicated values (`flax.jax_utils.replicate`,
+`jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`, `jnp.stack([x] * n)`), splits of a
+flat batch (`x.reshape((n, -1) + x.shape[1:])` or its `jax.tree.map`, `common_utils.shard`, of a
+loop variable too), per-device keys (`jax.random.split(k, n)`, `common_utils.shard_prng_key(k)`:
+`P(axis)`, each device taking its own key, `key[0]`, in a lambda around the body; steps made in a
+function only), `in_axes=None`
+or static arguments, or its own results fed back; its results are read only as device 0's copy
+(`r[0]`, a field `r.step[0]`/`r["loss"][0]`, `jax.device_get(r)[0]`, `jax.tree.map(lambda v:
+v[0], r)`, `unreplicate(r)`, `step(...)[0]`), appended to a list read by
+`common_utils.get_metrics` (-> `common_utils.stack_forest(jax.device_get(...))`), or fed back;
+and each result is the same on every device, or is read only reshaped on the host
+(`r.reshape(-1)`, `r.reshape(-1, k)`: per-example predictions), which gets `P(axis)` and becomes
+this process's part of the flat result (`multihost_utils.global_array_to_host_local_array`; in
+one process, all of it). "The same on every device" is read from the body (nested defs,
+closures, `value_and_grad(..., has_aux=True)`, dicts, `if`/`else`, loops): a `pmean`/`psum`/
+`pmax`/`pmin`/`all_gather` over the step's axis, or computed from replicated values alone; a
+value computed from a batch or a key, `axis_index`, `ppermute`, a function of the module using
+one, or a closure reading any of these differs (when unsure: differs, and the faithful form is
+kept: batch-norm statistics of each device's forward pass, unless `pmean`'d).
 The device axis then disappears, as in the public migrations (big_vision, AlgoPerf, flax lm1b):
 
 ```python
@@ -229,8 +238,8 @@ state to an evaluation step) is replicated on both sides.
 Such a step must be used only as called in functions of the module (not named in a string such
 as `__all__`, not passed around). Anything else (a step passed to other code, called where no one
 function calls all its callers, arguments from outside the function, a result fed to another
-step, a result that differs between devices, a body with control flow) gets the faithful form
-below, and the site's
+step, a result that differs between devices and is read otherwise, a body with `try` or
+`global`) gets the faithful form below, and the site's
 message says why the program-level form was not taken. `pmap-style = "faithful"` selects the
 faithful form everywhere. Fixtures: `tests/fixtures/pmap/program_*.py`, each paired with a
 `faithful_program_*.py` of the same program (both executed on 8 CPU devices).
@@ -272,7 +281,9 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
 - `axis_name` that is computed (a call or subscript: it would be evaluated twice) or a tuple.
 - Calls with `*args`/`**kwargs`, unknown keywords, more positional arguments than pmap takes, or
   `fun=` by keyword; `functools.partial(jax.pmap, ...)` kept as a value and `jax.pmap` passed
-  around as a value (its calls are not visible).
+  around as a value (its calls are not visible). `t = jax.pmap if c else g` whose every use in
+  its function is a call `t(f, axis_name="a")` (one literal `a`) is taken: `jax.pmap` becomes
+  `functools.partial(shard_map_per_device, in_specs=P("a"), out_specs=P("a"))`.
 - `functools.partial(jax.pmap, ...)` binding positional arguments (they would fill `fun`).
 - Nested pmap that is not visible in one expression or one def (a pmapped function whose body
   pmaps again, `jax.pmap(g)` of a `g` pmapped in another statement), whose levels take other
@@ -385,6 +396,16 @@ class Pmap(Faithful):
         jit = replace(jit, opening=Call.of(updated_node).opening)
         laid = jit.laid_out(self.room(original_node), self.state.style)
         return laid.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
+
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.BaseExpression:
+        site = self.sites.get(id(original_node))  # `jax.pmap` kept as a value
+        return updated_node if site is None else self._value(site, updated_node)
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        site = self.sites.get(id(original_node))  # `pmap` (imported by name) kept as a value
+        return updated_node if site is None else self._value(site, updated_node)
 
     def leave_FunctionDef(
         self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef

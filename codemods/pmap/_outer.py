@@ -90,8 +90,13 @@ def follow_step(
     for host in callers(flow, module, step.name):
         if host is step.body:
             raise NotVisible(f"`{step.name}` calls itself")
-        step.programs.append(analyze_calls(host, step.name, step.options, step.body, qualname))
+        defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
+        step.programs.append(
+            analyze_calls(host, step.name, step.options, step.body, qualname, defs)
+        )
     first = step.programs[0]
+    if any(p.squeezed for p in step.programs):  # a decorator cannot wrap the body in a lambda
+        raise NotVisible(f"`{step.name}` gets per-device keys and is made outside a function")
     for program in step.programs[1:]:
         if program.batches != first.batches:
             why = f"`{step.name}` gets a batch in one function and a replicated value in another"

@@ -126,6 +126,9 @@ class PmapUse:
     # The key asking for the faithful form instead of a program-level form that failed
     # verification (`FileState.fallbacks`), when that is why the program-level form is not taken.
     failed_program: str | None = None
+    # `t = jax.pmap if c else jax.vmap`, called in its function only as `t(f, axis_name="a")`:
+    # the axis name those calls give (the value becomes the faithful helper, partially applied)
+    value_axis: cst.SimpleString | None = None
 
     @property
     def statement(self) -> cst.CSTNode:
@@ -139,6 +142,41 @@ class PmapUse:
             if isinstance(node, (cst.FunctionDef, cst.Lambda)) and node is not self.mapped:
                 return id(node)
         return None
+
+
+def called_here(
+    ref: cst.BaseExpression, ancestors: tuple[cst.CSTNode, ...]
+) -> cst.SimpleString | None:
+    """Return the axis name of `t = jax.pmap if c else g` whose every use in its function is a
+    call `t(f, axis_name="a")` (one literal `a` for all); None when the value goes elsewhere."""
+    choice = ancestors[-1]
+    assign = ancestors[-2] if len(ancestors) > 1 else None
+    host = next((a for a in reversed(ancestors) if isinstance(a, cst.FunctionDef)), None)
+    if not isinstance(choice, cst.IfExp) or ref not in (choice.body, choice.orelse):
+        return None
+    if not isinstance(assign, cst.Assign) or assign.value is not choice or host is None:
+        return None
+    name = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
+    flow = Parents()
+    host.body.visit(flow)
+    if name is None or len(flow.stores.get(name, [])) != 1:
+        return None
+    axes = [_axis_called(flow, use) for use in flow.loads.get(name, [])]
+    literal = {a.evaluated_value if a is not None else None for a in axes}
+    return axes[0] if axes and len(literal) == 1 and None not in literal else None
+
+
+def _axis_called(flow: Parents, use: cst.Name) -> cst.SimpleString | None:
+    """The literal `a` of a call `use(f, axis_name="a")`, else None."""
+    call = flow.parent.get(id(use))
+    if not isinstance(call, cst.Call) or call.func is not use or len(call.args) != 2:
+        return None
+    fun, axis = call.args
+    if fun.keyword is not None or fun.star or axis.keyword is None:
+        return None
+    if axis.keyword.value != "axis_name" or not isinstance(axis.value, cst.SimpleString):
+        return None
+    return axis.value
 
 
 def fun_arg(call: cst.Call) -> cst.Arg | None:
@@ -178,7 +216,7 @@ class Finding(Pass):
         made_in: dict[int, list[PmapUse]] = {}  # the steps each function makes
         failed = self._failed_hosts()
         for site in list(self.sites.values()):
-            if self._falls_back(site, failed):
+            if site.value_axis is not None or self._falls_back(site, failed):
                 continue
             try:
                 if self._made_outside(module, site):
@@ -414,7 +452,8 @@ class Finding(Pass):
         statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
         if not isinstance(statement, cst.SimpleStatementLine):
             raise NotVisible("the step is not made by a statement of its own")
-        program = analyze(host, statement, site.node, defs[0], self.qualname, siblings)
+        module_defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
+        program = analyze(host, statement, site.node, defs[0], self.qualname, siblings, module_defs)
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
         mesh = mesh_in_scope(scopes, flow.order[id(statement)], flow, program.axis, self.qualname)
         if mesh is not None:
@@ -445,6 +484,9 @@ class Finding(Pass):
             return PmapUse(ref, [], ref, ancestors, skip=why)
         if isinstance(parent, cst.Assign) and parent.value is ref:
             return None  # an alias: the calls through it are sites of their own
+        axis = called_here(ref, ancestors)
+        if axis is not None:
+            return PmapUse(ref, [], ref, ancestors, value_axis=axis)
         why = "`jax.pmap` passed around as a value: the calls made with it are not visible"
         return PmapUse(ref, [], ref, ancestors, skip=why)
 
