@@ -206,3 +206,129 @@ def test_program_level_loop_is_right_on_every_process(tmp_path: Path) -> None:
     migrated = tmp_path / "loop_migrated.py"
     migrated.write_text(result.code)
     check_loop(run_job(migrated, tmp_path))
+
+
+DECORATED = """\
+import functools
+import json
+import sys
+
+import jax
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+process, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process)
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def loss_fn(w, x, y):
+    return jnp.mean((jnp.tanh(x @ w) - y) ** 2)
+
+
+@functools.partial(jax.pmap, axis_name="batch", donate_argnums=(0,))
+def train_step(w, x, y):
+    loss, grads = jax.value_and_grad(loss_fn)(w, x, y)
+    grads = jax.lax.pmean(grads, axis_name="batch")
+    return w - 0.1 * grads, jax.lax.pmean(loss, "batch")
+
+
+def main():
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4, 2)).astype(np.float32)
+    xs = rng.normal(size=(8 * 16, 4)).astype(np.float32)
+    ys = rng.normal(size=(8 * 16, 2)).astype(np.float32)
+    n = jax.local_device_count()
+    mine = slice(process * n * 16, (process + 1) * n * 16)  # this process's rows of the batch
+    w = jnp.broadcast_to(w, (n,) + w.shape)
+    for _ in range(3):
+        x = xs[mine]
+        y = ys[mine]
+        x = x.reshape((n, -1) + x.shape[1:])
+        y = y.reshape((n, -1) + y.shape[1:])
+        w, loss = train_step(w, x, y)
+    w = w[0]
+    return w
+
+
+w = np.asarray(main())
+with open(out, "w") as handle:
+    json.dump({"shape": list(w.shape), "w": w.tolist()}, handle)
+"""
+
+
+def test_program_level_decorated_step_is_right_on_every_process(tmp_path: Path) -> None:
+    """A pmap-decorated step of the module: jit over shard_map with no mesh, the mesh of every
+    device of the job set with `jax.set_mesh` in `main`, each process's rows made global."""
+    original = tmp_path / "decorated_original.py"
+    original.write_text(DECORATED)
+    check_loop(run_job(original, tmp_path))
+    result = migrate_source(DECORATED, options=Options(unsafe_fixes=True))
+    assert any(s.group and "program-level" in s.message for s in result.sites), result.sites
+    assert "@functools.partial(jax.jit, donate_argnums=(0,))" in result.code
+    assert "jax.set_mesh(mesh)" in result.code and "mesh=" not in result.code
+    assert "w = w[0]" not in result.code and "shard_map_per_device" not in result.code
+    migrated = tmp_path / "decorated_migrated.py"
+    migrated.write_text(result.code)
+    check_loop(run_job(migrated, tmp_path))
+
+
+PREDICT = """\
+import json
+import sys
+
+import jax
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+process, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process)
+
+import jax.numpy as jnp
+import numpy as np
+
+
+@jax.pmap
+def predict(w, x):
+    return jnp.tanh(x @ w)
+
+
+def evaluate(w, x):
+    n = jax.local_device_count()
+    w = jnp.broadcast_to(w, (n,) + w.shape)
+    x = x.reshape((n, -1) + x.shape[1:])
+    out = predict(w, x)
+    return out.reshape(-1)
+
+
+def main():
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4,)).astype(np.float32)
+    xs = rng.normal(size=(8 * 2, 4)).astype(np.float32)
+    n = jax.local_device_count()
+    mine = xs[process * n * 2 : (process + 1) * n * 2]  # this process's rows
+    return evaluate(w, mine)
+
+
+p = np.asarray(main())
+with open(out, "w") as handle:
+    json.dump({"p": p.tolist()}, handle)
+"""
+
+
+def test_program_level_flattened_results_are_each_process_own(tmp_path: Path) -> None:
+    """A pmap-decorated step called in `evaluate`: the mesh is set around the call there, each
+    process's rows become its part of the global batch, and each reads back its own rows of the
+    per-example predictions (`global_array_to_host_local_array`), as pmap gave them."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4,)).astype(np.float32)
+    xs = rng.normal(size=(8 * 2, 4)).astype(np.float32)
+    expected = np.tanh(xs @ w).reshape(PROCESSES, -1)
+    result = migrate_source(PREDICT, options=Options(unsafe_fixes=True))
+    assert "with jax.set_mesh(mesh):" in result.code
+    assert "reshape" not in result.code
+    for name, code in (("predict_original", PREDICT), ("predict_migrated", result.code)):
+        script = tmp_path / f"{name}.py"
+        script.write_text(code)
+        for process, out in enumerate(run_job(script, tmp_path)):
+            np.testing.assert_allclose(out["p"], expected[process], rtol=1e-5, err_msg=name)

@@ -132,16 +132,29 @@ gets a copy beside it. The site's message names the module and why (`docs/archit
 ## Two forms: program-level (the default) and faithful
 `pmap-style = "idiomatic"` (`[tool.jaxmigrate]`, `--pmap-style` on `run` and `check`; the
 default) takes the **program-level** form wherever the data flow around the step is fully visible:
-the step is made and called in one function, its arguments are replicated values
-(`flax.jax_utils.replicate`, `jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`,
-`jnp.stack([x] * n)`), splits of a flat batch (`x.reshape((n, -1) + x.shape[1:])` or its
-`jax.tree.map`, `common_utils.shard`), `in_axes=None` or static arguments, or its own results fed
-back; its results are read only as `r[0]`, `jax.tree.map(lambda v: v[0], r)`, `unreplicate(r)`,
-`step(...)[0]` or fed back; and each result is the same on every device (a `pmean`/`psum`/`pmax`/
-`pmin` result, or computed from replicated values alone, read from the body's straight-line code),
-or is read only flattened over the devices (`r.reshape(-1)`, `r.reshape((-1,) + r.shape[2:])`:
-per-example predictions), which gets `P(axis)` and becomes this process's part of the flat result
-(`multihost_utils.global_array_to_host_local_array`; in one process, all of it).
+the step is made in the function that calls it (`jax.pmap(body, ...)` or
+`jax.pmap(functools.partial(body, k=...), ...)`, `body` a def of the module), or outside any
+function (a pmap decorator on a def of the module, or `step = jax.pmap(...)` at module level) and
+called in one function or in several that one function of the module calls; its arguments (names,
+or the expressions below written in the call) are replicated values (`flax.jax_utils.replicate`,
+`jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`, `jnp.stack([x] * n)`), splits of a
+flat batch (`x.reshape((n, -1) + x.shape[1:])` or its `jax.tree.map`, `common_utils.shard`, of a
+loop variable too), per-device keys (`jax.random.split(k, n)`, `common_utils.shard_prng_key(k)`:
+`P(axis)`, each device taking its own key, `key[0]`, in a lambda around the body; steps made in a
+function only), `in_axes=None`
+or static arguments, or its own results fed back; its results are read only as device 0's copy
+(`r[0]`, a field `r.step[0]`/`r["loss"][0]`, `jax.device_get(r)[0]`, `jax.tree.map(lambda v:
+v[0], r)`, `unreplicate(r)`, `step(...)[0]`), appended to a list read by
+`common_utils.get_metrics` (-> `common_utils.stack_forest(jax.device_get(...))`), or fed back;
+and each result is the same on every device, or is read only reshaped on the host
+(`r.reshape(-1)`, `r.reshape(-1, k)`: per-example predictions), which gets `P(axis)` and becomes
+this process's part of the flat result (`multihost_utils.global_array_to_host_local_array`; in
+one process, all of it). "The same on every device" is read from the body (nested defs,
+closures, `value_and_grad(..., has_aux=True)`, dicts, `if`/`else`, loops): a `pmean`/`psum`/
+`pmax`/`pmin`/`all_gather` over the step's axis, or computed from replicated values alone; a
+value computed from a batch or a key, `axis_index`, `ppermute`, a function of the module using
+one, or a closure reading any of these differs (when unsure: differs, and the faithful form is
+kept: batch-norm statistics of each device's forward pass, unless `pmean`'d).
 The device axis then disappears, as in the public migrations (big_vision, AlgoPerf, flax lm1b):
 
 ```python
@@ -176,7 +189,9 @@ def main():
         params, loss = p_train_step(params, batch)
         log(loss)
 ```
-The mesh (every device of the job, `jax.devices()` order) is made once, where the step was made;
+The mesh (every device of the job, `jax.devices()` order) is made once, where the step was made
+(an existing `jax.sharding.Mesh(jax.devices(), (axis,))` in scope is reused; a `jax.make_mesh`,
+Explicit by default and in the topology's device order, keeps the faithful form);
 replicated arguments and results are `P()` and passed or read as they are (the replication and
 the readbacks are deleted); a batch is `P(axis)`: its per-device block is exactly the old
 per-device slice, so the body is unchanged, collectives included; on a multi-process job each
@@ -187,10 +202,44 @@ body's `pmean` of per-device gradients of a `P()` parameter (with `check_vma=Tru
 already summed over devices; cookbook rule 9). The step and every replicate/split/readback edit
 are one group of sites: written together or not at all. When verification runs and the group
 fails (its outputs differ, or a value it treats as replicated differs between devices in the
-original), that step is migrated again in the faithful form, verified, and written if it
-verifies, the message saying why the program-level form failed. Anything else (a step made at module
-level or by a decorator, passed to other code, arguments from outside the function, a result that
-differs between devices, a body with control flow) gets the faithful form below, and the site's
+original), its steps are migrated again in the faithful form, verified, and written if they
+verify, the message saying why the program-level form failed. A step made outside the
+functions calling it keeps no mesh of its own; the function that calls it (or the one function
+calling every function that does) makes the mesh once, before the first call, as a program sets
+up its devices (never at import: `jax.distributed.initialize` must run before any device query),
+and runs the rest under `with jax.set_mesh(mesh):`. Scoped, not global: under a mesh set so, any
+`jax.pmap` or `shard_map` over another mesh raises, so this is taken only when every pmap of the
+module is migrated program-level over the same axis (code in other modules that the function
+calls, running pmap or shard_map over other meshes, must be migrated too):
+
+```python
+@functools.partial(jax.pmap, axis_name="batch", donate_argnums=(0,))
+def train_step(params, batch): ...
+```
+becomes
+```python
+@functools.partial(jax.jit, donate_argnums=(0,))
+@functools.partial(
+    jax.shard_map, in_specs=(P(), P("batch")), out_specs=(P(), P()), check_vma=False
+)
+def train_step(params, batch): ...
+
+
+def main():
+    ...
+    mesh = jax.sharding.Mesh(jax.devices(), ("batch",))
+    with jax.set_mesh(mesh):
+        for x, y in batches:
+            batch = jax.make_array_from_process_local_data(P("batch"), {"x": x, "y": y})
+            params, loss = train_step(params, batch)
+```
+Steps made in one function share one mesh, and a result of one fed to another (a train step's
+state to an evaluation step) is replicated on both sides.
+Such a step must be used only as called in functions of the module (not named in a string such
+as `__all__`, not passed around). Anything else (a step passed to other code, called where no one
+function calls all its callers, arguments from outside the function, a result fed to another
+step, a result that differs between devices and is read otherwise, a body with `try` or
+`global`) gets the faithful form below, and the site's
 message says why the program-level form was not taken. `pmap-style = "faithful"` selects the
 faithful form everywhere. Fixtures: `tests/fixtures/pmap/program_*.py`, each paired with a
 `faithful_program_*.py` of the same program (both executed on 8 CPU devices).
@@ -232,7 +281,9 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
 - `axis_name` that is computed (a call or subscript: it would be evaluated twice) or a tuple.
 - Calls with `*args`/`**kwargs`, unknown keywords, more positional arguments than pmap takes, or
   `fun=` by keyword; `functools.partial(jax.pmap, ...)` kept as a value and `jax.pmap` passed
-  around as a value (its calls are not visible).
+  around as a value (its calls are not visible). `t = jax.pmap if c else g` whose every use in
+  its function is a call `t(f, axis_name="a")` (one literal `a`) is taken: `jax.pmap` becomes
+  `functools.partial(shard_map_per_device, in_specs=P("a"), out_specs=P("a"))`.
 - `functools.partial(jax.pmap, ...)` binding positional arguments (they would fill `fun`).
 - Nested pmap that is not visible in one expression or one def (a pmapped function whose body
   pmaps again, `jax.pmap(g)` of a `g` pmapped in another statement), whose levels take other
@@ -266,12 +317,22 @@ from jaxmigrate.toolkit.scope import ScopeModel
 
 from ._faithful import Faithful
 from ._forms import names_in
-from ._program import Program
+from ._outer import OuterGroup, OuterStep
+from ._program import Program, rewrite_host
 from ._survey import HELPER, PMAP, PmapUse, Survey, fun_arg
 
 PROGRAM_MESSAGE = (
     "`jax.pmap` -> `jax.jit(jax.shard_map(...))` over the flat data (program-level): replicated "
     "arguments and results `P()`, batches `P({axis})`, the device axis gone"
+)
+OUTER_MESSAGE = (
+    "`jax.pmap` -> `jax.jit(jax.shard_map(...))` over the flat data (program-level), on the mesh "
+    "`{setup}` sets: replicated arguments and results `P()`, batches `P({axis})`, the device "
+    "axis gone"
+)
+SETUP_MESSAGE = (
+    "the mesh of {steps}: {made} over every device of the job (`jax.devices()`, pmap's order); "
+    "the rest of `{setup}` runs under it (`with jax.set_mesh(...)`)"
 )
 
 
@@ -301,15 +362,24 @@ class Pmap(Faithful):
         self._mark_nested(sites)
         self._check_helper_name(node, sites)
         for site in sites:
+            self.kept_pmaps |= bool(site.skip)
             if site.skip:
                 self.skip(site.node, site.skip)
             else:
                 self.sites[id(site.node)] = site
         if self.state.pmap_style == "idiomatic":
             self._find_programs(node)
+            for group in self.outer:
+                self._record_outer(group)
 
     # Rewriting ----------------------------------------------------------------------------
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        made = self.outer_calls.get(id(original_node))
+        if made is not None:  # `step = jax.pmap(...)` at module level: no mesh, the program's
+            call = cst.parse_expression(made.step_text(None))
+            assert isinstance(call, cst.Call)
+            laid = Call.of(call).laid_out(self.room(original_node), self.state.style)
+            return laid.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
         site = self.sites.get(id(original_node))
         if site is None:
             return updated_node
@@ -327,11 +397,32 @@ class Pmap(Faithful):
         laid = jit.laid_out(self.room(original_node), self.state.style)
         return laid.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
 
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.BaseExpression:
+        site = self.sites.get(id(original_node))  # `jax.pmap` kept as a value
+        return updated_node if site is None else self._value(site, updated_node)
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        site = self.sites.get(id(original_node))  # `pmap` (imported by name) kept as a value
+        return updated_node if site is None else self._value(site, updated_node)
+
     def leave_FunctionDef(
         self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
     ) -> cst.FunctionDef:
         if id(original_node) in self.programs:
-            return self._rewrite_program(*self.programs[id(original_node)], updated_node)
+            return self._rewrite_program(self.programs[id(original_node)], updated_node)
+        if id(original_node) in self.outer_defs:
+            return self._outer_decorators(*self.outer_defs[id(original_node)], updated_node)
+        if id(original_node) in self.host_programs or id(original_node) in self.host_setups:
+            first = original_node.body.body[0] if original_node.body.body else original_node
+            return rewrite_host(
+                original_node,
+                self.host_programs.get(id(original_node), []),
+                self.host_setups.get(id(original_node)),
+                self.room(first).indent,
+                self.state.style,
+            )
         decorators: list[cst.Decorator] = []
         pending = list(zip(original_node.decorators, updated_node.decorators))
         while pending:
@@ -347,31 +438,155 @@ class Pmap(Faithful):
         return updated_node.with_changes(decorators=decorators)
 
     def _rewrite_program(
-        self, site: PmapUse, program: Program, updated: cst.FunctionDef
+        self, programs: list[tuple[PmapUse, Program]], updated: cst.FunctionDef
     ) -> cst.FunctionDef:
-        """Record the step and its edits as one group; rewrite them all, or nothing."""
-        group = self.program_group(site.node)
-        axis = code(program.axis)
-        message = PROGRAM_MESSAGE.format(axis=axis)
-        layout = {"layout": self._layout(site.node, program)}
-        enabled = [self.site(site.node, message, group=group, fallback=group, details=layout)]
-        for node_id, why in program.reasons.items():
-            enabled.append(self.site(program.nodes[node_id], why, group=group, fallback=group))
+        """Record the steps a function makes and their edits as one group; rewrite them all, or
+        nothing. Steps over one axis share one mesh (made by the first) and one sharding."""
+        group = self.program_group(programs[0][0].node)
+        enabled = []
+        for site, program in programs:
+            axis = code(program.axis)
+            layout = {"layout": self._layout(site.node, program)}
+            text = PROGRAM_MESSAGE.format(axis=axis)
+            enabled.append(self.site(site.node, text, group=group, fallback=group, details=layout))
+        enabled += self._record_edits([p for _, p in programs], group)
         if not all(enabled):
             return updated
         spec, spec_import = self._spec_ref()
         if spec_import is not None:
             self.need_import(*spec_import)
-        if isinstance(site.ref, cst.Name):
-            self.drop_import_if_unused(site.ref.value)
-        program.jax = dotted(self.module_ref("jax")) or "jax"
-        if any(program.varying):  # results read flattened: each process reads its own part
-            program.hosts = self._multihost_utils()
-        program.spec = spec
-        taken = set(names_in(program.host))
-        program.mesh = self._fresh("mesh", taken)
-        program.sharding = self._fresh("batch_sharding", taken)
-        return program.rewrite(self.room(program.statement).indent, self.state.style)
+        host = programs[0][1].host
+        taken = set(names_in(host))
+        meshes: dict[str, str] = {}  # by axis: the mesh made or reused, and the sharding made
+        shardings: dict[str, str] = {}
+        for site, program in programs:
+            if isinstance(site.ref, cst.Name):
+                self.drop_import_if_unused(site.ref.value)
+            self._drop_deleted_imports(program)
+            program.jax = dotted(self.module_ref("jax")) or "jax"
+            if any(program.varying):  # results read flattened: each process reads its own part
+                program.hosts = self._multihost_utils()
+            program.spec = spec
+            axis = code(program.axis)
+            if axis in meshes:
+                program.mesh, program.make_mesh = meshes[axis], False
+            elif program.make_mesh:
+                program.mesh = self._fresh("mesh", taken)
+            meshes[axis] = program.mesh
+            taken.add(program.mesh)
+            if axis in shardings:
+                program.sharding, program.make_sharding = shardings[axis], False
+            else:
+                program.sharding = self._fresh("batch_sharding", taken)
+                if any(program.batches):
+                    shardings[axis] = program.sharding
+                    taken.add(program.sharding)
+        first = programs[0][1].statement
+        assert first is not None
+        indent = self.room(first).indent
+        return rewrite_host(host, [p for _, p in programs], None, indent, self.state.style)
+
+    def _record_outer(self, group: OuterGroup) -> None:
+        """Record the steps of `group`, their edits and the mesh as one group of sites; when it
+        is enabled, plan the rewrite of each function they touch."""
+        key = self.program_group(group.steps[0].site.node)  # type: ignore[attr-defined]
+        setup = group.setup.name.value
+        enabled = []
+        for step in group.steps:
+            text = OUTER_MESSAGE.format(setup=setup, axis=code(step.options.axis))
+            node = step.site.node  # type: ignore[attr-defined]
+            enabled.append(self.site(node, text, group=key, fallback=key))
+        enabled += self._record_edits([p for s in group.steps for p in s.programs], key)
+        steps = ", ".join(f"`{s.name}`" for s in group.steps)
+        made = "made once" if group.make else f"`{group.mesh}` reused, a mesh"
+        enabled.append(
+            self.site(
+                group.before,
+                SETUP_MESSAGE.format(steps=steps, made=made, setup=setup),
+                group=key,
+                fallback=key,
+            )
+        )
+        group.enabled = all(enabled)
+        if group.enabled:
+            self._plan_outer(group)
+
+    def _plan_outer(self, group: OuterGroup) -> None:
+        """Spell the names the rewrite needs, and say which node becomes what."""
+        spec, spec_import = self._spec_ref()
+        if spec_import is not None:
+            self.need_import(*spec_import)
+        jax = dotted(self.module_ref("jax")) or "jax"
+        if group.make:
+            group.mesh = self._fresh("mesh", set(names_in(group.setup)))
+        for step in group.steps:
+            ref = step.site.ref  # type: ignore[attr-defined]
+            if isinstance(ref, cst.Name):
+                self.drop_import_if_unused(ref.value)
+            for program in step.programs:
+                self._drop_deleted_imports(program)
+                program.jax, program.spec = jax, spec
+                program.sharding = f"{code(spec)}({code(program.axis)})"  # the mesh set is used
+                setup = program.host is group.setup
+                program.mesh = group.mesh if setup else f"{jax}.sharding.get_mesh()"
+                if any(program.varying):
+                    program.hosts = self._multihost_utils()
+                self.host_programs.setdefault(id(program.host), []).append(program)
+            made = step.programs[0]
+            if step.decorated:
+                self.outer_defs[id(step.body)] = (step, made)
+            else:
+                self.outer_calls[id(step.site.node)] = made  # type: ignore[attr-defined]
+        axis = code(group.steps[0].options.axis)
+        lines = [f"{group.mesh} = {jax}.sharding.Mesh({jax}.devices(), ({axis},))"]
+        self.host_setups[id(group.setup)] = (
+            group.before,
+            lines if group.make else [],
+            f"{jax}.set_mesh({group.mesh})",
+        )
+        if self._visit_only is not None:  # the functions calling the steps hold no pmap
+            touched = {id(p.host) for s in group.steps for p in s.programs}
+            self._visit_only = self._visit_only | touched | {id(group.setup)}
+
+    def _outer_decorators(
+        self, step: OuterStep, program: Program, updated: cst.FunctionDef
+    ) -> cst.FunctionDef:
+        """`@partial(jax.jit, ...)` over `@partial(jax.shard_map, in_specs=..., ...)`: no mesh,
+        the one the program sets with `jax.set_mesh` is used."""
+        site = step.site
+        assert isinstance(site, PmapUse)
+        partial, jax = code(self._partial(site)), program.jax
+        in_specs, out_specs = program.specs()
+        options = program.jit_options()
+        texts = [
+            f"{partial}({jax}.jit, {', '.join(options)})" if options else f"{jax}.jit",
+            (
+                f"{partial}({jax}.shard_map, in_specs={in_specs}, out_specs={out_specs}, "
+                "check_vma=False)"
+            ),
+        ]
+        room = self.room(site.node)
+        room = replace(room, column=room.column + 1, tail=0)  # after the `@`
+        decorators = []
+        for text in texts:
+            expr = cst.parse_expression(text)
+            if isinstance(expr, cst.Call):
+                expr = Call.of(expr).laid_out(room, self.state.style)
+            decorators.append(cst.Decorator(decorator=expr))
+        original = updated.decorators[0]
+        decorators[0] = decorators[0].with_changes(leading_lines=original.leading_lines)
+        return updated.with_changes(decorators=decorators)
+
+    def _record_edits(self, programs: list[Program], group: str) -> list[bool]:
+        """Record each edit once (a batch or a replication two steps share is one edit)."""
+        reasons = {k: (p.nodes[k], why) for p in programs for k, why in p.reasons.items()}
+        return [self.site(node, why, group=group, fallback=group) for node, why in reasons.values()]
+
+    def _drop_deleted_imports(self, program: Program) -> None:
+        """`from flax import jax_utils` goes when the replications deleted were its only use."""
+        for node in program.nodes.values():
+            for name in names_in(node):
+                self.drop_import_if_unused(name)
 
     def _layout(self, node: cst.CSTNode, program: Program) -> dict[str, Any]:
         """Return what the program-level form assumes of the step made at `node`, for the
@@ -387,7 +602,7 @@ class Pmap(Faithful):
         return {
             "line": self.state.line_map(span.start.line),
             "end_line": self.state.line_map(span.end.line),
-            "body": program.body.value,
+            "body": code(program.body),
             "args": kinds,
             "replicated": [i for i, kind in enumerate(kinds) if kind == "replicated"],
             "results": [i for i, varying in enumerate(program.varying) if not varying],

@@ -337,6 +337,32 @@ class Faithful(Finding):
             self.drop_import_if_unused(site.ref.value)
         return plan
 
+    def _value(self, site: PmapUse, updated: cst.BaseExpression) -> cst.BaseExpression:
+        """`jax.pmap` kept as a value whose calls give only `f` and `axis_name="a"`:
+        `functools.partial(shard_map_per_device, in_specs=P("a"), out_specs=P("a"))`, so each
+        call `t(f, axis_name="a")` is the faithful form of `jax.pmap(f, axis_name="a")`."""
+        assert site.value_axis is not None
+        axis = code(site.value_axis)
+        message = (
+            f"`jax.pmap` kept as a value, called in its function only with `axis_name={axis}` -> "
+            f"`{HELPER}` partially applied, pmap's mapping of every argument and result"
+        )
+        if not self.site(site.node, message):
+            return updated
+        self.applied.append(site)
+        self.applied_keys.append(self.state.sites[-1].key)
+        spec, spec_import = self._spec_ref()
+        if spec_import is not None and len(self.applied) == 1:
+            self.need_import(*spec_import)
+        if isinstance(site.ref, cst.Name):
+            self.drop_import_if_unused(site.ref.value)
+        specs = f"in_specs={code(spec)}({axis}), out_specs={code(spec)}({axis})"
+        partial = code(self._partial(site))
+        value = cst.parse_expression(f"{partial}({HELPER}, {specs})")
+        assert isinstance(value, cst.Call)
+        laid = Call.of(value).laid_out(self.room(site.node), self.state.style)
+        return laid.with_changes(lpar=updated.lpar, rpar=updated.rpar)
+
     def _decorators(self, site: PmapUse, plan: Rewrite, new: cst.Decorator) -> list[cst.Decorator]:
         """Return `@partial(shard_map_per_device, ...)`, `jax.jit`'s arguments last."""
         partial = self._partial(site)

@@ -3,12 +3,14 @@ calls in the function that makes it, and records the edits of the program-level 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import libcst as cst
 
 from jaxmigrate.toolkit.emit import code
 
+from ._body import Defs, body_outputs
 from ._forms import (
     Forms,
     Parents,
@@ -17,15 +19,17 @@ from ._forms import (
     flattens,
     is_device_count,
     is_zero_index,
+    names_in,
     positional,
     single_name,
     target_names,
 )
 from ._program import NotVisible, Program, global_batch
 
-REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin")})
-VARYING = frozenset({"jax.lax.axis_index"})
+GET_METRICS = "flax.training.common_utils.get_metrics"
+INLINE = "?"  # an argument passed as an expression, not a name: `step(state, shard(batch))`
 KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
+PARTIAL = "functools.partial"
 
 
 @dataclass
@@ -45,39 +49,92 @@ def analyze(
     pmap: cst.Call,
     body: cst.FunctionDef,
     qualname: Qualname,
+    siblings: tuple[str, ...] = (),
+    defs: Defs | None = None,
 ) -> Program:
-    """Return the program of a step made by `statement` in `host`; raise NotVisible for why not."""
+    """Return the program of a step made by `statement` in `host`; raise NotVisible for why not.
+
+    `siblings` are the other steps the function makes: results fed from one to another are
+    replicated on both sides (each side checks its own: a result differing between devices is
+    read only flattened, an argument fed a result is not a batch). `defs`: the module's
+    functions by name, which the body may call."""
     assign = statement.body[0]
     if len(statement.body) != 1 or not isinstance(assign, cst.Assign) or assign.value is not pmap:
         raise NotVisible("the pmapped step is not simply assigned to a name")
     step = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
     if step is None:
         raise NotVisible("the pmapped step is not simply assigned to a name")
-    options = _options(pmap)
-    arity = _arity(body)
-    fixed = _fixed_positions(options, arity)
+    options = options_of(pmap, qualname)
     flow = Parents()
     host.body.visit(flow)
     if id(statement) not in flow.order:
         raise NotVisible("the step is not made in the function that calls it")
     if len(flow.stores.get(step, [])) != 1:
         raise NotVisible(f"`{step}` is bound more than once in `{host.name.value}`")
+    made_at = flow.order[id(statement)]
+    program = _follow(host, flow, step, options, body, qualname, made_at, siblings, defs)
+    program.statement = statement
+    return program
+
+
+def analyze_calls(
+    host: cst.FunctionDef,
+    step: str,
+    options: Options,
+    body: cst.FunctionDef,
+    qualname: Qualname,
+    defs: Defs | None = None,
+) -> Program:
+    """Return the program of `host`, a function calling `step`, a step made outside it (at
+    module level or by a decorator); raise NotVisible for why not."""
+    flow = Parents()
+    host.body.visit(flow)
+    if step in flow.stores:
+        raise NotVisible(f"`{step}` is bound in `{host.name.value}` too")
+    return _follow(host, flow, step, options, body, qualname, -1, defs=defs)
+
+
+def _follow(
+    host: cst.FunctionDef,
+    flow: Parents,
+    step: str,
+    options: Options,
+    body: cst.FunctionDef,
+    qualname: Qualname,
+    made_at: int,
+    siblings: tuple[str, ...] = (),
+    defs: Defs | None = None,
+) -> Program:
+    """Follow every argument and result of the calls of `step` in `host` (made at `made_at`)."""
+    body = _unbound(body, options.bound)
+    arity = _arity(body)
+    fixed = _fixed_positions(options, arity)
     calls = [_step_call(flow, use, step, arity, fixed) for use in flow.loads.get(step, [])]
     if not calls:
         raise NotVisible(f"`{step}` is not called in `{host.name.value}`")
     for call in calls:  # a call in a nested def or lambda runs when that is called: not followed
         if any(isinstance(a, (cst.FunctionDef, cst.Lambda)) for a in ancestors(flow, call.call)):
             raise NotVisible(f"`{step}` is called in a nested function")
-    program = Program(
-        host, statement, options.fun, options.axis, options.donate, [False] * arity, None
-    )
+    program = Program(host, None, options.fun, options.axis, options.donate, [False] * arity, None)
     program.fixed, program.statics = fixed, options.statics_arg
-    program.made_at = flow.order[id(statement)]
+    program.params = [p.name.value for p in body.params.params]
+    program.made_at = made_at
+    program.calls = [c.call for c in calls]
+    for sibling in siblings:
+        for use in flow.loads.get(sibling, []):
+            other = flow.parent.get(id(use))
+            if isinstance(other, cst.Call) and other.func is use:
+                program.sibling_feeds |= {id(a.value) for a in other.args}
+                program.siblings.add(id(flow.parent.get(id(other))))
     forms = Forms(qualname, lambda node: is_device_count(node, flow, qualname))
     for position in range(arity):
         if position not in fixed:
             _follow_argument(program, flow, forms, calls, position)
-    program.outputs, program.varying = _body_outputs(body, program.batches, qualname)
+    assert isinstance(options.axis, cst.SimpleString)
+    axis = options.axis.evaluated_value
+    assert isinstance(axis, str)
+    outputs = body_outputs(body, program.batches, axis, qualname, defs or {})
+    program.outputs, program.varying = outputs
     for call in calls:
         wanted = 1 if program.outputs is None else program.outputs
         if call.readback is None and len(call.targets) != wanted:
@@ -92,34 +149,103 @@ def analyze(
 
 
 @dataclass
-class _Options:
-    fun: cst.Name
+class Options:
+    """What one pmap says: the function mapped, its axis and the options this form takes."""
+
+    fun: cst.BaseExpression  # the def's name, or `functools.partial(name, k=...)`
     axis: cst.BaseExpression
     donate: cst.Arg | None = None
     in_axes: cst.BaseExpression | None = None
     statics: tuple[int, ...] = ()
     statics_arg: cst.Arg | None = None
+    bound: tuple[str, ...] = ()  # the parameters `functools.partial` binds by keyword
+    name: str = ""  # the name of the def mapped
+    named: bool = True  # False: pmap's axis is unnamed (the body cannot name it), `axis` ours
 
 
-def _options(pmap: cst.Call) -> _Options:
+def options_of(pmap: cst.Call, qualname: Qualname) -> Options:
+    """Read `jax.pmap(fun, axis_name, ...)`; raise NotVisible when this form does not take it."""
     fun = pmap.args[0].value if pmap.args and pmap.args[0].keyword is None else None
-    if not isinstance(fun, cst.Name):
+    if fun is None:
         raise NotVisible("the pmapped function is not a def of this module named directly")
+    return read_options(fun, pmap.args[1:], qualname, positional_axis=True)
+
+
+def read_options(
+    fun: cst.BaseExpression,
+    args: Sequence[cst.Arg],
+    qualname: Qualname,
+    *,
+    positional_axis: bool,
+    unnamed: cst.BaseExpression | None = None,
+) -> Options:
+    """Read pmap's `args` (all but the function); `unnamed` names an axis pmap leaves unnamed."""
+    name, bound = mapped_name(fun, qualname)
     found: dict[str, cst.Arg] = {}
-    for i, arg in enumerate(pmap.args[1:], 1):
-        keyword = arg.keyword.value if arg.keyword else ("axis_name" if i == 1 else None)
+    for i, arg in enumerate(args):
+        positional = "axis_name" if i == 0 and positional_axis else None
+        keyword = arg.keyword.value if arg.keyword else positional
         if keyword not in KEYWORDS or arg.star:
             raise NotVisible(f"pmap's `{keyword or 'argument'}` is not taken by this form yet")
         found[keyword] = arg
-    axis = found["axis_name"].value if "axis_name" in found else None
+    axis = found["axis_name"].value if "axis_name" in found else unnamed
     if not isinstance(axis, cst.SimpleString):
         raise NotVisible("the mapped axis has no literal name")
-    options = _Options(fun, axis, found.get("donate_argnums"))
+    options = Options(fun, axis, found.get("donate_argnums"), bound=bound, name=name)
+    options.named = "axis_name" in found
     options.in_axes = found["in_axes"].value if "in_axes" in found else None
     if "static_broadcasted_argnums" in found:
         options.statics_arg = found["static_broadcasted_argnums"]
         options.statics = _literal_ints(options.statics_arg.value)
     return options
+
+
+def mapped_name(fun: cst.BaseExpression, qualname: Qualname) -> tuple[str, tuple[str, ...]]:
+    """Return the name of the def `fun` maps and the parameters it binds by `partial` keywords."""
+    if isinstance(fun, cst.Name):
+        return fun.value, ()
+    args = fun.args if isinstance(fun, cst.Call) else ()
+    if (
+        isinstance(fun, cst.Call)
+        and qualname(fun.func) == PARTIAL
+        and args
+        and args[0].keyword is None
+        and not args[0].star
+        and isinstance(args[0].value, cst.Name)
+        and all(a.keyword is not None and not a.star for a in args[1:])
+    ):
+        return args[0].value.value, tuple(a.keyword.value for a in args[1:] if a.keyword)
+    why = "the pmapped function is not a def of this module named directly (or with `partial`)"
+    raise NotVisible(why)
+
+
+def _unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
+    """Return `body` as the step sees it: without the parameters `partial` binds by keyword.
+
+    They are the same on every device (pmap does not map them): replicated values in the body.
+    """
+    if not bound:
+        return body
+    params = body.params
+    names = {p.name.value for p in (*params.params, *params.kwonly_params)}
+    missing = [b for b in bound if b not in names]
+    if missing:
+        raise NotVisible(f"`partial` binds `{missing[0]}`, not a parameter of the def")
+    order = [*params.params, *params.kwonly_params]
+    first = next(i for i, p in enumerate(order) if p.name.value in bound)
+    kept = list(params.params[:first])
+    later = [p for p in order[first:] if p.name.value not in bound]
+    plain = [p.name.value for p in later if p.default is None]
+    if plain:
+        why = f"`partial` binds a parameter before `{plain[0]}`, which the step must then pass"
+        raise NotVisible(why)
+    # The later ones keep their defaults, on every device: neither pmap nor shard_map maps them.
+    kwonly = [p for p in params.kwonly_params if p.name.value not in bound and p not in later]
+    star = params.star_arg
+    if not kwonly and isinstance(star, cst.ParamStar):
+        star = cst.MaybeSentinel.DEFAULT  # `*, lr` with `lr` bound: nothing keyword-only left
+    changed = params.with_changes(params=kept, kwonly_params=kwonly, star_arg=star)
+    return body.with_changes(params=changed)
 
 
 def _literal_ints(node: cst.BaseExpression) -> tuple[int, ...]:
@@ -129,7 +255,7 @@ def _literal_ints(node: cst.BaseExpression) -> tuple[int, ...]:
     return tuple(int(i.value) for i in items)  # type: ignore[attr-defined]
 
 
-def _fixed_positions(options: _Options, arity: int) -> dict[int, str]:
+def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
     """Return the positions not mapped: `in_axes` None ("none") and static ones ("static")."""
     fixed = {i: "static" for i in options.statics}
     if any(i >= arity or i < 0 for i in fixed):
@@ -166,9 +292,9 @@ def _step_call(
     if not isinstance(call, cst.Call) or call.func is not use:
         raise NotVisible(f"`{step}` is used other than called")
     values = positional(call, arity)
-    args = [single_name(v) or ("" if i in fixed else None) for i, v in enumerate(values or [])]
-    if values is None or None in args:
-        raise NotVisible(f"a call of `{step}` passes other than its {arity} arguments by name")
+    if values is None:
+        raise NotVisible(f"a call of `{step}` passes other than its {arity} arguments")
+    args = [single_name(v) or ("" if i in fixed else INLINE) for i, v in enumerate(values)]
     names = [a or "" for a in args]
     if isinstance(around, cst.Subscript) and is_zero_index(
         around.with_changes(value=cst.Name("_")), "_"
@@ -182,55 +308,6 @@ def _step_call(
     return _StepCall(around, call, names, targets)
 
 
-def _body_outputs(
-    body: cst.FunctionDef, batches: list[bool], qualname: Qualname
-) -> tuple[int | None, list[bool]]:
-    """Return how many results the body returns as a tuple (None: one, not a tuple), and
-    which of them may differ between devices (the others are the same on every device)."""
-    params = [p.name.value for p in body.params.params]
-    varying = {p for p, batch in zip(params, batches) if batch}
-    returned: cst.BaseExpression | None = None
-    statements = list(body.body.body) if isinstance(body.body, cst.IndentedBlock) else []
-    for line in statements:
-        small = line.body if isinstance(line, cst.SimpleStatementLine) else None
-        if small is None or len(small) != 1:
-            raise NotVisible("the body has control flow or compound statements")
-        node = small[0]
-        if isinstance(node, cst.Assign):
-            names = [n for t in node.targets for n in target_names(t.target)]
-            if _is_varying(node.value, varying, qualname):
-                varying |= set(names)
-            else:
-                varying -= set(names)
-        elif isinstance(node, cst.Return) and node.value is not None:
-            returned = node.value
-        elif not (isinstance(node, cst.Expr) and isinstance(node.value, cst.SimpleString)):
-            raise NotVisible("the body has statements other than assignments and a return")
-    if returned is None:
-        raise NotVisible("the body does not end in one return")
-    results = list(returned.elements) if isinstance(returned, cst.Tuple) else None
-    values = [e.value for e in results] if results is not None else [returned]
-    flags = [_is_varying(value, varying, qualname) for value in values]
-    return (len(values) if results is not None else None), flags
-
-
-def _is_varying(node: cst.CSTNode, varying: set[str], qualname: Qualname) -> bool:
-    """Return True unless `node` is the same on every device: reduced, or from replicated values.
-
-    A `pmean`/`psum`/`pmax`/`pmin` call is the same on every device whatever it reduces; an
-    `axis_index` differs; a name differs when it was computed from what differs.
-    """
-    if isinstance(node, cst.Call):
-        name = qualname(node.func)
-        if name in REDUCED:
-            return False
-        if name in VARYING:
-            return True
-    if isinstance(node, cst.Name):
-        return node.value in varying
-    return any(_is_varying(child, varying, qualname) for child in node.children)
-
-
 def _follow_argument(
     program: Program, flow: Parents, forms: Forms, calls: list[_StepCall], position: int
 ) -> None:
@@ -242,6 +319,9 @@ def _follow_argument(
     kinds: set[str] = set()
     for call in calls:
         name = call.args[position]
+        if name == INLINE:
+            kinds.add(_inline_kind(program, call.call.args[position].value, forms))
+            continue
         first_call = min(flow.order[id(c.assign)] for c in calls if c.args[position] == name)
         found = [
             (flow.order[id(b)], b, _binding_kind(program, b, name, forms, calls, flow))
@@ -252,24 +332,52 @@ def _follow_argument(
         stacking = [
             at
             for at, b, kind in found
-            if kind in ("replicated", "batch") and _stacks_itself(b, name, forms)
+            if kind in ("replicated", "batch", "keys") and _stacks_itself(b, name, forms)
         ]
         for at, _, kind in found:
             upstream = any(at < s < first_call for s in stacking)
             if not (kind == "other" and upstream):
                 kinds.add(kind)
     kinds.discard("read back")
-    if not kinds or "other" in kinds or ("batch" in kinds and kinds != {"batch"}):
+    mapped = {"batch", "keys"} & kinds
+    if not kinds or "other" in kinds or (mapped and len(kinds) != 1):
         why = "comes from elsewhere" if "other" in kinds or not kinds else "is mixed"
         raise NotVisible(f"argument {position + 1} of the step {why}: its layout is not visible")
-    program.batches[position] = kinds == {"batch"}
+    program.batches[position] = bool(mapped)
+    if kinds == {"keys"}:
+        program.squeezed.add(position)
+
+
+def _inline_kind(program: Program, value: cst.BaseExpression, forms: Forms) -> str:
+    """Classify an argument passed as an expression, and record its edit."""
+    replicated = forms.replicated_source(value)
+    if replicated is not None:
+        program.edit(value, REPLICATED, lambda: replicated)
+        return "replicated"
+    batch = forms.shard_source(value)
+    if batch is not None:
+        program.edit(value, BATCH, lambda: global_batch(program, batch))
+        return "batch"
+    if forms.keys_source(value) is not None:
+        program.edit(value, KEYS, lambda: global_batch(program, value))
+        return "keys"
+    return "other"
 
 
 def _stacks_itself(binding: cst.CSTNode, name: str, forms: Forms) -> bool:
     """`x = replicate(x)`: the stacked value is bound to the name of the value it stacks."""
     assert isinstance(binding, cst.Assign)
-    source = forms.replicated_source(binding.value) or forms.shard_source(binding.value)
+    value = binding.value
+    source = forms.replicated_source(value) or forms.shard_source(value) or forms.keys_source(value)
     return source is not None and single_name(source) == name
+
+
+REPLICATED = "a replication deleted: the value is passed as it is, replicated (`P()`)"
+BATCH = "a split into per-device slices -> this process's part of a batch sharded on the mesh"
+KEYS = (
+    "per-device keys -> this process's part of the keys sharded on the mesh, one per device "
+    "(the body takes its own key, `key[0]`, as under pmap)"
+)
 
 
 def _binding_kind(
@@ -283,22 +391,25 @@ def _binding_kind(
     """Return how a binding of an argument makes it: replicated, a batch, fed back, other."""
     if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
         return "other"
-    if any(binding is c.assign for c in calls):
-        return "fed back"  # a result of the step: replicated, as every result is
+    if any(binding is c.assign for c in calls) or id(binding) in program.siblings:
+        return "fed back"  # a result of the step (or another): replicated, as every result is
     if forms.readback_of(binding.value, name):
         return "read back"  # `x = unreplicate(x)`: becomes `x = x`, dropped
     if single_name(binding.targets[0].target) != name:
         return "other"
-    replicated = forms.replicated_source(binding.value)
+    value = binding.value
+    replicated = forms.replicated_source(value)
     if replicated is not None:
-        why = "a replication deleted: the value is passed as it is, replicated (`P()`)"
-        program.edit(binding.value, why, lambda: replicated)
+        program.edit(value, REPLICATED, lambda: replicated)
         return "replicated"
-    batch = forms.shard_source(binding.value)
-    if batch is not None and program.made_at < flow.order.get(id(binding), -1):
-        why = "a split into per-device slices -> this process's part of a batch sharded on the mesh"
-        program.edit(binding.value, why, lambda: global_batch(program, batch))
+    after = program.made_at < flow.order.get(id(binding), -1)  # the mesh exists there
+    batch = forms.shard_source(value)
+    if batch is not None and after:
+        program.edit(value, BATCH, lambda: global_batch(program, batch))
         return "batch"
+    if forms.keys_source(value) is not None and after:
+        program.edit(value, KEYS, lambda: global_batch(program, value))
+        return "keys"
     return "other"
 
 
@@ -320,11 +431,12 @@ def _follow_result(
         _follow_flattened(program, flow, calls, step, name)
         return
     for binding in flow.stores.get(name, []):
-        fed = any(binding is c.assign for c in calls)
+        fed = any(binding is c.assign for c in calls) or id(binding) in program.siblings
         read = isinstance(binding, cst.Assign) and forms.readback_of(binding.value, name)
         if not fed and not read and not _before(flow, binding, calls):
             raise NotVisible(f"`{name}` holds a result of `{step}` and something else")
     feeds = {id(c.call.args[i].value) for c in calls for i, a in enumerate(c.args) if a == name}
+    feeds |= program.sibling_feeds  # fed to another step of the function: checked there
     last = max(flow.order[id(c.assign)] for c in calls)
     settled = [  # `x = unreplicate(x)` after the last call: later reads see the read-back value
         b
@@ -342,12 +454,110 @@ def _follow_result(
             for b in settled
         ):
             continue
-        readback = _readback_around(flow, forms, use, name)
-        if readback is None:
+        listed = _appended_to(flow, use)
+        if listed is not None:
+            _follow_list(program, flow, forms, calls, step, listed)
+            continue
+        found = _readback_around(flow, forms, use, name)
+        if found is None:
             raise NotVisible(f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`")
+        readback, value = found
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
-        program.edit(readback, why, lambda: cst.Name(name))
+        program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
     del output
+
+
+def _appended_to(flow: Parents, use: cst.Name) -> str | None:
+    """Return `L` of a statement `L.append(use)`, else None."""
+    arg = flow.parent.get(id(use))
+    call = flow.parent.get(id(arg))
+    if not isinstance(arg, cst.Arg) or not isinstance(call, cst.Call) or len(call.args) != 1:
+        return None
+    method = call.func
+    if not isinstance(method, cst.Attribute) or method.attr.value != "append" or arg.keyword:
+        return None
+    statement = flow.parent.get(id(call))
+    return single_name(method.value) if isinstance(statement, cst.Expr) else None
+
+
+def _follow_list(
+    program: Program, flow: Parents, forms: Forms, calls: list[_StepCall], step: str, name: str
+) -> None:
+    """`L.append(r)` of replicated results, `L` read only as `common_utils.get_metrics(L)`
+    (device 0 of each, fetched and stacked) or where that value has replaced it.
+
+    `get_metrics(L)` becomes `common_utils.stack_forest(jax.device_get(L))`: the same stacked
+    host values, from results that have no device axis.
+    """
+    results = {t for c in calls for i, t in enumerate(c.targets) if not program.varying[i]}
+    gathered = []
+    for binding in flow.stores.get(name, []):
+        value = binding.value if isinstance(binding, cst.Assign) else None
+        if isinstance(value, cst.List) and not value.elements:
+            continue
+        if value is None or _gathering(forms, value, name) is None:
+            raise NotVisible(f"`{name}`, a list of results of `{step}`, is bound to other values")
+        gathered.append(binding)
+    for use in flow.loads.get(name, []):
+        arg = flow.parent.get(id(use))
+        call = flow.parent.get(id(arg))
+        appended = isinstance(arg, cst.Attribute) and _appended_to(flow, _item(call)) == name
+        if appended and _item(call).value in results:
+            continue
+        owner = _gathering(forms, call, name) if isinstance(call, cst.Call) else None
+        if owner is not None and isinstance(arg, cst.Arg) and isinstance(call, cst.Call):
+            why = f"a readback of device 0 of each of `{name}` deleted: the results are replicated"
+            program.edit(call, why, lambda o=owner: _stacked(program, o, name))  # type: ignore[misc]
+            continue
+        if not any(_dominated(flow, b, use, name) for b in gathered):
+            why = f"`{name}`, a list of results of `{step}`, is read other than by `get_metrics`"
+            raise NotVisible(why)
+
+
+def _item(call: cst.CSTNode | None) -> cst.Name:
+    """The one argument of `L.append(x)`, when a name (else a placeholder no read matches)."""
+    if isinstance(call, cst.Call) and len(call.args) == 1:
+        value = call.args[0].value
+        if isinstance(value, cst.Name):
+            return value
+    return cst.Name("_")
+
+
+def _gathering(forms: Forms, node: cst.BaseExpression, name: str) -> cst.BaseExpression | None:
+    """Return `X` of `X.get_metrics(name)` (flax's `common_utils`), else None."""
+    if not isinstance(node, cst.Call) or forms.qualname(node.func) != GET_METRICS:
+        return None
+    args = positional(node, 1)
+    if args is None or single_name(args[0]) != name or not isinstance(node.func, cst.Attribute):
+        return None
+    return node.func.value
+
+
+def _stacked(program: Program, owner: cst.BaseExpression, name: str) -> cst.BaseExpression:
+    text = f"OWNER.stack_forest({program.jax}.device_get({name}))"
+    return cst.parse_expression(text).visit(_Owner(owner))  # type: ignore[return-value]
+
+
+class _Owner(cst.CSTTransformer):
+    def __init__(self, owner: cst.BaseExpression) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        return self.owner if original_node.value == "OWNER" else updated_node
+
+
+def _dominated(flow: Parents, binding: cst.CSTNode, use: cst.Name, name: str) -> bool:
+    """Return True if every path to `use` runs `binding` last of the bindings of `name`: the
+    binding's statement is in a block around `use`, before it, and no binding comes between."""
+    line = flow.parent.get(id(binding))
+    block = flow.parent.get(id(line))
+    around = list(ancestors(flow, use))
+    if not any(a is block for a in around) or any(a is binding for a in around):
+        return False
+    start, at = flow.order[id(binding)], flow.order[id(use)]
+    between = [b for b in flow.stores.get(name, []) if start < flow.order[id(b)] < at]
+    return start < at and not [b for b in between if b is not binding]
 
 
 def _upstream(flow: Parents, use: cst.Name, calls: list[_StepCall]) -> bool:
@@ -374,11 +584,42 @@ def _follow_flattened(
             continue
         around = list(ancestors(flow, use))[:6]  # `r.reshape(...)`, `r` in its shape too
         node = next((a for a in around if isinstance(a, cst.Call) and flattens(a, name)), None)
-        if node is None:
-            why = f"`{name}`, a per-device result of `{step}`, is read other than flattened"
+        if node is not None:
+            reason = f"a flattening of `{name}` over devices deleted: the result is flat already"
+            program.edit(node, reason, lambda: _local_part(program, name))
+            continue
+        reshape = _reshaped(flow, use, name)
+        if reshape is None:
+            why = (
+                f"`{name}`, a result of `{step}` that may differ between devices (the body does "
+                f"not reduce it over {code(program.axis)}), is read other than flattened"
+            )
             raise NotVisible(why)
-        reason = f"a flattening of `{name}` over devices deleted: the result is flat already"
-        program.edit(node, reason, lambda: _local_part(program, name))
+        reason = f"`{name}` reshaped as it is: the flat result has the same elements in order"
+        program.edit(reshape, reason, lambda r=reshape: _local_reshape(program, r, name))  # type: ignore[misc]
+
+
+def _reshaped(flow: Parents, use: cst.Name, name: str) -> cst.Call | None:
+    """`name.reshape(...)` whose shape does not read `name`: the per-device results stacked,
+    or flat over the devices, have the same elements in the same (row-major) order."""
+    method = flow.parent.get(id(use))
+    call = flow.parent.get(id(method))
+    if not isinstance(method, cst.Attribute) or method.attr.value != "reshape":
+        return None
+    if not isinstance(call, cst.Call) or call.func is not method or not call.args:
+        return None
+    if any(a.keyword is not None or a.star for a in call.args):  # `order="F"`: another order
+        return None
+    return (
+        None
+        if name in set(names_in(cst.Tuple([cst.Element(a.value) for a in call.args])))
+        else call
+    )
+
+
+def _local_reshape(program: Program, call: cst.Call, name: str) -> cst.BaseExpression:
+    assert isinstance(call.func, cst.Attribute)
+    return call.with_changes(func=call.func.with_changes(value=_local_part(program, name)))
 
 
 def _local_part(program: Program, name: str) -> cst.BaseExpression:
@@ -403,10 +644,14 @@ def _before(flow: Parents, binding: cst.CSTNode, calls: list[_StepCall]) -> bool
 
 def _readback_around(
     flow: Parents, forms: Forms, use: cst.Name, name: str
-) -> cst.BaseExpression | None:
+) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """Return the readback of device 0 reading `use` and what it becomes, else None."""
     node: cst.CSTNode | None = use
-    for _ in range(4):  # var[0]: 1 up; tree.map(lambda v: v[0], var): Arg, Call
+    for _ in range(6):  # var[0]: 1 up; var.a.b[0]: 3; jax.device_get(var.a)[0]: 5
         node = flow.parent.get(id(node)) if node is not None else None
-        if isinstance(node, cst.BaseExpression) and forms.readback_of(node, name):
-            return node
+        if not isinstance(node, cst.BaseExpression):
+            continue
+        read = forms.readback_value(node, name)
+        if read is not None and read[0] is use:
+            return node, read[1]
     return None

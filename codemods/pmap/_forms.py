@@ -18,6 +18,13 @@ UNREPLICATE = frozenset({"flax.jax_utils.unreplicate"})
 TREE_MAP = frozenset({"jax.tree.map", "jax.tree_util.tree_map", "jax.tree_map"})
 BROADCAST = frozenset({"jax.numpy.broadcast_to", "numpy.broadcast_to"})
 STACK = frozenset({"jax.numpy.stack", "numpy.stack"})
+ARRAY_ATTRIBUTES = frozenset(
+    {"T", "mT", "at", "dtype", "flat", "imag", "itemsize", "nbytes", "ndim", "real", "shape"}
+    | {"sharding", "size", "addressable_shards", "global_shards", "aval", "weak_type"}
+)
+SPLIT_KEY = frozenset({"jax.random.split"})
+SHARD_KEY = frozenset({"flax.training.common_utils.shard_prng_key"})
+DEVICE_GET = frozenset({"jax.device_get"})
 DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
 
 
@@ -214,6 +221,23 @@ class Forms:
                 return owner
         return None
 
+    def keys_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
+        """Return k of per-device keys split from k: `jax.random.split(k, n)` (n the number of
+        local devices), `common_utils.shard_prng_key(k)`; else None."""
+        if self._is(node, SHARD_KEY):
+            args = positional(node, 1)  # type: ignore[arg-type]
+            return args[0] if args else None
+        if not self._is(node, SPLIT_KEY):
+            return None
+        assert isinstance(node, cst.Call)
+        count = next((a.value for a in node.args if a.keyword and a.keyword.value == "num"), None)
+        plain = [a.value for a in node.args if a.keyword is None and not a.star]
+        if count is None and len(plain) == 2:
+            count = plain[1]
+        if len(node.args) != 2 or count is None or not self.counts(count):
+            return None
+        return plain[0] if plain else None
+
     def _splits(self, node: cst.BaseExpression, var: str) -> bool:
         """`var.reshape((n, -1) + var.shape[1:])`, n the number of local devices."""
         if not _splits(node, var):
@@ -222,15 +246,66 @@ class Forms:
         return self.counts(shape.left.elements[0].value)
 
     def readback_of(self, node: cst.BaseExpression, var: str) -> bool:
-        """`var[0]`, `jax.tree.map(lambda v: v[0], var)`, `unreplicate(var)`."""
-        if is_zero_index(node, var):
-            return True
+        """`var[0]`, `jax.device_get(var)[0]`, `jax.tree.map(lambda v: v[0], var)`,
+        `unreplicate(var)`: device 0's copy of the whole of `var`."""
+        read = self.readback_value(node, var)
+        if read is None or read[1] is read[0]:
+            return read is not None
+        args = positional(read[1], 1) if isinstance(read[1], cst.Call) else None
+        return args is not None and args[0] is read[0]  # `jax.device_get(var)[0]`
+
+    def readback_value(
+        self, node: cst.BaseExpression, var: str
+    ) -> tuple[cst.Name, cst.BaseExpression] | None:
+        """Return (the `var` read, what is left once device 0's copy is the value) of a readback
+        of `var` or of a field of it: `var.a.b[0]` -> `var.a.b`, `jax.device_get(var)[0]` ->
+        `jax.device_get(var)`, `unreplicate(var.a)` -> `var.a`, `jax.tree.map(lambda v: v[0],
+        var)` -> `var`; else None."""
+        if isinstance(node, cst.Subscript) and _is_zero(node):
+            inner = node.value
+            path = inner
+            if self._is(inner, DEVICE_GET):
+                args = positional(inner, 1)  # type: ignore[arg-type]
+                path = args[0] if args else inner
+            root = _root(path)
+            return (root, inner) if root is not None and root.value == var else None
+        source: cst.BaseExpression | None = None
         if self._is(node, UNREPLICATE):
-            assert isinstance(node, cst.Call)
-            args = positional(node, 1)
-            return args is not None and single_name(args[0]) == var
-        mapped = self._tree_mapped(node, lambda body, v: is_zero_index(body, v))
-        return mapped is not None and single_name(mapped) == var
+            args = positional(node, 1)  # type: ignore[arg-type]
+            source = args[0] if args else None
+        else:
+            source = self._tree_mapped(node, lambda body, v: is_zero_index(body, v))
+        root = _root(source) if source is not None else None
+        return (root, source) if root is not None and root.value == var else None  # type: ignore[return-value]
+
+
+def _is_zero(node: cst.Subscript) -> bool:
+    """`...[0]`."""
+    if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+        return False
+    index = node.slice[0].slice.value
+    return isinstance(index, cst.Integer) and index.value == "0"
+
+
+def _root(node: cst.BaseExpression) -> cst.Name | None:
+    """`x` of `x`, `x.a.b` or `x["k"].a`: a field of a pytree; None for anything else.
+
+    An array's own attributes (`x.shape[0]`, `x.T[0]`) are no field: device 0 is not read there.
+    """
+    while isinstance(node, (cst.Attribute, cst.Subscript)):
+        if isinstance(node, cst.Attribute) and node.attr.value in ARRAY_ATTRIBUTES:
+            return None
+        if isinstance(node, cst.Subscript) and not _is_key(node):
+            return None
+        node = node.value
+    return node if isinstance(node, cst.Name) else None
+
+
+def _is_key(node: cst.Subscript) -> bool:
+    """`...["k"]`: a dict's entry (an array cannot be indexed by a string)."""
+    if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+        return False
+    return isinstance(node.slice[0].slice.value, cst.SimpleString)
 
 
 def _adds_leading(node: cst.BaseExpression, var: str) -> bool:

@@ -5,21 +5,29 @@ whether the whole flow is visible and of a shape this module rewrites; `Program.
 the function rewritten. The shape taken (anything else keeps the faithful form, with the reason):
 
 - `step = jax.pmap(body, axis_name="a"[, donate_argnums=...])` in the function, `body` a def of
-  the module with positional parameters and straight-line code (assignments and one `return`);
-- every use of `step` in the function is a call `out = step(x1, ..., xk)` with names as
-  arguments; each argument is assigned in the function only by a replication of a value
-  (`flax.jax_utils.replicate(x)`, `jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`,
-  `jnp.stack([x] * n)`), only by a split of a flat batch (`x.reshape((n, -1) + x.shape[1:])` or
-  its `jax.tree.map`, `flax.training.common_utils.shard(x)`), or by a replicated result of `step`
-  fed back;
-- every result of `step` is read only as `r[0]`, `jax.tree.map(lambda v: v[0], r)`,
-  `flax.jax_utils.unreplicate(r)`, or fed back as a replicated argument, and is the same on every
-  device: a `pmean`/`psum`/`pmax`/`pmin` result, or computed from replicated values alone.
+  the module (or `functools.partial(body, k=...)`: the parameters it binds are replicated, later
+  ones keep their defaults) with positional parameters, whose results are read from its code
+  (`_body.py`: nested defs, closures, `if`/`else`, loops); several such steps in one function
+  share one mesh, and a result of one fed to another is replicated on both sides; a step made
+  outside any function (a pmap decorator on a def of the module, `step = jax.pmap(...)` at
+  module level) is read by `_outer`;
+- every use of `step` in the function is a call `out = step(x1, ..., xk)`; each argument is a
+  name assigned in the function only by a replication of a value (`flax.jax_utils.replicate(x)`,
+  `jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`, `jnp.stack([x] * n)`), only by a
+  split of a flat batch (`x.reshape((n, -1) + x.shape[1:])` or its `jax.tree.map`,
+  `flax.training.common_utils.shard(x)`), only by per-device keys (`jax.random.split(k, n)`,
+  `common_utils.shard_prng_key(k)`), or by a replicated result of `step` fed back; or one of
+  those expressions written in the call;
+- every result of `step` is read only as device 0's copy (`r[0]`, `r.field[0]`, `r["k"][0]`,
+  `jax.device_get(r)[0]`, `jax.tree.map(lambda v: v[0], r)`, `flax.jax_utils.unreplicate(r)`),
+  appended to a list read by `common_utils.get_metrics`, or fed back as a replicated argument, and
+  is the same on every device (`_body.py`); or it differs and is read only reshaped on the host.
 
 The rewrite: a mesh over every device of the job (`jax.devices()`, pmap's order) is made once,
 where the step was made; the step becomes `jax.jit(jax.shard_map(body, mesh=..., in_specs=...,
 out_specs=P(), check_vma=False), donate_argnums=...)` with `P()` for replicated arguments and
-`P(a)` for batches; replications and readbacks are deleted (the value itself is passed and read);
+`P(a)` for batches and per-device keys (each device takes its own key, `key[0]`, in a lambda
+around the body); replications and readbacks are deleted (the value itself is passed and read);
 a split batch becomes its process's part of a global batch sharded over the axis
 (`jax.make_array_from_process_local_data`: in one process, the flat batch itself). The per-device
 block of the flat batch is exactly the old per-device slice, so the body is unchanged, with its
@@ -47,8 +55,8 @@ class Program:
     """One step and the edits that go with it, in the function that makes and calls it."""
 
     host: cst.FunctionDef
-    statement: cst.SimpleStatementLine  # `step = jax.pmap(...)`
-    body: cst.Name
+    statement: cst.SimpleStatementLine | None  # `step = jax.pmap(...)`; None: made elsewhere
+    body: cst.BaseExpression  # the def's name, or `functools.partial(name, k=...)`
     axis: cst.BaseExpression
     donate: cst.Arg | None
     batches: list[bool]  # per argument: a split batch (True) or replicated (False)
@@ -67,6 +75,13 @@ class Program:
     made_at: int = 0  # where the step is made, in `Parents.order`
     nodes: dict[int, cst.CSTNode] = field(default_factory=dict)  # the edited nodes, by id
     reasons: dict[int, str] = field(default_factory=dict)  # what each edit does, by id
+    calls: list[cst.Call] = field(default_factory=list)  # the calls of the step in `host`
+    make_mesh: bool = True  # False: an existing mesh of pmap's, `mesh`, is reused
+    make_sharding: bool = True  # False: another step of the function made `sharding` already
+    siblings: set[int] = field(default_factory=set)  # `out = other_step(...)` in the function
+    sibling_feeds: set[int] = field(default_factory=set)  # the arguments of those calls
+    params: list[str] = field(default_factory=list)  # the body's parameters
+    squeezed: set[int] = field(default_factory=set)  # per-device stacks: the body takes x[0]
 
     def edit(
         self, node: cst.BaseExpression, why: str, new: Callable[[], cst.BaseExpression]
@@ -77,15 +92,11 @@ class Program:
 
     def rewrite(self, indent: str, style: Style) -> cst.FunctionDef:
         """Return the host function rewritten; `indent` is its body's indentation."""
-        out = self.host.visit(_Edit(self, indent, style))
-        assert isinstance(out, cst.FunctionDef)
-        return out
+        return rewrite_host(self.host, [self], None, indent, style)
 
-    def step_statements(self, indent: str, style: Style) -> list[cst.SimpleStatementLine]:
-        """Return the mesh, made once, and the step as `jax.jit` of `jax.shard_map`."""
-        jax, spec = self.jax, code(self.spec)
-        axis = code(self.axis)
-        mesh = f"{self.mesh} = {jax}.sharding.Mesh({jax}.devices(), ({axis},))"
+    def specs(self) -> tuple[str, str]:
+        """Return the text of `in_specs` and `out_specs`."""
+        spec, axis = code(self.spec), code(self.axis)
         specs = [
             "None" if self.fixed.get(i) == "static" else f"{spec}({axis})" if batch else f"{spec}()"
             for i, batch in enumerate(self.batches)
@@ -93,41 +104,66 @@ class Program:
         in_specs = f"({', '.join(specs)}{',' if len(specs) == 1 else ''})"
         outs = [f"{spec}({axis})" if v else f"{spec}()" for v in self.varying]
         out_specs = f"({', '.join(outs)})" if self.outputs is not None else outs[0]
-        target = code(self.statement.body[0].targets[0].target)  # type: ignore[attr-defined]
-        inner = [
-            self.body.value,
-            f"mesh={self.mesh}",
-            f"in_specs={in_specs}",
-            f"out_specs={out_specs}",
-            "check_vma=False",
-        ]
-        outer = [f"{jax}.shard_map({', '.join(inner)})"]
+        return in_specs, out_specs
+
+    def jit_options(self) -> list[str]:
+        """Return `jax.jit`'s arguments besides the function: static and donated ones."""
+        options = []
         if self.statics is not None:
-            value = code(self.statics.value)
-            outer.append(f"static_argnums={value}")
+            options.append(f"static_argnums={code(self.statics.value)}")
         if self.donate is not None:
-            outer.append(code(self.donate.with_changes(comma=cst.MaybeSentinel.DEFAULT)))
-        flat = f"{target} = {jax}.jit({', '.join(outer)})"
-        texts = [mesh, flat]
-        if any(self.batches):
+            options.append(code(self.donate.with_changes(comma=cst.MaybeSentinel.DEFAULT)))
+        return options
+
+    def step_text(self, mesh: str | None) -> str:
+        """Return `jax.jit(jax.shard_map(body, ...), ...)`; no `mesh=` when `mesh` is None (the
+        mesh the program sets with `jax.set_mesh` is used)."""
+        in_specs, out_specs = self.specs()
+        inner = [self._per_device_body(), *([f"mesh={mesh}"] if mesh is not None else [])]
+        inner += [f"in_specs={in_specs}", f"out_specs={out_specs}", "check_vma=False"]
+        outer = [f"{self.jax}.shard_map({', '.join(inner)})", *self.jit_options()]
+        return f"{self.jax}.jit({', '.join(outer)})"
+
+    def step_statements(self, indent: str, style: Style) -> list[cst.SimpleStatementLine]:
+        """Return the mesh, made once, and the step as `jax.jit` of `jax.shard_map`."""
+        assert self.statement is not None
+        jax, spec = self.jax, code(self.spec)
+        axis = code(self.axis)
+        target = code(self.statement.body[0].targets[0].target)  # type: ignore[attr-defined]
+        texts = [f"{target} = {self.step_text(self.mesh)}"]
+        if any(self.batches) and self.make_sharding:
             sharding = f"{jax}.sharding.NamedSharding({self.mesh}, {spec}({axis}))"
-            texts.insert(1, f"{self.sharding} = {sharding}")
+            texts.insert(0, f"{self.sharding} = {sharding}")
+        if self.make_mesh:
+            texts.insert(0, f"{self.mesh} = {jax}.sharding.Mesh({jax}.devices(), ({axis},))")
         statements = [_laid_out(cst.parse_statement(text), indent, style) for text in texts]
         assert all(isinstance(s, cst.SimpleStatementLine) for s in statements)
         first = statements[0].with_changes(leading_lines=self.statement.leading_lines)
         return [first, *statements[1:]]  # type: ignore[list-item]
 
+    def _per_device_body(self) -> str:
+        """The body, or a lambda calling it with its own `x[0]` of each per-device stack.
+
+        A stack of per-device values that is not a split batch (keys, one per device) comes to
+        each device as a block of one: the body takes that block's only element, as pmap
+        gave it (brax's ES migration does the same)."""
+        if not self.squeezed:
+            return code(self.body)
+        args = [f"{p}[0]" if i in self.squeezed else p for i, p in enumerate(self.params)]
+        return f"lambda {', '.join(self.params)}: {code(self.body)}({', '.join(args)})"
+
 
 def _laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.BaseStatement:
-    """Return `target = call(...)`, the call laid out by the emitter when the line is too long."""
+    """Return `target = call(...)` or `call(...)`, the call laid out by the emitter when the
+    line is too long."""
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
         return statement
-    assign = statement.body[0]
-    if not isinstance(assign, cst.Assign) or not isinstance(assign.value, cst.Call):
+    node = statement.body[0]
+    if not isinstance(node, (cst.Assign, cst.Expr)) or not isinstance(node.value, cst.Call):
         return statement
-    head = len(indent) + len(code(assign)) - len(code(assign.value))
-    laid = Call.of(assign.value).laid_out(Room(indent, head), style)
-    return statement.with_changes(body=[assign.with_changes(value=laid)])
+    head = len(indent) + len(code(node)) - len(code(node.value))
+    laid = Call.of(node.value).laid_out(Room(indent, head), style)
+    return statement.with_changes(body=[node.with_changes(value=laid)])
 
 
 def global_batch(program: Program, source: cst.BaseExpression) -> cst.BaseExpression:
@@ -138,22 +174,96 @@ def global_batch(program: Program, source: cst.BaseExpression) -> cst.BaseExpres
     return filled
 
 
-class _Edit(cst.CSTTransformer):
-    """Apply a program's edits to its host function (original nodes, by id)."""
+# The statement the mesh is set before, the statements making it, and the `jax.set_mesh(...)`
+# the rest of the function then runs under.
+Setup = tuple[cst.CSTNode, list[str], str]
 
-    def __init__(self, program: Program, indent: str, style: Style) -> None:
+
+def rewrite_host(
+    host: cst.FunctionDef, programs: list[Program], setup: Setup | None, indent: str, style: Style
+) -> cst.FunctionDef:
+    """Return `host` with the edits of `programs` (steps it calls) and the mesh `setup`."""
+    out = host.visit(_Edit(host, programs, setup, indent, style))
+    assert isinstance(out, cst.FunctionDef)
+    return out
+
+
+class _Edit(cst.CSTTransformer):
+    """Apply programs' edits to their host function (original nodes, by id)."""
+
+    def __init__(
+        self,
+        host: cst.FunctionDef,
+        programs: list[Program],
+        setup: Setup | None,
+        indent: str,
+        style: Style,
+    ) -> None:
         super().__init__()
-        self.program, self.indent, self.style = program, indent, style
+        self.host, self.programs, self.setup = host, programs, setup
+        self.indent, self.style = indent, style
+        self.edits = {k: e for p in programs for k, e in p.edits.items()}
+        self.made = {id(p.statement): p for p in programs if p.statement is not None}
+        self.before: cst.CSTNode | None = None  # the setup's statement, as rewritten
+        self.blocks: list[str] = []  # the indentation of each block we are in
+        self.edited = False  # whether the statement being left had an edit
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.IndentedBlock):
+            unit = node.indent if node.indent is not None else self.style.indent
+            self.blocks.append(self.blocks[-1] + unit if self.blocks else self.indent)
+        if isinstance(node, cst.SimpleStatementLine):
+            self.edited = False
+        return True
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
-        edit = self.program.edits.get(id(original_node))
+        if isinstance(original_node, cst.IndentedBlock):
+            self.blocks.pop()
+        here = self.blocks[-1] if self.blocks else self.indent
+        edit = self.edits.get(id(original_node))
         if edit is not None and isinstance(updated_node, cst.BaseExpression):
+            self.edited = True
             return edit(updated_node)
-        if original_node is self.program.statement:
-            return cst.FlattenSentinel(self.program.step_statements(self.indent, self.style))
+        program = self.made.get(id(original_node))
+        if program is not None:
+            return cst.FlattenSentinel(program.step_statements(here, self.style))
         if _is_self_assignment(updated_node) and not _is_self_assignment(original_node):
             return cst.RemovalSentinel.REMOVE  # `x = replicate(x)` with the replication gone
+        if self.setup is not None and original_node is self.setup[0]:
+            self.before = updated_node
+        if self.setup is not None and original_node is self.host.body:
+            assert isinstance(updated_node, cst.IndentedBlock)
+            return self._with_setup(updated_node)
+        if self.edited and isinstance(updated_node, cst.SimpleStatementLine):
+            return _fitted(updated_node, here, self.style)
         return updated_node
+
+    def _with_setup(self, block: cst.IndentedBlock) -> cst.IndentedBlock:
+        """Make the mesh before the setup's statement, and run the rest under `with
+        jax.set_mesh(mesh):` (its leading comments and blank lines go first)."""
+        assert self.setup is not None
+        body = list(block.body)
+        at = next(i for i, s in enumerate(body) if s is self.before)
+        first = body[at]
+        leading = getattr(first, "leading_lines", ())
+        body[at] = first.with_changes(leading_lines=())  # type: ignore[call-arg]
+        made = [_laid_out(cst.parse_statement(t), self.indent, self.style) for t in self.setup[1]]
+        scoped = cst.With(
+            items=[cst.WithItem(cst.parse_expression(self.setup[2]))],
+            body=cst.IndentedBlock(body=body[at:]),
+        )
+        head = [*made, scoped]
+        head[0] = head[0].with_changes(leading_lines=leading)  # type: ignore[call-arg]
+        return block.with_changes(body=[*body[:at], *head])
+
+
+def _fitted(statement: cst.SimpleStatementLine, indent: str, style: Style) -> cst.BaseStatement:
+    """An edited `target = call(...)` laid out again when it no longer fits its line."""
+    lines = code(statement.with_changes(leading_lines=[])).splitlines()
+    lines[0] = indent + lines[0]  # continuation lines carry their own indentation
+    if all(len(line) <= style.width for line in lines):
+        return statement
+    return _laid_out(statement, indent, style)
 
 
 def _is_self_assignment(statement: cst.CSTNode) -> bool:

@@ -9,11 +9,21 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.codemod import CodemodContext
 
+from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.passes import Pass
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
-from ._flow import analyze
-from ._program import NotVisible, Program
+from ._flow import analyze, mapped_name, options_of, read_options
+from ._forms import Parents, single_name
+from ._outer import (
+    OuterGroup,
+    OuterStep,
+    first_statement,
+    follow_step,
+    mesh_in_scope,
+    setup_function,
+)
+from ._program import NotVisible, Program, Setup
 
 PMAP = "jax.pmap"
 PARTIAL = "functools.partial"
@@ -116,6 +126,9 @@ class PmapUse:
     # The key asking for the faithful form instead of a program-level form that failed
     # verification (`FileState.fallbacks`), when that is why the program-level form is not taken.
     failed_program: str | None = None
+    # `t = jax.pmap if c else jax.vmap`, called in its function only as `t(f, axis_name="a")`:
+    # the axis name those calls give (the value becomes the faithful helper, partially applied)
+    value_axis: cst.SimpleString | None = None
 
     @property
     def statement(self) -> cst.CSTNode:
@@ -129,6 +142,41 @@ class PmapUse:
             if isinstance(node, (cst.FunctionDef, cst.Lambda)) and node is not self.mapped:
                 return id(node)
         return None
+
+
+def called_here(
+    ref: cst.BaseExpression, ancestors: tuple[cst.CSTNode, ...]
+) -> cst.SimpleString | None:
+    """Return the axis name of `t = jax.pmap if c else g` whose every use in its function is a
+    call `t(f, axis_name="a")` (one literal `a` for all); None when the value goes elsewhere."""
+    choice = ancestors[-1]
+    assign = ancestors[-2] if len(ancestors) > 1 else None
+    host = next((a for a in reversed(ancestors) if isinstance(a, cst.FunctionDef)), None)
+    if not isinstance(choice, cst.IfExp) or ref not in (choice.body, choice.orelse):
+        return None
+    if not isinstance(assign, cst.Assign) or assign.value is not choice or host is None:
+        return None
+    name = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
+    flow = Parents()
+    host.body.visit(flow)
+    if name is None or len(flow.stores.get(name, [])) != 1:
+        return None
+    axes = [_axis_called(flow, use) for use in flow.loads.get(name, [])]
+    literal = {a.evaluated_value if a is not None else None for a in axes}
+    return axes[0] if axes and len(literal) == 1 and None not in literal else None
+
+
+def _axis_called(flow: Parents, use: cst.Name) -> cst.SimpleString | None:
+    """The literal `a` of a call `use(f, axis_name="a")`, else None."""
+    call = flow.parent.get(id(use))
+    if not isinstance(call, cst.Call) or call.func is not use or len(call.args) != 2:
+        return None
+    fun, axis = call.args
+    if fun.keyword is not None or fun.star or axis.keyword is None:
+        return None
+    if axis.keyword.value != "axis_name" or not isinstance(axis.value, cst.SimpleString):
+        return None
+    return axis.value
 
 
 def fun_arg(call: cst.Call) -> cst.Arg | None:
@@ -152,30 +200,61 @@ class Finding(Pass):
         self.applied: list[PmapUse] = []
         self.applied_keys: list[str] = []
         self.reuse_helper = False
-        self.programs: dict[int, tuple[PmapUse, Program]] = {}  # by id of the function they are in
+        self.programs: dict[int, list[tuple[PmapUse, Program]]] = {}  # by id of their function
+        self.outer: list[OuterGroup] = []  # the steps made outside the functions calling them
+        self.kept_pmaps = False  # a `jax.pmap` of the module is left alone (skipped)
+        self.outer_calls: dict[int, Program] = {}  # `step = jax.pmap(...)` at module level, taken
+        self.outer_defs: dict[int, tuple[OuterStep, Program]] = {}  # pmap-decorated defs, taken
+        self.host_programs: dict[int, list[Program]] = {}  # by id of a function calling them
+        self.host_setups: dict[int, Setup] = {}  # by id of the function setting the mesh
 
     def _find_programs(self, module: cst.Module) -> None:
         """Take the sites whose whole data flow is visible to the program-level form."""
-        hosts: dict[int, list[PmapUse]] = {}
-        for site in self.sites.values():
-            host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
-            hosts.setdefault(id(host), []).append(site)
-        for key, site in list(self.sites.items()):
-            group = self.program_group(site.node)
-            if group in self.state.fallbacks:
-                site.failed_program = group
-                why = self.state.fallbacks[group]
-                site.fallback = f"program-level form failed verification ({why})"
+        flow = Parents()
+        module.visit(flow)
+        outer: list[OuterStep] = []
+        made_in: dict[int, list[PmapUse]] = {}  # the steps each function makes
+        failed = self._failed_hosts()
+        for site in list(self.sites.values()):
+            if site.value_axis is not None or self._falls_back(site, failed):
                 continue
             try:
-                host, program = self._program(module, site)
-                if len(hosts[id(host)]) > 1:
-                    raise NotVisible("the function makes several pmapped steps")
+                if self._made_outside(module, site):
+                    step = self._outer_step(module, site)
+                    outer.append(follow_step(step, flow, module, self.qualname))
+                    continue
+                host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
+                made_in.setdefault(id(host), []).append(site)
             except NotVisible as why:
                 site.fallback = str(why)
-                continue
-            del self.sites[key]
-            self.programs[id(host)] = (site, program)
+        for sites in made_in.values():
+            self._take_steps(module, flow, sites)
+        self._group_outer(module, flow, outer)
+
+    def _host(self, site: PmapUse) -> cst.CSTNode | None:
+        """Return the function a step is made in (None: at module level, or by a decorator)."""
+        host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
+        return None if host is site.mapped else host
+
+    def _failed_hosts(self) -> dict[int, tuple[str, str]]:
+        """Return, by id of the function a failed group's first step is made in (or of None for
+        steps made outside functions), the group and why it failed verification: every step made
+        there falls back with it, as they were one group."""
+        failed: dict[int, tuple[str, str]] = {}
+        for site in self.sites.values():
+            group = self.program_group(site.node)
+            if group in self.state.fallbacks:
+                failed[id(self._host(site))] = (group, self.state.fallbacks[group])
+        return failed
+
+    def _falls_back(self, site: PmapUse, failed: dict[int, tuple[str, str]]) -> bool:
+        """Mark `site` faithful when the program-level group it belongs to failed verification."""
+        found = failed.get(id(self._host(site)))
+        if found is None:
+            return False
+        site.failed_program = found[0]
+        site.fallback = f"program-level form failed verification ({found[1]})"
+        return True
 
     def program_group(self, node: cst.CSTNode) -> str:
         """Return the group of the program-level form of the step made at `node`: also the key
@@ -183,19 +262,211 @@ class Finding(Pass):
         line, col = self.where(node)
         return f"{self.CODE}:program:{line}:{col}"
 
-    def _program(self, module: cst.Module, site: PmapUse) -> tuple[cst.FunctionDef, Program]:
+    def _take_steps(self, module: cst.Module, flow: Parents, sites: list[PmapUse]) -> None:
+        """Take the steps one function makes, together: results fed from one to another are
+        replicated on both sides. A step that is not taken is left out and the others are
+        followed again without it (a result fed to it is then read other than as taken)."""
+        active = sites
+        while active:
+            names = {id(s): self._bound_to(s) or "" for s in active}
+            taken: list[tuple[PmapUse, cst.FunctionDef, Program]] = []
+            for site in active:
+                siblings = tuple(n for k, n in names.items() if n and k != id(site))
+                try:
+                    taken.append((site, *self._program(module, site, flow, siblings)))
+                except NotVisible as why:
+                    site.fallback = str(why)
+            if len(taken) == len(active):
+                break
+            active = [site for site, _, _ in taken]
+        if not active:
+            return
+        blocks = {id(flow.parent.get(id(p.statement))) for _, _, p in taken}
+        if len(blocks) > 1:
+            for site, _, _ in taken:
+                site.fallback = (
+                    "the function makes its steps in different blocks: no one place for the mesh"
+                )
+            return
+        taken.sort(key=lambda t: flow.order[id(t[2].statement)])
+        host = taken[0][1]
+        for site, _, program in taken:
+            del self.sites[id(site.node)]
+        self.programs[id(host)] = [(site, program) for site, _, program in taken]
+
+    def _made_outside(self, module: cst.Module, site: PmapUse) -> bool:
+        """A pmap decorator on a def of the module, or `step = jax.pmap(...)` at module level."""
+        if isinstance(site.node, cst.Decorator):
+            return site.mapped in module.body
+        return not any(isinstance(a, SCOPES) for a in site.ancestors)
+
+    def _outer_step(self, module: cst.Module, site: PmapUse) -> OuterStep:
+        """Read a step made outside the functions calling it; raise NotVisible for why not."""
+        assert self.survey is not None
+        if len(site.pmaps) != 1:
+            raise NotVisible("a nested pmap: its calls are not followed (yet)")
+        if isinstance(site.node, cst.Decorator):
+            body = site.mapped
+            assert isinstance(body, cst.FunctionDef)
+            if len(body.decorators) != 1:
+                raise NotVisible("the def has other decorators than pmap's")
+            deco = site.node.decorator
+            args = deco.args[1:] if isinstance(deco, cst.Call) else ()
+            unnamed = cst.SimpleString(f'"{self._unnamed()}"')
+            options = read_options(
+                cst.Name(body.name.value),
+                args,
+                self.qualname,
+                positional_axis=False,
+                unnamed=unnamed,
+            )
+            name = body.name.value
+        else:
+            statement = site.ancestors[1] if len(site.ancestors) > 2 else None
+            assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+            if not isinstance(assign, cst.Assign) or assign.value is not site.node:
+                raise NotVisible("the pmapped step is not simply assigned to a name")
+            target = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
+            if target is None or len(statement.body) != 1:  # type: ignore[union-attr]
+                raise NotVisible("the pmapped step is not simply assigned to a name")
+            assert isinstance(site.node, cst.Call)
+            options = options_of(site.node, self.qualname)
+            defs = self.survey.defs(options.name)
+            if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(options.name):
+                raise NotVisible("the pmapped function is not a def of this module")
+            body, name = defs[0], target
+        if len(self.resolver.bindings(name)) != 1:
+            raise NotVisible(f"`{name}` is bound more than once in the module")
+        if name in self.survey.strings:
+            raise NotVisible(
+                f"`{name}` is named in a string (`__all__`?): it may be used elsewhere"
+            )
+        return OuterStep(site, name, body, options, isinstance(site.node, cst.Decorator))
+
+    def _unnamed(self) -> str:
+        assert self.survey is not None
+        taken = self.survey.strings
+        return next(
+            n for n in ("batch", "device", *(f"device_{k}" for k in range(99))) if n not in taken
+        )
+
+    def _group_outer(self, module: cst.Module, flow: Parents, steps: list[OuterStep]) -> None:
+        """Group the steps by the function setting their mesh (one for them all when one
+        function calls every function calling them); check each group can be taken."""
+        assert self.survey is not None
+        if not steps:
+            return
+        together = OuterStep(None, "the steps", steps[0].body, steps[0].options, False)
+        together.programs = [p for step in steps for p in step.programs]
+        groups: dict[int, list[OuterStep]] = {}
+        setups: dict[int, cst.FunctionDef] = {}
+        named = {code(s.options.axis): s.options.axis for s in steps if s.options.named}
+        for step in (s for s in steps if not s.options.named and len(named) == 1):
+            step.options.axis = next(iter(named.values()))  # any name serves an unnamed axis
+            for program in step.programs:
+                program.axis = step.options.axis
+        try:
+            if len({code(step.options.axis) for step in steps}) > 1:
+                raise NotVisible("steps over different axes: one mesh cannot serve them")
+            setup = setup_function(together, flow, module, self.survey.strings)
+            groups[id(setup)], setups[id(setup)] = steps, setup
+        except NotVisible:
+            for step in steps:
+                try:
+                    setup = setup_function(step, flow, module, self.survey.strings)
+                except NotVisible as why:
+                    step.site.fallback = str(why)  # type: ignore[attr-defined]
+                    continue
+                groups.setdefault(id(setup), []).append(step)
+                setups[id(setup)] = setup
+        for key, group in groups.items():
+            try:
+                self.outer.append(self._outer_group(module, flow, setups[key], group))
+            except NotVisible as why:
+                for step in group:
+                    step.site.fallback = str(why)  # type: ignore[attr-defined]
+        taken = {id(step.site.node) for g in self.outer for step in g.steps}  # type: ignore[attr-defined]
+        clash = self._clash(taken)
+        for outer in self.outer if clash else ():
+            for step in outer.steps:
+                step.site.fallback = clash  # type: ignore[attr-defined]
+        self.outer = [] if clash else self.outer
+        for node_id in () if clash else taken:
+            del self.sites[node_id]
+
+    def _clash(self, taken: set[int]) -> str:
+        """Why the mesh `jax.set_mesh` sets would clash with another pmap of the module, if so:
+        a `jax.pmap` or `shard_map` over any other mesh fails when called under it."""
+        others = [s for key, s in self.sites.items() if key not in taken]
+        axes = {code(g.steps[0].options.axis) for g in self.outer}
+        axes |= {code(p.axis) for programs in self.programs.values() for _, p in programs}
+        if others or self.kept_pmaps:
+            line = "a pmap of the module stays per-device"
+        elif len(axes) > 1:
+            line = "the steps of the module are over different axes"
+        else:
+            return ""
+        return f"{line}: its mesh would clash with the one `jax.set_mesh` sets (JAX raises)"
+
+    def _outer_group(
+        self, module: cst.Module, flow: Parents, setup: cst.FunctionDef, group: list[OuterStep]
+    ) -> OuterGroup:
+        axes = {code(step.options.axis) for step in group}
+        if len(axes) > 1:
+            why = (
+                f"`{setup.name.value}` calls steps over different axes: one mesh cannot serve them"
+            )
+            raise NotVisible(why)
+        for step in group:
+            for program in step.programs:
+                host = program.host
+                if id(host) in self.programs:
+                    raise NotVisible(f"`{host.name.value}` also makes a pmapped step of its own")
+                if any(host in s.ancestors for s in self.sites.values()):
+                    raise NotVisible(f"`{host.name.value}` holds another pmap site")
+        before = first_statement(setup, flow, group)
+        scopes: list[cst.BaseSuite | cst.Module] = [setup.body, module]
+        mesh = mesh_in_scope(
+            scopes, flow.order[id(before)], flow, group[0].options.axis, self.qualname
+        )
+        return OuterGroup(group, setup, before, mesh or "mesh", make=mesh is None)
+
+    def _program(
+        self, module: cst.Module, site: PmapUse, flow: Parents, siblings: tuple[str, ...] = ()
+    ) -> tuple[cst.FunctionDef, Program]:
         """Return the function making the step and its program; raise NotVisible for why not."""
+        assert self.survey is not None
         host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
-        if not isinstance(site.node, cst.Call) or len(site.pmaps) != 1:
-            raise NotVisible("a decorator or nested pmap: its calls are not followed (yet)")
+        if len(site.pmaps) != 1:
+            raise NotVisible("a nested pmap: its calls are not followed (yet)")
+        if not isinstance(site.node, cst.Call):
+            raise NotVisible("a pmap decorator on a def inside a function: not followed (yet)")
         if not isinstance(host, cst.FunctionDef) or host is site.mapped:
-            raise NotVisible("the step is made outside a function: its calls are not followed")
-        if not isinstance(site.mapped, cst.FunctionDef) or site.mapped not in module.body:
+            raise NotVisible(
+                "the step is made in a class body or a lambda: its calls are not followed"
+            )
+        name = self._mapped_def_name(site.node)
+        defs = self.survey.defs(name)
+        if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(name):
             raise NotVisible("the pmapped function is not a def of this module")
         statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
         if not isinstance(statement, cst.SimpleStatementLine):
             raise NotVisible("the step is not made by a statement of its own")
-        return host, analyze(host, statement, site.node, site.mapped, self.qualname)
+        module_defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
+        program = analyze(host, statement, site.node, defs[0], self.qualname, siblings, module_defs)
+        scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
+        mesh = mesh_in_scope(scopes, flow.order[id(statement)], flow, program.axis, self.qualname)
+        if mesh is not None:
+            program.mesh, program.make_mesh = mesh, False
+        return host, program
+
+    def _mapped_def_name(self, pmap: cst.Call) -> str:
+        """Return the name of the def `jax.pmap(f)` or `jax.pmap(partial(f, k=...))` maps."""
+        fun = fun_arg(pmap)
+        try:
+            return mapped_name(fun.value, self.qualname)[0] if fun is not None else ""
+        except NotVisible:
+            return ""
 
     def _classify(
         self, ref: cst.BaseExpression, ancestors: tuple[cst.CSTNode, ...]
@@ -213,6 +484,9 @@ class Finding(Pass):
             return PmapUse(ref, [], ref, ancestors, skip=why)
         if isinstance(parent, cst.Assign) and parent.value is ref:
             return None  # an alias: the calls through it are sites of their own
+        axis = called_here(ref, ancestors)
+        if axis is not None:
+            return PmapUse(ref, [], ref, ancestors, value_axis=axis)
         why = "`jax.pmap` passed around as a value: the calls made with it are not visible"
         return PmapUse(ref, [], ref, ancestors, skip=why)
 

@@ -1,0 +1,274 @@
+"""Which results of a pmapped body are the same on every device, read from the body's code.
+
+A result gets `out_specs=P()` (one value, device 0's, with `check_vma=False`) only when it is
+the same on every device, so the analysis is sound and timid: a value is the same on every
+device when it is a `pmean`/`psum`/`pmax`/`pmin`/`all_gather` over the step's axis (no
+`axis_index_groups`), or computed from such values and replicated arguments alone; it differs
+when it is computed from a mapped argument (a batch, per-device keys), `axis_index`, a
+`ppermute`-like collective, a function of the module that uses one, or a closure (a nested def,
+a lambda) reading anything that differs anywhere in the body. Control flow merges: after an
+`if`, a name differs when it differs on either branch; a loop runs to a fixed point. A
+statement the analysis does not model raises NotVisible (the faithful form is kept).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import libcst as cst
+
+from ._forms import Qualname, names_in, target_names
+from ._program import NotVisible
+
+REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin", "all_gather")})
+PER_DEVICE = frozenset(
+    f"jax.lax.{op}"
+    for op in ("axis_index", "ppermute", "pshuffle", "pswapaxes", "all_to_all", "psum_scatter")
+)
+Defs = Mapping[str, cst.FunctionDef]
+
+
+def body_outputs(
+    body: cst.FunctionDef, mapped: list[bool], axis: str, qualname: Qualname, defs: Defs
+) -> tuple[int | None, list[bool]]:
+    """Return how many results the body returns as a tuple (None: one, not a tuple), and
+    which of them may differ between devices; `mapped`: per parameter, differs between devices.
+
+    `defs` are the module's functions the body may call (a call of one that uses a per-device
+    collective differs between devices).
+    """
+    if not isinstance(body.body, cst.IndentedBlock) or not _ends_in_return(body.body.body):
+        raise NotVisible("the body does not end in a return")
+    params = [p.name.value for p in body.params.params]
+    start = {p for p, m in zip(params, mapped) if m}
+    reader = _Reader(axis, qualname, defs, set(start))
+    while True:  # closures read names at call time: rerun until what ever differs is stable
+        seen = set(reader.ever)
+        reader.returns = []
+        reader.block(body.body.body, set(start))
+        if reader.ever == seen:
+            break
+    return _results(reader)
+
+
+def _results(reader: _Reader) -> tuple[int | None, list[bool]]:
+    arities = set()
+    flags: list[bool] = []
+    for value, varying in reader.returns:
+        items = list(value.elements) if isinstance(value, cst.Tuple) else None
+        if items is not None and any(isinstance(e, cst.StarredElement) for e in items):
+            raise NotVisible("the body returns a starred tuple")
+        values = [e.value for e in items] if items is not None else [value]
+        arities.add(len(values) if items is not None else None)
+        here = [reader.varies(v, varying) for v in values]
+        flags = [a or b for a, b in zip(flags, here)] if flags else here
+    if len(arities) != 1:
+        raise NotVisible("the body's returns differ in shape")
+    return arities.pop(), flags
+
+
+def _ends_in_return(statements: Iterable[cst.BaseStatement]) -> bool:
+    last = list(statements)[-1:]
+    if not last:
+        return False
+    node = last[0]
+    if isinstance(node, cst.SimpleStatementLine):
+        final = node.body[-1]
+        return isinstance(final, cst.Raise) or (
+            isinstance(final, cst.Return) and final.value is not None
+        )
+    if isinstance(node, cst.If):
+        other = node.orelse
+        if other is None or not _ends_in_return(_lines(node.body)):
+            return False
+        return _ends_in_return([other] if isinstance(other, cst.If) else _lines(other.body))
+    return False
+
+
+class _Reader:
+    """Walks the body's statements, tracking the names that may differ between devices."""
+
+    def __init__(self, axis: str, qualname: Qualname, defs: Defs, ever: set[str]) -> None:
+        self.axis, self.qualname, self.defs = axis, qualname, defs
+        self.ever = ever  # every name that differs somewhere in the body
+        self.closures: dict[str, cst.FunctionDef] = {}  # the body's nested defs
+        self.returns: list[tuple[cst.BaseExpression, frozenset[str]]] = []
+
+    # Statements ---------------------------------------------------------------------------
+    def block(self, statements: Iterable[cst.BaseStatement], varying: set[str]) -> set[str]:
+        for statement in statements:
+            varying = self.statement(statement, varying)
+        return varying
+
+    def statement(self, node: cst.BaseStatement, varying: set[str]) -> set[str]:
+        if isinstance(node, cst.SimpleStatementLine):
+            for small in node.body:
+                varying = self.small(small, varying)
+            return varying
+        if isinstance(node, cst.If):
+            taken = self.block(_lines(node.body), set(varying))
+            other = node.orelse
+            if other is None:
+                return taken | varying
+            rest = [other] if isinstance(other, cst.If) else _lines(other.body)
+            return taken | self.block(rest, set(varying))
+        if isinstance(node, (cst.For, cst.While)):
+            return self.loop(node, varying)
+        if isinstance(node, cst.With):
+            for item in node.items:
+                if item.asname is not None:
+                    varies = self.varies(item.item, varying)
+                    varying = self.bind(item.asname.name, varies, varying)
+            return self.block(_lines(node.body), varying)
+        if isinstance(node, cst.FunctionDef):
+            self.closures[node.name.value] = node  # read when called, see `closure_varies`
+            return varying - {node.name.value}
+        raise NotVisible(f"the body has a `{type(node).__name__}` statement, not followed")
+
+    def loop(self, node: cst.For | cst.While, varying: set[str]) -> set[str]:
+        while True:  # a name that differs after one pass differs on the next: to a fixed point
+            inner = set(varying)
+            if isinstance(node, cst.For):
+                inner = self.bind(node.target, self.varies(node.iter, varying), inner)
+            after = varying | self.block(_lines(node.body), inner)
+            if after == varying:
+                break
+            varying = after
+        if node.orelse is not None:
+            varying = self.block(_lines(node.orelse.body), varying)
+        return varying
+
+    def small(self, node: cst.BaseSmallStatement, varying: set[str]) -> set[str]:
+        if isinstance(node, cst.Assign):
+            varies = self.varies(node.value, varying)
+            for target in node.targets:
+                varying = self.bind(target.target, varies, varying)
+        elif isinstance(node, cst.AnnAssign) and node.value is not None:
+            varying = self.bind(node.target, self.varies(node.value, varying), varying)
+        elif isinstance(node, cst.AugAssign):
+            varies = self.varies(node.value, varying) or self.varies(node.target, varying)
+            varying = self.bind(node.target, varies, varying)
+        elif isinstance(node, cst.Expr):
+            varying = self.mutation(node.value, varying)
+        elif isinstance(node, cst.Return) and node.value is not None:
+            self.returns.append((node.value, frozenset(varying)))
+        elif isinstance(node, (cst.Global, cst.Nonlocal)):
+            raise NotVisible(f"the body has a `{type(node).__name__}` statement, not followed")
+        return varying
+
+    def mutation(self, node: cst.BaseExpression, varying: set[str]) -> set[str]:
+        """`metrics.update(x)`, `out.append(x)`: the object differs when what it takes does."""
+        if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
+            return varying
+        owner = _base(node.func.value)
+        if owner is not None and any(self.varies(a.value, varying) for a in node.args):
+            self.ever.add(owner)
+            return varying | {owner}
+        return varying
+
+    def bind(self, target: cst.BaseExpression, varies: bool, varying: set[str]) -> set[str]:
+        """Bind `target` to a value that differs (`varies`) or not."""
+        if isinstance(target, (cst.Attribute, cst.Subscript)):  # `x.a = v`, `x[k] = v`
+            owner = _base(target)
+            if owner is not None and varies:
+                self.ever.add(owner)
+                return varying | {owner}
+            return varying
+        names = set(target_names(target)) if not isinstance(target, cst.StarredElement) else set()
+        if "?" in names or not names:
+            raise NotVisible("the body binds a name other than plainly")
+        if varies:
+            self.ever |= names
+            return varying | names
+        return varying - names
+
+    # Expressions --------------------------------------------------------------------------
+    def varies(self, node: cst.CSTNode, varying: frozenset[str] | set[str]) -> bool:
+        """Return True unless `node` is the same on every device."""
+        if isinstance(node, cst.NamedExpr):
+            raise NotVisible("the body binds a name inside an expression")
+        if isinstance(node, cst.Call):
+            name = self.qualname(node.func)
+            if name in REDUCED and self._over_axis(node):
+                return False
+            if self._per_device(node):
+                return True
+        if isinstance(node, cst.Name):
+            closure = self.closures.get(node.value)
+            return node.value in varying or (closure is not None and self.closure_varies(closure))
+        if isinstance(node, cst.Attribute):  # `state.params`: the attribute's name is no name
+            return self.varies(node.value, varying)
+        if isinstance(node, cst.Arg):  # `f(grads=g)`: the keyword is no name
+            return self.varies(node.value, varying)
+        return any(self.varies(child, varying) for child in node.children)
+
+    def closure_varies(self, node: cst.FunctionDef, inside: frozenset[str] = frozenset()) -> bool:
+        """A nested def differs when it reads (at any depth) what differs anywhere in the body,
+        uses a per-device collective, or reads a nested def that differs; its parameters are its
+        caller's business."""
+        if node.name.value in inside:
+            return False
+        free = set(names_in(node)) - {p.name.value for p in node.params.params}
+        if free & self.ever or any(self._per_device(c) for c in _calls_in(node.body)):
+            return True
+        inside = inside | {node.name.value}
+        return any(self.closure_varies(self.closures[n], inside) for n in free & set(self.closures))
+
+    def _per_device(self, call: cst.Call) -> bool:
+        return self.qualname(call.func) in PER_DEVICE or self._calls_per_device(call)
+
+    def _over_axis(self, call: cst.Call) -> bool:
+        """The collective reduces over the step's axis (a literal name), in one group."""
+        if any(a.keyword is not None and a.keyword.value == "axis_index_groups" for a in call.args):
+            return False
+        axis = next((a.value for a in call.args if _keyword(a) == "axis_name"), None)
+        positional = [a.value for a in call.args if a.keyword is None and not a.star]
+        axis = axis if axis is not None else (positional[1] if len(positional) > 1 else None)
+        names = axis.elements if isinstance(axis, (cst.Tuple, cst.List)) else [axis]
+        strings = [e.value if isinstance(e, cst.BaseElement) else e for e in names]
+        return any(
+            isinstance(s, cst.SimpleString) and s.evaluated_value == self.axis for s in strings
+        )
+
+    def _calls_per_device(self, call: cst.Call) -> bool:
+        """A call of a module function that uses a per-device collective (at any depth)."""
+        name = call.func.value if isinstance(call.func, cst.Name) else None
+        seen: set[str] = set()
+        pending = [name] if name in self.defs else []
+        while pending:
+            current = pending.pop()
+            if current is None or current in seen:
+                continue
+            seen.add(current)
+            for inner in _calls_in(self.defs[current]):
+                if self.qualname(inner.func) in PER_DEVICE:
+                    return True
+                if isinstance(inner.func, cst.Name) and inner.func.value in self.defs:
+                    pending.append(inner.func.value)
+        return False
+
+
+def _lines(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
+    """The statements of a block, `if x: y = 1` on one line too."""
+    if isinstance(suite, cst.IndentedBlock):
+        return list(suite.body)
+    assert isinstance(suite, cst.SimpleStatementSuite)
+    return [cst.SimpleStatementLine(body=suite.body)]
+
+
+def _keyword(arg: cst.Arg) -> str | None:
+    return arg.keyword.value if arg.keyword is not None else None
+
+
+def _base(node: cst.BaseExpression) -> str | None:
+    """`x` of `x.a[k].b`."""
+    while isinstance(node, (cst.Attribute, cst.Subscript)):
+        node = node.value
+    return node.value if isinstance(node, cst.Name) else None
+
+
+def _calls_in(node: cst.CSTNode) -> Iterable[cst.Call]:
+    if isinstance(node, cst.Call):
+        yield node
+    for child in node.children:
+        yield from _calls_in(child)

@@ -1,0 +1,241 @@
+"""Steps made outside the functions that call them: a pmap decorator on a def of the module, or
+`step = jax.pmap(...)` at module level. Where they are called, and where the program sets the
+mesh they run on (`jax.set_mesh`, in the one function that calls them or that calls every
+function calling them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from jaxmigrate.toolkit.emit import code
+
+from ._flow import Options, analyze_calls
+from ._forms import Parents, Qualname, ancestors, single_name
+from ._program import NotVisible, Program
+
+MESH = "jax.sharding.Mesh"
+MAKE_MESH = frozenset({"jax.make_mesh", "jax.sharding.make_mesh"})
+ARRAYS = frozenset({"numpy.array", "numpy.asarray", "jax.numpy.array", "jax.numpy.asarray"})
+AUTO = "jax.sharding.AxisType.Auto"
+
+
+@dataclass
+class OuterStep:
+    """One step made outside the functions calling it, and its program in each of them."""
+
+    site: object  # the `PmapUse` (typed loosely: `_survey` imports this module)
+    name: str  # what the functions call
+    body: cst.FunctionDef
+    options: Options
+    decorated: bool  # made by a decorator on `body` (else `name = jax.pmap(...)`)
+    programs: list[Program] = field(default_factory=list)  # one per function calling it
+
+
+@dataclass
+class OuterGroup:
+    """The steps whose mesh one function sets, and where: the edits are all written or none."""
+
+    steps: list[OuterStep]
+    setup: cst.FunctionDef  # the function that sets the mesh
+    before: cst.BaseStatement  # the statement of `setup` the mesh is set before
+    mesh: str = "mesh"  # the name of the mesh, made or reused
+    make: bool = True  # False: a mesh of pmap's already bound to `mesh` is reused
+    enabled: bool = False
+
+
+def module_function(flow: Parents, module: cst.Module, node: cst.CSTNode) -> cst.FunctionDef | None:
+    """Return the def of the module `node` is in, None at module level or in a nested scope."""
+    scopes = [
+        a
+        for a in ancestors(flow, node)
+        if isinstance(a, (cst.FunctionDef, cst.Lambda, cst.ClassDef))
+    ]
+    if len(scopes) != 1 or not isinstance(scopes[0], cst.FunctionDef):
+        return None
+    return scopes[0] if scopes[0] in module.body else None
+
+
+def reads(flow: Parents, name: str) -> list[cst.Name]:
+    """Return the reads of `name` (not the names of defs and classes)."""
+    return [
+        use
+        for use in flow.loads.get(name, [])
+        if not (
+            isinstance(parent := flow.parent.get(id(use)), (cst.FunctionDef, cst.ClassDef))
+            and parent.name is use
+        )
+    ]
+
+
+def callers(flow: Parents, module: cst.Module, name: str) -> list[cst.FunctionDef]:
+    """Return the defs of the module reading `name`; raise NotVisible if read elsewhere."""
+    found: list[cst.FunctionDef] = []
+    for use in reads(flow, name):
+        host = module_function(flow, module, use)
+        if host is None:
+            raise NotVisible(f"`{name}` is used outside the functions of the module")
+        if host not in found:
+            found.append(host)
+    if not found:
+        raise NotVisible(f"`{name}` is not called in this module")
+    return found
+
+
+def follow_step(
+    step: OuterStep, flow: Parents, module: cst.Module, qualname: Qualname
+) -> OuterStep:
+    """Fill in the program of every function calling the step; raise NotVisible for why not."""
+    for host in callers(flow, module, step.name):
+        if host is step.body:
+            raise NotVisible(f"`{step.name}` calls itself")
+        defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
+        step.programs.append(
+            analyze_calls(host, step.name, step.options, step.body, qualname, defs)
+        )
+    first = step.programs[0]
+    if any(p.squeezed for p in step.programs):  # a decorator cannot wrap the body in a lambda
+        raise NotVisible(f"`{step.name}` gets per-device keys and is made outside a function")
+    for program in step.programs[1:]:
+        if program.batches != first.batches:
+            why = f"`{step.name}` gets a batch in one function and a replicated value in another"
+            raise NotVisible(why)
+    return step
+
+
+def setup_function(
+    step: OuterStep, flow: Parents, module: cst.Module, strings: set[str]
+) -> cst.FunctionDef:
+    """Return the function that sets the mesh: the one calling the step, or the one function
+    calling all that do (each of those called there only, by name)."""
+    hosts = list({id(p.host): p.host for p in step.programs}.values())
+    if len(hosts) == 1:
+        return hosts[0]
+    candidates = [
+        d
+        for d in module.body
+        if isinstance(d, cst.FunctionDef)
+        and all(h is d or _called_only_in(flow, module, h.name.value, d, strings) for h in hosts)
+    ]
+    if len(candidates) != 1:
+        names = ", ".join(f"`{h.name.value}`" for h in hosts)
+        why = (
+            f"`{step.name}` is called in {names}, and no one function of the module calls them "
+            "all: where to set the mesh is not visible"
+        )
+        raise NotVisible(why)
+    return candidates[0]
+
+
+def _called_only_in(
+    flow: Parents, module: cst.Module, name: str, setup: cst.FunctionDef, strings: set[str]
+) -> bool:
+    """Return True if every use of `name` in the module is a call in `setup`."""
+    uses = reads(flow, name)
+    if not uses or name in strings:
+        return False
+    for use in uses:
+        call = flow.parent.get(id(use))
+        if not isinstance(call, cst.Call) or call.func is not use:
+            return False
+        if module_function(flow, module, use) is not setup:
+            return False
+    return True
+
+
+def first_statement(
+    setup: cst.FunctionDef, flow: Parents, group: list[OuterStep]
+) -> cst.BaseStatement:
+    """Return the statement of `setup`'s body that first calls a step, or a function calling
+    one, or makes a batch: the mesh is set just before it."""
+    hosts = {p.host.name.value for s in group for p in s.programs}
+    marks: list[cst.CSTNode] = []
+    for step in group:
+        for program in step.programs:
+            if program.host is setup:
+                marks += program.calls
+                marks += [n for i, n in program.nodes.items() if "batch" in program.reasons[i]]
+    for name in hosts - {setup.name.value}:
+        marks += [u for u in reads(flow, name) if setup in ancestors(flow, u)]
+    statements = list(setup.body.body) if isinstance(setup.body, cst.IndentedBlock) else []
+    around = {id(a) for m in marks for a in ancestors(flow, m)}
+    for statement in statements:
+        if id(statement) in around:
+            return statement
+    raise NotVisible(f"no statement of `{setup.name.value}` calls the step")
+
+
+def mesh_in_scope(
+    scopes: list[cst.BaseSuite | cst.Module],
+    before: int,
+    flow: Parents,
+    axis: cst.BaseExpression,
+    qualname: Qualname,
+) -> str | None:
+    """Return the name of a mesh of pmap's bound before `before` (in `flow.order`) in `scopes`
+    (the function, the module): `Mesh(jax.devices(), (axis,))`, Auto. Raise NotVisible for a
+    mesh that is not pmap's: two meshes would be in use."""
+    found: str | None = None
+    for scope in scopes:
+        for line in scope.body:
+            small = line.body if isinstance(line, cst.SimpleStatementLine) else ()
+            for node in small:
+                if not isinstance(node, cst.Assign) or len(node.targets) != 1:
+                    continue
+                kind = mesh_kind(node.value, axis, qualname)
+                name = single_name(node.targets[0].target)
+                if kind is None:
+                    continue
+                if kind != "pmap" or name is None:
+                    why = (
+                        f"a mesh already in scope (`{code(node.targets[0].target)}`) is not "
+                        f"pmap's: {kind}"
+                    )
+                    raise NotVisible(why)
+                if flow.order.get(id(node), -1) < before and found is None:
+                    found = name
+    return found
+
+
+def mesh_kind(node: cst.BaseExpression, axis: cst.BaseExpression, qualname: Qualname) -> str | None:
+    """Return "pmap" for a mesh of pmap's over `axis`, the reason for any other mesh, else None."""
+    if not isinstance(node, cst.Call):
+        return None
+    name = qualname(node.func)
+    if name in MAKE_MESH:
+        return "`jax.make_mesh` has Explicit axes by default and its device order is the topology's"
+    if name != MESH:
+        return None
+    args = [a for a in node.args if a.keyword is None]
+    keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
+    devices = args[0].value if args else keywords.get("devices")
+    names = args[1].value if len(args) > 1 else keywords.get("axis_names")
+    if devices is None or not _all_devices(devices, qualname):
+        return "its devices are not `jax.devices()` in order"
+    if names is None or not _one_axis(names, axis):
+        return f"its axes are not ({code(axis)},)"
+    types = keywords.get("axis_types")
+    extra = set(keywords) - {"devices", "axis_names", "axis_types"}
+    if extra or len(args) > 2 or (types is not None and not _auto(types, qualname)):
+        return "its axis types are not Auto"
+    return "pmap"
+
+
+def _all_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
+    if isinstance(node, cst.Call) and qualname(node.func) in ARRAYS and len(node.args) == 1:
+        node = node.args[0].value
+    return isinstance(node, cst.Call) and qualname(node.func) == "jax.devices" and not node.args
+
+
+def _one_axis(node: cst.BaseExpression, axis: cst.BaseExpression) -> bool:
+    want = axis.evaluated_value if isinstance(axis, cst.SimpleString) else None
+    if isinstance(node, cst.Tuple) and len(node.elements) == 1:
+        node = node.elements[0].value
+    return isinstance(node, cst.SimpleString) and node.evaluated_value == want
+
+
+def _auto(node: cst.BaseExpression, qualname: Qualname) -> bool:
+    if isinstance(node, cst.Tuple) and len(node.elements) == 1:
+        node = node.elements[0].value
+    return qualname(node) == AUTO

@@ -1,0 +1,158 @@
+"""Which results of a pmapped body the program-level form reads as one replicated value (`P()`).
+
+The body analysis must be sound: a result that may differ between devices is never given
+`out_specs=P()` (that would silently read device 0's value only). Each body below returns
+`new_w, out` with `out` read as `out[0]` by the program; the program-level form is taken only
+when `out` is the same on every device, and otherwise the faithful form is kept with the reason.
+The positive shapes are executed on 8 devices by the fixture pairs
+(tests/fixtures/pmap/program_*.py); these check the refusals through the real engine.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from jaxmigrate.model import Options
+from jaxmigrate.pipeline.engine import migrate_source
+
+PROGRAM = """\
+import jax
+import jax.numpy as jnp
+
+SETTING = True
+
+
+def tagged(x):
+    return x + jax.lax.axis_index("i")
+
+
+def step(w, x):
+{body}
+
+
+def main(w, x):
+    n = jax.local_device_count()
+    p_step = jax.pmap(step, axis_name="i")
+    w = jnp.broadcast_to(w, (n,) + w.shape)
+    x = x.reshape((n, -1) + x.shape[1:])
+    w, out = p_step(w, x)
+    return w[0], out[0]
+"""
+GRAD = """\
+g = jax.lax.pmean(jax.grad(lambda v: jnp.sum(x @ v))(w), "i")
+new_w = w - 0.1 * g
+"""
+
+SAME = {
+    "a pmean": "out = jax.lax.pmean(x.sum(), 'i')",
+    "a dict of pmeans": "out = {'a': jax.lax.pmean(x.sum(), 'i'), 'b': jax.lax.psum(1, 'i')}",
+    "a nested loss with aux": """\
+def loss_fn(v):
+    y = x @ v
+    return jnp.sum(y), y
+
+(loss, y), g = jax.value_and_grad(loss_fn, has_aux=True)(w)
+g = jax.lax.pmean(g, axis_name="i")
+new_w = w - 0.1 * g
+out = jax.lax.pmean(loss, axis_name="i")
+return new_w, out""",
+    "from replicated values only": "out = jnp.sum(w) * 2",
+    "reduced on both branches": """\
+if SETTING:
+    out = jax.lax.pmean(x.sum(), "i")
+else:
+    out = jax.lax.pmax(x.sum(), "i")""",
+    "an all_gather": "out = jax.lax.all_gather(x.sum(), 'i')",
+    "a tuple of axes with the step's": "out = jax.lax.pmean(x.sum(), ('i',))",
+}
+
+DIFFERENT = {
+    "a per-device sum": "out = x.sum()",
+    "reduced over another axis": "out = jax.lax.pmean(x.sum(), 'j')",
+    "reduced in groups": "out = jax.lax.psum(x.sum(), 'i', axis_index_groups=[[0, 1]])",
+    "reduced over an axis named by a variable": "axis = 'i'\nout = jax.lax.pmean(x.sum(), axis)",
+    "reduced on one branch only": "out = x.sum()\nif SETTING:\n    out = jax.lax.pmean(out, 'i')",
+    "an axis_index": "out = jax.lax.axis_index('i') * jnp.sum(w)",
+    "a module function using axis_index": "out = tagged(jnp.sum(w))",
+    "a closure reading the batch": "def f(v):\n    return jnp.sum(x) * v\n\nout = f(jnp.sum(w))",
+    "a closure reading a name bound later": """\
+def f(v):
+    return later * v
+
+later = jnp.sum(w)
+out = f(1.0)
+later = x.sum()
+out = f(out)""",
+    "a loop carrying the batch": """\
+out = jnp.sum(w)
+acc = jnp.sum(w)
+for _ in range(2):
+    out = acc
+    acc = x.sum()""",
+    "a dict with one per-device entry": "out = {'a': jax.lax.pmean(x.sum(), 'i'), 'b': x.sum()}",
+    "a dict filled per device": "out = {}\nout['a'] = x.sum()",
+    "a list appended per device": "out = []\nout.append(x.sum())",
+    "a permutation": "out = jax.lax.ppermute(jnp.sum(w), 'i', [(0, 1), (1, 0)])",
+    "a mutated field": "out = {'a': jnp.sum(w)}\nout['a'] += x.sum()",
+}
+
+
+def program(body: str) -> str:
+    if not any(line.startswith("return") for line in body.splitlines()):
+        body = GRAD + body + "\nreturn new_w, out"
+    return PROGRAM.format(body=textwrap.indent(body, "    "))
+
+
+def run(body: str) -> tuple[str, str]:
+    result = migrate_source(program(body), options=Options(unsafe_fixes=True))
+    main_site = next(s for s in result.sites if "`jax.pmap`" in s.message)
+    return result.code, main_site.message
+
+
+@pytest.mark.parametrize("case", sorted(SAME))
+def test_results_the_same_on_every_device_take_the_program_form(case: str) -> None:
+    code, message = run(SAME[case])
+    assert "program-level" in message and "not taken" not in message, message
+    assert "out_specs=(P(), P())" in code
+
+
+@pytest.mark.parametrize("case", sorted(DIFFERENT))
+def test_results_that_may_differ_keep_the_faithful_form(case: str) -> None:
+    code, message = run(DIFFERENT[case])
+    assert "shard_map_per_device(" in code and "out_specs=(P(), P())" not in code
+    assert "program-level form not taken" in message and "`out`" in message, message
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        ("try:\n    out = x.sum()\nexcept ValueError:\n    out = 0\nreturn w, out", "`Try`"),
+        ("if SETTING:\n    return w, jnp.sum(w)\nreturn w, jnp.sum(w)\nw = w", "end in a return"),
+        ("global G\nout = jnp.sum(w)\nreturn w, out", "`Global`"),
+        ("out = jnp.sum(w)\nif SETTING:\n    return w, out\nelse:\n    return w", "shape"),
+    ],
+)
+def test_bodies_not_followed_say_why(body: str, why: str) -> None:
+    _, message = run(body)
+    assert "program-level form not taken" in message and why in message, message
+
+
+READS = {
+    "the shape of a result": ("n_out = out.shape[0]", False),
+    "device 1's copy": ("o = out[1][0]", False),
+    "a transposed result": ("o = out.T[0]", False),
+    "a field of a result": ("o = out['a'][0]", True),
+    "a fetched result": ("o = jax.device_get(out)[0]", True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(READS))
+def test_only_device_0_reads_are_readbacks(case: str) -> None:
+    read, taken = READS[case]
+    body = "out = {'a': jax.lax.pmean(x.sum(), 'i')}"
+    source = program(body).replace("    return w[0], out[0]\n", f"    {read}\n    return w[0], o\n")
+    source = source.replace("n_out = ", "o = ")
+    result = migrate_source(source, options=Options(unsafe_fixes=True))
+    assert ("shard_map_per_device(" not in result.code) is taken, result.code
