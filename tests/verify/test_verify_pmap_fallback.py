@@ -235,13 +235,14 @@ def test_the_step_site_says_what_the_program_level_form_assumes() -> None:
 
 @pytest.mark.jax
 def test_a_result_that_differs_between_devices_makes_the_step_faithful(tmp_path: Path) -> None:
-    """`rank_helper.py`: the step's first result is `w + axis_index` through a helper the
-    analysis does not read, so it is taken as replicated. Its outputs happen to agree (on one
+    """`rank_helper.py`: the step's first result is `w + axis_index` through a helper of another
+    module (`rank_shift.py`), which the analysis does not read, so it is taken as replicated. Its outputs happen to agree (on one
     process a `P()` result keeps each device's own buffer), but the original shows it differs
     between devices: the site fails and the faithful form is written."""
     text = (DATA / "rank_helper.py").read_text()
     path = tmp_path / "rank_helper.py"
     path.write_text(text)
+    (tmp_path / "rank_shift.py").write_text((DATA / "rank_shift.py").read_text())
     migration = migrate_source(text, options=Options())
     result = FileResult(str(path), Bucket.CHANGED, migration.sites, old_text=text)
     config = VerifyConfig(root=tmp_path, timeout=300.0, jobs=1)
