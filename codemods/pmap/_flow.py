@@ -16,6 +16,8 @@ from ._forms import (
     Parents,
     Qualname,
     ancestors,
+    field_root,
+    field_top,
     flattens,
     is_device_count,
     is_zero_index,
@@ -317,12 +319,15 @@ def _follow_argument(
     call, is where the value comes from, not what the step gets: it is not counted.
     """
     kinds: set[str] = set()
+    fields = False  # a field of a name passed, `step(state.params)`: laid out as the name is
     for call in calls:
-        name = call.args[position]
+        name = _passed(call, position)
         if name == INLINE:
             kinds.add(_inline_kind(program, call.call.args[position].value, forms))
             continue
-        first_call = min(flow.order[id(c.assign)] for c in calls if c.args[position] == name)
+        if name != call.args[position]:
+            fields = True
+        first_call = min(flow.order[id(c.assign)] for c in calls if _passed(c, position) == name)
         found = [
             (flow.order[id(b)], b, _binding_kind(program, b, name, forms, calls, flow))
             for b in flow.stores.get(name, [])
@@ -339,6 +344,8 @@ def _follow_argument(
             if not (kind == "other" and upstream):
                 kinds.add(kind)
     kinds.discard("read back")
+    if fields and "keys" in kinds:
+        kinds.add("other")  # the keys of one device are a key array, not a pytree of fields
     mapped = {"batch", "keys"} & kinds
     if not kinds or "other" in kinds or (mapped and len(kinds) != 1):
         why = "comes from elsewhere" if "other" in kinds or not kinds else "is mixed"
@@ -346,6 +353,15 @@ def _follow_argument(
     program.batches[position] = bool(mapped)
     if kinds == {"keys"}:
         program.squeezed.add(position)
+
+
+def _passed(call: _StepCall, position: int) -> str:
+    """The name passed at `position`, or whose field is (`state.params`), else INLINE."""
+    name = call.args[position]
+    if name != INLINE:
+        return name
+    root = field_root(call.call.args[position].value)
+    return INLINE if root is None else root.value
 
 
 def _inline_kind(program: Program, value: cst.BaseExpression, forms: Forms) -> str:
@@ -435,7 +451,8 @@ def _follow_result(
         read = isinstance(binding, cst.Assign) and forms.readback_of(binding.value, name)
         if not fed and not read and not _before(flow, binding, calls):
             raise NotVisible(f"`{name}` holds a result of `{step}` and something else")
-    feeds = {id(c.call.args[i].value) for c in calls for i, a in enumerate(c.args) if a == name}
+    # Fed to the step (or a field of it, `step(state.params)`): the argument is checked there.
+    feeds = {id(arg.value) for c in calls for arg in c.call.args}
     feeds |= program.sibling_feeds  # fed to another step of the function: checked there
     last = max(flow.order[id(c.assign)] for c in calls)
     settled = [  # `x = unreplicate(x)` after the last call: later reads see the read-back value
@@ -447,7 +464,7 @@ def _follow_result(
         and not _in_loop_with(flow, b, calls)
     ]
     for use in flow.loads.get(name, []):
-        if id(use) in feeds or _upstream(flow, use, calls):
+        if id(field_top(flow, use)) in feeds or _upstream(flow, use, calls):
             continue
         if not _in_loop_with(flow, use, calls) and any(
             flow.order[id(b)] < flow.order[id(use)] and b not in ancestors(flow, use)

@@ -301,6 +301,28 @@ def _root(node: cst.BaseExpression) -> cst.Name | None:
     return node if isinstance(node, cst.Name) else None
 
 
+def field_root(node: cst.BaseExpression) -> cst.Name | None:
+    """`x` of a field `x.a` or `x["k"].b` (not of `x` itself), else None.
+
+    A field of a replicated pytree is replicated; of a batch split per leaf, split the same way.
+    """
+    return _root(node) if isinstance(node, (cst.Attribute, cst.Subscript)) else None
+
+
+def field_top(flow: Parents, use: cst.Name) -> cst.CSTNode:
+    """The outermost field `use.a["k"].b` read around `use` (`use` itself when none)."""
+    node: cst.CSTNode = use
+    parent = flow.parent.get(id(node))
+    while (
+        isinstance(parent, cst.Attribute)
+        and parent.value is node
+        and parent.attr.value not in ARRAY_ATTRIBUTES
+    ) or (isinstance(parent, cst.Subscript) and parent.value is node and _is_key(parent)):
+        node = parent
+        parent = flow.parent.get(id(node))
+    return node
+
+
 def _is_key(node: cst.Subscript) -> bool:
     """`...["k"]`: a dict's entry (an array cannot be indexed by a string)."""
     if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
