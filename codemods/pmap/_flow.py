@@ -320,6 +320,7 @@ def _follow_argument(
     """
     kinds: set[str] = set()
     fields = False  # a field of a name passed, `step(state.params)`: laid out as the name is
+    passed: set[str] = set()
     for call in calls:
         name = _passed(call, position)
         if name == INLINE:
@@ -327,6 +328,7 @@ def _follow_argument(
             continue
         if name != call.args[position]:
             fields = True
+        passed.add(name)
         first_call = min(flow.order[id(c.assign)] for c in calls if _passed(c, position) == name)
         found = [
             (flow.order[id(b)], b, _binding_kind(program, b, name, forms, calls, flow))
@@ -353,6 +355,62 @@ def _follow_argument(
     program.batches[position] = bool(mapped)
     if kinds == {"keys"}:
         program.squeezed.add(position)
+    results = {t for c in calls for t in c.targets}
+    for name in sorted(passed - results):
+        if not any(id(b) in program.siblings for b in flow.stores.get(name, [])):
+            _follow_stacked(program, flow, forms, calls, name, replicated=not mapped)
+
+
+def _follow_stacked(
+    program: Program,
+    flow: Parents,
+    forms: Forms,
+    calls: list[_StepCall],
+    name: str,
+    *,
+    replicated: bool,
+) -> None:
+    """Check every read of an argument the function stacks for the step (`x = replicate(x)`,
+    `b = shard(b)`) and no step makes: the stacking is deleted, so once stacked it is read only
+    fed to a step or (replicated) as device 0's copy, a readback then deleted."""
+    stackings = [
+        b
+        for b in flow.stores.get(name, [])
+        if isinstance(b, cst.Assign) and id(b.value) in program.nodes
+    ]
+    feeds = {id(arg.value) for c in calls for arg in c.call.args} | program.sibling_feeds
+    for use in flow.loads.get(name, []):
+        if id(field_top(flow, use)) in feeds or _loop_target(flow, use):
+            continue
+        if all(_reads_plain(flow, b, use) for b in stackings):
+            continue
+        found = _readback_around(flow, forms, use, name) if replicated else None
+        if found is None:
+            layout = "replicated" if replicated else "split into per-device slices"
+            raise NotVisible(f"`{name}`, {layout} for the step, is read other than passed to it")
+        readback, value = found
+        why = f"a readback of device 0 deleted: `{name}` is the same on every device"
+        program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
+
+
+def _loop_target(flow: Parents, use: cst.Name) -> bool:
+    """`for use in ...` (or `for a, use in ...`): a binding, not a read."""
+    node: cst.CSTNode = use
+    parent = flow.parent.get(id(node))
+    while isinstance(parent, (cst.Tuple, cst.List, cst.Element)):
+        node, parent = parent, flow.parent.get(id(parent))
+    return isinstance(parent, (cst.For, cst.CompFor)) and parent.target is node
+
+
+def _reads_plain(flow: Parents, stacking: cst.CSTNode, use: cst.Name) -> bool:
+    """Return True if `use` reads the value `stacking` stacks, not the stacked one: in it, or
+    before it and in no loop around it."""
+    around = list(ancestors(flow, use))
+    if any(a is stacking for a in around):
+        return True
+    loops = [a for a in around if isinstance(a, (cst.For, cst.While))]
+    inside = any(any(a is loop for a in ancestors(flow, stacking)) for loop in loops)
+    return flow.order[id(use)] < flow.order[id(stacking)] and not inside
 
 
 def _passed(call: _StepCall, position: int) -> str:
@@ -444,7 +502,7 @@ def _follow_result(
     (`r.reshape(-1)`, `r.reshape((-1,) + r.shape[2:])`): the flat result is that already.
     """
     if program.varying[output]:
-        _follow_flattened(program, flow, calls, step, name)
+        _follow_flattened(program, flow, forms, calls, step, name)
         return
     for binding in flow.stores.get(name, []):
         fed = any(binding is c.assign for c in calls) or id(binding) in program.siblings
@@ -591,19 +649,29 @@ def _in_loop_with(flow: Parents, node: cst.CSTNode, calls: list[_StepCall]) -> b
 
 
 def _follow_flattened(
-    program: Program, flow: Parents, calls: list[_StepCall], step: str, name: str
+    program: Program, flow: Parents, forms: Forms, calls: list[_StepCall], step: str, name: str
 ) -> None:
+    """A result that may differ between devices: read only flattened. `r = r.reshape(-1)`
+    rebinds `r` to the flat value: a read that only that binding reaches reads the flat value."""
+    flat = []
     for binding in flow.stores.get(name, []):
-        if not any(binding is c.assign for c in calls) and not _before(flow, binding, calls):
+        if any(binding is c.assign for c in calls) or _before(flow, binding, calls):
+            continue
+        value = binding.value if isinstance(binding, cst.Assign) else None
+        if not (isinstance(value, cst.Call) and flattens(value, name, forms.host_copy)):
             raise NotVisible(f"`{name}` holds a result of `{step}` and something else")
+        flat.append(binding)
     for use in flow.loads.get(name, []):
-        if _upstream(flow, use, calls):
+        if _upstream(flow, use, calls) or any(_dominated(flow, b, use, name) for b in flat):
             continue
         around = list(ancestors(flow, use))[:6]  # `r.reshape(...)`, `r` in its shape too
-        node = next((a for a in around if isinstance(a, cst.Call) and flattens(a, name)), None)
+        node = next(
+            (a for a in around if isinstance(a, cst.Call) and flattens(a, name, forms.host_copy)),
+            None,
+        )
         if node is not None:
             reason = f"a flattening of `{name}` over devices deleted: the result is flat already"
-            program.edit(node, reason, lambda: _local_part(program, name))
+            program.edit(node, reason, lambda n=node: _flat_value(program, n, name))  # type: ignore[misc]
             continue
         reshape = _reshaped(flow, use, name)
         if reshape is None:
@@ -614,6 +682,15 @@ def _follow_flattened(
             raise NotVisible(why)
         reason = f"`{name}` reshaped as it is: the flat result has the same elements in order"
         program.edit(reshape, reason, lambda r=reshape: _local_reshape(program, r, name))  # type: ignore[misc]
+
+
+def _flat_value(program: Program, flattening: cst.Call, name: str) -> cst.BaseExpression:
+    """The flat result, copied as the flattening copied it (`np.asarray(r).reshape(-1)`)."""
+    assert isinstance(flattening.func, cst.Attribute)
+    copy = flattening.func.value
+    if not isinstance(copy, cst.Call):
+        return _local_part(program, name)
+    return copy.with_changes(args=[copy.args[0].with_changes(value=_local_part(program, name))])
 
 
 def _reshaped(flow: Parents, use: cst.Name, name: str) -> cst.Call | None:

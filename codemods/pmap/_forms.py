@@ -25,6 +25,8 @@ ARRAY_ATTRIBUTES = frozenset(
 SPLIT_KEY = frozenset({"jax.random.split"})
 SHARD_KEY = frozenset({"flax.training.common_utils.shard_prng_key"})
 DEVICE_GET = frozenset({"jax.device_get"})
+# The same values as a host (or device) array: a copy, no reordering.
+HOST_COPIES = frozenset({"numpy.asarray", "numpy.array", "jax.device_get", "jax.numpy.asarray"})
 DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
 
 
@@ -245,6 +247,11 @@ class Forms:
         shape = node.args[0].value  # type: ignore[attr-defined]
         return self.counts(shape.left.elements[0].value)
 
+    def host_copy(self, node: cst.BaseExpression, var: str) -> bool:
+        """`np.asarray(var)`, `np.array(var)`, `jax.device_get(var)`: `var`'s values, copied."""
+        args = positional(node, 1) if isinstance(node, cst.Call) else None
+        return args is not None and self._is(node, HOST_COPIES) and single_name(args[0]) == var
+
     def readback_of(self, node: cst.BaseExpression, var: str) -> bool:
         """`var[0]`, `jax.device_get(var)[0]`, `jax.tree.map(lambda v: v[0], var)`,
         `unreplicate(var)`: device 0's copy of the whole of `var`."""
@@ -393,11 +400,14 @@ def ancestors(flow: Parents, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         parent = flow.parent.get(id(parent))
 
 
-def flattens(node: cst.Call, var: str) -> bool:
-    """`var.reshape(-1)` or `var.reshape((-1,) + var.shape[2:])`."""
+def flattens(
+    node: cst.Call, var: str, copied: Callable[[cst.BaseExpression, str], bool] = lambda *_: False
+) -> bool:
+    """`var.reshape(-1)` or `var.reshape((-1,) + var.shape[2:])`, `var` maybe `copied` first
+    (`np.asarray(var).reshape(-1)`)."""
     if not isinstance(node.func, cst.Attribute) or node.func.attr.value != "reshape":
         return False
-    if single_name(node.func.value) != var:
+    if single_name(node.func.value) != var and not copied(node.func.value, var):
         return False
     args = positional(node, 1)
     shape = args[0] if args else None
