@@ -137,6 +137,12 @@ def _follow(
     assert isinstance(axis, str)
     outputs = body_outputs(body, program.batches, axis, qualname, defs or {})
     program.outputs, program.varying = outputs
+    read = set().union(*program.arithmetic.values())
+    for call in calls:
+        for output, name in enumerate(call.targets):
+            if name in read and program.varying[output]:
+                why = f"`{name}`, a result of `{step}` that may differ between devices, is "
+                raise NotVisible(why + "combined into an argument of the step")
     for call in calls:
         wanted = 1 if program.outputs is None else program.outputs
         if call.readback is None and len(call.targets) != wanted:
@@ -382,6 +388,8 @@ def _follow_stacked(
     for use in flow.loads.get(name, []):
         if id(field_top(flow, use)) in feeds or _loop_target(flow, use):
             continue
+        if _in_arithmetic(program, flow, use):
+            continue
         if all(_reads_plain(flow, b, use) for b in stackings):
             continue
         found = _readback_around(flow, forms, use, name) if replicated else None
@@ -391,6 +399,11 @@ def _follow_stacked(
         readback, value = found
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
         program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
+
+
+def _in_arithmetic(program: Program, flow: Parents, use: cst.Name) -> bool:
+    """Return True for a read in `x = x - lr * g`, an argument replicated as its parts are."""
+    return any(id(a) in program.arithmetic for a in ancestors(flow, use))
 
 
 def _loop_target(flow: Parents, use: cst.Name) -> bool:
@@ -472,6 +485,10 @@ def _binding_kind(
     if single_name(binding.targets[0].target) != name:
         return "other"
     value = binding.value
+    results = _arithmetic_results(binding.value, name, calls, flow)
+    if results is not None:
+        program.arithmetic[id(binding)] = results
+        return "fed back"  # replicated values combined elementwise: replicated
     replicated = forms.replicated_source(value)
     if replicated is not None:
         program.edit(value, REPLICATED, lambda: replicated)
@@ -485,6 +502,45 @@ def _binding_kind(
         program.edit(value, KEYS, lambda: global_batch(program, value))
         return "keys"
     return "other"
+
+
+ELEMENTWISE = (
+    cst.Add,
+    cst.Subtract,
+    cst.Multiply,
+    cst.Divide,
+    cst.FloorDivide,
+    cst.Modulo,
+    cst.Power,
+)
+
+
+def _arithmetic_results(
+    value: cst.BaseExpression, name: str, calls: list[_StepCall], flow: Parents
+) -> set[str] | None:
+    """The results read by `name = name - 0.1 * grads`: elementwise arithmetic of `name`,
+    numbers and results bound only by calls of the step (each then checked to be the same on
+    every device); None for any other value. Rows that are all equal combine into rows that
+    are all equal: the value stays replicated, its device axis is not read."""
+    names: set[str] = set()
+    nodes: list[cst.BaseExpression] = [value]
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, ELEMENTWISE):
+            nodes += [node.left, node.right]
+        elif isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+            nodes.append(node.expression)
+        elif isinstance(node, cst.Name):
+            names.add(node.value)
+        elif not isinstance(node, (cst.Integer, cst.Float)):
+            return None
+    assigns = {id(c.assign) for c in calls}
+    results = names - {name}
+    for result in results:
+        bindings = flow.stores.get(result, [])
+        if not bindings or any(id(b) not in assigns for b in bindings):
+            return None
+    return results if names else None
 
 
 def _follow_result(
@@ -523,6 +579,8 @@ def _follow_result(
     ]
     for use in flow.loads.get(name, []):
         if id(field_top(flow, use)) in feeds or _upstream(flow, use, calls):
+            continue
+        if _in_arithmetic(program, flow, use) or _loop_target(flow, use):
             continue
         if not _in_loop_with(flow, use, calls) and any(
             flow.order[id(b)] < flow.order[id(use)] and b not in ancestors(flow, use)

@@ -208,7 +208,12 @@ class Forms:
         return None
 
     def shard_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
-        """Return x of a split of a flat batch x into per-device slices, else None."""
+        """Return x of a split of a flat batch x into per-device slices, else None.
+
+        A dict or tuple written out of splits (`{"x": x.reshape((n, -1) + x.shape[1:]), ...}`)
+        is the split of the same literal of their sources: each leaf is split alike."""
+        if isinstance(node, (cst.Dict, cst.Tuple)) and node.elements:
+            return self._split_literal(node)
         if self._is(node, SHARD):
             assert isinstance(node, cst.Call)
             args = positional(node, 1)
@@ -221,7 +226,38 @@ class Forms:
             name = single_name(owner)
             if name is not None and self._splits(node, name):
                 return owner
+            return self._split_to_rows(node)
         return None
+
+    def _split_literal(self, node: cst.Dict | cst.Tuple) -> cst.BaseExpression | None:
+        """The sources of a dict or tuple of splits, in the same literal; else None."""
+        sources: list[cst.BaseExpression] = []
+        for element in node.elements:
+            value = getattr(element, "value", None)
+            if not isinstance(element, (cst.DictElement, cst.Element)) or value is None:
+                return None  # `**d` or `*t`: leaves not written out
+            source = self.shard_source(value)
+            if source is None:
+                return None
+            sources.append(source)
+        changed = [e.with_changes(value=v) for e, v in zip(node.elements, sources)]
+        return node.with_changes(elements=changed)
+
+    def _split_to_rows(self, node: cst.Call) -> cst.BaseExpression | None:
+        """`x.reshape((n, -1, 3))` -> `x.reshape((-1, 3))`: device i's slice is the i-th of n
+        equal blocks of rows of that (row-major order, the same elements); else None."""
+        assert isinstance(node.func, cst.Attribute)
+        if node.func.attr.value != "reshape" or any(a.keyword or a.star for a in node.args):
+            return None
+        dims = [a.value for a in node.args]
+        if len(dims) == 1:
+            dims = [e.value for e in dims[0].elements] if isinstance(dims[0], cst.Tuple) else []
+        if len(dims) < 2 or not self.counts(dims[0]) or not _is_minus_one(dims[1]):
+            return None
+        if not all(isinstance(d, cst.Integer) for d in dims[2:]):
+            return None  # another shape, or one that reads the split value
+        rows = cst.Tuple([cst.Element(d) for d in dims[1:]])
+        return node.with_changes(args=[cst.Arg(rows)])
 
     def keys_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
         """Return k of per-device keys split from k: `jax.random.split(k, n)` (n the number of

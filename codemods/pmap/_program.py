@@ -82,6 +82,7 @@ class Program:
     sibling_feeds: set[int] = field(default_factory=set)  # the arguments of those calls
     params: list[str] = field(default_factory=list)  # the body's parameters
     squeezed: set[int] = field(default_factory=set)  # per-device stacks: the body takes x[0]
+    arithmetic: dict[int, set[str]] = field(default_factory=dict)  # `x = x - lr * g`: results read
 
     def edit(
         self, node: cst.BaseExpression, why: str, new: Callable[[], cst.BaseExpression]
