@@ -379,10 +379,14 @@ def _follow_stacked(
     """Check every read of an argument the function stacks for the step (`x = replicate(x)`,
     `b = shard(b)`) and no step makes: the stacking is deleted, so once stacked it is read only
     fed to a step or (replicated) as device 0's copy, a readback then deleted."""
-    stackings = [
+    stackings = [  # and `x = x - lr * g` after a call: replicated as well, its reads alike
         b
         for b in flow.stores.get(name, [])
-        if isinstance(b, cst.Assign) and id(b.value) in program.nodes
+        if isinstance(b, cst.Assign)
+        and (
+            id(b.value) in program.nodes
+            or (id(b) in program.arithmetic and not _before(flow, b, calls))
+        )
     ]
     feeds = {id(arg.value) for c in calls for arg in c.call.args} | program.sibling_feeds
     for use in flow.loads.get(name, []):
