@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 
 import libcst as cst
 
-from ._forms import Qualname, names_in, target_names
+from ._forms import TREE_MAP, Qualname, names_in, target_names
 from ._program import NotVisible
 
 REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin", "all_gather")})
@@ -193,6 +193,8 @@ class _Reader:
                 return False
             if self._per_device(node):
                 return True
+            if self._tree_mapped_same(node, varying):
+                return False
         if isinstance(node, cst.Name):
             closure = self.closures.get(node.value)
             return node.value in varying or (closure is not None and self.closure_varies(closure))
@@ -201,6 +203,22 @@ class _Reader:
         if isinstance(node, cst.Arg):  # `f(grads=g)`: the keyword is no name
             return self.varies(node.value, varying)
         return any(self.varies(child, varying) for child in node.children)
+
+    def _tree_mapped_same(self, call: cst.Call, varying: frozenset[str] | set[str]) -> bool:
+        """`jax.tree.map(lambda g: lax.psum(g, axis), grads)`: each leaf is the lambda's value,
+        the same on every device even for leaves that differ (its parameters taken as
+        differing); the structure of the trees is the same on every device (one trace)."""
+        args = [a for a in call.args if a.keyword is None and not a.star]
+        fn = args[0].value if args and len(args) == len(call.args) else None
+        if self.qualname(call.func) not in TREE_MAP or not isinstance(fn, cst.Lambda):
+            return False
+        params = fn.params
+        if params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or params.kwonly_params:
+            return False
+        if any(p.default is not None for p in (*params.posonly_params, *params.params)):
+            return False  # a default is read where the lambda is made
+        names = {p.name.value for p in (*params.posonly_params, *params.params)}
+        return not self.varies(fn.body, set(varying) | names)
 
     def closure_varies(self, node: cst.FunctionDef, inside: frozenset[str] = frozenset()) -> bool:
         """A nested def differs when it reads (at any depth) what differs anywhere in the body,

@@ -16,6 +16,8 @@ from ._forms import (
     Parents,
     Qualname,
     ancestors,
+    field_root,
+    field_top,
     flattens,
     is_device_count,
     is_zero_index,
@@ -135,6 +137,12 @@ def _follow(
     assert isinstance(axis, str)
     outputs = body_outputs(body, program.batches, axis, qualname, defs or {})
     program.outputs, program.varying = outputs
+    read = set().union(*program.arithmetic.values())
+    for call in calls:
+        for output, name in enumerate(call.targets):
+            if name in read and program.varying[output]:
+                why = f"`{name}`, a result of `{step}` that may differ between devices, is "
+                raise NotVisible(why + "combined into an argument of the step")
     for call in calls:
         wanted = 1 if program.outputs is None else program.outputs
         if call.readback is None and len(call.targets) != wanted:
@@ -317,12 +325,17 @@ def _follow_argument(
     call, is where the value comes from, not what the step gets: it is not counted.
     """
     kinds: set[str] = set()
+    fields = False  # a field of a name passed, `step(state.params)`: laid out as the name is
+    passed: set[str] = set()
     for call in calls:
-        name = call.args[position]
+        name = _passed(call, position)
         if name == INLINE:
             kinds.add(_inline_kind(program, call.call.args[position].value, forms))
             continue
-        first_call = min(flow.order[id(c.assign)] for c in calls if c.args[position] == name)
+        if name != call.args[position]:
+            fields = True
+        passed.add(name)
+        first_call = min(flow.order[id(c.assign)] for c in calls if _passed(c, position) == name)
         found = [
             (flow.order[id(b)], b, _binding_kind(program, b, name, forms, calls, flow))
             for b in flow.stores.get(name, [])
@@ -339,6 +352,8 @@ def _follow_argument(
             if not (kind == "other" and upstream):
                 kinds.add(kind)
     kinds.discard("read back")
+    if fields and "keys" in kinds:
+        kinds.add("other")  # the keys of one device are a key array, not a pytree of fields
     mapped = {"batch", "keys"} & kinds
     if not kinds or "other" in kinds or (mapped and len(kinds) != 1):
         why = "comes from elsewhere" if "other" in kinds or not kinds else "is mixed"
@@ -346,6 +361,82 @@ def _follow_argument(
     program.batches[position] = bool(mapped)
     if kinds == {"keys"}:
         program.squeezed.add(position)
+    results = {t for c in calls for t in c.targets}
+    for name in sorted(passed - results):
+        if not any(id(b) in program.siblings for b in flow.stores.get(name, [])):
+            _follow_stacked(program, flow, forms, calls, name, replicated=not mapped)
+
+
+def _follow_stacked(
+    program: Program,
+    flow: Parents,
+    forms: Forms,
+    calls: list[_StepCall],
+    name: str,
+    *,
+    replicated: bool,
+) -> None:
+    """Check every read of an argument the function stacks for the step (`x = replicate(x)`,
+    `b = shard(b)`) and no step makes: the stacking is deleted, so once stacked it is read only
+    fed to a step or (replicated) as device 0's copy, a readback then deleted."""
+    stackings = [  # and `x = x - lr * g` after a call: replicated as well, its reads alike
+        b
+        for b in flow.stores.get(name, [])
+        if isinstance(b, cst.Assign)
+        and (
+            id(b.value) in program.nodes
+            or (id(b) in program.arithmetic and not _before(flow, b, calls))
+        )
+    ]
+    feeds = {id(arg.value) for c in calls for arg in c.call.args} | program.sibling_feeds
+    for use in flow.loads.get(name, []):
+        if id(field_top(flow, use)) in feeds or _loop_target(flow, use):
+            continue
+        if _in_arithmetic(program, flow, use):
+            continue
+        if all(_reads_plain(flow, b, use) for b in stackings):
+            continue
+        found = _readback_around(flow, forms, use, name) if replicated else None
+        if found is None:
+            layout = "replicated" if replicated else "split into per-device slices"
+            raise NotVisible(f"`{name}`, {layout} for the step, is read other than passed to it")
+        readback, value = found
+        why = f"a readback of device 0 deleted: `{name}` is the same on every device"
+        program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
+
+
+def _in_arithmetic(program: Program, flow: Parents, use: cst.Name) -> bool:
+    """Return True for a read in `x = x - lr * g`, an argument replicated as its parts are."""
+    return any(id(a) in program.arithmetic for a in ancestors(flow, use))
+
+
+def _loop_target(flow: Parents, use: cst.Name) -> bool:
+    """`for use in ...` (or `for a, use in ...`): a binding, not a read."""
+    node: cst.CSTNode = use
+    parent = flow.parent.get(id(node))
+    while isinstance(parent, (cst.Tuple, cst.List, cst.Element)):
+        node, parent = parent, flow.parent.get(id(parent))
+    return isinstance(parent, (cst.For, cst.CompFor)) and parent.target is node
+
+
+def _reads_plain(flow: Parents, stacking: cst.CSTNode, use: cst.Name) -> bool:
+    """Return True if `use` reads the value `stacking` stacks, not the stacked one: in it, or
+    before it and in no loop around it."""
+    around = list(ancestors(flow, use))
+    if any(a is stacking for a in around):
+        return True
+    loops = [a for a in around if isinstance(a, (cst.For, cst.While))]
+    inside = any(any(a is loop for a in ancestors(flow, stacking)) for loop in loops)
+    return flow.order[id(use)] < flow.order[id(stacking)] and not inside
+
+
+def _passed(call: _StepCall, position: int) -> str:
+    """The name passed at `position`, or whose field is (`state.params`), else INLINE."""
+    name = call.args[position]
+    if name != INLINE:
+        return name
+    root = field_root(call.call.args[position].value)
+    return INLINE if root is None else root.value
 
 
 def _inline_kind(program: Program, value: cst.BaseExpression, forms: Forms) -> str:
@@ -398,6 +489,10 @@ def _binding_kind(
     if single_name(binding.targets[0].target) != name:
         return "other"
     value = binding.value
+    results = _arithmetic_results(binding.value, name, calls, flow)
+    if results is not None:
+        program.arithmetic[id(binding)] = results
+        return "fed back"  # replicated values combined elementwise: replicated
     replicated = forms.replicated_source(value)
     if replicated is not None:
         program.edit(value, REPLICATED, lambda: replicated)
@@ -411,6 +506,45 @@ def _binding_kind(
         program.edit(value, KEYS, lambda: global_batch(program, value))
         return "keys"
     return "other"
+
+
+ELEMENTWISE = (
+    cst.Add,
+    cst.Subtract,
+    cst.Multiply,
+    cst.Divide,
+    cst.FloorDivide,
+    cst.Modulo,
+    cst.Power,
+)
+
+
+def _arithmetic_results(
+    value: cst.BaseExpression, name: str, calls: list[_StepCall], flow: Parents
+) -> set[str] | None:
+    """The results read by `name = name - 0.1 * grads`: elementwise arithmetic of `name`,
+    numbers and results bound only by calls of the step (each then checked to be the same on
+    every device); None for any other value. Rows that are all equal combine into rows that
+    are all equal: the value stays replicated, its device axis is not read."""
+    names: set[str] = set()
+    nodes: list[cst.BaseExpression] = [value]
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, ELEMENTWISE):
+            nodes += [node.left, node.right]
+        elif isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+            nodes.append(node.expression)
+        elif isinstance(node, cst.Name):
+            names.add(node.value)
+        elif not isinstance(node, (cst.Integer, cst.Float)):
+            return None
+    assigns = {id(c.assign) for c in calls}
+    results = names - {name}
+    for result in results:
+        bindings = flow.stores.get(result, [])
+        if not bindings or any(id(b) not in assigns for b in bindings):
+            return None
+    return results if names else None
 
 
 def _follow_result(
@@ -428,14 +562,15 @@ def _follow_result(
     (`r.reshape(-1)`, `r.reshape((-1,) + r.shape[2:])`): the flat result is that already.
     """
     if program.varying[output]:
-        _follow_flattened(program, flow, calls, step, name)
+        _follow_flattened(program, flow, forms, calls, step, name)
         return
     for binding in flow.stores.get(name, []):
         fed = any(binding is c.assign for c in calls) or id(binding) in program.siblings
         read = isinstance(binding, cst.Assign) and forms.readback_of(binding.value, name)
         if not fed and not read and not _before(flow, binding, calls):
             raise NotVisible(f"`{name}` holds a result of `{step}` and something else")
-    feeds = {id(c.call.args[i].value) for c in calls for i, a in enumerate(c.args) if a == name}
+    # Fed to the step (or a field of it, `step(state.params)`): the argument is checked there.
+    feeds = {id(arg.value) for c in calls for arg in c.call.args}
     feeds |= program.sibling_feeds  # fed to another step of the function: checked there
     last = max(flow.order[id(c.assign)] for c in calls)
     settled = [  # `x = unreplicate(x)` after the last call: later reads see the read-back value
@@ -447,7 +582,9 @@ def _follow_result(
         and not _in_loop_with(flow, b, calls)
     ]
     for use in flow.loads.get(name, []):
-        if id(use) in feeds or _upstream(flow, use, calls):
+        if id(field_top(flow, use)) in feeds or _upstream(flow, use, calls):
+            continue
+        if _in_arithmetic(program, flow, use) or _loop_target(flow, use):
             continue
         if not _in_loop_with(flow, use, calls) and any(
             flow.order[id(b)] < flow.order[id(use)] and b not in ancestors(flow, use)
@@ -574,19 +711,29 @@ def _in_loop_with(flow: Parents, node: cst.CSTNode, calls: list[_StepCall]) -> b
 
 
 def _follow_flattened(
-    program: Program, flow: Parents, calls: list[_StepCall], step: str, name: str
+    program: Program, flow: Parents, forms: Forms, calls: list[_StepCall], step: str, name: str
 ) -> None:
+    """A result that may differ between devices: read only flattened. `r = r.reshape(-1)`
+    rebinds `r` to the flat value: a read that only that binding reaches reads the flat value."""
+    flat = []
     for binding in flow.stores.get(name, []):
-        if not any(binding is c.assign for c in calls) and not _before(flow, binding, calls):
+        if any(binding is c.assign for c in calls) or _before(flow, binding, calls):
+            continue
+        value = binding.value if isinstance(binding, cst.Assign) else None
+        if not (isinstance(value, cst.Call) and flattens(value, name, forms.host_copy)):
             raise NotVisible(f"`{name}` holds a result of `{step}` and something else")
+        flat.append(binding)
     for use in flow.loads.get(name, []):
-        if _upstream(flow, use, calls):
+        if _upstream(flow, use, calls) or any(_dominated(flow, b, use, name) for b in flat):
             continue
         around = list(ancestors(flow, use))[:6]  # `r.reshape(...)`, `r` in its shape too
-        node = next((a for a in around if isinstance(a, cst.Call) and flattens(a, name)), None)
+        node = next(
+            (a for a in around if isinstance(a, cst.Call) and flattens(a, name, forms.host_copy)),
+            None,
+        )
         if node is not None:
             reason = f"a flattening of `{name}` over devices deleted: the result is flat already"
-            program.edit(node, reason, lambda: _local_part(program, name))
+            program.edit(node, reason, lambda n=node: _flat_value(program, n, name))  # type: ignore[misc]
             continue
         reshape = _reshaped(flow, use, name)
         if reshape is None:
@@ -597,6 +744,15 @@ def _follow_flattened(
             raise NotVisible(why)
         reason = f"`{name}` reshaped as it is: the flat result has the same elements in order"
         program.edit(reshape, reason, lambda r=reshape: _local_reshape(program, r, name))  # type: ignore[misc]
+
+
+def _flat_value(program: Program, flattening: cst.Call, name: str) -> cst.BaseExpression:
+    """The flat result, copied as the flattening copied it (`np.asarray(r).reshape(-1)`)."""
+    assert isinstance(flattening.func, cst.Attribute)
+    copy = flattening.func.value
+    if not isinstance(copy, cst.Call):
+        return _local_part(program, name)
+    return copy.with_changes(args=[copy.args[0].with_changes(value=_local_part(program, name))])
 
 
 def _reshaped(flow: Parents, use: cst.Name, name: str) -> cst.Call | None:

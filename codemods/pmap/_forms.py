@@ -25,6 +25,8 @@ ARRAY_ATTRIBUTES = frozenset(
 SPLIT_KEY = frozenset({"jax.random.split"})
 SHARD_KEY = frozenset({"flax.training.common_utils.shard_prng_key"})
 DEVICE_GET = frozenset({"jax.device_get"})
+# The same values as a host (or device) array: a copy, no reordering.
+HOST_COPIES = frozenset({"numpy.asarray", "numpy.array", "jax.device_get", "jax.numpy.asarray"})
 DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
 
 
@@ -206,7 +208,12 @@ class Forms:
         return None
 
     def shard_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
-        """Return x of a split of a flat batch x into per-device slices, else None."""
+        """Return x of a split of a flat batch x into per-device slices, else None.
+
+        A dict or tuple written out of splits (`{"x": x.reshape((n, -1) + x.shape[1:]), ...}`)
+        is the split of the same literal of their sources: each leaf is split alike."""
+        if isinstance(node, (cst.Dict, cst.Tuple)) and node.elements:
+            return self._split_literal(node)
         if self._is(node, SHARD):
             assert isinstance(node, cst.Call)
             args = positional(node, 1)
@@ -219,7 +226,38 @@ class Forms:
             name = single_name(owner)
             if name is not None and self._splits(node, name):
                 return owner
+            return self._split_to_rows(node)
         return None
+
+    def _split_literal(self, node: cst.Dict | cst.Tuple) -> cst.BaseExpression | None:
+        """The sources of a dict or tuple of splits, in the same literal; else None."""
+        sources: list[cst.BaseExpression] = []
+        for element in node.elements:
+            value = getattr(element, "value", None)
+            if not isinstance(element, (cst.DictElement, cst.Element)) or value is None:
+                return None  # `**d` or `*t`: leaves not written out
+            source = self.shard_source(value)
+            if source is None:
+                return None
+            sources.append(source)
+        changed = [e.with_changes(value=v) for e, v in zip(node.elements, sources)]
+        return node.with_changes(elements=changed)
+
+    def _split_to_rows(self, node: cst.Call) -> cst.BaseExpression | None:
+        """`x.reshape((n, -1, 3))` -> `x.reshape((-1, 3))`: device i's slice is the i-th of n
+        equal blocks of rows of that (row-major order, the same elements); else None."""
+        assert isinstance(node.func, cst.Attribute)
+        if node.func.attr.value != "reshape" or any(a.keyword or a.star for a in node.args):
+            return None
+        dims = [a.value for a in node.args]
+        if len(dims) == 1:
+            dims = [e.value for e in dims[0].elements] if isinstance(dims[0], cst.Tuple) else []
+        if len(dims) < 2 or not self.counts(dims[0]) or not _is_minus_one(dims[1]):
+            return None
+        if not all(isinstance(d, cst.Integer) for d in dims[2:]):
+            return None  # another shape, or one that reads the split value
+        rows = cst.Tuple([cst.Element(d) for d in dims[1:]])
+        return node.with_changes(args=[cst.Arg(rows)])
 
     def keys_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
         """Return k of per-device keys split from k: `jax.random.split(k, n)` (n the number of
@@ -244,6 +282,11 @@ class Forms:
             return False
         shape = node.args[0].value  # type: ignore[attr-defined]
         return self.counts(shape.left.elements[0].value)
+
+    def host_copy(self, node: cst.BaseExpression, var: str) -> bool:
+        """`np.asarray(var)`, `np.array(var)`, `jax.device_get(var)`: `var`'s values, copied."""
+        args = positional(node, 1) if isinstance(node, cst.Call) else None
+        return args is not None and self._is(node, HOST_COPIES) and single_name(args[0]) == var
 
     def readback_of(self, node: cst.BaseExpression, var: str) -> bool:
         """`var[0]`, `jax.device_get(var)[0]`, `jax.tree.map(lambda v: v[0], var)`,
@@ -299,6 +342,28 @@ def _root(node: cst.BaseExpression) -> cst.Name | None:
             return None
         node = node.value
     return node if isinstance(node, cst.Name) else None
+
+
+def field_root(node: cst.BaseExpression) -> cst.Name | None:
+    """`x` of a field `x.a` or `x["k"].b` (not of `x` itself), else None.
+
+    A field of a replicated pytree is replicated; of a batch split per leaf, split the same way.
+    """
+    return _root(node) if isinstance(node, (cst.Attribute, cst.Subscript)) else None
+
+
+def field_top(flow: Parents, use: cst.Name) -> cst.CSTNode:
+    """The outermost field `use.a["k"].b` read around `use` (`use` itself when none)."""
+    node: cst.CSTNode = use
+    parent = flow.parent.get(id(node))
+    while (
+        isinstance(parent, cst.Attribute)
+        and parent.value is node
+        and parent.attr.value not in ARRAY_ATTRIBUTES
+    ) or (isinstance(parent, cst.Subscript) and parent.value is node and _is_key(parent)):
+        node = parent
+        parent = flow.parent.get(id(node))
+    return node
 
 
 def _is_key(node: cst.Subscript) -> bool:
@@ -371,11 +436,14 @@ def ancestors(flow: Parents, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         parent = flow.parent.get(id(parent))
 
 
-def flattens(node: cst.Call, var: str) -> bool:
-    """`var.reshape(-1)` or `var.reshape((-1,) + var.shape[2:])`."""
+def flattens(
+    node: cst.Call, var: str, copied: Callable[[cst.BaseExpression, str], bool] = lambda *_: False
+) -> bool:
+    """`var.reshape(-1)` or `var.reshape((-1,) + var.shape[2:])`, `var` maybe `copied` first
+    (`np.asarray(var).reshape(-1)`)."""
     if not isinstance(node.func, cst.Attribute) or node.func.attr.value != "reshape":
         return False
-    if single_name(node.func.value) != var:
+    if single_name(node.func.value) != var and not copied(node.func.value, var):
         return False
     args = positional(node, 1)
     shape = args[0] if args else None

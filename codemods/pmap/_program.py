@@ -82,6 +82,7 @@ class Program:
     sibling_feeds: set[int] = field(default_factory=set)  # the arguments of those calls
     params: list[str] = field(default_factory=list)  # the body's parameters
     squeezed: set[int] = field(default_factory=set)  # per-device stacks: the body takes x[0]
+    arithmetic: dict[int, set[str]] = field(default_factory=dict)  # `x = x - lr * g`: results read
 
     def edit(
         self, node: cst.BaseExpression, why: str, new: Callable[[], cst.BaseExpression]
@@ -207,8 +208,11 @@ class _Edit(cst.CSTTransformer):
         self.before: cst.CSTNode | None = None  # the setup's statement, as rewritten
         self.blocks: list[str] = []  # the indentation of each block we are in
         self.edited = False  # whether the statement being left had an edit
+        self.scoped = False  # past the setup's statement: in `with jax.set_mesh(...)`, deeper
 
     def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.setup is not None and node is self.setup[0]:
+            self.scoped = True
         if isinstance(node, cst.IndentedBlock):
             unit = node.indent if node.indent is not None else self.style.indent
             self.blocks.append(self.blocks[-1] + unit if self.blocks else self.indent)
@@ -220,6 +224,7 @@ class _Edit(cst.CSTTransformer):
         if isinstance(original_node, cst.IndentedBlock):
             self.blocks.pop()
         here = self.blocks[-1] if self.blocks else self.indent
+        here += self.style.indent if self.scoped else ""
         edit = self.edits.get(id(original_node))
         if edit is not None and isinstance(updated_node, cst.BaseExpression):
             self.edited = True
