@@ -241,6 +241,9 @@ class Forms:
                 return None
             sources.append(source)
         changed = [e.with_changes(value=v) for e, v in zip(node.elements, sources)]
+        text = code(node)
+        if "\n" in text and "#" not in text:  # laid out for the splits: written anew, compact
+            return _compact(node, sources)
         return node.with_changes(elements=changed)
 
     def _split_to_rows(self, node: cst.Call) -> cst.BaseExpression | None:
@@ -466,3 +469,12 @@ def _is_minus_one(node: cst.BaseExpression | None) -> bool:
         and isinstance(node.expression, cst.Integer)
         and node.expression.value == "1"
     )
+
+
+def _compact(node: cst.Dict | cst.Tuple, values: list[cst.BaseExpression]) -> cst.BaseExpression:
+    """`node` with `values`, in default whitespace (`(x, y)`, `{"x": x}`): the line breaks were
+    the splits' (the edited statement is laid out again when it no longer fits)."""
+    if isinstance(node, cst.Tuple):
+        return cst.Tuple([cst.Element(v) for v in values])
+    keys = [e.key for e in node.elements if isinstance(e, cst.DictElement)]
+    return cst.Dict([cst.DictElement(k, v) for k, v in zip(keys, values)])
