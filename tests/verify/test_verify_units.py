@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +44,21 @@ PROGRAM = textwrap.dedent("""
     """)
 
 
+def dry_run_sites(root: Path) -> list[dict[str, Any]]:
+    """Run `jaxmigrate run --dry-run` (verification on) in `root`; return the report's sites."""
+    report = root / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxmigrate", "run", "--dry-run", "--report", str(report)]
+        + ["--format", "json", "."],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode in (0, 1), proc.stderr
+    return [s for f in json.loads(report.read_text())["files"] for s in f["sites"]]
+
+
 def git(root: Path, *args: str) -> None:
     subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
 
@@ -51,17 +67,7 @@ def test_a_training_function_without_arguments_is_run_and_its_pmap_verified(
     tmp_path: Path,
 ) -> None:
     (tmp_path / "train.py").write_text(PROGRAM)
-    report = tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "jaxmigrate", "run", "--dry-run", "--report", str(report)]
-        + ["--format", "json", "."],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode in (0, 1), proc.stderr
-    (site,) = [s for f in json.loads(report.read_text())["files"] for s in f["sites"]]
+    (site,) = dry_run_sites(tmp_path)
     assert site["code"] == "JM202"
     assert site["status"] == "verified", site["details"]
     assert site["details"]["target"] == "train.py::train"
@@ -108,17 +114,7 @@ def test_a_module_level_step_fed_dicts_is_verified_through_the_main_using_it(
     """`p_step`'s own inputs cannot be synthesized (its body indexes a dict), so alone it stays
     unverified; `main()` uses it and takes no arguments: running it on both sides verifies it."""
     (tmp_path / "train.py").write_text(MODULE_STEP)
-    report = tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "jaxmigrate", "run", "--dry-run", "--report", str(report)]
-        + ["--format", "json", "."],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode in (0, 1), proc.stderr
-    (site,) = [s for f in json.loads(report.read_text())["files"] for s in f["sites"]]
+    (site,) = dry_run_sites(tmp_path)
     assert site["status"] == "verified", site["details"]
     assert site["details"]["target"] == "train.py::main"
 
