@@ -97,7 +97,7 @@ class VerifyRequest:
 class Verdict:
     """What verification said about one site: a status, a one-line reason, and the evidence.
 
-    `details` may hold: target, input_source (recorded/declared/synthesized), reference,
+    `details` may hold: target, input_source (recorded/declared/synthesized, or run: a function without arguments, called), reference,
     reference_errors, calls, input_shapes, output_shapes, max_abs_err, max_rel_err, mismatch
     (path, why, shape, ...), contexts, round.
     """

@@ -157,6 +157,8 @@ def candidate_verdict(plan: Plan, original: dict[str, Any], reply: Reply) -> Ver
         )
         return Verdict(Status.UNVERIFIED, reason, details)
     reason = f"agrees with {against} on {data['calls']} {source} call(s)"
+    if source == "run":  # a function without arguments (a `main()`): the program itself ran
+        reason = f"agrees with {against} when `{plan.target.qualname}()` runs"
     if data.get("returned_calls"):
         details["returned_calls"] = data["returned_calls"]
         reason += f" and {data['returned_calls']} call(s) of the function it returns"

@@ -479,7 +479,7 @@ class Worker:
                     raise
                 last = str(exc)
                 continue
-            return [candidate], "synthesized", [flat], notes
+            return [candidate], "synthesized" if shaped else "run", [flat], notes
         raise UserError("inputs", f"could not synthesize arguments: {last}")
 
     def run_candidate(self, request: dict[str, Any]) -> dict[str, Any]:
