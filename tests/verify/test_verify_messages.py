@@ -108,9 +108,7 @@ def against(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedPro
 
 def test_verify_against_prints_each_reason_once(against: subprocess.CompletedProcess) -> None:
     # `right()` takes no arguments: it is run as it is, and the reason says so, once
-    assert against.stdout.count("agrees with the original when `right()` runs") == 1, (
-        against.stdout
-    )
+    assert against.stdout.count("agrees with the original when `right()` runs") == 1, against.stdout
 
 
 def test_a_failed_reason_shows_path_shapes_and_error(against: subprocess.CompletedProcess) -> None:
