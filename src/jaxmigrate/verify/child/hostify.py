@@ -41,7 +41,7 @@ def leaf_to_host(x: Any) -> Any:
     if is_key(x):
         return key_to_host(x)
     if isinstance(x, jax.Array):
-        return HostArray(np.asarray(x))
+        return HostArray(np.array(x))  # a copy: a view would keep the buffer from being donated
     return x
 
 
@@ -129,7 +129,9 @@ def output_leaf(x: Any) -> Any:
     """Return an output leaf in comparable host form."""
     if is_key(x):
         return key_to_host(x)
-    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+    if isinstance(x, jax.Array):
+        return np.array(x)  # a copy: a view would keep the buffer from being donated
+    if isinstance(x, (np.ndarray, np.generic)):
         return np.asarray(x)
     if isinstance(x, SCALARS):
         return x

@@ -55,7 +55,7 @@ def _readable(leaf: Any) -> np.ndarray | None:
     try:
         if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             leaf = jax.random.key_data(leaf)
-        return np.asarray(leaf)
+        return np.array(leaf)  # a copy: see _host
     except Exception:  # noqa: BLE001 - a value we cannot read is not checked
         return None
 
@@ -72,7 +72,10 @@ def on_host(tree: Any) -> Any:
 
 
 def _host(x: Any) -> np.ndarray:
-    value = np.asarray(x)
+    # A copy, never `np.asarray`: on the CPU that is a view that keeps the device buffer in use,
+    # and a buffer in use is not donated: a rewrite that donates an array the program reads
+    # again would run under verification and raise once written ("Array has been deleted").
+    value = np.array(x)
     return value.astype(jax.dtypes.canonicalize_dtype(value.dtype), copy=False)
 
 
