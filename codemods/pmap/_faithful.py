@@ -3,6 +3,7 @@ its per-device view; what each site becomes, and the helper written once per mod
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -11,6 +12,7 @@ import libcst as cst
 from jaxmigrate.toolkit.emit import (
     Call,
     Item,
+    Style,
     code,
     fit_lines,
     fresh_name,
@@ -93,12 +95,7 @@ def shard_map_per_device(f, *, axis_name, in_specs, out_specs, devices=None, bac
             return {jax}.tree.map(lambda x: put(x) if hasattr(x, "shape") else x, tree)
 
         mesh = mesh_of(args, kwargs, processes)
-        args, kwargs = {jax}.tree.map(
-            lambda s, t: t if s is None else to_global(s, t),
-            specs,
-            (args, kwargs),
-            is_leaf=lambda s: s is None,
-        )
+        args, kwargs = {jax}.tree.map(lambda s, t: t if s is None else to_global(s, t), specs, (args, kwargs), is_leaf=lambda s: s is None)
         out = jitted(*args, **kwargs)
         return hosts.global_array_to_host_local_array(out, mesh, out_specs)
 
@@ -127,13 +124,20 @@ they import no package of their code base, and their folder is first on `sys.pat
 run (`python script.py`, pytest), so the helper sits beside them."""
 
 
-def shared_source(home: Home | None = None) -> str:
-    """Return the text of the project module holding the helper, in canonical spelling: the
-    docstring says why the module is where it is (the main package, a package, beside scripts)."""
+def shared_source(home: Home | None = None, style: Style | None = None) -> str:
+    """Return the text of the project module holding the helper, in canonical spelling and in
+    `style` (the code base's indentation and line length): the docstring says why the module is
+    where it is (the main package, a package, beside scripts)."""
+    style = style or Style()
     helper = HELPER_SOURCE.format(doc=HELPER_DOC, jax="jax", np="np", P="P")
+    helper = fit_lines(style.reindent(helper), style)
     imports = "import jax\nimport numpy as np\nfrom jax.sharding import PartitionSpec as P\n"
     where = IN_PACKAGE if home is None or home.main else IN_OWN if home.package else BESIDE
-    return f'"""{SHARED_DOC.format(where=where)}"""\n\n{imports}\n\n{helper}'
+    doc = "\n\n".join(
+        textwrap.fill(" ".join(part.split()), style.width - 4, break_on_hyphens=False)
+        for part in SHARED_DOC.format(where=where).split("\n\n")
+    )
+    return f'"""{doc}\n"""\n\n{imports}\n\n{helper}'
 
 
 @dataclass
@@ -333,9 +337,17 @@ class Faithful(Finding):
         spec_import = self._spec_ref()[1]
         if spec_import is not None and len(self.applied) == 1:
             self.need_import(*spec_import)
-        if isinstance(site.ref, cst.Name):
-            self.drop_import_if_unused(site.ref.value)
+        self._drop_pmap_import(site)
         return plan
+
+    def _drop_pmap_import(self, site: PmapUse) -> None:
+        """Drop the import that spelled `pmap` (`pmap`, or the `jax` of `jax.pmap`) if the
+        rewritten module no longer reads it: the shared helper needs no `jax` in the file."""
+        ref = site.ref
+        while isinstance(ref, cst.Attribute):
+            ref = ref.value
+        if isinstance(ref, cst.Name):
+            self.drop_import_if_unused(ref.value)
 
     def _value(self, site: PmapUse, updated: cst.BaseExpression) -> cst.BaseExpression:
         """`jax.pmap` kept as a value whose calls give only `f` and `axis_name="a"`:
@@ -354,8 +366,7 @@ class Faithful(Finding):
         spec, spec_import = self._spec_ref()
         if spec_import is not None and len(self.applied) == 1:
             self.need_import(*spec_import)
-        if isinstance(site.ref, cst.Name):
-            self.drop_import_if_unused(site.ref.value)
+        self._drop_pmap_import(site)
         specs = f"in_specs={code(spec)}({axis}), out_specs={code(spec)}({axis})"
         partial = code(self._partial(site))
         value = cst.parse_expression(f"{partial}({HELPER}, {specs})")
@@ -385,7 +396,7 @@ class Faithful(Finding):
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         if not self.applied or self.reuse_helper:
             return updated_node
-        text = shared_source(self.state.home)
+        text = shared_source(self.state.home, self.state.style)
         shared = self.shared_module(SHARED_MODULE, text, self.applied_keys)
         if shared is not None:  # one helper for the whole project, imported where needed
             self.need_import(shared, HELPER)
