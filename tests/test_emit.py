@@ -3,6 +3,7 @@ formatter configuration, the call layout engine, generated templates and import 
 
 from __future__ import annotations
 
+import ast
 import textwrap
 from pathlib import Path
 
@@ -333,3 +334,17 @@ def test_the_t5x_host_callback_rewrite_reads_like_the_projects_own_code() -> Non
         "      )\n"
     ) in new
     assert max(len(line) for line in new.splitlines()) <= 80
+
+
+def test_a_tuple_too_long_for_its_own_line_is_exploded_as_black_does() -> None:
+    """AlgoPerf's archived baselines pmap 9 arguments: the `in_specs` tuple is 94 columns on its
+    own line in an 80-column project, so it gets one element per line."""
+    specs = ", ".join(["None", "None", *["P('batch')"] * 5, "P()", "P()"])
+    call = cst.parse_expression(f"helper(update, axis_name='batch', in_specs=({specs}), n=1)")
+    assert isinstance(call, cst.Call)
+    style = Style(indent="  ", width=80)
+    laid = code(Call.of(call).laid_out(Room("  ", 12), style))
+    assert max(len("  pmapped = " + line) for line in laid.splitlines()) <= 80, laid
+    assert "      in_specs=(\n          None,\n" in laid and "          P(),\n      ),\n" in laid
+    assert ast.dump(ast.parse(laid)) == ast.dump(ast.parse(code(call)))  # the same call
+    assert code(Call.of(call).laid_out(Room("", 0), Style(width=200))).count("\n") == 0

@@ -386,6 +386,10 @@ class Call:
             gap = _break(inner if nxt else outer, item.after, nxt.above if nxt else ())
             room = Room(inner, _start(item, inner), 1)
             arg = item.value(functools.partial(Call.laid_out, room=room, style=style))
+            keyword = len(arg.keyword.value) + 1 if arg.keyword is not None else 0
+            if item.call is None and len(inner) + keyword + len(code(arg.value)) + 1 > style.width:
+                value = _exploded_sequence(arg.value, inner, inner + style.continuation)
+                arg = arg.with_changes(value=value)
             args.append(
                 arg.with_changes(
                     comma=cst.Comma(whitespace_after=gap),
@@ -401,6 +405,29 @@ class Call:
             comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=_break(outer)
         )
         return cst.Call(self.func, [*args[:-1], last], whitespace_before_args=_break(inner))
+
+
+def _exploded_sequence(node: cst.BaseExpression, outer: str, inner: str) -> cst.BaseExpression:
+    """Return a parenthesized tuple or a list too long for its line with one element per line
+    and a trailing comma, as black writes it (`in_specs=(None, P("batch"), ...)` of a pmap with
+    many arguments); anything else, or a sequence with comments, as it is."""
+    if comments_in(node):
+        return node
+    if not isinstance(node, (cst.List, cst.Tuple)) or isinstance(node, cst.Tuple) and not node.lpar:
+        return node
+    elements = node.elements
+    if len(elements) < 2:
+        return node
+    last = len(elements) - 1
+    laid = [
+        e.with_changes(comma=cst.Comma(whitespace_after=_break(outer if i == last else inner)))
+        for i, e in enumerate(elements)
+    ]
+    opening = _break(inner)
+    if isinstance(node, cst.List):
+        return node.with_changes(elements=laid, lbracket=cst.LeftSquareBracket(opening))
+    lpar = [*node.lpar[:-1], cst.LeftParen(whitespace_after=opening)]
+    return node.with_changes(elements=laid, lpar=lpar)
 
 
 def _start(item: Item, inner: str) -> int:
