@@ -5,8 +5,8 @@ as on a TPU pod (tests/multihost.py: `jax.distributed` on localhost, gloo, 4 CPU
 
 - `train_by_hand`: a step returning `pmean`-ed gradients, applied on the host
   (`w = w - 0.1 * grads`), its batch a tuple of splits (`shard((x, y))`), `loss[0]` read back;
-- `train_and_evaluate`: a replicated dict state fed back to its train step, a field of it passed
-  to two more steps (`p_eval_step(state["params"], batch)`), dict batches, a psum-of-counts
+- `train_and_evaluate`: a replicated flax `TrainState` fed back to its train step, a field of it
+  passed to two more steps (`p_eval_step(state.params, batch)`), dict batches, a psum-of-counts
   evaluation read with `[0]` and summed on the host, per-device predictions flattened with
   `np.asarray(preds).reshape((-1,) + preds.shape[2:])`.
 
@@ -39,8 +39,9 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import jax_utils
-from flax.training import common_utils
+from flax.training import common_utils, train_state
 
 
 def grads_of(w, batch):
@@ -53,10 +54,9 @@ def train_step(state, batch):
     def loss_fn(params):
         return jnp.mean((jnp.tanh(batch["x"] @ params["w"]) - batch["y"]) ** 2)
 
-    loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
     grads = jax.lax.pmean(grads, axis_name="batch")
-    params = jax.tree.map(lambda p, g: p - 0.1 * g, state["params"], grads)
-    return {"params": params, "step": state["step"] + 1}, jax.lax.pmean(loss, "batch")
+    return state.apply_gradients(grads=grads), jax.lax.pmean(loss, "batch")
 
 
 def eval_step(params, batch):
@@ -92,7 +92,7 @@ def train_by_hand():
 
 def train_and_evaluate():
     w, xs, ys = data()
-    state = {"params": {"w": w}, "step": 0}
+    state = train_state.TrainState.create(apply_fn=None, params={"w": w}, tx=optax.sgd(0.1))
     state = jax_utils.replicate(state)
     p_train_step = jax.pmap(train_step, axis_name="batch", donate_argnums=(0,))
     p_eval_step = jax.pmap(eval_step, axis_name="batch")
@@ -103,8 +103,8 @@ def train_and_evaluate():
     hits = 0
     for i in range(3):
         batch = common_utils.shard({"x": xs[i], "label": np.argmax(ys[i], axis=-1)})
-        hits += p_eval_step(state["params"], batch)[0]
-    preds = p_predict(state["params"], common_utils.shard(xs[0]))
+        hits += p_eval_step(state.params, batch)[0]
+    preds = p_predict(state.params, common_utils.shard(xs[0]))
     preds = np.asarray(preds).reshape((-1,) + preds.shape[2:])
     return jax_utils.unreplicate(state), loss[0], hits, preds
 
@@ -114,8 +114,8 @@ state, state_loss, hits, preds = train_and_evaluate()
 out = {
     "w": np.asarray(w).tolist(),
     "loss": float(loss),
-    "state_w": np.asarray(state["params"]["w"]).tolist(),
-    "step": int(state["step"]),
+    "state_w": np.asarray(state.params["w"]).tolist(),
+    "step": int(state.step),
     "state_loss": float(state_loss),
     "hits": int(hits),
     "preds": np.asarray(preds).tolist(),
