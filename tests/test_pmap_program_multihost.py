@@ -213,3 +213,89 @@ def test_the_cli_takes_the_program_level_form_for_every_site(migrated: Path) -> 
 def test_the_migrated_program_gives_every_process_the_oracle_numbers(migrated: Path) -> None:
     script = migrated / "train.py"
     check(run_job(script, processes=PROCESSES, devices=DEVICES, timeout=300), "migrated")
+
+
+SCORE = """\
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@jax.pmap
+def predict(w, x):
+    return jnp.tanh(x @ w)
+
+
+def score(w, x):
+    n = jax.local_device_count()
+    w = jnp.broadcast_to(w, (n,) + w.shape)
+    x = x.reshape((n, -1) + x.shape[1:])
+    out = predict(w, x)
+    return out.reshape(-1).sum()
+
+
+def main():
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4,)).astype(np.float32)
+    xs = rng.normal(size=(8 * 2, 4)).astype(np.float32)
+    rows = 2 * jax.local_device_count()
+    mine = xs[jax.process_index() * rows : (jax.process_index() + 1) * rows]
+    return score(w, mine)
+
+
+print("RESULT", json.dumps(float(main())), flush=True)
+"""
+
+
+class IncompatibleDevicesError(RuntimeError):
+    """A process's host-local array reduced under a mesh spanning every process."""
+
+
+REDUCED_UNDER_THE_MESH = (
+    "product bug: the flattened predictions become `global_array_to_host_local_array(out, mesh, "
+    "P('batch'))`, an array on this process's devices only, and `.sum()` of it runs under the "
+    "`with jax.set_mesh(mesh)` the migration opens, whose mesh spans every process: on 2 "
+    "processes each raises 'Received incompatible devices for jitted computation' (one process "
+    "is fine). Fixture program_flattened_in_two_functions (`score`) does the same."
+)
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        "pmap",
+        pytest.param(
+            "migrated",
+            marks=pytest.mark.xfail(
+                strict=True, raises=IncompatibleDevicesError, reason=REDUCED_UNDER_THE_MESH
+            ),
+        ),
+    ],
+)
+def test_flattened_predictions_reduced_on_the_host_are_each_process_own(
+    tmp_path: Path, form: str
+) -> None:
+    """A decorated step's per-example predictions, flattened and summed in the function that
+    calls it: each process gets the sum over its own rows, as pmap gave it."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4,)).astype(np.float32)
+    xs = rng.normal(size=(8 * 2, 4)).astype(np.float32)
+    expected = np.tanh(xs @ w).reshape(PROCESSES, -1).sum(axis=1)
+    code = SCORE
+    if form == "migrated":
+        result = migrate_source(SCORE, options=Options(unsafe_fixes=True))
+        assert all(s.group for s in result.sites if s.code == "JM202"), result.sites
+        assert "shard_map_per_device" not in result.code and "with jax.set_mesh(" in result.code
+        code = result.code
+    script = tmp_path / "score.py"
+    script.write_text(code)
+    job = run_job(script, processes=PROCESSES, devices=DEVICES, timeout=300)
+    if not job.ok and "Received incompatible devices for jitted computation" in job.describe():
+        raise IncompatibleDevicesError(job.describe())  # the known bug, and only it, is xfail
+    assert job.ok, job.describe()
+    for process, out in enumerate(job.stdouts):
+        (line,) = [line for line in out.splitlines() if line.startswith("RESULT ")]
+        got = json.loads(line.removeprefix("RESULT "))
+        np.testing.assert_allclose(got, expected[process], rtol=1e-5, err_msg=str(process))
