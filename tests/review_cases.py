@@ -3,12 +3,12 @@ rendering of a chosen subset of sites."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
+
+import clitools
 
 from jaxmigrate.model import Options
 from jaxmigrate.pipeline.files import migrate_text
@@ -59,17 +59,8 @@ PROMPT = "Apply this site?"
 
 
 def jm(*args: str, cwd: Path, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "jaxmigrate", "run", "--interactive", *args],
-        cwd=cwd,
-        capture_output=True,
-        check=False,
-        text=True,
-        env=env,
-        input=stdin,
-        timeout=120,
-    )
+    """Run `jaxmigrate run --interactive ARGS`, answering with `stdin`."""
+    return clitools.jm("run", "--interactive", *args, cwd=cwd, stdin=stdin, timeout=120)
 
 
 def rendered(code: str, accepted: Iterable[int], path: str = "/x.py", **options: bool) -> str:

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import clitools
 import pytest
 
 LEGACY = "from jax.experimental.maps import Mesh\n\nmesh = Mesh(devices, ('x',))\n"
@@ -31,17 +32,7 @@ PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 24, 1, 2
 def jm(
     *args: str, cwd: Path, preexec_fn: Callable[[], None] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "jaxmigrate", *args],
-        cwd=cwd,
-        capture_output=True,
-        check=False,
-        text=True,
-        env=env,
-        timeout=600,
-        preexec_fn=preexec_fn,
-    )
+    return clitools.jm(*args, cwd=cwd, columns=250, timeout=600, preexec_fn=preexec_fn)
 
 
 def report_of(path: Path) -> dict[str, dict]:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_cli import LEGACY, jm
+from clitools import command, jm
+from test_cli import LEGACY
 
 from jaxmigrate.model import Bucket, FileResult, Options
 from jaxmigrate.pipeline.cache import CACHE_DIR, ResultCache
@@ -180,7 +180,7 @@ def test_concurrent_writers_leave_whole_entries(corpus: Path, tmp_path: Path) ->
     for folder in ("pmap", "pjit", "legacy_imports"):
         shutil.copytree(corpus / "fixtures" / folder, tree / folder)
     (tree / "pyproject.toml").write_text("[tool.jaxmigrate]\n")
-    cmd = [sys.executable, "-m", "jaxmigrate", "check", "--format", "json", "--jobs", "2", "."]
+    cmd = command("check", "--format", "json", "--jobs", "2", ".")
     procs = [
         subprocess.Popen(cmd, cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         for _ in range(2)

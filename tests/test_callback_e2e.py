@@ -5,12 +5,12 @@ widened reference, writes it, and the written program runs on an 8-device CPU me
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from clitools import jm
 from conftest import jax_env
 
 REPORTED = """\
@@ -55,22 +55,7 @@ def test_reported_example_is_rewritten_verified_and_runs(tmp_path: Path) -> None
     assert "all mesh axes are partitioned manually" in before.stderr
 
     report = tmp_path / "report.json"
-    cli_env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    proc = run(
-        [
-            sys.executable,
-            "-m",
-            "jaxmigrate",
-            "run",
-            ".",
-            "--report",
-            str(report),
-            "--format",
-            "json",
-        ],
-        tmp_path,
-        cli_env,
-    )
+    proc = jm("run", ".", "--report", str(report), "--format", "json", cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     sites = [s for f in json.loads(report.read_text())["files"] for s in f["sites"]]
     assert [(s["code"], s["status"], s["applied"]) for s in sites] == [("JM203", "verified", True)]
@@ -121,11 +106,6 @@ if __name__ == "__main__":
 """
 
 
-def jaxmigrate(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return run([sys.executable, "-m", "jaxmigrate", *args], cwd, env)
-
-
 def sites_of(report: Path) -> list[dict]:
     return [s for f in json.loads(report.read_text())["files"] for s in f["sites"]]
 
@@ -137,7 +117,7 @@ def test_ordered_io_callback_is_gated_and_verified_with_its_side_effects(tmp_pat
     program = tmp_path / "model.py"
     program.write_text(ORDERED)
     report = tmp_path / "report.json"
-    proc = jaxmigrate(["run", ".", "--report", str(report), "--format", "json"], tmp_path)
+    proc = jm("run", ".", "--report", str(report), "--format", "json", cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     sites = sites_of(report)
     assert [(s["code"], s["status"], s["applied"]) for s in sites] == [("JM203", "verified", True)]
@@ -163,7 +143,7 @@ def test_widening_alone_repeats_the_side_effect_and_fails(tmp_path: Path) -> Non
         subprocess.run([*git, *cmd], cwd=tmp_path, check=True, capture_output=True)
     program.write_text(ORDERED.replace(', axis_names={"data"})', ")"))
     report = tmp_path / "report.json"
-    proc = jaxmigrate(["verify", "--against", "HEAD", "--report", str(report)], tmp_path)
+    proc = jm("verify", "--against", "HEAD", "--report", str(report), cwd=tmp_path, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     [site] = sites_of(report)
     assert site["status"] == "failed"

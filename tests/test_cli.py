@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import stat
 import subprocess
@@ -11,25 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from clitools import jm
 
 from jaxmigrate.registry import all_passes
 
 LEGACY = "from jax.experimental.maps import Mesh\n\nmesh = Mesh(devices, ('x',))\n"
 MIGRATED = "from jax.sharding import Mesh\n\nmesh = Mesh(devices, ('x',))\n"
-
-
-def jm(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "jaxmigrate", *args],
-        cwd=cwd,
-        capture_output=True,
-        check=False,
-        text=True,
-        env=env,
-        input=stdin,
-        timeout=300,
-    )
 
 
 @pytest.fixture
@@ -233,3 +219,15 @@ def test_verification_works_from_another_working_directory(tmp_path: Path) -> No
     proc = jm("run", "--dry-run", str(project / "step.py"), cwd=elsewhere)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "JM202 pmap [unsafe, verified]" in proc.stdout, proc.stdout
+
+
+def test_every_test_runs_the_cli_through_clitools() -> None:
+    """One runner (tests/clitools.py) sets the terminal and the timeout for every CLI test."""
+    spawn = re.compile(r"""["']-m["'],\s*["']jaxmigrate["']""")
+    tests = Path(__file__).resolve().parent
+    own = [
+        path.relative_to(tests).as_posix()
+        for path in sorted(tests.rglob("*.py"))
+        if path.name != "clitools.py" and spawn.search(path.read_text(encoding="utf-8"))
+    ]
+    assert own == [], "run the CLI with clitools.jm (or clitools.command for Popen/pty)"

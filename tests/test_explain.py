@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from clitools import jm
 
 MESSAGE = (
     "callbacks are only supported in spmd computations when all mesh axes are partitioned "
@@ -16,15 +15,7 @@ MESSAGE = (
 
 
 def explain(text: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "jaxmigrate", "explain", text],
-        cwd=cwd,
-        capture_output=True,
-        check=False,
-        text=True,
-        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
-        timeout=120,
-    )
+    return jm("explain", text, cwd=cwd, timeout=120)
 
 
 @pytest.mark.parametrize(

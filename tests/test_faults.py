@@ -20,8 +20,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import clitools
 import pytest
+from clitools import cli_env, command
 from test_bad_input import BoundRunner, bound  # noqa: F401 - the fixture, shared
 
 LEGACY = "from jax.experimental.maps import Mesh\n\nmesh = Mesh(devices, ('x',))\n"
@@ -42,25 +45,12 @@ FILES = 200
 Moment = tuple[str, float]  # ("seconds", 1.5) or ("files", 120)
 
 
-def command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "jaxmigrate", *args]
-
-
 def env() -> dict[str, str]:
-    return {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    return cli_env(PYTHONDONTWRITEBYTECODE="1")
 
 
-def jm(*args: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        command(*args),
-        cwd=cwd,
-        capture_output=True,
-        check=False,
-        text=True,
-        env=env(),
-        timeout=600,
-        **kwargs,
-    )
+def jm(*args: str, cwd: Path, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return clitools.jm(*args, cwd=cwd, env=env(), timeout=600, **kwargs)
 
 
 def make_tree(tree: Path) -> dict[str, bytes]:

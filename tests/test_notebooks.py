@@ -16,8 +16,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from clitools import jm
 from conftest import check_messages, pinned_messages
-from test_cli import jm
 
 from jaxmigrate.model import Bucket, Options
 from jaxmigrate.pipeline.files import process_file

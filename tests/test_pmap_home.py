@@ -11,11 +11,11 @@ all keeps one module per script folder: no `sys.path` entry is shared by `python
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+import clitools
 import pytest
 from conftest import jax_env
 
@@ -113,16 +113,8 @@ def code_base(tmp_path: Path) -> Path:
 
 
 def jm(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "jaxmigrate", *args, "--unsafe-fixes", "--no-verify", "--no-cache"],
-        cwd=cwd,
-        capture_output=True,
-        check=False,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    """Run `jaxmigrate ARGS` forcing the unsafe sites through, unverified and uncached."""
+    return clitools.jm(*args, "--unsafe-fixes", "--no-verify", "--no-cache", cwd=cwd)
 
 
 def run(args: list[str], cwd: Path, **env: str) -> str:

@@ -7,12 +7,12 @@ run as before on an 8-device CPU mesh, and a second run changes nothing.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from clitools import jm
 from conftest import jax_env
 
 from jaxmigrate.model import Options
@@ -50,19 +50,6 @@ def main():
 """
 
 IMPORT = "from pkg._pmap_compat import shard_map_per_device"
-
-
-def jm(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "jaxmigrate", *args],
-        cwd=cwd,
-        capture_output=True,
-        check=False,
-        text=True,
-        env=env,
-        timeout=300,
-    )
 
 
 @pytest.fixture

@@ -7,11 +7,11 @@ import os
 import pty
 import select
 import subprocess
-import sys
 from pathlib import Path
 
+from clitools import command, jm
 from rich.console import Console
-from test_cli import LEGACY, jm
+from test_cli import LEGACY
 
 from jaxmigrate.model import Bucket, FileResult
 from jaxmigrate.ui.progress import line, track
@@ -76,7 +76,7 @@ def test_bar_in_a_real_terminal(tmp_path: Path) -> None:
     env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "120"}
     env.pop("NO_COLOR", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jaxmigrate", "check", "--no-cache", "."],
+        command("check", "--no-cache", "."),
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
         stderr=secondary,

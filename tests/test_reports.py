@@ -10,7 +10,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from test_cli import LEGACY, jm
+from clitools import jm
+from test_cli import LEGACY
 
 from jaxmigrate.model import Bucket, FileResult, Safety, Site, Skip, Status
 from jaxmigrate.registry import all_passes

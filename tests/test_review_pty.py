@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clitools import command
 from review_cases import PROMPT, SAFE, SECOND, jm, progress_file, rendered
 
 pexpect = pytest.importorskip("pexpect")
@@ -20,9 +21,10 @@ def spawn(cwd: Path, *args: str, sigint: Any = signal.SIG_DFL) -> pexpect.spawn:
     """Start an interactive run on a new terminal, SIGINT's disposition set to `sigint` (as it
     is inherited: a job started in the background by a shell without job control ignores it)."""
     env = {**os.environ, "NO_COLOR": "1", "TERM": "xterm"}
+    program, *argv = command("run", "--interactive", "--no-verify", *args)
     child = pexpect.spawn(
-        sys.executable,
-        ["-m", "jaxmigrate", "run", "--interactive", "--no-verify", *args],
+        program,
+        argv,
         cwd=str(cwd),
         env=env,
         encoding="utf-8",

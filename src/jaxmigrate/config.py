@@ -32,6 +32,7 @@ class FileConfig:
     timeout: float | None = None
     processes: int | None = None
     pmap_style: str | None = None
+    verify_project_tests: bool | None = None
 
 
 _LISTS = {"select", "ignore", "exclude"}
@@ -45,6 +46,7 @@ _TYPES: dict[str, type] = {
     "timeout": float,
     "processes": int,
     "pmap-style": str,
+    "verify-project-tests": bool,
 }
 
 

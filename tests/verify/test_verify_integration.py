@@ -16,6 +16,7 @@ from typing import ClassVar
 
 import libcst as cst
 import pytest
+from clitools import jm
 
 from jaxmigrate.model import Bucket, FileResult, Options, Safety, Status
 from jaxmigrate.pipeline.engine import migrate_source
@@ -153,8 +154,7 @@ def test_verify_against_a_revision(migrated_by_hand: Path) -> None:
 
 
 def jaxmigrate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "jaxmigrate", *args]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
+    return jm(*args, cwd=cwd, timeout=900)
 
 
 def test_the_verify_command_exits_1_on_a_failure_and_reports(migrated_by_hand: Path) -> None:

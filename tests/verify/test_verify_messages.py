@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import clitools
 import pytest
 
 from jaxmigrate.model import Bucket, FileResult, Safety, Site, Status
@@ -30,16 +30,7 @@ TRAIN = textwrap.dedent("""
 
 
 def jm(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250", "NO_COLOR": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "jaxmigrate", *args],
-        cwd=cwd,
-        capture_output=True,
-        check=False,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    return clitools.jm(*args, cwd=cwd, columns=250)
 
 
 @pytest.fixture(scope="module")

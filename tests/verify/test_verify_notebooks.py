@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from clitools import jm
 
 from jaxmigrate.verify.notebooks import command_for, program, script_path
 
@@ -81,8 +81,7 @@ def notebook(*cells: list[str]) -> str:
 
 
 def jaxmigrate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "jaxmigrate", *args]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
+    return jm(*args, cwd=cwd, timeout=900)
 
 
 def git(root: Path, *args: str) -> None:

@@ -19,6 +19,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from clitools import jm
 from conftest import jax_env
 
 from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site, Status
@@ -98,14 +99,10 @@ def test_run_writes_the_faithful_form_where_the_program_level_one_failed(tmp_pat
     git(tmp_path, "add", "two_steps.py", "predictions.py")
     git(tmp_path, "commit", "-qm", "pmap")
     report = tmp_path.parent / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "jaxmigrate", "run", "two_steps.py", "predictions.py"]
-        + ["--timeout", "300"]
-        + ["--report", str(report), "--format", "json"],
-        check=False,
+    proc = jm(
+        *("run", "two_steps.py", "predictions.py", "--timeout", "300"),
+        *("--report", str(report), "--format", "json"),
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from clitools import jm
 from multihost import run_job
 
 from jaxmigrate.config import load_config
@@ -28,7 +29,6 @@ from jaxmigrate.verify.processes import DeviceSplitError, processes_hint
 from jaxmigrate.verify.session import with_processes_hint
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "multihost"
-JAXMIGRATE = [sys.executable, "-m", "jaxmigrate"]
 
 
 def git(root: Path, *args: str) -> None:
@@ -53,13 +53,10 @@ def repo(tmp_path: Path) -> Path:
 def verify_against(root: Path, *extra: str) -> tuple[int, dict, str]:
     """Run `jaxmigrate verify --against HEAD --processes 2`; return code, the site, stdout."""
     report = root.parent / "report.json"
-    proc = subprocess.run(
-        [*JAXMIGRATE, "verify", "--against", "HEAD", "--processes", "2", *extra]
-        + ["--verify-with", "python train.py", "--report", str(report)],
+    proc = jm(
+        *("verify", "--against", "HEAD", "--processes", "2", *extra),
+        *("--verify-with", "python train.py", "--report", str(report)),
         cwd=root,
-        check=False,
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     assert report.exists(), proc.stderr
@@ -115,14 +112,7 @@ def test_each_process_gets_its_own_synthesized_data(repo: Path) -> None:
     # With identical data in every process, a mean over one process's devices equals the mean
     # over all of them: only per-process inputs expose a rewrite that never leaves its process.
     shutil.copyfile(DATA / "train_local_mesh.py", repo / "train.py")
-    proc = subprocess.run(
-        [*JAXMIGRATE, "verify", "--against", "HEAD", "--processes", "2"],
-        cwd=repo,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = jm("verify", "--against", "HEAD", "--processes", "2", cwd=repo, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "[unsafe, failed]" in proc.stdout
     assert (
@@ -135,13 +125,7 @@ def test_each_process_gets_its_own_synthesized_data(repo: Path) -> None:
 def test_devices_must_split_evenly_between_processes(tmp_path: Path) -> None:
     (tmp_path / "m.py").write_text("x = 1\n")
     for command in (["run", "m.py"], ["verify", "--against", "HEAD"]):
-        proc = subprocess.run(
-            [*JAXMIGRATE, *command, "--devices", "8", "--processes", "3"],
-            cwd=tmp_path,
-            check=False,
-            capture_output=True,
-            text=True,
-        )
+        proc = jm(*command, "--devices", "8", "--processes", "3", cwd=tmp_path)
         assert proc.returncode == 2, proc.stderr
         assert "--devices 8 cannot be split evenly between 3 processes" in proc.stderr
     with pytest.raises(DeviceSplitError):

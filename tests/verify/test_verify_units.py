@@ -7,12 +7,12 @@ from __future__ import annotations
 import ast
 import json
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+from clitools import jm
 
 from jaxmigrate.model import Status
 from jaxmigrate.verify import VerifyConfig, verify_against
@@ -47,13 +47,8 @@ PROGRAM = textwrap.dedent("""
 def dry_run_sites(root: Path) -> list[dict[str, Any]]:
     """Run `jaxmigrate run --dry-run` (verification on) in `root`; return the report's sites."""
     report = root / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "jaxmigrate", "run", "--dry-run", "--report", str(report)]
-        + ["--format", "json", "."],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=False,
+    proc = jm(
+        "run", "--dry-run", "--report", str(report), "--format", "json", ".", cwd=root, timeout=900
     )
     assert proc.returncode in (0, 1), proc.stderr
     return [s for f in json.loads(report.read_text())["files"] for s in f["sites"]]

@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from clitools import jm
 
 from jaxmigrate.model import Safety, Site, Status
 from jaxmigrate.verify import VerifyConfig, VerifyRequest, verify
@@ -114,23 +115,16 @@ def test_a_site_whose_rewrite_calls_the_projects_helper_module_is_recorded(
     # The pmap rewrite imports `shard_map_per_device` from the `_pmap_compat.py` it writes: the
     # `jax.jit` there is made for the site's statement, and its calls are the site's.
     import json
-    import subprocess
 
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "model.py").write_text(MODEL)
     (tmp_path / "use.py").write_text(USE)
-    command = [sys.executable, "-m", "jaxmigrate", "run", "--dry-run", "--no-cache"]
-    forced = subprocess.run(
-        [*command, "--no-verify", "--unsafe-fixes", "."],
-        check=False,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    )
+    command = ["run", "--dry-run", "--no-cache"]
+    forced = jm(*command, "--no-verify", "--unsafe-fixes", ".", cwd=tmp_path, timeout=900)
     assert "+++ b/pkg/_pmap_compat.py" in forced.stdout, forced.stdout  # the premise
     command += ["--verify-with", f"{sys.executable} use.py", "--report", "r.json", "."]
-    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
+    proc = jm(*command, cwd=tmp_path, timeout=900)
     files = json.loads((tmp_path / "r.json").read_text())["files"]
     (site,) = [s for f in files for s in f["sites"] if s["code"] == "JM202"]
     assert site["status"] == "verified", (site, proc.stdout, proc.stderr)

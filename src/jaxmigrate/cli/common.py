@@ -94,6 +94,16 @@ ProcessesOpt = Annotated[
         ),
     ),
 ]
+ProjectTestsOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--verify-project-tests/--no-verify-project-tests",
+        help=(
+            "With --verify-with: also record, through the project's own tests that name it (at "
+            "most 40), a function the command never called (default: on)."
+        ),
+    ),
+]
 TimeoutOpt = Annotated[
     float | None, typer.Option("--timeout", min=1, help="Seconds allowed per site (default 120).")
 ]
@@ -119,6 +129,7 @@ class Settings:
     timeout: float = 120.0
     cache: bool = True
     processes: int = 1
+    project_tests: bool = True
 
     def open_cache(self) -> ResultCache | None:
         """Return the result cache under the project root, or None with `--no-cache`."""
@@ -139,6 +150,7 @@ class Settings:
             passes=chosen_passes(self.options),
             workdir=Path.cwd(),
             processes=self.processes,
+            project_tests=self.project_tests,
         )
 
 
@@ -190,6 +202,7 @@ def resolve_settings(
     no_cache: bool = False,
     processes: int | None = None,
     pmap_style: str | None = None,
+    project_tests: bool | None = None,
 ) -> Settings:
     """Merge command-line flags over the nearest pyproject's `[tool.jaxmigrate]`."""
     try:
@@ -225,7 +238,15 @@ def resolve_settings(
         verify_with=verify_with or config.verify_with,
         timeout=timeout or config.timeout or 120.0,
         cache=not no_cache,
+        project_tests=choose(project_tests, config.verify_project_tests, True),
     )
+
+
+def choose(flag: bool | None, configured: bool | None, default: bool) -> bool:
+    """Return a boolean setting: the flag if given, else the configuration's, else `default`."""
+    if flag is not None:
+        return flag
+    return default if configured is None else configured
 
 
 def check_processes(devices: int, processes: int) -> int:

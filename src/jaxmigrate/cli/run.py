@@ -21,6 +21,7 @@ from jaxmigrate.cli.common import (
     PathsArg,
     PmapStyleOpt,
     ProcessesOpt,
+    ProjectTestsOpt,
     PythonOpt,
     ReportOpt,
     SelectOpt,
@@ -75,6 +76,7 @@ def run(
     ] = False,
     no_verify: NoVerifyOpt = False,
     verify_with: VerifyWithOpt = None,
+    verify_project_tests: ProjectTestsOpt = None,
     devices: DevicesOpt = None,
     processes: ProcessesOpt = None,
     python: PythonOpt = None,
@@ -108,6 +110,7 @@ def run(
             verify_with=verify_with,
             timeout=timeout,
             no_cache=no_cache,
+            project_tests=verify_project_tests,
         )
         results = execute(
             settings,

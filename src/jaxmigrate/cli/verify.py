@@ -14,12 +14,14 @@ from jaxmigrate.cli.common import (
     FormatOpt,
     JobsOpt,
     ProcessesOpt,
+    ProjectTestsOpt,
     PythonOpt,
     ReportOpt,
     TimeoutOpt,
     UsageError,
     VerifyWithOpt,
     check_processes,
+    choose,
     project_root,
     stderr,
     stdout,
@@ -51,6 +53,7 @@ def verify(
     paths: PathsOpt = None,
     against: AgainstOpt = "HEAD",
     verify_with: VerifyWithOpt = None,
+    verify_project_tests: ProjectTestsOpt = None,
     devices: DevicesOpt = None,
     processes: ProcessesOpt = None,
     python: PythonOpt = None,
@@ -80,6 +83,7 @@ def verify(
             timeout=timeout or config.timeout or 120.0,
             jobs=jobs or config.jobs or default_jobs(),
             workdir=Path.cwd(),
+            project_tests=choose(verify_project_tests, config.verify_project_tests, True),
         )
         requests = requests_against(
             root, against, [str(p.resolve()) for p in chosen], settings.python

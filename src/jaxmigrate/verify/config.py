@@ -35,6 +35,8 @@ class VerifyConfig:
     only some sites enabled when a request gives no `rewrite`. With `processes` N > 1 the
     recorded command and every worker run as N-process JAX jobs on this machine (`devices` split
     evenly between them, else DeviceSplitError), and a site holds only if it holds in every process.
+    With `project_tests` (the default), a function target `verify_with` never called is recorded
+    by the project's own tests that name it (`verify.discover`); False records `verify_with` only.
     """
 
     root: Path
@@ -50,6 +52,7 @@ class VerifyConfig:
     passes: tuple[type[Pass], ...] | None = None
     workdir: Path | None = None
     processes: int = 1
+    project_tests: bool = True
 
     def __post_init__(self) -> None:
         devices_per_process(self.devices, self.processes)  # raises DeviceSplitError

@@ -285,7 +285,7 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
             if config.verify_with and modules
             else Recording()
         )
-        if config.verify_with and runnable:
+        if config.verify_with and runnable and config.project_tests:
             recording = supplement(recording, runnable, ws, config)
         again = rerun(command, [*bound, *units], candidates, ws, config) if bound else None
         count = max(1, min(config.jobs, len({p.path for p in modules})))

@@ -1,0 +1,59 @@
+"""Run jaxmigrate's command line as a user does: `python -m jaxmigrate ...` in a subprocess.
+
+    from clitools import jm    # tests/ is on sys.path (tests/conftest.py)
+
+    proc = jm("run", "--dry-run", ".", cwd=tree)
+    assert proc.returncode == 0, proc.stderr
+
+Every test that runs the CLI goes through here, so they all see the same terminal: plain text
+(`NO_COLOR=1`) laid out `columns` wide (200 unless told, so a long message is one line), the
+interpreter running the tests, and a timeout that fails a hung command instead of the suite.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+COLUMNS = 200
+TIMEOUT = 300.0
+
+
+def command(*args: str) -> list[str]:
+    """The command line that runs `jaxmigrate ARGS` with the tests' interpreter."""
+    return [sys.executable, "-m", "jaxmigrate", *args]
+
+
+def cli_env(columns: int = COLUMNS, **extra: str) -> dict[str, str]:
+    """This process's environment, plain text `columns` wide, with `extra` variables set."""
+    return {**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1", **extra}
+
+
+def jm(
+    *args: str,
+    cwd: str | Path,
+    stdin: str | None = None,
+    columns: int = COLUMNS,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = TIMEOUT,
+    **kwargs: Any,
+) -> subprocess.CompletedProcess[str]:
+    """Run `jaxmigrate ARGS` in `cwd` and return what it did, whatever its exit code.
+
+    `env` replaces the environment (`cli_env(...)` builds one); `kwargs` go to
+    `subprocess.run` (e.g. `preexec_fn`)."""
+    return subprocess.run(
+        command(*args),
+        cwd=cwd,
+        capture_output=True,
+        check=False,
+        text=True,
+        env=cli_env(columns) if env is None else dict(env),
+        input=stdin,
+        timeout=timeout,
+        **kwargs,
+    )
