@@ -282,6 +282,33 @@ def test_sorted_groups_get_the_import_at_its_place_in_either_order() -> None:
     )
 
 
+def test_a_group_mixing_sections_google_style_gets_the_import_at_its_sorted_place() -> None:
+    """chex's and scenic's tests: their own package sorted among the third-party modules."""
+    chex = (
+        "from absl.testing import absltest\nfrom chex._src import asserts\nimport jax\n"
+        "import jax.numpy as jnp\nimport numpy as np\n\nx = 1\n"
+    )
+    out = added(
+        chex,
+        ("chex._pmap_compat", "shard_map_per_device", None),
+        ("jax.sharding", "PartitionSpec", "P"),
+        first="chex",
+    )
+    assert out == (
+        "from absl.testing import absltest\nfrom chex._pmap_compat import shard_map_per_device\n"
+        "from chex._src import asserts\nimport jax\nimport jax.numpy as jnp\n"
+        "from jax.sharding import PartitionSpec as P\nimport numpy as np\n\nx = 1\n"
+    )
+    # JAX's own tests: `jax` is the first party, numpy after it in the same group.
+    tests = "from absl.testing import absltest\nimport jax\nfrom jax._src import core\nimport numpy as np\n"
+    out = added(tests, ("jax._pmap_compat", "shard_map_per_device", None), first="jax")
+    assert out == (
+        "from absl.testing import absltest\nimport jax\n"
+        "from jax._pmap_compat import shard_map_per_device\nfrom jax._src import core\n"
+        "import numpy as np\n"
+    )
+
+
 def test_an_unsorted_group_gets_the_import_after_its_sections_last() -> None:
     out = added("import numpy as np\nimport jax\nimport trainer\n", ("optax", None, None),
                 first="trainer")  # fmt: skip

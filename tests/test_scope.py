@@ -11,6 +11,8 @@ import textwrap
 import libcst as cst
 import pytest
 
+from jaxmigrate.model import Options
+from jaxmigrate.pipeline.engine import migrate_source
 from jaxmigrate.toolkit.names import walk
 from jaxmigrate.toolkit.passes import ModuleCache
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
@@ -408,6 +410,50 @@ def test_names_for_new_code() -> None:
     assert m.model.is_unused("fresh") and not m.model.is_unused("helper")
     assert m.model.is_unused("key")  # a keyword is no read
     assert list(m.model.module_bindings()) == ["jx", "np", "f"]
+
+
+def test_a_binding_made_after_the_module_runs_code_is_not_offered_to_new_code() -> None:
+    """JAX's JAX_NeurIPS_2020_demo.ipynb: `PartitionSpec as P` is imported in a late cell, after
+    a cell that runs a pmap; new code there must not spell `P` (NameError when the cell runs)."""
+    early = Mod(
+        """
+        \"\"\"Doc.\"\"\"
+        import jax
+        from jax.sharding import PartitionSpec as P
+        try:
+            from functools import partial
+        except ImportError:
+            partial = None
+        AXIS = "batch"
+        def f(x):
+            return x
+        y = jax.pmap(f)(x)
+        """
+    )
+    assert early.model.module_binding("jax.sharding.PartitionSpec") == "P"
+    assert early.model.module_binding("functools.partial") is None  # two bindings conflict
+    late = Mod(
+        """
+        import jax
+        y = jax.pmap(lambda x: x ** 2)(x)
+        from jax.sharding import PartitionSpec as P
+        """
+    )
+    assert late.model.module_binding("jax.sharding.PartitionSpec") is None
+    for runs in ("@jax.jit\ndef g(): pass", "class C: pass", "jax.config.update('a', 1)"):
+        m = Mod(f"import jax\n{runs}\nfrom jax.sharding import PartitionSpec\n")
+        assert m.model.module_binding("jax.sharding.PartitionSpec") is None, runs
+
+
+def test_a_late_partition_spec_import_is_not_used_before_it_runs() -> None:
+    source = (
+        "import jax\nimport jax.numpy as jnp\n\n"
+        "y = jax.pmap(lambda x: x ** 2)(jnp.arange(8))\n\n"
+        "from jax.sharding import PartitionSpec as P\n"
+    )
+    out = migrate_source(source, options=Options(unsafe_fixes=True)).code
+    assert 'in_specs=jax.sharding.PartitionSpec("device")' in out, out
+    assert "P(" not in out
 
 
 def test_paths_to_marks_the_way_to_each_use() -> None:

@@ -27,12 +27,26 @@ class Emission(Pass):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         decision = self.decisions.get(id(original_node.func))
         if decision is not None and not decision.reason:
-            return self._apply(decision, original_node.func, updated_node, first=0)
+            new = self._apply(decision, original_node.func, updated_node, first=0)
+            return self._fit(original_node, updated_node, new)
         if original_node.args:
             decision = self.decisions.get(id(original_node.args[0].value))
             if decision is not None and not decision.reason:
-                return self._apply(decision, original_node.args[0].value, updated_node, first=1)
+                ref = original_node.args[0].value
+                new = self._apply(decision, ref, updated_node, first=1)
+                return self._fit(original_node, updated_node, new)
         return updated_node
+
+    def _fit(self, original: cst.Call, updated: cst.Call, new: cst.Call) -> cst.Call:
+        """Return `new` laid out as a formatter would when the rewrite (`jax.jit`, `P()` for
+        `None`) pushed a call that fitted its line past the file's width; a line that was long
+        already is left as long as the user had it."""
+        if new is updated:
+            return new
+        room = self.room(original)
+        if room.column + len(code(original)) + room.tail > self.state.style.width:
+            return new
+        return self.fit(original, new)
 
     def leave_Decorator(
         self, original_node: cst.Decorator, updated_node: cst.Decorator

@@ -404,11 +404,18 @@ def _position_in(
     section: int,
     first_party: frozenset[str],
 ) -> int:
-    """Return where `new` goes in `group`: its sorted place, else after its section's last."""
+    """Return where `new` goes in `group`: its sorted place, else after its section's last.
+
+    A group whose sections are interleaved (Google's style sorts the project's own modules among
+    the third-party ones: `from absl ...`, `from chex._src ...`, `import jax`) does not separate
+    sections, so a sorted one takes the import at its sorted place, whatever its section.
+    """
     sections = [_section(body[i], first_party) for i in group]
     earlier = [i for i, s in zip(group, sections) if s < section]
     later = [i for i, s in zip(group, sections) if s > section]
     low, high = (earlier[-1] + 1 if earlier else group[0]), (later[0] if later else group[-1] + 1)
+    if sections != sorted(sections):
+        low, high = group[0], group[-1] + 1
     for key in (_isort_key, _google_key):
         keys = [key(body[i]) for i in group]
         if keys == sorted(keys):

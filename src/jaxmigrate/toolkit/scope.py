@@ -491,6 +491,8 @@ class ScopeModel:
         self._marks = builder.marks
         self._type_marks = builder.type_marks
         self._complete = builder.complete
+        self._module = module
+        self._early_nodes: frozenset[int] | None = None
 
     # Scopes and references ------------------------------------------------------------------
     def scope_of(self, node: cst.Name) -> Scope:
@@ -606,13 +608,32 @@ class ScopeModel:
 
     def module_binding(self, qualname: str) -> str | None:
         """Return a module-level local name bound to exactly `qualname`, however imported
-        (and that no function or class rebinds)."""
+        (and that no function or class rebinds), bound before the module runs any code.
+
+        New code may run as soon as the module runs code (`y = step(x)` at module level, a
+        decorator, a class body, a notebook's cell), so a name bound only after that (an import
+        in a notebook's later cell) would not be bound yet: it is not returned.
+        """
+        early = self._early()
         for local in self.module_scope.bindings:
             if local in self._inner_bound:
+                continue
+            if not all(id(b.node) in early for b in self.module_scope.bindings[local]):
                 continue
             if self._resolve(local, self.module_scope, 0) == qualname:
                 return local
         return None
+
+    def _early(self) -> frozenset[int]:
+        """Return the nodes of the module-level statements before the first that runs code."""
+        if self._early_nodes is None:
+            nodes: set[int] = set()
+            for statement in self._module.body:
+                if _runs_code(statement):
+                    break
+                nodes.update(_statement_nodes(statement))
+            self._early_nodes = frozenset(nodes)
+        return self._early_nodes
 
     def module_bindings(self) -> Iterator[str]:
         """Yield every name bound at module level."""
@@ -650,3 +671,83 @@ class ScopeModel:
             return None
         marks = [self._marks[q] for q in qualnames] + [self._type_marks[t] for t in types]
         return frozenset().union(*marks)
+
+
+def _inert_value(node: cst.BaseExpression) -> bool:
+    """Return True for a value that runs no code: a name, a dotted name, a literal."""
+    if isinstance(node, (cst.Name, cst.SimpleString, cst.ConcatenatedString, cst.Integer)):
+        return True
+    if isinstance(node, (cst.Float, cst.Imaginary, cst.Ellipsis)):
+        return True
+    if isinstance(node, cst.Attribute):
+        return dotted(node) is not None
+    if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
+        return all(isinstance(e, cst.Element) and _inert_value(e.value) for e in node.elements)
+    return False
+
+
+def _inert(statement: cst.BaseSmallStatement) -> bool:
+    """Return True for a small statement that runs no code of the program when executed."""
+    if isinstance(statement, (cst.Import, cst.ImportFrom, cst.Pass)):
+        return True
+    if isinstance(statement, cst.Expr):  # a docstring
+        return isinstance(statement.value, (cst.SimpleString, cst.ConcatenatedString))
+    if isinstance(statement, (cst.Assign, cst.AnnAssign)):
+        return statement.value is None or _inert_value(statement.value)
+    return False
+
+
+def _runs_code(statement: cst.BaseStatement) -> bool:
+    """Return True if a module-level statement may run code of the program (a call, a
+    decorator, a class body); imports, plain aliases, literals and undecorated defs do not."""
+    if isinstance(statement, cst.SimpleStatementLine):
+        return not all(_inert(s) for s in statement.body)
+    if isinstance(statement, cst.FunctionDef):
+        return bool(statement.decorators)
+    if isinstance(statement, (cst.If, cst.Try)):  # `try: import x` / `except ImportError:`
+        blocks: list[cst.BaseSuite] = [statement.body]
+        if isinstance(statement, cst.If):
+            if not _inert_value(statement.test):
+                return True
+            if isinstance(statement.orelse, cst.If) and _runs_code(statement.orelse):
+                return True
+            if isinstance(statement.orelse, cst.Else):
+                blocks.append(statement.orelse.body)
+        else:
+            blocks += [h.body for h in statement.handlers]
+            blocks += [b.body for b in (statement.orelse, statement.finalbody) if b is not None]
+        return any(_runs_code(s) for b in blocks for s in _suite(b))
+    return True
+
+
+def _suite(block: cst.BaseSuite) -> Sequence[cst.BaseStatement]:
+    if isinstance(block, cst.IndentedBlock):
+        return block.body
+    assert isinstance(block, cst.SimpleStatementSuite)
+    return [cst.SimpleStatementLine(body=block.body)]
+
+
+def _statement_nodes(statement: cst.BaseStatement) -> Iterator[int]:
+    """Yield the ids of the small statements (imports, assignments) inside a module-level
+    statement that `_runs_code` found inert."""
+    if isinstance(statement, cst.SimpleStatementLine):
+        yield from (id(s) for s in statement.body)
+    elif isinstance(statement, cst.FunctionDef):
+        yield id(statement)
+    elif isinstance(statement, (cst.If, cst.Try)):
+        blocks: list[cst.BaseSuite] = [statement.body]
+        if isinstance(statement, cst.If):
+            if isinstance(statement.orelse, cst.If):
+                yield from _statement_nodes(statement.orelse)
+            elif isinstance(statement.orelse, cst.Else):
+                blocks.append(statement.orelse.body)
+        else:
+            blocks += [h.body for h in statement.handlers]
+            blocks += [b.body for b in (statement.orelse, statement.finalbody) if b is not None]
+        for block in blocks:
+            if isinstance(block, cst.IndentedBlock):
+                for inner in block.body:
+                    yield from _statement_nodes(inner)
+            else:
+                assert isinstance(block, cst.SimpleStatementSuite)
+                yield from (id(s) for s in block.body)
