@@ -67,6 +67,16 @@ TEST = textwrap.dedent("""
             g = jax.pmap(lambda x: x.reshape(3), axis_name="i")  # SITE
             with self.assertRaises(TypeError):
                 g(np.ones((8, 4), np.float32))
+
+        def test_skipped(self):
+            self.skipTest("not on this JAX")
+            h = jax.pmap(lambda x: x + 1, axis_name="i")  # SITE
+            h(np.ones((8, 2), np.float32))
+
+        @unittest.skipIf(True, "never here")
+        def test_skipped_if(self):
+            k = jax.pmap(lambda x: x + 1, axis_name="i")  # SITE
+            k(np.ones((8, 2), np.float32))
     """)
 TEST_REWRITE = TEST.replace(
     'jax.pmap(lambda x: x - lax.pmean(x, "i"), axis_name="i")  # SITE',
@@ -120,6 +130,17 @@ def test_sites_in_a_class_and_in_a_test_verify_through_the_command(project: Path
     assert test.details["calls"] == 2 and test.details["input_shapes"] == ["float32[8, 3]"]
     raises = verdicts["tests/test_model.py:site1"]
     assert raises.status is Status.VERIFIED, (raises.reason, raises.details)
+    # a skipped test makes no call: its sites say which skip (dm-haiku's dot_test.py::test_pmap)
+    skipped, skipped_if = (
+        verdicts["tests/test_model.py:site2"],
+        verdicts["tests/test_model.py:site3"],
+    )
+    assert skipped.status is Status.UNVERIFIED and skipped.reason.endswith(
+        "made no call of it: `test_skipped` calls `self.skipTest(...)` before it (line 28)"
+    ), skipped.reason
+    assert skipped_if.status is Status.UNVERIFIED and skipped_if.reason.endswith(
+        "made no call of it: `test_skipped_if` may be skipped (`@unittest.skipIf`, line 32)"
+    ), skipped_if.reason
 
 
 def test_a_wrong_rewrite_in_a_class_fails(project: Path) -> None:

@@ -110,6 +110,22 @@ def test_a_cell_that_only_ipython_runs_makes_the_notebook_unrunnable() -> None:
     assert built.problem == "cell 2 is a %%bash cell, which cannot run outside IPython"
 
 
+COLAB_CHECK = ["if 'google.colab' in str(get_ipython()):\n", "    print('in Colab')"]
+
+
+def test_a_notebook_asking_get_ipython_gets_none_as_outside_ipython() -> None:
+    built = program(notebook(IMPORTS, COLAB_CHECK, LOOP))
+    assert not built.problem
+    lines = built.code.splitlines()
+    assert lines[0].startswith("get_ipython = lambda: None")
+    assert built.starts == {1: 2, 2: 8, 3: 10}
+    assert lines[9] == "n = jax.local_device_count()"
+    assert built.locate(11) == (3, 2)
+    namespace: dict[str, object] = {}
+    exec(lines[0], namespace)  # noqa: S102 - the line the script starts with
+    assert namespace["get_ipython"]() is None  # type: ignore[operator]
+
+
 def test_the_script_runs_from_the_notebooks_folder() -> None:
     assert script_path("colab/train.ipynb") == "colab/train.ipynb.py"
     assert command_for("colab/train.ipynb", "/usr/bin/python3") == (
@@ -138,6 +154,20 @@ def test_run_verifies_and_writes_a_notebooks_pmap_train_step(tmp_path: Path) -> 
     cells = [c["source"] for c in json.loads(path.read_text())["cells"]]
     assert cells[1][0] == "%matplotlib inline\n"  # restored, not dropped
     assert "jax.pmap" not in "".join(cells[2]) and "shard_map_per_device" in "".join(cells[2])
+
+
+@pytest.mark.jax
+def test_a_colab_notebook_that_checks_get_ipython_verifies(tmp_path: Path) -> None:
+    # flax's examples/imagenet/imagenet.ipynb: "NameError: name 'get_ipython' is not defined"
+    path = tmp_path / "train.ipynb"
+    path.write_text(notebook(IMPORTS, COLAB_CHECK, TRAIN_STEP, LOOP))
+    report = tmp_path / "out.json"
+    proc = jaxmigrate(
+        "run", "--dry-run", "--report", str(report), "--format", "json", ".", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    site = sites_of(report)["train.ipynb"]
+    assert (site["cell"], site["line"], site["status"]) == (3, 1, "verified"), site["details"]
 
 
 @pytest.mark.jax

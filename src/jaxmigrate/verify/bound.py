@@ -226,6 +226,8 @@ def judge_one(
     original = recording.calls.get(plan.id)
     if original is None:
         why = f"cannot be run alone: {plan.target.why}, and `{command}` made no call of it"
+        skip = skipped_by(plan)
+        why += f": {skip}" if skip else ""
         return Verdict(Status.UNVERIFIED, why + tail(recording.error), details)
     details |= {"input_source": "recorded", "calls": len(original.files)}
     details["input_shapes"] = list(original.shapes)
@@ -247,6 +249,53 @@ def judge_one(
     if reply.fault:
         return Verdict(Status.UNVERIFIED, f"the comparison {reply.fault}", details)
     return records_verdict(reply.data, details, command or "", again.error)
+
+
+SKIP_CALLS = {"pytest.skip"}  # and any `.skipTest(...)` (a TestCase's)
+SKIP_DECORATORS = {"skip", "skipIf", "skipUnless", "skipif"}
+
+
+def skipped_by(plan: Plan) -> str:
+    """Return how the test holding the site skips itself before it (''; read from the source).
+
+    A skipped test makes no call, so its sites cannot be compared: say so, rather than leave the
+    user to find out why the command "made no call of it".
+    """
+    tree = parse(plan.request.original)
+    line = min((s.line for s in plan.sites), default=0)
+    if tree is None or not line:
+        return ""
+    holders = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and node.lineno <= line <= (node.end_lineno or node.lineno)
+    ]
+    for holder in sorted(holders, key=lambda n: n.lineno):
+        for decorator in holder.decorator_list:
+            call = decorator.func if isinstance(decorator, ast.Call) else decorator
+            if called_name(call) in SKIP_DECORATORS:
+                conditional = called_name(call) != "skip"
+                how = "may be skipped" if conditional else "is skipped"
+                return f"`{holder.name}` {how} (`@{ast.unparse(call)}`, line {decorator.lineno})"
+    functions = [h for h in holders if not isinstance(h, ast.ClassDef)]
+    if not functions:
+        return ""
+    function = max(functions, key=lambda n: n.lineno)
+    for node in ast.walk(function):
+        if not isinstance(node, ast.Call) or node.lineno >= line:
+            continue
+        name = ast.unparse(node.func)
+        if called_name(node.func) == "skipTest" or name in SKIP_CALLS:
+            return f"`{function.name}` calls `{name}(...)` before it (line {node.lineno})"
+    return ""
+
+
+def called_name(node: ast.AST) -> str:
+    """Return the last name of a called expression (`skipTest` of `self.skipTest`), or ''."""
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
 
 
 def records_verdict(

@@ -42,6 +42,10 @@ from jaxmigrate.verify.workspace import Workspace
 
 # Cell magics whose body is plain Python that runs once: the body runs, the magic line is masked.
 RUNNABLE_CELL_MAGICS = ("%%time", "%%capture")
+# A notebook that asks `get_ipython()` (`'google.colab' in str(get_ipython())`) gets what
+# `IPython.get_ipython()` returns outside IPython: the script's first line, before cell 1.
+NO_IPYTHON = "get_ipython = lambda: None  # jaxmigrate: not run by IPython\n"
+USES_GET_IPYTHON = re.compile(r"\bget_ipython\b")
 
 
 @dataclass(frozen=True)
@@ -116,7 +120,10 @@ def program(text: str) -> Program:
         starts[cell.number] = line
         chunks.append(code)
         line += code.count("\n")
-    return Program("".join(chunks), starts)
+    code = "".join(chunks)
+    if USES_GET_IPYTHON.search(code):
+        return Program(NO_IPYTHON + code, {cell: first + 1 for cell, first in starts.items()})
+    return Program(code, starts)
 
 
 def script_path(relpath: str) -> str:

@@ -28,6 +28,7 @@ from jaxmigrate.verify.targets import Kind
 from jaxmigrate.verify.workspace import Workspace
 
 RETURNED = ".returned"  # the recorder's suffix for the calls of a factory's returned function
+MODULE_TOOLS = {"pytest": "pytest", "py.test": "pytest"}  # commands that are `python -m` a module
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,27 @@ def mirror_folders(ran: Path, tree: Path) -> None:
         (tree / folder.relative_to(ran)).mkdir(parents=True, exist_ok=True)
 
 
+def tool_shims(ws: Workspace, python: str) -> Path:
+    """Return a folder of `pytest` scripts that run `python -m pytest`, for the command's PATH.
+
+    The interpreter's own folder comes first on the command's PATH, but a virtualenv made with
+    `--system-site-packages` (or `pip install --user`) has no `pytest` script of its own: the
+    word `pytest` would find another interpreter's, which cannot import the project's
+    dependencies installed in the virtualenv. A tool the interpreter's folder lacks runs as a
+    module of the interpreter instead.
+    """
+    folder = ws.base / "bin"
+    folder.mkdir(exist_ok=True)
+    bindir = Path(python).parent
+    for name, module in MODULE_TOOLS.items():
+        script = folder / name
+        if (bindir / name).exists() or script.exists():
+            continue
+        script.write_text(f'#!/bin/sh\nexec {shlex.quote(python)} -m {module} "$@"\n')
+        script.chmod(0o755)
+    return folder
+
+
 def run_command(
     command: str, ws: Workspace, config: VerifyConfig, plan_file: Path, side: str = "original"
 ) -> str:
@@ -128,6 +150,7 @@ def run_command(
     for i in range(count):
         env = child_env(config, ws, (ws.boot, *imports), i, coordinator)
         env["JAXMIGRATE_RECORD"] = str(plan_file)
+        env["PATH"] = os.pathsep.join([str(tool_shims(ws, config.python)), env["PATH"]])
         name = "verify-with" if side == "original" else f"verify-with-{side}"
         log = ws.logs / (f"{name}.log" if count == 1 else f"{name}.p{i}.log")
         logs.append(log)

@@ -580,7 +580,13 @@ class Worker:
         """
         from .compare import compare, has_values, max_errors
         from .hostify import flatten_output, from_host
+        from .inputs import add_import_paths
 
+        # what was pickled by name from a folder the command imported (the script's folder,
+        # `examples/imagenet` when the tree is the repository) is found from there
+        for orig, cand in zip(request["original"], request["candidate"]):
+            add_import_paths(orig[0])
+            add_import_paths(cand[0])
         notes: list[str] = []
         worst = (0.0, 0.0)
         expected = []
