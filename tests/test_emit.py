@@ -375,3 +375,18 @@ def test_a_tuple_too_long_for_its_own_line_is_exploded_as_black_does() -> None:
     assert "      in_specs=(\n          None,\n" in laid and "          P(),\n      ),\n" in laid
     assert ast.dump(ast.parse(laid)) == ast.dump(ast.parse(code(call)))  # the same call
     assert code(Call.of(call).laid_out(Room("", 0), Style(width=200))).count("\n") == 0
+
+
+def test_a_nested_tuple_too_long_for_its_own_line_is_exploded_in_turn() -> None:
+    """JAX's pmap_test.py: `in_axes=((0, 0, 0), 0)` spelled with `jax.sharding.PartitionSpec`
+    made a 127-column line inside the exploded `in_specs` of an 80-column file."""
+    spec = "jax.sharding.PartitionSpec('device')"
+    call = cst.parse_expression(
+        f"helper(lambda x, y: x, axis_name='device', in_specs=(({spec}, {spec}, {spec}), {spec}))"
+    )
+    assert isinstance(call, cst.Call)
+    laid = code(Call.of(call).laid_out(Room("    ", 8), Style(indent="  ", width=80)))
+    assert max(len("    f = " + line) for line in laid.splitlines()) <= 80, laid
+    assert f"        in_specs=(\n            (\n                {spec},\n" in laid, laid
+    assert f"                {spec},\n            ),\n            {spec},\n        ),\n" in laid
+    assert ast.dump(ast.parse(laid)) == ast.dump(ast.parse(code(call)))  # the same call

@@ -388,7 +388,9 @@ class Call:
             arg = item.value(functools.partial(Call.laid_out, room=room, style=style))
             keyword = len(arg.keyword.value) + 1 if arg.keyword is not None else 0
             if item.call is None and len(inner) + keyword + len(code(arg.value)) + 1 > style.width:
-                value = _exploded_sequence(arg.value, inner, inner + style.continuation)
+                value = _exploded_sequence(
+                    arg.value, inner, inner + style.continuation, style.width
+                )
                 arg = arg.with_changes(value=value)
             args.append(
                 arg.with_changes(
@@ -407,10 +409,13 @@ class Call:
         return cst.Call(self.func, [*args[:-1], last], whitespace_before_args=_break(inner))
 
 
-def _exploded_sequence(node: cst.BaseExpression, outer: str, inner: str) -> cst.BaseExpression:
+def _exploded_sequence(
+    node: cst.BaseExpression, outer: str, inner: str, width: int | None = None
+) -> cst.BaseExpression:
     """Return a parenthesized tuple or a list too long for its line with one element per line
     and a trailing comma, as black writes it (`in_specs=(None, P("batch"), ...)` of a pmap with
-    many arguments); anything else, or a sequence with comments, as it is."""
+    many arguments); anything else, or a sequence with comments, as it is. Given the `width`,
+    an element still too long for its own line is exploded in turn (a nested in_axes tuple)."""
     if comments_in(node):
         return node
     if not isinstance(node, (cst.List, cst.Tuple)) or isinstance(node, cst.Tuple) and not node.lpar:
@@ -419,10 +424,14 @@ def _exploded_sequence(node: cst.BaseExpression, outer: str, inner: str) -> cst.
     if len(elements) < 2:
         return node
     last = len(elements) - 1
-    laid = [
-        e.with_changes(comma=cst.Comma(whitespace_after=_break(outer if i == last else inner)))
-        for i, e in enumerate(elements)
-    ]
+    step = inner[len(outer) :] or "    "
+    laid = []
+    for i, e in enumerate(elements):
+        if width is not None and len(inner) + len(code(e.value)) + 1 > width:
+            e = e.with_changes(value=_exploded_sequence(e.value, inner, inner + step, width))
+        laid.append(
+            e.with_changes(comma=cst.Comma(whitespace_after=_break(outer if i == last else inner)))
+        )
     opening = _break(inner)
     if isinstance(node, cst.List):
         return node.with_changes(elements=laid, lbracket=cst.LeftSquareBracket(opening))
