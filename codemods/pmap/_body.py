@@ -42,13 +42,20 @@ def body_outputs(
     params = [p.name.value for p in body.params.params]
     start = {p for p, m in zip(params, mapped) if m}
     reader = _Reader(axis, qualname, defs, set(start))
+    _run(reader, body, start)
+    return _results(reader)
+
+
+def _run(reader: _Reader, body: cst.FunctionDef, start: set[str]) -> None:
+    """Read `body`, its parameters `start` differing between devices."""
+    if not isinstance(body.body, cst.IndentedBlock) or not _ends_in_return(body.body.body):
+        raise NotVisible("the body does not end in a return")
     while True:  # closures read names at call time: rerun until what ever differs is stable
         seen = set(reader.ever)
         reader.returns = []
         reader.block(body.body.body, set(start))
         if reader.ever == seen:
             break
-    return _results(reader)
 
 
 def _results(reader: _Reader) -> tuple[int | None, list[bool]]:
@@ -93,6 +100,7 @@ class _Reader:
         self.ever = ever  # every name that differs somewhere in the body
         self.closures: dict[str, cst.FunctionDef] = {}  # the body's nested defs
         self.returns: list[tuple[cst.BaseExpression, frozenset[str]]] = []
+        self.inside: frozenset[str] = frozenset()  # the module helpers being read (no recursion)
 
     # Statements ---------------------------------------------------------------------------
     def block(self, statements: Iterable[cst.BaseStatement], varying: set[str]) -> set[str]:
@@ -195,6 +203,9 @@ class _Reader:
                 return True
             if self._tree_mapped_same(node, varying):
                 return False
+            helper = self._helper_varies(node, varying)
+            if helper is not None:
+                return helper
         if isinstance(node, cst.Name):
             closure = self.closures.get(node.value)
             return node.value in varying or (closure is not None and self.closure_varies(closure))
@@ -231,6 +242,42 @@ class _Reader:
             return True
         inside = inside | {node.name.value}
         return any(self.closure_varies(self.closures[n], inside) for n in free & set(self.closures))
+
+    def _helper_varies(self, call: cst.Call, varying: frozenset[str] | set[str]) -> bool | None:
+        """A call of a module function (flax's `compute_metrics` doing the `pmean`): its result
+        differs when the helper's returns do, its parameters differing as the arguments passed;
+        None when the call is not one the helper's parameters are plainly bound by."""
+        name = call.func.value if isinstance(call.func, cst.Name) else None
+        helper = self.defs.get(name) if name is not None else None
+        if helper is None or name in self.closures or name in self.inside:
+            return None
+        params = helper.params
+        extra = params.star_arg not in (None, cst.MaybeSentinel.DEFAULT)
+        if extra or params.star_kwarg or params.posonly_params:
+            return None
+        plain = [p.name.value for p in params.params]
+        names = set(plain) | {p.name.value for p in params.kwonly_params}
+        mapped: set[str] = set()
+        for i, arg in enumerate(call.args):
+            if arg.star:
+                return None
+            param = arg.keyword.value if arg.keyword is not None else None
+            if param is None and i >= len(plain):
+                return None
+            param = param if param is not None else plain[i]
+            if param not in names:
+                return None
+            if self.varies(arg.value, varying):
+                mapped.add(param)
+        # A default is read where the def is made, at module level: the same on every device.
+        reader = _Reader(self.axis, self.qualname, self.defs, set(mapped))
+        reader.inside = self.inside | {name}
+        try:
+            _run(reader, helper, mapped)
+            _, flags = _results(reader)
+        except NotVisible:
+            return None
+        return any(flags)
 
     def _per_device(self, call: cst.Call) -> bool:
         return self.qualname(call.func) in PER_DEVICE or self._calls_per_device(call)
