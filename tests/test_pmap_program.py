@@ -6,6 +6,12 @@ devices); these are the shapes the analysis must refuse, checked through the rea
 
 from __future__ import annotations
 
+import runpy
+import tempfile
+from pathlib import Path
+
+import jax
+import numpy as np
 import pytest
 
 from jaxmigrate.model import Options
@@ -79,3 +85,41 @@ def test_a_group_is_written_whole_or_not_at_all() -> None:
     result = migrate_source(code, options=Options(unsafe_fixes=True), accept=refuse_the_readback)
     assert result.code == code
     assert not any(s.applied for s in result.sites)
+
+
+def run_main(source: str, *args: object) -> object:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "program.py"
+        path.write_text(source)
+        namespace = runpy.run_path(str(path), run_name="program")
+    return jax.device_get(namespace["main"](*args))
+
+
+def assert_taken_and_equal(source: str) -> str:
+    """Migrate `source`: the program-level form only, and `main(w, x)` gives the same values."""
+    result = migrate_source(source, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device" not in result.code and "jax.shard_map(" in result.code
+    assert not any("not taken" in s.message for s in result.sites), result.sites
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(3,)).astype(np.float32)
+    x = rng.normal(size=(16, 3)).astype(np.float32)
+    before, after = run_main(source, w, x), run_main(result.code, w, x)
+    assert jax.tree.structure(before) == jax.tree.structure(after)
+    for old, new in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+        assert type(old) is type(new) and np.shape(old) == np.shape(new)
+        np.testing.assert_allclose(old, new, rtol=1e-6)
+    return result.code
+
+
+# Device 0's copy read back and fetched to the host, as realistic programs do.
+READBACKS = {
+    "fetched after unreplicate": "    w = jax.device_get(jax_utils.unreplicate(w))\n    return w\n",
+    "fetched device 0": "    return np.asarray(w[0])\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(READBACKS))
+def test_readbacks_fetched_to_the_host_are_deleted(case: str) -> None:
+    head = "import numpy as np\nfrom flax import jax_utils\n" + HEAD
+    code = assert_taken_and_equal(head + "    w = p_step(w, x)\n" + READBACKS[case])
+    assert "[0]" not in code and "unreplicate" not in code

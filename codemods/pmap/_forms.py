@@ -293,7 +293,11 @@ class Forms:
 
     def readback_of(self, node: cst.BaseExpression, var: str) -> bool:
         """`var[0]`, `jax.device_get(var)[0]`, `jax.tree.map(lambda v: v[0], var)`,
-        `unreplicate(var)`: device 0's copy of the whole of `var`."""
+        `unreplicate(var)`: device 0's copy of the whole of `var`; also fetched to the host
+        (`jax.device_get(unreplicate(var))`, `np.asarray(var[0])`): the same values."""
+        args = positional(node, 1) if self._is(node, HOST_COPIES) else None  # type: ignore[arg-type]
+        if args is not None and self.readback_value(args[0], var) is not None:
+            node = args[0]
         read = self.readback_value(node, var)
         if read is None or read[1] is read[0]:
             return read is not None
