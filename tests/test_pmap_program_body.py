@@ -179,3 +179,9 @@ def test_only_device_0_reads_are_readbacks(case: str) -> None:
     source = source.replace("n_out = ", "o = ")
     result = migrate_source(source, options=Options(unsafe_fixes=True))
     assert ("shard_map_per_device(" not in result.code) is taken, result.code
+
+
+def test_a_local_name_shadowing_a_module_helper_is_not_the_helper() -> None:
+    body = "cross_mean = lambda t: t\nout = cross_mean(x.sum())"
+    code, message = run(body)
+    assert "shard_map_per_device(" in code and "program-level form not taken" in message, message

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 
 import libcst as cst
 
-from ._forms import TREE_MAP, Qualname, names_in, target_names
+from ._forms import TREE_MAP, Parents, Qualname, names_in, target_names
 from ._program import NotVisible
 
 REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin", "all_gather")})
@@ -48,6 +48,9 @@ def body_outputs(
 
 def _run(reader: _Reader, body: cst.FunctionDef, start: set[str]) -> None:
     """Read `body`, its parameters `start` differing between devices."""
+    bound = Parents()
+    body.visit(bound)
+    reader.local = set(bound.stores) - {body.name.value}
     if not isinstance(body.body, cst.IndentedBlock) or not _ends_in_return(body.body.body):
         raise NotVisible("the body does not end in a return")
     while True:  # closures read names at call time: rerun until what ever differs is stable
@@ -101,6 +104,7 @@ class _Reader:
         self.closures: dict[str, cst.FunctionDef] = {}  # the body's nested defs
         self.returns: list[tuple[cst.BaseExpression, frozenset[str]]] = []
         self.inside: frozenset[str] = frozenset()  # the module helpers being read (no recursion)
+        self.local: set[str] = set()  # the names the function binds (no module helper then)
 
     # Statements ---------------------------------------------------------------------------
     def block(self, statements: Iterable[cst.BaseStatement], varying: set[str]) -> set[str]:
@@ -247,9 +251,11 @@ class _Reader:
         """A call of a module function (flax's `compute_metrics` doing the `pmean`): its result
         differs when the helper's returns do, its parameters differing as the arguments passed;
         None when the call is not one the helper's parameters are plainly bound by."""
-        name = call.func.value if isinstance(call.func, cst.Name) else None
-        helper = self.defs.get(name) if name is not None else None
-        if helper is None or name in self.closures or name in self.inside:
+        if not isinstance(call.func, cst.Name):
+            return None
+        name = call.func.value
+        helper = self.defs.get(name)
+        if helper is None or name in self.local or name in self.inside:
             return None
         params = helper.params
         extra = params.star_arg not in (None, cst.MaybeSentinel.DEFAULT)
