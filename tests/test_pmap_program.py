@@ -123,3 +123,50 @@ def test_readbacks_fetched_to_the_host_are_deleted(case: str) -> None:
     head = "import numpy as np\nfrom flax import jax_utils\n" + HEAD
     code = assert_taken_and_equal(head + "    w = p_step(w, x)\n" + READBACKS[case])
     assert "[0]" not in code and "unreplicate" not in code
+
+
+FLAT_HEAD = """\
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def step(w, x):
+    return x * w
+
+
+def tohost(x):
+    n_device, n_batch, *rest = x.shape
+    return np.array(x).reshape((n_device * n_batch,) + tuple(rest))
+
+
+def stacked(x):
+    return np.array(x)
+
+
+def main(w, x):
+    n = jax.local_device_count()
+    p_step = jax.pmap(step, axis_name="i")
+    w = jnp.broadcast_to(w, (n,) + w.shape)
+    x = x.reshape((n, -1) + x.shape[1:])
+    out = p_step(w, x)
+"""
+
+
+def test_a_module_helper_flattening_a_result_is_deleted() -> None:
+    code = assert_taken_and_equal(FLAT_HEAD + "    return tohost(out)\n")
+    assert "return np.array(\n" in code or "return np.array(multihost" in code, code
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        "    return stacked(out)\n",  # a helper that keeps the device axis
+        "    tohost = stacked\n    return tohost(out)\n",  # the name is another function here
+    ],
+)
+def test_a_module_helper_not_flattening_a_result_is_refused(tail: str) -> None:
+    result = migrate_source(FLAT_HEAD + tail, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device(" in result.code
+    message = next(s.message for s in result.sites if "`jax.pmap`" in s.message)
+    assert "program-level form not taken" in message and "read other than flattened" in message

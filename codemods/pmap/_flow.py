@@ -129,6 +129,7 @@ def _follow(
                 program.sibling_feeds |= {id(a.value) for a in other.args}
                 program.siblings.add(id(flow.parent.get(id(other))))
     forms = Forms(qualname, lambda node: is_device_count(node, flow, qualname))
+    forms.defs = {k: v for k, v in (defs or {}).items() if k not in flow.stores}  # not shadowed
     for position in range(arity):
         if position not in fixed:
             _follow_argument(program, flow, forms, calls, position)
@@ -720,7 +721,7 @@ def _follow_flattened(
         if any(binding is c.assign for c in calls) or _before(flow, binding, calls):
             continue
         value = binding.value if isinstance(binding, cst.Assign) else None
-        if not (isinstance(value, cst.Call) and flattens(value, name, forms.host_copy)):
+        if not (isinstance(value, cst.Call) and _flattening(forms, value, name)):
             raise NotVisible(f"`{name}` holds a result of `{step}` and something else")
         flat.append(binding)
     for use in flow.loads.get(name, []):
@@ -728,12 +729,18 @@ def _follow_flattened(
             continue
         around = list(ancestors(flow, use))[:6]  # `r.reshape(...)`, `r` in its shape too
         node = next(
-            (a for a in around if isinstance(a, cst.Call) and flattens(a, name, forms.host_copy)),
+            (a for a in around if isinstance(a, cst.Call) and _flattening(forms, a, name)),
             None,
         )
         if node is not None:
             reason = f"a flattening of `{name}` over devices deleted: the result is flat already"
-            program.edit(node, reason, lambda n=node: _flat_value(program, n, name))  # type: ignore[misc]
+            helper = _flattening_helper(forms, node, name)
+            if helper is not None:
+                reason = (
+                    f"`{code(node.func)}`, a flattening of `{name}` over devices, deleted: the "
+                    "result is flat already"
+                )
+            program.edit(node, reason, lambda n=node: _flat_value(program, n, name, forms))  # type: ignore[misc]
             continue
         reshape = _reshaped(flow, use, name)
         if reshape is None:
@@ -746,8 +753,89 @@ def _follow_flattened(
         program.edit(reshape, reason, lambda r=reshape: _local_reshape(program, r, name))  # type: ignore[misc]
 
 
-def _flat_value(program: Program, flattening: cst.Call, name: str) -> cst.BaseExpression:
+def _flattening(forms: Forms, node: cst.Call, name: str) -> bool:
+    """`name.reshape(-1)` (maybe copied first), or a module helper doing that to `name`."""
+    return (
+        flattens(node, name, forms.host_copy) or _flattening_helper(forms, node, name) is not None
+    )
+
+
+def _flattening_helper(forms: Forms, node: cst.Call, name: str) -> cst.Call | None:
+    """Return the flattening in the module helper `node` calls on `name` alone, its parameter
+    read as `name`: flax's `tohost`, `n_device, n_batch, *rest = x.shape` then
+    `return np.array(x).reshape((n_device * n_batch,) + tuple(rest))`, or one `return` of a
+    flattening; else None."""
+    args = positional(node, 1)
+    helper = forms.defs.get(node.func.value) if isinstance(node.func, cst.Name) else None
+    if helper is None or args is None or single_name(args[0]) != name:
+        return None
+    params = helper.params
+    if len(params.params) != 1 or params.star_arg not in (None, cst.MaybeSentinel.DEFAULT):
+        return None
+    if params.kwonly_params or params.star_kwarg or params.posonly_params or helper.decorators:
+        return None
+    param = params.params[0].name.value
+    lines = list(helper.body.body) if isinstance(helper.body, cst.IndentedBlock) else []
+    if lines and _is_docstring(lines[0]):
+        lines = lines[1:]
+    smalls = [line.body[0] for line in lines if isinstance(line, cst.SimpleStatementLine)]
+    if len(smalls) != len(lines) or any(len(line.body) != 1 for line in lines):  # type: ignore[attr-defined]
+        return None
+    last = smalls[-1] if smalls else None
+    value = last.value if isinstance(last, cst.Return) else None
+    if not isinstance(value, cst.Call):
+        return None
+    if len(smalls) == 1:
+        return value if flattens(value, param, forms.host_copy) else None
+    if len(smalls) == 2 and _flattens_by_shape(smalls[0], value, param, forms):
+        return value
+    return None
+
+
+def _flattens_by_shape(
+    unpack: cst.BaseSmallStatement, value: cst.Call, param: str, forms: Forms
+) -> bool:
+    """`a, b, *rest = x.shape` and `x.reshape((a * b,) + tuple(rest))` (`x` maybe copied)."""
+    if not isinstance(unpack, cst.Assign) or len(unpack.targets) != 1:
+        return False
+    target = unpack.targets[0].target
+    items = target.elements if isinstance(target, (cst.Tuple, cst.List)) else []
+    if len(items) != 3 or code(unpack.value) != f"{param}.shape":
+        return False
+    first, second, rest = items
+    if not isinstance(rest, cst.StarredElement) or isinstance(first, cst.StarredElement):
+        return False
+    a, b, tail = single_name(first.value), single_name(second.value), single_name(rest.value)
+    if None in (a, b, tail) or len({a, b, tail, param}) != 4:
+        return False
+    func = value.func
+    if not isinstance(func, cst.Attribute) or func.attr.value != "reshape":
+        return False
+    if single_name(func.value) != param and not forms.host_copy(func.value, param):
+        return False
+    shape = positional(value, 1)
+    return shape is not None and code(shape[0]) in (
+        f"({a} * {b},) + tuple({tail})",
+        f"({a} * {b}, *{tail})",
+    )
+
+
+def _is_docstring(line: cst.BaseStatement) -> bool:
+    return (
+        isinstance(line, cst.SimpleStatementLine)
+        and len(line.body) == 1
+        and isinstance(line.body[0], cst.Expr)
+        and isinstance(line.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def _flat_value(
+    program: Program, flattening: cst.Call, name: str, forms: Forms
+) -> cst.BaseExpression:
     """The flat result, copied as the flattening copied it (`np.asarray(r).reshape(-1)`)."""
+    helper = _flattening_helper(forms, flattening, name)
+    if helper is not None:  # `tohost(r)`: its flattening, of the flat result
+        flattening = helper
     assert isinstance(flattening.func, cst.Attribute)
     copy = flattening.func.value
     if not isinstance(copy, cst.Call):

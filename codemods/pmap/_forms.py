@@ -3,7 +3,7 @@ readbacks of values around one pmapped step, and where each name is bound and re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import libcst as cst
 
@@ -148,6 +148,7 @@ class Forms:
     ) -> None:
         self.qualname = qualname
         self.counts = counts  # is this the number of local devices (pmap's mapped size)?
+        self.defs: Mapping[str, cst.FunctionDef] = {}  # the module's functions, by name
 
     def _is(self, node: cst.BaseExpression, names: frozenset[str]) -> bool:
         return isinstance(node, cst.Call) and self.qualname(node.func) in names
