@@ -170,3 +170,19 @@ def test_a_module_helper_not_flattening_a_result_is_refused(tail: str) -> None:
     assert "shard_map_per_device(" in result.code
     message = next(s.message for s in result.sites if "`jax.pmap`" in s.message)
     assert "program-level form not taken" in message and "read other than flattened" in message
+
+
+@pytest.mark.parametrize("start", ["ws, other = [], []", "other, ws = [1], []", "[ws] = [[]]"])
+def test_lists_started_together_gather_results(start: str) -> None:
+    head = "from flax.training import common_utils\n" + HEAD
+    tail = f"    {start}\n    for _ in range(2):\n        w = p_step(w, x)\n        ws.append(w)\n"
+    code = assert_taken_and_equal(head + tail + "    return common_utils.get_metrics(ws)\n")
+    assert "stack_forest(jax.device_get(ws))" in code
+
+
+def test_a_list_started_from_another_value_is_refused() -> None:
+    tail = "    ws, other = [w], []\n    w = p_step(w, x)\n    ws.append(w)\n    return ws\n"
+    result = migrate_source(HEAD + tail, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device(" in result.code
+    message = next(s.message for s in result.sites if "`jax.pmap`" in s.message)
+    assert "program-level form not taken" in message and "`ws`" in message, message

@@ -631,7 +631,7 @@ def _follow_list(
     gathered = []
     for binding in flow.stores.get(name, []):
         value = binding.value if isinstance(binding, cst.Assign) else None
-        if isinstance(value, cst.List) and not value.elements:
+        if isinstance(binding, cst.Assign) and _binds_empty_list(binding, name):
             continue
         if value is None or _gathering(forms, value, name) is None:
             raise NotVisible(f"`{name}`, a list of results of `{step}`, is bound to other values")
@@ -650,6 +650,25 @@ def _follow_list(
         if not any(_dominated(flow, b, use, name) for b in gathered):
             why = f"`{name}`, a list of results of `{step}`, is read other than by `get_metrics`"
             raise NotVisible(why)
+
+
+def _binds_empty_list(binding: cst.Assign, name: str) -> bool:
+    """`name = []`, or `name, other = [], []` (lists started together, flax's loops)."""
+    value = binding.value
+    if single_name(binding.targets[0].target) == name and len(binding.targets) == 1:
+        return isinstance(value, cst.List) and not value.elements
+    if len(binding.targets) != 1 or not isinstance(value, (cst.Tuple, cst.List)):
+        return False
+    target = binding.targets[0].target
+    names = target.elements if isinstance(target, (cst.Tuple, cst.List)) else []
+    if len(names) != len(value.elements) or any(
+        isinstance(e, cst.StarredElement) for e in (*names, *value.elements)
+    ):
+        return False
+    return any(
+        single_name(n.value) == name and isinstance(v.value, cst.List) and not v.value.elements
+        for n, v in zip(names, value.elements)
+    )
 
 
 def _item(call: cst.CSTNode | None) -> cst.Name:
