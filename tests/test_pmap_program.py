@@ -186,3 +186,38 @@ def test_a_list_started_from_another_value_is_refused() -> None:
     assert "shard_map_per_device(" in result.code
     message = next(s.message for s in result.sites if "`jax.pmap`" in s.message)
     assert "program-level form not taken" in message and "`ws`" in message, message
+
+
+PAIR_HEAD = """\
+import jax
+import jax.numpy as jnp
+
+
+def step(w, x):
+    return w - jax.lax.pmean(x.mean(0) * w, "i"), jax.lax.psum(x.sum(), "i")
+
+
+def main(w, x):
+    n = jax.local_device_count()
+    p_step = jax.pmap(step, axis_name="i")
+    w = jnp.broadcast_to(w, (n,) + w.shape)
+    x = x.reshape((n, -1) + x.shape[1:])
+"""
+
+
+def test_results_unpacked_in_the_next_statement_are_followed() -> None:
+    tail = "    for _ in range(2):\n        outputs = p_step(w, x)\n        w, total = outputs\n"
+    code = assert_taken_and_equal(PAIR_HEAD + tail + "    return w[0], total[0]\n")
+    assert "w, total = outputs\n" in code and "return w, total\n" in code
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        "    outputs = p_step(w, x)\n    w, total = outputs\n    return w[0], outputs\n",
+        "    outputs = p_step(w, x)\n    v = 1\n    w, total = outputs\n    return w[0], total[0]\n",
+    ],
+)
+def test_results_unpacked_other_than_next_are_refused(tail: str) -> None:
+    result = migrate_source(PAIR_HEAD + tail, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device(" in result.code

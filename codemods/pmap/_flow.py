@@ -43,6 +43,11 @@ class _StepCall:
     args: list[str]
     targets: list[str]  # the names results are bound to, by output position
     readback: cst.Subscript | None = None  # `step(...)[0]`, the call read back at once
+    unpack: cst.Assign | None = None  # `a, b = out` next, `out` read nowhere else: binds a, b
+
+    def binds(self, binding: cst.CSTNode) -> bool:
+        """Return True for the binding of this call's results."""
+        return binding is self.assign or binding is self.unpack
 
 
 def analyze(
@@ -314,7 +319,40 @@ def _step_call(
     targets = target_names(around.targets[0].target)
     if "?" in targets:
         raise NotVisible(f"a result of `{step}` is not bound to a plain name")
+    unpack = _unpacked_next(flow, around, targets)
+    if unpack is not None:
+        return _StepCall(around, call, names, target_names(unpack.targets[0].target), None, unpack)
     return _StepCall(around, call, names, targets)
+
+
+def _unpacked_next(flow: Parents, assign: cst.Assign, targets: list[str]) -> cst.Assign | None:
+    """`a, b = out` as the next statement, `out` bound and read nowhere else (AlgoPerf's
+    `outputs = step(...)` then `new_state, loss = outputs`): the results are bound to `a, b`."""
+    if len(targets) != 1:
+        return None
+    line = flow.parent.get(id(assign))
+    block = flow.parent.get(id(line))
+    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+        return None
+    lines = list(block.body) if isinstance(block, cst.IndentedBlock) else []
+    at = next((i for i, s in enumerate(lines) if s is line), None)
+    following = lines[at + 1] if at is not None and at + 1 < len(lines) else None
+    if not isinstance(following, cst.SimpleStatementLine) or len(following.body) != 1:
+        return None
+    unpack = following.body[0]
+    if not isinstance(unpack, cst.Assign) or len(unpack.targets) != 1:
+        return None
+    if single_name(unpack.value) != targets[0] or not isinstance(
+        unpack.targets[0].target, (cst.Tuple, cst.List)
+    ):
+        return None
+    names = target_names(unpack.targets[0].target)
+    if "?" in names or targets[0] in names:
+        return None
+    stores, loads = flow.stores.get(targets[0], []), flow.loads.get(targets[0], [])
+    if len(stores) != 1 or len(loads) != 1 or loads[0] is not unpack.value:
+        return None
+    return unpack
 
 
 def _follow_argument(
@@ -483,7 +521,7 @@ def _binding_kind(
     """Return how a binding of an argument makes it: replicated, a batch, fed back, other."""
     if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
         return "other"
-    if any(binding is c.assign for c in calls) or id(binding) in program.siblings:
+    if any(c.binds(binding) for c in calls) or id(binding) in program.siblings:
         return "fed back"  # a result of the step (or another): replicated, as every result is
     if forms.readback_of(binding.value, name):
         return "read back"  # `x = unreplicate(x)`: becomes `x = x`, dropped
@@ -539,7 +577,7 @@ def _arithmetic_results(
             names.add(node.value)
         elif not isinstance(node, (cst.Integer, cst.Float)):
             return None
-    assigns = {id(c.assign) for c in calls}
+    assigns = {id(c.assign) for c in calls} | {id(c.unpack) for c in calls if c.unpack}
     results = names - {name}
     for result in results:
         bindings = flow.stores.get(result, [])
@@ -566,14 +604,14 @@ def _follow_result(
         _follow_flattened(program, flow, forms, calls, step, name)
         return
     for binding in flow.stores.get(name, []):
-        fed = any(binding is c.assign for c in calls) or id(binding) in program.siblings
+        fed = any(c.binds(binding) for c in calls) or id(binding) in program.siblings
         read = isinstance(binding, cst.Assign) and forms.readback_of(binding.value, name)
         if not fed and not read and not _before(flow, binding, calls):
             raise NotVisible(f"`{name}` holds a result of `{step}` and something else")
     # Fed to the step (or a field of it, `step(state.params)`): the argument is checked there.
     feeds = {id(arg.value) for c in calls for arg in c.call.args}
     feeds |= program.sibling_feeds  # fed to another step of the function: checked there
-    last = max(flow.order[id(c.assign)] for c in calls)
+    last = max(flow.order[id(c.unpack or c.assign)] for c in calls)
     settled = [  # `x = unreplicate(x)` after the last call: later reads see the read-back value
         b
         for b in flow.stores.get(name, [])
@@ -737,7 +775,7 @@ def _follow_flattened(
     rebinds `r` to the flat value: a read that only that binding reaches reads the flat value."""
     flat = []
     for binding in flow.stores.get(name, []):
-        if any(binding is c.assign for c in calls) or _before(flow, binding, calls):
+        if any(c.binds(binding) for c in calls) or _before(flow, binding, calls):
             continue
         value = binding.value if isinstance(binding, cst.Assign) else None
         if not (isinstance(value, cst.Call) and _flattening(forms, value, name)):
