@@ -221,3 +221,48 @@ def test_results_unpacked_in_the_next_statement_are_followed() -> None:
 def test_results_unpacked_other_than_next_are_refused(tail: str) -> None:
     result = migrate_source(PAIR_HEAD + tail, options=Options(unsafe_fixes=True))
     assert "shard_map_per_device(" in result.code
+
+
+DICT_HEAD = """\
+import jax
+import jax.numpy as jnp
+
+
+def step(w, x):
+    out = {"l2": jax.lax.pmean(jnp.sum(x**2), "i"), "w": jnp.sum(w)}
+    return w - jax.lax.pmean(x.mean(0) * w, "i"), out
+
+
+def main(w, x):
+    n = jax.local_device_count()
+    p_step = jax.pmap(step, axis_name="i")
+    w = jnp.broadcast_to(w, (n,) + w.shape)
+    x = x.reshape((n, -1) + x.shape[1:])
+    w, measurements = p_step(w, x)
+    log = {}
+"""
+
+ITEMS = {
+    "items": "    for name, value in measurements.items():\n        log[name] = float(value[0])\n",
+    "values": "    for value in measurements.values():\n        log[len(log)] = value[0] * 2\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(ITEMS))
+def test_a_dict_of_results_read_in_a_loop_over_its_items(case: str) -> None:
+    code = assert_taken_and_equal(DICT_HEAD + ITEMS[case] + "    return w[0], log\n")
+    assert "value[0]" not in code
+
+
+@pytest.mark.parametrize(
+    "loop",
+    [
+        "    for name, value in measurements.items():\n        log[name] = value\n",
+        "    for name, value in measurements.items():\n        log[name] = value[0]\n    value = 1\n",
+        "    for name, value in measurements.items():\n        log[name] = value[1]\n",
+    ],
+)
+def test_items_read_other_than_as_device_0_are_refused(loop: str) -> None:
+    source = DICT_HEAD + loop + "    return w[0], log\n"
+    result = migrate_source(source, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device(" in result.code

@@ -634,6 +634,8 @@ def _follow_result(
         if listed is not None:
             _follow_list(program, flow, forms, calls, step, listed)
             continue
+        if _follow_items(program, flow, forms, use, name):
+            continue
         found = _readback_around(flow, forms, use, name)
         if found is None:
             raise NotVisible(f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`")
@@ -641,6 +643,43 @@ def _follow_result(
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
         program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
     del output
+
+
+def _follow_items(program: Program, flow: Parents, forms: Forms, use: cst.Name, name: str) -> bool:
+    """`for k, v in name.items():` (or `for v in name.values():`) of a replicated dict of
+    results, `v` bound only there and read only as `v[0]` in the loop (big_vision's logging of
+    its measurements): each readback deleted. False when the read is not such a loop."""
+    method = flow.parent.get(id(use))
+    call = flow.parent.get(id(method))
+    loop = flow.parent.get(id(call))
+    if not isinstance(method, cst.Attribute) or method.value is not use:
+        return False
+    if not isinstance(call, cst.Call) or call.func is not method or call.args:
+        return False
+    if not isinstance(loop, cst.For) or loop.iter is not call or loop.orelse is not None:
+        return False
+    target = loop.target
+    item: str | None = None
+    if method.attr.value == "items" and isinstance(target, (cst.Tuple, cst.List)):
+        items = [single_name(e.value) for e in target.elements]
+        if len(items) == 2 and None not in items and items[0] != items[1]:
+            item = items[1]
+    elif method.attr.value == "values":
+        item = single_name(target)
+    if item is None or item == name or flow.stores.get(item) != [loop]:
+        return False
+    found = []
+    for read in flow.loads.get(item, []):
+        if _loop_target(flow, read):
+            continue
+        around = _readback_around(flow, forms, read, item)
+        if around is None or not any(a is loop for a in ancestors(flow, read)):
+            return False
+        found.append(around)
+    why = f"a readback of device 0 deleted: the values of `{name}` are the same on every device"
+    for readback, value in found:
+        program.edit(readback, why, lambda v=value: v)  # type: ignore[misc]
+    return True
 
 
 def _appended_to(flow: Parents, use: cst.Name) -> str | None:
