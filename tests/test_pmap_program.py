@@ -115,6 +115,8 @@ def assert_taken_and_equal(source: str) -> str:
 READBACKS = {
     "fetched after unreplicate": "    w = jax.device_get(jax_utils.unreplicate(w))\n    return w\n",
     "fetched device 0": "    return np.asarray(w[0])\n",
+    "copied per leaf": "    w = jax.tree.map(lambda v: np.array(v[0]), w)\n    return w\n",
+    "copied per leaf, returned": "    return jax.tree.map(lambda v: np.asarray(v[0]), w)\n",
 }
 
 

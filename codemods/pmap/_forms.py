@@ -287,6 +287,11 @@ class Forms:
         shape = node.args[0].value  # type: ignore[attr-defined]
         return self.counts(shape.left.elements[0].value)
 
+    def _copied_zero(self, node: cst.BaseExpression, var: str) -> bool:
+        """`np.array(var[0])`: device 0's copy of a leaf, fetched to the host."""
+        args = positional(node, 1) if self._is(node, HOST_COPIES) else None  # type: ignore[arg-type]
+        return args is not None and is_zero_index(args[0], var)
+
     def host_copy(self, node: cst.BaseExpression, var: str) -> bool:
         """`np.asarray(var)`, `np.array(var)`, `jax.device_get(var)`: `var`'s values, copied."""
         args = positional(node, 1) if isinstance(node, cst.Call) else None
@@ -299,6 +304,9 @@ class Forms:
         args = positional(node, 1) if self._is(node, HOST_COPIES) else None  # type: ignore[arg-type]
         if args is not None and self.readback_value(args[0], var) is not None:
             node = args[0]
+        copied = self._tree_mapped(node, self._copied_zero)  # `tree.map(lambda v: np.array(v[0]))`
+        if copied is not None:
+            return single_name(copied) == var
         read = self.readback_value(node, var)
         if read is None or read[1] is read[0]:
             return read is not None
@@ -326,8 +334,26 @@ class Forms:
             source = args[0] if args else None
         else:
             source = self._tree_mapped(node, lambda body, v: is_zero_index(body, v))
+            copied = None if source is not None else self._tree_mapped(node, self._copied_zero)
+            if copied is not None:  # each leaf's copy kept, of the whole leaf
+                root = _root(copied)
+                return (
+                    (root, _copy_per_leaf(node)) if root is not None and root.value == var else None
+                )
         root = _root(source) if source is not None else None
         return (root, source) if root is not None and root.value == var else None  # type: ignore[return-value]
+
+
+def _copy_per_leaf(node: cst.BaseExpression) -> cst.BaseExpression:
+    """`jax.tree.map(lambda v: np.array(v[0]), x)` -> `jax.tree.map(lambda v: np.array(v), x)`."""
+    assert isinstance(node, cst.Call)
+    fn = node.args[0].value
+    assert isinstance(fn, cst.Lambda) and isinstance(fn.body, cst.Call)
+    leaf = fn.body.args[0]
+    assert isinstance(leaf.value, cst.Subscript)
+    body = fn.body.with_changes(args=[leaf.with_changes(value=leaf.value.value)])
+    mapped = node.args[0].with_changes(value=fn.with_changes(body=body))
+    return node.with_changes(args=[mapped, *node.args[1:]])
 
 
 def _is_zero(node: cst.Subscript) -> bool:
