@@ -332,3 +332,24 @@ def test_program_level_flattened_results_are_each_process_own(tmp_path: Path) ->
         script.write_text(code)
         for process, out in enumerate(run_job(script, tmp_path)):
             np.testing.assert_allclose(out["p"], expected[process], rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "readback",
+    [
+        "w = jax.device_get(jax.tree.map(lambda v: v[0], w))",  # p09's device_get(unreplicate(.))
+        "w = jax.tree.map(lambda v: np.array(v[0]), w)",  # big_vision's params_cpu
+    ],
+)
+def test_program_level_readbacks_to_the_host_are_right_on_every_process(
+    tmp_path: Path, readback: str
+) -> None:
+    """The weights fetched to the host after the loop: the readback deleted, the fetch of the
+    replicated global array kept, and every process reads the job's weights."""
+    source = LOOP.replace("    w = w[0]\n", f"    {readback}\n")
+    assert source != LOOP
+    result = migrate_source(source, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device" not in result.code and "[0]" not in result.code
+    migrated = tmp_path / "readback_migrated.py"
+    migrated.write_text(result.code)
+    check_loop(run_job(migrated, tmp_path))
