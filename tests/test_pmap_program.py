@@ -34,7 +34,10 @@ def main(w, x):
 """
 
 REFUSED = {
-    "returned stacked": ("    w = p_step(w, x)\n    return w\n", "read other than"),
+    "returned stacked": (
+        "    w = p_step(w, x)\n    return w\n",
+        "returned by `main` with its device axis",
+    ),
     "called in a nested def": (
         "    def later():\n        out = p_step(w, x)\n        return out[0]\n\n    return later()\n",
         "nested function",

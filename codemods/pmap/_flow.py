@@ -638,6 +638,7 @@ def _follow_result(
             continue
         found = _readback_around(flow, forms, use, name)
         if found is None:
+            _not_returned(program, flow, use, name, step)
             raise NotVisible(f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`")
         readback, value = found
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
@@ -680,6 +681,21 @@ def _follow_items(program: Program, flow: Parents, forms: Forms, use: cst.Name, 
     for readback, value in found:
         program.edit(readback, why, lambda v=value: v)  # type: ignore[misc]
     return True
+
+
+def _not_returned(program: Program, flow: Parents, use: cst.Name, name: str, step: str) -> None:
+    """Raise NotVisible for a result returned as it is (`return state`, flax's
+    `train_and_evaluate`), stacked over the devices: the callers' reads are not followed, and
+    a caller may be in another module."""
+    statement = flow.parent.get(id(use))
+    if not isinstance(statement, cst.Return):
+        return
+    host = program.host.name.value
+    why = (
+        f"`{name}`, a result of `{step}`, is returned by `{host}` with its device axis: the "
+        f"reads of `{host}()`'s callers (maybe in other modules) are not followed"
+    )
+    raise NotVisible(why)
 
 
 def _appended_to(flow: Parents, use: cst.Name) -> str | None:
