@@ -38,6 +38,10 @@ REFUSED = {
         "    w = p_step(w, x)\n    return w\n",
         "returned by `main` with its device axis",
     ),
+    "returned in a tuple": (
+        "    w = p_step(w, x)\n    return w, 1\n",
+        "returned by `main` with its device axis",
+    ),
     "called in a nested def": (
         "    def later():\n        out = p_step(w, x)\n        return out[0]\n\n    return later()\n",
         "nested function",

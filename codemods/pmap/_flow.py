@@ -688,6 +688,9 @@ def _not_returned(program: Program, flow: Parents, use: cst.Name, name: str, ste
     `train_and_evaluate`), stacked over the devices: the callers' reads are not followed, and
     a caller may be in another module."""
     statement = flow.parent.get(id(use))
+    if isinstance(statement, cst.Element):  # `return state, history`
+        items = flow.parent.get(id(statement))
+        statement = flow.parent.get(id(items)) if isinstance(items, cst.Tuple) else None
     if not isinstance(statement, cst.Return):
         return
     host = program.host.name.value
