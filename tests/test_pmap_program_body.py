@@ -44,6 +44,14 @@ def total(t):
     return t.sum()
 
 
+def fill(out, t):
+    out["a"] = t
+
+
+def fill_through(out, t):
+    fill(out, t)
+
+
 def step(w, x):
 {body}
 
@@ -85,6 +93,7 @@ else:
     "a module helper's pmean": "out = cross_mean(x.sum())",
     "a module helper's pmean, passed by keyword": "out = cross_mean(t=x.sum())",
     "a module helper's result from replicated values": "out = mean_and(x.sum(), jnp.sum(w))",
+    "a dict filled by a module helper with a pmean": "out = {}\nfill(out, cross_mean(x.sum()))",
 }
 
 DIFFERENT = {
@@ -99,6 +108,9 @@ DIFFERENT = {
     "a module helper reducing over an axis it is passed": "out = other_mean(x.sum(), 'i')",
     "a module helper returning a per-device value too": "out = mean_and(x.sum(), x.sum())",
     "a module helper called with a star": "out = cross_mean(*[x.sum()])",
+    "a dict filled per device by a module helper": "out = {}\nfill(out, x.sum())",
+    "a dict filled per device two helpers deep": "out = {}\nfill_through(out, x.sum())",
+    "a dict filled per device by a helper in an assignment": "out = {}\n_ = fill(out, x.sum())",
     "a closure reading the batch": "def f(v):\n    return jnp.sum(x) * v\n\nout = f(jnp.sum(w))",
     "a closure reading a name bound later": """\
 def f(v):

@@ -26,6 +26,10 @@ PER_DEVICE = frozenset(
     for op in ("axis_index", "ppermute", "pshuffle", "pswapaxes", "all_to_all", "psum_scatter")
 )
 Defs = Mapping[str, cst.FunctionDef]
+MUTATING = frozenset(
+    {"append", "extend", "insert", "update", "setdefault", "pop", "popitem", "clear", "remove"}
+    | {"add", "discard", "sort", "reverse", "__setitem__", "__setattr__"}
+)
 
 
 def body_outputs(
@@ -151,6 +155,7 @@ class _Reader:
         return varying
 
     def small(self, node: cst.BaseSmallStatement, varying: set[str]) -> set[str]:
+        varying = self.filled_by_helpers(node, varying)
         if isinstance(node, cst.Assign):
             varies = self.varies(node.value, varying)
             for target in node.targets:
@@ -176,6 +181,20 @@ class _Reader:
         if owner is not None and any(self.varies(a.value, varying) for a in node.args):
             self.ever.add(owner)
             return varying | {owner}
+        return varying
+
+    def filled_by_helpers(self, node: cst.CSTNode, varying: set[str]) -> set[str]:
+        """`add_metrics(metrics, x)`, a module helper storing into (or calling a method of) a
+        parameter: the objects passed differ when anything passed does."""
+        for call in _calls_in(node):
+            name = call.func.value if isinstance(call.func, cst.Name) else None
+            helper = self.defs.get(name) if name is not None and name not in self.local else None
+            if helper is None or not _mutates(helper, self.defs):
+                continue
+            if any(self.varies(a.value, varying) for a in call.args):
+                owners = {_base(a.value) for a in call.args} - {None}
+                self.ever |= owners  # type: ignore[arg-type]
+                varying = varying | owners  # type: ignore[operator]
         return varying
 
     def bind(self, target: cst.BaseExpression, varies: bool, varying: set[str]) -> set[str]:
@@ -317,6 +336,39 @@ class _Reader:
                 if isinstance(inner.func, cst.Name) and inner.func.value in self.defs:
                     pending.append(inner.func.value)
         return False
+
+
+def _mutates(helper: cst.FunctionDef, defs: Defs, seen: frozenset[str] = frozenset()) -> bool:
+    """A module helper that may change an object passed to it: it stores into a field or an
+    entry (`m["k"] = v`, `m.a += v`), calls a method (`m.update(...)`), or passes a value to
+    a module helper that does (at any depth)."""
+    seen = seen | {helper.name.value}
+    for node in _nodes_in(helper.body):
+        targets: list[cst.BaseExpression] = []
+        if isinstance(node, cst.Assign):
+            targets = [t.target for t in node.targets]
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
+            targets = [node.target]
+        if any(isinstance(t, (cst.Attribute, cst.Subscript)) for t in targets):
+            return True
+        method = (
+            node.func.attr.value
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+            else None
+        )
+        if method in MUTATING:  # `m.update(...)`, of a parameter or of an alias of one
+            return True
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
+            inner = defs.get(node.func.value)
+            if inner is not None and inner.name.value not in seen and _mutates(inner, defs, seen):
+                return True
+    return False
+
+
+def _nodes_in(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
+    yield node
+    for child in node.children:
+        yield from _nodes_in(child)
 
 
 def _lines(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
