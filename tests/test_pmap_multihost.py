@@ -332,3 +332,51 @@ def test_program_level_flattened_results_are_each_process_own(tmp_path: Path) ->
         script.write_text(code)
         for process, out in enumerate(run_job(script, tmp_path)):
             np.testing.assert_allclose(out["p"], expected[process], rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "readback",
+    [
+        "w = jax.device_get(jax.tree.map(lambda v: v[0], w))",  # p09's device_get(unreplicate(.))
+        "w = jax.tree.map(lambda v: np.array(v[0]), w)",  # big_vision's params_cpu
+    ],
+)
+def test_program_level_readbacks_to_the_host_are_right_on_every_process(
+    tmp_path: Path, readback: str
+) -> None:
+    """The weights fetched to the host after the loop: the readback deleted, the fetch of the
+    replicated global array kept, and every process reads the job's weights."""
+    source = LOOP.replace("    w = w[0]\n", f"    {readback}\n")
+    assert source != LOOP
+    result = migrate_source(source, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device" not in result.code and "[0]" not in result.code
+    migrated = tmp_path / "readback_migrated.py"
+    migrated.write_text(result.code)
+    check_loop(run_job(migrated, tmp_path))
+
+
+TOHOST = """
+def tohost(x):
+    n_device, n_batch, *remaining_dims = x.shape
+    return np.array(x).reshape((n_device * n_batch,) + tuple(remaining_dims))
+
+
+def evaluate(w, x):"""
+
+
+def test_program_level_tohost_reads_each_process_own_rows(tmp_path: Path) -> None:
+    """flax wmt's `tohost` flattening the predictions: each process reads its own rows."""
+    source = PREDICT.replace("\n\ndef evaluate(w, x):", TOHOST).replace(
+        "return out.reshape(-1)", "return tohost(out)"
+    )
+    assert "tohost(out)" in source and "def tohost" in source
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4,)).astype(np.float32)
+    xs = rng.normal(size=(8 * 2, 4)).astype(np.float32)
+    expected = np.tanh(xs @ w).reshape(PROCESSES, -1)
+    result = migrate_source(source, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device" not in result.code and "tohost(out)" not in result.code
+    script = tmp_path / "tohost_migrated.py"
+    script.write_text(result.code)
+    for process, out in enumerate(run_job(script, tmp_path)):
+        np.testing.assert_allclose(out["p"], expected[process], rtol=1e-5)

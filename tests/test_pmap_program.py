@@ -6,6 +6,12 @@ devices); these are the shapes the analysis must refuse, checked through the rea
 
 from __future__ import annotations
 
+import runpy
+import tempfile
+from pathlib import Path
+
+import jax
+import numpy as np
 import pytest
 
 from jaxmigrate.model import Options
@@ -28,7 +34,14 @@ def main(w, x):
 """
 
 REFUSED = {
-    "returned stacked": ("    w = p_step(w, x)\n    return w\n", "read other than"),
+    "returned stacked": (
+        "    w = p_step(w, x)\n    return w\n",
+        "returned by `main` with its device axis",
+    ),
+    "returned in a tuple": (
+        "    w = p_step(w, x)\n    return w, 1\n",
+        "returned by `main` with its device axis",
+    ),
     "called in a nested def": (
         "    def later():\n        out = p_step(w, x)\n        return out[0]\n\n    return later()\n",
         "nested function",
@@ -79,3 +92,186 @@ def test_a_group_is_written_whole_or_not_at_all() -> None:
     result = migrate_source(code, options=Options(unsafe_fixes=True), accept=refuse_the_readback)
     assert result.code == code
     assert not any(s.applied for s in result.sites)
+
+
+def run_main(source: str, *args: object) -> object:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "program.py"
+        path.write_text(source)
+        namespace = runpy.run_path(str(path), run_name="program")
+    return jax.device_get(namespace["main"](*args))
+
+
+def assert_taken_and_equal(source: str) -> str:
+    """Migrate `source`: the program-level form only, and `main(w, x)` gives the same values."""
+    result = migrate_source(source, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device" not in result.code and "jax.shard_map(" in result.code
+    assert not any("not taken" in s.message for s in result.sites), result.sites
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(3,)).astype(np.float32)
+    x = rng.normal(size=(16, 3)).astype(np.float32)
+    before, after = run_main(source, w, x), run_main(result.code, w, x)
+    assert jax.tree.structure(before) == jax.tree.structure(after)
+    for old, new in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+        assert type(old) is type(new) and np.shape(old) == np.shape(new)
+        np.testing.assert_allclose(old, new, rtol=1e-6)
+    return result.code
+
+
+# Device 0's copy read back and fetched to the host, as realistic programs do.
+READBACKS = {
+    "fetched after unreplicate": "    w = jax.device_get(jax_utils.unreplicate(w))\n    return w\n",
+    "fetched device 0": "    return np.asarray(w[0])\n",
+    "copied per leaf": "    w = jax.tree.map(lambda v: np.array(v[0]), w)\n    return w\n",
+    "copied per leaf, returned": "    return jax.tree.map(lambda v: np.asarray(v[0]), w)\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(READBACKS))
+def test_readbacks_fetched_to_the_host_are_deleted(case: str) -> None:
+    head = "import numpy as np\nfrom flax import jax_utils\n" + HEAD
+    code = assert_taken_and_equal(head + "    w = p_step(w, x)\n" + READBACKS[case])
+    assert "[0]" not in code and "unreplicate" not in code
+
+
+FLAT_HEAD = """\
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def step(w, x):
+    return x * w
+
+
+def tohost(x):
+    n_device, n_batch, *rest = x.shape
+    return np.array(x).reshape((n_device * n_batch,) + tuple(rest))
+
+
+def stacked(x):
+    return np.array(x)
+
+
+def main(w, x):
+    n = jax.local_device_count()
+    p_step = jax.pmap(step, axis_name="i")
+    w = jnp.broadcast_to(w, (n,) + w.shape)
+    x = x.reshape((n, -1) + x.shape[1:])
+    out = p_step(w, x)
+"""
+
+
+def test_a_module_helper_flattening_a_result_is_deleted() -> None:
+    code = assert_taken_and_equal(FLAT_HEAD + "    return tohost(out)\n")
+    assert "return np.array(\n" in code or "return np.array(multihost" in code, code
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        "    return stacked(out)\n",  # a helper that keeps the device axis
+        "    tohost = stacked\n    return tohost(out)\n",  # the name is another function here
+    ],
+)
+def test_a_module_helper_not_flattening_a_result_is_refused(tail: str) -> None:
+    result = migrate_source(FLAT_HEAD + tail, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device(" in result.code
+    message = next(s.message for s in result.sites if "`jax.pmap`" in s.message)
+    assert "program-level form not taken" in message and "read other than flattened" in message
+
+
+@pytest.mark.parametrize("start", ["ws, other = [], []", "other, ws = [1], []", "[ws] = [[]]"])
+def test_lists_started_together_gather_results(start: str) -> None:
+    head = "from flax.training import common_utils\n" + HEAD
+    tail = f"    {start}\n    for _ in range(2):\n        w = p_step(w, x)\n        ws.append(w)\n"
+    code = assert_taken_and_equal(head + tail + "    return common_utils.get_metrics(ws)\n")
+    assert "stack_forest(jax.device_get(ws))" in code
+
+
+def test_a_list_started_from_another_value_is_refused() -> None:
+    tail = "    ws, other = [w], []\n    w = p_step(w, x)\n    ws.append(w)\n    return ws\n"
+    result = migrate_source(HEAD + tail, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device(" in result.code
+    message = next(s.message for s in result.sites if "`jax.pmap`" in s.message)
+    assert "program-level form not taken" in message and "`ws`" in message, message
+
+
+PAIR_HEAD = """\
+import jax
+import jax.numpy as jnp
+
+
+def step(w, x):
+    return w - jax.lax.pmean(x.mean(0) * w, "i"), jax.lax.psum(x.sum(), "i")
+
+
+def main(w, x):
+    n = jax.local_device_count()
+    p_step = jax.pmap(step, axis_name="i")
+    w = jnp.broadcast_to(w, (n,) + w.shape)
+    x = x.reshape((n, -1) + x.shape[1:])
+"""
+
+
+def test_results_unpacked_in_the_next_statement_are_followed() -> None:
+    tail = "    for _ in range(2):\n        outputs = p_step(w, x)\n        w, total = outputs\n"
+    code = assert_taken_and_equal(PAIR_HEAD + tail + "    return w[0], total[0]\n")
+    assert "w, total = outputs\n" in code and "return w, total\n" in code
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        "    outputs = p_step(w, x)\n    w, total = outputs\n    return w[0], outputs\n",
+        "    outputs = p_step(w, x)\n    v = 1\n    w, total = outputs\n    return w[0], total[0]\n",
+    ],
+)
+def test_results_unpacked_other_than_next_are_refused(tail: str) -> None:
+    result = migrate_source(PAIR_HEAD + tail, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device(" in result.code
+
+
+DICT_HEAD = """\
+import jax
+import jax.numpy as jnp
+
+
+def step(w, x):
+    out = {"l2": jax.lax.pmean(jnp.sum(x**2), "i"), "w": jnp.sum(w)}
+    return w - jax.lax.pmean(x.mean(0) * w, "i"), out
+
+
+def main(w, x):
+    n = jax.local_device_count()
+    p_step = jax.pmap(step, axis_name="i")
+    w = jnp.broadcast_to(w, (n,) + w.shape)
+    x = x.reshape((n, -1) + x.shape[1:])
+    w, measurements = p_step(w, x)
+    log = {}
+"""
+
+ITEMS = {
+    "items": "    for name, value in measurements.items():\n        log[name] = float(value[0])\n",
+    "values": "    for value in measurements.values():\n        log[len(log)] = value[0] * 2\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(ITEMS))
+def test_a_dict_of_results_read_in_a_loop_over_its_items(case: str) -> None:
+    code = assert_taken_and_equal(DICT_HEAD + ITEMS[case] + "    return w[0], log\n")
+    assert "value[0]" not in code
+
+
+@pytest.mark.parametrize(
+    "loop",
+    [
+        "    for name, value in measurements.items():\n        log[name] = value\n",
+        "    for name, value in measurements.items():\n        log[name] = value[0]\n    value = 1\n",
+        "    for name, value in measurements.items():\n        log[name] = value[1]\n",
+    ],
+)
+def test_items_read_other_than_as_device_0_are_refused(loop: str) -> None:
+    source = DICT_HEAD + loop + "    return w[0], log\n"
+    result = migrate_source(source, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device(" in result.code

@@ -28,6 +28,30 @@ def tagged(x):
     return x + jax.lax.axis_index("i")
 
 
+def cross_mean(t):
+    return jax.lax.pmean(t, "i")
+
+
+def other_mean(t, axis="j"):
+    return jax.lax.pmean(t, axis)
+
+
+def mean_and(t, u):
+    return jax.lax.pmean(t, "i"), u
+
+
+def total(t):
+    return t.sum()
+
+
+def fill(out, t):
+    out["a"] = t
+
+
+def fill_through(out, t):
+    fill(out, t)
+
+
 def step(w, x):
 {body}
 
@@ -66,6 +90,10 @@ else:
     out = jax.lax.pmax(x.sum(), "i")""",
     "an all_gather": "out = jax.lax.all_gather(x.sum(), 'i')",
     "a tuple of axes with the step's": "out = jax.lax.pmean(x.sum(), ('i',))",
+    "a module helper's pmean": "out = cross_mean(x.sum())",
+    "a module helper's pmean, passed by keyword": "out = cross_mean(t=x.sum())",
+    "a module helper's result from replicated values": "out = mean_and(x.sum(), jnp.sum(w))",
+    "a dict filled by a module helper with a pmean": "out = {}\nfill(out, cross_mean(x.sum()))",
 }
 
 DIFFERENT = {
@@ -76,6 +104,13 @@ DIFFERENT = {
     "reduced on one branch only": "out = x.sum()\nif SETTING:\n    out = jax.lax.pmean(out, 'i')",
     "an axis_index": "out = jax.lax.axis_index('i') * jnp.sum(w)",
     "a module function using axis_index": "out = tagged(jnp.sum(w))",
+    "a module helper not reducing": "out = total(x)",
+    "a module helper reducing over an axis it is passed": "out = other_mean(x.sum(), 'i')",
+    "a module helper returning a per-device value too": "out = mean_and(x.sum(), x.sum())",
+    "a module helper called with a star": "out = cross_mean(*[x.sum()])",
+    "a dict filled per device by a module helper": "out = {}\nfill(out, x.sum())",
+    "a dict filled per device two helpers deep": "out = {}\nfill_through(out, x.sum())",
+    "a dict filled per device by a helper in an assignment": "out = {}\n_ = fill(out, x.sum())",
     "a closure reading the batch": "def f(v):\n    return jnp.sum(x) * v\n\nout = f(jnp.sum(w))",
     "a closure reading a name bound later": """\
 def f(v):
@@ -156,3 +191,9 @@ def test_only_device_0_reads_are_readbacks(case: str) -> None:
     source = source.replace("n_out = ", "o = ")
     result = migrate_source(source, options=Options(unsafe_fixes=True))
     assert ("shard_map_per_device(" not in result.code) is taken, result.code
+
+
+def test_a_local_name_shadowing_a_module_helper_is_not_the_helper() -> None:
+    body = "cross_mean = lambda t: t\nout = cross_mean(x.sum())"
+    code, message = run(body)
+    assert "shard_map_per_device(" in code and "program-level form not taken" in message, message

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 
 import libcst as cst
 
-from ._forms import TREE_MAP, Qualname, names_in, target_names
+from ._forms import TREE_MAP, Parents, Qualname, names_in, target_names
 from ._program import NotVisible
 
 REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin", "all_gather")})
@@ -26,6 +26,10 @@ PER_DEVICE = frozenset(
     for op in ("axis_index", "ppermute", "pshuffle", "pswapaxes", "all_to_all", "psum_scatter")
 )
 Defs = Mapping[str, cst.FunctionDef]
+MUTATING = frozenset(
+    {"append", "extend", "insert", "update", "setdefault", "pop", "popitem", "clear", "remove"}
+    | {"add", "discard", "sort", "reverse", "__setitem__", "__setattr__"}
+)
 
 
 def body_outputs(
@@ -42,13 +46,23 @@ def body_outputs(
     params = [p.name.value for p in body.params.params]
     start = {p for p, m in zip(params, mapped) if m}
     reader = _Reader(axis, qualname, defs, set(start))
+    _run(reader, body, start)
+    return _results(reader)
+
+
+def _run(reader: _Reader, body: cst.FunctionDef, start: set[str]) -> None:
+    """Read `body`, its parameters `start` differing between devices."""
+    bound = Parents()
+    body.visit(bound)
+    reader.local = set(bound.stores) - {body.name.value}
+    if not isinstance(body.body, cst.IndentedBlock) or not _ends_in_return(body.body.body):
+        raise NotVisible("the body does not end in a return")
     while True:  # closures read names at call time: rerun until what ever differs is stable
         seen = set(reader.ever)
         reader.returns = []
         reader.block(body.body.body, set(start))
         if reader.ever == seen:
             break
-    return _results(reader)
 
 
 def _results(reader: _Reader) -> tuple[int | None, list[bool]]:
@@ -93,6 +107,8 @@ class _Reader:
         self.ever = ever  # every name that differs somewhere in the body
         self.closures: dict[str, cst.FunctionDef] = {}  # the body's nested defs
         self.returns: list[tuple[cst.BaseExpression, frozenset[str]]] = []
+        self.inside: frozenset[str] = frozenset()  # the module helpers being read (no recursion)
+        self.local: set[str] = set()  # the names the function binds (no module helper then)
 
     # Statements ---------------------------------------------------------------------------
     def block(self, statements: Iterable[cst.BaseStatement], varying: set[str]) -> set[str]:
@@ -139,6 +155,7 @@ class _Reader:
         return varying
 
     def small(self, node: cst.BaseSmallStatement, varying: set[str]) -> set[str]:
+        varying = self.filled_by_helpers(node, varying)
         if isinstance(node, cst.Assign):
             varies = self.varies(node.value, varying)
             for target in node.targets:
@@ -164,6 +181,20 @@ class _Reader:
         if owner is not None and any(self.varies(a.value, varying) for a in node.args):
             self.ever.add(owner)
             return varying | {owner}
+        return varying
+
+    def filled_by_helpers(self, node: cst.CSTNode, varying: set[str]) -> set[str]:
+        """`add_metrics(metrics, x)`, a module helper storing into (or calling a method of) a
+        parameter: the objects passed differ when anything passed does."""
+        for call in _calls_in(node):
+            name = call.func.value if isinstance(call.func, cst.Name) else None
+            helper = self.defs.get(name) if name is not None and name not in self.local else None
+            if helper is None or not _mutates(helper, self.defs):
+                continue
+            if any(self.varies(a.value, varying) for a in call.args):
+                owners = {_base(a.value) for a in call.args} - {None}
+                self.ever |= owners  # type: ignore[arg-type]
+                varying = varying | owners  # type: ignore[operator]
         return varying
 
     def bind(self, target: cst.BaseExpression, varies: bool, varying: set[str]) -> set[str]:
@@ -195,6 +226,9 @@ class _Reader:
                 return True
             if self._tree_mapped_same(node, varying):
                 return False
+            helper = self._helper_varies(node, varying)
+            if helper is not None:
+                return helper
         if isinstance(node, cst.Name):
             closure = self.closures.get(node.value)
             return node.value in varying or (closure is not None and self.closure_varies(closure))
@@ -232,6 +266,44 @@ class _Reader:
         inside = inside | {node.name.value}
         return any(self.closure_varies(self.closures[n], inside) for n in free & set(self.closures))
 
+    def _helper_varies(self, call: cst.Call, varying: frozenset[str] | set[str]) -> bool | None:
+        """A call of a module function (flax's `compute_metrics` doing the `pmean`): its result
+        differs when the helper's returns do, its parameters differing as the arguments passed;
+        None when the call is not one the helper's parameters are plainly bound by."""
+        if not isinstance(call.func, cst.Name):
+            return None
+        name = call.func.value
+        helper = self.defs.get(name)
+        if helper is None or name in self.local or name in self.inside:
+            return None
+        params = helper.params
+        extra = params.star_arg not in (None, cst.MaybeSentinel.DEFAULT)
+        if extra or params.star_kwarg or params.posonly_params:
+            return None
+        plain = [p.name.value for p in params.params]
+        names = set(plain) | {p.name.value for p in params.kwonly_params}
+        mapped: set[str] = set()
+        for i, arg in enumerate(call.args):
+            if arg.star:
+                return None
+            param = arg.keyword.value if arg.keyword is not None else None
+            if param is None and i >= len(plain):
+                return None
+            param = param if param is not None else plain[i]
+            if param not in names:
+                return None
+            if self.varies(arg.value, varying):
+                mapped.add(param)
+        # A default is read where the def is made, at module level: the same on every device.
+        reader = _Reader(self.axis, self.qualname, self.defs, set(mapped))
+        reader.inside = self.inside | {name}
+        try:
+            _run(reader, helper, mapped)
+            _, flags = _results(reader)
+        except NotVisible:
+            return None
+        return any(flags)
+
     def _per_device(self, call: cst.Call) -> bool:
         return self.qualname(call.func) in PER_DEVICE or self._calls_per_device(call)
 
@@ -264,6 +336,39 @@ class _Reader:
                 if isinstance(inner.func, cst.Name) and inner.func.value in self.defs:
                     pending.append(inner.func.value)
         return False
+
+
+def _mutates(helper: cst.FunctionDef, defs: Defs, seen: frozenset[str] = frozenset()) -> bool:
+    """A module helper that may change an object passed to it: it stores into a field or an
+    entry (`m["k"] = v`, `m.a += v`), calls a method (`m.update(...)`), or passes a value to
+    a module helper that does (at any depth)."""
+    seen = seen | {helper.name.value}
+    for node in _nodes_in(helper.body):
+        targets: list[cst.BaseExpression] = []
+        if isinstance(node, cst.Assign):
+            targets = [t.target for t in node.targets]
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
+            targets = [node.target]
+        if any(isinstance(t, (cst.Attribute, cst.Subscript)) for t in targets):
+            return True
+        method = (
+            node.func.attr.value
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+            else None
+        )
+        if method in MUTATING:  # `m.update(...)`, of a parameter or of an alias of one
+            return True
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
+            inner = defs.get(node.func.value)
+            if inner is not None and inner.name.value not in seen and _mutates(inner, defs, seen):
+                return True
+    return False
+
+
+def _nodes_in(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
+    yield node
+    for child in node.children:
+        yield from _nodes_in(child)
 
 
 def _lines(suite: cst.BaseSuite) -> list[cst.BaseStatement]:

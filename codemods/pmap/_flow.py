@@ -43,6 +43,11 @@ class _StepCall:
     args: list[str]
     targets: list[str]  # the names results are bound to, by output position
     readback: cst.Subscript | None = None  # `step(...)[0]`, the call read back at once
+    unpack: cst.Assign | None = None  # `a, b = out` next, `out` read nowhere else: binds a, b
+
+    def binds(self, binding: cst.CSTNode) -> bool:
+        """Return True for the binding of this call's results."""
+        return binding is self.assign or binding is self.unpack
 
 
 def analyze(
@@ -129,6 +134,7 @@ def _follow(
                 program.sibling_feeds |= {id(a.value) for a in other.args}
                 program.siblings.add(id(flow.parent.get(id(other))))
     forms = Forms(qualname, lambda node: is_device_count(node, flow, qualname))
+    forms.defs = {k: v for k, v in (defs or {}).items() if k not in flow.stores}  # not shadowed
     for position in range(arity):
         if position not in fixed:
             _follow_argument(program, flow, forms, calls, position)
@@ -313,7 +319,40 @@ def _step_call(
     targets = target_names(around.targets[0].target)
     if "?" in targets:
         raise NotVisible(f"a result of `{step}` is not bound to a plain name")
+    unpack = _unpacked_next(flow, around, targets)
+    if unpack is not None:
+        return _StepCall(around, call, names, target_names(unpack.targets[0].target), None, unpack)
     return _StepCall(around, call, names, targets)
+
+
+def _unpacked_next(flow: Parents, assign: cst.Assign, targets: list[str]) -> cst.Assign | None:
+    """`a, b = out` as the next statement, `out` bound and read nowhere else (AlgoPerf's
+    `outputs = step(...)` then `new_state, loss = outputs`): the results are bound to `a, b`."""
+    if len(targets) != 1:
+        return None
+    line = flow.parent.get(id(assign))
+    block = flow.parent.get(id(line))
+    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+        return None
+    lines = list(block.body) if isinstance(block, cst.IndentedBlock) else []
+    at = next((i for i, s in enumerate(lines) if s is line), None)
+    following = lines[at + 1] if at is not None and at + 1 < len(lines) else None
+    if not isinstance(following, cst.SimpleStatementLine) or len(following.body) != 1:
+        return None
+    unpack = following.body[0]
+    if not isinstance(unpack, cst.Assign) or len(unpack.targets) != 1:
+        return None
+    if single_name(unpack.value) != targets[0] or not isinstance(
+        unpack.targets[0].target, (cst.Tuple, cst.List)
+    ):
+        return None
+    names = target_names(unpack.targets[0].target)
+    if "?" in names or targets[0] in names:
+        return None
+    stores, loads = flow.stores.get(targets[0], []), flow.loads.get(targets[0], [])
+    if len(stores) != 1 or len(loads) != 1 or loads[0] is not unpack.value:
+        return None
+    return unpack
 
 
 def _follow_argument(
@@ -482,7 +521,7 @@ def _binding_kind(
     """Return how a binding of an argument makes it: replicated, a batch, fed back, other."""
     if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
         return "other"
-    if any(binding is c.assign for c in calls) or id(binding) in program.siblings:
+    if any(c.binds(binding) for c in calls) or id(binding) in program.siblings:
         return "fed back"  # a result of the step (or another): replicated, as every result is
     if forms.readback_of(binding.value, name):
         return "read back"  # `x = unreplicate(x)`: becomes `x = x`, dropped
@@ -538,7 +577,7 @@ def _arithmetic_results(
             names.add(node.value)
         elif not isinstance(node, (cst.Integer, cst.Float)):
             return None
-    assigns = {id(c.assign) for c in calls}
+    assigns = {id(c.assign) for c in calls} | {id(c.unpack) for c in calls if c.unpack}
     results = names - {name}
     for result in results:
         bindings = flow.stores.get(result, [])
@@ -565,14 +604,14 @@ def _follow_result(
         _follow_flattened(program, flow, forms, calls, step, name)
         return
     for binding in flow.stores.get(name, []):
-        fed = any(binding is c.assign for c in calls) or id(binding) in program.siblings
+        fed = any(c.binds(binding) for c in calls) or id(binding) in program.siblings
         read = isinstance(binding, cst.Assign) and forms.readback_of(binding.value, name)
         if not fed and not read and not _before(flow, binding, calls):
             raise NotVisible(f"`{name}` holds a result of `{step}` and something else")
     # Fed to the step (or a field of it, `step(state.params)`): the argument is checked there.
     feeds = {id(arg.value) for c in calls for arg in c.call.args}
     feeds |= program.sibling_feeds  # fed to another step of the function: checked there
-    last = max(flow.order[id(c.assign)] for c in calls)
+    last = max(flow.order[id(c.unpack or c.assign)] for c in calls)
     settled = [  # `x = unreplicate(x)` after the last call: later reads see the read-back value
         b
         for b in flow.stores.get(name, [])
@@ -595,13 +634,71 @@ def _follow_result(
         if listed is not None:
             _follow_list(program, flow, forms, calls, step, listed)
             continue
+        if _follow_items(program, flow, forms, use, name):
+            continue
         found = _readback_around(flow, forms, use, name)
         if found is None:
+            _not_returned(program, flow, use, name, step)
             raise NotVisible(f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`")
         readback, value = found
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
         program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
     del output
+
+
+def _follow_items(program: Program, flow: Parents, forms: Forms, use: cst.Name, name: str) -> bool:
+    """`for k, v in name.items():` (or `for v in name.values():`) of a replicated dict of
+    results, `v` bound only there and read only as `v[0]` in the loop (big_vision's logging of
+    its measurements): each readback deleted. False when the read is not such a loop."""
+    method = flow.parent.get(id(use))
+    call = flow.parent.get(id(method))
+    loop = flow.parent.get(id(call))
+    if not isinstance(method, cst.Attribute) or method.value is not use:
+        return False
+    if not isinstance(call, cst.Call) or call.func is not method or call.args:
+        return False
+    if not isinstance(loop, cst.For) or loop.iter is not call or loop.orelse is not None:
+        return False
+    target = loop.target
+    item: str | None = None
+    if method.attr.value == "items" and isinstance(target, (cst.Tuple, cst.List)):
+        items = [single_name(e.value) for e in target.elements]
+        if len(items) == 2 and None not in items and items[0] != items[1]:
+            item = items[1]
+    elif method.attr.value == "values":
+        item = single_name(target)
+    if item is None or item == name or flow.stores.get(item) != [loop]:
+        return False
+    found = []
+    for read in flow.loads.get(item, []):
+        if _loop_target(flow, read):
+            continue
+        around = _readback_around(flow, forms, read, item)
+        if around is None or not any(a is loop for a in ancestors(flow, read)):
+            return False
+        found.append(around)
+    why = f"a readback of device 0 deleted: the values of `{name}` are the same on every device"
+    for readback, value in found:
+        program.edit(readback, why, lambda v=value: v)  # type: ignore[misc]
+    return True
+
+
+def _not_returned(program: Program, flow: Parents, use: cst.Name, name: str, step: str) -> None:
+    """Raise NotVisible for a result returned as it is (`return state`, flax's
+    `train_and_evaluate`), stacked over the devices: the callers' reads are not followed, and
+    a caller may be in another module."""
+    statement = flow.parent.get(id(use))
+    if isinstance(statement, cst.Element):  # `return state, history`
+        items = flow.parent.get(id(statement))
+        statement = flow.parent.get(id(items)) if isinstance(items, cst.Tuple) else None
+    if not isinstance(statement, cst.Return):
+        return
+    host = program.host.name.value
+    why = (
+        f"`{name}`, a result of `{step}`, is returned by `{host}` with its device axis: the "
+        f"reads of `{host}()`'s callers (maybe in other modules) are not followed"
+    )
+    raise NotVisible(why)
 
 
 def _appended_to(flow: Parents, use: cst.Name) -> str | None:
@@ -630,7 +727,7 @@ def _follow_list(
     gathered = []
     for binding in flow.stores.get(name, []):
         value = binding.value if isinstance(binding, cst.Assign) else None
-        if isinstance(value, cst.List) and not value.elements:
+        if isinstance(binding, cst.Assign) and _binds_empty_list(binding, name):
             continue
         if value is None or _gathering(forms, value, name) is None:
             raise NotVisible(f"`{name}`, a list of results of `{step}`, is bound to other values")
@@ -649,6 +746,25 @@ def _follow_list(
         if not any(_dominated(flow, b, use, name) for b in gathered):
             why = f"`{name}`, a list of results of `{step}`, is read other than by `get_metrics`"
             raise NotVisible(why)
+
+
+def _binds_empty_list(binding: cst.Assign, name: str) -> bool:
+    """`name = []`, or `name, other = [], []` (lists started together, flax's loops)."""
+    value = binding.value
+    if single_name(binding.targets[0].target) == name and len(binding.targets) == 1:
+        return isinstance(value, cst.List) and not value.elements
+    if len(binding.targets) != 1 or not isinstance(value, (cst.Tuple, cst.List)):
+        return False
+    target = binding.targets[0].target
+    names = target.elements if isinstance(target, (cst.Tuple, cst.List)) else []
+    if len(names) != len(value.elements) or any(
+        isinstance(e, cst.StarredElement) for e in (*names, *value.elements)
+    ):
+        return False
+    return any(
+        single_name(n.value) == name and isinstance(v.value, cst.List) and not v.value.elements
+        for n, v in zip(names, value.elements)
+    )
 
 
 def _item(call: cst.CSTNode | None) -> cst.Name:
@@ -717,10 +833,10 @@ def _follow_flattened(
     rebinds `r` to the flat value: a read that only that binding reaches reads the flat value."""
     flat = []
     for binding in flow.stores.get(name, []):
-        if any(binding is c.assign for c in calls) or _before(flow, binding, calls):
+        if any(c.binds(binding) for c in calls) or _before(flow, binding, calls):
             continue
         value = binding.value if isinstance(binding, cst.Assign) else None
-        if not (isinstance(value, cst.Call) and flattens(value, name, forms.host_copy)):
+        if not (isinstance(value, cst.Call) and _flattening(forms, value, name)):
             raise NotVisible(f"`{name}` holds a result of `{step}` and something else")
         flat.append(binding)
     for use in flow.loads.get(name, []):
@@ -728,12 +844,18 @@ def _follow_flattened(
             continue
         around = list(ancestors(flow, use))[:6]  # `r.reshape(...)`, `r` in its shape too
         node = next(
-            (a for a in around if isinstance(a, cst.Call) and flattens(a, name, forms.host_copy)),
+            (a for a in around if isinstance(a, cst.Call) and _flattening(forms, a, name)),
             None,
         )
         if node is not None:
             reason = f"a flattening of `{name}` over devices deleted: the result is flat already"
-            program.edit(node, reason, lambda n=node: _flat_value(program, n, name))  # type: ignore[misc]
+            helper = _flattening_helper(forms, node, name)
+            if helper is not None:
+                reason = (
+                    f"`{code(node.func)}`, a flattening of `{name}` over devices, deleted: the "
+                    "result is flat already"
+                )
+            program.edit(node, reason, lambda n=node: _flat_value(program, n, name, forms))  # type: ignore[misc]
             continue
         reshape = _reshaped(flow, use, name)
         if reshape is None:
@@ -746,8 +868,89 @@ def _follow_flattened(
         program.edit(reshape, reason, lambda r=reshape: _local_reshape(program, r, name))  # type: ignore[misc]
 
 
-def _flat_value(program: Program, flattening: cst.Call, name: str) -> cst.BaseExpression:
+def _flattening(forms: Forms, node: cst.Call, name: str) -> bool:
+    """`name.reshape(-1)` (maybe copied first), or a module helper doing that to `name`."""
+    return (
+        flattens(node, name, forms.host_copy) or _flattening_helper(forms, node, name) is not None
+    )
+
+
+def _flattening_helper(forms: Forms, node: cst.Call, name: str) -> cst.Call | None:
+    """Return the flattening in the module helper `node` calls on `name` alone, its parameter
+    read as `name`: flax's `tohost`, `n_device, n_batch, *rest = x.shape` then
+    `return np.array(x).reshape((n_device * n_batch,) + tuple(rest))`, or one `return` of a
+    flattening; else None."""
+    args = positional(node, 1)
+    helper = forms.defs.get(node.func.value) if isinstance(node.func, cst.Name) else None
+    if helper is None or args is None or single_name(args[0]) != name:
+        return None
+    params = helper.params
+    if len(params.params) != 1 or params.star_arg not in (None, cst.MaybeSentinel.DEFAULT):
+        return None
+    if params.kwonly_params or params.star_kwarg or params.posonly_params or helper.decorators:
+        return None
+    param = params.params[0].name.value
+    lines = list(helper.body.body) if isinstance(helper.body, cst.IndentedBlock) else []
+    if lines and _is_docstring(lines[0]):
+        lines = lines[1:]
+    smalls = [line.body[0] for line in lines if isinstance(line, cst.SimpleStatementLine)]
+    if len(smalls) != len(lines) or any(len(line.body) != 1 for line in lines):  # type: ignore[attr-defined]
+        return None
+    last = smalls[-1] if smalls else None
+    value = last.value if isinstance(last, cst.Return) else None
+    if not isinstance(value, cst.Call):
+        return None
+    if len(smalls) == 1:
+        return value if flattens(value, param, forms.host_copy) else None
+    if len(smalls) == 2 and _flattens_by_shape(smalls[0], value, param, forms):
+        return value
+    return None
+
+
+def _flattens_by_shape(
+    unpack: cst.BaseSmallStatement, value: cst.Call, param: str, forms: Forms
+) -> bool:
+    """`a, b, *rest = x.shape` and `x.reshape((a * b,) + tuple(rest))` (`x` maybe copied)."""
+    if not isinstance(unpack, cst.Assign) or len(unpack.targets) != 1:
+        return False
+    target = unpack.targets[0].target
+    items = target.elements if isinstance(target, (cst.Tuple, cst.List)) else []
+    if len(items) != 3 or code(unpack.value) != f"{param}.shape":
+        return False
+    first, second, rest = items
+    if not isinstance(rest, cst.StarredElement) or isinstance(first, cst.StarredElement):
+        return False
+    a, b, tail = single_name(first.value), single_name(second.value), single_name(rest.value)
+    if None in (a, b, tail) or len({a, b, tail, param}) != 4:
+        return False
+    func = value.func
+    if not isinstance(func, cst.Attribute) or func.attr.value != "reshape":
+        return False
+    if single_name(func.value) != param and not forms.host_copy(func.value, param):
+        return False
+    shape = positional(value, 1)
+    return shape is not None and code(shape[0]) in (
+        f"({a} * {b},) + tuple({tail})",
+        f"({a} * {b}, *{tail})",
+    )
+
+
+def _is_docstring(line: cst.BaseStatement) -> bool:
+    return (
+        isinstance(line, cst.SimpleStatementLine)
+        and len(line.body) == 1
+        and isinstance(line.body[0], cst.Expr)
+        and isinstance(line.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def _flat_value(
+    program: Program, flattening: cst.Call, name: str, forms: Forms
+) -> cst.BaseExpression:
     """The flat result, copied as the flattening copied it (`np.asarray(r).reshape(-1)`)."""
+    helper = _flattening_helper(forms, flattening, name)
+    if helper is not None:  # `tohost(r)`: its flattening, of the flat result
+        flattening = helper
     assert isinstance(flattening.func, cst.Attribute)
     copy = flattening.func.value
     if not isinstance(copy, cst.Call):

@@ -3,7 +3,7 @@ readbacks of values around one pmapped step, and where each name is bound and re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import libcst as cst
 
@@ -148,6 +148,7 @@ class Forms:
     ) -> None:
         self.qualname = qualname
         self.counts = counts  # is this the number of local devices (pmap's mapped size)?
+        self.defs: Mapping[str, cst.FunctionDef] = {}  # the module's functions, by name
 
     def _is(self, node: cst.BaseExpression, names: frozenset[str]) -> bool:
         return isinstance(node, cst.Call) and self.qualname(node.func) in names
@@ -286,6 +287,11 @@ class Forms:
         shape = node.args[0].value  # type: ignore[attr-defined]
         return self.counts(shape.left.elements[0].value)
 
+    def _copied_zero(self, node: cst.BaseExpression, var: str) -> bool:
+        """`np.array(var[0])`: device 0's copy of a leaf, fetched to the host."""
+        args = positional(node, 1) if self._is(node, HOST_COPIES) else None  # type: ignore[arg-type]
+        return args is not None and is_zero_index(args[0], var)
+
     def host_copy(self, node: cst.BaseExpression, var: str) -> bool:
         """`np.asarray(var)`, `np.array(var)`, `jax.device_get(var)`: `var`'s values, copied."""
         args = positional(node, 1) if isinstance(node, cst.Call) else None
@@ -293,7 +299,14 @@ class Forms:
 
     def readback_of(self, node: cst.BaseExpression, var: str) -> bool:
         """`var[0]`, `jax.device_get(var)[0]`, `jax.tree.map(lambda v: v[0], var)`,
-        `unreplicate(var)`: device 0's copy of the whole of `var`."""
+        `unreplicate(var)`: device 0's copy of the whole of `var`; also fetched to the host
+        (`jax.device_get(unreplicate(var))`, `np.asarray(var[0])`): the same values."""
+        args = positional(node, 1) if self._is(node, HOST_COPIES) else None  # type: ignore[arg-type]
+        if args is not None and self.readback_value(args[0], var) is not None:
+            node = args[0]
+        copied = self._tree_mapped(node, self._copied_zero)  # `tree.map(lambda v: np.array(v[0]))`
+        if copied is not None:
+            return single_name(copied) == var
         read = self.readback_value(node, var)
         if read is None or read[1] is read[0]:
             return read is not None
@@ -321,8 +334,26 @@ class Forms:
             source = args[0] if args else None
         else:
             source = self._tree_mapped(node, lambda body, v: is_zero_index(body, v))
+            copied = None if source is not None else self._tree_mapped(node, self._copied_zero)
+            if copied is not None:  # each leaf's copy kept, of the whole leaf
+                root = _root(copied)
+                return (
+                    (root, _copy_per_leaf(node)) if root is not None and root.value == var else None
+                )
         root = _root(source) if source is not None else None
         return (root, source) if root is not None and root.value == var else None  # type: ignore[return-value]
+
+
+def _copy_per_leaf(node: cst.BaseExpression) -> cst.BaseExpression:
+    """`jax.tree.map(lambda v: np.array(v[0]), x)` -> `jax.tree.map(lambda v: np.array(v), x)`."""
+    assert isinstance(node, cst.Call)
+    fn = node.args[0].value
+    assert isinstance(fn, cst.Lambda) and isinstance(fn.body, cst.Call)
+    leaf = fn.body.args[0]
+    assert isinstance(leaf.value, cst.Subscript)
+    body = fn.body.with_changes(args=[leaf.with_changes(value=leaf.value.value)])
+    mapped = node.args[0].with_changes(value=fn.with_changes(body=body))
+    return node.with_changes(args=[mapped, *node.args[1:]])
 
 
 def _is_zero(node: cst.Subscript) -> bool:
