@@ -249,36 +249,15 @@ print("RESULT", json.dumps(float(main())), flush=True)
 """
 
 
-class IncompatibleDevicesError(RuntimeError):
-    """A process's host-local array reduced under a mesh spanning every process."""
-
-
-REDUCED_UNDER_THE_MESH = (
-    "product bug: the flattened predictions become `global_array_to_host_local_array(out, mesh, "
-    "P('batch'))`, an array on this process's devices only, and `.sum()` of it runs under the "
-    "`with jax.set_mesh(mesh)` the migration opens, whose mesh spans every process: on 2 "
-    "processes each raises 'Received incompatible devices for jitted computation' (one process "
-    "is fine). Fixture program_flattened_in_two_functions (`score`) does the same."
-)
-
-
-@pytest.mark.parametrize(
-    "form",
-    [
-        "pmap",
-        pytest.param(
-            "migrated",
-            marks=pytest.mark.xfail(
-                strict=True, raises=IncompatibleDevicesError, reason=REDUCED_UNDER_THE_MESH
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("form", ["pmap", "migrated"])
 def test_flattened_predictions_reduced_on_the_host_are_each_process_own(
     tmp_path: Path, form: str
 ) -> None:
     """A decorated step's per-example predictions, flattened and summed in the function that
-    calls it: each process gets the sum over its own rows, as pmap gave it."""
+    calls it: each process gets the sum over its own rows, as pmap gave it. Under the
+    `jax.set_mesh` the migration opens, this process's part is read into numpy: a jax op on an
+    array of one process's devices under a mesh of every process's raises ("Received
+    incompatible devices for jitted computation"; it did before that fix)."""
     rng = np.random.default_rng(0)
     w = rng.normal(size=(4,)).astype(np.float32)
     xs = rng.normal(size=(8 * 2, 4)).astype(np.float32)
@@ -292,8 +271,6 @@ def test_flattened_predictions_reduced_on_the_host_are_each_process_own(
     script = tmp_path / "score.py"
     script.write_text(code)
     job = run_job(script, processes=PROCESSES, devices=DEVICES, timeout=300)
-    if not job.ok and "Received incompatible devices for jitted computation" in job.describe():
-        raise IncompatibleDevicesError(job.describe())  # the known bug, and only it, is xfail
     assert job.ok, job.describe()
     for process, out in enumerate(job.stdouts):
         (line,) = [line for line in out.splitlines() if line.startswith("RESULT ")]

@@ -531,6 +531,7 @@ class Pmap(Faithful):
                 program.mesh = group.mesh if setup else f"{jax}.sharding.get_mesh()"
                 if any(program.varying):
                     program.hosts = self._multihost_utils()
+                    program.numpy = self._numpy()
                 self.host_programs.setdefault(id(program.host), []).append(program)
             made = step.programs[0]
             if step.decorated:
@@ -609,6 +610,16 @@ class Pmap(Faithful):
             "varying": list(program.varying),
             "tuple": program.outputs is not None,
         }
+
+    def _numpy(self) -> str:
+        """Return how to spell `numpy` here, importing it as `np` if needed."""
+        bound = self.resolver.module_alias("numpy")
+        if bound is not None:
+            return bound
+        if self.resolver.is_free("np"):
+            self.need_import("numpy", None, "np")
+            return "np"
+        return dotted(self.module_ref("numpy")) or "numpy"
 
     def _multihost_utils(self) -> str:
         """Return how to spell `jax.experimental.multihost_utils` here, importing it if needed."""

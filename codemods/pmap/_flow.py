@@ -955,7 +955,8 @@ def _flat_value(
     copy = flattening.func.value
     if not isinstance(copy, cst.Call):
         return _local_part(program, name)
-    return copy.with_changes(args=[copy.args[0].with_changes(value=_local_part(program, name))])
+    part = _local_part(program, name, host=False)  # copied to the host as the original did
+    return copy.with_changes(args=[copy.args[0].with_changes(value=part)])
 
 
 def _reshaped(flow: Parents, use: cst.Name, name: str) -> cst.Call | None:
@@ -981,10 +982,14 @@ def _local_reshape(program: Program, call: cst.Call, name: str) -> cst.BaseExpre
     return call.with_changes(func=call.func.with_changes(value=_local_part(program, name)))
 
 
-def _local_part(program: Program, name: str) -> cst.BaseExpression:
-    """This process's part of a result sharded over the devices (in one process, all of it)."""
+def _local_part(program: Program, name: str, host: bool = True) -> cst.BaseExpression:
+    """This process's part of a result sharded over the devices (in one process, all of it);
+    read into numpy under a mesh set for the program (`Program.numpy`) unless `host` is False
+    (the original copied it to the host itself: `np.asarray(r).reshape(-1)`)."""
     spec = f"{code(program.spec)}({code(program.axis)})"
     text = f"{program.hosts}.global_array_to_host_local_array({name}, {program.mesh}, {spec})"
+    if host and program.numpy is not None:
+        text = f"{program.numpy}.asarray({text})"
     return cst.parse_expression(text)
 
 

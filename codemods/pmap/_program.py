@@ -71,6 +71,10 @@ class Program:
     fixed: dict[int, str] = field(default_factory=dict)  # unmapped positions: "none", "static"
     varying: list[bool] = field(default_factory=list)  # per result: differs between devices
     hosts: str = "jax.experimental.multihost_utils"  # how the module spells that module
+    # How the module spells numpy when this process's part of a flat result must be read into
+    # numpy: under `jax.set_mesh`, whose mesh spans every process, a jax op on an array of this
+    # process's devices alone raises ("incompatible devices"); None: read as it is.
+    numpy: str | None = None
     statics: cst.Arg | None = None  # `static_broadcasted_argnums`, as written
     made_at: int = 0  # where the step is made, in `Parents.order`
     nodes: dict[int, cst.CSTNode] = field(default_factory=dict)  # the edited nodes, by id
@@ -155,15 +159,25 @@ class Program:
 
 
 def _laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.BaseStatement:
-    """Return `target = call(...)` or `call(...)`, the call laid out by the emitter when the
-    line is too long."""
+    """Return `target = call(...)`, `call(...)` or `return call(...)`, the call laid out by the
+    emitter when the line is too long; in `call(...).method()` the first call is laid out, as
+    black splits the last bracket that is not empty."""
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
         return statement
     node = statement.body[0]
-    if not isinstance(node, (cst.Assign, cst.Expr)) or not isinstance(node.value, cst.Call):
+    if not isinstance(node, (cst.Assign, cst.Expr, cst.Return)):
         return statement
-    head = len(indent) + len(code(node)) - len(code(node.value))
-    laid = Call.of(node.value).laid_out(Room(indent, head), style)
+    value = node.value
+    if not isinstance(value, cst.Call):
+        return statement
+    head = len(indent) + len(code(node)) - len(code(value))
+    method = value.func if not value.args and isinstance(value.func, cst.Attribute) else None
+    if method is not None and isinstance(method.value, cst.Call):
+        tail = len(code(value)) - len(code(method.value))
+        laid = Call.of(method.value).laid_out(Room(indent, head, tail), style)
+        chained = value.with_changes(func=method.with_changes(value=laid))
+        return statement.with_changes(body=[node.with_changes(value=chained)])
+    laid = Call.of(value).laid_out(Room(indent, head), style)
     return statement.with_changes(body=[node.with_changes(value=laid)])
 
 
