@@ -156,3 +156,37 @@ def test_without_a_command_they_say_how_to_verify_them(project: Path) -> None:
         assert verdict.status is Status.UNVERIFIED
         assert "cannot be run alone" in verdict.reason
         assert "pass --verify-with with tests that reach it" in verdict.reason
+
+
+DRIVE = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+
+    from pkg.model import Model
+
+    original = "jax.pmap" in Path("pkg/model.py").read_text()
+    step = Model(2.0).step
+    for _ in range(2 if original else 1):  # the rewritten tree stops after one call
+        step(np.ones((8, 4), np.float32))
+    if FAIL_BOTH or not original:
+        sys.exit("the driver fails" if original else "the rewrite broke it")
+    """)
+
+
+@pytest.mark.parametrize("fail_both", [True, False], ids=["both-fail", "rewrite-fails"])
+def test_a_command_failing_on_both_trees_is_no_reference(project: Path, fail_both: bool) -> None:
+    """flax imagenet under `--processes 2`: the driver failed on the original tree too (each
+    process its own `mkdtemp()` workdir), and the rewrite's fewer calls were called `failed`.
+    A command that fails on both trees verifies nothing; one failing on the rewrite alone
+    still fails the site."""
+    (project / "drive.py").write_text(DRIVE.replace("FAIL_BOTH", str(fail_both)))
+    verdict = run(project, RIGHT, verify_with=f"{sys.executable} drive.py")["pkg/model.py:site0"]
+    assert "made 1 recorded call(s) of the site, the original 2" in verdict.reason, verdict.reason
+    if fail_both:
+        assert verdict.status is Status.UNVERIFIED, verdict.reason
+        assert "failed on the original tree too" in verdict.reason
+    else:
+        assert verdict.status is Status.FAILED, verdict.reason
+        assert "the rewrite broke it" in verdict.reason

@@ -240,6 +240,9 @@ def judge_one(
         )
         if plan.id in again.unplaced:
             return Verdict(Status.UNVERIFIED, f"{why}: {again.unplaced[plan.id]}", details)
+        if again.error and recording.error:  # a command failing on both trees is no reference
+            why += f"; `{command}` failed on the original tree too{tail(recording.error)}"
+            return Verdict(Status.UNVERIFIED, why + tail(again.error), details)
         if again.error:
             return Verdict(Status.FAILED, why + tail(again.error), details)
         return Verdict(Status.UNVERIFIED, why, details)
