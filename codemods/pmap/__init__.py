@@ -463,6 +463,9 @@ class Pmap(Faithful):
             if isinstance(site.ref, cst.Name):
                 self.drop_import_if_unused(site.ref.value)
             self._drop_deleted_imports(program)
+            if program.wrapped() and isinstance(program.body, cst.Call):  # `partial` folded in
+                for name in names_in(program.body.func):
+                    self.drop_import_if_unused(name)
             program.jax = dotted(self.module_ref("jax")) or "jax"
             if any(program.varying):  # results read flattened: each process reads its own part
                 program.hosts = self._multihost_utils()
@@ -525,6 +528,9 @@ class Pmap(Faithful):
                 self.drop_import_if_unused(ref.value)
             for program in step.programs:
                 self._drop_deleted_imports(program)
+                if program.wrapped() and isinstance(program.body, cst.Call):
+                    for name in names_in(program.body.func):  # `partial` folded in
+                        self.drop_import_if_unused(name)
                 program.jax, program.spec = jax, spec
                 program.sharding = f"{code(spec)}({code(program.axis)})"  # the mesh set is used
                 setup = program.host is group.setup
@@ -604,6 +610,7 @@ class Pmap(Faithful):
             "end_line": self.state.line_map(span.end.line),
             "body": code(program.body),
             "args": kinds,
+            "keywords": list(program.keywords),  # the last `args`, passed by keyword
             "replicated": [i for i, kind in enumerate(kinds) if kind == "replicated"],
             "results": [i for i, varying in enumerate(program.varying) if not varying],
             "varying": list(program.varying),

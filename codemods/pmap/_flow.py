@@ -42,6 +42,7 @@ class _StepCall:
     call: cst.Call
     args: list[str]
     targets: list[str]  # the names results are bound to, by output position
+    values: list[cst.BaseExpression]  # the values passed, by parameter of the step
     readback: cst.Subscript | None = None  # `step(...)[0]`, the call read back at once
 
 
@@ -109,19 +110,23 @@ def _follow(
 ) -> Program:
     """Follow every argument and result of the calls of `step` in `host` (made at `made_at`)."""
     body = _unbound(body, options.bound)
-    arity = _arity(body)
-    fixed = _fixed_positions(options, arity)
-    calls = [_step_call(flow, use, step, arity, fixed) for use in flow.loads.get(step, [])]
-    if not calls:
+    made = [_call_of(flow, use, step) for use in flow.loads.get(step, [])]
+    if not made:
         raise NotVisible(f"`{step}` is not called in `{host.name.value}`")
+    body, passed, keywords = _signature(body, made, step)
+    arity = len(body.params.params)
+    fixed = _fixed_positions(options, passed)
+    calls = [_step_call(flow, call, step, body, fixed) for call in made]
     for call in calls:  # a call in a nested def or lambda runs when that is called: not followed
         if any(isinstance(a, (cst.FunctionDef, cst.Lambda)) for a in ancestors(flow, call.call)):
             raise NotVisible(f"`{step}` is called in a nested function")
     program = Program(host, None, options.fun, options.axis, options.donate, [False] * arity, None)
     program.fixed, program.statics = fixed, options.statics_arg
     program.params = [p.name.value for p in body.params.params]
+    program.keywords = keywords
     program.made_at = made_at
     program.calls = [c.call for c in calls]
+    _keyword_calls(program, calls, keywords)
     for sibling in siblings:
         for use in flow.loads.get(sibling, []):
             other = flow.parent.get(id(use))
@@ -132,6 +137,8 @@ def _follow(
     for position in range(arity):
         if position not in fixed:
             _follow_argument(program, flow, forms, calls, position)
+    if program.squeezed or keywords:
+        _check_lambda(program, flow)
     assert isinstance(options.axis, cst.SimpleString)
     axis = options.axis.evaluated_value
     assert isinstance(axis, str)
@@ -243,15 +250,12 @@ def _unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
     first = next(i for i, p in enumerate(order) if p.name.value in bound)
     kept = list(params.params[:first])
     later = [p for p in order[first:] if p.name.value not in bound]
-    plain = [p.name.value for p in later if p.default is None]
-    if plain:
-        why = f"`partial` binds a parameter before `{plain[0]}`, which the step must then pass"
-        raise NotVisible(why)
-    # The later ones keep their defaults, on every device: neither pmap nor shard_map maps them.
-    kwonly = [p for p in params.kwonly_params if p.name.value not in bound and p not in later]
-    star = params.star_arg
-    if not kwonly and isinstance(star, cst.ParamStar):
-        star = cst.MaybeSentinel.DEFAULT  # `*, lr` with `lr` bound: nothing keyword-only left
+    # The later ones keep their defaults, or are passed by keyword (a position would fill the
+    # first parameter bound): keyword-only to the step.
+    kwonly = [p.with_changes(comma=cst.MaybeSentinel.DEFAULT) for p in later]
+    star: cst.ParamStar | cst.MaybeSentinel = (
+        cst.ParamStar() if kwonly else cst.MaybeSentinel.DEFAULT
+    )
     changed = params.with_changes(params=kept, kwonly_params=kwonly, star_arg=star)
     return body.with_changes(params=changed)
 
@@ -282,38 +286,140 @@ def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
     return fixed
 
 
-def _arity(body: cst.FunctionDef) -> int:
+def _call_of(flow: Parents, use: cst.Name, step: str) -> cst.Call:
+    """The call `step(...)` that `use` is the function of; raise NotVisible for any other use."""
+    call = flow.parent.get(id(use))
+    if not isinstance(call, cst.Call) or call.func is not use:
+        raise NotVisible(f"`{step}` is used other than called")
+    return call
+
+
+def _signature(
+    body: cst.FunctionDef, calls: list[cst.Call], step: str
+) -> tuple[cst.FunctionDef, int, tuple[str, ...]]:
+    """Return the body as its calls fill it, how many arguments they pass by position, and the
+    parameters they fill by keyword (in the def's order).
+
+    Every call must fill the same parameters: the first k by position, and some others by
+    keyword (pmap maps keyword arguments over their leading axis, as `in_axes=0`). The body
+    returned takes exactly those parameters (positional ones first, then the keyword ones),
+    without defaults; a parameter no call fills keeps its default, the same on every device.
+    """
     params = body.params
-    extra = params.star_arg not in (None, cst.MaybeSentinel.DEFAULT)
-    if extra or params.kwonly_params or params.star_kwarg or params.posonly_params:
-        raise NotVisible("the body takes more than plain positional parameters")
-    if any(p.default is not None for p in params.params):
-        raise NotVisible("the body has parameters with defaults")
-    return len(params.params)
+    extra = isinstance(params.star_arg, cst.Param)  # `*args` (a bare `*` takes nothing)
+    if extra or params.star_kwarg or params.posonly_params:
+        raise NotVisible("the body takes `*args`, `**kwargs` or positional-only parameters")
+    filled: set[tuple[int, frozenset[str]]] = set()
+    for call in calls:
+        if any(a.star for a in call.args):
+            raise NotVisible(f"a call of `{step}` unpacks its arguments (`*` or `**`)")
+        count = len([a for a in call.args if a.keyword is None])
+        named = [a.keyword.value for a in call.args if a.keyword is not None]
+        if any(a.keyword is None for a in call.args[count:]):
+            raise NotVisible(f"a call of `{step}` passes other than its arguments")
+        filled.add((count, frozenset(named)))
+    if len(filled) != 1:
+        raise NotVisible(f"the calls of `{step}` pass different arguments (by position or keyword)")
+    count, keywords = filled.pop()
+    order = [*params.params, *params.kwonly_params]
+    if count > len(params.params):
+        raise NotVisible(f"a call of `{step}` passes more arguments than the body takes")
+    names = [p.name.value for p in order]
+    if any(k not in names[count:] for k in keywords):
+        raise NotVisible(f"a call of `{step}` passes a keyword the body does not take")
+    taken = [*params.params[:count], *(p for p in order[count:] if p.name.value in keywords)]
+    missing = [p.name.value for p in order if p.default is None and p not in taken]
+    if missing:
+        raise NotVisible(f"a call of `{step}` does not pass `{missing[0]}`")
+    plain = [p.with_changes(default=None, equal=cst.MaybeSentinel.DEFAULT) for p in taken]
+    plain = [
+        p.with_changes(comma=cst.MaybeSentinel.DEFAULT, star=cst.MaybeSentinel.DEFAULT)
+        for p in plain
+    ]
+    view = body.with_changes(params=cst.Parameters(params=plain))
+    return view, count, tuple(p.name.value for p in taken[count:])
 
 
 def _step_call(
-    flow: Parents, use: cst.Name, step: str, arity: int, fixed: dict[int, str]
+    flow: Parents, call: cst.Call, step: str, body: cst.FunctionDef, fixed: dict[int, str]
 ) -> _StepCall:
-    call = flow.parent.get(id(use))
-    around = flow.parent.get(id(call)) if call is not None else None
-    if not isinstance(call, cst.Call) or call.func is not use:
-        raise NotVisible(f"`{step}` is used other than called")
-    values = positional(call, arity)
-    if values is None:
-        raise NotVisible(f"a call of `{step}` passes other than its {arity} arguments")
+    around = flow.parent.get(id(call))
+    values = _slot_values(call, body)
     args = [single_name(v) or ("" if i in fixed else INLINE) for i, v in enumerate(values)]
     names = [a or "" for a in args]
     if isinstance(around, cst.Subscript) and is_zero_index(
         around.with_changes(value=cst.Name("_")), "_"
     ):
-        return _StepCall(around, call, names, [], readback=around)  # `step(...)[0]`
+        return _StepCall(around, call, names, [], values, readback=around)  # `step(...)[0]`
     if not isinstance(around, cst.Assign) or len(around.targets) != 1:
         raise NotVisible(f"`{step}` is called other than as `out = {step}(...)`")
     targets = target_names(around.targets[0].target)
     if "?" in targets:
         raise NotVisible(f"a result of `{step}` is not bound to a plain name")
-    return _StepCall(around, call, names, targets)
+    return _StepCall(around, call, names, targets, values)
+
+
+def _slot_values(call: cst.Call, body: cst.FunctionDef) -> list[cst.BaseExpression]:
+    """The values `call` passes, in the order of the parameters of `body` (its signature)."""
+    by_keyword = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    plain = [a.value for a in call.args if a.keyword is None]
+    names = [p.name.value for p in body.params.params]
+    return plain + [by_keyword[n] for n in names[len(plain) :]]
+
+
+def _check_lambda(program: Program, flow: Parents) -> None:
+    """The body is called from a lambda (`lambda x, k: f(x, k[0], lr=lr)`): its parameters must
+    not hide a name the call reads, and a value `partial` bound, now read when the step is
+    traced, must be the one it bound (not bound again after the step is made)."""
+    clash = set(program.params) & set(names_in(program.body))
+    if clash:
+        why = f"the step's parameter `{min(clash)}` is also a name in the mapped function"
+        raise NotVisible(why)
+    fun = program.body
+    if not isinstance(fun, cst.Call) or program.made_at < 0:
+        return  # made at module level: a function rebinds a global only with `global`
+    made = program.made_at
+    for arg in fun.args[1:]:
+        for name in set(names_in(arg.value)):
+            for binding in flow.stores.get(name, []):
+                inside = any(flow.order[id(a)] == made for a in ancestors(flow, binding))
+                if flow.order[id(binding)] > made and not inside:
+                    why = f"`{name}`, which `partial` binds, is bound again after the step is made"
+                    raise NotVisible(why)
+
+
+def _keyword_calls(program: Program, calls: list[_StepCall], keywords: tuple[str, ...]) -> None:
+    """Record the edit of each call passing keyword arguments: passed by position instead."""
+    for call in calls if keywords else ():
+        named = [a for a in call.call.args if a.keyword is not None]
+        order = [a.keyword.value for a in named if a.keyword is not None]
+        simple = all(field_root(a.value) or single_name(a.value) for a in named)
+        if order != list(keywords) and not simple:
+            why = "keyword arguments computed in another order than the parameters they fill"
+            raise NotVisible(why)
+        node_id = id(call.call)
+        program.nodes[node_id] = call.call
+        program.reasons[node_id] = (
+            f"keyword arguments passed by position ({', '.join(f'`{k}`' for k in keywords)}): "
+            "`jax.shard_map` takes positional arguments only"
+        )
+        program.edits[node_id] = lambda updated: positional_call(updated, keywords)  # type: ignore[arg-type]
+
+
+def positional_call(call: cst.Call, keywords: tuple[str, ...]) -> cst.Call:
+    """`step(a, b, k=c)` -> `step(a, b, c)`: the keyword arguments passed by position, in the
+    order of `keywords` (`jax.shard_map` takes positional arguments only)."""
+    plain = [a for a in call.args if a.keyword is None]
+    by_keyword = {a.keyword.value: a for a in call.args if a.keyword is not None}
+    moved = [
+        by_keyword[k].with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT) for k in keywords
+    ]
+    args = [*plain, *moved]
+    last = call.args[-1].comma if call.args else cst.MaybeSentinel.DEFAULT
+    commas = [a.comma for a in call.args]
+    args = [a.with_changes(comma=c) for a, c in zip(args, commas)]
+    args[-1] = args[-1].with_changes(comma=last)
+    return call.with_changes(args=args)
 
 
 def _follow_argument(
@@ -330,7 +436,7 @@ def _follow_argument(
     for call in calls:
         name = _passed(call, position)
         if name == INLINE:
-            kinds.add(_inline_kind(program, call.call.args[position].value, forms))
+            kinds.add(_inline_kind(program, call.values[position], forms))
             continue
         if name != call.args[position]:
             fields = True
@@ -357,7 +463,13 @@ def _follow_argument(
     mapped = {"batch", "keys"} & kinds
     if not kinds or "other" in kinds or (mapped and len(kinds) != 1):
         why = "comes from elsewhere" if "other" in kinds or not kinds else "is mixed"
-        raise NotVisible(f"argument {position + 1} of the step {why}: its layout is not visible")
+        first = len(program.params) - len(program.keywords)
+        which = (
+            f"argument {position + 1}"
+            if position < first
+            else f"keyword argument `{program.params[position]}`"
+        )
+        raise NotVisible(f"{which} of the step {why}: its layout is not visible")
     program.batches[position] = bool(mapped)
     if kinds == {"keys"}:
         program.squeezed.add(position)
@@ -435,7 +547,7 @@ def _passed(call: _StepCall, position: int) -> str:
     name = call.args[position]
     if name != INLINE:
         return name
-    root = field_root(call.call.args[position].value)
+    root = field_root(call.values[position])
     return INLINE if root is None else root.value
 
 

@@ -38,7 +38,7 @@ per-device gradients; under `check_vma=True` they would come out summed over dev
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import libcst as cst
@@ -80,7 +80,8 @@ class Program:
     make_sharding: bool = True  # False: another step of the function made `sharding` already
     siblings: set[int] = field(default_factory=set)  # `out = other_step(...)` in the function
     sibling_feeds: set[int] = field(default_factory=set)  # the arguments of those calls
-    params: list[str] = field(default_factory=list)  # the body's parameters
+    params: list[str] = field(default_factory=list)  # the body's parameters, as the calls fill them
+    keywords: tuple[str, ...] = ()  # the last of `params`, which the calls pass by keyword
     squeezed: set[int] = field(default_factory=set)  # per-device stacks: the body takes x[0]
     arithmetic: dict[int, set[str]] = field(default_factory=dict)  # `x = x - lr * g`: results read
 
@@ -142,16 +143,26 @@ class Program:
         first = statements[0].with_changes(leading_lines=self.statement.leading_lines)
         return [first, *statements[1:]]  # type: ignore[list-item]
 
+    def wrapped(self) -> bool:
+        """Return True if the body is called from a lambda (per-device stacks, keywords)."""
+        return bool(self.squeezed or self.keywords)
+
     def _per_device_body(self) -> str:
         """The body, or a lambda calling it with its own `x[0]` of each per-device stack.
 
         A stack of per-device values that is not a split batch (keys, one per device) comes to
         each device as a block of one: the body takes that block's only element, as pmap
         gave it (brax's ES migration does the same)."""
-        if not self.squeezed:
+        if not self.wrapped():
             return code(self.body)
         args = [f"{p}[0]" if i in self.squeezed else p for i, p in enumerate(self.params)]
-        return f"lambda {', '.join(self.params)}: {code(self.body)}({', '.join(args)})"
+        first = len(self.params) - len(self.keywords)  # then passed by keyword, as they were
+        args = [f"{p}={a}" if i >= first else a for i, (p, a) in enumerate(zip(self.params, args))]
+        fun = self.body
+        if isinstance(fun, cst.Call):  # `partial(f, k=v)`: `f(..., k=v)`, the same call
+            args += [code(a.with_changes(comma=cst.MaybeSentinel.DEFAULT)) for a in fun.args[1:]]
+            fun = fun.args[0].value
+        return f"lambda {', '.join(self.params)}: {code(fun)}({', '.join(args)})"
 
 
 def _laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.BaseStatement:
@@ -163,8 +174,24 @@ def _laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.Ba
     if not isinstance(node, (cst.Assign, cst.Expr)) or not isinstance(node.value, cst.Call):
         return statement
     head = len(indent) + len(code(node)) - len(code(node.value))
-    laid = Call.of(node.value).laid_out(Room(indent, head), style)
+    laid = _lambda_calls(Call.of(node.value)).laid_out(Room(indent, head), style)
     return statement.with_changes(body=[node.with_changes(value=laid)])
+
+
+def _lambda_calls(call: Call) -> Call:
+    """`call` with the call a lambda argument makes (`lambda x, k: f(x, k[0])`) laid out as a
+    call too, after the lambda's head, as black lays it out."""
+    items = []
+    for item in call.items:
+        value = item.arg.value
+        if item.call is not None:
+            item = replace(item, call=_lambda_calls(item.call))
+        elif isinstance(value, cst.Lambda) and isinstance(value.body, cst.Call):
+            head = len(code(value)) - len(code(value.body))
+            wrap = lambda laid, v=value: v.with_changes(body=laid)
+            item = replace(item, call=Call.of(value.body), wrap=wrap, head=head)
+        items.append(item)
+    return replace(call, items=items)
 
 
 def global_batch(program: Program, source: cst.BaseExpression) -> cst.BaseExpression:
