@@ -601,14 +601,20 @@ class Pmap(Faithful):
         device 0 (now read whole); and, to compare the step's calls through layout adapters,
         each argument's kind and which results are read flattened."""
         span = self.get_metadata(PositionProvider, node)
-        kinds = [
-            "fixed" if i in program.fixed else "batch" if batch else "replicated"
+        kinds = [  # "keys": one per device, stacked in both forms (each device takes its own)
+            "fixed"
+            if i in program.fixed
+            else "keys"
+            if i in program.squeezed
+            else "batch"
+            if batch
+            else "replicated"
             for i, batch in enumerate(program.batches)
         ]
         return {
             "line": self.state.line_map(span.start.line),
             "end_line": self.state.line_map(span.end.line),
-            "body": code(program.body),
+            "body": program.per_device_body(),  # what the rewrite's `jax.shard_map` maps
             "args": kinds,
             "keywords": list(program.keywords),  # the last `args`, passed by keyword
             "replicated": [i for i, kind in enumerate(kinds) if kind == "replicated"],

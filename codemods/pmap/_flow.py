@@ -273,8 +273,8 @@ def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
     if any(i >= arity or i < 0 for i in fixed):
         raise NotVisible("`static_broadcasted_argnums` out of range")
     axes = options.in_axes
-    if axes is None:
-        return fixed
+    if axes is None or isinstance(axes, cst.Integer) and axes.value == "0":
+        return fixed  # `in_axes=0`: every argument mapped, as by default
     items = [e.value for e in axes.elements] if isinstance(axes, cst.Tuple) else None
     if items is None or len(items) != arity:
         raise NotVisible("`in_axes` is not a tuple with one entry per argument")

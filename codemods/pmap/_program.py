@@ -121,7 +121,7 @@ class Program:
         """Return `jax.jit(jax.shard_map(body, ...), ...)`; no `mesh=` when `mesh` is None (the
         mesh the program sets with `jax.set_mesh` is used)."""
         in_specs, out_specs = self.specs()
-        inner = [self._per_device_body(), *([f"mesh={mesh}"] if mesh is not None else [])]
+        inner = [self.per_device_body(), *([f"mesh={mesh}"] if mesh is not None else [])]
         inner += [f"in_specs={in_specs}", f"out_specs={out_specs}", "check_vma=False"]
         outer = [f"{self.jax}.shard_map({', '.join(inner)})", *self.jit_options()]
         return f"{self.jax}.jit({', '.join(outer)})"
@@ -147,7 +147,7 @@ class Program:
         """Return True if the body is called from a lambda (per-device stacks, keywords)."""
         return bool(self.squeezed or self.keywords)
 
-    def _per_device_body(self) -> str:
+    def per_device_body(self) -> str:
         """The body, or a lambda calling it with its own `x[0]` of each per-device stack.
 
         A stack of per-device values that is not a split batch (keys, one per device) comes to
