@@ -87,3 +87,34 @@ def test_verification_compares_calls_passing_keywords() -> None:
     assert not found
     (call,) = steps
     assert len(call["arguments"]) == 2 and call["arguments"][1].shape == (n * 3,)
+
+
+NESTED = """\
+import jax
+import jax.numpy as jnp
+
+
+def main(w, x):
+    n = jax.local_device_count()
+
+    def step(a, b):
+        return a - jax.lax.pmean(b.mean(0) * a * CLOSED, "i")
+
+    p_step = jax.pmap(step, axis_name="i")
+    w = jnp.broadcast_to(w, (n,) + w.shape)
+    x = x.reshape((n, -1) + x.shape[1:])
+    w = p_step(w, x)
+    return w[0]
+"""
+
+
+def test_a_step_def_nested_in_the_function_is_taken() -> None:
+    result = migrate_source(NESTED.replace("CLOSED", "2.0"), options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device" not in result.code and "jax.shard_map(" in result.code
+
+
+def test_a_nested_body_reading_a_value_laid_out_anew_is_refused() -> None:
+    """`x` is split for the step: the body closing over `x` would see the flat batch."""
+    result = migrate_source(NESTED.replace("CLOSED", "x.sum()"), options=Options(unsafe_fixes=True))
+    (site,) = result.sites
+    assert "the body reads `x` of `main` itself" in site.message, site.message

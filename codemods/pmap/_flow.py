@@ -54,8 +54,10 @@ def analyze(
     qualname: Qualname,
     siblings: tuple[str, ...] = (),
     defs: Defs | None = None,
+    local: bool = False,
 ) -> Program:
     """Return the program of a step made by `statement` in `host`; raise NotVisible for why not.
+    `local`: `body` is a def of `host` itself (its inside is the body's, not the host's flow).
 
     `siblings` are the other steps the function makes: results fed from one to another are
     replicated on both sides (each side checks its own: a result differing between devices is
@@ -68,7 +70,7 @@ def analyze(
     if step is None:
         raise NotVisible("the pmapped step is not simply assigned to a name")
     options = options_of(pmap, qualname)
-    flow = Parents()
+    flow = Parents(skip=body if local else None)
     host.body.visit(flow)
     if id(statement) not in flow.order:
         raise NotVisible("the step is not made in the function that calls it")
@@ -77,7 +79,43 @@ def analyze(
     made_at = flow.order[id(statement)]
     program = _follow(host, flow, step, options, body, qualname, made_at, siblings, defs)
     program.statement = statement
+    if local:
+        _check_closure(program, body, flow)
     return program
+
+
+def _check_closure(program: Program, body: cst.FunctionDef, flow: Parents) -> None:
+    """A body nested in the function reads the function's names when traced: none of them may
+    be a value the rewrite lays out anew (an argument or a result of the step)."""
+    inner = Parents()
+    body.visit(inner)
+    free = set(inner.loads) - set(inner.stores)
+    calls = program.calls
+    changed = {
+        name
+        for call in calls
+        for arg in call.args
+        for name in names_in(arg.value)
+        if name in flow.stores
+    }
+    changed |= {
+        name for call in calls for name in target_names(_target_of(flow, call)) if name != "?"
+    }
+    hit = free & changed
+    if hit:
+        why = (
+            f"the body reads `{min(hit)}` of `{program.host.name.value}` itself, which the step "
+            "is passed or returns: its layout changes"
+        )
+        raise NotVisible(why)
+
+
+def _target_of(flow: Parents, call: cst.Call) -> cst.BaseExpression:
+    """What `out = step(...)` binds (nothing for any other call)."""
+    around = flow.parent.get(id(call))
+    if isinstance(around, cst.Assign) and len(around.targets) == 1:
+        return around.targets[0].target
+    return cst.Name("?")
 
 
 def analyze_calls(

@@ -45,14 +45,25 @@ def _calls_in(node: cst.CSTNode) -> Iterator[cst.Call]:
 
 
 class Parents(cst.CSTVisitor):
-    def __init__(self) -> None:
+    """Where each name is bound and read, each node's parent and place in the text; `skip`, a
+    def (the step's own body, nested in the function), is a binding whose inside is not read."""
+
+    def __init__(self, skip: cst.CSTNode | None = None) -> None:
         super().__init__()
+        self.skip = skip
         self.parent: dict[int, cst.CSTNode] = {}
         self.stack: list[cst.CSTNode] = []
         self.loads: dict[str, list[cst.Name]] = {}
         self.stores: dict[str, list[cst.CSTNode]] = {}  # name -> the Assign (or other) binding
         self.order: dict[int, int] = {}  # the place of each node in the function's text
         self.targets: set[int] = set()  # the names assignments bind (not loads)
+        # The names local to each def or lambda nested in what is visited (its parameters, what
+        # it assigns): bound and read there, they are not the function's own names.
+        self.scopes: list[set[str]] = []
+
+    def _store(self, name: str, node: cst.CSTNode) -> None:
+        if not any(name in scope for scope in self.scopes):
+            self.stores.setdefault(name, []).append(node)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         self.order[id(node)] = len(self.order)
@@ -62,17 +73,25 @@ class Parents(cst.CSTVisitor):
         if isinstance(node, cst.Assign):
             for target in node.targets:
                 for name in target_names(target.target):
-                    self.stores.setdefault(name, []).append(node)
+                    self._store(name, node)
                 self.targets |= {id(n) for n in _target_nodes(target.target)}
         elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.With)):
             for name in names_in(getattr(node, "target", None) or cst.Name("_")):
-                self.stores.setdefault(name, []).append(node)
+                self._store(name, node)
         elif isinstance(node, (cst.Param, cst.FunctionDef, cst.ClassDef, cst.NamedExpr)):
-            self.stores.setdefault(_bound(node), []).append(node)
-        return True
+            self._store(_bound(node), node)
+        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
+            self.scopes.append(_locals(node))
+        return node is not self.skip
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         self.stack.pop()
+        if isinstance(original_node, (cst.FunctionDef, cst.Lambda)):
+            self.scopes.pop()
+        if isinstance(original_node, cst.Name) and any(
+            original_node.value in scope for scope in self.scopes
+        ):
+            return  # a name of a nested def or lambda, not the function's
         if isinstance(original_node, cst.Name) and id(original_node) not in self.targets:
             parent = self.parent.get(id(original_node))
             if (
@@ -83,6 +102,49 @@ class Parents(cst.CSTVisitor):
                 and parent.value is original_node
             ):
                 self.loads.setdefault(original_node.value, []).append(original_node)
+
+
+def _locals(node: cst.FunctionDef | cst.Lambda) -> set[str]:
+    """The names local to a def or lambda: its parameters and what its body binds (not through
+    `global` or `nonlocal`), not looking into the defs and lambdas nested in it."""
+    params = node.params
+    found = [*params.posonly_params, *params.params, *params.kwonly_params]
+    found += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+    names = {p.name.value for p in found}
+    if isinstance(node, cst.FunctionDef):
+        bound = _Binds()
+        for statement in node.body.children:
+            statement.visit(bound)
+        names |= bound.names - bound.declared
+    return names
+
+
+class _Binds(cst.CSTVisitor):
+    """The names a block binds, and those it declares `global` or `nonlocal`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+        self.declared: set[str] = set()
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                self.names |= set(names_in(target.target))
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For)):
+            self.names |= set(names_in(node.target))
+        elif isinstance(node, cst.WithItem) and node.asname is not None:
+            self.names |= set(names_in(node.asname.name))
+        elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            self.names.add(node.name.value)
+            return False
+        elif isinstance(node, cst.Lambda):
+            return False
+        elif isinstance(node, (cst.Global, cst.Nonlocal)):
+            self.declared |= {n.name.value for n in node.names}
+        elif isinstance(node, cst.NamedExpr):
+            self.names |= set(names_in(node.target))
+        return True
 
 
 def _bound(node: cst.CSTNode) -> str:

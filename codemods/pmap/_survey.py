@@ -14,7 +14,7 @@ from jaxmigrate.toolkit.passes import Pass
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
 from ._flow import analyze, mapped_name, options_of, read_options
-from ._forms import Parents, single_name
+from ._forms import Parents, ancestors, single_name
 from ._outer import (
     OuterGroup,
     OuterStep,
@@ -177,6 +177,11 @@ def _axis_called(flow: Parents, use: cst.Name) -> cst.SimpleString | None:
     if axis.keyword.value != "axis_name" or not isinstance(axis.value, cst.SimpleString):
         return None
     return axis.value
+
+
+def _scope_of(flow: Parents, node: cst.CSTNode) -> cst.CSTNode | None:
+    """The def, lambda or class `node` is in (None: at module level)."""
+    return next((a for a in ancestors(flow, node) if isinstance(a, SCOPES)), None)
 
 
 def fun_arg(call: cst.Call) -> cst.Arg | None:
@@ -447,18 +452,46 @@ class Finding(Pass):
             )
         name = self._mapped_def_name(site.node)
         defs = self.survey.defs(name)
-        if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(name):
-            raise NotVisible("the pmapped function is not a def of this module")
+        if len(defs) != 1 or self.survey.rebound(name):
+            raise NotVisible(self._not_a_def(site.node, name))
+        local = defs[0] not in module.body
+        if local and _scope_of(flow, defs[0]) is not host:
+            raise NotVisible(f"the pmapped function `{name}` is a def nested in another function")
         statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
         if not isinstance(statement, cst.SimpleStatementLine):
             raise NotVisible("the step is not made by a statement of its own")
         module_defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
-        program = analyze(host, statement, site.node, defs[0], self.qualname, siblings, module_defs)
+        if isinstance(host.body, cst.IndentedBlock):  # the function's own defs hide the module's
+            module_defs |= {
+                d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)
+            }
+        program = analyze(
+            host, statement, site.node, defs[0], self.qualname, siblings, module_defs, local
+        )
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
         mesh = mesh_in_scope(scopes, flow.order[id(statement)], flow, program.axis, self.qualname)
         if mesh is not None:
             program.mesh, program.make_mesh = mesh, False
         return host, program
+
+    def _not_a_def(self, pmap: cst.CSTNode, name: str) -> str:
+        """Why the function `pmap` maps is not a def this form reads."""
+        fun = fun_arg(pmap) if isinstance(pmap, cst.Call) else None
+        value = fun.value if fun is not None else None
+        if isinstance(value, cst.Call):
+            value = value.args[0].value if value.args else value  # `partial(f, ...)`: f
+        if isinstance(value, cst.Lambda):
+            return "the pmapped function is a lambda: its calls are followed only for defs"
+        if isinstance(value, cst.Attribute):
+            return f"the pmapped function `{code(value)}` is an attribute: its body is not visible"
+        kinds = {b.kind for b in self.resolver.bindings(name)} if name else set()
+        if kinds == {BindingKind.PARAM}:
+            return f"the pmapped function `{name}` is a parameter: the def it is is not visible"
+        if kinds == {BindingKind.IMPORT}:
+            return f"the pmapped function `{name}` is imported: its body is not read (yet)"
+        if len(self.survey.defs(name) if name else []) > 1:  # type: ignore[union-attr]
+            return f"the pmapped function `{name}` is defined more than once"
+        return "the pmapped function is not a def of this module"
 
     def _mapped_def_name(self, pmap: cst.Call) -> str:
         """Return the name of the def `jax.pmap(f)` or `jax.pmap(partial(f, k=...))` maps."""
