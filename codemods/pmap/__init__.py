@@ -467,6 +467,7 @@ class Pmap(Faithful):
                 for name in names_in(program.body.func):
                     self.drop_import_if_unused(name)
             program.jax = dotted(self.module_ref("jax")) or "jax"
+            program.jnp = self.resolver.module_binding("jax.numpy") or f"{program.jax}.numpy"
             if any(program.varying):  # results read flattened: each process reads its own part
                 program.hosts = self._multihost_utils()
             program.spec = spec
@@ -532,6 +533,7 @@ class Pmap(Faithful):
                     for name in names_in(program.body.func):  # `partial` folded in
                         self.drop_import_if_unused(name)
                 program.jax, program.spec = jax, spec
+                program.jnp = self.resolver.module_binding("jax.numpy") or f"{jax}.numpy"
                 program.sharding = f"{code(spec)}({code(program.axis)})"  # the mesh set is used
                 setup = program.host is group.setup
                 program.mesh = group.mesh if setup else f"{jax}.sharding.get_mesh()"

@@ -474,14 +474,14 @@ def _follow_argument(
     for call in calls:
         name = _passed(call, position)
         if name == INLINE:
-            kinds.add(_inline_kind(program, call.values[position], forms))
+            kinds.add(_inline_kind(program, call.values[position], forms, position))
             continue
         if name != call.args[position]:
             fields = True
         passed.add(name)
         first_call = min(flow.order[id(c.assign)] for c in calls if _passed(c, position) == name)
         found = [
-            (flow.order[id(b)], b, _binding_kind(program, b, name, forms, calls, flow))
+            (flow.order[id(b)], b, _binding_kind(program, b, name, forms, calls, flow, position))
             for b in flow.stores.get(name, [])
         ]
         if not found:  # a global, or a name bound outside the function: not followed
@@ -589,11 +589,11 @@ def _passed(call: _StepCall, position: int) -> str:
     return INLINE if root is None else root.value
 
 
-def _inline_kind(program: Program, value: cst.BaseExpression, forms: Forms) -> str:
+def _inline_kind(program: Program, value: cst.BaseExpression, forms: Forms, position: int) -> str:
     """Classify an argument passed as an expression, and record its edit."""
     replicated = forms.replicated_source(value)
     if replicated is not None:
-        program.edit(value, REPLICATED, lambda: replicated)
+        _replication(program, value, replicated, position)
         return "replicated"
     batch = forms.shard_source(value)
     if batch is not None:
@@ -614,6 +614,52 @@ def _stacks_itself(binding: cst.CSTNode, name: str, forms: Forms) -> bool:
 
 
 REPLICATED = "a replication deleted: the value is passed as it is, replicated (`P()`)"
+COPIED = (
+    "a replication -> a copy of the value, replicated (`P()`): the step donates it, and "
+    "passing the value itself would donate the program's own buffers"
+)
+
+
+def _replication(
+    program: Program, value: cst.BaseExpression, source: cst.BaseExpression, position: int
+) -> None:
+    """Record the edit of a replication of `source` passed at `position`: deleted, or a copy
+    when the step donates that argument (pmap donated the replicas, never `source` itself)."""
+    if not _donated(program, position):
+        program.edit(value, REPLICATED, lambda: source)
+        return
+
+    def copy() -> cst.BaseExpression:
+        text = f"{program.jax}.tree.map({program.jnp}.copy, SOURCE)"
+        filled = cst.parse_expression(text).visit(_Source(source))
+        assert isinstance(filled, cst.BaseExpression)
+        return filled
+
+    program.edit(value, COPIED, copy)
+
+
+class _Source(cst.CSTTransformer):
+    def __init__(self, source: cst.BaseExpression) -> None:
+        super().__init__()
+        self.source = source
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        return self.source if original_node.value == "SOURCE" else updated_node
+
+
+def _donated(program: Program, position: int) -> bool:
+    """Return True if the step donates the argument at `position` (any, when not literal)."""
+    if program.donate is None:
+        return False
+    value = program.donate.value
+    items = (
+        [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
+    )
+    if not all(isinstance(i, cst.Integer) for i in items):
+        return True
+    return position in {int(i.value) for i in items}  # type: ignore[attr-defined]
+
+
 BATCH = "a split into per-device slices -> this process's part of a batch sharded on the mesh"
 KEYS = (
     "per-device keys -> this process's part of the keys sharded on the mesh, one per device "
@@ -628,6 +674,7 @@ def _binding_kind(
     forms: Forms,
     calls: list[_StepCall],
     flow: Parents,
+    position: int,
 ) -> str:
     """Return how a binding of an argument makes it: replicated, a batch, fed back, other."""
     if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
@@ -645,7 +692,7 @@ def _binding_kind(
         return "fed back"  # replicated values combined elementwise: replicated
     replicated = forms.replicated_source(value)
     if replicated is not None:
-        program.edit(value, REPLICATED, lambda: replicated)
+        _replication(program, value, replicated, position)
         return "replicated"
     after = program.made_at < flow.order.get(id(binding), -1)  # the mesh exists there
     batch = forms.shard_source(value)

@@ -65,6 +65,7 @@ class Program:
         default_factory=dict
     )  # by id of an original expression: what it becomes
     jax: str = "jax"  # how the module spells `jax`
+    jnp: str = "jax.numpy"  # how the module spells `jax.numpy`
     spec: cst.BaseExpression = field(default_factory=lambda: cst.Name("P"))  # PartitionSpec
     mesh: str = "mesh"  # the name the mesh is bound to
     sharding: str = "batch_sharding"  # the name the sharding of batches is bound to
