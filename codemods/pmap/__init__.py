@@ -467,6 +467,8 @@ class Pmap(Faithful):
                 for name in names_in(program.body.func):
                     self.drop_import_if_unused(name)
             program.jax = dotted(self.module_ref("jax")) or "jax"
+            if isinstance(program.statement, cst.FunctionDef):  # decorated: `partial` spelled
+                program.partial = code(self._partial(site))
             program.jnp = self.resolver.module_binding("jax.numpy") or f"{program.jax}.numpy"
             if any(program.varying):  # results read flattened: each process reads its own part
                 program.hosts = self._multihost_utils()

@@ -54,10 +54,11 @@ def analyze(
     qualname: Qualname,
     siblings: tuple[str, ...] = (),
     defs: Defs | None = None,
-    local: bool = False,
+    local: cst.CSTNode | None = None,
 ) -> Program:
     """Return the program of a step made by `statement` in `host`; raise NotVisible for why not.
-    `local`: `body` is a def of `host` itself (its inside is the body's, not the host's flow).
+    `local`: the def of `host` itself, or the lambda, that `body` is (its inside is the body's,
+    not the host's flow).
 
     `siblings` are the other steps the function makes: results fed from one to another are
     replicated on both sides (each side checks its own: a result differing between devices is
@@ -70,7 +71,7 @@ def analyze(
     if step is None:
         raise NotVisible("the pmapped step is not simply assigned to a name")
     options = options_of(pmap, qualname)
-    flow = Parents(skip=body if local else None)
+    flow = Parents(skip=local)
     host.body.visit(flow)
     if id(statement) not in flow.order:
         raise NotVisible("the step is not made in the function that calls it")
@@ -79,8 +80,39 @@ def analyze(
     made_at = flow.order[id(statement)]
     program = _follow(host, flow, step, options, body, qualname, made_at, siblings, defs)
     program.statement = statement
-    if local:
+    if local is not None:
         _check_closure(program, body, flow)
+    return program
+
+
+def analyze_decorated(
+    host: cst.FunctionDef,
+    body: cst.FunctionDef,
+    options: Options,
+    qualname: Qualname,
+    siblings: tuple[str, ...] = (),
+    defs: Defs | None = None,
+) -> Program:
+    """Return the program of a step a pmap decorator makes of `body`, a def in `host` that
+    calls it; raise NotVisible for why not."""
+    if len(body.decorators) != 1:
+        raise NotVisible("the def has other decorators than pmap's")
+    step = body.name.value
+    flow = Parents(skip=body)
+    host.body.visit(flow)
+    if len(flow.stores.get(step, [])) != 1:
+        raise NotVisible(f"`{step}` is bound more than once in `{host.name.value}`")
+    made_at = flow.order[id(body)]
+    program = _follow(host, flow, step, options, body, qualname, made_at, siblings, defs)
+    program.statement = body
+    if program.squeezed:
+        raise NotVisible(f"`{step}` gets per-device keys: a decorator cannot take its own key")
+    names = [p.name.value for p in body.params.params]
+    if program.keywords and names[: len(program.params)] != program.params:
+        why = f"a call of `{step}` passes by keyword a parameter after one it leaves out"
+        raise NotVisible(why)
+    program.keywords_bound = True  # the def takes the keyword arguments by position itself
+    _check_closure(program, body, flow)
     return program
 
 
@@ -253,10 +285,19 @@ def read_options(
     return options
 
 
+def lambda_def(fun: cst.Lambda) -> cst.FunctionDef:
+    """`lambda x: e` as the def `def _(x): return e`, for the body's analysis."""
+    body = cst.IndentedBlock([cst.SimpleStatementLine([cst.Return(fun.body)])])
+    return cst.FunctionDef(cst.Name("_"), fun.params, body)
+
+
 def mapped_name(fun: cst.BaseExpression, qualname: Qualname) -> tuple[str, tuple[str, ...]]:
-    """Return the name of the def `fun` maps and the parameters it binds by `partial` keywords."""
+    """Return the name of the def `fun` maps and the parameters it binds by `partial` keywords
+    (no name for a lambda)."""
     if isinstance(fun, cst.Name):
         return fun.value, ()
+    if isinstance(fun, cst.Lambda):
+        return "", ()
     args = fun.args if isinstance(fun, cst.Call) else ()
     if (
         isinstance(fun, cst.Call)

@@ -55,7 +55,8 @@ class Program:
     """One step and the edits that go with it, in the function that makes and calls it."""
 
     host: cst.FunctionDef
-    statement: cst.SimpleStatementLine | None  # `step = jax.pmap(...)`; None: made elsewhere
+    # `step = jax.pmap(...)`, or the def a pmap decorator makes the step; None: made elsewhere
+    statement: cst.SimpleStatementLine | cst.FunctionDef | None
     body: cst.BaseExpression  # the def's name, or `functools.partial(name, k=...)`
     axis: cst.BaseExpression
     donate: cst.Arg | None
@@ -66,6 +67,7 @@ class Program:
     )  # by id of an original expression: what it becomes
     jax: str = "jax"  # how the module spells `jax`
     jnp: str = "jax.numpy"  # how the module spells `jax.numpy`
+    partial: str = "functools.partial"  # how the module spells it (a decorated step's)
     spec: cst.BaseExpression = field(default_factory=lambda: cst.Name("P"))  # PartitionSpec
     mesh: str = "mesh"  # the name the mesh is bound to
     sharding: str = "batch_sharding"  # the name the sharding of batches is bound to
@@ -83,6 +85,7 @@ class Program:
     sibling_feeds: set[int] = field(default_factory=set)  # the arguments of those calls
     params: list[str] = field(default_factory=list)  # the body's parameters, as the calls fill them
     keywords: tuple[str, ...] = ()  # the last of `params`, which the calls pass by keyword
+    keywords_bound: bool = False  # the def itself takes them by position (a decorated step)
     squeezed: set[int] = field(default_factory=set)  # per-device stacks: the body takes x[0]
     arithmetic: dict[int, set[str]] = field(default_factory=dict)  # `x = x - lr * g`: results read
 
@@ -127,26 +130,60 @@ class Program:
         outer = [f"{self.jax}.shard_map({', '.join(inner)})", *self.jit_options()]
         return f"{self.jax}.jit({', '.join(outer)})"
 
-    def step_statements(self, indent: str, style: Style) -> list[cst.SimpleStatementLine]:
-        """Return the mesh, made once, and the step as `jax.jit` of `jax.shard_map`."""
+    def step_statements(
+        self, indent: str, style: Style, updated: cst.CSTNode | None = None
+    ) -> list[cst.BaseStatement]:
+        """Return the mesh, made once, and the step as `jax.jit` of `jax.shard_map` (a def the
+        pmap decorated, `updated`, gets their decorators)."""
         assert self.statement is not None
         jax, spec = self.jax, code(self.spec)
         axis = code(self.axis)
-        target = code(self.statement.body[0].targets[0].target)  # type: ignore[attr-defined]
-        texts = [f"{target} = {self.step_text(self.mesh)}"]
+        if isinstance(self.statement, cst.FunctionDef):
+            texts = []
+        else:
+            target = code(self.statement.body[0].targets[0].target)  # type: ignore[attr-defined]
+            texts = [f"{target} = {self.step_text(self.mesh)}"]
         if any(self.batches) and self.make_sharding:
             sharding = f"{jax}.sharding.NamedSharding({self.mesh}, {spec}({axis}))"
             texts.insert(0, f"{self.sharding} = {sharding}")
         if self.make_mesh:
             texts.insert(0, f"{self.mesh} = {jax}.sharding.Mesh({jax}.devices(), ({axis},))")
         statements = [_laid_out(cst.parse_statement(text), indent, style) for text in texts]
-        assert all(isinstance(s, cst.SimpleStatementLine) for s in statements)
-        first = statements[0].with_changes(leading_lines=self.statement.leading_lines)
-        return [first, *statements[1:]]  # type: ignore[list-item]
+        if isinstance(updated, cst.FunctionDef):
+            statements.append(self._decorated(updated, indent, style))
+        if not statements:
+            return []
+        first = statements[0].with_changes(leading_lines=self.statement.leading_lines)  # type: ignore[attr-defined]
+        if len(statements) > 1 and isinstance(statements[-1], cst.FunctionDef):
+            blank = [cst.EmptyLine(indent=False)] if self.statement.leading_lines else []  # type: ignore[attr-defined]
+            statements[-1] = statements[-1].with_changes(leading_lines=blank)
+        return [first, *statements[1:]]
+
+    def _decorated(self, updated: cst.FunctionDef, indent: str, style: Style) -> cst.FunctionDef:
+        """The def with `@partial(jax.jit, ...)` over `@partial(jax.shard_map, mesh=...)`."""
+        in_specs, out_specs = self.specs()
+        options = self.jit_options()
+        jit = (
+            f"{self.partial}({self.jax}.jit, {', '.join(options)})"
+            if options
+            else f"{self.jax}.jit"
+        )
+        shard_map = (
+            f"{self.partial}({self.jax}.shard_map, mesh={self.mesh}, in_specs={in_specs}, "
+            f"out_specs={out_specs}, check_vma=False)"
+        )
+        room = Room(indent, len(indent) + 1)  # after the `@`
+        decorators = []
+        for text in (jit, shard_map):
+            expr = cst.parse_expression(text)
+            if isinstance(expr, cst.Call):
+                expr = Call.of(expr).laid_out(room, style)
+            decorators.append(cst.Decorator(decorator=expr))
+        return updated.with_changes(decorators=decorators)
 
     def wrapped(self) -> bool:
         """Return True if the body is called from a lambda (per-device stacks, keywords)."""
-        return bool(self.squeezed or self.keywords)
+        return bool(self.squeezed or self.keywords and not self.keywords_bound)
 
     def per_device_body(self) -> str:
         """The body, or a lambda calling it with its own `x[0]` of each per-device stack.
@@ -259,7 +296,7 @@ class _Edit(cst.CSTTransformer):
             return edit(updated_node)
         program = self.made.get(id(original_node))
         if program is not None:
-            return cst.FlattenSentinel(program.step_statements(here, self.style))
+            return cst.FlattenSentinel(program.step_statements(here, self.style, updated_node))
         if _is_self_assignment(updated_node) and not _is_self_assignment(original_node):
             return cst.RemovalSentinel.REMOVE  # `x = replicate(x)` with the replication gone
         if self.setup is not None and original_node is self.setup[0]:
