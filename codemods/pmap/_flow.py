@@ -194,6 +194,18 @@ def _follow(
     program.fixed, program.statics = fixed, options.statics_arg
     program.params = [p.name.value for p in body.params.params]
     program.keywords = keywords
+    program.helpers = {
+        name
+        for name, stores in flow.stores.items()
+        if len(stores) == 1
+        and isinstance(stores[0], cst.Assign)
+        and len(stores[0].targets) == 1
+        and flow.loads.get(name)
+        and (
+            isinstance(stores[0].value, cst.Lambda)
+            or is_device_count(stores[0].value, flow, qualname)
+        )
+    }
     program.made_at = made_at
     program.calls = [c.call for c in calls]
     _keyword_calls(program, calls, keywords)
@@ -203,7 +215,12 @@ def _follow(
             if isinstance(other, cst.Call) and other.func is use:
                 program.sibling_feeds |= {id(a.value) for a in other.args}
                 program.siblings.add(id(flow.parent.get(id(other))))
-    forms = Forms(qualname, lambda node: is_device_count(node, flow, qualname))
+    forms = Forms(
+        qualname,
+        lambda node: is_device_count(node, flow, qualname),
+        {name: d for name, d in (defs or {}).items() if name not in flow.stores},
+        lambda name: _named_lambda(flow, name),
+    )
     for position in range(arity):
         if position not in fixed:
             _follow_argument(program, flow, forms, calls, position)
@@ -444,6 +461,13 @@ def _slot_values(call: cst.Call, body: cst.FunctionDef) -> list[cst.BaseExpressi
     plain = [a.value for a in call.args if a.keyword is None]
     names = [p.name.value for p in body.params.params]
     return plain + [by_keyword[n] for n in names[len(plain) :]]
+
+
+def _named_lambda(flow: Parents, name: str) -> cst.Lambda | None:
+    """The lambda `name` is bound to, when that is its only binding in the function."""
+    stores = flow.stores.get(name, [])
+    value = stores[0].value if len(stores) == 1 and isinstance(stores[0], cst.Assign) else None
+    return value if isinstance(value, cst.Lambda) else None
 
 
 def _check_lambda(program: Program, flow: Parents) -> None:

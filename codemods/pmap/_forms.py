@@ -3,7 +3,7 @@ readbacks of values around one pmapped step, and where each name is bound and re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import libcst as cst
 
@@ -206,10 +206,55 @@ class Forms:
     """Recognizes the stacking and readback forms, by meaning."""
 
     def __init__(
-        self, qualname: Qualname, counts: Callable[[cst.BaseExpression], bool] = lambda _: True
+        self,
+        qualname: Qualname,
+        counts: Callable[[cst.BaseExpression], bool] = lambda _: True,
+        helpers: Mapping[str, cst.FunctionDef] | None = None,
+        named: Callable[[str], cst.Lambda | None] = lambda _: None,
     ) -> None:
         self.qualname = qualname
         self.counts = counts  # is this the number of local devices (pmap's mapped size)?
+        self.helpers = helpers or {}  # the module's defs: `shard_batch(b)` splitting its argument
+        self.named = named  # the lambda a name of the function is bound to, if any
+
+    def _helper_source(self, node: cst.BaseExpression, kind: str) -> cst.BaseExpression | None:
+        """Return x of `helper(x)`, a def of the module that only returns a split (kind "shard")
+        or a replication ("replicated") of its one parameter, maybe after binding the number of
+        local devices (`n = jax.local_device_count()`); else None."""
+        if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Name):
+            return None
+        fn = self.helpers.get(node.func.value)
+        args = positional(node, 1)
+        if fn is None or args is None or not isinstance(fn.body, cst.IndentedBlock):
+            return None
+        params = fn.params
+        if len(params.params) != 1 or params.params[0].default is not None:
+            return None
+        if params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or params.kwonly_params:
+            return None
+        if params.star_kwarg is not None or params.posonly_params or fn.decorators:
+            return None
+        lines = list(fn.body.body)
+        last = lines[-1] if lines else None
+        small = last.body if isinstance(last, cst.SimpleStatementLine) else ()
+        if len(small) != 1 or not isinstance(small[0], cst.Return) or small[0].value is None:
+            return None
+        flow = Parents()
+        fn.body.visit(flow)
+        counts: Callable[[cst.BaseExpression], bool] = lambda n: is_device_count(
+            n, flow, self.qualname
+        )
+        for line in lines[:-1]:  # only `n = jax.local_device_count()`
+            body = line.body if isinstance(line, cst.SimpleStatementLine) else ()
+            if len(body) != 1 or not isinstance(body[0], cst.Assign):
+                return None
+            if not (isinstance(body[0].value, cst.Call) and counts(body[0].value)):
+                return None
+        inner = Forms(self.qualname, counts)
+        value = small[0].value
+        found = inner.shard_source(value) if kind == "shard" else inner.replicated_source(value)
+        param = params.params[0].name.value
+        return args[0] if found is not None and single_name(found) == param else None
 
     def _is(self, node: cst.BaseExpression, names: frozenset[str]) -> bool:
         return isinstance(node, cst.Call) and self.qualname(node.func) in names
@@ -222,7 +267,10 @@ class Forms:
             return None
         assert isinstance(node, cst.Call)
         args = positional(node, 2)
-        fn = _lambda_of(args[0]) if args else None
+        first = args[0] if args else None
+        if isinstance(first, cst.Name):  # `replicate_array = lambda x: ...` in the function
+            first = self.named(first.value) or first
+        fn = _lambda_of(first) if first is not None else None
         if args is None or fn is None or not leaf(fn[1], fn[0]):
             return None
         return args[1]
@@ -236,7 +284,7 @@ class Forms:
                 args is not None
                 and single_name(args[0]) == var
                 and _adds_leading(args[1], var)
-                and self.counts(args[1].left.elements[0].value)  # type: ignore[attr-defined]
+                and self.counts(normal_shape(args[1]).left.elements[0].value)  # type: ignore[attr-defined]
             )
         if self._is(node, STACK):
             assert isinstance(node, cst.Call)
@@ -254,6 +302,9 @@ class Forms:
 
     def replicated_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
         """Return x of a replication of x, else None."""
+        helped = self._helper_source(node, "replicated")
+        if helped is not None:
+            return helped
         if self._is(node, REPLICATE):
             assert isinstance(node, cst.Call)
             args = positional(node, 1)
@@ -276,6 +327,9 @@ class Forms:
         is the split of the same literal of their sources: each leaf is split alike."""
         if isinstance(node, (cst.Dict, cst.Tuple)) and node.elements:
             return self._split_literal(node)
+        helped = self._helper_source(node, "shard")
+        if helped is not None:
+            return helped
         if self._is(node, SHARD):
             assert isinstance(node, cst.Call)
             args = positional(node, 1)
@@ -345,8 +399,8 @@ class Forms:
         """`var.reshape((n, -1) + var.shape[1:])`, n the number of local devices."""
         if not _splits(node, var):
             return False
-        shape = node.args[0].value  # type: ignore[attr-defined]
-        return self.counts(shape.left.elements[0].value)
+        shape = normal_shape(node.args[0].value)  # type: ignore[attr-defined]
+        return self.counts(shape.left.elements[0].value)  # type: ignore[attr-defined]
 
     def host_copy(self, node: cst.BaseExpression, var: str) -> bool:
         """`np.asarray(var)`, `np.array(var)`, `jax.device_get(var)`: `var`'s values, copied."""
@@ -438,8 +492,22 @@ def _is_key(node: cst.Subscript) -> bool:
     return isinstance(node.slice[0].slice.value, cst.SimpleString)
 
 
+def normal_shape(node: cst.BaseExpression) -> cst.BaseExpression:
+    """`(n, -1, *x.shape[1:])` -> `(n, -1) + x.shape[1:]`: one spelling of a shape to match."""
+    if not isinstance(node, cst.Tuple) or not node.elements:
+        return node
+    *head, last = node.elements
+    if not isinstance(last, cst.StarredElement) or any(
+        isinstance(e, cst.StarredElement) for e in head
+    ):
+        return node
+    left = cst.Tuple([cst.Element(e.value) for e in head])
+    return cst.BinaryOperation(left, cst.Add(), last.value)
+
+
 def _adds_leading(node: cst.BaseExpression, var: str) -> bool:
     """`(n,) + var.shape`."""
+    node = normal_shape(node)
     return (
         isinstance(node, cst.BinaryOperation)
         and isinstance(node.operator, cst.Add)
@@ -456,7 +524,7 @@ def _splits(node: cst.BaseExpression, var: str) -> bool:
     if node.func.attr.value != "reshape" or single_name(node.func.value) != var:
         return False
     args = positional(node, 1)
-    shape = args[0] if args else None
+    shape = normal_shape(args[0]) if args else None
     if not (isinstance(shape, cst.BinaryOperation) and isinstance(shape.operator, cst.Add)):
         return False
     head, rest = shape.left, shape.right

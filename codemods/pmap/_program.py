@@ -88,6 +88,9 @@ class Program:
     keywords_bound: bool = False  # the def itself takes them by position (a decorated step)
     squeezed: set[int] = field(default_factory=set)  # per-device stacks: the body takes x[0]
     arithmetic: dict[int, set[str]] = field(default_factory=dict)  # `x = x - lr * g`: results read
+    # Names bound once to the number of devices or a lambda (a replicating one): their binding
+    # is deleted when the rewrite leaves them unread.
+    helpers: set[str] = field(default_factory=set)
 
     def edit(
         self, node: cst.BaseExpression, why: str, new: Callable[[], cst.BaseExpression]
@@ -251,7 +254,49 @@ def rewrite_host(
     """Return `host` with the edits of `programs` (steps it calls) and the mesh `setup`."""
     out = host.visit(_Edit(host, programs, setup, indent, style))
     assert isinstance(out, cst.FunctionDef)
+    helpers = set().union(*(p.helpers for p in programs))
+    dead = helpers - set(_loads(out.body))
+    while dead:  # `n = jax.local_device_count()`, `rep = lambda x: ...`, no longer read
+        dropped = out.visit(_Drop(dead))
+        assert isinstance(dropped, cst.FunctionDef)
+        helpers -= dead
+        out, dead = dropped, helpers - set(_loads(dropped.body))
     return out
+
+
+def _loads(node: cst.CSTNode) -> list[str]:
+    """The names read in `node` (not the targets of assignments)."""
+    found: list[str] = []
+
+    class _Reads(cst.CSTVisitor):
+        def visit_AssignTarget(self, target: cst.AssignTarget) -> bool:
+            return not isinstance(target.target, cst.Name)
+
+        def visit_Name(self, name: cst.Name) -> None:
+            found.append(name.value)
+
+    node.visit(_Reads())
+    return found
+
+
+class _Drop(cst.CSTTransformer):
+    """Delete `name = value` statements (no comment above them) binding one of `names`."""
+
+    def __init__(self, names: set[str]) -> None:
+        super().__init__()
+        self.names = names
+
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> cst.SimpleStatementLine | cst.RemovalSentinel:
+        node = updated_node.body[0] if len(updated_node.body) == 1 else None
+        if not isinstance(node, cst.Assign) or len(node.targets) != 1:
+            return updated_node
+        target = node.targets[0].target
+        commented = any(line.comment for line in updated_node.leading_lines)
+        if isinstance(target, cst.Name) and target.value in self.names and not commented:
+            return cst.RemovalSentinel.REMOVE
+        return updated_node
 
 
 class _Edit(cst.CSTTransformer):
