@@ -133,13 +133,19 @@ gets a copy beside it. The site's message names the module and why (`docs/archit
 `pmap-style = "idiomatic"` (`[tool.jaxmigrate]`, `--pmap-style` on `run` and `check`; the
 default) takes the **program-level** form wherever the data flow around the step is fully visible:
 the step is made in the function that calls it (`jax.pmap(body, ...)` or
-`jax.pmap(functools.partial(body, k=...), ...)`, `body` a def of the module), or outside any
+`jax.pmap(functools.partial(body, k=...), ...)`, `body` a def of the module, a def of that
+function or a lambda; or a `@partial(jax.pmap, ...)` def of that function, which becomes
+`@partial(jax.jit, ...)` over `@partial(jax.shard_map, mesh=...)`, the mesh made just before the
+def), or outside any
 function (a pmap decorator on a def of the module, or `step = jax.pmap(...)` at module level) and
 called in one function or in several that one function of the module calls; its arguments (names,
-or the expressions below written in the call) are replicated values (`flax.jax_utils.replicate`,
-`jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`, `jnp.stack([x] * n)`), splits of a
-flat batch (`x.reshape((n, -1) + x.shape[1:])` or its `jax.tree.map`, `common_utils.shard`, of a
-loop variable too), per-device keys (`jax.random.split(k, n)`, `common_utils.shard_prng_key(k)`:
+or the expressions below written in the call; keyword arguments too, which the calls then pass by
+position: `jax.shard_map` takes no keywords) are replicated values (`flax.jax_utils.replicate`,
+`jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`, `jnp.stack([x] * n)`, a module
+helper or a named lambda doing one of these; a donated one becomes a copy,
+`jax.tree.map(jnp.copy, x)`, as pmap donated the replicas), splits of a
+flat batch (`x.reshape((n, -1) + x.shape[1:])` or its `jax.tree.map`, `common_utils.shard`, a
+module helper doing one of these, of a loop variable too), per-device keys (`jax.random.split(k, n)`, `common_utils.shard_prng_key(k)`:
 `P(axis)`, each device taking its own key, `key[0]`, in a lambda around the body; steps made in a
 function only), `in_axes=None`
 or static arguments, or its own results fed back; its results are read only as device 0's copy
