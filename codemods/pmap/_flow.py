@@ -539,7 +539,7 @@ def _follow_argument(
     for call in calls:
         name = _passed(call, position)
         if name == INLINE:
-            kinds.add(_inline_kind(program, call.values[position], forms, position))
+            kinds.add(_inline_kind(program, call.values[position], forms, position, flow))
             continue
         if name != call.args[position]:
             fields = True
@@ -654,7 +654,9 @@ def _passed(call: _StepCall, position: int) -> str:
     return INLINE if root is None else root.value
 
 
-def _inline_kind(program: Program, value: cst.BaseExpression, forms: Forms, position: int) -> str:
+def _inline_kind(
+    program: Program, value: cst.BaseExpression, forms: Forms, position: int, flow: Parents
+) -> str:
     """Classify an argument passed as an expression, and record its edit."""
     replicated = forms.replicated_source(value)
     if replicated is not None:
@@ -664,10 +666,61 @@ def _inline_kind(program: Program, value: cst.BaseExpression, forms: Forms, posi
     if batch is not None:
         program.edit(value, BATCH, lambda: global_batch(program, batch))
         return "batch"
+    if _named_splits(program, flow, forms, value):
+        return "batch"
     if forms.keys_source(value) is not None:
         program.edit(value, KEYS, lambda: global_batch(program, value))
         return "keys"
     return "other"
+
+
+SPLIT_NAMED = (
+    "a split into per-device slices deleted: the flat value goes into the batch sharded on the mesh"
+)
+
+
+def _named_splits(program: Program, flow: Parents, forms: Forms, value: cst.BaseExpression) -> bool:
+    """`{"x": xs, "y": ys}` (or a tuple), each element a split or a name bound once, after the
+    step is made, to a split (`xs = x.reshape((n, -1, 3))`) and read only there: the literal
+    becomes this process's part of a batch, each such name bound to the flat value. Record the
+    edits and return True; else False (nothing recorded)."""
+    if not isinstance(value, (cst.Dict, cst.Tuple)) or not value.elements:
+        return False
+    bindings: list[tuple[cst.Assign, cst.BaseExpression]] = []
+    for element in value.elements:
+        item = getattr(element, "value", None)
+        if not isinstance(element, (cst.DictElement, cst.Element)) or item is None:
+            return False
+        if forms.shard_source(item) is not None:
+            continue
+        name = single_name(item)
+        stores = flow.stores.get(name, []) if name is not None else []
+        binding = stores[0] if len(stores) == 1 else None
+        if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
+            return False
+        source = forms.shard_source(binding.value)
+        if source is None or program.made_at >= flow.order[id(binding)]:
+            return False
+        uses = flow.loads.get(name or "", [])
+        if not all(any(a is value for a in ancestors(flow, use)) for use in uses):
+            return False  # read elsewhere: that read would see the flat value
+        bindings.append((binding, source))
+    if not bindings:
+        return False
+    for binding, source in bindings:
+        program.edit(binding.value, SPLIT_NAMED, lambda s=source: s)  # type: ignore[misc]
+    program.edit(value, BATCH, lambda: global_batch(program, _flat_literal(forms, value)))
+    return True
+
+
+def _flat_literal(forms: Forms, value: cst.Dict | cst.Tuple) -> cst.BaseExpression:
+    """The literal with each split element replaced by its flat source (names stay)."""
+    elements = []
+    for element in value.elements:
+        item = element.value  # type: ignore[union-attr]
+        source = forms.shard_source(item)
+        elements.append(element.with_changes(value=source) if source is not None else element)
+    return value.with_changes(elements=elements)
 
 
 def _stacks_itself(binding: cst.CSTNode, name: str, forms: Forms) -> bool:
@@ -763,6 +816,8 @@ def _binding_kind(
     batch = forms.shard_source(value)
     if batch is not None and after:
         program.edit(value, BATCH, lambda: global_batch(program, batch))
+        return "batch"
+    if after and _named_splits(program, flow, forms, value):
         return "batch"
     if forms.keys_source(value) is not None and after:
         program.edit(value, KEYS, lambda: global_batch(program, value))
