@@ -577,9 +577,13 @@ def _follow_argument(
     if kinds == {"keys"}:
         program.squeezed.add(position)
     results = {t for c in calls for t in c.targets}
-    for name in sorted(passed - results):
+    for name in sorted(passed):
         if not any(id(b) in program.siblings for b in flow.stores.get(name, [])):
-            _follow_stacked(program, flow, forms, calls, name, replicated=not mapped)
+            # A result fed back too: its reads after a call are the result's, followed there.
+            upstream = name in results
+            _follow_stacked(
+                program, flow, forms, calls, name, replicated=not mapped, upstream=upstream
+            )
 
 
 def _follow_stacked(
@@ -590,6 +594,7 @@ def _follow_stacked(
     name: str,
     *,
     replicated: bool,
+    upstream: bool = False,
 ) -> None:
     """Check every read of an argument the function stacks for the step (`x = replicate(x)`,
     `b = shard(b)`) and no step makes: the stacking is deleted, so once stacked it is read only
@@ -605,6 +610,8 @@ def _follow_stacked(
     ]
     feeds = {id(arg.value) for c in calls for arg in c.call.args} | program.sibling_feeds
     for use in flow.loads.get(name, []):
+        if upstream and not _upstream(flow, use, calls):
+            continue
         if id(field_top(flow, use)) in feeds or _loop_target(flow, use):
             continue
         if _in_arithmetic(program, flow, use):

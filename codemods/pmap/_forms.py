@@ -60,6 +60,7 @@ class Parents(cst.CSTVisitor):
         # The names local to each def or lambda nested in what is visited (its parameters, what
         # it assigns): bound and read there, they are not the function's own names.
         self.scopes: list[set[str]] = []
+        self.suspended: list[tuple[int, set[str]]] = []  # scopes left while in a default
 
     def _store(self, name: str, node: cst.CSTNode) -> None:
         if not any(name in scope for scope in self.scopes):
@@ -69,6 +70,11 @@ class Parents(cst.CSTVisitor):
         self.order[id(node)] = len(self.order)
         if self.stack:
             self.parent[id(node)] = self.stack[-1]
+            above = self.stack[-1]
+            outer = isinstance(above, cst.Param) and above.default is node
+            if (outer or isinstance(above, cst.Decorator)) and self.scopes:
+                # A default or a decorator is evaluated where the def or lambda is made.
+                self.suspended.append((id(node), self.scopes.pop()))
         self.stack.append(node)
         if isinstance(node, cst.Assign):
             for target in node.targets:
@@ -88,6 +94,11 @@ class Parents(cst.CSTVisitor):
         self.stack.pop()
         if isinstance(original_node, (cst.FunctionDef, cst.Lambda)):
             self.scopes.pop()
+        self._load(original_node)  # (a default's own name: read where the def is made)
+        if self.suspended and self.suspended[-1][0] == id(original_node):
+            self.scopes.append(self.suspended.pop()[1])
+
+    def _load(self, original_node: cst.CSTNode) -> None:
         if isinstance(original_node, cst.Name) and any(
             original_node.value in scope for scope in self.scopes
         ):
@@ -100,6 +111,8 @@ class Parents(cst.CSTVisitor):
                 and parent.value is original_node
                 or isinstance(parent, cst.Arg)
                 and parent.value is original_node
+                or isinstance(parent, cst.Param)
+                and parent.default is original_node
             ):
                 self.loads.setdefault(original_node.value, []).append(original_node)
 

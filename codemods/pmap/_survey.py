@@ -478,7 +478,7 @@ class Finding(Pass):
             if isinstance(around, cst.Call) and around.func is site.node:
                 raise NotVisible("the step is called where it is made (`jax.pmap(f)(x)`)")
             raise NotVisible("the step is not made by a statement of its own")
-        module_defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
+        module_defs = self._module_defs(module)
         if isinstance(host.body, cst.IndentedBlock):  # the function's own defs hide the module's
             module_defs |= {
                 d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)
@@ -509,7 +509,7 @@ class Finding(Pass):
         options = read_options(
             cst.Name(body.name.value), args, self.qualname, positional_axis=False, unnamed=unnamed
         )
-        module_defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
+        module_defs = self._module_defs(module)
         if isinstance(host.body, cst.IndentedBlock):  # the function's own defs hide the module's
             module_defs |= {
                 d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)
@@ -520,6 +520,15 @@ class Finding(Pass):
         if mesh is not None:
             program.mesh, program.make_mesh = mesh, False
         return host, program
+
+    def _module_defs(self, module: cst.Module) -> dict[str, cst.FunctionDef]:
+        """The defs of the module that nothing else binds (by name)."""
+        assert self.survey is not None
+        return {
+            d.name.value: d
+            for d in module.body
+            if isinstance(d, cst.FunctionDef) and not self.survey.rebound(d.name.value)
+        }
 
     def _not_a_def(self, pmap: cst.CSTNode, name: str) -> str:
         """Why the function `pmap` maps is not a def this form reads."""

@@ -1,6 +1,8 @@
-"""Steps called with keyword arguments (flax's `p_train_step(state, batch, dropout_rng=rngs)`):
-the program-level form passes them by position (`jax.shard_map` takes no keywords), and says
-why it declines when the calls do not all fill the same parameters."""
+"""Real-code shapes of the program-level form: keyword arguments (flax's `p_train_step(state, batch,
+dropout_rng=rngs)`), bodies nested in the function, stacked values read before the first call.
+
+Keyword arguments are passed by position (`jax.shard_map` takes no keywords), with the reason
+when the calls do not all fill the same parameters."""
 
 from __future__ import annotations
 
@@ -118,3 +120,35 @@ def test_a_nested_body_reading_a_value_laid_out_anew_is_refused() -> None:
     result = migrate_source(NESTED.replace("CLOSED", "x.sum()"), options=Options(unsafe_fixes=True))
     (site,) = result.sites
     assert "the body reads `x` of `main` itself" in site.message, site.message
+
+
+STACKED_READ = """\
+import jax
+import jax.numpy as jnp
+
+
+def step(w, x):
+    return w - jax.lax.pmean(x.mean(0) * w, "i")
+
+
+def main(w, x):
+    n = jax.local_device_count()
+    p_step = jax.pmap(step, axis_name="i")
+    w = jnp.broadcast_to(w, (n,) + w.shape)
+    x = x.reshape((n, -1) + x.shape[1:])
+    READ
+    w = p_step(w, x)
+    return w[0], seen
+"""
+
+
+@pytest.mark.parametrize(
+    "read", ["seen = w.shape", "seen = (lambda v=w: v[1])()", "seen = [v for v in w]"]
+)
+def test_a_stacked_argument_read_before_the_first_call_is_refused(read: str) -> None:
+    """`w` is stacked, then read, then fed to the step and bound to its result: the read
+    between the stacking and the call sees the stacked value (here its device axis)."""
+    code = STACKED_READ.replace("READ", read)
+    result = migrate_source(code, options=Options(unsafe_fixes=True))
+    (site,) = result.sites
+    assert "`w`, replicated for the step, is read other than passed" in site.message
