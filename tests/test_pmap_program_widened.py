@@ -152,3 +152,10 @@ def test_a_stacked_argument_read_before_the_first_call_is_refused(read: str) -> 
     result = migrate_source(code, options=Options(unsafe_fixes=True))
     (site,) = result.sites
     assert "`w`, replicated for the step, is read other than passed" in site.message
+
+
+def test_names_bound_to_each_other_end_the_device_count_search() -> None:
+    """`a = b` and `b = a` (AlgoPerf's submissions rebind names so): no endless recursion."""
+    code = STACKED_READ.replace("READ", "seen = 1\n    a = b\n    b = a")
+    result = migrate_source(code, options=Options(unsafe_fixes=True))
+    assert "jax.shard_map(" in result.code

@@ -560,7 +560,9 @@ def _splits(node: cst.BaseExpression, var: str) -> bool:
     return minus_one and tail
 
 
-def is_device_count(node: cst.BaseExpression, flow: Parents, qualname: Qualname) -> bool:
+def is_device_count(
+    node: cst.BaseExpression, flow: Parents, qualname: Qualname, seen: frozenset[str] = frozenset()
+) -> bool:
     """`jax.local_device_count()`, or a name bound only to it in the function.
 
     Stacking over another number (pmap over some of the devices) keeps the faithful form: the
@@ -569,9 +571,12 @@ def is_device_count(node: cst.BaseExpression, flow: Parents, qualname: Qualname)
     if isinstance(node, cst.Call):
         return not node.args and qualname(node.func) in DEVICE_COUNTS
     name = single_name(node)
-    stores = flow.stores.get(name, []) if name is not None else []
+    if name is None or name in seen:  # `n = n`, or names bound to each other
+        return False
+    stores = flow.stores.get(name, [])
     return bool(stores) and all(
-        isinstance(b, cst.Assign) and is_device_count(b.value, flow, qualname) for b in stores
+        isinstance(b, cst.Assign) and is_device_count(b.value, flow, qualname, seen | {name})
+        for b in stores
     )
 
 
