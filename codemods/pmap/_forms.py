@@ -544,9 +544,10 @@ def _splits(node: cst.BaseExpression, var: str) -> bool:
     minus_one = (
         isinstance(head, cst.Tuple)
         and len(head.elements) == 2
-        and isinstance(head.elements[1].value, cst.UnaryOperation)
-        and isinstance(head.elements[1].value.expression, cst.Integer)
-        and head.elements[1].value.expression.value == "1"
+        and (
+            _is_minus_one(head.elements[1].value)
+            or _rows_per_device(head.elements[1].value, var, head.elements[0].value)
+        )
     )
     tail = (
         isinstance(rest, cst.Subscript)
@@ -558,6 +559,16 @@ def _splits(node: cst.BaseExpression, var: str) -> bool:
         and rest.slice[0].slice.upper is None
     )
     return minus_one and tail
+
+
+def _rows_per_device(node: cst.BaseExpression, var: str, count: cst.BaseExpression) -> bool:
+    """`var.shape[0] // n`, `n` written as the split's first dimension: the same as -1."""
+    return (
+        isinstance(node, cst.BinaryOperation)
+        and isinstance(node.operator, cst.FloorDivide)
+        and code(node.left) == f"{var}.shape[0]"
+        and code(node.right) == code(count)
+    )
 
 
 def is_device_count(

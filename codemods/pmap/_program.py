@@ -158,8 +158,10 @@ class Program:
             return []
         first = statements[0].with_changes(leading_lines=self.statement.leading_lines)  # type: ignore[attr-defined]
         if len(statements) > 1 and isinstance(statements[-1], cst.FunctionDef):
-            blank = [cst.EmptyLine(indent=False)] if self.statement.leading_lines else []  # type: ignore[attr-defined]
-            statements[-1] = statements[-1].with_changes(leading_lines=blank)
+            # One blank line before an inner def after statements, as black writes it.
+            statements[-1] = statements[-1].with_changes(
+                leading_lines=[cst.EmptyLine(indent=False)]
+            )
         return [first, *statements[1:]]
 
     def _decorated(self, updated: cst.FunctionDef, indent: str, style: Style) -> cst.FunctionDef:
