@@ -274,6 +274,34 @@ def test_program_level_decorated_step_is_right_on_every_process(tmp_path: Path) 
     check_loop(run_job(migrated, tmp_path))
 
 
+# JAX's spmd_mnist example and big_vision's trainers: the step a pmap decorator makes of a def
+# inside `main()`, keyword arguments (flax's `dropout_rng=`) passed to it.
+LOCAL_DECORATED = "import functools\n" + LOOP.replace(
+    '    p_step = jax.pmap(step, axis_name="batch", donate_argnums=(0,))\n',
+    '    @functools.partial(jax.pmap, axis_name="batch", donate_argnums=(0,))\n'
+    "    def p_step(w, x, y=None):\n"
+    "        loss, grads = jax.value_and_grad(loss_fn)(w, x, y)\n"
+    '        grads = jax.lax.pmean(grads, axis_name="batch")\n'
+    '        return w - 0.1 * grads, jax.lax.pmean(loss, "batch")\n\n',
+).replace("w, loss = p_step(w, x, y)", "w, loss = p_step(w, x, y=y)")
+
+
+def test_program_level_step_decorated_in_main_is_right_on_every_process(tmp_path: Path) -> None:
+    """The mesh made just before the def, the decorators `jax.jit` over `jax.shard_map` on it,
+    the keyword argument passed by position, each process's rows made global."""
+    original = tmp_path / "local_original.py"
+    original.write_text(LOCAL_DECORATED)
+    check_loop(run_job(original, tmp_path))
+    result = migrate_source(LOCAL_DECORATED, options=Options(unsafe_fixes=True))
+    assert any(s.group and "program-level" in s.message for s in result.sites), result.sites
+    assert "@functools.partial(jax.jit, donate_argnums=(0,))" in result.code
+    assert "w, loss = p_step(w, x, y)" in result.code and "jax.tree.map(jnp.copy, w)" in result.code
+    assert "w = w[0]" not in result.code and "shard_map_per_device" not in result.code
+    migrated = tmp_path / "local_migrated.py"
+    migrated.write_text(result.code)
+    check_loop(run_job(migrated, tmp_path))
+
+
 PREDICT = """\
 import json
 import sys

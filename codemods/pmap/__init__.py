@@ -133,13 +133,19 @@ gets a copy beside it. The site's message names the module and why (`docs/archit
 `pmap-style = "idiomatic"` (`[tool.jaxmigrate]`, `--pmap-style` on `run` and `check`; the
 default) takes the **program-level** form wherever the data flow around the step is fully visible:
 the step is made in the function that calls it (`jax.pmap(body, ...)` or
-`jax.pmap(functools.partial(body, k=...), ...)`, `body` a def of the module), or outside any
+`jax.pmap(functools.partial(body, k=...), ...)`, `body` a def of the module, a def of that
+function or a lambda; or a `@partial(jax.pmap, ...)` def of that function, which becomes
+`@partial(jax.jit, ...)` over `@partial(jax.shard_map, mesh=...)`, the mesh made just before the
+def), or outside any
 function (a pmap decorator on a def of the module, or `step = jax.pmap(...)` at module level) and
 called in one function or in several that one function of the module calls; its arguments (names,
-or the expressions below written in the call) are replicated values (`flax.jax_utils.replicate`,
-`jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`, `jnp.stack([x] * n)`), splits of a
-flat batch (`x.reshape((n, -1) + x.shape[1:])` or its `jax.tree.map`, `common_utils.shard`, of a
-loop variable too), per-device keys (`jax.random.split(k, n)`, `common_utils.shard_prng_key(k)`:
+or the expressions below written in the call; keyword arguments too, which the calls then pass by
+position: `jax.shard_map` takes no keywords) are replicated values (`flax.jax_utils.replicate`,
+`jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`, `jnp.stack([x] * n)`, a module
+helper or a named lambda doing one of these; a donated one becomes a copy,
+`jax.tree.map(jnp.copy, x)`, as pmap donated the replicas), splits of a
+flat batch (`x.reshape((n, -1) + x.shape[1:])` or its `jax.tree.map`, `common_utils.shard`, a
+module helper doing one of these, of a loop variable too), per-device keys (`jax.random.split(k, n)`, `common_utils.shard_prng_key(k)`:
 `P(axis)`, each device taking its own key, `key[0]`, in a lambda around the body; steps made in a
 function only), `in_axes=None`
 or static arguments, or its own results fed back; its results are read only as device 0's copy
@@ -463,7 +469,13 @@ class Pmap(Faithful):
             if isinstance(site.ref, cst.Name):
                 self.drop_import_if_unused(site.ref.value)
             self._drop_deleted_imports(program)
+            if program.wrapped() and isinstance(program.body, cst.Call):  # `partial` folded in
+                for name in names_in(program.body.func):
+                    self.drop_import_if_unused(name)
             program.jax = dotted(self.module_ref("jax")) or "jax"
+            if isinstance(program.statement, cst.FunctionDef):  # decorated: `partial` spelled
+                program.partial = code(self._partial(site))
+            program.jnp = self.resolver.module_binding("jax.numpy") or f"{program.jax}.numpy"
             if any(program.varying):  # results read flattened: each process reads its own part
                 program.hosts = self._multihost_utils()
             program.spec = spec
@@ -525,7 +537,11 @@ class Pmap(Faithful):
                 self.drop_import_if_unused(ref.value)
             for program in step.programs:
                 self._drop_deleted_imports(program)
+                if program.wrapped() and isinstance(program.body, cst.Call):
+                    for name in names_in(program.body.func):  # `partial` folded in
+                        self.drop_import_if_unused(name)
                 program.jax, program.spec = jax, spec
+                program.jnp = self.resolver.module_binding("jax.numpy") or f"{jax}.numpy"
                 program.sharding = f"{code(spec)}({code(program.axis)})"  # the mesh set is used
                 setup = program.host is group.setup
                 program.mesh = group.mesh if setup else f"{jax}.sharding.get_mesh()"
@@ -596,15 +612,22 @@ class Pmap(Faithful):
         device 0 (now read whole); and, to compare the step's calls through layout adapters,
         each argument's kind and which results are read flattened."""
         span = self.get_metadata(PositionProvider, node)
-        kinds = [
-            "fixed" if i in program.fixed else "batch" if batch else "replicated"
+        kinds = [  # "keys": one per device, stacked in both forms (each device takes its own)
+            "fixed"
+            if i in program.fixed
+            else "keys"
+            if i in program.squeezed
+            else "batch"
+            if batch
+            else "replicated"
             for i, batch in enumerate(program.batches)
         ]
         return {
             "line": self.state.line_map(span.start.line),
             "end_line": self.state.line_map(span.end.line),
-            "body": code(program.body),
+            "body": program.per_device_body(),  # what the rewrite's `jax.shard_map` maps
             "args": kinds,
+            "keywords": list(program.keywords),  # the last `args`, passed by keyword
             "replicated": [i for i, kind in enumerate(kinds) if kind == "replicated"],
             "results": [i for i, varying in enumerate(program.varying) if not varying],
             "varying": list(program.varying),

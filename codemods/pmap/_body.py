@@ -229,6 +229,8 @@ class _Reader:
             helper = self._helper_varies(node, varying)
             if helper is not None:
                 return helper
+        if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
+            return self._comprehension_varies(node, varying)
         if isinstance(node, cst.Name):
             closure = self.closures.get(node.value)
             return node.value in varying or (closure is not None and self.closure_varies(closure))
@@ -237,6 +239,26 @@ class _Reader:
         if isinstance(node, cst.Arg):  # `f(grads=g)`: the keyword is no name
             return self.varies(node.value, varying)
         return any(self.varies(child, varying) for child in node.children)
+
+    def _comprehension_varies(
+        self,
+        node: cst.ListComp | cst.SetComp | cst.GeneratorExp | cst.DictComp,
+        varying: frozenset[str] | set[str],
+    ) -> bool:
+        """`[lax.psum(g, axis) for g in grads]`: the elements are the same on every device when
+        each is, its targets differing where what they iterate over does (the number of
+        elements is the trace's, the same on every device); a condition that differs, differs."""
+        inner = set(varying)
+        clause: cst.CompFor | None = node.for_in
+        while clause is not None:
+            names = set(names_in(clause.target))
+            inner = inner | names if self.varies(clause.iter, inner) else inner - names
+            if any(self.varies(c.test, inner) for c in clause.ifs):
+                return True
+            clause = clause.inner_for_in
+        if isinstance(node, cst.DictComp):
+            return self.varies(node.key, inner) or self.varies(node.value, inner)
+        return self.varies(node.elt, inner)
 
     def _tree_mapped_same(self, call: cst.Call, varying: frozenset[str] | set[str]) -> bool:
         """`jax.tree.map(lambda g: lax.psum(g, axis), grads)`: each leaf is the lambda's value,

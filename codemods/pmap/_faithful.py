@@ -23,6 +23,8 @@ from jaxmigrate.toolkit.emit import (
 from jaxmigrate.toolkit.names import dotted
 from jaxmigrate.toolkit.passes import Home
 
+from ._flow import mapped_name
+from ._program import NotVisible
 from ._specs import (
     Untranslatable,
     argnums,
@@ -209,9 +211,13 @@ class Faithful(Finding):
         in_specs = self._specs(outer, items, "in_axes", make)
         out_specs = self._specs(outer, items, "out_axes", make)
         statics = self._statics(outer, items)
-        if statics:
-            in_specs = with_statics(in_specs, statics, arity(site.mapped))
         innermost, innermost_items = layers[-1]
+        if statics:
+            mapped = innermost_items[innermost.fun] if innermost.fun is not None else None
+            count = arity(site.mapped) if site.mapped is not None else None
+            if count is None and mapped is not None:
+                count = self._partial_arity(mapped.arg.value)
+            in_specs = with_statics(in_specs, statics, count)
         fun = innermost_items[innermost.fun] if innermost.fun is not None else None
         name = names[0] if len(names) == 1 else tuple_of(names)
         axis = items[outer.axis_name] if outer.axis_name is not None else Item(cst.Arg(name))
@@ -381,6 +387,25 @@ class Faithful(Finding):
         room = replace(room, column=room.column + 1, tail=0)  # after the `@`
         helper = Call(partial, [Item(cst.Arg(cst.Name(HELPER))), *plan.helper, *plan.jit])
         return [new.with_changes(decorator=helper.laid_out(room, self.state.style))]
+
+    def _partial_arity(self, fun: cst.BaseExpression) -> int | None:
+        """The positional arity of `functools.partial(f, k=v, ...)`, `f` a def of the module:
+        the parameters before the first one bound by keyword (a position cannot reach later)."""
+        assert self.survey is not None
+        try:
+            name, bound = mapped_name(fun, self.qualname)
+        except NotVisible:
+            return None
+        defs = self.survey.defs(name) if name and bound else []
+        if len(defs) != 1 or self.survey.rebound(name):
+            return None
+        params = defs[0].params
+        if params.posonly_params or isinstance(params.star_arg, cst.Param):
+            return None
+        names = [p.name.value for p in params.params]
+        first = min((names.index(b) for b in bound if b in names), default=len(names))
+        head = params.params[:first]
+        return None if any(p.default is not None for p in head) else len(head)
 
     def _partial(self, site: PmapUse) -> cst.BaseExpression:
         """Return `functools.partial` as the site or the module spells it."""

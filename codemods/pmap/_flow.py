@@ -42,6 +42,7 @@ class _StepCall:
     call: cst.Call
     args: list[str]
     targets: list[str]  # the names results are bound to, by output position
+    values: list[cst.BaseExpression]  # the values passed, by parameter of the step
     readback: cst.Subscript | None = None  # `step(...)[0]`, the call read back at once
     unpack: cst.Assign | None = None  # `a, b = out` next, `out` read nowhere else: binds a, b
 
@@ -58,8 +59,11 @@ def analyze(
     qualname: Qualname,
     siblings: tuple[str, ...] = (),
     defs: Defs | None = None,
+    local: cst.CSTNode | None = None,
 ) -> Program:
     """Return the program of a step made by `statement` in `host`; raise NotVisible for why not.
+    `local`: the def of `host` itself, or the lambda, that `body` is (its inside is the body's,
+    not the host's flow).
 
     `siblings` are the other steps the function makes: results fed from one to another are
     replicated on both sides (each side checks its own: a result differing between devices is
@@ -72,7 +76,7 @@ def analyze(
     if step is None:
         raise NotVisible("the pmapped step is not simply assigned to a name")
     options = options_of(pmap, qualname)
-    flow = Parents()
+    flow = Parents(skip=local)
     host.body.visit(flow)
     if id(statement) not in flow.order:
         raise NotVisible("the step is not made in the function that calls it")
@@ -81,7 +85,74 @@ def analyze(
     made_at = flow.order[id(statement)]
     program = _follow(host, flow, step, options, body, qualname, made_at, siblings, defs)
     program.statement = statement
+    if local is not None:
+        _check_closure(program, body, flow)
     return program
+
+
+def analyze_decorated(
+    host: cst.FunctionDef,
+    body: cst.FunctionDef,
+    options: Options,
+    qualname: Qualname,
+    siblings: tuple[str, ...] = (),
+    defs: Defs | None = None,
+) -> Program:
+    """Return the program of a step a pmap decorator makes of `body`, a def in `host` that
+    calls it; raise NotVisible for why not."""
+    if len(body.decorators) != 1:
+        raise NotVisible("the def has other decorators than pmap's")
+    step = body.name.value
+    flow = Parents(skip=body)
+    host.body.visit(flow)
+    if len(flow.stores.get(step, [])) != 1:
+        raise NotVisible(f"`{step}` is bound more than once in `{host.name.value}`")
+    made_at = flow.order[id(body)]
+    program = _follow(host, flow, step, options, body, qualname, made_at, siblings, defs)
+    program.statement = body
+    if program.squeezed:
+        raise NotVisible(f"`{step}` gets per-device keys: a decorator cannot take its own key")
+    names = [p.name.value for p in body.params.params]
+    if program.keywords and names[: len(program.params)] != program.params:
+        why = f"a call of `{step}` passes by keyword a parameter after one it leaves out"
+        raise NotVisible(why)
+    program.keywords_bound = True  # the def takes the keyword arguments by position itself
+    _check_closure(program, body, flow)
+    return program
+
+
+def _check_closure(program: Program, body: cst.FunctionDef, flow: Parents) -> None:
+    """A body nested in the function reads the function's names when traced: none of them may
+    be a value the rewrite lays out anew (an argument or a result of the step)."""
+    inner = Parents()
+    body.visit(inner)
+    free = set(inner.loads) - set(inner.stores)
+    calls = program.calls
+    changed = {
+        name
+        for call in calls
+        for arg in call.args
+        for name in names_in(arg.value)
+        if name in flow.stores
+    }
+    changed |= {
+        name for call in calls for name in target_names(_target_of(flow, call)) if name != "?"
+    }
+    hit = free & changed
+    if hit:
+        why = (
+            f"the body reads `{min(hit)}` of `{program.host.name.value}` itself, which the step "
+            "is passed or returns: its layout changes"
+        )
+        raise NotVisible(why)
+
+
+def _target_of(flow: Parents, call: cst.Call) -> cst.BaseExpression:
+    """What `out = step(...)` binds (nothing for any other call)."""
+    around = flow.parent.get(id(call))
+    if isinstance(around, cst.Assign) and len(around.targets) == 1:
+        return around.targets[0].target
+    return cst.Name("?")
 
 
 def analyze_calls(
@@ -114,30 +185,53 @@ def _follow(
 ) -> Program:
     """Follow every argument and result of the calls of `step` in `host` (made at `made_at`)."""
     body = _unbound(body, options.bound)
-    arity = _arity(body)
-    fixed = _fixed_positions(options, arity)
-    calls = [_step_call(flow, use, step, arity, fixed) for use in flow.loads.get(step, [])]
-    if not calls:
+    made = [_call_of(flow, use, step) for use in flow.loads.get(step, [])]
+    if not made:
         raise NotVisible(f"`{step}` is not called in `{host.name.value}`")
+    body, passed, keywords = _signature(body, made, step)
+    arity = len(body.params.params)
+    fixed = _fixed_positions(options, passed)
+    calls = [_step_call(flow, call, step, body, fixed) for call in made]
     for call in calls:  # a call in a nested def or lambda runs when that is called: not followed
         if any(isinstance(a, (cst.FunctionDef, cst.Lambda)) for a in ancestors(flow, call.call)):
             raise NotVisible(f"`{step}` is called in a nested function")
     program = Program(host, None, options.fun, options.axis, options.donate, [False] * arity, None)
     program.fixed, program.statics = fixed, options.statics_arg
     program.params = [p.name.value for p in body.params.params]
+    program.keywords = keywords
+    program.helpers = {
+        name
+        for name, stores in flow.stores.items()
+        if len(stores) == 1
+        and isinstance(stores[0], cst.Assign)
+        and len(stores[0].targets) == 1
+        and flow.loads.get(name)
+        and (
+            isinstance(stores[0].value, cst.Lambda)
+            or is_device_count(stores[0].value, flow, qualname)
+        )
+    }
     program.made_at = made_at
     program.calls = [c.call for c in calls]
+    _keyword_calls(program, calls, keywords)
     for sibling in siblings:
         for use in flow.loads.get(sibling, []):
             other = flow.parent.get(id(use))
             if isinstance(other, cst.Call) and other.func is use:
                 program.sibling_feeds |= {id(a.value) for a in other.args}
                 program.siblings.add(id(flow.parent.get(id(other))))
-    forms = Forms(qualname, lambda node: is_device_count(node, flow, qualname))
+    forms = Forms(
+        qualname,
+        lambda node: is_device_count(node, flow, qualname),
+        {name: d for name, d in (defs or {}).items() if name not in flow.stores},
+        lambda name: _named_lambda(flow, name),
+    )
     forms.defs = {k: v for k, v in (defs or {}).items() if k not in flow.stores}  # not shadowed
     for position in range(arity):
         if position not in fixed:
             _follow_argument(program, flow, forms, calls, position)
+    if program.squeezed or keywords:
+        _check_lambda(program, flow)
     assert isinstance(options.axis, cst.SimpleString)
     axis = options.axis.evaluated_value
     assert isinstance(axis, str)
@@ -214,10 +308,19 @@ def read_options(
     return options
 
 
+def lambda_def(fun: cst.Lambda) -> cst.FunctionDef:
+    """`lambda x: e` as the def `def _(x): return e`, for the body's analysis."""
+    body = cst.IndentedBlock([cst.SimpleStatementLine([cst.Return(fun.body)])])
+    return cst.FunctionDef(cst.Name("_"), fun.params, body)
+
+
 def mapped_name(fun: cst.BaseExpression, qualname: Qualname) -> tuple[str, tuple[str, ...]]:
-    """Return the name of the def `fun` maps and the parameters it binds by `partial` keywords."""
+    """Return the name of the def `fun` maps and the parameters it binds by `partial` keywords
+    (no name for a lambda)."""
     if isinstance(fun, cst.Name):
         return fun.value, ()
+    if isinstance(fun, cst.Lambda):
+        return "", ()
     args = fun.args if isinstance(fun, cst.Call) else ()
     if (
         isinstance(fun, cst.Call)
@@ -249,15 +352,12 @@ def _unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
     first = next(i for i, p in enumerate(order) if p.name.value in bound)
     kept = list(params.params[:first])
     later = [p for p in order[first:] if p.name.value not in bound]
-    plain = [p.name.value for p in later if p.default is None]
-    if plain:
-        why = f"`partial` binds a parameter before `{plain[0]}`, which the step must then pass"
-        raise NotVisible(why)
-    # The later ones keep their defaults, on every device: neither pmap nor shard_map maps them.
-    kwonly = [p for p in params.kwonly_params if p.name.value not in bound and p not in later]
-    star = params.star_arg
-    if not kwonly and isinstance(star, cst.ParamStar):
-        star = cst.MaybeSentinel.DEFAULT  # `*, lr` with `lr` bound: nothing keyword-only left
+    # The later ones keep their defaults, or are passed by keyword (a position would fill the
+    # first parameter bound): keyword-only to the step.
+    kwonly = [p.with_changes(comma=cst.MaybeSentinel.DEFAULT) for p in later]
+    star: cst.ParamStar | cst.MaybeSentinel = (
+        cst.ParamStar() if kwonly else cst.MaybeSentinel.DEFAULT
+    )
     changed = params.with_changes(params=kept, kwonly_params=kwonly, star_arg=star)
     return body.with_changes(params=changed)
 
@@ -275,8 +375,8 @@ def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
     if any(i >= arity or i < 0 for i in fixed):
         raise NotVisible("`static_broadcasted_argnums` out of range")
     axes = options.in_axes
-    if axes is None:
-        return fixed
+    if axes is None or isinstance(axes, cst.Integer) and axes.value == "0":
+        return fixed  # `in_axes=0`: every argument mapped, as by default
     items = [e.value for e in axes.elements] if isinstance(axes, cst.Tuple) else None
     if items is None or len(items) != arity:
         raise NotVisible("`in_axes` is not a tuple with one entry per argument")
@@ -288,32 +388,71 @@ def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
     return fixed
 
 
-def _arity(body: cst.FunctionDef) -> int:
+def _call_of(flow: Parents, use: cst.Name, step: str) -> cst.Call:
+    """The call `step(...)` that `use` is the function of; raise NotVisible for any other use."""
+    call = flow.parent.get(id(use))
+    if not isinstance(call, cst.Call) or call.func is not use:
+        raise NotVisible(f"`{step}` is used other than called")
+    return call
+
+
+def _signature(
+    body: cst.FunctionDef, calls: list[cst.Call], step: str
+) -> tuple[cst.FunctionDef, int, tuple[str, ...]]:
+    """Return the body as its calls fill it, how many arguments they pass by position, and the
+    parameters they fill by keyword (in the def's order).
+
+    Every call must fill the same parameters: the first k by position, and some others by
+    keyword (pmap maps keyword arguments over their leading axis, as `in_axes=0`). The body
+    returned takes exactly those parameters (positional ones first, then the keyword ones),
+    without defaults; a parameter no call fills keeps its default, the same on every device.
+    """
     params = body.params
-    extra = params.star_arg not in (None, cst.MaybeSentinel.DEFAULT)
-    if extra or params.kwonly_params or params.star_kwarg or params.posonly_params:
-        raise NotVisible("the body takes more than plain positional parameters")
-    if any(p.default is not None for p in params.params):
-        raise NotVisible("the body has parameters with defaults")
-    return len(params.params)
+    extra = isinstance(params.star_arg, cst.Param)  # `*args` (a bare `*` takes nothing)
+    if extra or params.star_kwarg or params.posonly_params:
+        raise NotVisible("the body takes `*args`, `**kwargs` or positional-only parameters")
+    filled: set[tuple[int, frozenset[str]]] = set()
+    for call in calls:
+        if any(a.star for a in call.args):
+            raise NotVisible(f"a call of `{step}` unpacks its arguments (`*` or `**`)")
+        count = len([a for a in call.args if a.keyword is None])
+        named = [a.keyword.value for a in call.args if a.keyword is not None]
+        if any(a.keyword is None for a in call.args[count:]):
+            raise NotVisible(f"a call of `{step}` passes other than its arguments")
+        filled.add((count, frozenset(named)))
+    if len(filled) != 1:
+        raise NotVisible(f"the calls of `{step}` pass different arguments (by position or keyword)")
+    count, keywords = filled.pop()
+    order = [*params.params, *params.kwonly_params]
+    if count > len(params.params):
+        raise NotVisible(f"a call of `{step}` passes more arguments than the body takes")
+    names = [p.name.value for p in order]
+    if any(k not in names[count:] for k in keywords):
+        raise NotVisible(f"a call of `{step}` passes a keyword the body does not take")
+    taken = [*params.params[:count], *(p for p in order[count:] if p.name.value in keywords)]
+    missing = [p.name.value for p in order if p.default is None and p not in taken]
+    if missing:
+        raise NotVisible(f"a call of `{step}` does not pass `{missing[0]}`")
+    plain = [p.with_changes(default=None, equal=cst.MaybeSentinel.DEFAULT) for p in taken]
+    plain = [
+        p.with_changes(comma=cst.MaybeSentinel.DEFAULT, star=cst.MaybeSentinel.DEFAULT)
+        for p in plain
+    ]
+    view = body.with_changes(params=cst.Parameters(params=plain))
+    return view, count, tuple(p.name.value for p in taken[count:])
 
 
 def _step_call(
-    flow: Parents, use: cst.Name, step: str, arity: int, fixed: dict[int, str]
+    flow: Parents, call: cst.Call, step: str, body: cst.FunctionDef, fixed: dict[int, str]
 ) -> _StepCall:
-    call = flow.parent.get(id(use))
-    around = flow.parent.get(id(call)) if call is not None else None
-    if not isinstance(call, cst.Call) or call.func is not use:
-        raise NotVisible(f"`{step}` is used other than called")
-    values = positional(call, arity)
-    if values is None:
-        raise NotVisible(f"a call of `{step}` passes other than its {arity} arguments")
+    around = flow.parent.get(id(call))
+    values = _slot_values(call, body)
     args = [single_name(v) or ("" if i in fixed else INLINE) for i, v in enumerate(values)]
     names = [a or "" for a in args]
     if isinstance(around, cst.Subscript) and is_zero_index(
         around.with_changes(value=cst.Name("_")), "_"
     ):
-        return _StepCall(around, call, names, [], readback=around)  # `step(...)[0]`
+        return _StepCall(around, call, names, [], values, readback=around)  # `step(...)[0]`
     if not isinstance(around, cst.Assign) or len(around.targets) != 1:
         raise NotVisible(f"`{step}` is called other than as `out = {step}(...)`")
     targets = target_names(around.targets[0].target)
@@ -321,8 +460,79 @@ def _step_call(
         raise NotVisible(f"a result of `{step}` is not bound to a plain name")
     unpack = _unpacked_next(flow, around, targets)
     if unpack is not None:
-        return _StepCall(around, call, names, target_names(unpack.targets[0].target), None, unpack)
-    return _StepCall(around, call, names, targets)
+        unpacked = target_names(unpack.targets[0].target)
+        return _StepCall(around, call, names, unpacked, values, unpack=unpack)
+    return _StepCall(around, call, names, targets, values)
+
+
+def _slot_values(call: cst.Call, body: cst.FunctionDef) -> list[cst.BaseExpression]:
+    """The values `call` passes, in the order of the parameters of `body` (its signature)."""
+    by_keyword = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    plain = [a.value for a in call.args if a.keyword is None]
+    names = [p.name.value for p in body.params.params]
+    return plain + [by_keyword[n] for n in names[len(plain) :]]
+
+
+def _named_lambda(flow: Parents, name: str) -> cst.Lambda | None:
+    """The lambda `name` is bound to, when that is its only binding in the function."""
+    stores = flow.stores.get(name, [])
+    value = stores[0].value if len(stores) == 1 and isinstance(stores[0], cst.Assign) else None
+    return value if isinstance(value, cst.Lambda) else None
+
+
+def _check_lambda(program: Program, flow: Parents) -> None:
+    """The body is called from a lambda (`lambda x, k: f(x, k[0], lr=lr)`): its parameters must
+    not hide a name the call reads, and a value `partial` bound, now read when the step is
+    traced, must be the one it bound (not bound again after the step is made)."""
+    clash = set(program.params) & set(names_in(program.body))
+    if clash:
+        why = f"the step's parameter `{min(clash)}` is also a name in the mapped function"
+        raise NotVisible(why)
+    fun = program.body
+    if not isinstance(fun, cst.Call) or program.made_at < 0:
+        return  # made at module level: a function rebinds a global only with `global`
+    made = program.made_at
+    for arg in fun.args[1:]:
+        for name in set(names_in(arg.value)):
+            for binding in flow.stores.get(name, []):
+                inside = any(flow.order[id(a)] == made for a in ancestors(flow, binding))
+                if flow.order[id(binding)] > made and not inside:
+                    why = f"`{name}`, which `partial` binds, is bound again after the step is made"
+                    raise NotVisible(why)
+
+
+def _keyword_calls(program: Program, calls: list[_StepCall], keywords: tuple[str, ...]) -> None:
+    """Record the edit of each call passing keyword arguments: passed by position instead."""
+    for call in calls if keywords else ():
+        named = [a for a in call.call.args if a.keyword is not None]
+        order = [a.keyword.value for a in named if a.keyword is not None]
+        simple = all(field_root(a.value) or single_name(a.value) for a in named)
+        if order != list(keywords) and not simple:
+            why = "keyword arguments computed in another order than the parameters they fill"
+            raise NotVisible(why)
+        node_id = id(call.call)
+        program.nodes[node_id] = call.call
+        program.reasons[node_id] = (
+            f"keyword arguments passed by position ({', '.join(f'`{k}`' for k in keywords)}): "
+            "`jax.shard_map` takes positional arguments only"
+        )
+        program.edits[node_id] = lambda updated: positional_call(updated, keywords)  # type: ignore[arg-type]
+
+
+def positional_call(call: cst.Call, keywords: tuple[str, ...]) -> cst.Call:
+    """`step(a, b, k=c)` -> `step(a, b, c)`: the keyword arguments passed by position, in the
+    order of `keywords` (`jax.shard_map` takes positional arguments only)."""
+    plain = [a for a in call.args if a.keyword is None]
+    by_keyword = {a.keyword.value: a for a in call.args if a.keyword is not None}
+    moved = [
+        by_keyword[k].with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT) for k in keywords
+    ]
+    args = [*plain, *moved]
+    last = call.args[-1].comma if call.args else cst.MaybeSentinel.DEFAULT
+    commas = [a.comma for a in call.args]
+    args = [a.with_changes(comma=c) for a, c in zip(args, commas)]
+    args[-1] = args[-1].with_changes(comma=last)
+    return call.with_changes(args=args)
 
 
 def _unpacked_next(flow: Parents, assign: cst.Assign, targets: list[str]) -> cst.Assign | None:
@@ -369,14 +579,14 @@ def _follow_argument(
     for call in calls:
         name = _passed(call, position)
         if name == INLINE:
-            kinds.add(_inline_kind(program, call.call.args[position].value, forms))
+            kinds.add(_inline_kind(program, call.values[position], forms, position, flow))
             continue
         if name != call.args[position]:
             fields = True
         passed.add(name)
         first_call = min(flow.order[id(c.assign)] for c in calls if _passed(c, position) == name)
         found = [
-            (flow.order[id(b)], b, _binding_kind(program, b, name, forms, calls, flow))
+            (flow.order[id(b)], b, _binding_kind(program, b, name, forms, calls, flow, position))
             for b in flow.stores.get(name, [])
         ]
         if not found:  # a global, or a name bound outside the function: not followed
@@ -396,14 +606,24 @@ def _follow_argument(
     mapped = {"batch", "keys"} & kinds
     if not kinds or "other" in kinds or (mapped and len(kinds) != 1):
         why = "comes from elsewhere" if "other" in kinds or not kinds else "is mixed"
-        raise NotVisible(f"argument {position + 1} of the step {why}: its layout is not visible")
+        first = len(program.params) - len(program.keywords)
+        which = (
+            f"argument {position + 1}"
+            if position < first
+            else f"keyword argument `{program.params[position]}`"
+        )
+        raise NotVisible(f"{which} of the step {why}: its layout is not visible")
     program.batches[position] = bool(mapped)
     if kinds == {"keys"}:
         program.squeezed.add(position)
     results = {t for c in calls for t in c.targets}
-    for name in sorted(passed - results):
+    for name in sorted(passed):
         if not any(id(b) in program.siblings for b in flow.stores.get(name, [])):
-            _follow_stacked(program, flow, forms, calls, name, replicated=not mapped)
+            # A result fed back too: its reads after a call are the result's, followed there.
+            upstream = name in results
+            _follow_stacked(
+                program, flow, forms, calls, name, replicated=not mapped, upstream=upstream
+            )
 
 
 def _follow_stacked(
@@ -414,6 +634,7 @@ def _follow_stacked(
     name: str,
     *,
     replicated: bool,
+    upstream: bool = False,
 ) -> None:
     """Check every read of an argument the function stacks for the step (`x = replicate(x)`,
     `b = shard(b)`) and no step makes: the stacking is deleted, so once stacked it is read only
@@ -429,6 +650,8 @@ def _follow_stacked(
     ]
     feeds = {id(arg.value) for c in calls for arg in c.call.args} | program.sibling_feeds
     for use in flow.loads.get(name, []):
+        if upstream and not _upstream(flow, use, calls):
+            continue
         if id(field_top(flow, use)) in feeds or _loop_target(flow, use):
             continue
         if _in_arithmetic(program, flow, use):
@@ -474,24 +697,77 @@ def _passed(call: _StepCall, position: int) -> str:
     name = call.args[position]
     if name != INLINE:
         return name
-    root = field_root(call.call.args[position].value)
+    root = field_root(call.values[position])
     return INLINE if root is None else root.value
 
 
-def _inline_kind(program: Program, value: cst.BaseExpression, forms: Forms) -> str:
+def _inline_kind(
+    program: Program, value: cst.BaseExpression, forms: Forms, position: int, flow: Parents
+) -> str:
     """Classify an argument passed as an expression, and record its edit."""
     replicated = forms.replicated_source(value)
     if replicated is not None:
-        program.edit(value, REPLICATED, lambda: replicated)
+        _replication(program, value, replicated, position)
         return "replicated"
     batch = forms.shard_source(value)
     if batch is not None:
         program.edit(value, BATCH, lambda: global_batch(program, batch))
         return "batch"
+    if _named_splits(program, flow, forms, value):
+        return "batch"
     if forms.keys_source(value) is not None:
         program.edit(value, KEYS, lambda: global_batch(program, value))
         return "keys"
     return "other"
+
+
+SPLIT_NAMED = (
+    "a split into per-device slices deleted: the flat value goes into the batch sharded on the mesh"
+)
+
+
+def _named_splits(program: Program, flow: Parents, forms: Forms, value: cst.BaseExpression) -> bool:
+    """`{"x": xs, "y": ys}` (or a tuple), each element a split or a name bound once, after the
+    step is made, to a split (`xs = x.reshape((n, -1, 3))`) and read only there: the literal
+    becomes this process's part of a batch, each such name bound to the flat value. Record the
+    edits and return True; else False (nothing recorded)."""
+    if not isinstance(value, (cst.Dict, cst.Tuple)) or not value.elements:
+        return False
+    bindings: list[tuple[cst.Assign, cst.BaseExpression]] = []
+    for element in value.elements:
+        item = getattr(element, "value", None)
+        if not isinstance(element, (cst.DictElement, cst.Element)) or item is None:
+            return False
+        if forms.shard_source(item) is not None:
+            continue
+        name = single_name(item)
+        stores = flow.stores.get(name, []) if name is not None else []
+        binding = stores[0] if len(stores) == 1 else None
+        if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
+            return False
+        source = forms.shard_source(binding.value)
+        if source is None or program.made_at >= flow.order[id(binding)]:
+            return False
+        uses = flow.loads.get(name or "", [])
+        if not all(any(a is value for a in ancestors(flow, use)) for use in uses):
+            return False  # read elsewhere: that read would see the flat value
+        bindings.append((binding, source))
+    if not bindings:
+        return False
+    for binding, source in bindings:
+        program.edit(binding.value, SPLIT_NAMED, lambda s=source: s)  # type: ignore[misc]
+    program.edit(value, BATCH, lambda: global_batch(program, _flat_literal(forms, value)))
+    return True
+
+
+def _flat_literal(forms: Forms, value: cst.Dict | cst.Tuple) -> cst.BaseExpression:
+    """The literal with each split element replaced by its flat source (names stay)."""
+    elements = []
+    for element in value.elements:
+        item = element.value  # type: ignore[union-attr]
+        source = forms.shard_source(item)
+        elements.append(element.with_changes(value=source) if source is not None else element)
+    return value.with_changes(elements=elements)
 
 
 def _stacks_itself(binding: cst.CSTNode, name: str, forms: Forms) -> bool:
@@ -503,6 +779,52 @@ def _stacks_itself(binding: cst.CSTNode, name: str, forms: Forms) -> bool:
 
 
 REPLICATED = "a replication deleted: the value is passed as it is, replicated (`P()`)"
+COPIED = (
+    "a replication -> a copy of the value, replicated (`P()`): the step donates it, and "
+    "passing the value itself would donate the program's own buffers"
+)
+
+
+def _replication(
+    program: Program, value: cst.BaseExpression, source: cst.BaseExpression, position: int
+) -> None:
+    """Record the edit of a replication of `source` passed at `position`: deleted, or a copy
+    when the step donates that argument (pmap donated the replicas, never `source` itself)."""
+    if not _donated(program, position):
+        program.edit(value, REPLICATED, lambda: source)
+        return
+
+    def copy() -> cst.BaseExpression:
+        text = f"{program.jax}.tree.map({program.jnp}.copy, SOURCE)"
+        filled = cst.parse_expression(text).visit(_Source(source))
+        assert isinstance(filled, cst.BaseExpression)
+        return filled
+
+    program.edit(value, COPIED, copy)
+
+
+class _Source(cst.CSTTransformer):
+    def __init__(self, source: cst.BaseExpression) -> None:
+        super().__init__()
+        self.source = source
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        return self.source if original_node.value == "SOURCE" else updated_node
+
+
+def _donated(program: Program, position: int) -> bool:
+    """Return True if the step donates the argument at `position` (any, when not literal)."""
+    if program.donate is None:
+        return False
+    value = program.donate.value
+    items = (
+        [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
+    )
+    if not all(isinstance(i, cst.Integer) for i in items):
+        return True
+    return position in {int(i.value) for i in items}  # type: ignore[attr-defined]
+
+
 BATCH = "a split into per-device slices -> this process's part of a batch sharded on the mesh"
 KEYS = (
     "per-device keys -> this process's part of the keys sharded on the mesh, one per device "
@@ -517,6 +839,7 @@ def _binding_kind(
     forms: Forms,
     calls: list[_StepCall],
     flow: Parents,
+    position: int,
 ) -> str:
     """Return how a binding of an argument makes it: replicated, a batch, fed back, other."""
     if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
@@ -534,12 +857,14 @@ def _binding_kind(
         return "fed back"  # replicated values combined elementwise: replicated
     replicated = forms.replicated_source(value)
     if replicated is not None:
-        program.edit(value, REPLICATED, lambda: replicated)
+        _replication(program, value, replicated, position)
         return "replicated"
     after = program.made_at < flow.order.get(id(binding), -1)  # the mesh exists there
     batch = forms.shard_source(value)
     if batch is not None and after:
         program.edit(value, BATCH, lambda: global_batch(program, batch))
+        return "batch"
+    if after and _named_splits(program, flow, forms, value):
         return "batch"
     if forms.keys_source(value) is not None and after:
         program.edit(value, KEYS, lambda: global_batch(program, value))

@@ -45,34 +45,64 @@ def _calls_in(node: cst.CSTNode) -> Iterator[cst.Call]:
 
 
 class Parents(cst.CSTVisitor):
-    def __init__(self) -> None:
+    """Where each name is bound and read, each node's parent and place in the text; `skip`, a
+    def (the step's own body, nested in the function), is a binding whose inside is not read."""
+
+    def __init__(self, skip: cst.CSTNode | None = None) -> None:
         super().__init__()
+        self.skip = skip
         self.parent: dict[int, cst.CSTNode] = {}
         self.stack: list[cst.CSTNode] = []
         self.loads: dict[str, list[cst.Name]] = {}
         self.stores: dict[str, list[cst.CSTNode]] = {}  # name -> the Assign (or other) binding
         self.order: dict[int, int] = {}  # the place of each node in the function's text
         self.targets: set[int] = set()  # the names assignments bind (not loads)
+        # The names local to each def or lambda nested in what is visited (its parameters, what
+        # it assigns): bound and read there, they are not the function's own names.
+        self.scopes: list[set[str]] = []
+        self.suspended: list[tuple[int, set[str]]] = []  # scopes left while in a default
+
+    def _store(self, name: str, node: cst.CSTNode) -> None:
+        if not any(name in scope for scope in self.scopes):
+            self.stores.setdefault(name, []).append(node)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         self.order[id(node)] = len(self.order)
         if self.stack:
             self.parent[id(node)] = self.stack[-1]
+            above = self.stack[-1]
+            outer = isinstance(above, cst.Param) and above.default is node
+            if (outer or isinstance(above, cst.Decorator)) and self.scopes:
+                # A default or a decorator is evaluated where the def or lambda is made.
+                self.suspended.append((id(node), self.scopes.pop()))
         self.stack.append(node)
         if isinstance(node, cst.Assign):
             for target in node.targets:
                 for name in target_names(target.target):
-                    self.stores.setdefault(name, []).append(node)
+                    self._store(name, node)
                 self.targets |= {id(n) for n in _target_nodes(target.target)}
         elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.With)):
             for name in names_in(getattr(node, "target", None) or cst.Name("_")):
-                self.stores.setdefault(name, []).append(node)
+                self._store(name, node)
         elif isinstance(node, (cst.Param, cst.FunctionDef, cst.ClassDef, cst.NamedExpr)):
-            self.stores.setdefault(_bound(node), []).append(node)
-        return True
+            self._store(_bound(node), node)
+        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
+            self.scopes.append(_locals(node))
+        return node is not self.skip
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         self.stack.pop()
+        if isinstance(original_node, (cst.FunctionDef, cst.Lambda)):
+            self.scopes.pop()
+        self._load(original_node)  # (a default's own name: read where the def is made)
+        if self.suspended and self.suspended[-1][0] == id(original_node):
+            self.scopes.append(self.suspended.pop()[1])
+
+    def _load(self, original_node: cst.CSTNode) -> None:
+        if isinstance(original_node, cst.Name) and any(
+            original_node.value in scope for scope in self.scopes
+        ):
+            return  # a name of a nested def or lambda, not the function's
         if isinstance(original_node, cst.Name) and id(original_node) not in self.targets:
             parent = self.parent.get(id(original_node))
             if (
@@ -81,8 +111,53 @@ class Parents(cst.CSTVisitor):
                 and parent.value is original_node
                 or isinstance(parent, cst.Arg)
                 and parent.value is original_node
+                or isinstance(parent, cst.Param)
+                and parent.default is original_node
             ):
                 self.loads.setdefault(original_node.value, []).append(original_node)
+
+
+def _locals(node: cst.FunctionDef | cst.Lambda) -> set[str]:
+    """The names local to a def or lambda: its parameters and what its body binds (not through
+    `global` or `nonlocal`), not looking into the defs and lambdas nested in it."""
+    params = node.params
+    found = [*params.posonly_params, *params.params, *params.kwonly_params]
+    found += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+    names = {p.name.value for p in found}
+    if isinstance(node, cst.FunctionDef):
+        bound = _Binds()
+        for statement in node.body.children:
+            statement.visit(bound)
+        names |= bound.names - bound.declared
+    return names
+
+
+class _Binds(cst.CSTVisitor):
+    """The names a block binds, and those it declares `global` or `nonlocal`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+        self.declared: set[str] = set()
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.Assign):
+            for target in node.targets:
+                self.names |= set(names_in(target.target))
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For)):
+            self.names |= set(names_in(node.target))
+        elif isinstance(node, cst.WithItem) and node.asname is not None:
+            self.names |= set(names_in(node.asname.name))
+        elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            self.names.add(node.name.value)
+            return False
+        elif isinstance(node, cst.Lambda):
+            return False
+        elif isinstance(node, (cst.Global, cst.Nonlocal)):
+            self.declared |= {n.name.value for n in node.names}
+        elif isinstance(node, cst.NamedExpr):
+            self.names |= set(names_in(node.target))
+        return True
 
 
 def _bound(node: cst.CSTNode) -> str:
@@ -144,11 +219,56 @@ class Forms:
     """Recognizes the stacking and readback forms, by meaning."""
 
     def __init__(
-        self, qualname: Qualname, counts: Callable[[cst.BaseExpression], bool] = lambda _: True
+        self,
+        qualname: Qualname,
+        counts: Callable[[cst.BaseExpression], bool] = lambda _: True,
+        helpers: Mapping[str, cst.FunctionDef] | None = None,
+        named: Callable[[str], cst.Lambda | None] = lambda _: None,
     ) -> None:
         self.qualname = qualname
         self.counts = counts  # is this the number of local devices (pmap's mapped size)?
         self.defs: Mapping[str, cst.FunctionDef] = {}  # the module's functions, by name
+        self.helpers = helpers or {}  # the module's defs: `shard_batch(b)` splitting its argument
+        self.named = named  # the lambda a name of the function is bound to, if any
+
+    def _helper_source(self, node: cst.BaseExpression, kind: str) -> cst.BaseExpression | None:
+        """Return x of `helper(x)`, a def of the module that only returns a split (kind "shard")
+        or a replication ("replicated") of its one parameter, maybe after binding the number of
+        local devices (`n = jax.local_device_count()`); else None."""
+        if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Name):
+            return None
+        fn = self.helpers.get(node.func.value)
+        args = positional(node, 1)
+        if fn is None or args is None or not isinstance(fn.body, cst.IndentedBlock):
+            return None
+        params = fn.params
+        if len(params.params) != 1 or params.params[0].default is not None:
+            return None
+        if params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or params.kwonly_params:
+            return None
+        if params.star_kwarg is not None or params.posonly_params or fn.decorators:
+            return None
+        lines = list(fn.body.body)
+        last = lines[-1] if lines else None
+        small = last.body if isinstance(last, cst.SimpleStatementLine) else ()
+        if len(small) != 1 or not isinstance(small[0], cst.Return) or small[0].value is None:
+            return None
+        flow = Parents()
+        fn.body.visit(flow)
+        counts: Callable[[cst.BaseExpression], bool] = lambda n: is_device_count(
+            n, flow, self.qualname
+        )
+        for line in lines[:-1]:  # only `n = jax.local_device_count()`
+            body = line.body if isinstance(line, cst.SimpleStatementLine) else ()
+            if len(body) != 1 or not isinstance(body[0], cst.Assign):
+                return None
+            if not (isinstance(body[0].value, cst.Call) and counts(body[0].value)):
+                return None
+        inner = Forms(self.qualname, counts)
+        value = small[0].value
+        found = inner.shard_source(value) if kind == "shard" else inner.replicated_source(value)
+        param = params.params[0].name.value
+        return args[0] if found is not None and single_name(found) == param else None
 
     def _is(self, node: cst.BaseExpression, names: frozenset[str]) -> bool:
         return isinstance(node, cst.Call) and self.qualname(node.func) in names
@@ -161,7 +281,10 @@ class Forms:
             return None
         assert isinstance(node, cst.Call)
         args = positional(node, 2)
-        fn = _lambda_of(args[0]) if args else None
+        first = args[0] if args else None
+        if isinstance(first, cst.Name):  # `replicate_array = lambda x: ...` in the function
+            first = self.named(first.value) or first
+        fn = _lambda_of(first) if first is not None else None
         if args is None or fn is None or not leaf(fn[1], fn[0]):
             return None
         return args[1]
@@ -175,7 +298,7 @@ class Forms:
                 args is not None
                 and single_name(args[0]) == var
                 and _adds_leading(args[1], var)
-                and self.counts(args[1].left.elements[0].value)  # type: ignore[attr-defined]
+                and self.counts(normal_shape(args[1]).left.elements[0].value)  # type: ignore[attr-defined]
             )
         if self._is(node, STACK):
             assert isinstance(node, cst.Call)
@@ -193,6 +316,9 @@ class Forms:
 
     def replicated_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
         """Return x of a replication of x, else None."""
+        helped = self._helper_source(node, "replicated")
+        if helped is not None:
+            return helped
         if self._is(node, REPLICATE):
             assert isinstance(node, cst.Call)
             args = positional(node, 1)
@@ -215,6 +341,9 @@ class Forms:
         is the split of the same literal of their sources: each leaf is split alike."""
         if isinstance(node, (cst.Dict, cst.Tuple)) and node.elements:
             return self._split_literal(node)
+        helped = self._helper_source(node, "shard")
+        if helped is not None:
+            return helped
         if self._is(node, SHARD):
             assert isinstance(node, cst.Call)
             args = positional(node, 1)
@@ -284,8 +413,8 @@ class Forms:
         """`var.reshape((n, -1) + var.shape[1:])`, n the number of local devices."""
         if not _splits(node, var):
             return False
-        shape = node.args[0].value  # type: ignore[attr-defined]
-        return self.counts(shape.left.elements[0].value)
+        shape = normal_shape(node.args[0].value)  # type: ignore[attr-defined]
+        return self.counts(shape.left.elements[0].value)  # type: ignore[attr-defined]
 
     def _copied_zero(self, node: cst.BaseExpression, var: str) -> bool:
         """`np.array(var[0])`: device 0's copy of a leaf, fetched to the host."""
@@ -407,8 +536,22 @@ def _is_key(node: cst.Subscript) -> bool:
     return isinstance(node.slice[0].slice.value, cst.SimpleString)
 
 
+def normal_shape(node: cst.BaseExpression) -> cst.BaseExpression:
+    """`(n, -1, *x.shape[1:])` -> `(n, -1) + x.shape[1:]`: one spelling of a shape to match."""
+    if not isinstance(node, cst.Tuple) or not node.elements:
+        return node
+    *head, last = node.elements
+    if not isinstance(last, cst.StarredElement) or any(
+        isinstance(e, cst.StarredElement) for e in head
+    ):
+        return node
+    left = cst.Tuple([cst.Element(e.value) for e in head])
+    return cst.BinaryOperation(left, cst.Add(), last.value)
+
+
 def _adds_leading(node: cst.BaseExpression, var: str) -> bool:
     """`(n,) + var.shape`."""
+    node = normal_shape(node)
     return (
         isinstance(node, cst.BinaryOperation)
         and isinstance(node.operator, cst.Add)
@@ -425,16 +568,17 @@ def _splits(node: cst.BaseExpression, var: str) -> bool:
     if node.func.attr.value != "reshape" or single_name(node.func.value) != var:
         return False
     args = positional(node, 1)
-    shape = args[0] if args else None
+    shape = normal_shape(args[0]) if args else None
     if not (isinstance(shape, cst.BinaryOperation) and isinstance(shape.operator, cst.Add)):
         return False
     head, rest = shape.left, shape.right
     minus_one = (
         isinstance(head, cst.Tuple)
         and len(head.elements) == 2
-        and isinstance(head.elements[1].value, cst.UnaryOperation)
-        and isinstance(head.elements[1].value.expression, cst.Integer)
-        and head.elements[1].value.expression.value == "1"
+        and (
+            _is_minus_one(head.elements[1].value)
+            or _rows_per_device(head.elements[1].value, var, head.elements[0].value)
+        )
     )
     tail = (
         isinstance(rest, cst.Subscript)
@@ -448,7 +592,19 @@ def _splits(node: cst.BaseExpression, var: str) -> bool:
     return minus_one and tail
 
 
-def is_device_count(node: cst.BaseExpression, flow: Parents, qualname: Qualname) -> bool:
+def _rows_per_device(node: cst.BaseExpression, var: str, count: cst.BaseExpression) -> bool:
+    """`var.shape[0] // n`, `n` written as the split's first dimension: the same as -1."""
+    return (
+        isinstance(node, cst.BinaryOperation)
+        and isinstance(node.operator, cst.FloorDivide)
+        and code(node.left) == f"{var}.shape[0]"
+        and code(node.right) == code(count)
+    )
+
+
+def is_device_count(
+    node: cst.BaseExpression, flow: Parents, qualname: Qualname, seen: frozenset[str] = frozenset()
+) -> bool:
     """`jax.local_device_count()`, or a name bound only to it in the function.
 
     Stacking over another number (pmap over some of the devices) keeps the faithful form: the
@@ -457,9 +613,12 @@ def is_device_count(node: cst.BaseExpression, flow: Parents, qualname: Qualname)
     if isinstance(node, cst.Call):
         return not node.args and qualname(node.func) in DEVICE_COUNTS
     name = single_name(node)
-    stores = flow.stores.get(name, []) if name is not None else []
+    if name is None or name in seen:  # `n = n`, or names bound to each other
+        return False
+    stores = flow.stores.get(name, [])
     return bool(stores) and all(
-        isinstance(b, cst.Assign) and is_device_count(b.value, flow, qualname) for b in stores
+        isinstance(b, cst.Assign) and is_device_count(b.value, flow, qualname, seen | {name})
+        for b in stores
     )
 
 

@@ -101,6 +101,14 @@ def follow_step(
         if program.batches != first.batches:
             why = f"`{step.name}` gets a batch in one function and a replicated value in another"
             raise NotVisible(why)
+        if program.params != first.params:
+            why = f"`{step.name}` is called with other arguments in one function than in another"
+            raise NotVisible(why)
+    names = [p.name.value for p in step.body.params.params]
+    if step.decorated and first.keywords and names[: len(first.params)] != first.params:
+        # The calls pass the keyword arguments by position: they must fill the same parameters.
+        why = f"a call of `{step.name}` passes by keyword a parameter after one it leaves out"
+        raise NotVisible(why)
     return step
 
 

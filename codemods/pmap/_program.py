@@ -38,7 +38,7 @@ per-device gradients; under `check_vma=True` they would come out summed over dev
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import libcst as cst
@@ -55,7 +55,8 @@ class Program:
     """One step and the edits that go with it, in the function that makes and calls it."""
 
     host: cst.FunctionDef
-    statement: cst.SimpleStatementLine | None  # `step = jax.pmap(...)`; None: made elsewhere
+    # `step = jax.pmap(...)`, or the def a pmap decorator makes the step; None: made elsewhere
+    statement: cst.SimpleStatementLine | cst.FunctionDef | None
     body: cst.BaseExpression  # the def's name, or `functools.partial(name, k=...)`
     axis: cst.BaseExpression
     donate: cst.Arg | None
@@ -65,6 +66,8 @@ class Program:
         default_factory=dict
     )  # by id of an original expression: what it becomes
     jax: str = "jax"  # how the module spells `jax`
+    jnp: str = "jax.numpy"  # how the module spells `jax.numpy`
+    partial: str = "functools.partial"  # how the module spells it (a decorated step's)
     spec: cst.BaseExpression = field(default_factory=lambda: cst.Name("P"))  # PartitionSpec
     mesh: str = "mesh"  # the name the mesh is bound to
     sharding: str = "batch_sharding"  # the name the sharding of batches is bound to
@@ -84,9 +87,14 @@ class Program:
     make_sharding: bool = True  # False: another step of the function made `sharding` already
     siblings: set[int] = field(default_factory=set)  # `out = other_step(...)` in the function
     sibling_feeds: set[int] = field(default_factory=set)  # the arguments of those calls
-    params: list[str] = field(default_factory=list)  # the body's parameters
+    params: list[str] = field(default_factory=list)  # the body's parameters, as the calls fill them
+    keywords: tuple[str, ...] = ()  # the last of `params`, which the calls pass by keyword
+    keywords_bound: bool = False  # the def itself takes them by position (a decorated step)
     squeezed: set[int] = field(default_factory=set)  # per-device stacks: the body takes x[0]
     arithmetic: dict[int, set[str]] = field(default_factory=dict)  # `x = x - lr * g`: results read
+    # Names bound once to the number of devices or a lambda (a replicating one): their binding
+    # is deleted when the rewrite leaves them unread.
+    helpers: set[str] = field(default_factory=set)
 
     def edit(
         self, node: cst.BaseExpression, why: str, new: Callable[[], cst.BaseExpression]
@@ -124,38 +132,84 @@ class Program:
         """Return `jax.jit(jax.shard_map(body, ...), ...)`; no `mesh=` when `mesh` is None (the
         mesh the program sets with `jax.set_mesh` is used)."""
         in_specs, out_specs = self.specs()
-        inner = [self._per_device_body(), *([f"mesh={mesh}"] if mesh is not None else [])]
+        inner = [self.per_device_body(), *([f"mesh={mesh}"] if mesh is not None else [])]
         inner += [f"in_specs={in_specs}", f"out_specs={out_specs}", "check_vma=False"]
         outer = [f"{self.jax}.shard_map({', '.join(inner)})", *self.jit_options()]
         return f"{self.jax}.jit({', '.join(outer)})"
 
-    def step_statements(self, indent: str, style: Style) -> list[cst.SimpleStatementLine]:
-        """Return the mesh, made once, and the step as `jax.jit` of `jax.shard_map`."""
+    def step_statements(
+        self, indent: str, style: Style, updated: cst.CSTNode | None = None
+    ) -> list[cst.BaseStatement]:
+        """Return the mesh, made once, and the step as `jax.jit` of `jax.shard_map` (a def the
+        pmap decorated, `updated`, gets their decorators)."""
         assert self.statement is not None
         jax, spec = self.jax, code(self.spec)
         axis = code(self.axis)
-        target = code(self.statement.body[0].targets[0].target)  # type: ignore[attr-defined]
-        texts = [f"{target} = {self.step_text(self.mesh)}"]
+        if isinstance(self.statement, cst.FunctionDef):
+            texts = []
+        else:
+            target = code(self.statement.body[0].targets[0].target)  # type: ignore[attr-defined]
+            texts = [f"{target} = {self.step_text(self.mesh)}"]
         if any(self.batches) and self.make_sharding:
             sharding = f"{jax}.sharding.NamedSharding({self.mesh}, {spec}({axis}))"
             texts.insert(0, f"{self.sharding} = {sharding}")
         if self.make_mesh:
             texts.insert(0, f"{self.mesh} = {jax}.sharding.Mesh({jax}.devices(), ({axis},))")
         statements = [_laid_out(cst.parse_statement(text), indent, style) for text in texts]
-        assert all(isinstance(s, cst.SimpleStatementLine) for s in statements)
-        first = statements[0].with_changes(leading_lines=self.statement.leading_lines)
-        return [first, *statements[1:]]  # type: ignore[list-item]
+        if isinstance(updated, cst.FunctionDef):
+            statements.append(self._decorated(updated, indent, style))
+        if not statements:
+            return []
+        first = statements[0].with_changes(leading_lines=self.statement.leading_lines)  # type: ignore[attr-defined]
+        if len(statements) > 1 and isinstance(statements[-1], cst.FunctionDef):
+            # One blank line before an inner def after statements, as black writes it.
+            statements[-1] = statements[-1].with_changes(
+                leading_lines=[cst.EmptyLine(indent=False)]
+            )
+        return [first, *statements[1:]]
 
-    def _per_device_body(self) -> str:
+    def _decorated(self, updated: cst.FunctionDef, indent: str, style: Style) -> cst.FunctionDef:
+        """The def with `@partial(jax.jit, ...)` over `@partial(jax.shard_map, mesh=...)`."""
+        in_specs, out_specs = self.specs()
+        options = self.jit_options()
+        jit = (
+            f"{self.partial}({self.jax}.jit, {', '.join(options)})"
+            if options
+            else f"{self.jax}.jit"
+        )
+        shard_map = (
+            f"{self.partial}({self.jax}.shard_map, mesh={self.mesh}, in_specs={in_specs}, "
+            f"out_specs={out_specs}, check_vma=False)"
+        )
+        room = Room(indent, len(indent) + 1)  # after the `@`
+        decorators = []
+        for text in (jit, shard_map):
+            expr = cst.parse_expression(text)
+            if isinstance(expr, cst.Call):
+                expr = Call.of(expr).laid_out(room, style)
+            decorators.append(cst.Decorator(decorator=expr))
+        return updated.with_changes(decorators=decorators)
+
+    def wrapped(self) -> bool:
+        """Return True if the body is called from a lambda (per-device stacks, keywords)."""
+        return bool(self.squeezed or self.keywords and not self.keywords_bound)
+
+    def per_device_body(self) -> str:
         """The body, or a lambda calling it with its own `x[0]` of each per-device stack.
 
         A stack of per-device values that is not a split batch (keys, one per device) comes to
         each device as a block of one: the body takes that block's only element, as pmap
         gave it (brax's ES migration does the same)."""
-        if not self.squeezed:
+        if not self.wrapped():
             return code(self.body)
         args = [f"{p}[0]" if i in self.squeezed else p for i, p in enumerate(self.params)]
-        return f"lambda {', '.join(self.params)}: {code(self.body)}({', '.join(args)})"
+        first = len(self.params) - len(self.keywords)  # then passed by keyword, as they were
+        args = [f"{p}={a}" if i >= first else a for i, (p, a) in enumerate(zip(self.params, args))]
+        fun = self.body
+        if isinstance(fun, cst.Call):  # `partial(f, k=v)`: `f(..., k=v)`, the same call
+            args += [code(a.with_changes(comma=cst.MaybeSentinel.DEFAULT)) for a in fun.args[1:]]
+            fun = fun.args[0].value
+        return f"lambda {', '.join(self.params)}: {code(fun)}({', '.join(args)})"
 
 
 def _laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.BaseStatement:
@@ -174,11 +228,27 @@ def _laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.Ba
     method = value.func if not value.args and isinstance(value.func, cst.Attribute) else None
     if method is not None and isinstance(method.value, cst.Call):
         tail = len(code(value)) - len(code(method.value))
-        laid = Call.of(method.value).laid_out(Room(indent, head, tail), style)
+        laid = _lambda_calls(Call.of(method.value)).laid_out(Room(indent, head, tail), style)
         chained = value.with_changes(func=method.with_changes(value=laid))
         return statement.with_changes(body=[node.with_changes(value=chained)])
-    laid = Call.of(value).laid_out(Room(indent, head), style)
+    laid = _lambda_calls(Call.of(value)).laid_out(Room(indent, head), style)
     return statement.with_changes(body=[node.with_changes(value=laid)])
+
+
+def _lambda_calls(call: Call) -> Call:
+    """`call` with the call a lambda argument makes (`lambda x, k: f(x, k[0])`) laid out as a
+    call too, after the lambda's head, as black lays it out."""
+    items = []
+    for item in call.items:
+        value = item.arg.value
+        if item.call is not None:
+            item = replace(item, call=_lambda_calls(item.call))
+        elif isinstance(value, cst.Lambda) and isinstance(value.body, cst.Call):
+            head = len(code(value)) - len(code(value.body))
+            wrap = lambda laid, v=value: v.with_changes(body=laid)
+            item = replace(item, call=Call.of(value.body), wrap=wrap, head=head)
+        items.append(item)
+    return replace(call, items=items)
 
 
 def global_batch(program: Program, source: cst.BaseExpression) -> cst.BaseExpression:
@@ -200,7 +270,49 @@ def rewrite_host(
     """Return `host` with the edits of `programs` (steps it calls) and the mesh `setup`."""
     out = host.visit(_Edit(host, programs, setup, indent, style))
     assert isinstance(out, cst.FunctionDef)
+    helpers = set().union(*(p.helpers for p in programs))
+    dead = helpers - set(_loads(out.body))
+    while dead:  # `n = jax.local_device_count()`, `rep = lambda x: ...`, no longer read
+        dropped = out.visit(_Drop(dead))
+        assert isinstance(dropped, cst.FunctionDef)
+        helpers -= dead
+        out, dead = dropped, helpers - set(_loads(dropped.body))
     return out
+
+
+def _loads(node: cst.CSTNode) -> list[str]:
+    """The names read in `node` (not the targets of assignments)."""
+    found: list[str] = []
+
+    class _Reads(cst.CSTVisitor):
+        def visit_AssignTarget(self, target: cst.AssignTarget) -> bool:
+            return not isinstance(target.target, cst.Name)
+
+        def visit_Name(self, name: cst.Name) -> None:
+            found.append(name.value)
+
+    node.visit(_Reads())
+    return found
+
+
+class _Drop(cst.CSTTransformer):
+    """Delete `name = value` statements (no comment above them) binding one of `names`."""
+
+    def __init__(self, names: set[str]) -> None:
+        super().__init__()
+        self.names = names
+
+    def leave_SimpleStatementLine(
+        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+    ) -> cst.SimpleStatementLine | cst.RemovalSentinel:
+        node = updated_node.body[0] if len(updated_node.body) == 1 else None
+        if not isinstance(node, cst.Assign) or len(node.targets) != 1:
+            return updated_node
+        target = node.targets[0].target
+        commented = any(line.comment for line in updated_node.leading_lines)
+        if isinstance(target, cst.Name) and target.value in self.names and not commented:
+            return cst.RemovalSentinel.REMOVE
+        return updated_node
 
 
 class _Edit(cst.CSTTransformer):
@@ -245,7 +357,7 @@ class _Edit(cst.CSTTransformer):
             return edit(updated_node)
         program = self.made.get(id(original_node))
         if program is not None:
-            return cst.FlattenSentinel(program.step_statements(here, self.style))
+            return cst.FlattenSentinel(program.step_statements(here, self.style, updated_node))
         if _is_self_assignment(updated_node) and not _is_self_assignment(original_node):
             return cst.RemovalSentinel.REMOVE  # `x = replicate(x)` with the replication gone
         if self.setup is not None and original_node is self.setup[0]:

@@ -13,8 +13,15 @@ from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.passes import Pass
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
-from ._flow import analyze, mapped_name, options_of, read_options
-from ._forms import Parents, single_name
+from ._flow import (
+    analyze,
+    analyze_decorated,
+    lambda_def,
+    mapped_name,
+    options_of,
+    read_options,
+)
+from ._forms import Parents, ancestors, single_name
 from ._outer import (
     OuterGroup,
     OuterStep,
@@ -177,6 +184,11 @@ def _axis_called(flow: Parents, use: cst.Name) -> cst.SimpleString | None:
     if axis.keyword.value != "axis_name" or not isinstance(axis.value, cst.SimpleString):
         return None
     return axis.value
+
+
+def _scope_of(flow: Parents, node: cst.CSTNode) -> cst.CSTNode | None:
+    """The def, lambda or class `node` is in (None: at module level)."""
+    return next((a for a in ancestors(flow, node) if isinstance(a, SCOPES)), None)
 
 
 def fun_arg(call: cst.Call) -> cst.Arg | None:
@@ -439,26 +451,103 @@ class Finding(Pass):
         host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
         if len(site.pmaps) != 1:
             raise NotVisible("a nested pmap: its calls are not followed (yet)")
-        if not isinstance(site.node, cst.Call):
-            raise NotVisible("a pmap decorator on a def inside a function: not followed (yet)")
+        if isinstance(site.node, cst.Decorator):
+            return self._decorated_program(module, site, flow, siblings)
+        assert isinstance(site.node, cst.Call)
         if not isinstance(host, cst.FunctionDef) or host is site.mapped:
             raise NotVisible(
                 "the step is made in a class body or a lambda: its calls are not followed"
             )
-        name = self._mapped_def_name(site.node)
-        defs = self.survey.defs(name)
-        if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(name):
-            raise NotVisible("the pmapped function is not a def of this module")
+        fun = fun_arg(site.node)
+        skip: cst.CSTNode | None = None  # the body, when it is written in the function
+        if fun is not None and isinstance(fun.value, cst.Lambda):  # `jax.pmap(lambda x: ...)`
+            body, skip = lambda_def(fun.value), fun.value
+        else:
+            name = self._mapped_def_name(site.node)
+            defs = self.survey.defs(name)
+            if len(defs) != 1 or self.survey.rebound(name):
+                raise NotVisible(self._not_a_def(site.node, name))
+            body = defs[0]
+            skip = None if body in module.body else body
+            if skip is not None and _scope_of(flow, body) is not host:
+                why = f"the pmapped function `{name}` is a def nested in another function"
+                raise NotVisible(why)
         statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
         if not isinstance(statement, cst.SimpleStatementLine):
+            around = site.ancestors[-2] if len(site.ancestors) > 1 else None
+            if isinstance(around, cst.Call) and around.func is site.node:
+                raise NotVisible("the step is called where it is made (`jax.pmap(f)(x)`)")
             raise NotVisible("the step is not made by a statement of its own")
-        module_defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
-        program = analyze(host, statement, site.node, defs[0], self.qualname, siblings, module_defs)
+        module_defs = self._module_defs(module)
+        if isinstance(host.body, cst.IndentedBlock):  # the function's own defs hide the module's
+            module_defs |= {
+                d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)
+            }
+        program = analyze(
+            host, statement, site.node, body, self.qualname, siblings, module_defs, skip
+        )
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
         mesh = mesh_in_scope(scopes, flow.order[id(statement)], flow, program.axis, self.qualname)
         if mesh is not None:
             program.mesh, program.make_mesh = mesh, False
         return host, program
+
+    def _decorated_program(
+        self, module: cst.Module, site: PmapUse, flow: Parents, siblings: tuple[str, ...]
+    ) -> tuple[cst.FunctionDef, Program]:
+        """The program of a def a pmap decorator makes a step of, in the function calling it."""
+        body = site.mapped
+        assert isinstance(body, cst.FunctionDef) and isinstance(site.node, cst.Decorator)
+        host = _scope_of(flow, body)
+        if not isinstance(host, cst.FunctionDef):
+            raise NotVisible(
+                "the step is made in a class body or a lambda: its calls are not followed"
+            )
+        deco = site.node.decorator
+        args = deco.args[1:] if isinstance(deco, cst.Call) else ()
+        unnamed = cst.SimpleString(f'"{self._unnamed()}"')
+        options = read_options(
+            cst.Name(body.name.value), args, self.qualname, positional_axis=False, unnamed=unnamed
+        )
+        module_defs = self._module_defs(module)
+        if isinstance(host.body, cst.IndentedBlock):  # the function's own defs hide the module's
+            module_defs |= {
+                d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)
+            }
+        program = analyze_decorated(host, body, options, self.qualname, siblings, module_defs)
+        scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
+        mesh = mesh_in_scope(scopes, flow.order[id(body)], flow, program.axis, self.qualname)
+        if mesh is not None:
+            program.mesh, program.make_mesh = mesh, False
+        return host, program
+
+    def _module_defs(self, module: cst.Module) -> dict[str, cst.FunctionDef]:
+        """The defs of the module that nothing else binds (by name)."""
+        assert self.survey is not None
+        return {
+            d.name.value: d
+            for d in module.body
+            if isinstance(d, cst.FunctionDef) and not self.survey.rebound(d.name.value)
+        }
+
+    def _not_a_def(self, pmap: cst.CSTNode, name: str) -> str:
+        """Why the function `pmap` maps is not a def this form reads."""
+        fun = fun_arg(pmap) if isinstance(pmap, cst.Call) else None
+        value = fun.value if fun is not None else None
+        if isinstance(value, cst.Call):
+            value = value.args[0].value if value.args else value  # `partial(f, ...)`: f
+        if isinstance(value, cst.Lambda):
+            return "the pmapped function is a lambda: its calls are followed only for defs"
+        if isinstance(value, cst.Attribute):
+            return f"the pmapped function `{code(value)}` is an attribute: its body is not visible"
+        kinds = {b.kind for b in self.resolver.bindings(name)} if name else set()
+        if kinds == {BindingKind.PARAM}:
+            return f"the pmapped function `{name}` is a parameter: the def it is is not visible"
+        if kinds == {BindingKind.IMPORT}:
+            return f"the pmapped function `{name}` is imported: its body is not read (yet)"
+        if len(self.survey.defs(name) if name else []) > 1:  # type: ignore[union-attr]
+            return f"the pmapped function `{name}` is defined more than once"
+        return "the pmapped function is not a def of this module"
 
     def _mapped_def_name(self, pmap: cst.Call) -> str:
         """Return the name of the def `jax.pmap(f)` or `jax.pmap(partial(f, k=...))` maps."""

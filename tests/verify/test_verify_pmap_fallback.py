@@ -220,6 +220,7 @@ def test_the_step_site_says_what_the_program_level_form_assumes() -> None:
         "end_line": 14,
         "body": "step",
         "args": ["replicated", "batch"],
+        "keywords": [],
         "replicated": [0],
         "results": [0, 1],
         "varying": [False, False],

@@ -211,6 +211,17 @@ def _is_step(node: ast.expr, body: str | None) -> bool:
         and isinstance(inner.func, ast.Attribute)
         and inner.func.attr == "shard_map"
         and bool(inner.args)
-        and isinstance(inner.args[0], ast.Name)
-        and inner.args[0].id == body
+        and body is not None
+        and _same_code(inner.args[0], body)
     )
+
+
+def _same_code(node: ast.expr, text: str) -> bool:
+    """Return True if `node` is the expression `text` (a name, or a lambda around the body),
+    whatever its layout."""
+    if isinstance(node, ast.Name):
+        return node.id == text
+    try:
+        return ast.unparse(node) == ast.unparse(ast.parse(text, mode="eval").body)
+    except SyntaxError:
+        return False

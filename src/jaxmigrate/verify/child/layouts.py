@@ -123,14 +123,20 @@ def checked(
         if not concrete((args, kwargs)):
             return step(*args, **kwargs)
         calls += 1
+        keywords = layout.get("keywords", [])
+        passed = args  # by the step's parameters: the keyword arguments last, in its order
+        if kwargs and set(kwargs) == set(keywords):
+            passed = (*args, *(kwargs[k] for k in keywords))
         for position in layout.get("replicated", []):
-            if position < len(args) and differs(args[position]) and not found:
+            if position < len(passed) and differs(passed[position]) and not found:
                 found.append(
                     f"argument {position + 1} of `{name}` differs between devices in the "
                     f"original (call {calls}): it is not replicated, as `P()` assumes"
                 )
-        keep = steps is not None and len(steps) < MAX_STEP_CALLS and not kwargs
-        before = flat_args(layout, args) if keep else ()
+        keep = (
+            steps is not None and len(steps) < MAX_STEP_CALLS and (passed is not args or not kwargs)
+        )
+        before = flat_args(layout, passed) if keep else ()
         out = step(*args, **kwargs)
         results = out if layout.get("tuple") and isinstance(out, tuple) else (out,)
         for index in layout.get("results", []):
