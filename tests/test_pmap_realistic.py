@@ -163,6 +163,25 @@ def test_every_migrated_program_gives_the_original_numbers(
         assert report[name]["differ"] == [], (name, report[name]["differ"])
 
 
+# Programs whose flows still stop the program-level form somewhere (flax wmt with a keyword
+# dropout key, `evaluate(p_eval_step=...)` and a static-argument predict step; AlgoPerf's
+# static workload and in_axes None; flax lm1b-style steps called from two functions; HF
+# transformers' run_clm_flax with steps nested in main and per-device keys in the state):
+# whatever form each site takes, the numbers must stay the original's.
+MIXED = ["wmt", "algoperf", "lm1b_two_callers", "hf_clm"]
+
+
+def test_programs_of_mixed_forms_keep_the_original_numbers(tmp_path: Path) -> None:
+    sources = {name: (DATA / f"{name}.py").read_text() for name in MIXED}
+    before, after, sites = migrate(tmp_path, sources)
+    for name in MIXED:
+        assert any(s["path"] == f"{name}.py" and s["applied"] for s in sites), name
+    report = side_by_side(before, after, MIXED)
+    for name in MIXED:
+        assert report[name]["leaves"] >= 4, report[name]
+        assert report[name]["differ"] == [], (name, report[name]["differ"])
+
+
 def numbers(text: str) -> list[float]:
     """The floats a program printed on its last line, after the process index."""
     line = text.strip().splitlines()[-1].split(" ", 1)[1]
