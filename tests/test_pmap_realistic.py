@@ -7,11 +7,14 @@ feeding each process's own slice of the batch). Each is migrated by `jaxmigrate 
 --unsafe-fixes` in a copy; the original's and the migrated `main()` then run side by side on 8
 simulated CPU devices and every leaf of their results must agree, and the migrated source must
 keep no device axis (`replicate`, `shard(`, `[0]` readbacks of step results, the per-device
-helper). The multi-host trainer's migrated program also runs as a 2-process JAX job, and every
-process must get the weights the 1-process original gets.
+helper). The multi-host programs' migrated forms also run as 2-process JAX jobs: every process
+must get the weights the 1-process original gets, and flatten its own examples' predictions.
+Four more programs (flax wmt, AlgoPerf, flax lm1b-style, HF run_clm_flax) still take mixed
+forms: only their numbers are checked.
 
 Two known wrong rewrites (donated arguments whose replication is deleted) are kept as strict
-xfails: they start passing when the rewrite keeps a fresh buffer for a donated argument.
+xfails: they start passing when the rewrite passes a donated argument a fresh buffer (branch
+`widen` does); drop the marks then.
 """
 
 from __future__ import annotations
