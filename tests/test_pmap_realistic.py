@@ -12,9 +12,10 @@ must get the weights the 1-process original gets, and flatten its own examples' 
 Four more programs (flax wmt, AlgoPerf, flax lm1b-style, HF run_clm_flax) still take mixed
 forms: only their numbers are checked.
 
-Two known wrong rewrites (donated arguments whose replication is deleted) are kept as strict
-xfails: they start passing when the rewrite passes a donated argument a fresh buffer (branch
-`widen` does); drop the marks then.
+Two rewrites that were wrong (a donated argument whose replication was deleted donated the
+program's own array: read again later it raised 'Array has been deleted'; replicated twice,
+'donate the same buffer twice') keep the original's numbers now that a donated replicated
+argument is passed as a copy.
 """
 
 from __future__ import annotations
@@ -270,12 +271,6 @@ def main():
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known wrong rewrite: a donated argument whose replication is deleted donates the "
-    "program's own array (read again later: 'Array has been deleted'; replicated twice: "
-    "'donate the same buffer twice')",
-)
 @pytest.mark.parametrize("source", [DONATED_ALIAS, TWO_REPLICAS_DONATED], ids=["alias", "twice"])
 def test_a_donated_replicated_argument_keeps_the_original_numbers(
     tmp_path: Path, source: str
