@@ -190,7 +190,7 @@ def test_lists_started_together_gather_results(start: str) -> None:
 
 
 def test_a_list_started_from_another_value_is_refused() -> None:
-    tail = "    ws, other = [w], []\n    w = p_step(w, x)\n    ws.append(w)\n    return ws\n"
+    tail = "    ws, other = [None], []\n    w = p_step(w, x)\n    ws.append(w)\n    return ws\n"
     result = migrate_source(HEAD + tail, options=Options(unsafe_fixes=True))
     assert "shard_map_per_device(" in result.code
     message = next(s.message for s in result.sites if "`jax.pmap`" in s.message)

@@ -440,9 +440,14 @@ def test_a_binding_made_after_the_module_runs_code_is_not_offered_to_new_code() 
         """
     )
     assert late.model.module_binding("jax.sharding.PartitionSpec") is None
-    for runs in ("@jax.jit\ndef g(): pass", "class C: pass", "jax.config.update('a', 1)"):
+    for runs in ("@jax.pmap\ndef g(x): pass", "class C:\n    g = jax.pmap(f)"):
         m = Mod(f"import jax\n{runs}\nfrom jax.sharding import PartitionSpec\n")
         assert m.model.module_binding("jax.sharding.PartitionSpec") is None, runs
+    # Code that uses no legacy name gets no new code: a script's preamble before its imports
+    # (`jax.config.update(...)`) does not hide them from new code in its functions.
+    for runs in ("@jax.jit\ndef g(): pass", "class C: pass", "jax.config.update('a', 1)"):
+        m = Mod(f"import jax\n{runs}\nfrom jax.sharding import PartitionSpec\n")
+        assert m.model.module_binding("jax.sharding.PartitionSpec") == "PartitionSpec", runs
 
 
 def test_a_late_partition_spec_import_is_not_used_before_it_runs() -> None:
@@ -454,6 +459,18 @@ def test_a_late_partition_spec_import_is_not_used_before_it_runs() -> None:
     out = migrate_source(source, options=Options(unsafe_fixes=True)).code
     assert 'in_specs=jax.sharding.PartitionSpec("device")' in out, out
     assert "P(" not in out
+
+
+def test_a_script_preamble_does_not_hide_its_later_imports_from_new_code() -> None:
+    """`jax.config.update(...)` before a script's other imports (x64, distributed set-up): the
+    rewrite in a function spells the script's own `P`, not `jax.sharding.PartitionSpec`."""
+    source = (
+        "import jax\n\njax.config.update('jax_enable_x64', False)\n\n"
+        "from jax.sharding import PartitionSpec as P\n\n\n"
+        "def f(x):\n    return jax.pmap(lambda v: v * 2, axis_name='i')(x)\n"
+    )
+    out = migrate_source(source, options=Options(unsafe_fixes=True)).code
+    assert "in_specs=P('i')" in out and "jax.sharding.PartitionSpec(" not in out, out
 
 
 def test_paths_to_marks_the_way_to_each_use() -> None:

@@ -625,11 +625,17 @@ class ScopeModel:
         return None
 
     def _early(self) -> frozenset[int]:
-        """Return the nodes of the module-level statements before the first that runs code."""
+        """Return the nodes of the module-level statements before the first that runs code and
+        uses a watched (legacy) name: new code goes where those names are used, so code that
+        uses none (`jax.config.update(...)` before a script's other imports) runs no new code.
+        When the watched names' uses are not all known, the first statement that runs code."""
         if self._early_nodes is None:
+            legacy: frozenset[int] | None = None
+            if self._complete and (self._marks or self._type_marks):
+                legacy = frozenset().union(*self._marks.values(), *self._type_marks.values())
             nodes: set[int] = set()
             for statement in self._module.body:
-                if _runs_code(statement):
+                if _runs_code(statement) and (legacy is None or id(statement) in legacy):
                     break
                 nodes.update(_statement_nodes(statement))
             self._early_nodes = frozenset(nodes)
