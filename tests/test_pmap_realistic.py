@@ -21,7 +21,6 @@ argument is passed as a copy.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from clitools import jm
 from conftest import jax_env
 from multihost import run_job
 
@@ -85,19 +85,6 @@ SIDE_BY_SIDE = textwrap.dedent(
 )
 
 
-def jaxmigrate(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "jaxmigrate", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-
-
 def side_by_side(before: Path, after: Path, names: list[str]) -> dict:
     proc = subprocess.run(
         [sys.executable, "-c", SIDE_BY_SIDE, str(before), str(after), *names],
@@ -119,9 +106,10 @@ def migrate(tmp_path: Path, sources: dict[str, str]) -> tuple[Path, Path, list[d
         for name, text in sources.items():
             (folder / f"{name}.py").write_text(text)
     report = tmp_path / "report.json"
-    proc = jaxmigrate(
-        ["run", "--no-verify", "--unsafe-fixes", "--report", str(report), "--format", "json", "."],
-        after,
+    proc = jm(
+        *["run", "--no-verify", "--unsafe-fixes", "--report", str(report), "--format", "json", "."],
+        cwd=after,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     sites = [s for f in json.loads(report.read_text())["files"] for s in f["sites"]]
