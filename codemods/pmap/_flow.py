@@ -226,7 +226,6 @@ def _follow(
         {name: d for name, d in (defs or {}).items() if name not in flow.stores},
         lambda name: _named_lambda(flow, name),
     )
-    forms.defs = {k: v for k, v in (defs or {}).items() if k not in flow.stores}  # not shadowed
     for position in range(arity):
         if position not in fixed:
             _follow_argument(program, flow, forms, calls, position)

@@ -222,13 +222,14 @@ class Forms:
         self,
         qualname: Qualname,
         counts: Callable[[cst.BaseExpression], bool] = lambda _: True,
-        helpers: Mapping[str, cst.FunctionDef] | None = None,
+        defs: Mapping[str, cst.FunctionDef] | None = None,
         named: Callable[[str], cst.Lambda | None] = lambda _: None,
     ) -> None:
         self.qualname = qualname
         self.counts = counts  # is this the number of local devices (pmap's mapped size)?
-        self.defs: Mapping[str, cst.FunctionDef] = {}  # the module's functions, by name
-        self.helpers = helpers or {}  # the module's defs: `shard_batch(b)` splitting its argument
+        # The module's functions, by name, that the host does not shadow: helpers splitting or
+        # replicating their argument (`shard_batch(b)`), or flattening a result (`tohost(r)`).
+        self.defs: Mapping[str, cst.FunctionDef] = defs or {}
         self.named = named  # the lambda a name of the function is bound to, if any
 
     def _helper_source(self, node: cst.BaseExpression, kind: str) -> cst.BaseExpression | None:
@@ -237,7 +238,7 @@ class Forms:
         local devices (`n = jax.local_device_count()`); else None."""
         if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Name):
             return None
-        fn = self.helpers.get(node.func.value)
+        fn = self.defs.get(node.func.value)
         args = positional(node, 1)
         if fn is None or args is None or not isinstance(fn.body, cst.IndentedBlock):
             return None
