@@ -86,7 +86,9 @@ def original_verdict(
         return Verdict(Status.UNVERIFIED, f"the original {reply.fault}", details)
     data = reply.data
     if data.get("ok"):
-        return None
+        return nothing_shown(plan, data)
+    if data.get("nondeterministic"):
+        return Verdict(Status.UNVERIFIED, str(data.get("error")), details)
     if data.get("no_inputs"):
         return Verdict(Status.UNVERIFIED, hint(plan, verify_with, tests), details)
     if data.get("not_kept"):
@@ -111,6 +113,39 @@ def original_verdict(
         reason = f"cannot be run alone: {data.get('error')}: there is nothing to call"
         return Verdict(Status.UNVERIFIED, reason, details)
     return Verdict(Status.UNVERIFIED, f"the original cannot run: {data.get('error')}", details)
+
+
+def nothing_shown(plan: Plan, data: dict[str, Any]) -> Verdict | None:
+    """Return `unverified` when a unit ran but its run has nothing to compare, else None.
+
+    A `main()` that returns nothing, prints nothing and writes no file agrees with anything.
+    """
+    found = data.get("shows")
+    if not found or found["returned"] or found["printed"] or found["files"]:
+        return None
+    name = plan.target.qualname
+    reason = f"`{name}()` returned nothing and printed or wrote nothing to compare"
+    if found.get("left_out"):
+        reason += f" ({found['left_out']})"
+    details = base_details(plan, data) | {"compared": found}
+    return Verdict(Status.UNVERIFIED, reason, details)
+
+
+def compared(found: dict[str, Any] | None) -> str:
+    """Return what a unit's comparison covered, in words ('' for a target that is no unit)."""
+    if not found:
+        return ""
+    parts = ["its return value"] if found["returned"] else []
+    if found["printed"]:
+        parts.append(f"{found['printed']} printed line(s)")
+    files = found["files"]
+    if files:
+        names = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        parts.append(f"{len(files)} file(s) it wrote ({names})")
+    text = ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
+    if found.get("left_out"):
+        text += f"; {found['left_out']}"
+    return text
 
 
 def same_error(original: dict[str, Any], error: str) -> bool:
@@ -159,6 +194,9 @@ def candidate_verdict(plan: Plan, original: dict[str, Any], reply: Reply) -> Ver
     reason = f"agrees with {against} on {data['calls']} {source} call(s)"
     if source == "run":  # a function without arguments (a `main()`): the program itself ran
         reason = f"agrees with {against} when `{plan.target.qualname}()` runs"
+    if original.get("shows"):
+        details["compared"] = original["shows"]
+        reason += f" (compared: {compared(original['shows'])})"
     if data.get("returned_calls"):
         details["returned_calls"] = data["returned_calls"]
         reason += f" and {data['returned_calls']} call(s) of the function it returns"
@@ -204,6 +242,9 @@ def mismatch_verdict(mismatch: dict[str, Any], details: dict[str, Any]) -> Verdi
     """Return the failed verdict for outputs that differ: where, the shape, and by how much."""
     details["mismatch"] = mismatch
     details.update({k: mismatch[k] for k in ("max_abs_err", "max_rel_err") if k in mismatch})
+    if mismatch.get("shown"):  # what a unit printed or wrote (`child/shown.py`)
+        reason = f"what the program shows differs at {mismatch['path']}: {mismatch['why']}"
+        return Verdict(Status.FAILED, reason, details)
     shape = f" ({mismatch['dtype']}{mismatch['shape']})" if "shape" in mismatch else ""
     where = f"{mismatch['path']}{shape} of call {mismatch['call'] + 1}"
     if mismatch.get("returned"):

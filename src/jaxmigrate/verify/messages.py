@@ -140,6 +140,7 @@ def make_task(
         "meshes": list(recorded.meshes) if recorded else [],
         "inputs_path": str(ws.io / f"{plan.id}.inputs.pkl"),
         "outputs_path": str(ws.io / f"{plan.id}.outputs.pkl"),
+        "pristine": str(sources.root),  # to lay back a file a unit changed (`child/shown.py`)
     }
     target = module_spec(sources.root, plan.path, None) | {"qualname": plan.target.qualname}
     baseline = plan.request.baseline

@@ -288,7 +288,10 @@ class Worker:
         gone = self.send(message)
         if gone is not None:
             return self.died(gone)
-        return self.receive(timeout)
+        reply = self.receive(timeout)
+        if reply.data.get("restart"):  # it could not lay back the state a program starts in
+            self.stop()
+        return reply
 
     def stop(self) -> None:
         """Kill every process (and whatever they forked); the next request starts a new job."""

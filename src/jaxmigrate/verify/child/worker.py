@@ -63,8 +63,10 @@ def where(exc: BaseException, root: str) -> str:
     return ""
 
 
-def load_pickle(path: str) -> Any:
-    """Return the object pickled at `path`."""
+def load_pickle(path: str, default: Any = None) -> Any:
+    """Return the object pickled at `path` (`default` if there is none and one is given)."""
+    if default is not None and not os.path.exists(path):
+        return default
     with open(path, "rb") as handle:
         return pickle.load(handle)
 
@@ -83,6 +85,29 @@ def values_only(fn: Any) -> Any:
 STAGES = ("import", "target", "inputs", "call")
 RETURNED = ".returned"  # suffix of the files holding a factory's returned function's calls
 STEPS = ".steps"  # beside the outputs: the original's step calls are among them (`layouts`)
+SHOWN = ".shown"  # beside the outputs: what each unit call printed and wrote (`shown`)
+AGAIN = ".again"  # the inputs and outputs of the original's second run of a unit
+
+
+def nondeterministic(why: str) -> dict[str, Any]:
+    """Return the reply of an original that disagrees with itself."""
+    error = f"the original is nondeterministic: {why}"
+    return {"ok": False, "stage": "call", "error": error, "nondeterministic": True}
+
+
+def second_paths(request: dict[str, Any]) -> dict[str, Any]:
+    return {"outputs_path": request["outputs_path"] + AGAIN}
+
+
+def shows(shown: list[Any], returned: bool) -> dict[str, Any]:
+    """Return what a unit's comparison covers: its return value, printed lines, files."""
+    lines = 0
+    files: list[str] = []
+    for one in shown:
+        count, names = one.compared()
+        lines += count
+        files += [n for n in names if n not in files]
+    return {"returned": returned, "printed": lines, "files": files}
 
 
 class UserError(Exception):
@@ -148,6 +173,9 @@ class Worker:
     side: str
     root: str
     modules: dict[tuple[str, str, str], ModuleType] = field(default_factory=dict)
+    pristine: str | None = None  # the user's tree, to lay back a file a unit changed (`shown`)
+    shown: list[Any] = field(default_factory=list)  # what each unit call showed (`shown.Shown`)
+    unit_variants: list[str] = field(default_factory=list)  # the variants that ran a unit
     last_output: Any = None  # what the last call returned (a factory's function)
     steps: list[Any] | None = None  # a program-level pmap step's calls in a call (`layouts`)
     watch: Any = None  # a reach.Watch over the calls of the original's current attempt
@@ -168,6 +196,8 @@ class Worker:
         return self.modules[key]
 
     def execute(self, spec: dict[str, Any], path: str, text: str, keep: bool) -> ModuleType:
+        from .isolation import seed
+
         entry = os.path.join(self.root, spec["path"])
         if entry not in sys.path:
             sys.path.insert(0, entry)
@@ -177,6 +207,7 @@ class Worker:
         module = importlib.util.module_from_spec(module_spec)
         previous = sys.modules.get(name)
         sys.modules[name] = module
+        seed()  # module-level draws (`DATA = np.random.rand(8)`) alike on both sides
         try:
             exec(compile(text, path, "exec"), module.__dict__)  # noqa: S102 - this is the point
         except BaseException:
@@ -234,6 +265,7 @@ class Worker:
 
         from .contexts import build_mesh, enter
         from .hostify import flatten_output, from_host
+        from .isolation import seed
         from .outside import lay
 
         args, kwargs = from_host(call)
@@ -252,14 +284,32 @@ class Worker:
                 if self.steps is not None:
                     self.steps.clear()
                 lay(args, kwargs)  # a folder outside the tree, as it was when the call was recorded
-                with self.watch if self.watch is not None else nullcontext():
+                unit = not args and not kwargs  # the program itself runs: what it shows counts
+                with (
+                    self.watch if self.watch is not None else nullcontext(),
+                    self.showing(variant) if unit else nullcontext(),
+                ):
+                    seed()
                     self.last_output = fn(*args, **kwargs)
-                flat = flatten_output(self.with_steps(self.last_output))
+                    flat = flatten_output(self.with_steps(self.last_output))
             except Exception as exc:
                 raise UserError(stage, self.explain(exc)) from exc
             except BaseException as exc:  # sys.exit is not a shape problem
                 raise UserError("call", self.explain(exc)) from exc
         return flat, notes
+
+    @contextmanager
+    def showing(self, variant: str) -> Iterator[None]:
+        """Keep what a unit call prints and writes in the tree (`shown`), then undo its writes."""
+        from .shown import Shown, files_kept, stdout_captured
+
+        self.unit_variants.append(variant)
+        shown = Shown()
+        self.shown.append(shown)
+        with files_kept(self.root, self.pristine, read=True) as changes, stdout_captured() as out:
+            yield
+        shown.printed = out
+        shown.files = changes.files
 
     def with_steps(self, output: Any) -> Any:
         """Return a call's output, with the step calls it made when they are compared too."""
@@ -285,7 +335,77 @@ class Worker:
                 return {}
             raise UserError("import", self.explain(exc)) from exc
 
-    def run_original(self, request: dict[str, Any]) -> dict[str, Any]:
+    def run_original(self, request: dict[str, Any], state: Any = None) -> dict[str, Any]:
+        """Run the original (or its first reference that runs); write inputs and outputs.
+
+        A unit (a call without arguments: the program) is run twice, each time from the state
+        the program starts in (`state`, laid back in between): if the runs disagree, or only one
+        raises, the original is nondeterministic and nothing can be compared with it; what it
+        prints or writes differently in the two runs is left out of the comparison.
+        """
+        from .references import ORIGINAL
+
+        self.unit_variants = []
+        first = self.run_references(request)
+        if ORIGINAL not in self.unit_variants or state is None:
+            return first
+        self.lay_back(state)
+        again = request | {
+            "references": [ORIGINAL],
+            "inputs_path": request["inputs_path"] + AGAIN,
+            "outputs_path": request["outputs_path"] + AGAIN,
+        }
+        second = self.run_references(again)
+        return self.against_second(request, first, second)
+
+    def lay_back(self, state: Any) -> None:
+        """Lay the process back in the state a program starts in; forget the loaded modules."""
+        from .isolation import restore
+
+        restore(state, self.root)
+        self.modules.clear()
+
+    def against_second(
+        self, request: dict[str, Any], first: dict[str, Any], second: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Return the first run's reply, or why the original disagrees with itself."""
+        from .compare import compare
+        from .references import ORIGINAL
+        from .shown import left_out, varying
+
+        first_ok = bool(first.get("ok")) and first.get("reference") == ORIGINAL
+        if first_ok != bool(second.get("ok")):
+            failed = second if first_ok else first
+            errors = failed.get("reference_errors") or failed.get("errors") or []
+            error = next(
+                (e.split(": ", 1)[1] for e in errors if e.startswith(f"{ORIGINAL}: ")),
+                str(failed.get("error", "")),
+            )
+            return nondeterministic(f"it raised in one of two runs and not in the other ({error})")
+        if not first_ok:
+            return first
+        outputs = [load_pickle(r["outputs_path"]) for r in (request, second_paths(request))]
+        for i, (a, b) in enumerate(zip(*outputs)):
+            found = compare(a, b)
+            if found is not None:
+                return nondeterministic(
+                    f"two runs disagree at {found['path']} of call {i + 1} ({found['why']})"
+                )
+        shown_path = request["outputs_path"] + SHOWN
+        if os.path.exists(shown_path):
+            runs = [
+                load_pickle(r["outputs_path"] + SHOWN) for r in (request, second_paths(request))
+            ]
+            kept = [varying(a, b) for a, b in zip(*runs)]
+            with open(shown_path, "wb") as handle:
+                pickle.dump(kept, handle)
+            first["shows"] = shows(kept, first["shows"]["returned"])
+            note = left_out(kept[0]) if kept else ""
+            if note:
+                first["shows"]["left_out"] = note
+        return first
+
+    def run_references(self, request: dict[str, Any]) -> dict[str, Any]:
         """Run the original (or its first reference that runs); write inputs and outputs."""
         from .references import reference
 
@@ -350,9 +470,11 @@ class Worker:
     def attempt(self, request: dict[str, Any], variant: str) -> dict[str, Any]:
         from .hostify import flat_shapes, shapes
         from .pickling import dumps
+        from .values import Opaque
 
         module, fn = self.target(request, variant)
         self.watch = watcher(request, module, variant)
+        self.shown = []
         try:
             calls, source, outputs, notes = self.inputs_and_outputs(request, module, fn, variant)
             returned, returned_outputs = self.factory_calls(request, variant)
@@ -368,7 +490,7 @@ class Worker:
         ):
             with open(path, "wb") as handle:
                 handle.write(dumps(value))
-        reply = {
+        reply: dict[str, Any] = {
             "ok": True,
             "reference": variant,
             "source": source,
@@ -378,6 +500,15 @@ class Worker:
             "output_shapes": flat_shapes(outputs[0]),
             "contexts": notes,
         }
+        if self.shown:  # a unit ran: what it printed and wrote is compared too
+            with open(request["outputs_path"] + SHOWN, "wb") as handle:
+                pickle.dump(self.shown, handle)
+            has_return = any(
+                not isinstance(leaf, Opaque)
+                for flat in [*outputs, *returned_outputs]
+                for _, leaf in flat.leaves
+            )
+            reply["shows"] = shows(self.shown, has_return)
         return reply | self.mesh_size(calls[0], request["inputs"]["structure"])
 
     @staticmethod
@@ -551,13 +682,18 @@ class Worker:
     ) -> dict[str, Any]:
         """Run `fn` on each call and compare with `expected`; stop at the first difference."""
         from .compare import compare, max_errors
+        from .shown import shown_mismatch
 
         notes: list[str] = []
         worst = (0.0, 0.0)
         contexts: list[str] = []
+        shown = load_pickle(request["outputs_path"] + SHOWN, []) if not kind else []
+        self.shown = []
         for i, (call, ref) in enumerate(zip(calls, expected)):
             flat, contexts = self.call(fn, call, request, "candidate")
             mismatch = compare(ref, flat, notes)
+            if mismatch is None and i < len(shown) and self.shown:
+                mismatch = shown_mismatch(shown[i], self.shown[-1])
             if mismatch is not None:
                 where = {"call": i} | ({"returned": True} if kind else {})
                 reply = {"ok": True, "equal": False, "mismatch": mismatch | where}
@@ -623,11 +759,34 @@ class Worker:
         op = request.get("op")
         if op == "compare_records":
             return self.compare_records(request)
-        if op == "run" and self.side == "original":
-            return self.run_original(request)
         if op == "run":
-            return self.run_candidate(request)
+            return self.isolated(request)
         return {"ok": False, "stage": "protocol", "error": f"unknown request {op!r}"}
+
+    def isolated(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Run one target from the state a program starts in, and lay that state back after.
+
+        What the run cannot be undone of (`isolation.restore`) is reported as `restart`: the
+        parent starts this worker again before the next request.
+        """
+        from .isolation import restore, snapshot
+        from .shown import files_kept
+
+        self.pristine = request.get("pristine")
+        state = snapshot()
+        try:
+            with files_kept(self.root, self.pristine, read=False):
+                if self.side == "original":
+                    reply = self.run_original(request, state)
+                else:
+                    reply = self.run_candidate(request)
+        finally:
+            why = restore(state, self.root)
+            self.modules.clear()
+        if why:
+            print(f"jaxmigrate worker: starting again: {why}", file=sys.stderr)
+            reply["restart"] = why
+        return reply
 
 
 def serve(worker: Worker, inp: IO[str], out: IO[str]) -> None:

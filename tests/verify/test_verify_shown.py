@@ -1,0 +1,148 @@
+"""A unit (a `main()`) is compared on what the program shows: what it returns, what it prints,
+the files it writes in its tree. A unit whose run shows nothing verifies nothing (issue 17,
+item 1: a `main()` that printed and saved its result was `verified`, its printed value changed
+from 32.0 to 4.0)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from clitools import jm
+
+pytestmark = pytest.mark.jax
+
+# `with mesh:` leaves the abstract mesh empty; `jax.set_mesh` does not: a step that reads it (as
+# code sizing a per-device mean does) divides by 8 after the rewrite.
+HEADER = textwrap.dedent("""
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh
+
+
+    def data_parallel_size():
+        mesh = jax.sharding.get_abstract_mesh()
+        return 1 if mesh.empty else mesh.shape["data"]
+
+
+    @jax.jit
+    def step(x):
+        return x / data_parallel_size()
+
+
+    @jax.jit
+    def double(x):
+        return x * 2.0
+    """)
+
+
+def program(body: str) -> str:
+    main = "def main():\n    mesh = Mesh(np.array(jax.devices()), ('data',))\n"
+    return HEADER + "\n\n" + main + textwrap.indent(textwrap.dedent(body), "    ") + "\n"
+
+
+PRINTS = program("""
+    with mesh:
+        y = step(jnp.ones((8, 4)))
+    print(float(y.sum()))
+    np.save("y.npy", np.asarray(y))
+    """)
+SAVES = program("""
+    with mesh:
+        y = step(jnp.ones((8, 4)))
+    np.save("y.npy", np.asarray(y))
+    """)
+SILENT = program("""
+    with mesh:
+        y = step(jnp.ones((8, 4)))
+    """)
+# a right rewrite: the step does not read the mesh; one line holds a duration, which differs
+# between any two runs
+RIGHT = program("""
+    start = time.perf_counter()
+    with mesh:
+        y = double(jnp.arange(32.0).reshape(8, 4))
+    print("sum", float(y.sum()))
+    print(f"took {time.perf_counter() - start:.9f} s")
+    np.savez("out/result.npz", y=np.asarray(y), n=np.arange(3))
+    with open("out/metrics.txt", "w") as handle:
+        handle.write(f"mean {float(y.mean()):.4f}\\n")
+    """).replace(
+    "def main():\n", "def main():\n    import os\n    os.makedirs('out', exist_ok=True)\n"
+)
+
+
+def run_sites(root: Path) -> dict[str, dict[str, Any]]:
+    """Run `jaxmigrate run` (it writes what verifies) in `root`; return the sites by file."""
+    report = root.parent / f"{root.name}.report.json"
+    proc = jm("run", "--report", str(report), "--format", "json", ".", cwd=root, timeout=900)
+    assert proc.returncode in (0, 1), proc.stderr
+    files = json.loads(report.read_text())["files"]
+    return {f["path"]: site for f in files for site in f["sites"]}
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, Any]]]:
+    root = tmp_path_factory.mktemp("shown")
+    for name, text in {
+        "prints.py": PRINTS,
+        "saves.py": SAVES,
+        "silent.py": SILENT,
+        "right.py": RIGHT,
+    }.items():
+        (root / name).write_text(text)
+    return root, run_sites(root)
+
+
+def test_a_main_that_prints_a_changed_value_fails_and_is_not_written(
+    sites: tuple[Path, dict[str, dict[str, Any]]],
+) -> None:
+    root, found = sites
+    site = found["prints.py"]
+    assert site["status"] == "failed", site
+    reason = site["details"]["verification"]
+    assert "printed line 1" in reason and "`4.0`, expected `32.0`" in reason, reason
+    assert (root / "prints.py").read_text() == PRINTS
+
+
+def test_a_main_that_saves_a_changed_array_fails_and_is_not_written(
+    sites: tuple[Path, dict[str, dict[str, Any]]],
+) -> None:
+    root, found = sites
+    site = found["saves.py"]
+    assert site["status"] == "failed", site
+    reason = site["details"]["verification"]
+    assert "file y.npy" in reason and "values differ" in reason, reason
+    assert (root / "saves.py").read_text() == SAVES
+    assert not (root / "y.npy").exists()  # the runs wrote into their copies only
+
+
+def test_a_main_that_shows_nothing_verifies_nothing(
+    sites: tuple[Path, dict[str, dict[str, Any]]],
+) -> None:
+    root, found = sites
+    site = found["silent.py"]
+    assert site["status"] == "unverified", site
+    reason = site["details"]["verification"]
+    assert reason == "`main()` returned nothing and printed or wrote nothing to compare", reason
+    assert (root / "silent.py").read_text() == SILENT
+
+
+def test_a_right_rewrite_is_verified_on_what_it_prints_and_writes(
+    sites: tuple[Path, dict[str, dict[str, Any]]],
+) -> None:
+    root, found = sites
+    site = found["right.py"]
+    assert site["status"] == "verified", site
+    reason = site["details"]["verification"]
+    assert "1 printed line(s)" in reason, reason  # the duration's line is left out
+    assert "2 file(s) it wrote (out/metrics.txt, out/result.npz)" in reason, reason
+    assert "printed line(s) 2 differ between two runs of the original" in reason, reason
+    assert site["details"]["compared"]["returned"] is False
+    assert "jax.set_mesh" in (root / "right.py").read_text()
