@@ -37,17 +37,19 @@ def seed() -> None:
             set_seed(0)
 
 
+STATE_METHODS = ("get_local", "set_local", "get_global", "set_global")
+
+
 def config_states() -> list[Any]:
     """Return every JAX config state object (flags, mesh contexts) of the loaded JAX modules."""
-    from jax._src import config
-
-    kind = type(config.enable_x64)
     found: dict[int, Any] = {}
     for name, module in list(sys.modules.items()):
-        if module is None or not (name == "jax" or name.startswith(("jax.", "jax._src"))):
+        if module is None or not (name == "jax" or name.startswith("jax.")):
             continue
         for value in list(vars(module).values()):
-            if isinstance(value, kind):
+            if not isinstance(value, type) and all(
+                callable(getattr(value, m, None)) for m in STATE_METHODS
+            ):
                 found[id(value)] = value
     return list(found.values())
 
