@@ -197,6 +197,9 @@ def candidate_verdict(plan: Plan, original: dict[str, Any], reply: Reply) -> Ver
     if original.get("shows"):
         details["compared"] = original["shows"]
         reason += f" (compared: {compared(original['shows'])})"
+    if original.get("determinism"):  # the original ran once: two runs would not fit the time
+        details["determinism"] = original["determinism"]
+        reason += f"; whether the original is deterministic was {original['determinism']}"
     if data.get("returned_calls"):
         details["returned_calls"] = data["returned_calls"]
         reason += f" and {data['returned_calls']} call(s) of the function it returns"

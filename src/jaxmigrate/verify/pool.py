@@ -285,7 +285,7 @@ class Worker:
         if fault is not None:
             self.stop()
             return fault
-        gone = self.send(message)
+        gone = self.send(message | {"timeout": timeout})
         if gone is not None:
             return self.died(gone)
         reply = self.receive(timeout)
