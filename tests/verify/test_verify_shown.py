@@ -146,3 +146,44 @@ def test_a_right_rewrite_is_verified_on_what_it_prints_and_writes(
     assert "printed line(s) 2 differ between two runs of the original" in reason, reason
     assert site["details"]["compared"]["returned"] is False
     assert "jax.set_mesh" in (root / "right.py").read_text()
+
+
+@pytest.mark.parametrize(
+    ("ref", "new", "agree"),
+    [
+        ("32.0", "4.0", False),
+        ("loss 0.1235", "loss 0.1234", True),  # one unit of the last printed digit
+        ("loss 0.12351", "loss 0.12339", False),
+        ("sum 31.999998", "sum 32.0", True),  # float32's tolerance
+        ("step 3", "step 4", False),  # integers exactly
+        ("[1. 2. 3.]", "[1. 2. 3.]", True),
+        ("mean nan", "mean nan", True),
+        ("x 1e-05", "x 1.00001e-05", True),
+        ("done", "done!", False),
+    ],
+)
+def test_printed_numbers_agree_within_tolerance(ref: str, new: str, agree: bool) -> None:
+    from jaxmigrate.verify.child.shown import line_why
+
+    assert (line_why(ref, new) == "") is agree, line_why(ref, new)
+
+
+def test_lines_that_differ_between_two_runs_of_the_original_are_left_out() -> None:
+    from jaxmigrate.verify.child.shown import Shown, left_out, shown_mismatch, varying
+
+    first = Shown(["sum 32.0", "took 0.51 s"], {"log.txt": ("text", ["run at 10:01"])})
+    second = Shown(["sum 32.0", "took 0.63 s"], {"log.txt": ("text", ["run at 10:02"])})
+    kept = varying(first, second)
+    assert kept.compared() == (1, [])
+    assert left_out(kept) == (
+        "printed line(s) 2 and file(s) log.txt differ between two runs of the original and are "
+        "not compared"
+    )
+    rewrite = Shown(["sum 32.0", "took 0.2 s"], {"log.txt": ("text", ["run at 10:03"])})
+    assert shown_mismatch(kept, rewrite) is None
+    wrong = Shown(["sum 4.0", "took 0.2 s"], {"log.txt": ("text", ["run at 10:03"])})
+    assert shown_mismatch(kept, wrong) == {
+        "path": "printed line 1",
+        "why": "`sum 4.0`, expected `sum 32.0`",
+        "shown": True,
+    }

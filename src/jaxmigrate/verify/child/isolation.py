@@ -4,7 +4,7 @@ A worker serves many units; a unit that calls `jax.set_mesh(mesh)` as a global s
 `jax_enable_x64`, `os.chdir`s, sets an environment variable or mutates a module of the project
 would otherwise change the verdict of the next one. Before a request the process's state is
 kept; after it, it is laid back and checked: the working directory, the environment,
-`sys.path`, the project's modules (dropped, so the next request imports them afresh), numpy's
+`sys.path`, `sys.stdout`/`sys.stderr`, the project's modules (dropped, so the next request imports them afresh), numpy's
 error and print settings, the warning filters, every JAX config state (flags, the meshes set by
 `jax.set_mesh`, the legacy `with mesh:` resources). What cannot be laid back (a thread still
 running the user's code, a state that does not take its old value) makes the worker start
@@ -74,6 +74,7 @@ class State:
     states: list[tuple[Any, Any, Any]]
     resources: Any
     threads: set[int]
+    streams: tuple[Any, Any]
 
 
 def snapshot() -> State:
@@ -93,6 +94,7 @@ def snapshot() -> State:
         states=[(s, s.get_global(), s.get_local()) for s in config_states()],
         resources=getattr(holder, "env", None),
         threads={t.ident or 0 for t in threading.enumerate()},
+        streams=(sys.stdout, sys.stderr),
     )
 
 
@@ -118,6 +120,7 @@ def restore(state: State, root: str) -> str:
         os.environ.clear()
         os.environ.update(state.environ)
     sys.path[:] = state.path
+    sys.stdout, sys.stderr = state.streams
     prefix = os.path.realpath(root) + os.sep
     for name in set(sys.modules) - state.modules:
         file = getattr(sys.modules.get(name), "__file__", None) or ""
