@@ -38,20 +38,22 @@ def seed() -> None:
 
 
 STATE_METHODS = ("get_local", "set_local", "get_global", "set_global")
+SCANNED: set[str] = set()  # the JAX modules whose states are in STATES
+STATES: dict[int, Any] = {}
 
 
 def config_states() -> list[Any]:
     """Return every JAX config state object (flags, mesh contexts) of the loaded JAX modules."""
-    found: dict[int, Any] = {}
     for name, module in list(sys.modules.items()):
-        if module is None or not (name == "jax" or name.startswith("jax.")):
+        if name in SCANNED or module is None or not (name == "jax" or name.startswith("jax.")):
             continue
+        SCANNED.add(name)  # a module's states are made when it is imported: scanned once
         for value in list(vars(module).values()):
             if not isinstance(value, type) and all(
                 callable(getattr(value, m, None)) for m in STATE_METHODS
             ):
-                found[id(value)] = value
-    return list(found.values())
+                STATES[id(value)] = value
+    return list(STATES.values())
 
 
 def legacy_resources() -> Any:
@@ -129,8 +131,9 @@ def restore(state: State, root: str) -> str:
     np.seterr(**state.numpy_err)
     np.set_printoptions(**state.numpy_print)
     warnings.filters[:] = state.filters  # type: ignore[index]
+    current = jax.config.values  # a property that builds the dict: once
     for name, value in state.flags.items():
-        if differs(jax.config.values.get(name), value):
+        if differs(current.get(name), value):
             try:
                 jax.config.update(name, value)
             except Exception as exc:  # noqa: BLE001
@@ -155,7 +158,8 @@ def check(state: State) -> list[str]:
     import jax
 
     found = []
-    changed = [k for k, v in state.flags.items() if differs(jax.config.values.get(k), v)]
+    current = jax.config.values
+    changed = [k for k, v in state.flags.items() if differs(current.get(k), v)]
     if changed:
         found.append(f"JAX config {changed[:3]} still changed")
     if any(obj.get_local() is not local for obj, _, local in state.states):
