@@ -187,3 +187,12 @@ def test_lines_that_differ_between_two_runs_of_the_original_are_left_out() -> No
         "why": "`sum 4.0`, expected `sum 32.0`",
         "shown": True,
     }
+
+
+def test_a_path_in_the_side_s_own_copy_is_printed_alike() -> None:
+    from jaxmigrate.verify.child.shown import line_why, placed
+
+    original = placed(["saved to /tmp/jv-1/original/ckpt"], "/tmp/jv-1/original")
+    rewrite = placed(["saved to /tmp/jv-1/candidate/ckpt"], "/tmp/jv-1/candidate")
+    assert original == rewrite == ["saved to <tree>/ckpt"]
+    assert line_why(original[0], rewrite[0]) == ""

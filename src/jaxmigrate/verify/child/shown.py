@@ -192,6 +192,17 @@ def stdout_captured() -> Iterator[list[str]]:
             lines.extend(data.decode("utf-8", errors="replace").splitlines())
 
 
+def placed(lines: list[str], root: str) -> list[str]:
+    """Return `lines` with the side's tree (its own temporary copy) written `<tree>`."""
+    roots = sorted({root, os.path.realpath(root)}, key=len, reverse=True)
+    out = []
+    for line in lines:
+        for path in roots:
+            line = line.replace(path, "<tree>")
+        out.append(line)
+    return out
+
+
 def numbers(line: str) -> tuple[str, list[str]]:
     """Return a line with its numbers replaced by `#`, and the numbers."""
     return NUMBER.sub("#", line), NUMBER.findall(line)

@@ -303,15 +303,19 @@ class Worker:
     @contextmanager
     def showing(self, variant: str) -> Iterator[None]:
         """Keep what a unit call prints and writes in the tree (`shown`), then undo its writes."""
-        from .shown import Shown, files_kept, stdout_captured
+        from .shown import Shown, files_kept, placed, stdout_captured
 
         self.unit_variants.append(variant)
         shown = Shown()
         self.shown.append(shown)
         with files_kept(self.root, self.pristine, read=True) as changes, stdout_captured() as out:
             yield
-        shown.printed = out
-        shown.files = changes.files
+        # each side runs in its own copy: a path in it is printed as `<tree>` on both
+        shown.printed = placed(out, self.root)
+        shown.files = {
+            rel: ("text", placed(entry[1], self.root)) if entry[0] == "text" else entry
+            for rel, entry in changes.files.items()
+        }
 
     def with_steps(self, output: Any) -> Any:
         """Return a call's output, with the step calls it made when they are compared too."""
