@@ -250,7 +250,9 @@ class Worker:
             except json.JSONDecodeError:
                 self.stop()
                 return Reply({}, f"sent garbage: {lines[i][:100]!r}{self.tag(i)}", kind="crash")
-        return Reply(combine(self.side, replies))
+        out = combine(self.side, replies)
+        restart = next((r["restart"] for r in replies if r.get("restart")), "")
+        return Reply(out | {"restart": restart} if restart else out)
 
     def died(self, index: int) -> Reply:
         reason = self.processes[index].ended()
