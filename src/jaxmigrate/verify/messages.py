@@ -142,6 +142,8 @@ def make_task(
         "outputs_path": str(ws.io / f"{plan.id}.outputs.pkl"),
     }
     target = module_spec(sources.root, plan.path, None) | {"qualname": plan.target.qualname}
+    if plan.target.jitted_as:  # a function the program only runs jitted: called so
+        target["call_as"] = plan.target.jitted_as
     baseline = plan.request.baseline
     original = common | {
         "target": target | ({"baseline": baseline} if baseline else {}),

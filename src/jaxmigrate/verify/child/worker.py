@@ -136,7 +136,7 @@ def not_reached(request: dict[str, Any], source: str, calls: int, missing: Any) 
 
     name = request["target"]["qualname"]
     return (
-        f"the {calls} {source} call(s) of `{name}` never ran the site's {describe(missing)} "
+        f"the {calls} {source} call(s) of `{name}` {describe(missing)} "
         "(they took another path through it), so they show nothing about the rewrite"
     )
 
@@ -206,7 +206,7 @@ class Worker:
         except BaseException as exc:
             raise UserError("import", self.explain(exc)) from exc
         obj: Any = module
-        for part in spec["qualname"].split("."):
+        for part in spec.get("call_as", spec["qualname"]).split("."):
             obj = getattr(obj, part, None)
         if not callable(obj):
             kind = type(obj).__name__
@@ -245,17 +245,24 @@ class Worker:
                 for expr in ctx["exprs"]
             ]
             stage = "inputs" if probe else "call"
+            # the probe's trace is the call's (jit reuses it), and host callbacks may run
+            # until the outputs are ready: all of it is watched (`reach`)
+            watch = self.watch if self.watch is not None else nullcontext()
+            seen = set(self.watch.hit) if self.watch is not None else set()
             try:
-                if probe:
-                    jax.eval_shape(values_only(fn), *args, **kwargs)
-                    stage = "call"
-                if self.steps is not None:
-                    self.steps.clear()
-                lay(args, kwargs)  # a folder outside the tree, as it was when the call was recorded
-                with self.watch if self.watch is not None else nullcontext():
+                with watch:
+                    if probe:
+                        jax.eval_shape(values_only(fn), *args, **kwargs)
+                        stage = "call"
+                    if self.steps is not None:
+                        self.steps.clear()
+                    lay(args, kwargs)  # a folder outside the tree, as it was when recorded
                     self.last_output = fn(*args, **kwargs)
-                flat = flatten_output(self.with_steps(self.last_output))
+                    flat = flatten_output(self.with_steps(self.last_output))
+                    jax.effects_barrier()
             except Exception as exc:
+                if stage == "inputs" and self.watch is not None:  # a candidate not taken
+                    self.watch.hit = seen
                 raise UserError(stage, self.explain(exc)) from exc
             except BaseException as exc:  # sys.exit is not a shape problem
                 raise UserError("call", self.explain(exc)) from exc
@@ -353,6 +360,10 @@ class Worker:
 
         module, fn = self.target(request, variant)
         self.watch = watcher(request, module, variant)
+        if self.watch is not None:  # every trace the calls use is made, and seen, below
+            import jax
+
+            jax.clear_caches()
         try:
             calls, source, outputs, notes = self.inputs_and_outputs(request, module, fn, variant)
             returned, returned_outputs = self.factory_calls(request, variant)
