@@ -107,6 +107,13 @@ class Unkept(UserError):
         super().__init__("inputs", message)
 
 
+class Uncomparable(UserError):
+    """The call ran, but what it returned cannot be flattened to be compared."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("call", message)
+
+
 class NoInputs(UserError):
     """Nothing was recorded or declared for the target, and synthesis is off."""
 
@@ -233,7 +240,7 @@ class Worker:
         import jax
 
         from .contexts import build_mesh, enter
-        from .hostify import flatten_output, from_host
+        from .hostify import Unflattenable, flatten_output, from_host
         from .outside import lay
 
         args, kwargs = from_host(call)
@@ -258,8 +265,13 @@ class Worker:
                         self.steps.clear()
                     lay(args, kwargs)  # a folder outside the tree, as it was when recorded
                     self.last_output = fn(*args, **kwargs)
-                    flat = flatten_output(self.with_steps(self.last_output))
+                    try:
+                        flat = flatten_output(self.with_steps(self.last_output))
+                    except Unflattenable as exc:
+                        raise Uncomparable(str(exc)) from exc
                     jax.effects_barrier()
+            except UserError:
+                raise
             except Exception as exc:
                 if stage == "inputs" and self.watch is not None:  # a candidate not taken
                     self.watch.hit = seen
@@ -309,6 +321,9 @@ class Worker:
                     return {"ok": False, "stage": exc.stage, "error": str(exc), "no_inputs": True}
                 except NotReached as exc:  # another reference takes the same path
                     return {"ok": False, "stage": exc.stage, "error": str(exc), "not_reached": True}
+                except Uncomparable as exc:  # it ran: another reference returns the same
+                    error = str(exc)
+                    return {"ok": False, "stage": exc.stage, "error": error, "uncomparable": True}
                 except Unkept as exc:  # no reference can start from the files as they were
                     return {"ok": False, "stage": exc.stage, "error": str(exc), "not_kept": True}
                 except UserError as exc:
@@ -667,9 +682,10 @@ def main(argv: list[str] | None = None) -> None:
     inp, out = claim_stdio()
     warnings.simplefilter("ignore")
     os.chdir(args.root)
-    from .distributed import join
+    from .distributed import alone, join
 
     join()  # one process of a multi-process job: join it before any other JAX use
+    alone()  # or a job of one: the program's own `jax.distributed.initialize()` does nothing
     import jax
 
     ready = {"ready": True, "jax": jax.__version__, "devices": len(jax.devices())}
