@@ -135,9 +135,10 @@ UNIT = textwrap.dedent("""
     """)
 
 
-def test_a_unit_using_a_module_level_site_is_not_asked_to_run_its_line(tmp_path: Path) -> None:
-    # `main` verified as the unit of `step` (whose line runs at import, never in `main`) must
-    # not wait for that line; a site in the function's body must be run
+def test_a_unit_using_a_module_level_site_must_call_it(tmp_path: Path) -> None:
+    # `main` verified as the unit of `step` (whose line runs at import, never in `main`) does
+    # not wait for that line, but for a call of `step`: its lambda runs when `step` is traced;
+    # a site in the function's body must be run
     from jaxmigrate.verify.planner import plan_all, reach_spans
     from jaxmigrate.verify.targets import Kind
 
@@ -146,7 +147,8 @@ def test_a_unit_using_a_module_level_site_is_not_asked_to_run_its_line(tmp_path:
     plans, _ = plan_all([VerifyRequest("m.py", UNIT, UNIT, (site,))], tmp_path)
     assert [p.target.qualname for p in plans] == ["step", "main"]  # the planner adds the unit
     unit = plans[1]
-    assert unit.target.kind is Kind.FUNCTION and reach_spans(unit) == []
+    assert unit.target.kind is Kind.FUNCTION
+    assert reach_spans(unit) == [{"spans": [[line, line]], "name": "step"}]
     inner = Site("JM202", "pmap", 8, 20, Safety.UNSAFE, "pmap", key="s")
     (sim,), _ = plan_all([VerifyRequest("pkg/sim.py", SIM, SIM, (inner,))], tmp_path)
     assert sim.target.kind is Kind.FUNCTION and reach_spans(sim) == [[8, 8]]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import difflib
 import json
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -241,6 +242,9 @@ def judge_one(
         if plan.id in again.unplaced:
             return Verdict(Status.UNVERIFIED, f"{why}: {again.unplaced[plan.id]}", details)
         if again.error and recording.error:  # a command failing on both trees is no reference
+            if same_failure(recording.error, again.error):
+                why = f"{fails_alike(command or '', again.error)}; {why}"
+                return Verdict(Status.UNVERIFIED, why, details)
             why += f"; `{command}` failed on the original tree too{tail(recording.error)}"
             return Verdict(Status.UNVERIFIED, why + tail(again.error), details)
         if again.error:
@@ -251,7 +255,7 @@ def judge_one(
     reply = worker.request(message, config.timeout)
     if reply.fault:
         return Verdict(Status.UNVERIFIED, f"the comparison {reply.fault}", details)
-    return records_verdict(reply.data, details, command or "", again.error)
+    return records_verdict(reply.data, details, command or "", again.error, recording.error)
 
 
 SKIP_CALLS = {"pytest.skip"}  # and any `.skipTest(...)` (a TestCase's)
@@ -302,9 +306,10 @@ def called_name(node: ast.AST) -> str:
 
 
 def records_verdict(
-    data: dict[str, Any], details: dict[str, Any], command: str, error: str
+    data: dict[str, Any], details: dict[str, Any], command: str, error: str, before: str = ""
 ) -> Verdict:
-    """Return the verdict from the comparison of the two runs' calls."""
+    """Return the verdict from the comparison of the two runs' calls (`error`: how the command
+    ended on the rewritten tree; `before`: on the original tree)."""
     if not data.get("ok"):
         return Verdict(Status.UNVERIFIED, f"the recorded calls: {data.get('error')}", details)
     if data.get("diverged"):
@@ -323,6 +328,9 @@ def records_verdict(
     if not data.get("has_values"):
         why = f"the site's {calls} recorded call(s) return only functions or objects"
         return Verdict(Status.UNVERIFIED, why, details)
+    if error and same_failure(before, error):
+        why = f"{fails_alike(command, error)}; its {calls} recorded call(s) of the site agree"
+        return Verdict(Status.UNVERIFIED, why, details)
     if error:
         why = f"its {calls} recorded call(s) agree, but on the rewritten tree {error}"
         return Verdict(Status.UNVERIFIED, why, details)
@@ -333,3 +341,25 @@ def records_verdict(
 def tail(error: str) -> str:
     """Return how the command failed, as a suffix, or ''."""
     return f" ({error})" if error else ""
+
+
+COPIES = re.compile(r"run-[a-z+-]+")  # each side's copy of the tree (`run-original/`)
+
+
+def last_error(error: str) -> str:
+    """Return the line that ended a command's output (its exception), copies' names dropped."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    return COPIES.sub("run-*", lines[-1]) if len(lines) > 1 else ""
+
+
+def same_failure(before: str, after: str) -> bool:
+    """Return True if the command failed on both trees with the same exception."""
+    return bool(before and after) and last_error(before) == last_error(after) != ""
+
+
+def fails_alike(command: str, error: str) -> str:
+    """Return that the command fails the same way on both trees: not the rewrite's doing."""
+    return (
+        f"`{command}` fails the same way before and after the rewrite ({last_error(error)}), "
+        "so it shows nothing about the rewrite past that point"
+    )

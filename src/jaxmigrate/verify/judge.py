@@ -91,6 +91,9 @@ def original_verdict(
         return Verdict(Status.UNVERIFIED, str(data.get("error")), details)
     if data.get("no_inputs"):
         return Verdict(Status.UNVERIFIED, hint(plan, verify_with, tests), details)
+    if data.get("uncomparable"):
+        reason = f"the original runs, but what it returns cannot be compared: {data.get('error')}"
+        return Verdict(Status.UNVERIFIED, reason, details)
     if data.get("not_kept"):
         return Verdict(Status.UNVERIFIED, str(data.get("error")), details)
     if data.get("not_reached"):

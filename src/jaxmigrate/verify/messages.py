@@ -143,6 +143,8 @@ def make_task(
         "pristine": str(sources.root),  # to lay back a file a unit changed (`child/shown.py`)
     }
     target = module_spec(sources.root, plan.path, None) | {"qualname": plan.target.qualname}
+    if plan.target.jitted_as:  # a function the program only runs jitted: called so
+        target["call_as"] = plan.target.jitted_as
     baseline = plan.request.baseline
     original = common | {
         "target": target | ({"baseline": baseline} if baseline else {}),

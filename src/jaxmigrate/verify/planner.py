@@ -10,6 +10,7 @@ import ast
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from jaxmigrate.model import Safety, Site, Status
 from jaxmigrate.registry import all_passes
@@ -17,10 +18,12 @@ from jaxmigrate.verify.config import Verdict, VerifyRequest
 from jaxmigrate.verify.targets import (
     Kind,
     Target,
+    assigned_names,
     find_target,
     header_end,
     site_span,
     start_line,
+    statement_span,
     unit_of,
 )
 from jaxmigrate.verify.workspace import module_name
@@ -144,14 +147,17 @@ def add_to_unit(
     grouped.setdefault(unit, (made, []))[1].append(site)
 
 
-def reach_spans(plan: Plan) -> list[list[int]]:
-    """Return, per site inside a function target's body, the lines one of which a call must run.
+def reach_spans(plan: Plan) -> list[Any]:
+    """Return, per site of a function target, what a call must run to show something about it.
 
     A call of the function around a site that never runs the site (another branch) agrees on
-    both sides whatever the rewrite did; the worker watches for these lines. A site on the
-    function's own header (a definition changed by hand) runs with every call, and a site
-    outside the function (the module-level `step = jax.pmap(f)` a `main()` unit uses) runs at
-    import: neither is watched.
+    both sides whatever the rewrite did; the worker watches for these lines: `[first, last]`,
+    the site's statement in the function's body. A module-level callable a `main()` unit uses
+    (`@partial(jax.pmap, ...) def step`, `step = jax.pmap(f)`) is created at import, so a run
+    of the unit shows something about it only if it calls it, that is if the function it maps
+    runs: `{"spans": [...], "name": "step"}`, the lines of that function's body (and of the
+    assignment, where a lambda is mapped). A site on the function's own header (a definition
+    changed by hand) runs with every call, and is not watched.
     """
     try:
         tree = ast.parse(plan.request.original)
@@ -162,7 +168,67 @@ def reach_spans(plan: Plan) -> list[list[int]]:
         return []
     lines = sorted({s.line for s in plan.sites if body[0] <= s.line <= body[1]})
     spans = [site_span(tree, line) for line in lines]
-    return [list(span) for span in dict.fromkeys(spans)]
+    found: list[Any] = [list(span) for span in dict.fromkeys(spans)]
+    outside = [find_target(tree, s.line) for s in plan.sites if not body[0] <= s.line <= body[1]]
+    used = {t.qualname for t in outside if t.kind is Kind.CALLABLE and "." not in t.qualname}
+    for name in sorted(used - {plan.target.qualname}):
+        called = callable_lines(tree, name)
+        if called:
+            found.append({"spans": [list(span) for span in called], "name": name})
+    return found
+
+
+def module_def(tree: ast.Module, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            return node
+    return None
+
+
+def def_body(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[int, int]:
+    return node.body[0].lineno, node.end_lineno or node.lineno
+
+
+def mapped_names(expr: ast.expr) -> list[str]:
+    """Return the names a legacy call maps: `f` in `jax.pmap(f)`, `jax.jit(jax.shard_map(f,
+    ...))` or `jax.pmap(functools.partial(f, ...))`."""
+    names: list[str] = []
+    while isinstance(expr, ast.Call) and expr.args:
+        expr = expr.args[0]
+        if isinstance(expr, ast.Name):
+            names.append(expr.id)
+    return names
+
+
+def uses(tree: ast.Module, name: str) -> int:
+    """Return how many times the module reads the name `name`."""
+    return sum(
+        isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+        for n in ast.walk(tree)
+    )
+
+
+def callable_lines(tree: ast.Module, name: str) -> list[tuple[int, int]]:
+    """Return the lines whose running shows that the module-level callable `name` was called:
+    the body of the decorated `def name`, or of the functions `name = jax.pmap(f)` maps (and the
+    assignment's own lines, for a lambda); none when they are not in the file (`jax.pmap(g)`
+    of an imported `g`: nothing is watched)."""
+    node = module_def(tree, name)
+    if node is not None:
+        return [def_body(node)]
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and name in assigned_names(stmt):
+            value = stmt.value
+            if not isinstance(value, ast.Call):
+                return []
+            lambdas = any(isinstance(n, ast.Lambda) for n in ast.walk(value))
+            spans = [statement_span(stmt)] if lambdas else []
+            for mapped in mapped_names(value):
+                found = module_def(tree, mapped)
+                if found is not None and uses(tree, mapped) == 1:  # runs only as `name`
+                    spans.append(def_body(found))
+            return spans
+    return []
 
 
 def body_lines(tree: ast.Module, target: Target) -> tuple[int, int] | None:

@@ -51,6 +51,7 @@ class Target:
     last: int
     why: str = ""
     structure: dict[str, Any] = field(default_factory=dict)
+    jitted_as: str = ""  # a function the module only uses as `step = jax.jit(f)`: call `step`
 
     @property
     def reachable(self) -> bool:
@@ -138,8 +139,41 @@ def find_target(tree: ast.Module, line: int) -> Target:
         in_header = inner is top and line <= header_end(top)
         if in_header and top.decorator_list:
             return callable_target(top.name, top)
-        return Target(Kind.FUNCTION, top.name, start_line(top), header_end(top))
+        jitted = jitted_as(tree, top.name)
+        return Target(Kind.FUNCTION, top.name, start_line(top), header_end(top), jitted_as=jitted)
     return module_statement_target(top, chain, line)
+
+
+def is_jit(node: ast.expr) -> bool:
+    name = dotted(node) or ""
+    return name == "jit" or name.endswith(".jit")
+
+
+def jitted_as(tree: ast.Module, name: str) -> str:
+    """Return `step` when the module uses the function `name` only as `step = jax.jit(name, ...)`
+    (module level), else ''.
+
+    Such a function runs only traced, as the program runs it: its rewrite may rely on that (a
+    `jax.shard_map` without `mesh=` nested in it takes the mesh of the trace), so it is called
+    through `step`.
+    """
+    made = [
+        stmt.targets[0].id
+        for stmt in tree.body
+        if isinstance(stmt, ast.Assign)
+        and len(stmt.targets) == 1
+        and isinstance(stmt.targets[0], ast.Name)
+        and isinstance(stmt.value, ast.Call)
+        and is_jit(stmt.value.func)
+        and stmt.value.args
+        and isinstance(stmt.value.args[0], ast.Name)
+        and stmt.value.args[0].id == name
+    ]
+    uses = sum(
+        isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+        for n in ast.walk(tree)
+    )
+    return made[0] if len(made) == 1 and uses == 1 else ""
 
 
 def module_statement_target(stmt: ast.AST, chain: list[ast.AST], line: int) -> Target:

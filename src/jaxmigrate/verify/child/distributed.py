@@ -73,12 +73,27 @@ def join() -> None:
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator, num_processes=count, process_id=index)
-
-    def initialize(*args: Any, **kwargs: Any) -> None:
-        """The job is formed by jaxmigrate already; the program's own call does nothing."""
-
-    jax.distributed.initialize = initialize  # type: ignore[assignment]
+    jax.distributed.initialize = formed  # type: ignore[assignment]
     sys.excepthook = exit_at_once(sys.excepthook)
+
+
+def formed(*args: Any, **kwargs: Any) -> None:
+    """The job is formed by jaxmigrate already; the program's own call does nothing."""
+
+
+def alone() -> None:
+    """Make a worker outside a job a job of one process, formed before the program runs.
+
+    A worker starts JAX before it runs any program, so a program's own first line,
+    `jax.distributed.initialize()`, would raise "must be called before any JAX calls" there
+    (and the original would seem unable to run): as in a job, the program's call does nothing,
+    and the program runs as process 0 of 1 (`--processes N` runs it as N).
+    """
+    if job() is not None:
+        return
+    import jax.distributed
+
+    jax.distributed.initialize = formed  # type: ignore[assignment]
 
 
 def exit_at_once(hook: Callable[..., Any]) -> Callable[..., Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections import OrderedDict
 from typing import Any
 
 import jax
@@ -149,8 +150,45 @@ def describe(tree: Any) -> Node | None:
     return Node(type_name(kind), stable(aux), children)
 
 
+def unsorted(x: Any) -> bool:
+    """Return True for a dict whose keys JAX cannot sort to flatten it (`{0: a, "loss": b}`)."""
+    if not isinstance(x, dict) or isinstance(x, OrderedDict):
+        return False
+    try:
+        sorted(x)
+    except TypeError:
+        return True
+    return False
+
+
+def keyed(tree: Any) -> Any:
+    """Return `tree` with each dict whose keys cannot be sorted keyed by each key's type and
+    repr (`{"int:0": a, "str:'loss'": b}`): compared key by key, as any dict is."""
+
+    def fix(x: Any) -> Any:
+        if not unsorted(x):
+            return x
+        return {
+            f"{type(k).__name__}:{ADDRESS.sub('0x...', repr(k))}": keyed(v) for k, v in x.items()
+        }
+
+    return jax.tree.map(fix, tree, is_leaf=unsorted)
+
+
+class Unflattenable(Exception):
+    """An output JAX cannot flatten: it ran, but cannot be compared."""
+
+
 def flatten_output(out: Any) -> Flat:
     """Block on `out` and return it flattened with host leaves and its structure."""
+    try:
+        try:
+            jax.tree_util.tree_structure(out)
+        except ValueError:  # a dict with keys of mixed types: JAX cannot sort them
+            out = keyed(out)
+        jax.tree_util.tree_structure(out)
+    except Exception as exc:  # a custom node's flatten may raise anything
+        raise Unflattenable(f"{type(exc).__name__}: {exc}") from exc
     jax.block_until_ready(out)
     pairs, treedef = jax.tree_util.tree_flatten_with_path(out)
     leaves = tuple((jax.tree_util.keystr(path), output_leaf(leaf)) for path, leaf in pairs)

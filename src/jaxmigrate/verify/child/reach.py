@@ -4,85 +4,187 @@ A function target (`def train(..., parallel=False)` holding `jax.pmap(...)` unde
 be called without ever running its site: a call that takes another branch agrees on both sides
 whatever the rewrite did. `Watch` traces line events in the target's file while a call runs,
 only in the frames of code objects that span a site, and notes which sites ran; the tracer is
-removed once every site has, so the rest of the call runs untraced. Each site is a range of
-lines (its statement, or a compound statement's header): running any of them counts.
+removed once every site has, so the rest of the call runs untraced. Each site is a `Need`: one
+or more ranges of lines (its statement, or a compound statement's header; for a module-level
+callable a unit uses, the body of the function it maps), running any of which counts.
+
+Lines run where JAX runs them, and each place is watched:
+
+- at trace time, in the calling thread: under `jax.jit` a function's body runs only while it
+  is traced, and a later call with the same shapes reuses the trace without running a line.
+  The worker clears JAX's caches before a watched attempt and watches its input probe
+  (`jax.eval_shape`, whose trace the call then reuses), so every trace the attempt's calls run
+  is made, and seen, during the attempt;
+- in host callbacks: XLA runs `pure_callback` / `io_callback` / `jax.debug.callback` bodies on
+  its own threads, which `sys.settrace` (per thread) never sees. The callbacks lowered while a
+  watch is installed (`hook_callbacks`) trace their own thread while they run, if a watch is
+  still active then;
+- in Python threads the call starts (`threading.settrace`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import CodeType, FrameType
 from typing import Any, Self
 
 Span = tuple[int, int]
 
 
-def spans_of(raw: Sequence[Sequence[int]]) -> tuple[Span, ...]:
-    return tuple((int(a), int(b)) for a, b in raw)
+@dataclass(frozen=True)
+class Need:
+    """What a call must run to show something about one site: any line of `spans`.
+
+    `name` is set for a module-level callable a unit uses (`step = jax.pmap(f)`, a decorated
+    `def step`): the site ran when `step` was called, that is when its function's body ran.
+    """
+
+    spans: tuple[Span, ...]
+    name: str = ""
+
+    def holds(self, line: int) -> bool:
+        return any(a <= line <= b for a, b in self.spans)
 
 
-def describe(spans: Sequence[Span]) -> str:
-    """Return `line 12` or `lines 12, 30-31` for the sites' spans."""
+def spans_of(raw: Sequence[Any]) -> tuple[Need, ...]:
+    """Return the needs of a request's `reach`: `[first, last]` per site, or
+    `{"spans": [[first, last], ...], "name": "step"}` for a callable a unit uses."""
+    needs = []
+    for item in raw:
+        if isinstance(item, dict):
+            spans = tuple((int(a), int(b)) for a, b in item["spans"])
+            needs.append(Need(spans, str(item.get("name", ""))))
+        else:
+            a, b = item
+            needs.append(Need(((int(a), int(b)),)))
+    return tuple(needs)
+
+
+def lines(spans: Sequence[Span]) -> str:
+    """Return `line 12` or `lines 12, 30-31`."""
     parts = [str(a) if a == b else f"{a}-{b}" for a, b in spans]
     return ("line " if len(parts) == 1 and "-" not in parts[0] else "lines ") + ", ".join(parts)
 
 
+def describe(needs: Sequence[Need]) -> str:
+    """Return what calls that miss `needs` never did: `never ran the site's line 12`, `never
+    called `step` (its function's lines 9-10 never ran)`."""
+    plain = [span for need in needs if not need.name for span in need.spans]
+    named = [f"`{n.name}` (its function's {lines(n.spans)} never ran)" for n in needs if n.name]
+    parts = [f"never ran the site's {lines(plain)}"] if plain else []
+    return " and ".join(parts + (["never called " + ", ".join(named)] if named else []))
+
+
+# The watches installed, innermost last: what a host callback's thread reports to.
+ACTIVE: list[Watch] = []
+HOOKED: list[bool] = []
+
+
 class Watch:
-    """Notes which of `spans` (lines of `filename`) run while it is entered, in this thread.
+    """Notes which of `needs` (lines of `filename`) run while it is entered: in this thread, in
+    the threads it starts, and in the host callbacks lowered meanwhile (see the module's doc).
 
     Nothing is traced when another tracer (a debugger, coverage) is already installed: `hit`
-    then holds every span, as if they ran, since the call cannot be watched without breaking
+    then holds every need, as if they ran, since the call cannot be watched without breaking
     that tool; `watched` says whether the answer is known.
     """
 
-    def __init__(self, filename: str, spans: Sequence[Span]) -> None:
+    def __init__(self, filename: str, needs: Sequence[Need]) -> None:
         self.names = {filename, os.path.realpath(filename)}  # as compiled, and resolved
-        self.spans = tuple(spans)
-        self.hit: set[Span] = set()
+        self.needs = tuple(needs)
+        self.hit: set[Need] = set()
         self.watched = False
         self.codes: dict[CodeType, bool] = {}
+        self.previous: list[Any] = []
 
     def covers(self, code: CodeType) -> bool:
-        """Return True if `code` (a function of the file) holds a line of a missing span."""
+        """Return True if `code` (a function of the file) holds a line of a need."""
         found = self.codes.get(code)
         if found is None:
-            lines = {line for _, _, line in code.co_lines() if line is not None}
-            found = any(a <= line <= b for line in lines for a, b in self.spans)
+            held = {line for _, _, line in code.co_lines() if line is not None}
+            found = any(need.holds(line) for line in held for need in self.needs)
             self.codes[code] = found
         return found
 
     def on_call(self, frame: FrameType, event: str, arg: Any) -> Any:
         code = frame.f_code
-        if code.co_filename not in self.names:
+        if code.co_filename not in self.names or self.done:
             return None
         return self.on_line if self.covers(code) else None
 
     def on_line(self, frame: FrameType, event: str, arg: Any) -> Any:
         if event == "line":
             line = frame.f_lineno
-            for span in self.spans:
-                if span[0] <= line <= span[1]:
-                    self.hit.add(span)
-            if len(self.hit) == len(self.spans):
+            for need in self.needs:
+                if need.holds(line):
+                    self.hit.add(need)
+            if self.done:
                 sys.settrace(None)  # every site ran: new frames run untraced
                 return None
         return self.on_line
 
+    @property
+    def done(self) -> bool:
+        return len(self.hit) == len(self.needs)
+
     def __enter__(self) -> Self:
-        if not self.spans or sys.gettrace() is not None:
-            self.hit = set(self.spans)
+        if not self.needs or sys.gettrace() is not None:
+            self.hit = set(self.needs)
             return self
         self.watched = True
-        if len(self.hit) < len(self.spans):
+        hook_callbacks()
+        ACTIVE.append(self)
+        self.previous.append(threading.gettrace())
+        if not self.done:
             sys.settrace(self.on_call)
+            threading.settrace(self.on_call)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.watched and sys.gettrace() in (self.on_call, None):
+        if not self.watched:
+            return
+        if sys.gettrace() in (self.on_call, None):
             sys.settrace(None)
+        threading.settrace(self.previous.pop())  # type: ignore[arg-type]
+        if self in ACTIVE:
+            ACTIVE.remove(self)
 
     @property
-    def missing(self) -> tuple[Span, ...]:
-        return tuple(s for s in self.spans if s not in self.hit)
+    def missing(self) -> tuple[Need, ...]:
+        return tuple(need for need in self.needs if need not in self.hit)
+
+
+def watched_callback(callback: Callable[..., Any]) -> Callable[..., Any]:
+    """Return `callback` (a host callback XLA runs on its own thread) tracing that thread for
+    the innermost active watch while it runs."""
+
+    def run(*args: Any) -> Any:
+        watch = ACTIVE[-1] if ACTIVE else None
+        if watch is None or watch.done or sys.gettrace() is not None:
+            return callback(*args)
+        sys.settrace(watch.on_call)
+        try:
+            return callback(*args)
+        finally:
+            sys.settrace(None)
+
+    return run
+
+
+def hook_callbacks() -> None:
+    """Make the host callbacks lowered from now on report to the active watch (once per
+    process; nothing when this JAX has no `jax._src.callback.emit_python_callback`)."""
+    module = sys.modules.get("jax._src.callback")
+    real = getattr(module, "emit_python_callback", None)
+    if HOOKED or module is None or real is None:
+        return
+    HOOKED.append(True)
+
+    def emit_python_callback(ctx: Any, callback: Any, *args: Any, **kwargs: Any) -> Any:
+        return real(ctx, watched_callback(callback), *args, **kwargs)
+
+    module.emit_python_callback = emit_python_callback  # type: ignore[attr-defined]

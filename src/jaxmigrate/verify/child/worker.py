@@ -134,6 +134,13 @@ class Unkept(UserError):
         super().__init__("inputs", message)
 
 
+class Uncomparable(UserError):
+    """The call ran, but what it returned cannot be flattened to be compared."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("call", message)
+
+
 class NoInputs(UserError):
     """Nothing was recorded or declared for the target, and synthesis is off."""
 
@@ -163,7 +170,7 @@ def not_reached(request: dict[str, Any], source: str, calls: int, missing: Any) 
 
     name = request["target"]["qualname"]
     return (
-        f"the {calls} {source} call(s) of `{name}` never ran the site's {describe(missing)} "
+        f"the {calls} {source} call(s) of `{name}` {describe(missing)} "
         "(they took another path through it), so they show nothing about the rewrite"
     )
 
@@ -239,7 +246,7 @@ class Worker:
         except BaseException as exc:
             raise UserError("import", self.explain(exc)) from exc
         obj: Any = module
-        for part in spec["qualname"].split("."):
+        for part in spec.get("call_as", spec["qualname"]).split("."):
             obj = getattr(obj, part, None)
         if not callable(obj):
             kind = type(obj).__name__
@@ -266,7 +273,7 @@ class Worker:
         import jax
 
         from .contexts import build_mesh, enter
-        from .hostify import flatten_output, from_host
+        from .hostify import Unflattenable, flatten_output, from_host
         from .isolation import seed
         from .outside import lay
 
@@ -279,22 +286,32 @@ class Worker:
                 for expr in ctx["exprs"]
             ]
             stage = "inputs" if probe else "call"
+            # the probe's trace is the call's (jit reuses it), and host callbacks may run
+            # until the outputs are ready: all of it is watched (`reach`)
+            watch = self.watch if self.watch is not None else nullcontext()
+            seen = set(self.watch.hit) if self.watch is not None else set()
             try:
-                if probe:
-                    jax.eval_shape(values_only(fn), *args, **kwargs)
-                    stage = "call"
-                if self.steps is not None:
-                    self.steps.clear()
-                lay(args, kwargs)  # a folder outside the tree, as it was when the call was recorded
-                unit = not args and not kwargs  # the program itself runs: what it shows counts
-                with (
-                    self.watch if self.watch is not None else nullcontext(),
-                    self.showing(variant) if unit else nullcontext(),
-                ):
-                    seed()
-                    self.last_output = fn(*args, **kwargs)
-                    flat = flatten_output(self.with_steps(self.last_output))
+                with watch:
+                    if probe:
+                        jax.eval_shape(values_only(fn), *args, **kwargs)
+                        stage = "call"
+                    if self.steps is not None:
+                        self.steps.clear()
+                    lay(args, kwargs)  # a folder outside the tree, as it was when recorded
+                    unit = not args and not kwargs  # the program itself runs: what it shows counts
+                    with self.showing(variant) if unit else nullcontext():
+                        seed()
+                        self.last_output = fn(*args, **kwargs)
+                        try:
+                            flat = flatten_output(self.with_steps(self.last_output))
+                        except Unflattenable as exc:
+                            raise Uncomparable(str(exc)) from exc
+                        jax.effects_barrier()
+            except UserError:
+                raise
             except Exception as exc:
+                if stage == "inputs" and self.watch is not None:  # a candidate not taken
+                    self.watch.hit = seen
                 raise UserError(stage, self.explain(exc)) from exc
             except BaseException as exc:  # sys.exit is not a shape problem
                 raise UserError("call", self.explain(exc)) from exc
@@ -434,6 +451,9 @@ class Worker:
                     return {"ok": False, "stage": exc.stage, "error": str(exc), "no_inputs": True}
                 except NotReached as exc:  # another reference takes the same path
                     return {"ok": False, "stage": exc.stage, "error": str(exc), "not_reached": True}
+                except Uncomparable as exc:  # it ran: another reference returns the same
+                    error = str(exc)
+                    return {"ok": False, "stage": exc.stage, "error": error, "uncomparable": True}
                 except Unkept as exc:  # no reference can start from the files as they were
                     return {"ok": False, "stage": exc.stage, "error": str(exc), "not_kept": True}
                 except UserError as exc:
@@ -487,6 +507,10 @@ class Worker:
         module, fn = self.target(request, variant)
         self.watch = watcher(request, module, variant)
         self.shown = []
+        if self.watch is not None:  # every trace the calls use is made, and seen, below
+            import jax
+
+            jax.clear_caches()
         try:
             calls, source, outputs, notes = self.inputs_and_outputs(request, module, fn, variant)
             returned, returned_outputs = self.factory_calls(request, variant)
@@ -827,9 +851,10 @@ def main(argv: list[str] | None = None) -> None:
     inp, out = claim_stdio()
     warnings.simplefilter("ignore")
     os.chdir(args.root)
-    from .distributed import join
+    from .distributed import alone, join
 
     join()  # one process of a multi-process job: join it before any other JAX use
+    alone()  # or a job of one: the program's own `jax.distributed.initialize()` does nothing
     import jax
 
     ready = {"ready": True, "jax": jax.__version__, "devices": len(jax.devices())}
