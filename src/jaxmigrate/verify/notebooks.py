@@ -263,7 +263,9 @@ def not_run(plan: Plan, error: str, starts: Mapping[int, int], extra: str = "") 
 def failure(plan: Plan, error: str, starts: Mapping[int, int]) -> str:
     """Return the exception that stopped the script, and where in the notebook, from its output."""
     lines = [line.strip() for line in error.splitlines() if line.strip()]
-    last = lines[-1] if len(lines) > 1 else error.splitlines()[0]
+    if not lines:  # the cells ran to the end: they just never called the site
+        return "the cells ran, but made no call of it"
+    last = lines[-1]
     script = posixpath.basename(plan.path)
     places = [
         int(match.group(1))
