@@ -185,6 +185,8 @@ def verify_notebooks(
         command = request.command or ""
         # The script runs from the notebook's folder, whatever directory jaxmigrate ran from.
         run_config = replace(config, workdir=None, verify_with=command)
+        if config.notebook_timeout is not None:  # `--timeout` bounds each run of the notebook
+            run_config = replace(run_config, record_timeout=config.notebook_timeout)
         recording = record(command, group, ws, run_config)
         shown = f"{request.label} (its code cells, in order)"
         error = recording.error.replace(f"`{command}`", f"`{shown}`")

@@ -1,7 +1,7 @@
 """Worker processes: start them, send one request at a time, and survive whatever they do.
 
-A worker runs `python -m _jaxmigrate_child.worker` under the user's interpreter in its own
-session (so a kill reaches anything it forked), with the simulated-mesh environment, in one side's
+A worker runs `python -m _jaxmigrate_child.worker` under the user's interpreter behind a guard
+(`lifetime`: a kill reaches anything it forked, and nothing outlives jaxmigrate), with the simulated-mesh environment, in one side's
 copy of the tree. It starts JAX once and then serves requests. A reply that does not come within
 the timeout, or a worker that dies, becomes a `Reply` with a fault (timed out, crashed with which
 signal, exited with which status, plus the telling line of its log); the worker is then killed and
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from jaxmigrate.verify import lifetime
 from jaxmigrate.verify.config import VerifyConfig
 from jaxmigrate.verify.processes import coordinator_address, process_env
 from jaxmigrate.verify.workspace import CHILD_PACKAGE, Workspace
@@ -59,12 +60,8 @@ def child_env(
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """Kill a child and everything in its session, then reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
+    """Kill a child and everything below it (its guard's doing, `lifetime`), then reap it."""
+    lifetime.stop(proc)
 
 
 def telling_line(log: Path) -> str:
@@ -108,14 +105,13 @@ class Process:
         self.buffer = b""
         with self.log.open("ab") as log:
             try:
-                self.proc = subprocess.Popen(
+                self.proc = lifetime.spawn(
                     command,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=log,
                     cwd=cwd,
                     env=env,
-                    start_new_session=True,
                 )
             except OSError as exc:
                 self.proc = None
@@ -159,13 +155,13 @@ class Process:
         return exit_reason(code) + (f": {detail}" if detail else "")
 
     def stop(self) -> None:
-        if self.proc is not None:
-            stdin: IO[bytes] | None = self.proc.stdin
-            kill_group(self.proc)
-            for stream in (stdin, self.proc.stdout):
+        proc, self.proc = self.proc, None  # a signal's unwinding may stop it from another thread
+        if proc is not None:
+            stdin: IO[bytes] | None = proc.stdin
+            kill_group(proc)
+            for stream in (stdin, proc.stdout):
                 if stream is not None:
                     stream.close()
-        self.proc = None
         self.buffer = b""
 
 

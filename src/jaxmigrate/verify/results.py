@@ -27,6 +27,7 @@ from jaxmigrate.pipeline.engine import (
 )
 from jaxmigrate.pipeline.project import Project
 from jaxmigrate.registry import chosen_passes
+from jaxmigrate.verify import lifetime
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.notebooks import cannot_run, redecide_notebook, request_for_notebook
 from jaxmigrate.verify.session import Key, verify
@@ -40,7 +41,9 @@ def verify_each(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict
     """
     try:
         return verify(requests, config)
-    except Exception as exc:  # noqa: BLE001 - one file's bug is that file's result
+    except Exception as exc:  # one file's bug is that file's result
+        if lifetime.stopping():  # a signal is ending the run: no verdict, no retry
+            raise
         if len(requests) > 1:
             return {k: v for r in requests for k, v in verify_each([r], config).items()}
         why = (

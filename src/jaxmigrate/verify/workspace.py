@@ -7,6 +7,7 @@
 <base>/io/        inputs and outputs passed from original to candidate workers
 <base>/records/   calls recorded while the user's command ran
 <base>/logs/      the workers' and the command's stderr
+<base>/owner      the pid (and start time) of the run that made it (`lifetime.sweep`)
 """
 
 from __future__ import annotations
@@ -149,9 +150,12 @@ def workspace(
     root: Path, originals: Mapping[str, str], candidates: Mapping[str, str]
 ) -> Iterator[Workspace]:
     """Create a workspace for `root` with the given file texts per side; remove it after."""
-    base = Path(tempfile.mkdtemp(prefix="jaxmigrate-verify-"))
+    from jaxmigrate.verify.lifetime import PREFIX, claim
+
+    base = Path(tempfile.mkdtemp(prefix=PREFIX))
     ws = Workspace(base)
     try:
+        claim(base)  # a run killed by SIGKILL leaves it: the next run removes it (`sweep`)
         for side, texts in (("original", originals), ("candidate", candidates)):
             copy_project(root, ws.tree(side))
             for relpath, text in texts.items():
