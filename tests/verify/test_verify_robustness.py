@@ -1,7 +1,8 @@
 """The verifier's own robustness: no file stops the batch, nothing outlives the run.
 
 Real `jaxmigrate run` subprocesses on real trees: a notebook with the README's legacy cells, symbolic
-link loops and a link to a dataset outside the tree (issue 17, item 8).
+link loops and a link to a dataset outside the tree (issue 17, item 8); runs killed by signals
+while `main()` hangs, `--timeout` on notebooks (item 9); the network sandbox (issue 20).
 """
 
 from __future__ import annotations
@@ -9,11 +10,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import socket
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from clitools import jm
+from clitools import cli_env, command, jm
+
+from jaxmigrate.verify.lifetime import sweep
 
 pytestmark = pytest.mark.jax
 
@@ -130,3 +137,178 @@ def test_symlink_loops_and_a_dataset_outside_the_tree(tmp_path: Path) -> None:
     read = seen.read_text(encoding="utf-8").split()
     assert len(read) >= 2  # both sides ran main()
     assert set(read) == {str((data / "blob.bin").resolve())}  # the dataset itself, not a copy
+
+
+HANGING_MAIN = """def main():
+    import os, subprocess, sys, time
+    escaped = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
+    with open(os.environ["JM_TEST_PIDS"], "a") as log:
+        log.write(f"{os.getpid()} {escaped.pid}\\n")
+    time.sleep(600)
+"""
+
+
+def alive(pid: int) -> bool:
+    """Return whether `pid` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def below(pid: int) -> set[int]:
+    """Return every process below `pid`, from /proc."""
+    parents = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", encoding="utf-8") as handle:
+                    parents[int(name)] = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_a_killed_run_leaves_nothing_running(tmp_path: Path, number: signal.Signals) -> None:
+    """Killed while `main()` hangs (and has started a child in a session of its own)."""
+    tree = tmp_path / "project"
+    tree.mkdir()
+    text = EXAMPLE.read_text(encoding="utf-8").replace("def main():\n", HANGING_MAIN, 1)
+    (tree / "hang.py").write_text(text, encoding="utf-8")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    pids = tmp_path / "pids.txt"
+    env = cli_env(JM_TEST_PIDS=str(pids), TMPDIR=str(scratch))
+    run = subprocess.Popen(
+        command("run", "--dry-run", "."),
+        cwd=tree,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own group: SIGINT goes to the group, as from a terminal
+    )
+    deadline = time.monotonic() + 240
+    while not (pids.exists() and pids.read_text().strip()):
+        assert run.poll() is None and time.monotonic() < deadline, "main() never ran"
+        time.sleep(0.2)
+    worker, escaped = map(int, pids.read_text().split()[:2])
+    started = below(run.pid) | {escaped}
+    assert worker in started and escaped in started
+    assert list(scratch.glob("jaxmigrate-verify-*"))
+    began = time.monotonic()
+    if number == signal.SIGINT:
+        os.killpg(run.pid, number)
+    else:
+        os.kill(run.pid, number)
+    _, err = run.communicate(timeout=60)
+    quit_in = time.monotonic() - began
+    assert run.returncode == {signal.SIGTERM: 143, signal.SIGINT: 130}.get(number, -number), err
+    deadline = time.monotonic() + 10  # a guard notices its parent's death within a second
+    while any(alive(p) for p in started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in started if alive(p)]
+    left = list(scratch.glob("jaxmigrate-verify-*"))
+    if number != signal.SIGKILL:
+        assert quit_in < 20, quit_in
+        assert not left
+        return
+    # SIGKILL leaves the scratch folder: the next run removes it, as its owner is dead
+    assert len(left) == 1 and (left[0] / "owner").exists()
+    other = scratch / "jaxmigrate-verify-notours"  # no owner file: never touched
+    other.mkdir()
+    live = scratch / "jaxmigrate-verify-live"  # a live owner (this test): never touched
+    live.mkdir()
+    (live / "owner").write_text(f"{os.getpid()} \n")
+    assert sweep(scratch) == left
+    assert not left[0].exists() and other.exists() and live.exists()
+
+
+def test_verification_has_no_network(tmp_path: Path) -> None:
+    """A unit that connects to a port on this machine does not reach it; a download is refused
+    with that reason, not made."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    tree = tmp_path / "project"
+    tree.mkdir()
+    text = EXAMPLE.read_text(encoding="utf-8").replace(
+        "def main():\n",
+        "def main():\n"
+        "    import socket\n"
+        "    try:\n"
+        f"        socket.create_connection(('127.0.0.1', {port}), timeout=5).close()\n"
+        "    except OSError:\n"
+        "        pass\n",
+        1,
+    )
+    (tree / "local.py").write_text(text, encoding="utf-8")
+    download = EXAMPLE.read_text(encoding="utf-8").replace(
+        "def main():\n",
+        "def main():\n"
+        "    import urllib.request\n"
+        "    urllib.request.urlopen('http://example.com/data.npy', timeout=20).read()\n",
+        1,
+    )
+    (tree / "download.py").write_text(download, encoding="utf-8")
+    proc = jm(
+        "run", "--dry-run", "--format", "json", "--report", str(tmp_path / "r.json"), ".", cwd=tree
+    )
+    arrived = []
+    try:
+        while True:
+            arrived.append(listener.accept())
+    except TimeoutError:
+        pass
+    finally:
+        listener.close()
+    assert not arrived, "a verified unit reached a port on the host"
+    files = report(tmp_path / "r.json")
+    local = {s["code"]: s for s in files["local.py"]["sites"]}["JM201"]
+    assert local["status"] == "verified", local  # loopback inside the sandbox works
+    fetched = {s["code"]: s for s in files["download.py"]["sites"]}["JM201"]
+    assert fetched["status"] == "unverified", fetched
+    assert fetched["details"]["verification"].startswith(
+        "the code tried to reach the network, which verification blocks"
+    ), fetched
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_timeout_bounds_a_notebook_run(tmp_path: Path) -> None:
+    tree = tmp_path / "project"
+    tree.mkdir()
+    cells = [*README_CELLS[:2], "import time\ntime.sleep(600)\n", README_CELLS[2]]
+    cells[0] = cells[0].replace(
+        "from jax.experimental import PartitionSpec as P\n",
+        "from jax.sharding import PartitionSpec as P\n",
+    )
+    (tree / "hang.ipynb").write_text(notebook(cells), encoding="utf-8")
+    began = time.monotonic()
+    proc = jm(
+        "run",
+        "--dry-run",
+        "--timeout",
+        "10",
+        "--format",
+        "json",
+        "--report",
+        str(tmp_path / "r.json"),
+        ".",
+        cwd=tree,
+    )
+    took = time.monotonic() - began
+    assert proc.returncode == 0, proc.stderr
+    site = {s["code"]: s for s in report(tmp_path / "r.json")["hang.ipynb"]["sites"]}["JM201"]
+    assert site["status"] == "unverified"
+    assert "timed out after 10 s" in site["details"]["verification"], site
+    assert took < 90, took
