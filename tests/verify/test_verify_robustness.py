@@ -312,3 +312,35 @@ def test_timeout_bounds_a_notebook_run(tmp_path: Path) -> None:
     assert site["status"] == "unverified"
     assert "timed out after 10 s" in site["details"]["verification"], site
     assert took < 90, took
+
+
+def test_a_timeout_spent_on_huge_outputs_names_its_cause(tmp_path: Path) -> None:
+    """A million small dicts: the code returns in seconds, the outputs take the rest."""
+    tree = tmp_path / "project"
+    tree.mkdir()
+    text = EXAMPLE.read_text(encoding="utf-8").replace(
+        "        return f(x, w)\n",
+        "        y = f(x, w)\n"
+        "    return [{'i': i, 'v': i * 0.5, 'name': 'row'} for i in range(1_000_000)] + [y]\n",
+    )
+    (tree / "big.py").write_text(text, encoding="utf-8")
+    proc = jm(
+        "run",
+        "--dry-run",
+        "--timeout",
+        "15",
+        "--format",
+        "json",
+        "--report",
+        str(tmp_path / "r.json"),
+        ".",
+        cwd=tree,
+    )
+    assert proc.returncode == 0, proc.stderr
+    site = {s["code"]: s for s in report(tmp_path / "r.json")["big.py"]["sites"]}["JM201"]
+    assert site["status"] == "unverified", site
+    why = site["details"]["verification"]
+    assert why.startswith(
+        "the original timed out after 15 s, but not in the code, which returned in"
+    )
+    assert "comparing its outputs" in why

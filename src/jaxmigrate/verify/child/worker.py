@@ -20,6 +20,7 @@ import os
 import pickle
 import resource
 import sys
+import time
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -78,6 +79,21 @@ def values_only(fn: Any) -> Any:
         return jax.tree.map(lambda x: x if isinstance(x, keep) else None, fn(*args, **kwargs))
 
     return traced
+
+
+def ran_marker(request: dict[str, Any], side: str) -> str:
+    """Return the file saying a call of `request` returned (removed: none is running), or ''.
+
+    The parent reads it when the request times out: the time then went in flattening,
+    saving and comparing the outputs, not in the user's code (`pool.Worker.request`).
+    """
+    path = request.get("outputs_path")
+    if not path:
+        return ""
+    marker = f"{path}.{side}.ran"
+    if os.path.exists(marker):
+        os.remove(marker)
+    return marker
 
 
 STAGES = ("import", "target", "inputs", "call")
@@ -252,8 +268,13 @@ class Worker:
                 if self.steps is not None:
                     self.steps.clear()
                 lay(args, kwargs)  # a folder outside the tree, as it was when the call was recorded
+                ran = ran_marker(request, self.side)
+                started = time.monotonic()
                 with self.watch if self.watch is not None else nullcontext():
                     self.last_output = fn(*args, **kwargs)
+                if ran:  # a timeout from here on is the outputs' handling, not the code's
+                    with open(ran, "w", encoding="utf-8") as handle:
+                        handle.write(f"{time.monotonic() - started:.1f}\n")
                 flat = flatten_output(self.with_steps(self.last_output))
             except Exception as exc:
                 raise UserError(stage, self.explain(exc)) from exc
