@@ -344,3 +344,37 @@ def test_a_timeout_spent_on_huge_outputs_names_its_cause(tmp_path: Path) -> None
         "the original timed out after 15 s, but not in the code, which returned in"
     )
     assert "comparing its outputs" in why
+
+
+def test_writes_outside_the_copies_are_reported(tmp_path: Path) -> None:
+    """By absolute path, into the project itself and into the home folder."""
+    tree = tmp_path / "project"
+    tree.mkdir()
+    user_home = tmp_path / "home"
+    user_home.mkdir()
+    text = EXAMPLE.read_text(encoding="utf-8").replace(
+        "def main():\n",
+        "def main():\n"
+        f"    open({str(tree / 'leak.txt')!r}, 'a').write('x')\n"
+        f"    open({str(user_home / 'downloaded.npy')!r}, 'a').write('x')\n",
+        1,
+    )
+    (tree / "writer.py").write_text(text, encoding="utf-8")
+    proc = jm(
+        "run",
+        "--dry-run",
+        "--format",
+        "json",
+        "--report",
+        str(tmp_path / "r.json"),
+        ".",
+        cwd=tree,
+        env=cli_env(HOME=str(user_home)),
+    )
+    assert proc.returncode == 0, proc.stderr
+    site = {s["code"]: s for s in report(tmp_path / "r.json")["writer.py"]["sites"]}["JM201"]
+    assert "files outside its copies changed" in site["details"]["verification"], site
+    assert site["details"]["outside_writes"] == [
+        f"created {tree / 'leak.txt'}",
+        f"created {user_home / 'downloaded.npy'}",
+    ]

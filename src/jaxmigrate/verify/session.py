@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from jaxmigrate.model import Status
-from jaxmigrate.verify import lifetime
+from jaxmigrate.verify import lifetime, writes
 from jaxmigrate.verify.bound import fallbacks, judge_bound, parent, rerun, shadows, with_replay
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.judge import (
@@ -281,7 +281,11 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
     candidates.update({r.path: r.candidate for r in requests})
     units = shadows(runnable) if config.verify_with else []
     command = config.verify_with or ""
-    with lifetime.running(), workspace(config.root, originals, candidates) as ws:
+    with (
+        writes.watched(config.root) as outside,
+        lifetime.running(),
+        workspace(config.root, originals, candidates) as ws,
+    ):
         recording = (
             record(command, [*modules, *units], ws, config)
             if config.verify_with and modules
@@ -314,9 +318,13 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
                     verify_notebooks(notebooks, candidates, ws, lanes[0].candidate, config)
                 )
         isolation = lifetime.isolation()
+    wrote = writes.note(outside)
     for plan in plans:
         verdict = with_processes_hint(by_plan[plan.id], plan, config)
         verdict = sandboxed(verdict, isolation)
+        if wrote:
+            details = {**verdict.details, "outside_writes": outside}
+            verdict = replace(verdict, reason=f"{verdict.reason}; {wrote}", details=details)
         if recording.note and not plan.request.command:
             verdict = replace(verdict, details={**verdict.details, "verify_with": recording.note})
         if recording.error and not plan.request.command:
