@@ -127,6 +127,7 @@ class Settings:
     python: str = sys.executable
     verify_with: str | None = None
     timeout: float = 120.0
+    timeout_given: bool = False  # `--timeout` or `timeout =` set: it bounds notebook runs too
     cache: bool = True
     processes: int = 1
     project_tests: bool = True
@@ -147,6 +148,7 @@ class Settings:
             python=self.python,
             verify_with=self.verify_with,
             timeout=self.timeout,
+            notebook_timeout=self.timeout if self.timeout_given else None,
             passes=chosen_passes(self.options),
             workdir=Path.cwd(),
             processes=self.processes,
@@ -237,6 +239,7 @@ def resolve_settings(
         python=python or config.python or sys.executable,
         verify_with=verify_with or config.verify_with,
         timeout=timeout or config.timeout or 120.0,
+        timeout_given=bool(timeout or config.timeout),
         cache=not no_cache,
         project_tests=choose(project_tests, config.verify_project_tests, True),
     )

@@ -167,7 +167,8 @@ def notebooks_note(results: Sequence[FileResult]) -> Text | None:
     text.append(
         f"verification executes {len(notebooks)} notebook(s) ({names}): their code cells run "
         "twice, on the original and on the rewritten text, in temporary copies of the "
-        "project; what they do outside it (downloads, files under ~) still happens. "
+        "project, without network where the system allows it; what they write outside the "
+        "project (files under ~) they write, and it is reported. "
         "Pass --no-verify to run nothing (unsafe notebook sites then stay unverified)."
     )
     return text

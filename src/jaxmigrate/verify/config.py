@@ -53,6 +53,7 @@ class VerifyConfig:
     workdir: Path | None = None
     processes: int = 1
     project_tests: bool = True
+    notebook_timeout: float | None = None  # bounds each run of a notebook (None: record_timeout)
 
     def __post_init__(self) -> None:
         devices_per_process(self.devices, self.processes)  # raises DeviceSplitError

@@ -185,6 +185,8 @@ def verify_notebooks(
         command = request.command or ""
         # The script runs from the notebook's folder, whatever directory jaxmigrate ran from.
         run_config = replace(config, workdir=None, verify_with=command)
+        if config.notebook_timeout is not None:  # `--timeout` bounds each run of the notebook
+            run_config = replace(run_config, record_timeout=config.notebook_timeout)
         recording = record(command, group, ws, run_config)
         shown = f"{request.label} (its code cells, in order)"
         error = recording.error.replace(f"`{command}`", f"`{shown}`")
@@ -263,7 +265,9 @@ def not_run(plan: Plan, error: str, starts: Mapping[int, int], extra: str = "") 
 def failure(plan: Plan, error: str, starts: Mapping[int, int]) -> str:
     """Return the exception that stopped the script, and where in the notebook, from its output."""
     lines = [line.strip() for line in error.splitlines() if line.strip()]
-    last = lines[-1] if len(lines) > 1 else error.splitlines()[0]
+    if not lines:  # the cells ran to the end: they just never called the site
+        return "the cells ran, but made no call of it"
+    last = lines[-1]
     script = posixpath.basename(plan.path)
     places = [
         int(match.group(1))

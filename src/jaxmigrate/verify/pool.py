@@ -1,7 +1,7 @@
 """Worker processes: start them, send one request at a time, and survive whatever they do.
 
-A worker runs `python -m _jaxmigrate_child.worker` under the user's interpreter in its own
-session (so a kill reaches anything it forked), with the simulated-mesh environment, in one side's
+A worker runs `python -m _jaxmigrate_child.worker` under the user's interpreter behind a guard
+(`lifetime`: a kill reaches anything it forked, and nothing outlives jaxmigrate), with the simulated-mesh environment, in one side's
 copy of the tree. It starts JAX once and then serves requests. A reply that does not come within
 the timeout, or a worker that dies, becomes a `Reply` with a fault (timed out, crashed with which
 signal, exited with which status, plus the telling line of its log); the worker is then killed and
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from jaxmigrate.verify import lifetime
 from jaxmigrate.verify.config import VerifyConfig
 from jaxmigrate.verify.processes import coordinator_address, process_env
 from jaxmigrate.verify.workspace import CHILD_PACKAGE, Workspace
@@ -59,12 +60,8 @@ def child_env(
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """Kill a child and everything in its session, then reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
+    """Kill a child and everything below it (its guard's doing, `lifetime`), then reap it."""
+    lifetime.stop(proc)
 
 
 def telling_line(log: Path) -> str:
@@ -108,14 +105,13 @@ class Process:
         self.buffer = b""
         with self.log.open("ab") as log:
             try:
-                self.proc = subprocess.Popen(
+                self.proc = lifetime.spawn(
                     command,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=log,
                     cwd=cwd,
                     env=env,
-                    start_new_session=True,
                 )
             except OSError as exc:
                 self.proc = None
@@ -159,13 +155,13 @@ class Process:
         return exit_reason(code) + (f": {detail}" if detail else "")
 
     def stop(self) -> None:
-        if self.proc is not None:
-            stdin: IO[bytes] | None = self.proc.stdin
-            kill_group(self.proc)
-            for stream in (stdin, self.proc.stdout):
+        proc, self.proc = self.proc, None  # a signal's unwinding may stop it from another thread
+        if proc is not None:
+            stdin: IO[bytes] | None = proc.stdin
+            kill_group(proc)
+            for stream in (stdin, proc.stdout):
                 if stream is not None:
                     stream.close()
-        self.proc = None
         self.buffer = b""
 
 
@@ -291,6 +287,8 @@ class Worker:
         if gone is not None:
             return self.died(gone)
         reply = self.receive(timeout)
+        if reply.kind == "timeout":
+            return slow_outputs(reply, message, self.side)
         if reply.data.get("restart"):  # it could not lay back the state a program starts in
             self.stop()
         return reply
@@ -301,6 +299,25 @@ class Worker:
             process.stop()
         self.started = False
         self.ready = False
+
+
+def slow_outputs(reply: Reply, message: dict[str, Any], side: str) -> Reply:
+    """Return a timeout that came after the code returned as what it is: slow outputs.
+
+    The worker marks each call that returned (`child.worker.ran_marker`); a timeout after that
+    went in flattening, saving or comparing what the code returned (a list of a million
+    dicts), which says nothing about the code: kind `outputs`, never a failure of the rewrite.
+    """
+    marker = Path(f"{message.get('outputs_path', '')}.{side}.ran")
+    if not message.get("outputs_path") or not marker.exists():
+        return reply
+    seconds = marker.read_text(encoding="utf-8").strip()
+    why = (
+        f"{reply.fault}, but not in the code, which returned in {seconds} s: reading, saving "
+        "and comparing its outputs took the rest (too large an output to compare in time; "
+        "raise --timeout or return less)"
+    )
+    return Reply({}, why, "outputs")
 
 
 def combine(side: str, replies: list[dict[str, Any]]) -> dict[str, Any]:

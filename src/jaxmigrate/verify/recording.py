@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from jaxmigrate.verify import lifetime
 from jaxmigrate.verify.config import VerifyConfig
 from jaxmigrate.verify.planner import Plan, reach_spans
 from jaxmigrate.verify.pool import child_env, kill_group
@@ -155,21 +156,27 @@ def run_command(
         log = ws.logs / (f"{name}.log" if count == 1 else f"{name}.p{i}.log")
         logs.append(log)
         with log.open("ab") as out:
-            procs.append(
-                subprocess.Popen(
-                    command,
-                    shell=True,
-                    cwd=config.command_dir(tree),
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=out,
-                    start_new_session=True,
+            try:
+                procs.append(
+                    lifetime.spawn(
+                        ["/bin/sh", "-c", command],
+                        cwd=config.command_dir(tree),
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=out,
+                    )
                 )
-            )
-    codes = wait_all(procs, config.record_timeout)
-    for proc in procs:
-        kill_group(proc)
+            except OSError as exc:
+                out.write(f"cannot run the command: {exc}\n".encode())
+                for proc in procs:
+                    kill_group(proc)
+                return f"`{command}` could not be started: {exc}"
+    try:
+        codes = wait_all(procs, config.record_timeout)
+    finally:
+        for proc in procs:
+            kill_group(proc)
     note = command_note(command, codes, config.record_timeout)
     failed = next((i for i, code in enumerate(codes) if code not in (0, None)), None)
     return note + last_lines(logs[failed]) if note and failed is not None else note

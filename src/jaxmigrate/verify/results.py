@@ -27,9 +27,34 @@ from jaxmigrate.pipeline.engine import (
 )
 from jaxmigrate.pipeline.project import Project
 from jaxmigrate.registry import chosen_passes
+from jaxmigrate.verify import lifetime
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.notebooks import cannot_run, redecide_notebook, request_for_notebook
 from jaxmigrate.verify.session import Key, verify
+
+
+def verify_each(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key, Verdict]:
+    """Return `verify`'s verdicts; a verifier bug stops one file, never the batch.
+
+    When verifying the batch raises, each file is verified alone, and a file that still raises
+    leaves its unsafe sites `unverified`, naming the error.
+    """
+    try:
+        return verify(requests, config)
+    except Exception as exc:  # one file's bug is that file's result
+        if lifetime.stopping():  # a signal is ending the run: no verdict, no retry
+            raise
+        if len(requests) > 1:
+            return {k: v for r in requests for k, v in verify_each([r], config).items()}
+        why = (
+            f"verification failed inside jaxmigrate ({type(exc).__name__}: {exc}); please report it"
+        )
+        return {
+            (r.path, s.key): Verdict(Status.UNVERIFIED, why, {"internal_error": True})
+            for r in requests
+            for s in r.sites
+            if s.safety is Safety.UNSAFE
+        }
 
 
 def annotate(path: str, sites: Sequence[Site], verdicts: Mapping[Key, Verdict]) -> tuple[Site, ...]:
@@ -128,7 +153,10 @@ def needs_verifying(result: FileResult) -> bool:
 
 def relative(path: str, root: Path) -> str | None:
     """Return `path` relative to the project root, or None if it lies outside."""
-    rel = os.path.relpath(Path(path).resolve(), root.resolve())
+    try:
+        rel = os.path.relpath(Path(path).resolve(), root.resolve())
+    except (OSError, RuntimeError):  # a symlink loop (Python 3.11 raises RuntimeError)
+        return None
     return None if rel.startswith("..") else rel
 
 
@@ -163,7 +191,7 @@ def verify_results(
     outside = set()
     cannot: dict[str, str] = {}  # notebooks that cannot run here, and why
     for result in results:
-        rel = relative(result.path, config.root)
+        rel = relative(result.path, config.root) if needs_verifying(result) else None
         if needs_verifying(result) and rel is not None and result.path.endswith(".ipynb"):
             made = request_for_notebook(result, rel, options, config.python)
             if isinstance(made, str):
@@ -174,7 +202,7 @@ def verify_results(
             wanted[result.path] = (rel, request_for(result, rel, options, chosen))
         elif needs_verifying(result):
             outside.add(result.path)
-    verdicts = verify([request for _, request in wanted.values()], config)
+    verdicts = verify_each([request for _, request in wanted.values()], config)
     annotated = {
         r.path: annotate(wanted[r.path][0], r.sites, verdicts) for r in results if r.path in wanted
     }
@@ -260,7 +288,7 @@ def fall_back(
         sites = tuple(_with_failure(s, failed) for s in sites)
         redone[path] = replace(result, sites=sites, fallbacks=fallbacks)
         requests.append(request_for(redone[path], wanted[path][0], options, passes))
-    verdicts = verify(requests, config)
+    verdicts = verify_each(requests, config)
     return {
         path: (result, annotate(wanted[path][0], result.sites, verdicts))
         for path, result in redone.items()

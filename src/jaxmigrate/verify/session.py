@@ -9,6 +9,7 @@ that had verified are verified again against that text, so what is written is wh
 from __future__ import annotations
 
 import queue
+import re
 import threading
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from jaxmigrate.model import Status
+from jaxmigrate.verify import lifetime, writes
 from jaxmigrate.verify.bound import fallbacks, judge_bound, parent, rerun, shadows, with_replay
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.judge import (
@@ -279,7 +281,11 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
     candidates.update({r.path: r.candidate for r in requests})
     units = shadows(runnable) if config.verify_with else []
     command = config.verify_with or ""
-    with workspace(config.root, originals, candidates) as ws:
+    with (
+        writes.watched(config.root) as outside,
+        lifetime.running(),
+        workspace(config.root, originals, candidates) as ws,
+    ):
         recording = (
             record(command, [*modules, *units], ws, config)
             if config.verify_with and modules
@@ -311,8 +317,14 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
                 by_plan.update(
                     verify_notebooks(notebooks, candidates, ws, lanes[0].candidate, config)
                 )
+        isolation = lifetime.isolation()
+    wrote = writes.note(outside)
     for plan in plans:
         verdict = with_processes_hint(by_plan[plan.id], plan, config)
+        verdict = sandboxed(verdict, isolation)
+        if wrote:
+            details = {**verdict.details, "outside_writes": outside}
+            verdict = replace(verdict, reason=f"{verdict.reason}; {wrote}", details=details)
         if recording.note and not plan.request.command:
             verdict = replace(verdict, details={**verdict.details, "verify_with": recording.note})
         if recording.error and not plan.request.command:
@@ -324,6 +336,31 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
             key = (plan.path, site.key)
             verdicts[key] = combined(verdicts[key], verdict) if key in verdicts else verdict
     return verdicts
+
+
+# How a blocked network attempt ends, in the messages of Python, urllib, requests and httpx.
+NETWORK_FAILURES = re.compile(
+    r"Temporary failure in name resolution|Name or service not known|Network is unreachable"
+    r"|nodename nor servname|No address associated with hostname|getaddrinfo failed"
+)
+BLOCKED = "the code tried to reach the network, which verification blocks"
+
+
+def sandboxed(verdict: Verdict, isolation: str) -> Verdict:
+    """Return a verdict that says how the network sandbox bore on it.
+
+    In the sandbox, a run that failed on a network error tried to reach the network: the site is
+    `unverified` with that reason. Without the sandbox the details say the run was not isolated.
+    """
+    if isolation:
+        return replace(verdict, details={**verdict.details, "network": isolation})
+    found = NETWORK_FAILURES.search(
+        verdict.reason + " " + str(verdict.details.get("notebook_error", ""))
+    )
+    if found is None or verdict.status is Status.VERIFIED:
+        return verdict
+    details = {**verdict.details, "network": BLOCKED, "blocked": verdict.reason}
+    return Verdict(Status.UNVERIFIED, f"{BLOCKED} ({found.group(0)}): {verdict.reason}", details)
 
 
 def combined(first: Verdict, second: Verdict) -> Verdict:

@@ -7,10 +7,12 @@
 <base>/io/        inputs and outputs passed from original to candidate workers
 <base>/records/   calls recorded while the user's command ran
 <base>/logs/      the workers' and the command's stderr
+<base>/owner      the pid (and start time) of the run that made it (`lifetime.sweep`)
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -90,16 +92,72 @@ def install_child(ws: Workspace) -> None:
     shutil.copyfile(source / "bootstrap.py", ws.boot / "sitecustomize.py")
 
 
+# An outside file a symlink points to is copied up to this size, else linked like a folder.
+COPY_OUTSIDE_FILE = 16 * 2**20
+
+
+def copy_project(root: Path, dest: Path) -> None:
+    """Copy the project into `dest`, never following a symbolic link into a loop or a copy.
+
+    A link to a file or folder inside the tree stays a link, to the same place in the copy (as
+    relative link: `loop -> .` stays a loop, as in the project, and is copied once). A link
+    that leaves the tree is linked, not copied, when it is a folder (a dataset) or a file over
+    `COPY_OUTSIDE_FILE`: the code reads it where it is. A broken or looping link is left out,
+    as discovery leaves it out; so are sockets, FIFOs and devices.
+    """
+    real_root = os.path.realpath(root)
+
+    def place(link: str, target: Path) -> None:
+        try:
+            real = os.path.realpath(link, strict=True)
+        except (OSError, RuntimeError):
+            return  # broken, or a loop
+        inside = real == real_root or real.startswith(real_root + os.sep)
+        if inside:
+            mirrored = os.path.join(dest, os.path.relpath(real, real_root))
+            os.symlink(os.path.relpath(mirrored, target.parent), target)
+        elif os.path.isdir(real) or os.path.getsize(real) > COPY_OUTSIDE_FILE:
+            os.symlink(real, target)
+        elif os.path.isfile(real):
+            shutil.copy2(real, target)
+
+    def walk(folder: str, into: Path) -> None:
+        into.mkdir(parents=True, exist_ok=True)
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            return  # a folder that cannot be listed (discovery skips it too)
+        ignored = SKIP(folder, [e.name for e in entries])
+        for entry in entries:
+            if entry.name in ignored:
+                continue
+            target = into / entry.name
+            try:
+                if entry.is_symlink():
+                    place(entry.path, target)
+                elif entry.is_dir(follow_symlinks=False):
+                    walk(entry.path, target)
+                elif entry.is_file(follow_symlinks=False):
+                    shutil.copy2(entry.path, target)
+            except OSError:
+                continue  # unreadable: the copy lacks it, as the code would lack it here
+
+    walk(str(root), dest)
+
+
 @contextmanager
 def workspace(
     root: Path, originals: Mapping[str, str], candidates: Mapping[str, str]
 ) -> Iterator[Workspace]:
     """Create a workspace for `root` with the given file texts per side; remove it after."""
-    base = Path(tempfile.mkdtemp(prefix="jaxmigrate-verify-"))
+    from jaxmigrate.verify.lifetime import PREFIX, claim
+
+    base = Path(tempfile.mkdtemp(prefix=PREFIX))
     ws = Workspace(base)
     try:
+        claim(base)  # a run killed by SIGKILL leaves it: the next run removes it (`sweep`)
         for side, texts in (("original", originals), ("candidate", candidates)):
-            shutil.copytree(root, ws.tree(side), ignore=SKIP, ignore_dangling_symlinks=True)
+            copy_project(root, ws.tree(side))
             for relpath, text in texts.items():
                 ws.write(side, relpath, text)
         for folder in (ws.io, ws.records, ws.logs):

@@ -139,8 +139,28 @@ def output_leaf(x: Any) -> Any:
     return opaque(x)
 
 
+LEAVES = (bool, int, float, complex, str, bytes, np.ndarray, np.generic, jax.Array)
+PLAIN = frozenset((bool, int, float, complex, str, bytes))
+DICT, LIST, TUPLE, NONE = (type_name(k) for k in (dict, list, tuple, type(None)))
+
+
 def describe(tree: Any) -> Node | None:
-    """Return the structure of `tree` as nodes (None for a leaf), one level at a time."""
+    """Return the structure of `tree` as nodes (None for a leaf), one level at a time.
+
+    Plain dicts (string keys), lists, tuples and None are described directly, as JAX would
+    (sorted keys, `['key']` and `[i]` paths): a million small dicts take seconds, not minutes.
+    """
+    kind = type(tree)
+    if kind in LEAVES or isinstance(tree, LEAVES):
+        return None
+    if kind is dict and all(type(k) is str for k in tree):
+        keys = sorted(tree)
+        return Node(DICT, keys, tuple((f"[{k!r}]", describe(tree[k])) for k in keys))
+    if kind is list or kind is tuple:
+        children = tuple((f"[{i}]", describe(v)) for i, v in enumerate(tree))
+        return Node(LIST if kind is list else TUPLE, None, children)
+    if tree is None:
+        return Node(NONE, None, ())
     pairs, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: x is not tree)
     data = treedef.node_data()  # type: ignore[attr-defined]  # missing from the stubs
     if data is None:
@@ -180,20 +200,48 @@ class Unflattenable(Exception):
 
 
 def flatten_output(out: Any) -> Flat:
-    """Block on `out` and return it flattened with host leaves and its structure."""
+    """Return `out` flattened with host leaves (blocked on) and its structure.
+
+    One walk gives both, in JAX's order and with its paths (`[0]['loss']`); plain dicts,
+    lists, tuples and None are walked directly, other nodes through JAX. A dict whose keys JAX
+    cannot sort is keyed by each key's type and repr first (`keyed`).
+    """
     try:
         try:
-            jax.tree_util.tree_structure(out)
+            treedef = jax.tree_util.tree_structure(out)
         except ValueError:  # a dict with keys of mixed types: JAX cannot sort them
             out = keyed(out)
-        jax.tree_util.tree_structure(out)
+            treedef = jax.tree_util.tree_structure(out)
     except Exception as exc:  # a custom node's flatten may raise anything
         raise Unflattenable(f"{type(exc).__name__}: {exc}") from exc
-    jax.block_until_ready(out)
-    pairs, treedef = jax.tree_util.tree_flatten_with_path(out)
-    leaves = tuple((jax.tree_util.keystr(path), output_leaf(leaf)) for path, leaf in pairs)
-    text = ADDRESS.sub("0x...", str(treedef))
-    return Flat(text, leaves, describe(out))
+    leaves: list[tuple[str, Any]] = []
+    structure = walk(out, "", leaves)
+    return Flat(ADDRESS.sub("0x...", str(treedef)), tuple(leaves), structure)
+
+
+def walk(tree: Any, path: str, leaves: list[tuple[str, Any]]) -> Node | None:
+    """Append the host leaves of `tree` (under `path`) to `leaves`; return its structure."""
+    kind = type(tree)
+    if kind in PLAIN:  # as `output_leaf` would, without its (slow) jax.Array check
+        leaves.append((path, tree))
+        return None
+    if kind is dict and all(type(k) is str for k in tree):
+        keys = sorted(tree)
+        parts = [(f"[{k!r}]", tree[k]) for k in keys]
+        return Node(DICT, keys, tuple((p, walk(v, path + p, leaves)) for p, v in parts))
+    if kind is list or kind is tuple:
+        parts = [(f"[{i}]", v) for i, v in enumerate(tree)]
+        children = tuple((p, walk(v, path + p, leaves)) for p, v in parts)
+        return Node(LIST if kind is list else TUPLE, None, children)
+    if tree is None:
+        return Node(NONE, None, ())
+    if kind in LEAVES or isinstance(tree, LEAVES):
+        leaves.append((path, output_leaf(tree)))  # np.array(x) blocks on a jax.Array
+        return None
+    jax.block_until_ready(tree)
+    pairs = jax.tree_util.tree_flatten_with_path(tree)[0]
+    leaves.extend((path + jax.tree_util.keystr(p), output_leaf(leaf)) for p, leaf in pairs)
+    return describe(tree)
 
 
 def shapes(tree: Any) -> list[str]:
@@ -209,8 +257,11 @@ def shapes(tree: Any) -> list[str]:
     return [one(x) for x in jax.tree.leaves(tree, is_leaf=_is_host_leaf)]
 
 
+SHOWN = 100  # leaves listed in a reply's `output_shapes`; a million would swamp the report
+
+
 def flat_shapes(flat: Flat) -> list[str]:
-    """Return the path, dtype and shape of every leaf of a flattened output, as short text."""
+    """Return the path, dtype and shape of the first `SHOWN` leaves of a flattened output."""
 
     def one(path: str, x: Any) -> str:
         value = x.data if isinstance(x, HostKey) else x
@@ -219,4 +270,6 @@ def flat_shapes(flat: Flat) -> list[str]:
             return f"{path or '.'}: {kind}{list(np.shape(value))}"
         return f"{path or '.'}: {type(x).__name__}"
 
-    return [one(path, x) for path, x in flat.leaves]
+    shown = [one(path, x) for path, x in flat.leaves[:SHOWN]]
+    more = len(flat.leaves) - SHOWN
+    return shown + ([f"... and {more} more leaves"] if more > 0 else [])

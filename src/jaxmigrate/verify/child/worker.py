@@ -83,6 +83,21 @@ def values_only(fn: Any) -> Any:
     return traced
 
 
+def ran_marker(request: dict[str, Any], side: str) -> str:
+    """Return the file saying a call of `request` returned (removed: none is running), or ''.
+
+    The parent reads it when the request times out: the time then went in flattening,
+    saving and comparing the outputs, not in the user's code (`pool.Worker.request`).
+    """
+    path = request.get("outputs_path")
+    if not path:
+        return ""
+    marker = f"{path}.{side}.ran"
+    if os.path.exists(marker):
+        os.remove(marker)
+    return marker
+
+
 STAGES = ("import", "target", "inputs", "call")
 RETURNED = ".returned"  # suffix of the files holding a factory's returned function's calls
 STEPS = ".steps"  # beside the outputs: the original's step calls are among them (`layouts`)
@@ -299,9 +314,14 @@ class Worker:
                         self.steps.clear()
                     lay(args, kwargs)  # a folder outside the tree, as it was when recorded
                     unit = not args and not kwargs  # the program itself runs: what it shows counts
+                    ran = ran_marker(request, self.side)
+                    started = time.monotonic()
                     with self.showing(variant) if unit else nullcontext():
                         seed()
                         self.last_output = fn(*args, **kwargs)
+                        if ran:  # a timeout from here on is the outputs' handling, not the code's
+                            with open(ran, "w", encoding="utf-8") as handle:
+                                handle.write(f"{time.monotonic() - started:.1f}\n")
                         try:
                             flat = flatten_output(self.with_steps(self.last_output))
                         except Unflattenable as exc:
