@@ -151,6 +151,7 @@ class Worker:
     last_output: Any = None  # what the last call returned (a factory's function)
     steps: list[Any] | None = None  # a program-level pmap step's calls in a call (`layouts`)
     watch: Any = None  # a reach.Watch over the calls of the original's current attempt
+    observed: Any = None  # an observe.Observed: what the current attempt's calls compiled
 
     # Modules ------------------------------------------------------------------------------
     def load(self, spec: dict[str, Any], variant: str) -> ModuleType:
@@ -234,6 +235,7 @@ class Worker:
 
         from .contexts import build_mesh, enter
         from .hostify import flatten_output, from_host
+        from .observe import observing
         from .outside import lay
 
         args, kwargs = from_host(call)
@@ -252,9 +254,14 @@ class Worker:
                 if self.steps is not None:
                     self.steps.clear()
                 lay(args, kwargs)  # a folder outside the tree, as it was when the call was recorded
-                with self.watch if self.watch is not None else nullcontext():
+                with (
+                    self.watch if self.watch is not None else nullcontext(),
+                    observing(self.observed),
+                ):
                     self.last_output = fn(*args, **kwargs)
                 flat = flatten_output(self.with_steps(self.last_output))
+                if self.observed is not None:
+                    self.observed.add_output(self.last_output)
             except Exception as exc:
                 raise UserError(stage, self.explain(exc)) from exc
             except BaseException as exc:  # sys.exit is not a shape problem
@@ -349,15 +356,17 @@ class Worker:
 
     def attempt(self, request: dict[str, Any], variant: str) -> dict[str, Any]:
         from .hostify import flat_shapes, shapes
+        from .observe import Observed
         from .pickling import dumps
 
         module, fn = self.target(request, variant)
         self.watch = watcher(request, module, variant)
+        self.observed = observed = Observed()
         try:
             calls, source, outputs, notes = self.inputs_and_outputs(request, module, fn, variant)
             returned, returned_outputs = self.factory_calls(request, variant)
         finally:
-            watch, self.watch = self.watch, None
+            watch, self.watch, self.observed = self.watch, None, None
         if watch is not None and watch.missing:
             raise NotReached(not_reached(request, source, len(calls), watch.missing))
         for path, value in (
@@ -377,6 +386,7 @@ class Worker:
             "input_shapes": shapes(calls[0]),
             "output_shapes": flat_shapes(outputs[0]),
             "contexts": notes,
+            "observed": observed.summary(),
         }
         return reply | self.mesh_size(calls[0], request["inputs"]["structure"])
 
@@ -489,6 +499,7 @@ class Worker:
         """
         from .compare import has_values
         from .inputs import add_import_paths
+        from .observe import Observed
 
         for record in request.get("records", []):
             add_import_paths(record)
@@ -496,6 +507,7 @@ class Worker:
             _, fn = self.target(request, "candidate")
             calls, expected = self.load_io(request, "")
             returned, returned_expected = self.load_io(request, RETURNED)
+            self.observed = observed = Observed()
             with self.steps_captured(request):
                 first = self.compare_calls(fn, calls, expected, request, "")
                 if not first.get("equal") or not returned:
@@ -506,6 +518,8 @@ class Worker:
                     reply = self.compare_calls(last, returned, returned_expected, sub, "r")
         except UserError as exc:
             return {"ok": False, "stage": exc.stage, "error": str(exc)}
+        finally:
+            self.observed = None
         if not reply.get("equal"):
             return reply
         notes = first["not_comparable"] + (reply["not_comparable"] if returned else [])
@@ -516,6 +530,7 @@ class Worker:
             "max_rel_err": max(first["max_rel_err"], reply["max_rel_err"]),
             "not_comparable": list(dict.fromkeys(notes))[:5],
             "has_values": any(has_values(r) for r in [*expected, *returned_expected]),
+            "observed": observed.summary(),
         }
 
     @contextmanager
