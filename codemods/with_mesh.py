@@ -57,6 +57,14 @@ anything that is not a Mesh). Left alone, with a reason:
 - a `with` inside a function decorated with jit/pjit/pmap (`jax.set_mesh` raises under a trace);
 - a `with` whose body still calls a legacy `pjit` (the pjit pass skipped it): pjit reads only the
   legacy context, so it would lose its mesh.
+- any legacy `with` of a module or code base that reads the legacy mesh context
+  (`thread_resources` from `jax.interpreters.pxla`, `jax._src.mesh` or `jax.experimental.maps`,
+  or t5x's `partitioning`, whose `global_mesh_defined()` reads it): `jax.set_mesh` leaves it
+  empty (`physical_mesh.empty` is True under it on JAX 0.10.2), so t5x's
+  `with_sharding_constraint` would silently do nothing. `jax.sharding.get_abstract_mesh()` is
+  what `jax.set_mesh` sets (its `.empty`, axis names and shape, inside `jax.jit` too), but the
+  reads cannot be moved for the user: a read may also run under a `with` left alone, or in
+  code this run does not see. The reason names the first read (`trainer/partitioning.py:7`).
 `with jax.set_mesh(...)` and `async with` are never touched.
 
 ## Verification
@@ -77,6 +85,7 @@ from jaxmigrate.model import Safety
 from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.facts import AstFacts
 from jaxmigrate.toolkit.meshes import (
+    LEGACY_MESH_READ,
     MAKE_MESH,
     MESH_TYPES,
     Kind,
@@ -106,6 +115,7 @@ class WithMesh(Pass):
     SAFETY: ClassVar[Safety] = Safety.UNSAFE
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 8)  # `jax.set_mesh` is public from JAX 0.7.1
     REFERENCE: ClassVar[str | None] = "pjit-in-shardings"
+    READS_MESH: ClassVar[bool] = True
     NODE_TYPES: ClassVar[tuple[type[cst.CSTNode], ...]] = (cst.With,)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(
         r"^[ \t]*(?:async[ \t]+)?with\b[^:]*?mesh", re.IGNORECASE | re.MULTILINE
@@ -128,6 +138,7 @@ class WithMesh(Pass):
     def visit_Module(self, node: cst.Module) -> None:
         self._module = node
         self._meshes: MeshFinder | None = None
+        self._reads: str | None = None
 
     @property
     def meshes(self) -> MeshFinder:
@@ -146,6 +157,11 @@ class WithMesh(Pass):
         legacy = [v for v in found if v.kind is Kind.LEGACY]
         if not legacy:
             return updated_node
+        reads = self._legacy_reads()
+        if reads:
+            for verdict in legacy:
+                self.skip(verdict.item, _reads_reason(verdict, reads))
+            return updated_node
         if self.state.target_jax >= self.MIN_JAX and self._calls_pjit(original_node.body):
             for verdict in legacy:
                 reason = "the body still calls a legacy `pjit`, which would lose its mesh"
@@ -159,6 +175,21 @@ class WithMesh(Pass):
             if self.site(verdict.item, _message(verdict), group=group):
                 items[index] = self._set_mesh(items[index])
         return updated_node.with_changes(items=items)
+
+    def _legacy_reads(self) -> str:
+        """Return where the module, else its code base, reads the legacy mesh context ('')."""
+        if self._reads is None:
+            found = re.search(LEGACY_MESH_READ, "".join(self.state.original_lines), re.MULTILINE)
+            reads = self.state.mesh_reads
+            if found is not None:
+                line = "".join(self.state.original_lines).count("\n", 0, found.start()) + 1
+                self._reads = f"line {line}"
+            elif reads:
+                more = f" and {len(reads) - 1} more" if len(reads) > 1 else ""
+                self._reads = f"{reads[0]}{more}"
+            else:
+                self._reads = ""
+        return self._reads
 
     def _set_mesh(self, item: cst.WithItem) -> cst.WithItem:
         value = item.item
@@ -183,6 +214,15 @@ class WithMesh(Pass):
         finder = FindQualname(self, (PJIT, INTERNAL_PJIT))
         body.visit(finder)
         return finder.found
+
+
+def _reads_reason(verdict: MeshItem, where: str) -> str:
+    return (
+        f"the code reads the legacy mesh context `with {code(verdict.item.item)}:` sets "
+        f"(`thread_resources` or t5x's partitioning, {where}), which `jax.set_mesh` leaves "
+        "empty: a sharding constraint behind such a read would silently do nothing; move the "
+        "reads (to `jax.sharding.get_abstract_mesh()`) and the `with`s together, by hand"
+    )
 
 
 def _message(verdict: MeshItem) -> str:

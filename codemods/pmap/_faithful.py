@@ -54,6 +54,17 @@ MESSAGE = "`jax.pmap` -> `jax.jit` of `shard_map_per_device`, the body keeping i
 HELPER_SOURCE = '''\
 def shard_map_per_device(f, *, axis_name, in_specs, out_specs, devices=None, backend=None, **jit_options):
     """{doc}"""
+    import weakref
+
+    # As pmap's cache: the same `f` and options, the same jitted function
+    # (a pmap made in the function that calls it compiles once, not per call).
+    options = (axis_name, in_specs, out_specs, backend)
+    options += (devices and tuple(devices), *sorted(jit_options.items()))
+    made = vars(shard_map_per_device).setdefault("made", weakref.WeakKeyDictionary())
+    try:
+        return made[f][options]
+    except (KeyError, TypeError):  # TypeError: an `f` or options that cannot be keys
+        pass
     names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
     specs = (in_specs, {P}(*names))  # pmap maps keyword arguments over their leading axis
 
@@ -101,6 +112,10 @@ def shard_map_per_device(f, *, axis_name, in_specs, out_specs, devices=None, bac
         out = jitted(*args, **kwargs)
         return hosts.global_array_to_host_local_array(out, mesh, out_specs)
 
+    try:
+        made.setdefault(f, {{}})[options] = call
+    except TypeError:
+        pass
     return call
 '''
 

@@ -90,6 +90,7 @@ def run_passes(
     style: Style | None = None,
     first_party: frozenset[str] = frozenset(),
     fallbacks: Mapping[str, str] | None = None,
+    mesh_reads: tuple[str, ...] = (),
 ) -> tuple[cst.Module, _Run]:
     """Run `passes` in order over `module`; return the new module and what they recorded.
 
@@ -100,6 +101,7 @@ def run_passes(
     project. `style` is how new code is written (default: inferred from `source`),
     `first_party` the project's own top-level modules (new imports go above theirs).
     `fallbacks` are forms to write in their fallback form (`Site.fallback` key -> why).
+    `mesh_reads` are where the code base reads the legacy mesh context.
     """
     style = infer_style(source) if style is None else style
     if selected is None:
@@ -126,6 +128,7 @@ def run_passes(
             style=style,
             first_party=first_party,
             fallbacks=fallbacks or {},
+            mesh_reads=mesh_reads,
         )
         if changed:
             state.line_map = line_map_between(original, cache.code(module))
@@ -277,7 +280,8 @@ def migrate_source(
     project = project or Project()
     if callable(home):
         home = home()
-    layout = _Layout(project.style(code, path), project.first_party(path))
+    reads = project.legacy_mesh_reads(path) if any(p.READS_MESH for p in found.passes) else ()
+    layout = _Layout(project.style(code, path), project.first_party(path), reads)
     new, run = run_passes(
         module,
         code,
@@ -291,6 +295,7 @@ def migrate_source(
         style=layout.style,
         first_party=layout.first_party,
         fallbacks=fallbacks,
+        mesh_reads=layout.mesh_reads,
     )
     if not run.sites:
         return Migration(code, (), tuple(sorted(run.skips, key=lambda s: (s.line, s.col))))
@@ -319,6 +324,7 @@ def needed(files: Sequence[ProjectFile], applied: frozenset[str]) -> tuple[Proje
 class _Layout:
     style: Style
     first_party: frozenset[str]
+    mesh_reads: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -369,6 +375,7 @@ def _rerun(
         style=again.layout.style,
         first_party=again.layout.first_party,
         fallbacks=again.fallbacks,
+        mesh_reads=again.layout.mesh_reads,
     )
     return new
 

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from jaxmigrate.config import Formatting, distribution_name, formatting_in, project_formatting
 from jaxmigrate.toolkit.emit import Style, infer_style
+from jaxmigrate.toolkit.meshes import LEGACY_MESH_READ as LEGACY_MESH_READ_TEXT
 from jaxmigrate.toolkit.passes import Home
 
 # Folders of a code base that hold no library code: never its main package when another is there.
@@ -75,6 +76,7 @@ class Project:
     modules: dict[Path, frozenset[str]] = field(default_factory=dict)
     packages: dict[Path, bool] = field(default_factory=dict)
     mains: dict[Path, Path | None] = field(default_factory=dict)
+    mesh_reads: dict[Path, tuple[str, ...]] = field(default_factory=dict)
 
     # Style and first-party modules -------------------------------------------------------
     def style(self, code: str, path: str | None) -> Style:
@@ -101,7 +103,24 @@ class Project:
         """Return what a file's result depends on besides its bytes and the options: the
         project's formatter settings and own modules (part of its result cache key)."""
         width, indent = project_formatting(Path(path), self.formatting)
-        return repr((width, indent, sorted(self.first_party(path))))
+        reads = self.legacy_mesh_reads(path)
+        return repr((width, indent, sorted(self.first_party(path)), *reads))
+
+    # Reads of the legacy mesh context --------------------------------------------------------
+    def legacy_mesh_reads(self, path: str | None) -> tuple[str, ...]:
+        """Return where the code base of the file at `path` reads the legacy mesh context that
+        `with mesh:` sets and `jax.set_mesh` leaves empty (`thread_resources`, t5x's
+        partitioning): `file:line` relative to the code base, read once per code base. A file in
+        no code base is its own."""
+        if path is None:
+            return ()
+        file = Path(path).absolute()
+        base = self.code_base(file.parent)
+        key = base or file
+        if key not in self.mesh_reads:
+            files = _python_files_under(base) if base is not None else [file]
+            self.mesh_reads[key] = tuple(_mesh_reads(base or file.parent, files))
+        return self.mesh_reads[key]
 
     # Where shared modules go ---------------------------------------------------------------
     def home(self, path: Path, text: str = "") -> Home | None:
@@ -305,6 +324,37 @@ def _python_files(folder: Path) -> int:
         return sum(1 for p in folder.rglob("*.py") if p.stem != SHARED)
     except OSError:
         return 0
+
+
+LEGACY_MESH_READ = re.compile(LEGACY_MESH_READ_TEXT.encode(), re.MULTILINE)
+NOT_SCANNED = frozenset({"__pycache__", "site-packages", "node_modules"})
+
+
+def _python_files_under(base: Path) -> list[Path]:
+    """Return the `.py` files of a code base, without hidden folders and installed packages."""
+    found = []
+    for folder, dirs, files in os.walk(base):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in NOT_SCANNED)
+        found += [Path(folder, f) for f in sorted(files) if f.endswith(".py")]
+    return found
+
+
+def _mesh_reads(base: Path, files: list[Path]) -> list[str]:
+    """Return `file:line` of each line of `files` that reads the legacy mesh context."""
+    out: list[str] = []
+    for file in files:
+        try:
+            data = file.read_bytes()
+        except OSError:
+            continue
+        if b"thread_resources" not in data and b"t5x" not in data:
+            continue
+        for match in LEGACY_MESH_READ.finditer(data):
+            line = data.count(b"\n", 0, match.start()) + 1
+            where = f"{os.path.relpath(file, base)}:{line}"
+            if not out or out[-1] != where:
+                out.append(where)
+    return out
 
 
 def _under(folder: Path, package: Path) -> bool:

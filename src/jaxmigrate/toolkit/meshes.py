@@ -31,6 +31,14 @@ TRACING = frozenset({"jax.jit", "jax.experimental.pjit.pjit", "jax.pmap"})
 PARTIAL = "functools.partial"
 # Calls into these make something other than a `jax.sharding.Mesh` (JAX's own non-mesh calls,
 # and libraries whose meshes are device meshes or geometry).
+# Reads of the mesh that `with mesh:` sets and `jax.set_mesh` does not (JAX 0.10.2:
+# `thread_resources.env.physical_mesh.empty` is False under `with mesh:`, True under
+# `jax.set_mesh`), under any import path (`pxla.`, `jax._src.mesh.`, `maps.`), and the libraries
+# known to read it for the code that calls them (t5x's `with_sharding_constraint`).
+LEGACY_MESH_READ = (
+    r"\bthread_resources\b|\bt5x\.partitioning\b"
+    r"|^[ \t]*from[ \t]+t5x[ \t]+import[^\n]*\bpartitioning\b"
+)
 OTHER_MESHES = frozenset({"jax", "numpy", "torch", "tensorflow", "trimesh", "open3d", "pyvista"})
 
 

@@ -130,6 +130,8 @@ class FileState:
     first_party: frozenset[str] = frozenset()  # top-level modules of the file's own project
     cache: ModuleCache = field(default_factory=ModuleCache)
     home: Home | None = None  # None: no project around the text (stdin, a notebook, a test)
+    # Where the code base reads the legacy mesh context (`Project.legacy_mesh_reads`)
+    mesh_reads: tuple[str, ...] = ()
     pmap_style: str = "idiomatic"  # "faithful": pmap keeps its per-device form everywhere
     files: list[ProjectFile] = field(default_factory=list)
     # Forms to write in their fallback form (`Site.fallback` key -> why): verification found
@@ -177,6 +179,8 @@ class Pass(CodemodCommand, cst.CSTTransformer):
     # JAX (`verify/child/references.py`; cookbook, "Notes for the verifier"); None: only the
     # original.
     REFERENCE: ClassVar[str | None] = None
+    # True: the pass reads `FileState.mesh_reads` (the engine then scans the code base once).
+    READS_MESH: ClassVar[bool] = False
     TRIGGER: ClassVar[re.Pattern[str]]
     # Plain strings one of which every match of TRIGGER contains: tested first with `in`, which
     # is some 50x faster than a regex that starts with `\b` (no literal prefix to search for).

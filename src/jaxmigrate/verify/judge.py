@@ -15,6 +15,7 @@ from typing import Any
 
 from jaxmigrate.model import Status
 from jaxmigrate.verify.config import Verdict
+from jaxmigrate.verify.observed import observed_verdict
 from jaxmigrate.verify.planner import Plan
 from jaxmigrate.verify.pool import Reply
 
@@ -186,6 +187,9 @@ def candidate_verdict(plan: Plan, original: dict[str, Any], reply: Reply) -> Ver
     details.update({"max_abs_err": data["max_abs_err"], "max_rel_err": data["max_rel_err"]})
     if data.get("not_comparable"):
         details["not_comparable"] = data["not_comparable"]
+    unseen = observed_verdict(plan, original, data, details)  # compiles, lowering, shardings
+    if unseen is not None:
+        return unseen
     reference = original.get("reference", "original")
     against = "the original" if reference == "original" else f"the {reference} reference"
     if data.get("has_values") is False:

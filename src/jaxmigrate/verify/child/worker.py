@@ -203,6 +203,7 @@ class Worker:
     last_output: Any = None  # what the last call returned (a factory's function)
     steps: list[Any] | None = None  # a program-level pmap step's calls in a call (`layouts`)
     watch: Any = None  # a reach.Watch over the calls of the original's current attempt
+    observed: Any = None  # an observe.Observed: what the current attempt's calls compiled
 
     # Modules ------------------------------------------------------------------------------
     def load(self, spec: dict[str, Any], variant: str) -> ModuleType:
@@ -290,6 +291,7 @@ class Worker:
         from .contexts import build_mesh, enter
         from .hostify import Unflattenable, flatten_output, from_host
         from .isolation import seed
+        from .observe import observing
         from .outside import lay
 
         args, kwargs = from_host(call)
@@ -316,7 +318,10 @@ class Worker:
                     unit = not args and not kwargs  # the program itself runs: what it shows counts
                     ran = ran_marker(request, self.side)
                     started = time.monotonic()
-                    with self.showing(variant) if unit else nullcontext():
+                    with (
+                        self.showing(variant) if unit else nullcontext(),
+                        observing(self.observed),
+                    ):
                         seed()
                         self.last_output = fn(*args, **kwargs)
                         if ran:  # a timeout from here on is the outputs' handling, not the code's
@@ -327,6 +332,8 @@ class Worker:
                         except Unflattenable as exc:
                             raise Uncomparable(str(exc)) from exc
                         jax.effects_barrier()
+                    if self.observed is not None:
+                        self.observed.add_output(self.last_output)
             except UserError:
                 raise
             except Exception as exc:
@@ -521,6 +528,7 @@ class Worker:
 
     def attempt(self, request: dict[str, Any], variant: str) -> dict[str, Any]:
         from .hostify import flat_shapes, shapes
+        from .observe import Observed
         from .pickling import dumps
         from .values import Opaque
 
@@ -531,11 +539,12 @@ class Worker:
             import jax
 
             jax.clear_caches()
+        self.observed = observed = Observed()
         try:
             calls, source, outputs, notes = self.inputs_and_outputs(request, module, fn, variant)
             returned, returned_outputs = self.factory_calls(request, variant)
         finally:
-            watch, self.watch = self.watch, None
+            watch, self.watch, self.observed = self.watch, None, None
         if watch is not None and watch.missing:
             raise NotReached(not_reached(request, source, len(calls), watch.missing))
         for path, value in (
@@ -555,6 +564,7 @@ class Worker:
             "input_shapes": shapes(calls[0]),
             "output_shapes": flat_shapes(outputs[0]),
             "contexts": notes,
+            "observed": observed.summary(),
         }
         if self.shown:  # a unit ran: what it printed and wrote is compared too
             with open(request["outputs_path"] + SHOWN, "wb") as handle:
@@ -676,6 +686,7 @@ class Worker:
         """
         from .compare import has_values
         from .inputs import add_import_paths
+        from .observe import Observed
 
         for record in request.get("records", []):
             add_import_paths(record)
@@ -683,6 +694,7 @@ class Worker:
             _, fn = self.target(request, "candidate")
             calls, expected = self.load_io(request, "")
             returned, returned_expected = self.load_io(request, RETURNED)
+            self.observed = observed = Observed()
             with self.steps_captured(request):
                 first = self.compare_calls(fn, calls, expected, request, "")
                 if not first.get("equal") or not returned:
@@ -693,6 +705,8 @@ class Worker:
                     reply = self.compare_calls(last, returned, returned_expected, sub, "r")
         except UserError as exc:
             return {"ok": False, "stage": exc.stage, "error": str(exc)}
+        finally:
+            self.observed = None
         if not reply.get("equal"):
             return reply
         notes = first["not_comparable"] + (reply["not_comparable"] if returned else [])
@@ -703,6 +717,7 @@ class Worker:
             "max_rel_err": max(first["max_rel_err"], reply["max_rel_err"]),
             "not_comparable": list(dict.fromkeys(notes))[:5],
             "has_values": any(has_values(r) for r in [*expected, *returned_expected]),
+            "observed": observed.summary(),
         }
 
     @contextmanager

@@ -1,0 +1,87 @@
+"""Judge what values cannot show: compile counts, sharding constraints, output shardings.
+
+Each worker reports, for the calls it ran, what JAX compiled and how the outputs are sharded
+(`child/observe.py`). Once the values agree, the rewrite still fails when
+
+- it compiles the same code again where the original did not (a `jax.jit` built on every call:
+  "the rewrite compiles `jit_on_devices` 5 times on the same code"), for every rule;
+- for rules that keep the jitted function's code and change only its context (`with mesh:` to
+  `jax.set_mesh`, `pjit` to `jax.jit`), a function compiled on both sides lowers with other
+  sharding constraints or collectives, or an output array is sharded otherwise. A pmap rewritten
+  to `shard_map` changes both legitimately: only its compile count is compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from jaxmigrate.model import Status
+from jaxmigrate.verify.config import Verdict
+from jaxmigrate.verify.planner import HAND_MIGRATION, Plan
+
+# The rules whose rewrite leaves the jitted code as it was: its lowering and its outputs'
+# shardings must not change.
+SAME_CODE = frozenset({"with-mesh", "pjit"})
+
+
+def compares_lowering(plan: Plan) -> bool:
+    """Return True if every site of the plan keeps the jitted code (lowering compared)."""
+    names = {s.name for s in plan.sites}
+    return bool(names) and names <= SAME_CODE and HAND_MIGRATION not in names
+
+
+def observed_verdict(
+    plan: Plan, original: Mapping[str, Any], candidate: Mapping[str, Any], details: dict[str, Any]
+) -> Verdict | None:
+    """Return the failed verdict when the rewrite compiles more, or (for rules that keep the
+    code) lowers or shards otherwise; else None. Adds the compile counts to `details`."""
+    before, after = original.get("observed"), candidate.get("observed")
+    if not isinstance(before, Mapping) or not isinstance(after, Mapping):
+        return None
+    details["compiles"] = {"original": before["compiles"], "rewrite": after["compiles"]}
+    reason = more_compiles(before, after)
+    if reason is None and compares_lowering(plan):
+        reason = lowering_changed(before, after) or sharding_changed(before, after)
+    if reason is None:
+        return None
+    details["observed"] = reason
+    return Verdict(Status.FAILED, reason, details)
+
+
+def more_compiles(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
+    """Return why the rewrite compiles more often: it compiles identical code again."""
+    extra = sum(after["repeated"].values()) - sum(before["repeated"].values())
+    if extra <= 0:
+        return None
+    name, times = max(after["repeated"].items(), key=lambda kv: kv[1])
+    repeats = sum(before["repeated"].values())
+    original = f"repeated {repeats} compile(s)" if repeats else "compiled nothing twice"
+    return (
+        f"the rewrite compiles `{name}` {times + 1} times on the same code where the original "
+        f"{original} (a new `jax.jit` on every call?)"
+    )
+
+
+def lowering_changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
+    """Return the first sharding constraint or collective a function compiled on both sides
+    lost or gained in the rewrite."""
+    old, new = before["lowering"], after["lowering"]
+    for name in sorted(set(old) & set(new)):
+        for kind, what in (("constraints", "sharding constraint"), ("collectives", "collective")):
+            lost = sorted(set(old[name][kind]) - set(new[name][kind]))
+            if lost:
+                return f"the rewrite's `{name}` lowers without the {what} `{lost[0]}` of the original's"
+            gained = sorted(set(new[name][kind]) - set(old[name][kind]))
+            if gained:
+                return f"the rewrite's `{name}` lowers with a {what} `{gained[0]}` the original's has not"
+    return None
+
+
+def sharding_changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
+    """Return the first output array sharded otherwise in the rewrite."""
+    old, new = before["shardings"], after["shardings"]
+    for where in old:
+        if where in new and old[where] != new[where]:
+            return f"{where} is sharded {new[where]} where the original's is {old[where]}"
+    return None
