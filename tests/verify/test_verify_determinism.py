@@ -49,6 +49,18 @@ RANDOM = HEADER + textwrap.dedent("""
             y = double(x)
         return y
     """)
+# prints a value drawn from the clock, and returns nothing
+CLOCKED = HEADER + textwrap.dedent("""
+
+    def main():
+        import time
+
+        mesh = Mesh(np.array(jax.devices()), ("data",))
+        key = jax.random.PRNGKey(time.time_ns() % 1_000_003)
+        with mesh:
+            y = double(jax.random.normal(key, (8, 4)))
+        print(float(y.sum()))
+    """)
 # raises the first time a process runs it, not after (as a flaky program does, now and then);
 # the pmap's reference (`jax.vmap`) used to stand in for the original that had raised
 FLAKY = HEADER + textwrap.dedent("""
@@ -74,7 +86,13 @@ def run_sites(root: Path) -> dict[str, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, Any]]]:
     root = tmp_path_factory.mktemp("random")
-    for name, text in {"unseeded.py": UNSEEDED, "entropy.py": RANDOM, "flaky.py": FLAKY}.items():
+    programs = {
+        "unseeded.py": UNSEEDED,
+        "entropy.py": RANDOM,
+        "flaky.py": FLAKY,
+        "clocked.py": CLOCKED,
+    }
+    for name, text in programs.items():
         (root / name).write_text(text)
     return root, run_sites(root)
 
@@ -114,3 +132,17 @@ def test_an_original_that_raises_only_sometimes_is_unverified(
         "(RuntimeError: connection reset (at flaky.py:19))"
     ), reason
     assert (root / "flaky.py").read_text() == FLAKY
+
+
+def test_a_main_whose_only_printed_line_varies_is_unverified(
+    sites: tuple[Path, dict[str, dict[str, Any]]],
+) -> None:
+    root, found = sites
+    site = found["clocked.py"]
+    assert site["status"] == "unverified", site
+    assert site["details"]["verification"] == (
+        "the original is nondeterministic: printed line(s) 1 differ between two runs of the "
+        "original and are not compared, and `main()` returned, printed or wrote nothing else to "
+        "compare"
+    )
+    assert (root / "clocked.py").read_text() == CLOCKED

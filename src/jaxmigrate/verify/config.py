@@ -103,7 +103,8 @@ class Verdict:
 
     `details` may hold: target, input_source (recorded/declared/synthesized, or run: a function without arguments, called), reference,
     reference_errors, calls, input_shapes, output_shapes, max_abs_err, max_rel_err, mismatch
-    (path, why, shape, ...), contexts, round.
+    (path, why, shape, ...), contexts, round, compared (what a unit's run covered: returned,
+    printed, files, left_out), determinism (why a unit's original ran only once).
     """
 
     status: Status
