@@ -71,7 +71,9 @@ anything that is not a Mesh). Left alone, with a reason:
 by execution, where the verifier can run the code around the `with` before and after on a
 simulated mesh. The original often cannot run on current JAX (jit with PartitionSpecs under
 `with mesh:` raises `RuntimeError`); its reference is then the same program with
-`NamedSharding(mesh, spec)` shardings (cookbook case 10).
+`NamedSharding(mesh, spec)` shardings (cookbook case 10). The jitted code is the same on both
+sides, so beyond the values its lowering's sharding constraints and collectives, and the
+outputs' shardings, must be the same too (a constraint that became a no-op fails the site).
 """
 
 from __future__ import annotations
