@@ -57,8 +57,9 @@ anything that is not a Mesh). Left alone, with a reason:
 - a `with` inside a function decorated with jit/pjit/pmap (`jax.set_mesh` raises under a trace);
 - a `with` whose body still calls a legacy `pjit` (the pjit pass skipped it): pjit reads only the
   legacy context, so it would lose its mesh.
-- any legacy `with` of a module or code base that reads the legacy mesh context
-  (`thread_resources` from `jax.interpreters.pxla`, `jax._src.mesh` or `jax.experimental.maps`,
+- any legacy `with` of a module whose code reads the legacy mesh context (in the module, its
+  top-level package or folder, or the code base's packages it imports by name:
+  `thread_resources` from `jax.interpreters.pxla`, `jax._src.mesh` or `jax.experimental.maps`,
   or t5x's `partitioning`, whose `global_mesh_defined()` reads it): `jax.set_mesh` leaves it
   empty (`physical_mesh.empty` is True under it on JAX 0.10.2), so t5x's
   `with_sharding_constraint` would silently do nothing. `jax.sharding.get_abstract_mesh()` is
@@ -71,7 +72,9 @@ anything that is not a Mesh). Left alone, with a reason:
 by execution, where the verifier can run the code around the `with` before and after on a
 simulated mesh. The original often cannot run on current JAX (jit with PartitionSpecs under
 `with mesh:` raises `RuntimeError`); its reference is then the same program with
-`NamedSharding(mesh, spec)` shardings (cookbook case 10).
+`NamedSharding(mesh, spec)` shardings (cookbook case 10). The jitted code is the same on both
+sides, so beyond the values its lowering's sharding constraints and collectives, and the
+outputs' shardings, must be the same too (a constraint that became a no-op fails the site).
 """
 
 from __future__ import annotations

@@ -54,10 +54,11 @@ def test_without_the_read_the_with_is_rewritten(tmp_path: Path) -> None:
 def test_the_result_cache_key_holds_the_reads(tmp_path: Path) -> None:
     tree = copy(tmp_path)
     train = str(tree / "trainer" / "train.py")
-    before = Project().context(train)
+    text = Path(train).read_text()
+    before = Project().context(train, text)
     reader = tree / "trainer" / "partitioning.py"
     reader.write_text(reader.read_text().replace(READ, "    if x.ndim == 0:\n"))
-    assert Project().context(train) != before
+    assert Project().context(train, text) != before
 
 
 def test_a_cached_run_sees_a_read_added_elsewhere(tmp_path: Path) -> None:
@@ -72,3 +73,30 @@ def test_a_cached_run_sees_a_read_added_elsewhere(tmp_path: Path) -> None:
     second = jm("run", "--no-verify", "--unsafe-fixes", "--dry-run", ".", cwd=tree)
     assert "with jax.set_mesh(mesh):" not in second.stdout, second.stdout
     assert "trainer/partitioning.py:7" in second.stdout, second.stdout
+
+
+def test_a_read_in_a_package_the_file_cannot_run_does_not_count(tmp_path: Path) -> None:
+    """The reads that count are in the file's own package and the packages it imports: a code
+    base's unrelated package (jaxmigrate's own verifier, beside its examples) is not the
+    file's code."""
+    tree = copy(tmp_path)
+    reader = tree / "trainer" / "partitioning.py"
+    other = tree / "other"
+    other.mkdir()
+    (other / "__init__.py").write_text("")
+    (other / "debug.py").write_text(reader.read_text())
+    reader.write_text(reader.read_text().replace(READ, "    if x.ndim == 0:\n"))
+    train = tree / "trainer" / "train.py"
+    result = migrate_source(train.read_text(), options=Options(unsafe_fixes=True), path=str(train))
+    assert "with jax.set_mesh(mesh):" in result.code
+
+
+def test_a_script_importing_the_reading_package_is_declined(tmp_path: Path) -> None:
+    tree = copy(tmp_path)
+    script = tree / "run.py"
+    script.write_text((tree / "trainer" / "train.py").read_text())
+    result = migrate_source(
+        script.read_text(), options=Options(unsafe_fixes=True), path=str(script)
+    )
+    assert "with jax.set_mesh" not in result.code
+    assert any("trainer/partitioning.py:7" in s.reason for s in result.skips), result.skips

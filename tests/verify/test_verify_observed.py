@@ -102,6 +102,23 @@ def step(x):
 def run(x):
 {body}
 """
+# pjit's `out_shardings` dropped: the values agree, the output is no longer sharded.
+PJIT = """\
+from jax.experimental.pjit import pjit
+
+mesh = Mesh(np.array(jax.devices()[:8]), ("i",))
+
+
+def fn(x):
+    return x * 2
+
+
+{define}
+
+
+def run(x):
+    return f(x)
+"""
 WITH_MESH = "    with mesh:  # SITE\n        return step(x)"
 SET_MESH = "    with jax.set_mesh(mesh):\n        return step(x)"
 
@@ -131,6 +148,17 @@ CASES = [
         Status.FAILED,
         "lowers without the sharding constraint",
         site_name="with-mesh",
+    ),
+    Case(
+        "pjit_out_shardings_dropped",
+        module(
+            PJIT.format(define='f = pjit(fn, out_shardings=NamedSharding(mesh, P("i")))  # SITE')
+        ),
+        module(PJIT.format(define="f = jax.jit(fn)")),
+        Status.FAILED,
+        "the sharding of call 1: output changed: P('i') over mesh (i=8) in the original, "
+        "one device (unsharded) in the rewrite",
+        site_name="pjit",
     ),
     Case(
         "set_mesh_keeps_bare_constraint",

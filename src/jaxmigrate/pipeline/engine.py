@@ -280,7 +280,7 @@ def migrate_source(
     project = project or Project()
     if callable(home):
         home = home()
-    reads = project.legacy_mesh_reads(path) if any(p.READS_MESH for p in found.passes) else ()
+    reads = project.legacy_mesh_reads(path, code) if any(p.READS_MESH for p in found.passes) else ()
     layout = _Layout(project.style(code, path), project.first_party(path), reads)
     new, run = run_passes(
         module,

@@ -151,7 +151,7 @@ def _process_file(
 
     if cache is None or accept is not None:
         return process_text(shown, text, options, accept, home, project)
-    key = cache.key(data, notebook=shown.endswith(".ipynb"), context=project.context(shown))
+    key = cache.key(data, notebook=shown.endswith(".ipynb"), context=project.context(shown, text))
     hit = cache.load(key, shown, text)
     if hit is not None:
         return hit

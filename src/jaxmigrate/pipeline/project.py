@@ -76,7 +76,7 @@ class Project:
     modules: dict[Path, frozenset[str]] = field(default_factory=dict)
     packages: dict[Path, bool] = field(default_factory=dict)
     mains: dict[Path, Path | None] = field(default_factory=dict)
-    mesh_reads: dict[Path, tuple[str, ...]] = field(default_factory=dict)
+    mesh_reads: dict[tuple[Path, bool], tuple[str, ...]] = field(default_factory=dict)
 
     # Style and first-party modules -------------------------------------------------------
     def style(self, code: str, path: str | None) -> Style:
@@ -99,28 +99,39 @@ class Project:
             names |= self.modules_in(root) | self.modules_in(root / "src")
         return frozenset(names)
 
-    def context(self, path: str) -> str:
+    def context(self, path: str, text: str = "") -> str:
         """Return what a file's result depends on besides its bytes and the options: the
-        project's formatter settings and own modules (part of its result cache key)."""
+        project's formatter settings and own modules, and the legacy mesh reads of the code the
+        file holding `text` may run (part of its result cache key)."""
         width, indent = project_formatting(Path(path), self.formatting)
-        reads = self.legacy_mesh_reads(path)
+        reads = self.legacy_mesh_reads(path, text)
         return repr((width, indent, sorted(self.first_party(path)), *reads))
 
     # Reads of the legacy mesh context --------------------------------------------------------
-    def legacy_mesh_reads(self, path: str | None) -> tuple[str, ...]:
-        """Return where the code base of the file at `path` reads the legacy mesh context that
-        `with mesh:` sets and `jax.set_mesh` leaves empty (`thread_resources`, t5x's
-        partitioning): `file:line` relative to the code base, read once per code base. A file in
-        no code base is its own."""
+    def legacy_mesh_reads(self, path: str | None, text: str = "") -> tuple[str, ...]:
+        """Return where the code the file at `path` (holding `text`) may run reads the legacy
+        mesh context that `with mesh:` sets and `jax.set_mesh` leaves empty (`thread_resources`,
+        t5x's partitioning), as `file:line`: its own top-level package (else the modules of its
+        folder), and the code base's other packages it imports by name. Each folder is read
+        once."""
         if path is None:
             return ()
         file = Path(path).absolute()
-        base = self.code_base(file.parent)
-        key = base or file
-        if key not in self.mesh_reads:
-            files = _python_files_under(base) if base is not None else [file]
-            self.mesh_reads[key] = tuple(_mesh_reads(base or file.parent, files))
-        return self.mesh_reads[key]
+        here = file.parent
+        top = self.top_package(here)
+        units = [(top, True) if top is not None else (here, False)]
+        base = self.code_base(here)
+        if base is not None:
+            names = imported(text)
+            units += [(p, True) for p in self.packages_of(base) if p.name in names and p != top]
+        found: list[str] = []
+        for folder, deep in units:
+            if (folder, deep) not in self.mesh_reads:
+                files = _python_files_under(folder, deep)
+                shown = folder.parent if deep else folder
+                self.mesh_reads[(folder, deep)] = tuple(_mesh_reads(shown, files))
+            found += self.mesh_reads[(folder, deep)]
+        return tuple(found)
 
     # Where shared modules go ---------------------------------------------------------------
     def home(self, path: Path, text: str = "") -> Home | None:
@@ -330,12 +341,18 @@ LEGACY_MESH_READ = re.compile(LEGACY_MESH_READ_TEXT.encode(), re.MULTILINE)
 NOT_SCANNED = frozenset({"__pycache__", "site-packages", "node_modules"})
 
 
-def _python_files_under(base: Path) -> list[Path]:
-    """Return the `.py` files of a code base, without hidden folders and installed packages."""
+def _python_files_under(folder: Path, deep: bool) -> list[Path]:
+    """Return the `.py` files of `folder` (`deep`: and of its subfolders, without hidden ones
+    and installed packages)."""
+    if not deep:
+        try:
+            return sorted(p for p in folder.iterdir() if p.suffix == ".py" and _is_file(p))
+        except OSError:
+            return []
     found = []
-    for folder, dirs, files in os.walk(base):
+    for parent, dirs, files in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in NOT_SCANNED)
-        found += [Path(folder, f) for f in sorted(files) if f.endswith(".py")]
+        found += [Path(parent, f) for f in sorted(files) if f.endswith(".py")]
     return found
 
 

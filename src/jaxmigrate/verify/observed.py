@@ -83,5 +83,8 @@ def sharding_changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> str
     old, new = before["shardings"], after["shardings"]
     for where in old:
         if where in new and old[where] != new[where]:
-            return f"{where} is sharded {new[where]} where the original's is {old[where]}"
+            return (
+                f"the sharding of {where} changed: {old[where]} in the original, "
+                f"{new[where]} in the rewrite"
+            )
     return None

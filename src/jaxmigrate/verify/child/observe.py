@@ -99,7 +99,7 @@ def sharding_text(x: Any) -> str:
         inner = ", ".join(repr(e) for e in entries)
         return f"P({inner}) over mesh ({axes})"
     if sharding is not None and len(getattr(sharding, "device_set", ())) == 1:
-        return "one device"
+        return "one device (unsharded)"
     return type(sharding).__name__
 
 
