@@ -33,6 +33,8 @@ class FileConfig:
     processes: int | None = None
     pmap_style: str | None = None
     verify_project_tests: bool | None = None
+    reference_jax: str | None = None
+    reference_python: str | None = None
 
 
 _LISTS = {"select", "ignore", "exclude"}
@@ -47,6 +49,8 @@ _TYPES: dict[str, type] = {
     "processes": int,
     "pmap-style": str,
     "verify-project-tests": bool,
+    "reference-jax": str,
+    "reference-python": str,
 }
 
 

@@ -104,6 +104,23 @@ ProjectTestsOpt = Annotated[
         ),
     ),
 ]
+ReferenceJaxOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--reference-jax",
+        help=(
+            "Run the original side of verification on this JAX release (e.g. 0.4.30): a venv "
+            "of the same Python with it, built once with pip in ~/.cache/jaxmigrate."
+        ),
+    ),
+]
+ReferencePythonOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--reference-python",
+        help="Interpreter (with the JAX the code was written for) that runs the original side.",
+    ),
+]
 TimeoutOpt = Annotated[
     float | None, typer.Option("--timeout", min=1, help="Seconds allowed per site (default 120).")
 ]
@@ -130,6 +147,8 @@ class Settings:
     cache: bool = True
     processes: int = 1
     project_tests: bool = True
+    reference_jax: str | None = None
+    reference_python: str | None = None
 
     def open_cache(self) -> ResultCache | None:
         """Return the result cache under the project root, or None with `--no-cache`."""
@@ -151,7 +170,12 @@ class Settings:
             workdir=Path.cwd(),
             processes=self.processes,
             project_tests=self.project_tests,
+            reference_python=self.reference_interpreter(),
         )
+
+    def reference_interpreter(self) -> str | None:
+        """Return the interpreter of the original side (`reference_interpreter`)."""
+        return reference_interpreter(self.reference_jax, self.reference_python, self.python)
 
 
 def split_codes(value: str | None) -> tuple[str, ...] | None:
@@ -203,6 +227,8 @@ def resolve_settings(
     processes: int | None = None,
     pmap_style: str | None = None,
     project_tests: bool | None = None,
+    reference_jax: str | None = None,
+    reference_python: str | None = None,
 ) -> Settings:
     """Merge command-line flags over the nearest pyproject's `[tool.jaxmigrate]`."""
     try:
@@ -239,7 +265,36 @@ def resolve_settings(
         timeout=timeout or config.timeout or 120.0,
         cache=not no_cache,
         project_tests=choose(project_tests, config.verify_project_tests, True),
+        reference_jax=reference_version(reference_jax or config.reference_jax),
+        reference_python=reference_python or config.reference_python,
     )
+
+
+def reference_interpreter(jax: str | None, python: str | None, base: str) -> str | None:
+    """Return the interpreter of the original side (`--reference-python`, else the
+    `--reference-jax` environment, built now if needed), or None; UsageError if neither can be
+    had."""
+    from jaxmigrate.verify.reference import ReferenceError, resolve_reference
+
+    try:
+        return resolve_reference(
+            reference_version(jax), python, base, say=lambda line: stderr().print(line)
+        )
+    except ReferenceError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def reference_version(text: str | None) -> str | None:
+    """Return a `--reference-jax` release as given; raise UsageError if it is not one."""
+    from jaxmigrate.verify.reference import ReferenceError, requirements
+
+    if text is None:
+        return None
+    try:
+        requirements(text)
+    except ReferenceError as exc:
+        raise UsageError(str(exc)) from None
+    return text
 
 
 def choose(flag: bool | None, configured: bool | None, default: bool) -> bool:

@@ -23,6 +23,8 @@ from jaxmigrate.cli.common import (
     ProcessesOpt,
     ProjectTestsOpt,
     PythonOpt,
+    ReferenceJaxOpt,
+    ReferencePythonOpt,
     ReportOpt,
     SelectOpt,
     Settings,
@@ -80,6 +82,8 @@ def run(
     devices: DevicesOpt = None,
     processes: ProcessesOpt = None,
     python: PythonOpt = None,
+    reference_jax: ReferenceJaxOpt = None,
+    reference_python: ReferencePythonOpt = None,
     timeout: TimeoutOpt = None,
     select: SelectOpt = None,
     ignore: IgnoreOpt = None,
@@ -111,6 +115,8 @@ def run(
             timeout=timeout,
             no_cache=no_cache,
             project_tests=verify_project_tests,
+            reference_jax=reference_jax,
+            reference_python=reference_python,
         )
         results = execute(
             settings,

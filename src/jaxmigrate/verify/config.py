@@ -53,9 +53,18 @@ class VerifyConfig:
     workdir: Path | None = None
     processes: int = 1
     project_tests: bool = True
+    # The interpreter of the original side (its workers and the recorded command), with the JAX
+    # the code was written for (`verify.reference`); None: `python`, as the rewritten side.
+    reference_python: str | None = None
 
     def __post_init__(self) -> None:
         devices_per_process(self.devices, self.processes)  # raises DeviceSplitError
+
+    def python_of(self, side: str) -> str:
+        """Return the interpreter that runs `side` ("original" or "candidate")."""
+        if side == "original" and self.reference_python:
+            return self.reference_python
+        return self.python
 
     def command_dir(self, copy_root: Path) -> Path:
         """Return where `verify_with` runs in a copy: the user's working directory, mirrored."""
