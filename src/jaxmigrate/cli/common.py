@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from jaxmigrate.config import ConfigError, FileConfig, find_pyproject, load_config
+from jaxmigrate.config import ConfigError, FileConfig, find_pyproject, jax_pin, load_config
 from jaxmigrate.model import LATEST_JAX, PMAP_STYLES, Bucket, FileResult, Options, Status
 from jaxmigrate.pipeline.discovery import Discovery
 from jaxmigrate.registry import UnknownRule, chosen_passes, select_passes
@@ -154,7 +154,16 @@ class Settings:
         """Return the result cache under the project root, or None with `--no-cache`."""
         from jaxmigrate.pipeline.cache import ResultCache
 
-        return ResultCache.open(self.root, self.options) if self.cache else None
+        return ResultCache.open(self.root, self.options, self.runtime()) if self.cache else None
+
+    def runtime(self) -> dict[str, str | None]:
+        """Return what verification runs on: the interpreters (and the reference JAX) of both
+        sides; the result cache keys on it."""
+        return {
+            "python": self.python,
+            "reference_jax": self.reference_jax,
+            "reference_python": self.reference_python,
+        }
 
     def verify_config(self) -> VerifyConfig:
         """Return the verifier's configuration for this run."""
@@ -201,6 +210,22 @@ def parse_version(text: str) -> tuple[int, int]:
         raise UsageError(f"--target-jax expects a version like 0.6, got {text!r}") from None
 
 
+def choose_target(flag: str | None, config: FileConfig, root: Path) -> tuple[tuple[int, int], str]:
+    """Return the target JAX and where it came from: `--target-jax`, else `target-jax` in
+    `[tool.jaxmigrate]`, else the lower bound of the project's own `jax` pin (`jax>=0.4.30` in
+    its dependencies or requirements), else the JAX installed beside jaxmigrate, else the
+    newest the rules know."""
+    change = "--target-jax or target-jax in [tool.jaxmigrate] sets another"
+    if flag:
+        return parse_version(flag), f"--target-jax {flag}"
+    if config.target_jax:
+        return parse_version(config.target_jax), f"target-jax in {config.path}"
+    pin = jax_pin(root)
+    if pin is not None:
+        return parse_version(pin.version), f"the project's `{pin.spec}` in {pin.where}; {change}"
+    return installed_jax(), ""
+
+
 def installed_jax() -> tuple[int, int]:
     """Return the JAX version installed here (read from metadata, JAX is never imported)."""
     try:
@@ -241,12 +266,14 @@ def resolve_settings(
         select_passes(chosen_select, chosen_ignore)
     except UnknownRule as exc:
         raise UsageError(str(exc)) from None
-    target_text = target_jax or config.target_jax
+    root = project_root(list(paths), config)
+    target, source = choose_target(target_jax, config, root)
     options = Options(
         select=chosen_select,
         ignore=chosen_ignore,
         unsafe_fixes=bool(unsafe_fixes if unsafe_fixes is not None else config.unsafe_fixes),
-        target_jax=parse_version(target_text) if target_text else installed_jax(),
+        target_jax=target,
+        target_source=source,
         pmap_style=parse_pmap_style(pmap_style or config.pmap_style or "idiomatic"),
     )
     chosen_devices = devices or config.devices or 8
@@ -257,7 +284,7 @@ def resolve_settings(
         excludes=(*config.exclude, *(exclude or ())),
         jobs=jobs or config.jobs or 1,
         verify=not no_verify,
-        root=project_root(list(paths), config),
+        root=root,
         devices=chosen_devices,
         processes=chosen_processes,
         python=python or config.python or sys.executable,

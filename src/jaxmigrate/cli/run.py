@@ -191,6 +191,7 @@ def verify_unsafe(results: list[FileResult], settings: Settings) -> list[FileRes
         f"simulated CPU devices"
         + (f" in {settings.processes} processes" if settings.processes > 1 else "")
         + (f", inputs from `{settings.verify_with}`" if settings.verify_with else "")
+        + (f", the original on JAX {settings.reference_jax}" if settings.reference_jax else "")
     )
     notebooks = notebooks_note(verifiable)
     if notebooks is not None:

@@ -237,10 +237,18 @@ REMOVED = (
     re.compile(r"module '(jax[\w.]*)' has no attribute '(\w+)'"),
     re.compile(r"AttributeError: (jax\.[\w.]+) is deprecated"),
     re.compile(r"(jax\.[\w.]+) (?:was|has been) removed"),
+    re.compile(r"(pjit)\(\) got an unexpected keyword argument '(\w+_axis_resources)'"),
 )
-# The JAX release the legacy APIs jaxmigrate migrates all still run on (checked:
-# host_callback, jax.experimental.maps, device_put_replicated/sharded, pjit's axis resources).
-REFERENCE_HINT = "0.4.30"
+# The newest JAX that still has an API (checked here by importing and calling it): what the
+# hint suggests. APIs gone before 0.4.13 (`jax.experimental.PartitionSpec`,
+# `jax.experimental.maps.Mesh`; `jax.experimental.maps` as a whole, whose xmap 0.4.30 still has)
+# get no release: the user knows which JAX the code was written for.
+LAST_WITH = (
+    ("jax.experimental.host_callback", "0.4.30"),
+    ("jax.device_put_replicated", "0.4.30"),
+    ("jax.device_put_sharded", "0.4.30"),
+    ("pjit(", "0.4.13"),  # in_axis_resources= / out_axis_resources=
+)
 
 
 def removed_api(errors: list[str]) -> str:
@@ -253,7 +261,22 @@ def removed_api(errors: list[str]) -> str:
             groups = found.groups()
             if len(groups) == 2 and pattern.pattern.startswith("cannot"):
                 return f"{groups[1]}.{groups[0]}"
+            if groups[0] == "pjit":
+                return f"pjit(..., {groups[1]}=...)"
             return ".".join(groups)
+    return ""
+
+
+def last_with(api: str) -> str:
+    """Return the newest JAX known to have `api`, or ''."""
+    for prefix, version in LAST_WITH:
+        if (
+            api == prefix
+            or api.startswith(prefix + ".")
+            or prefix.endswith("(")
+            and api.startswith(prefix)
+        ):
+            return version
     return ""
 
 
@@ -277,9 +300,14 @@ def with_jax(
     if gone and not reference:
         here = known.get("original") or known.get("candidate") or "installed"
         details["removed_api"] = gone
+        release = last_with(gone)
+        flag = (
+            f"--reference-jax {release} (or the JAX it was written for)"
+            if release
+            else "--reference-jax with the JAX it was written for"
+        )
         reason += (
             f"; the original itself cannot run on JAX {here}: `{gone}` is gone from it; "
-            f"pass --reference-jax {REFERENCE_HINT} (or the JAX it was written for) to verify "
-            "against the original on its own JAX"
+            f"pass {flag} to verify against the original on its own JAX"
         )
     return Verdict(verdict.status, reason, details)

@@ -194,3 +194,21 @@ def resolve_reference(
     if jax_version:
         return ensure_reference(jax_version, base_python, say)
     return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m jaxmigrate.verify.reference 0.4.30 [...]`: build (or find) the reference
+    environments of these JAX releases for this interpreter's Python, ahead of a run (CI does)."""
+    versions = sys.argv[1:] if argv is None else argv
+    status = 0
+    for version in versions:
+        try:
+            print(f"JAX {version}: {ensure_reference(version, sys.executable, print)}", flush=True)
+        except ReferenceError as exc:
+            print(f"JAX {version}: {exc}", file=sys.stderr, flush=True)
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
