@@ -133,15 +133,13 @@ def log_tap(x, transforms):
     SEEN.append(np.asarray(x).sum())
 
 
-@jax.jit
-def step(x):
-    hcb.id_tap(log_tap, x)
-    n = hcb.call(host_norm, x, result_shape=jax.ShapeDtypeStruct((), jnp.float32))
-    return x / n
-
-
 def main():
-    out = step(jnp.arange(1.0, 9.0))
+    def step(x):
+        hcb.id_tap(log_tap, x)
+        n = hcb.call(host_norm, x, result_shape=jax.ShapeDtypeStruct((), jnp.float32))
+        return x / n
+
+    out = jax.jit(step)(jnp.arange(1.0, 9.0))
     hcb.barrier_wait()
     return out, np.asarray(SEEN)
 """
@@ -221,18 +219,19 @@ def test_a_wrong_hand_migration_is_failed_against_the_original_on_jax_0_4_30(
         "HEAD",
         "--reference-jax",
         "0.4.30",
-        "--format",
-        "json",
         "--report",
-        "-",
+        str(tmp_path / "report.json"),
         cwd=root,
         timeout=900,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout[proc.stdout.index("{") :])
+    report = json.loads((tmp_path / "report.json").read_text())
     failed = [s for f in report["files"] for s in f["sites"] if s["status"] == "failed"]
     assert failed, proc.stdout
-    assert any(s["details"].get("jax", {}).get("original") == "0.4.30" for s in failed)
+    (main,) = [s for s in failed if s["details"]["target"] == "train.py::main"]
+    assert main["details"]["jax"] == {"original": "0.4.30", "candidate": INSTALLED}
+    assert main["details"]["reference"] == "original"
+    assert "outputs differ" in reason(main), reason(main)
 
 
 PJIT_0_4_13 = """
