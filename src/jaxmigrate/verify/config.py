@@ -111,7 +111,7 @@ class Verdict:
 
     `details` may hold: target, input_source (recorded/declared/synthesized, or run: a function without arguments, called), reference,
     reference_errors, calls, input_shapes, output_shapes, max_abs_err, max_rel_err, mismatch
-    (path, why, shape, ...), contexts, round.
+    (path, why, shape, ...), contexts, round, jax (the JAX version each side ran), removed_api.
     """
 
     status: Status
