@@ -266,3 +266,47 @@ def test_pjit_with_mesh_is_verified_against_itself_on_jax_0_4_13(tmp_path: Path)
     assert mesh["status"] == "verified", reason(mesh)
     assert mesh["details"]["reference"] == "original"
     assert mesh["details"]["jax"] == {"original": "0.4.13", "candidate": INSTALLED}
+
+
+RECORDED_0_4_13 = {
+    "sharded.py": """
+        import jax.numpy as jnp
+        from jax.experimental.pjit import pjit
+        from jax.sharding import PartitionSpec as P
+
+
+        def layer(x, w):
+            return jnp.tanh(x @ w)
+
+
+        def apply(mesh, x, w):
+            with mesh:
+                f = pjit(layer, in_axis_resources=(P("data", None), P(None, "model")),
+                         out_axis_resources=P("data", "model"))
+                return f(x, w)
+    """,
+    "run_it.py": """
+        import jax
+        import numpy as np
+        from jax.sharding import Mesh
+
+        import sharded
+
+        mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "model"))
+        x = np.arange(128, dtype=np.float32).reshape(16, 8) / 100
+        print(sharded.apply(mesh, x, np.full((8, 4), 0.5, np.float32)).sum())
+    """,
+}
+
+
+def test_calls_recorded_on_jax_0_4_13_replay_on_the_installed_jax(tmp_path: Path) -> None:
+    """The command runs on the reference too; its calls (a Mesh argument: JAX 0.4.13 cannot
+    pickle its devices, and today's JAX cannot unpickle 0.4.13's Mesh) replay on both sides."""
+    reference("0.4.13")
+    root = project(tmp_path, RECORDED_0_4_13)
+    found = sites(root, "--reference-jax", "0.4.13", "--verify-with", "python run_it.py")
+    mesh = found["JM201:11"]
+    assert mesh["status"] == "verified", reason(mesh)
+    assert mesh["details"]["input_source"] == "recorded"
+    assert mesh["details"]["input_shapes"][0] == "Mesh"
+    assert mesh["details"]["jax"] == {"original": "0.4.13", "candidate": INSTALLED}

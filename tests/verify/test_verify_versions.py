@@ -125,6 +125,10 @@ def test_a_reference_python_must_exist_and_have_the_jax_asked_for(tmp_path: Path
     with pytest.raises(ReferenceError, match="not the --reference-jax 0.4.30"):
         resolve_reference("0.4.30", sys.executable, sys.executable)
     assert resolve_reference(None, sys.executable, sys.executable) == sys.executable
+    other = "/root/.pyenv/versions/3.10.13/bin/python"
+    if Path(other).exists():
+        with pytest.raises(ReferenceError, match="both sides must be the same Python X.Y"):
+            resolve_reference(None, other, sys.executable)
     assert resolve_reference(None, None, sys.executable) is None
 
 

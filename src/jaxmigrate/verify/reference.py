@@ -179,10 +179,18 @@ def resolve_reference(
 ) -> str | None:
     """Return the interpreter of the original side: `python` if given, else the JAX
     `jax_version` reference (built if needed), else None (the original runs beside the rewrite).
-    Given both, `python` must have that JAX."""
+    Given both, `python` must have that JAX. `python` must be the Python X.Y of `base_python`:
+    the two sides exchange functions as code objects (`child.pickling`)."""
     if python:
         if shutil.which(python) is None and not Path(python).exists():
             raise ReferenceError(f"--reference-python {python}: no such interpreter")
+        theirs, ours = python_version(python), python_version(base_python)
+        if theirs.split(".")[:2] != ours.split(".")[:2]:
+            raise ReferenceError(
+                f"--reference-python {python} is Python {theirs}, the rewrite runs on Python "
+                f"{ours}: both sides must be the same Python X.Y (functions travel between "
+                "them as code objects)"
+            )
         if jax_version:
             found = jax_version_of(python)
             if found != jax_version:
