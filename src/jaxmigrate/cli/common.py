@@ -39,7 +39,13 @@ ExcludeOpt = Annotated[
 JobsOpt = Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Worker processes.")]
 TargetOpt = Annotated[
     str | None,
-    typer.Option("--target-jax", help="Oldest JAX the output must run on (default: installed)."),
+    typer.Option(
+        "--target-jax",
+        help=(
+            "Oldest JAX the output must run on (default: target-jax in [tool.jaxmigrate], else "
+            "the project's own `jax>=X` pin, else the installed JAX)."
+        ),
+    ),
 ]
 PmapStyleOpt = Annotated[
     str | None,
