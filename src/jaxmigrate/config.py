@@ -33,6 +33,8 @@ class FileConfig:
     processes: int | None = None
     pmap_style: str | None = None
     verify_project_tests: bool | None = None
+    reference_jax: str | None = None
+    reference_python: str | None = None
 
 
 _LISTS = {"select", "ignore", "exclude"}
@@ -47,6 +49,8 @@ _TYPES: dict[str, type] = {
     "processes": int,
     "pmap-style": str,
     "verify-project-tests": bool,
+    "reference-jax": str,
+    "reference-python": str,
 }
 
 
@@ -244,3 +248,69 @@ def distribution_name(directory: Path) -> str | None:
         return None
     found = _SETUP_NAME.search(setup)
     return found.group(1) if found else None
+
+
+# The JAX the project's own pins ask for ---------------------------------------------------------
+# `jax>=0.4.30`, `jax[cpu]==0.6.2`, `jax ~= 0.5.0` (jaxlib, jax-triton... are other packages)
+_JAX_PIN = re.compile(
+    r"""(?:^|[\s"',;])jax\s*(?:\[[^\]]*\])?\s*(?:\([^)]*?)?(?:,?\s*[<!][^,;"']*,)*\s*"""
+    r"""(===|==|>=|~=)\s*v?(\d+\.\d+(?:\.\d+)*)""",
+    re.MULTILINE,
+)
+_REQUIREMENTS = ("requirements.txt", "requirements.in", "requirements-base.txt")
+
+
+@dataclass(frozen=True)
+class JaxPin:
+    """The oldest JAX a project's own pins allow: `version`, as written in `where`."""
+
+    version: str
+    spec: str
+    where: str
+
+
+def jax_pin(root: Path) -> JaxPin | None:
+    """Return the lower bound the project at `root` puts on `jax`, or None.
+
+    Read, first found wins: `[project] dependencies` of `pyproject.toml`, `install_requires` of
+    `setup.cfg`, `requirements.txt`/`.in`, the text of `setup.py`. `==X`, `>=X`, `~=X` and `===X`
+    give X; a bare or upper-bounded `jax` gives none. Optional dependencies (extras) are not
+    read: they say what some users install, not what the code needs.
+    """
+    pyproject = _toml(root / "pyproject.toml")
+    project = pyproject.get("project") if pyproject is not None else None
+    if isinstance(project, dict):
+        items = project.get("dependencies")
+        if isinstance(items, list):
+            found = _pin_in("\n".join(str(i) for i in items), "pyproject.toml")
+            if found is not None:
+                return found
+    if _exists(root / "setup.cfg"):
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read(root / "setup.cfg", encoding="utf-8")
+            requires = parser.get("options", "install_requires", fallback="")
+        except (OSError, UnicodeDecodeError, configparser.Error):
+            requires = ""
+        found = _pin_in(requires, "setup.cfg")
+        if found is not None:
+            return found
+    for name in (*_REQUIREMENTS, "setup.py"):
+        try:
+            text = (root / name).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        lines = [ln.split("#", 1)[0] for ln in text.splitlines()]
+        found = _pin_in("\n".join(lines), name)
+        if found is not None:
+            return found
+    return None
+
+
+def _pin_in(text: str, where: str) -> JaxPin | None:
+    for line in text.splitlines():
+        match = _JAX_PIN.search(line)
+        if match is not None:
+            spec = line[match.start() :].strip(" \"',;")
+            return JaxPin(match.group(2), spec, where)
+    return None

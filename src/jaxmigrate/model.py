@@ -173,4 +173,7 @@ class Options:
     ignore: tuple[str, ...] = ()
     unsafe_fixes: bool = False
     target_jax: tuple[int, int] = LATEST_JAX
+    # Where `target_jax` came from, for the reasons of skipped sites (`--target-jax 0.6`, the
+    # project's `jax>=0.4.30` in pyproject.toml, ...); '' when given in code.
+    target_source: str = ""
     pmap_style: str = "idiomatic"  # PMAP_STYLES: the program-level form where the flow is visible

@@ -8,6 +8,7 @@ virtualenv (dm-haiku's tests: "No module named 'tabulate'", every site unverifie
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +17,22 @@ import pytest
 from jaxmigrate.verify import VerifyConfig
 from jaxmigrate.verify.recording import recording_plan, run_command
 from jaxmigrate.verify.workspace import workspace
+
+
+def venv_seeing_these_packages(folder: Path) -> Path:
+    """Make a venv without pip or scripts whose interpreter imports what this one imports."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    python = folder / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    paths = [p for p in sys.path if p and Path(p).is_dir()]
+    (Path(purelib) / "_these_packages.pth").write_text("\n".join(paths) + "\n")
+    return python
+
 
 TEST = """
 import os
@@ -33,11 +50,11 @@ def test_pytest_runs_under_the_given_interpreter(
     project = tmp_path / "project"
     project.mkdir()
     (project / "test_one.py").write_text(TEST)
-    # the given interpreter, in a folder without a `pytest` script (a venv's bin/ would be one)
-    bindir = tmp_path / "venv" / "bin"
-    bindir.mkdir(parents=True)
-    python = bindir / "python"
-    python.symlink_to(sys.executable)
+    # the given interpreter, in a folder without a `pytest` script: a venv of its own that
+    # sees this interpreter's packages (pytest among them) through a .pth file. (A bare symlink
+    # to `sys.executable` is the base interpreter when the tests run in a venv, whose base may
+    # have no pytest: Python 3.12 here.)
+    python = venv_seeing_these_packages(tmp_path / "venv")
     # and another `pytest` on the PATH, that is not the given interpreter's
     other = tmp_path / "other"
     other.mkdir()

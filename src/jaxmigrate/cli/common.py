@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from jaxmigrate.config import ConfigError, FileConfig, find_pyproject, load_config
+from jaxmigrate.config import ConfigError, FileConfig, find_pyproject, jax_pin, load_config
 from jaxmigrate.model import LATEST_JAX, PMAP_STYLES, Bucket, FileResult, Options, Status
 from jaxmigrate.pipeline.discovery import Discovery
 from jaxmigrate.registry import UnknownRule, chosen_passes, select_passes
@@ -39,7 +39,13 @@ ExcludeOpt = Annotated[
 JobsOpt = Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Worker processes.")]
 TargetOpt = Annotated[
     str | None,
-    typer.Option("--target-jax", help="Oldest JAX the output must run on (default: installed)."),
+    typer.Option(
+        "--target-jax",
+        help=(
+            "Oldest JAX the output must run on (default: target-jax in [tool.jaxmigrate], else "
+            "the project's own `jax>=X` pin, else the installed JAX)."
+        ),
+    ),
 ]
 PmapStyleOpt = Annotated[
     str | None,
@@ -104,6 +110,23 @@ ProjectTestsOpt = Annotated[
         ),
     ),
 ]
+ReferenceJaxOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--reference-jax",
+        help=(
+            "Run the original side of verification on this JAX release (e.g. 0.4.30): a venv "
+            "of the same Python with it, built once with pip in ~/.cache/jaxmigrate."
+        ),
+    ),
+]
+ReferencePythonOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--reference-python",
+        help="Interpreter (with the JAX the code was written for) that runs the original side.",
+    ),
+]
 TimeoutOpt = Annotated[
     float | None, typer.Option("--timeout", min=1, help="Seconds allowed per site (default 120).")
 ]
@@ -131,12 +154,23 @@ class Settings:
     cache: bool = True
     processes: int = 1
     project_tests: bool = True
+    reference_jax: str | None = None
+    reference_python: str | None = None
 
     def open_cache(self) -> ResultCache | None:
         """Return the result cache under the project root, or None with `--no-cache`."""
         from jaxmigrate.pipeline.cache import ResultCache
 
-        return ResultCache.open(self.root, self.options) if self.cache else None
+        return ResultCache.open(self.root, self.options, self.runtime()) if self.cache else None
+
+    def runtime(self) -> dict[str, str | None]:
+        """Return what verification runs on: the interpreters (and the reference JAX) of both
+        sides; the result cache keys on it."""
+        return {
+            "python": self.python,
+            "reference_jax": self.reference_jax,
+            "reference_python": self.reference_python,
+        }
 
     def verify_config(self) -> VerifyConfig:
         """Return the verifier's configuration for this run."""
@@ -153,7 +187,12 @@ class Settings:
             workdir=Path.cwd(),
             processes=self.processes,
             project_tests=self.project_tests,
+            reference_python=self.reference_interpreter(),
         )
+
+    def reference_interpreter(self) -> str | None:
+        """Return the interpreter of the original side (`reference_interpreter`)."""
+        return reference_interpreter(self.reference_jax, self.reference_python, self.python)
 
 
 def split_codes(value: str | None) -> tuple[str, ...] | None:
@@ -177,6 +216,22 @@ def parse_version(text: str) -> tuple[int, int]:
         return int(parts[0]), int(parts[1])
     except (IndexError, ValueError):
         raise UsageError(f"--target-jax expects a version like 0.6, got {text!r}") from None
+
+
+def choose_target(flag: str | None, config: FileConfig, root: Path) -> tuple[tuple[int, int], str]:
+    """Return the target JAX and where it came from: `--target-jax`, else `target-jax` in
+    `[tool.jaxmigrate]`, else the lower bound of the project's own `jax` pin (`jax>=0.4.30` in
+    its dependencies or requirements), else the JAX installed beside jaxmigrate, else the
+    newest the rules know."""
+    change = "--target-jax or target-jax in [tool.jaxmigrate] sets another"
+    if flag:
+        return parse_version(flag), f"--target-jax {flag}"
+    if config.target_jax:
+        return parse_version(config.target_jax), f"target-jax in {config.path}"
+    pin = jax_pin(root)
+    if pin is not None:
+        return parse_version(pin.version), f"the project's `{pin.spec}` in {pin.where}; {change}"
+    return installed_jax(), ""
 
 
 def installed_jax() -> tuple[int, int]:
@@ -205,6 +260,8 @@ def resolve_settings(
     processes: int | None = None,
     pmap_style: str | None = None,
     project_tests: bool | None = None,
+    reference_jax: str | None = None,
+    reference_python: str | None = None,
 ) -> Settings:
     """Merge command-line flags over the nearest pyproject's `[tool.jaxmigrate]`."""
     try:
@@ -217,12 +274,14 @@ def resolve_settings(
         select_passes(chosen_select, chosen_ignore)
     except UnknownRule as exc:
         raise UsageError(str(exc)) from None
-    target_text = target_jax or config.target_jax
+    root = project_root(list(paths), config)
+    target, source = choose_target(target_jax, config, root)
     options = Options(
         select=chosen_select,
         ignore=chosen_ignore,
         unsafe_fixes=bool(unsafe_fixes if unsafe_fixes is not None else config.unsafe_fixes),
-        target_jax=parse_version(target_text) if target_text else installed_jax(),
+        target_jax=target,
+        target_source=source,
         pmap_style=parse_pmap_style(pmap_style or config.pmap_style or "idiomatic"),
     )
     chosen_devices = devices or config.devices or 8
@@ -233,7 +292,7 @@ def resolve_settings(
         excludes=(*config.exclude, *(exclude or ())),
         jobs=jobs or config.jobs or 1,
         verify=not no_verify,
-        root=project_root(list(paths), config),
+        root=root,
         devices=chosen_devices,
         processes=chosen_processes,
         python=python or config.python or sys.executable,
@@ -242,7 +301,36 @@ def resolve_settings(
         timeout_given=bool(timeout or config.timeout),
         cache=not no_cache,
         project_tests=choose(project_tests, config.verify_project_tests, True),
+        reference_jax=reference_version(reference_jax or config.reference_jax),
+        reference_python=reference_python or config.reference_python,
     )
+
+
+def reference_interpreter(jax: str | None, python: str | None, base: str) -> str | None:
+    """Return the interpreter of the original side (`--reference-python`, else the
+    `--reference-jax` environment, built now if needed), or None; UsageError if neither can be
+    had."""
+    from jaxmigrate.verify.reference import ReferenceError, resolve_reference
+
+    try:
+        return resolve_reference(
+            reference_version(jax), python, base, say=lambda line: stderr().print(line)
+        )
+    except ReferenceError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def reference_version(text: str | None) -> str | None:
+    """Return a `--reference-jax` release as given; raise UsageError if it is not one."""
+    from jaxmigrate.verify.reference import ReferenceError, requirements
+
+    if text is None:
+        return None
+    try:
+        requirements(text)
+    except ReferenceError as exc:
+        raise UsageError(str(exc)) from None
+    return text
 
 
 def choose(flag: bool | None, configured: bool | None, default: bool) -> bool:

@@ -23,6 +23,8 @@ from jaxmigrate.cli.common import (
     ProcessesOpt,
     ProjectTestsOpt,
     PythonOpt,
+    ReferenceJaxOpt,
+    ReferencePythonOpt,
     ReportOpt,
     SelectOpt,
     Settings,
@@ -80,6 +82,8 @@ def run(
     devices: DevicesOpt = None,
     processes: ProcessesOpt = None,
     python: PythonOpt = None,
+    reference_jax: ReferenceJaxOpt = None,
+    reference_python: ReferencePythonOpt = None,
     timeout: TimeoutOpt = None,
     select: SelectOpt = None,
     ignore: IgnoreOpt = None,
@@ -111,6 +115,8 @@ def run(
             timeout=timeout,
             no_cache=no_cache,
             project_tests=verify_project_tests,
+            reference_jax=reference_jax,
+            reference_python=reference_python,
         )
         results = execute(
             settings,
@@ -185,6 +191,7 @@ def verify_unsafe(results: list[FileResult], settings: Settings) -> list[FileRes
         f"simulated CPU devices"
         + (f" in {settings.processes} processes" if settings.processes > 1 else "")
         + (f", inputs from `{settings.verify_with}`" if settings.verify_with else "")
+        + (f", the original on JAX {settings.reference_jax}" if settings.reference_jax else "")
     )
     notebooks = notebooks_note(verifiable)
     if notebooks is not None:

@@ -16,6 +16,8 @@ from jaxmigrate.cli.common import (
     ProcessesOpt,
     ProjectTestsOpt,
     PythonOpt,
+    ReferenceJaxOpt,
+    ReferencePythonOpt,
     ReportOpt,
     TimeoutOpt,
     UsageError,
@@ -23,6 +25,7 @@ from jaxmigrate.cli.common import (
     check_processes,
     choose,
     project_root,
+    reference_interpreter,
     stderr,
     stdout,
     write_report,
@@ -57,6 +60,8 @@ def verify(
     devices: DevicesOpt = None,
     processes: ProcessesOpt = None,
     python: PythonOpt = None,
+    reference_jax: ReferenceJaxOpt = None,
+    reference_python: ReferencePythonOpt = None,
     jobs: JobsOpt = None,
     timeout: TimeoutOpt = 120.0,
     report: ReportOpt = None,
@@ -74,11 +79,18 @@ def verify(
         config = load_config(find_pyproject(chosen))
         root = project_root(chosen, config)
         chosen_devices = devices or config.devices or 8
+        chosen_python = python or config.python or sys.executable
+        reference = reference_interpreter(
+            reference_jax or config.reference_jax,
+            reference_python or config.reference_python,
+            chosen_python,
+        )
         settings = VerifyConfig(
             root=root,
             devices=chosen_devices,
             processes=check_processes(chosen_devices, processes or config.processes or 1),
-            python=python or config.python or sys.executable,
+            python=chosen_python,
+            reference_python=reference,
             verify_with=verify_with or config.verify_with,
             timeout=timeout or config.timeout or 120.0,
             jobs=jobs or config.jobs or default_jobs(),

@@ -38,6 +38,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from functools import cache
 from importlib import metadata
@@ -86,8 +87,12 @@ def _version(package: str) -> str | None:
         return None
 
 
-def settings_digest(options: Options) -> str:
-    """Return the digest of everything besides a file's bytes that its result depends on."""
+def settings_digest(options: Options, runtime: Mapping[str, Any] | None = None) -> str:
+    """Return the digest of everything besides a file's bytes that its result depends on.
+
+    `runtime` is what verification runs on (the interpreters of both sides and the JAX they
+    have: `Settings.runtime`): a verdict reached on other JAX releases is another result.
+    """
     settings = {
         "format": FORMAT,
         "jaxmigrate": __version__,
@@ -100,10 +105,12 @@ def settings_digest(options: Options) -> str:
         "ignore": list(options.ignore),
         "unsafe_fixes": options.unsafe_fixes,
         "target_jax": list(options.target_jax),
+        "target_source": options.target_source,
         "pmap_style": options.pmap_style,
         "jax": _version("jax"),
         "libcst": _version("libcst"),
         "python": list(sys.version_info[:2]),
+        "runtime": dict(runtime or {}),
     }
     return _digest(json.dumps(settings, sort_keys=True).encode())
 
@@ -127,7 +134,9 @@ class ResultCache:
     directory: Path
 
     @classmethod
-    def open(cls, root: Path, options: Options) -> ResultCache:
+    def open(
+        cls, root: Path, options: Options, runtime: Mapping[str, Any] | None = None
+    ) -> ResultCache:
         """Return the cache for `options` under `root/.jaxmigrate_cache` (made if missing)."""
         base = root / CACHE_DIR
         try:
@@ -140,7 +149,7 @@ class ResultCache:
                     (base / name).write_text(text, encoding="utf-8")
         except OSError:
             pass  # a tree we cannot write to: every store below fails quietly too
-        return cls(base / f"v{FORMAT}" / settings_digest(options))
+        return cls(base / f"v{FORMAT}" / settings_digest(options, runtime))
 
     def key(self, data: bytes, *, notebook: bool, context: str = "") -> str:
         """Return the entry name for a file's bytes (and what else its result depends on: the

@@ -120,6 +120,7 @@ class FileState:
 
     enabled: frozenset[str] | None = None
     target_jax: tuple[int, int] = LATEST_JAX
+    target_source: str = ""  # where the target came from (`Options.target_source`)
     selected: frozenset[str] | None = None
     original_lines: Sequence[str] = ()
     line_map: Callable[[int], int] = lambda line: line
@@ -345,6 +346,8 @@ class Pass(CodemodCommand, cst.CSTTransformer):
                 f"the rewrite needs JAX >= {version_text(need)}, "
                 f"the target is {version_text(self.state.target_jax)}"
             )
+            if self.state.target_source:
+                reason += f" ({self.state.target_source})"
             self.state.skips.append(Skip(self.CODE, self.NAME, line, col, reason))
             return False
         missing = [

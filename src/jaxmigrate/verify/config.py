@@ -54,9 +54,18 @@ class VerifyConfig:
     processes: int = 1
     project_tests: bool = True
     notebook_timeout: float | None = None  # bounds each run of a notebook (None: record_timeout)
+    # The interpreter of the original side (its workers and the recorded command), with the JAX
+    # the code was written for (`verify.reference`); None: `python`, as the rewritten side.
+    reference_python: str | None = None
 
     def __post_init__(self) -> None:
         devices_per_process(self.devices, self.processes)  # raises DeviceSplitError
+
+    def python_of(self, side: str) -> str:
+        """Return the interpreter that runs `side` ("original" or "candidate")."""
+        if side == "original" and self.reference_python:
+            return self.reference_python
+        return self.python
 
     def command_dir(self, copy_root: Path) -> Path:
         """Return where `verify_with` runs in a copy: the user's working directory, mirrored."""
@@ -104,7 +113,8 @@ class Verdict:
     `details` may hold: target, input_source (recorded/declared/synthesized, or run: a function without arguments, called), reference,
     reference_errors, calls, input_shapes, output_shapes, max_abs_err, max_rel_err, mismatch
     (path, why, shape, ...), contexts, round, compared (what a unit's run covered: returned,
-    printed, files, left_out), determinism (why a unit's original ran only once).
+    printed, files, left_out), determinism (why a unit's original ran only once), jax (the JAX
+    version each side ran), removed_api.
     """
 
     status: Status

@@ -281,3 +281,87 @@ def layout_verdict(verdict: Verdict, original: dict[str, Any]) -> Verdict:
     if verdict.status is Status.FAILED:
         reason += f"; and {verdict.reason}"
     return Verdict(Status.FAILED, reason, details)
+
+
+# Which JAX each side ran -----------------------------------------------------------------------
+# What an original raises on a JAX that removed an API it uses (the worker's one-line errors).
+REMOVED = (
+    re.compile(r"No module named '(jax(?:lib)?\.[\w.]+)'"),
+    re.compile(r"cannot import name '(\w+)' from '(jax[\w.]*)'"),
+    re.compile(r"module '(jax[\w.]*)' has no attribute '(\w+)'"),
+    re.compile(r"AttributeError: (jax\.[\w.]+) is deprecated"),
+    re.compile(r"(jax\.[\w.]+) (?:was|has been) removed"),
+    re.compile(r"(pjit)\(\) got an unexpected keyword argument '(\w+_axis_resources)'"),
+)
+# The newest JAX that still has an API (checked here by importing and calling it): what the
+# hint suggests. APIs gone before 0.4.13 (`jax.experimental.PartitionSpec`,
+# `jax.experimental.maps.Mesh`; `jax.experimental.maps` as a whole, whose xmap 0.4.30 still has)
+# get no release: the user knows which JAX the code was written for.
+LAST_WITH = (
+    ("jax.experimental.host_callback", "0.4.30"),
+    ("jax.device_put_replicated", "0.4.30"),
+    ("jax.device_put_sharded", "0.4.30"),
+    ("pjit(", "0.4.13"),  # in_axis_resources= / out_axis_resources=
+)
+
+
+def removed_api(errors: list[str]) -> str:
+    """Return the JAX API the original's error says is gone (`jax.device_put_replicated`), or ''."""
+    for error in errors:
+        for pattern in REMOVED:
+            found = pattern.search(error)
+            if found is None:
+                continue
+            groups = found.groups()
+            if len(groups) == 2 and pattern.pattern.startswith("cannot"):
+                return f"{groups[1]}.{groups[0]}"
+            if groups[0] == "pjit":
+                return f"pjit(..., {groups[1]}=...)"
+            return ".".join(groups)
+    return ""
+
+
+def last_with(api: str) -> str:
+    """Return the newest JAX known to have `api`, or ''."""
+    for prefix, version in LAST_WITH:
+        if (
+            api == prefix
+            or api.startswith(prefix + ".")
+            or prefix.endswith("(")
+            and api.startswith(prefix)
+        ):
+            return version
+    return ""
+
+
+def with_jax(
+    verdict: Verdict, original: dict[str, Any], versions: dict[str, str], reference: bool
+) -> Verdict:
+    """Return `verdict` saying which JAX each side ran (`details["jax"]`; the reason too when
+    they differ), and, when the original could not run here because its JAX API is gone, the
+    flag that runs it on the JAX it was written for."""
+    known = {side: v for side, v in versions.items() if v}
+    details = {**verdict.details, "jax": known} if known else dict(verdict.details)
+    reason = verdict.reason
+    if len(set(known.values())) > 1:
+        reason += (
+            f" (the original on JAX {known.get('original', '?')}, "
+            f"the rewrite on JAX {known.get('candidate', '?')})"
+        )
+    tried = [*original.get("reference_errors", []), *original.get("errors", [])]
+    errors = [e.removeprefix("original: ") for e in tried if e.startswith("original: ")]
+    gone = removed_api(errors)
+    if gone and not reference:
+        here = known.get("original") or known.get("candidate") or "installed"
+        details["removed_api"] = gone
+        release = last_with(gone)
+        flag = (
+            f"--reference-jax {release} (or the JAX it was written for)"
+            if release
+            else "--reference-jax with the JAX it was written for"
+        )
+        reason += (
+            f"; the original itself cannot run on JAX {here}: `{gone}` is gone from it; "
+            f"pass {flag} to verify against the original on its own JAX"
+        )
+    return Verdict(verdict.status, reason, details)

@@ -44,6 +44,7 @@ def child_env(
     extra_path: tuple[Path, ...] = (),
     process: int = 0,
     coordinator: str = "",
+    python: str = "",
 ) -> dict[str, str]:
     """Return the environment of a child: the simulated mesh, CPU only, our package on the path.
 
@@ -54,7 +55,7 @@ def child_env(
     env.setdefault("PYTHONHASHSEED", "0")
     path = [str(p) for p in (*extra_path, ws.child)]
     env["PYTHONPATH"] = os.pathsep.join([*path, *filter(None, [env.get("PYTHONPATH")])])
-    bindir = str(Path(config.python).parent)
+    bindir = str(Path(python or config.python).parent)
     env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")])
     return env
 
@@ -184,13 +185,15 @@ class Worker:
         self.started = False
         self.ready = False
         self.spawn_error = ""
+        self.jax = ""  # the JAX version the worker runs (its ready message says)
+        self.python = config.python_of(side)
         self.spawn()
 
     def spawn(self) -> None:
         """Start the processes; they import JAX (and join their job) until the first request."""
         root = self.ws.tree(self.side)
         command = [
-            self.config.python,
+            self.python,
             "-m",
             f"{CHILD_PACKAGE}.worker",
             "--side",
@@ -203,7 +206,7 @@ class Worker:
         self.ready = False
         coordinator = coordinator_address() if len(self.processes) > 1 else ""
         errors = [
-            p.spawn(command, root, child_env(self.config, self.ws, (), i, coordinator))
+            p.spawn(command, root, child_env(self.config, self.ws, (), i, coordinator, self.python))
             for i, p in enumerate(self.processes)
         ]
         self.spawn_error = next((e for e in errors if e), "")
@@ -267,6 +270,7 @@ class Worker:
         if reply.fault:
             return Reply({}, f"could not start a worker: it {reply.fault}", kind="start")
         self.ready = True
+        self.jax = str(reply.data.get("jax", ""))
         return None
 
     def send(self, message: dict[str, Any]) -> int | None:

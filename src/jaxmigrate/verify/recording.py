@@ -8,6 +8,7 @@ the JSON sidecars; the pickled arguments are opened by the workers.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -119,8 +120,9 @@ def tool_shims(ws: Workspace, python: str) -> Path:
     dependencies installed in the virtualenv. A tool the interpreter's folder lacks runs as a
     module of the interpreter instead.
     """
-    folder = ws.base / "bin"
-    folder.mkdir(exist_ok=True)
+    # one folder per interpreter: the original side may run another (`--reference-jax`)
+    folder = ws.base / "bin" / hashlib.sha1(python.encode()).hexdigest()[:12]
+    folder.mkdir(parents=True, exist_ok=True)
     bindir = Path(python).parent
     for name, module in MODULE_TOOLS.items():
         script = folder / name
@@ -149,9 +151,10 @@ def run_command(
     procs = []
     logs = []
     for i in range(count):
-        env = child_env(config, ws, (ws.boot, *imports), i, coordinator)
+        python = config.python_of(side)
+        env = child_env(config, ws, (ws.boot, *imports), i, coordinator, python)
         env["JAXMIGRATE_RECORD"] = str(plan_file)
-        env["PATH"] = os.pathsep.join([str(tool_shims(ws, config.python)), env["PATH"]])
+        env["PATH"] = os.pathsep.join([str(tool_shims(ws, python)), env["PATH"]])
         name = "verify-with" if side == "original" else f"verify-with-{side}"
         log = ws.logs / (f"{name}.log" if count == 1 else f"{name}.p{i}.log")
         logs.append(log)
@@ -307,7 +310,7 @@ def supplement(
     plan_file = ws.base / "record-plan-tests.json"
     plan = recording_plan(wanted, ws, config.max_calls)
     plan_file.write_text(json.dumps(plan), encoding="utf-8")
-    command = pytest_command(config.python, scratch(ws, "original"), ids)
+    command = pytest_command(config.python_of("original"), scratch(ws, "original"), ids)
     run_command(command, ws, config, plan_file)
     found = collect(ws, config.max_calls, config.processes)
     calls = dict(recording.calls)

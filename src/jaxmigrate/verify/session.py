@@ -26,6 +26,7 @@ from jaxmigrate.verify.judge import (
     layout_verdict,
     original_verdict,
     test_folder,
+    with_jax,
 )
 from jaxmigrate.verify.messages import Sources, Task, make_task
 from jaxmigrate.verify.notebooks import verify_notebooks
@@ -78,6 +79,11 @@ class Run:
         return reply
 
     def judge(self, lane: Lane, task: Task, original: Reply) -> Verdict:
+        verdict = self.decide(lane, task, original)
+        versions = {"original": lane.original.jax, "candidate": lane.candidate.jax}
+        return with_jax(verdict, original.data, versions, bool(self.config.reference_python))
+
+    def decide(self, lane: Lane, task: Task, original: Reply) -> Verdict:
         tests = test_folder(self.config.root)
         verdict = original_verdict(task.plan, original, self.config.verify_with, tests)
         if verdict is not None:

@@ -15,7 +15,9 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import AbstractMesh, Mesh
+from jax.sharding import Mesh
+
+from .compat import MESH_TYPES, axis_types, concrete_mesh, make_mesh
 
 
 def describe_mesh(mesh: Any) -> dict[str, Any] | None:
@@ -26,7 +28,7 @@ def describe_mesh(mesh: Any) -> dict[str, Any] | None:
         "axis_names": [str(n) for n in mesh.axis_names],
         "shape": list(mesh.devices.shape),
         "device_ids": [int(d.id) for d in mesh.devices.flat],
-        "axis_types": [t.name for t in mesh.axis_types],
+        "axis_types": axis_types(mesh),
     }
 
 
@@ -36,7 +38,7 @@ def active_meshes() -> list[dict[str, Any]]:
 
     found = [
         describe_mesh(mesh_lib.thread_resources.env.physical_mesh),
-        describe_mesh(mesh_lib.get_concrete_mesh()),
+        describe_mesh(concrete_mesh()),
     ]
     return [d for d in found if d is not None]
 
@@ -45,8 +47,7 @@ def build_mesh(desc: dict[str, Any]) -> Mesh:
     """Return the mesh a description names, on this process's devices."""
     by_id = {d.id: d for d in jax.devices()}
     devices = np.array([by_id[i] for i in desc["device_ids"]]).reshape(desc["shape"])
-    types = tuple(getattr(jax.sharding.AxisType, t) for t in desc["axis_types"])
-    return Mesh(devices, tuple(desc["axis_names"]), axis_types=types)
+    return make_mesh(devices, tuple(desc["axis_names"]), desc.get("axis_types", []))
 
 
 def _fallback(code: Any, namespace: dict[str, Any], meshes: list[Mesh]) -> dict[str, Any]:
@@ -64,7 +65,7 @@ def enter(stack: ExitStack, expr: str, namespace: dict[str, Any], meshes: list[M
     except Exception as exc:  # noqa: BLE001 - a context we cannot rebuild is reported
         return f"skipped `{expr}` ({type(exc).__name__}: {exc})"
     is_call = isinstance(ast.parse(expr, mode="eval").body, ast.Call)
-    if isinstance(value, (Mesh, AbstractMesh)) or (is_call and hasattr(value, "__enter__")):
+    if isinstance(value, MESH_TYPES) or (is_call and hasattr(value, "__enter__")):
         stack.enter_context(value)
         return f"entered `{expr}`"
     return f"skipped `{expr}` (not a mesh)"

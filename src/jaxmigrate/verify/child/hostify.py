@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .compat import PRNG_KEY, tree_leaves, tree_map
 from .values import Flat, HostArray, HostKey, Node, Opaque
 
 SCALARS = (bool, int, float, complex, str, bytes, type(None))
@@ -28,7 +29,9 @@ ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
 
 def is_key(x: Any) -> bool:
     """Return True for a typed PRNG key array."""
-    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+    if PRNG_KEY is None:  # a JAX before typed keys (0.4.16): keys are plain uint32 arrays
+        return False
+    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, PRNG_KEY)
 
 
 def key_to_host(x: jax.Array) -> HostKey:
@@ -61,17 +64,17 @@ def _is_host_leaf(x: Any) -> bool:
 
 def to_host(tree: Any) -> Any:
     """Return `tree` with its device leaves copied to the host."""
-    return jax.tree.map(leaf_to_host, tree)
+    return tree_map(leaf_to_host, tree)
 
 
 def from_host(tree: Any) -> Any:
     """Return `tree` with travelling leaves rebuilt on the device."""
-    return jax.tree.map(leaf_from_host, tree, is_leaf=_is_host_leaf)
+    return tree_map(leaf_from_host, tree, is_leaf=_is_host_leaf)
 
 
 def has_tracer(tree: Any) -> bool:
     """Return True if any leaf is a tracer (a call made while tracing cannot be recorded)."""
-    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(tree))
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in tree_leaves(tree))
 
 
 def qualified_name(fn: Any) -> str | None:
@@ -254,7 +257,7 @@ def shapes(tree: Any) -> list[str]:
             return f"{kind}{list(np.shape(value))}"
         return type(x).__name__
 
-    return [one(x) for x in jax.tree.leaves(tree, is_leaf=_is_host_leaf)]
+    return [one(x) for x in tree_leaves(tree, is_leaf=_is_host_leaf)]
 
 
 SHOWN = 100  # leaves listed in a reply's `output_shapes`; a million would swamp the report

@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from .compat import tree_leaves, tree_map
 from .references import patched
 
 MAX_STEP_CALLS = 3
@@ -35,7 +36,7 @@ MAX_STEP_CALLS = 3
 def differs(value: Any) -> bool:
     """Return True if some leaf of a stacked pytree is not the same on every device (exactly:
     a replicated value is a copy, and a pmean/psum result is the same bits on each device)."""
-    for leaf in jax.tree.leaves(value):
+    for leaf in tree_leaves(value):
         if isinstance(leaf, jax.core.Tracer) or not hasattr(leaf, "shape") or not leaf.shape:
             continue
         stacked = _readable(leaf)
@@ -62,13 +63,13 @@ def _readable(leaf: Any) -> np.ndarray | None:
 
 def concrete(tree: Any) -> bool:
     """Return True unless some leaf of `tree` is being traced."""
-    return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(tree))
+    return not any(isinstance(x, jax.core.Tracer) for x in tree_leaves(tree))
 
 
 def on_host(tree: Any) -> Any:
     """Return `tree` with its arrays read to the host (blocking on them), in the dtype JAX
     computes them in (a float64 numpy argument is float32 to `jax.jit` without x64)."""
-    return jax.tree.map(lambda x: _host(x) if hasattr(x, "shape") else x, tree)
+    return tree_map(lambda x: _host(x) if hasattr(x, "shape") else x, tree)
 
 
 def _host(x: Any) -> np.ndarray:
@@ -83,9 +84,9 @@ def flatten(tree: Any, kind: str) -> Any:
     """Return a stacked value in the flat layout: "replicated" -> device 0's copy, "batch" ->
     the blocks joined along the first axis, anything else as it is."""
     if kind == "replicated":
-        return jax.tree.map(lambda x: _host(x)[0] if np.ndim(x) else x, tree)
+        return tree_map(lambda x: _host(x)[0] if np.ndim(x) else x, tree)
     if kind == "batch":
-        return jax.tree.map(lambda x: np.reshape(_host(x), (-1, *np.shape(x)[2:])), tree)
+        return tree_map(lambda x: np.reshape(_host(x), (-1, *np.shape(x)[2:])), tree)
     return on_host(tree)
 
 

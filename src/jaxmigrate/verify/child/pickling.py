@@ -92,12 +92,47 @@ def used_globals(fn: types.FunctionType) -> dict[str, Any] | None:
     return used
 
 
+def device_by_id(device_id: int) -> Any:
+    """Return this process's JAX device with id `device_id` (a global id in a job)."""
+    import jax
+
+    return next(d for d in jax.devices() if d.id == device_id)
+
+
+def is_device(obj: Any) -> bool:
+    """Return True for a JAX device (`jaxlib`'s `Device`: not picklable before JAX 0.4.31)."""
+    kind = type(obj)
+    return kind.__module__.startswith("jaxlib") and kind.__name__.endswith("Device")
+
+
+def mesh_from(description: dict[str, Any]) -> Any:
+    """Return the mesh `contexts.describe_mesh` described, on this process's devices."""
+    from .contexts import build_mesh
+
+    return build_mesh(description)
+
+
+def is_mesh(obj: Any) -> bool:
+    """Return True for a concrete `jax.sharding.Mesh` (its pickled form differs by release)."""
+    kind = type(obj)
+    return kind.__name__ == "Mesh" and kind.__module__.startswith("jax")
+
+
 class Pickler(pickle.Pickler):
-    """A pickler that copies local functions and lambdas by value, and modules by name."""
+    """A pickler that copies local functions and lambdas by value, modules by name, JAX devices
+    by id and meshes by description: what one JAX release pickles, another can read."""
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, types.ModuleType):
             return importlib.import_module, (obj.__name__,)
+        if is_device(obj) and isinstance(getattr(obj, "id", None), int):
+            return device_by_id, (obj.id,)
+        if is_mesh(obj):
+            from .contexts import describe_mesh
+
+            description = describe_mesh(obj)
+            if description is not None:
+                return mesh_from, (description,)
         if not by_value(obj):
             return NotImplemented
         closure = None

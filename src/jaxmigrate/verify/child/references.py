@@ -28,6 +28,8 @@ from typing import Any
 
 import jax
 
+from .compat import tree_map
+
 ORIGINAL = "original"
 SAFE_REWRITES = "safe-rewrites"
 
@@ -143,7 +145,7 @@ def once_per_manual_shard(real: Callable[..., Any], *, has_result: bool) -> Call
         shapes = args[1] if has_result and len(args) > 1 else None
 
         def skip() -> Any:
-            return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+            return tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
         out = lax.cond(lax.axis_index(axes) == 0, lambda: real(*args, **kwargs), skip)
         return out if shapes is None else lax.psum(out, axes)

@@ -76,9 +76,11 @@ def values_only(fn: Any) -> Any:
     """Return `fn` with the outputs JAX cannot trace (a factory's function) dropped."""
     import jax
 
+    from .compat import tree_map
+
     def traced(*args: Any, **kwargs: Any) -> Any:
         keep = (jax.Array, int, float, complex, bool)
-        return jax.tree.map(lambda x: x if isinstance(x, keep) else None, fn(*args, **kwargs))
+        return tree_map(lambda x: x if isinstance(x, keep) else None, fn(*args, **kwargs))
 
     return traced
 
