@@ -26,9 +26,19 @@ from ._forms import (
     single_name,
     target_names,
 )
-from ._program import NotVisible, Program, global_batch
+from ._layout import (
+    DONATED_COPY,
+    GLOBAL_BATCH,
+    HOST_ARRAY,
+    LOCAL_PART,
+    Match,
+    fill,
+    match,
+    row_named,
+)
+from ._program import NotVisible, Program
 
-GET_METRICS = "flax.training.common_utils.get_metrics"
+GET_METRICS = (row_named("get_metrics"),)
 INLINE = "?"  # an argument passed as an expression, not a name: `step(state, shard(batch))`
 KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
 PARTIAL = "functools.partial"
@@ -708,14 +718,15 @@ def _inline_kind(
     if replicated is not None:
         _replication(program, value, replicated, position)
         return "replicated"
-    batch = forms.shard_source(value)
+    batch = forms.split(value)
     if batch is not None:
-        program.edit(value, BATCH, lambda: global_batch(program, batch))
+        program.edit(value, batch.row.why, lambda: batch.rewrite(program.context()))
         return "batch"
     if _named_splits(program, flow, forms, value):
         return "batch"
-    if forms.keys_source(value) is not None:
-        program.edit(value, KEYS, lambda: global_batch(program, value))
+    keys = forms.key_split(value)
+    if keys is not None:
+        program.edit(value, keys.row.why, lambda: keys.rewrite(program.context()))
         return "keys"
     return "other"
 
@@ -755,7 +766,8 @@ def _named_splits(program: Program, flow: Parents, forms: Forms, value: cst.Base
         return False
     for binding, source in bindings:
         program.edit(binding.value, SPLIT_NAMED, lambda s=source: s)  # type: ignore[misc]
-    program.edit(value, BATCH, lambda: global_batch(program, _flat_literal(forms, value)))
+    flat = lambda: fill(GLOBAL_BATCH, {**program.context(), "x": _flat_literal(forms, value)})
+    program.edit(value, BATCH, flat)
     return True
 
 
@@ -777,7 +789,7 @@ def _stacks_itself(binding: cst.CSTNode, name: str, forms: Forms) -> bool:
     return source is not None and single_name(source) == name
 
 
-REPLICATED = "a replication deleted: the value is passed as it is, replicated (`P()`)"
+REPLICATED = row_named("replicate").why
 COPIED = (
     "a replication -> a copy of the value, replicated (`P()`): the step donates it, and "
     "passing the value itself would donate the program's own buffers"
@@ -793,22 +805,7 @@ def _replication(
         program.edit(value, REPLICATED, lambda: source)
         return
 
-    def copy() -> cst.BaseExpression:
-        text = f"{program.jax}.tree.map({program.jnp}.copy, SOURCE)"
-        filled = cst.parse_expression(text).visit(_Source(source))
-        assert isinstance(filled, cst.BaseExpression)
-        return filled
-
-    program.edit(value, COPIED, copy)
-
-
-class _Source(cst.CSTTransformer):
-    def __init__(self, source: cst.BaseExpression) -> None:
-        super().__init__()
-        self.source = source
-
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
-        return self.source if original_node.value == "SOURCE" else updated_node
+    program.edit(value, COPIED, lambda: fill(DONATED_COPY, {**program.context(), "x": source}))
 
 
 def _donated(program: Program, position: int) -> bool:
@@ -824,11 +821,7 @@ def _donated(program: Program, position: int) -> bool:
     return position in {int(i.value) for i in items}  # type: ignore[attr-defined]
 
 
-BATCH = "a split into per-device slices -> this process's part of a batch sharded on the mesh"
-KEYS = (
-    "per-device keys -> this process's part of the keys sharded on the mesh, one per device "
-    "(the body takes its own key, `key[0]`, as under pmap)"
-)
+BATCH = row_named("shard").why
 
 
 def _binding_kind(
@@ -859,14 +852,15 @@ def _binding_kind(
         _replication(program, value, replicated, position)
         return "replicated"
     after = program.made_at < flow.order.get(id(binding), -1)  # the mesh exists there
-    batch = forms.shard_source(value)
+    batch = forms.split(value)
     if batch is not None and after:
-        program.edit(value, BATCH, lambda: global_batch(program, batch))
+        program.edit(value, batch.row.why, lambda: batch.rewrite(program.context()))
         return "batch"
     if after and _named_splits(program, flow, forms, value):
         return "batch"
-    if forms.keys_source(value) is not None and after:
-        program.edit(value, KEYS, lambda: global_batch(program, value))
+    keys = forms.key_split(value)
+    if keys is not None and after:
+        program.edit(value, keys.row.why, lambda: keys.rewrite(program.context()))
         return "keys"
     return "other"
 
@@ -1062,10 +1056,10 @@ def _follow_list(
         appended = isinstance(arg, cst.Attribute) and _appended_to(flow, _item(call)) == name
         if appended and _item(call).value in results:
             continue
-        owner = _gathering(forms, call, name) if isinstance(call, cst.Call) else None
-        if owner is not None and isinstance(arg, cst.Arg) and isinstance(call, cst.Call):
+        found = _gathering(forms, call, name) if isinstance(call, cst.Call) else None
+        if found is not None and isinstance(arg, cst.Arg) and isinstance(call, cst.Call):
             why = f"a readback of device 0 of each of `{name}` deleted: the results are replicated"
-            program.edit(call, why, lambda o=owner: _stacked(program, o, name))  # type: ignore[misc]
+            program.edit(call, why, lambda f=found: f.rewrite(program.context()))  # type: ignore[misc]
             continue
         if not any(_dominated(flow, b, use, name) for b in gathered):
             why = f"`{name}`, a list of results of `{step}`, is read other than by `get_metrics`"
@@ -1100,28 +1094,13 @@ def _item(call: cst.CSTNode | None) -> cst.Name:
     return cst.Name("_")
 
 
-def _gathering(forms: Forms, node: cst.BaseExpression, name: str) -> cst.BaseExpression | None:
-    """Return `X` of `X.get_metrics(name)` (flax's `common_utils`), else None."""
-    if not isinstance(node, cst.Call) or forms.qualname(node.func) != GET_METRICS:
+def _gathering(forms: Forms, node: cst.BaseExpression, name: str) -> Match | None:
+    """Return `X.get_metrics(name)` (flax's `common_utils`, `X` its owner) as its row, else
+    None."""
+    found = match(node, forms.qualname, table=GET_METRICS)
+    if found is None or single_name(found.source) != name or "owner" not in found.holes:
         return None
-    args = positional(node, 1)
-    if args is None or single_name(args[0]) != name or not isinstance(node.func, cst.Attribute):
-        return None
-    return node.func.value
-
-
-def _stacked(program: Program, owner: cst.BaseExpression, name: str) -> cst.BaseExpression:
-    text = f"OWNER.stack_forest({program.jax}.device_get({name}))"
-    return cst.parse_expression(text).visit(_Owner(owner))  # type: ignore[return-value]
-
-
-class _Owner(cst.CSTTransformer):
-    def __init__(self, owner: cst.BaseExpression) -> None:
-        super().__init__()
-        self.owner = owner
-
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
-        return self.owner if original_node.value == "OWNER" else updated_node
+    return found
 
 
 def _dominated(flow: Parents, binding: cst.CSTNode, use: cst.Name, name: str) -> bool:
@@ -1310,11 +1289,10 @@ def _local_part(program: Program, name: str, host: bool = True) -> cst.BaseExpre
     """This process's part of a result sharded over the devices (in one process, all of it);
     read into numpy under a mesh set for the program (`Program.numpy`) unless `host` is False
     (the original copied it to the host itself: `np.asarray(r).reshape(-1)`)."""
-    spec = f"{code(program.spec)}({code(program.axis)})"
-    text = f"{program.hosts}.global_array_to_host_local_array({name}, {program.mesh}, {spec})"
+    part = fill(LOCAL_PART, {**program.context(), "x": cst.Name(name)})
     if host and program.numpy is not None:
-        text = f"{program.numpy}.asarray({text})"
-    return cst.parse_expression(text)
+        return fill(HOST_ARRAY, {**program.context(), "x": part})
+    return part
 
 
 def _read_at_once(program: Program, readback: cst.Subscript, step: str) -> None:

@@ -107,13 +107,14 @@ class Role(enum.Enum):
 
 @dataclass(frozen=True)
 class Transfer:
-    """One row of the table: a spelling (`pattern`, holes `{x}`...), the layout of its `source`
-    hole it needs (`takes`), the layout it gives, and its program-level rewrite (`template`:
-    holes of the pattern plus `{jax}`, `{jnp}`, `{sharding}`, `{owner}`; None: no rewrite yet,
-    the program-level form is declined with `decline`)."""
+    """One row of the table: its spellings (`patterns`, holes `{x}`...), the layout of its
+    `source` hole it needs (`takes`), the layout it gives, and its program-level rewrite
+    (`template`: holes of the pattern plus `{jax}`, `{jnp}`, `{sharding}`, `{owner}`, `{value}`
+    the whole expression; None: no rewrite yet, the program-level form is declined with
+    `decline`)."""
 
     name: str
-    pattern: str
+    patterns: tuple[str, ...]
     takes: Layout
     gives: Layout
     role: Role
@@ -122,262 +123,119 @@ class Transfer:
     source: str = "x"
     counts: tuple[str, ...] = ()  # holes that must be the number of local devices
     decline: str | None = None  # the decline code when `template` is None
+    lifts: bool = True  # False: its rewrite is not the same leaf by leaf (`jax.tree.map`)
 
 
 GLOBAL_BATCH = "{jax}.make_array_from_process_local_data({sharding}, {x})"
-
-TRANSFERS: tuple[Transfer, ...] = (
-    # Replications: one host value stacked as equal copies; deleted, the value is P().
-    Transfer(
-        "replicate",
-        "flax.jax_utils.replicate({x})",
-        Layout.HOST,
-        Layout.REPLICAS,
-        Role.PRODUCER,
-        "{x}",
-        "a replication deleted: the value is passed as it is, replicated (`P()`)",
-    ),
-    Transfer(
-        "device_put_replicated",
-        "jax.device_put_replicated({x}, {devices})",
-        Layout.HOST,
-        Layout.REPLICAS,
-        Role.PRODUCER,
-        "{x}",
-        "a replication deleted: the value is passed as it is, replicated (`P()`)",
-    ),
-    Transfer(
-        "broadcast_to",
-        "jax.numpy.broadcast_to({x}, ({n},) + {x}.shape)",
-        Layout.HOST,
-        Layout.REPLICAS,
-        Role.PRODUCER,
-        "{x}",
-        "a replication deleted: the value is passed as it is, replicated (`P()`)",
-        counts=("n",),
-    ),
-    Transfer(
-        "broadcast_to",
-        "numpy.broadcast_to({x}, ({n},) + {x}.shape)",
-        Layout.HOST,
-        Layout.REPLICAS,
-        Role.PRODUCER,
-        "{x}",
-        "a replication deleted: the value is passed as it is, replicated (`P()`)",
-        counts=("n",),
-    ),
-    Transfer(
-        "broadcast_to",
-        "jax.numpy.broadcast_to({x}, ({n}, *{x}.shape))",
-        Layout.HOST,
-        Layout.REPLICAS,
-        Role.PRODUCER,
-        "{x}",
-        "a replication deleted: the value is passed as it is, replicated (`P()`)",
-        counts=("n",),
-    ),
-    Transfer(
-        "stack",
-        "jax.numpy.stack([{x}] * {n})",
-        Layout.HOST,
-        Layout.REPLICAS,
-        Role.PRODUCER,
-        "{x}",
-        "a replication deleted: the value is passed as it is, replicated (`P()`)",
-        counts=("n",),
-    ),
-    Transfer(
-        "stack",
-        "numpy.stack([{x}] * {n})",
-        Layout.HOST,
-        Layout.REPLICAS,
-        Role.PRODUCER,
-        "{x}",
-        "a replication deleted: the value is passed as it is, replicated (`P()`)",
-        counts=("n",),
-    ),
-    Transfer(
-        "tile",
-        "jax.numpy.tile({x}[None], ({n},) + (1,) * {x}.ndim)",
-        Layout.HOST,
-        Layout.REPLICAS,
-        Role.PRODUCER,
-        "{x}",
-        "a replication deleted: the value is passed as it is, replicated (`P()`)",
-        counts=("n",),
-    ),
-    Transfer(
-        "repeat",
-        "jax.numpy.repeat({x}[None], {n}, axis=0)",
-        Layout.HOST,
-        Layout.REPLICAS,
-        Role.PRODUCER,
-        "{x}",
-        "a replication deleted: the value is passed as it is, replicated (`P()`)",
-        counts=("n",),
-    ),
-    # Splits: a flat host batch cut into per-device slices; this process's part of a global batch.
-    Transfer(
-        "shard",
-        "flax.training.common_utils.shard({x})",
-        Layout.HOST,
-        Layout.PER_DEVICE,
-        Role.PRODUCER,
-        GLOBAL_BATCH,
-        "a split into per-device slices -> this process's part of a batch sharded on the mesh",
-    ),
-    Transfer(
-        "reshape",
-        "{x}.reshape(({n}, -1) + {x}.shape[1:])",
-        Layout.HOST,
-        Layout.PER_DEVICE,
-        Role.PRODUCER,
-        GLOBAL_BATCH,
-        "a split into per-device slices -> this process's part of a batch sharded on the mesh",
-        counts=("n",),
-    ),
-    Transfer(
-        "reshape",
-        "{x}.reshape(({n}, -1, *{x}.shape[1:]))",
-        Layout.HOST,
-        Layout.PER_DEVICE,
-        Role.PRODUCER,
-        GLOBAL_BATCH,
-        "a split into per-device slices -> this process's part of a batch sharded on the mesh",
-        counts=("n",),
-    ),
-    Transfer(
-        "reshape",
-        "{x}.reshape(({n}, {x}.shape[0] // {n}) + {x}.shape[1:])",
-        Layout.HOST,
-        Layout.PER_DEVICE,
-        Role.PRODUCER,
-        GLOBAL_BATCH,
-        "a split into per-device slices -> this process's part of a batch sharded on the mesh",
-        counts=("n",),
-    ),
-    Transfer(
-        "device_put_sharded",
-        "jax.device_put_sharded({x}, {devices})",
-        Layout.HOST,
-        Layout.PER_DEVICE,
-        Role.PRODUCER,
-        "{jax}.make_array_from_process_local_data({sharding}, {jnp}.concatenate({x}))",
-        "per-device slices put on the devices -> this process's part of a batch sharded on the "
-        "mesh (the slices concatenated)",
-    ),
-    # Per-device keys: stacked in both forms, each device taking its own (`key[0]` in the body).
-    Transfer(
-        "split",
-        "jax.random.split({x}, {n})",
-        Layout.HOST,
-        Layout.KEYS,
-        Role.PRODUCER,
-        "{jax}.make_array_from_process_local_data({sharding}, {value})",
-        "per-device keys -> this process's part of the keys sharded on the mesh, one per device "
-        "(the body takes its own key, `key[0]`, as under pmap)",
-        counts=("n",),
-    ),
-    Transfer(
-        "shard_prng_key",
-        "flax.training.common_utils.shard_prng_key({x})",
-        Layout.HOST,
-        Layout.KEYS,
-        Role.PRODUCER,
-        "{jax}.make_array_from_process_local_data({sharding}, {value})",
-        "per-device keys -> this process's part of the keys sharded on the mesh, one per device "
-        "(the body takes its own key, `key[0]`, as under pmap)",
-    ),
-    # Readbacks: device 0's copy of equal copies; deleted, the value is read whole.
-    Transfer(
-        "unreplicate",
-        "flax.jax_utils.unreplicate({x})",
-        Layout.REPLICAS,
-        Layout.HOST,
-        Role.CONSUMER,
-        "{x}",
-        "a readback of device 0 deleted: the value is the same on every device",
-    ),
-    Transfer(
-        "index",
-        "{x}[0]",
-        Layout.REPLICAS,
-        Layout.HOST,
-        Role.CONSUMER,
-        "{x}",
-        "a readback of device 0 deleted: the value is the same on every device",
-    ),
-    Transfer(
-        "get_metrics",
-        "flax.training.common_utils.get_metrics({x})",
-        Layout.REPLICAS,
-        Layout.HOST,
-        Role.CONSUMER,
-        "{owner}.stack_forest({jax}.device_get({x}))",
-        "a readback of device 0 of each metric deleted: the results are replicated",
-    ),
-    # Flattening: per-device results read as one flat host value; this process's part.
-    Transfer(
-        "flatten",
-        "{x}.reshape(-1)",
-        Layout.PER_DEVICE,
-        Layout.HOST,
-        Role.CONSUMER,
-        "{hosts}.global_array_to_host_local_array({x}, {mesh}, {sharding})",
-        "a flattening over devices deleted: the result is flat already",
-    ),
-    # Carriers: the same values, another container; the layout goes through.
-    Transfer(
-        "device_get",
-        "jax.device_get({x})",
-        Layout.UNKNOWN,
-        Layout.UNKNOWN,
-        Role.CARRIER,
-        "{jax}.device_get({x})",
-        "the values copied to the host",
-    ),
-    Transfer(
-        "asarray",
-        "numpy.asarray({x})",
-        Layout.UNKNOWN,
-        Layout.UNKNOWN,
-        Role.CARRIER,
-        "{np}.asarray({x})",
-        "the values copied to the host",
-    ),
-    Transfer(
-        "array",
-        "numpy.array({x})",
-        Layout.UNKNOWN,
-        Layout.UNKNOWN,
-        Role.CARRIER,
-        "{np}.array({x})",
-        "the values copied to the host",
-    ),
-    # Not rewritten yet: the program-level form is declined with the row's code.
-    Transfer(
-        "prefetch_to_device",
-        "flax.jax_utils.prefetch_to_device({x}, {size})",
-        Layout.PER_DEVICE,
-        Layout.PER_DEVICE,
-        Role.CARRIER,
-        None,
-        "batches prefetched to the devices, still split per device",
-        decline="PL301",
-    ),
-    Transfer(
-        "pad_shard_unpad",
-        "flax.jax_utils.pad_shard_unpad({x})",
-        Layout.HOST,
-        Layout.HOST,
-        Role.CARRIER,
-        None,
-        "a step wrapped to pad, split and unpad its batches",
-        decline="PL302",
-    ),
+LOCAL_PART = "{hosts}.global_array_to_host_local_array({x}, {mesh}, {spec}({axis}))"
+HOST_ARRAY = "{np}.asarray({x})"  # this process's part read into numpy
+DONATED_COPY = "{jax}.tree.map({jnp}.copy, {x})"  # a replication of a donated argument
+REPLICATED = "a replication deleted: the value is passed as it is, replicated (`P()`)"
+SPLIT = "a split into per-device slices -> this process's part of a batch sharded on the mesh"
+KEYS = (
+    "per-device keys -> this process's part of the keys sharded on the mesh, one per device "
+    "(the body takes its own key, `key[0]`, as under pmap)"
 )
+READ_BACK = "a readback of device 0 deleted: the value is the same on every device"
+HOST_COPY = "the values copied to the host"
+PRODUCER, CONSUMER, CARRIER = Role.PRODUCER, Role.CONSUMER, Role.CARRIER
+HOST, REPLICAS, PER_DEVICE = Layout.HOST, Layout.REPLICAS, Layout.PER_DEVICE
+KEYED, UNKNOWN = Layout.KEYS, Layout.UNKNOWN
+N = ("n",)  # `{n}` is the number of local devices
 
-CONTEXT_HOLES = frozenset({"jax", "jnp", "np", "sharding", "mesh", "hosts", "value"})
+BROADCASTS = tuple(
+    f"{np}.broadcast_to({{x}}, {shape})"
+    for np in ("jax.numpy", "numpy")
+    for shape in ("({n},) + {x}.shape", "({n}, *{x}.shape)")
+)
+SPLITS = tuple(
+    f"{{x}}.reshape({shape})"
+    for rows in ("-1", "{x}.shape[0] // {n}")
+    for shape in (f"({{n}}, {rows}) + {{x}}.shape[1:]", f"({{n}}, {rows}, *{{x}}.shape[1:])")
+)
+KEYS_TEMPLATE = "{jax}.make_array_from_process_local_data({sharding}, {value})"
+CONCATENATED = "{jax}.make_array_from_process_local_data({sharding}, {jnp}.concatenate({x}))"
+STACKED_FOREST = "{owner}.stack_forest({jax}.device_get({x}))"
+
+# fmt: off
+TRANSFERS: tuple[Transfer, ...] = (
+    # Replications: one host value stacked as equal copies; deleted, the value is `P()`.
+    Transfer("replicate", ("flax.jax_utils.replicate({x})",),
+             HOST, REPLICAS, PRODUCER, "{x}", REPLICATED),
+    Transfer("device_put_replicated", ("jax.device_put_replicated({x}, jax.local_devices())",),
+             HOST, REPLICAS, PRODUCER, "{x}", REPLICATED),
+    Transfer("broadcast_to", BROADCASTS, HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, counts=N),
+    Transfer("stack", ("jax.numpy.stack([{x}] * {n})", "numpy.stack([{x}] * {n})"),
+             HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, counts=N),
+    Transfer("tile", ("jax.numpy.tile({x}[None], ({n},) + (1,) * {x}.ndim)",),
+             HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, counts=N),
+    Transfer("repeat", ("jax.numpy.repeat({x}[None], {n}, axis=0)",),
+             HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, counts=N),
+    # Splits: a flat host batch cut into per-device slices; this process's part of a batch.
+    Transfer("shard", ("flax.training.common_utils.shard({x})",),
+             HOST, PER_DEVICE, PRODUCER, GLOBAL_BATCH, SPLIT),
+    Transfer("reshape", SPLITS, HOST, PER_DEVICE, PRODUCER, GLOBAL_BATCH, SPLIT, counts=N),
+    Transfer("device_put_sharded", ("jax.device_put_sharded({x}, jax.local_devices())",),
+             HOST, PER_DEVICE, PRODUCER, CONCATENATED, SPLIT + " (the slices concatenated)",
+             lifts=False),
+    # Per-device keys: stacked in both forms, each device taking its own (`key[0]` in the body).
+    Transfer("split", ("jax.random.split({x}, {n})", "jax.random.split({x}, num={n})"),
+             HOST, KEYED, PRODUCER, KEYS_TEMPLATE, KEYS, counts=N),
+    Transfer("shard_prng_key", ("flax.training.common_utils.shard_prng_key({x})",),
+             HOST, KEYED, PRODUCER, KEYS_TEMPLATE, KEYS),
+    # Readbacks: device 0's copy of equal copies; deleted, the value is read whole.
+    Transfer("unreplicate", ("flax.jax_utils.unreplicate({x})",),
+             REPLICAS, HOST, CONSUMER, "{x}", READ_BACK),
+    Transfer("index", ("{x}[0]",), REPLICAS, HOST, CONSUMER, "{x}", READ_BACK),
+    Transfer("get_metrics", ("flax.training.common_utils.get_metrics({x})",),
+             REPLICAS, HOST, CONSUMER, STACKED_FOREST,
+             "a readback of device 0 of each metric deleted: the results are replicated"),
+    # Flattening: per-device results read as one flat host value; this process's part.
+    Transfer("flatten", ("{x}.reshape(-1)",), PER_DEVICE, HOST, CONSUMER, LOCAL_PART,
+             "a flattening over devices deleted: the result is flat already"),
+    # Carriers: the same values in another container; the layout goes through.
+    Transfer("device_get", ("jax.device_get({x})",), UNKNOWN, UNKNOWN, CARRIER, "{value}",
+             HOST_COPY),
+    Transfer("asarray", ("numpy.asarray({x})", "numpy.array({x})", "jax.numpy.asarray({x})"),
+             UNKNOWN, UNKNOWN, CARRIER, "{value}", HOST_COPY),
+    # Not rewritten yet: the program-level form is declined with the row's code.
+    Transfer("prefetch_to_device", ("flax.jax_utils.prefetch_to_device({x}, {size})",),
+             PER_DEVICE, PER_DEVICE, CARRIER, None,
+             "batches prefetched to the devices, still split per device", decline="PL301"),
+    Transfer("pad_shard_unpad", ("flax.jax_utils.pad_shard_unpad({x})",), HOST, HOST, CARRIER,
+             None, "a step wrapped to pad, split and unpad its batches", decline="PL302"),
+)
+# fmt: on
+
+
+def rows(role: Role, gives: Layout) -> tuple[Transfer, ...]:
+    """Return the rows of `role` giving `gives` that have a rewrite, in the table's order."""
+    return tuple(
+        r for r in TRANSFERS if r.role is role and r.gives is gives and r.template is not None
+    )
+
+
+def row_named(name: str) -> Transfer:
+    """Return the first row called `name`."""
+    return next(r for r in TRANSFERS if r.name == name)
+
+
+def fill(template: str, holes: Mapping[str, cst.BaseExpression]) -> cst.BaseExpression:
+    """Return `template` with its holes filled from `holes` (extra entries ignored)."""
+    wanted = set(_HOLE.findall(template))
+    filled: dict[str, Any] = {k: v for k, v in holes.items() if k in wanted}
+    return parse_template_expression(template, **filled)
+
+
+def as_row(name: str, source: cst.BaseExpression | None, node: cst.BaseExpression) -> Match | None:
+    """Return `node` read as row `name` of `source` (a form the table does not spell, such as
+    a module helper's summary), None when `source` is None."""
+    if source is None:
+        return None
+    row = row_named(name)
+    return Match(row, {row.source: source, "value": node})
+
+
 TREE_MAPS = frozenset({"jax.tree.map", "jax.tree_util.tree_map", "jax.tree_map"})
 _HOLE = re.compile(r"\{(\w+)\}")
 _MARK = "__hole_"  # the name a pattern's hole is parsed as
@@ -413,28 +271,28 @@ def _pattern(text: str) -> cst.BaseExpression:
 _PATTERNS: dict[str, cst.BaseExpression] = {}
 
 
-def pattern_of(row: Transfer) -> cst.BaseExpression:
-    """Return the row's pattern parsed, holes as marked names (parsed once)."""
-    found = _PATTERNS.get(row.pattern)
-    if found is None:
-        found = _PATTERNS[row.pattern] = _pattern(row.pattern)
-    return found
+def patterns_of(row: Transfer) -> Iterator[cst.BaseExpression]:
+    """Yield the row's patterns parsed, holes as marked names (each parsed once)."""
+    for text in row.patterns:
+        found = _PATTERNS.get(text)
+        if found is None:
+            found = _PATTERNS[text] = _pattern(text)
+        yield found
 
 
 def match(
     node: cst.BaseExpression,
     qualname: Qualname,
     counts: Callable[[cst.BaseExpression], bool] = lambda _: True,
-    rows: tuple[Transfer, ...] = TRANSFERS,
+    table: tuple[Transfer, ...] = TRANSFERS,
 ) -> Match | None:
-    """Return the first row of `rows` whose pattern `node` is (names resolved by meaning with
+    """Return the first row of `table` whose pattern `node` is (names resolved by meaning with
     `qualname`, holes `counts` names the number of local devices), else None."""
-    for row in rows:
-        holes: dict[str, cst.BaseExpression] = {}
-        if _unify(pattern_of(row), node, holes, qualname) and all(
-            counts(holes[h]) for h in row.counts
-        ):
-            return Match(row, holes | {"value": node})
+    for row in table:
+        for pattern in patterns_of(row):
+            holes: dict[str, cst.BaseExpression] = {}
+            if _unify(pattern, node, holes, qualname) and all(counts(holes[h]) for h in row.counts):
+                return Match(row, holes | {"value": node})
     return None
 
 
@@ -442,7 +300,7 @@ def lifted(
     node: cst.BaseExpression,
     qualname: Qualname,
     counts: Callable[[cst.BaseExpression], bool] = lambda _: True,
-    rows: tuple[Transfer, ...] = TRANSFERS,
+    table: tuple[Transfer, ...] = TRANSFERS,
     named: Callable[[str], cst.Lambda | None] = lambda _: None,
 ) -> Match | None:
     """Return the row `jax.tree.map(lambda v: <row of v>, x)` applies to every leaf of `x`
@@ -458,7 +316,7 @@ def lifted(
     if param is None:
         return None
     assert isinstance(fun, cst.Lambda)
-    leaf = match(fun.body, qualname, counts, rows)
+    leaf = match(fun.body, qualname, counts, tuple(r for r in table if r.lifts))
     if leaf is None or not isinstance(leaf.source, cst.Name) or leaf.source.value != param:
         return None
     if any(

@@ -190,6 +190,16 @@ class Program:
             decorators.append(cst.Decorator(decorator=expr))
         return updated.with_changes(decorators=decorators)
 
+    def context(self) -> dict[str, cst.BaseExpression]:
+        """Return how the rewrite spells what the table's templates name (`{jax}`, ...)."""
+        spelled = {"jax": self.jax, "jnp": self.jnp, "sharding": self.sharding}
+        spelled |= {"mesh": self.mesh, "hosts": self.hosts}
+        found = {k: cst.parse_expression(v) for k, v in spelled.items()}
+        found |= {"spec": self.spec, "axis": self.axis}
+        if self.numpy is not None:
+            found["np"] = cst.parse_expression(self.numpy)
+        return found
+
     def wrapped(self) -> bool:
         """Return True if the body is called from a lambda (per-device stacks, keywords)."""
         return bool(self.squeezed or self.keywords and not self.keywords_bound)
@@ -249,14 +259,6 @@ def _lambda_calls(call: Call) -> Call:
             item = replace(item, call=Call.of(value.body), wrap=wrap, head=head)
         items.append(item)
     return replace(call, items=items)
-
-
-def global_batch(program: Program, source: cst.BaseExpression) -> cst.BaseExpression:
-    """`jax.make_array_from_process_local_data(<NamedSharding(mesh, P(axis))>, source)`."""
-    text = f"{program.jax}.make_array_from_process_local_data({program.sharding}, SOURCE)"
-    filled = cst.parse_expression(text).visit(_Fill({"SOURCE": source}))
-    assert isinstance(filled, cst.BaseExpression)
-    return filled
 
 
 # The statement the mesh is set before, the statements making it, and the `jax.set_mesh(...)`
@@ -409,12 +411,3 @@ def _is_self_assignment(statement: cst.CSTNode) -> bool:
         and isinstance(node.value, cst.Name)
         and node.targets[0].target.value == node.value.value
     )
-
-
-class _Fill(cst.CSTTransformer):
-    def __init__(self, values: dict[str, cst.BaseExpression]) -> None:
-        super().__init__()
-        self.values = values
-
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
-        return self.values.get(original_node.value, updated_node)
