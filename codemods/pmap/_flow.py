@@ -36,7 +36,7 @@ from ._layout import (
     match,
     row_named,
 )
-from ._program import NotVisible, Program
+from ._program import Decline, NotVisible, Program
 
 GET_METRICS = (row_named("get_metrics"),)
 INLINE = "?"  # an argument passed as an expression, not a name: `step(state, shard(batch))`
@@ -81,17 +81,19 @@ def analyze(
     functions by name, which the body may call."""
     assign = statement.body[0]
     if len(statement.body) != 1 or not isinstance(assign, cst.Assign) or assign.value is not pmap:
-        raise NotVisible("the pmapped step is not simply assigned to a name")
+        raise NotVisible("the pmapped step is not simply assigned to a name", Decline.NOT_NAMED)
     step = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
     if step is None:
-        raise NotVisible("the pmapped step is not simply assigned to a name")
+        raise NotVisible("the pmapped step is not simply assigned to a name", Decline.NOT_NAMED)
     options = options_of(pmap, qualname)
     flow = Parents(skip=local)
     host.body.visit(flow)
     if id(statement) not in flow.order:
-        raise NotVisible("the step is not made in the function that calls it")
+        raise NotVisible("the step is not made in the function that calls it", Decline.MADE_OUTSIDE)
     if len(flow.stores.get(step, [])) != 1:
-        raise NotVisible(f"`{step}` is bound more than once in `{host.name.value}`")
+        raise NotVisible(
+            f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
+        )
     made_at = flow.order[id(statement)]
     program = _follow(host, flow, step, options, body, qualname, made_at, siblings, defs)
     program.statement = statement
@@ -111,21 +113,26 @@ def analyze_decorated(
     """Return the program of a step a pmap decorator makes of `body`, a def in `host` that
     calls it; raise NotVisible for why not."""
     if len(body.decorators) != 1:
-        raise NotVisible("the def has other decorators than pmap's")
+        raise NotVisible("the def has other decorators than pmap's", Decline.DECORATORS)
     step = body.name.value
     flow = Parents(skip=body)
     host.body.visit(flow)
     if len(flow.stores.get(step, [])) != 1:
-        raise NotVisible(f"`{step}` is bound more than once in `{host.name.value}`")
+        raise NotVisible(
+            f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
+        )
     made_at = flow.order[id(body)]
     program = _follow(host, flow, step, options, body, qualname, made_at, siblings, defs)
     program.statement = body
     if program.squeezed:
-        raise NotVisible(f"`{step}` gets per-device keys: a decorator cannot take its own key")
+        raise NotVisible(
+            f"`{step}` gets per-device keys: a decorator cannot take its own key",
+            Decline.KEYS_OUTSIDE,
+        )
     names = [p.name.value for p in body.params.params]
     if program.keywords and names[: len(program.params)] != program.params:
         why = f"a call of `{step}` passes by keyword a parameter after one it leaves out"
-        raise NotVisible(why)
+        raise NotVisible(why, Decline.CALLS_DIFFER)
     program.keywords_bound = True  # the def takes the keyword arguments by position itself
     _check_closure(program, body, flow)
     return program
@@ -154,7 +161,7 @@ def _check_closure(program: Program, body: cst.FunctionDef, flow: Parents) -> No
             f"the body reads `{min(hit)}` of `{program.host.name.value}` itself, which the step "
             "is passed or returns: its layout changes"
         )
-        raise NotVisible(why)
+        raise NotVisible(why, Decline.CLOSURE)
 
 
 def _target_of(flow: Parents, call: cst.Call) -> cst.BaseExpression:
@@ -178,7 +185,7 @@ def analyze_calls(
     flow = Parents()
     host.body.visit(flow)
     if step in flow.stores:
-        raise NotVisible(f"`{step}` is bound in `{host.name.value}` too")
+        raise NotVisible(f"`{step}` is bound in `{host.name.value}` too", Decline.REBOUND)
     return _follow(host, flow, step, options, body, qualname, -1, defs=defs)
 
 
@@ -197,14 +204,14 @@ def _follow(
     body = _unbound(body, options.bound)
     made = [_call_of(flow, use, step) for use in flow.loads.get(step, [])]
     if not made:
-        raise NotVisible(f"`{step}` is not called in `{host.name.value}`")
+        raise NotVisible(f"`{step}` is not called in `{host.name.value}`", Decline.NOT_CALLED)
     body, passed, keywords = _signature(body, made, step)
     arity = len(body.params.params)
     fixed = _fixed_positions(options, passed)
     calls = [_step_call(flow, call, step, body, fixed) for call in made]
     for call in calls:  # a call in a nested def or lambda runs when that is called: not followed
         if any(isinstance(a, (cst.FunctionDef, cst.Lambda)) for a in ancestors(flow, call.call)):
-            raise NotVisible(f"`{step}` is called in a nested function")
+            raise NotVisible(f"`{step}` is called in a nested function", Decline.CALLED_NESTED)
     program = Program(host, None, options.fun, options.axis, options.donate, [False] * arity, None)
     program.fixed, program.statics = fixed, options.statics_arg
     program.params = [p.name.value for p in body.params.params]
@@ -251,14 +258,22 @@ def _follow(
         for output, name in enumerate(call.targets):
             if name in read and program.varying[output]:
                 why = f"`{name}`, a result of `{step}` that may differ between devices, is "
-                raise NotVisible(why + "combined into an argument of the step")
+                raise NotVisible(
+                    why + "combined into an argument of the step", Decline.RESULT_VARIES
+                )
     for call in calls:
         wanted = 1 if program.outputs is None else program.outputs
         if call.readback is None and len(call.targets) != wanted:
-            raise NotVisible(f"a call of `{step}` binds its results other than one name each")
+            raise NotVisible(
+                f"a call of `{step}` binds its results other than one name each",
+                Decline.RESULTS_UNNAMED,
+            )
         if call.readback is not None:
             if program.outputs is not None or program.varying[0]:
-                raise NotVisible(f"`{step}(...)[0]` of a tuple or of a per-device result")
+                raise NotVisible(
+                    f"`{step}(...)[0]` of a tuple or of a per-device result",
+                    Decline.RESULTS_UNNAMED,
+                )
             _read_at_once(program, call.readback, step)
         for output, name in enumerate(call.targets):
             _follow_result(program, flow, forms, calls, step, name, output)
@@ -284,7 +299,9 @@ def options_of(pmap: cst.Call, qualname: Qualname) -> Options:
     """Read `jax.pmap(fun, axis_name, ...)`; raise NotVisible when this form does not take it."""
     fun = pmap.args[0].value if pmap.args and pmap.args[0].keyword is None else None
     if fun is None:
-        raise NotVisible("the pmapped function is not a def of this module named directly")
+        raise NotVisible(
+            "the pmapped function is not a def of this module named directly", Decline.NOT_A_DEF
+        )
     return read_options(fun, pmap.args[1:], qualname, positional_axis=True)
 
 
@@ -303,11 +320,13 @@ def read_options(
         positional = "axis_name" if i == 0 and positional_axis else None
         keyword = arg.keyword.value if arg.keyword else positional
         if keyword not in KEYWORDS or arg.star:
-            raise NotVisible(f"pmap's `{keyword or 'argument'}` is not taken by this form yet")
+            raise NotVisible(
+                f"pmap's `{keyword or 'argument'}` is not taken by this form yet", Decline.OPTION
+            )
         found[keyword] = arg
     axis = found["axis_name"].value if "axis_name" in found else unnamed
     if not isinstance(axis, cst.SimpleString):
-        raise NotVisible("the mapped axis has no literal name")
+        raise NotVisible("the mapped axis has no literal name", Decline.UNNAMED_AXIS)
     options = Options(fun, axis, found.get("donate_argnums"), bound=bound, name=name)
     options.named = "axis_name" in found
     options.in_axes = found["in_axes"].value if "in_axes" in found else None
@@ -342,7 +361,7 @@ def mapped_name(fun: cst.BaseExpression, qualname: Qualname) -> tuple[str, tuple
     ):
         return args[0].value.value, tuple(a.keyword.value for a in args[1:] if a.keyword)
     why = "the pmapped function is not a def of this module named directly (or with `partial`)"
-    raise NotVisible(why)
+    raise NotVisible(why, Decline.NOT_A_DEF)
 
 
 def _unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
@@ -356,7 +375,9 @@ def _unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
     names = {p.name.value for p in (*params.params, *params.kwonly_params)}
     missing = [b for b in bound if b not in names]
     if missing:
-        raise NotVisible(f"`partial` binds `{missing[0]}`, not a parameter of the def")
+        raise NotVisible(
+            f"`partial` binds `{missing[0]}`, not a parameter of the def", Decline.SIGNATURE
+        )
     order = [*params.params, *params.kwonly_params]
     first = next(i for i, p in enumerate(order) if p.name.value in bound)
     kept = list(params.params[:first])
@@ -374,7 +395,7 @@ def _unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
 def _literal_ints(node: cst.BaseExpression) -> tuple[int, ...]:
     items = [e.value for e in node.elements] if isinstance(node, cst.Tuple) else [node]
     if not all(isinstance(i, cst.Integer) for i in items):
-        raise NotVisible("`static_broadcasted_argnums` is not a literal")
+        raise NotVisible("`static_broadcasted_argnums` is not a literal", Decline.OPTION)
     return tuple(int(i.value) for i in items)  # type: ignore[attr-defined]
 
 
@@ -382,18 +403,18 @@ def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
     """Return the positions not mapped: `in_axes` None ("none") and static ones ("static")."""
     fixed = {i: "static" for i in options.statics}
     if any(i >= arity or i < 0 for i in fixed):
-        raise NotVisible("`static_broadcasted_argnums` out of range")
+        raise NotVisible("`static_broadcasted_argnums` out of range", Decline.OPTION)
     axes = options.in_axes
     if axes is None or isinstance(axes, cst.Integer) and axes.value == "0":
         return fixed  # `in_axes=0`: every argument mapped, as by default
     items = [e.value for e in axes.elements] if isinstance(axes, cst.Tuple) else None
     if items is None or len(items) != arity:
-        raise NotVisible("`in_axes` is not a tuple with one entry per argument")
+        raise NotVisible("`in_axes` is not a tuple with one entry per argument", Decline.OPTION)
     for i, item in enumerate(items):
         if isinstance(item, cst.Name) and item.value == "None":
             fixed.setdefault(i, "none")
         elif not (isinstance(item, cst.Integer) and item.value == "0"):
-            raise NotVisible("an `in_axes` entry other than 0 or None")
+            raise NotVisible("an `in_axes` entry other than 0 or None", Decline.OPTION)
     return fixed
 
 
@@ -401,7 +422,7 @@ def _call_of(flow: Parents, use: cst.Name, step: str) -> cst.Call:
     """The call `step(...)` that `use` is the function of; raise NotVisible for any other use."""
     call = flow.parent.get(id(use))
     if not isinstance(call, cst.Call) or call.func is not use:
-        raise NotVisible(f"`{step}` is used other than called")
+        raise NotVisible(f"`{step}` is used other than called", Decline.NOT_CALLED_ONLY)
     return call
 
 
@@ -419,29 +440,42 @@ def _signature(
     params = body.params
     extra = isinstance(params.star_arg, cst.Param)  # `*args` (a bare `*` takes nothing)
     if extra or params.star_kwarg or params.posonly_params:
-        raise NotVisible("the body takes `*args`, `**kwargs` or positional-only parameters")
+        raise NotVisible(
+            "the body takes `*args`, `**kwargs` or positional-only parameters", Decline.SIGNATURE
+        )
     filled: set[tuple[int, frozenset[str]]] = set()
     for call in calls:
         if any(a.star for a in call.args):
-            raise NotVisible(f"a call of `{step}` unpacks its arguments (`*` or `**`)")
+            raise NotVisible(
+                f"a call of `{step}` unpacks its arguments (`*` or `**`)", Decline.CALLS_DIFFER
+            )
         count = len([a for a in call.args if a.keyword is None])
         named = [a.keyword.value for a in call.args if a.keyword is not None]
         if any(a.keyword is None for a in call.args[count:]):
-            raise NotVisible(f"a call of `{step}` passes other than its arguments")
+            raise NotVisible(
+                f"a call of `{step}` passes other than its arguments", Decline.CALLS_DIFFER
+            )
         filled.add((count, frozenset(named)))
     if len(filled) != 1:
-        raise NotVisible(f"the calls of `{step}` pass different arguments (by position or keyword)")
+        raise NotVisible(
+            f"the calls of `{step}` pass different arguments (by position or keyword)",
+            Decline.CALLS_DIFFER,
+        )
     count, keywords = filled.pop()
     order = [*params.params, *params.kwonly_params]
     if count > len(params.params):
-        raise NotVisible(f"a call of `{step}` passes more arguments than the body takes")
+        raise NotVisible(
+            f"a call of `{step}` passes more arguments than the body takes", Decline.CALLS_DIFFER
+        )
     names = [p.name.value for p in order]
     if any(k not in names[count:] for k in keywords):
-        raise NotVisible(f"a call of `{step}` passes a keyword the body does not take")
+        raise NotVisible(
+            f"a call of `{step}` passes a keyword the body does not take", Decline.CALLS_DIFFER
+        )
     taken = [*params.params[:count], *(p for p in order[count:] if p.name.value in keywords)]
     missing = [p.name.value for p in order if p.default is None and p not in taken]
     if missing:
-        raise NotVisible(f"a call of `{step}` does not pass `{missing[0]}`")
+        raise NotVisible(f"a call of `{step}` does not pass `{missing[0]}`", Decline.CALLS_DIFFER)
     plain = [p.with_changes(default=None, equal=cst.MaybeSentinel.DEFAULT) for p in taken]
     plain = [
         p.with_changes(comma=cst.MaybeSentinel.DEFAULT, star=cst.MaybeSentinel.DEFAULT)
@@ -463,10 +497,14 @@ def _step_call(
     ):
         return _StepCall(around, call, names, [], values, readback=around)  # `step(...)[0]`
     if not isinstance(around, cst.Assign) or len(around.targets) != 1:
-        raise NotVisible(f"`{step}` is called other than as `out = {step}(...)`")
+        raise NotVisible(
+            f"`{step}` is called other than as `out = {step}(...)`", Decline.RESULTS_UNNAMED
+        )
     targets = target_names(around.targets[0].target)
     if "?" in targets:
-        raise NotVisible(f"a result of `{step}` is not bound to a plain name")
+        raise NotVisible(
+            f"a result of `{step}` is not bound to a plain name", Decline.RESULTS_UNNAMED
+        )
     unpack = _unpacked_next(flow, around, targets)
     if unpack is not None:
         unpacked = target_names(unpack.targets[0].target)
@@ -496,7 +534,7 @@ def _check_lambda(program: Program, flow: Parents) -> None:
     clash = set(program.params) & set(names_in(program.body))
     if clash:
         why = f"the step's parameter `{min(clash)}` is also a name in the mapped function"
-        raise NotVisible(why)
+        raise NotVisible(why, Decline.SIGNATURE)
     fun = program.body
     if not isinstance(fun, cst.Call) or program.made_at < 0:
         return  # made at module level: a function rebinds a global only with `global`
@@ -507,7 +545,7 @@ def _check_lambda(program: Program, flow: Parents) -> None:
                 inside = any(flow.order[id(a)] == made for a in ancestors(flow, binding))
                 if flow.order[id(binding)] > made and not inside:
                     why = f"`{name}`, which `partial` binds, is bound again after the step is made"
-                    raise NotVisible(why)
+                    raise NotVisible(why, Decline.SIGNATURE)
 
 
 def _keyword_calls(program: Program, calls: list[_StepCall], keywords: tuple[str, ...]) -> None:
@@ -518,7 +556,7 @@ def _keyword_calls(program: Program, calls: list[_StepCall], keywords: tuple[str
         simple = all(field_root(a.value) or single_name(a.value) for a in named)
         if order != list(keywords) and not simple:
             why = "keyword arguments computed in another order than the parameters they fill"
-            raise NotVisible(why)
+            raise NotVisible(why, Decline.CALLS_DIFFER)
         node_id = id(call.call)
         program.nodes[node_id] = call.call
         program.reasons[node_id] = (
@@ -585,10 +623,14 @@ def _follow_argument(
     kinds: set[str] = set()
     fields = False  # a field of a name passed, `step(state.params)`: laid out as the name is
     passed: set[str] = set()
+    blocking: list[str] = []  # the values whose layout is not known, and where they come from
     for call in calls:
         name = _passed(call, position)
         if name == INLINE:
-            kinds.add(_inline_kind(program, call.values[position], forms, position, flow))
+            kind = _inline_kind(program, call.values[position], forms, position, flow)
+            kinds.add(kind)
+            if kind == "other":
+                blocking.append(f"`{_short(call.values[position])}`")
             continue
         if name != call.args[position]:
             fields = True
@@ -600,28 +642,41 @@ def _follow_argument(
         ]
         if not found:  # a global, or a name bound outside the function: not followed
             kinds.add("other")
+            blocking.append(f"`{name}`, a parameter of `{program.host.name.value}` or a global")
+        elif name in _parameters(program.host) and not any(
+            at < first_call and kind != "fed back" for at, _, kind in found
+        ):  # the caller's value reaches the first call: its layout is the caller's
+            kinds.add("other")
+            blocking.append(f"`{name}`, a parameter of `{program.host.name.value}`")
         stacking = [
             at
             for at, b, kind in found
             if kind in ("replicated", "batch", "keys") and _stacks_itself(b, name, forms)
         ]
-        for at, _, kind in found:
+        for at, binding, kind in found:
             upstream = any(at < s < first_call for s in stacking)
             if not (kind == "other" and upstream):
                 kinds.add(kind)
+            if kind == "other" and not upstream:
+                blocking.append(_binding_text(name, binding))
     kinds.discard("read back")
     if fields and "keys" in kinds:
         kinds.add("other")  # the keys of one device are a key array, not a pytree of fields
     mapped = {"batch", "keys"} & kinds
     if not kinds or "other" in kinds or (mapped and len(kinds) != 1):
-        why = "comes from elsewhere" if "other" in kinds or not kinds else "is mixed"
+        unknown = "other" in kinds or not kinds
+        why = f"comes from elsewhere ({'; '.join(dict.fromkeys(blocking))})" if unknown else ""
         first = len(program.params) - len(program.keywords)
         which = (
             f"argument {position + 1}"
             if position < first
             else f"keyword argument `{program.params[position]}`"
         )
-        raise NotVisible(f"{which} of the step {why}: its layout is not visible")
+        if not unknown:
+            mixed = ", ".join(sorted(kinds - {"fed back"}) or kinds)
+            why = f"is mixed ({mixed} on different paths)"
+        code = Decline.ARGUMENT_UNKNOWN if unknown else Decline.ARGUMENT_MIXED
+        raise NotVisible(f"{which} of the step {why}: its layout is not visible", code)
     program.batches[position] = bool(mapped)
     if kinds == {"keys"}:
         program.squeezed.add(position)
@@ -633,6 +688,29 @@ def _follow_argument(
             _follow_stacked(
                 program, flow, forms, calls, name, replicated=not mapped, upstream=upstream
             )
+
+
+def _parameters(host: cst.FunctionDef) -> set[str]:
+    """The names of the parameters of `host`."""
+    params = host.params
+    found = [*params.posonly_params, *params.params, *params.kwonly_params]
+    found += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+    return {p.name.value for p in found}
+
+
+def _short(node: cst.CSTNode) -> str:
+    """The code of `node` on one line, cut to a length a message can hold."""
+    text = " ".join(code(node).split())
+    return text if len(text) <= 48 else text[:45] + "..."
+
+
+def _binding_text(name: str, binding: cst.CSTNode) -> str:
+    """Where `name` gets a value whose layout is not known: `name = <value>`, a loop over ..."""
+    if isinstance(binding, cst.Assign):
+        return f"`{name}` = `{_short(binding.value)}`"
+    if isinstance(binding, (cst.For, cst.CompFor)):
+        return f"`{name}`, a loop variable over `{_short(binding.iter)}`"
+    return f"`{name}`, bound by a `{type(binding).__name__}` statement"
 
 
 def _follow_stacked(
@@ -670,7 +748,10 @@ def _follow_stacked(
         found = _readback_around(flow, forms, use, name) if replicated else None
         if found is None:
             layout = "replicated" if replicated else "split into per-device slices"
-            raise NotVisible(f"`{name}`, {layout} for the step, is read other than passed to it")
+            raise NotVisible(
+                f"`{name}`, {layout} for the step, is read other than passed to it",
+                Decline.STACKED_READ,
+            )
         readback, value = found
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
         program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
@@ -925,7 +1006,9 @@ def _follow_result(
         fed = any(c.binds(binding) for c in calls) or id(binding) in program.siblings
         read = isinstance(binding, cst.Assign) and forms.readback_of(binding.value, name)
         if not fed and not read and not _before(flow, binding, calls):
-            raise NotVisible(f"`{name}` holds a result of `{step}` and something else")
+            raise NotVisible(
+                f"`{name}` holds a result of `{step}` and something else", Decline.RESULT_READ
+            )
     # Fed to the step (or a field of it, `step(state.params)`): the argument is checked there.
     feeds = {id(arg.value) for c in calls for arg in c.call.args}
     feeds |= program.sibling_feeds  # fed to another step of the function: checked there
@@ -957,7 +1040,10 @@ def _follow_result(
         found = _readback_around(flow, forms, use, name)
         if found is None:
             _not_returned(program, flow, use, name, step)
-            raise NotVisible(f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`")
+            raise NotVisible(
+                f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`",
+                Decline.RESULT_READ,
+            )
         readback, value = found
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
         program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
@@ -1016,7 +1102,7 @@ def _not_returned(program: Program, flow: Parents, use: cst.Name, name: str, ste
         f"`{name}`, a result of `{step}`, is returned by `{host}` with its device axis: the "
         f"reads of `{host}()`'s callers (maybe in other modules) are not followed"
     )
-    raise NotVisible(why)
+    raise NotVisible(why, Decline.RESULT_READ)
 
 
 def _appended_to(flow: Parents, use: cst.Name) -> str | None:
@@ -1048,7 +1134,10 @@ def _follow_list(
         if isinstance(binding, cst.Assign) and _binds_empty_list(binding, name):
             continue
         if value is None or _gathering(forms, value, name) is None:
-            raise NotVisible(f"`{name}`, a list of results of `{step}`, is bound to other values")
+            raise NotVisible(
+                f"`{name}`, a list of results of `{step}`, is bound to other values",
+                Decline.METRICS_LIST,
+            )
         gathered.append(binding)
     for use in flow.loads.get(name, []):
         arg = flow.parent.get(id(use))
@@ -1063,7 +1152,7 @@ def _follow_list(
             continue
         if not any(_dominated(flow, b, use, name) for b in gathered):
             why = f"`{name}`, a list of results of `{step}`, is read other than by `get_metrics`"
-            raise NotVisible(why)
+            raise NotVisible(why, Decline.METRICS_LIST)
 
 
 def _binds_empty_list(binding: cst.Assign, name: str) -> bool:
@@ -1140,7 +1229,9 @@ def _follow_flattened(
             continue
         value = binding.value if isinstance(binding, cst.Assign) else None
         if not (isinstance(value, cst.Call) and _flattening(forms, value, name)):
-            raise NotVisible(f"`{name}` holds a result of `{step}` and something else")
+            raise NotVisible(
+                f"`{name}` holds a result of `{step}` and something else", Decline.RESULT_READ
+            )
         flat.append(binding)
     for use in flow.loads.get(name, []):
         if _upstream(flow, use, calls) or any(_dominated(flow, b, use, name) for b in flat):
@@ -1166,7 +1257,7 @@ def _follow_flattened(
                 f"`{name}`, a result of `{step}` that may differ between devices (the body does "
                 f"not reduce it over {code(program.axis)}), is read other than flattened"
             )
-            raise NotVisible(why)
+            raise NotVisible(why, Decline.RESULT_VARIES)
         reason = f"`{name}` reshaped as it is: the flat result has the same elements in order"
         program.edit(reshape, reason, lambda r=reshape: _local_reshape(program, r, name))  # type: ignore[misc]
 
