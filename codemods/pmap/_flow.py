@@ -70,6 +70,7 @@ def analyze(
     siblings: tuple[str, ...] = (),
     defs: Defs | None = None,
     local: cst.CSTNode | None = None,
+    unnamed: cst.BaseExpression | None = None,
 ) -> Program:
     """Return the program of a step made by `statement` in `host`; raise NotVisible for why not.
     `local`: the def of `host` itself, or the lambda, that `body` is (its inside is the body's,
@@ -85,7 +86,7 @@ def analyze(
     step = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
     if step is None:
         raise NotVisible("the pmapped step is not simply assigned to a name", Decline.NOT_NAMED)
-    options = options_of(pmap, qualname)
+    options = options_of(pmap, qualname, unnamed)
     flow = Parents(skip=local)
     host.body.visit(flow)
     if id(statement) not in flow.order:
@@ -295,14 +296,16 @@ class Options:
     named: bool = True  # False: pmap's axis is unnamed (the body cannot name it), `axis` ours
 
 
-def options_of(pmap: cst.Call, qualname: Qualname) -> Options:
+def options_of(
+    pmap: cst.Call, qualname: Qualname, unnamed: cst.BaseExpression | None = None
+) -> Options:
     """Read `jax.pmap(fun, axis_name, ...)`; raise NotVisible when this form does not take it."""
     fun = pmap.args[0].value if pmap.args and pmap.args[0].keyword is None else None
     if fun is None:
         raise NotVisible(
             "the pmapped function is not a def of this module named directly", Decline.NOT_A_DEF
         )
-    return read_options(fun, pmap.args[1:], qualname, positional_axis=True)
+    return read_options(fun, pmap.args[1:], qualname, positional_axis=True, unnamed=unnamed)
 
 
 def read_options(

@@ -358,7 +358,8 @@ class Finding(Pass):
                     "the pmapped step is not simply assigned to a name", Decline.NOT_NAMED
                 )
             assert isinstance(site.node, cst.Call)
-            options = options_of(site.node, self.qualname)
+            unnamed = cst.SimpleString(f'"{self._unnamed()}"')
+            options = options_of(site.node, self.qualname, unnamed)
             defs = self.survey.defs(options.name)
             if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(options.name):
                 raise NotVisible(
@@ -509,7 +510,15 @@ class Finding(Pass):
                 d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)
             }
         program = analyze(
-            host, statement, site.node, body, self.qualname, siblings, module_defs, skip
+            host,
+            statement,
+            site.node,
+            body,
+            self.qualname,
+            siblings,
+            module_defs,
+            skip,
+            cst.SimpleString(f'"{self._unnamed()}"'),
         )
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
         mesh = mesh_in_scope(scopes, flow.order[id(statement)], flow, program.axis, self.qualname)
