@@ -25,6 +25,8 @@ from libcst.helpers import parse_template_expression
 
 from jaxmigrate.toolkit.names import child_fields, dotted
 
+from ._program import Decline
+
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 
 
@@ -110,8 +112,8 @@ class Transfer:
     """One row of the table: its spellings (`patterns`, holes `{x}`...), the layout of its
     `source` hole it needs (`takes`), the layout it gives, and its program-level rewrite
     (`template`: holes of the pattern plus `{jax}`, `{jnp}`, `{sharding}`, `{owner}`, `{value}`
-    the whole expression; None: no rewrite yet, the program-level form is declined with
-    `decline`)."""
+    the whole expression; None: no rewrite yet, a value it makes blocks the program-level form
+    with `decline`)."""
 
     name: str
     patterns: tuple[str, ...]
@@ -122,7 +124,7 @@ class Transfer:
     why: str
     source: str = "x"
     counts: tuple[str, ...] = ()  # holes that must be the number of local devices
-    decline: str | None = None  # the decline code when `template` is None
+    decline: Decline | None = None  # the decline code when `template` is None
     lifts: bool = True  # False: its rewrite is not the same leaf by leaf (`jax.tree.map`)
 
 
@@ -198,12 +200,13 @@ TRANSFERS: tuple[Transfer, ...] = (
              HOST_COPY),
     Transfer("asarray", ("numpy.asarray({x})", "numpy.array({x})", "jax.numpy.asarray({x})"),
              UNKNOWN, UNKNOWN, CARRIER, "{value}", HOST_COPY),
-    # Not rewritten yet: the program-level form is declined with the row's code.
+    # Not rewritten yet (the input pipeline must yield flat global batches): a value they make
+    # is an argument of unknown layout to the step.
     Transfer("prefetch_to_device", ("flax.jax_utils.prefetch_to_device({x}, {size})",),
              PER_DEVICE, PER_DEVICE, CARRIER, None,
-             "batches prefetched to the devices, still split per device", decline="PL301"),
+             "batches prefetched to the devices, still split per device", decline=Decline.ARGUMENT_UNKNOWN),
     Transfer("pad_shard_unpad", ("flax.jax_utils.pad_shard_unpad({x})",), HOST, HOST, CARRIER,
-             None, "a step wrapped to pad, split and unpad its batches", decline="PL302"),
+             None, "a step wrapped to pad, split and unpad its batches", decline=Decline.ARGUMENT_UNKNOWN),
 )
 # fmt: on
 
