@@ -276,3 +276,62 @@ def test_flattened_predictions_reduced_on_the_host_are_each_process_own(
         (line,) = [line for line in out.splitlines() if line.startswith("RESULT ")]
         got = json.loads(line.removeprefix("RESULT "))
         np.testing.assert_allclose(got, expected[process], rtol=1e-5, err_msg=str(process))
+
+
+TABLE_ROWS = """\
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def scale(w, b, x):
+    return jnp.tanh(x @ w) + b
+
+
+def main():
+    n = jax.local_device_count()
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4,)).astype(np.float32)
+    b = np.float32(0.5)
+    xs = rng.normal(size=(8 * 2, 4)).astype(np.float32)
+    rows = 2 * n
+    mine = xs[jax.process_index() * rows : (jax.process_index() + 1) * rows]
+    p_scale = jax.pmap(scale)
+    ws = jnp.tile(w[None], (n,) + (1,) * w.ndim)
+    bs = jnp.repeat(b[None], n, axis=0)
+    out = p_scale(ws, bs, mine.reshape((n, -1) + mine.shape[1:]))
+    return np.asarray(out).reshape(-1)
+
+
+print("RESULT", json.dumps(main().tolist()), flush=True)
+"""
+
+
+@pytest.mark.parametrize("form", ["pmap", "migrated"])
+def test_tiled_replicas_over_an_unnamed_axis_hold_on_each_process(
+    tmp_path: Path, form: str
+) -> None:
+    """Replicas made with `jnp.tile`/`jnp.repeat` (rows of the layout table) for a step whose
+    mapped axis has no name (the migration names it): each process gets its own rows' results,
+    as pmap gave them."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4,)).astype(np.float32)
+    xs = rng.normal(size=(8 * 2, 4)).astype(np.float32)
+    expected = (np.tanh(xs @ w) + 0.5).reshape(PROCESSES, -1)
+    code = TABLE_ROWS
+    if form == "migrated":
+        result = migrate_source(TABLE_ROWS, options=Options(unsafe_fixes=True))
+        assert all(s.group for s in result.sites if s.code == "JM202"), result.sites
+        for gone in ("shard_map_per_device", "jnp.tile", "jnp.repeat", "jax.pmap"):
+            assert gone not in result.code, gone
+        code = result.code
+    script = tmp_path / "scale.py"
+    script.write_text(code)
+    job = run_job(script, processes=PROCESSES, devices=DEVICES, timeout=300)
+    assert job.ok, job.describe()
+    for process, out in enumerate(job.stdouts):
+        (line,) = [line for line in out.splitlines() if line.startswith("RESULT ")]
+        got = json.loads(line.removeprefix("RESULT "))
+        np.testing.assert_allclose(got, expected[process], rtol=1e-5, err_msg=str(process))

@@ -311,6 +311,44 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
   arguments than `axis_name` (and `donate_argnums` outside), or that is three levels deep; pmap
   decorators that are not adjacent.
 - Every site of a module where `shard_map_per_device` already names something else.
+- The program-level form is declined, and the faithful form kept, with a stable code first in
+  the site's message (`program-level form not taken: [PL301] argument 1 of the step comes from
+  elsewhere ...`), naming the value that blocks it and where; each code has a fixture
+  (`tests/fixtures/pmap/decline_pl*.py`, or a `program_*_kept_faithful.py` case):
+  - `PL101` the step is not assigned to a name by a statement of its own (`self.step =
+    jax.pmap(...)`, `return jax.pmap(...)`);
+  - `PL102` the pmapped function is not a def of the module (an attribute `model.apply`, an
+    import, a parameter, a def nested in another function);
+  - `PL103` the step is called where it is made (`jax.pmap(f)(x)`);
+  - `PL104` the step is made in a class body, a lambda, or a block at module level
+    (`if __name__ == "__main__":`);
+  - `PL105` a nested pmap; `PL106` the def has other decorators than pmap's;
+  - `PL107` the step's name is bound more than once;
+  - `PL108` a pmap option this form does not take (`devices=`, `backend=`, `in_axes` other than
+    a tuple of 0 and None, computed `static_broadcasted_argnums`);
+  - `PL109` the mapped axis has no literal name;
+  - `PL110` the body's parameters (`*args`, `**kwargs`, a `partial` binding a parameter the def
+    lacks or a name bound again after the step is made, a parameter named as a global it reads);
+  - `PL201` the step is used other than called (passed to another function, named in
+    `__all__`); `PL202` used outside the functions of the module; `PL203` called in a nested
+    function; `PL204` its calls pass different arguments (`*`/`**`, keywords out of order, a
+    batch in one function and a replicated value in another); `PL205` not called;
+  - `PL206` a call's results are not bound to plain names (or `step(...)[0]` of a tuple);
+  - `PL301` an argument's layout comes from outside the function (a parameter, a global, an
+    iterator); `PL302` it is stacked on one path and not on another; `PL303` a value stacked for
+    the step is read other than passed to it; `PL304` the body reads a value of the function
+    whose layout changes; `PL305` per-device keys for a step that cannot take its own key (a
+    decorated step);
+  - `PL401` a result is read other than as device 0's copy, fed back or flattened (returned
+    with its device axis, kept with another value); `PL402` a result that differs between
+    devices is read other than flattened; `PL403` a list of results is read other than by
+    `common_utils.get_metrics`;
+  - `PL501` the body is not followed (no final `return`, `try`, `global`, a binding inside an
+    expression);
+  - `PL601` another mesh or pmap of the module would clash with the step's mesh (a
+    `jax.make_mesh` in scope, steps over different axes, a pmap kept per-device);
+  - `PL602` the step is called in several functions and no one function calls them all;
+  - `PL603` the program-level form failed verification (its group is migrated faithfully).
 
 ## Verification
 The fixtures run each original (or, for nested pmap, the nested-`vmap` oracle) and its rewrite in

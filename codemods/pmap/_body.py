@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 import libcst as cst
 
 from ._forms import TREE_MAP, Parents, Qualname, names_in, target_names
-from ._program import NotVisible
+from ._program import Decline, NotVisible
 
 REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin", "all_gather")})
 PER_DEVICE = frozenset(
@@ -42,7 +42,7 @@ def body_outputs(
     collective differs between devices).
     """
     if not isinstance(body.body, cst.IndentedBlock) or not _ends_in_return(body.body.body):
-        raise NotVisible("the body does not end in a return")
+        raise NotVisible("the body does not end in a return", Decline.BODY)
     params = [p.name.value for p in body.params.params]
     start = {p for p, m in zip(params, mapped) if m}
     reader = _Reader(axis, qualname, defs, set(start))
@@ -56,7 +56,7 @@ def _run(reader: _Reader, body: cst.FunctionDef, start: set[str]) -> None:
     body.visit(bound)
     reader.local = set(bound.stores) - {body.name.value}
     if not isinstance(body.body, cst.IndentedBlock) or not _ends_in_return(body.body.body):
-        raise NotVisible("the body does not end in a return")
+        raise NotVisible("the body does not end in a return", Decline.BODY)
     while True:  # closures read names at call time: rerun until what ever differs is stable
         seen = set(reader.ever)
         reader.returns = []
@@ -71,13 +71,13 @@ def _results(reader: _Reader) -> tuple[int | None, list[bool]]:
     for value, varying in reader.returns:
         items = list(value.elements) if isinstance(value, cst.Tuple) else None
         if items is not None and any(isinstance(e, cst.StarredElement) for e in items):
-            raise NotVisible("the body returns a starred tuple")
+            raise NotVisible("the body returns a starred tuple", Decline.BODY)
         values = [e.value for e in items] if items is not None else [value]
         arities.add(len(values) if items is not None else None)
         here = [reader.varies(v, varying) for v in values]
         flags = [a or b for a, b in zip(flags, here)] if flags else here
     if len(arities) != 1:
-        raise NotVisible("the body's returns differ in shape")
+        raise NotVisible("the body's returns differ in shape", Decline.BODY)
     return arities.pop(), flags
 
 
@@ -139,7 +139,9 @@ class _Reader:
         if isinstance(node, cst.FunctionDef):
             self.closures[node.name.value] = node  # read when called, see `closure_varies`
             return varying - {node.name.value}
-        raise NotVisible(f"the body has a `{type(node).__name__}` statement, not followed")
+        raise NotVisible(
+            f"the body has a `{type(node).__name__}` statement, not followed", Decline.BODY
+        )
 
     def loop(self, node: cst.For | cst.While, varying: set[str]) -> set[str]:
         while True:  # a name that differs after one pass differs on the next: to a fixed point
@@ -170,7 +172,9 @@ class _Reader:
         elif isinstance(node, cst.Return) and node.value is not None:
             self.returns.append((node.value, frozenset(varying)))
         elif isinstance(node, (cst.Global, cst.Nonlocal)):
-            raise NotVisible(f"the body has a `{type(node).__name__}` statement, not followed")
+            raise NotVisible(
+                f"the body has a `{type(node).__name__}` statement, not followed", Decline.BODY
+            )
         return varying
 
     def mutation(self, node: cst.BaseExpression, varying: set[str]) -> set[str]:
@@ -207,7 +211,7 @@ class _Reader:
             return varying
         names = set(target_names(target)) if not isinstance(target, cst.StarredElement) else set()
         if "?" in names or not names:
-            raise NotVisible("the body binds a name other than plainly")
+            raise NotVisible("the body binds a name other than plainly", Decline.BODY)
         if varies:
             self.ever |= names
             return varying | names
@@ -217,7 +221,7 @@ class _Reader:
     def varies(self, node: cst.CSTNode, varying: frozenset[str] | set[str]) -> bool:
         """Return True unless `node` is the same on every device."""
         if isinstance(node, cst.NamedExpr):
-            raise NotVisible("the body binds a name inside an expression")
+            raise NotVisible("the body binds a name inside an expression", Decline.BODY)
         if isinstance(node, cst.Call):
             name = self.qualname(node.func)
             if name in REDUCED and self._over_axis(node):

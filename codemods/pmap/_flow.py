@@ -26,9 +26,19 @@ from ._forms import (
     single_name,
     target_names,
 )
-from ._program import NotVisible, Program, global_batch
+from ._layout import (
+    DONATED_COPY,
+    GLOBAL_BATCH,
+    HOST_ARRAY,
+    LOCAL_PART,
+    Match,
+    fill,
+    match,
+    row_named,
+)
+from ._program import Decline, NotVisible, Program
 
-GET_METRICS = "flax.training.common_utils.get_metrics"
+GET_METRICS = (row_named("get_metrics"),)
 INLINE = "?"  # an argument passed as an expression, not a name: `step(state, shard(batch))`
 KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
 PARTIAL = "functools.partial"
@@ -60,6 +70,7 @@ def analyze(
     siblings: tuple[str, ...] = (),
     defs: Defs | None = None,
     local: cst.CSTNode | None = None,
+    unnamed: cst.BaseExpression | None = None,
 ) -> Program:
     """Return the program of a step made by `statement` in `host`; raise NotVisible for why not.
     `local`: the def of `host` itself, or the lambda, that `body` is (its inside is the body's,
@@ -71,17 +82,19 @@ def analyze(
     functions by name, which the body may call."""
     assign = statement.body[0]
     if len(statement.body) != 1 or not isinstance(assign, cst.Assign) or assign.value is not pmap:
-        raise NotVisible("the pmapped step is not simply assigned to a name")
+        raise NotVisible("the pmapped step is not simply assigned to a name", Decline.NOT_NAMED)
     step = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
     if step is None:
-        raise NotVisible("the pmapped step is not simply assigned to a name")
-    options = options_of(pmap, qualname)
+        raise NotVisible("the pmapped step is not simply assigned to a name", Decline.NOT_NAMED)
+    options = options_of(pmap, qualname, unnamed)
     flow = Parents(skip=local)
     host.body.visit(flow)
     if id(statement) not in flow.order:
-        raise NotVisible("the step is not made in the function that calls it")
+        raise NotVisible("the step is not made in the function that calls it", Decline.MADE_OUTSIDE)
     if len(flow.stores.get(step, [])) != 1:
-        raise NotVisible(f"`{step}` is bound more than once in `{host.name.value}`")
+        raise NotVisible(
+            f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
+        )
     made_at = flow.order[id(statement)]
     program = _follow(host, flow, step, options, body, qualname, made_at, siblings, defs)
     program.statement = statement
@@ -101,21 +114,26 @@ def analyze_decorated(
     """Return the program of a step a pmap decorator makes of `body`, a def in `host` that
     calls it; raise NotVisible for why not."""
     if len(body.decorators) != 1:
-        raise NotVisible("the def has other decorators than pmap's")
+        raise NotVisible("the def has other decorators than pmap's", Decline.DECORATORS)
     step = body.name.value
     flow = Parents(skip=body)
     host.body.visit(flow)
     if len(flow.stores.get(step, [])) != 1:
-        raise NotVisible(f"`{step}` is bound more than once in `{host.name.value}`")
+        raise NotVisible(
+            f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
+        )
     made_at = flow.order[id(body)]
     program = _follow(host, flow, step, options, body, qualname, made_at, siblings, defs)
     program.statement = body
     if program.squeezed:
-        raise NotVisible(f"`{step}` gets per-device keys: a decorator cannot take its own key")
+        raise NotVisible(
+            f"`{step}` gets per-device keys: a decorator cannot take its own key",
+            Decline.KEYS_OUTSIDE,
+        )
     names = [p.name.value for p in body.params.params]
     if program.keywords and names[: len(program.params)] != program.params:
         why = f"a call of `{step}` passes by keyword a parameter after one it leaves out"
-        raise NotVisible(why)
+        raise NotVisible(why, Decline.CALLS_DIFFER)
     program.keywords_bound = True  # the def takes the keyword arguments by position itself
     _check_closure(program, body, flow)
     return program
@@ -144,7 +162,7 @@ def _check_closure(program: Program, body: cst.FunctionDef, flow: Parents) -> No
             f"the body reads `{min(hit)}` of `{program.host.name.value}` itself, which the step "
             "is passed or returns: its layout changes"
         )
-        raise NotVisible(why)
+        raise NotVisible(why, Decline.CLOSURE)
 
 
 def _target_of(flow: Parents, call: cst.Call) -> cst.BaseExpression:
@@ -168,7 +186,7 @@ def analyze_calls(
     flow = Parents()
     host.body.visit(flow)
     if step in flow.stores:
-        raise NotVisible(f"`{step}` is bound in `{host.name.value}` too")
+        raise NotVisible(f"`{step}` is bound in `{host.name.value}` too", Decline.REBOUND)
     return _follow(host, flow, step, options, body, qualname, -1, defs=defs)
 
 
@@ -187,14 +205,14 @@ def _follow(
     body = _unbound(body, options.bound)
     made = [_call_of(flow, use, step) for use in flow.loads.get(step, [])]
     if not made:
-        raise NotVisible(f"`{step}` is not called in `{host.name.value}`")
+        raise NotVisible(f"`{step}` is not called in `{host.name.value}`", Decline.NOT_CALLED)
     body, passed, keywords = _signature(body, made, step)
     arity = len(body.params.params)
     fixed = _fixed_positions(options, passed)
     calls = [_step_call(flow, call, step, body, fixed) for call in made]
     for call in calls:  # a call in a nested def or lambda runs when that is called: not followed
         if any(isinstance(a, (cst.FunctionDef, cst.Lambda)) for a in ancestors(flow, call.call)):
-            raise NotVisible(f"`{step}` is called in a nested function")
+            raise NotVisible(f"`{step}` is called in a nested function", Decline.CALLED_NESTED)
     program = Program(host, None, options.fun, options.axis, options.donate, [False] * arity, None)
     program.fixed, program.statics = fixed, options.statics_arg
     program.params = [p.name.value for p in body.params.params]
@@ -241,14 +259,22 @@ def _follow(
         for output, name in enumerate(call.targets):
             if name in read and program.varying[output]:
                 why = f"`{name}`, a result of `{step}` that may differ between devices, is "
-                raise NotVisible(why + "combined into an argument of the step")
+                raise NotVisible(
+                    why + "combined into an argument of the step", Decline.RESULT_VARIES
+                )
     for call in calls:
         wanted = 1 if program.outputs is None else program.outputs
         if call.readback is None and len(call.targets) != wanted:
-            raise NotVisible(f"a call of `{step}` binds its results other than one name each")
+            raise NotVisible(
+                f"a call of `{step}` binds its results other than one name each",
+                Decline.RESULTS_UNNAMED,
+            )
         if call.readback is not None:
             if program.outputs is not None or program.varying[0]:
-                raise NotVisible(f"`{step}(...)[0]` of a tuple or of a per-device result")
+                raise NotVisible(
+                    f"`{step}(...)[0]` of a tuple or of a per-device result",
+                    Decline.RESULTS_UNNAMED,
+                )
             _read_at_once(program, call.readback, step)
         for output, name in enumerate(call.targets):
             _follow_result(program, flow, forms, calls, step, name, output)
@@ -270,12 +296,16 @@ class Options:
     named: bool = True  # False: pmap's axis is unnamed (the body cannot name it), `axis` ours
 
 
-def options_of(pmap: cst.Call, qualname: Qualname) -> Options:
+def options_of(
+    pmap: cst.Call, qualname: Qualname, unnamed: cst.BaseExpression | None = None
+) -> Options:
     """Read `jax.pmap(fun, axis_name, ...)`; raise NotVisible when this form does not take it."""
     fun = pmap.args[0].value if pmap.args and pmap.args[0].keyword is None else None
     if fun is None:
-        raise NotVisible("the pmapped function is not a def of this module named directly")
-    return read_options(fun, pmap.args[1:], qualname, positional_axis=True)
+        raise NotVisible(
+            "the pmapped function is not a def of this module named directly", Decline.NOT_A_DEF
+        )
+    return read_options(fun, pmap.args[1:], qualname, positional_axis=True, unnamed=unnamed)
 
 
 def read_options(
@@ -293,11 +323,13 @@ def read_options(
         positional = "axis_name" if i == 0 and positional_axis else None
         keyword = arg.keyword.value if arg.keyword else positional
         if keyword not in KEYWORDS or arg.star:
-            raise NotVisible(f"pmap's `{keyword or 'argument'}` is not taken by this form yet")
+            raise NotVisible(
+                f"pmap's `{keyword or 'argument'}` is not taken by this form yet", Decline.OPTION
+            )
         found[keyword] = arg
     axis = found["axis_name"].value if "axis_name" in found else unnamed
     if not isinstance(axis, cst.SimpleString):
-        raise NotVisible("the mapped axis has no literal name")
+        raise NotVisible("the mapped axis has no literal name", Decline.UNNAMED_AXIS)
     options = Options(fun, axis, found.get("donate_argnums"), bound=bound, name=name)
     options.named = "axis_name" in found
     options.in_axes = found["in_axes"].value if "in_axes" in found else None
@@ -332,7 +364,7 @@ def mapped_name(fun: cst.BaseExpression, qualname: Qualname) -> tuple[str, tuple
     ):
         return args[0].value.value, tuple(a.keyword.value for a in args[1:] if a.keyword)
     why = "the pmapped function is not a def of this module named directly (or with `partial`)"
-    raise NotVisible(why)
+    raise NotVisible(why, Decline.NOT_A_DEF)
 
 
 def _unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
@@ -346,7 +378,9 @@ def _unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
     names = {p.name.value for p in (*params.params, *params.kwonly_params)}
     missing = [b for b in bound if b not in names]
     if missing:
-        raise NotVisible(f"`partial` binds `{missing[0]}`, not a parameter of the def")
+        raise NotVisible(
+            f"`partial` binds `{missing[0]}`, not a parameter of the def", Decline.SIGNATURE
+        )
     order = [*params.params, *params.kwonly_params]
     first = next(i for i, p in enumerate(order) if p.name.value in bound)
     kept = list(params.params[:first])
@@ -364,7 +398,7 @@ def _unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
 def _literal_ints(node: cst.BaseExpression) -> tuple[int, ...]:
     items = [e.value for e in node.elements] if isinstance(node, cst.Tuple) else [node]
     if not all(isinstance(i, cst.Integer) for i in items):
-        raise NotVisible("`static_broadcasted_argnums` is not a literal")
+        raise NotVisible("`static_broadcasted_argnums` is not a literal", Decline.OPTION)
     return tuple(int(i.value) for i in items)  # type: ignore[attr-defined]
 
 
@@ -372,18 +406,18 @@ def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
     """Return the positions not mapped: `in_axes` None ("none") and static ones ("static")."""
     fixed = {i: "static" for i in options.statics}
     if any(i >= arity or i < 0 for i in fixed):
-        raise NotVisible("`static_broadcasted_argnums` out of range")
+        raise NotVisible("`static_broadcasted_argnums` out of range", Decline.OPTION)
     axes = options.in_axes
     if axes is None or isinstance(axes, cst.Integer) and axes.value == "0":
         return fixed  # `in_axes=0`: every argument mapped, as by default
     items = [e.value for e in axes.elements] if isinstance(axes, cst.Tuple) else None
     if items is None or len(items) != arity:
-        raise NotVisible("`in_axes` is not a tuple with one entry per argument")
+        raise NotVisible("`in_axes` is not a tuple with one entry per argument", Decline.OPTION)
     for i, item in enumerate(items):
         if isinstance(item, cst.Name) and item.value == "None":
             fixed.setdefault(i, "none")
         elif not (isinstance(item, cst.Integer) and item.value == "0"):
-            raise NotVisible("an `in_axes` entry other than 0 or None")
+            raise NotVisible("an `in_axes` entry other than 0 or None", Decline.OPTION)
     return fixed
 
 
@@ -391,7 +425,7 @@ def _call_of(flow: Parents, use: cst.Name, step: str) -> cst.Call:
     """The call `step(...)` that `use` is the function of; raise NotVisible for any other use."""
     call = flow.parent.get(id(use))
     if not isinstance(call, cst.Call) or call.func is not use:
-        raise NotVisible(f"`{step}` is used other than called")
+        raise NotVisible(f"`{step}` is used other than called", Decline.NOT_CALLED_ONLY)
     return call
 
 
@@ -409,29 +443,42 @@ def _signature(
     params = body.params
     extra = isinstance(params.star_arg, cst.Param)  # `*args` (a bare `*` takes nothing)
     if extra or params.star_kwarg or params.posonly_params:
-        raise NotVisible("the body takes `*args`, `**kwargs` or positional-only parameters")
+        raise NotVisible(
+            "the body takes `*args`, `**kwargs` or positional-only parameters", Decline.SIGNATURE
+        )
     filled: set[tuple[int, frozenset[str]]] = set()
     for call in calls:
         if any(a.star for a in call.args):
-            raise NotVisible(f"a call of `{step}` unpacks its arguments (`*` or `**`)")
+            raise NotVisible(
+                f"a call of `{step}` unpacks its arguments (`*` or `**`)", Decline.CALLS_DIFFER
+            )
         count = len([a for a in call.args if a.keyword is None])
         named = [a.keyword.value for a in call.args if a.keyword is not None]
         if any(a.keyword is None for a in call.args[count:]):
-            raise NotVisible(f"a call of `{step}` passes other than its arguments")
+            raise NotVisible(
+                f"a call of `{step}` passes other than its arguments", Decline.CALLS_DIFFER
+            )
         filled.add((count, frozenset(named)))
     if len(filled) != 1:
-        raise NotVisible(f"the calls of `{step}` pass different arguments (by position or keyword)")
+        raise NotVisible(
+            f"the calls of `{step}` pass different arguments (by position or keyword)",
+            Decline.CALLS_DIFFER,
+        )
     count, keywords = filled.pop()
     order = [*params.params, *params.kwonly_params]
     if count > len(params.params):
-        raise NotVisible(f"a call of `{step}` passes more arguments than the body takes")
+        raise NotVisible(
+            f"a call of `{step}` passes more arguments than the body takes", Decline.CALLS_DIFFER
+        )
     names = [p.name.value for p in order]
     if any(k not in names[count:] for k in keywords):
-        raise NotVisible(f"a call of `{step}` passes a keyword the body does not take")
+        raise NotVisible(
+            f"a call of `{step}` passes a keyword the body does not take", Decline.CALLS_DIFFER
+        )
     taken = [*params.params[:count], *(p for p in order[count:] if p.name.value in keywords)]
     missing = [p.name.value for p in order if p.default is None and p not in taken]
     if missing:
-        raise NotVisible(f"a call of `{step}` does not pass `{missing[0]}`")
+        raise NotVisible(f"a call of `{step}` does not pass `{missing[0]}`", Decline.CALLS_DIFFER)
     plain = [p.with_changes(default=None, equal=cst.MaybeSentinel.DEFAULT) for p in taken]
     plain = [
         p.with_changes(comma=cst.MaybeSentinel.DEFAULT, star=cst.MaybeSentinel.DEFAULT)
@@ -453,10 +500,14 @@ def _step_call(
     ):
         return _StepCall(around, call, names, [], values, readback=around)  # `step(...)[0]`
     if not isinstance(around, cst.Assign) or len(around.targets) != 1:
-        raise NotVisible(f"`{step}` is called other than as `out = {step}(...)`")
+        raise NotVisible(
+            f"`{step}` is called other than as `out = {step}(...)`", Decline.RESULTS_UNNAMED
+        )
     targets = target_names(around.targets[0].target)
     if "?" in targets:
-        raise NotVisible(f"a result of `{step}` is not bound to a plain name")
+        raise NotVisible(
+            f"a result of `{step}` is not bound to a plain name", Decline.RESULTS_UNNAMED
+        )
     unpack = _unpacked_next(flow, around, targets)
     if unpack is not None:
         unpacked = target_names(unpack.targets[0].target)
@@ -486,7 +537,7 @@ def _check_lambda(program: Program, flow: Parents) -> None:
     clash = set(program.params) & set(names_in(program.body))
     if clash:
         why = f"the step's parameter `{min(clash)}` is also a name in the mapped function"
-        raise NotVisible(why)
+        raise NotVisible(why, Decline.SIGNATURE)
     fun = program.body
     if not isinstance(fun, cst.Call) or program.made_at < 0:
         return  # made at module level: a function rebinds a global only with `global`
@@ -497,7 +548,7 @@ def _check_lambda(program: Program, flow: Parents) -> None:
                 inside = any(flow.order[id(a)] == made for a in ancestors(flow, binding))
                 if flow.order[id(binding)] > made and not inside:
                     why = f"`{name}`, which `partial` binds, is bound again after the step is made"
-                    raise NotVisible(why)
+                    raise NotVisible(why, Decline.SIGNATURE)
 
 
 def _keyword_calls(program: Program, calls: list[_StepCall], keywords: tuple[str, ...]) -> None:
@@ -508,7 +559,7 @@ def _keyword_calls(program: Program, calls: list[_StepCall], keywords: tuple[str
         simple = all(field_root(a.value) or single_name(a.value) for a in named)
         if order != list(keywords) and not simple:
             why = "keyword arguments computed in another order than the parameters they fill"
-            raise NotVisible(why)
+            raise NotVisible(why, Decline.CALLS_DIFFER)
         node_id = id(call.call)
         program.nodes[node_id] = call.call
         program.reasons[node_id] = (
@@ -575,10 +626,14 @@ def _follow_argument(
     kinds: set[str] = set()
     fields = False  # a field of a name passed, `step(state.params)`: laid out as the name is
     passed: set[str] = set()
+    blocking: list[str] = []  # the values whose layout is not known, and where they come from
     for call in calls:
         name = _passed(call, position)
         if name == INLINE:
-            kinds.add(_inline_kind(program, call.values[position], forms, position, flow))
+            kind = _inline_kind(program, call.values[position], forms, position, flow)
+            kinds.add(kind)
+            if kind == "other":
+                blocking.append(f"`{_short(call.values[position])}`")
             continue
         if name != call.args[position]:
             fields = True
@@ -590,28 +645,41 @@ def _follow_argument(
         ]
         if not found:  # a global, or a name bound outside the function: not followed
             kinds.add("other")
+            blocking.append(f"`{name}`, a parameter of `{program.host.name.value}` or a global")
+        elif name in _parameters(program.host) and not any(
+            at < first_call and kind != "fed back" for at, _, kind in found
+        ):  # the caller's value reaches the first call: its layout is the caller's
+            kinds.add("other")
+            blocking.append(f"`{name}`, a parameter of `{program.host.name.value}`")
         stacking = [
             at
             for at, b, kind in found
             if kind in ("replicated", "batch", "keys") and _stacks_itself(b, name, forms)
         ]
-        for at, _, kind in found:
+        for at, binding, kind in found:
             upstream = any(at < s < first_call for s in stacking)
             if not (kind == "other" and upstream):
                 kinds.add(kind)
+            if kind == "other" and not upstream:
+                blocking.append(_binding_text(name, binding))
     kinds.discard("read back")
     if fields and "keys" in kinds:
         kinds.add("other")  # the keys of one device are a key array, not a pytree of fields
     mapped = {"batch", "keys"} & kinds
     if not kinds or "other" in kinds or (mapped and len(kinds) != 1):
-        why = "comes from elsewhere" if "other" in kinds or not kinds else "is mixed"
+        unknown = "other" in kinds or not kinds
+        why = f"comes from elsewhere ({'; '.join(dict.fromkeys(blocking))})" if unknown else ""
         first = len(program.params) - len(program.keywords)
         which = (
             f"argument {position + 1}"
             if position < first
             else f"keyword argument `{program.params[position]}`"
         )
-        raise NotVisible(f"{which} of the step {why}: its layout is not visible")
+        if not unknown:
+            mixed = ", ".join(sorted(kinds - {"fed back"}) or kinds)
+            why = f"is mixed ({mixed} on different paths)"
+        code = Decline.ARGUMENT_UNKNOWN if unknown else Decline.ARGUMENT_MIXED
+        raise NotVisible(f"{which} of the step {why}: its layout is not visible", code)
     program.batches[position] = bool(mapped)
     if kinds == {"keys"}:
         program.squeezed.add(position)
@@ -623,6 +691,29 @@ def _follow_argument(
             _follow_stacked(
                 program, flow, forms, calls, name, replicated=not mapped, upstream=upstream
             )
+
+
+def _parameters(host: cst.FunctionDef) -> set[str]:
+    """The names of the parameters of `host`."""
+    params = host.params
+    found = [*params.posonly_params, *params.params, *params.kwonly_params]
+    found += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+    return {p.name.value for p in found}
+
+
+def _short(node: cst.CSTNode) -> str:
+    """The code of `node` on one line, cut to a length a message can hold."""
+    text = " ".join(code(node).split())
+    return text if len(text) <= 48 else text[:45] + "..."
+
+
+def _binding_text(name: str, binding: cst.CSTNode) -> str:
+    """Where `name` gets a value whose layout is not known: `name = <value>`, a loop over ..."""
+    if isinstance(binding, cst.Assign):
+        return f"`{name}` = `{_short(binding.value)}`"
+    if isinstance(binding, (cst.For, cst.CompFor)):
+        return f"`{name}`, a loop variable over `{_short(binding.iter)}`"
+    return f"`{name}`, bound by a `{type(binding).__name__}` statement"
 
 
 def _follow_stacked(
@@ -660,7 +751,10 @@ def _follow_stacked(
         found = _readback_around(flow, forms, use, name) if replicated else None
         if found is None:
             layout = "replicated" if replicated else "split into per-device slices"
-            raise NotVisible(f"`{name}`, {layout} for the step, is read other than passed to it")
+            raise NotVisible(
+                f"`{name}`, {layout} for the step, is read other than passed to it",
+                Decline.STACKED_READ,
+            )
         readback, value = found
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
         program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
@@ -708,14 +802,15 @@ def _inline_kind(
     if replicated is not None:
         _replication(program, value, replicated, position)
         return "replicated"
-    batch = forms.shard_source(value)
+    batch = forms.split(value)
     if batch is not None:
-        program.edit(value, BATCH, lambda: global_batch(program, batch))
+        program.edit(value, batch.row.why, lambda: batch.rewrite(program.context()))
         return "batch"
     if _named_splits(program, flow, forms, value):
         return "batch"
-    if forms.keys_source(value) is not None:
-        program.edit(value, KEYS, lambda: global_batch(program, value))
+    keys = forms.key_split(value)
+    if keys is not None:
+        program.edit(value, keys.row.why, lambda: keys.rewrite(program.context()))
         return "keys"
     return "other"
 
@@ -755,7 +850,8 @@ def _named_splits(program: Program, flow: Parents, forms: Forms, value: cst.Base
         return False
     for binding, source in bindings:
         program.edit(binding.value, SPLIT_NAMED, lambda s=source: s)  # type: ignore[misc]
-    program.edit(value, BATCH, lambda: global_batch(program, _flat_literal(forms, value)))
+    flat = lambda: fill(GLOBAL_BATCH, {**program.context(), "x": _flat_literal(forms, value)})
+    program.edit(value, BATCH, flat)
     return True
 
 
@@ -777,7 +873,7 @@ def _stacks_itself(binding: cst.CSTNode, name: str, forms: Forms) -> bool:
     return source is not None and single_name(source) == name
 
 
-REPLICATED = "a replication deleted: the value is passed as it is, replicated (`P()`)"
+REPLICATED = row_named("replicate").why
 COPIED = (
     "a replication -> a copy of the value, replicated (`P()`): the step donates it, and "
     "passing the value itself would donate the program's own buffers"
@@ -793,22 +889,7 @@ def _replication(
         program.edit(value, REPLICATED, lambda: source)
         return
 
-    def copy() -> cst.BaseExpression:
-        text = f"{program.jax}.tree.map({program.jnp}.copy, SOURCE)"
-        filled = cst.parse_expression(text).visit(_Source(source))
-        assert isinstance(filled, cst.BaseExpression)
-        return filled
-
-    program.edit(value, COPIED, copy)
-
-
-class _Source(cst.CSTTransformer):
-    def __init__(self, source: cst.BaseExpression) -> None:
-        super().__init__()
-        self.source = source
-
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
-        return self.source if original_node.value == "SOURCE" else updated_node
+    program.edit(value, COPIED, lambda: fill(DONATED_COPY, {**program.context(), "x": source}))
 
 
 def _donated(program: Program, position: int) -> bool:
@@ -824,11 +905,7 @@ def _donated(program: Program, position: int) -> bool:
     return position in {int(i.value) for i in items}  # type: ignore[attr-defined]
 
 
-BATCH = "a split into per-device slices -> this process's part of a batch sharded on the mesh"
-KEYS = (
-    "per-device keys -> this process's part of the keys sharded on the mesh, one per device "
-    "(the body takes its own key, `key[0]`, as under pmap)"
-)
+BATCH = row_named("shard").why
 
 
 def _binding_kind(
@@ -859,14 +936,15 @@ def _binding_kind(
         _replication(program, value, replicated, position)
         return "replicated"
     after = program.made_at < flow.order.get(id(binding), -1)  # the mesh exists there
-    batch = forms.shard_source(value)
+    batch = forms.split(value)
     if batch is not None and after:
-        program.edit(value, BATCH, lambda: global_batch(program, batch))
+        program.edit(value, batch.row.why, lambda: batch.rewrite(program.context()))
         return "batch"
     if after and _named_splits(program, flow, forms, value):
         return "batch"
-    if forms.keys_source(value) is not None and after:
-        program.edit(value, KEYS, lambda: global_batch(program, value))
+    keys = forms.key_split(value)
+    if keys is not None and after:
+        program.edit(value, keys.row.why, lambda: keys.rewrite(program.context()))
         return "keys"
     return "other"
 
@@ -931,7 +1009,9 @@ def _follow_result(
         fed = any(c.binds(binding) for c in calls) or id(binding) in program.siblings
         read = isinstance(binding, cst.Assign) and forms.readback_of(binding.value, name)
         if not fed and not read and not _before(flow, binding, calls):
-            raise NotVisible(f"`{name}` holds a result of `{step}` and something else")
+            raise NotVisible(
+                f"`{name}` holds a result of `{step}` and something else", Decline.RESULT_READ
+            )
     # Fed to the step (or a field of it, `step(state.params)`): the argument is checked there.
     feeds = {id(arg.value) for c in calls for arg in c.call.args}
     feeds |= program.sibling_feeds  # fed to another step of the function: checked there
@@ -963,7 +1043,10 @@ def _follow_result(
         found = _readback_around(flow, forms, use, name)
         if found is None:
             _not_returned(program, flow, use, name, step)
-            raise NotVisible(f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`")
+            raise NotVisible(
+                f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`",
+                Decline.RESULT_READ,
+            )
         readback, value = found
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
         program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
@@ -1022,7 +1105,7 @@ def _not_returned(program: Program, flow: Parents, use: cst.Name, name: str, ste
         f"`{name}`, a result of `{step}`, is returned by `{host}` with its device axis: the "
         f"reads of `{host}()`'s callers (maybe in other modules) are not followed"
     )
-    raise NotVisible(why)
+    raise NotVisible(why, Decline.RESULT_READ)
 
 
 def _appended_to(flow: Parents, use: cst.Name) -> str | None:
@@ -1054,7 +1137,10 @@ def _follow_list(
         if isinstance(binding, cst.Assign) and _binds_empty_list(binding, name):
             continue
         if value is None or _gathering(forms, value, name) is None:
-            raise NotVisible(f"`{name}`, a list of results of `{step}`, is bound to other values")
+            raise NotVisible(
+                f"`{name}`, a list of results of `{step}`, is bound to other values",
+                Decline.METRICS_LIST,
+            )
         gathered.append(binding)
     for use in flow.loads.get(name, []):
         arg = flow.parent.get(id(use))
@@ -1062,14 +1148,14 @@ def _follow_list(
         appended = isinstance(arg, cst.Attribute) and _appended_to(flow, _item(call)) == name
         if appended and _item(call).value in results:
             continue
-        owner = _gathering(forms, call, name) if isinstance(call, cst.Call) else None
-        if owner is not None and isinstance(arg, cst.Arg) and isinstance(call, cst.Call):
+        found = _gathering(forms, call, name) if isinstance(call, cst.Call) else None
+        if found is not None and isinstance(arg, cst.Arg) and isinstance(call, cst.Call):
             why = f"a readback of device 0 of each of `{name}` deleted: the results are replicated"
-            program.edit(call, why, lambda o=owner: _stacked(program, o, name))  # type: ignore[misc]
+            program.edit(call, why, lambda f=found: f.rewrite(program.context()))  # type: ignore[misc]
             continue
         if not any(_dominated(flow, b, use, name) for b in gathered):
             why = f"`{name}`, a list of results of `{step}`, is read other than by `get_metrics`"
-            raise NotVisible(why)
+            raise NotVisible(why, Decline.METRICS_LIST)
 
 
 def _binds_empty_list(binding: cst.Assign, name: str) -> bool:
@@ -1100,28 +1186,13 @@ def _item(call: cst.CSTNode | None) -> cst.Name:
     return cst.Name("_")
 
 
-def _gathering(forms: Forms, node: cst.BaseExpression, name: str) -> cst.BaseExpression | None:
-    """Return `X` of `X.get_metrics(name)` (flax's `common_utils`), else None."""
-    if not isinstance(node, cst.Call) or forms.qualname(node.func) != GET_METRICS:
+def _gathering(forms: Forms, node: cst.BaseExpression, name: str) -> Match | None:
+    """Return `X.get_metrics(name)` (flax's `common_utils`, `X` its owner) as its row, else
+    None."""
+    found = match(node, forms.qualname, table=GET_METRICS)
+    if found is None or single_name(found.source) != name or "owner" not in found.holes:
         return None
-    args = positional(node, 1)
-    if args is None or single_name(args[0]) != name or not isinstance(node.func, cst.Attribute):
-        return None
-    return node.func.value
-
-
-def _stacked(program: Program, owner: cst.BaseExpression, name: str) -> cst.BaseExpression:
-    text = f"OWNER.stack_forest({program.jax}.device_get({name}))"
-    return cst.parse_expression(text).visit(_Owner(owner))  # type: ignore[return-value]
-
-
-class _Owner(cst.CSTTransformer):
-    def __init__(self, owner: cst.BaseExpression) -> None:
-        super().__init__()
-        self.owner = owner
-
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
-        return self.owner if original_node.value == "OWNER" else updated_node
+    return found
 
 
 def _dominated(flow: Parents, binding: cst.CSTNode, use: cst.Name, name: str) -> bool:
@@ -1161,7 +1232,9 @@ def _follow_flattened(
             continue
         value = binding.value if isinstance(binding, cst.Assign) else None
         if not (isinstance(value, cst.Call) and _flattening(forms, value, name)):
-            raise NotVisible(f"`{name}` holds a result of `{step}` and something else")
+            raise NotVisible(
+                f"`{name}` holds a result of `{step}` and something else", Decline.RESULT_READ
+            )
         flat.append(binding)
     for use in flow.loads.get(name, []):
         if _upstream(flow, use, calls) or any(_dominated(flow, b, use, name) for b in flat):
@@ -1187,7 +1260,7 @@ def _follow_flattened(
                 f"`{name}`, a result of `{step}` that may differ between devices (the body does "
                 f"not reduce it over {code(program.axis)}), is read other than flattened"
             )
-            raise NotVisible(why)
+            raise NotVisible(why, Decline.RESULT_VARIES)
         reason = f"`{name}` reshaped as it is: the flat result has the same elements in order"
         program.edit(reshape, reason, lambda r=reshape: _local_reshape(program, r, name))  # type: ignore[misc]
 
@@ -1310,11 +1383,10 @@ def _local_part(program: Program, name: str, host: bool = True) -> cst.BaseExpre
     """This process's part of a result sharded over the devices (in one process, all of it);
     read into numpy under a mesh set for the program (`Program.numpy`) unless `host` is False
     (the original copied it to the host itself: `np.asarray(r).reshape(-1)`)."""
-    spec = f"{code(program.spec)}({code(program.axis)})"
-    text = f"{program.hosts}.global_array_to_host_local_array({name}, {program.mesh}, {spec})"
+    part = fill(LOCAL_PART, {**program.context(), "x": cst.Name(name)})
     if host and program.numpy is not None:
-        text = f"{program.numpy}.asarray({text})"
-    return cst.parse_expression(text)
+        return fill(HOST_ARRAY, {**program.context(), "x": part})
+    return part
 
 
 def _read_at_once(program: Program, readback: cst.Subscript, step: str) -> None:

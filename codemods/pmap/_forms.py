@@ -10,23 +10,22 @@ import libcst as cst
 from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.names import dotted
 
+from ._layout import TREE_MAPS, Layout, Match, Role, Transfer, as_row, lifted, match, rows
+
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 
-REPLICATE = frozenset({"flax.jax_utils.replicate"})
-SHARD = frozenset({"flax.training.common_utils.shard"})
-UNREPLICATE = frozenset({"flax.jax_utils.unreplicate"})
-TREE_MAP = frozenset({"jax.tree.map", "jax.tree_util.tree_map", "jax.tree_map"})
-BROADCAST = frozenset({"jax.numpy.broadcast_to", "numpy.broadcast_to"})
-STACK = frozenset({"jax.numpy.stack", "numpy.stack"})
+TREE_MAP = TREE_MAPS
 ARRAY_ATTRIBUTES = frozenset(
     {"T", "mT", "at", "dtype", "flat", "imag", "itemsize", "nbytes", "ndim", "real", "shape"}
     | {"sharding", "size", "addressable_shards", "global_shards", "aval", "weak_type"}
 )
-SPLIT_KEY = frozenset({"jax.random.split"})
-SHARD_KEY = frozenset({"flax.training.common_utils.shard_prng_key"})
 DEVICE_GET = frozenset({"jax.device_get"})
 # The same values as a host (or device) array: a copy, no reordering.
 HOST_COPIES = frozenset({"numpy.asarray", "numpy.array", "jax.device_get", "jax.numpy.asarray"})
+REPLICATIONS = rows(Role.PRODUCER, Layout.REPLICAS)
+SPLITS = rows(Role.PRODUCER, Layout.PER_DEVICE)
+KEY_SPLITS = rows(Role.PRODUCER, Layout.KEYS)
+READBACKS = tuple(r for r in rows(Role.CONSUMER, Layout.HOST) if r.name == "unreplicate")
 DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
 
 
@@ -290,75 +289,41 @@ class Forms:
             return None
         return args[1]
 
-    def _broadcast(self, node: cst.BaseExpression, var: str) -> bool:
-        """`jnp.broadcast_to(var, (n,) + var.shape)` or `jnp.stack([var] * n)`."""
-        if self._is(node, BROADCAST):
-            assert isinstance(node, cst.Call)
-            args = positional(node, 2)
-            return (
-                args is not None
-                and single_name(args[0]) == var
-                and _adds_leading(args[1], var)
-                and self.counts(normal_shape(args[1]).left.elements[0].value)  # type: ignore[attr-defined]
-            )
-        if self._is(node, STACK):
-            assert isinstance(node, cst.Call)
-            args = positional(node, 1)
-            item = args[0] if args else None
-            return (
-                isinstance(item, cst.BinaryOperation)
-                and isinstance(item.operator, cst.Multiply)
-                and isinstance(item.left, cst.List)
-                and len(item.left.elements) == 1
-                and single_name(item.left.elements[0].value) == var
-                and self.counts(item.right)
-            )
-        return False
+    def transfer(self, node: cst.BaseExpression, table: tuple[Transfer, ...]) -> Match | None:
+        """Return the row of `table` that `node` is, itself or leaf by leaf (`jax.tree.map`)."""
+        found = match(node, self.qualname, self.counts, table)
+        return found or lifted(node, self.qualname, self.counts, table, self.named)
 
     def replicated_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
         """Return x of a replication of x, else None."""
         helped = self._helper_source(node, "replicated")
         if helped is not None:
             return helped
-        if self._is(node, REPLICATE):
-            assert isinstance(node, cst.Call)
-            args = positional(node, 1)
-            return args[0] if args else None
-        mapped = self._tree_mapped(node, self._broadcast)
-        if mapped is not None:
-            return mapped
-        if isinstance(node, cst.Call) and self._is(node, BROADCAST | STACK):
-            first = node.args[0].value if node.args else None
-            if isinstance(first, cst.BinaryOperation) and isinstance(first.left, cst.List):
-                first = first.left.elements[0].value if first.left.elements else None
-            name = single_name(first) if first is not None else None
-            return first if name is not None and self._broadcast(node, name) else None
-        return None
+        found = self.transfer(node, REPLICATIONS)
+        return found.source if found is not None else None
 
-    def shard_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
-        """Return x of a split of a flat batch x into per-device slices, else None.
+    def split(self, node: cst.BaseExpression) -> Match | None:
+        """Return the split of a flat batch into per-device slices that `node` is (its source:
+        the flat batch), else None.
 
         A dict or tuple written out of splits (`{"x": x.reshape((n, -1) + x.shape[1:]), ...}`)
         is the split of the same literal of their sources: each leaf is split alike."""
         if isinstance(node, (cst.Dict, cst.Tuple)) and node.elements:
-            return self._split_literal(node)
+            return as_row("shard", self._split_literal(node), node)
         helped = self._helper_source(node, "shard")
         if helped is not None:
-            return helped
-        if self._is(node, SHARD):
-            assert isinstance(node, cst.Call)
-            args = positional(node, 1)
-            return args[0] if args else None
-        mapped = self._tree_mapped(node, self._splits)
-        if mapped is not None:
-            return mapped
+            return as_row("shard", helped, node)
+        found = self.transfer(node, SPLITS)
+        if found is not None:
+            return found
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-            owner = node.func.value
-            name = single_name(owner)
-            if name is not None and self._splits(node, name):
-                return owner
-            return self._split_to_rows(node)
+            return as_row("shard", self._split_to_rows(node), node)
         return None
+
+    def shard_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
+        """Return x of a split of a flat batch x into per-device slices, else None."""
+        found = self.split(node)
+        return found.source if found is not None else None
 
     def _split_literal(self, node: cst.Dict | cst.Tuple) -> cst.BaseExpression | None:
         """The sources of a dict or tuple of splits, in the same literal; else None."""
@@ -393,29 +358,15 @@ class Forms:
         rows = cst.Tuple([cst.Element(d) for d in dims[1:]])
         return node.with_changes(args=[cst.Arg(rows)])
 
-    def keys_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
-        """Return k of per-device keys split from k: `jax.random.split(k, n)` (n the number of
-        local devices), `common_utils.shard_prng_key(k)`; else None."""
-        if self._is(node, SHARD_KEY):
-            args = positional(node, 1)  # type: ignore[arg-type]
-            return args[0] if args else None
-        if not self._is(node, SPLIT_KEY):
-            return None
-        assert isinstance(node, cst.Call)
-        count = next((a.value for a in node.args if a.keyword and a.keyword.value == "num"), None)
-        plain = [a.value for a in node.args if a.keyword is None and not a.star]
-        if count is None and len(plain) == 2:
-            count = plain[1]
-        if len(node.args) != 2 or count is None or not self.counts(count):
-            return None
-        return plain[0] if plain else None
+    def key_split(self, node: cst.BaseExpression) -> Match | None:
+        """Return the per-device keys `node` makes (`jax.random.split(k, n)`, n the number of
+        local devices; `common_utils.shard_prng_key(k)`), else None."""
+        return match(node, self.qualname, self.counts, KEY_SPLITS)
 
-    def _splits(self, node: cst.BaseExpression, var: str) -> bool:
-        """`var.reshape((n, -1) + var.shape[1:])`, n the number of local devices."""
-        if not _splits(node, var):
-            return False
-        shape = normal_shape(node.args[0].value)  # type: ignore[attr-defined]
-        return self.counts(shape.left.elements[0].value)  # type: ignore[attr-defined]
+    def keys_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
+        """Return k of per-device keys split from k, else None."""
+        found = self.key_split(node)
+        return found.source if found is not None else None
 
     def _copied_zero(self, node: cst.BaseExpression, var: str) -> bool:
         """`np.array(var[0])`: device 0's copy of a leaf, fetched to the host."""
@@ -459,9 +410,9 @@ class Forms:
             root = _root(path)
             return (root, inner) if root is not None and root.value == var else None
         source: cst.BaseExpression | None = None
-        if self._is(node, UNREPLICATE):
-            args = positional(node, 1)  # type: ignore[arg-type]
-            source = args[0] if args else None
+        found = match(node, self.qualname, table=READBACKS)
+        if found is not None:
+            source = found.source
         else:
             source = self._tree_mapped(node, lambda body, v: is_zero_index(body, v))
             copied = None if source is not None else self._tree_mapped(node, self._copied_zero)
@@ -535,72 +486,6 @@ def _is_key(node: cst.Subscript) -> bool:
     if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
         return False
     return isinstance(node.slice[0].slice.value, cst.SimpleString)
-
-
-def normal_shape(node: cst.BaseExpression) -> cst.BaseExpression:
-    """`(n, -1, *x.shape[1:])` -> `(n, -1) + x.shape[1:]`: one spelling of a shape to match."""
-    if not isinstance(node, cst.Tuple) or not node.elements:
-        return node
-    *head, last = node.elements
-    if not isinstance(last, cst.StarredElement) or any(
-        isinstance(e, cst.StarredElement) for e in head
-    ):
-        return node
-    left = cst.Tuple([cst.Element(e.value) for e in head])
-    return cst.BinaryOperation(left, cst.Add(), last.value)
-
-
-def _adds_leading(node: cst.BaseExpression, var: str) -> bool:
-    """`(n,) + var.shape`."""
-    node = normal_shape(node)
-    return (
-        isinstance(node, cst.BinaryOperation)
-        and isinstance(node.operator, cst.Add)
-        and isinstance(node.left, cst.Tuple)
-        and len(node.left.elements) == 1
-        and dotted(node.right) == f"{var}.shape"
-    )
-
-
-def _splits(node: cst.BaseExpression, var: str) -> bool:
-    """`var.reshape((n, -1) + var.shape[1:])`."""
-    if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
-        return False
-    if node.func.attr.value != "reshape" or single_name(node.func.value) != var:
-        return False
-    args = positional(node, 1)
-    shape = normal_shape(args[0]) if args else None
-    if not (isinstance(shape, cst.BinaryOperation) and isinstance(shape.operator, cst.Add)):
-        return False
-    head, rest = shape.left, shape.right
-    minus_one = (
-        isinstance(head, cst.Tuple)
-        and len(head.elements) == 2
-        and (
-            _is_minus_one(head.elements[1].value)
-            or _rows_per_device(head.elements[1].value, var, head.elements[0].value)
-        )
-    )
-    tail = (
-        isinstance(rest, cst.Subscript)
-        and dotted(rest.value) == f"{var}.shape"
-        and len(rest.slice) == 1
-        and isinstance(rest.slice[0].slice, cst.Slice)
-        and isinstance(rest.slice[0].slice.lower, cst.Integer)
-        and rest.slice[0].slice.lower.value == "1"
-        and rest.slice[0].slice.upper is None
-    )
-    return minus_one and tail
-
-
-def _rows_per_device(node: cst.BaseExpression, var: str, count: cst.BaseExpression) -> bool:
-    """`var.shape[0] // n`, `n` written as the split's first dimension: the same as -1."""
-    return (
-        isinstance(node, cst.BinaryOperation)
-        and isinstance(node.operator, cst.FloorDivide)
-        and code(node.left) == f"{var}.shape[0]"
-        and code(node.right) == code(count)
-    )
 
 
 def is_device_count(

@@ -13,7 +13,7 @@ from jaxmigrate.toolkit.emit import code
 
 from ._flow import Options, analyze_calls
 from ._forms import Parents, Qualname, ancestors, single_name
-from ._program import NotVisible, Program
+from ._program import Decline, NotVisible, Program
 
 MESH = "jax.sharding.Mesh"
 MAKE_MESH = frozenset({"jax.make_mesh", "jax.sharding.make_mesh"})
@@ -75,11 +75,13 @@ def callers(flow: Parents, module: cst.Module, name: str) -> list[cst.FunctionDe
     for use in reads(flow, name):
         host = module_function(flow, module, use)
         if host is None:
-            raise NotVisible(f"`{name}` is used outside the functions of the module")
+            raise NotVisible(
+                f"`{name}` is used outside the functions of the module", Decline.USED_OUTSIDE
+            )
         if host not in found:
             found.append(host)
     if not found:
-        raise NotVisible(f"`{name}` is not called in this module")
+        raise NotVisible(f"`{name}` is not called in this module", Decline.NOT_CALLED)
     return found
 
 
@@ -89,26 +91,29 @@ def follow_step(
     """Fill in the program of every function calling the step; raise NotVisible for why not."""
     for host in callers(flow, module, step.name):
         if host is step.body:
-            raise NotVisible(f"`{step.name}` calls itself")
+            raise NotVisible(f"`{step.name}` calls itself", Decline.NOT_CALLED)
         defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
         step.programs.append(
             analyze_calls(host, step.name, step.options, step.body, qualname, defs)
         )
     first = step.programs[0]
     if any(p.squeezed for p in step.programs):  # a decorator cannot wrap the body in a lambda
-        raise NotVisible(f"`{step.name}` gets per-device keys and is made outside a function")
+        raise NotVisible(
+            f"`{step.name}` gets per-device keys and is made outside a function",
+            Decline.KEYS_OUTSIDE,
+        )
     for program in step.programs[1:]:
         if program.batches != first.batches:
             why = f"`{step.name}` gets a batch in one function and a replicated value in another"
-            raise NotVisible(why)
+            raise NotVisible(why, Decline.CALLS_DIFFER)
         if program.params != first.params:
             why = f"`{step.name}` is called with other arguments in one function than in another"
-            raise NotVisible(why)
+            raise NotVisible(why, Decline.CALLS_DIFFER)
     names = [p.name.value for p in step.body.params.params]
     if step.decorated and first.keywords and names[: len(first.params)] != first.params:
         # The calls pass the keyword arguments by position: they must fill the same parameters.
         why = f"a call of `{step.name}` passes by keyword a parameter after one it leaves out"
-        raise NotVisible(why)
+        raise NotVisible(why, Decline.CALLS_DIFFER)
     return step
 
 
@@ -132,7 +137,7 @@ def setup_function(
             f"`{step.name}` is called in {names}, and no one function of the module calls them "
             "all: where to set the mesh is not visible"
         )
-        raise NotVisible(why)
+        raise NotVisible(why, Decline.SETUP)
     return candidates[0]
 
 
@@ -171,7 +176,7 @@ def first_statement(
     for statement in statements:
         if id(statement) in around:
             return statement
-    raise NotVisible(f"no statement of `{setup.name.value}` calls the step")
+    raise NotVisible(f"no statement of `{setup.name.value}` calls the step", Decline.NOT_CALLED)
 
 
 def mesh_in_scope(
@@ -200,7 +205,7 @@ def mesh_in_scope(
                         f"a mesh already in scope (`{code(node.targets[0].target)}`) is not "
                         f"pmap's: {kind}"
                     )
-                    raise NotVisible(why)
+                    raise NotVisible(why, Decline.MESH)
                 if flow.order.get(id(node), -1) < before and found is None:
                     found = name
     return found

@@ -30,7 +30,7 @@ from ._outer import (
     mesh_in_scope,
     setup_function,
 )
-from ._program import NotVisible, Program, Setup
+from ._program import Decline, NotVisible, Program, Setup
 
 PMAP = "jax.pmap"
 PARTIAL = "functools.partial"
@@ -191,6 +191,14 @@ def _scope_of(flow: Parents, node: cst.CSTNode) -> cst.CSTNode | None:
     return next((a for a in ancestors(flow, node) if isinstance(a, SCOPES)), None)
 
 
+def _made_outside(host: cst.CSTNode | None) -> str:
+    """Why the calls of a step made outside any def (or in a lambda, a class) are not followed."""
+    where = "a class body" if isinstance(host, cst.ClassDef) else "a lambda"
+    if host is None:
+        where = 'a block at module level (`if __name__ == "__main__":`)'
+    return f"the step is made in {where}: its calls are not followed"
+
+
 def fun_arg(call: cst.Call) -> cst.Arg | None:
     first = call.args[0] if call.args else None
     return first if first is not None and first.keyword is None and not first.star else None
@@ -265,7 +273,8 @@ class Finding(Pass):
         if found is None:
             return False
         site.failed_program = found[0]
-        site.fallback = f"program-level form failed verification ({found[1]})"
+        why = f"program-level form failed verification ({found[1]})"
+        site.fallback = str(NotVisible(why, Decline.VERIFICATION))
         return True
 
     def program_group(self, node: cst.CSTNode) -> str:
@@ -296,9 +305,10 @@ class Finding(Pass):
         blocks = {id(flow.parent.get(id(p.statement))) for _, _, p in taken}
         if len(blocks) > 1:
             for site, _, _ in taken:
-                site.fallback = (
+                apart = (
                     "the function makes its steps in different blocks: no one place for the mesh"
                 )
+                site.fallback = str(NotVisible(apart, Decline.MESH))
             return
         taken.sort(key=lambda t: flow.order[id(t[2].statement)])
         host = taken[0][1]
@@ -316,12 +326,12 @@ class Finding(Pass):
         """Read a step made outside the functions calling it; raise NotVisible for why not."""
         assert self.survey is not None
         if len(site.pmaps) != 1:
-            raise NotVisible("a nested pmap: its calls are not followed (yet)")
+            raise NotVisible("a nested pmap: its calls are not followed (yet)", Decline.NESTED)
         if isinstance(site.node, cst.Decorator):
             body = site.mapped
             assert isinstance(body, cst.FunctionDef)
             if len(body.decorators) != 1:
-                raise NotVisible("the def has other decorators than pmap's")
+                raise NotVisible("the def has other decorators than pmap's", Decline.DECORATORS)
             deco = site.node.decorator
             args = deco.args[1:] if isinstance(deco, cst.Call) else ()
             unnamed = cst.SimpleString(f'"{self._unnamed()}"')
@@ -335,23 +345,33 @@ class Finding(Pass):
             name = body.name.value
         else:
             statement = site.ancestors[1] if len(site.ancestors) > 2 else None
+            if isinstance(statement, cst.BaseCompoundStatement):  # `if __name__ == ...:`
+                raise NotVisible(_made_outside(None), Decline.MADE_OUTSIDE)
             assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
             if not isinstance(assign, cst.Assign) or assign.value is not site.node:
-                raise NotVisible("the pmapped step is not simply assigned to a name")
+                raise NotVisible(
+                    "the pmapped step is not simply assigned to a name", Decline.NOT_NAMED
+                )
             target = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
             if target is None or len(statement.body) != 1:  # type: ignore[union-attr]
-                raise NotVisible("the pmapped step is not simply assigned to a name")
+                raise NotVisible(
+                    "the pmapped step is not simply assigned to a name", Decline.NOT_NAMED
+                )
             assert isinstance(site.node, cst.Call)
-            options = options_of(site.node, self.qualname)
+            unnamed = cst.SimpleString(f'"{self._unnamed()}"')
+            options = options_of(site.node, self.qualname, unnamed)
             defs = self.survey.defs(options.name)
             if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(options.name):
-                raise NotVisible("the pmapped function is not a def of this module")
+                raise NotVisible(
+                    "the pmapped function is not a def of this module", Decline.NOT_A_DEF
+                )
             body, name = defs[0], target
         if len(self.resolver.bindings(name)) != 1:
-            raise NotVisible(f"`{name}` is bound more than once in the module")
+            raise NotVisible(f"`{name}` is bound more than once in the module", Decline.REBOUND)
         if name in self.survey.strings:
             raise NotVisible(
-                f"`{name}` is named in a string (`__all__`?): it may be used elsewhere"
+                f"`{name}` is named in a string (`__all__`?): it may be used elsewhere",
+                Decline.NOT_CALLED_ONLY,
             )
         return OuterStep(site, name, body, options, isinstance(site.node, cst.Decorator))
 
@@ -379,7 +399,9 @@ class Finding(Pass):
                 program.axis = step.options.axis
         try:
             if len({code(step.options.axis) for step in steps}) > 1:
-                raise NotVisible("steps over different axes: one mesh cannot serve them")
+                raise NotVisible(
+                    "steps over different axes: one mesh cannot serve them", Decline.MESH
+                )
             setup = setup_function(together, flow, module, self.survey.strings)
             groups[id(setup)], setups[id(setup)] = steps, setup
         except NotVisible:
@@ -418,7 +440,8 @@ class Finding(Pass):
             line = "the steps of the module are over different axes"
         else:
             return ""
-        return f"{line}: its mesh would clash with the one `jax.set_mesh` sets (JAX raises)"
+        why = f"{line}: its mesh would clash with the one `jax.set_mesh` sets (JAX raises)"
+        return str(NotVisible(why, Decline.MESH))
 
     def _outer_group(
         self, module: cst.Module, flow: Parents, setup: cst.FunctionDef, group: list[OuterStep]
@@ -428,14 +451,16 @@ class Finding(Pass):
             why = (
                 f"`{setup.name.value}` calls steps over different axes: one mesh cannot serve them"
             )
-            raise NotVisible(why)
+            raise NotVisible(why, Decline.MESH)
         for step in group:
             for program in step.programs:
                 host = program.host
                 if id(host) in self.programs:
-                    raise NotVisible(f"`{host.name.value}` also makes a pmapped step of its own")
+                    raise NotVisible(
+                        f"`{host.name.value}` also makes a pmapped step of its own", Decline.MESH
+                    )
                 if any(host in s.ancestors for s in self.sites.values()):
-                    raise NotVisible(f"`{host.name.value}` holds another pmap site")
+                    raise NotVisible(f"`{host.name.value}` holds another pmap site", Decline.MESH)
         before = first_statement(setup, flow, group)
         scopes: list[cst.BaseSuite | cst.Module] = [setup.body, module]
         mesh = mesh_in_scope(
@@ -450,14 +475,12 @@ class Finding(Pass):
         assert self.survey is not None
         host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
         if len(site.pmaps) != 1:
-            raise NotVisible("a nested pmap: its calls are not followed (yet)")
+            raise NotVisible("a nested pmap: its calls are not followed (yet)", Decline.NESTED)
         if isinstance(site.node, cst.Decorator):
             return self._decorated_program(module, site, flow, siblings)
         assert isinstance(site.node, cst.Call)
         if not isinstance(host, cst.FunctionDef) or host is site.mapped:
-            raise NotVisible(
-                "the step is made in a class body or a lambda: its calls are not followed"
-            )
+            raise NotVisible(_made_outside(host), Decline.MADE_OUTSIDE)
         fun = fun_arg(site.node)
         skip: cst.CSTNode | None = None  # the body, when it is written in the function
         if fun is not None and isinstance(fun.value, cst.Lambda):  # `jax.pmap(lambda x: ...)`
@@ -466,25 +489,36 @@ class Finding(Pass):
             name = self._mapped_def_name(site.node)
             defs = self.survey.defs(name)
             if len(defs) != 1 or self.survey.rebound(name):
-                raise NotVisible(self._not_a_def(site.node, name))
+                raise NotVisible(self._not_a_def(site.node, name), Decline.NOT_A_DEF)
             body = defs[0]
             skip = None if body in module.body else body
             if skip is not None and _scope_of(flow, body) is not host:
                 why = f"the pmapped function `{name}` is a def nested in another function"
-                raise NotVisible(why)
+                raise NotVisible(why, Decline.NOT_A_DEF)
         statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
         if not isinstance(statement, cst.SimpleStatementLine):
             around = site.ancestors[-2] if len(site.ancestors) > 1 else None
             if isinstance(around, cst.Call) and around.func is site.node:
-                raise NotVisible("the step is called where it is made (`jax.pmap(f)(x)`)")
-            raise NotVisible("the step is not made by a statement of its own")
+                raise NotVisible(
+                    "the step is called where it is made (`jax.pmap(f)(x)`)",
+                    Decline.CALLED_WHERE_MADE,
+                )
+            raise NotVisible("the step is not made by a statement of its own", Decline.NOT_NAMED)
         module_defs = self._module_defs(module)
         if isinstance(host.body, cst.IndentedBlock):  # the function's own defs hide the module's
             module_defs |= {
                 d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)
             }
         program = analyze(
-            host, statement, site.node, body, self.qualname, siblings, module_defs, skip
+            host,
+            statement,
+            site.node,
+            body,
+            self.qualname,
+            siblings,
+            module_defs,
+            skip,
+            cst.SimpleString(f'"{self._unnamed()}"'),
         )
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
         mesh = mesh_in_scope(scopes, flow.order[id(statement)], flow, program.axis, self.qualname)
@@ -500,9 +534,7 @@ class Finding(Pass):
         assert isinstance(body, cst.FunctionDef) and isinstance(site.node, cst.Decorator)
         host = _scope_of(flow, body)
         if not isinstance(host, cst.FunctionDef):
-            raise NotVisible(
-                "the step is made in a class body or a lambda: its calls are not followed"
-            )
+            raise NotVisible(_made_outside(host), Decline.MADE_OUTSIDE)
         deco = site.node.decorator
         args = deco.args[1:] if isinstance(deco, cst.Call) else ()
         unnamed = cst.SimpleString(f'"{self._unnamed()}"')

@@ -1,0 +1,413 @@
+"""What a value around a pmapped step is laid out as, and what each known function does to that.
+
+A pmap program moves values between two worlds: the host (one value) and the device axis pmap
+maps (a leading axis of one entry per local device). The program-level form removes that axis:
+a value stacked as equal copies becomes one global value replicated on the mesh (`P()`), a value
+stacked as per-device slices becomes one global value sharded over the axis (`P(axis)`), and the
+functions that moved values between the worlds (`replicate`, `shard`, `x[0]`, ...) go.
+
+`Layout` is the lattice (a flat one: no information below, `UNKNOWN` above, the known layouts
+between, with a join); `TRANSFERS` is the table of what each known producer and consumer does,
+one row each, with its spelling as a pattern and its program-level rewrite as a template (both
+libcst templates: `{x}` is a hole). `match` reads one expression against the table.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import libcst as cst
+from libcst.helpers import parse_template_expression
+
+from jaxmigrate.toolkit.names import child_fields, dotted
+
+from ._program import Decline
+
+Qualname = Callable[[cst.BaseExpression], "str | None"]
+
+
+class Layout(enum.Enum):
+    """How one value is laid out: on the host, stacked over the device axis, or global."""
+
+    NOTHING = "no value yet"  # the lattice's bottom: not bound on any path seen
+    HOST = "a host value"
+    REPLICAS = "stacked replicas"  # a leading device axis holding equal copies
+    PER_DEVICE = "stacked per-device data"  # a leading device axis of different slices
+    KEYS = "per-device keys"  # a leading device axis of different PRNG keys
+    REPLICATED = "global, replicated (`P()`)"
+    SHARDED = "global, sharded over the axis (`P(axis)`)"
+    UNKNOWN = "unknown"  # the top: from outside the code base, or two layouts on two paths
+
+    def join(self, other: Layout) -> Layout:
+        """Return the least layout above both: the layout after two paths meet."""
+        if self is other or other is Layout.NOTHING:
+            return self
+        if self is Layout.NOTHING:
+            return other
+        return Layout.UNKNOWN
+
+    @property
+    def stacked(self) -> bool:
+        """True for a layout with pmap's leading device axis."""
+        return self in (Layout.REPLICAS, Layout.PER_DEVICE, Layout.KEYS)
+
+    def program_level(self) -> Layout:
+        """Return the layout the value has once the device axis is removed."""
+        return PROGRAM_LEVEL.get(self, self)
+
+
+PROGRAM_LEVEL = {
+    Layout.REPLICAS: Layout.REPLICATED,
+    Layout.PER_DEVICE: Layout.SHARDED,
+    Layout.KEYS: Layout.SHARDED,  # still one key per device: the body takes `key[0]`
+}
+
+
+@dataclass(frozen=True)
+class Tree:
+    """The layout of a structured value (a tuple, a dict, a dataclass such as flax's
+    `TrainState`): one layout per field, by position or name; `rest` for fields not listed."""
+
+    fields: tuple[tuple[str, Layout], ...] = ()
+    rest: Layout = Layout.NOTHING
+
+    def at(self, key: str) -> Layout:
+        """Return the layout of field `key`."""
+        return dict(self.fields).get(key, self.rest)
+
+    def replace(self, **changes: Layout) -> Tree:
+        """Return the tree with `changes` (`.replace(step=...)` of a dataclass)."""
+        merged = dict(self.fields) | changes
+        return Tree(tuple(sorted(merged.items())), self.rest)
+
+    def join(self, other: Tree) -> Tree:
+        """Return the tree joined field by field."""
+        keys = sorted(set(dict(self.fields)) | set(dict(other.fields)))
+        return Tree(
+            tuple((k, self.at(k).join(other.at(k))) for k in keys), self.rest.join(other.rest)
+        )
+
+    def whole(self) -> Layout:
+        """Return one layout for the whole value: the join of its fields."""
+        layout = self.rest
+        for _, field_layout in self.fields:
+            layout = layout.join(field_layout)
+        return layout
+
+
+class Role(enum.Enum):
+    """What a row does: makes the device axis, reads it away, or carries a value through."""
+
+    PRODUCER = "producer"
+    CONSUMER = "consumer"
+    CARRIER = "carrier"
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One row of the table: its spellings (`patterns`, holes `{x}`...), the layout of its
+    `source` hole it needs (`takes`), the layout it gives, and its program-level rewrite
+    (`template`: holes of the pattern plus `{jax}`, `{jnp}`, `{sharding}`, `{owner}`, `{value}`
+    the whole expression; None: no rewrite yet, a value it makes blocks the program-level form
+    with `decline`)."""
+
+    name: str
+    patterns: tuple[str, ...]
+    takes: Layout
+    gives: Layout
+    role: Role
+    template: str | None
+    why: str
+    source: str = "x"
+    counts: tuple[str, ...] = ()  # holes that must be the number of local devices
+    decline: Decline | None = None  # the decline code when `template` is None
+    lifts: bool = True  # False: its rewrite is not the same leaf by leaf (`jax.tree.map`)
+
+
+GLOBAL_BATCH = "{jax}.make_array_from_process_local_data({sharding}, {x})"
+LOCAL_PART = "{hosts}.global_array_to_host_local_array({x}, {mesh}, {spec}({axis}))"
+HOST_ARRAY = "{np}.asarray({x})"  # this process's part read into numpy
+DONATED_COPY = "{jax}.tree.map({jnp}.copy, {x})"  # a replication of a donated argument
+REPLICATED = "a replication deleted: the value is passed as it is, replicated (`P()`)"
+SPLIT = "a split into per-device slices -> this process's part of a batch sharded on the mesh"
+KEYS = (
+    "per-device keys -> this process's part of the keys sharded on the mesh, one per device "
+    "(the body takes its own key, `key[0]`, as under pmap)"
+)
+READ_BACK = "a readback of device 0 deleted: the value is the same on every device"
+HOST_COPY = "the values copied to the host"
+PRODUCER, CONSUMER, CARRIER = Role.PRODUCER, Role.CONSUMER, Role.CARRIER
+HOST, REPLICAS, PER_DEVICE = Layout.HOST, Layout.REPLICAS, Layout.PER_DEVICE
+KEYED, UNKNOWN = Layout.KEYS, Layout.UNKNOWN
+N = ("n",)  # `{n}` is the number of local devices
+
+BROADCASTS = tuple(
+    f"{np}.broadcast_to({{x}}, {shape})"
+    for np in ("jax.numpy", "numpy")
+    for shape in ("({n},) + {x}.shape", "({n}, *{x}.shape)")
+)
+SPLITS = tuple(
+    f"{{x}}.reshape({shape})"
+    for rows in ("-1", "{x}.shape[0] // {n}")
+    for shape in (f"({{n}}, {rows}) + {{x}}.shape[1:]", f"({{n}}, {rows}, *{{x}}.shape[1:])")
+)
+KEYS_TEMPLATE = "{jax}.make_array_from_process_local_data({sharding}, {value})"
+CONCATENATED = "{jax}.make_array_from_process_local_data({sharding}, {jnp}.concatenate({x}))"
+STACKED_FOREST = "{owner}.stack_forest({jax}.device_get({x}))"
+
+# fmt: off
+TRANSFERS: tuple[Transfer, ...] = (
+    # Replications: one host value stacked as equal copies; deleted, the value is `P()`.
+    Transfer("replicate", ("flax.jax_utils.replicate({x})",),
+             HOST, REPLICAS, PRODUCER, "{x}", REPLICATED),
+    Transfer("device_put_replicated", ("jax.device_put_replicated({x}, jax.local_devices())",),
+             HOST, REPLICAS, PRODUCER, "{x}", REPLICATED),
+    Transfer("broadcast_to", BROADCASTS, HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, counts=N),
+    Transfer("stack", ("jax.numpy.stack([{x}] * {n})", "numpy.stack([{x}] * {n})"),
+             HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, counts=N),
+    Transfer("tile", ("jax.numpy.tile({x}[None], ({n},) + (1,) * {x}.ndim)",),
+             HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, counts=N),
+    Transfer("repeat", ("jax.numpy.repeat({x}[None], {n}, axis=0)",),
+             HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, counts=N),
+    # Splits: a flat host batch cut into per-device slices; this process's part of a batch.
+    Transfer("shard", ("flax.training.common_utils.shard({x})",),
+             HOST, PER_DEVICE, PRODUCER, GLOBAL_BATCH, SPLIT),
+    Transfer("reshape", SPLITS, HOST, PER_DEVICE, PRODUCER, GLOBAL_BATCH, SPLIT, counts=N),
+    Transfer("device_put_sharded", ("jax.device_put_sharded({x}, jax.local_devices())",),
+             HOST, PER_DEVICE, PRODUCER, CONCATENATED, SPLIT + " (the slices concatenated)",
+             lifts=False),
+    # Per-device keys: stacked in both forms, each device taking its own (`key[0]` in the body).
+    Transfer("split", ("jax.random.split({x}, {n})", "jax.random.split({x}, num={n})"),
+             HOST, KEYED, PRODUCER, KEYS_TEMPLATE, KEYS, counts=N),
+    Transfer("shard_prng_key", ("flax.training.common_utils.shard_prng_key({x})",),
+             HOST, KEYED, PRODUCER, KEYS_TEMPLATE, KEYS),
+    # Readbacks: device 0's copy of equal copies; deleted, the value is read whole.
+    Transfer("unreplicate", ("flax.jax_utils.unreplicate({x})",),
+             REPLICAS, HOST, CONSUMER, "{x}", READ_BACK),
+    Transfer("index", ("{x}[0]",), REPLICAS, HOST, CONSUMER, "{x}", READ_BACK),
+    Transfer("get_metrics", ("flax.training.common_utils.get_metrics({x})",),
+             REPLICAS, HOST, CONSUMER, STACKED_FOREST,
+             "a readback of device 0 of each metric deleted: the results are replicated"),
+    # Flattening: per-device results read as one flat host value; this process's part.
+    Transfer("flatten", ("{x}.reshape(-1)",), PER_DEVICE, HOST, CONSUMER, LOCAL_PART,
+             "a flattening over devices deleted: the result is flat already"),
+    # Carriers: the same values in another container; the layout goes through.
+    Transfer("device_get", ("jax.device_get({x})",), UNKNOWN, UNKNOWN, CARRIER, "{value}",
+             HOST_COPY),
+    Transfer("asarray", ("numpy.asarray({x})", "numpy.array({x})", "jax.numpy.asarray({x})"),
+             UNKNOWN, UNKNOWN, CARRIER, "{value}", HOST_COPY),
+    # Not rewritten yet (the input pipeline must yield flat global batches): a value they make
+    # is an argument of unknown layout to the step.
+    Transfer("prefetch_to_device", ("flax.jax_utils.prefetch_to_device({x}, {size})",),
+             PER_DEVICE, PER_DEVICE, CARRIER, None,
+             "batches prefetched to the devices, still split per device", decline=Decline.ARGUMENT_UNKNOWN),
+    Transfer("pad_shard_unpad", ("flax.jax_utils.pad_shard_unpad({x})",), HOST, HOST, CARRIER,
+             None, "a step wrapped to pad, split and unpad its batches", decline=Decline.ARGUMENT_UNKNOWN),
+)
+# fmt: on
+
+
+def rows(role: Role, gives: Layout) -> tuple[Transfer, ...]:
+    """Return the rows of `role` giving `gives` that have a rewrite, in the table's order."""
+    return tuple(
+        r for r in TRANSFERS if r.role is role and r.gives is gives and r.template is not None
+    )
+
+
+def row_named(name: str) -> Transfer:
+    """Return the first row called `name`."""
+    return next(r for r in TRANSFERS if r.name == name)
+
+
+def fill(template: str, holes: Mapping[str, cst.BaseExpression]) -> cst.BaseExpression:
+    """Return `template` with its holes filled from `holes` (extra entries ignored)."""
+    wanted = set(_HOLE.findall(template))
+    filled: dict[str, Any] = {k: v for k, v in holes.items() if k in wanted}
+    return parse_template_expression(template, **filled)
+
+
+def as_row(name: str, source: cst.BaseExpression | None, node: cst.BaseExpression) -> Match | None:
+    """Return `node` read as row `name` of `source` (a form the table does not spell, such as
+    a module helper's summary), None when `source` is None."""
+    if source is None:
+        return None
+    row = row_named(name)
+    return Match(row, {row.source: source, "value": node})
+
+
+TREE_MAPS = frozenset({"jax.tree.map", "jax.tree_util.tree_map", "jax.tree_map"})
+_HOLE = re.compile(r"\{(\w+)\}")
+_MARK = "__hole_"  # the name a pattern's hole is parsed as
+
+
+@dataclass(frozen=True)
+class Match:
+    """A row matched at one expression: the row, and what each hole of its pattern holds."""
+
+    row: Transfer
+    holes: Mapping[str, cst.BaseExpression]
+    lifted: bool = False  # matched leaf by leaf, through `jax.tree.map(lambda v: ..., x)`
+
+    @property
+    def source(self) -> cst.BaseExpression:
+        """Return the value the row reads (its `source` hole)."""
+        return self.holes[self.row.source]
+
+    def rewrite(self, context: Mapping[str, cst.BaseExpression]) -> cst.BaseExpression:
+        """Return the row's program-level form, its holes filled from the match and `context`
+        (`jax`, `sharding`, ...: how the module spells them); the value itself for `{value}`."""
+        assert self.row.template is not None
+        wanted = set(_HOLE.findall(self.row.template))
+        filled: dict[str, Any] = {k: v for k, v in {**context, **self.holes}.items() if k in wanted}
+        return parse_template_expression(self.row.template, **filled)
+
+
+def _pattern(text: str) -> cst.BaseExpression:
+    holes: dict[str, Any] = {name: cst.Name(_MARK + name) for name in _HOLE.findall(text)}
+    return parse_template_expression(text, **holes)
+
+
+_PATTERNS: dict[str, cst.BaseExpression] = {}
+
+
+def patterns_of(row: Transfer) -> Iterator[cst.BaseExpression]:
+    """Yield the row's patterns parsed, holes as marked names (each parsed once)."""
+    for text in row.patterns:
+        found = _PATTERNS.get(text)
+        if found is None:
+            found = _PATTERNS[text] = _pattern(text)
+        yield found
+
+
+def match(
+    node: cst.BaseExpression,
+    qualname: Qualname,
+    counts: Callable[[cst.BaseExpression], bool] = lambda _: True,
+    table: tuple[Transfer, ...] = TRANSFERS,
+) -> Match | None:
+    """Return the first row of `table` whose pattern `node` is (names resolved by meaning with
+    `qualname`, holes `counts` names the number of local devices), else None."""
+    for row in table:
+        for pattern in patterns_of(row):
+            holes: dict[str, cst.BaseExpression] = {}
+            if _unify(pattern, node, holes, qualname) and all(counts(holes[h]) for h in row.counts):
+                return Match(row, holes | {"value": node})
+    return None
+
+
+def lifted(
+    node: cst.BaseExpression,
+    qualname: Qualname,
+    counts: Callable[[cst.BaseExpression], bool] = lambda _: True,
+    table: tuple[Transfer, ...] = TRANSFERS,
+    named: Callable[[str], cst.Lambda | None] = lambda _: None,
+) -> Match | None:
+    """Return the row `jax.tree.map(lambda v: <row of v>, x)` applies to every leaf of `x`
+    (its source hole then holds `x`), else None. `named`: the lambda a name is bound to."""
+    if not isinstance(node, cst.Call) or qualname(node.func) not in TREE_MAPS:
+        return None
+    if len(node.args) != 2 or any(a.keyword is not None or a.star for a in node.args):
+        return None
+    fun, tree = node.args[0].value, node.args[1].value
+    if isinstance(fun, cst.Name):
+        fun = named(fun.value) or fun
+    param = _one_param(fun)
+    if param is None:
+        return None
+    assert isinstance(fun, cst.Lambda)
+    leaf = match(fun.body, qualname, counts, tuple(r for r in table if r.lifts))
+    if leaf is None or not isinstance(leaf.source, cst.Name) or leaf.source.value != param:
+        return None
+    if any(
+        param in _names(v) for k, v in leaf.holes.items() if k not in (leaf.row.source, "value")
+    ):
+        return None  # a hole besides the leaf reads the leaf: not the same row for every leaf
+    return Match(leaf.row, {**leaf.holes, leaf.row.source: tree, "value": node}, lifted=True)
+
+
+def _one_param(fun: cst.BaseExpression) -> str | None:
+    if not isinstance(fun, cst.Lambda):
+        return None
+    params = fun.params
+    if len(params.params) != 1 or params.kwonly_params or params.posonly_params:
+        return None
+    if isinstance(params.star_arg, cst.Param) or params.star_kwarg is not None:
+        return None
+    return params.params[0].name.value
+
+
+def _names(node: cst.CSTNode) -> Iterator[str]:
+    if isinstance(node, cst.Name):
+        yield node.value
+    for child in node.children:
+        yield from _names(child)
+
+
+def _unify(
+    pattern: cst.CSTNode,
+    node: cst.CSTNode,
+    holes: dict[str, cst.BaseExpression],
+    qualname: Qualname,
+) -> bool:
+    """Return True if `node` is `pattern` up to whitespace and parentheses, binding `holes`
+    (a hole seen twice must hold the same code); a dotted name of the pattern in a call's
+    function position matches any spelling of that qualified name."""
+    if isinstance(pattern, cst.Name) and pattern.value.startswith(_MARK):
+        hole = pattern.value[len(_MARK) :]
+        if not isinstance(node, cst.BaseExpression):
+            return False
+        if hole in holes:
+            return _same(holes[hole], node)
+        holes[hole] = node
+        return True
+    if isinstance(pattern, cst.Call) and isinstance(node, cst.Call) and qualname is not _as_spelled:
+        name = dotted(pattern.func)
+        if name is not None and "." in name and not name.startswith(_MARK):
+            if qualname(node.func) != name:
+                return False
+            if isinstance(node.func, cst.Attribute):  # `common_utils.get_metrics`: the owner
+                holes.setdefault("owner", node.func.value)
+            return _unify_fields(pattern, node, holes, qualname, skip=("func",))
+    return _unify_fields(pattern, node, holes, qualname)
+
+
+def _unify_fields(
+    pattern: cst.CSTNode,
+    node: cst.CSTNode,
+    holes: dict[str, cst.BaseExpression],
+    qualname: Qualname,
+    skip: tuple[str, ...] = (),
+) -> bool:
+    if type(pattern) is not type(node):
+        return False
+    operator = getattr(pattern, "operator", None)
+    if operator is not None and type(operator) is not type(getattr(node, "operator", None)):
+        return False
+    for name in child_fields(type(pattern)):
+        if name in skip:
+            continue
+        want, have = getattr(pattern, name), getattr(node, name)
+        if isinstance(want, cst.CSTNode) and isinstance(have, cst.CSTNode):
+            if not _unify(want, have, holes, qualname):
+                return False
+        elif isinstance(want, (list, tuple)) and isinstance(have, (list, tuple)):
+            if len(want) != len(have) or not all(
+                _unify(w, h, holes, qualname) for w, h in zip(want, have)
+            ):
+                return False
+        elif isinstance(want, cst.CSTNode) or isinstance(have, cst.CSTNode) or want != have:
+            return False
+    return True
+
+
+def _as_spelled(node: cst.BaseExpression) -> str | None:
+    """Names compared as spelled: two holes hold the same value when written alike."""
+    return None
+
+
+def _same(a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    return _unify_fields(a, b, {}, _as_spelled)

@@ -1,0 +1,90 @@
+"""Every reason the program-level pmap form is not taken is a stable code (`Decline`), listed in
+the rule's `## Skips` and pinned by a fixture; the message names the value that blocks."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import codemods.pmap
+from codemods.pmap import Pmap
+from codemods.pmap._program import Decline
+from jaxmigrate.model import Options
+from jaxmigrate.pipeline.engine import migrate_source
+
+FIXTURES = Path(__file__).parent / "fixtures" / "pmap"
+PINNED_BY_TEST = {Decline.VERIFICATION}  # needs a verification result: pinned below
+
+PROGRAM = """\
+import jax
+import jax.numpy as jnp
+
+
+def step(w, x):
+    return w - jax.lax.pmean(x.mean(0) * w, "i")
+
+
+def main(w, x):
+    n = jax.local_device_count()
+    p_step = jax.pmap(step, axis_name="i")
+    w = jnp.broadcast_to(w, (n,) + w.shape)
+    x = x.reshape((n, -1) + x.shape[1:])
+    w = p_step(w, x)
+    return w[0]
+"""
+
+
+def pmap_messages(source: str, **kwargs) -> list[str]:
+    result = migrate_source(source, options=Options(unsafe_fixes=True), **kwargs)
+    return [
+        s.message
+        for s in result.sites
+        if s.code == Pmap.CODE and s.message.startswith("`jax.pmap` ->")
+    ]
+
+
+def test_codes_are_stable_and_unique():
+    values = [d.value for d in Decline]
+    assert len(values) == len(set(values))
+    assert all(re.fullmatch(r"PL[1-6]\d\d", v) for v in values), values
+
+
+@pytest.mark.parametrize("decline", list(Decline), ids=lambda d: d.value)
+def test_every_code_is_documented_and_pinned(decline: Decline):
+    assert f"`{decline.value}`" in (codemods.pmap.__doc__ or ""), "listed in the rule's `## Skips`"
+    if decline in PINNED_BY_TEST:
+        return
+    pinned = [
+        p.name for p in FIXTURES.glob("*.messages.txt") if f"[{decline.value}]" in p.read_text()
+    ]
+    assert pinned, f"no fixture pins {decline.value}"
+
+
+def test_a_program_that_failed_verification_falls_back_with_its_code():
+    (first,) = pmap_messages(PROGRAM)
+    assert "(program-level)" in first, first
+    group = f"{Pmap.CODE}:program:11:14"  # the step's original position
+    messages = pmap_messages(PROGRAM, fallbacks={group: "outputs differ"})
+    assert any(
+        "[PL603] program-level form failed verification (outputs differ)" in m for m in messages
+    ), messages
+
+
+def test_an_argument_from_elsewhere_is_named_with_where_it_comes_from():
+    source = PROGRAM.replace("    w = jnp.broadcast_to(w, (n,) + w.shape)\n", "")
+    (message,) = pmap_messages(source)
+    assert "[PL301] argument 1 of the step comes from elsewhere" in message, message
+    assert "(`w`, a parameter of `main`)" in message, message  # its value reaches the call
+    source = PROGRAM.replace("x.reshape((n, -1) + x.shape[1:])", "load(x)")
+    (message,) = pmap_messages(source)
+    assert "argument 2 of the step comes from elsewhere (`x` = `load(x)`)" in message, message
+
+
+def test_a_step_made_under_main_says_so():
+    source = PROGRAM.replace("def main(w, x):", 'if __name__ == "__main__":').replace(
+        "    return w[0]\n", "    print(w[0])\n"
+    )
+    (message,) = pmap_messages(source)
+    assert "[PL104] the step is made in a block at module level" in message, message
