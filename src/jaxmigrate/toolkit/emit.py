@@ -338,6 +338,9 @@ class Call:
     func: cst.BaseExpression
     items: list[Item]
     opening: cst.TrailingWhitespace | None = None  # a comment right after `(`
+    # The call it replaces ended its last argument with a comma over several lines: black's
+    # "magic trailing comma" keeps one argument per line.
+    magic: bool = False
 
     @classmethod
     def of(cls, call: cst.Call) -> Call:
@@ -364,7 +367,7 @@ class Call:
     def laid_out(self, room: Room, style: Style) -> cst.Call:
         """Return the call laid out as black lays it out, starting where `room` says."""
         inner = room.indent + style.continuation
-        if not self.commented:
+        if not self.commented and not self.magic:
             flat = self.flat()
             if room.column + len(code(flat)) + room.tail <= style.width:
                 return flat
@@ -442,7 +445,40 @@ def _exploded_sequence(
 def _start(item: Item, inner: str) -> int:
     """Return the column the call of `item`, written on a line of its own, starts at."""
     keyword = item.arg.keyword
-    return len(inner) + (len(keyword.value) + 1 if keyword is not None else 0) + item.head
+    star = len(item.arg.star) if isinstance(item.arg.star, str) else 0
+    return len(inner) + (len(keyword.value) + 1 if keyword is not None else 0) + star + item.head
+
+
+def with_lambda_calls(call: Call) -> Call:
+    """Return `call` with the call a lambda argument makes (`lambda a: jnp.stack([a] * n)`)
+    laid out as a call too, after the lambda's head, as black lays it out."""
+    items = []
+    for item in call.items:
+        value = item.arg.value
+        if item.call is not None:
+            item = replace(item, call=with_lambda_calls(item.call))
+        elif (
+            isinstance(value, cst.Lambda)
+            and isinstance(value.body, cst.Call)
+            and not value.lpar
+            and not value.body.lpar
+            and not comments_in(value)
+        ):
+            head = len(code(value)) - len(code(value.body))
+            wrap = functools.partial(_lambda_body, value)
+            item = replace(item, call=with_lambda_calls(Call.of(value.body)), wrap=wrap, head=head)
+        items.append(item)
+    return replace(call, items=items)
+
+
+def _lambda_body(lam: cst.Lambda, body: cst.Call) -> cst.BaseExpression:
+    return lam.with_changes(body=body)
+
+
+def has_magic_comma(call: cst.Call) -> bool:
+    """Return True if `call` is written over several lines with a comma after its last
+    argument: black keeps such a call one argument per line."""
+    return bool(call.args) and isinstance(call.args[-1].comma, cst.Comma) and "\n" in code(call)
 
 
 def _opening(call: cst.Call) -> cst.TrailingWhitespace | None:
