@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jaxmigrate.config import Formatting, distribution_name, formatting_in, project_formatting
-from jaxmigrate.toolkit.emit import Style, infer_style
+from jaxmigrate.toolkit.emit import Style, infer_style, infer_width
 from jaxmigrate.toolkit.passes import Home
 
 # Folders of a code base that hold no library code: never its main package when another is there.
@@ -75,6 +75,7 @@ class Project:
     modules: dict[Path, frozenset[str]] = field(default_factory=dict)
     packages: dict[Path, bool] = field(default_factory=dict)
     mains: dict[Path, Path | None] = field(default_factory=dict)
+    widths: dict[Path, int | None] = field(default_factory=dict)
 
     # Style and first-party modules -------------------------------------------------------
     def style(self, code: str, path: str | None) -> Style:
@@ -82,7 +83,20 @@ class Project:
         if path is None:
             return infer_style(code)
         width, indent = project_formatting(Path(path), self.formatting)
+        if width is None and infer_width(code.splitlines()) is None:
+            width = self.neighbours_width(Path(path).absolute().parent)
         return infer_style(code, width=width, indent=indent)
+
+    def neighbours_width(self, directory: Path) -> int | None:
+        """Return the width the Python files of `directory` (else of its parents, up to the
+        project's root) were evidently wrapped at, read together: a file too short to tell is
+        written as its neighbours are (an 80-column code base's small module stays in 80)."""
+        for folder in (directory, *directory.parents):
+            if folder not in self.widths:
+                self.widths[folder] = _width_of_files(folder)
+            if self.widths[folder] is not None or self.root(folder) == folder:
+                return self.widths[folder]
+        return None
 
     def first_party(self, path: str | None) -> frozenset[str]:
         """Return the top-level modules that are the project's own for a file at `path`: those
@@ -317,3 +331,23 @@ def _is_file(path: Path) -> bool:
         return path.is_file()
     except OSError:
         return False
+
+
+NEIGHBOURS = 40  # Python files of a directory read to learn its width, at most
+NEIGHBOUR_BYTES = 200_000  # and at most this much of each
+
+
+def _width_of_files(directory: Path) -> int | None:
+    """Return the width the Python files directly in `directory` were wrapped at, or None."""
+    try:
+        files = sorted(p for p in directory.glob("*.py") if p.is_file())[:NEIGHBOURS]
+    except OSError:
+        return None
+    lines: list[str] = []
+    for file in files:
+        try:
+            with file.open(encoding="utf-8", errors="replace") as handle:
+                lines.extend(handle.read(NEIGHBOUR_BYTES).splitlines())
+        except OSError:
+            continue
+    return infer_width(lines) if lines else None
