@@ -552,7 +552,12 @@ def fit_call(
     """
     old_code, new_code = code(old), code(new)
     if "\n" in new_code or "\n" in old_code:
-        if not rearranged or comments_in(new):
+        if not rearranged:
+            aligned = realigned(old, new, room)
+            if aligned is new or not _too_long(aligned, room, style, than=old):
+                return aligned
+            rearranged = True  # moved past the width: laid out anew (unless commented)
+        if comments_in(new):
             return new
         new = new.with_changes(args=[a.with_changes(value=flattened(a.value)) for a in new.args])
         if comments_in(new):
@@ -563,6 +568,74 @@ def fit_call(
     elif room.column + len(new_code) + room.tail <= style.width:
         return new
     return Call.of(new).laid_out(room, style)
+
+
+def realigned(old: cst.Call, new: cst.Call, room: Room) -> cst.Call:
+    """Return `new`, the rewrite of `old` under another name (`pjit(` -> `jax.jit(`), with the
+    continuation lines that were aligned with `old`'s opening parenthesis moved with it.
+
+    `old` starts where `room` says, its callee and `(` on its first line; only a call whose
+    every argument starting a line starts in the column after `(` is realigned, and then every
+    line inside its parentheses moves by the same number of columns, keeping their layout."""
+    shift = len(code(new.func)) - len(code(old.func))
+    if shift == 0 or "\n" in code(old.func) or len(old.args) != len(new.args):
+        return new
+    column = room.column + len(code(old.func)) + 1
+    starts = [old.whitespace_before_args] + [
+        a.comma.whitespace_after if isinstance(a.comma, cst.Comma) else a.whitespace_after_arg
+        for a in old.args[:-1]
+    ]
+    broken = [w for w in starts if isinstance(w, cst.ParenthesizedWhitespace)]
+    if not broken or any(_column_of(w, room.indent) != column for w in broken):
+        return new
+    moved = new.with_changes(args=[a.visit(_Shift(shift)) for a in new.args])
+    assert isinstance(moved, cst.Call)
+    if isinstance(new.whitespace_before_args, cst.ParenthesizedWhitespace):
+        ws = new.whitespace_before_args.visit(_Shift(shift))
+        moved = moved.with_changes(whitespace_before_args=ws)
+    return moved
+
+
+def _column_of(ws: cst.ParenthesizedWhitespace, indent: str) -> int:
+    return (len(indent) if ws.indent else 0) + len(ws.last_line.value)
+
+
+class _Shift(cst.CSTTransformer):
+    """Move every line started inside a call by `shift` columns (never left of column 0)."""
+
+    def __init__(self, shift: int) -> None:
+        super().__init__()
+        self.shift = shift
+
+    def _moved(self, whitespace: str) -> str:
+        return " " * max(0, len(whitespace) + self.shift)
+
+    def leave_ParenthesizedWhitespace(
+        self, original_node: cst.ParenthesizedWhitespace, updated_node: cst.ParenthesizedWhitespace
+    ) -> cst.ParenthesizedWhitespace:
+        if "\t" in updated_node.last_line.value:
+            return updated_node
+        lines = [
+            line.with_changes(whitespace=cst.SimpleWhitespace(self._moved(line.whitespace.value)))
+            if line.comment is not None and "\t" not in line.whitespace.value
+            else line
+            for line in updated_node.empty_lines
+        ]
+        last = cst.SimpleWhitespace(self._moved(updated_node.last_line.value))
+        return updated_node.with_changes(empty_lines=lines, last_line=last)
+
+
+def _too_long(new: cst.Call, room: Room, style: Style, *, than: cst.Call) -> bool:
+    """Return True if a line of `new` goes past the width where no line of `than` did."""
+
+    def longest(call: cst.Call) -> int:
+        lines = code(call).split("\n")
+        first = room.column + len(lines[0])
+        # (a continuation line's code leaves out the block's indentation, its usual start)
+        rest = [len(room.indent) + len(line) for line in lines[1:]]
+        return max([first, *rest])
+
+    return longest(new) > style.width >= longest(than)
 
 
 # Whole lines of generated code ----------------------------------------------------------------
