@@ -390,3 +390,89 @@ def test_a_nested_tuple_too_long_for_its_own_line_is_exploded_in_turn() -> None:
     assert f"        in_specs=(\n            (\n                {spec},\n" in laid, laid
     assert f"                {spec},\n            ),\n            {spec},\n        ),\n" in laid
     assert ast.dump(ast.parse(laid)) == ast.dump(ast.parse(code(call)))  # the same call
+
+
+# The diff's finish (issue 19, item 4) -----------------------------------------------------------
+def test_google_style_files_get_one_imported_name_per_line() -> None:
+    """brax and flax import one name per `from` line: so do the new imports."""
+    brax = (
+        "from brax import envs\nfrom brax.training import acting\nfrom brax.training import types\n"
+        "import flax\nimport jax\nimport jax.numpy as jnp\nimport numpy as np\n"
+    )
+    out = added(
+        brax,
+        ("jax.sharding", "Mesh", None),
+        ("jax.sharding", "NamedSharding", None),
+        ("jax.sharding", "PartitionSpec", "P"),
+    )
+    assert "from jax.sharding import Mesh\nfrom jax.sharding import NamedSharding\n" in out
+    assert "from jax.sharding import PartitionSpec as P\nimport numpy as np\n" in out
+    # ... and never join a line that exists: `from jax import lax` stays one name.
+    out = added(brax + "from jax import lax\n", ("jax", "random", None))
+    assert "from jax import lax\n" in out and "from jax import random\n" in out
+    # A file that imports several names a line keeps doing so.
+    out = added(
+        "from jax.sharding import Mesh, NamedSharding\n", ("jax.sharding", "PartitionSpec", "P")
+    )
+    assert out == "from jax.sharding import Mesh, NamedSharding, PartitionSpec as P\n"
+
+
+def test_an_unsorted_group_gets_the_import_after_its_own_package() -> None:
+    """flax's imagenet example: not after `tensorflow_datasets`, after the last `jax` line."""
+    source = (
+        "import flax\nfrom flax import jax_utils\nimport jax\nfrom jax import lax\n"
+        "import jax.numpy as jnp\nfrom jax import random\nimport optax\n"
+        "import tensorflow_datasets as tfds\n"
+    )
+    out = added(source, ("jax.sharding", "PartitionSpec", "P"))
+    assert (
+        "from jax import random\nfrom jax.sharding import PartitionSpec as P\nimport optax\n" in out
+    )
+
+
+def pmap_script(tmp_path: Path, body: str) -> str:
+    """Return the faithful rewrite of a script in `tmp_path` whose `make()` holds `body`."""
+    script = tmp_path / "train.py"
+    source = (
+        "import functools\n\nimport jax\n\n\ndef train_step(state, batch):\n"
+        '  return jax.lax.pmean(state + batch, "batch")\n\n\ndef make(config):\n'
+        + textwrap.indent(textwrap.dedent(body), "  ")
+    )
+    script.write_text(source)
+    project = Project()
+    result = migrate_source(
+        source,
+        options=Options(unsafe_fixes=True, pmap_style="faithful"),
+        path=str(script),
+        home=project.home(script, source),
+        project=project,
+    )
+    return result.code
+
+
+def test_a_trailing_comment_stays_on_the_line_it_ended(tmp_path: Path) -> None:
+    """flax's lm1b/nlp_seq/wmt: `donate_argnums=(0,))  # pytype: disable=...`."""
+    out = pmap_script(
+        tmp_path,
+        """\
+        p_train_step = jax.pmap(
+            train_step,
+            axis_name="batch",
+            donate_argnums=(0,))  # pytype: disable=wrong-arg-types
+        p_eval = jax.pmap(train_step, axis_name="batch", donate_argnums=(0,))  # noqa: E501
+        return p_train_step, p_eval
+        """,
+    )
+    assert "      donate_argnums=(0,),  # pytype: disable=wrong-arg-types\n  )\n" in out
+    assert "  p_eval = shard_map_per_device(  # noqa: E501\n" in out
+    assert not any(line.strip().startswith(")  #") for line in out.splitlines())
+
+
+def test_the_helpers_import_is_first_party(tmp_path: Path) -> None:
+    """A script's helper, imported from the module written beside it: a group of its own after
+    the third-party imports, as isort puts a module of the code base."""
+    out = pmap_script(tmp_path, 'return jax.pmap(train_step, axis_name="batch")\n')
+    assert out.startswith(
+        "import functools\n\nimport jax\nfrom jax.sharding import PartitionSpec as P\n\n"
+        "from _pmap_compat import shard_map_per_device\n"
+    )

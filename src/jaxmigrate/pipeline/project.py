@@ -89,12 +89,22 @@ class Project:
 
     def neighbours_width(self, directory: Path) -> int | None:
         """Return the width the Python files of `directory` (else of its parents, up to the
-        project's root) were evidently wrapped at, read together: a file too short to tell is
-        written as its neighbours are (an 80-column code base's small module stays in 80)."""
-        for folder in (directory, *directory.parents):
+        project's root; without one, up to the folder holding its outermost package) were
+        evidently wrapped at, read together: a file too short to tell is written as its
+        neighbours are (an 80-column code base's small module stays in 80)."""
+        root = self.root(directory)
+        if root is not None:
+            folders = [directory, *directory.parents]
+            folders = folders[: folders.index(root) + 1]
+        else:  # no project around it: its own folder and the packages it is in
+            folders = [directory, *self._package_chain(directory)[1:]]
+            chain = self._package_chain(directory)
+            if chain:
+                folders.append(chain[-1].parent)
+        for folder in dict.fromkeys(folders):
             if folder not in self.widths:
                 self.widths[folder] = _width_of_files(folder)
-            if self.widths[folder] is not None or self.root(folder) == folder:
+            if self.widths[folder] is not None:
                 return self.widths[folder]
         return None
 

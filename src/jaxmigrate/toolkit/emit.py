@@ -638,6 +638,75 @@ def _too_long(new: cst.Call, room: Room, style: Style, *, than: cst.Call) -> boo
     return longest(new) > style.width >= longest(than)
 
 
+# Statements a rewrite broke over several lines -------------------------------------------------
+def keep_trailing_comment(original: cst.SimpleStatementLine, new: object) -> object:
+    """Return `new`, the rewrite of the statement `original`, with the comment that ended
+    `original` kept on the line it described, never left alone on a closing parenthesis.
+
+    When the statement ends in a call the rewrite now closes on a line of its own: the comment
+    of a call written over several lines goes after its last argument (whose line it ended:
+    `donate_argnums=(0,))  # pytype: disable=...`), that of a call written on one line (or
+    whose arguments now share one line) after the opening parenthesis, on the statement's
+    first line."""
+    comment = original.trailing_whitespace.comment
+    if comment is None or not isinstance(new, cst.SimpleStatementLine):
+        return new
+    if new.trailing_whitespace.comment is not comment:
+        return new
+    old_call, call = _ending_call(original), _ending_call(new)
+    if old_call is None or call is None or not call.args or _closes_alone(old_call):
+        return new
+    last = call.args[-1]
+    after = last.comma.whitespace_after if isinstance(last.comma, cst.Comma) else None
+    after = after if after is not None else last.whitespace_after_arg
+    if not isinstance(after, cst.ParenthesizedWhitespace) or after.first_line.comment:
+        return new  # the call closes on its last argument's line: the comment stays there
+    ending = cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "), comment=comment)
+    opening = call.whitespace_before_args
+    hugged = all(  # the arguments on one line of their own: the comment goes on the first
+        not isinstance(a.comma, cst.Comma)
+        or not isinstance(a.comma.whitespace_after, cst.ParenthesizedWhitespace)
+        for a in call.args[:-1]
+    )
+    first = "\n" not in code(old_call) or hugged
+    if first and isinstance(opening, cst.ParenthesizedWhitespace):
+        if opening.first_line.comment is not None:
+            return new
+        call_new = call.with_changes(whitespace_before_args=opening.with_changes(first_line=ending))
+    else:
+        gap = after.with_changes(first_line=ending)
+        if isinstance(last.comma, cst.Comma) and last.comma.whitespace_after is after:
+            last = last.with_changes(comma=last.comma.with_changes(whitespace_after=gap))
+        else:
+            last = last.with_changes(whitespace_after_arg=gap)
+        call_new = call.with_changes(args=[*call.args[:-1], last])
+    return new.deep_replace(call, call_new).with_changes(
+        trailing_whitespace=new.trailing_whitespace.with_changes(
+            whitespace=cst.SimpleWhitespace(""), comment=None
+        )
+    )
+
+
+def _ending_call(statement: cst.SimpleStatementLine) -> cst.Call | None:
+    """Return the call the statement ends with (`x = f(...)`, `return f(...)`, `f(...)`)."""
+    if not statement.body:
+        return None
+    value = getattr(statement.body[-1], "value", None)
+    if not isinstance(value, cst.Call) or value.rpar or isinstance(value.func, cst.Call):
+        return None
+    return value
+
+
+def _closes_alone(call: cst.Call) -> bool:
+    """Return True if `call` is written with its `)` on a line of its own."""
+    if not call.args:
+        return isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace)
+    last = call.args[-1]
+    after = last.comma.whitespace_after if isinstance(last.comma, cst.Comma) else None
+    after = after if after is not None else last.whitespace_after_arg
+    return isinstance(after, cst.ParenthesizedWhitespace)
+
+
 # Whole lines of generated code ----------------------------------------------------------------
 def fit_lines(source: str, style: Style) -> str:
     """Return generated `source` (a template written with one statement per line) with each

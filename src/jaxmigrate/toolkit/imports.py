@@ -237,6 +237,25 @@ def _from_line_of(stmt: cst.CSTNode) -> str | None:
     return dotted(imp.module)
 
 
+def _one_name_per_line(block: Sequence[cst.BaseStatement]) -> bool:
+    """Return True if the file imports one name per `from` line (Google's style: `from flax
+    import jax_utils`, `from flax import linen as nn`): new names get a line each too.
+
+    Every `from` import of the block names one object, and one module has several such lines,
+    or there are at least three of them."""
+    modules: list[str] = []
+    for stmt in block:
+        if not _is_import_line(stmt):
+            continue
+        assert isinstance(stmt, cst.SimpleStatementLine)
+        for imp in stmt.body:
+            if isinstance(imp, cst.ImportFrom):
+                if isinstance(imp.names, cst.ImportStar) or len(imp.names) != 1:
+                    return False
+                modules.append(_module_of(stmt))
+    return len(modules) >= 3 or len(set(modules)) < len(modules)
+
+
 def _top_block_end(body: Sequence[cst.BaseStatement]) -> int:
     """Return the index after the module's top import block (after a docstring, if any)."""
     at = 0
@@ -269,10 +288,11 @@ def add_imports(
     missing = [r for r in dict.fromkeys(requests) if r not in have]
     if not missing:
         return module
+    single = _one_name_per_line(body[:at])
     by_module: dict[str, int] = {}
     for i, stmt in enumerate(body[:at]):
         name = _from_line_of(stmt)
-        if name is not None:
+        if name is not None and not single:
             by_module.setdefault(name, i)
     for index in sorted({by_module[r[0]] for r in missing if r[1] and r[0] in by_module}):
         joining = [r for r in missing if r[1] and by_module.get(r[0]) == index]
@@ -284,8 +304,8 @@ def add_imports(
         return module.with_changes(body=body)
     # As libcst's AddImportsVisitor: plain imports first, then one from-import per module.
     rest.sort(key=lambda r: (r[1] is not None, r[0], r[1] or "", r[2] or ""))
-    new = [_make(r) for r in rest if r[1] is None]
-    for name in dict.fromkeys(r[0] for r in rest if r[1] is not None):
+    new = [_make(r) for r in rest if r[1] is None or single]
+    for name in dict.fromkeys(r[0] for r in rest if r[1] is not None and not single):
         group = [r for r in rest if r[0] == name and r[1] is not None]
         new.append(_merge_into(_make(group[0]), group[1:]) if len(group) > 1 else _make(group[0]))
     if not any(_is_import_line(stmt) for stmt in body[:at]):
@@ -421,5 +441,9 @@ def _position_in(
         if keys == sorted(keys):
             before = [i for i, k in zip(group, keys) if k <= key(new)]
             return min(max(before[-1] + 1 if before else group[0], low), high)
+    top = _module_of(new).split(".")[0]
+    kin = [i for i in range(low, high) if _module_of(body[i]).split(".")[0] == top]
+    if kin:  # an unsorted group: after the last import of the same package
+        return kin[-1] + 1
     same = [i for i, s in zip(group, sections) if s == section]
     return same[-1] + 1 if same else low

@@ -20,7 +20,7 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from jaxmigrate.model import LATEST_JAX, ProjectFile, Safety, Site, Skip
 from jaxmigrate.textio import source_lines
-from jaxmigrate.toolkit.emit import Room, Style, fit_call
+from jaxmigrate.toolkit.emit import Room, Style, fit_call, keep_trailing_comment
 from jaxmigrate.toolkit.imports import ImportRequest, add_imports, remove_unused_imports
 from jaxmigrate.toolkit.positions import LazyPositions, Positions
 from jaxmigrate.toolkit.scope import ScopeModel
@@ -252,7 +252,10 @@ class Pass(CodemodCommand, cst.CSTTransformer):
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
         if self._visit_only is not None and id(original_node) not in self._visit_only:
             return updated_node
-        return super().on_leave(original_node, updated_node)
+        left = super().on_leave(original_node, updated_node)
+        if isinstance(original_node, cst.SimpleStatementLine) and left is not original_node:
+            return keep_trailing_comment(original_node, left)
+        return left
 
     def get_metadata(self, key: Any, node: cst.CSTNode, default: Any = _UNSET) -> Any:
         """Positions are computed lazily, only once a pass asks for one."""
@@ -397,7 +400,10 @@ class Pass(CodemodCommand, cst.CSTTransformer):
             return None
         path = os.path.join(home.directory, f"{name}.py")
         self.state.files.append(ProjectFile(path, text, frozenset(keys)))
-        return f"{home.package}.{name}" if home.package else name
+        module = f"{home.package}.{name}" if home.package else name
+        # The code base's own module, even before it exists: imported among the first party.
+        self.state.first_party = self.state.first_party | {module.split(".")[0]}
+        return module
 
     def need_import(self, module: str, obj: str | None = None, asname: str | None = None) -> None:
         """Schedule `import module` / `from module import obj` at the top of the file."""
