@@ -476,3 +476,40 @@ def test_the_helpers_import_is_first_party(tmp_path: Path) -> None:
         "import functools\n\nimport jax\nfrom jax.sharding import PartitionSpec as P\n\n"
         "from _pmap_compat import shard_map_per_device\n"
     )
+
+
+def test_comments_on_a_rewritten_pmap_name_what_replaced_it(tmp_path: Path) -> None:
+    """flax's imagenet ("pmean only works inside pmap") and vision_transformer ("pmap replicates
+    the models"): the comments right above (and ending) the statement whose pmap is gone."""
+    out = pmap_script(
+        tmp_path,
+        """\
+        # a pmap comment above a blank line: about something else, left alone
+
+        # pmean only works inside pmap because it needs an axis name.
+        # This function will average the inputs across all devices.
+        p_mean = jax.pmap(lambda x: jax.lax.pmean(x, "x"), "x")  # see jax.pmap
+        other = jax.jit(lambda x: x)  # not a pmap
+        return p_mean, other
+        """,
+    )
+    assert "  # a pmap comment above a blank line: about something else, left alone\n" in out
+    assert "  # pmean only works inside shard_map because it needs an axis name.\n" in out
+    assert "shard_map_per_device(  # see jax.shard_map\n" in out
+    assert "other = jax.jit(lambda x: x)  # not a pmap\n" in out
+
+
+def test_an_import_removed_keeps_its_group_apart(tmp_path: Path) -> None:
+    """`import jax` gone, `from jax import lax` stays in its own group, not the stdlib's."""
+    source = "import functools\n\nimport jax\nfrom jax import lax\n\nf = jax.pmap(lambda x: lax.psum(x, 'i'), 'i')\n"
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    project = Project()
+    out = migrate_source(
+        source,
+        options=Options(unsafe_fixes=True, pmap_style="faithful"),
+        path=str(script),
+        home=project.home(script, source),
+        project=project,
+    ).code
+    assert out.startswith("import functools\n\nfrom jax import lax\n")

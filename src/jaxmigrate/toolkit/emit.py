@@ -648,10 +648,10 @@ def keep_trailing_comment(original: cst.SimpleStatementLine, new: object) -> obj
     `donate_argnums=(0,))  # pytype: disable=...`), that of a call written on one line (or
     whose arguments now share one line) after the opening parenthesis, on the statement's
     first line."""
-    comment = original.trailing_whitespace.comment
-    if comment is None or not isinstance(new, cst.SimpleStatementLine):
+    if original.trailing_whitespace.comment is None or not isinstance(new, cst.SimpleStatementLine):
         return new
-    if new.trailing_whitespace.comment is not comment:
+    comment = new.trailing_whitespace.comment
+    if comment is None:
         return new
     old_call, call = _ending_call(original), _ending_call(new)
     if old_call is None or call is None or not call.args or _closes_alone(old_call):

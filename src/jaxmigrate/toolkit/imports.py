@@ -88,7 +88,10 @@ class _Remover(cst.CSTTransformer):
     def _tidy(
         self, original: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]
     ) -> Sequence[cst.BaseStatement]:
-        """Drop the blank lines a removed first import leaves at the top of its block."""
+        """Drop the blank lines a removed first import leaves at the top of its block; a removed
+        import further down gives the blank lines above it to the statement after it, so the
+        groups stay apart (`import jax` gone, `from jax import lax` stays in its group)."""
+        updated = self._keep_group_breaks(original, updated)
         if not original or id(original[0]) not in self.emptied or not updated:
             return updated
         first = updated[0]
@@ -98,6 +101,30 @@ class _Remover(cst.CSTTransformer):
         while lines and lines[0].comment is None:
             lines.pop(0)
         return [first.with_changes(leading_lines=lines), *updated[1:]]
+
+    def _keep_group_breaks(
+        self, original: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]
+    ) -> Sequence[cst.BaseStatement]:
+        if not any(id(stmt) in self.emptied for stmt in original[1:]):
+            return updated
+        kept = [stmt for stmt in original if id(stmt) not in self.emptied]
+        if len(kept) != len(updated):
+            return updated
+        out = list(updated)
+        blank = False  # a removed statement (not the block's first) had a blank line above
+        for i, stmt in enumerate(original):
+            if id(stmt) in self.emptied:
+                lines = getattr(stmt, "leading_lines", ())
+                blank = blank or (i > 0 and any(line.comment is None for line in lines))
+                continue
+            if blank:
+                at = kept.index(stmt)
+                new = out[at]
+                own = list(getattr(new, "leading_lines", ()))
+                if hasattr(new, "leading_lines") and not any(line.comment is None for line in own):
+                    out[at] = new.with_changes(leading_lines=[cst.EmptyLine(), *own])
+                blank = False
+        return out
 
     def unused(self, alias: cst.ImportAlias, plain_import: bool) -> bool:
         bound = _bound_name(alias)
