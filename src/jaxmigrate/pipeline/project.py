@@ -140,6 +140,19 @@ class Project:
         shown = os.path.relpath(folder) if not path.is_absolute() else str(folder)
         return Home(shown, package, why, main=main is not None)
 
+    def notebook_home(self, path: Path, code: str) -> Home:
+        """Return where the modules shared by the notebook at `path` (its cells' `code`) go: the
+        code base's main package when the notebook imports it (or a package beside it), which is
+        then importable where the notebook runs. Else a Home without a folder: the helper is
+        defined in the notebook itself, and `why` says so."""
+        here = path.absolute().parent
+        main = self._main_home(here, imported(code))
+        if main is not None and main[2].startswith("this file imports"):
+            folder, package, why = main
+            shown = os.path.relpath(folder) if not path.is_absolute() else str(folder)
+            return Home(shown, package, why.replace("this file", "this notebook"), main=True)
+        return Home("", None, "this notebook imports no package of its code base")
+
     def _main_home(self, here: Path, names: frozenset[str]) -> tuple[Path, str, str] | None:
         """Return the main package's home when the file can import it (see the docstring)."""
         top = self.top_package(here)

@@ -104,7 +104,8 @@ class Home:
 
     `directory` is the folder of the code base's main package or the file's own package
     (`package`), or, for a script in no package, the file's own folder (`package` None: the module
-    is imported by its bare name). `why` says why, for the site's message
+    is imported by its bare name); empty for a notebook that imports no package of its code base,
+    which keeps shared code in itself. `why` says why, for the site's message
     (`jaxmigrate.pipeline.project` has the rules).
     """
 
@@ -440,7 +441,7 @@ class Pass(CodemodCommand, cst.CSTTransformer):
         applied. None when the file has no project around it: the pass keeps the code in the file.
         """
         home = self.state.home
-        if home is None:
+        if home is None or not home.directory:  # no project, or a notebook that imports none
             return None
         path = os.path.join(home.directory, f"{name}.py")
         self.state.files.append(ProjectFile(path, text, frozenset(keys)))
