@@ -513,3 +513,29 @@ def test_an_import_removed_keeps_its_group_apart(tmp_path: Path) -> None:
         project=project,
     ).code
     assert out.startswith("import functools\n\nfrom jax import lax\n")
+
+
+def test_a_call_over_several_lines_that_grows_past_the_width_is_laid_out_anew(
+    tmp_path: Path,
+) -> None:
+    """t5x's utils_test: `None` -> `jax.sharding.PartitionSpec()` under a legacy mesh made the
+    hugged line 86 columns in an 80-column file."""
+    source = textwrap.dedent(
+        """\
+        import jax
+        from jax.experimental.pjit import pjit
+        from jax.sharding import Mesh
+
+
+        def as_sharded_array(arr, axes, mesh: Mesh):
+          with mesh:
+            return pjit(
+                lambda x: x, in_axis_resources=None, out_axis_resources=axes
+            )(arr)
+        """
+    )
+    (tmp_path / "pyproject.toml").write_text("[tool.pyink]\nline-length = 80\n")
+    path = tmp_path / "utils_test.py"
+    out = migrate_source(source, options=Options(unsafe_fixes=True), path=str(path)).code
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    assert "        in_shardings=jax.sharding.PartitionSpec(),\n" in out, out

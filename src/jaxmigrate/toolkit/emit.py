@@ -547,16 +547,18 @@ def fit_call(
     """Return `new`, the rewrite of `old` (which starts where `room` says), laid out.
 
     A new call that fits the line is returned as it is. One written over several lines is
-    laid out anew only when `rearranged` (its arguments moved, so the old line breaks no longer
-    match them) and it holds no comment; else it keeps the lines it was written with.
+    laid out anew when `rearranged` (its arguments moved, so the old line breaks no longer
+    match them) or when a line of it grew past the width where none of the old call's did, and
+    it holds no comment; else it keeps the lines it was written with (continuation lines
+    aligned with the opening parenthesis moved with it: `realigned`).
     """
     old_code, new_code = code(old), code(new)
     if "\n" in new_code or "\n" in old_code:
         if not rearranged:
             aligned = realigned(old, new, room)
-            if aligned is new or not _too_long(aligned, room, style, than=old):
+            if not _too_long(aligned, room, style, than=old):
                 return aligned
-            rearranged = True  # moved past the width: laid out anew (unless commented)
+            rearranged = True  # grown past the width: laid out anew (unless commented)
         if comments_in(new):
             return new
         new = new.with_changes(args=[a.with_changes(value=flattened(a.value)) for a in new.args])
