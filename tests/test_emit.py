@@ -539,3 +539,19 @@ def test_a_call_over_several_lines_that_grows_past_the_width_is_laid_out_anew(
     out = migrate_source(source, options=Options(unsafe_fixes=True), path=str(path)).code
     assert max(len(line) for line in out.splitlines()) <= 80, out
     assert "        in_shardings=jax.sharding.PartitionSpec(),\n" in out, out
+
+
+def test_a_google_style_file_of_plain_imports_gets_from_imports_at_their_module() -> None:
+    """big_vision's evaluators: only `import` lines (both orders fit), 2-space indentation:
+    Google's order, a `from` import at its module's place, not after every `import`."""
+    source = (
+        "import big_vision.pp.builder as pp_builder\nimport jax\nimport jax.numpy as jnp\n"
+        "import numpy as np\n\n\ndef f():\n  return 1\n"
+    )
+    out = added(source, ("jax.sharding", "PartitionSpec", "P"))
+    assert (
+        "import jax.numpy as jnp\nfrom jax.sharding import PartitionSpec as P\nimport numpy" in out
+    )
+    four = source.replace("  return", "    return")
+    out = added(four, ("jax.sharding", "PartitionSpec", "P"))  # isort's order: `from` last
+    assert out.startswith(four.split("\n\n")[0] + "\nfrom jax.sharding import PartitionSpec as P\n")

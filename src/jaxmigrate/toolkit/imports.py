@@ -341,9 +341,25 @@ def add_imports(
             body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine()])
         return module.with_changes(body=[*body[:at], *new, *body[at:]])
     sections = frozenset(first_party)
+    google = _google_sorted(body, at, module.default_indent)
     for statement in new:
-        body, at = _place(body, at, statement, sections)
+        body, at = _place(body, at, statement, sections, google)
     return module.with_changes(body=body)
+
+
+def _google_sorted(body: Sequence[cst.BaseStatement], at: int, indent: str) -> bool:
+    """Return True if the file sorts its imports Google's way (`force_sort_within_sections`:
+    `from m import x` among the `import` lines, by module): a group sorted so and not in isort's
+    order says it; else, where every group fits both (only `import` lines), 2-space indentation
+    (pyink, Google's style) does."""
+    for group in _groups(body, at):
+        google = [_google_key(body[i]) for i in group]
+        isort = [_isort_key(body[i]) for i in group]
+        if google == sorted(google) and isort != sorted(isort):
+            return True
+        if isort == sorted(isort) and google != sorted(google):
+            return False
+    return indent == "  "
 
 
 # isort's sections, in their order.
@@ -408,6 +424,7 @@ def _place(
     at: int,
     new: cst.SimpleStatementLine,
     first_party: frozenset[str],
+    google: bool = False,
 ) -> tuple[list[Statement], int]:
     """Return `body` with `new` inserted into the top import block, and the block's new end."""
     section = _section(new, first_party)
@@ -419,7 +436,7 @@ def _place(
         # A module's own group, else the first of its section: a project's own modules not
         # known as such look third party, and their group comes after the real one.
         group = kin[-1] if kin else mine[0]
-        index = _position_in(body, group, new, section, first_party)
+        index = _position_in(body, group, new, section, first_party, google)
         if index == group[0]:  # the group's first line: it takes over the group's blank lines
             new, body[index] = _take_blank_lines(new, body[index], [])
         return [*body[:index], new, *body[index:]], at + 1
@@ -450,6 +467,7 @@ def _position_in(
     new: cst.SimpleStatementLine,
     section: int,
     first_party: frozenset[str],
+    google: bool = False,
 ) -> int:
     """Return where `new` goes in `group`: its sorted place, else after its section's last.
 
@@ -463,7 +481,7 @@ def _position_in(
     low, high = (earlier[-1] + 1 if earlier else group[0]), (later[0] if later else group[-1] + 1)
     if sections != sorted(sections):
         low, high = group[0], group[-1] + 1
-    for key in (_isort_key, _google_key):
+    for key in (_google_key, _isort_key) if google else (_isort_key, _google_key):
         keys = [key(body[i]) for i in group]
         if keys == sorted(keys):
             before = [i for i, k in zip(group, keys) if k <= key(new)]
