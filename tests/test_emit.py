@@ -396,6 +396,7 @@ def test_a_nested_tuple_too_long_for_its_own_line_is_exploded_in_turn() -> None:
 def test_google_style_files_get_one_imported_name_per_line() -> None:
     """brax and flax import one name per `from` line: so do the new imports."""
     brax = (
+        "from typing import Any, Callable\n"
         "from brax import envs\nfrom brax.training import acting\nfrom brax.training import types\n"
         "import flax\nimport jax\nimport jax.numpy as jnp\nimport numpy as np\n"
     )

@@ -264,12 +264,16 @@ def _from_line_of(stmt: cst.CSTNode) -> str | None:
     return dotted(imp.module)
 
 
+TYPING_MODULES = frozenset({"typing", "typing_extensions", "collections.abc"})
+
+
 def _one_name_per_line(block: Sequence[cst.BaseStatement]) -> bool:
     """Return True if the file imports one name per `from` line (Google's style: `from flax
     import jax_utils`, `from flax import linen as nn`): new names get a line each too.
 
-    Every `from` import of the block names one object, and one module has several such lines,
-    or there are at least three of them."""
+    Every `from` import of the block names one object (`typing` and `collections.abc` aside,
+    which Google's style lets name several), and one module has several such lines, or there are
+    at least three of them."""
     modules: list[str] = []
     for stmt in block:
         if not _is_import_line(stmt):
@@ -277,6 +281,8 @@ def _one_name_per_line(block: Sequence[cst.BaseStatement]) -> bool:
         assert isinstance(stmt, cst.SimpleStatementLine)
         for imp in stmt.body:
             if isinstance(imp, cst.ImportFrom):
+                if _module_of(stmt) in TYPING_MODULES:
+                    continue  # Google's style allows several names from these
                 if isinstance(imp.names, cst.ImportStar) or len(imp.names) != 1:
                     return False
                 modules.append(_module_of(stmt))
