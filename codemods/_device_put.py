@@ -17,7 +17,14 @@ from jaxmigrate.toolkit.cstutil import (
     AncestorTracking,
     make_leading_axis_sharding,
 )
-from jaxmigrate.toolkit.emit import is_read
+from jaxmigrate.toolkit.emit import (
+    Call,
+    Item,
+    has_magic_comma,
+    is_read,
+    items_of,
+    with_lambda_calls,
+)
 from jaxmigrate.toolkit.names import dotted
 from jaxmigrate.toolkit.passes import Pass
 
@@ -64,17 +71,21 @@ class RemovedDevicePut(AncestorTracking, Pass):
             return updated_node
         base = dotted(original_node.func) or ""
         self.drop_import_if_unused(base if "." not in base else base.rpartition(".")[0])
-        first, devices = updated_node.args
-        new = updated_node.with_changes(
-            func=self.jax_attr("device_put"),
-            args=[
-                _positional(first, self.stacked(first.value, devices.value)),
-                _positional(
-                    devices, make_leading_axis_sharding(self, self.resolver, devices.value)
-                ),
-            ],
+        first, devices = items_of(updated_node)
+        values = (
+            self.stacked(first.arg.value, devices.arg.value, original_node),
+            make_leading_axis_sharding(self, self.resolver, devices.arg.value),
         )
-        return self.fit(original_node, new)
+        # Through the one emitter, in the file's style: the arguments are new, so the old line
+        # breaks say nothing about them (the comments around them stay with them).
+        call = Call(
+            self.jax_attr("device_put"),
+            [_positional(item, value) for item, value in zip((first, devices), values)],
+            Call.of(updated_node).opening,
+            magic=has_magic_comma(original_node),
+        )
+        laid = with_lambda_calls(call).laid_out(self.room(original_node), self.state.style)
+        return laid.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
 
     def why_not(self, call: cst.Call) -> str | None:
         """Return why this call is left alone, or None to rewrite it."""
@@ -89,10 +100,15 @@ class RemovedDevicePut(AncestorTracking, Pass):
             return f"arguments {', '.join(names) or '(none)'}: expected ({expected}) in order"
         return None
 
-    def stacked(self, first: cst.BaseExpression, devices: cst.BaseExpression) -> cst.BaseExpression:
-        """Return the expression stacking `first` along a new leading axis, one per device."""
+    def stacked(
+        self, first: cst.BaseExpression, devices: cst.BaseExpression, call: cst.Call
+    ) -> cst.BaseExpression:
+        """Return the expression stacking `first` along a new leading axis, one per device
+        (`call` is the original call)."""
         raise NotImplementedError
 
 
-def _positional(arg: cst.Arg, value: cst.BaseExpression) -> cst.Arg:
-    return arg.with_changes(value=value, keyword=None, equal=cst.MaybeSentinel.DEFAULT)
+def _positional(item: Item, value: cst.BaseExpression) -> Item:
+    arg = item.arg.with_changes(value=value, keyword=None, equal=cst.MaybeSentinel.DEFAULT)
+    nested = Call.of(value) if isinstance(value, cst.Call) else None
+    return Item(arg, nested, item.above, item.after)

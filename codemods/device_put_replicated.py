@@ -102,7 +102,9 @@ class DevicePutReplicated(RemovedDevicePut):
             return "`len` is rebound in this file"
         return None
 
-    def stacked(self, first: cst.BaseExpression, devices: cst.BaseExpression) -> cst.BaseExpression:
+    def stacked(
+        self, first: cst.BaseExpression, devices: cst.BaseExpression, call: cst.Call
+    ) -> cst.BaseExpression:
         jnp = jnp_ref(self, self.resolver)
         leaf = fresh_name(("a", "leaf", "arr"), names_in(devices) | names_in(jnp) | {"len"})
         return parse_template_expression(

@@ -30,6 +30,18 @@ batch = jax.device_put(
 Names the module already imports are reused (`jnp`, `np`, `Mesh`, `NamedSharding`, `P`, however
 spelt); missing ones are imported under their customary names, or spelt in full when that name
 means something else here. `shards` and `devices` are each evaluated once, in the same order.
+The call is laid out in the file's own width and indentation.
+
+When the shards are the rows of an array, `list(x)` with `x` a local name every assignment of
+which makes an array (`np.asarray`, `einops.rearrange`, `x.reshape(...)`, ...; a parameter `x`
+must be overwritten so at the top of the function first), the array itself is put: its slices
+go from the host straight to their devices, where stacking the rows with `jnp.stack` would first
+gather the whole batch on the default device (an input pipeline's hot path, as in big_vision's
+`shard_and_put`):
+
+```python
+x = jax.device_put(x, NamedSharding(Mesh(np.array(devices), ("x",)), P("x")))
+```
 
 ## Safety
 safe: compared with JAX 0.10.2's own implementation (`jax._src.api.device_put_sharded`) on lists
@@ -67,14 +79,41 @@ from typing import ClassVar
 
 import libcst as cst
 from libcst.helpers import parse_template_expression
+from libcst.metadata import PositionProvider
 
 from jaxmigrate.model import Safety
 from jaxmigrate.toolkit.cstutil import jnp_ref, names_in
 from jaxmigrate.toolkit.emit import fresh_name
+from jaxmigrate.toolkit.scope import BindingKind
 
 from ._device_put import RemovedDevicePut
 
 LEGACY = "jax.device_put_sharded"
+# numpy / jax.numpy functions that return one array, and array methods that do (`._numpy()` and
+# `.numpy()`: TensorFlow's tensors to numpy).
+ARRAY_FUNCTIONS = frozenset(
+    [
+        "array",
+        "asarray",
+        "ascontiguousarray",
+        "stack",
+        "concatenate",
+        "reshape",
+        "zeros",
+        "ones",
+        "full",
+        "arange",
+        "frombuffer",
+        "transpose",
+        "swapaxes",
+        "moveaxis",
+        "expand_dims",
+        "squeeze",
+    ]
+)
+ARRAY_METHODS = frozenset(
+    ["reshape", "astype", "transpose", "swapaxes", "squeeze", "_numpy", "numpy"]
+)
 
 
 class DevicePutSharded(RemovedDevicePut):
@@ -115,7 +154,65 @@ class DevicePutSharded(RemovedDevicePut):
             for c in calls
         )
 
-    def stacked(self, first: cst.BaseExpression, devices: cst.BaseExpression) -> cst.BaseExpression:
+    def _rows_of_array(self, call: cst.Call) -> bool:
+        """Return True if the shards of `call` are `list(x)` where `x` is surely an array here: the shards
+        are its rows, so `x` itself is what they stack into, already on the host (stacking the
+        rows with `jnp.stack` would gather them on the default device first, and copy them out
+        again: twice the transfers, on the input pipeline's hot path).
+
+        `x` is a function's local name every assignment of which makes an array (`np.asarray`,
+        `einops.rearrange`, `x.reshape(...)`, ...; `x = <this call>` aside), and a parameter `x`
+        is overwritten by one of them at the top level of the function's body before the call's
+        statement."""
+        shards = call.args[0].value
+        if not (
+            isinstance(shards, cst.Call)
+            and self.qualname(shards.func) is None
+            and isinstance(shards.func, cst.Name)
+            and shards.func.value == "list"
+            and not self.resolver.bound("list")
+            and len(shards.args) == 1
+            and not shards.args[0].star
+            and not shards.args[0].keyword
+            and isinstance(shards.args[0].value, cst.Name)
+        ):
+            return False
+        name = shards.args[0].value
+        owner = self.resolver.scope_of(name).lookup(name.value)
+        if owner is None or not isinstance(owner.node, cst.FunctionDef):
+            return False
+        bindings = owner.assigning(name.value)
+        bindings = [b for b in bindings if b.value is not call]
+        made = [b for b in bindings if b.plain and b.value is not None]
+        params = [b for b in bindings if b.kind is BindingKind.PARAM]
+        if len(made) + len(params) != len(bindings) or not made:
+            return False
+        if not all(_array_call(self, b.value) for b in made if b.value is not None):
+            return False
+        if not params:
+            return True
+        body = owner.node.body
+        if not isinstance(body, cst.IndentedBlock):
+            return False
+        where = self.get_metadata(PositionProvider, shards).start
+        start = (where.line, where.column)
+        top = {id(b.node) for b in made}
+        for statement in body.body:
+            end = self.get_metadata(PositionProvider, statement).end
+            if (end.line, end.column) > start:
+                return False
+            if isinstance(statement, cst.SimpleStatementLine) and any(
+                id(small) in top for small in statement.body
+            ):
+                return True
+        return False
+
+    def stacked(
+        self, first: cst.BaseExpression, devices: cst.BaseExpression, call: cst.Call
+    ) -> cst.BaseExpression:
+        if self._rows_of_array(call):
+            assert isinstance(first, cst.Call)
+            return first.args[0].value  # `list(x)` of an array: its rows stacked are `x`
         jnp = jnp_ref(self, self.resolver)
         leaves = fresh_name(("xs", "leaves", "shard"), names_in(jnp) | names_in(first))
         return parse_template_expression(
@@ -125,6 +222,20 @@ class DevicePutSharded(RemovedDevicePut):
             stack=cst.Attribute(jnp, cst.Name("stack")),
             shards=first,
         )
+
+
+def _array_call(p: DevicePutSharded, value: cst.BaseExpression) -> bool:
+    """Return True if `value` surely evaluates to an array (never a list, tuple or dict)."""
+    if not isinstance(value, cst.Call):
+        return False
+    name = p.qualname(value.func) or ""
+    module, _, function = name.rpartition(".")
+    if module in ("numpy", "jax.numpy") and function in ARRAY_FUNCTIONS:
+        return True
+    if module == "einops" and function in ("rearrange", "repeat"):
+        return True
+    func = value.func
+    return isinstance(func, cst.Attribute) and func.attr.value in ARRAY_METHODS
 
 
 def _calls_in(node: cst.CSTNode) -> list[cst.Call]:

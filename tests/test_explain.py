@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,3 +61,56 @@ def test_unrelated_text_is_a_usage_error(tmp_path: Path) -> None:
     proc = explain("segmentation fault in the flux capacitor", tmp_path)
     assert proc.returncode == 2
     assert "no rule matches" in proc.stderr
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "legacy_project" / "legacy_project"
+
+
+def raised_by(path: Path) -> str:
+    """Return the last line of the error running `path` raises on the installed JAX."""
+    from conftest import jax_env
+
+    proc = subprocess.run(
+        [sys.executable, str(path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=jax_env(),
+        timeout=300,
+    )
+    assert proc.returncode != 0, f"{path.name} runs on this JAX: {proc.stdout[-300:]}"
+    errors = [
+        line for line in proc.stderr.splitlines() if re.match(r"\w+(Error|Exception): ", line)
+    ]
+    assert errors, proc.stderr[-500:]
+    return errors[-1]
+
+
+def test_the_errors_the_bundled_example_raises_find_their_rule(tmp_path: Path) -> None:
+    """What a user sees running the example on today's JAX, pasted into `explain`: the
+    placement module's removed helper, the sharded module's old import home, and once that is
+    fixed, pjit's old keywords."""
+    from jaxmigrate.model import Options
+    from jaxmigrate.pipeline.engine import migrate_source
+
+    sharded = (EXAMPLE / "sharded.py").read_text()
+    imports_fixed = tmp_path / "sharded.py"
+    imports_fixed.write_text(migrate_source(sharded, options=Options(select=("JM101",))).code)
+    errors = {
+        "JM104 device-put-replicated": raised_by(EXAMPLE / "placement.py"),
+        "JM101 legacy-imports": raised_by(EXAMPLE / "sharded.py"),
+        "JM103 pjit": raised_by(imports_fixed),
+    }
+    assert (
+        "cannot import name 'PartitionSpec' from 'jax.experimental'"
+        in errors["JM101 legacy-imports"]
+    )
+    assert "jax.device_put_replicated is deprecated" in errors["JM104 device-put-replicated"]
+    assert "unexpected keyword argument 'in_axis_resources'" in errors["JM103 pjit"]
+    for rule, error in errors.items():
+        for pasted in (error, error.partition(": ")[2].split(" (/")[0]):
+            proc = explain(pasted, tmp_path)
+            assert proc.returncode == 0, (pasted, proc.stderr)
+            assert proc.stdout.lstrip().startswith(rule), (pasted, proc.stdout[:200])
+            headers = re.findall(r"JM\d{3} [a-z-]+ \((?:un)?safe\)", proc.stdout)
+            assert len(headers) == 1, (pasted, headers)  # this rule, and only it

@@ -298,3 +298,46 @@ def test_dirty_notebooks_are_refused(project: Path) -> None:
     assert nb.read_bytes() == edited
     assert jm("run", "--no-verify", "--allow-dirty", ".", cwd=project).returncode == 0
     assert b"jax.sharding" in nb.read_bytes()
+
+
+PMAP_CELLS = [
+    ["import jax\n", "import trainer\n"],
+    ["step = jax.pmap(lambda x: jax.lax.psum(x, 'i'), 'i')\n"],
+]
+
+
+def code_base(tmp_path: Path) -> Path:
+    """A code base with its main package, `trainer`, and a notebook beside it."""
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "trainer"\n')
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "__init__.py").write_text("")
+    (tmp_path / "notebooks").mkdir()
+    return tmp_path
+
+
+def test_a_notebook_importing_its_code_base_imports_the_helper(tmp_path: Path) -> None:
+    """The helper is the code base's module: imported, never pasted into a cell."""
+    path = code_base(tmp_path) / "notebooks" / "train.ipynb"
+    path.write_text(notebook(PMAP_CELLS), encoding="utf-8")
+    result = process_file(path, Options(unsafe_fixes=True, pmap_style="faithful"))
+    assert result.bucket is Bucket.CHANGED, result.reason
+    sources = dict(cell_sources(result.new_text or ""))
+    assert "from trainer._pmap_compat import shard_map_per_device\n" in sources[1]
+    assert "def shard_map_per_device" not in result.new_text
+    assert [Path(f.path).name for f in result.files] == ["_pmap_compat.py"]
+    assert "imported from `trainer._pmap_compat`: this notebook imports `trainer`" in (
+        result.sites[0].message
+    )
+
+
+def test_a_notebook_importing_none_of_its_code_base_defines_the_helper_and_says_so(
+    tmp_path: Path,
+) -> None:
+    path = code_base(tmp_path) / "notebooks" / "train.ipynb"
+    path.write_text(notebook([["import jax\n"], PMAP_CELLS[1]]), encoding="utf-8")
+    result = process_file(path, Options(unsafe_fixes=True, pmap_style="faithful"))
+    assert "def shard_map_per_device" in (result.new_text or "")
+    assert not result.files
+    assert "the helper is defined in a cell: this notebook imports no package of its code base" in (
+        result.sites[0].message
+    )

@@ -40,11 +40,15 @@ class Emission(Pass):
     def _fit(self, original: cst.Call, updated: cst.Call, new: cst.Call) -> cst.Call:
         """Return `new` laid out as a formatter would when the rewrite (`jax.jit`, `P()` for
         `None`) pushed a call that fitted its line past the file's width; a line that was long
-        already is left as long as the user had it."""
+        already is left as long as the user had it. A call over several lines keeps its lines,
+        those aligned with its opening parenthesis moved with it (`pjit(` -> `jax.jit(`)."""
         if new is updated:
             return new
         room = self.room(original)
-        if room.column + len(code(original)) + room.tail > self.state.style.width:
+        if (
+            "\n" not in code(original)
+            and room.column + len(code(original)) + room.tail > self.state.style.width
+        ):
             return new
         return self.fit(original, new)
 

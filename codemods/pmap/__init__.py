@@ -407,6 +407,8 @@ class Pmap(Faithful):
     REFERENCE: ClassVar[str | None] = "vmap-oracle"
     LITERALS: ClassVar[tuple[str, ...]] = ("pmap",)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\bpmap\b")
+    # "pmean only works inside pmap": comments on a statement whose pmap the rewrite removed
+    COMMENT_WORDS: ClassVar[tuple[str, str]] = ("pmap", "shard_map")
     QUALNAMES: ClassVar[tuple[str, ...]] = (PMAP,)
 
     def has_candidates(self, tree: cst.Module, names: ScopeModel) -> bool:

@@ -246,7 +246,9 @@ class Faithful(Finding):
         elif site.fallback:
             notes.append(f"program-level form not taken: {site.fallback}")
         home = self.state.home
-        if home is not None and not self.reuse_helper:  # say where the shared helper is
+        if home is not None and not self.reuse_helper and not home.directory:
+            notes.append(f"the helper is defined in a cell: {home.why}")
+        elif home is not None and not self.reuse_helper:  # say where the shared helper is
             module = f"{home.package}.{SHARED_MODULE}" if home.package else SHARED_MODULE
             notes.append(f"the helper is imported from `{module}`: {home.why}".rstrip(": "))
         plan = Rewrite(fun, helper, notes=notes, min_jax=STATIC_MIN_JAX if statics else None)

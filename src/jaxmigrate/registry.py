@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import sys
 from collections.abc import Iterable
 
@@ -62,11 +63,56 @@ def rule_doc(pass_cls: type[Pass]) -> str:
 
 
 def find_by_text(text: str) -> list[type[Pass]]:
-    """Return the passes whose documentation mentions `text` (pasted error messages, APIs)."""
+    """Return the passes whose documentation mentions `text` (pasted error messages, APIs);
+    else those the names in the error point at (`names_in_error`): a pass that handles the
+    legacy API it names (`cannot import name 'PartitionSpec' from 'jax.experimental'`,
+    `jax.device_put_replicated is deprecated`), else the passes whose documentation mentions
+    the most of the names it quotes or calls (`pjit() got an unexpected keyword argument
+    'in_axis_resources'`)."""
     needle = " ".join(text.lower().split())
     found = []
     for p in all_passes():
         doc = " ".join(rule_doc(p).lower().split())
         if needle and needle in doc:
             found.append(p)
-    return found
+    return found or _by_names(text)
+
+
+_CANNOT_IMPORT = re.compile(r"cannot import name '(\w+)' from '([\w.]+)'")
+_NO_ATTRIBUTE = re.compile(r"module '([\w.]+)' has no attribute '(\w+)'")
+_NO_MODULE = re.compile(r"No module named '([\w.]+)'")
+_DOTTED = re.compile(r"(?<![\w./:-])[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+(?![\w/])")
+_QUOTED = re.compile(r"""['"`]([A-Za-z_][\w.]*)['"`]""")
+_CALLED = re.compile(r"\b([A-Za-z_][\w.]*)\(\)")
+
+
+def names_in_error(text: str) -> tuple[set[str], set[str], set[str]]:
+    """Return the qualified names, the modules and the bare names an error message names."""
+    qualified = {f"{m}.{n}" for n, m in _CANNOT_IMPORT.findall(text)}
+    qualified |= {f"{m}.{n}" for m, n in _NO_ATTRIBUTE.findall(text)}
+    qualified |= set(_DOTTED.findall(text))
+    modules = set(_NO_MODULE.findall(text))
+    bare = {n for n in _QUOTED.findall(text) + _CALLED.findall(text)}
+    bare |= {n.rpartition(".")[2] for n in qualified}
+    return qualified, modules, bare
+
+
+def _by_names(text: str) -> list[type[Pass]]:
+    qualified, modules, bare = names_in_error(text)
+    handled = [
+        p
+        for p in all_passes()
+        if any(
+            q == name or q.startswith(name + ".") and name in modules or name.startswith(q + ".")
+            for q in p.QUALNAMES
+            for name in qualified | modules
+        )
+    ]
+    if handled:
+        return handled
+    scores = {}
+    for p in all_passes():
+        doc = rule_doc(p)
+        scores[p] = sum(1 for n in bare if re.search(rf"(?<![\w.]){re.escape(n)}(?!\w)", doc))
+    best = max(scores.values(), default=0)
+    return [p for p, score in scores.items() if best and score == best]

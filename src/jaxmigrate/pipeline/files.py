@@ -43,7 +43,7 @@ def migrate_text(
     notebook it cannot take.
     """
     if path.endswith(".ipynb"):
-        return migrate_notebook(text, options=options, accept=accept, path=path)
+        return migrate_notebook(text, options=options, accept=accept, path=path, project=project)
     return migrate_source(
         text,
         options=options,

@@ -34,6 +34,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import libcst as cst
@@ -41,7 +42,9 @@ import libcst as cst
 from jaxmigrate.model import Options, Safety, Site, Skip
 from jaxmigrate.pipeline.engine import Migration, describe_syntax_error, migrate_source
 from jaxmigrate.pipeline.prefilter import passes_for
+from jaxmigrate.pipeline.project import Project
 from jaxmigrate.registry import chosen_passes
+from jaxmigrate.toolkit.passes import Home
 
 if TYPE_CHECKING:
     from jaxmigrate.toolkit.passes import Pass
@@ -391,8 +394,13 @@ def migrate_notebook(
     options: Options,
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
     path: str | None = None,
+    project: Project | None = None,
 ) -> Migration:
     """Migrate the code cells of a notebook's JSON text; return the new text, sites and skips.
+
+    Given `project` (and `path`), a module shared by the code base (the pmap helper) is imported
+    when the notebook imports the code base's main package, else defined in the notebook
+    (`Project.notebook_home`); the shared module's file is in `Migration.files` then.
 
     The cells run as one namespace, so they are migrated as one module (an import in the first
     cell resolves a `pmap` in the fifth; an import left unused anywhere is removed), then split
@@ -410,6 +418,11 @@ def migrate_notebook(
     module = _Module.build(cells)
     by_key: dict[str, Site] = {}
 
+    def home() -> Home | None:
+        if project is None or path is None:
+            return None
+        return project.notebook_home(Path(path), module.code)
+
     def in_module(sites: Sequence[Site]) -> list[Site]:
         assert accept is not None
         by_key.update((s.key, s) for s in sites)
@@ -423,6 +436,8 @@ def migrate_notebook(
             passes=passes,
             accept=in_module if accept is not None else None,
             path=path,
+            home=home,
+            project=project,
         )
     except cst.ParserSyntaxError as exc:
         part, line = module.locate(exc.raw_line)
@@ -432,7 +447,9 @@ def migrate_notebook(
     skips.extend(module.in_cell(s) for s in migration.skips)
     sources = module.split(migration.code) if migration.code != module.code else {}
     new_text = splice(text, sources) if sources else text
-    return Migration(new_text, tuple(sites), tuple(sorted(skips, key=_place)))
+    return Migration(
+        new_text, tuple(sites), tuple(sorted(skips, key=_place)), files=migration.files
+    )
 
 
 def _place(record: Site | Skip) -> tuple[int, int, int]:

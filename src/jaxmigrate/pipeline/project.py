@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jaxmigrate.config import Formatting, distribution_name, formatting_in, project_formatting
-from jaxmigrate.toolkit.emit import Style, infer_style
+from jaxmigrate.toolkit.emit import Style, infer_style, infer_width
 from jaxmigrate.toolkit.meshes import LEGACY_MESH_READ as LEGACY_MESH_READ_TEXT
 from jaxmigrate.toolkit.passes import Home
 
@@ -77,6 +77,7 @@ class Project:
     packages: dict[Path, bool] = field(default_factory=dict)
     mains: dict[Path, Path | None] = field(default_factory=dict)
     mesh_reads: dict[tuple[Path, bool], tuple[str, ...]] = field(default_factory=dict)
+    widths: dict[Path, int | None] = field(default_factory=dict)
 
     # Style and first-party modules -------------------------------------------------------
     def style(self, code: str, path: str | None) -> Style:
@@ -84,7 +85,30 @@ class Project:
         if path is None:
             return infer_style(code)
         width, indent = project_formatting(Path(path), self.formatting)
+        if width is None and infer_width(code.splitlines()) is None:
+            width = self.neighbours_width(Path(path).absolute().parent)
         return infer_style(code, width=width, indent=indent)
+
+    def neighbours_width(self, directory: Path) -> int | None:
+        """Return the width the Python files of `directory` (else of its parents, up to the
+        project's root; without one, up to the folder holding its outermost package) were
+        evidently wrapped at, read together: a file too short to tell is written as its
+        neighbours are (an 80-column code base's small module stays in 80)."""
+        root = self.root(directory)
+        if root is not None:
+            folders = [directory, *directory.parents]
+            folders = folders[: folders.index(root) + 1]
+        else:  # no project around it: its own folder and the packages it is in
+            folders = [directory, *self._package_chain(directory)[1:]]
+            chain = self._package_chain(directory)
+            if chain:
+                folders.append(chain[-1].parent)
+        for folder in dict.fromkeys(folders):
+            if folder not in self.widths:
+                self.widths[folder] = _width_of_files(folder)
+            if self.widths[folder] is not None:
+                return self.widths[folder]
+        return None
 
     def first_party(self, path: str | None) -> frozenset[str]:
         """Return the top-level modules that are the project's own for a file at `path`: those
@@ -145,6 +169,19 @@ class Project:
         folder, package, why = main or self._own_home(here, text, names)
         shown = os.path.relpath(folder) if not path.is_absolute() else str(folder)
         return Home(shown, package, why, main=main is not None)
+
+    def notebook_home(self, path: Path, code: str) -> Home:
+        """Return where the modules shared by the notebook at `path` (its cells' `code`) go: the
+        code base's main package when the notebook imports it (or a package beside it), which is
+        then importable where the notebook runs. Else a Home without a folder: the helper is
+        defined in the notebook itself, and `why` says so."""
+        here = path.absolute().parent
+        main = self._main_home(here, imported(code))
+        if main is not None and main[2].startswith("this file imports"):
+            folder, package, why = main
+            shown = os.path.relpath(folder) if not path.is_absolute() else str(folder)
+            return Home(shown, package, why.replace("this file", "this notebook"), main=True)
+        return Home("", None, "this notebook imports no package of its code base")
 
     def _main_home(self, here: Path, names: frozenset[str]) -> tuple[Path, str, str] | None:
         """Return the main package's home when the file can import it (see the docstring)."""
@@ -384,3 +421,23 @@ def _is_file(path: Path) -> bool:
         return path.is_file()
     except OSError:
         return False
+
+
+NEIGHBOURS = 40  # Python files of a directory read to learn its width, at most
+NEIGHBOUR_BYTES = 200_000  # and at most this much of each
+
+
+def _width_of_files(directory: Path) -> int | None:
+    """Return the width the Python files directly in `directory` were wrapped at, or None."""
+    try:
+        files = sorted(p for p in directory.glob("*.py") if p.is_file())[:NEIGHBOURS]
+    except OSError:
+        return None
+    lines: list[str] = []
+    for file in files:
+        try:
+            with file.open(encoding="utf-8", errors="replace") as handle:
+                lines.extend(handle.read(NEIGHBOUR_BYTES).splitlines())
+        except OSError:
+            continue
+    return infer_width(lines) if lines else None

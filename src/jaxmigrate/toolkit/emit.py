@@ -338,6 +338,9 @@ class Call:
     func: cst.BaseExpression
     items: list[Item]
     opening: cst.TrailingWhitespace | None = None  # a comment right after `(`
+    # The call it replaces ended its last argument with a comma over several lines: black's
+    # "magic trailing comma" keeps one argument per line.
+    magic: bool = False
 
     @classmethod
     def of(cls, call: cst.Call) -> Call:
@@ -364,7 +367,7 @@ class Call:
     def laid_out(self, room: Room, style: Style) -> cst.Call:
         """Return the call laid out as black lays it out, starting where `room` says."""
         inner = room.indent + style.continuation
-        if not self.commented:
+        if not self.commented and not self.magic:
             flat = self.flat()
             if room.column + len(code(flat)) + room.tail <= style.width:
                 return flat
@@ -442,7 +445,40 @@ def _exploded_sequence(
 def _start(item: Item, inner: str) -> int:
     """Return the column the call of `item`, written on a line of its own, starts at."""
     keyword = item.arg.keyword
-    return len(inner) + (len(keyword.value) + 1 if keyword is not None else 0) + item.head
+    star = len(item.arg.star) if isinstance(item.arg.star, str) else 0
+    return len(inner) + (len(keyword.value) + 1 if keyword is not None else 0) + star + item.head
+
+
+def with_lambda_calls(call: Call) -> Call:
+    """Return `call` with the call a lambda argument makes (`lambda a: jnp.stack([a] * n)`)
+    laid out as a call too, after the lambda's head, as black lays it out."""
+    items = []
+    for item in call.items:
+        value = item.arg.value
+        if item.call is not None:
+            item = replace(item, call=with_lambda_calls(item.call))
+        elif (
+            isinstance(value, cst.Lambda)
+            and isinstance(value.body, cst.Call)
+            and not value.lpar
+            and not value.body.lpar
+            and not comments_in(value)
+        ):
+            head = len(code(value)) - len(code(value.body))
+            wrap = functools.partial(_lambda_body, value)
+            item = replace(item, call=with_lambda_calls(Call.of(value.body)), wrap=wrap, head=head)
+        items.append(item)
+    return replace(call, items=items)
+
+
+def _lambda_body(lam: cst.Lambda, body: cst.Call) -> cst.BaseExpression:
+    return lam.with_changes(body=body)
+
+
+def has_magic_comma(call: cst.Call) -> bool:
+    """Return True if `call` is written over several lines with a comma after its last
+    argument: black keeps such a call one argument per line."""
+    return bool(call.args) and isinstance(call.args[-1].comma, cst.Comma) and "\n" in code(call)
 
 
 def _opening(call: cst.Call) -> cst.TrailingWhitespace | None:
@@ -511,12 +547,19 @@ def fit_call(
     """Return `new`, the rewrite of `old` (which starts where `room` says), laid out.
 
     A new call that fits the line is returned as it is. One written over several lines is
-    laid out anew only when `rearranged` (its arguments moved, so the old line breaks no longer
-    match them) and it holds no comment; else it keeps the lines it was written with.
+    laid out anew when `rearranged` (its arguments moved, so the old line breaks no longer
+    match them) or when a line of it grew past the width where none of the old call's did, and
+    it holds no comment; else it keeps the lines it was written with (continuation lines
+    aligned with the opening parenthesis moved with it: `realigned`).
     """
     old_code, new_code = code(old), code(new)
     if "\n" in new_code or "\n" in old_code:
-        if not rearranged or comments_in(new):
+        if not rearranged:
+            aligned = realigned(old, new, room)
+            if not _too_long(aligned, room, style, than=old):
+                return aligned
+            rearranged = True  # grown past the width: laid out anew (unless commented)
+        if comments_in(new):
             return new
         new = new.with_changes(args=[a.with_changes(value=flattened(a.value)) for a in new.args])
         if comments_in(new):
@@ -527,6 +570,143 @@ def fit_call(
     elif room.column + len(new_code) + room.tail <= style.width:
         return new
     return Call.of(new).laid_out(room, style)
+
+
+def realigned(old: cst.Call, new: cst.Call, room: Room) -> cst.Call:
+    """Return `new`, the rewrite of `old` under another name (`pjit(` -> `jax.jit(`), with the
+    continuation lines that were aligned with `old`'s opening parenthesis moved with it.
+
+    `old` starts where `room` says, its callee and `(` on its first line; only a call whose
+    every argument starting a line starts in the column after `(` is realigned, and then every
+    line inside its parentheses moves by the same number of columns, keeping their layout."""
+    shift = len(code(new.func)) - len(code(old.func))
+    if shift == 0 or "\n" in code(old.func) or len(old.args) != len(new.args):
+        return new
+    column = room.column + len(code(old.func)) + 1
+    starts = [old.whitespace_before_args] + [
+        a.comma.whitespace_after if isinstance(a.comma, cst.Comma) else a.whitespace_after_arg
+        for a in old.args[:-1]
+    ]
+    broken = [w for w in starts if isinstance(w, cst.ParenthesizedWhitespace)]
+    if not broken or any(_column_of(w, room.indent) != column for w in broken):
+        return new
+    moved = new.with_changes(args=[a.visit(_Shift(shift)) for a in new.args])
+    assert isinstance(moved, cst.Call)
+    if isinstance(new.whitespace_before_args, cst.ParenthesizedWhitespace):
+        ws = new.whitespace_before_args.visit(_Shift(shift))
+        moved = moved.with_changes(whitespace_before_args=ws)
+    return moved
+
+
+def _column_of(ws: cst.ParenthesizedWhitespace, indent: str) -> int:
+    return (len(indent) if ws.indent else 0) + len(ws.last_line.value)
+
+
+class _Shift(cst.CSTTransformer):
+    """Move every line started inside a call by `shift` columns (never left of column 0)."""
+
+    def __init__(self, shift: int) -> None:
+        super().__init__()
+        self.shift = shift
+
+    def _moved(self, whitespace: str) -> str:
+        return " " * max(0, len(whitespace) + self.shift)
+
+    def leave_ParenthesizedWhitespace(
+        self, original_node: cst.ParenthesizedWhitespace, updated_node: cst.ParenthesizedWhitespace
+    ) -> cst.ParenthesizedWhitespace:
+        if "\t" in updated_node.last_line.value:
+            return updated_node
+        lines = [
+            line.with_changes(whitespace=cst.SimpleWhitespace(self._moved(line.whitespace.value)))
+            if line.comment is not None and "\t" not in line.whitespace.value
+            else line
+            for line in updated_node.empty_lines
+        ]
+        last = cst.SimpleWhitespace(self._moved(updated_node.last_line.value))
+        return updated_node.with_changes(empty_lines=lines, last_line=last)
+
+
+def _too_long(new: cst.Call, room: Room, style: Style, *, than: cst.Call) -> bool:
+    """Return True if a line of `new` goes past the width where no line of `than` did."""
+
+    def longest(call: cst.Call) -> int:
+        lines = code(call).split("\n")
+        first = room.column + len(lines[0])
+        # (a continuation line's code leaves out the block's indentation, its usual start)
+        rest = [len(room.indent) + len(line) for line in lines[1:]]
+        return max([first, *rest])
+
+    return longest(new) > style.width >= longest(than)
+
+
+# Statements a rewrite broke over several lines -------------------------------------------------
+def keep_trailing_comment(original: cst.SimpleStatementLine, new: object) -> object:
+    """Return `new`, the rewrite of the statement `original`, with the comment that ended
+    `original` kept on the line it described, never left alone on a closing parenthesis.
+
+    When the statement ends in a call the rewrite now closes on a line of its own: the comment
+    of a call written over several lines goes after its last argument (whose line it ended:
+    `donate_argnums=(0,))  # pytype: disable=...`), that of a call written on one line (or
+    whose arguments now share one line) after the opening parenthesis, on the statement's
+    first line."""
+    if original.trailing_whitespace.comment is None or not isinstance(new, cst.SimpleStatementLine):
+        return new
+    comment = new.trailing_whitespace.comment
+    if comment is None:
+        return new
+    old_call, call = _ending_call(original), _ending_call(new)
+    if old_call is None or call is None or not call.args or _closes_alone(old_call):
+        return new
+    last = call.args[-1]
+    after = last.comma.whitespace_after if isinstance(last.comma, cst.Comma) else None
+    after = after if after is not None else last.whitespace_after_arg
+    if not isinstance(after, cst.ParenthesizedWhitespace) or after.first_line.comment:
+        return new  # the call closes on its last argument's line: the comment stays there
+    ending = cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "), comment=comment)
+    opening = call.whitespace_before_args
+    hugged = all(  # the arguments on one line of their own: the comment goes on the first
+        not isinstance(a.comma, cst.Comma)
+        or not isinstance(a.comma.whitespace_after, cst.ParenthesizedWhitespace)
+        for a in call.args[:-1]
+    )
+    first = "\n" not in code(old_call) or hugged
+    if first and isinstance(opening, cst.ParenthesizedWhitespace):
+        if opening.first_line.comment is not None:
+            return new
+        call_new = call.with_changes(whitespace_before_args=opening.with_changes(first_line=ending))
+    else:
+        gap = after.with_changes(first_line=ending)
+        if isinstance(last.comma, cst.Comma) and last.comma.whitespace_after is after:
+            last = last.with_changes(comma=last.comma.with_changes(whitespace_after=gap))
+        else:
+            last = last.with_changes(whitespace_after_arg=gap)
+        call_new = call.with_changes(args=[*call.args[:-1], last])
+    return new.deep_replace(call, call_new).with_changes(
+        trailing_whitespace=new.trailing_whitespace.with_changes(
+            whitespace=cst.SimpleWhitespace(""), comment=None
+        )
+    )
+
+
+def _ending_call(statement: cst.SimpleStatementLine) -> cst.Call | None:
+    """Return the call the statement ends with (`x = f(...)`, `return f(...)`, `f(...)`)."""
+    if not statement.body:
+        return None
+    value = getattr(statement.body[-1], "value", None)
+    if not isinstance(value, cst.Call) or value.rpar or isinstance(value.func, cst.Call):
+        return None
+    return value
+
+
+def _closes_alone(call: cst.Call) -> bool:
+    """Return True if `call` is written with its `)` on a line of its own."""
+    if not call.args:
+        return isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace)
+    last = call.args[-1]
+    after = last.comma.whitespace_after if isinstance(last.comma, cst.Comma) else None
+    after = after if after is not None else last.whitespace_after_arg
+    return isinstance(after, cst.ParenthesizedWhitespace)
 
 
 # Whole lines of generated code ----------------------------------------------------------------

@@ -88,7 +88,10 @@ class _Remover(cst.CSTTransformer):
     def _tidy(
         self, original: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]
     ) -> Sequence[cst.BaseStatement]:
-        """Drop the blank lines a removed first import leaves at the top of its block."""
+        """Drop the blank lines a removed first import leaves at the top of its block; a removed
+        import further down gives the blank lines above it to the statement after it, so the
+        groups stay apart (`import jax` gone, `from jax import lax` stays in its group)."""
+        updated = self._keep_group_breaks(original, updated)
         if not original or id(original[0]) not in self.emptied or not updated:
             return updated
         first = updated[0]
@@ -98,6 +101,30 @@ class _Remover(cst.CSTTransformer):
         while lines and lines[0].comment is None:
             lines.pop(0)
         return [first.with_changes(leading_lines=lines), *updated[1:]]
+
+    def _keep_group_breaks(
+        self, original: Sequence[cst.BaseStatement], updated: Sequence[cst.BaseStatement]
+    ) -> Sequence[cst.BaseStatement]:
+        if not any(id(stmt) in self.emptied for stmt in original[1:]):
+            return updated
+        kept = [stmt for stmt in original if id(stmt) not in self.emptied]
+        if len(kept) != len(updated):
+            return updated
+        out = list(updated)
+        blank = False  # a removed statement (not the block's first) had a blank line above
+        for i, stmt in enumerate(original):
+            if id(stmt) in self.emptied:
+                lines = getattr(stmt, "leading_lines", ())
+                blank = blank or (i > 0 and any(line.comment is None for line in lines))
+                continue
+            if blank:
+                at = kept.index(stmt)
+                new = out[at]
+                own = list(getattr(new, "leading_lines", ()))
+                if hasattr(new, "leading_lines") and not any(line.comment is None for line in own):
+                    out[at] = new.with_changes(leading_lines=[cst.EmptyLine(), *own])
+                blank = False
+        return out
 
     def unused(self, alias: cst.ImportAlias, plain_import: bool) -> bool:
         bound = _bound_name(alias)
@@ -237,6 +264,31 @@ def _from_line_of(stmt: cst.CSTNode) -> str | None:
     return dotted(imp.module)
 
 
+TYPING_MODULES = frozenset({"typing", "typing_extensions", "collections.abc"})
+
+
+def _one_name_per_line(block: Sequence[cst.BaseStatement]) -> bool:
+    """Return True if the file imports one name per `from` line (Google's style: `from flax
+    import jax_utils`, `from flax import linen as nn`): new names get a line each too.
+
+    Every `from` import of the block names one object (`typing` and `collections.abc` aside,
+    which Google's style lets name several), and one module has several such lines, or there are
+    at least three of them."""
+    modules: list[str] = []
+    for stmt in block:
+        if not _is_import_line(stmt):
+            continue
+        assert isinstance(stmt, cst.SimpleStatementLine)
+        for imp in stmt.body:
+            if isinstance(imp, cst.ImportFrom):
+                if _module_of(stmt) in TYPING_MODULES:
+                    continue  # Google's style allows several names from these
+                if isinstance(imp.names, cst.ImportStar) or len(imp.names) != 1:
+                    return False
+                modules.append(_module_of(stmt))
+    return len(modules) >= 3 or len(set(modules)) < len(modules)
+
+
 def _top_block_end(body: Sequence[cst.BaseStatement]) -> int:
     """Return the index after the module's top import block (after a docstring, if any)."""
     at = 0
@@ -269,10 +321,11 @@ def add_imports(
     missing = [r for r in dict.fromkeys(requests) if r not in have]
     if not missing:
         return module
+    single = _one_name_per_line(body[:at])
     by_module: dict[str, int] = {}
     for i, stmt in enumerate(body[:at]):
         name = _from_line_of(stmt)
-        if name is not None:
+        if name is not None and not single:
             by_module.setdefault(name, i)
     for index in sorted({by_module[r[0]] for r in missing if r[1] and r[0] in by_module}):
         joining = [r for r in missing if r[1] and by_module.get(r[0]) == index]
@@ -284,8 +337,8 @@ def add_imports(
         return module.with_changes(body=body)
     # As libcst's AddImportsVisitor: plain imports first, then one from-import per module.
     rest.sort(key=lambda r: (r[1] is not None, r[0], r[1] or "", r[2] or ""))
-    new = [_make(r) for r in rest if r[1] is None]
-    for name in dict.fromkeys(r[0] for r in rest if r[1] is not None):
+    new = [_make(r) for r in rest if r[1] is None or single]
+    for name in dict.fromkeys(r[0] for r in rest if r[1] is not None and not single):
         group = [r for r in rest if r[0] == name and r[1] is not None]
         new.append(_merge_into(_make(group[0]), group[1:]) if len(group) > 1 else _make(group[0]))
     if not any(_is_import_line(stmt) for stmt in body[:at]):
@@ -294,9 +347,25 @@ def add_imports(
             body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine()])
         return module.with_changes(body=[*body[:at], *new, *body[at:]])
     sections = frozenset(first_party)
+    google = _google_sorted(body, at, module.default_indent)
     for statement in new:
-        body, at = _place(body, at, statement, sections)
+        body, at = _place(body, at, statement, sections, google)
     return module.with_changes(body=body)
+
+
+def _google_sorted(body: Sequence[cst.BaseStatement], at: int, indent: str) -> bool:
+    """Return True if the file sorts its imports Google's way (`force_sort_within_sections`:
+    `from m import x` among the `import` lines, by module): a group sorted so and not in isort's
+    order says it; else, where every group fits both (only `import` lines), 2-space indentation
+    (pyink, Google's style) does."""
+    for group in _groups(body, at):
+        google = [_google_key(body[i]) for i in group]
+        isort = [_isort_key(body[i]) for i in group]
+        if google == sorted(google) and isort != sorted(isort):
+            return True
+        if isort == sorted(isort) and google != sorted(google):
+            return False
+    return indent == "  "
 
 
 # isort's sections, in their order.
@@ -361,6 +430,7 @@ def _place(
     at: int,
     new: cst.SimpleStatementLine,
     first_party: frozenset[str],
+    google: bool = False,
 ) -> tuple[list[Statement], int]:
     """Return `body` with `new` inserted into the top import block, and the block's new end."""
     section = _section(new, first_party)
@@ -372,7 +442,7 @@ def _place(
         # A module's own group, else the first of its section: a project's own modules not
         # known as such look third party, and their group comes after the real one.
         group = kin[-1] if kin else mine[0]
-        index = _position_in(body, group, new, section, first_party)
+        index = _position_in(body, group, new, section, first_party, google)
         if index == group[0]:  # the group's first line: it takes over the group's blank lines
             new, body[index] = _take_blank_lines(new, body[index], [])
         return [*body[:index], new, *body[index:]], at + 1
@@ -403,6 +473,7 @@ def _position_in(
     new: cst.SimpleStatementLine,
     section: int,
     first_party: frozenset[str],
+    google: bool = False,
 ) -> int:
     """Return where `new` goes in `group`: its sorted place, else after its section's last.
 
@@ -416,10 +487,14 @@ def _position_in(
     low, high = (earlier[-1] + 1 if earlier else group[0]), (later[0] if later else group[-1] + 1)
     if sections != sorted(sections):
         low, high = group[0], group[-1] + 1
-    for key in (_isort_key, _google_key):
+    for key in (_google_key, _isort_key) if google else (_isort_key, _google_key):
         keys = [key(body[i]) for i in group]
         if keys == sorted(keys):
             before = [i for i, k in zip(group, keys) if k <= key(new)]
             return min(max(before[-1] + 1 if before else group[0], low), high)
+    top = _module_of(new).split(".")[0]
+    kin = [i for i in range(low, high) if _module_of(body[i]).split(".")[0] == top]
+    if kin:  # an unsorted group: after the last import of the same package
+        return kin[-1] + 1
     same = [i for i, s in zip(group, sections) if s == section]
     return same[-1] + 1 if same else low

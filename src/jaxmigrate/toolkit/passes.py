@@ -20,7 +20,7 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from jaxmigrate.model import LATEST_JAX, ProjectFile, Safety, Site, Skip
 from jaxmigrate.textio import source_lines
-from jaxmigrate.toolkit.emit import Room, Style, fit_call
+from jaxmigrate.toolkit.emit import Room, Style, code, fit_call, keep_trailing_comment
 from jaxmigrate.toolkit.imports import ImportRequest, add_imports, remove_unused_imports
 from jaxmigrate.toolkit.positions import LazyPositions, Positions
 from jaxmigrate.toolkit.scope import ScopeModel
@@ -104,7 +104,8 @@ class Home:
 
     `directory` is the folder of the code base's main package or the file's own package
     (`package`), or, for a script in no package, the file's own folder (`package` None: the module
-    is imported by its bare name). `why` says why, for the site's message
+    is imported by its bare name); empty for a notebook that imports no package of its code base,
+    which keeps shared code in itself. `why` says why, for the site's message
     (`jaxmigrate.pipeline.project` has the rules).
     """
 
@@ -189,6 +190,9 @@ class Pass(CodemodCommand, cst.CSTTransformer):
     QUALNAMES: ClassVar[tuple[str, ...]] = ()
     NODE_TYPES: ClassVar[tuple[type[cst.CSTNode], ...]] = ()
     PRUNE: ClassVar[bool] = True
+    # (legacy, modern): the legacy API's name in the comments on a statement whose legacy call
+    # the rewrite removed is replaced by the modern one's (see `_renamed_in_comments`).
+    COMMENT_WORDS: ClassVar[tuple[str, str] | None] = None
 
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
@@ -257,7 +261,51 @@ class Pass(CodemodCommand, cst.CSTTransformer):
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
         if self._visit_only is not None and id(original_node) not in self._visit_only:
             return updated_node
-        return super().on_leave(original_node, updated_node)
+        left: Any = super().on_leave(original_node, updated_node)
+        if isinstance(original_node, cst.SimpleStatementLine) and left is not original_node:
+            if self.COMMENT_WORDS and isinstance(left, cst.SimpleStatementLine):
+                left = self._renamed_in_comments(original_node, left)
+            left = keep_trailing_comment(original_node, left)
+        return left
+
+    def _renamed_in_comments(
+        self, original: cst.SimpleStatementLine, new: cst.SimpleStatementLine
+    ) -> cst.SimpleStatementLine:
+        """Return `new` with the legacy API's name in the comments that describe it (the comment
+        lines right above it and the one ending it) replaced by its successor's, when the
+        statement's value was the legacy call and is something else now: "pmean only works
+        inside pmap" above `cross_replica_mean = jax.pmap(...)`."""
+        assert self.COMMENT_WORDS is not None
+        legacy, modern = self.COMMENT_WORDS
+        word = re.compile(rf"(?<![\w.]){legacy}(?!\w)|(?<=jax\.){legacy}(?!\w)")
+        value = getattr(original.body[-1], "value", None) if original.body else None
+        if not isinstance(value, cst.Call) or not re.fullmatch(
+            rf"(\w+\.)*{legacy}", code(value.func)
+        ):
+            return new  # only a statement that is the legacy call (`f = jax.pmap(...)`)
+        after = getattr(new.body[-1], "value", None) if new.body else None
+        if after is None or re.search(rf"(?<![\w.]){legacy}\b|jax\.{legacy}\b", code(after)):
+            return new
+        lines = list(new.leading_lines)
+        start = len(lines)
+        while start and lines[start - 1].comment is not None:
+            start -= 1
+        changed = False
+        for i in range(start, len(lines)):
+            comment = lines[i].comment
+            if comment is not None and word.search(comment.value):
+                lines[i] = lines[i].with_changes(
+                    comment=cst.Comment(word.sub(modern, comment.value))
+                )
+                changed = True
+        trailing = new.trailing_whitespace
+        if trailing.comment is not None and word.search(trailing.comment.value):
+            text = word.sub(modern, trailing.comment.value)
+            trailing = trailing.with_changes(comment=cst.Comment(text))
+            changed = True
+        if not changed:
+            return new
+        return new.with_changes(leading_lines=lines, trailing_whitespace=trailing)
 
     def get_metadata(self, key: Any, node: cst.CSTNode, default: Any = _UNSET) -> Any:
         """Positions are computed lazily, only once a pass asks for one."""
@@ -400,11 +448,14 @@ class Pass(CodemodCommand, cst.CSTTransformer):
         applied. None when the file has no project around it: the pass keeps the code in the file.
         """
         home = self.state.home
-        if home is None:
+        if home is None or not home.directory:  # no project, or a notebook that imports none
             return None
         path = os.path.join(home.directory, f"{name}.py")
         self.state.files.append(ProjectFile(path, text, frozenset(keys)))
-        return f"{home.package}.{name}" if home.package else name
+        module = f"{home.package}.{name}" if home.package else name
+        # The code base's own module, even before it exists: imported among the first party.
+        self.state.first_party = self.state.first_party | {module.split(".")[0]}
+        return module
 
     def need_import(self, module: str, obj: str | None = None, asname: str | None = None) -> None:
         """Schedule `import module` / `from module import obj` at the top of the file."""
