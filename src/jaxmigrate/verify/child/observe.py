@@ -73,11 +73,23 @@ class Observed:
         }
 
     def add_output(self, output: Any) -> None:
-        """Note the sharding of each `jax.Array` leaf of the next call's output."""
+        """Note the sharding of each `jax.Array` leaf of the next call's output.
+
+        A dict whose keys JAX cannot sort is walked keyed (`hostify.keyed`), as the values
+        are compared; an output JAX cannot walk at all is skipped (its values decide).
+        """
         import jax
 
+        from .hostify import keyed
+
         call, self.calls = self.calls, self.calls + 1
-        pairs, _ = jax.tree_util.tree_flatten_with_path(output)
+        try:
+            try:
+                pairs, _ = jax.tree_util.tree_flatten_with_path(output)
+            except ValueError:  # a dict with keys of mixed types: keyed as the comparison is
+                pairs, _ = jax.tree_util.tree_flatten_with_path(keyed(output))
+        except Exception:  # noqa: BLE001 - what cannot be walked has no shardings to note
+            return
         for path, leaf in pairs:
             if len(self.shardings) >= MAX_SHARDINGS:
                 return
