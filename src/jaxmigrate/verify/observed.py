@@ -9,6 +9,12 @@ Each worker reports, for the calls it ran, what JAX compiled and how the outputs
   `jax.set_mesh`, `pjit` to `jax.jit`), a function compiled on both sides lowers with other
   sharding constraints or collectives, or an output array is sharded otherwise. A pmap rewritten
   to `shard_map` changes both legitimately: only its compile count is compared.
+
+One change of an output's sharding is the migration's intended effect, not a lost sharding: a
+`jax.jit` output no sharding was asked for is on one device under `with mesh:` and replicated
+over the whole mesh (`P()`) under `jax.set_mesh` (JAX's own guide recommends that migration).
+It is noted in the details (`placement`), not failed; an output sharded over the mesh in the
+original (`out_shardings=`, a sharding constraint) must keep its spec.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ def observed_verdict(
     details["compiles"] = {"original": before["compiles"], "rewrite": after["compiles"]}
     reason = more_compiles(before, after)
     if reason is None and compares_lowering(plan):
-        reason = lowering_changed(before, after) or sharding_changed(before, after)
+        reason = lowering_changed(before, after) or sharding_changed(before, after, details)
     if reason is None:
         return None
     details["observed"] = reason
@@ -78,13 +84,40 @@ def lowering_changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> str
     return None
 
 
-def sharding_changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
-    """Return the first output array sharded otherwise in the rewrite."""
+ONE_DEVICE = "one device (unsharded)"
+
+
+def replicated(text: str) -> bool:
+    """Return True if `text` (`child/observe.sharding_text`) is fully replicated over a mesh."""
+    return text.startswith("P() over mesh (")
+
+
+def sharding_changed(
+    before: Mapping[str, Any], after: Mapping[str, Any], details: dict[str, Any]
+) -> str | None:
+    """Return the first output array sharded otherwise in the rewrite.
+
+    An output on one device in the original and replicated over the mesh in the rewrite is
+    what `jax.set_mesh` does with a jit output no sharding was asked for: it is noted in
+    `details["placement"]`, not returned.
+    """
     old, new = before["shardings"], after["shardings"]
+    placed: list[str] = []
     for where in old:
-        if where in new and old[where] != new[where]:
-            return (
-                f"the sharding of {where} changed: {old[where]} in the original, "
-                f"{new[where]} in the rewrite"
-            )
+        if where not in new or old[where] == new[where]:
+            continue
+        if old[where] == ONE_DEVICE and replicated(new[where]):
+            placed.append(where)
+            continue
+        return (
+            f"the sharding of {where} changed: {old[where]} in the original, "
+            f"{new[where]} in the rewrite"
+        )
+    if placed:
+        shown = ", ".join(placed[:3]) + (f" and {len(placed) - 3} more" if len(placed) > 3 else "")
+        details["placement"] = (
+            f"{len(placed)} output array(s) ({shown}) on one device in the original are "
+            f"replicated over the mesh in the rewrite ({new[placed[0]]}): `jax.set_mesh` places "
+            "a jit output no sharding was asked for on the whole mesh, with the same values"
+        )
     return None
