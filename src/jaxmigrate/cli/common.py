@@ -131,11 +131,14 @@ class Settings:
     processes: int = 1
     project_tests: bool = True
 
-    def open_cache(self) -> ResultCache | None:
-        """Return the result cache under the project root, or None with `--no-cache`."""
+    def open_cache(self, *, dry_run: bool = False) -> ResultCache | None:
+        """Return the result cache under the project root, or None with `--no-cache`; a dry run
+        writes nothing in the user's tree: its cache is in the user's cache directory."""
         from jaxmigrate.pipeline.cache import ResultCache
 
-        return ResultCache.open(self.root, self.options) if self.cache else None
+        if not self.cache:
+            return None
+        return ResultCache.open(self.root, self.options, in_tree=not dry_run)
 
     def verify_config(self) -> VerifyConfig:
         """Return the verifier's configuration for this run."""
