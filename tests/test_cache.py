@@ -10,11 +10,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from clitools import command, jm
+from clitools import cli_env, command, jm
 from test_cli import LEGACY
 
 from jaxmigrate.model import Bucket, FileResult, Options
-from jaxmigrate.pipeline.cache import CACHE_DIR, ResultCache
+from jaxmigrate.pipeline.cache import CACHE_DIR, ResultCache, user_cache_root
 from jaxmigrate.pipeline.discovery import Discovery
 from jaxmigrate.pipeline.project import Project
 from jaxmigrate.pipeline.runner import migrate_files
@@ -162,32 +162,69 @@ def test_cli_cache_and_no_cache(corpus: Path, tmp_path: Path) -> None:
     shutil.copytree(corpus / "notebooks", tree)
     (tree / "pyproject.toml").write_text("[tool.jaxmigrate]\n")
     args = ("check", "--format", "json")
-    bare = jm(*args, "--no-cache", ".", cwd=tree)
-    assert not (tree / CACHE_DIR).exists()
-    cold = jm(*args, ".", cwd=tree)
-    warm = jm(*args, ".", cwd=tree)
-    assert (tree / CACHE_DIR).is_dir()
+    env = cli_env(XDG_CACHE_HOME=str(tmp_path / "user-cache"))
+    bare = jm(*args, "--no-cache", ".", cwd=tree, env=env)
+    assert not (tmp_path / "user-cache").exists()
+    cold = jm(*args, ".", cwd=tree, env=env)
+    warm = jm(*args, ".", cwd=tree, env=env)
+    assert not (tree / CACHE_DIR).exists()  # `check` is a dry run: its cache is the user's
+    assert list((tmp_path / "user-cache" / "jaxmigrate").glob("*/v1/*/*.json"))
     assert bare.stdout == cold.stdout == warm.stdout and bare.returncode == warm.returncode == 1
-    changed = jm(*args, "--select", "JM101", ".", cwd=tree)
-    assert changed.stdout == jm(*args, "--select", "JM101", "--no-cache", ".", cwd=tree).stdout
+    changed = jm(*args, "--select", "JM101", ".", cwd=tree, env=env)
+    no_cache = jm(*args, "--select", "JM101", "--no-cache", ".", cwd=tree, env=env)
+    assert changed.stdout == no_cache.stdout
     assert changed.stdout != warm.stdout
-    # the cache folder is never migrated, and git never sees it
-    assert CACHE_DIR not in jm("run", "--dry-run", "--no-verify", ".", cwd=tree).stdout
+    # a run that writes keeps its cache in the project; the folder is never migrated
+    jm("run", "--no-verify", "--allow-dirty", "--select", "JM101", ".", cwd=tree, env=env)
+    assert (tree / CACHE_DIR).is_dir()
+    assert CACHE_DIR not in jm("run", "--dry-run", "--no-verify", ".", cwd=tree, env=env).stdout
 
 
-def test_concurrent_writers_leave_whole_entries(corpus: Path, tmp_path: Path) -> None:
+def _snapshot(tree: Path) -> dict[str, bytes | None]:
+    return {
+        str(p.relative_to(tree)): p.read_bytes() if p.is_file() else None
+        for p in sorted(tree.rglob("*"))
+    }
+
+
+def test_a_dry_run_writes_nothing_in_the_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run --dry-run` (and `check`) leave the project byte for byte as it was, no new file or
+    folder (the result cache used to appear as `.jaxmigrate_cache/`); their cache is kept in
+    the user's cache directory, and answers the next dry run."""
+    tree = tmp_path / "legacy_project"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "examples" / "legacy_project", tree)
+    before = _snapshot(tree)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
+    env = cli_env()
+    first = jm("run", "--dry-run", "--no-verify", ".", cwd=tree, env=env)
+    assert "JM202" in first.stdout  # the example has sites: the dry run shows their diffs
+    again = jm("run", "--dry-run", "--no-verify", ".", cwd=tree, env=env)
+    jm("check", ".", cwd=tree, env=env)
+    assert _snapshot(tree) == before
+    assert again.stdout == first.stdout
+    entries = list(user_cache_root(tree).glob("v1/*/*.json"))
+    assert entries and (user_cache_root(tree) / "CACHEDIR.TAG").is_file()
+
+
+def test_concurrent_writers_leave_whole_entries(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tree = tmp_path / "tree"
     for folder in ("pmap", "pjit", "legacy_imports"):
         shutil.copytree(corpus / "fixtures" / folder, tree / folder)
     (tree / "pyproject.toml").write_text("[tool.jaxmigrate]\n")
     cmd = command("check", "--format", "json", "--jobs", "2", ".")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
+    env = cli_env()
     procs = [
-        subprocess.Popen(cmd, cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         for _ in range(2)
     ]
     outputs = [p.communicate(timeout=600)[0] for p in procs]
     assert outputs[0] == outputs[1]
-    entries = list((tree / CACHE_DIR / "v1").glob("*/*"))
+    entries = list((user_cache_root(tree) / "v1").glob("*/*"))
     assert entries and all(not e.name.startswith(".tmp-") for e in entries)
     cache = ResultCache(entries[0].parent)
     assert all(cache.load(e.stem, "x.py", "") is not None for e in entries)

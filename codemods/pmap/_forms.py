@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Mapping
 import libcst as cst
 
 from jaxmigrate.toolkit.emit import code
-from jaxmigrate.toolkit.names import dotted
+from jaxmigrate.toolkit.names import dotted, walk, walk_in_order
 
 from ._layout import TREE_MAPS, Layout, Match, Role, Transfer, as_row, lifted, match, rows
 
@@ -32,6 +32,7 @@ DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
 def names_in(node: cst.CSTNode) -> Iterator[str]:
     if isinstance(node, cst.Name):
         yield node.value
+        return  # its children are parentheses (`.children` would rebuild it to list them)
     for child in node.children:
         yield from names_in(child)
 
@@ -60,6 +61,12 @@ class Parents(cst.CSTVisitor):
         # it assigns): bound and read there, they are not the function's own names.
         self.scopes: list[set[str]] = []
         self.suspended: list[tuple[int, set[str]]] = []  # scopes left while in a default
+
+    def read(self, node: cst.CSTNode) -> Parents:
+        """Visit `node` (`node.visit(self)`, without rebuilding every node it passes: the same
+        nodes but punctuation and whitespace, in the same order); return self."""
+        walk_in_order(self, node)
+        return self
 
     def _store(self, name: str, node: cst.CSTNode) -> None:
         if not any(name in scope for scope in self.scopes):
@@ -125,8 +132,7 @@ def _locals(node: cst.FunctionDef | cst.Lambda) -> set[str]:
     names = {p.name.value for p in found}
     if isinstance(node, cst.FunctionDef):
         bound = _Binds()
-        for statement in node.body.children:
-            statement.visit(bound)
+        walk(bound, node.body)
         names |= bound.names - bound.declared
     return names
 

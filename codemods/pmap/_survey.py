@@ -230,8 +230,7 @@ class Finding(Pass):
 
     def _find_programs(self, module: cst.Module) -> None:
         """Take the sites whose whole data flow is visible to the program-level form."""
-        flow = Parents()
-        module.visit(flow)
+        flow = Parents().read(module)
         outer: list[OuterStep] = []
         made_in: dict[int, list[PmapUse]] = {}  # the steps each function makes
         failed = self._failed_hosts()

@@ -157,11 +157,14 @@ class Settings:
     reference_jax: str | None = None
     reference_python: str | None = None
 
-    def open_cache(self) -> ResultCache | None:
-        """Return the result cache under the project root, or None with `--no-cache`."""
+    def open_cache(self, *, dry_run: bool = False) -> ResultCache | None:
+        """Return the result cache under the project root, or None with `--no-cache`; a dry run
+        writes nothing in the user's tree: its cache is in the user's cache directory."""
         from jaxmigrate.pipeline.cache import ResultCache
 
-        return ResultCache.open(self.root, self.options, self.runtime()) if self.cache else None
+        if not self.cache:
+            return None
+        return ResultCache.open(self.root, self.options, self.runtime(), in_tree=not dry_run)
 
     def runtime(self) -> dict[str, str | None]:
         """Return what verification runs on: the interpreters (and the reference JAX) of both

@@ -149,7 +149,7 @@ def execute(
     if not found:
         raise UsageError("no Python files or notebooks found under the given paths")
     migrated = migrate_files(
-        found, settings.options, jobs=settings.jobs, cache=settings.open_cache()
+        found, settings.options, jobs=settings.jobs, cache=settings.open_cache(dry_run=dry_run)
     )
     results = in_order(found, track(migrated, len(found), stderr()))
     if settings.verify:

@@ -29,6 +29,11 @@ Layout, under the project root::
     .jaxmigrate_cache/
         .gitignore  CACHEDIR.TAG
         v1/<settings digest>/<content digest>.json
+
+A dry run (`run --dry-run`, `check`) writes nothing in the user's tree: its cache is the same
+layout under the user's cache directory, one folder per project root (`user_cache_root`:
+`$XDG_CACHE_HOME/jaxmigrate/<digest of the root's absolute path>`, `~/.cache` without
+`XDG_CACHE_HOME`), so repeated checks (pre-commit) stay fast.
 """
 
 from __future__ import annotations
@@ -78,6 +83,12 @@ def code_digest() -> str:
             h.update(file.relative_to(root).as_posix().encode() + b"\0")
             h.update(file.read_bytes() + b"\0")
     return h.hexdigest()
+
+
+def user_cache_root(root: Path) -> Path:
+    """Return the folder holding the dry-run cache of the project at `root`, outside it."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "jaxmigrate" / _digest(str(root.absolute()).encode("utf-8"))
 
 
 def _version(package: str) -> str | None:
@@ -135,10 +146,16 @@ class ResultCache:
 
     @classmethod
     def open(
-        cls, root: Path, options: Options, runtime: Mapping[str, Any] | None = None
+        cls,
+        root: Path,
+        options: Options,
+        runtime: Mapping[str, Any] | None = None,
+        *,
+        in_tree: bool = True,
     ) -> ResultCache:
-        """Return the cache for `options` under `root/.jaxmigrate_cache` (made if missing)."""
-        base = root / CACHE_DIR
+        """Return the cache for `options` under `root/.jaxmigrate_cache` (made if missing), or
+        not `in_tree` (dry runs), under the user's cache directory (`user_cache_root`)."""
+        base = root / CACHE_DIR if in_tree else user_cache_root(root)
         try:
             base.mkdir(parents=True, exist_ok=True)
             for name, text in (

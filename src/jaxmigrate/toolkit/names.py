@@ -83,6 +83,61 @@ def walk(visitor: cst.CSTVisitor, node: cst.CSTNode) -> None:
     visitor.on_leave(node)
 
 
+# Node types whose children libcst visits in another order than their fields are declared in:
+# the order the code is written in (`@decorator def name(params) -> returns: body`, `body if
+# test else orelse`, `keyword=value`). Fields not listed (strings) hold no nodes.
+_TEXT_ORDER: dict[type, tuple[str, ...]] = {
+    cst.Arg: ("keyword", "value"),
+    cst.ClassDef: ("decorators", "name", "type_parameters", "bases", "keywords", "body"),
+    cst.ExceptHandler: ("type", "name", "body"),
+    cst.ExceptStarHandler: ("type", "name", "body"),
+    cst.FunctionDef: ("decorators", "name", "type_parameters", "params", "returns", "body"),
+    cst.IfExp: ("body", "test", "orelse"),
+    cst.MatchCase: ("pattern", "guard", "body"),
+    cst.Parameters: (
+        "posonly_params",
+        "posonly_ind",
+        "params",
+        "star_arg",
+        "kwonly_params",
+        "star_kwarg",
+    ),
+    cst.Slice: ("lower", "first_colon", "upper", "second_colon", "step"),
+    cst.TypeAlias: ("name", "type_parameters", "value"),
+}
+_ORDERED: dict[type, tuple[str, ...]] = {}
+
+
+def fields_in_text_order(kind: type) -> tuple[str, ...]:
+    """`child_fields(kind)` in the order libcst's own `visit` enters them: the text's."""
+    found = _ORDERED.get(kind)
+    if found is None:
+        fields = child_fields(kind)
+        first = tuple(f for f in _TEXT_ORDER.get(kind, ()) if f in fields)
+        found = _ORDERED[kind] = first + tuple(f for f in fields if f not in first)
+    return found
+
+
+def walk_in_order(visitor: cst.CSTVisitor, node: cst.CSTNode) -> None:
+    """`walk`, meeting the nodes in the order of the text, as `node.visit(visitor)` does.
+
+    For read-only visitors that number the nodes they meet or follow bindings in order (the
+    pmap pass's `Parents`): the same non-trivia nodes, in the same order, as libcst's `visit`,
+    at a fraction of its cost (it rebuilds every node it passes).
+    """
+    if visitor.on_visit(node):
+        for name in fields_in_text_order(type(node)):
+            value = getattr(node, name)
+            kind = type(value)
+            if kind is tuple or kind is list:
+                for child in value:
+                    if is_node(type(child)):
+                        walk_in_order(visitor, child)
+            elif is_node(kind):
+                walk_in_order(visitor, value)
+    visitor.on_leave(node)
+
+
 def dotted(node: cst.BaseExpression) -> str | None:
     """Return `a.b.c` for a Name/Attribute chain, else None."""
     if isinstance(node, cst.Name):
