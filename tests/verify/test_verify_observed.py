@@ -119,6 +119,29 @@ def fn(x):
 def run(x):
     return f(x)
 """
+# No sharding asked: on one device under `with mesh:`, replicated over the mesh under
+# `jax.set_mesh` (its intended placement, same values).
+PLAIN_JIT = """\
+mesh = Mesh(np.array(jax.devices()[:8]), ("i",))
+
+
+@jax.jit
+def step(x):
+    return x * 2 + 1
+
+
+def run(x):
+{body}
+"""
+# An output sharding the user asked for (`out_shardings=`): its spec must not change.
+ASKED = """\
+mesh = Mesh(np.array(jax.devices()[:8]), ("i",))
+step = jax.jit(lambda x: x * 2, out_shardings=NamedSharding(mesh, P({spec})))
+
+
+def run(x):
+{body}
+"""
 WITH_MESH = "    with mesh:  # SITE\n        return step(x)"
 SET_MESH = "    with jax.set_mesh(mesh):\n        return step(x)"
 
@@ -165,6 +188,22 @@ CASES = [
         module(BARE.format(body=WITH_MESH)),
         module(BARE.format(body=SET_MESH)),
         Status.VERIFIED,
+        site_name="with-mesh",
+    ),
+    Case(
+        "set_mesh_replicates_unsharded_output",
+        module(PLAIN_JIT.format(body=WITH_MESH)),
+        module(PLAIN_JIT.format(body=SET_MESH)),
+        Status.VERIFIED,
+        site_name="with-mesh",
+    ),
+    Case(
+        "set_mesh_changes_asked_sharding",
+        module(ASKED.format(spec='"i"', body=WITH_MESH)),
+        module(ASKED.format(spec="", body=SET_MESH)),
+        Status.FAILED,
+        "the sharding of call 1: output changed: P('i') over mesh (i=8) in the original, "
+        "P() over mesh (i=8) in the rewrite",
         site_name="with-mesh",
     ),
 ]
@@ -221,3 +260,10 @@ def test_brax_style_pmap_is_written_compiling_once(tmp_path: Path) -> None:
     assert "shard_map_per_device" in (tmp_path / "sync.py").read_text()
     helper = textwrap.dedent((tmp_path / "_pmap_compat.py").read_text())
     assert "weakref.WeakKeyDictionary()" in helper
+
+
+def test_set_mesh_replicating_an_unsharded_output_is_said(verdicts: dict) -> None:
+    details = verdicts["set_mesh_replicates_unsharded_output"].details
+    assert "on one device in the original are replicated over the mesh" in details.get(
+        "placement", ""
+    ), details

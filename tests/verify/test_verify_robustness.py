@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 from clitools import cli_env, command, jm
 
-from jaxmigrate.verify.lifetime import sweep
+from jaxmigrate.verify.lifetime import GUARD, sweep
 
 pytestmark = pytest.mark.jax
 
@@ -378,3 +379,36 @@ def test_writes_outside_the_copies_are_reported(tmp_path: Path) -> None:
         f"created {tree / 'leak.txt'}",
         f"created {user_home / 'downloaded.npy'}",
     ]
+
+
+def test_a_guard_signalled_again_while_stopping_still_kills_its_command() -> None:
+    """jaxmigrate sends a guard SIGTERM more than once as it stops (every child at once, then
+    each child, then the death signal as it exits): a second one must not end the guard before
+    it killed its command (6 commands of 30 survived such a burst before)."""
+    code = "import os, time; print(os.getpid(), flush=True); time.sleep(600)"
+    survivors = []
+    for _ in range(20):
+        guard = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(GUARD), "--parent", str(os.getpid()), "--",
+             sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        assert guard.stdout is not None
+        child = int(guard.stdout.readline())
+        guard.stdout.close()
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end and guard.poll() is None:
+            try:
+                os.kill(guard.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                break
+        guard.wait(timeout=30)
+        deadline = time.monotonic() + 2
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if alive(child):
+            survivors.append(child)
+            os.kill(child, signal.SIGKILL)
+    assert not survivors

@@ -122,8 +122,21 @@ def reap() -> list[tuple[int, int]]:
         ended.append((pid, status))
 
 
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def stop(number: int, frame: object) -> None:
+    """Stop once: later signals (jaxmigrate's second SIGTERM as it stops its children, the
+    death signal as it exits) are ignored, so none can raise again while the guard is past its
+    `try` and about to kill what is below it (a guard dying there left the command running)."""
+    for each in STOPS:
+        signal.signal(each, ignore)
     raise Stop(number)
+
+
+def ignore(number: int, frame: object) -> None:
+    """A signal after the first stop: nothing to do (a Python handler, not SIG_IGN, so that a
+    signal already pending is not reported as lost)."""
 
 
 def join_namespace(holder: int) -> None:
@@ -219,7 +232,7 @@ def main(argv: list[str]) -> int:
     parent = int(options[options.index("--parent") + 1])
     if "--hold" in options:
         return hold(parent)
-    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for number in STOPS:
         signal.signal(number, stop)
     prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     prctl(PR_SET_CHILD_SUBREAPER, 1)
@@ -252,8 +265,8 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         sys.stderr.write(f"jaxmigrate guard: cannot run {command[:1]}: {exc}\n")
         return 127
-    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(number, signal.SIG_IGN)
+    for number in STOPS:
+        signal.signal(number, ignore)
     kill_everything()
     if status is None:
         return 143
