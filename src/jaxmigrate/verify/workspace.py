@@ -21,22 +21,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CHILD_PACKAGE = "_jaxmigrate_child"
-SKIP = shutil.ignore_patterns(
+# Folders a verification neither copies nor watches: version control, environments, caches.
+NOT_THE_PROJECT = (
     ".git",
     ".hg",
     ".svn",
     ".venv",
     "venv",
     "__pycache__",
-    "*.pyc",
     ".mypy_cache",
     ".pytest_cache",
     ".ruff_cache",
     ".tox",
     ".nox",
     "node_modules",
-    "*.egg-info",
 )
+SKIP = shutil.ignore_patterns(*NOT_THE_PROJECT, "*.pyc", "*.egg-info")
 
 
 @dataclass(frozen=True)

@@ -16,22 +16,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from jaxmigrate.verify.workspace import NOT_THE_PROJECT
+
 LIMIT = 50_000
-LEFT_OUT = {
-    ".git",
-    ".hg",
-    ".svn",
-    ".venv",
-    "venv",
-    "__pycache__",
-    ".mypy_cache",
-    ".pytest_cache",
-    ".ruff_cache",
-    ".tox",
-    ".nox",
-    "node_modules",
-    ".jaxmigrate_cache",
-}
+LEFT_OUT = {*NOT_THE_PROJECT, ".jaxmigrate_cache"}
 SHOWN = 5
 
 Snapshot = dict[str, tuple[int, int, bool]]  # path -> (size, mtime_ns, is a folder)
