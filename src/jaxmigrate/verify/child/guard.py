@@ -128,7 +128,9 @@ STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 def stop(number: int, frame: object) -> None:
     """Stop once: later signals (jaxmigrate's second SIGTERM as it stops its children, the
     death signal as it exits) are ignored, so none can raise again while the guard is past its
-    `try` and about to kill what is below it (a guard dying there left the command running)."""
+    `try` and about to kill what is below it (a guard dying there left the command running).
+    They are blocked first, in the kernel: none is delivered while the handlers change."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
     for each in STOPS:
         signal.signal(each, ignore)
     raise Stop(number)
@@ -220,6 +222,7 @@ def mirror(status: int) -> None:
         except (ImportError, ValueError, OSError):
             pass
         signal.signal(number, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {number})
         os.kill(os.getpid(), number)
         time.sleep(1)
         os._exit(128 + number)
