@@ -128,8 +128,8 @@ def test_a_notebook_asking_get_ipython_gets_none_as_outside_ipython() -> None:
 
 def test_the_script_runs_from_the_notebooks_folder() -> None:
     assert script_path("colab/train.ipynb") == "colab/train.ipynb.py"
-    assert command_for("colab/train.ipynb", "/usr/bin/python3") == (
-        "cd colab && exec /usr/bin/python3 train.ipynb.py"
+    assert (
+        command_for("colab/train.ipynb") == 'cd colab && exec "$JAXMIGRATE_PYTHON" train.ipynb.py'
     )
 
 

@@ -310,3 +310,111 @@ def test_calls_recorded_on_jax_0_4_13_replay_on_the_installed_jax(tmp_path: Path
     assert mesh["details"]["input_source"] == "recorded"
     assert mesh["details"]["input_shapes"][0] == "Mesh"
     assert mesh["details"]["jax"] == {"original": "0.4.13", "candidate": INSTALLED}
+
+
+# Notebooks: the original's cells run on the reference JAX too ----------------------------------
+NOTEBOOK_STEP = """
+import functools
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+# cell
+@functools.partial(jax.pmap, axis_name='batch')
+def train_step(w, x):
+    g = jnp.mean(x, axis=0) * w
+    g = lax.pmean(g, 'batch')
+    return w - 0.1 * g
+# cell
+n = jax.local_device_count()
+w = jax.device_put_replicated(jnp.ones(4), jax.local_devices())
+x = jnp.arange(n * 2 * 4, dtype=jnp.float32).reshape(n, 2, 4)
+for _ in range(2):
+    w = train_step(w, x)
+print(w.shape)
+"""
+
+
+def by_hand_step(collective: str) -> str:
+    """Return the notebook migrated by hand to shard_map, `collective` over the batch."""
+    step = """
+from jax.sharding import Mesh, PartitionSpec as P
+@jax.jit
+@functools.partial(jax.shard_map, mesh=Mesh(np.array(jax.devices()), ('batch',)),
+                   in_specs=P('batch'), out_specs=P('batch'))
+def train_step(w, x):
+    g = jnp.mean(x, axis=1) * w
+    g = lax.COLLECTIVE(g, 'batch')
+    return w - 0.1 * g
+"""
+    imports, _, rest = NOTEBOOK_STEP.partition("# cell")
+    _, _, loop = rest.partition("# cell")
+    loop = loop.replace(
+        "jax.device_put_replicated(jnp.ones(4), jax.local_devices())", "jnp.ones((n, 4))"
+    )
+    return "# cell".join([imports, step.replace("COLLECTIVE", collective), loop])
+
+
+def notebook(text: str) -> str:
+    """Return a notebook whose code cells are `text`'s parts between `# cell` lines."""
+    cells = [
+        {
+            "cell_type": "code",
+            "execution_count": None,
+            "metadata": {},
+            "outputs": [],
+            "source": part.strip("\n").splitlines(keepends=True),
+        }
+        for part in text.split("# cell\n")
+    ]
+    document = {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    return json.dumps(document, indent=1) + "\n"
+
+
+def test_a_notebook_is_verified_against_its_cells_run_on_jax_0_4_30(tmp_path: Path) -> None:
+    reference("0.4.30")
+    root = project(tmp_path, {"train.ipynb": notebook(NOTEBOOK_STEP)})
+    proc = jm("run", "--dry-run", "--format", "json", "--reference-jax", "0.4.30", ".", cwd=root)
+    assert proc.returncode in (0, 1), proc.stderr
+    (step,) = [
+        s
+        for f in json.loads(proc.stdout)["files"]
+        for s in f["sites"]
+        if s["code"] == "JM202" and s["cell"] == 2
+    ]
+    assert step["status"] == "verified", reason(step)
+    # the cells themselves, on the JAX they were written for: not their safe rewrites here
+    assert step["details"]["reference"] == "original", step["details"]
+    assert step["details"]["unit"] == "notebook"
+    assert step["details"]["jax"] == {"original": "0.4.30", "candidate": INSTALLED}
+    assert f"(the original on JAX 0.4.30, the rewrite on JAX {INSTALLED})" in reason(step)
+
+
+def test_a_wrong_hand_migration_of_a_notebook_is_failed_against_it_on_jax_0_4_30(
+    tmp_path: Path,
+) -> None:
+    reference("0.4.30")
+    legacy = notebook(NOTEBOOK_STEP)
+    root = project(tmp_path, {"right.ipynb": legacy, "wrong.ipynb": legacy})
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(root)]
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "legacy"], check=True)
+    # the wrong one sums the gradients over the devices instead of averaging them
+    (root / "right.ipynb").write_text(notebook(by_hand_step("pmean")))
+    (root / "wrong.ipynb").write_text(notebook(by_hand_step("psum")))
+    report = tmp_path / "report.json"
+    args = ["--against", "HEAD", "--reference-jax", "0.4.30", "--report", str(report)]
+    proc = jm("verify", *args, cwd=root, timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    found = {
+        (f["path"], s["details"]["target"].split("::")[-1]): s
+        for f in json.loads(report.read_text())["files"]
+        for s in f["sites"]
+    }
+    wrong, right = found[("wrong.ipynb", "train_step")], found[("right.ipynb", "train_step")]
+    assert wrong["status"] == "failed", reason(wrong)
+    assert "values differ" in reason(wrong), reason(wrong)
+    assert right["status"] == "verified", reason(right)
+    for site in (wrong, right):
+        assert site["details"]["jax"] == {"original": "0.4.30", "candidate": INSTALLED}
+        assert site["details"]["reference"] == "original"

@@ -97,9 +97,7 @@ def verify(
             workdir=Path.cwd(),
             project_tests=choose(verify_project_tests, config.verify_project_tests, True),
         )
-        requests = requests_against(
-            root, against, [str(p.resolve()) for p in chosen], settings.python
-        )
+        requests = requests_against(root, against, [str(p.resolve()) for p in chosen])
         verdicts = run_verification(requests, settings)
         results = [
             FileResult(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -76,20 +75,18 @@ def changed_sites(old: str, new: str, rev: str) -> tuple[Site, ...]:
     return tuple(sites)
 
 
-def requests_against(
-    root: Path, rev: str, paths: Sequence[str], python: str = sys.executable
-) -> list[VerifyRequest]:
+def requests_against(root: Path, rev: str, paths: Sequence[str]) -> list[VerifyRequest]:
     """Return a request per modified file, with its changed definitions as sites.
 
     A notebook's code cells are compared as the script that runs them (`verify.notebooks`),
-    run by `python`; a notebook that cannot become one is left out.
+    run by each side's interpreter; a notebook that cannot become one is left out.
     """
     requests = []
     for relpath in changed_files(root, rev, paths):
         old = git(root, "show", f"{rev}:./{relpath}")
         new = (root / relpath).read_text(encoding="utf-8")
         if relpath.endswith(".ipynb"):
-            requests += notebook_against(relpath, old, new, rev, python)
+            requests += notebook_against(relpath, old, new, rev)
             continue
         try:
             sites = changed_sites(old, new, rev)
@@ -108,9 +105,7 @@ def verify_against(rev: str, paths: Sequence[str], config: VerifyConfig) -> dict
     return verify(requests_against(config.root, rev, paths), config)
 
 
-def notebook_against(
-    relpath: str, old: str, new: str, rev: str, python: str
-) -> list[VerifyRequest]:
+def notebook_against(relpath: str, old: str, new: str, rev: str) -> list[VerifyRequest]:
     """Return the request of a notebook changed by hand: its changed definitions, as sites."""
     before, after = program(old), program(new)
     if before.problem or after.problem:
@@ -127,7 +122,7 @@ def notebook_against(
             before.code,
             after.code,
             sites,
-            command=command_for(relpath, python),
+            command=command_for(relpath),
             label=relpath,
             cells=before.starts,
         )

@@ -35,9 +35,11 @@ from jaxmigrate.pipeline.notebook import (
 )
 from jaxmigrate.verify.bound import judge_one, rerun
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
+from jaxmigrate.verify.judge import with_jax
 from jaxmigrate.verify.planner import SAFE_REWRITES, Plan
 from jaxmigrate.verify.pool import Worker
-from jaxmigrate.verify.recording import Recording, record
+from jaxmigrate.verify.recording import PYTHON_VARIABLE, Recording, record
+from jaxmigrate.verify.reference import jax_version_of
 from jaxmigrate.verify.workspace import Workspace
 
 # Cell magics whose body is plain Python that runs once: the body runs, the magic line is masked.
@@ -131,10 +133,14 @@ def script_path(relpath: str) -> str:
     return relpath + ".py"
 
 
-def command_for(relpath: str, python: str) -> str:
-    """Return the shell command that runs a notebook's script from the notebook's folder."""
+def command_for(relpath: str) -> str:
+    """Return the shell command that runs a notebook's script from the notebook's folder.
+
+    It runs the interpreter of the side it runs on (`$JAXMIGRATE_PYTHON`, `recording.
+    run_command`): the original's cells on the reference JAX under `--reference-jax`.
+    """
     folder, name = posixpath.split(script_path(relpath).replace("\\", "/"))
-    return f"cd {shlex.quote(folder or '.')} && exec {shlex.quote(python)} {shlex.quote(name)}"
+    return f'cd {shlex.quote(folder or ".")} && exec "${PYTHON_VARIABLE}" {shlex.quote(name)}'
 
 
 def notebook_request(
@@ -142,7 +148,6 @@ def notebook_request(
     old: str,
     candidate: str,
     sites: Sequence[Site],
-    python: str,
     baseline: str | None = None,
 ) -> VerifyRequest | str:
     """Return the request that verifies a notebook's sites as its script's, or why it cannot.
@@ -162,7 +167,7 @@ def notebook_request(
         original=before.code,
         candidate=after.code,
         sites=located,
-        command=command_for(relpath, python),
+        command=command_for(relpath),
         label=relpath,
         cells=before.starts,
     )
@@ -180,6 +185,8 @@ def verify_notebooks(
     for plan in plans:
         by_notebook[plan.path].append(plan)
     verdicts: dict[str, Verdict] = {}
+    on_own = bool(config.reference_python)
+    ran: dict[str, str] = {}
     for group in by_notebook.values():
         request = group[0].request
         command = request.command or ""
@@ -191,6 +198,7 @@ def verify_notebooks(
         shown = f"{request.label} (its code cells, in order)"
         error = recording.error.replace(f"`{command}`", f"`{shown}`")
         reference, extra = "original", ""
+        tried = {"errors": [f"original: {last_line(recording.error)}"]} if recording.error else {}
         if recording.error and not any(p.id in recording.calls for p in group):
             safe = through_safe_rewrites(group, ws, run_config)
             if safe is not None and safe.calls:
@@ -208,7 +216,22 @@ def verify_notebooks(
             details = {**verdict.details, "unit": "notebook", "reference": reference}
             verdicts[plan.id] = replace(verdict, details=details)
         demote(group, verdicts)
+        ran = ran or versions(config, worker)
+        for plan in group:
+            verdicts[plan.id] = with_jax(verdicts[plan.id], tried, ran, on_own)
     return verdicts
+
+
+def versions(config: VerifyConfig, worker: Worker) -> dict[str, str]:
+    """Return the JAX each side of a notebook's verification ran: the original's cells ran on
+    the reference interpreter under `--reference-jax`, the rewrite's on the target."""
+    candidate = worker.jax or jax_version_of(config.python) or ""
+    original = config.python_of("original")
+    same = original == config.python
+    return {
+        "original": candidate if same else jax_version_of(original) or "",
+        "candidate": candidate,
+    }
 
 
 def through_safe_rewrites(
@@ -247,6 +270,12 @@ def demote(group: Sequence[Plan], verdicts: dict[str, Verdict]) -> None:
             verdicts[plan.id] = Verdict(Status.UNVERIFIED, note, details)
 
 
+def last_line(error: str) -> str:
+    """Return the last line of a command's output (its exception), or ''."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 def not_run(plan: Plan, error: str, starts: Mapping[int, int], extra: str = "") -> Verdict:
     """Return the verdict of a site the notebook's cells never called.
 
@@ -280,9 +309,7 @@ def failure(plan: Plan, error: str, starts: Mapping[int, int]) -> str:
     return f"{last} (cell {cell}, line {line})"
 
 
-def request_for_notebook(
-    result: FileResult, relpath: str, options: Options, python: str
-) -> VerifyRequest | str:
+def request_for_notebook(result: FileResult, relpath: str, options: Options) -> VerifyRequest | str:
     """Return the request of a migrated notebook (every site rewritten), or why it cannot run."""
 
     old = result.old_text or ""
@@ -297,7 +324,7 @@ def request_for_notebook(
     baseline = None
     if safe:
         baseline = migrate_notebook(old, options=options, accept=only_safe, path=result.path).code
-    return notebook_request(relpath, old, everything.code, result.sites, python, baseline)
+    return notebook_request(relpath, old, everything.code, result.sites, baseline)
 
 
 def redecide_notebook(result: FileResult, sites: Sequence[Site], options: Options) -> FileResult:

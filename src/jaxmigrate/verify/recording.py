@@ -31,6 +31,7 @@ from jaxmigrate.verify.workspace import Workspace
 
 RETURNED = ".returned"  # the recorder's suffix for the calls of a factory's returned function
 MODULE_TOOLS = {"pytest": "pytest", "py.test": "pytest"}  # commands that are `python -m` a module
+PYTHON_VARIABLE = "JAXMIGRATE_PYTHON"  # the interpreter of the side a command runs on
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,7 @@ def run_command(
         python = config.python_of(side)
         env = child_env(config, ws, (ws.boot, *imports), i, coordinator, python)
         env["JAXMIGRATE_RECORD"] = str(plan_file)
+        env[PYTHON_VARIABLE] = python  # a notebook's script runs on its side's (`notebooks`)
         env["PATH"] = os.pathsep.join([str(tool_shims(ws, python)), env["PATH"]])
         name = "verify-with" if side == "original" else f"verify-with-{side}"
         log = ws.logs / (f"{name}.log" if count == 1 else f"{name}.p{i}.log")

@@ -193,7 +193,7 @@ def verify_results(
     for result in results:
         rel = relative(result.path, config.root) if needs_verifying(result) else None
         if needs_verifying(result) and rel is not None and result.path.endswith(".ipynb"):
-            made = request_for_notebook(result, rel, options, config.python)
+            made = request_for_notebook(result, rel, options)
             if isinstance(made, str):
                 cannot[result.path] = made
             else:
