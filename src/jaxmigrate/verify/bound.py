@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxmigrate.model import Status
+from jaxmigrate.verify.child.protocol import CompareRecords
 from jaxmigrate.verify.config import Verdict, VerifyConfig
 from jaxmigrate.verify.messages import parse
 from jaxmigrate.verify.planner import Plan, body_lines
@@ -251,7 +252,7 @@ def judge_one(
             return Verdict(Status.FAILED, why + tail(again.error), details)
         return Verdict(Status.UNVERIFIED, why, details)
     assert rewritten is not None
-    message = {"op": "compare_records", "original": pairs(original), "candidate": pairs(rewritten)}
+    message = CompareRecords(original=pairs(original), candidate=pairs(rewritten))
     reply = worker.request(message, config.timeout)
     if reply.fault:
         return Verdict(Status.UNVERIFIED, f"the comparison {reply.fault}", details)

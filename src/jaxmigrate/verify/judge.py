@@ -168,7 +168,7 @@ def candidate_verdict(plan: Plan, original: dict[str, Any], reply: Reply) -> Ver
     """Return the verdict from the rewrite's run, given that the original ran."""
     details = base_details(plan, original)
     source = details.get("input_source", "")
-    if reply.kind in ("start", "outputs"):  # not the rewrite's doing (`pool.slow_outputs`)
+    if reply.kind in ("start", "outputs", "protocol"):  # not the rewrite's doing
         return Verdict(Status.UNVERIFIED, f"the rewrite {reply.fault}", details)
     if reply.fault:
         return Verdict(Status.FAILED, f"the rewrite {reply.fault} (the original did not)", details)

@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from jaxmigrate.pipeline.engine import line_map_between
+from jaxmigrate.verify.child.protocol import (
+    Context,
+    Inputs,
+    Module,
+    Returned,
+    RunCandidate,
+    RunOriginal,
+    Target,
+)
 from jaxmigrate.verify.child.source import MeshWith, call_site_withs, with_at
 from jaxmigrate.verify.planner import Plan, reach_spans
 from jaxmigrate.verify.recording import Recorded
@@ -77,10 +86,10 @@ class Sources:
         return Source(original, self.candidates.get(relpath, original))
 
 
-def module_spec(root: Path, relpath: str, text: str | None) -> dict[str, Any]:
+def module_spec(root: Path, relpath: str, text: str | None) -> Module:
     """Return how a worker finds a module: dotted name, file, sys.path entry, optional text."""
     name, entry = module_name(root, relpath)
-    return {"module": name, "file": relpath, "path": entry, "text": text}
+    return Module(module=name, file=relpath, path=entry, text=text)
 
 
 def static_withs(plan: Plan) -> tuple[tuple[str, int], ...]:
@@ -94,10 +103,10 @@ def static_withs(plan: Plan) -> tuple[tuple[str, int], ...]:
 
 def context_messages(
     withs: Sequence[tuple[str, int]], sources: Sources
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[Context], list[Context]]:
     """Return the contexts to enter on the original side and on the candidate side."""
-    orig: list[dict[str, Any]] = []
-    cand: list[dict[str, Any]] = []
+    orig: list[Context] = []
+    cand: list[Context] = []
     for relpath, line in withs:
         source = sources.get(relpath)
         if source is None:
@@ -105,12 +114,11 @@ def context_messages(
         orig_with, cand_with = source.withs(line)
         text = sources.candidates.get(relpath)
         if orig_with is not None:
-            orig.append(
-                {"module": module_spec(sources.root, relpath, None), "exprs": orig_with.exprs}
-            )
+            spec = module_spec(sources.root, relpath, None)
+            orig.append(Context(module=spec, exprs=list(orig_with.exprs)))
         if cand_with is not None:
             spec = module_spec(sources.root, relpath, text)
-            cand.append({"module": spec, "exprs": cand_with.exprs})
+            cand.append(Context(module=spec, exprs=list(cand_with.exprs)))
     return orig, cand
 
 
@@ -119,8 +127,8 @@ class Task:
     """One plan in one round: the requests for both sides."""
 
     plan: Plan
-    original: dict[str, Any]
-    candidate: dict[str, Any]
+    original: RunOriginal
+    candidate: RunCandidate
 
 
 def make_task(
@@ -135,49 +143,52 @@ def make_task(
     """Return the original and candidate requests for `plan` against `candidate_text`."""
     withs = recorded.contexts if recorded else static_withs(plan)
     orig_ctx, cand_ctx = context_messages(withs, sources)
-    common: dict[str, Any] = {
-        "op": "run",
-        "meshes": list(recorded.meshes) if recorded else [],
-        "inputs_path": str(ws.io / f"{plan.id}.inputs.pkl"),
-        "outputs_path": str(ws.io / f"{plan.id}.outputs.pkl"),
-        "pristine": str(sources.root),  # to lay back a file a unit changed (`child/shown.py`)
-    }
-    target = module_spec(sources.root, plan.path, None) | {"qualname": plan.target.qualname}
-    if plan.target.jitted_as:  # a function the program only runs jitted: called so
-        target["call_as"] = plan.target.jitted_as
-    baseline = plan.request.baseline
-    original = common | {
-        "target": target | ({"baseline": baseline} if baseline else {}),
-        "contexts": orig_ctx,
-        "references": list(plan.references),
-        "inputs": {
-            "recorded": list(recorded.files) if recorded else [],
-            "synthesize": synthesize,
-            "structure": plan.target.structure,
-            "devices": devices,
-        },
-    }
+    spec = module_spec(sources.root, plan.path, None)
+    target = Target(
+        module=spec.module,
+        file=spec.file,
+        path=spec.path,
+        qualname=plan.target.qualname,
+        call_as=plan.target.jitted_as or None,  # a function the program only runs jitted
+    )
     layouts = [
         s.details["layout"] | rewritten_step(candidate_text, plan.target.qualname, s.details)
         for s in plan.sites
         if "layout" in s.details
-    ]
-    reach = reach_spans(plan) if plan.target.kind is Kind.FUNCTION else []
-    if reach:
-        original["reach"] = reach
-    candidate = common | {"target": target | {"text": candidate_text}, "contexts": cand_ctx}
-    if layouts:  # program-level pmap rewrites: what they assume, checked on the original
-        original["layouts"] = candidate["layouts"] = layouts
+    ]  # program-level pmap rewrites: what they assume, checked on the original
     returned = recorded.returned if recorded else None
     orig_ret, cand_ret = context_messages(returned.contexts if returned else (), sources)
     meshes = list(returned.meshes) if returned else []
-    original["returned"] = {
-        "recorded": list(returned.files) if returned else [],
-        "contexts": orig_ret,
-        "meshes": meshes,
+    common: dict[str, Any] = {
+        "meshes": list(recorded.meshes) if recorded else [],
+        "inputs_path": str(ws.io / f"{plan.id}.inputs.pkl"),
+        "outputs_path": str(ws.io / f"{plan.id}.outputs.pkl"),
+        "pristine": str(sources.root),  # to lay back a file a unit changed (`child/shown.py`)
+        "layouts": layouts,
     }
-    candidate["returned"] = {"contexts": cand_ret, "meshes": meshes}
-    candidate["records"] = list(recorded.files) if recorded else []  # for their import paths
+    original = RunOriginal(
+        **common,
+        target=replace(target, baseline=plan.request.baseline or None),
+        contexts=orig_ctx,
+        references=list(plan.references),
+        inputs=Inputs(
+            recorded=list(recorded.files) if recorded else [],
+            synthesize=synthesize,
+            structure=plan.target.structure,
+            devices=devices,
+        ),
+        reach=reach_spans(plan) if plan.target.kind is Kind.FUNCTION else [],
+        returned=Returned(
+            recorded=list(returned.files) if returned else [], contexts=orig_ret, meshes=meshes
+        ),
+    )
+    candidate = RunCandidate(
+        **common,
+        target=replace(target, text=candidate_text),
+        contexts=cand_ctx,
+        returned=Returned(contexts=cand_ret, meshes=meshes),
+        records=list(recorded.files) if recorded else [],  # for their import paths
+    )
     return Task(plan, original, candidate)
 
 

@@ -10,7 +10,7 @@ started again on the next request.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import select
 import signal
@@ -21,6 +21,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from jaxmigrate.verify import lifetime
+from jaxmigrate.verify.child.protocol import (
+    CompareRecords,
+    ProtocolError,
+    Ready,
+    RunCandidate,
+    RunOriginal,
+    decode_reply,
+    encode,
+)
 from jaxmigrate.verify.config import VerifyConfig
 from jaxmigrate.verify.processes import coordinator_address, process_env
 from jaxmigrate.verify.workspace import CHILD_PACKAGE, Workspace
@@ -29,9 +38,16 @@ STARTUP_TIMEOUT = 120.0
 TELLING = ("Fatal Python error", "Check failed", "MemoryError", "RESOURCE_EXHAUSTED", "Error")
 
 
+Request = RunOriginal | RunCandidate | CompareRecords
+
+
 @dataclass(frozen=True)
 class Reply:
-    """A worker's answer (`data`), or why there is none (`fault`, of kind timeout/crash/start)."""
+    """A worker's answer, or why there is none (`fault`, of kind timeout/crash/start/protocol).
+
+    `data` is the decoded reply's `view()` (`child.protocol`): `ok` and the fields that are set,
+    combined over the processes of a job (`combine`).
+    """
 
     data: dict[str, Any]
     fault: str = ""
@@ -242,13 +258,19 @@ class Worker:
         return self.decode(lines)
 
     def decode(self, lines: dict[int, bytes]) -> Reply:
+        """Return the processes' replies as one, each checked against the protocol: a worker
+        package of another jaxmigrate version is refused with what does not match."""
         replies = []
         for i in range(len(self.processes)):
             try:
-                replies.append(json.loads(lines[i]))
-            except json.JSONDecodeError:
+                replies.append(decode_reply(lines[i]).view())
+            except ProtocolError as exc:
                 self.stop()
-                return Reply({}, f"sent garbage: {lines[i][:100]!r}{self.tag(i)}", kind="crash")
+                return Reply(
+                    {},
+                    f"sent a message this jaxmigrate cannot read: {exc}{self.tag(i)}",
+                    "protocol",
+                )
         out = combine(self.side, replies)
         restart = next((r["restart"] for r in replies if r.get("restart")), "")
         return Reply(out | {"restart": restart} if restart else out)
@@ -267,27 +289,29 @@ class Worker:
         if self.ready:
             return None
         reply = self.receive(max(STARTUP_TIMEOUT, self.config.timeout))
+        if not reply.fault and reply.data.get("kind") != Ready.KIND:
+            reply = Reply({}, f"sent a {reply.data.get('kind')} message, not {Ready.KIND}")
         if reply.fault:
             return Reply({}, f"could not start a worker: it {reply.fault}", kind="start")
         self.ready = True
         self.jax = str(reply.data.get("jax", ""))
         return None
 
-    def send(self, message: dict[str, Any]) -> int | None:
+    def send(self, message: Request) -> int | None:
         """Send `message` to every process; return the index of one that is gone, or None."""
-        data = json.dumps(message).encode() + b"\n"
+        data = encode(message).encode()
         for i, process in enumerate(self.processes):
             if not process.send(data):
                 return i
         return None
 
-    def request(self, message: dict[str, Any], timeout: float) -> Reply:
+    def request(self, message: Request, timeout: float) -> Reply:
         """Send one request and return the reply (or the fault)."""
         fault = self.ensure_ready()
         if fault is not None:
             self.stop()
             return fault
-        gone = self.send(message | {"timeout": timeout})
+        gone = self.send(dataclasses.replace(message, timeout=timeout))
         if gone is not None:
             return self.died(gone)
         reply = self.receive(timeout)
@@ -305,15 +329,16 @@ class Worker:
         self.ready = False
 
 
-def slow_outputs(reply: Reply, message: dict[str, Any], side: str) -> Reply:
+def slow_outputs(reply: Reply, message: Request, side: str) -> Reply:
     """Return a timeout that came after the code returned as what it is: slow outputs.
 
-    The worker marks each call that returned (`child.worker.ran_marker`); a timeout after that
+    The worker marks each call that returned (`child.runner.ran_marker`); a timeout after that
     went in flattening, saving or comparing what the code returned (a list of a million
     dicts), which says nothing about the code: kind `outputs`, never a failure of the rewrite.
     """
-    marker = Path(f"{message.get('outputs_path', '')}.{side}.ran")
-    if not message.get("outputs_path") or not marker.exists():
+    outputs = getattr(message, "outputs_path", "")
+    marker = Path(f"{outputs}.{side}.ran")
+    if not outputs or not marker.exists():
         return reply
     seconds = marker.read_text(encoding="utf-8").strip()
     why = (
@@ -331,7 +356,7 @@ def combine(side: str, replies: list[dict[str, Any]]) -> dict[str, Any]:
     the reply (tagged with its index), else the first whose outputs differ, else process 0's
     reply with the largest errors of all.
     """
-    if len(replies) == 1 or "ready" in replies[0]:
+    if len(replies) == 1 or replies[0].get("kind") == Ready.KIND:
         return replies[0]
     count = len(replies)
     raised = [i for i, r in enumerate(replies) if not r.get("ok")]

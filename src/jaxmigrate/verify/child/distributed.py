@@ -13,6 +13,7 @@ where a one-process run uses `name.pkl`; `for_process` maps one to the other.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.abc
 import importlib.machinery
 import os
@@ -20,7 +21,9 @@ import sys
 import threading
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
+
+from .protocol import Message, Run, RunOriginal
 
 PROCESS_ID = "JAXMIGRATE_PROCESS_ID"
 NUM_PROCESSES = "JAXMIGRATE_NUM_PROCESSES"
@@ -28,6 +31,7 @@ COORDINATOR = "JAXMIGRATE_COORDINATOR"
 
 
 RECORD = "JAXMIGRATE_RECORD"
+R = TypeVar("R", bound=Message)
 _job: list[tuple[int, int, str] | None] = []  # this process's job, read from the environment once
 
 
@@ -181,20 +185,23 @@ def install() -> None:
         sys.meta_path.insert(0, _JoinHook(join))
 
 
-def localize(request: dict[str, Any]) -> dict[str, Any]:
+def localize(request: R) -> R:
     """Return `request` as process i of a job runs it: its own files, devices and data seed."""
-    if job() is None:
+    if job() is None or not isinstance(request, Run):
         return request
     import jax
 
-    out = dict(request)
-    for key in ("inputs_path", "outputs_path"):
-        if key in out:
-            out[key] = for_process(out[key])
-    if isinstance(out.get("inputs"), dict):
-        spec = dict(out["inputs"])
-        spec["recorded"] = [for_process(p) for p in spec.get("recorded", [])]
-        spec["devices"] = jax.local_device_count()
-        spec["seed"] = jax.process_index()
-        out["inputs"] = spec
+    out = dataclasses.replace(
+        request,
+        inputs_path=for_process(request.inputs_path),
+        outputs_path=for_process(request.outputs_path),
+    )
+    if isinstance(out, RunOriginal):
+        spec = dataclasses.replace(
+            out.inputs,
+            recorded=[for_process(p) for p in out.inputs.recorded],
+            devices=jax.local_device_count(),
+            seed=jax.process_index(),
+        )
+        out = dataclasses.replace(out, inputs=spec)
     return out

@@ -1,0 +1,373 @@
+"""The messages between jaxmigrate and its verification workers: typed, versioned records.
+
+A worker (`worker.py`) may run another interpreter and another JAX than jaxmigrate (the
+original side under `--reference-jax 0.4.13`), so what crosses is plain data: one JSON object
+per line, holding builtins only (numbers, strings, lists, dicts); arrays and Python values go
+through pickle files named in the messages (`hostify`, `pickling`). Every message carries
+`protocol` (this module's `VERSION`) and `kind`; `decode` checks both and every field's type,
+and raises `ProtocolError` naming what does not match, so a worker package of another jaxmigrate
+version is refused with that reason instead of being misread.
+
+The parent builds the requests (`verify.messages`, `verify.bound`) and decodes the replies
+(`verify.pool`); the worker decodes the requests and builds the replies. This module is shared
+by both: it imports nothing but the standard library and runs on every Python the workers run
+on (3.11 to 3.13).
+
+Requests: `RunOriginal`, `RunCandidate` (a target on one side), `CompareRecords` (the calls two
+runs of a command recorded), `Exit`. Replies: `Ready` (JAX is up), `Ran` (the original's outputs
+are written), `Compared` (the rewrite against them), `RecordsCompared`, `Failed`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+VERSION = 1  # bump on any change of a message's fields or meaning
+
+
+class ProtocolError(ValueError):
+    """A message that is not one this version of the protocol sends; the text says why."""
+
+
+# Parts of requests -------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Module:
+    """How a worker finds a module: dotted name, file and sys.path entry in its tree, and the
+    text to execute instead of the file's (the rewrite's), if any."""
+
+    module: str
+    file: str
+    path: str
+    text: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target(Module):
+    """The function to run: its module, its qualified name, the name it is called by (a
+    function the program only runs jitted), and the module with only its safe rewrites."""
+
+    qualname: str
+    call_as: str | None = None
+    baseline: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Context:
+    """A mesh-like `with` statement that enclosed a call: its items, evaluated in `module`."""
+
+    module: Module
+    exprs: list[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inputs:
+    """Where the original's inputs come from: recorded calls (pickle files), else declared,
+    else synthesized for `structure` on `devices` devices."""
+
+    recorded: list[str] = field(default_factory=list)
+    synthesize: bool = False
+    structure: dict[str, Any] = field(default_factory=dict)
+    devices: int = 0
+    seed: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Returned:
+    """The calls of the function a factory target returned: recorded files (original side),
+    and the contexts and meshes they ran under."""
+
+    recorded: list[str] = field(default_factory=list)
+    contexts: list[Context] = field(default_factory=list)
+    meshes: list[dict[str, Any]] = field(default_factory=list)
+
+
+# Requests --------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Message:
+    """What every message has: its kind (a class constant) and the protocol version."""
+
+    KIND: ClassVar[str] = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run(Message):
+    """Run a target on one side: under `contexts` (meshes built from `meshes`), its inputs and
+    outputs in the pickle files `inputs_path` and `outputs_path`; `pristine` is the user's tree,
+    to lay back a file a unit changed; `timeout` the seconds the parent waits."""
+
+    target: Target
+    contexts: list[Context] = field(default_factory=list)
+    meshes: list[dict[str, Any]] = field(default_factory=list)
+    inputs_path: str
+    outputs_path: str
+    pristine: str = ""
+    returned: Returned = field(default_factory=Returned)
+    layouts: list[dict[str, Any]] = field(default_factory=list)
+    timeout: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOriginal(Run):
+    """Run the original (else the first of `references` that runs) and write its inputs and
+    outputs; `reach` are the sites' line spans its calls must run."""
+
+    KIND: ClassVar[str] = "run-original"
+    references: list[str]
+    inputs: Inputs = field(default_factory=Inputs)
+    reach: list[Any] = field(default_factory=list)  # [first, last] per site, or a unit's need
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunCandidate(Run):
+    """Run the rewrite on the original's inputs and compare with its outputs; `records` are the
+    recorded calls whose import paths the pickles need."""
+
+    KIND: ClassVar[str] = "run-candidate"
+    records: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareRecords(Message):
+    """Compare the calls two runs of a command recorded: [inputs, outputs] pickles per call."""
+
+    KIND: ClassVar[str] = "compare-records"
+    original: list[list[str]]
+    candidate: list[list[str]]
+    timeout: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Exit(Message):
+    """Stop serving."""
+
+    KIND: ClassVar[str] = "exit"
+
+
+Request = RunOriginal | RunCandidate | CompareRecords | Exit
+
+
+# Replies ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Reply(Message):
+    """A worker's answer. `view` is the plain dict the verdicts read (`ok` and the fields that
+    are set); `restart` says why the worker must start again before the next request."""
+
+    OK: ClassVar[bool] = True
+    restart: str | None = None
+
+    def view(self) -> dict[str, Any]:
+        """Return the reply as a dict: `kind`, `ok` and every field that is not None."""
+        out: dict[str, Any] = {"kind": self.KIND, "ok": self.OK}
+        out |= {k: v for k, v in plain_fields(self).items() if v is not None}
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ready(Reply):
+    """The worker started JAX (and joined its job): which JAX, how many devices."""
+
+    KIND: ClassVar[str] = "ready"
+    jax: str
+    devices: int
+    process: int = 0
+    processes: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ran(Reply):
+    """The original (or `reference`) ran and wrote its inputs and outputs."""
+
+    KIND: ClassVar[str] = "ran"
+    reference: str
+    source: str
+    calls: int
+    returned_calls: int = 0
+    input_shapes: list[Any] = field(default_factory=list)
+    output_shapes: list[Any] = field(default_factory=list)
+    contexts: list[str] = field(default_factory=list)
+    observed: dict[str, Any] = field(default_factory=dict)
+    shows: dict[str, Any] | None = None  # a unit: what it returned, printed and wrote
+    mapped_axis_size: int | None = None
+    mesh_hint: str | None = None
+    layout_violations: list[str] | None = None
+    reference_errors: list[str] | None = None  # the references tried before, and why
+    reference_stages: dict[str, str] | None = None
+    determinism: str | None = None  # why a unit's original ran once only
+
+
+@dataclass(frozen=True, kw_only=True)
+class Compared(Reply):
+    """The rewrite ran on the original's inputs: equal, or the first mismatch."""
+
+    KIND: ClassVar[str] = "compared"
+    equal: bool
+    mismatch: dict[str, Any] | None = None
+    candidate_contexts: list[str] = field(default_factory=list)
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    not_comparable: list[str] | None = None
+    has_values: bool | None = None
+    observed: dict[str, Any] | None = None
+    calls: int | None = None
+    returned_calls: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordsCompared(Reply):
+    """Two runs' recorded calls compared: diverged before the site, or equal, or a mismatch."""
+
+    KIND: ClassVar[str] = "records-compared"
+    equal: bool = False
+    diverged: dict[str, Any] | None = None
+    mismatch: dict[str, Any] | None = None
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    not_comparable: list[str] | None = None
+    has_values: bool | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failed(Reply):
+    """The request could not be done: at which `stage` (import, target, inputs, call, reach,
+    worker, protocol), why, and what kind of failure it is."""
+
+    KIND: ClassVar[str] = "failed"
+    OK: ClassVar[bool] = False
+    stage: str
+    error: str
+    errors: list[str] | None = None  # every reference's error, when none ran
+    reference_errors: list[str] | None = None
+    no_inputs: bool | None = None
+    not_reached: bool | None = None
+    uncomparable: bool | None = None
+    not_kept: bool | None = None
+    nondeterministic: bool | None = None
+
+
+REQUESTS: dict[str, type[Message]] = {
+    c.KIND: c for c in (RunOriginal, RunCandidate, CompareRecords, Exit)
+}
+REPLIES: dict[str, type[Message]] = {
+    c.KIND: c for c in (Ready, Ran, Compared, RecordsCompared, Failed)
+}
+
+
+# Encoding and decoding ---------------------------------------------------------------------------
+def plain_fields(record: Any) -> dict[str, Any]:
+    """Return a record's fields as plain data (nested records as dicts)."""
+    return {f.name: plain(getattr(record, f.name)) for f in dataclasses.fields(record)}
+
+
+def plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return plain_fields(value)
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if hasattr(value, "item") and callable(value.item):  # a numpy scalar
+        return value.item()
+    return value
+
+
+def encode(message: Message) -> str:
+    """Return `message` as one line of JSON, with its protocol version and kind."""
+    data = {"protocol": VERSION, "kind": message.KIND, **plain_fields(message)}
+    return json.dumps(data, default=json_default) + "\n"
+
+
+def json_default(value: Any) -> Any:
+    """Return what JSON writes for a value it does not know: a numpy scalar's number."""
+    if hasattr(value, "item") and callable(value.item):
+        return value.item()
+    return str(value)
+
+
+def decode_request(line: str | bytes) -> Request:
+    """Return the request a line holds; raise ProtocolError saying what does not match."""
+    return typing.cast(Request, decode(line, REQUESTS, "request"))
+
+
+def decode_reply(line: str | bytes) -> Reply:
+    """Return the reply a line holds; raise ProtocolError saying what does not match."""
+    return typing.cast(Reply, decode(line, REPLIES, "reply"))
+
+
+def decode(line: str | bytes, kinds: dict[str, type[Message]], what: str) -> Message:
+    try:
+        data = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        text = line if isinstance(line, str) else line.decode(errors="replace")
+        raise ProtocolError(f"a {what} that is not JSON: {text[:100]!r}") from None
+    if not isinstance(data, dict):
+        raise ProtocolError(f"a {what} that is not a JSON object: {type(data).__name__}")
+    version = data.get("protocol")
+    if version is None:
+        keys = ", ".join(sorted(data)[:6])
+        raise ProtocolError(
+            f"a {what} without a protocol version (keys: {keys}): it comes from a jaxmigrate "
+            f"worker package older than protocol {VERSION}, which this jaxmigrate speaks"
+        )
+    if version != VERSION:
+        raise ProtocolError(
+            f"a {what} in protocol {version!r}, but this jaxmigrate speaks protocol {VERSION}: "
+            "the two ends come from different jaxmigrate versions"
+        )
+    kind = data.get("kind")
+    if kind not in kinds:
+        known = ", ".join(kinds)
+        raise ProtocolError(f"a {what} of unknown kind {kind!r} (protocol {VERSION}: {known})")
+    fields = {k: v for k, v in data.items() if k not in ("protocol", "kind")}
+    return typing.cast(Message, build(kinds[kind], fields, kind))
+
+
+def build(cls: type, data: Any, where: str) -> Any:
+    """Return a `cls` record from `data`, every field checked against its annotation."""
+    if not isinstance(data, dict):
+        raise ProtocolError(f"{where} should be an object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise ProtocolError(f"{where} has fields protocol {VERSION} does not know: {unknown}")
+    values = {}
+    for name, spec in names.items():
+        if name not in data:
+            if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+                raise ProtocolError(f"{where} lacks its field `{name}`")
+            continue
+        values[name] = check(data[name], hints[name], f"{where}.{name}")
+    return cls(**values)
+
+
+def check(value: Any, hint: Any, where: str) -> Any:
+    """Return `value` as the type `hint` names (records built); raise ProtocolError if not."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin in (typing.Union, _UnionType):
+        if value is None and type(None) in args:
+            return None
+        kept = [a for a in args if a is not type(None)]
+        return check(value, kept[0], where) if len(kept) == 1 else value
+    if dataclasses.is_dataclass(hint):
+        return build(typing.cast(type, hint), value, where)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ProtocolError(f"{where} should be a list, got {type(value).__name__}")
+        return [check(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)] if args else value
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where} should be an object, got {type(value).__name__}")
+        return {k: check(v, args[1], f"{where}[{k!r}]") for k, v in value.items()}
+    wanted: tuple[type, ...] = (int, float) if hint is float else (hint,)
+    if not isinstance(value, wanted) or (hint in (int, float) and isinstance(value, bool)):
+        raise ProtocolError(f"{where} should be {hint.__name__}, got {type(value).__name__}")
+    return value
+
+
+_UnionType = type(int | None)
