@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jaxmigrate.model import Safety, Site
+from jaxmigrate.model import Safety, Site, Status
 from jaxmigrate.verify.child import protocol
 from jaxmigrate.verify.child.protocol import (
     VERSION,
@@ -37,9 +37,10 @@ from jaxmigrate.verify.child.protocol import (
     encode,
 )
 from jaxmigrate.verify.config import VerifyConfig, VerifyRequest
+from jaxmigrate.verify.judge import candidate_verdict
 from jaxmigrate.verify.messages import Sources, make_task
 from jaxmigrate.verify.planner import plan_all
-from jaxmigrate.verify.pool import Worker
+from jaxmigrate.verify.pool import Reply, Worker
 from jaxmigrate.verify.workspace import CHILD_PACKAGE, Workspace, workspace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -134,6 +135,20 @@ def test_a_request_that_does_not_match_the_protocol_is_refused_saying_why(
     with pytest.raises(ProtocolError) as caught:
         decode_request(json.dumps(data))
     assert message in str(caught.value)
+
+
+def test_a_request_the_rewrites_worker_refused_is_no_failure_of_the_rewrite(tmp_path: Path) -> None:
+    root = tmp_path / "project"
+    root.mkdir()
+    site = Site("JM202", "pmap", 7, 12, Safety.UNSAFE, "pmap", key="pmap:7")
+    (plan,), _ = plan_all([VerifyRequest("m.py", LEGACY, LEGACY, (site,))], root)
+    original = Ran(reference="original", source="run", calls=1).view()
+    refused = Failed(stage="protocol", error="this worker refused: a request in protocol 2")
+    verdict = candidate_verdict(plan, original, Reply(refused.view()))
+    assert verdict.status is Status.UNVERIFIED
+    assert verdict.reason == (
+        "the verifier could not run the rewrite: this worker refused: a request in protocol 2"
+    )
 
 
 # Real workers of another version ---------------------------------------------------------------

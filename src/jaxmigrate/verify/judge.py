@@ -175,9 +175,7 @@ def candidate_verdict(plan: Plan, original: dict[str, Any], reply: Reply) -> Ver
     data = reply.data
     if data.get("candidate_contexts"):
         details["candidate_contexts"] = data["candidate_contexts"]
-    if (
-        not data.get("ok") and data.get("stage") == "worker"
-    ):  # the verifier's fault, not the rewrite's
+    if not data.get("ok") and data.get("stage") in ("worker", "protocol"):  # the verifier's fault
         reason = f"the verifier could not run the rewrite: {data.get('error')}"
         return Verdict(Status.UNVERIFIED, reason, details)
     if not data.get("ok"):
