@@ -7,7 +7,6 @@ virtualenv (dm-haiku's tests: "No module named 'tabulate'", every site unverifie
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from jaxmigrate.verify import VerifyConfig
+from jaxmigrate.verify.child.protocol import encode
 from jaxmigrate.verify.recording import recording_plan, run_command
 from jaxmigrate.verify.workspace import workspace
 
@@ -65,7 +65,7 @@ def test_pytest_runs_under_the_given_interpreter(
     config = VerifyConfig(root=project, python=str(python), devices=1)
     with workspace(project, {}, {}) as ws:
         plan = ws.base / "plan.json"
-        plan.write_text(json.dumps(recording_plan([], ws, 3)))
+        plan.write_text(encode(recording_plan([], ws, 3)))
         note = run_command("pytest -q -p no:cacheprovider test_one.py", ws, config, plan)
         assert note == "", note
         log = (ws.logs / "verify-with.log").read_text()
@@ -83,6 +83,6 @@ def test_a_pytest_of_the_interpreter_itself_is_used(tmp_path: Path) -> None:
     config = VerifyConfig(root=project, python=str(bindir / "python"), devices=1)
     with workspace(project, {}, {}) as ws:
         plan = ws.base / "plan.json"
-        plan.write_text(json.dumps(recording_plan([], ws, 3)))
+        plan.write_text(encode(recording_plan([], ws, 3)))
         assert run_command("pytest", ws, config, plan) == ""
         assert "its own pytest" in (ws.logs / "verify-with.log").read_text()

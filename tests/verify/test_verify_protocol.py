@@ -30,6 +30,7 @@ from jaxmigrate.verify.child.protocol import (
     ProtocolError,
     Ran,
     Ready,
+    RecordPlan,
     RecordsCompared,
     Target,
     decode_reply,
@@ -106,6 +107,29 @@ def test_every_reply_decodes_to_the_same_record_with_numpy_numbers_as_plain_ones
         "error": "no inputs were recorded or declared",
         "no_inputs": True,
     }
+
+
+def test_the_recording_plan_round_trips_and_an_unversioned_one_is_refused(tmp_path: Path) -> None:
+    from jaxmigrate.verify.child.recorder import load_plan
+
+    plan = RecordPlan(
+        root=str(tmp_path),
+        out=str(tmp_path / "records"),
+        max_calls=3,
+        spans={"m.py": [[7, 7, "m.py::main~site0"]]},
+        functions={"m": {"main": "m.py::main"}},
+        reach={"m.py::main": [[7, 7]]},
+    )
+    path = tmp_path / "plan.json"
+    path.write_text(encode(plan))
+    recorder = load_plan(str(path))
+    assert recorder.functions == {"m": {"main": "m.py::main"}}
+    assert recorder.reach == {"m.py::main": [[7, 7]]}
+    data = json.loads(encode(plan))
+    del data["protocol"], data["kind"]  # as jaxmigrate wrote it before the protocol
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProtocolError, match="a recording plan without a protocol version"):
+        load_plan(str(path))
 
 
 @pytest.mark.parametrize(

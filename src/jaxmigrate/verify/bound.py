@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import difflib
-import json
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxmigrate.model import Status
-from jaxmigrate.verify.child.protocol import CompareRecords
+from jaxmigrate.verify.child.protocol import CompareRecords, RecordPlan, encode
 from jaxmigrate.verify.config import Verdict, VerifyConfig
 from jaxmigrate.verify.messages import parse
 from jaxmigrate.verify.planner import Plan, body_lines
@@ -134,17 +133,16 @@ def rerun(
     folder = ws.base / f"records-{side}"
     folder.mkdir(exist_ok=True)
     plan_file = ws.base / f"record-plan-{side}.json"
-    recorder_plan = {
-        "root": str(scratch(ws, side)),
-        "out": str(folder),
-        "max_calls": config.max_calls,
-        "spans": spans,
-        "functions": {},
-        "outputs": [p.id for p in plans],
-        "deep": sorted({p.path for p in plans if p.request.command}),  # notebooks' scripts
-        "helpers": helpers(plans),
-    }
-    plan_file.write_text(json.dumps(recorder_plan), encoding="utf-8")
+    recorder_plan = RecordPlan(
+        root=str(scratch(ws, side)),
+        out=str(folder),
+        max_calls=config.max_calls,
+        spans=dict(spans),
+        outputs=[p.id for p in plans],
+        deep=sorted({p.path for p in plans if p.request.command}),  # notebooks' scripts
+        helpers=helpers(plans),
+    )
+    plan_file.write_text(encode(recorder_plan), encoding="utf-8")
     error = run_command(command, ws, config, plan_file, side=side)
     return Rerun(collect(ws, config.max_calls, config.processes, folder), error, unplaced)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxmigrate.verify import lifetime
+from jaxmigrate.verify.child.protocol import RecordPlan, encode
 from jaxmigrate.verify.config import VerifyConfig
 from jaxmigrate.verify.planner import Plan, reach_spans
 from jaxmigrate.verify.pool import child_env, kill_group
@@ -55,7 +56,7 @@ class Recording:
     supplied: dict[str, str] = field(default_factory=dict)  # plan id -> the tests that recorded it
 
 
-def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> dict[str, Any]:
+def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> RecordPlan:
     """Return the recorder's plan: spans for callable and bound targets, functions for the rest.
 
     Bound targets have their outputs recorded too: their command is the unit, compared on both
@@ -69,18 +70,18 @@ def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> dict
             spans[plan.path].append([target.first, target.last, plan.id])
         if target.kind is not Kind.BOUND and "." not in target.qualname:
             functions[plan.module].setdefault(target.qualname, plan.id)
-    return {
-        "root": str(scratch(ws, "original")),
-        "out": str(ws.records),
-        "max_calls": max_calls,
-        "spans": spans,
-        "functions": functions,
-        "outputs": [p.id for p in plans if p.target.kind is Kind.BOUND],
-        "deep": sorted({p.path for p in plans if p.request.command}),
-        "helpers": helpers(plans),
+    return RecordPlan(
+        root=str(scratch(ws, "original")),
+        out=str(ws.records),
+        max_calls=max_calls,
+        spans=dict(spans),
+        functions=dict(functions),
+        outputs=[p.id for p in plans if p.target.kind is Kind.BOUND],
+        deep=sorted({p.path for p in plans if p.request.command}),
+        helpers=helpers(plans),
         # only the calls of a function target that run its sites are worth recording
-        "reach": {p.id: reach_spans(p) for p in plans if p.target.kind is Kind.FUNCTION},
-    }
+        reach={p.id: reach_spans(p) for p in plans if p.target.kind is Kind.FUNCTION},
+    )
 
 
 def helpers(plans: Sequence[Plan]) -> list[str]:
@@ -280,7 +281,7 @@ def recorded(items: list[tuple[Path, dict[str, Any]]], max_calls: int) -> Record
 def record(command: str, plans: Sequence[Plan], ws: Workspace, config: VerifyConfig) -> Recording:
     """Run `command` with the recorder and return what it recorded for `plans`."""
     plan_file = ws.base / "record-plan.json"
-    plan_file.write_text(json.dumps(recording_plan(plans, ws, config.max_calls)), encoding="utf-8")
+    plan_file.write_text(encode(recording_plan(plans, ws, config.max_calls)), encoding="utf-8")
     started = time.monotonic()
     note = run_command(command, ws, config, plan_file)
     calls = collect(ws, config.max_calls, config.processes)
@@ -311,7 +312,7 @@ def supplement(
         return recording
     plan_file = ws.base / "record-plan-tests.json"
     plan = recording_plan(wanted, ws, config.max_calls)
-    plan_file.write_text(json.dumps(plan), encoding="utf-8")
+    plan_file.write_text(encode(plan), encoding="utf-8")
     command = pytest_command(config.python_of("original"), scratch(ws, "original"), ids)
     run_command(command, ws, config, plan_file)
     found = collect(ws, config.max_calls, config.processes)

@@ -14,7 +14,8 @@ by both: it imports nothing but the standard library and runs on every Python th
 on (3.11 to 3.13).
 
 Requests: `RunOriginal`, `RunCandidate` (a target on one side), `CompareRecords` (the calls two
-runs of a command recorded), `Exit`. Replies: `Ready` (JAX is up), `Ran` (the original's outputs
+runs of a command recorded), `Exit`; and `RecordPlan`, the file that tells the recorder in a
+command's processes what to record. Replies: `Ready` (JAX is up), `Ran` (the original's outputs
 are written), `Compared` (the rewrite against them), `RecordsCompared`, `Failed`.
 """
 
@@ -148,6 +149,27 @@ class Exit(Message):
 
 
 Request = RunOriginal | RunCandidate | CompareRecords | Exit
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordPlan(Message):
+    """What the recorder records in a command's run (`recorder`, from a file named by
+    `JAXMIGRATE_RECORD`): in the tree `root`, into `out`, up to `max_calls` calls per target, of
+    the callables made on `spans` (file -> [first, last, target id]) and of `functions` (module
+    -> qualname -> target id); `outputs` are targets whose outputs are recorded too, `deep`
+    scripts whose nested functions count (notebooks), `helpers` files whose calls are made for
+    their caller's line, `reach` the line spans a function target's calls must run."""
+
+    KIND: ClassVar[str] = "record-plan"
+    root: str
+    out: str
+    max_calls: int
+    spans: dict[str, list[list[Any]]] = field(default_factory=dict)
+    functions: dict[str, dict[str, str]] = field(default_factory=dict)
+    outputs: list[str] = field(default_factory=list)
+    deep: list[str] = field(default_factory=list)
+    helpers: list[str] = field(default_factory=list)
+    reach: dict[str, list[Any]] = field(default_factory=dict)
 
 
 # Replies ---------------------------------------------------------------------------------------
@@ -290,6 +312,11 @@ def json_default(value: Any) -> Any:
 def decode_request(line: str | bytes) -> Request:
     """Return the request a line holds; raise ProtocolError saying what does not match."""
     return typing.cast(Request, decode(line, REQUESTS, "request"))
+
+
+def decode_plan(text: str | bytes) -> RecordPlan:
+    """Return the recording plan a file holds; raise ProtocolError saying what does not match."""
+    return typing.cast(RecordPlan, decode(text, {RecordPlan.KIND: RecordPlan}, "recording plan"))
 
 
 def decode_reply(line: str | bytes) -> Reply:

@@ -391,21 +391,20 @@ def seed_tensorflow(module: ModuleType) -> None:
 
 
 def load_plan(path: str) -> Recorder:
-    """Return the recorder a plan file describes."""
+    """Return the recorder a plan file describes (`protocol.RecordPlan`)."""
+    from .protocol import decode_plan
+
     with open(path, encoding="utf-8") as handle:
-        plan = json.load(handle)
+        plan = decode_plan(handle.read())
     spans = {
         rel: [Span(rel, first, last, target) for first, last, target in items]
-        for rel, items in plan["spans"].items()
+        for rel, items in plan.spans.items()
     }
-    root = os.path.realpath(plan["root"])
-    outputs = frozenset(plan.get("outputs", ()))
-    deep = frozenset(plan.get("deep", ()))
-    recorder = Recorder(
-        root, plan["out"], int(plan["max_calls"]), spans, plan["functions"], outputs, deep
-    )
-    recorder.reach = dict(plan.get("reach", {}))
-    recorder.helpers = frozenset(plan.get("helpers", ()))
+    root = os.path.realpath(plan.root)
+    outputs, deep = frozenset(plan.outputs), frozenset(plan.deep)
+    recorder = Recorder(root, plan.out, plan.max_calls, spans, plan.functions, outputs, deep)
+    recorder.reach = dict(plan.reach)
+    recorder.helpers = frozenset(plan.helpers)
     return recorder
 
 
