@@ -22,6 +22,7 @@ are written), `Compared` (the rewrite against them), `RecordsCompared`, `Failed`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import typing
 from dataclasses import dataclass, field
@@ -356,8 +357,7 @@ def build(cls: type, data: Any, where: str) -> Any:
     """Return a `cls` record from `data`, every field checked against its annotation."""
     if not isinstance(data, dict):
         raise ProtocolError(f"{where} should be an object, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name: f for f in dataclasses.fields(cls)}
+    hints, names = layout(cls)
     unknown = sorted(set(data) - set(names))
     if unknown:
         raise ProtocolError(f"{where} has fields protocol {VERSION} does not know: {unknown}")
@@ -369,6 +369,12 @@ def build(cls: type, data: Any, where: str) -> Any:
             continue
         values[name] = check(data[name], hints[name], f"{where}.{name}")
     return cls(**values)
+
+
+@functools.cache
+def layout(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
+    """Return a record class's field types and fields (read once per class)."""
+    return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
 
 
 def check(value: Any, hint: Any, where: str) -> Any:
