@@ -82,9 +82,16 @@ def test_an_argument_from_elsewhere_is_named_with_where_it_comes_from():
     assert "argument 2 of the step comes from elsewhere (`x` = `load(x)`)" in message, message
 
 
-def test_a_step_made_under_main_says_so():
+def test_a_step_made_under_main_is_followed_in_that_block():
+    """The `__main__` block is the program's host: its values are followed as a function's;
+    one coming from outside the block as it is blocks (PL301, named)."""
     source = PROGRAM.replace("def main(w, x):", 'if __name__ == "__main__":').replace(
         "    return w[0]\n", "    print(w[0])\n"
     )
     (message,) = pmap_messages(source)
-    assert "[PL104] the step is made in a block at module level" in message, message
+    assert "(program-level)" in message, message
+    (message,) = pmap_messages(source.replace("    w = jnp.broadcast_to(w, (n,) + w.shape)\n", ""))
+    assert (
+        "[PL301] argument 1 of the step comes from elsewhere (`w`, a global bound outside the "
+        "`__main__` block)"
+    ) in message, message

@@ -3,7 +3,7 @@ calls in the function that makes it, and records the edits of the program-level 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -636,6 +636,8 @@ def _follow_argument(
         name = _passed(call, position)
         if name == INLINE:
             kind = _inline_kind(program, call.values[position], forms, position, flow)
+            if kind == "other" and _generated_batches(program, flow, forms, calls, position):
+                kind = "batch"
             kinds.add(kind)
             if kind == "other":
                 blocking.append(f"`{_short(call.values[position])}`")
@@ -648,9 +650,13 @@ def _follow_argument(
         assert use is not None
         for binding in flow.reach.of(use) or {ENTRY}:  # the bindings whose value it may be
             if binding is ENTRY:
-                where = "" if name in _parameters(program.host) else " or a global"
+                host = program.host.name.value
+                where = f"a parameter of `{host}`"
+                where += "" if name in _parameters(program.host) else " or a global"
+                if host == "__main__":
+                    where = "a global bound outside the `__main__` block"
                 kind = "other"
-                blocking.append(f"`{name}`, a parameter of `{program.host.name.value}`{where}")
+                blocking.append(f"`{name}`, {where}")
             else:
                 kind = classified.get(id(binding)) or _binding_kind(
                     program, binding, name, forms, calls, flow, position
@@ -790,6 +796,126 @@ def _inline_kind(
         program.edit(value, keys.row.why, lambda: keys.rewrite(program.context()))
         return "keys"
     return "other"
+
+
+GENERATED = (
+    "a split into per-device slices deleted: the generator yields the flat batch, which goes into "
+    "the batch sharded on the mesh"
+)
+
+
+def _generated_batches(
+    program: Program, flow: Flow, forms: Forms, calls: list[_StepCall], position: int
+) -> bool:
+    """Every call passes `next(it)` here, `it = gen()` bound once and read only so, `gen` a
+    generator def of the function called only there, each of its `yield`s a split of a flat
+    batch (or a tuple of splits, or of names only a split reaches and read only in a `yield`):
+    the input pipeline then yields flat batches (its splits deleted) and each `next(it)` becomes
+    this process's part of a global batch. Record the edits and return True; else False."""
+    values = [c.values[position] for c in calls]
+    args = [positional(v, 1) if isinstance(v, cst.Call) else None for v in values]
+    its = {single_name(a[0]) if a else None for a in args}
+    it = its.pop() if len(its) == 1 else None
+    if it is None or "next" in flow.stores or "next" in forms.defs:
+        return False
+    if any(single_name(v.func) != "next" for v in values):  # type: ignore[attr-defined]
+        return False
+    made = flow.stores.get(it, [])
+    binding = made[0] if len(made) == 1 else None
+    if not isinstance(binding, cst.Assign) or not isinstance(binding.value, cst.Call):
+        return False
+    if any(flow.reach.of(a[0]) != {binding} for a in args if a):  # type: ignore[arg-type]
+        return False
+    nexts = {id(a[0]) for a in args if a}
+    if {id(use) for use in flow.loads.get(it, [])} != nexts:
+        return False  # `it` read other than by the step's `next(it)`
+    gen = single_name(binding.value.func)
+    defs = flow.stores.get(gen or "", [])
+    generator = defs[0] if len(defs) == 1 else None
+    if not isinstance(generator, cst.FunctionDef) or generator.decorators or generator.asynchronous:
+        return False
+    if [u for u in flow.loads.get(gen or "", []) if u is not generator.name] != [
+        binding.value.func
+    ]:
+        return False  # called elsewhere too: those batches are not the step's
+    edits = _yielded_splits(generator, flow, forms)
+    if edits is None:
+        return False
+    for node, source in edits:
+        program.edit(node, GENERATED, lambda s=source: s)  # type: ignore[misc]
+    for value in values:
+        batch = lambda v=value: fill(GLOBAL_BATCH, {**program.context(), "x": v})  # type: ignore[misc]
+        program.edit(value, BATCH, batch)
+    return True
+
+
+def _yielded_splits(
+    generator: cst.FunctionDef, flow: Flow, forms: Forms
+) -> list[tuple[cst.BaseExpression, cst.BaseExpression]] | None:
+    """Return each split the generator's `yield`s give (the split, its flat source), else None."""
+    inner = Flow(generator)
+    yields = list(_yields(generator.body))
+    if not yields or any(not isinstance(y.value, cst.BaseExpression) for y in yields):
+        return None  # a bare `yield`, or `yield from`
+
+    def counts(node: cst.BaseExpression) -> bool:
+        name = single_name(node)
+        own = name is None or name in inner.stores
+        return is_device_count(node, inner if own else flow, forms.qualname)
+
+    def value_of(name: cst.Name) -> cst.BaseExpression | None:  # the one value reaching it
+        found = inner.reach.of(name)
+        return value_of_name(next(iter(found)), name.value) if len(found) == 1 else None
+
+    splits = Forms(forms.qualname, counts, forms.defs, values=value_of)
+    inside = {id(n) for y in yields for n in _all_names(y)}
+    edits: list[tuple[cst.BaseExpression, cst.BaseExpression]] = []
+    for y in yields:
+        value = y.value
+        assert isinstance(value, cst.BaseExpression)
+        items = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+        for item in items:
+            found = splits.split(item)
+            if found is not None:
+                edits.append((item, found.source))
+                continue
+            if not isinstance(item, cst.Name):
+                return None
+            for binding in inner.reach.of(item):
+                value_of_binding = value_of_name(binding, item.value)
+                found = splits.split(value_of_binding) if value_of_binding is not None else None
+                if found is None or not all(
+                    id(use) in inside
+                    for use in inner.loads.get(item.value, [])
+                    if binding in inner.reach.of(use)
+                ):
+                    return None  # not a split, or its split value read outside a `yield`
+                edits.append((value_of_binding, found.source))  # type: ignore[arg-type]
+    return edits
+
+
+def value_of_name(binding: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+    """The value `name = value` binds, else None."""
+    if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
+        return None
+    return binding.value if single_name(binding.targets[0].target) == name else None
+
+
+def _yields(node: cst.CSTNode) -> Iterator[cst.Yield]:
+    """The `yield`s of a def's body (not of the defs and lambdas in it)."""
+    for child in node.children:
+        if isinstance(child, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            continue
+        if isinstance(child, cst.Yield):
+            yield child
+        yield from _yields(child)
+
+
+def _all_names(node: cst.CSTNode) -> Iterator[cst.Name]:
+    if isinstance(node, cst.Name):
+        yield node
+    for child in node.children:
+        yield from _all_names(child)
 
 
 SPLIT_NAMED = (
