@@ -95,3 +95,23 @@ def test_a_step_made_under_main_is_followed_in_that_block():
         "[PL301] argument 1 of the step comes from elsewhere (`w`, a global bound outside the "
         "`__main__` block)"
     ) in message, message
+
+
+def test_a_main_block_keeps_the_globals_a_def_of_the_module_reads():
+    """`n = jax.local_device_count()` is dropped once the rewrite reads it no more, but not from
+    a `__main__` block when a def of the module reads the global `n`."""
+    source = PROGRAM.replace("def main(w, x):", 'if __name__ == "__main__":').replace(
+        "    return w[0]\n", "    print(w[0], devices())\n"
+    )
+    source = source.replace(
+        "    n = jax", "    w, x = jnp.ones(3), jnp.ones((16, 3))\n    n = jax"
+    ).replace("def step(", "def devices():\n    return n\n\n\ndef step(")
+    result = migrate_source(source, options=Options(unsafe_fixes=True))
+    assert "(program-level)" in " ".join(s.message for s in result.sites)
+    assert "    n = jax.local_device_count()\n" in result.code
+    assert (
+        "    n = jax.local_device_count()\n"
+        not in migrate_source(
+            source.replace("return n\n", "return 1\n"), options=Options(unsafe_fixes=True)
+        ).code
+    )

@@ -3,7 +3,7 @@ program-level form can take."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -212,7 +212,9 @@ def _globals_unread(
     module: cst.Module, host: cst.FunctionDef, program: Program, flow: Parents
 ) -> None:
     """A `__main__` block's names are the module's globals: no def or class of the module may
-    read one the step is passed or returns (its layout changes); raise NotVisible if one may."""
+    read one the step is passed or returns, nor a def of the block the rewrite edits (a
+    generator now yielding flat batches): raise NotVisible if one may. The names it would drop
+    as no longer read (`n = jax.local_device_count()`) stay when such a def reads them."""
     if host.name.value != "__main__" or host.body not in [
         s.body for s in module.body if isinstance(s, cst.If)
     ]:
@@ -222,17 +224,31 @@ def _globals_unread(
         around = flow.parent.get(id(call))
         if isinstance(around, cst.Assign):
             changed |= {n for t in around.targets for n in names_in(t.target)}
+    edited = set(program.nodes)
+    changed |= {
+        d.name.value
+        for d in host.body.body
+        if isinstance(d, cst.FunctionDef) and any(id(n) in edited for n in _nodes(d))
+    }
     for statement in module.body:
         if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
             inner = Parents().read(statement)
-            hit = changed & (set(inner.loads) - set(inner.stores))  # its free names
+            free = set(inner.loads) - set(inner.stores)
+            program.helpers -= free
+            hit = changed & free
             if hit:
                 why = (
-                    f"`{statement.name.value}` reads `{min(hit)}`, a global the "
-                    "`__main__` block passes to the step or binds to its results: its layout "
-                    "changes"
+                    f"`{statement.name.value}` reads `{min(hit)}`, a global of the `__main__` "
+                    "block whose value the rewrite changes (passed to the step, a result, or a "
+                    "def it edits)"
                 )
                 raise NotVisible(why, Decline.CLOSURE)
+
+
+def _nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    yield node
+    for child in node.children:
+        yield from _nodes(child)
 
 
 def _made_outside(host: cst.CSTNode | None) -> str:
