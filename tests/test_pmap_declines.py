@@ -115,3 +115,47 @@ def test_a_main_block_keeps_the_globals_a_def_of_the_module_reads():
             source.replace("return n\n", "return 1\n"), options=Options(unsafe_fixes=True)
         ).code
     )
+
+
+NLP_SEQ = """\
+import jax
+import jax.numpy as jnp
+from flax.training import common_utils
+
+
+def train_step(w, batch):
+    metrics = {"loss": jnp.sum(batch)}  # not reduced over the devices
+    return w - jax.lax.pmean(jnp.mean(batch, 0) * w, "batch"), metrics
+
+
+def eval_step(w, batch):
+    return {"loss": jnp.sum(batch * w)}
+
+
+def main(data):
+    w = jax.numpy.ones(3)
+    w = jax.numpy.stack([w] * jax.local_device_count())
+    p_train_step = jax.pmap(train_step, axis_name="batch")
+    p_eval_step = jax.pmap(eval_step, axis_name="batch")
+    metrics_all = []
+    for batch in data:
+        batch = common_utils.shard(batch)
+        w, metrics = p_train_step(w, batch)
+        metrics_all.append(metrics)
+    eval_metrics = []
+    for batch in data:
+        batch = common_utils.shard(batch)
+        metrics = p_eval_step(w, batch)
+        eval_metrics.append(metrics)
+    return common_utils.get_metrics(metrics_all), common_utils.get_metrics(eval_metrics)
+"""
+
+
+def test_a_name_two_steps_bind_is_followed_where_each_binding_reaches():
+    """flax nlp_seq binds `metrics` to both steps' results: each step's reads are the ones its
+    binding reaches, so the message names what blocks (metrics not reduced: PL402), not
+    `metrics` holding two values (PL401)."""
+    messages = pmap_messages(NLP_SEQ)
+    assert len(messages) == 2
+    for message in messages:
+        assert "[PL402] `metrics`, a result of `p_" in message, message

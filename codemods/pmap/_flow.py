@@ -3,7 +3,7 @@ calls in the function that makes it, and records the edits of the program-level 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -1098,17 +1098,21 @@ def _follow_result(
     if program.varying[output]:
         _follow_flattened(program, flow, forms, calls, step, name)
         return
-    for binding in flow.stores.get(name, []):
-        fed = any(c.binds(binding) for c in calls) or id(binding) in program.siblings
-        read = isinstance(binding, cst.Assign) and forms.readback_of(binding.value, name)
-        if not fed and not read and not _before(flow, binding, calls):
-            raise NotVisible(
-                f"`{name}` holds a result of `{step}` and something else", Decline.RESULT_READ
-            )
+    made = _one_source(
+        program,
+        flow,
+        calls,
+        step,
+        name,
+        lambda b: (
+            id(b) in program.siblings
+            or isinstance(b, cst.Assign)
+            and forms.readback_of(b.value, name)
+        ),
+    )
     # Fed to the step (or a field of it, `step(state.params)`): the argument is checked there.
     feeds = {id(arg.value) for c in calls for arg in c.call.args}
     feeds |= program.sibling_feeds  # fed to another step of the function: checked there
-    made = {b for b in flow.stores.get(name, []) if any(c.binds(b) for c in calls)}
     for use in flow.loads.get(name, []):
         if not flow.reach.of(use) & made:
             continue  # no call's result reaches it (the argument's value, or read back)
@@ -1133,6 +1137,34 @@ def _follow_result(
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
         program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
     del output
+
+
+def _one_source(
+    program: Program,
+    flow: Flow,
+    calls: list[_StepCall],
+    step: str,
+    name: str,
+    allowed: Callable[[cst.CSTNode], object],
+) -> set[cst.CSTNode]:
+    """Return the bindings of `name` to results of the calls; raise NotVisible when a read they
+    reach may also read another value: not a binding before the calls, nor `allowed`, nor the
+    name unbound on that path (a parameter's value is another value)."""
+    made = {b for b in flow.stores.get(name, []) if any(c.binds(b) for c in calls)}
+    parameter = name in _parameters(program.host)
+    for use in flow.loads.get(name, []):
+        reaching = flow.reach.of(use)
+        if not reaching & made:
+            continue
+        for binding in reaching - made:
+            if binding is ENTRY and not parameter:
+                continue
+            if binding is not ENTRY and (_before(flow, binding, calls) or allowed(binding)):
+                continue
+            raise NotVisible(
+                f"`{name}` holds a result of `{step}` and something else", Decline.RESULT_READ
+            )
+    return made
 
 
 def _follow_items(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str) -> bool:
@@ -1282,15 +1314,18 @@ def _follow_flattened(
 ) -> None:
     """A result that may differ between devices: read only flattened. `r = r.reshape(-1)`
     rebinds `r` to the flat value: a read that only that binding reaches reads the flat value."""
-    made = {b for b in flow.stores.get(name, []) if any(c.binds(b) for c in calls)}
-    for binding in flow.stores.get(name, []):
-        if any(c.binds(binding) for c in calls) or _before(flow, binding, calls):
-            continue
-        value = binding.value if isinstance(binding, cst.Assign) else None
-        if not (isinstance(value, cst.Call) and _flattening(forms, value, name)):
-            raise NotVisible(
-                f"`{name}` holds a result of `{step}` and something else", Decline.RESULT_READ
-            )
+    made = _one_source(
+        program,
+        flow,
+        calls,
+        step,
+        name,
+        lambda b: (
+            isinstance(b, cst.Assign)
+            and isinstance(b.value, cst.Call)
+            and _flattening(forms, b.value, name)
+        ),
+    )
     for use in flow.loads.get(name, []):
         if not flow.reach.of(use) & made:
             continue  # the argument's value, or the flat value `r = r.reshape(-1)` binds
