@@ -82,9 +82,80 @@ def test_an_argument_from_elsewhere_is_named_with_where_it_comes_from():
     assert "argument 2 of the step comes from elsewhere (`x` = `load(x)`)" in message, message
 
 
-def test_a_step_made_under_main_says_so():
+def test_a_step_made_under_main_is_followed_in_that_block():
+    """The `__main__` block is the program's host: its values are followed as a function's;
+    one coming from outside the block as it is blocks (PL301, named)."""
     source = PROGRAM.replace("def main(w, x):", 'if __name__ == "__main__":').replace(
         "    return w[0]\n", "    print(w[0])\n"
     )
     (message,) = pmap_messages(source)
-    assert "[PL104] the step is made in a block at module level" in message, message
+    assert "(program-level)" in message, message
+    (message,) = pmap_messages(source.replace("    w = jnp.broadcast_to(w, (n,) + w.shape)\n", ""))
+    assert (
+        "[PL301] argument 1 of the step comes from elsewhere (`w`, a global bound outside the "
+        "`__main__` block)"
+    ) in message, message
+
+
+def test_a_main_block_keeps_the_globals_a_def_of_the_module_reads():
+    """`n = jax.local_device_count()` is dropped once the rewrite reads it no more, but not from
+    a `__main__` block when a def of the module reads the global `n`."""
+    source = PROGRAM.replace("def main(w, x):", 'if __name__ == "__main__":').replace(
+        "    return w[0]\n", "    print(w[0], devices())\n"
+    )
+    source = source.replace(
+        "    n = jax", "    w, x = jnp.ones(3), jnp.ones((16, 3))\n    n = jax"
+    ).replace("def step(", "def devices():\n    return n\n\n\ndef step(")
+    result = migrate_source(source, options=Options(unsafe_fixes=True))
+    assert "(program-level)" in " ".join(s.message for s in result.sites)
+    assert "    n = jax.local_device_count()\n" in result.code
+    assert (
+        "    n = jax.local_device_count()\n"
+        not in migrate_source(
+            source.replace("return n\n", "return 1\n"), options=Options(unsafe_fixes=True)
+        ).code
+    )
+
+
+NLP_SEQ = """\
+import jax
+import jax.numpy as jnp
+from flax.training import common_utils
+
+
+def train_step(w, batch):
+    metrics = {"loss": jnp.sum(batch)}  # not reduced over the devices
+    return w - jax.lax.pmean(jnp.mean(batch, 0) * w, "batch"), metrics
+
+
+def eval_step(w, batch):
+    return {"loss": jnp.sum(batch * w)}
+
+
+def main(data):
+    w = jax.numpy.ones(3)
+    w = jax.numpy.stack([w] * jax.local_device_count())
+    p_train_step = jax.pmap(train_step, axis_name="batch")
+    p_eval_step = jax.pmap(eval_step, axis_name="batch")
+    metrics_all = []
+    for batch in data:
+        batch = common_utils.shard(batch)
+        w, metrics = p_train_step(w, batch)
+        metrics_all.append(metrics)
+    eval_metrics = []
+    for batch in data:
+        batch = common_utils.shard(batch)
+        metrics = p_eval_step(w, batch)
+        eval_metrics.append(metrics)
+    return common_utils.get_metrics(metrics_all), common_utils.get_metrics(eval_metrics)
+"""
+
+
+def test_a_name_two_steps_bind_is_followed_where_each_binding_reaches():
+    """flax nlp_seq binds `metrics` to both steps' results: each step's reads are the ones its
+    binding reaches, so the message names what blocks (metrics not reduced: PL402), not
+    `metrics` holding two values (PL401)."""
+    messages = pmap_messages(NLP_SEQ)
+    assert len(messages) == 2
+    for message in messages:
+        assert "[PL402] `metrics`, a result of `p_" in message, message

@@ -110,6 +110,9 @@ def test_every_row_parses_and_names_its_source_hole():
         ("x.reshape((n, -1) + x.shape[1:])", "reshape", Layout.PER_DEVICE, "x"),
         ("x.reshape((n, -1, *x.shape[1:]))", "reshape", Layout.PER_DEVICE, "x"),
         ("x.reshape((n, x.shape[0] // n) + x.shape[1:])", "reshape", Layout.PER_DEVICE, "x"),
+        # `(n, k)` reshapes only when `k` is the rows per device: the split, whatever `k` says
+        ("x.reshape((n, 2) + x.shape[1:])", "reshape", Layout.PER_DEVICE, "x"),
+        ("x.reshape((n, per_device) + x.shape[1:])", "reshape", Layout.PER_DEVICE, "x"),
         ("jax.random.split(rng, n)", "split", Layout.KEYS, "rng"),
         ("cu.shard_prng_key(rng)", "shard_prng_key", Layout.KEYS, "rng"),
         ("jax_utils.unreplicate(state)", "unreplicate", Layout.HOST, "state"),
@@ -132,7 +135,7 @@ def test_a_spelling_matches_its_row(text, name, gives, source):
         "jnp.broadcast_to(p, (4,) + p.shape)",  # another number than the local devices
         "jnp.broadcast_to(p, (n,) + q.shape)",  # the shape of another value
         "x.reshape((n, -1) + y.shape[1:])",
-        "x.reshape((n, 2) + x.shape[1:])",
+        "x.reshape((n, f(x)) + x.shape[1:])",  # a call the rewrite would drop
         "jax.random.split(rng, 4)",
         "jax.random.split(rng)",
         "x[1]",

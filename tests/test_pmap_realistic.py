@@ -295,3 +295,50 @@ def test_the_migrated_multihost_predictions_are_each_process_own_examples(
         assert line.startswith(f"{index} "), line
         assert json.loads(mine) == everything[16 * index : 16 * (index + 1)], line
         assert float(their_total) == float(total), line
+
+
+# JAX's spmd_mnist example: the step is made and called in `if __name__ == "__main__":` and fed
+# by a generator yielding per-device batches (a split spelled `images.reshape(shape_prefix +
+# images.shape[1:])`, `shape_prefix = (num_devices, batch_size_per_device)`). The migrated
+# generator yields flat batches, each becoming this process's part of a global batch.
+SCRIPTS = ["spmd_mnist", "spmd_mnist_multihost"]
+
+
+def printed(folder: Path, name: str) -> list[str]:
+    """The lines a script prints on 8 devices, without the ones giving a duration."""
+    proc = subprocess.run(
+        [sys.executable, f"{name}.py"],
+        cwd=folder,
+        env=jax_env(8),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [line for line in proc.stdout.splitlines() if " sec" not in line]
+
+
+def test_a_main_block_fed_by_a_generator_takes_the_program_level_form(tmp_path: Path) -> None:
+    sources = {name: (DATA / f"{name}.py").read_text() for name in SCRIPTS}
+    before, after, sites = migrate(tmp_path, sources)
+    for name in SCRIPTS:
+        steps = [s for s in sites if s["path"] == f"{name}.py" and "`jax.pmap` ->" in s["message"]]
+        assert [("(program-level)" in s["message"], s["applied"]) for s in steps] == [(True, True)]
+        text = (after / f"{name}.py").read_text().split('"""', 2)[2]
+        migrated = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+        for gone in ("pmap", "shape_prefix + ", "broadcast_to", "x[0]"):
+            assert gone not in migrated, (name, gone)
+        assert printed(before, name) == printed(after, name)
+        assert len(printed(before, name)) == 5  # two epochs' accuracies, the weights
+    single = printed(before, "spmd_mnist_multihost")[-1]
+    job = run_job(
+        after / "spmd_mnist_multihost.py", processes=2, devices=8, timeout=300, cwd=after
+    ).check()
+    for index, stdout in enumerate(job.stdouts):
+        line = stdout.strip().splitlines()[-1]  # the sums, up to the order gloo adds in
+        assert line.startswith(f"{index} weights "), line
+        got, expected = numbers(line), numbers(single)
+        assert len(got) == len(expected) == 6, (line, single)
+        for x, y in zip(got, expected, strict=True):
+            assert abs(x - y) <= 1e-5 * max(1.0, abs(y)), (index, line, single)

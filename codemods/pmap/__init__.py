@@ -159,8 +159,11 @@ position: `jax.shard_map` takes no keywords) are replicated values (`flax.jax_ut
 `jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`, `jnp.stack([x] * n)`, a module
 helper or a named lambda doing one of these; a donated one becomes a copy,
 `jax.tree.map(jnp.copy, x)`, as pmap donated the replicas), splits of a
-flat batch (`x.reshape((n, -1) + x.shape[1:])` or its `jax.tree.map`, `common_utils.shard`, a
-module helper doing one of these, of a loop variable too), per-device keys (`jax.random.split(k, n)`, `common_utils.shard_prng_key(k)`:
+flat batch (`x.reshape((n, k) + x.shape[1:])`, any `k` without a call: the reshape succeeds
+only when it is the rows per device; or its `jax.tree.map`, `common_utils.shard`, a
+module helper doing one of these, of a loop variable too; `next(it)` of a generator of the
+function, called once, whose every `yield` is such a split or a tuple of them: the generator then
+yields the flat batches, JAX's spmd_mnist example), per-device keys (`jax.random.split(k, n)`, `common_utils.shard_prng_key(k)`:
 `P(axis)`, each device taking its own key, `key[0]`, in a lambda around the body; steps made in a
 function only), `in_axes=None`
 or static arguments, or its own results fed back; its results are read only as device 0's copy
@@ -320,8 +323,9 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
   - `PL102` the pmapped function is not a def of the module (an attribute `model.apply`, an
     import, a parameter, a def nested in another function);
   - `PL103` the step is called where it is made (`jax.pmap(f)(x)`);
-  - `PL104` the step is made in a class body, a lambda, or a block at module level
-    (`if __name__ == "__main__":`);
+  - `PL104` the step is made in a class body, a lambda, or a block at module level other
+    than `if __name__ == "__main__":` (that block is followed as a function, its names globals
+    that no def of the module may read when the step is passed or returns them: PL304);
   - `PL105` a nested pmap; `PL106` the def has other decorators than pmap's;
   - `PL107` the step's name is bound more than once;
   - `PL108` a pmap option this form does not take (`devices=`, `backend=`, `in_axes` other than
@@ -467,6 +471,13 @@ class Pmap(Faithful):
     def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
         site = self.sites.get(id(original_node))  # `pmap` (imported by name) kept as a value
         return updated_node if site is None else self._value(site, updated_node)
+
+    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        host = self.main_blocks.get(id(original_node))  # `if __name__ == "__main__":`
+        if host is None or id(host) not in self.programs:
+            return updated_node
+        out = self._rewrite_program(self.programs[id(host)], host)
+        return updated_node if out is host else updated_node.with_changes(body=out.body)
 
     def leave_FunctionDef(
         self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef

@@ -3,7 +3,7 @@ calls in the function that makes it, and records the edits of the program-level 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -37,11 +37,21 @@ from ._layout import (
     row_named,
 )
 from ._program import Decline, NotVisible, Program
+from ._reach import ENTRY, Reach
 
 GET_METRICS = (row_named("get_metrics"),)
 INLINE = "?"  # an argument passed as an expression, not a name: `step(state, shard(batch))`
 KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
 PARTIAL = "functools.partial"
+
+
+class Flow(Parents):
+    """Where each name of a function is bound and read, and which bindings reach each read."""
+
+    def __init__(self, host: cst.FunctionDef, skip: cst.CSTNode | None = None) -> None:
+        super().__init__(skip=skip)
+        host.body.visit(self)
+        self.reach = Reach(host.body, skip)
 
 
 @dataclass
@@ -87,8 +97,7 @@ def analyze(
     if step is None:
         raise NotVisible("the pmapped step is not simply assigned to a name", Decline.NOT_NAMED)
     options = options_of(pmap, qualname, unnamed)
-    flow = Parents(skip=local)
-    host.body.visit(flow)
+    flow = Flow(host, skip=local)
     if id(statement) not in flow.order:
         raise NotVisible("the step is not made in the function that calls it", Decline.MADE_OUTSIDE)
     if len(flow.stores.get(step, [])) != 1:
@@ -116,8 +125,7 @@ def analyze_decorated(
     if len(body.decorators) != 1:
         raise NotVisible("the def has other decorators than pmap's", Decline.DECORATORS)
     step = body.name.value
-    flow = Parents(skip=body)
-    host.body.visit(flow)
+    flow = Flow(host, skip=body)
     if len(flow.stores.get(step, [])) != 1:
         raise NotVisible(
             f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
@@ -139,7 +147,7 @@ def analyze_decorated(
     return program
 
 
-def _check_closure(program: Program, body: cst.FunctionDef, flow: Parents) -> None:
+def _check_closure(program: Program, body: cst.FunctionDef, flow: Flow) -> None:
     """A body nested in the function reads the function's names when traced: none of them may
     be a value the rewrite lays out anew (an argument or a result of the step)."""
     inner = Parents()
@@ -165,7 +173,7 @@ def _check_closure(program: Program, body: cst.FunctionDef, flow: Parents) -> No
         raise NotVisible(why, Decline.CLOSURE)
 
 
-def _target_of(flow: Parents, call: cst.Call) -> cst.BaseExpression:
+def _target_of(flow: Flow, call: cst.Call) -> cst.BaseExpression:
     """What `out = step(...)` binds (nothing for any other call)."""
     around = flow.parent.get(id(call))
     if isinstance(around, cst.Assign) and len(around.targets) == 1:
@@ -183,8 +191,7 @@ def analyze_calls(
 ) -> Program:
     """Return the program of `host`, a function calling `step`, a step made outside it (at
     module level or by a decorator); raise NotVisible for why not."""
-    flow = Parents()
-    host.body.visit(flow)
+    flow = Flow(host)
     if step in flow.stores:
         raise NotVisible(f"`{step}` is bound in `{host.name.value}` too", Decline.REBOUND)
     return _follow(host, flow, step, options, body, qualname, -1, defs=defs)
@@ -192,7 +199,7 @@ def analyze_calls(
 
 def _follow(
     host: cst.FunctionDef,
-    flow: Parents,
+    flow: Flow,
     step: str,
     options: Options,
     body: cst.FunctionDef,
@@ -421,7 +428,7 @@ def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
     return fixed
 
 
-def _call_of(flow: Parents, use: cst.Name, step: str) -> cst.Call:
+def _call_of(flow: Flow, use: cst.Name, step: str) -> cst.Call:
     """The call `step(...)` that `use` is the function of; raise NotVisible for any other use."""
     call = flow.parent.get(id(use))
     if not isinstance(call, cst.Call) or call.func is not use:
@@ -489,7 +496,7 @@ def _signature(
 
 
 def _step_call(
-    flow: Parents, call: cst.Call, step: str, body: cst.FunctionDef, fixed: dict[int, str]
+    flow: Flow, call: cst.Call, step: str, body: cst.FunctionDef, fixed: dict[int, str]
 ) -> _StepCall:
     around = flow.parent.get(id(call))
     values = _slot_values(call, body)
@@ -523,14 +530,14 @@ def _slot_values(call: cst.Call, body: cst.FunctionDef) -> list[cst.BaseExpressi
     return plain + [by_keyword[n] for n in names[len(plain) :]]
 
 
-def _named_lambda(flow: Parents, name: str) -> cst.Lambda | None:
+def _named_lambda(flow: Flow, name: str) -> cst.Lambda | None:
     """The lambda `name` is bound to, when that is its only binding in the function."""
     stores = flow.stores.get(name, [])
     value = stores[0].value if len(stores) == 1 and isinstance(stores[0], cst.Assign) else None
     return value if isinstance(value, cst.Lambda) else None
 
 
-def _check_lambda(program: Program, flow: Parents) -> None:
+def _check_lambda(program: Program, flow: Flow) -> None:
     """The body is called from a lambda (`lambda x, k: f(x, k[0], lr=lr)`): its parameters must
     not hide a name the call reads, and a value `partial` bound, now read when the step is
     traced, must be the one it bound (not bound again after the step is made)."""
@@ -585,7 +592,7 @@ def positional_call(call: cst.Call, keywords: tuple[str, ...]) -> cst.Call:
     return call.with_changes(args=args)
 
 
-def _unpacked_next(flow: Parents, assign: cst.Assign, targets: list[str]) -> cst.Assign | None:
+def _unpacked_next(flow: Flow, assign: cst.Assign, targets: list[str]) -> cst.Assign | None:
     """`a, b = out` as the next statement, `out` bound and read nowhere else (AlgoPerf's
     `outputs = step(...)` then `new_state, loss = outputs`): the results are bound to `a, b`."""
     if len(targets) != 1:
@@ -616,21 +623,21 @@ def _unpacked_next(flow: Parents, assign: cst.Assign, targets: list[str]) -> cst
 
 
 def _follow_argument(
-    program: Program, flow: Parents, forms: Forms, calls: list[_StepCall], position: int
+    program: Program, flow: Flow, forms: Forms, calls: list[_StepCall], position: int
 ) -> None:
-    """Classify the argument at `position` from every binding of every name passed there.
-
-    A binding of the plain value that a later `x = replicate(x)` (or split) stacks, before any
-    call, is where the value comes from, not what the step gets: it is not counted.
-    """
+    """Classify the argument at `position` from the bindings that reach each call (a binding
+    of the plain value that `x = replicate(x)` then stacks reaches no call: not counted)."""
     kinds: set[str] = set()
     fields = False  # a field of a name passed, `step(state.params)`: laid out as the name is
     passed: set[str] = set()
     blocking: list[str] = []  # the values whose layout is not known, and where they come from
+    classified: dict[int, str] = {}  # by id of a binding: its kind (its edit recorded once)
     for call in calls:
         name = _passed(call, position)
         if name == INLINE:
             kind = _inline_kind(program, call.values[position], forms, position, flow)
+            if kind == "other" and _generated_batches(program, flow, forms, calls, position):
+                kind = "batch"
             kinds.add(kind)
             if kind == "other":
                 blocking.append(f"`{_short(call.values[position])}`")
@@ -638,31 +645,26 @@ def _follow_argument(
         if name != call.args[position]:
             fields = True
         passed.add(name)
-        first_call = min(flow.order[id(c.assign)] for c in calls if _passed(c, position) == name)
-        found = [
-            (flow.order[id(b)], b, _binding_kind(program, b, name, forms, calls, flow, position))
-            for b in flow.stores.get(name, [])
-        ]
-        if not found:  # a global, or a name bound outside the function: not followed
-            kinds.add("other")
-            blocking.append(f"`{name}`, a parameter of `{program.host.name.value}` or a global")
-        elif name in _parameters(program.host) and not any(
-            at < first_call and kind != "fed back" for at, _, kind in found
-        ):  # the caller's value reaches the first call: its layout is the caller's
-            kinds.add("other")
-            blocking.append(f"`{name}`, a parameter of `{program.host.name.value}`")
-        stacking = [
-            at
-            for at, b, kind in found
-            if kind in ("replicated", "batch", "keys") and _stacks_itself(b, name, forms)
-        ]
-        for at, binding, kind in found:
-            upstream = any(at < s < first_call for s in stacking)
-            if not (kind == "other" and upstream):
-                kinds.add(kind)
-            if kind == "other" and not upstream:
-                blocking.append(_binding_text(name, binding))
-    kinds.discard("read back")
+        value = call.values[position]
+        use = value if isinstance(value, cst.Name) else field_root(value)
+        assert use is not None
+        for binding in flow.reach.of(use) or {ENTRY}:  # the bindings whose value it may be
+            if binding is ENTRY:
+                host = program.host.name.value
+                where = f"a parameter of `{host}`"
+                where += "" if name in _parameters(program.host) else " or a global"
+                if host == "__main__":
+                    where = "a global bound outside the `__main__` block"
+                kind = "other"
+                blocking.append(f"`{name}`, {where}")
+            else:
+                kind = classified.get(id(binding)) or _binding_kind(
+                    program, binding, name, forms, calls, flow, position
+                )
+                classified[id(binding)] = kind
+                if kind == "other":
+                    blocking.append(_binding_text(name, binding))
+            kinds.add(kind)
     if fields and "keys" in kinds:
         kinds.add("other")  # the keys of one device are a key array, not a pytree of fields
     mapped = {"batch", "keys"} & kinds
@@ -683,14 +685,9 @@ def _follow_argument(
     program.batches[position] = bool(mapped)
     if kinds == {"keys"}:
         program.squeezed.add(position)
-    results = {t for c in calls for t in c.targets}
     for name in sorted(passed):
         if not any(id(b) in program.siblings for b in flow.stores.get(name, [])):
-            # A result fed back too: its reads after a call are the result's, followed there.
-            upstream = name in results
-            _follow_stacked(
-                program, flow, forms, calls, name, replicated=not mapped, upstream=upstream
-            )
+            _follow_stacked(program, flow, forms, calls, name, replicated=not mapped)
 
 
 def _parameters(host: cst.FunctionDef) -> set[str]:
@@ -718,13 +715,12 @@ def _binding_text(name: str, binding: cst.CSTNode) -> str:
 
 def _follow_stacked(
     program: Program,
-    flow: Parents,
+    flow: Flow,
     forms: Forms,
     calls: list[_StepCall],
     name: str,
     *,
     replicated: bool,
-    upstream: bool = False,
 ) -> None:
     """Check every read of an argument the function stacks for the step (`x = replicate(x)`,
     `b = shard(b)`) and no step makes: the stacking is deleted, so once stacked it is read only
@@ -740,13 +736,11 @@ def _follow_stacked(
     ]
     feeds = {id(arg.value) for c in calls for arg in c.call.args} | program.sibling_feeds
     for use in flow.loads.get(name, []):
-        if upstream and not _upstream(flow, use, calls):
-            continue
+        if not flow.reach.of(use) & set(stackings):
+            continue  # the value before it is stacked (or a result, followed as such)
         if id(field_top(flow, use)) in feeds or _loop_target(flow, use):
             continue
         if _in_arithmetic(program, flow, use):
-            continue
-        if all(_reads_plain(flow, b, use) for b in stackings):
             continue
         found = _readback_around(flow, forms, use, name) if replicated else None
         if found is None:
@@ -760,29 +754,18 @@ def _follow_stacked(
         program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
 
 
-def _in_arithmetic(program: Program, flow: Parents, use: cst.Name) -> bool:
+def _in_arithmetic(program: Program, flow: Flow, use: cst.Name) -> bool:
     """Return True for a read in `x = x - lr * g`, an argument replicated as its parts are."""
     return any(id(a) in program.arithmetic for a in ancestors(flow, use))
 
 
-def _loop_target(flow: Parents, use: cst.Name) -> bool:
+def _loop_target(flow: Flow, use: cst.Name) -> bool:
     """`for use in ...` (or `for a, use in ...`): a binding, not a read."""
     node: cst.CSTNode = use
     parent = flow.parent.get(id(node))
     while isinstance(parent, (cst.Tuple, cst.List, cst.Element)):
         node, parent = parent, flow.parent.get(id(parent))
     return isinstance(parent, (cst.For, cst.CompFor)) and parent.target is node
-
-
-def _reads_plain(flow: Parents, stacking: cst.CSTNode, use: cst.Name) -> bool:
-    """Return True if `use` reads the value `stacking` stacks, not the stacked one: in it, or
-    before it and in no loop around it."""
-    around = list(ancestors(flow, use))
-    if any(a is stacking for a in around):
-        return True
-    loops = [a for a in around if isinstance(a, (cst.For, cst.While))]
-    inside = any(any(a is loop for a in ancestors(flow, stacking)) for loop in loops)
-    return flow.order[id(use)] < flow.order[id(stacking)] and not inside
 
 
 def _passed(call: _StepCall, position: int) -> str:
@@ -795,7 +778,7 @@ def _passed(call: _StepCall, position: int) -> str:
 
 
 def _inline_kind(
-    program: Program, value: cst.BaseExpression, forms: Forms, position: int, flow: Parents
+    program: Program, value: cst.BaseExpression, forms: Forms, position: int, flow: Flow
 ) -> str:
     """Classify an argument passed as an expression, and record its edit."""
     replicated = forms.replicated_source(value)
@@ -815,12 +798,132 @@ def _inline_kind(
     return "other"
 
 
+GENERATED = (
+    "a split into per-device slices deleted: the generator yields the flat batch, which goes into "
+    "the batch sharded on the mesh"
+)
+
+
+def _generated_batches(
+    program: Program, flow: Flow, forms: Forms, calls: list[_StepCall], position: int
+) -> bool:
+    """Every call passes `next(it)` here, `it = gen()` bound once and read only so, `gen` a
+    generator def of the function called only there, each of its `yield`s a split of a flat
+    batch (or a tuple of splits, or of names only a split reaches and read only in a `yield`):
+    the input pipeline then yields flat batches (its splits deleted) and each `next(it)` becomes
+    this process's part of a global batch. Record the edits and return True; else False."""
+    values = [c.values[position] for c in calls]
+    args = [positional(v, 1) if isinstance(v, cst.Call) else None for v in values]
+    its = {single_name(a[0]) if a else None for a in args}
+    it = its.pop() if len(its) == 1 else None
+    if it is None or "next" in flow.stores or "next" in forms.defs:
+        return False
+    if any(single_name(v.func) != "next" for v in values):  # type: ignore[attr-defined]
+        return False
+    made = flow.stores.get(it, [])
+    binding = made[0] if len(made) == 1 else None
+    if not isinstance(binding, cst.Assign) or not isinstance(binding.value, cst.Call):
+        return False
+    if any(flow.reach.of(a[0]) != {binding} for a in args if a):  # type: ignore[arg-type]
+        return False
+    nexts = {id(a[0]) for a in args if a}
+    if {id(use) for use in flow.loads.get(it, [])} != nexts:
+        return False  # `it` read other than by the step's `next(it)`
+    gen = single_name(binding.value.func)
+    defs = flow.stores.get(gen or "", [])
+    generator = defs[0] if len(defs) == 1 else None
+    if not isinstance(generator, cst.FunctionDef) or generator.decorators or generator.asynchronous:
+        return False
+    if [u for u in flow.loads.get(gen or "", []) if u is not generator.name] != [
+        binding.value.func
+    ]:
+        return False  # called elsewhere too: those batches are not the step's
+    edits = _yielded_splits(generator, flow, forms)
+    if edits is None:
+        return False
+    for node, source in edits:
+        program.edit(node, GENERATED, lambda s=source: s)  # type: ignore[misc]
+    for value in values:
+        batch = lambda v=value: fill(GLOBAL_BATCH, {**program.context(), "x": v})  # type: ignore[misc]
+        program.edit(value, BATCH, batch)
+    return True
+
+
+def _yielded_splits(
+    generator: cst.FunctionDef, flow: Flow, forms: Forms
+) -> list[tuple[cst.BaseExpression, cst.BaseExpression]] | None:
+    """Return each split the generator's `yield`s give (the split, its flat source), else None."""
+    inner = Flow(generator)
+    yields = list(_yields(generator.body))
+    if not yields or any(not isinstance(y.value, cst.BaseExpression) for y in yields):
+        return None  # a bare `yield`, or `yield from`
+
+    def counts(node: cst.BaseExpression) -> bool:
+        name = single_name(node)
+        own = name is None or name in inner.stores
+        return is_device_count(node, inner if own else flow, forms.qualname)
+
+    def value_of(name: cst.Name) -> cst.BaseExpression | None:  # the one value reaching it
+        found = inner.reach.of(name)
+        return value_of_name(next(iter(found)), name.value) if len(found) == 1 else None
+
+    splits = Forms(forms.qualname, counts, forms.defs, values=value_of)
+    inside = {id(n) for y in yields for n in _all_names(y)}
+    edits: list[tuple[cst.BaseExpression, cst.BaseExpression]] = []
+    for y in yields:
+        value = y.value
+        assert isinstance(value, cst.BaseExpression)
+        items = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+        for item in items:
+            found = splits.split(item)
+            if found is not None:
+                edits.append((item, found.source))
+                continue
+            if not isinstance(item, cst.Name):
+                return None
+            for binding in inner.reach.of(item):
+                value_of_binding = value_of_name(binding, item.value)
+                found = splits.split(value_of_binding) if value_of_binding is not None else None
+                if found is None or not all(
+                    id(use) in inside
+                    for use in inner.loads.get(item.value, [])
+                    if binding in inner.reach.of(use)
+                ):
+                    return None  # not a split, or its split value read outside a `yield`
+                edits.append((value_of_binding, found.source))  # type: ignore[arg-type]
+    return edits
+
+
+def value_of_name(binding: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+    """The value `name = value` binds, else None."""
+    if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
+        return None
+    return binding.value if single_name(binding.targets[0].target) == name else None
+
+
+def _yields(node: cst.CSTNode) -> Iterator[cst.Yield]:
+    """The `yield`s of a def's body (not of the defs and lambdas in it)."""
+    for child in node.children:
+        if isinstance(child, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
+            continue
+        if isinstance(child, cst.Yield):
+            yield child
+        yield from _yields(child)
+
+
+def _all_names(node: cst.CSTNode) -> Iterator[cst.Name]:
+    if isinstance(node, cst.Name):
+        yield node
+    for child in node.children:
+        yield from _all_names(child)
+
+
 SPLIT_NAMED = (
     "a split into per-device slices deleted: the flat value goes into the batch sharded on the mesh"
 )
 
 
-def _named_splits(program: Program, flow: Parents, forms: Forms, value: cst.BaseExpression) -> bool:
+def _named_splits(program: Program, flow: Flow, forms: Forms, value: cst.BaseExpression) -> bool:
     """`{"x": xs, "y": ys}` (or a tuple), each element a split or a name bound once, after the
     step is made, to a split (`xs = x.reshape((n, -1, 3))`) and read only there: the literal
     becomes this process's part of a batch, each such name bound to the flat value. Record the
@@ -865,14 +968,6 @@ def _flat_literal(forms: Forms, value: cst.Dict | cst.Tuple) -> cst.BaseExpressi
     return value.with_changes(elements=elements)
 
 
-def _stacks_itself(binding: cst.CSTNode, name: str, forms: Forms) -> bool:
-    """`x = replicate(x)`: the stacked value is bound to the name of the value it stacks."""
-    assert isinstance(binding, cst.Assign)
-    value = binding.value
-    source = forms.replicated_source(value) or forms.shard_source(value) or forms.keys_source(value)
-    return source is not None and single_name(source) == name
-
-
 REPLICATED = row_named("replicate").why
 COPIED = (
     "a replication -> a copy of the value, replicated (`P()`): the step donates it, and "
@@ -914,7 +1009,7 @@ def _binding_kind(
     name: str,
     forms: Forms,
     calls: list[_StepCall],
-    flow: Parents,
+    flow: Flow,
     position: int,
 ) -> str:
     """Return how a binding of an argument makes it: replicated, a batch, fed back, other."""
@@ -922,8 +1017,6 @@ def _binding_kind(
         return "other"
     if any(c.binds(binding) for c in calls) or id(binding) in program.siblings:
         return "fed back"  # a result of the step (or another): replicated, as every result is
-    if forms.readback_of(binding.value, name):
-        return "read back"  # `x = unreplicate(x)`: becomes `x = x`, dropped
     if single_name(binding.targets[0].target) != name:
         return "other"
     value = binding.value
@@ -961,7 +1054,7 @@ ELEMENTWISE = (
 
 
 def _arithmetic_results(
-    value: cst.BaseExpression, name: str, calls: list[_StepCall], flow: Parents
+    value: cst.BaseExpression, name: str, calls: list[_StepCall], flow: Flow
 ) -> set[str] | None:
     """The results read by `name = name - 0.1 * grads`: elementwise arithmetic of `name`,
     numbers and results bound only by calls of the step (each then checked to be the same on
@@ -990,7 +1083,7 @@ def _arithmetic_results(
 
 def _follow_result(
     program: Program,
-    flow: Parents,
+    flow: Flow,
     forms: Forms,
     calls: list[_StepCall],
     step: str,
@@ -1005,34 +1098,27 @@ def _follow_result(
     if program.varying[output]:
         _follow_flattened(program, flow, forms, calls, step, name)
         return
-    for binding in flow.stores.get(name, []):
-        fed = any(c.binds(binding) for c in calls) or id(binding) in program.siblings
-        read = isinstance(binding, cst.Assign) and forms.readback_of(binding.value, name)
-        if not fed and not read and not _before(flow, binding, calls):
-            raise NotVisible(
-                f"`{name}` holds a result of `{step}` and something else", Decline.RESULT_READ
-            )
+    made = _one_source(
+        program,
+        flow,
+        calls,
+        step,
+        name,
+        lambda b: (
+            id(b) in program.siblings
+            or isinstance(b, cst.Assign)
+            and forms.readback_of(b.value, name)
+        ),
+    )
     # Fed to the step (or a field of it, `step(state.params)`): the argument is checked there.
     feeds = {id(arg.value) for c in calls for arg in c.call.args}
     feeds |= program.sibling_feeds  # fed to another step of the function: checked there
-    last = max(flow.order[id(c.unpack or c.assign)] for c in calls)
-    settled = [  # `x = unreplicate(x)` after the last call: later reads see the read-back value
-        b
-        for b in flow.stores.get(name, [])
-        if isinstance(b, cst.Assign)
-        and forms.readback_of(b.value, name)
-        and flow.order[id(b)] > last
-        and not _in_loop_with(flow, b, calls)
-    ]
     for use in flow.loads.get(name, []):
-        if id(field_top(flow, use)) in feeds or _upstream(flow, use, calls):
+        if not flow.reach.of(use) & made:
+            continue  # no call's result reaches it (the argument's value, or read back)
+        if id(field_top(flow, use)) in feeds:
             continue
         if _in_arithmetic(program, flow, use) or _loop_target(flow, use):
-            continue
-        if not _in_loop_with(flow, use, calls) and any(
-            flow.order[id(b)] < flow.order[id(use)] and b not in ancestors(flow, use)
-            for b in settled
-        ):
             continue
         listed = _appended_to(flow, use)
         if listed is not None:
@@ -1053,7 +1139,35 @@ def _follow_result(
     del output
 
 
-def _follow_items(program: Program, flow: Parents, forms: Forms, use: cst.Name, name: str) -> bool:
+def _one_source(
+    program: Program,
+    flow: Flow,
+    calls: list[_StepCall],
+    step: str,
+    name: str,
+    allowed: Callable[[cst.CSTNode], object],
+) -> set[cst.CSTNode]:
+    """Return the bindings of `name` to results of the calls; raise NotVisible when a read they
+    reach may also read another value: not a binding before the calls, nor `allowed`, nor the
+    name unbound on that path (a parameter's value is another value)."""
+    made = {b for b in flow.stores.get(name, []) if any(c.binds(b) for c in calls)}
+    parameter = name in _parameters(program.host)
+    for use in flow.loads.get(name, []):
+        reaching = flow.reach.of(use)
+        if not reaching & made:
+            continue
+        for binding in reaching - made:
+            if binding is ENTRY and not parameter:
+                continue
+            if binding is not ENTRY and (_before(flow, binding, calls) or allowed(binding)):
+                continue
+            raise NotVisible(
+                f"`{name}` holds a result of `{step}` and something else", Decline.RESULT_READ
+            )
+    return made
+
+
+def _follow_items(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str) -> bool:
     """`for k, v in name.items():` (or `for v in name.values():`) of a replicated dict of
     results, `v` bound only there and read only as `v[0]` in the loop (big_vision's logging of
     its measurements): each readback deleted. False when the read is not such a loop."""
@@ -1090,7 +1204,7 @@ def _follow_items(program: Program, flow: Parents, forms: Forms, use: cst.Name, 
     return True
 
 
-def _not_returned(program: Program, flow: Parents, use: cst.Name, name: str, step: str) -> None:
+def _not_returned(program: Program, flow: Flow, use: cst.Name, name: str, step: str) -> None:
     """Raise NotVisible for a result returned as it is (`return state`, flax's
     `train_and_evaluate`), stacked over the devices: the callers' reads are not followed, and
     a caller may be in another module."""
@@ -1108,7 +1222,7 @@ def _not_returned(program: Program, flow: Parents, use: cst.Name, name: str, ste
     raise NotVisible(why, Decline.RESULT_READ)
 
 
-def _appended_to(flow: Parents, use: cst.Name) -> str | None:
+def _appended_to(flow: Flow, use: cst.Name) -> str | None:
     """Return `L` of a statement `L.append(use)`, else None."""
     arg = flow.parent.get(id(use))
     call = flow.parent.get(id(arg))
@@ -1122,7 +1236,7 @@ def _appended_to(flow: Parents, use: cst.Name) -> str | None:
 
 
 def _follow_list(
-    program: Program, flow: Parents, forms: Forms, calls: list[_StepCall], step: str, name: str
+    program: Program, flow: Flow, forms: Forms, calls: list[_StepCall], step: str, name: str
 ) -> None:
     """`L.append(r)` of replicated results, `L` read only as `common_utils.get_metrics(L)`
     (device 0 of each, fetched and stacked) or where that value has replaced it.
@@ -1153,7 +1267,7 @@ def _follow_list(
             why = f"a readback of device 0 of each of `{name}` deleted: the results are replicated"
             program.edit(call, why, lambda f=found: f.rewrite(program.context()))  # type: ignore[misc]
             continue
-        if not any(_dominated(flow, b, use, name) for b in gathered):
+        if not flow.reach.of(use) <= set(gathered):
             why = f"`{name}`, a list of results of `{step}`, is read other than by `get_metrics`"
             raise NotVisible(why, Decline.METRICS_LIST)
 
@@ -1195,50 +1309,26 @@ def _gathering(forms: Forms, node: cst.BaseExpression, name: str) -> Match | Non
     return found
 
 
-def _dominated(flow: Parents, binding: cst.CSTNode, use: cst.Name, name: str) -> bool:
-    """Return True if every path to `use` runs `binding` last of the bindings of `name`: the
-    binding's statement is in a block around `use`, before it, and no binding comes between."""
-    line = flow.parent.get(id(binding))
-    block = flow.parent.get(id(line))
-    around = list(ancestors(flow, use))
-    if not any(a is block for a in around) or any(a is binding for a in around):
-        return False
-    start, at = flow.order[id(binding)], flow.order[id(use)]
-    between = [b for b in flow.stores.get(name, []) if start < flow.order[id(b)] < at]
-    return start < at and not [b for b in between if b is not binding]
-
-
-def _upstream(flow: Parents, use: cst.Name, calls: list[_StepCall]) -> bool:
-    """Return True for a read before any call could have made the value (not in their loop)."""
-    if not _before(flow, use, calls):
-        return False
-    return not _in_loop_with(flow, use, calls)
-
-
-def _in_loop_with(flow: Parents, node: cst.CSTNode, calls: list[_StepCall]) -> bool:
-    """Return True if `node` is in a loop that also makes a call of the step."""
-    loops = {id(a) for a in ancestors(flow, node) if isinstance(a, (cst.For, cst.While))}
-    return any(id(a) in loops for c in calls for a in ancestors(flow, c.assign))
-
-
 def _follow_flattened(
-    program: Program, flow: Parents, forms: Forms, calls: list[_StepCall], step: str, name: str
+    program: Program, flow: Flow, forms: Forms, calls: list[_StepCall], step: str, name: str
 ) -> None:
     """A result that may differ between devices: read only flattened. `r = r.reshape(-1)`
     rebinds `r` to the flat value: a read that only that binding reaches reads the flat value."""
-    flat = []
-    for binding in flow.stores.get(name, []):
-        if any(c.binds(binding) for c in calls) or _before(flow, binding, calls):
-            continue
-        value = binding.value if isinstance(binding, cst.Assign) else None
-        if not (isinstance(value, cst.Call) and _flattening(forms, value, name)):
-            raise NotVisible(
-                f"`{name}` holds a result of `{step}` and something else", Decline.RESULT_READ
-            )
-        flat.append(binding)
+    made = _one_source(
+        program,
+        flow,
+        calls,
+        step,
+        name,
+        lambda b: (
+            isinstance(b, cst.Assign)
+            and isinstance(b.value, cst.Call)
+            and _flattening(forms, b.value, name)
+        ),
+    )
     for use in flow.loads.get(name, []):
-        if _upstream(flow, use, calls) or any(_dominated(flow, b, use, name) for b in flat):
-            continue
+        if not flow.reach.of(use) & made:
+            continue  # the argument's value, or the flat value `r = r.reshape(-1)` binds
         around = list(ancestors(flow, use))[:6]  # `r.reshape(...)`, `r` in its shape too
         node = next(
             (a for a in around if isinstance(a, cst.Call) and _flattening(forms, a, name)),
@@ -1356,7 +1446,7 @@ def _flat_value(
     return copy.with_changes(args=[copy.args[0].with_changes(value=part)])
 
 
-def _reshaped(flow: Parents, use: cst.Name, name: str) -> cst.Call | None:
+def _reshaped(flow: Flow, use: cst.Name, name: str) -> cst.Call | None:
     """`name.reshape(...)` whose shape does not read `name`: the per-device results stacked,
     or flat over the devices, have the same elements in the same (row-major) order."""
     method = flow.parent.get(id(use))
@@ -1397,13 +1487,13 @@ def _read_at_once(program: Program, readback: cst.Subscript, step: str) -> None:
     program.edits[node_id] = lambda updated: updated.value  # type: ignore[attr-defined]
 
 
-def _before(flow: Parents, binding: cst.CSTNode, calls: list[_StepCall]) -> bool:
+def _before(flow: Flow, binding: cst.CSTNode, calls: list[_StepCall]) -> bool:
     """Return True for a binding before the first call (an argument's plain value)."""
     return flow.order[id(binding)] < min(flow.order[id(c.assign)] for c in calls)
 
 
 def _readback_around(
-    flow: Parents, forms: Forms, use: cst.Name, name: str
+    flow: Flow, forms: Forms, use: cst.Name, name: str
 ) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
     """Return the readback of device 0 reading `use` and what it becomes, else None."""
     node: cst.CSTNode | None = use

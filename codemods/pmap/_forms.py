@@ -4,6 +4,7 @@ readbacks of values around one pmapped step, and where each name is bound and re
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import libcst as cst
 
@@ -229,8 +230,10 @@ class Forms:
         counts: Callable[[cst.BaseExpression], bool] = lambda _: True,
         defs: Mapping[str, cst.FunctionDef] | None = None,
         named: Callable[[str], cst.Lambda | None] = lambda _: None,
+        values: Callable[[cst.Name], cst.BaseExpression | None] | None = None,
     ) -> None:
         self.qualname = qualname
+        self.values = values  # the one value a read name may have (tuples are read through)
         self.counts = counts  # is this the number of local devices (pmap's mapped size)?
         # The module's functions, by name, that the host does not shadow: helpers splitting or
         # replicating their argument (`shard_batch(b)`), or flattening a result (`tohost(r)`).
@@ -297,6 +300,8 @@ class Forms:
 
     def transfer(self, node: cst.BaseExpression, table: tuple[Transfer, ...]) -> Match | None:
         """Return the row of `table` that `node` is, itself or leaf by leaf (`jax.tree.map`)."""
+        if self.values is not None:  # `x.reshape(prefix + x.shape[1:])`, `prefix = (n, k)`
+            node = _tuples_inlined(node, self.values)
         found = match(node, self.qualname, self.counts, table)
         return found or lifted(node, self.qualname, self.counts, table, self.named)
 
@@ -369,11 +374,6 @@ class Forms:
         local devices; `common_utils.shard_prng_key(k)`), else None."""
         return match(node, self.qualname, self.counts, KEY_SPLITS)
 
-    def keys_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
-        """Return k of per-device keys split from k, else None."""
-        found = self.key_split(node)
-        return found.source if found is not None else None
-
     def _copied_zero(self, node: cst.BaseExpression, var: str) -> bool:
         """`np.array(var[0])`: device 0's copy of a leaf, fetched to the host."""
         args = positional(node, 1) if self._is(node, HOST_COPIES) else None  # type: ignore[arg-type]
@@ -429,6 +429,27 @@ class Forms:
                 )
         root = _root(source) if source is not None else None
         return (root, source) if root is not None and root.value == var else None  # type: ignore[return-value]
+
+
+def _tuples_inlined(
+    node: cst.BaseExpression, values: Callable[[cst.Name], cst.BaseExpression | None]
+) -> cst.BaseExpression:
+    """`node` with each name read whose one value is a tuple literal replaced by that tuple."""
+
+    class Inline(cst.CSTTransformer):
+        def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> Any:
+            found = values(original_node)
+            return found if isinstance(found, cst.Tuple) else updated_node
+
+        def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> Any:
+            return updated_node.with_changes(attr=original_node.attr)  # `x.shape`: not a read
+
+        def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> Any:
+            return updated_node.with_changes(keyword=original_node.keyword)
+
+    out = node.visit(Inline())
+    assert isinstance(out, cst.BaseExpression)
+    return out
 
 
 def _copy_per_leaf(node: cst.BaseExpression) -> cst.BaseExpression:

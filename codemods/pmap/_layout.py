@@ -124,6 +124,7 @@ class Transfer:
     why: str
     source: str = "x"
     counts: tuple[str, ...] = ()  # holes that must be the number of local devices
+    pure: tuple[str, ...] = ()  # holes the rewrite drops: they must hold no call
     decline: Decline | None = None  # the decline code when `template` is None
     lifts: bool = True  # False: its rewrite is not the same leaf by leaf (`jax.tree.map`)
 
@@ -150,10 +151,12 @@ BROADCASTS = tuple(
     for np in ("jax.numpy", "numpy")
     for shape in ("({n},) + {x}.shape", "({n}, *{x}.shape)")
 )
-SPLITS = tuple(
-    f"{{x}}.reshape({shape})"
-    for rows in ("-1", "{x}.shape[0] // {n}")
-    for shape in (f"({{n}}, {rows}) + {{x}}.shape[1:]", f"({{n}}, {rows}, *{{x}}.shape[1:])")
+# `x.reshape((n, k) + x.shape[1:])` succeeds only for `k == x.shape[0] // n` (`-1`, or any
+# spelling of it): it is the split into n blocks of rows whatever `k` says, so `{rows}` is any
+# expression without a call (the rewrite drops it).
+SPLITS = (
+    "{x}.reshape(({n}, {rows}) + {x}.shape[1:])",
+    "{x}.reshape(({n}, {rows}, *{x}.shape[1:]))",
 )
 KEYS_TEMPLATE = "{jax}.make_array_from_process_local_data({sharding}, {value})"
 CONCATENATED = "{jax}.make_array_from_process_local_data({sharding}, {jnp}.concatenate({x}))"
@@ -176,7 +179,8 @@ TRANSFERS: tuple[Transfer, ...] = (
     # Splits: a flat host batch cut into per-device slices; this process's part of a batch.
     Transfer("shard", ("flax.training.common_utils.shard({x})",),
              HOST, PER_DEVICE, PRODUCER, GLOBAL_BATCH, SPLIT),
-    Transfer("reshape", SPLITS, HOST, PER_DEVICE, PRODUCER, GLOBAL_BATCH, SPLIT, counts=N),
+    Transfer("reshape", SPLITS, HOST, PER_DEVICE, PRODUCER, GLOBAL_BATCH, SPLIT, counts=N,
+             pure=("rows",)),
     Transfer("device_put_sharded", ("jax.device_put_sharded({x}, jax.local_devices())",),
              HOST, PER_DEVICE, PRODUCER, CONCATENATED, SPLIT + " (the slices concatenated)",
              lifts=False),
@@ -294,7 +298,11 @@ def match(
     for row in table:
         for pattern in patterns_of(row):
             holes: dict[str, cst.BaseExpression] = {}
-            if _unify(pattern, node, holes, qualname) and all(counts(holes[h]) for h in row.counts):
+            if not _unify(pattern, node, holes, qualname):
+                continue
+            if all(counts(holes[h]) for h in row.counts) and not any(
+                _has_call(holes[h]) for h in row.pure
+            ):
                 return Match(row, holes | {"value": node})
     return None
 
@@ -323,10 +331,16 @@ def lifted(
     if leaf is None or not isinstance(leaf.source, cst.Name) or leaf.source.value != param:
         return None
     if any(
-        param in _names(v) for k, v in leaf.holes.items() if k not in (leaf.row.source, "value")
+        param in _names(v)
+        for k, v in leaf.holes.items()
+        if k not in (leaf.row.source, "value", *leaf.row.pure)  # a dropped hole may read it
     ):
         return None  # a hole besides the leaf reads the leaf: not the same row for every leaf
     return Match(leaf.row, {**leaf.holes, leaf.row.source: tree, "value": node}, lifted=True)
+
+
+def _has_call(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Call) or any(_has_call(c) for c in node.children)
 
 
 def _one_param(fun: cst.BaseExpression) -> str | None:

@@ -3,7 +3,7 @@ program-level form can take."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -21,7 +21,7 @@ from ._flow import (
     options_of,
     read_options,
 )
-from ._forms import Parents, ancestors, single_name
+from ._forms import Parents, ancestors, names_in, single_name
 from ._outer import (
     OuterGroup,
     OuterStep,
@@ -191,6 +191,66 @@ def _scope_of(flow: Parents, node: cst.CSTNode) -> cst.CSTNode | None:
     return next((a for a in ancestors(flow, node) if isinstance(a, SCOPES)), None)
 
 
+def main_block(module: cst.Module, around: Sequence[cst.CSTNode]) -> cst.If | None:
+    """The `if __name__ == "__main__":` statement of `module` among `around` (ancestors, the
+    module first), with no `else` and an indented body, else None."""
+    block = around[1] if len(around) > 1 and around[0] is module else None
+    if not isinstance(block, cst.If) or block.orelse is not None:
+        return None
+    if not isinstance(block.body, cst.IndentedBlock) or block not in module.body:
+        return None
+    test = block.test
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return None
+    if not isinstance(test.comparisons[0].operator, cst.Equal):
+        return None
+    sides = {code(test.left), code(test.comparisons[0].comparator).replace("'", '"')}
+    return block if sides == {"__name__", '"__main__"'} else None
+
+
+def _globals_unread(
+    module: cst.Module, host: cst.FunctionDef, program: Program, flow: Parents
+) -> None:
+    """A `__main__` block's names are the module's globals: no def or class of the module may
+    read one the step is passed or returns, nor a def of the block the rewrite edits (a
+    generator now yielding flat batches): raise NotVisible if one may. The names it would drop
+    as no longer read (`n = jax.local_device_count()`) stay when such a def reads them."""
+    if host.name.value != "__main__" or host.body not in [
+        s.body for s in module.body if isinstance(s, cst.If)
+    ]:
+        return
+    changed = {n for call in program.calls for a in call.args for n in names_in(a.value)}
+    for call in program.calls:
+        around = flow.parent.get(id(call))
+        if isinstance(around, cst.Assign):
+            changed |= {n for t in around.targets for n in names_in(t.target)}
+    edited = set(program.nodes)
+    changed |= {
+        d.name.value
+        for d in host.body.body
+        if isinstance(d, cst.FunctionDef) and any(id(n) in edited for n in _nodes(d))
+    }
+    for statement in module.body:
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            inner = Parents().read(statement)
+            free = set(inner.loads) - set(inner.stores)
+            program.helpers -= free
+            hit = changed & free
+            if hit:
+                why = (
+                    f"`{statement.name.value}` reads `{min(hit)}`, a global of the `__main__` "
+                    "block whose value the rewrite changes (passed to the step, a result, or a "
+                    "def it edits)"
+                )
+                raise NotVisible(why, Decline.CLOSURE)
+
+
+def _nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    yield node
+    for child in node.children:
+        yield from _nodes(child)
+
+
 def _made_outside(host: cst.CSTNode | None) -> str:
     """Why the calls of a step made outside any def (or in a lambda, a class) are not followed."""
     where = "a class body" if isinstance(host, cst.ClassDef) else "a lambda"
@@ -221,6 +281,9 @@ class Finding(Pass):
         self.applied_keys: list[str] = []
         self.reuse_helper = False
         self.programs: dict[int, list[tuple[PmapUse, Program]]] = {}  # by id of their function
+        # `if __name__ == "__main__":` blocks making steps, each read as a def of its body (by
+        # id of the `if`): the program's host, its names the module's globals
+        self.main_blocks: dict[int, cst.FunctionDef] = {}
         self.outer: list[OuterGroup] = []  # the steps made outside the functions calling them
         self.kept_pmaps = False  # a `jax.pmap` of the module is left alone (skipped)
         self.outer_calls: dict[int, Program] = {}  # `step = jax.pmap(...)` at module level, taken
@@ -319,6 +382,8 @@ class Finding(Pass):
         """A pmap decorator on a def of the module, or `step = jax.pmap(...)` at module level."""
         if isinstance(site.node, cst.Decorator):
             return site.mapped in module.body
+        if main_block(module, site.ancestors) is not None:
+            return False
         return not any(isinstance(a, SCOPES) for a in site.ancestors)
 
     def _outer_step(self, module: cst.Module, site: PmapUse) -> OuterStep:
@@ -478,6 +543,7 @@ class Finding(Pass):
         if isinstance(site.node, cst.Decorator):
             return self._decorated_program(module, site, flow, siblings)
         assert isinstance(site.node, cst.Call)
+        host = host or self._main_host(module, site.ancestors)
         if not isinstance(host, cst.FunctionDef) or host is site.mapped:
             raise NotVisible(_made_outside(host), Decline.MADE_OUTSIDE)
         fun = fun_arg(site.node)
@@ -519,11 +585,27 @@ class Finding(Pass):
             skip,
             cst.SimpleString(f'"{self._unnamed()}"'),
         )
+        _globals_unread(module, host, program, flow)
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
         mesh = mesh_in_scope(scopes, flow.order[id(statement)], flow, program.axis, self.qualname)
         if mesh is not None:
             program.mesh, program.make_mesh = mesh, False
         return host, program
+
+    def _main_host(
+        self, module: cst.Module, around: tuple[cst.CSTNode, ...] | list[cst.CSTNode]
+    ) -> cst.FunctionDef | None:
+        """The `if __name__ == "__main__":` block at module level `around` (a site's ancestors)
+        is in, read as a def of its body (one per block), else None."""
+        block = main_block(module, around)
+        if block is None:
+            return None
+        host = self.main_blocks.get(id(block))
+        if host is None:
+            assert isinstance(block.body, cst.IndentedBlock)
+            host = cst.FunctionDef(cst.Name("__main__"), cst.Parameters(), block.body)
+            self.main_blocks[id(block)] = host
+        return host
 
     def _decorated_program(
         self, module: cst.Module, site: PmapUse, flow: Parents, siblings: tuple[str, ...]
@@ -531,7 +613,7 @@ class Finding(Pass):
         """The program of a def a pmap decorator makes a step of, in the function calling it."""
         body = site.mapped
         assert isinstance(body, cst.FunctionDef) and isinstance(site.node, cst.Decorator)
-        host = _scope_of(flow, body)
+        host = _scope_of(flow, body) or self._main_host(module, site.ancestors)
         if not isinstance(host, cst.FunctionDef):
             raise NotVisible(_made_outside(host), Decline.MADE_OUTSIDE)
         deco = site.node.decorator
@@ -546,6 +628,7 @@ class Finding(Pass):
                 d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)
             }
         program = analyze_decorated(host, body, options, self.qualname, siblings, module_defs)
+        _globals_unread(module, host, program, flow)
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
         mesh = mesh_in_scope(scopes, flow.order[id(body)], flow, program.axis, self.qualname)
         if mesh is not None:

@@ -1,0 +1,329 @@
+"""Reaching definitions in one function: which bindings of a name may give a read its value.
+
+The program-level analysis asks, of a read of a name, which of the function's bindings (an
+assignment, a loop target, ...) may have made the value it reads, on any path. That is a forward
+data-flow over the function's statements: an environment maps each name to the set of
+bindings that may be its value at that point; a binding replaces the set, paths join by union,
+loops run to a fixpoint, `return`/`raise` end a path, `break`/`continue` carry theirs to the
+loop's exit or head, a `try` handler starts from any point of its body. `ENTRY` stands for the
+value the name had when the function began (a parameter, a global, a closure's).
+
+A read inside a nested def or lambda runs whenever that is called: every binding of the name
+may reach it, and ENTRY too. A comprehension's own targets reach the reads inside it only.
+Over-approximate everywhere else: a superset of the bindings that reach never makes the
+program-level form taken where it would not be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+ENTRY = cst.Name("__entry__")  # the value a name has when the function starts
+
+Bindings = frozenset[cst.CSTNode]
+Env = dict[str, Bindings]
+
+
+@dataclass
+class _Loop:
+    exits: list[Env] = field(default_factory=list)  # environments at its `break`s
+    heads: list[Env] = field(default_factory=list)  # environments at its `continue`s
+
+
+def _join(*envs: Env | None) -> Env | None:
+    live = [e for e in envs if e is not None]
+    if not live:
+        return None
+    names = set().union(*live)
+    return {n: frozenset().union(*(e.get(n, frozenset({ENTRY})) for e in live)) for n in names}
+
+
+class Reach:
+    """The bindings reaching each read of a function's body (`block`); `skip`: a nested def
+    whose inside is not read (the step's own body)."""
+
+    def __init__(self, block: cst.BaseSuite, skip: cst.CSTNode | None = None) -> None:
+        self.skip = skip
+        self._at: dict[int, Bindings] = {}
+        self._nested: list[cst.Name] = []  # reads inside nested defs and lambdas
+        self._all: dict[str, set[cst.CSTNode]] = {}  # every binding of each name
+        self._loops: list[_Loop] = []
+        self._tries: list[list[Env]] = []  # the environments seen in each enclosing `try` body
+        self._body(_statements(block), {})
+        for name in self._nested:
+            self._at[id(name)] = frozenset(self._all.get(name.value, ())) | {ENTRY}
+
+    def of(self, use: cst.Name) -> Bindings:
+        """Return the bindings that may have made the value `use` reads (ENTRY: the function's
+        own starting value); empty for a read on no path."""
+        return self._at.get(id(use), frozenset())
+
+    # Statements -----------------------------------------------------------------------------
+    def _body(self, statements: Iterable[cst.BaseStatement], env: Env | None) -> Env | None:
+        for statement in statements:
+            for seen in self._tries:
+                if env is not None:
+                    seen.append(env)
+            env = self._statement(statement, env)
+        for seen in self._tries:
+            if env is not None:
+                seen.append(env)
+        return env
+
+    def _statement(self, node: cst.BaseStatement, env: Env | None) -> Env | None:
+        live: Env = env if env is not None else {}  # dead code: its reads see nothing
+        if isinstance(node, cst.SimpleStatementLine):
+            out = env
+            for small in node.body:
+                if out is None:
+                    self._reads(small, {})
+                else:
+                    out = self._small(small, out)
+            return out
+        if isinstance(node, cst.If):
+            self._reads(node.test, live)
+            then = self._body(_statements(node.body), env)
+            other = self._orelse(node.orelse, env)
+            return _join(then, other)
+        if isinstance(node, (cst.For, cst.While)):
+            return self._loop(node, env)
+        if isinstance(node, cst.With):
+            inner = dict(live)
+            for item in node.items:
+                self._reads(item.item, live)
+                if item.asname is not None:
+                    for name in _target_names(item.asname.name):
+                        self._bind(name, node, inner)
+            return self._body(_statements(node.body), inner if env is not None else None)
+        if isinstance(node, cst.Try):
+            return self._try(node, env)
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            self._header(node, live)
+            out = dict(live)
+            self._bind(node.name, node, out)
+            return out if env is not None else None
+        # `match`, `try*` and what else may come: every name read sees what reaches, every
+        # block runs from here or not at all, and the names it binds are not known.
+        self._reads(node, live)
+        return _join(env, *self._unknown(node, live))
+
+    def _orelse(self, orelse: cst.If | cst.Else | None, env: Env | None) -> Env | None:
+        if orelse is None:
+            return env
+        if isinstance(orelse, cst.If):
+            return self._statement(orelse, env)
+        return self._body(_statements(orelse.body), env)
+
+    def _loop(self, node: cst.For | cst.While, env: Env | None) -> Env | None:
+        live: Env = env if env is not None else {}
+        if isinstance(node, cst.For):
+            self._reads(node.iter, live)
+        head = env
+        while True:
+            frame = _Loop()
+            self._loops.append(frame)
+            entered: Env | None = None
+            if head is not None:
+                entered = dict(head)
+                if isinstance(node, cst.For):
+                    self._reads(node.target, entered)
+                    for name in _target_names(node.target):
+                        self._bind(name, node, entered)
+                else:
+                    self._reads(node.test, head)
+            end = self._body(_statements(node.body), entered)
+            self._loops.pop()
+            again = _join(head, end, *frame.heads)
+            if again == head:
+                break
+            head = again
+        forever = isinstance(node, cst.While) and _is_true(node.test)
+        done = None if forever else head
+        if node.orelse is not None:
+            done = self._body(_statements(node.orelse.body), done)
+        return _join(done, *frame.exits)
+
+    def _try(self, node: cst.Try, env: Env | None) -> Env | None:
+        seen: list[Env] = []
+        self._tries.append(seen)
+        end = self._body(_statements(node.body), env)
+        self._tries.pop()
+        raised = _join(env, *seen)  # a handler starts from any point of the body
+        ends = []
+        for handler in node.handlers:
+            start = dict(raised) if raised is not None else None
+            if handler.type is not None:
+                self._reads(handler.type, raised or {})
+            if handler.name is not None and start is not None:
+                self._bind(handler.name.name, handler, start)  # type: ignore[arg-type]
+            ends.append(self._body(_statements(handler.body), start))
+        if node.orelse is not None:
+            end = self._body(_statements(node.orelse.body), end)
+        out = _join(end, *ends)
+        if node.finalbody is not None:
+            out = self._body(_statements(node.finalbody.body), _join(out, raised))
+        return out
+
+    def _unknown(self, node: cst.CSTNode, env: Env) -> Iterator[Env | None]:
+        """Run every block inside `node` from `env`; each binding of a name in a pattern or a
+        target there is a binding no other part of the analysis knows (reads see it as such)."""
+        for block in _blocks(node):
+            yield self._body(_statements(block), dict(env))
+
+    def _small(self, node: cst.BaseSmallStatement, env: Env) -> Env | None:
+        self._reads(node, env)
+        out = dict(env)
+        if isinstance(node, cst.Assign):
+            for assigned in node.targets:
+                for name in _target_names(assigned.target):
+                    self._bind(name, node, out)
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
+            if not isinstance(node, cst.AnnAssign) or node.value is not None:
+                for name in _target_names(node.target):
+                    self._bind(name, node, out)
+        elif isinstance(node, (cst.Import, cst.ImportFrom)):
+            names = node.names if isinstance(node.names, Iterable) else ()
+            for alias in names:
+                bound: cst.BaseExpression = alias.name
+                if alias.asname is not None:
+                    bound = alias.asname.name  # type: ignore[assignment]
+                while isinstance(bound, cst.Attribute):
+                    bound = bound.value
+                if isinstance(bound, cst.Name):
+                    self._bind(bound, node, out)
+        elif isinstance(node, cst.Del):
+            for name in _target_names(node.target):
+                out[name.value] = frozenset()
+        elif isinstance(node, (cst.Return, cst.Raise)):
+            return None
+        elif isinstance(node, (cst.Break, cst.Continue)):
+            if self._loops:
+                frame = self._loops[-1]
+                (frame.exits if isinstance(node, cst.Break) else frame.heads).append(out)
+            return None
+        for walrus in _walruses(node):
+            target = walrus.target
+            if isinstance(target, cst.Name):  # maybe not evaluated: joined with what was there
+                before = out.get(target.value, frozenset({ENTRY}))
+                self._bind(target, walrus, out)
+                out[target.value] |= before
+        return out
+
+    # Reads ----------------------------------------------------------------------------------
+    def _bind(self, name: cst.Name, binding: cst.CSTNode, env: Env) -> None:
+        env[name.value] = frozenset({binding})
+        self._all.setdefault(name.value, set()).add(binding)
+
+    def _header(self, node: cst.FunctionDef | cst.ClassDef, env: Env) -> None:
+        """A def's decorators and defaults (a class's bases) are read where it is made; its
+        inside whenever it runs."""
+        if isinstance(node, cst.FunctionDef):
+            for decorator in node.decorators:
+                self._reads(decorator, env)
+            for param in _params(node.params):
+                if param.default is not None:
+                    self._reads(param.default, env)
+            if node is not self.skip:
+                self._nested.extend(_names(node.body))
+        else:
+            for part in (*node.decorators, *node.bases, *node.keywords):
+                self._reads(part, env)
+            self._nested.extend(_names(node.body))
+
+    def _reads(self, node: cst.CSTNode, env: Env, local: frozenset[str] = frozenset()) -> None:
+        """Record what reaches each name in `node` (an expression or a small statement), not
+        looking into nested blocks; lambdas and comprehensions as their scopes read."""
+        if isinstance(node, cst.Name):
+            if node.value not in local:
+                self._at[id(node)] = env.get(node.value, frozenset({ENTRY}))
+            return
+        if isinstance(node, cst.Lambda):
+            for param in _params(node.params):
+                if param.default is not None:
+                    self._reads(param.default, env, local)
+            self._nested.extend(_names(node.body))
+            return
+        if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
+            self._comprehension(node, env, local)
+            return
+        if isinstance(node, cst.BaseSuite):
+            return
+        for child in node.children:
+            self._reads(child, env, local)
+
+    def _comprehension(
+        self,
+        node: cst.ListComp | cst.SetComp | cst.GeneratorExp | cst.DictComp,
+        env: Env,
+        local: frozenset[str],
+    ) -> None:
+        inner = dict(env)
+        compfor: cst.CompFor | None = node.for_in
+        first = True
+        while compfor is not None:
+            self._reads(compfor.iter, env if first else inner, local)
+            first = False
+            for name in _target_names(compfor.target):
+                inner[name.value] = frozenset({compfor})  # seen inside the comprehension only
+            for condition in compfor.ifs:
+                self._reads(condition, inner, local)
+            compfor = compfor.inner_for_in
+        parts = (node.key, node.value) if isinstance(node, cst.DictComp) else (node.elt,)
+        for part in parts:
+            self._reads(part, inner, local)
+
+
+def _statements(block: cst.BaseSuite | cst.CSTNode) -> list[cst.BaseStatement]:
+    if isinstance(block, cst.IndentedBlock):
+        return list(block.body)
+    if isinstance(block, cst.SimpleStatementSuite):
+        return [cst.SimpleStatementLine(body=block.body)]
+    return []
+
+
+def _blocks(node: cst.CSTNode) -> Iterator[cst.BaseSuite]:
+    for child in node.children:
+        if isinstance(child, cst.BaseSuite):
+            yield child
+        elif not isinstance(child, cst.BaseExpression):
+            yield from _blocks(child)
+
+
+def _params(params: cst.Parameters) -> list[cst.Param]:
+    found = [*params.posonly_params, *params.params, *params.kwonly_params]
+    return found + [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+
+
+def _target_names(target: cst.BaseExpression) -> list[cst.Name]:
+    """The names a target binds (`a`, `a, (b, *c)`), not those a subscript or attribute reads."""
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for e in target.elements for n in _target_names(e.value)]
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return []
+
+
+def _names(node: cst.CSTNode) -> Iterator[cst.Name]:
+    if isinstance(node, cst.Name):
+        yield node
+        return
+    for child in node.children:
+        yield from _names(child)
+
+
+def _walruses(node: cst.CSTNode) -> Iterator[cst.NamedExpr]:
+    if isinstance(node, (cst.Lambda, cst.BaseSuite)):
+        return
+    if isinstance(node, cst.NamedExpr):
+        yield node
+    for child in node.children:
+        yield from _walruses(child)
+
+
+def _is_true(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Name) and node.value == "True"

@@ -1,0 +1,114 @@
+"""Reaching definitions in one function (`codemods/pmap/_reach.py`): which bindings of a name
+may give each read its value; ENTRY is the value the function started with."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+from jaxmigrate.codemods.pmap._reach import ENTRY, Reach
+
+
+def reaching(source: str) -> dict[str, list[str]]:
+    """Return, for each `use(x)` read marked `# here`, which bindings reach it (their code on
+    one line, `ENTRY` for the function's own value), by the comment's label."""
+    module = cst.parse_module(textwrap.dedent(source))
+    fun = module.body[0]
+    assert isinstance(fun, cst.FunctionDef)
+    reach = Reach(fun.body)
+    found: dict[str, list[str]] = {}
+
+    class Marks(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if isinstance(node.func, cst.Name) and node.func.value == "use":
+                label = node.args[1].value
+                assert isinstance(label, cst.SimpleString)
+                name = node.args[0].value
+                assert isinstance(name, cst.Name)
+                found[label.raw_value] = sorted(_text(b) for b in reach.of(name))
+
+    fun.visit(Marks())
+    return found
+
+
+def _text(binding: cst.CSTNode) -> str:
+    if binding is ENTRY:
+        return "ENTRY"
+    if isinstance(binding, (cst.For, cst.CompFor)):
+        return f"for {cst.Module([]).code_for_node(binding.target)}"
+    return " ".join(cst.Module([]).code_for_node(binding).split())
+
+
+def test_a_later_binding_in_the_loop_hides_the_loop_variable() -> None:
+    found = reaching(
+        """
+        def f(xs):
+            for b in xs:
+                use(b, "plain")
+                b = shard(b)
+                use(b, "split")
+            use(b, "after")
+        """
+    )
+    assert found["plain"] == ["for b"]
+    assert found["split"] == ["b = shard(b)"]
+    assert found["after"] == ["ENTRY", "b = shard(b)"]  # no iteration: `b` as it came
+
+
+def test_branches_join_and_a_value_fed_back_reaches_the_loop_head() -> None:
+    found = reaching(
+        """
+        def f(c):
+            s = make()
+            if c:
+                s = other()
+            for _ in range(3):
+                use(s, "head")
+                s = step(s)
+            use(s, "end")
+        """
+    )
+    assert found["head"] == ["s = make()", "s = other()", "s = step(s)"]
+    assert found["end"] == ["s = make()", "s = other()", "s = step(s)"]
+
+
+def test_return_break_and_continue_end_their_paths() -> None:
+    found = reaching(
+        """
+        def f(c):
+            x = 1
+            while True:
+                if c:
+                    x = 2
+                    break
+                x = 3
+                if c:
+                    continue
+                x = 4
+                if c:
+                    return x
+            use(x, "after")
+        """
+    )
+    assert found["after"] == ["x = 2"]
+
+
+def test_a_handler_starts_anywhere_in_its_try_and_nested_code_sees_every_binding() -> None:
+    found = reaching(
+        """
+        def f():
+            x = 1
+            try:
+                x = 2
+                x = 3
+            except ValueError:
+                use(x, "handler")
+            g = lambda: use(x, "lambda")
+            ys = [use(x, "comprehension") for x in range(3)]
+            use(x, "after")
+        """
+    )
+    assert found["handler"] == ["x = 1", "x = 2", "x = 3"]
+    assert found["lambda"] == ["ENTRY", "x = 1", "x = 2", "x = 3"]  # whenever it is called
+    assert found["comprehension"] == ["for x"]
+    assert found["after"] == ["x = 1", "x = 2", "x = 3"]
