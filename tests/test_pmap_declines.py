@@ -76,7 +76,7 @@ def test_an_argument_from_elsewhere_is_named_with_where_it_comes_from():
     source = PROGRAM.replace("    w = jnp.broadcast_to(w, (n,) + w.shape)\n", "")
     (message,) = pmap_messages(source)
     assert "[PL301] argument 1 of the step comes from elsewhere" in message, message
-    assert "(`w`, a parameter of `main`)" in message, message  # its value reaches the call
+    assert "(`w`, a parameter of `main`: its callers' values" in message, message  # reaches
     source = PROGRAM.replace("x.reshape((n, -1) + x.shape[1:])", "load(x)")
     (message,) = pmap_messages(source)
     assert "argument 2 of the step comes from elsewhere (`x` = `load(x)`)" in message, message
@@ -88,3 +88,146 @@ def test_a_step_made_under_main_says_so():
     )
     (message,) = pmap_messages(source)
     assert "[PL104] the step is made in a block at module level" in message, message
+
+
+FACTORY = """\
+import functools
+
+import jax
+
+
+@functools.lru_cache(None)
+def get_eval_fn(predict_fn):
+    @functools.partial(jax.pmap, axis_name="batch")
+    def _eval_fn(params, batch):
+        return jax.lax.psum(predict_fn(params, batch), "batch")
+
+    return _eval_fn
+"""
+
+
+def test_a_step_used_as_a_value_says_where_it_goes():
+    (message,) = pmap_messages(FACTORY)  # big_vision's evaluators: a cached factory
+    assert "[PL201] `_eval_fn` is used other than called: returned by `get_eval_fn`" in message
+    source = FACTORY.replace("    return _eval_fn\n", "    return evaluate(_eval_fn)\n")
+    (message,) = pmap_messages(source)
+    assert "`_eval_fn` is used other than called: passed to `evaluate(...)`" in message, message
+
+
+def test_a_step_stored_on_self_names_the_attribute():
+    source = """\
+import jax
+
+
+class Evaluator:
+    def __init__(self, predict):
+        self._count_p = jax.pmap(lambda m: jax.lax.psum(m.sum(), "i"), axis_name="i")
+"""
+    (message,) = pmap_messages(source)  # big_vision's image_text evaluators
+    assert "[PL101] the step is stored in the attribute `self._count_p`" in message, message
+
+
+def test_batches_from_another_modules_iterator_name_that_function():
+    source = """\
+import functools
+
+import flax
+import jax
+from big_vision import input_pipeline
+
+
+def main(params, train_ds, steps):
+    @functools.partial(jax.pmap, axis_name="batch")
+    def update_fn(params, images):
+        return params - jax.lax.pmean(images.mean(), "batch")
+
+    params = flax.jax_utils.replicate(params)
+    train_iter = input_pipeline.start_input_pipeline(train_ds, 1)
+    for step, batch in zip(range(1, steps + 1), train_iter):
+        params = update_fn(params, batch["image"])
+    return params[0]
+"""
+    (message,) = pmap_messages(source)  # big_vision's train.py and trainers
+    assert (
+        "[PL301] argument 2 of the step comes from elsewhere (`batch`, a loop variable over "
+        "`train_iter` = `input_pipeline.start_input_pipeline(train_ds, 1)` "
+        "(`big_vision.input_pipeline.start_input_pipeline`): the layout of its batches is that "
+        "function's)"
+    ) in message, message
+
+
+def test_a_step_called_where_made_says_what_it_would_cost():
+    source = """\
+import jax
+import jax.numpy as jnp
+
+
+def _sync(x):
+    return jax.lax.psum(x, "i")
+
+
+def sync():
+    x = jnp.ones([jax.local_device_count()])
+    x = jax.device_get(jax.pmap(_sync, "i")(x))
+    assert x[0] == jax.device_count()
+"""
+    (message,) = pmap_messages(source)  # big_vision's `u.sync()`
+    assert (
+        "[PL103] the step is called where it is made (`jax.pmap(f)(x)`): made there as "
+        "`jax.jit(jax.shard_map(...))`, it would be compiled again at every call of `sync`, "
+        "where pmap compiles it once"
+    ) in message, message
+    lambda_body = source.replace("jax.pmap(_sync,", 'jax.pmap(lambda v: jax.lax.psum(v, "i"),')
+    (message,) = pmap_messages(lambda_body)  # a new lambda each call: pmap compiles it again too
+    assert "(`jax.pmap(f)(x)`)" in message and "compiled again" not in message, message
+
+
+def test_a_step_made_in_a_class_body_names_the_method_and_where_its_result_goes():
+    source = """\
+import functools
+
+import jax
+from jax import lax
+
+
+class Workload:
+    @functools.partial(jax.pmap, axis_name="batch", static_broadcasted_argnums=(0,))
+    def _eval_model(self, params, batch):
+        return lax.psum((params * batch).sum(), "batch")
+
+    def sync_batch_stats(self, model_state):
+        avg_fn = jax.pmap(lambda x: lax.pmean(x, "x"), "x")
+        return model_state.copy({"batch_stats": avg_fn(model_state["batch_stats"])})
+"""
+    evaluate, synchronize = pmap_messages(source)  # AlgoPerf's workloads
+    assert (
+        "[PL104] the step is made in the body of class `Workload` (the method `_eval_model`, "
+        "called as `self._eval_model(...)`, maybe by a base class in another module)"
+    ) in evaluate, evaluate
+    assert (
+        "[PL206] `avg_fn` is called other than as `out = avg_fn(...)`: its result is read in "
+        "`model_state.copy(...)`"
+    ) in synchronize, synchronize
+
+
+def test_a_module_step_used_in_a_method_names_the_method():
+    source = """\
+from functools import partial
+
+import jax
+
+
+@partial(jax.pmap, static_broadcasted_argnums=0, axis_name="batch")
+def _run_predict_fn(predict_fn, params, batch):
+    return jax.lax.psum(predict_fn(params, batch), axis_name="batch")
+
+
+class Evaluator:
+    def run(self, params, batch):
+        return _run_predict_fn(self.predict_fn, params, batch)
+"""
+    (message,) = pmap_messages(source)  # big_vision's uvim compute_mean evaluator
+    assert (
+        "[PL202] `_run_predict_fn` is used outside the functions of the module "
+        "(in `Evaluator.run`, a method)"
+    ) in message, message

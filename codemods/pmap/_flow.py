@@ -85,7 +85,7 @@ def analyze(
         raise NotVisible("the pmapped step is not simply assigned to a name", Decline.NOT_NAMED)
     step = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
     if step is None:
-        raise NotVisible("the pmapped step is not simply assigned to a name", Decline.NOT_NAMED)
+        raise unnamed_step(assign, host.name.value)
     options = options_of(pmap, qualname, unnamed)
     flow = Parents(skip=local)
     host.body.visit(flow)
@@ -203,7 +203,7 @@ def _follow(
 ) -> Program:
     """Follow every argument and result of the calls of `step` in `host` (made at `made_at`)."""
     body = _unbound(body, options.bound)
-    made = [_call_of(flow, use, step) for use in flow.loads.get(step, [])]
+    made = [_call_of(flow, use, step, host.name.value) for use in flow.loads.get(step, [])]
     if not made:
         raise NotVisible(f"`{step}` is not called in `{host.name.value}`", Decline.NOT_CALLED)
     body, passed, keywords = _signature(body, made, step)
@@ -421,12 +421,42 @@ def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
     return fixed
 
 
-def _call_of(flow: Parents, use: cst.Name, step: str) -> cst.Call:
+def _call_of(flow: Parents, use: cst.Name, step: str, host: str) -> cst.Call:
     """The call `step(...)` that `use` is the function of; raise NotVisible for any other use."""
     call = flow.parent.get(id(use))
     if not isinstance(call, cst.Call) or call.func is not use:
-        raise NotVisible(f"`{step}` is used other than called", Decline.NOT_CALLED_ONLY)
+        why = f"`{step}` is used other than called: {_goes(call, flow.parent, host)}"
+        raise NotVisible(why, Decline.NOT_CALLED_ONLY)
     return call
+
+
+def unnamed_step(around: cst.CSTNode | None, host: str, parents: dict | None = None) -> NotVisible:
+    """Why a step made other than by `name = jax.pmap(...)` is not followed: where it goes."""
+    if isinstance(around, cst.Assign) and len(around.targets) == 1:
+        target = around.targets[0].target
+        if isinstance(target, cst.Attribute):
+            why = (
+                f"the step is stored in the attribute `{_short(target)}`: its calls (in other "
+                "methods, maybe through other objects) are not followed"
+            )
+            return NotVisible(why, Decline.NOT_NAMED)
+    if around is None or isinstance(around, cst.Assign):
+        return NotVisible("the pmapped step is not simply assigned to a name", Decline.NOT_NAMED)
+    return NotVisible(f"the step is {_goes(around, parents or {}, host)}", Decline.NOT_NAMED)
+
+
+def _goes(around: cst.CSTNode | None, parents: dict, host: str) -> str:
+    """Where a step used as a value goes, from the node around it: returned, passed, stored."""
+    if isinstance(around, cst.Element):  # `return step, other`: the tuple's place
+        around = parents.get(id(parents.get(id(around))))
+    if isinstance(around, cst.Return):
+        return f"returned by `{host}`: its callers' calls are not followed"
+    call = parents.get(id(around)) if isinstance(around, cst.Arg) else None
+    if isinstance(call, cst.Call):
+        return f"passed to `{_short(call.func)}(...)`: what that does with it is not followed"
+    if isinstance(around, cst.Assign) and len(around.targets) == 1:
+        return f"bound to `{_short(around.targets[0].target)}` as well"
+    return "used as a value"
 
 
 def _signature(
@@ -500,9 +530,13 @@ def _step_call(
     ):
         return _StepCall(around, call, names, [], values, readback=around)  # `step(...)[0]`
     if not isinstance(around, cst.Assign) or len(around.targets) != 1:
-        raise NotVisible(
-            f"`{step}` is called other than as `out = {step}(...)`", Decline.RESULTS_UNNAMED
-        )
+        why = f"`{step}` is called other than as `out = {step}(...)`"
+        reader = around
+        while reader is not None and not isinstance(reader, (cst.Call, cst.BaseStatement)):
+            reader = flow.parent.get(id(reader))  # AlgoPerf: `state.copy({"k": step(x)})`
+        if isinstance(reader, cst.Call):
+            why += f": its result is read in `{_short(reader.func)}(...)`"
+        raise NotVisible(why, Decline.RESULTS_UNNAMED)
     targets = target_names(around.targets[0].target)
     if "?" in targets:
         raise NotVisible(
@@ -643,14 +677,12 @@ def _follow_argument(
             (flow.order[id(b)], b, _binding_kind(program, b, name, forms, calls, flow, position))
             for b in flow.stores.get(name, [])
         ]
-        if not found:  # a global, or a name bound outside the function: not followed
+        if not found or (
+            name in _parameters(program.host)
+            and not any(at < first_call and kind != "fed back" for at, _, kind in found)
+        ):  # a global, or the caller's value reaches the first call: its layout is theirs
             kinds.add("other")
-            blocking.append(f"`{name}`, a parameter of `{program.host.name.value}` or a global")
-        elif name in _parameters(program.host) and not any(
-            at < first_call and kind != "fed back" for at, _, kind in found
-        ):  # the caller's value reaches the first call: its layout is the caller's
-            kinds.add("other")
-            blocking.append(f"`{name}`, a parameter of `{program.host.name.value}`")
+            blocking.append(_outside_text(name, program.host))
         stacking = [
             at
             for at, b, kind in found
@@ -661,7 +693,7 @@ def _follow_argument(
             if not (kind == "other" and upstream):
                 kinds.add(kind)
             if kind == "other" and not upstream:
-                blocking.append(_binding_text(name, binding))
+                blocking.append(_binding_text(name, binding, flow, forms.qualname))
     kinds.discard("read back")
     if fields and "keys" in kinds:
         kinds.add("other")  # the keys of one device are a key array, not a pytree of fields
@@ -707,13 +739,32 @@ def _short(node: cst.CSTNode) -> str:
     return text if len(text) <= 48 else text[:45] + "..."
 
 
-def _binding_text(name: str, binding: cst.CSTNode) -> str:
-    """Where `name` gets a value whose layout is not known: `name = <value>`, a loop over ..."""
+def _outside_text(name: str, host: cst.FunctionDef) -> str:
+    """Where `name`, bound nowhere in `host`, comes from: its callers, or the module."""
+    if name in _parameters(host):
+        callers = "its callers' values (maybe from other modules) are not followed"
+        return f"`{name}`, a parameter of `{host.name.value}`: {callers}"
+    return f"`{name}`, a global"
+
+
+def _binding_text(name: str, binding: cst.CSTNode, flow: Parents, qualname: Qualname) -> str:
+    """Where `name` gets a value whose layout is not known: `name = <value>`, a loop over ...;
+    an iterator the loop reads is named with the call making it (maybe another module's)."""
     if isinstance(binding, cst.Assign):
         return f"`{name}` = `{_short(binding.value)}`"
-    if isinstance(binding, (cst.For, cst.CompFor)):
-        return f"`{name}`, a loop variable over `{_short(binding.iter)}`"
-    return f"`{name}`, bound by a `{type(binding).__name__}` statement"
+    if not isinstance(binding, (cst.For, cst.CompFor)):
+        return f"`{name}`, bound by a `{type(binding).__name__}` statement"
+    source: cst.BaseExpression = binding.iter
+    if isinstance(source, cst.Call) and code(source.func) in ("zip", "enumerate") and source.args:
+        source = source.args[-1].value  # the batches: `zip(range(...), it)`, `enumerate(it)`
+    text = f"`{name}`, a loop variable over `{_short(source)}`"
+    stores = flow.stores.get(source.value, []) if isinstance(source, cst.Name) else []
+    made = stores[0].value if len(stores) == 1 and isinstance(stores[0], cst.Assign) else None
+    if isinstance(made, cst.Call):
+        where = qualname(made.func)
+        text += f" = `{_short(made)}`" + (f" (`{where}`)" if where and "." in where else "")
+        text += ": the layout of its batches is that function's"
+    return text
 
 
 def _follow_stacked(

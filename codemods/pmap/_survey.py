@@ -20,6 +20,7 @@ from ._flow import (
     mapped_name,
     options_of,
     read_options,
+    unnamed_step,
 )
 from ._forms import Parents, ancestors, single_name
 from ._outer import (
@@ -191,9 +192,17 @@ def _scope_of(flow: Parents, node: cst.CSTNode) -> cst.CSTNode | None:
     return next((a for a in ancestors(flow, node) if isinstance(a, SCOPES)), None)
 
 
-def _made_outside(host: cst.CSTNode | None) -> str:
-    """Why the calls of a step made outside any def (or in a lambda, a class) are not followed."""
-    where = "a class body" if isinstance(host, cst.ClassDef) else "a lambda"
+def _made_outside(host: cst.CSTNode | None, method: cst.FunctionDef | None = None) -> str:
+    """Why the calls of a step made outside any def (or in a lambda, a class) are not followed;
+    `method`: the def of the class a pmap decorator makes a step of."""
+    where = "a lambda"
+    if isinstance(host, cst.ClassDef):
+        where = f"the body of class `{host.name.value}`"
+        if method is not None:  # AlgoPerf's workloads: `self._eval_model(...)` in a base class
+            where += (
+                f" (the method `{method.name.value}`, called as `self.{method.name.value}(...)`, "
+                "maybe by a base class in another module)"
+            )
     if host is None:
         where = 'a block at module level (`if __name__ == "__main__":`)'
     return f"the step is made in {where}: its calls are not followed"
@@ -498,11 +507,14 @@ class Finding(Pass):
         if not isinstance(statement, cst.SimpleStatementLine):
             around = site.ancestors[-2] if len(site.ancestors) > 1 else None
             if isinstance(around, cst.Call) and around.func is site.node:
-                raise NotVisible(
-                    "the step is called where it is made (`jax.pmap(f)(x)`)",
-                    Decline.CALLED_WHERE_MADE,
-                )
-            raise NotVisible("the step is not made by a statement of its own", Decline.NOT_NAMED)
+                why = "the step is called where it is made (`jax.pmap(f)(x)`)"
+                if body in module.body:  # pmap caches a step of the same def
+                    why += (
+                        f": made there as `jax.jit(jax.shard_map(...))`, it would be compiled "
+                        f"again at every call of `{host.name.value}`, where pmap compiles it once"
+                    )
+                raise NotVisible(why, Decline.CALLED_WHERE_MADE)
+            raise unnamed_step(around, host.name.value, flow.parent)
         module_defs = self._module_defs(module)
         if isinstance(host.body, cst.IndentedBlock):  # the function's own defs hide the module's
             module_defs |= {
@@ -533,7 +545,7 @@ class Finding(Pass):
         assert isinstance(body, cst.FunctionDef) and isinstance(site.node, cst.Decorator)
         host = _scope_of(flow, body)
         if not isinstance(host, cst.FunctionDef):
-            raise NotVisible(_made_outside(host), Decline.MADE_OUTSIDE)
+            raise NotVisible(_made_outside(host, body), Decline.MADE_OUTSIDE)
         deco = site.node.decorator
         args = deco.args[1:] if isinstance(deco, cst.Call) else ()
         unnamed = cst.SimpleString(f'"{self._unnamed()}"')
