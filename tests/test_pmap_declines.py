@@ -231,3 +231,29 @@ class Evaluator:
         "[PL202] `_run_predict_fn` is used outside the functions of the module "
         "(in `Evaluator.run`, a method)"
     ) in message, message
+
+
+def test_a_step_stored_on_self_is_followed_into_the_methods_calling_it():
+    source = """\
+import jax
+
+
+class Evaluator:
+    def __init__(self, predict_fn):
+        def predict(params, batch):
+            return jax.lax.all_gather(predict_fn(params, batch), axis_name="data", axis=0)
+
+        self.predict_fn = jax.pmap(predict, axis_name="data")
+        self._count_p = jax.pmap(lambda m: jax.lax.psum(m.sum(), self._axis), self._axis)
+
+    def run(self, params, batches):
+        for batch in batches:
+            out = self.predict_fn(params, batch)
+            yield out[0]
+"""
+    predict, count = pmap_messages(source)  # big_vision's uvim and image_text evaluators
+    assert (
+        "[PL301] the step stored in `self.predict_fn` is called in `Evaluator.run`: argument 1 "
+        "of the step comes from elsewhere (`params`, a parameter of `run`"
+    ) in predict, predict
+    assert "[PL109] the mapped axis has no literal name (`self._axis`)" in count, count

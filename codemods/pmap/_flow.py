@@ -329,7 +329,8 @@ def read_options(
         found[keyword] = arg
     axis = found["axis_name"].value if "axis_name" in found else unnamed
     if not isinstance(axis, cst.SimpleString):
-        raise NotVisible("the mapped axis has no literal name", Decline.UNNAMED_AXIS)
+        named = f" (`{_short(axis)}`)" if axis is not None else ""
+        raise NotVisible(f"the mapped axis has no literal name{named}", Decline.UNNAMED_AXIS)
     options = Options(fun, axis, found.get("donate_argnums"), bound=bound, name=name)
     options.named = "axis_name" in found
     options.in_axes = found["in_axes"].value if "in_axes" in found else None

@@ -32,6 +32,7 @@ from ._outer import (
     setup_function,
 )
 from ._program import Decline, NotVisible, Program, Setup
+from ._stored import stored_on_self
 
 PMAP = "jax.pmap"
 PARTIAL = "functools.partial"
@@ -515,6 +516,14 @@ class Finding(Pass):
                     )
                 raise NotVisible(why, Decline.CALLED_WHERE_MADE)
             raise unnamed_step(around, host.name.value, flow.parent)
+        assign = statement.body[0]
+        klass = _scope_of(flow, host)  # `self.step = jax.pmap(...)` in a method: say what blocks
+        target = assign.targets[0].target if isinstance(assign, cst.Assign) else None
+        if isinstance(target, cst.Attribute) and isinstance(klass, cst.ClassDef):
+            assert isinstance(assign, cst.Assign)
+            unnamed = cst.SimpleString(f'"{self._unnamed()}"')
+            options = options_of(site.node, self.qualname, unnamed)
+            raise stored_on_self(klass, host, assign, options, body, self.qualname)
         module_defs = self._module_defs(module)
         if isinstance(host.body, cst.IndentedBlock):  # the function's own defs hide the module's
             module_defs |= {
