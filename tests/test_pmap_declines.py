@@ -76,7 +76,7 @@ def test_an_argument_from_elsewhere_is_named_with_where_it_comes_from():
     source = PROGRAM.replace("    w = jnp.broadcast_to(w, (n,) + w.shape)\n", "")
     (message,) = pmap_messages(source)
     assert "[PL301] argument 1 of the step comes from elsewhere" in message, message
-    assert "(`w`, a parameter of `main`: its callers' values" in message, message  # reaches
+    assert "(`w`, a parameter of `main`)" in message, message  # its value reaches the call
     source = PROGRAM.replace("x.reshape((n, -1) + x.shape[1:])", "load(x)")
     (message,) = pmap_messages(source)
     assert "argument 2 of the step comes from elsewhere (`x` = `load(x)`)" in message, message
@@ -112,6 +112,26 @@ def test_a_step_used_as_a_value_says_where_it_goes():
     source = FACTORY.replace("    return _eval_fn\n", "    return evaluate(_eval_fn)\n")
     (message,) = pmap_messages(source)
     assert "`_eval_fn` is used other than called: passed to `evaluate(...)`" in message, message
+    stored = (
+        FACTORY
+        + """
+
+class Evaluator:
+    def __init__(self, predict_fn):
+        self.eval_fn = get_eval_fn(predict_fn)
+
+    def run(self, params, batches):
+        for batch in batches:
+            out = self.eval_fn(params, batch)
+            yield out[0]
+"""
+    )
+    (message,) = pmap_messages(stored)  # followed to where it is called: what blocks it there
+    assert (
+        "[PL301] the step is returned by `get_eval_fn`, and the step stored in `self.eval_fn` is "
+        "called in `Evaluator.run`: argument 1 of the step comes from elsewhere (`params`, a "
+        "parameter of `run`"
+    ) in message, message
 
 
 def test_a_step_stored_on_self_names_the_attribute():

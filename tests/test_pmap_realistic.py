@@ -308,8 +308,9 @@ BIGVISION_BLOCKED = {
     "bv/train.py": "[PL301] argument 4 of the step comes from elsewhere (`batch`, a loop "
     "variable over `train_iter` = `input_pipeline.start_input_pipeline(train_ds, 1)` "
     "(`bv.input_pipeline.start_input_pipeline`)",
-    "bv/evaluators/classification.py": "[PL201] `_eval_fn` is used other than called: returned "
-    "by `get_eval_fn`",
+    "bv/evaluators/classification.py": "[PL301] the step is returned by `get_eval_fn`, and the "
+    "step stored in `self.eval_fn` is called in `Evaluator.run`: argument 1 of the step comes "
+    "from elsewhere (`params`, a parameter of `run`",
     "bv/evaluators/gathered.py": "[PL301] the step stored in `self.predict_fn` is called in "
     "`Evaluator.run`: argument 1 of the step comes from elsewhere (`params`, a parameter of `run`",
     "bv/utils.py": "[PL103] the step is called where it is made (`jax.pmap(f)(x)`): made there as "

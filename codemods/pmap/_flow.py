@@ -678,12 +678,14 @@ def _follow_argument(
             (flow.order[id(b)], b, _binding_kind(program, b, name, forms, calls, flow, position))
             for b in flow.stores.get(name, [])
         ]
-        if not found or (
-            name in _parameters(program.host)
-            and not any(at < first_call and kind != "fed back" for at, _, kind in found)
-        ):  # a global, or the caller's value reaches the first call: its layout is theirs
+        if not found:  # a global, or a name bound outside the function: not followed
             kinds.add("other")
-            blocking.append(_outside_text(name, program.host))
+            blocking.append(f"`{name}`, a parameter of `{program.host.name.value}` or a global")
+        elif name in _parameters(program.host) and not any(
+            at < first_call and kind != "fed back" for at, _, kind in found
+        ):  # the caller's value reaches the first call: its layout is the caller's
+            kinds.add("other")
+            blocking.append(f"`{name}`, a parameter of `{program.host.name.value}`")
         stacking = [
             at
             for at, b, kind in found
@@ -738,14 +740,6 @@ def _short(node: cst.CSTNode) -> str:
     """The code of `node` on one line, cut to a length a message can hold."""
     text = " ".join(code(node).split())
     return text if len(text) <= 48 else text[:45] + "..."
-
-
-def _outside_text(name: str, host: cst.FunctionDef) -> str:
-    """Where `name`, bound nowhere in `host`, comes from: its callers, or the module."""
-    if name in _parameters(host):
-        callers = "its callers' values (maybe from other modules) are not followed"
-        return f"`{name}`, a parameter of `{host.name.value}`: {callers}"
-    return f"`{name}`, a global"
 
 
 def _binding_text(name: str, binding: cst.CSTNode, flow: Parents, qualname: Qualname) -> str:

@@ -16,7 +16,7 @@ from jaxmigrate.toolkit.emit import code
 
 from ._flow import Options, analyze_calls, unnamed_step
 from ._forms import Qualname
-from ._program import NotVisible
+from ._program import Decline, NotVisible
 
 
 def stored_on_self(
@@ -92,3 +92,42 @@ class _Rename(cst.CSTTransformer):
         ):
             return cst.Name(self.name)
         return updated_node
+
+
+def returned_into_self(
+    module: cst.Module,
+    factory: cst.FunctionDef,
+    options: Options,
+    body: cst.FunctionDef,
+    qualname: Qualname,
+) -> NotVisible | None:
+    """Why a step that `factory`, a def of the module, makes and returns (`return _eval_fn`) is
+    not taken, when a method stores what it returns on `self` (big_vision's cached
+    `get_eval_fn`, `self.eval_fn = get_eval_fn(...)`): the value blocking it where it is called
+    (`params`, a parameter of `run`); None when no method of the module does that, or nothing
+    there blocks it (it is used other than called in `factory` then)."""
+    name = factory.name.value
+    lines = factory.body.body if isinstance(factory.body, cst.IndentedBlock) else ()
+    smalls = [s for line in lines if isinstance(line, cst.SimpleStatementLine) for s in line.body]
+    if not any(
+        isinstance(s, cst.Return) and code(s.value or cst.Name("_")) == body.name.value
+        for s in smalls
+    ):
+        return None  # the factory does not return the step itself
+    for klass in (c for c in module.body if isinstance(c, cst.ClassDef)):
+        for method in (m for m in klass.body.body if isinstance(m, cst.FunctionDef)):
+            lines = method.body.body if isinstance(method.body, cst.IndentedBlock) else ()
+            for line in lines:
+                small = line.body if isinstance(line, cst.SimpleStatementLine) else ()
+                assign = small[0] if len(small) == 1 else None
+                value = assign.value if isinstance(assign, cst.Assign) else None
+                called = (name, f"{_self(method)}.{name}")  # a def, or a method (fewshot_lsr)
+                if not (isinstance(value, cst.Call) and code(value.func) in called):
+                    continue
+                assert isinstance(assign, cst.Assign)
+                why = stored_on_self(klass, method, assign, options, body, qualname)
+                if why.code is Decline.NOT_NAMED:
+                    return None
+                text = f"the step is returned by `{name}`, and {why.why}"
+                return NotVisible(text, why.code)
+    return None

@@ -32,7 +32,7 @@ from ._outer import (
     setup_function,
 )
 from ._program import Decline, NotVisible, Program, Setup
-from ._stored import stored_on_self
+from ._stored import returned_into_self, stored_on_self
 
 PMAP = "jax.pmap"
 PARTIAL = "functools.partial"
@@ -566,7 +566,13 @@ class Finding(Pass):
             module_defs |= {
                 d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)
             }
-        program = analyze_decorated(host, body, options, self.qualname, siblings, module_defs)
+        try:
+            program = analyze_decorated(host, body, options, self.qualname, siblings, module_defs)
+        except NotVisible as why:  # `return step` from a factory stored on self: what blocks
+            deeper = None
+            if why.code is Decline.NOT_CALLED_ONLY:
+                deeper = returned_into_self(module, host, options, body, self.qualname)
+            raise deeper or why from None
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
         mesh = mesh_in_scope(scopes, flow.order[id(body)], flow, program.axis, self.qualname)
         if mesh is not None:
