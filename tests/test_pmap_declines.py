@@ -221,8 +221,8 @@ class Workload:
 """
     evaluate, synchronize = pmap_messages(source)  # AlgoPerf's workloads
     assert (
-        "[PL104] the step is made in the body of class `Workload` (the method `_eval_model`, "
-        "called as `self._eval_model(...)`, maybe by a base class in another module)"
+        "[PL104] the step is made in a class body: its calls are not followed "
+        "(`Workload._eval_model`, called as `self._eval_model(...)`, maybe in a base class)"
     ) in evaluate, evaluate
     assert (
         "[PL206] `avg_fn` is called other than as `out = avg_fn(...)`: its result is read in "

@@ -193,17 +193,9 @@ def _scope_of(flow: Parents, node: cst.CSTNode) -> cst.CSTNode | None:
     return next((a for a in ancestors(flow, node) if isinstance(a, SCOPES)), None)
 
 
-def _made_outside(host: cst.CSTNode | None, method: cst.FunctionDef | None = None) -> str:
-    """Why the calls of a step made outside any def (or in a lambda, a class) are not followed;
-    `method`: the def of the class a pmap decorator makes a step of."""
-    where = "a lambda"
-    if isinstance(host, cst.ClassDef):
-        where = f"the body of class `{host.name.value}`"
-        if method is not None:  # AlgoPerf's workloads: `self._eval_model(...)` in a base class
-            where += (
-                f" (the method `{method.name.value}`, called as `self.{method.name.value}(...)`, "
-                "maybe by a base class in another module)"
-            )
+def _made_outside(host: cst.CSTNode | None) -> str:
+    """Why the calls of a step made outside any def (or in a lambda, a class) are not followed."""
+    where = "a class body" if isinstance(host, cst.ClassDef) else "a lambda"
     if host is None:
         where = 'a block at module level (`if __name__ == "__main__":`)'
     return f"the step is made in {where}: its calls are not followed"
@@ -554,7 +546,13 @@ class Finding(Pass):
         assert isinstance(body, cst.FunctionDef) and isinstance(site.node, cst.Decorator)
         host = _scope_of(flow, body)
         if not isinstance(host, cst.FunctionDef):
-            raise NotVisible(_made_outside(host, body), Decline.MADE_OUTSIDE)
+            why = _made_outside(host)
+            if isinstance(host, cst.ClassDef):  # AlgoPerf's workloads: called by a base class
+                method = f"`{host.name.value}.{body.name.value}`"
+                why += (
+                    f" ({method}, called as `self.{body.name.value}(...)`, maybe in a base class)"
+                )
+            raise NotVisible(why, Decline.MADE_OUTSIDE)
         deco = site.node.decorator
         args = deco.args[1:] if isinstance(deco, cst.Call) else ()
         unnamed = cst.SimpleString(f'"{self._unnamed()}"')
