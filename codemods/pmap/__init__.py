@@ -319,9 +319,7 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     jax.pmap(...)`, `return jax.pmap(...)`);
   - `PL102` the pmapped function is not a def of the module (an attribute `model.apply`, an
     import, a parameter, a def nested in another function);
-  - `PL103` the step is called where it is made (`jax.pmap(f)(x)`): made there as
-    `jax.jit(jax.shard_map(...))` it would compile at every call of its function, where pmap
-    compiles a step of a def of the module once (big_vision's and brax's host `sync()`);
+  - `PL103` the step is called where it is made (`jax.pmap(f)(x)`);
   - `PL104` the step is made in a class body, a lambda, or a block at module level
     (`if __name__ == "__main__":`);
   - `PL105` a nested pmap; `PL106` the def has other decorators than pmap's;
