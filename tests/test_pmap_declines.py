@@ -159,3 +159,192 @@ def test_a_name_two_steps_bind_is_followed_where_each_binding_reaches():
     assert len(messages) == 2
     for message in messages:
         assert "[PL402] `metrics`, a result of `p_" in message, message
+
+
+FACTORY = """\
+import functools
+
+import jax
+
+
+@functools.lru_cache(None)
+def get_eval_fn(predict_fn):
+    @functools.partial(jax.pmap, axis_name="batch")
+    def _eval_fn(params, batch):
+        return jax.lax.psum(predict_fn(params, batch), "batch")
+
+    return _eval_fn
+"""
+
+
+def test_a_step_used_as_a_value_says_where_it_goes():
+    (message,) = pmap_messages(FACTORY)  # big_vision's evaluators: a cached factory
+    assert "[PL201] `_eval_fn` is used other than called: returned by `get_eval_fn`" in message
+    source = FACTORY.replace("    return _eval_fn\n", "    return evaluate(_eval_fn)\n")
+    (message,) = pmap_messages(source)
+    assert "`_eval_fn` is used other than called: passed to `evaluate(...)`" in message, message
+    stored = (
+        FACTORY
+        + """
+
+class Evaluator:
+    def __init__(self, predict_fn):
+        self.eval_fn = get_eval_fn(predict_fn)
+
+    def run(self, params, batches):
+        for batch in batches:
+            out = self.eval_fn(params, batch)
+            yield out[0]
+"""
+    )
+    (message,) = pmap_messages(stored)  # followed to where it is called: what blocks it there
+    assert (
+        "[PL301] the step is returned by `get_eval_fn`, and the step stored in `self.eval_fn` is "
+        "called in `Evaluator.run`: argument 1 of the step comes from elsewhere (`params`, a "
+        "parameter of `run`"
+    ) in message, message
+
+
+def test_a_step_stored_on_self_names_the_attribute():
+    source = """\
+import jax
+
+
+class Evaluator:
+    def __init__(self, predict):
+        self._count_p = jax.pmap(lambda m: jax.lax.psum(m.sum(), "i"), axis_name="i")
+"""
+    (message,) = pmap_messages(source)  # big_vision's image_text evaluators
+    assert "[PL101] the step is stored in the attribute `self._count_p`" in message, message
+
+
+def test_batches_from_another_modules_iterator_name_that_function():
+    source = """\
+import functools
+
+import flax
+import jax
+from big_vision import input_pipeline
+
+
+def main(params, train_ds, steps):
+    @functools.partial(jax.pmap, axis_name="batch")
+    def update_fn(params, images):
+        return params - jax.lax.pmean(images.mean(), "batch")
+
+    params = flax.jax_utils.replicate(params)
+    train_iter = input_pipeline.start_input_pipeline(train_ds, 1)
+    for step, batch in zip(range(1, steps + 1), train_iter):
+        params = update_fn(params, batch["image"])
+    return params[0]
+"""
+    (message,) = pmap_messages(source)  # big_vision's train.py and trainers
+    assert (
+        "[PL301] argument 2 of the step comes from elsewhere (`batch`, a loop variable over "
+        "`train_iter` = `input_pipeline.start_input_pipeline(train_ds, 1)` "
+        "(`big_vision.input_pipeline.start_input_pipeline`): the layout of its batches is that "
+        "function's)"
+    ) in message, message
+
+
+def test_a_step_called_where_made_says_what_it_would_cost():
+    source = """\
+import jax
+import jax.numpy as jnp
+
+
+def _sync(x):
+    return jax.lax.psum(x, "i")
+
+
+def sync():
+    x = jnp.ones([jax.local_device_count()])
+    x = jax.device_get(jax.pmap(_sync, "i")(x))
+    assert x[0] == jax.device_count()
+"""
+    (message,) = pmap_messages(source)  # big_vision's `u.sync()`
+    assert (
+        "[PL103] the step is called where it is made (`jax.pmap(f)(x)`): made there as "
+        "`jax.jit(jax.shard_map(...))`, it would be compiled again at every call of `sync`, "
+        "where pmap compiles it once"
+    ) in message, message
+    lambda_body = source.replace("jax.pmap(_sync,", 'jax.pmap(lambda v: jax.lax.psum(v, "i"),')
+    (message,) = pmap_messages(lambda_body)  # a new lambda each call: pmap compiles it again too
+    assert "(`jax.pmap(f)(x)`)" in message and "compiled again" not in message, message
+
+
+def test_a_step_made_in_a_class_body_names_the_method_and_where_its_result_goes():
+    source = """\
+import functools
+
+import jax
+from jax import lax
+
+
+class Workload:
+    @functools.partial(jax.pmap, axis_name="batch", static_broadcasted_argnums=(0,))
+    def _eval_model(self, params, batch):
+        return lax.psum((params * batch).sum(), "batch")
+
+    def sync_batch_stats(self, model_state):
+        avg_fn = jax.pmap(lambda x: lax.pmean(x, "x"), "x")
+        return model_state.copy({"batch_stats": avg_fn(model_state["batch_stats"])})
+"""
+    evaluate, synchronize = pmap_messages(source)  # AlgoPerf's workloads
+    assert (
+        "[PL104] the step is made in a class body: its calls are not followed "
+        "(`Workload._eval_model`, called as `self._eval_model(...)`, maybe in a base class)"
+    ) in evaluate, evaluate
+    assert (
+        "[PL206] `avg_fn` is called other than as `out = avg_fn(...)`: its result is read in "
+        "`model_state.copy(...)`"
+    ) in synchronize, synchronize
+
+
+def test_a_module_step_used_in_a_method_names_the_method():
+    source = """\
+from functools import partial
+
+import jax
+
+
+@partial(jax.pmap, static_broadcasted_argnums=0, axis_name="batch")
+def _run_predict_fn(predict_fn, params, batch):
+    return jax.lax.psum(predict_fn(params, batch), axis_name="batch")
+
+
+class Evaluator:
+    def run(self, params, batch):
+        return _run_predict_fn(self.predict_fn, params, batch)
+"""
+    (message,) = pmap_messages(source)  # big_vision's uvim compute_mean evaluator
+    assert (
+        "[PL202] `_run_predict_fn` is used outside the functions of the module "
+        "(in `Evaluator.run`, a method)"
+    ) in message, message
+
+
+def test_a_step_stored_on_self_is_followed_into_the_methods_calling_it():
+    source = """\
+import jax
+
+
+class Evaluator:
+    def __init__(self, predict_fn):
+        def predict(params, batch):
+            return jax.lax.all_gather(predict_fn(params, batch), axis_name="data", axis=0)
+
+        self.predict_fn = jax.pmap(predict, axis_name="data")
+        self._count_p = jax.pmap(lambda m: jax.lax.psum(m.sum(), self._axis), self._axis)
+
+    def run(self, params, batches):
+        for batch in batches:
+            out = self.predict_fn(params, batch)
+            yield out[0]
+"""
+    predict, count = pmap_messages(source)  # big_vision's uvim and image_text evaluators
+    assert (
+        "[PL301] the step stored in `self.predict_fn` is called in `Evaluator.run`: argument 1 "
+        "of the step comes from elsewhere (`params`, a parameter of `run`"
+    ) in predict, predict
+    assert "[PL109] the mapped axis has no literal name (`self._axis`)" in count, count

@@ -95,7 +95,7 @@ def analyze(
         raise NotVisible("the pmapped step is not simply assigned to a name", Decline.NOT_NAMED)
     step = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
     if step is None:
-        raise NotVisible("the pmapped step is not simply assigned to a name", Decline.NOT_NAMED)
+        raise unnamed_step(assign, host.name.value)
     options = options_of(pmap, qualname, unnamed)
     flow = Flow(host, skip=local)
     if id(statement) not in flow.order:
@@ -210,7 +210,7 @@ def _follow(
 ) -> Program:
     """Follow every argument and result of the calls of `step` in `host` (made at `made_at`)."""
     body = _unbound(body, options.bound)
-    made = [_call_of(flow, use, step) for use in flow.loads.get(step, [])]
+    made = [_call_of(flow, use, step, host.name.value) for use in flow.loads.get(step, [])]
     if not made:
         raise NotVisible(f"`{step}` is not called in `{host.name.value}`", Decline.NOT_CALLED)
     body, passed, keywords = _signature(body, made, step)
@@ -336,7 +336,8 @@ def read_options(
         found[keyword] = arg
     axis = found["axis_name"].value if "axis_name" in found else unnamed
     if not isinstance(axis, cst.SimpleString):
-        raise NotVisible("the mapped axis has no literal name", Decline.UNNAMED_AXIS)
+        named = f" (`{_short(axis)}`)" if axis is not None else ""
+        raise NotVisible(f"the mapped axis has no literal name{named}", Decline.UNNAMED_AXIS)
     options = Options(fun, axis, found.get("donate_argnums"), bound=bound, name=name)
     options.named = "axis_name" in found
     options.in_axes = found["in_axes"].value if "in_axes" in found else None
@@ -428,12 +429,42 @@ def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
     return fixed
 
 
-def _call_of(flow: Flow, use: cst.Name, step: str) -> cst.Call:
+def _call_of(flow: Flow, use: cst.Name, step: str, host: str) -> cst.Call:
     """The call `step(...)` that `use` is the function of; raise NotVisible for any other use."""
     call = flow.parent.get(id(use))
     if not isinstance(call, cst.Call) or call.func is not use:
-        raise NotVisible(f"`{step}` is used other than called", Decline.NOT_CALLED_ONLY)
+        why = f"`{step}` is used other than called: {_goes(call, flow.parent, host)}"
+        raise NotVisible(why, Decline.NOT_CALLED_ONLY)
     return call
+
+
+def unnamed_step(around: cst.CSTNode | None, host: str, parents: dict | None = None) -> NotVisible:
+    """Why a step made other than by `name = jax.pmap(...)` is not followed: where it goes."""
+    if isinstance(around, cst.Assign) and len(around.targets) == 1:
+        target = around.targets[0].target
+        if isinstance(target, cst.Attribute):
+            why = (
+                f"the step is stored in the attribute `{_short(target)}`: its calls (in other "
+                "methods, maybe through other objects) are not followed"
+            )
+            return NotVisible(why, Decline.NOT_NAMED)
+    if around is None or isinstance(around, cst.Assign):
+        return NotVisible("the pmapped step is not simply assigned to a name", Decline.NOT_NAMED)
+    return NotVisible(f"the step is {_goes(around, parents or {}, host)}", Decline.NOT_NAMED)
+
+
+def _goes(around: cst.CSTNode | None, parents: dict, host: str) -> str:
+    """Where a step used as a value goes, from the node around it: returned, passed, stored."""
+    if isinstance(around, cst.Element):  # `return step, other`: the tuple's place
+        around = parents.get(id(parents.get(id(around))))
+    if isinstance(around, cst.Return):
+        return f"returned by `{host}`: its callers' calls are not followed"
+    call = parents.get(id(around)) if isinstance(around, cst.Arg) else None
+    if isinstance(call, cst.Call):
+        return f"passed to `{_short(call.func)}(...)`: what that does with it is not followed"
+    if isinstance(around, cst.Assign) and len(around.targets) == 1:
+        return f"bound to `{_short(around.targets[0].target)}` as well"
+    return "used as a value"
 
 
 def _signature(
@@ -507,9 +538,13 @@ def _step_call(
     ):
         return _StepCall(around, call, names, [], values, readback=around)  # `step(...)[0]`
     if not isinstance(around, cst.Assign) or len(around.targets) != 1:
-        raise NotVisible(
-            f"`{step}` is called other than as `out = {step}(...)`", Decline.RESULTS_UNNAMED
-        )
+        why = f"`{step}` is called other than as `out = {step}(...)`"
+        reader = around
+        while reader is not None and not isinstance(reader, (cst.Call, cst.BaseStatement)):
+            reader = flow.parent.get(id(reader))  # AlgoPerf: `state.copy({"k": step(x)})`
+        if isinstance(reader, cst.Call):
+            why += f": its result is read in `{_short(reader.func)}(...)`"
+        raise NotVisible(why, Decline.RESULTS_UNNAMED)
     targets = target_names(around.targets[0].target)
     if "?" in targets:
         raise NotVisible(
@@ -663,7 +698,7 @@ def _follow_argument(
                 )
                 classified[id(binding)] = kind
                 if kind == "other":
-                    blocking.append(_binding_text(name, binding))
+                    blocking.append(_binding_text(name, binding, flow, forms.qualname))
             kinds.add(kind)
     if fields and "keys" in kinds:
         kinds.add("other")  # the keys of one device are a key array, not a pytree of fields
@@ -704,13 +739,24 @@ def _short(node: cst.CSTNode) -> str:
     return text if len(text) <= 48 else text[:45] + "..."
 
 
-def _binding_text(name: str, binding: cst.CSTNode) -> str:
-    """Where `name` gets a value whose layout is not known: `name = <value>`, a loop over ..."""
+def _binding_text(name: str, binding: cst.CSTNode, flow: Parents, qualname: Qualname) -> str:
+    """Where `name` gets a value whose layout is not known: `name = <value>`, a loop over ...;
+    an iterator the loop reads is named with the call making it (maybe another module's)."""
     if isinstance(binding, cst.Assign):
         return f"`{name}` = `{_short(binding.value)}`"
-    if isinstance(binding, (cst.For, cst.CompFor)):
-        return f"`{name}`, a loop variable over `{_short(binding.iter)}`"
-    return f"`{name}`, bound by a `{type(binding).__name__}` statement"
+    if not isinstance(binding, (cst.For, cst.CompFor)):
+        return f"`{name}`, bound by a `{type(binding).__name__}` statement"
+    source: cst.BaseExpression = binding.iter
+    if isinstance(source, cst.Call) and code(source.func) in ("zip", "enumerate") and source.args:
+        source = source.args[-1].value  # the batches: `zip(range(...), it)`, `enumerate(it)`
+    text = f"`{name}`, a loop variable over `{_short(source)}`"
+    stores = flow.stores.get(source.value, []) if isinstance(source, cst.Name) else []
+    made = stores[0].value if len(stores) == 1 and isinstance(stores[0], cst.Assign) else None
+    if isinstance(made, cst.Call):
+        where = qualname(made.func)
+        text += f" = `{_short(made)}`" + (f" (`{where}`)" if where and "." in where else "")
+        text += ": the layout of its batches is that function's"
+    return text
 
 
 def _follow_stacked(

@@ -15,6 +15,8 @@ from ._flow import Options, analyze_calls
 from ._forms import Parents, Qualname, ancestors, single_name
 from ._program import Decline, NotVisible, Program
 
+SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
+
 MESH = "jax.sharding.Mesh"
 MAKE_MESH = frozenset({"jax.make_mesh", "jax.sharding.make_mesh"})
 ARRAYS = frozenset({"numpy.array", "numpy.asarray", "jax.numpy.array", "jax.numpy.asarray"})
@@ -47,11 +49,7 @@ class OuterGroup:
 
 def module_function(flow: Parents, module: cst.Module, node: cst.CSTNode) -> cst.FunctionDef | None:
     """Return the def of the module `node` is in, None at module level or in a nested scope."""
-    scopes = [
-        a
-        for a in ancestors(flow, node)
-        if isinstance(a, (cst.FunctionDef, cst.Lambda, cst.ClassDef))
-    ]
+    scopes = [a for a in ancestors(flow, node) if isinstance(a, SCOPES)]
     if len(scopes) != 1 or not isinstance(scopes[0], cst.FunctionDef):
         return None
     return scopes[0] if scopes[0] in module.body else None
@@ -75,9 +73,13 @@ def callers(flow: Parents, module: cst.Module, name: str) -> list[cst.FunctionDe
     for use in reads(flow, name):
         host = module_function(flow, module, use)
         if host is None:
-            raise NotVisible(
-                f"`{name}` is used outside the functions of the module", Decline.USED_OUTSIDE
-            )
+            why = f"`{name}` is used outside the functions of the module"
+            scopes = [a for a in ancestors(flow, use) if isinstance(a, SCOPES)]  # nearest first
+            if len(scopes) == 2 and isinstance(scopes[1], cst.ClassDef):  # big_vision's `run`
+                method, owner = scopes[0], scopes[1]
+                if isinstance(method, cst.FunctionDef):
+                    why += f" (in `{owner.name.value}.{method.name.value}`, a method)"
+            raise NotVisible(why, Decline.USED_OUTSIDE)
         if host not in found:
             found.append(host)
     if not found:

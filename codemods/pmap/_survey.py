@@ -20,6 +20,7 @@ from ._flow import (
     mapped_name,
     options_of,
     read_options,
+    unnamed_step,
 )
 from ._forms import Parents, ancestors, names_in, single_name
 from ._outer import (
@@ -31,6 +32,7 @@ from ._outer import (
     setup_function,
 )
 from ._program import Decline, NotVisible, Program, Setup
+from ._stored import returned_into_self, stored_on_self
 
 PMAP = "jax.pmap"
 PARTIAL = "functools.partial"
@@ -564,11 +566,22 @@ class Finding(Pass):
         if not isinstance(statement, cst.SimpleStatementLine):
             around = site.ancestors[-2] if len(site.ancestors) > 1 else None
             if isinstance(around, cst.Call) and around.func is site.node:
-                raise NotVisible(
-                    "the step is called where it is made (`jax.pmap(f)(x)`)",
-                    Decline.CALLED_WHERE_MADE,
-                )
-            raise NotVisible("the step is not made by a statement of its own", Decline.NOT_NAMED)
+                why = "the step is called where it is made (`jax.pmap(f)(x)`)"
+                if body in module.body:  # pmap caches a step of the same def
+                    why += (
+                        f": made there as `jax.jit(jax.shard_map(...))`, it would be compiled "
+                        f"again at every call of `{host.name.value}`, where pmap compiles it once"
+                    )
+                raise NotVisible(why, Decline.CALLED_WHERE_MADE)
+            raise unnamed_step(around, host.name.value, flow.parent)
+        assign = statement.body[0]
+        klass = _scope_of(flow, host)  # `self.step = jax.pmap(...)` in a method: say what blocks
+        target = assign.targets[0].target if isinstance(assign, cst.Assign) else None
+        if isinstance(target, cst.Attribute) and isinstance(klass, cst.ClassDef):
+            assert isinstance(assign, cst.Assign)
+            unnamed = cst.SimpleString(f'"{self._unnamed()}"')
+            options = options_of(site.node, self.qualname, unnamed)
+            raise stored_on_self(klass, host, assign, options, body, self.qualname)
         module_defs = self._module_defs(module)
         if isinstance(host.body, cst.IndentedBlock):  # the function's own defs hide the module's
             module_defs |= {
@@ -615,7 +628,13 @@ class Finding(Pass):
         assert isinstance(body, cst.FunctionDef) and isinstance(site.node, cst.Decorator)
         host = _scope_of(flow, body) or self._main_host(module, site.ancestors)
         if not isinstance(host, cst.FunctionDef):
-            raise NotVisible(_made_outside(host), Decline.MADE_OUTSIDE)
+            why = _made_outside(host)
+            if isinstance(host, cst.ClassDef):  # AlgoPerf's workloads: called by a base class
+                method = f"`{host.name.value}.{body.name.value}`"
+                why += (
+                    f" ({method}, called as `self.{body.name.value}(...)`, maybe in a base class)"
+                )
+            raise NotVisible(why, Decline.MADE_OUTSIDE)
         deco = site.node.decorator
         args = deco.args[1:] if isinstance(deco, cst.Call) else ()
         unnamed = cst.SimpleString(f'"{self._unnamed()}"')
@@ -627,7 +646,13 @@ class Finding(Pass):
             module_defs |= {
                 d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)
             }
-        program = analyze_decorated(host, body, options, self.qualname, siblings, module_defs)
+        try:
+            program = analyze_decorated(host, body, options, self.qualname, siblings, module_defs)
+        except NotVisible as why:  # `return step` from a factory stored on self: what blocks
+            deeper = None
+            if why.code is Decline.NOT_CALLED_ONLY:
+                deeper = returned_into_self(module, host, options, body, self.qualname)
+            raise deeper or why from None
         _globals_unread(module, host, program, flow)
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
         mesh = mesh_in_scope(scopes, flow.order[id(body)], flow, program.axis, self.qualname)

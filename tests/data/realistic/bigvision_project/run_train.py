@@ -1,0 +1,3 @@
+from bv import train
+
+train.main()
