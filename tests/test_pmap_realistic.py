@@ -352,9 +352,10 @@ def test_a_main_block_fed_by_a_generator_takes_the_program_level_form(tmp_path: 
 # another module or a caller: each step stays faithful, says which value blocks it (the same
 # codes and values as the real big_vision sites), and the program gives the original's numbers.
 BIGVISION_BLOCKED = {
-    "bv/train.py": "[PL301] argument 4 of the step comes from elsewhere (`batch`, a loop "
-    "variable over `train_iter` = `input_pipeline.start_input_pipeline(train_ds, 1)` "
-    "(`bv.input_pipeline.start_input_pipeline`)",
+    # the first blocker the reaching definitions find: the replicated params also go to the
+    # evaluators (the batches, from another module's pipeline, block too: PL301)
+    "bv/train.py": "[PL303] `params_repl`, replicated for the step, is read other than passed "
+    "to it",
     "bv/evaluators/classification.py": "[PL301] the step is returned by `get_eval_fn`, and the "
     "step stored in `self.eval_fn` is called in `Evaluator.run`: argument 1 of the step comes "
     "from elsewhere (`params`, a parameter of `run`",
