@@ -100,12 +100,13 @@ def analyze(
     flow = Flow(host, skip=local)
     if id(statement) not in flow.order:
         raise NotVisible("the step is not made in the function that calls it", Decline.MADE_OUTSIDE)
-    if len(flow.stores.get(step, [])) != 1:
+    own = local if isinstance(local, cst.FunctionDef) and local.name.value == step else None
+    if [s for s in flow.stores.get(step, []) if s is not own] != [assign]:
         raise NotVisible(
             f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
         )
     made_at = flow.order[id(statement)]
-    program = _follow(host, flow, step, options, body, qualname, made_at, siblings, defs)
+    program = _follow(host, flow, step, options, body, qualname, made_at, siblings, defs, own)
     program.statement = statement
     if local is not None:
         _check_closure(program, body, flow)
@@ -207,10 +208,20 @@ def _follow(
     made_at: int,
     siblings: tuple[str, ...] = (),
     defs: Defs | None = None,
+    own: cst.FunctionDef | None = None,
 ) -> Program:
-    """Follow every argument and result of the calls of `step` in `host` (made at `made_at`)."""
+    """Follow every argument and result of the calls of `step` in `host` (made at `made_at`).
+    `own`: the def `step = jax.pmap(step, ...)` maps (brax's trainers); its reads, the pmap's
+    own, are not the step's, and a read that either may reach is not followed."""
     body = _unbound(body, options.bound)
-    made = [_call_of(flow, use, step) for use in flow.loads.get(step, [])]
+    uses = flow.loads.get(step, [])
+    if own is not None:
+        reached = [flow.reach.of(use) for use in uses]
+        if any(own in r and len(r) > 1 for r in reached):
+            why = f"a read of `{step}` may be the def or the step made of it"
+            raise NotVisible(why, Decline.REBOUND)
+        uses = [use for use, r in zip(uses, reached, strict=True) if own not in r]
+    made = [_call_of(flow, use, step) for use in uses]
     if not made:
         raise NotVisible(f"`{step}` is not called in `{host.name.value}`", Decline.NOT_CALLED)
     body, passed, keywords = _signature(body, made, step)

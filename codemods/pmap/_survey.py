@@ -114,9 +114,13 @@ class Survey(cst.CSTVisitor):
         found = (b.node for b in self.names.bindings(name) if b.kind is BindingKind.DEF)
         return [d for d in found if isinstance(d, cst.FunctionDef)]
 
-    def rebound(self, name: str) -> bool:
-        """Return True if anything but a `def` binds `name` anywhere in the module."""
-        return any(b.kind is not BindingKind.DEF for b in self.names.bindings(name))
+    def rebound(self, name: str, by: cst.CSTNode | None = None) -> bool:
+        """Return True if anything but a `def` binds `name` anywhere in the module; `by`, the
+        value of `name = jax.pmap(name, ...)`, is the def's own step and does not count."""
+        return any(
+            b.kind is not BindingKind.DEF and (by is None or b.value is not by)
+            for b in self.names.bindings(name)
+        )
 
 
 @dataclass
@@ -553,7 +557,7 @@ class Finding(Pass):
         else:
             name = self._mapped_def_name(site.node)
             defs = self.survey.defs(name)
-            if len(defs) != 1 or self.survey.rebound(name):
+            if len(defs) != 1 or self.survey.rebound(name, site.node):
                 raise NotVisible(self._not_a_def(site.node, name), Decline.NOT_A_DEF)
             body = defs[0]
             skip = None if body in module.body else body
