@@ -3,7 +3,7 @@ calls in the function that makes it, and records the edits of the program-level 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -81,6 +81,7 @@ def analyze(
     defs: Defs | None = None,
     local: cst.CSTNode | None = None,
     unnamed: cst.BaseExpression | None = None,
+    constants: Mapping[str, str] | None = None,
 ) -> Program:
     """Return the program of a step made by `statement` in `host`; raise NotVisible for why not.
     `local`: the def of `host` itself, or the lambda, that `body` is (its inside is the body's,
@@ -96,7 +97,7 @@ def analyze(
     step = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
     if step is None:
         raise NotVisible("the pmapped step is not simply assigned to a name", Decline.NOT_NAMED)
-    options = options_of(pmap, qualname, unnamed)
+    options = options_of(pmap, qualname, unnamed, constants)
     flow = Flow(host, skip=local)
     if id(statement) not in flow.order:
         raise NotVisible("the step is not made in the function that calls it", Decline.MADE_OUTSIDE)
@@ -267,10 +268,9 @@ def _follow(
             _follow_argument(program, flow, forms, calls, position)
     if program.squeezed or keywords:
         _check_lambda(program, flow)
-    assert isinstance(options.axis, cst.SimpleString)
-    axis = options.axis.evaluated_value
-    assert isinstance(axis, str)
-    outputs = body_outputs(body, program.batches, axis, qualname, defs or {})
+    outputs = body_outputs(
+        body, program.batches, options.literal, qualname, defs or {}, options.spellings
+    )
     program.outputs, program.varying = outputs
     read = set().union(*program.arithmetic.values())
     for call in calls:
@@ -312,10 +312,15 @@ class Options:
     bound: tuple[str, ...] = ()  # the parameters `functools.partial` binds by keyword
     name: str = ""  # the name of the def mapped
     named: bool = True  # False: pmap's axis is unnamed (the body cannot name it), `axis` ours
+    literal: str = ""  # the axis's name: `axis`'s value, or the string the constant `axis` is
+    spellings: frozenset[str] = frozenset()  # the module's constants the body may name it by
 
 
 def options_of(
-    pmap: cst.Call, qualname: Qualname, unnamed: cst.BaseExpression | None = None
+    pmap: cst.Call,
+    qualname: Qualname,
+    unnamed: cst.BaseExpression | None = None,
+    constants: Mapping[str, str] | None = None,
 ) -> Options:
     """Read `jax.pmap(fun, axis_name, ...)`; raise NotVisible when this form does not take it."""
     fun = pmap.args[0].value if pmap.args and pmap.args[0].keyword is None else None
@@ -323,7 +328,9 @@ def options_of(
         raise NotVisible(
             "the pmapped function is not a def of this module named directly", Decline.NOT_A_DEF
         )
-    return read_options(fun, pmap.args[1:], qualname, positional_axis=True, unnamed=unnamed)
+    return read_options(
+        fun, pmap.args[1:], qualname, positional_axis=True, unnamed=unnamed, constants=constants
+    )
 
 
 def read_options(
@@ -333,8 +340,12 @@ def read_options(
     *,
     positional_axis: bool,
     unnamed: cst.BaseExpression | None = None,
+    constants: Mapping[str, str] | None = None,
 ) -> Options:
-    """Read pmap's `args` (all but the function); `unnamed` names an axis pmap leaves unnamed."""
+    """Read pmap's `args` (all but the function); `unnamed` names an axis pmap leaves unnamed.
+    `constants`: the module's names bound once, at module level, to a string (brax's
+    `_PMAP_AXIS_NAME = "i"`): such a name is the axis's literal name, kept as written."""
+    constants = constants or {}
     name, bound = mapped_name(fun, qualname)
     found: dict[str, cst.Arg] = {}
     for i, arg in enumerate(args):
@@ -346,9 +357,15 @@ def read_options(
             )
         found[keyword] = arg
     axis = found["axis_name"].value if "axis_name" in found else unnamed
-    if not isinstance(axis, cst.SimpleString):
+    if isinstance(axis, cst.Name) and axis.value in constants:
+        literal = constants[axis.value]
+    elif isinstance(axis, cst.SimpleString) and isinstance(axis.evaluated_value, str):
+        literal = axis.evaluated_value
+    else:
         raise NotVisible("the mapped axis has no literal name", Decline.UNNAMED_AXIS)
     options = Options(fun, axis, found.get("donate_argnums"), bound=bound, name=name)
+    options.literal = literal
+    options.spellings = frozenset(n for n, v in constants.items() if v == literal)
     options.named = "axis_name" in found
     options.in_axes = found["in_axes"].value if "in_axes" in found else None
     if "static_broadcasted_argnums" in found:
