@@ -216,8 +216,8 @@ def _follow(
     own, are not the step's, and a read that either may reach is not followed."""
     body = _unbound(body, options.bound)
     uses = flow.loads.get(step, [])
-    if own is not None:
-        reached = [flow.reach.of(use) for use in uses]
+    if own is not None:  # a read in a nested function is the step's: it declines PL203 below
+        reached = [flow.reach.of(use) if not _nested(flow, use) else frozenset() for use in uses]
         if any(own in r and len(r) > 1 for r in reached):
             why = f"a read of `{step}` may be the def or the step made of it"
             raise NotVisible(why, Decline.REBOUND)
@@ -230,8 +230,11 @@ def _follow(
     fixed = _fixed_positions(options, passed)
     calls = [_step_call(flow, call, step, body, fixed) for call in made]
     for call in calls:  # a call in a nested def or lambda runs when that is called: not followed
-        if any(isinstance(a, (cst.FunctionDef, cst.Lambda)) for a in ancestors(flow, call.call)):
-            raise NotVisible(f"`{step}` is called in a nested function", Decline.CALLED_NESTED)
+        inner = _nested(flow, call.call)
+        if inner is not None:
+            where = f" `{inner.name.value}`" if isinstance(inner, cst.FunctionDef) else ""
+            why = f"`{step}` is called in a nested function{where}"
+            raise NotVisible(why, Decline.CALLED_NESTED)
     program = Program(host, None, options.fun, options.axis, options.donate, [False] * arity, None)
     program.fixed, program.statics = fixed, options.statics_arg
     program.params = [p.name.value for p in body.params.params]
@@ -454,6 +457,12 @@ def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
         elif not (isinstance(item, cst.Integer) and item.value == "0"):
             raise NotVisible("an `in_axes` entry other than 0 or None", Decline.OPTION)
     return fixed
+
+
+def _nested(flow: Flow, node: cst.CSTNode) -> cst.FunctionDef | cst.Lambda | None:
+    """The innermost def or lambda of the function `node` is in, else None."""
+    kinds = (cst.FunctionDef, cst.Lambda)
+    return next((a for a in ancestors(flow, node) if isinstance(a, kinds)), None)
 
 
 def _call_of(flow: Flow, use: cst.Name, step: str) -> cst.Call:
