@@ -149,7 +149,7 @@ gets a copy beside it. The site's message names the module and why (`docs/archit
 default) takes the **program-level** form wherever the data flow around the step is fully visible:
 the step is made in the function that calls it (`jax.pmap(body, ...)` or
 `jax.pmap(functools.partial(body, k=...), ...)`, `body` a def of the module, a def of that
-function or a lambda; or a `@partial(jax.pmap, ...)` def of that function, which becomes
+function (which `body = jax.pmap(body, ...)` may rebind: brax's trainers) or a lambda; or a `@partial(jax.pmap, ...)` def of that function, which becomes
 `@partial(jax.jit, ...)` over `@partial(jax.shard_map, mesh=...)`, the mesh made just before the
 def), or outside any
 function (a pmap decorator on a def of the module, or `step = jax.pmap(...)` at module level) and
