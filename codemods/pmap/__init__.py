@@ -149,7 +149,7 @@ gets a copy beside it. The site's message names the module and why (`docs/archit
 default) takes the **program-level** form wherever the data flow around the step is fully visible:
 the step is made in the function that calls it (`jax.pmap(body, ...)` or
 `jax.pmap(functools.partial(body, k=...), ...)`, `body` a def of the module, a def of that
-function or a lambda; or a `@partial(jax.pmap, ...)` def of that function, which becomes
+function (which `body = jax.pmap(body, ...)` may rebind: brax's trainers) or a lambda; or a `@partial(jax.pmap, ...)` def of that function, which becomes
 `@partial(jax.jit, ...)` over `@partial(jax.shard_map, mesh=...)`, the mesh made just before the
 def), or outside any
 function (a pmap decorator on a def of the module, or `step = jax.pmap(...)` at module level) and
@@ -330,7 +330,8 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
   - `PL107` the step's name is bound more than once;
   - `PL108` a pmap option this form does not take (`devices=`, `backend=`, `in_axes` other than
     a tuple of 0 and None, computed `static_broadcasted_argnums`);
-  - `PL109` the mapped axis has no literal name;
+  - `PL109` the mapped axis has no literal name (a string, or a name bound once at module level
+    to one, brax's `_PMAP_AXIS_NAME = "i"`, kept as written);
   - `PL110` the body's parameters (`*args`, `**kwargs`, a `partial` binding a parameter the def
     lacks or a name bound again after the step is made, a parameter named as a global it reads);
   - `PL201` the step is used other than called (passed to another function, named in

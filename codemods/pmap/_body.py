@@ -33,19 +33,25 @@ MUTATING = frozenset(
 
 
 def body_outputs(
-    body: cst.FunctionDef, mapped: list[bool], axis: str, qualname: Qualname, defs: Defs
+    body: cst.FunctionDef,
+    mapped: list[bool],
+    axis: str,
+    qualname: Qualname,
+    defs: Defs,
+    spellings: frozenset[str] = frozenset(),
 ) -> tuple[int | None, list[bool]]:
     """Return how many results the body returns as a tuple (None: one, not a tuple), and
     which of them may differ between devices; `mapped`: per parameter, differs between devices.
 
     `defs` are the module's functions the body may call (a call of one that uses a per-device
-    collective differs between devices).
+    collective differs between devices). `spellings`: module constants that name `axis`.
     """
     if not isinstance(body.body, cst.IndentedBlock) or not _ends_in_return(body.body.body):
         raise NotVisible("the body does not end in a return", Decline.BODY)
     params = [p.name.value for p in body.params.params]
     start = {p for p, m in zip(params, mapped) if m}
     reader = _Reader(axis, qualname, defs, set(start))
+    reader.spellings = spellings
     _run(reader, body, start)
     return _results(reader)
 
@@ -109,6 +115,7 @@ class _Reader:
         self.returns: list[tuple[cst.BaseExpression, frozenset[str]]] = []
         self.inside: frozenset[str] = frozenset()  # the module helpers being read (no recursion)
         self.local: set[str] = set()  # the names the function binds (no module helper then)
+        self.spellings: frozenset[str] = frozenset()  # module constants naming the axis
 
     # Statements ---------------------------------------------------------------------------
     def block(self, statements: Iterable[cst.BaseStatement], varying: set[str]) -> set[str]:
@@ -322,7 +329,7 @@ class _Reader:
                 mapped.add(param)
         # A default is read where the def is made, at module level: the same on every device.
         reader = _Reader(self.axis, self.qualname, self.defs, set(mapped))
-        reader.inside = self.inside | {name}
+        reader.inside, reader.spellings = self.inside | {name}, self.spellings
         try:
             _run(reader, helper, mapped)
             _, flags = _results(reader)
@@ -343,7 +350,9 @@ class _Reader:
         names = axis.elements if isinstance(axis, (cst.Tuple, cst.List)) else [axis]
         strings = [e.value if isinstance(e, cst.BaseElement) else e for e in names]
         return any(
-            isinstance(s, cst.SimpleString) and s.evaluated_value == self.axis for s in strings
+            (isinstance(s, cst.SimpleString) and s.evaluated_value == self.axis)
+            or (isinstance(s, cst.Name) and s.value in self.spellings - self.local)
+            for s in strings
         )
 
     def _calls_per_device(self, call: cst.Call) -> bool:

@@ -3,7 +3,7 @@ calls in the function that makes it, and records the edits of the program-level 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -81,6 +81,7 @@ def analyze(
     defs: Defs | None = None,
     local: cst.CSTNode | None = None,
     unnamed: cst.BaseExpression | None = None,
+    constants: Mapping[str, str] | None = None,
 ) -> Program:
     """Return the program of a step made by `statement` in `host`; raise NotVisible for why not.
     `local`: the def of `host` itself, or the lambda, that `body` is (its inside is the body's,
@@ -96,16 +97,17 @@ def analyze(
     step = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
     if step is None:
         raise unnamed_step(assign, host.name.value)
-    options = options_of(pmap, qualname, unnamed)
+    options = options_of(pmap, qualname, unnamed, constants)
     flow = Flow(host, skip=local)
     if id(statement) not in flow.order:
         raise NotVisible("the step is not made in the function that calls it", Decline.MADE_OUTSIDE)
-    if len(flow.stores.get(step, [])) != 1:
+    own = local if isinstance(local, cst.FunctionDef) and local.name.value == step else None
+    if [s for s in flow.stores.get(step, []) if s is not own] != [assign]:
         raise NotVisible(
             f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
         )
     made_at = flow.order[id(statement)]
-    program = _follow(host, flow, step, options, body, qualname, made_at, siblings, defs)
+    program = _follow(host, flow, step, options, body, qualname, made_at, siblings, defs, own)
     program.statement = statement
     if local is not None:
         _check_closure(program, body, flow)
@@ -207,10 +209,20 @@ def _follow(
     made_at: int,
     siblings: tuple[str, ...] = (),
     defs: Defs | None = None,
+    own: cst.FunctionDef | None = None,
 ) -> Program:
-    """Follow every argument and result of the calls of `step` in `host` (made at `made_at`)."""
+    """Follow every argument and result of the calls of `step` in `host` (made at `made_at`).
+    `own`: the def `step = jax.pmap(step, ...)` maps (brax's trainers); its reads, the pmap's
+    own, are not the step's, and a read that either may reach is not followed."""
     body = _unbound(body, options.bound)
-    made = [_call_of(flow, use, step, host.name.value) for use in flow.loads.get(step, [])]
+    uses = flow.loads.get(step, [])
+    if own is not None:  # a read in a nested function is the step's: it declines PL203 below
+        reached = [flow.reach.of(use) if not _nested(flow, use) else frozenset() for use in uses]
+        if any(own in r and len(r) > 1 for r in reached):
+            why = f"a read of `{step}` may be the def or the step made of it"
+            raise NotVisible(why, Decline.REBOUND)
+        uses = [use for use, r in zip(uses, reached, strict=True) if own not in r]
+    made = [_call_of(flow, use, step, host.name.value) for use in uses]
     if not made:
         raise NotVisible(f"`{step}` is not called in `{host.name.value}`", Decline.NOT_CALLED)
     body, passed, keywords = _signature(body, made, step)
@@ -218,8 +230,11 @@ def _follow(
     fixed = _fixed_positions(options, passed)
     calls = [_step_call(flow, call, step, body, fixed) for call in made]
     for call in calls:  # a call in a nested def or lambda runs when that is called: not followed
-        if any(isinstance(a, (cst.FunctionDef, cst.Lambda)) for a in ancestors(flow, call.call)):
-            raise NotVisible(f"`{step}` is called in a nested function", Decline.CALLED_NESTED)
+        inner = _nested(flow, call.call)
+        if inner is not None:
+            where = f" `{inner.name.value}`" if isinstance(inner, cst.FunctionDef) else ""
+            why = f"`{step}` is called in a nested function{where}"
+            raise NotVisible(why, Decline.CALLED_NESTED)
     program = Program(host, None, options.fun, options.axis, options.donate, [False] * arity, None)
     program.fixed, program.statics = fixed, options.statics_arg
     program.params = [p.name.value for p in body.params.params]
@@ -256,10 +271,9 @@ def _follow(
             _follow_argument(program, flow, forms, calls, position)
     if program.squeezed or keywords:
         _check_lambda(program, flow)
-    assert isinstance(options.axis, cst.SimpleString)
-    axis = options.axis.evaluated_value
-    assert isinstance(axis, str)
-    outputs = body_outputs(body, program.batches, axis, qualname, defs or {})
+    outputs = body_outputs(
+        body, program.batches, options.literal, qualname, defs or {}, options.spellings
+    )
     program.outputs, program.varying = outputs
     read = set().union(*program.arithmetic.values())
     for call in calls:
@@ -301,10 +315,15 @@ class Options:
     bound: tuple[str, ...] = ()  # the parameters `functools.partial` binds by keyword
     name: str = ""  # the name of the def mapped
     named: bool = True  # False: pmap's axis is unnamed (the body cannot name it), `axis` ours
+    literal: str = ""  # the axis's name: `axis`'s value, or the string the constant `axis` is
+    spellings: frozenset[str] = frozenset()  # the module's constants the body may name it by
 
 
 def options_of(
-    pmap: cst.Call, qualname: Qualname, unnamed: cst.BaseExpression | None = None
+    pmap: cst.Call,
+    qualname: Qualname,
+    unnamed: cst.BaseExpression | None = None,
+    constants: Mapping[str, str] | None = None,
 ) -> Options:
     """Read `jax.pmap(fun, axis_name, ...)`; raise NotVisible when this form does not take it."""
     fun = pmap.args[0].value if pmap.args and pmap.args[0].keyword is None else None
@@ -312,7 +331,9 @@ def options_of(
         raise NotVisible(
             "the pmapped function is not a def of this module named directly", Decline.NOT_A_DEF
         )
-    return read_options(fun, pmap.args[1:], qualname, positional_axis=True, unnamed=unnamed)
+    return read_options(
+        fun, pmap.args[1:], qualname, positional_axis=True, unnamed=unnamed, constants=constants
+    )
 
 
 def read_options(
@@ -322,8 +343,12 @@ def read_options(
     *,
     positional_axis: bool,
     unnamed: cst.BaseExpression | None = None,
+    constants: Mapping[str, str] | None = None,
 ) -> Options:
-    """Read pmap's `args` (all but the function); `unnamed` names an axis pmap leaves unnamed."""
+    """Read pmap's `args` (all but the function); `unnamed` names an axis pmap leaves unnamed.
+    `constants`: the module's names bound once, at module level, to a string (brax's
+    `_PMAP_AXIS_NAME = "i"`): such a name is the axis's literal name, kept as written."""
+    constants = constants or {}
     name, bound = mapped_name(fun, qualname)
     found: dict[str, cst.Arg] = {}
     for i, arg in enumerate(args):
@@ -335,10 +360,16 @@ def read_options(
             )
         found[keyword] = arg
     axis = found["axis_name"].value if "axis_name" in found else unnamed
-    if not isinstance(axis, cst.SimpleString):
+    if isinstance(axis, cst.Name) and axis.value in constants:
+        literal = constants[axis.value]
+    elif isinstance(axis, cst.SimpleString) and isinstance(axis.evaluated_value, str):
+        literal = axis.evaluated_value
+    else:
         named = f" (`{_short(axis)}`)" if axis is not None else ""
         raise NotVisible(f"the mapped axis has no literal name{named}", Decline.UNNAMED_AXIS)
     options = Options(fun, axis, found.get("donate_argnums"), bound=bound, name=name)
+    options.literal = literal
+    options.spellings = frozenset(n for n, v in constants.items() if v == literal)
     options.named = "axis_name" in found
     options.in_axes = found["in_axes"].value if "in_axes" in found else None
     if "static_broadcasted_argnums" in found:
@@ -427,6 +458,12 @@ def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
         elif not (isinstance(item, cst.Integer) and item.value == "0"):
             raise NotVisible("an `in_axes` entry other than 0 or None", Decline.OPTION)
     return fixed
+
+
+def _nested(flow: Flow, node: cst.CSTNode) -> cst.FunctionDef | cst.Lambda | None:
+    """The innermost def or lambda of the function `node` is in, else None."""
+    kinds = (cst.FunctionDef, cst.Lambda)
+    return next((a for a in ancestors(flow, node) if isinstance(a, kinds)), None)
 
 
 def _call_of(flow: Flow, use: cst.Name, step: str, host: str) -> cst.Call:

@@ -4,8 +4,8 @@
 whether the whole flow is visible and of a shape this module rewrites; `Program.rewrite` returns
 the function rewritten. The shape taken (anything else keeps the faithful form, with the reason):
 
-- `step = jax.pmap(body, axis_name="a"[, donate_argnums=...])` in the function, `body` a def of
-  the module (or `functools.partial(body, k=...)`: the parameters it binds are replicated, later
+- `step = jax.pmap(body, axis_name="a"[, donate_argnums=...])` in the function (`step` may be
+  `body`'s own name), `body` a def of the module or of the function (or `functools.partial(body, k=...)`: the parameters it binds are replicated, later
   ones keep their defaults) with positional parameters, whose results are read from its code
   (`_body.py`: nested defs, closures, `if`/`else`, loops); several such steps in one function
   share one mesh, and a result of one fed to another is replicated on both sides; a step made

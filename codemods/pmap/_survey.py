@@ -90,6 +90,7 @@ class Survey(cst.CSTVisitor):
         self.names = names
         self.refs: list[tuple[cst.BaseExpression, tuple[cst.CSTNode, ...]]] = []
         self.strings: set[str] = set()
+        self._constants: dict[str, str] | None = None
         self._stack: list[cst.CSTNode] = []
         self._paths = names.paths_to((PMAP,))  # the nodes leading to a use, when known
 
@@ -116,9 +117,28 @@ class Survey(cst.CSTVisitor):
         found = (b.node for b in self.names.bindings(name) if b.kind is BindingKind.DEF)
         return [d for d in found if isinstance(d, cst.FunctionDef)]
 
-    def rebound(self, name: str) -> bool:
-        """Return True if anything but a `def` binds `name` anywhere in the module."""
-        return any(b.kind is not BindingKind.DEF for b in self.names.bindings(name))
+    def constants(self) -> dict[str, str]:
+        """The names bound once in the module, at module level, to a string literal."""
+        if self._constants is None:
+            self._constants = {}
+            for name, bindings in self.names.bound_names():
+                value = bindings[0].value if len(bindings) == 1 else None
+                if (
+                    isinstance(value, cst.SimpleString)
+                    and bindings[0].plain
+                    and bindings[0].scope.kind == "module"
+                    and isinstance(value.evaluated_value, str)
+                ):
+                    self._constants[name] = value.evaluated_value
+        return self._constants
+
+    def rebound(self, name: str, by: cst.CSTNode | None = None) -> bool:
+        """Return True if anything but a `def` binds `name` anywhere in the module; `by`, the
+        value of `name = jax.pmap(name, ...)`, is the def's own step and does not count."""
+        return any(
+            b.kind is not BindingKind.DEF and (by is None or b.value is not by)
+            for b in self.names.bindings(name)
+        )
 
 
 @dataclass
@@ -407,6 +427,7 @@ class Finding(Pass):
                 self.qualname,
                 positional_axis=False,
                 unnamed=unnamed,
+                constants=self.survey.constants(),
             )
             name = body.name.value
         else:
@@ -425,7 +446,7 @@ class Finding(Pass):
                 )
             assert isinstance(site.node, cst.Call)
             unnamed = cst.SimpleString(f'"{self._unnamed()}"')
-            options = options_of(site.node, self.qualname, unnamed)
+            options = options_of(site.node, self.qualname, unnamed, self.survey.constants())
             defs = self.survey.defs(options.name)
             if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(options.name):
                 raise NotVisible(
@@ -555,7 +576,7 @@ class Finding(Pass):
         else:
             name = self._mapped_def_name(site.node)
             defs = self.survey.defs(name)
-            if len(defs) != 1 or self.survey.rebound(name):
+            if len(defs) != 1 or self.survey.rebound(name, site.node):
                 raise NotVisible(self._not_a_def(site.node, name), Decline.NOT_A_DEF)
             body = defs[0]
             skip = None if body in module.body else body
@@ -597,6 +618,7 @@ class Finding(Pass):
             module_defs,
             skip,
             cst.SimpleString(f'"{self._unnamed()}"'),
+            self.survey.constants(),
         )
         _globals_unread(module, host, program, flow)
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
@@ -626,6 +648,7 @@ class Finding(Pass):
         """The program of a def a pmap decorator makes a step of, in the function calling it."""
         body = site.mapped
         assert isinstance(body, cst.FunctionDef) and isinstance(site.node, cst.Decorator)
+        assert self.survey is not None
         host = _scope_of(flow, body) or self._main_host(module, site.ancestors)
         if not isinstance(host, cst.FunctionDef):
             why = _made_outside(host)
@@ -639,7 +662,12 @@ class Finding(Pass):
         args = deco.args[1:] if isinstance(deco, cst.Call) else ()
         unnamed = cst.SimpleString(f'"{self._unnamed()}"')
         options = read_options(
-            cst.Name(body.name.value), args, self.qualname, positional_axis=False, unnamed=unnamed
+            cst.Name(body.name.value),
+            args,
+            self.qualname,
+            positional_axis=False,
+            unnamed=unnamed,
+            constants=self.survey.constants(),
         )
         module_defs = self._module_defs(module)
         if isinstance(host.body, cst.IndentedBlock):  # the function's own defs hide the module's
