@@ -4,6 +4,7 @@ readbacks of values around one pmapped step, and where each name is bound and re
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import libcst as cst
 
@@ -121,6 +122,23 @@ class Parents(cst.CSTVisitor):
                 and parent.default is original_node
             ):
                 self.loads.setdefault(original_node.value, []).append(original_node)
+
+
+class ModuleParents(Parents):
+    """`Parents().read(module)`, read when first asked for: most steps of a module are declined
+    before their flow is looked at (a step called where it is made, as tests do), and reading
+    a large module is most of the cost of the pmap pass on it."""
+
+    def __init__(self, module: cst.Module) -> None:  # Parents.__init__ runs on first use
+        self._unread: cst.Module | None = module
+
+    def __getattr__(self, name: str) -> Any:
+        module = self.__dict__.pop("_unread", None)
+        if module is None:
+            raise AttributeError(name)
+        Parents.__init__(self)
+        self.read(module)
+        return getattr(self, name)
 
 
 def _locals(node: cst.FunctionDef | cst.Lambda) -> set[str]:

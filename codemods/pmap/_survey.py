@@ -21,7 +21,7 @@ from ._flow import (
     options_of,
     read_options,
 )
-from ._forms import Parents, ancestors, single_name
+from ._forms import ModuleParents, Parents, ancestors, single_name
 from ._outer import (
     OuterGroup,
     OuterStep,
@@ -230,7 +230,7 @@ class Finding(Pass):
 
     def _find_programs(self, module: cst.Module) -> None:
         """Take the sites whose whole data flow is visible to the program-level form."""
-        flow = Parents().read(module)
+        flow = ModuleParents(module)
         outer: list[OuterStep] = []
         made_in: dict[int, list[PmapUse]] = {}  # the steps each function makes
         failed = self._failed_hosts()
@@ -491,7 +491,7 @@ class Finding(Pass):
                 raise NotVisible(self._not_a_def(site.node, name), Decline.NOT_A_DEF)
             body = defs[0]
             skip = None if body in module.body else body
-            if skip is not None and _scope_of(flow, body) is not host:
+            if skip is not None and self._def_scope(flow, body) is not host:
                 why = f"the pmapped function `{name}` is a def nested in another function"
                 raise NotVisible(why, Decline.NOT_A_DEF)
         statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
@@ -525,13 +525,22 @@ class Finding(Pass):
             program.mesh, program.make_mesh = mesh, False
         return host, program
 
+    def _def_scope(self, flow: Parents, node: cst.FunctionDef) -> cst.CSTNode | None:
+        """`_scope_of(flow, node)`, from the scope model when it has the def's scope: asking
+        the module's flow would read the whole module (`ModuleParents`)."""
+        made = self.resolver.scope_made_by(node)
+        if made is None or made.parent is None:
+            return _scope_of(flow, node)
+        outer = made.parent.node
+        return None if isinstance(outer, cst.Module) else outer
+
     def _decorated_program(
         self, module: cst.Module, site: PmapUse, flow: Parents, siblings: tuple[str, ...]
     ) -> tuple[cst.FunctionDef, Program]:
         """The program of a def a pmap decorator makes a step of, in the function calling it."""
         body = site.mapped
         assert isinstance(body, cst.FunctionDef) and isinstance(site.node, cst.Decorator)
-        host = _scope_of(flow, body)
+        host = self._def_scope(flow, body)
         if not isinstance(host, cst.FunctionDef):
             raise NotVisible(_made_outside(host), Decline.MADE_OUTSIDE)
         deco = site.node.decorator
