@@ -84,6 +84,60 @@ SOURCES = {
         """,
         {"host-callback", "partial-auto-callback"},
     ),
+    # JM203 reports only a shard_map given `axis_names=` or arguments past its body other than
+    # by keyword: one with every axis manual has nothing to do (JAX's tests/api_test.py).
+    "callback_in_shard_map_with_every_axis_manual": (
+        """
+        import jax
+        from functools import partial
+
+        def body(v):
+            return jax.pure_callback(print, v, v)
+
+        def build(mesh, P):
+            jax.shard_map(body, mesh=mesh, in_specs=P("a"), out_specs=P("a"))
+            return partial(jax.shard_map, mesh=mesh, in_specs=P(), out_specs=P())(body)
+        """,
+        set(),
+    ),
+    "callback_in_shard_map_axis_names_through_an_alias": (
+        """
+        import jax as j
+        smap = j.shard_map
+        other = smap
+
+        def body(v):
+            return j.pure_callback(print, v, v)
+
+        def build(mesh, P):
+            return other(body, mesh=mesh, in_specs=P("a"), out_specs=P("a"), axis_names={"a"})
+        """,
+        {"partial-auto-callback"},
+    ),
+    "callback_in_partial_shard_map_with_a_positional_mesh": (
+        """
+        import jax
+        from functools import partial as bind
+        from jax import shard_map as sm
+
+        def body(v):
+            return jax.pure_callback(print, v, v)
+
+        def build(mesh, P):
+            return bind(sm, mesh, in_specs=P("a"), out_specs=P("a"))(body)
+        """,
+        {"partial-auto-callback"},
+    ),
+    "callback_in_shard_map_given_keywords_by_unpacking": (
+        """
+        import jax
+
+        @jax.shard_map(**OPTIONS)
+        def body(v):
+            return jax.pure_callback(print, v, v)
+        """,
+        {"partial-auto-callback"},
+    ),
 }
 
 
