@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 
 import libcst as cst
 import pytest
@@ -17,7 +18,10 @@ from conftest import FIXTURES
 from jaxmigrate.codemods.pmap import _forms
 
 from jaxmigrate.model import Options
+from jaxmigrate.pipeline import project
+from jaxmigrate.pipeline.discovery import Found
 from jaxmigrate.pipeline.engine import migrate_source
+from jaxmigrate.pipeline.runner import migrate_files
 from jaxmigrate.toolkit import imports
 
 FILLER = "".join(
@@ -100,3 +104,31 @@ def test_an_import_still_read_is_kept_without_reading_the_rest_of_the_module(
     kept = imports.remove_unused_imports(gone, {"jax", "np"})
     assert kept.code.startswith("import numpy as np\n")  # `jax` read nowhere: removed
     assert len(names) > 1000
+
+
+def test_each_worker_reads_the_code_base_around_its_files_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers (`--jobs 2`) keep what they learnt about the code base from file to file: a
+    `Project` sent with each task arrived empty, and every file with a `with mesh:` read its
+    whole package again for legacy mesh reads (all of `jax/` for each such file of JAX's)."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for i in range(8):
+        (package / f"m{i}.py").write_text(
+            f"import jax\n\n\ndef f{i}(mesh):\n    with mesh:\n        pass\n"
+        )
+    scans = tmp_path / "scans"
+    original = project._mesh_reads
+
+    def logging(base: Path, files: list[Path]) -> list[str]:
+        with scans.open("a") as log:  # written by the worker processes
+            log.write(f"{base}\n")
+        return original(base, files)
+
+    monkeypatch.setattr(project, "_mesh_reads", logging)
+    found = [Found(p) for p in sorted(package.glob("m*.py"))]
+    results = list(migrate_files(found, Options(), jobs=2))
+    assert [s.code for r in results for s in r.sites] == ["JM201"] * 8
+    assert 1 <= len(scans.read_text().splitlines()) <= 2  # once in each worker
