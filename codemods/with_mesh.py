@@ -131,6 +131,8 @@ class WithMesh(Pass):
             return False
         if cls.TRIGGER.search(source) is not None:
             return True
+        if "Mesh" not in source and "make_mesh" not in source:  # what MESH_TYPE needs
+            return False
         return MESH_TYPE.search(source) is not None and ANY_WITH.search(source) is not None
 
     @classmethod

@@ -16,6 +16,7 @@ import pytest
 from conftest import FIXTURES
 
 from jaxmigrate.model import Options
+from jaxmigrate.pipeline import prefilter as prefilter_module
 from jaxmigrate.pipeline.engine import migrate_source, run_passes
 from jaxmigrate.pipeline.prefilter import passes_for
 from jaxmigrate.registry import all_passes
@@ -83,6 +84,60 @@ SOURCES = {
                                  axis_names={"a"})
         """,
         {"host-callback", "partial-auto-callback"},
+    ),
+    # JM203 reports only a shard_map given `axis_names=` or arguments past its body other than
+    # by keyword: one with every axis manual has nothing to do (JAX's tests/api_test.py).
+    "callback_in_shard_map_with_every_axis_manual": (
+        """
+        import jax
+        from functools import partial
+
+        def body(v):
+            return jax.pure_callback(print, v, v)
+
+        def build(mesh, P):
+            jax.shard_map(body, mesh=mesh, in_specs=P("a"), out_specs=P("a"))
+            return partial(jax.shard_map, mesh=mesh, in_specs=P(), out_specs=P())(body)
+        """,
+        set(),
+    ),
+    "callback_in_shard_map_axis_names_through_an_alias": (
+        """
+        import jax as j
+        smap = j.shard_map
+        other = smap
+
+        def body(v):
+            return j.pure_callback(print, v, v)
+
+        def build(mesh, P):
+            return other(body, mesh=mesh, in_specs=P("a"), out_specs=P("a"), axis_names={"a"})
+        """,
+        {"partial-auto-callback"},
+    ),
+    "callback_in_partial_shard_map_with_a_positional_mesh": (
+        """
+        import jax
+        from functools import partial as bind
+        from jax import shard_map as sm
+
+        def body(v):
+            return jax.pure_callback(print, v, v)
+
+        def build(mesh, P):
+            return bind(sm, mesh, in_specs=P("a"), out_specs=P("a"))(body)
+        """,
+        {"partial-auto-callback"},
+    ),
+    "callback_in_shard_map_given_keywords_by_unpacking": (
+        """
+        import jax
+
+        @jax.shard_map(**OPTIONS)
+        def body(v):
+            return jax.pure_callback(print, v, v)
+        """,
+        {"partial-auto-callback"},
     ),
 }
 
@@ -160,3 +215,27 @@ def test_the_prefilter_returns_its_parse_for_the_engine_to_reuse() -> None:
     assert [p.NAME for p in found.passes] == ["pmap"]
     assert (found.outline is None) == (sys.version_info < (3, 12))
     assert prefilter("x = 1\n", all_passes()).passes == []
+
+
+def test_a_file_naming_no_part_of_a_legacy_name_is_not_parsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The name stage keeps a pass only for a module reading one of its `QUALNAMES`, every
+    part of which is then written in the text: JAX's internals name `pxla` and `maps` (JM101's
+    trigger) in hundreds of files that never name `Mesh` or `PartitionSpec`. Those are decided
+    by plain text tests, without Python's parse (a fifth of the prefilter's parses of JAX's
+    sources ended with no pass)."""
+    parsed: list[str] = []
+    original = prefilter_module.parse_exactly
+
+    def recording(source: str) -> tuple:
+        parsed.append(source)
+        return original(source)
+
+    monkeypatch.setattr(prefilter_module, "parse_exactly", recording)
+    code = "from jax._src.interpreters import pxla\n\nmaps = pxla.shard_args  # maps each\n"
+    assert passes_for(code, all_passes()) == []
+    assert parsed == []
+    named = code + "from jax.interpreters.pxla import Mesh\n"
+    assert [p.NAME for p in passes_for(named, all_passes())] == ["legacy-imports"]
+    assert parsed == [named]

@@ -132,6 +132,7 @@ counted by a `jax.debug.callback`, which runs once per manual shard) and the rew
 
 from __future__ import annotations
 
+import ast
 import re
 from typing import ClassVar
 
@@ -152,6 +153,28 @@ from ._survey import (
     SHARD_MAP,
     Survey,
 )
+
+
+def _may_decide(call: ast.Call, facts: AstFacts) -> bool:
+    """Return False when `call` is surely no shard_map the pass reports (a site or a skip).
+
+    Only a shard_map given `axis_names=` (after JM102, which turns the experimental `auto=` into
+    it), or given arguments past its body other than by keyword (`*`, `**`, a positional mesh:
+    its axes are then not known), is planned; any other runs every mesh axis manual, and its
+    callbacks need nothing. A shard_map is a call of `jax.shard_map` (or the experimental one),
+    or one taking it first (`partial(jax.shard_map, ...)`), however it is imported or aliased.
+    """
+    heads = [call.func, *call.args[:1]]
+    if not any(facts.meanings(head) & _SHARD_MAPS for head in heads):
+        return False
+    return (
+        len(call.args) > 1
+        or any(isinstance(a, ast.Starred) for a in call.args)
+        or any(k.arg is None or k.arg in ("axis_names", "auto") for k in call.keywords)
+    )
+
+
+_SHARD_MAPS = frozenset({SHARD_MAP, EXPERIMENTAL_SHARD_MAP})
 
 
 class PartialAutoCallback(Choice):
@@ -176,8 +199,10 @@ class PartialAutoCallback(Choice):
     def may_apply_to(cls, facts: AstFacts) -> bool:
         """Both a shard_map and a callback; earlier passes turn the experimental shard_map
         into `jax.shard_map` (JM102) and host_callback calls into `io_callback` (JM106)."""
-        return facts.mentions((SHARD_MAP, EXPERIMENTAL_SHARD_MAP)) and facts.mentions(
-            (PURE, IO, *DEBUG, HOST_CALLBACK)
+        return (
+            facts.mentions((SHARD_MAP, EXPERIMENTAL_SHARD_MAP))
+            and facts.mentions((PURE, IO, *DEBUG, HOST_CALLBACK))
+            and any(_may_decide(call, facts) for call in facts.nodes(ast.Call))
         )
 
     def has_candidates(self, tree: cst.Module, names: ScopeModel) -> bool:

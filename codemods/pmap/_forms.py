@@ -124,6 +124,23 @@ class Parents(cst.CSTVisitor):
                 self.loads.setdefault(original_node.value, []).append(original_node)
 
 
+class ModuleParents(Parents):
+    """`Parents().read(module)`, read when first asked for: most steps of a module are declined
+    before their flow is looked at (a step called where it is made, as tests do), and reading
+    a large module is most of the cost of the pmap pass on it."""
+
+    def __init__(self, module: cst.Module) -> None:  # Parents.__init__ runs on first use
+        self._unread: cst.Module | None = module
+
+    def __getattr__(self, name: str) -> Any:
+        module = self.__dict__.pop("_unread", None)
+        if module is None:
+            raise AttributeError(name)
+        Parents.__init__(self)
+        self.read(module)
+        return getattr(self, name)
+
+
 def _locals(node: cst.FunctionDef | cst.Lambda) -> set[str]:
     """The names local to a def or lambda: its parameters and what its body binds (not through
     `global` or `nonlocal`), not looking into the defs and lambdas nested in it."""

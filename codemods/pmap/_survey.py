@@ -22,7 +22,7 @@ from ._flow import (
     read_options,
     unnamed_step,
 )
-from ._forms import Parents, ancestors, names_in, single_name
+from ._forms import ModuleParents, Parents, ancestors, names_in, single_name
 from ._outer import (
     OuterGroup,
     OuterStep,
@@ -315,7 +315,7 @@ class Finding(Pass):
 
     def _find_programs(self, module: cst.Module) -> None:
         """Take the sites whose whole data flow is visible to the program-level form."""
-        flow = Parents().read(module)
+        flow = ModuleParents(module)
         outer: list[OuterStep] = []
         made_in: dict[int, list[PmapUse]] = {}  # the steps each function makes
         failed = self._failed_hosts()
@@ -580,7 +580,7 @@ class Finding(Pass):
                 raise NotVisible(self._not_a_def(site.node, name), Decline.NOT_A_DEF)
             body = defs[0]
             skip = None if body in module.body else body
-            if skip is not None and _scope_of(flow, body) is not host:
+            if skip is not None and self._def_scope(flow, body) is not host:
                 why = f"the pmapped function `{name}` is a def nested in another function"
                 raise NotVisible(why, Decline.NOT_A_DEF)
         statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
@@ -642,6 +642,15 @@ class Finding(Pass):
             self.main_blocks[id(block)] = host
         return host
 
+    def _def_scope(self, flow: Parents, node: cst.FunctionDef) -> cst.CSTNode | None:
+        """`_scope_of(flow, node)`, from the scope model when it has the def's scope: asking
+        the module's flow would read the whole module (`ModuleParents`)."""
+        made = self.resolver.scope_made_by(node)
+        if made is None or made.parent is None:
+            return _scope_of(flow, node)
+        outer = made.parent.node
+        return None if isinstance(outer, cst.Module) else outer
+
     def _decorated_program(
         self, module: cst.Module, site: PmapUse, flow: Parents, siblings: tuple[str, ...]
     ) -> tuple[cst.FunctionDef, Program]:
@@ -649,7 +658,7 @@ class Finding(Pass):
         body = site.mapped
         assert isinstance(body, cst.FunctionDef) and isinstance(site.node, cst.Decorator)
         assert self.survey is not None
-        host = _scope_of(flow, body) or self._main_host(module, site.ancestors)
+        host = self._def_scope(flow, body) or self._main_host(module, site.ancestors)
         if not isinstance(host, cst.FunctionDef):
             why = _made_outside(host)
             if isinstance(host, cst.ClassDef):  # AlgoPerf's workloads: called by a base class

@@ -1,13 +1,14 @@
 """Deciding cheaply which passes a file needs, so most files are never parsed by libcst.
 
-Two stages. The text stage asks each pass's `TRIGGER` regex. A pass may also look at the `ast`
-itself (`Pass.may_apply_to`). The name stage runs only for passes that declare `QUALNAMES` (the
-legacy objects they rewrite): Python's own `ast` parser, an order of magnitude faster than
-libcst's, lists what the file's imports make reachable, and a pass stays only if one of its
-qualified names is referenced. The name stage over-approximates (it ignores shadowing), so it never
-drops a file a pass would rewrite; a file `ast` cannot parse (newer syntax than the running
-Python) keeps every pass. The parse is returned with the choice (`Prefiltered`), for the engine
-to reuse.
+Two stages. The text stage asks each pass's `TRIGGER` regex, once every part of one of its
+`QUALNAMES` is seen written in the text (`Pass.may_name`: the name stage needs that). A pass may
+also look at the `ast` itself (`Pass.may_apply_to`). The name stage runs only for passes that
+declare `QUALNAMES` (the legacy objects they rewrite): Python's own `ast` parser, an order of
+magnitude faster than libcst's, lists what the file's imports make reachable, and a pass stays
+only if one of its qualified names is referenced. The name stage over-approximates (it ignores
+shadowing), so it never drops a file a pass would rewrite; a file `ast` cannot parse (newer
+syntax than the running Python) keeps every pass. The parse is returned with the choice
+(`Prefiltered`), for the engine to reuse.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class Prefiltered:
 
 def prefilter(source: str, passes: Sequence[type[Pass]]) -> Prefiltered:
     """Return the passes that may find a site in `source`, in their order, with the parse."""
-    chosen = [p for p in passes if p.applies_to(source)]
+    chosen = [p for p in passes if p.may_name(source) and p.applies_to(source)]
     if not chosen:
         return Prefiltered(chosen)
     tree, exact = parse_exactly(source)

@@ -55,6 +55,7 @@ def migrate_files(
         work = partial(_on_fresh_stack, work)
     if jobs > 1 and len(files) > 1 and accept is None:
         yield from (_skipped(f) for f in found if f.problem)
+        work = partial(_in_worker, options=options, cache=cache)
         context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
         with ProcessPoolExecutor(
             max_workers=jobs,
@@ -67,6 +68,19 @@ def migrate_files(
                 yield future.result()
     else:
         yield from _merge(found, map(work, files))
+
+
+_PROJECT: list[tuple[Project, int]] = []  # (a worker's Project, its process), made on first use
+
+
+def _in_worker(path: Path, options: Options, cache: ResultCache | None) -> FileResult:
+    """Migrate one file in a worker process, with the worker's one `Project` for every file it
+    takes: a Project sent with each task would arrive empty, and read the code base around the
+    file again for every file (the legacy mesh reads of a package: all its modules)."""
+    if not _PROJECT or _PROJECT[0][1] != os.getpid():
+        _PROJECT[:] = [(Project(), os.getpid())]
+    work = partial(process_file, options=options, cache=cache, project=_PROJECT[0][0])
+    return _on_fresh_stack(work, path)
 
 
 _THREAD: list[tuple[ThreadPoolExecutor, int]] = []  # (the thread, its process), made on first use

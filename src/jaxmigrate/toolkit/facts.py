@@ -166,6 +166,7 @@ class AstFacts:
                 elif isinstance(value, node_type):
                     stack.append(value)
         self._names: set[str] | None = None
+        self._bindings: dict[str, list[str | tuple[str, list[str]]]] | None = None
 
     def nodes(self, kind: type[_Node]) -> list[_Node]:
         """Return the module's nodes of type `kind` (exactly: not of its subclasses)."""
@@ -180,6 +181,35 @@ class AstFacts:
     def mentions(self, wanted: Sequence[str]) -> bool:
         """Return True if the module mentions one of `wanted` or something inside it."""
         return _mentions(self.names, wanted)
+
+    def meanings(self, node: ast.expr) -> set[str]:
+        """Return every dotted name `node` (a name or attribute chain) may refer to: through
+        the module's absolute imports and plain aliases (`sm = jax.shard_map`), bound in any
+        scope. A superset of what the scope model resolves it to
+        (`ScopeModel.qualified_name`), which takes the same two kinds of binding, in scope."""
+        chain = _chain(node)
+        if chain is None:
+            return set()
+        if self._bindings is None:
+            self._bindings = _bindings(self)
+        rest = ".".join(chain[1])
+        return {".".join(filter(None, (base, rest))) for base in self._resolve(chain[0], 0)}
+
+    def _resolve(self, name: str, depth: int) -> set[str]:
+        assert self._bindings is not None
+        found: set[str] = set()
+        if depth > 20:  # the scope model gives up there too
+            return found
+        for bound in self._bindings.get(name, ()):
+            if isinstance(bound, str):
+                found.add(bound)
+                continue
+            head, parts = bound
+            if head == name:  # `x = x.y`: another binding of `x` is what it reads
+                continue
+            rest = ".".join(parts)
+            found |= {".".join(filter(None, (b, rest))) for b in self._resolve(head, depth + 1)}
+        return found
 
 
 _FIELDS: dict[type[ast.AST], tuple[str, ...]] = {}
@@ -221,6 +251,26 @@ def _referenced(facts: AstFacts) -> set[str]:
             if chain is not None and chain[0] in aliases:
                 for base in aliases[chain[0]]:
                     found.add(".".join([base, *chain[1]]))
+    return found
+
+
+def _bindings(facts: AstFacts) -> dict[str, list[str | tuple[str, list[str]]]]:
+    """Each name's bindings that give it a dotted meaning, in any scope: the qualified name an
+    absolute import binds, or the chain a plain alias (`x = a.b`, one target) is assigned."""
+    found: dict[str, list[str | tuple[str, list[str]]]] = {}
+    for imp in facts.nodes(ast.Import):
+        for a in imp.names:
+            local = a.asname or a.name.split(".")[0]
+            found.setdefault(local, []).append(a.name if a.asname else local)
+    for imp_from in facts.nodes(ast.ImportFrom):
+        if imp_from.module and not imp_from.level:
+            for a in imp_from.names:
+                found.setdefault(a.asname or a.name, []).append(f"{imp_from.module}.{a.name}")
+    for assign in facts.nodes(ast.Assign):
+        target = assign.targets[0] if len(assign.targets) == 1 else None
+        chain = _chain(assign.value) if isinstance(target, ast.Name) else None
+        if isinstance(target, ast.Name) and chain is not None:
+            found.setdefault(target.id, []).append(chain)
     return found
 
 

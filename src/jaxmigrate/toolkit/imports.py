@@ -16,12 +16,25 @@ import libcst as cst
 from jaxmigrate.toolkit.names import dotted, walk
 
 
+class _AllRead(Exception):
+    """Every candidate is still read: the walk stops, no import goes."""
+
+
 class _NameUses(cst.CSTVisitor):
-    def __init__(self) -> None:
+    def __init__(self, candidates: Collection[str] = ()) -> None:
         self.used: set[str] = set()
         self.dotted_used: set[str] = set()
         self.imported: list[str] = []  # what each import alias binds: `a.b.c`, `np`, ...
         self.aliases: list[tuple[cst.ImportAlias, bool]] = []  # and whether a plain import
+        # The candidates not yet seen read (a dotted one: as a chain it starts); none left:
+        # `_AllRead` (an import is removed only when its candidate is not read).
+        self.unread = set(candidates)
+
+    def _read(self, name: str) -> None:
+        if name in self.unread:
+            self.unread.discard(name)
+            if not self.unread:
+                raise _AllRead
 
     def visit_Import(self, node: cst.Import) -> bool:
         self.imported.extend(filter(None, map(_bound_name, node.names)))
@@ -36,14 +49,26 @@ class _NameUses(cst.CSTVisitor):
 
     def visit_Name(self, node: cst.Name) -> None:
         self.used.add(node.value)
+        if "." not in node.value:
+            self._read(node.value)
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         name = dotted(node)
         if name is not None:
             self.dotted_used.add(name)
+            if self.unread:
+                for prefix in _prefixes(name):
+                    if "." in prefix:
+                        self._read(prefix)
         # `obj.name` reads `obj`, not a variable called `name`.
         walk(self, node.value)
         return False
+
+
+def _prefixes(name: str) -> list[str]:
+    """`a`, `a.b`, `a.b.c` for `a.b.c`."""
+    parts = name.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
 
 
 def _bound_name(alias: cst.ImportAlias) -> str | None:
@@ -176,8 +201,11 @@ def remove_unused_imports(module: cst.Module, candidates: Collection[str]) -> cs
     """
     if not candidates:
         return module
-    uses = _NameUses()
-    walk(uses, module)  # read-only: `module.visit` would rebuild every node
+    uses = _NameUses(candidates)
+    try:
+        walk(uses, module)  # read-only: `module.visit` would rebuild every node
+    except _AllRead:
+        return module  # the usual case, found early: each candidate is still read
     remover = _Remover(candidates, uses)
     if not any(remover.unused(alias, plain) for alias, plain in uses.aliases):
         return module  # the usual case: nothing to remove, and no transform of the whole tree

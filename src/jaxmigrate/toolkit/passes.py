@@ -158,6 +158,9 @@ class FileState:
         return codes is None or code in {c.strip() for c in codes.split(",")}
 
 
+_QUALNAME_PARTS: dict[type[Pass], tuple[tuple[str, ...], ...]] = {}
+
+
 def version_text(version: tuple[int, int]) -> str:
     """Return `0.6` for `(0, 6)`."""
     return ".".join(map(str, version))
@@ -219,6 +222,19 @@ class Pass(CodemodCommand, cst.CSTTransformer):
 
         Called only when the module mentions one of `QUALNAMES` (if any are declared)."""
         return True
+
+    @classmethod
+    def may_name(cls, source: str) -> bool:
+        """Return False when `source` cannot mention any of `QUALNAMES` (always True without).
+
+        The prefilter's name stage keeps a pass only for a module mentioning one of them
+        (`AstFacts.mentions`): a dotted name built from its imports and attribute reads, every
+        part of which is written in the source. So every part of one of them must be in the
+        text, which plain `in` tests answer before anything is parsed."""
+        parts = _QUALNAME_PARTS.get(cls)
+        if parts is None:
+            parts = _QUALNAME_PARTS[cls] = tuple(tuple(q.split(".")) for q in cls.QUALNAMES)
+        return not parts or any(all(p in source for p in name) for name in parts)
 
     @classmethod
     def applies_to(cls, source: str) -> bool:
