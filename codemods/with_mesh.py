@@ -85,7 +85,7 @@ from typing import ClassVar
 import libcst as cst
 
 from jaxmigrate.model import Safety
-from jaxmigrate.toolkit.emit import code
+from jaxmigrate.toolkit.emit import Call, Room, code
 from jaxmigrate.toolkit.facts import AstFacts
 from jaxmigrate.toolkit.meshes import (
     LEGACY_MESH_READ,
@@ -179,7 +179,37 @@ class WithMesh(Pass):
             index = next(i for i, it in enumerate(original_node.items) if it is verdict.item)
             if self.site(verdict.item, _message(verdict), group=group):
                 items[index] = self._set_mesh(items[index])
-        return updated_node.with_changes(items=items)
+        return self._fitted(original_node, updated_node.with_changes(items=items))
+
+    def _fitted(self, original: cst.With, new: cst.With) -> cst.With:
+        """`new` (its items rewritten) with its last item's call laid out over several lines
+        when the longer header no longer fits the file's width where the original's did (black's
+        split of `with a, b(args):`); a comment ending the header stays on the first line, after
+        that call's `(`."""
+        body, last = original.body, new.items[-1].item
+        if not isinstance(body, cst.IndentedBlock) or isinstance(new.lpar, cst.LeftParen):
+            return new
+        if not isinstance(last, cst.Call) or not last.args:
+            return new
+        header = code(new.with_changes(body=cst.IndentedBlock(body=[]))).split("\n", 1)[0]
+        line = self.line_of(original)
+        indent = line[: len(line) - len(line.lstrip())]
+        was = line.split("#", 1)[0] if body.header.comment is not None else line
+        width = self.state.style.width
+        if not was.rstrip().endswith(":") or len(was.rstrip()) > width:
+            return new  # a header over several lines, or one the file let run over
+        if len(indent + header.rstrip()) <= width:
+            return new
+        start = len(indent + header.rstrip()) - len(code(last)) - 1  # `b(...)` then `:`
+        laid = Call.of(last).laid_out(Room(indent, start, 2), self.state.style)
+        opening = laid.whitespace_before_args
+        if not isinstance(opening, cst.ParenthesizedWhitespace):
+            return new
+        if body.header.comment is not None:
+            first = cst.TrailingWhitespace(cst.SimpleWhitespace("  "), body.header.comment)
+            laid = laid.with_changes(whitespace_before_args=opening.with_changes(first_line=first))
+            new = new.with_changes(body=new.body.with_changes(header=cst.TrailingWhitespace()))
+        return new.with_changes(items=[*new.items[:-1], new.items[-1].with_changes(item=laid)])
 
     def _legacy_reads(self) -> str:
         """Return where the module, else its code base, reads the legacy mesh context ('')."""
