@@ -171,6 +171,7 @@ def assert_same(a, b, where: str = "out") -> None:
 
 
 @pytest.mark.jax
+@pytest.mark.xdist_group("fixture_corpus")  # one worker makes `executed` (tests/conftest.py)
 @pytest.mark.parametrize("case", RUNNABLE, ids=case_id)
 def test_fixture_runs_the_same(case: Path, executed: dict[Path, tuple]) -> None:
     (ref_status, ref), (new_status, new) = executed[case]
