@@ -38,11 +38,11 @@ def compares_lowering(plan: Plan) -> bool:
 
 
 def observed_verdict(
-    plan: Plan, original: Mapping[str, Any], candidate: Mapping[str, Any], details: dict[str, Any]
+    plan: Plan, before: object, after: object, details: dict[str, Any]
 ) -> Verdict | None:
     """Return the failed verdict when the rewrite compiles more, or (for rules that keep the
-    code) lowers or shards otherwise; else None. Adds the compile counts to `details`."""
-    before, after = original.get("observed"), candidate.get("observed")
+    code) lowers or shards otherwise, given what each side's worker `observed` (the `observed`
+    of its reply, `child/observe.py`); else None. Adds the compile counts to `details`."""
     if not isinstance(before, Mapping) or not isinstance(after, Mapping):
         return None
     details["compiles"] = {"original": before["compiles"], "rewrite": after["compiles"]}

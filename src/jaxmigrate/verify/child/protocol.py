@@ -176,17 +176,12 @@ class RecordPlan(Message):
 # Replies ---------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Reply(Message):
-    """A worker's answer. `view` is the plain dict the verdicts read (`ok` and the fields that
-    are set); `restart` says why the worker must start again before the next request."""
+    """A worker's answer (`OK`: a class constant, False for `Failed` only); `restart` says why
+    the worker must start again before the next request. The verdicts read its attributes
+    (`verify.judge`, `verify.bound`)."""
 
     OK: ClassVar[bool] = True
     restart: str | None = None
-
-    def view(self) -> dict[str, Any]:
-        """Return the reply as a dict: `kind`, `ok` and every field that is not None."""
-        out: dict[str, Any] = {"kind": self.KIND, "ok": self.OK}
-        out |= {k: v for k, v in plain_fields(self).items() if v is not None}
-        return out
 
 
 @dataclass(frozen=True, kw_only=True)
