@@ -151,7 +151,14 @@ def rerun(
     )
     plan_file.write_text(encode(recorder_plan), encoding="utf-8")
     error = run_command(command, ws, config, plan_file, side=side)
-    return Rerun(collect(ws, config.max_calls, config.processes, folder), error, unplaced)
+    refused: list[str] = []
+    calls = collect(ws, config.max_calls, config.processes, folder, refused)
+    for (
+        plan
+    ) in plans:  # read when a site's calls fall short: the verifier's doing, not the rewrite's
+        if refused and plan.id not in unplaced:
+            unplaced[plan.id] = f"{len(refused)} recorded call(s) refused: {refused[0]}"
+    return Rerun(calls, error, unplaced)
 
 
 SHADOW = "~site"  # a shadow plan's id: its function plan's id, this, the site's index

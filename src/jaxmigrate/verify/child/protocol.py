@@ -15,7 +15,8 @@ on (3.11 to 3.13).
 
 Requests: `RunOriginal`, `RunCandidate` (a target on one side), `CompareRecords` (the calls two
 runs of a command recorded), `Exit`; and `RecordPlan`, the file that tells the recorder in a
-command's processes what to record. Replies: `Ready` (JAX is up), `Ran` (the original's outputs
+command's processes what to record. Files: `RecordedCall`, the sidecar of each call the recorder
+wrote, and `CommandPaths`, the paths outside the tree a command names, kept. Replies: `Ready` (JAX is up), `Ran` (the original's outputs
 are written), `Compared` (the rewrite against them), `RecordsCompared`, `Failed`.
 """
 
@@ -173,6 +174,36 @@ class RecordPlan(Message):
     reach: dict[str, list[Any]] = field(default_factory=dict)
 
 
+# Files ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class RecordedCall(Message):
+    """The sidecar of one recorded call (`<base>.json` next to its `<base>.pkl`), written by the
+    recorder in the command's process and read by jaxmigrate (`verify.recording.collect`) and
+    the workers (`inputs`): its target id, the [file, line] of each mesh-like `with` around it,
+    the meshes set and the arguments' shapes, its process in a job, the tree's folders the
+    command imported from (`paths`) and the paths outside the tree it named, kept
+    (`outside`: `child.outside.keep`'s entries)."""
+
+    KIND: ClassVar[str] = "recorded-call"
+    target: str
+    contexts: list[list[Any]] = field(default_factory=list)
+    meshes: list[dict[str, Any]] = field(default_factory=list)
+    shapes: list[str] = field(default_factory=list)
+    process: int = 0
+    paths: list[str] = field(default_factory=list)
+    outside: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommandPaths(Message):
+    """The paths outside the project a `--verify-with` command names, kept before its first
+    run so that every later run starts from them as they were (`verify.recording.same_start`,
+    `command-paths.json`): `child.outside.keep`'s entries."""
+
+    KIND: ClassVar[str] = "command-paths"
+    kept: list[dict[str, Any]] = field(default_factory=list)
+
+
 # Replies ---------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Reply(Message):
@@ -313,6 +344,19 @@ def decode_request(line: str | bytes) -> Request:
 def decode_plan(text: str | bytes) -> RecordPlan:
     """Return the recording plan a file holds; raise ProtocolError saying what does not match."""
     return typing.cast(RecordPlan, decode(text, {RecordPlan.KIND: RecordPlan}, "recording plan"))
+
+
+def decode_recorded_call(text: str | bytes) -> RecordedCall:
+    """Return the recorded call a sidecar holds; raise ProtocolError saying what does not match."""
+    kinds: dict[str, type[Message]] = {RecordedCall.KIND: RecordedCall}
+    return typing.cast(RecordedCall, decode(text, kinds, "recorded call's sidecar"))
+
+
+def decode_command_paths(text: str | bytes) -> CommandPaths:
+    """Return the kept paths a `command-paths.json` holds; raise ProtocolError if it does not
+    match this protocol."""
+    kinds: dict[str, type[Message]] = {CommandPaths.KIND: CommandPaths}
+    return typing.cast(CommandPaths, decode(text, kinds, "command's kept paths"))
 
 
 def decode_reply(line: str | bytes) -> Reply:
