@@ -23,7 +23,7 @@ from multihost import run_job
 
 from jaxmigrate.config import load_config
 from jaxmigrate.model import Safety, Site, Status
-from jaxmigrate.verify.child.protocol import Compared, Failed, Ran
+from jaxmigrate.verify.child.protocol import Compared, Failed, Mismatch, Ran
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.planner import plan_all
 from jaxmigrate.verify.pool import Reply, combine
@@ -158,10 +158,10 @@ def test_one_process_that_disagrees_fails_the_site() -> None:
     agree = Compared(equal=True, calls=2, max_abs_err=0.0, max_rel_err=1e-7)
     worse = replace(agree, max_abs_err=1e-6)
     assert combine("candidate", [agree, worse]) == Reply(worse, processes=2)
-    differs = Compared(equal=False, mismatch={"path": "[0]", "why": "values differ"})
+    differs = Compared(equal=False, mismatch=Mismatch(path="[0]", why="values differ"))
     out = combine("candidate", [agree, differs])
     assert isinstance(out.message, Compared) and out.process == 1
-    assert out.message.mismatch == {"path": "[0]", "why": "values differ [process 1 of 2]"}
+    assert out.message.mismatch == Mismatch(path="[0]", why="values differ [process 1 of 2]")
     raised = Failed(stage="call", error="RuntimeError: boom")
     out = combine("candidate", [differs, raised, agree])
     assert out == Reply(

@@ -26,12 +26,14 @@ from jaxmigrate.verify.child.protocol import (
     Context,
     Exit,
     Failed,
+    Mismatch,
     Module,
     ProtocolError,
     Ran,
     Ready,
     RecordPlan,
     RecordsCompared,
+    Shows,
     Target,
     decode_reply,
     decode_request,
@@ -88,10 +90,16 @@ def test_every_request_jaxmigrate_sends_decodes_to_the_same_record(tmp_path: Pat
 def test_every_reply_decodes_to_the_same_record_with_numpy_numbers_as_plain_ones() -> None:
     replies = [
         Ready(jax="0.4.30", devices=8),
-        Ran(reference="original", source="run", calls=1, contexts=["mesh"], shows={"printed": 2}),
+        Ran(
+            reference="original",
+            source="run",
+            calls=1,
+            contexts=["mesh"],
+            shows=Shows(returned=False, printed=2),
+        ),
         Compared(equal=True, max_abs_err=0.0, max_rel_err=1e-7, not_comparable=[]),
-        Compared(equal=False, mismatch={"path": "[0]", "why": "values differ", "call": 0}),
-        RecordsCompared(diverged={"path": "[1]", "why": "shapes differ", "call": 2}),
+        Compared(equal=False, mismatch=Mismatch(path="[0]", why="values differ", call=0)),
+        RecordsCompared(diverged=Mismatch(path="[1]", why="shapes differ", call=2)),
         Failed(stage="inputs", error="no inputs were recorded or declared", no_inputs=True),
     ]
     for reply in replies:
@@ -247,3 +255,30 @@ def test_a_worker_refuses_a_request_from_before_the_protocol(tmp_path: Path) -> 
     assert data.error.startswith(
         "this worker refused: a request without a protocol version (keys: candidate, op, original)"
     )
+
+
+def test_the_parts_of_a_reply_are_records_checked_on_decode() -> None:
+    """A mismatch, what a unit shows and what JAX compiled are typed too: the verdicts read
+    their attributes, and a part that does not fit is refused with where it is."""
+    seen = {"compiles": 2, "repeated": {"f": 1}, "lowering": {"f": {"constraints": ["P('i')"]}}}
+    compared = Compared(equal=True, observed=protocol.record(protocol.Observed, seen))
+    back = decode_reply(encode(compared))
+    assert isinstance(back, Compared) and back.observed is not None
+    assert back.observed.lowering["f"].constraints == ["P('i')"]
+    assert back.observed.lowering["f"].collectives == []
+    line = json.loads(encode(Compared(equal=False, mismatch=Mismatch(path="[0]", why="x"))))
+    line["mismatch"]["call"] = "first"
+    with pytest.raises(ProtocolError, match=r"compared\.mismatch\.call should be int, got str"):
+        decode_reply(json.dumps(line))
+    line["mismatch"] = {"path": "[0]", "why": "x", "leaf": 3}
+    with pytest.raises(ProtocolError, match=r"does not know: \['leaf'\]"):
+        decode_reply(json.dumps(line))
+    # what a verdict's details hold: the fields that are set, as before
+    found = Mismatch(path="[0]", why="values differ", shape=[2], dtype="float32", call=1)
+    assert found.details() == {
+        "path": "[0]",
+        "why": "values differ",
+        "shape": [2],
+        "dtype": "float32",
+        "call": 1,
+    }

@@ -335,14 +335,14 @@ def records_verdict(
     if data.diverged:
         found = data.diverged
         why = (
-            f"the runs diverged before the site: the inputs of call {found['call'] + 1} "
-            f"differ at {found['path']} ({found['why']})"
+            f"the runs diverged before the site: the inputs of call {(found.call or 0) + 1} "
+            f"differ at {found.path} ({found.why})"
         )
         return Verdict(Status.UNVERIFIED, why, details)
     if not data.equal:
         from jaxmigrate.verify.judge import mismatch_verdict
 
-        return mismatch_verdict(data.mismatch or {}, details)
+        return mismatch_verdict(data.mismatch, details)
     errs = {
         "max_abs_err": data.max_abs_err,
         "max_rel_err": data.max_rel_err,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxmigrate.model import Status
-from jaxmigrate.verify.child.protocol import Compared, Failed, Ran
+from jaxmigrate.verify.child.protocol import Compared, Failed, Mismatch, Ran, Shows
 from jaxmigrate.verify.config import Verdict
 from jaxmigrate.verify.observed import observed_verdict
 from jaxmigrate.verify.planner import Plan
@@ -141,33 +141,33 @@ def nothing_shown(plan: Plan, data: Ran) -> Verdict | None:
     A `main()` that returns nothing, prints nothing and writes no file agrees with anything.
     """
     found = data.shows
-    if not found or found["returned"] or found["printed"] or found["files"]:
+    if not found or found.returned or found.printed or found.files:
         return None
     name = plan.target.qualname
     reason = f"`{name}()` returned nothing and printed or wrote nothing to compare"
-    if found.get("left_out"):  # what it showed differs between two runs of the original
+    if found.left_out:  # what it showed differs between two runs of the original
         reason = (
-            f"the original is nondeterministic: {found['left_out']}, and `{name}()` returned, "
+            f"the original is nondeterministic: {found.left_out}, and `{name}()` returned, "
             "printed or wrote nothing else to compare"
         )
-    details = base_details(plan, data) | {"compared": found}
+    details = base_details(plan, data) | {"compared": found.details()}
     return Verdict(Status.UNVERIFIED, reason, details)
 
 
-def compared(found: dict[str, Any] | None) -> str:
+def compared(found: Shows | None) -> str:
     """Return what a unit's comparison covered, in words ('' for a target that is no unit)."""
     if not found:
         return ""
-    parts = ["its return value"] if found["returned"] else []
-    if found["printed"]:
-        parts.append(f"{found['printed']} printed line(s)")
-    files = found["files"]
+    parts = ["its return value"] if found.returned else []
+    if found.printed:
+        parts.append(f"{found.printed} printed line(s)")
+    files = found.files
     if files:
         names = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
         parts.append(f"{len(files)} file(s) it wrote ({names})")
     text = ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
-    if found.get("left_out"):
-        text += f"; {found['left_out']}"
+    if found.left_out:
+        text += f"; {found.left_out}"
     return text
 
 
@@ -200,7 +200,7 @@ def candidate_verdict(plan: Plan, original: Ran, reply: Reply) -> Verdict:
         reason = f"the verifier could not run the rewrite: its worker sent a {kind} reply"
         return Verdict(Status.UNVERIFIED, reason, details)
     if not data.equal:
-        verdict = mismatch_verdict(data.mismatch or {}, details)
+        verdict = mismatch_verdict(data.mismatch, details)
         if made_up_for_reference(original):
             return Verdict(Status.UNVERIFIED, made_up_reason(original, verdict.reason), details)
         return verdict
@@ -222,7 +222,7 @@ def candidate_verdict(plan: Plan, original: Ran, reply: Reply) -> Verdict:
     if source == "run":  # a function without arguments (a `main()`): the program itself ran
         reason = f"agrees with {against} when `{plan.target.qualname}()` runs"
     if original.shows:
-        details["compared"] = original.shows
+        details["compared"] = original.shows.details()
         reason += f" (compared: {compared(original.shows)})"
     if original.determinism:  # the original ran once: two runs would not fit the time
         details["determinism"] = original.determinism
@@ -268,18 +268,21 @@ def made_up_reason(original: Ran, what: str) -> str:
     )
 
 
-def mismatch_verdict(mismatch: dict[str, Any], details: dict[str, Any]) -> Verdict:
+def mismatch_verdict(mismatch: Mismatch | None, details: dict[str, Any]) -> Verdict:
     """Return the failed verdict for outputs that differ: where, the shape, and by how much."""
-    details["mismatch"] = mismatch
-    details.update({k: mismatch[k] for k in ("max_abs_err", "max_rel_err") if k in mismatch})
-    if mismatch.get("shown"):  # what a unit printed or wrote (`child/shown.py`)
-        reason = f"what the program shows differs at {mismatch['path']}: {mismatch['why']}"
+    if mismatch is None:  # a reply saying the outputs differ without saying where
+        return Verdict(Status.FAILED, "outputs differ (where was not sent)", details)
+    details["mismatch"] = mismatch.details()
+    errs = {"max_abs_err": mismatch.max_abs_err, "max_rel_err": mismatch.max_rel_err}
+    details.update({k: v for k, v in errs.items() if v is not None})
+    if mismatch.shown:  # what a unit printed or wrote (`child/shown.py`)
+        reason = f"what the program shows differs at {mismatch.path}: {mismatch.why}"
         return Verdict(Status.FAILED, reason, details)
-    shape = f" ({mismatch['dtype']}{mismatch['shape']})" if "shape" in mismatch else ""
-    where = f"{mismatch['path']}{shape} of call {mismatch['call'] + 1}"
-    if mismatch.get("returned"):
+    shape = f" ({mismatch.dtype}{mismatch.shape})" if mismatch.shape is not None else ""
+    where = f"{mismatch.path}{shape} of call {(mismatch.call or 0) + 1}"
+    if mismatch.returned:
         where += " of the function the target returned"
-    return Verdict(Status.FAILED, f"outputs differ at {where}: {mismatch['why']}", details)
+    return Verdict(Status.FAILED, f"outputs differ at {where}: {mismatch.why}", details)
 
 
 def layout_verdict(verdict: Verdict, original: Ran) -> Verdict:

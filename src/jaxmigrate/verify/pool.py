@@ -417,6 +417,6 @@ def tagged(reply: protocol.Reply, index: int, count: int, others: list[str]) -> 
     if isinstance(reply, Failed):
         return dataclasses.replace(reply, error=f"{reply.error}{tag}")
     if isinstance(reply, Compared | RecordsCompared) and reply.mismatch is not None:
-        mismatch = reply.mismatch | {"why": f"{reply.mismatch.get('why')}{tag}"}
+        mismatch = dataclasses.replace(reply.mismatch, why=f"{reply.mismatch.why}{tag}")
         return dataclasses.replace(reply, mismatch=mismatch)
     return reply

@@ -206,6 +206,64 @@ class CommandPaths(Message):
 
 # Replies ---------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
+class Mismatch:
+    """Where two outputs (or two runs' inputs) first differ (`child.compare`, `child.shown`):
+    the leaf's `path` and `why`; an array's shape and dtype (and the rewrite's, if those
+    differ), its errors; the call (0-based), whether in the function a factory returned, and
+    whether in what a unit printed or wrote (`shown`)."""
+
+    path: str
+    why: str
+    shape: list[int] | None = None
+    dtype: str | None = None
+    new_shape: list[int] | None = None
+    new_dtype: str | None = None
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    call: int | None = None
+    returned: bool | None = None
+    shown: bool | None = None
+
+    def details(self) -> dict[str, Any]:
+        """Return the mismatch as a verdict's details hold it: the fields that are set."""
+        return {k: v for k, v in plain_fields(self).items() if v is not None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shows:
+    """What a unit's comparison covers: its return value, its printed lines, the files it
+    wrote; `left_out` says what two runs of the original disagreed on (not compared)."""
+
+    returned: bool
+    printed: int
+    files: list[str] = field(default_factory=list)
+    left_out: str | None = None
+
+    def details(self) -> dict[str, Any]:
+        return {k: v for k, v in plain_fields(self).items() if v is not None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lowered:
+    """The sharding constraints and collectives a jitted function lowers with."""
+
+    constraints: list[str] = field(default_factory=list)
+    collectives: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Observed:
+    """What the calls compiled (`child.observe`): how many compiles, the functions compiled
+    again on the same code (name -> repeats), each function's lowering, and each output
+    array's sharding (where -> text)."""
+
+    compiles: int
+    repeated: dict[str, int] = field(default_factory=dict)
+    lowering: dict[str, Lowered] = field(default_factory=dict)
+    shardings: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Reply(Message):
     """A worker's answer (`OK`: a class constant, False for `Failed` only); `restart` says why
     the worker must start again before the next request. The verdicts read its attributes
@@ -238,8 +296,8 @@ class Ran(Reply):
     input_shapes: list[Any] = field(default_factory=list)
     output_shapes: list[Any] = field(default_factory=list)
     contexts: list[str] = field(default_factory=list)
-    observed: dict[str, Any] = field(default_factory=dict)
-    shows: dict[str, Any] | None = None  # a unit: what it returned, printed and wrote
+    observed: Observed | None = None
+    shows: Shows | None = None  # a unit: what it returned, printed and wrote
     mapped_axis_size: int | None = None
     mesh_hint: str | None = None
     layout_violations: list[str] | None = None
@@ -254,13 +312,13 @@ class Compared(Reply):
 
     KIND: ClassVar[str] = "compared"
     equal: bool
-    mismatch: dict[str, Any] | None = None
+    mismatch: Mismatch | None = None
     candidate_contexts: list[str] = field(default_factory=list)
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     not_comparable: list[str] | None = None
     has_values: bool | None = None
-    observed: dict[str, Any] | None = None
+    observed: Observed | None = None
     calls: int | None = None
     returned_calls: int | None = None
 
@@ -271,8 +329,8 @@ class RecordsCompared(Reply):
 
     KIND: ClassVar[str] = "records-compared"
     equal: bool = False
-    diverged: dict[str, Any] | None = None
-    mismatch: dict[str, Any] | None = None
+    diverged: Mismatch | None = None
+    mismatch: Mismatch | None = None
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     not_comparable: list[str] | None = None
@@ -321,6 +379,15 @@ def plain(value: Any) -> Any:
     if hasattr(value, "item") and callable(value.item):  # a numpy scalar
         return value.item()
     return value
+
+
+T = typing.TypeVar("T")
+
+
+def record(cls: type[T], data: Any) -> T:
+    """Return a `cls` record (a part of a message) from plain data, checked as `decode` checks
+    it: the worker builds the parts it computes as dicts (`Mismatch`, `Shows`, `Observed`)."""
+    return typing.cast(T, build(cls, plain(data), cls.__name__))
 
 
 def encode(message: Message) -> str:
