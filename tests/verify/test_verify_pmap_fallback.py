@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from conftest import jax_env
 from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site, Status
 from jaxmigrate.pipeline.engine import migrate_source
 from jaxmigrate.verify import Verdict, VerifyConfig, verify_results
+from jaxmigrate.verify.child.protocol import Ran
 from jaxmigrate.verify.judge import layout_verdict
 from jaxmigrate.verify.pool import combine
 from jaxmigrate.verify.results import failed_forms, short
@@ -287,10 +289,10 @@ def test_an_argument_passed_replicated_must_be_the_same_on_every_device() -> Non
 
 
 def test_a_broken_assumption_in_any_process_of_a_job_fails_the_site() -> None:
-    ran = {"ok": True, "reference": "original", "calls": 1}
-    broken = ran | {"layout_violations": ["result 1 of `jax.pmap(step)` differs"]}
-    combined = combine("original", [ran, broken])
-    assert combined["layout_violations"] == [
+    ran = Ran(reference="original", source="run", calls=1)
+    broken = replace(ran, layout_violations=["result 1 of `jax.pmap(step)` differs"])
+    combined = combine("original", [ran, broken]).message
+    assert isinstance(combined, Ran) and combined.layout_violations == [
         "result 1 of `jax.pmap(step)` differs [process 1 of 2]"
     ]
     agreed = Verdict(Status.VERIFIED, "agrees with the original on 1 call(s)")

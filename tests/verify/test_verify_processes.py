@@ -13,6 +13,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +23,10 @@ from multihost import run_job
 
 from jaxmigrate.config import load_config
 from jaxmigrate.model import Safety, Site, Status
+from jaxmigrate.verify.child.protocol import Compared, Failed, Mismatch, Ran
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.planner import plan_all
-from jaxmigrate.verify.pool import combine
+from jaxmigrate.verify.pool import Reply, combine
 from jaxmigrate.verify.processes import DeviceSplitError, processes_hint
 from jaxmigrate.verify.session import with_processes_hint
 
@@ -153,20 +155,30 @@ def test_multi_process_code_gets_the_processes_hint(code: str, api: str) -> None
 
 
 def test_one_process_that_disagrees_fails_the_site() -> None:
-    agree = {"ok": True, "equal": True, "calls": 2, "max_abs_err": 0.0, "max_rel_err": 1e-7}
-    worse = agree | {"max_abs_err": 1e-6}
-    assert combine("candidate", [agree, worse]) == worse | {"processes": 2, "max_rel_err": 1e-7}
-    differs = {"ok": True, "equal": False, "mismatch": {"path": "[0]", "why": "values differ"}}
+    agree = Compared(equal=True, calls=2, max_abs_err=0.0, max_rel_err=1e-7)
+    worse = replace(agree, max_abs_err=1e-6)
+    assert combine("candidate", [agree, worse]) == Reply(worse, processes=2)
+    differs = Compared(equal=False, mismatch=Mismatch(path="[0]", why="values differ"))
     out = combine("candidate", [agree, differs])
-    assert out["mismatch"]["why"] == "values differ [process 1 of 2]"
-    raised = {"ok": False, "stage": "call", "error": "RuntimeError: boom"}
+    assert isinstance(out.message, Compared) and out.process == 1
+    assert out.message.mismatch == Mismatch(path="[0]", why="values differ [process 1 of 2]")
+    raised = Failed(stage="call", error="RuntimeError: boom")
     out = combine("candidate", [differs, raised, agree])
-    assert out["error"] == "RuntimeError: boom [process 1 of 3; process 0: outputs differ]"
-    assert combine("original", [agree]) is agree
+    assert out == Reply(
+        Failed(
+            stage="call", error="RuntimeError: boom [process 1 of 3; process 0: outputs differ]"
+        ),
+        process=1,
+        processes=3,
+    )
+    assert combine("original", [agree]) == Reply(agree)
     # a process that fell back on another reference ran other code than its peers
-    ran = [{"ok": True, "reference": "original"}, {"ok": True, "reference": "vmap-oracle"}]
+    ran = [
+        Ran(reference="original", source="run", calls=1),
+        Ran(reference="vmap-oracle", source="run", calls=1),
+    ]
     out = combine("original", ran)
-    assert not out["ok"] and "process 1: vmap-oracle" in out["error"]
+    assert isinstance(out.message, Failed) and "process 1: vmap-oracle" in out.message.error
 
 
 def test_the_processes_hint_reaches_the_verdict(tmp_path: Path) -> None:

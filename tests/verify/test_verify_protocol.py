@@ -26,12 +26,14 @@ from jaxmigrate.verify.child.protocol import (
     Context,
     Exit,
     Failed,
+    Mismatch,
     Module,
     ProtocolError,
     Ran,
     Ready,
     RecordPlan,
     RecordsCompared,
+    Shows,
     Target,
     decode_reply,
     decode_request,
@@ -88,10 +90,16 @@ def test_every_request_jaxmigrate_sends_decodes_to_the_same_record(tmp_path: Pat
 def test_every_reply_decodes_to_the_same_record_with_numpy_numbers_as_plain_ones() -> None:
     replies = [
         Ready(jax="0.4.30", devices=8),
-        Ran(reference="original", source="run", calls=1, contexts=["mesh"], shows={"printed": 2}),
+        Ran(
+            reference="original",
+            source="run",
+            calls=1,
+            contexts=["mesh"],
+            shows=Shows(returned=False, printed=2),
+        ),
         Compared(equal=True, max_abs_err=0.0, max_rel_err=1e-7, not_comparable=[]),
-        Compared(equal=False, mismatch={"path": "[0]", "why": "values differ", "call": 0}),
-        RecordsCompared(diverged={"path": "[1]", "why": "shapes differ", "call": 2}),
+        Compared(equal=False, mismatch=Mismatch(path="[0]", why="values differ", call=0)),
+        RecordsCompared(diverged=Mismatch(path="[1]", why="shapes differ", call=2)),
         Failed(stage="inputs", error="no inputs were recorded or declared", no_inputs=True),
     ]
     for reply in replies:
@@ -99,14 +107,7 @@ def test_every_reply_decodes_to_the_same_record_with_numpy_numbers_as_plain_ones
     numpy = Compared(equal=True, max_abs_err=np.float32(0.5), max_rel_err=np.float64(0.25))
     back = decode_reply(encode(numpy))
     assert isinstance(back, Compared) and back.max_abs_err == 0.5 and back.max_rel_err == 0.25
-    # what the verdicts read: `ok` and the fields that are set
-    assert replies[-1].view() == {
-        "kind": "failed",
-        "ok": False,
-        "stage": "inputs",
-        "error": "no inputs were recorded or declared",
-        "no_inputs": True,
-    }
+    assert not replies[-1].OK and all(r.OK for r in replies[:-1])
 
 
 def test_the_recording_plan_round_trips_and_an_unversioned_one_is_refused(tmp_path: Path) -> None:
@@ -166,9 +167,9 @@ def test_a_request_the_rewrites_worker_refused_is_no_failure_of_the_rewrite(tmp_
     root.mkdir()
     site = Site("JM202", "pmap", 7, 12, Safety.UNSAFE, "pmap", key="pmap:7")
     (plan,), _ = plan_all([VerifyRequest("m.py", LEGACY, LEGACY, (site,))], root)
-    original = Ran(reference="original", source="run", calls=1).view()
+    original = Ran(reference="original", source="run", calls=1)
     refused = Failed(stage="protocol", error="this worker refused: a request in protocol 2")
-    verdict = candidate_verdict(plan, original, Reply(refused.view()))
+    verdict = candidate_verdict(plan, original, Reply(refused))
     assert verdict.status is Status.UNVERIFIED
     assert verdict.reason == (
         "the verifier could not run the rewrite: this worker refused: a request in protocol 2"
@@ -249,8 +250,35 @@ def test_a_worker_from_before_the_protocol_is_refused_saying_so(tmp_path: Path) 
 def test_a_worker_refuses_a_request_from_before_the_protocol(tmp_path: Path) -> None:
     old = json.dumps({"op": "compare_records", "original": [], "candidate": []}) + "\n"
     _, reply = first_reply(tmp_path, lambda package: None, old.encode())
-    data = reply.data  # type: ignore[attr-defined]
-    assert (data["kind"], data["ok"], data["stage"]) == ("failed", False, "protocol"), data
-    assert data["error"].startswith(
+    data = reply.message  # type: ignore[attr-defined]
+    assert isinstance(data, Failed) and data.stage == "protocol", data
+    assert data.error.startswith(
         "this worker refused: a request without a protocol version (keys: candidate, op, original)"
     )
+
+
+def test_the_parts_of_a_reply_are_records_checked_on_decode() -> None:
+    """A mismatch, what a unit shows and what JAX compiled are typed too: the verdicts read
+    their attributes, and a part that does not fit is refused with where it is."""
+    seen = {"compiles": 2, "repeated": {"f": 1}, "lowering": {"f": {"constraints": ["P('i')"]}}}
+    compared = Compared(equal=True, observed=protocol.record(protocol.Observed, seen))
+    back = decode_reply(encode(compared))
+    assert isinstance(back, Compared) and back.observed is not None
+    assert back.observed.lowering["f"].constraints == ["P('i')"]
+    assert back.observed.lowering["f"].collectives == []
+    line = json.loads(encode(Compared(equal=False, mismatch=Mismatch(path="[0]", why="x"))))
+    line["mismatch"]["call"] = "first"
+    with pytest.raises(ProtocolError, match=r"compared\.mismatch\.call should be int, got str"):
+        decode_reply(json.dumps(line))
+    line["mismatch"] = {"path": "[0]", "why": "x", "leaf": 3}
+    with pytest.raises(ProtocolError, match=r"does not know: \['leaf'\]"):
+        decode_reply(json.dumps(line))
+    # what a verdict's details hold: the fields that are set, as before
+    found = Mismatch(path="[0]", why="values differ", shape=[2], dtype="float32", call=1)
+    assert found.details() == {
+        "path": "[0]",
+        "why": "values differ",
+        "shape": [2],
+        "dtype": "float32",
+        "call": 1,
+    }

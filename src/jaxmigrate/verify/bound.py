@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from jaxmigrate.model import Status
-from jaxmigrate.verify.child.protocol import CompareRecords, RecordPlan, encode
+from jaxmigrate.verify.child import protocol
+from jaxmigrate.verify.child.protocol import (
+    CompareRecords,
+    Failed,
+    RecordPlan,
+    RecordsCompared,
+    encode,
+)
 from jaxmigrate.verify.config import Verdict, VerifyConfig
 from jaxmigrate.verify.messages import parse
 from jaxmigrate.verify.planner import Plan, body_lines
@@ -144,7 +151,14 @@ def rerun(
     )
     plan_file.write_text(encode(recorder_plan), encoding="utf-8")
     error = run_command(command, ws, config, plan_file, side=side)
-    return Rerun(collect(ws, config.max_calls, config.processes, folder), error, unplaced)
+    refused: list[str] = []
+    calls = collect(ws, config.max_calls, config.processes, folder, refused)
+    for (
+        plan
+    ) in plans:  # read when a site's calls fall short: the verifier's doing, not the rewrite's
+        if refused and plan.id not in unplaced:
+            unplaced[plan.id] = f"{len(refused)} recorded call(s) refused: {refused[0]}"
+    return Rerun(calls, error, unplaced)
 
 
 SHADOW = "~site"  # a shadow plan's id: its function plan's id, this, the site's index
@@ -254,7 +268,7 @@ def judge_one(
     reply = worker.request(message, config.timeout)
     if reply.fault:
         return Verdict(Status.UNVERIFIED, f"the comparison {reply.fault}", details)
-    return records_verdict(reply.data, details, command or "", again.error, recording.error)
+    return records_verdict(reply.message, details, command or "", again.error, recording.error)
 
 
 SKIP_CALLS = {"pytest.skip"}  # and any `.skipTest(...)` (a TestCase's)
@@ -305,26 +319,38 @@ def called_name(node: ast.AST) -> str:
 
 
 def records_verdict(
-    data: dict[str, Any], details: dict[str, Any], command: str, error: str, before: str = ""
+    data: protocol.Reply | None,
+    details: dict[str, Any],
+    command: str,
+    error: str,
+    before: str = "",
 ) -> Verdict:
     """Return the verdict from the comparison of the two runs' calls (`error`: how the command
     ended on the rewritten tree; `before`: on the original tree)."""
-    if not data.get("ok"):
-        return Verdict(Status.UNVERIFIED, f"the recorded calls: {data.get('error')}", details)
-    if data.get("diverged"):
-        found = data["diverged"]
+    if isinstance(data, Failed):
+        return Verdict(Status.UNVERIFIED, f"the recorded calls: {data.error}", details)
+    if not isinstance(data, RecordsCompared):
+        kind = data.KIND if data is not None else None
+        return Verdict(Status.UNVERIFIED, f"the recorded calls: a {kind} reply", details)
+    if data.diverged:
+        found = data.diverged
         why = (
-            f"the runs diverged before the site: the inputs of call {found['call'] + 1} "
-            f"differ at {found['path']} ({found['why']})"
+            f"the runs diverged before the site: the inputs of call {(found.call or 0) + 1} "
+            f"differ at {found.path} ({found.why})"
         )
         return Verdict(Status.UNVERIFIED, why, details)
-    if not data.get("equal"):
+    if not data.equal:
         from jaxmigrate.verify.judge import mismatch_verdict
 
-        return mismatch_verdict(data["mismatch"], details)
-    details |= {k: data[k] for k in ("max_abs_err", "max_rel_err", "not_comparable") if k in data}
+        return mismatch_verdict(data.mismatch, details)
+    errs = {
+        "max_abs_err": data.max_abs_err,
+        "max_rel_err": data.max_rel_err,
+        "not_comparable": data.not_comparable,
+    }
+    details |= {k: v for k, v in errs.items() if v is not None}
     calls = details["calls"]
-    if not data.get("has_values"):
+    if not data.has_values:
         why = f"the site's {calls} recorded call(s) return only functions or objects"
         return Verdict(Status.UNVERIFIED, why, details)
     if error and same_failure(before, error):

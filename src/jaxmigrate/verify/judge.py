@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxmigrate.model import Status
+from jaxmigrate.verify.child.protocol import Compared, Failed, Mismatch, Ran, Shows
 from jaxmigrate.verify.config import Verdict
 from jaxmigrate.verify.observed import observed_verdict
 from jaxmigrate.verify.planner import Plan
@@ -70,42 +71,57 @@ def reach_hint(plan: Plan, verify_with: str | None) -> str:
     )
 
 
-def base_details(plan: Plan, original: dict[str, Any]) -> dict[str, Any]:
+def base_details(plan: Plan, original: Ran) -> dict[str, Any]:
     details: dict[str, Any] = {"target": plan.label}
-    if original.get("source"):
-        details["input_source"] = original["source"]
-    details.update({k: original[k] for k in KEPT if k in original})
+    if original.source:
+        details["input_source"] = original.source
+    kept = {k: getattr(original, k) for k in KEPT}
+    details.update({k: v for k, v in kept.items() if v is not None})
     return details
+
+
+def tried(reply: Reply) -> list[str]:
+    """Return the errors of the references the original side tried before (or instead of)
+    the one that ran: '<reference>: <error>' each."""
+    message = reply.message
+    if isinstance(message, Ran):
+        return list(message.reference_errors or [])
+    if isinstance(message, Failed):
+        return [*(message.reference_errors or []), *(message.errors or [])]
+    return []
 
 
 def original_verdict(
     plan: Plan, reply: Reply, verify_with: str | None = None, tests: str = "tests/"
 ) -> Verdict | None:
     """Return the verdict when the original side gives nothing to compare with, else None."""
-    details = {"target": plan.label}
+    details: dict[str, Any] = {"target": plan.label}
     if reply.fault:
         return Verdict(Status.UNVERIFIED, f"the original {reply.fault}", details)
-    data = reply.data
-    if data.get("ok"):
+    data = reply.message
+    if isinstance(data, Ran):
         return nothing_shown(plan, data)
-    if data.get("nondeterministic"):
-        return Verdict(Status.UNVERIFIED, str(data.get("error")), details)
-    if data.get("no_inputs"):
+    if not isinstance(data, Failed):
+        kind = data.KIND if data is not None else None
+        return Verdict(Status.UNVERIFIED, f"the original's worker sent a {kind} reply", details)
+    if data.nondeterministic:
+        return Verdict(Status.UNVERIFIED, data.error, details)
+    if data.no_inputs:
         return Verdict(Status.UNVERIFIED, hint(plan, verify_with, tests), details)
-    if data.get("uncomparable"):
-        reason = f"the original runs, but what it returns cannot be compared: {data.get('error')}"
+    if data.uncomparable:
+        reason = f"the original runs, but what it returns cannot be compared: {data.error}"
         return Verdict(Status.UNVERIFIED, reason, details)
-    if data.get("not_kept"):
-        return Verdict(Status.UNVERIFIED, str(data.get("error")), details)
-    if data.get("not_reached"):
-        reason = f"{data.get('error')}: {reach_hint(plan, verify_with)}"
+    if data.not_kept:
+        return Verdict(Status.UNVERIFIED, data.error, details)
+    if data.not_reached:
+        reason = f"{data.error}: {reach_hint(plan, verify_with)}"
         return Verdict(Status.UNVERIFIED, reason, details)
-    errors = data.get("errors", [data.get("error", "")])
+    errors = data.errors if data.errors is not None else [data.error]
     details["reference_errors"] = errors
-    if data.get("stage") == "inputs":
-        reason = f"{hint(plan, verify_with, tests)} ({data.get('error')})"
+    if data.stage == "inputs":
+        reason = f"{hint(plan, verify_with, tests)} ({data.error})"
         return Verdict(Status.UNVERIFIED, reason, details)
-    error = str(data.get("error", ""))
+    error = data.error
     if error.startswith(("FileNotFoundError", "NotADirectoryError")):
         reason = (
             f"the original cannot run the recorded call: {error}; the call needs files the "
@@ -113,58 +129,57 @@ def original_verdict(
             "record with a command that keeps them, or declare __jaxmigrate_examples__"
         )
         return Verdict(Status.UNVERIFIED, reason, details)
-    if data.get("stage") == "target":
-        reason = f"cannot be run alone: {data.get('error')}: there is nothing to call"
+    if data.stage == "target":
+        reason = f"cannot be run alone: {data.error}: there is nothing to call"
         return Verdict(Status.UNVERIFIED, reason, details)
-    return Verdict(Status.UNVERIFIED, f"the original cannot run: {data.get('error')}", details)
+    return Verdict(Status.UNVERIFIED, f"the original cannot run: {data.error}", details)
 
 
-def nothing_shown(plan: Plan, data: dict[str, Any]) -> Verdict | None:
+def nothing_shown(plan: Plan, data: Ran) -> Verdict | None:
     """Return `unverified` when a unit ran but its run has nothing to compare, else None.
 
     A `main()` that returns nothing, prints nothing and writes no file agrees with anything.
     """
-    found = data.get("shows")
-    if not found or found["returned"] or found["printed"] or found["files"]:
+    found = data.shows
+    if not found or found.returned or found.printed or found.files:
         return None
     name = plan.target.qualname
     reason = f"`{name}()` returned nothing and printed or wrote nothing to compare"
-    if found.get("left_out"):  # what it showed differs between two runs of the original
+    if found.left_out:  # what it showed differs between two runs of the original
         reason = (
-            f"the original is nondeterministic: {found['left_out']}, and `{name}()` returned, "
+            f"the original is nondeterministic: {found.left_out}, and `{name}()` returned, "
             "printed or wrote nothing else to compare"
         )
-    details = base_details(plan, data) | {"compared": found}
+    details = base_details(plan, data) | {"compared": found.details()}
     return Verdict(Status.UNVERIFIED, reason, details)
 
 
-def compared(found: dict[str, Any] | None) -> str:
+def compared(found: Shows | None) -> str:
     """Return what a unit's comparison covered, in words ('' for a target that is no unit)."""
     if not found:
         return ""
-    parts = ["its return value"] if found["returned"] else []
-    if found["printed"]:
-        parts.append(f"{found['printed']} printed line(s)")
-    files = found["files"]
+    parts = ["its return value"] if found.returned else []
+    if found.printed:
+        parts.append(f"{found.printed} printed line(s)")
+    files = found.files
     if files:
         names = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
         parts.append(f"{len(files)} file(s) it wrote ({names})")
     text = ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
-    if found.get("left_out"):
-        text += f"; {found['left_out']}"
+    if found.left_out:
+        text += f"; {found.left_out}"
     return text
 
 
-def same_error(original: dict[str, Any], error: str) -> bool:
+def same_error(original: Ran, error: str) -> bool:
     """Return True if the rewrite raised what the original raised before a reference ran."""
     message = PROCESS_TAG.sub("", error).split(" (at ")[0]
     return any(
-        e.split(": ", 1)[-1].split(" (at ")[0] == message
-        for e in original.get("reference_errors", [])
+        e.split(": ", 1)[-1].split(" (at ")[0] == message for e in original.reference_errors or []
     )
 
 
-def candidate_verdict(plan: Plan, original: dict[str, Any], reply: Reply) -> Verdict:
+def candidate_verdict(plan: Plan, original: Ran, reply: Reply) -> Verdict:
     """Return the verdict from the rewrite's run, given that the original ran."""
     details = base_details(plan, original)
     source = details.get("input_source", "")
@@ -172,50 +187,54 @@ def candidate_verdict(plan: Plan, original: dict[str, Any], reply: Reply) -> Ver
         return Verdict(Status.UNVERIFIED, f"the rewrite {reply.fault}", details)
     if reply.fault:
         return Verdict(Status.FAILED, f"the rewrite {reply.fault} (the original did not)", details)
-    data = reply.data
-    if data.get("candidate_contexts"):
-        details["candidate_contexts"] = data["candidate_contexts"]
-    if not data.get("ok") and data.get("stage") in ("worker", "protocol"):  # the verifier's fault
-        reason = f"the verifier could not run the rewrite: {data.get('error')}"
+    data = reply.message
+    if isinstance(data, Compared) and data.candidate_contexts:
+        details["candidate_contexts"] = data.candidate_contexts
+    if isinstance(data, Failed) and data.stage in ("worker", "protocol"):  # the verifier's fault
+        reason = f"the verifier could not run the rewrite: {data.error}"
         return Verdict(Status.UNVERIFIED, reason, details)
-    if not data.get("ok"):
-        return raised_verdict(original, str(data.get("error", "")), data.get("stage"), details)
-    if not data.get("equal"):
-        verdict = mismatch_verdict(data["mismatch"], details)
+    if isinstance(data, Failed):
+        return raised_verdict(original, data.error, data.stage, details)
+    if not isinstance(data, Compared):
+        kind = data.KIND if data is not None else None
+        reason = f"the verifier could not run the rewrite: its worker sent a {kind} reply"
+        return Verdict(Status.UNVERIFIED, reason, details)
+    if not data.equal:
+        verdict = mismatch_verdict(data.mismatch, details)
         if made_up_for_reference(original):
             return Verdict(Status.UNVERIFIED, made_up_reason(original, verdict.reason), details)
         return verdict
-    details.update({"max_abs_err": data["max_abs_err"], "max_rel_err": data["max_rel_err"]})
-    if data.get("not_comparable"):
-        details["not_comparable"] = data["not_comparable"]
-    unseen = observed_verdict(plan, original, data, details)  # compiles, lowering, shardings
-    if unseen is not None:
+    details.update({"max_abs_err": data.max_abs_err, "max_rel_err": data.max_rel_err})
+    if data.not_comparable:
+        details["not_comparable"] = data.not_comparable
+    unseen = observed_verdict(plan, original.observed, data.observed, details)
+    if unseen is not None:  # compiles, lowering, shardings
         return unseen
-    reference = original.get("reference", "original")
+    reference = original.reference
     against = "the original" if reference == "original" else f"the {reference} reference"
-    if data.get("has_values") is False:
+    if data.has_values is False:
         reason = (
-            f"the outputs on {data['calls']} {source} call(s) hold no values to compare with "
-            f"{against}, only functions or objects: {data.get('not_comparable') or 'by name'}"
+            f"the outputs on {data.calls} {source} call(s) hold no values to compare with "
+            f"{against}, only functions or objects: {data.not_comparable or 'by name'}"
         )
         return Verdict(Status.UNVERIFIED, reason, details)
-    reason = f"agrees with {against} on {data['calls']} {source} call(s)"
+    reason = f"agrees with {against} on {data.calls} {source} call(s)"
     if source == "run":  # a function without arguments (a `main()`): the program itself ran
         reason = f"agrees with {against} when `{plan.target.qualname}()` runs"
-    if original.get("shows"):
-        details["compared"] = original["shows"]
-        reason += f" (compared: {compared(original['shows'])})"
-    if original.get("determinism"):  # the original ran once: two runs would not fit the time
-        details["determinism"] = original["determinism"]
-        reason += f"; whether the original is deterministic was {original['determinism']}"
-    if data.get("returned_calls"):
-        details["returned_calls"] = data["returned_calls"]
-        reason += f" and {data['returned_calls']} call(s) of the function it returns"
+    if original.shows:
+        details["compared"] = original.shows.details()
+        reason += f" (compared: {compared(original.shows)})"
+    if original.determinism:  # the original ran once: two runs would not fit the time
+        details["determinism"] = original.determinism
+        reason += f"; whether the original is deterministic was {original.determinism}"
+    if data.returned_calls:
+        details["returned_calls"] = data.returned_calls
+        reason += f" and {data.returned_calls} call(s) of the function it returns"
     return Verdict(Status.VERIFIED, reason, details)
 
 
 def raised_verdict(
-    original: dict[str, Any], error: str, stage: str | None, details: dict[str, Any]
+    original: Ran, error: str, stage: str | None, details: dict[str, Any]
 ) -> Verdict:
     """Return the verdict when the rewrite raised on inputs the reference ran."""
     if same_error(original, error):
@@ -227,7 +246,7 @@ def raised_verdict(
     return Verdict(Status.FAILED, f"the rewrite {kind}: {error}", details)
 
 
-def made_up_for_reference(original: dict[str, Any]) -> bool:
+def made_up_for_reference(original: Ran) -> bool:
     """Return True if only a fallback reference ran synthesized inputs the original could not.
 
     Such inputs fit the reference (vmap has no device count) but maybe not the program: no
@@ -235,13 +254,13 @@ def made_up_for_reference(original: dict[str, Any]) -> bool:
     nothing. (An original that traced and then raised, say a callback in a partial-auto
     region, is what the reference stands in for: disagreeing with it is a failure.)
     """
-    stages = original.get("reference_stages", {})
+    stages = original.reference_stages or {}
     no_fit = any(stages.get(name) == "inputs" for name in ("original", "safe-rewrites"))
-    return original.get("source") == "synthesized" and no_fit
+    return original.source == "synthesized" and no_fit
 
 
-def made_up_reason(original: dict[str, Any], what: str) -> str:
-    reference = original.get("reference")
+def made_up_reason(original: Ran, what: str) -> str:
+    reference = original.reference
     return (
         f"the rewrite disagrees on synthesized inputs that the original itself could not run "
         f"(only the {reference} reference did); {what}; "
@@ -249,21 +268,24 @@ def made_up_reason(original: dict[str, Any], what: str) -> str:
     )
 
 
-def mismatch_verdict(mismatch: dict[str, Any], details: dict[str, Any]) -> Verdict:
+def mismatch_verdict(mismatch: Mismatch | None, details: dict[str, Any]) -> Verdict:
     """Return the failed verdict for outputs that differ: where, the shape, and by how much."""
-    details["mismatch"] = mismatch
-    details.update({k: mismatch[k] for k in ("max_abs_err", "max_rel_err") if k in mismatch})
-    if mismatch.get("shown"):  # what a unit printed or wrote (`child/shown.py`)
-        reason = f"what the program shows differs at {mismatch['path']}: {mismatch['why']}"
+    if mismatch is None:  # a reply saying the outputs differ without saying where
+        return Verdict(Status.FAILED, "outputs differ (where was not sent)", details)
+    details["mismatch"] = mismatch.details()
+    errs = {"max_abs_err": mismatch.max_abs_err, "max_rel_err": mismatch.max_rel_err}
+    details.update({k: v for k, v in errs.items() if v is not None})
+    if mismatch.shown:  # what a unit printed or wrote (`child/shown.py`)
+        reason = f"what the program shows differs at {mismatch.path}: {mismatch.why}"
         return Verdict(Status.FAILED, reason, details)
-    shape = f" ({mismatch['dtype']}{mismatch['shape']})" if "shape" in mismatch else ""
-    where = f"{mismatch['path']}{shape} of call {mismatch['call'] + 1}"
-    if mismatch.get("returned"):
+    shape = f" ({mismatch.dtype}{mismatch.shape})" if mismatch.shape is not None else ""
+    where = f"{mismatch.path}{shape} of call {(mismatch.call or 0) + 1}"
+    if mismatch.returned:
         where += " of the function the target returned"
-    return Verdict(Status.FAILED, f"outputs differ at {where}: {mismatch['why']}", details)
+    return Verdict(Status.FAILED, f"outputs differ at {where}: {mismatch.why}", details)
 
 
-def layout_verdict(verdict: Verdict, original: dict[str, Any]) -> Verdict:
+def layout_verdict(verdict: Verdict, original: Ran) -> Verdict:
     """Return `verdict` failed when the original broke what a program-level rewrite assumes.
 
     An argument the rewrite passes replicated (`P()`), or a result it reads whole, that differs
@@ -271,7 +293,7 @@ def layout_verdict(verdict: Verdict, original: dict[str, Any]) -> Verdict:
     outputs agree (on one process, a `P()` result keeps each device's own buffer): the site
     fails, and the faithful form, which assumes nothing of the kind, is tried instead.
     """
-    found = original.get("layout_violations")
+    found = original.layout_violations
     if not found or verdict.status not in (Status.VERIFIED, Status.FAILED):
         return verdict
     details = {**verdict.details, "layout_violations": list(found)}
@@ -333,11 +355,11 @@ def last_with(api: str) -> str:
 
 
 def with_jax(
-    verdict: Verdict, original: dict[str, Any], versions: dict[str, str], reference: bool
+    verdict: Verdict, tried: list[str], versions: dict[str, str], reference: bool
 ) -> Verdict:
     """Return `verdict` saying which JAX each side ran (`details["jax"]`; the reason too when
-    they differ), and, when the original could not run here because its JAX API is gone, the
-    flag that runs it on the JAX it was written for."""
+    they differ), and, when the original could not run here because its JAX API is gone (the
+    errors of the references it `tried`), the flag that runs it on the JAX it was written for."""
     known = {side: v for side, v in versions.items() if v}
     details = {**verdict.details, "jax": known} if known else dict(verdict.details)
     reason = verdict.reason
@@ -346,7 +368,6 @@ def with_jax(
             f" (the original on JAX {known.get('original', '?')}, "
             f"the rewrite on JAX {known.get('candidate', '?')})"
         )
-    tried = [*original.get("reference_errors", []), *original.get("errors", [])]
     errors = [e.removeprefix("original: ") for e in tried if e.startswith("original: ")]
     gone = removed_api(errors)
     if gone and not reference:

@@ -198,7 +198,7 @@ def verify_notebooks(
         shown = f"{request.label} (its code cells, in order)"
         error = recording.error.replace(f"`{command}`", f"`{shown}`")
         reference, extra = "original", ""
-        tried = {"errors": [f"original: {last_line(recording.error)}"]} if recording.error else {}
+        tried = [f"original: {last_line(recording.error)}"] if recording.error else []
         if recording.error and not any(p.id in recording.calls for p in group):
             safe = through_safe_rewrites(group, ws, run_config)
             if safe is not None and safe.calls:

@@ -19,10 +19,10 @@ original (`out_shardings=`, a sharding constraint) must keep its spec.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from jaxmigrate.model import Status
+from jaxmigrate.verify.child.protocol import Observed
 from jaxmigrate.verify.config import Verdict
 from jaxmigrate.verify.planner import HAND_MIGRATION, Plan
 
@@ -38,14 +38,14 @@ def compares_lowering(plan: Plan) -> bool:
 
 
 def observed_verdict(
-    plan: Plan, original: Mapping[str, Any], candidate: Mapping[str, Any], details: dict[str, Any]
+    plan: Plan, before: Observed | None, after: Observed | None, details: dict[str, Any]
 ) -> Verdict | None:
     """Return the failed verdict when the rewrite compiles more, or (for rules that keep the
-    code) lowers or shards otherwise; else None. Adds the compile counts to `details`."""
-    before, after = original.get("observed"), candidate.get("observed")
-    if not isinstance(before, Mapping) or not isinstance(after, Mapping):
+    code) lowers or shards otherwise, given what each side's worker `observed` (the `observed`
+    of its reply, `child/observe.py`); else None. Adds the compile counts to `details`."""
+    if before is None or after is None:
         return None
-    details["compiles"] = {"original": before["compiles"], "rewrite": after["compiles"]}
+    details["compiles"] = {"original": before.compiles, "rewrite": after.compiles}
     reason = more_compiles(before, after)
     if reason is None and compares_lowering(plan):
         reason = lowering_changed(before, after) or sharding_changed(before, after, details)
@@ -55,13 +55,13 @@ def observed_verdict(
     return Verdict(Status.FAILED, reason, details)
 
 
-def more_compiles(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
+def more_compiles(before: Observed, after: Observed) -> str | None:
     """Return why the rewrite compiles more often: it compiles identical code again."""
-    extra = sum(after["repeated"].values()) - sum(before["repeated"].values())
+    extra = sum(after.repeated.values()) - sum(before.repeated.values())
     if extra <= 0:
         return None
-    name, times = max(after["repeated"].items(), key=lambda kv: kv[1])
-    repeats = sum(before["repeated"].values())
+    name, times = max(after.repeated.items(), key=lambda kv: kv[1])
+    repeats = sum(before.repeated.values())
     original = f"repeated {repeats} compile(s)" if repeats else "compiled nothing twice"
     return (
         f"the rewrite compiles `{name}` {times + 1} times on the same code where the original "
@@ -69,16 +69,20 @@ def more_compiles(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | 
     )
 
 
-def lowering_changed(before: Mapping[str, Any], after: Mapping[str, Any]) -> str | None:
+def lowering_changed(before: Observed, after: Observed) -> str | None:
     """Return the first sharding constraint or collective a function compiled on both sides
     lost or gained in the rewrite."""
-    old, new = before["lowering"], after["lowering"]
+    old, new = before.lowering, after.lowering
     for name in sorted(set(old) & set(new)):
-        for kind, what in (("constraints", "sharding constraint"), ("collectives", "collective")):
-            lost = sorted(set(old[name][kind]) - set(new[name][kind]))
+        pairs = (
+            ("sharding constraint", old[name].constraints, new[name].constraints),
+            ("collective", old[name].collectives, new[name].collectives),
+        )
+        for what, was, now in pairs:
+            lost = sorted(set(was) - set(now))
             if lost:
                 return f"the rewrite's `{name}` lowers without the {what} `{lost[0]}` of the original's"
-            gained = sorted(set(new[name][kind]) - set(old[name][kind]))
+            gained = sorted(set(now) - set(was))
             if gained:
                 return f"the rewrite's `{name}` lowers with a {what} `{gained[0]}` the original's has not"
     return None
@@ -92,16 +96,14 @@ def replicated(text: str) -> bool:
     return text.startswith("P() over mesh (")
 
 
-def sharding_changed(
-    before: Mapping[str, Any], after: Mapping[str, Any], details: dict[str, Any]
-) -> str | None:
+def sharding_changed(before: Observed, after: Observed, details: dict[str, Any]) -> str | None:
     """Return the first output array sharded otherwise in the rewrite.
 
     An output on one device in the original and replicated over the mesh in the rewrite is
     what `jax.set_mesh` does with a jit output no sharding was asked for: it is noted in
     `details["placement"]`, not returned.
     """
-    old, new = before["shardings"], after["shardings"]
+    old, new = before.shardings, after.shardings
     placed: list[str] = []
     for where in old:
         if where not in new or old[where] == new[where]:

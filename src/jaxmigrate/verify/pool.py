@@ -18,13 +18,18 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from jaxmigrate.verify import lifetime
+from jaxmigrate.verify.child import protocol
 from jaxmigrate.verify.child.protocol import (
+    Compared,
     CompareRecords,
+    Failed,
     ProtocolError,
+    Ran,
     Ready,
+    RecordsCompared,
     RunCandidate,
     RunOriginal,
     decode_reply,
@@ -45,13 +50,16 @@ Request = RunOriginal | RunCandidate | CompareRecords
 class Reply:
     """A worker's answer, or why there is none (`fault`, of kind timeout/crash/start/protocol).
 
-    `data` is the decoded reply's `view()` (`child.protocol`): `ok` and the fields that are set,
-    combined over the processes of a job (`combine`).
+    `message` is the decoded reply (a `child.protocol` record), combined over the processes of a
+    job (`combine`): `processes` of them, and `process` the one whose reply stands for all
+    (one that raised or disagreed), or None.
     """
 
-    data: dict[str, Any]
+    message: protocol.Reply | None = None
     fault: str = ""
     kind: str = ""
+    process: int | None = None
+    processes: int = 1
 
 
 def child_env(
@@ -250,7 +258,9 @@ class Worker:
             if remaining <= 0:
                 slow = [i for i in range(len(self.processes)) if i not in lines]
                 self.stop()
-                return Reply({}, f"timed out after {timeout:g} s{self.tag(slow[0])}", "timeout")
+                return Reply(
+                    fault=f"timed out after {timeout:g} s{self.tag(slow[0])}", kind="timeout"
+                )
             readable, _, _ = select.select(waiting, [], [], remaining)
             for process in readable:
                 if not process.read():
@@ -263,38 +273,41 @@ class Worker:
         replies = []
         for i in range(len(self.processes)):
             try:
-                replies.append(decode_reply(lines[i]).view())
+                replies.append(decode_reply(lines[i]))
             except ProtocolError as exc:
                 self.stop()
-                return Reply(
-                    {},
-                    f"sent a message this jaxmigrate cannot read: {exc}{self.tag(i)}",
-                    "protocol",
-                )
+                why = f"sent a message this jaxmigrate cannot read: {exc}{self.tag(i)}"
+                return Reply(fault=why, kind="protocol")
         out = combine(self.side, replies)
-        restart = next((r["restart"] for r in replies if r.get("restart")), "")
-        return Reply(out | {"restart": restart} if restart else out)
+        restart = next((r.restart for r in replies if r.restart), None)
+        if restart and out.message is not None:
+            out = dataclasses.replace(
+                out, message=dataclasses.replace(out.message, restart=restart)
+            )
+        return out
 
     def died(self, index: int) -> Reply:
         reason = self.processes[index].ended()
         self.stop()
-        return Reply({}, reason + self.tag(index), kind="crash")
+        return Reply(fault=reason + self.tag(index), kind="crash")
 
     def ensure_ready(self) -> Reply | None:
         """Start the worker if needed and wait until JAX is up; return a fault, or None."""
         if not self.started:
             self.spawn()
         if not self.started:
-            return Reply({}, f"could not start a worker: {self.spawn_error}", kind="start")
+            return Reply(fault=f"could not start a worker: {self.spawn_error}", kind="start")
         if self.ready:
             return None
         reply = self.receive(max(STARTUP_TIMEOUT, self.config.timeout))
-        if not reply.fault and reply.data.get("kind") != Ready.KIND:
-            reply = Reply({}, f"sent a {reply.data.get('kind')} message, not {Ready.KIND}")
-        if reply.fault:
-            return Reply({}, f"could not start a worker: it {reply.fault}", kind="start")
+        ready = reply.message
+        if not reply.fault and not isinstance(ready, Ready):
+            kind = ready.KIND if ready is not None else None
+            reply = Reply(fault=f"sent a {kind} message, not {Ready.KIND}")
+        if reply.fault or not isinstance(ready, Ready):
+            return Reply(fault=f"could not start a worker: it {reply.fault}", kind="start")
         self.ready = True
-        self.jax = str(reply.data.get("jax", ""))
+        self.jax = ready.jax
         return None
 
     def send(self, message: Request) -> int | None:
@@ -317,7 +330,9 @@ class Worker:
         reply = self.receive(timeout)
         if reply.kind == "timeout":
             return slow_outputs(reply, message, self.side)
-        if reply.data.get("restart"):  # it could not lay back the state a program starts in
+        if (
+            reply.message is not None and reply.message.restart
+        ):  # it could not lay back the state a program starts in
             self.stop()
         return reply
 
@@ -346,49 +361,62 @@ def slow_outputs(reply: Reply, message: Request, side: str) -> Reply:
         "and comparing its outputs took the rest (too large an output to compare in time; "
         "raise --timeout or return less)"
     )
-    return Reply({}, why, "outputs")
+    return Reply(fault=why, kind="outputs")
 
 
-def combine(side: str, replies: list[dict[str, Any]]) -> dict[str, Any]:
+def combine(side: str, replies: list[protocol.Reply]) -> Reply:
     """Return one reply standing for the replies of every process of a job.
 
     The site holds only if it holds in every process: the first process whose code raised is
     the reply (tagged with its index), else the first whose outputs differ, else process 0's
     reply with the largest errors of all.
     """
-    if len(replies) == 1 or replies[0].get("kind") == Ready.KIND:
-        return replies[0]
     count = len(replies)
-    raised = [i for i, r in enumerate(replies) if not r.get("ok")]
-    differ = [i for i, r in enumerate(replies) if r.get("ok") and r.get("equal") is False]
+    if count == 1 or isinstance(replies[0], Ready):
+        return Reply(replies[0])
+    raised = [i for i, r in enumerate(replies) if not r.OK]
+    differ = [i for i, r in enumerate(replies) if differs(r)]
     if raised or differ:
         first, *rest = raised + differ
         others = [f"process {i}: {'raised' if i in raised else 'outputs differ'}" for i in rest]
-        return tagged(replies[first], first, count, others)
-    references = [r.get("reference") for r in replies]
+        return Reply(tagged(replies[first], first, count, others), process=first, processes=count)
+    references = [r.reference if isinstance(r, Ran) else None for r in replies]
     if len(set(references)) > 1:  # each process fell back on its own: nothing coherent ran
         ran = ", ".join(f"process {i}: {ref}" for i, ref in enumerate(references))
-        return {"ok": False, "stage": "call", "error": f"the processes ran different code ({ran})"}
-    out = dict(replies[0])
+        failed = Failed(stage="call", error=f"the processes ran different code ({ran})")
+        return Reply(failed, processes=count)
+    out = replies[0]
     found = [  # a program-level rewrite's assumption broken in any process (`child.layouts`)
         f"{v} [process {i} of {count}]"
         for i, r in enumerate(replies)
-        for v in r.get("layout_violations", [])
+        if isinstance(r, Ran)
+        for v in r.layout_violations or []
     ]
-    if found:
-        out["layout_violations"] = found
-    for key in ("max_abs_err", "max_rel_err"):
-        if key in out:
-            out[key] = max(float(r.get(key, 0.0)) for r in replies)
-    return out | {"processes": count}
+    if found and isinstance(out, Ran):
+        out = dataclasses.replace(out, layout_violations=found)
+    if isinstance(out, Compared | RecordsCompared):
+        errors = [r for r in replies if isinstance(r, Compared | RecordsCompared)]
+        abs_errs = [float(r.max_abs_err or 0.0) for r in errors]
+        rel_errs = [float(r.max_rel_err or 0.0) for r in errors]
+        out = dataclasses.replace(
+            out,
+            max_abs_err=None if out.max_abs_err is None else max(abs_errs),
+            max_rel_err=None if out.max_rel_err is None else max(rel_errs),
+        )
+    return Reply(out, processes=count)
 
 
-def tagged(reply: dict[str, Any], index: int, count: int, others: list[str]) -> dict[str, Any]:
+def differs(reply: protocol.Reply) -> bool:
+    """Return True if a reply says the outputs differ."""
+    return isinstance(reply, Compared | RecordsCompared) and reply.OK and reply.equal is False
+
+
+def tagged(reply: protocol.Reply, index: int, count: int, others: list[str]) -> protocol.Reply:
     """Return a process's reply with its index in the message that will become the reason."""
     tag = f" [process {index} of {count}" + "".join(f"; {o}" for o in others) + "]"
-    out = dict(reply) | {"process": index}
-    if "error" in out:
-        out["error"] = f"{out['error']}{tag}"
-    if isinstance(out.get("mismatch"), dict):
-        out["mismatch"] = out["mismatch"] | {"why": f"{out['mismatch']['why']}{tag}"}
-    return out
+    if isinstance(reply, Failed):
+        return dataclasses.replace(reply, error=f"{reply.error}{tag}")
+    if isinstance(reply, Compared | RecordsCompared) and reply.mismatch is not None:
+        mismatch = dataclasses.replace(reply.mismatch, why=f"{reply.mismatch.why}{tag}")
+        return dataclasses.replace(reply, mismatch=mismatch)
+    return reply

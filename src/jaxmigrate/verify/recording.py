@@ -9,7 +9,6 @@ the JSON sidecars; the pickled arguments are opened by the workers.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shlex
 import shutil
@@ -22,7 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from jaxmigrate.verify import lifetime
-from jaxmigrate.verify.child.protocol import RecordPlan, encode
+from jaxmigrate.verify.child.protocol import (
+    CommandPaths,
+    ProtocolError,
+    RecordedCall,
+    RecordPlan,
+    decode_command_paths,
+    decode_recorded_call,
+    encode,
+)
 from jaxmigrate.verify.config import VerifyConfig
 from jaxmigrate.verify.planner import Plan, reach_spans
 from jaxmigrate.verify.pool import child_env, kill_group
@@ -146,7 +153,10 @@ def run_command(
     calls); the first process to fail names the note.
     """
     tree = scratch(ws, side)
-    same_start(command, ws, config, first=side == "original")
+    try:
+        same_start(command, ws, config, first=side == "original")
+    except ProtocolError as exc:
+        return f"`{command}` was not run: its paths outside the project were kept as {exc}"
     imports = tuple(p for p in (tree, tree / "src") if p.is_dir())
     count = config.processes
     coordinator = coordinator_address() if count > 1 else ""
@@ -203,9 +213,9 @@ def same_start(command: str, ws: Workspace, config: VerifyConfig, first: bool) -
     if first and not saved.exists():
         words = [w for w in shlex_split(command) if w.startswith(os.sep)]
         found = outside_arguments(words, {}, [str(config.root), str(ws.base)])
-        saved.write_text(json.dumps(keep(found, str(record))), encoding="utf-8")
+        saved.write_text(encode(CommandPaths(kept=keep(found, str(record)))), encoding="utf-8")
     elif not first and saved.exists():
-        for k, entry in enumerate(json.loads(saved.read_text(encoding="utf-8"))):
+        for k, entry in enumerate(decode_command_paths(saved.read_text(encoding="utf-8")).kept):
             if not entry.get("error"):
                 lay_path(entry["path"], f"{record}.jaxmigrate-snap{k}")
 
@@ -239,19 +249,29 @@ def last_lines(log: Path, count: int = 5) -> str:
 
 
 def collect(
-    ws: Workspace, max_calls: int, processes: int = 1, folder: Path | None = None
+    ws: Workspace,
+    max_calls: int,
+    processes: int = 1,
+    folder: Path | None = None,
+    refused: list[str] | None = None,
 ) -> dict[str, Recorded]:
     """Return the recorded calls per plan id, the first `max_calls` of each.
 
     In a multi-process recording the files listed are process 0's; process i replays its own
     n-th call where process 0 replays its n-th (child/distributed.py), so only the calls that
-    every process made are kept.
+    every process made are kept. A sidecar this protocol does not read (a recorder of another
+    jaxmigrate) is left out, its file and why added to `refused`.
     """
-    metas: dict[tuple[str, int], list[tuple[Path, dict[str, Any]]]] = defaultdict(list)
+    metas: dict[tuple[str, int], list[tuple[Path, RecordedCall]]] = defaultdict(list)
     where = ws.records if folder is None else folder
     for sidecar in sorted(where.glob("*.json"), key=lambda p: p.stat().st_mtime_ns):
-        meta = json.loads(sidecar.read_text(encoding="utf-8"))
-        metas[(meta["target"], meta.get("process", 0))].append((sidecar.with_suffix(".pkl"), meta))
+        try:
+            meta = decode_recorded_call(sidecar.read_bytes())
+        except ProtocolError as exc:
+            if refused is not None:
+                refused.append(f"{sidecar.name}: {exc}")
+            continue
+        metas[(meta.target, meta.process)].append((sidecar.with_suffix(".pkl"), meta))
     out = {}
     for (target, process), items in metas.items():
         if process != 0:
@@ -267,14 +287,14 @@ def collect(
     return out
 
 
-def recorded(items: list[tuple[Path, dict[str, Any]]], max_calls: int) -> Recorded:
+def recorded(items: list[tuple[Path, RecordedCall]], max_calls: int) -> Recorded:
     """Return the first `max_calls` recorded calls of one target, with the first's context."""
     first = items[0][1]
     return Recorded(
         files=tuple(str(p) for p, _ in items[:max_calls]),
-        contexts=tuple((rel, int(line)) for rel, line in first["contexts"]),
-        meshes=tuple(first["meshes"]),
-        shapes=tuple(first["shapes"]),
+        contexts=tuple((rel, int(line)) for rel, line in first.contexts),
+        meshes=tuple(first.meshes),
+        shapes=tuple(first.shapes),
     )
 
 
@@ -284,11 +304,15 @@ def record(command: str, plans: Sequence[Plan], ws: Workspace, config: VerifyCon
     plan_file.write_text(encode(recording_plan(plans, ws, config.max_calls)), encoding="utf-8")
     started = time.monotonic()
     note = run_command(command, ws, config, plan_file)
-    calls = collect(ws, config.max_calls, config.processes)
+    refused: list[str] = []
+    calls = collect(ws, config.max_calls, config.processes, refused=refused)
     seconds = time.monotonic() - started
     for side in ("original", "candidate"):
         mirror_folders(scratch(ws, "original"), ws.tree(side))
-    return Recording(calls, note or f"`{command}` ran in {seconds:.1f} s", note)
+    shown = note or f"`{command}` ran in {seconds:.1f} s"
+    if refused:
+        shown += f"; {len(refused)} recorded call(s) refused: {refused[0]}"
+    return Recording(calls, shown, note)
 
 
 def supplement(

@@ -20,12 +20,14 @@ from dataclasses import dataclass, field, replace
 from jaxmigrate.model import Status
 from jaxmigrate.verify import lifetime, writes
 from jaxmigrate.verify.bound import fallbacks, judge_bound, parent, rerun, shadows, with_replay
+from jaxmigrate.verify.child.protocol import Ran
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.judge import (
     candidate_verdict,
     layout_verdict,
     original_verdict,
     test_folder,
+    tried,
     with_jax,
 )
 from jaxmigrate.verify.messages import Sources, Task, make_task
@@ -81,15 +83,17 @@ class Run:
     def judge(self, lane: Lane, task: Task, original: Reply) -> Verdict:
         verdict = self.decide(lane, task, original)
         versions = {"original": lane.original.jax, "candidate": lane.candidate.jax}
-        return with_jax(verdict, original.data, versions, bool(self.config.reference_python))
+        return with_jax(verdict, tried(original), versions, bool(self.config.reference_python))
 
     def decide(self, lane: Lane, task: Task, original: Reply) -> Verdict:
         tests = test_folder(self.config.root)
         verdict = original_verdict(task.plan, original, self.config.verify_with, tests)
         if verdict is not None:
             return verdict
-        verdict = candidate_verdict(task.plan, original.data, self.candidate_reply(lane, task))
-        return layout_verdict(verdict, original.data)
+        ran = original.message
+        assert isinstance(ran, Ran)  # original_verdict judged every other reply
+        verdict = candidate_verdict(task.plan, ran, self.candidate_reply(lane, task))
+        return layout_verdict(verdict, ran)
 
     def run_lane(self, lane: Lane, tasks: Sequence[Task]) -> dict[str, Verdict]:
         """Run tasks on one lane, the original worker one task ahead of the candidate worker."""
@@ -100,7 +104,9 @@ class Run:
                 try:
                     reply = self.original_reply(lane, task)
                 except Exception as exc:  # noqa: BLE001 - never leave the candidate side waiting
-                    reply = Reply({}, f"could not be run: {type(exc).__name__}: {exc}", "crash")
+                    reply = Reply(
+                        fault=f"could not be run: {type(exc).__name__}: {exc}", kind="crash"
+                    )
                 handoff.put((task, reply))
 
         ahead = threading.Thread(target=originals, daemon=True)

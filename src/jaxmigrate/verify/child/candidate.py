@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .protocol import Compared, Failed, Reply, Run, RunCandidate
+from .protocol import Compared, Failed, Mismatch, Reply, Run, RunCandidate, record
+from .protocol import Observed as Seen
 from .runner import RETURNED, SHOWN, STEPS, Runner, UserError, load_pickle, returned_request
 
 
@@ -23,8 +24,8 @@ def handle(runner: Runner, request: RunCandidate, state: Any = None) -> Reply:
     from .inputs import add_import_paths
     from .observe import Observed
 
-    for record in request.records:
-        add_import_paths(record)
+    for path in request.records:
+        add_import_paths(path)
     try:
         _, fn = runner.target(request, "candidate")
         calls, expected = load_io(request, "")
@@ -53,7 +54,7 @@ def handle(runner: Runner, request: RunCandidate, state: Any = None) -> Reply:
         max_rel_err=max(first.max_rel_err or 0.0, reply.max_rel_err or 0.0),
         not_comparable=list(dict.fromkeys(notes))[:5],
         has_values=any(has_values(r) for r in [*expected, *returned_expected]),
-        observed=observed.summary(),
+        observed=record(Seen, observed.summary()),
     )
 
 
@@ -105,7 +106,8 @@ def compare_calls(
             mismatch = shown_mismatch(shown[i], runner.shown[-1])
         if mismatch is not None:
             where = {"call": i} | ({"returned": True} if kind else {})
-            return Compared(equal=False, mismatch=mismatch | where, candidate_contexts=contexts)
+            found = record(Mismatch, mismatch | where)
+            return Compared(equal=False, mismatch=found, candidate_contexts=contexts)
         errs = max_errors(ref, flat)
         worst = (max(worst[0], errs[0]), max(worst[1], errs[1]))
     return Compared(

@@ -19,7 +19,6 @@ the call's mesh contexts before it is run.
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import pickle
 import re
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .hostify import to_host
+from .protocol import ProtocolError, RecordedCall, decode_recorded_call
 from .values import HostArray
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
@@ -53,23 +53,29 @@ def recorded(paths: list[str]) -> list[Call]:
         with open(path, "rb") as handle:
             call = pickle.load(handle)
         base = os.path.splitext(path)[0]
-        calls.append(pointed(call, sidecar(path).get("outside", []), base))
+        meta = sidecar(path)
+        calls.append(pointed(call, meta.outside if meta is not None else [], base))
     return calls
 
 
-def sidecar(record: str) -> dict[str, Any]:
-    """Return the JSON sidecar of a recorded call ({} if it cannot be read)."""
+def sidecar(record: str) -> RecordedCall | None:
+    """Return the sidecar of a recorded call (None if there is none); raise ProtocolError, naming
+    the file, for one this protocol does not read (a recorder of another jaxmigrate)."""
     try:
         with open(os.path.splitext(record)[0] + ".json", encoding="utf-8") as handle:
-            found = json.load(handle)
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
+            text = handle.read()
+    except OSError:
+        return None
+    try:
+        return decode_recorded_call(text)
+    except ProtocolError as exc:
+        raise ProtocolError(f"{os.path.basename(handle.name)}: {exc}") from None
 
 
 def add_import_paths(record: str) -> None:
     """Add the tree's folders the recorded command imported from (its sidecar's `paths`)."""
-    for rel in sidecar(record).get("paths", []):
+    meta = sidecar(record)
+    for rel in meta.paths if meta is not None else []:
         entry = os.path.join(os.getcwd(), rel)
         if entry not in sys.path:
             sys.path.append(entry)

@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
-from .protocol import Failed, Ran, Reply, RunOriginal
+from .protocol import Failed, Ran, Reply, RunOriginal, Shows, record
+from .protocol import Observed as Seen
 from .runner import (
     RETURNED,
     SHOWN,
@@ -72,7 +73,7 @@ def nondeterministic(why: str) -> Failed:
     return Failed(stage="call", error=error, nondeterministic=True)
 
 
-def shows(shown: list[Any], returned: bool) -> dict[str, Any]:
+def shows(shown: list[Any], returned: bool) -> Shows:
     """Return what a unit's comparison covers: its return value, printed lines, files."""
     lines = 0
     files: list[str] = []
@@ -80,7 +81,7 @@ def shows(shown: list[Any], returned: bool) -> dict[str, Any]:
         count, names = one.compared()
         lines += count
         files += [n for n in names if n not in files]
-    return {"returned": returned, "printed": lines, "files": files}
+    return Shows(returned=returned, printed=lines, files=files)
 
 
 def against_second(request: RunOriginal, first: Reply, second: Reply) -> Reply:
@@ -115,10 +116,10 @@ def against_second(request: RunOriginal, first: Reply, second: Reply) -> Reply:
     kept = [varying(a, b) for a, b in zip(*runs)]
     with open(shown_path, "wb") as handle:
         pickle.dump(kept, handle)
-    found_shows = shows(kept, bool(first.shows and first.shows["returned"]))
+    found_shows = shows(kept, bool(first.shows and first.shows.returned))
     note = left_out(kept[0]) if kept else ""
     if note:
-        found_shows["left_out"] = note
+        found_shows = dataclasses.replace(found_shows, left_out=note)
     return dataclasses.replace(first, shows=found_shows)
 
 
@@ -271,7 +272,7 @@ def attempt(runner: Runner, request: RunOriginal, variant: str) -> Ran:
         input_shapes=shapes(calls[0]),
         output_shapes=flat_shapes(outputs[0]),
         contexts=notes,
-        observed=observed.summary(),
+        observed=record(Seen, observed.summary()),
         shows=found_shows,
         mapped_axis_size=size,
         mesh_hint=hint,

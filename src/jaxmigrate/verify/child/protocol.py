@@ -15,7 +15,8 @@ on (3.11 to 3.13).
 
 Requests: `RunOriginal`, `RunCandidate` (a target on one side), `CompareRecords` (the calls two
 runs of a command recorded), `Exit`; and `RecordPlan`, the file that tells the recorder in a
-command's processes what to record. Replies: `Ready` (JAX is up), `Ran` (the original's outputs
+command's processes what to record. Files: `RecordedCall`, the sidecar of each call the recorder
+wrote, and `CommandPaths`, the paths outside the tree a command names, kept. Replies: `Ready` (JAX is up), `Ran` (the original's outputs
 are written), `Compared` (the rewrite against them), `RecordsCompared`, `Failed`.
 """
 
@@ -173,20 +174,103 @@ class RecordPlan(Message):
     reach: dict[str, list[Any]] = field(default_factory=dict)
 
 
+# Files ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class RecordedCall(Message):
+    """The sidecar of one recorded call (`<base>.json` next to its `<base>.pkl`), written by the
+    recorder in the command's process and read by jaxmigrate (`verify.recording.collect`) and
+    the workers (`inputs`): its target id, the [file, line] of each mesh-like `with` around it,
+    the meshes set and the arguments' shapes, its process in a job, the tree's folders the
+    command imported from (`paths`) and the paths outside the tree it named, kept
+    (`outside`: `child.outside.keep`'s entries)."""
+
+    KIND: ClassVar[str] = "recorded-call"
+    target: str
+    contexts: list[list[Any]] = field(default_factory=list)
+    meshes: list[dict[str, Any]] = field(default_factory=list)
+    shapes: list[str] = field(default_factory=list)
+    process: int = 0
+    paths: list[str] = field(default_factory=list)
+    outside: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommandPaths(Message):
+    """The paths outside the project a `--verify-with` command names, kept before its first
+    run so that every later run starts from them as they were (`verify.recording.same_start`,
+    `command-paths.json`): `child.outside.keep`'s entries."""
+
+    KIND: ClassVar[str] = "command-paths"
+    kept: list[dict[str, Any]] = field(default_factory=list)
+
+
 # Replies ---------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
+class Mismatch:
+    """Where two outputs (or two runs' inputs) first differ (`child.compare`, `child.shown`):
+    the leaf's `path` and `why`; an array's shape and dtype (and the rewrite's, if those
+    differ), its errors; the call (0-based), whether in the function a factory returned, and
+    whether in what a unit printed or wrote (`shown`)."""
+
+    path: str
+    why: str
+    shape: list[int] | None = None
+    dtype: str | None = None
+    new_shape: list[int] | None = None
+    new_dtype: str | None = None
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    call: int | None = None
+    returned: bool | None = None
+    shown: bool | None = None
+
+    def details(self) -> dict[str, Any]:
+        """Return the mismatch as a verdict's details hold it: the fields that are set."""
+        return {k: v for k, v in plain_fields(self).items() if v is not None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shows:
+    """What a unit's comparison covers: its return value, its printed lines, the files it
+    wrote; `left_out` says what two runs of the original disagreed on (not compared)."""
+
+    returned: bool
+    printed: int
+    files: list[str] = field(default_factory=list)
+    left_out: str | None = None
+
+    def details(self) -> dict[str, Any]:
+        return {k: v for k, v in plain_fields(self).items() if v is not None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lowered:
+    """The sharding constraints and collectives a jitted function lowers with."""
+
+    constraints: list[str] = field(default_factory=list)
+    collectives: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Observed:
+    """What the calls compiled (`child.observe`): how many compiles, the functions compiled
+    again on the same code (name -> repeats), each function's lowering, and each output
+    array's sharding (where -> text)."""
+
+    compiles: int
+    repeated: dict[str, int] = field(default_factory=dict)
+    lowering: dict[str, Lowered] = field(default_factory=dict)
+    shardings: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Reply(Message):
-    """A worker's answer. `view` is the plain dict the verdicts read (`ok` and the fields that
-    are set); `restart` says why the worker must start again before the next request."""
+    """A worker's answer (`OK`: a class constant, False for `Failed` only); `restart` says why
+    the worker must start again before the next request. The verdicts read its attributes
+    (`verify.judge`, `verify.bound`)."""
 
     OK: ClassVar[bool] = True
     restart: str | None = None
-
-    def view(self) -> dict[str, Any]:
-        """Return the reply as a dict: `kind`, `ok` and every field that is not None."""
-        out: dict[str, Any] = {"kind": self.KIND, "ok": self.OK}
-        out |= {k: v for k, v in plain_fields(self).items() if v is not None}
-        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,8 +296,8 @@ class Ran(Reply):
     input_shapes: list[Any] = field(default_factory=list)
     output_shapes: list[Any] = field(default_factory=list)
     contexts: list[str] = field(default_factory=list)
-    observed: dict[str, Any] = field(default_factory=dict)
-    shows: dict[str, Any] | None = None  # a unit: what it returned, printed and wrote
+    observed: Observed | None = None
+    shows: Shows | None = None  # a unit: what it returned, printed and wrote
     mapped_axis_size: int | None = None
     mesh_hint: str | None = None
     layout_violations: list[str] | None = None
@@ -228,13 +312,13 @@ class Compared(Reply):
 
     KIND: ClassVar[str] = "compared"
     equal: bool
-    mismatch: dict[str, Any] | None = None
+    mismatch: Mismatch | None = None
     candidate_contexts: list[str] = field(default_factory=list)
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     not_comparable: list[str] | None = None
     has_values: bool | None = None
-    observed: dict[str, Any] | None = None
+    observed: Observed | None = None
     calls: int | None = None
     returned_calls: int | None = None
 
@@ -245,8 +329,8 @@ class RecordsCompared(Reply):
 
     KIND: ClassVar[str] = "records-compared"
     equal: bool = False
-    diverged: dict[str, Any] | None = None
-    mismatch: dict[str, Any] | None = None
+    diverged: Mismatch | None = None
+    mismatch: Mismatch | None = None
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     not_comparable: list[str] | None = None
@@ -297,6 +381,15 @@ def plain(value: Any) -> Any:
     return value
 
 
+T = typing.TypeVar("T")
+
+
+def record(cls: type[T], data: Any) -> T:
+    """Return a `cls` record (a part of a message) from plain data, checked as `decode` checks
+    it: the worker builds the parts it computes as dicts (`Mismatch`, `Shows`, `Observed`)."""
+    return typing.cast(T, build(cls, plain(data), cls.__name__))
+
+
 def encode(message: Message) -> str:
     """Return `message` as one line of JSON, with its protocol version and kind."""
     data = {"protocol": VERSION, "kind": message.KIND, **plain_fields(message)}
@@ -318,6 +411,19 @@ def decode_request(line: str | bytes) -> Request:
 def decode_plan(text: str | bytes) -> RecordPlan:
     """Return the recording plan a file holds; raise ProtocolError saying what does not match."""
     return typing.cast(RecordPlan, decode(text, {RecordPlan.KIND: RecordPlan}, "recording plan"))
+
+
+def decode_recorded_call(text: str | bytes) -> RecordedCall:
+    """Return the recorded call a sidecar holds; raise ProtocolError saying what does not match."""
+    kinds: dict[str, type[Message]] = {RecordedCall.KIND: RecordedCall}
+    return typing.cast(RecordedCall, decode(text, kinds, "recorded call's sidecar"))
+
+
+def decode_command_paths(text: str | bytes) -> CommandPaths:
+    """Return the kept paths a `command-paths.json` holds; raise ProtocolError if it does not
+    match this protocol."""
+    kinds: dict[str, type[Message]] = {CommandPaths.KIND: CommandPaths}
+    return typing.cast(CommandPaths, decode(text, kinds, "command's kept paths"))
 
 
 def decode_reply(line: str | bytes) -> Reply:

@@ -26,7 +26,6 @@ import ast
 import functools
 import importlib.abc
 import importlib.machinery
-import json
 import os
 import pickle
 import random
@@ -39,6 +38,7 @@ from types import FrameType, FunctionType, MethodType, ModuleType
 from typing import Any
 
 from .distributed import for_process, job, process_index
+from .protocol import RecordedCall, encode
 from .source import enclosing_withs
 
 ENTRY_POINTS: dict[str, tuple[str, ...]] = {
@@ -213,19 +213,19 @@ class Recorder:
             if flat is not None:
                 with open(base + ".out.pkl", "wb") as handle:
                     handle.write(flat)
-        meta = {
-            "target": target,
-            "contexts": self.context(caller),
-            "meshes": active_meshes(),
-            "shapes": shapes(pickle.loads(payload)),
-            "process": process_index(),
+        meta = RecordedCall(
+            target=target,
+            contexts=self.context(caller),
+            meshes=active_meshes(),
+            shapes=shapes(pickle.loads(payload)),
+            process=process_index(),
             # where the command imported the tree from (pytest adds test folders): the workers
             # add the same folders, so what was pickled by name can be found
-            "paths": sorted({rel for rel in map(self.relative, sys.path[:50]) if rel}),
-            "outside": kept.entries if kept is not None else [],
-        }
+            paths=sorted({rel for rel in map(self.relative, sys.path[:50]) if rel}),
+            outside=kept.entries if kept is not None else [],
+        )
         with open(base + ".json", "w", encoding="utf-8") as handle:
-            json.dump(meta, handle)
+            handle.write(encode(meta))
 
     # Patching ------------------------------------------------------------------------------
     def entry(self, real: Callable[..., Any]) -> Callable[..., Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .protocol import CompareRecords, Failed, RecordsCompared, Reply
+from .protocol import CompareRecords, Failed, Mismatch, RecordsCompared, Reply, record
 from .runner import Runner, load_pickle
 
 
@@ -36,10 +36,10 @@ def handle(runner: Runner, request: CompareRecords, state: Any = None) -> Reply:
             return Failed(stage="call", error=f"the output of call {i + 1} was not recorded")
         found = compare(flatten_output(from_host(orig_in)), flatten_output(from_host(cand_in)))
         if found is not None:
-            return RecordsCompared(diverged=found | {"call": i})
+            return RecordsCompared(diverged=record(Mismatch, found | {"call": i}))
         found = compare(orig_out, cand_out, notes)
         if found is not None:
-            return RecordsCompared(equal=False, mismatch=found | {"call": i})
+            return RecordsCompared(equal=False, mismatch=record(Mismatch, found | {"call": i}))
         errs = max_errors(orig_out, cand_out)
         worst = (max(worst[0], errs[0]), max(worst[1], errs[1]))
         expected.append(orig_out)
