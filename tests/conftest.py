@@ -30,32 +30,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 SHARED_SCOPES = ("session", "package", "module", "class")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks into node ids
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+# Marked as each test is collected, before any collection_modifyitems hook (xdist's, which
+# reads them into node ids) runs. Under pytest 9.2 (the Python 3.12 leg) xdist 3.8 ignores
+# `xdist_group` marks altogether (explicit ones too): `.ci/run` gives that leg `--dist loadfile`.
+def pytest_itemcollected(item: pytest.Item) -> None:
     """Under pytest-xdist (`-n N --dist loadgroup`, as `.ci/run` runs), keep the tests that use
     one of our module- or session-scoped fixtures (a verification batch, a migrated project, the
     fixture corpus run in one JAX process) on one worker: each worker would otherwise make the
     fixture again, in its own JAX subprocesses. The group is the fixture's own scope: the module
     for a module-scoped fixture, the fixture itself for a session-scoped one."""
-    if not config.pluginmanager.hasplugin("xdist"):
+    if not item.config.pluginmanager.hasplugin("xdist"):
         return
-    for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None:
-            continue
-        groups = []
-        for name, defs in info.name2fixturedefs.items():
-            fixturedef = defs[-1]
-            if fixturedef.scope not in SHARED_SCOPES or not fixturedef.baseid:
-                continue  # function-scoped, or pytest's own (tmp_path_factory)
-            if fixturedef.scope in ("session", "package"):
-                groups.append(f"{fixturedef.baseid}::{name}")
-            else:
-                groups.append(item.nodeid.split("::")[0])
-        if groups:
-            item.add_marker(pytest.mark.xdist_group(min(groups)))
+    if item.get_closest_marker("xdist_group"):
+        return
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return
+    groups = []
+    for name, defs in info.name2fixturedefs.items():
+        fixturedef = defs[-1]
+        if fixturedef.scope not in SHARED_SCOPES or not fixturedef.baseid:
+            continue  # function-scoped, or pytest's own (tmp_path_factory)
+        if fixturedef.scope in ("session", "package"):
+            groups.append(f"{fixturedef.baseid}::{name}")
+        else:
+            groups.append(item.nodeid.split("::")[0])
+    if groups:
+        item.add_marker(pytest.mark.xdist_group(min(groups)))
 
 
 def jax_env(devices: int = 8) -> dict[str, str]:
