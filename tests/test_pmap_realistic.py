@@ -304,6 +304,32 @@ def test_the_migrated_multihost_predictions_are_each_process_own_examples(
 # generator yields flat batches, each becoming this process's part of a global batch.
 SCRIPTS = ["spmd_mnist", "spmd_mnist_multihost"]
 
+# The example as a multi-process job runs it: each process takes its own slice of every batch and
+# splits it over its local devices, and says which process printed the weights.
+MULTIHOST = [
+    ("jax.device_count()", "jax.local_device_count()"),
+    (
+        "        batch_idx = perm[i * batch_size:(i + 1) * batch_size]\n",
+        (
+            "        batch_idx = perm[i * batch_size:(i + 1) * batch_size]\n"
+            "        per_process = len(batch_idx) // jax.process_count()\n"
+            "        start = jax.process_index() * per_process\n"
+            "        batch_idx = batch_idx[start:start + per_process]\n"
+        ),
+    ),
+    ('print("weights", ', 'print(jax.process_index(), "weights", '),
+]
+
+
+def spmd_mnist_sources() -> dict[str, str]:
+    """The reduced example, and its multi-process form derived from it."""
+    text = (DATA / "spmd_mnist.py").read_text()
+    multihost = text
+    for old, new in MULTIHOST:
+        assert multihost.count(old) == 1, old
+        multihost = multihost.replace(old, new)
+    return dict(zip(SCRIPTS, (text, multihost), strict=True))
+
 
 def printed(folder: Path, name: str) -> list[str]:
     """The lines a script prints on 8 devices, without the ones giving a duration."""
@@ -321,8 +347,7 @@ def printed(folder: Path, name: str) -> list[str]:
 
 
 def test_a_main_block_fed_by_a_generator_takes_the_program_level_form(tmp_path: Path) -> None:
-    sources = {name: (DATA / f"{name}.py").read_text() for name in SCRIPTS}
-    before, after, sites = migrate(tmp_path, sources)
+    before, after, sites = migrate(tmp_path, spmd_mnist_sources())
     for name in SCRIPTS:
         steps = [s for s in sites if s["path"] == f"{name}.py" and "`jax.pmap` ->" in s["message"]]
         assert [("(program-level)" in s["message"], s["applied"]) for s in steps] == [(True, True)]
