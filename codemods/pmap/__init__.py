@@ -382,7 +382,7 @@ from jaxmigrate.toolkit.scope import ScopeModel
 from ._faithful import Faithful
 from ._forms import names_in
 from ._outer import OuterGroup, OuterStep
-from ._program import Program, rewrite_host
+from ._program import Program, edit_owners, rewrite_host
 from ._survey import HELPER, PMAP, PmapUse, Survey, fun_arg
 
 PROGRAM_MESSAGE = (
@@ -522,7 +522,7 @@ class Pmap(Faithful):
             layout = {"layout": self._layout(site.node, program)}
             text = PROGRAM_MESSAGE.format(axis=axis)
             enabled.append(self.site(site.node, text, group=group, fallback=group, details=layout))
-        enabled += self._record_edits([p for _, p in programs], group)
+        enabled += self._record_edits([q for _, p in programs for q in (p, *p.callees)], group)
         if not all(enabled):
             return updated
         spec, spec_import = self._spec_ref()
@@ -560,10 +560,42 @@ class Pmap(Faithful):
                 if any(program.batches):
                     shardings[axis] = program.sharding
                     taken.add(program.sharding)
+            self._plan_callees(program)
         first = programs[0][1].statement
         assert first is not None
         indent = self.room(first).indent
         return rewrite_host(host, [p for _, p in programs], None, indent, self.state.style)
+
+    def _plan_callees(self, program: Program) -> None:
+        """Spell what the programs of the defs a step is passed to need, and plan their
+        rewrite (at the module's end: a def may come before its caller). Their mesh is made
+        where used, equal to the caller's."""
+        for callee in program.callees:
+            self._drop_deleted_imports(callee)
+            callee.jax, callee.jnp, callee.spec = program.jax, program.jnp, program.spec
+            axis, jax = code(program.axis), program.jax
+            callee.mesh = f"{jax}.sharding.Mesh({jax}.devices(), ({axis},))"
+            callee.sharding = (
+                f"{jax}.sharding.NamedSharding({callee.mesh}, {code(callee.spec)}({axis}))"
+            )
+            if any(callee.varying):
+                callee.hosts = self._multihost_utils()
+            self.callee_programs.setdefault(id(callee.host), []).append(callee)
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        new = {}  # the defs steps are passed to, rewritten, by name (a def of the module once)
+        for statement in original_node.body:
+            programs = self.callee_programs.get(id(statement))
+            if programs and isinstance(statement, cst.FunctionDef):
+                first = statement.body.body[0] if statement.body.body else statement
+                indent = self.room(first).indent
+                rewritten = rewrite_host(statement, programs, None, indent, self.state.style)
+                new[statement.name.value] = rewritten
+        body = [
+            new.get(s.name.value, s) if isinstance(s, cst.FunctionDef) else s
+            for s in updated_node.body
+        ]
+        return super().leave_Module(original_node, updated_node.with_changes(body=body))
 
     def _record_outer(self, group: OuterGroup) -> None:
         """Record the steps of `group`, their edits and the mesh as one group of sites; when it
@@ -663,8 +695,9 @@ class Pmap(Faithful):
 
     def _record_edits(self, programs: list[Program], group: str) -> list[bool]:
         """Record each edit once (a batch or a replication two steps share is one edit)."""
-        reasons = {k: (p.nodes[k], why) for p in programs for k, why in p.reasons.items()}
-        return [self.site(node, why, group=group, fallback=group) for node, why in reasons.values()]
+        owners = edit_owners(programs).items()
+        reasons = [(p.nodes[k], p.reasons[k]) for k, p in owners if k in p.reasons]
+        return [self.site(node, why, group=group, fallback=group) for node, why in reasons]
 
     def _drop_deleted_imports(self, program: Program) -> None:
         """`from flax import jax_utils` goes when the replications deleted were its only use."""

@@ -36,7 +36,7 @@ from ._layout import (
     match,
     row_named,
 )
-from ._program import Decline, NotVisible, Program
+from ._program import COPY, Decline, NotVisible, Program
 from ._reach import ENTRY, Reach
 
 GET_METRICS = (row_named("get_metrics"),)
@@ -190,13 +190,15 @@ def analyze_calls(
     body: cst.FunctionDef,
     qualname: Qualname,
     defs: Defs | None = None,
+    given: Callable[[Program, str, int], str] | None = None,
 ) -> Program:
     """Return the program of `host`, a function calling `step`, a step made outside it (at
-    module level or by a decorator); raise NotVisible for why not."""
+    module level or by a decorator, or passed to it: `given` then lays out the parameters it
+    reads, `_callee.py`); raise NotVisible for why not."""
     flow = Flow(host)
     if step in flow.stores:
         raise NotVisible(f"`{step}` is bound in `{host.name.value}` too", Decline.REBOUND)
-    return _follow(host, flow, step, options, body, qualname, -1, defs=defs)
+    return _follow(host, flow, step, options, body, qualname, -1, defs=defs, given=given)
 
 
 def _follow(
@@ -210,6 +212,7 @@ def _follow(
     siblings: tuple[str, ...] = (),
     defs: Defs | None = None,
     own: cst.FunctionDef | None = None,
+    given: Callable[[Program, str, int], str] | None = None,
 ) -> Program:
     """Follow every argument and result of the calls of `step` in `host` (made at `made_at`).
     `own`: the def `step = jax.pmap(step, ...)` maps (brax's trainers); its reads, the pmap's
@@ -238,7 +241,7 @@ def _follow(
     program = Program(host, None, options.fun, options.axis, options.donate, [False] * arity, None)
     program.fixed, program.statics = fixed, options.statics_arg
     program.params = [p.name.value for p in body.params.params]
-    program.keywords = keywords
+    program.keywords, program.given = keywords, given
     program.helpers = {
         name
         for name, stores in flow.stores.items()
@@ -254,18 +257,8 @@ def _follow(
     program.made_at = made_at
     program.calls = [c.call for c in calls]
     _keyword_calls(program, calls, keywords)
-    for sibling in siblings:
-        for use in flow.loads.get(sibling, []):
-            other = flow.parent.get(id(use))
-            if isinstance(other, cst.Call) and other.func is use:
-                program.sibling_feeds |= {id(a.value) for a in other.args}
-                program.siblings.add(id(flow.parent.get(id(other))))
-    forms = Forms(
-        qualname,
-        lambda node: is_device_count(node, flow, qualname),
-        {name: d for name, d in (defs or {}).items() if name not in flow.stores},
-        lambda name: _named_lambda(flow, name),
-    )
+    sibling_calls(program, flow, siblings, defs)
+    forms = forms_of(flow, qualname, defs)
     for position in range(arity):
         if position not in fixed:
             _follow_argument(program, flow, forms, calls, position)
@@ -300,6 +293,34 @@ def _follow(
         for output, name in enumerate(call.targets):
             _follow_result(program, flow, forms, calls, step, name, output)
     return program
+
+
+def sibling_calls(
+    program: Program, flow: Flow, siblings: tuple[str, ...], defs: Defs | None
+) -> None:
+    """Record the calls of the other steps `siblings` of the function: the statements binding
+    their results and the values they are passed (fed to those steps: checked there), also
+    through a def of the module a sibling is passed to (`_callee.passed_feeds`)."""
+    from ._callee import passed_feeds  # `_callee` follows such a def with this module
+
+    for sibling in siblings:
+        for use in flow.loads.get(sibling, []):
+            other = flow.parent.get(id(use))
+            if isinstance(other, cst.Call) and other.func is use:
+                program.sibling_feeds |= {id(a.value) for a in other.args}
+                program.siblings.add(id(flow.parent.get(id(other))))
+            else:
+                program.sibling_feeds |= passed_feeds(flow, use, defs or {})
+
+
+def forms_of(flow: Flow, qualname: Qualname, defs: Defs | None) -> Forms:
+    """The known forms (replications, splits, readbacks) as `flow`'s function spells them."""
+    return Forms(
+        qualname,
+        lambda node: is_device_count(node, flow, qualname),
+        {name: d for name, d in (defs or {}).items() if name not in flow.stores},
+        lambda name: _named_lambda(flow, name),
+    )
 
 
 @dataclass
@@ -721,7 +742,10 @@ def _follow_argument(
         use = value if isinstance(value, cst.Name) else field_root(value)
         assert use is not None
         for binding in flow.reach.of(use) or {ENTRY}:  # the bindings whose value it may be
-            if binding is ENTRY:
+            if binding is ENTRY and program.given and name in _parameters(program.host):
+                kind = program.given(program, name, position)  # the caller's argument
+                program.entries.add(name)
+            elif binding is ENTRY:
                 host = program.host.name.value
                 where = f"a parameter of `{host}`"
                 where += "" if name in _parameters(program.host) else " or a global"
@@ -808,7 +832,7 @@ def _follow_stacked(
     """Check every read of an argument the function stacks for the step (`x = replicate(x)`,
     `b = shard(b)`) and no step makes: the stacking is deleted, so once stacked it is read only
     fed to a step or (replicated) as device 0's copy, a readback then deleted."""
-    stackings = [  # and `x = x - lr * g` after a call: replicated as well, its reads alike
+    stackings: list[cst.CSTNode] = [  # and `x = x - lr * g` after a call: replicated as well
         b
         for b in flow.stores.get(name, [])
         if isinstance(b, cst.Assign)
@@ -817,6 +841,7 @@ def _follow_stacked(
             or (id(b) in program.arithmetic and not _before(flow, b, calls))
         )
     ]
+    stackings += [ENTRY] if name in program.entries else []  # a parameter: the caller's value
     feeds = {id(arg.value) for c in calls for arg in c.call.args} | program.sibling_feeds
     for use in flow.loads.get(name, []):
         if not flow.reach.of(use) & set(stackings):
@@ -1053,7 +1078,7 @@ def _flat_literal(forms: Forms, value: cst.Dict | cst.Tuple) -> cst.BaseExpressi
 
 REPLICATED = row_named("replicate").why
 COPIED = (
-    "a replication -> a copy of the value, replicated (`P()`): the step donates it, and "
+    f"{COPY} of the value, replicated (`P()`): the step donates it, and "
     "passing the value itself would donate the program's own buffers"
 )
 

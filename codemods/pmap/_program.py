@@ -137,6 +137,12 @@ class Program:
     # Names bound once to the number of devices or a lambda (a replicating one): their binding
     # is deleted when the rewrite leaves them unread.
     helpers: set[str] = field(default_factory=set)
+    # A step passed to a def of the module (`_callee.py`): in that def, the layout of a
+    # parameter read at ENTRY, from the caller's argument (a kind, or raises NotVisible); the
+    # parameters so read; and, in the caller, the programs of the defs it is passed to.
+    given: Callable[[Program, str, int], str] | None = None
+    entries: set[str] = field(default_factory=set)
+    callees: list[Program] = field(default_factory=list)
 
     def edit(
         self, node: cst.BaseExpression, why: str, new: Callable[[], cst.BaseExpression]
@@ -264,6 +270,20 @@ class Program:
         return f"lambda {', '.join(self.params)}: {code(fun)}({', '.join(args)})"
 
 
+COPY = "a replication -> a copy"  # how the edit of a replication a step donates begins
+
+
+def edit_owners(programs: list[Program]) -> dict[int, Program]:
+    """For each node the programs edit, the program whose edit is made: a copy of a replication
+    one step donates wins over another step's deleting it (both take the value replicated)."""
+    owners: dict[int, Program] = {}
+    for program in programs:  # else the last program's
+        for key in program.edits:
+            if key not in owners or not owners[key].reasons.get(key, "").startswith(COPY):
+                owners[key] = program
+    return owners
+
+
 def _laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.BaseStatement:
     """Return `target = call(...)`, `call(...)` or `return call(...)`, the call laid out by the
     emitter when the line is too long; in `call(...).method()` the first call is laid out, as
@@ -373,7 +393,7 @@ class _Edit(cst.CSTTransformer):
         super().__init__()
         self.host, self.programs, self.setup = host, programs, setup
         self.indent, self.style = indent, style
-        self.edits = {k: e for p in programs for k, e in p.edits.items()}
+        self.edits = {k: p.edits[k] for k, p in edit_owners(programs).items()}
         self.made = {id(p.statement): p for p in programs if p.statement is not None}
         self.before: cst.CSTNode | None = None  # the setup's statement, as rewritten
         self.blocks: list[str] = []  # the indentation of each block we are in

@@ -13,6 +13,7 @@ from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.passes import Pass
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
+from ._callee import follow_passed
 from ._flow import (
     analyze,
     analyze_decorated,
@@ -29,6 +30,7 @@ from ._outer import (
     first_statement,
     follow_step,
     mesh_in_scope,
+    reads,
     setup_function,
 )
 from ._program import Decline, NotVisible, Program, Setup
@@ -312,6 +314,7 @@ class Finding(Pass):
         self.outer_defs: dict[int, tuple[OuterStep, Program]] = {}  # pmap-decorated defs, taken
         self.host_programs: dict[int, list[Program]] = {}  # by id of a function calling them
         self.host_setups: dict[int, Setup] = {}  # by id of the function setting the mesh
+        self.callee_programs: dict[int, list[Program]] = {}  # by id of a def a step is passed to
 
     def _find_programs(self, module: cst.Module) -> None:
         """Take the sites whose whole data flow is visible to the program-level form."""
@@ -608,24 +611,28 @@ class Finding(Pass):
             module_defs |= {
                 d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)
             }
-        program = analyze(
-            host,
-            statement,
-            site.node,
-            body,
-            self.qualname,
-            siblings,
-            module_defs,
-            skip,
-            cst.SimpleString(f'"{self._unnamed()}"'),
-            self.survey.constants(),
-        )
+        details = (host, statement, site.node, body, self.qualname, siblings, module_defs, skip)
+        unnamed = cst.SimpleString(f'"{self._unnamed()}"')
+        try:
+            program = analyze(*details, unnamed, self.survey.constants())
+        except NotVisible as why:  # passed to a def of the module: followed there (`_callee`)
+            if why.code is not Decline.NOT_CALLED_ONLY:
+                raise
+            called_once = lambda d, c: self._called_once(flow, d, c)
+            program = follow_passed(why, *details, unnamed, self.survey.constants(), called_once)
         _globals_unread(module, host, program, flow)
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
         mesh = mesh_in_scope(scopes, flow.order[id(statement)], flow, program.axis, self.qualname)
         if mesh is not None:
             program.mesh, program.make_mesh = mesh, False
         return host, program
+
+    def _called_once(self, flow: Parents, callee: cst.FunctionDef, call: cst.Call) -> bool:
+        """`callee` is a def of the module read only as the function of `call`, and holds no
+        pmap site: the step passed there is followed there (`_callee.follow_passed`)."""
+        uses = reads(flow, callee.name.value)
+        holds = any(callee in around for _, around in self.survey.refs)  # type: ignore[union-attr]
+        return uses == [call.func] and not holds and callee.name.value not in self.survey.strings  # type: ignore[union-attr]
 
     def _main_host(
         self, module: cst.Module, around: tuple[cst.CSTNode, ...] | list[cst.CSTNode]

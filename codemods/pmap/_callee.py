@@ -1,0 +1,180 @@
+"""A step passed to a def of the module: `evaluate(p_eval_step=p_eval_step, params=state.params)`.
+
+The step is made in one function (the caller) and only passed, as an argument, to a def of the
+module (the callee) that calls it through its parameter (flax's lm1b and wmt: `evaluate`,
+`generate_prediction`). The callee is followed as a function calling a step made outside it
+(`analyze_calls`: its calls, arguments and results), its parameter bound to the step; a step
+argument that the callee reads from another of its parameters (`params`) is the caller's argument
+for that parameter, laid out in the caller as an argument of a call of the step would be (a
+replication, a result of another step fed back, ...), and read in the callee only as passed to
+the step. The caller's program makes the mesh and the step, and edits the caller's arguments;
+the callee's program edits its batches, readbacks, metrics and flattenings, over a mesh equal to
+the caller's (`jax.sharding.Mesh(jax.devices(), (axis,))`: meshes of the same devices and axes
+are equal, so the step compiled for one takes arrays of the other).
+
+Taken only when the callee is a def of the module called once, in the caller, holding no pmap of
+its own, and each use of the step is such a pass: anything else keeps the reason found first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import libcst as cst
+
+from ._body import Defs
+from ._flow import (
+    INLINE,
+    Flow,
+    _check_lambda,
+    _follow_argument,
+    _StepCall,
+    analyze_calls,
+    forms_of,
+    options_of,
+    sibling_calls,
+)
+from ._forms import Qualname, field_top, single_name
+from ._program import Decline, NotVisible, Program
+
+
+def bound_arguments(
+    callee: cst.FunctionDef, call: cst.Call
+) -> dict[str, cst.BaseExpression] | None:
+    """The value `call` passes to each parameter of `callee` it fills; None when that is not
+    visible (`*args`, `**kwargs`, positional-only parameters, a keyword it lacks)."""
+    params = callee.params
+    if params.posonly_params or isinstance(params.star_arg, cst.Param) or params.star_kwarg:
+        return None
+    if any(a.star for a in call.args):
+        return None
+    named = {p.name.value for p in (*params.params, *params.kwonly_params)}
+    plain = [a.value for a in call.args if a.keyword is None]
+    if len(plain) > len(params.params):
+        return None
+    found = {p.name.value: v for p, v in zip(params.params, plain)}
+    for arg in call.args:
+        if arg.keyword is not None:
+            if arg.keyword.value not in named or arg.keyword.value in found:
+                return None
+            found[arg.keyword.value] = arg.value
+    return found
+
+
+def passed_to(
+    flow: Flow, use: cst.Name, defs: Defs
+) -> tuple[cst.Call, cst.FunctionDef, str, dict[str, cst.BaseExpression]] | None:
+    """`callee(..., q=use, ...)` (or by position), `callee` a def of the module: the call, the
+    callee, the parameter `q` bound to `use` and every argument by parameter; else None."""
+    arg = flow.parent.get(id(use))
+    call = flow.parent.get(id(arg))
+    if not isinstance(arg, cst.Arg) or not isinstance(call, cst.Call) or arg.value is not use:
+        return None
+    callee = defs.get(single_name(call.func) or "")
+    args = bound_arguments(callee, call) if callee is not None else None
+    if callee is None or args is None:
+        return None
+    param = next((p for p, v in args.items() if v is use), None)
+    return None if param is None else (call, callee, param, args)
+
+
+def passed_feeds(flow: Flow, use: cst.Name, defs: Defs) -> set[int]:
+    """The ids of the caller's arguments that the def a step is passed to (`use`) only passes
+    on to that step, `callee(p_step=use, params=state.params)` -> `state.params` when `params` is
+    read in the callee only in calls of `p_step`: the step's own program lays them out."""
+    found = passed_to(flow, use, defs)
+    if found is None:
+        return set()
+    _, callee, param, args = found
+    inner = Flow(callee)
+    fed = set()
+    for name, value in args.items():
+        reads = inner.loads.get(name, [])
+        if name != param and reads and all(_passed_to_step(inner, r, param) for r in reads):
+            fed.add(id(value))
+    return fed
+
+
+def _passed_to_step(flow: Flow, use: cst.Name, step: str) -> bool:
+    """`step(..., use.field, ...)`: `use` (or a field of it) is an argument of a call of `step`."""
+    arg = flow.parent.get(id(field_top(flow, use)))
+    call = flow.parent.get(id(arg))
+    return (
+        isinstance(arg, cst.Arg)
+        and isinstance(call, cst.Call)
+        and single_name(call.func) == step
+        and not arg.star
+    )
+
+
+def follow_passed(
+    why: NotVisible,
+    host: cst.FunctionDef,
+    statement: cst.SimpleStatementLine,
+    pmap: cst.Call,
+    body: cst.FunctionDef,
+    qualname: Qualname,
+    siblings: tuple[str, ...],
+    defs: Defs,
+    local: cst.CSTNode | None,
+    unnamed: cst.BaseExpression,
+    constants: dict[str, str],
+    called_once: Callable[[cst.FunctionDef, cst.Call], bool],
+) -> Program:
+    """Return the caller's program of a step `statement` makes in `host` and only passes to a
+    def of the module (`called_once` says that def is called there only and holds no pmap);
+    raise `why` (the step is used other than called) when it is not such a step, or why the
+    callee's calls are not taken."""
+    assign = statement.body[0]
+    assert isinstance(assign, cst.Assign)
+    step = single_name(assign.targets[0].target)
+    flow = Flow(host, skip=local)
+    if step is None or (isinstance(local, cst.FunctionDef) and local.name.value == step):
+        raise why
+    uses = flow.loads.get(step, [])
+    found = [passed_to(flow, use, defs) for use in uses]
+    if len(found) != 1 or found[0] is None or not called_once(found[0][1], found[0][0]):
+        raise why
+    call, callee, param, args = found[0]
+    options = options_of(pmap, qualname, unnamed, constants)
+    caller = Program(host, statement, options.fun, options.axis, options.donate, [], None)
+    caller.made_at = flow.order[id(statement)]
+    sibling_calls(caller, flow, siblings, defs)
+    forms = forms_of(flow, qualname, defs)
+
+    def given(program: Program, name: str, position: int) -> str:
+        """Lay out in the caller its argument for the callee's parameter `name`, passed to the
+        step at `position`: return its kind for the callee."""
+        value = args.get(name)
+        if value is None:
+            raise NotVisible(
+                f"`{name}`, a parameter of `{callee.name.value}` passed to the step, is not "
+                f"passed by `{host.name.value}`",
+                Decline.ARGUMENT_UNKNOWN,
+            )
+        arity = len(program.batches)
+        caller.batches = caller.batches or [False] * arity
+        caller.params, caller.keywords = program.params, program.keywords
+        values: list[cst.BaseExpression] = [cst.Name("_")] * arity
+        values[position] = value
+        names = [""] * arity
+        names[position] = single_name(value) or INLINE
+        proxy = cst.Call(cst.Name(step), [cst.Arg(value)])  # feeds: this argument only
+        _follow_argument(caller, flow, forms, [_StepCall(call, proxy, names, [], values)], position)
+        caller.calls.append(proxy)
+        if position in caller.squeezed:
+            return "keys"
+        return "batch" if caller.batches[position] else "replicated"
+
+    try:
+        inner = analyze_calls(callee, param, options, body, qualname, defs, given)
+    except NotVisible as deeper:
+        text = f"`{step}` is passed to `{callee.name.value}`, where {deeper.why}"
+        raise NotVisible(text, deeper.code) from None
+    caller.batches, caller.outputs, caller.varying = inner.batches, inner.outputs, inner.varying
+    caller.fixed, caller.statics, caller.squeezed = inner.fixed, inner.statics, inner.squeezed
+    caller.params, caller.keywords = inner.params, inner.keywords
+    caller.callees = [inner]
+    if caller.squeezed or caller.keywords:
+        _check_lambda(caller, flow)
+    return caller
