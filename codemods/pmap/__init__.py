@@ -564,15 +564,25 @@ class Pmap(Faithful):
         first = programs[0][1].statement
         assert first is not None
         indent = self.room(first).indent
-        return rewrite_host(host, [p for _, p in programs], None, indent, self.state.style)
+        nested = [c for _, p in programs for c in p.callees if c.mesh == p.mesh]  # in `host`
+        every = [*(p for _, p in programs), *nested]
+        return rewrite_host(host, every, None, indent, self.state.style)
 
     def _plan_callees(self, program: Program) -> None:
         """Spell what the programs of the defs a step is passed to need, and plan their
         rewrite (at the module's end: a def may come before its caller). Their mesh is made
-        where used, equal to the caller's."""
+        where used, equal to the caller's; a def nested in the caller reads the caller's."""
         for callee in program.callees:
             self._drop_deleted_imports(callee)
             callee.jax, callee.jnp, callee.spec = program.jax, program.jnp, program.spec
+            scope = self.resolver.scope_made_by(callee.host)
+            if scope is not None and scope.parent is not None and scope.parent.kind != "module":
+                callee.mesh, callee.sharding, callee.hosts = (
+                    program.mesh,
+                    program.sharding,
+                    program.hosts,
+                )
+                continue  # its edits are made with the caller's
             axis, jax = code(program.axis), program.jax
             callee.mesh = f"{jax}.sharding.Mesh({jax}.devices(), ({axis},))"
             callee.sharding = (

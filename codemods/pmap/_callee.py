@@ -26,15 +26,18 @@ from ._body import Defs
 from ._flow import (
     INLINE,
     Flow,
+    _check_closure,
     _check_lambda,
     _follow_argument,
+    _nested,
     _StepCall,
     analyze_calls,
     forms_of,
     options_of,
     sibling_calls,
 )
-from ._forms import Qualname, field_top, single_name
+from ._forms import Qualname, ancestors, field_top, single_name
+from ._outer import reads
 from ._program import Decline, NotVisible, Program
 
 
@@ -76,6 +79,30 @@ def passed_to(
         return None
     param = next((p for p, v in args.items() if v is use), None)
     return None if param is None else (call, callee, param, args)
+
+
+def called_nested(
+    flow: Flow, uses: list[cst.Name], step: str, statement: cst.BaseStatement
+) -> tuple[cst.Call, cst.FunctionDef, str, dict[str, cst.BaseExpression]] | None:
+    """Every use of `step` is in one def `inner` nested in the function, made after the step
+    in the same block and called there once, `inner(...)`, its name bound by that def only
+    (brax's `training_epoch_with_timing`): the call, `inner`, the step's name (what `inner`
+    calls it by) and every argument by parameter; else None."""
+    inner = {id(n): n for n in (_nested(flow, use) for use in uses)}
+    found = next(iter(inner.values())) if len(inner) == 1 else None
+    if not isinstance(found, cst.FunctionDef) or _nested(flow, found) is not None:
+        return None
+    block = flow.parent.get(id(found))
+    lines = list(block.body) if isinstance(block, cst.IndentedBlock) else []
+    if found not in lines or statement not in lines[: lines.index(found)]:
+        return None  # a call of `inner` may come before the step is made
+    name = found.name.value
+    uses = reads(flow, name)
+    call = flow.parent.get(id(uses[0])) if len(uses) == 1 else None
+    if flow.stores.get(name) != [found] or not isinstance(call, cst.Call):
+        return None
+    args = bound_arguments(found, call) if call.func is uses[0] else None
+    return None if args is None or step in args else (call, found, step, args)
 
 
 def passed_feeds(flow: Flow, use: cst.Name, defs: Defs) -> set[int]:
@@ -129,11 +156,17 @@ def follow_passed(
     assert isinstance(assign, cst.Assign)
     step = single_name(assign.targets[0].target)
     flow = Flow(host, skip=local)
-    if step is None or (isinstance(local, cst.FunctionDef) and local.name.value == step):
+    if step is None:
         raise why
-    uses = flow.loads.get(step, [])
+    uses = [  # not the pmap's own `f` of `f = jax.pmap(f, ...)` (brax's trainers)
+        u for u in flow.loads.get(step, []) if all(a is not statement for a in ancestors(flow, u))
+    ]
     found = [passed_to(flow, use, defs) for use in uses]
-    if len(found) != 1 or found[0] is None or not called_once(found[0][1], found[0][0]):
+    if why.code is Decline.CALLED_NESTED:
+        found = [called_nested(flow, uses, step, statement)]
+    elif len(found) != 1 or found[0] is None or not called_once(found[0][1], found[0][0]):
+        raise why
+    if found[0] is None:
         raise why
     call, callee, param, args = found[0]
     options = options_of(pmap, qualname, unnamed, constants)
@@ -169,7 +202,9 @@ def follow_passed(
     try:
         inner = analyze_calls(callee, param, options, body, qualname, defs, given)
     except NotVisible as deeper:
-        text = f"`{step}` is passed to `{callee.name.value}`, where {deeper.why}"
+        nested = why.code is Decline.CALLED_NESTED
+        how = "called in the nested function" if nested else "passed to"
+        text = f"`{step}` is {how} `{callee.name.value}`, where {deeper.why}"
         raise NotVisible(text, deeper.code) from None
     caller.batches, caller.outputs, caller.varying = inner.batches, inner.outputs, inner.varying
     caller.fixed, caller.statics, caller.squeezed = inner.fixed, inner.statics, inner.squeezed
@@ -177,4 +212,6 @@ def follow_passed(
     caller.callees = [inner]
     if caller.squeezed or caller.keywords:
         _check_lambda(caller, flow)
+    if local is not None:
+        _check_closure(caller, body, flow)
     return caller

@@ -616,7 +616,7 @@ class Finding(Pass):
         try:
             program = analyze(*details, unnamed, self.survey.constants())
         except NotVisible as why:  # passed to a def of the module: followed there (`_callee`)
-            if why.code is not Decline.NOT_CALLED_ONLY:
+            if why.code not in (Decline.NOT_CALLED_ONLY, Decline.CALLED_NESTED):
                 raise
             called_once = lambda d, c: self._called_once(flow, d, c)
             program = follow_passed(why, *details, unnamed, self.survey.constants(), called_once)
