@@ -259,8 +259,17 @@ def main():
 ```
 Steps made in one function share one mesh, and a result of one fed to another (a train step's
 state to an evaluation step) is replicated on both sides.
+A step made in a function and only passed to a def of the module called once, there, holding no
+pmap (flax lm1b's `evaluate(p_eval_step=p_eval_step, params=state.params, ...)`), or only called
+in a def nested in the function and called once after the step is made (brax's
+`training_epoch_with_timing`), is followed in that def: its parameter is the step, and a
+parameter it passes on to the step is the caller's argument, laid out in the caller (a
+replication, another step's result) and read in the def only as passed; the def's own batches,
+readbacks, `get_metrics` and `tohost` are edited there, over a mesh equal to the caller's
+(`jax.sharding.Mesh(jax.devices(), (axis,))`; a nested def reads the caller's own); another
+step's state passed to such a def and only passed on is that step's feed (not PL303).
 Such a step must be used only as called in functions of the module (not named in a string such
-as `__all__`, not passed around). Anything else (a step passed to other code, called where no one
+as `__all__`, not passed around otherwise). Anything else (a step passed to other code, called where no one
 function calls all its callers, arguments from outside the function, a result fed to another
 step, a result that differs between devices and is read otherwise, a body with `try` or
 `global`) gets the faithful form below, and the site's
@@ -334,9 +343,11 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     to one, brax's `_PMAP_AXIS_NAME = "i"`, kept as written);
   - `PL110` the body's parameters (`*args`, `**kwargs`, a `partial` binding a parameter the def
     lacks or a name bound again after the step is made, a parameter named as a global it reads);
-  - `PL201` the step is used other than called (passed to another function, named in
-    `__all__`); `PL202` used outside the functions of the module; `PL203` called in a nested
-    function; `PL204` its calls pass different arguments (`*`/`**`, keywords out of order, a
+  - `PL201` the step is used other than called (passed to code of another module, to a def
+    called more than once or holding a pmap, named in `__all__`; a def it is passed to that
+    blocks names its value, with that value's code: "`p_eval_step` is passed to `evaluate`,
+    where ..."); `PL202` used outside the functions of the module; `PL203` called in a nested
+    function not followed (called more than once, or maybe before the step is made); `PL204` its calls pass different arguments (`*`/`**`, keywords out of order, a
     batch in one function and a replicated value in another); `PL205` not called;
   - `PL206` a call's results are not bound to plain names (or `step(...)[0]` of a tuple);
   - `PL301` an argument's layout comes from outside the function (a parameter, a global, an
