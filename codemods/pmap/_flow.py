@@ -375,10 +375,13 @@ def read_options(
     for i, arg in enumerate(args):
         positional = "axis_name" if i == 0 and positional_axis else None
         keyword = arg.keyword.value if arg.keyword else positional
+        if keyword == "devices" and _all_devices(arg.value, qualname):
+            continue  # pmap's default: every device of the job, in order (the mesh's)
         if keyword not in KEYWORDS or arg.star:
-            raise NotVisible(
-                f"pmap's `{keyword or 'argument'}` is not taken by this form yet", Decline.OPTION
-            )
+            why = f"pmap's `{keyword or 'argument'}` is not taken by this form yet"
+            if keyword == "devices":  # lm1b/wmt's `per_host_sum_pmap`: one device per process
+                why = f"pmap's `devices={_short(arg.value)}` is not every device of the job"
+            raise NotVisible(why, Decline.OPTION)
         found[keyword] = arg
     axis = found["axis_name"].value if "axis_name" in found else unnamed
     if isinstance(axis, cst.Name) and axis.value in constants:
@@ -397,6 +400,12 @@ def read_options(
         options.statics_arg = found["static_broadcasted_argnums"]
         options.statics = _literal_ints(options.statics_arg.value)
     return options
+
+
+def _all_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
+    """`jax.devices()`: the devices pmap maps over by default (`jax.local_devices()` is not: on a
+    multi-process job its collectives would span this process's devices only)."""
+    return isinstance(node, cst.Call) and not node.args and qualname(node.func) == "jax.devices"
 
 
 def lambda_def(fun: cst.Lambda) -> cst.FunctionDef:
