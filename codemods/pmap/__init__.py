@@ -337,7 +337,8 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     that no def of the module may read when the step is passed or returns them: PL304);
   - `PL105` a nested pmap; `PL106` the def has other decorators than pmap's;
   - `PL107` the step's name is bound more than once;
-  - `PL108` a pmap option this form does not take (`devices=`, `backend=`, `in_axes` other than
+  - `PL108` a pmap option this form does not take (`devices=` other than `jax.devices()`,
+    pmap's default, which is taken as none: lm1b's one device per process; `backend=`, `in_axes` other than
     a tuple of 0 and None, computed `static_broadcasted_argnums`);
   - `PL109` the mapped axis has no literal name (a string, or a name bound once at module level
     to one, brax's `_PMAP_AXIS_NAME = "i"`, kept as written);
