@@ -124,3 +124,20 @@ def train(xs):
     return run(jax.device_put_replicated(xs, jax.local_devices()))
 """
     assert "[PL203] `step` is called in a nested function `run`" in messages(source)["step"]
+
+
+def test_a_def_calling_a_module_step_is_not_followed() -> None:
+    """Its calls of the module's step are that step's program (edited with the mesh the program
+    sets): one def is rewritten by one of them only."""
+    source = PROGRAM.replace(
+        "def evaluate(p_eval_step, params, batches):\n    total = 0.0\n",
+        "def evaluate(p_eval_step, params, batches):\n    total = p_sum(jnp.ones(8))[0]\n",
+    ).replace(
+        "def run(w, batches):",
+        "@functools.partial(jax.pmap, axis_name='batch')\n"
+        "def p_sum(x):\n    return jax.lax.psum(x, 'batch')\n\n\ndef run(w, batches):",
+    )
+    source = "import functools\n" + source
+    found = migrate_source(source, options=Options(unsafe_fixes=True))
+    step = next(s for s in found.sites if "p_eval_step = " in source.splitlines()[s.line - 1])
+    assert "[PL201] `p_eval_step` is used other than called" in step.message, step.message

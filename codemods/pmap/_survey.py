@@ -629,9 +629,12 @@ class Finding(Pass):
 
     def _called_once(self, flow: Parents, callee: cst.FunctionDef, call: cst.Call) -> bool:
         """`callee` is a def of the module read only as the function of `call`, and holds no
-        pmap site: the step passed there is followed there (`_callee.follow_passed`)."""
+        pmap site nor calls a step made at module level: the step passed there is followed
+        there (`_callee.follow_passed`)."""
         uses = reads(flow, callee.name.value)
         holds = any(callee in around for _, around in self.survey.refs)  # type: ignore[union-attr]
+        outer = {self._bound_to(s) for s in self.sites.values() if s.scope is None}  # module's
+        holds = holds or bool(outer & set(names_in(callee)))  # its calls: another program
         return uses == [call.func] and not holds and callee.name.value not in self.survey.strings  # type: ignore[union-attr]
 
     def _main_host(
