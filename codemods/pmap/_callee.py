@@ -13,7 +13,12 @@ the caller's (`jax.sharding.Mesh(jax.devices(), (axis,))`: meshes of the same de
 are equal, so the step compiled for one takes arrays of the other).
 
 Taken only when the callee is a def of the module called once, in the caller, holding no pmap of
-its own, and each use of the step is such a pass: anything else keeps the reason found first.
+its own nor calling a step made at module level, and each use of the step is such a pass;
+anything else keeps the reason found first. A step called only in a def nested in the caller
+(brax's `training_epoch_with_timing`, made after the step in the same block, called once) is
+followed the same way, the def calling it by its own name; its edits are made with the
+caller's, and it reads the caller's mesh and batch sharding. The callers of the module's defs
+in other modules of the code base are not seen (as for a step made at module level).
 """
 
 from __future__ import annotations
