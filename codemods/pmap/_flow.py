@@ -3,7 +3,7 @@ calls in the function that makes it, and records the edits of the program-level 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -37,12 +37,13 @@ from ._layout import (
     row_named,
 )
 from ._program import Decline, NotVisible, Program
-from ._reach import ENTRY, Reach
+from ._reach import ENTRY, Reach, nodes_in, params_of
 
 GET_METRICS = (row_named("get_metrics"),)
 INLINE = "?"  # an argument passed as an expression, not a name: `step(state, shard(batch))`
 KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
 PARTIAL = "functools.partial"
+SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
 
 
 class Flow(Parents):
@@ -724,7 +725,11 @@ def _follow_argument(
             if binding is ENTRY:
                 host = program.host.name.value
                 where = f"a parameter of `{host}`"
-                where += "" if name in _parameters(program.host) else " or a global"
+                where += (
+                    ""
+                    if name in {p.name.value for p in params_of(program.host.params)}
+                    else " or a global"
+                )
                 if host == "__main__":
                     where = "a global bound outside the `__main__` block"
                 kind = "other"
@@ -760,14 +765,6 @@ def _follow_argument(
     for name in sorted(passed):
         if not any(id(b) in program.siblings for b in flow.stores.get(name, [])):
             _follow_stacked(program, flow, forms, calls, name, replicated=not mapped)
-
-
-def _parameters(host: cst.FunctionDef) -> set[str]:
-    """The names of the parameters of `host`."""
-    params = host.params
-    found = [*params.posonly_params, *params.params, *params.kwonly_params]
-    found += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
-    return {p.name.value for p in found}
 
 
 def _short(node: cst.CSTNode) -> str:
@@ -937,7 +934,7 @@ def _yielded_splits(
 ) -> list[tuple[cst.BaseExpression, cst.BaseExpression]] | None:
     """Return each split the generator's `yield`s give (the split, its flat source), else None."""
     inner = Flow(generator)
-    yields = list(_yields(generator.body))
+    yields = list(nodes_in(generator.body, cst.Yield, SCOPES))  # not of its defs, lambdas
     if not yields or any(not isinstance(y.value, cst.BaseExpression) for y in yields):
         return None  # a bare `yield`, or `yield from`
 
@@ -951,7 +948,7 @@ def _yielded_splits(
         return value_of_name(next(iter(found)), name.value) if len(found) == 1 else None
 
     splits = Forms(forms.qualname, counts, forms.defs, values=value_of)
-    inside = {id(n) for y in yields for n in _all_names(y)}
+    inside = {id(n) for y in yields for n in nodes_in(y, cst.Name)}
     edits: list[tuple[cst.BaseExpression, cst.BaseExpression]] = []
     for y in yields:
         value = y.value
@@ -982,23 +979,6 @@ def value_of_name(binding: cst.CSTNode, name: str) -> cst.BaseExpression | None:
     if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
         return None
     return binding.value if single_name(binding.targets[0].target) == name else None
-
-
-def _yields(node: cst.CSTNode) -> Iterator[cst.Yield]:
-    """The `yield`s of a def's body (not of the defs and lambdas in it)."""
-    for child in node.children:
-        if isinstance(child, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-            continue
-        if isinstance(child, cst.Yield):
-            yield child
-        yield from _yields(child)
-
-
-def _all_names(node: cst.CSTNode) -> Iterator[cst.Name]:
-    if isinstance(node, cst.Name):
-        yield node
-    for child in node.children:
-        yield from _all_names(child)
 
 
 SPLIT_NAMED = (
@@ -1234,7 +1214,7 @@ def _one_source(
     reach may also read another value: not a binding before the calls, nor `allowed`, nor the
     name unbound on that path (a parameter's value is another value)."""
     made = {b for b in flow.stores.get(name, []) if any(c.binds(b) for c in calls)}
-    parameter = name in _parameters(program.host)
+    parameter = name in {p.name.value for p in params_of(program.host.params)}
     for use in flow.loads.get(name, []):
         reaching = flow.reach.of(use)
         if not reaching & made:

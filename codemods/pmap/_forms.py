@@ -12,6 +12,7 @@ from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.names import dotted, walk, walk_in_order
 
 from ._layout import TREE_MAPS, Layout, Match, Role, Transfer, as_row, lifted, match, rows
+from ._reach import names_in, params_of, target_nodes
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 
@@ -28,21 +29,6 @@ SPLITS = rows(Role.PRODUCER, Layout.PER_DEVICE)
 KEY_SPLITS = rows(Role.PRODUCER, Layout.KEYS)
 READBACKS = tuple(r for r in rows(Role.CONSUMER, Layout.HOST) if r.name == "unreplicate")
 DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
-
-
-def names_in(node: cst.CSTNode) -> Iterator[str]:
-    if isinstance(node, cst.Name):
-        yield node.value
-        return  # its children are parentheses (`.children` would rebuild it to list them)
-    for child in node.children:
-        yield from names_in(child)
-
-
-def _calls_in(node: cst.CSTNode) -> Iterator[cst.Call]:
-    if isinstance(node, cst.Call):
-        yield node
-    for child in node.children:
-        yield from _calls_in(child)
 
 
 class Parents(cst.CSTVisitor):
@@ -87,7 +73,7 @@ class Parents(cst.CSTVisitor):
             for target in node.targets:
                 for name in target_names(target.target):
                     self._store(name, node)
-                self.targets |= {id(n) for n in _target_nodes(target.target)}
+                self.targets |= {id(n) for n in target_nodes(target.target)}
         elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.With)):
             for name in names_in(getattr(node, "target", None) or cst.Name("_")):
                 self._store(name, node)
@@ -144,10 +130,7 @@ class ModuleParents(Parents):
 def _locals(node: cst.FunctionDef | cst.Lambda) -> set[str]:
     """The names local to a def or lambda: its parameters and what its body binds (not through
     `global` or `nonlocal`), not looking into the defs and lambdas nested in it."""
-    params = node.params
-    found = [*params.posonly_params, *params.params, *params.kwonly_params]
-    found += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
-    names = {p.name.value for p in found}
+    names = {p.name.value for p in params_of(node.params)}
     if isinstance(node, cst.FunctionDef):
         bound = _Binds()
         walk(bound, node.body)
@@ -188,14 +171,6 @@ def _bound(node: cst.CSTNode) -> str:
         return dotted(node.target) or "?"
     name = getattr(node, "name", None)
     return name.value if isinstance(name, cst.Name) else "?"
-
-
-def _target_nodes(target: cst.BaseExpression) -> list[cst.Name]:
-    if isinstance(target, cst.Name):
-        return [target]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [n for e in target.elements for n in _target_nodes(e.value)]
-    return []
 
 
 def target_names(target: cst.BaseExpression) -> list[str]:

@@ -3,7 +3,7 @@ program-level form can take."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -32,6 +32,7 @@ from ._outer import (
     setup_function,
 )
 from ._program import Decline, NotVisible, Program, Setup
+from ._reach import nodes_in
 from ._stored import returned_into_self, stored_on_self
 
 PMAP = "jax.pmap"
@@ -250,7 +251,7 @@ def _globals_unread(
     changed |= {
         d.name.value
         for d in host.body.body
-        if isinstance(d, cst.FunctionDef) and any(id(n) in edited for n in _nodes(d))
+        if isinstance(d, cst.FunctionDef) and any(id(n) in edited for n in nodes_in(d, object))
     }
     for statement in module.body:
         if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
@@ -265,12 +266,6 @@ def _globals_unread(
                     "def it edits)"
                 )
                 raise NotVisible(why, Decline.CLOSURE)
-
-
-def _nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    yield node
-    for child in node.children:
-        yield from _nodes(child)
 
 
 def _made_outside(host: cst.CSTNode | None) -> str:
