@@ -14,6 +14,7 @@ from jaxmigrate.toolkit.passes import Pass
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
 from ._flow import (
+    Options,
     analyze,
     analyze_decorated,
     lambda_def,
@@ -413,17 +414,7 @@ class Finding(Pass):
             assert isinstance(body, cst.FunctionDef)
             if len(body.decorators) != 1:
                 raise NotVisible("the def has other decorators than pmap's", Decline.DECORATORS)
-            deco = site.node.decorator
-            args = deco.args[1:] if isinstance(deco, cst.Call) else ()
-            unnamed = cst.SimpleString(f'"{self._unnamed()}"')
-            options = read_options(
-                cst.Name(body.name.value),
-                args,
-                self.qualname,
-                positional_axis=False,
-                unnamed=unnamed,
-                constants=self.survey.constants(),
-            )
+            options = self._decorator_options(site.node, body)
             name = body.name.value
         else:
             statement = site.ancestors[1] if len(site.ancestors) > 2 else None
@@ -440,8 +431,7 @@ class Finding(Pass):
                     "the pmapped step is not simply assigned to a name", Decline.NOT_NAMED
                 )
             assert isinstance(site.node, cst.Call)
-            unnamed = cst.SimpleString(f'"{self._unnamed()}"')
-            options = options_of(site.node, self.qualname, unnamed, self.survey.constants())
+            options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants())
             defs = self.survey.defs(options.name)
             if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(options.name):
                 raise NotVisible(
@@ -457,12 +447,14 @@ class Finding(Pass):
             )
         return OuterStep(site, name, body, options, isinstance(site.node, cst.Decorator))
 
-    def _unnamed(self) -> str:
+    def _unnamed(self) -> cst.SimpleString:
+        """The name an unnamed mapped axis gets: one no string of the module is."""
         assert self.survey is not None
         taken = self.survey.strings
-        return next(
+        name = next(
             n for n in ("batch", "device", *(f"device_{k}" for k in range(99))) if n not in taken
         )
+        return cst.SimpleString(f'"{name}"')
 
     def _group_outer(self, module: cst.Module, flow: Parents, steps: list[OuterStep]) -> None:
         """Group the steps by the function setting their mesh (one for them all when one
@@ -595,14 +587,9 @@ class Finding(Pass):
         target = assign.targets[0].target if isinstance(assign, cst.Assign) else None
         if isinstance(target, cst.Attribute) and isinstance(klass, cst.ClassDef):
             assert isinstance(assign, cst.Assign)
-            unnamed = cst.SimpleString(f'"{self._unnamed()}"')
-            options = options_of(site.node, self.qualname, unnamed)
+            options = options_of(site.node, self.qualname, self._unnamed())
             raise stored_on_self(klass, host, assign, options, body, self.qualname)
-        module_defs = self._module_defs(module)
-        if isinstance(host.body, cst.IndentedBlock):  # the function's own defs hide the module's
-            module_defs |= {
-                d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)
-            }
+        module_defs = self._module_defs(module, host)
         program = analyze(
             host,
             statement,
@@ -612,15 +599,10 @@ class Finding(Pass):
             siblings,
             module_defs,
             skip,
-            cst.SimpleString(f'"{self._unnamed()}"'),
+            self._unnamed(),
             self.survey.constants(),
         )
-        _globals_unread(module, host, program, flow)
-        scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
-        mesh = mesh_in_scope(scopes, flow.order[id(statement)], flow, program.axis, self.qualname)
-        if mesh is not None:
-            program.mesh, program.make_mesh = mesh, False
-        return host, program
+        return host, self._checked(module, host, program, flow, statement)
 
     def _main_host(
         self, module: cst.Module, around: tuple[cst.CSTNode, ...] | list[cst.CSTNode]
@@ -662,22 +644,8 @@ class Finding(Pass):
                     f" ({method}, called as `self.{body.name.value}(...)`, maybe in a base class)"
                 )
             raise NotVisible(why, Decline.MADE_OUTSIDE)
-        deco = site.node.decorator
-        args = deco.args[1:] if isinstance(deco, cst.Call) else ()
-        unnamed = cst.SimpleString(f'"{self._unnamed()}"')
-        options = read_options(
-            cst.Name(body.name.value),
-            args,
-            self.qualname,
-            positional_axis=False,
-            unnamed=unnamed,
-            constants=self.survey.constants(),
-        )
-        module_defs = self._module_defs(module)
-        if isinstance(host.body, cst.IndentedBlock):  # the function's own defs hide the module's
-            module_defs |= {
-                d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)
-            }
+        options = self._decorator_options(site.node, body)
+        module_defs = self._module_defs(module, host)
         try:
             program = analyze_decorated(host, body, options, self.qualname, siblings, module_defs)
         except NotVisible as why:  # `return step` from a factory stored on self: what blocks
@@ -685,21 +653,48 @@ class Finding(Pass):
             if why.code is Decline.NOT_CALLED_ONLY:
                 deeper = returned_into_self(module, host, options, body, self.qualname)
             raise deeper or why from None
+        return host, self._checked(module, host, program, flow, body)
+
+    def _checked(
+        self,
+        module: cst.Module,
+        host: cst.FunctionDef,
+        program: Program,
+        flow: Parents,
+        made: cst.CSTNode,
+    ) -> Program:
+        """`program`, made at `made` in `host`, once no def of the module reads a global it
+        changes; a mesh of pmap's already bound before `made` is reused."""
         _globals_unread(module, host, program, flow)
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
-        mesh = mesh_in_scope(scopes, flow.order[id(body)], flow, program.axis, self.qualname)
+        mesh = mesh_in_scope(scopes, flow.order[id(made)], flow, program.axis, self.qualname)
         if mesh is not None:
             program.mesh, program.make_mesh = mesh, False
-        return host, program
+        return program
 
-    def _module_defs(self, module: cst.Module) -> dict[str, cst.FunctionDef]:
-        """The defs of the module that nothing else binds (by name)."""
+    def _decorator_options(self, decorator: cst.CSTNode, body: cst.FunctionDef) -> Options:
+        """Read the options of the pmap decorator on `body`."""
+        assert self.survey is not None and isinstance(decorator, cst.Decorator)
+        deco = decorator.decorator
+        args = deco.args[1:] if isinstance(deco, cst.Call) else ()
+        unnamed, constants = self._unnamed(), self.survey.constants()
+        name = cst.Name(body.name.value)
+        return read_options(
+            name, args, self.qualname, positional_axis=False, unnamed=unnamed, constants=constants
+        )
+
+    def _module_defs(self, module: cst.Module, host: cst.FunctionDef) -> dict[str, cst.FunctionDef]:
+        """The defs of the module that nothing else binds (by name), and those of `host`, which
+        hide the module's."""
         assert self.survey is not None
-        return {
+        found = {
             d.name.value: d
             for d in module.body
             if isinstance(d, cst.FunctionDef) and not self.survey.rebound(d.name.value)
         }
+        if isinstance(host.body, cst.IndentedBlock):
+            found |= {d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)}
+        return found
 
     def _not_a_def(self, pmap: cst.CSTNode, name: str) -> str:
         """Why the function `pmap` maps is not a def this form reads."""
