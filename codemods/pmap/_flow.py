@@ -36,7 +36,7 @@ from ._layout import (
     match,
     row_named,
 )
-from ._program import Decline, NotVisible, Program
+from ._program import DECORATORS, NOT_NAMED, Decline, NotVisible, Program
 from ._reach import ENTRY, Reach, nodes_in, params_of
 
 GET_METRICS = (row_named("get_metrics"),)
@@ -94,7 +94,7 @@ def analyze(
     functions by name, which the body may call."""
     assign = statement.body[0]
     if len(statement.body) != 1 or not isinstance(assign, cst.Assign) or assign.value is not pmap:
-        raise NotVisible("the pmapped step is not simply assigned to a name", Decline.NOT_NAMED)
+        raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
     step = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
     if step is None:
         raise unnamed_step(assign, host.name.value)
@@ -126,7 +126,7 @@ def analyze_decorated(
     """Return the program of a step a pmap decorator makes of `body`, a def in `host` that
     calls it; raise NotVisible for why not."""
     if len(body.decorators) != 1:
-        raise NotVisible("the def has other decorators than pmap's", Decline.DECORATORS)
+        raise NotVisible(DECORATORS, Decline.DECORATORS)
     step = body.name.value
     flow = Flow(host, skip=body)
     if len(flow.stores.get(step, [])) != 1:
@@ -141,13 +141,19 @@ def analyze_decorated(
             f"`{step}` gets per-device keys: a decorator cannot take its own key",
             Decline.KEYS_OUTSIDE,
         )
+    keywords_in_place(program, body, step)
+    program.keywords_bound = True  # the def takes the keyword arguments by position itself
+    _check_closure(program, body, flow)
+    return program
+
+
+def keywords_in_place(program: Program, body: cst.FunctionDef, step: str) -> None:
+    """A decorated step's calls pass their keyword arguments by position: they must fill the
+    same parameters (none left out before one passed by keyword)."""
     names = [p.name.value for p in body.params.params]
     if program.keywords and names[: len(program.params)] != program.params:
         why = f"a call of `{step}` passes by keyword a parameter after one it leaves out"
         raise NotVisible(why, Decline.CALLS_DIFFER)
-    program.keywords_bound = True  # the def takes the keyword arguments by position itself
-    _check_closure(program, body, flow)
-    return program
 
 
 def _check_closure(program: Program, body: cst.FunctionDef, flow: Flow) -> None:
@@ -487,7 +493,7 @@ def unnamed_step(around: cst.CSTNode | None, host: str, parents: dict | None = N
             )
             return NotVisible(why, Decline.NOT_NAMED)
     if around is None or isinstance(around, cst.Assign):
-        return NotVisible("the pmapped step is not simply assigned to a name", Decline.NOT_NAMED)
+        return NotVisible(NOT_NAMED, Decline.NOT_NAMED)
     return NotVisible(f"the step is {_goes(around, parents or {}, host)}", Decline.NOT_NAMED)
 
 

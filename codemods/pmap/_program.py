@@ -81,6 +81,12 @@ class Decline(enum.Enum):
     VERIFICATION = "PL603"  # the program-level form failed verification
 
 
+# Reasons given in more than one place, word for word.
+NOT_NAMED = "the pmapped step is not simply assigned to a name"
+NESTED = "a nested pmap: its calls are not followed (yet)"
+DECORATORS = "the def has other decorators than pmap's"
+
+
 class NotVisible(Exception):
     """The flow around the step is not fully visible or not of the shape taken: why, by code."""
 

@@ -32,7 +32,7 @@ from ._outer import (
     mesh_in_scope,
     setup_function,
 )
-from ._program import Decline, NotVisible, Program, Setup
+from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
 from ._reach import nodes_in
 from ._stored import returned_into_self, stored_on_self
 
@@ -408,12 +408,12 @@ class Finding(Pass):
         """Read a step made outside the functions calling it; raise NotVisible for why not."""
         assert self.survey is not None
         if len(site.pmaps) != 1:
-            raise NotVisible("a nested pmap: its calls are not followed (yet)", Decline.NESTED)
+            raise NotVisible(NESTED, Decline.NESTED)
         if isinstance(site.node, cst.Decorator):
             body = site.mapped
             assert isinstance(body, cst.FunctionDef)
             if len(body.decorators) != 1:
-                raise NotVisible("the def has other decorators than pmap's", Decline.DECORATORS)
+                raise NotVisible(DECORATORS, Decline.DECORATORS)
             options = self._decorator_options(site.node, body)
             name = body.name.value
         else:
@@ -422,14 +422,10 @@ class Finding(Pass):
                 raise NotVisible(_made_outside(None), Decline.MADE_OUTSIDE)
             assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
             if not isinstance(assign, cst.Assign) or assign.value is not site.node:
-                raise NotVisible(
-                    "the pmapped step is not simply assigned to a name", Decline.NOT_NAMED
-                )
+                raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
             target = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
             if target is None or len(statement.body) != 1:  # type: ignore[union-attr]
-                raise NotVisible(
-                    "the pmapped step is not simply assigned to a name", Decline.NOT_NAMED
-                )
+                raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
             assert isinstance(site.node, cst.Call)
             options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants())
             defs = self.survey.defs(options.name)
@@ -549,7 +545,7 @@ class Finding(Pass):
         assert self.survey is not None
         host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
         if len(site.pmaps) != 1:
-            raise NotVisible("a nested pmap: its calls are not followed (yet)", Decline.NESTED)
+            raise NotVisible(NESTED, Decline.NESTED)
         if isinstance(site.node, cst.Decorator):
             return self._decorated_program(module, site, flow, siblings)
         assert isinstance(site.node, cst.Call)
