@@ -19,6 +19,7 @@ from ._forms import (
     field_root,
     field_top,
     flattens,
+    free_names,
     is_device_count,
     is_zero_index,
     names_in,
@@ -159,9 +160,7 @@ def keywords_in_place(program: Program, body: cst.FunctionDef, step: str) -> Non
 def _check_closure(program: Program, body: cst.FunctionDef, flow: Flow) -> None:
     """A body nested in the function reads the function's names when traced: none of them may
     be a value the rewrite lays out anew (an argument or a result of the step)."""
-    inner = Parents()
-    body.visit(inner)
-    free = set(inner.loads) - set(inner.stores)
+    free = free_names(body)
     calls = program.calls
     changed = {
         name

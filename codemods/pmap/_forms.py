@@ -110,6 +110,12 @@ class Parents(cst.CSTVisitor):
                 self.loads.setdefault(original_node.value, []).append(original_node)
 
 
+def free_names(node: cst.CSTNode) -> set[str]:
+    """The names `node` (a def, a class) reads and does not bind itself."""
+    found = Parents().read(node)
+    return set(found.loads) - set(found.stores)
+
+
 class ModuleParents(Parents):
     """`Parents().read(module)`, read when first asked for: most steps of a module are declined
     before their flow is looked at (a step called where it is made, as tests do), and reading

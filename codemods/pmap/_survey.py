@@ -23,7 +23,7 @@ from ._flow import (
     read_options,
     unnamed_step,
 )
-from ._forms import ModuleParents, Parents, ancestors, names_in, single_name
+from ._forms import ModuleParents, Parents, free_names, names_in, single_name
 from ._outer import (
     OuterGroup,
     OuterStep,
@@ -210,11 +210,6 @@ def _axis_called(flow: Parents, use: cst.Name) -> cst.SimpleString | None:
     return axis.value
 
 
-def _scope_of(flow: Parents, node: cst.CSTNode) -> cst.CSTNode | None:
-    """The def, lambda or class `node` is in (None: at module level)."""
-    return next((a for a in ancestors(flow, node) if isinstance(a, SCOPES)), None)
-
-
 def main_block(module: cst.Module, around: Sequence[cst.CSTNode]) -> cst.If | None:
     """The `if __name__ == "__main__":` statement of `module` among `around` (ancestors, the
     module first), with no `else` and an indented body, else None."""
@@ -256,8 +251,7 @@ def _globals_unread(
     }
     for statement in module.body:
         if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
-            inner = Parents().read(statement)
-            free = set(inner.loads) - set(inner.stores)
+            free = free_names(statement)
             program.helpers -= free
             hit = changed & free
             if hit:
@@ -563,7 +557,7 @@ class Finding(Pass):
                 raise NotVisible(self._not_a_def(site.node, name), Decline.NOT_A_DEF)
             body = defs[0]
             skip = None if body in module.body else body
-            if skip is not None and self._def_scope(flow, body) is not host:
+            if skip is not None and self._def_scope(body) is not host:
                 why = f"the pmapped function `{name}` is a def nested in another function"
                 raise NotVisible(why, Decline.NOT_A_DEF)
         statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
@@ -579,7 +573,7 @@ class Finding(Pass):
                 raise NotVisible(why, Decline.CALLED_WHERE_MADE)
             raise unnamed_step(around, host.name.value, flow.parent)
         assign = statement.body[0]
-        klass = _scope_of(flow, host)  # `self.step = jax.pmap(...)` in a method: say what blocks
+        klass = self._def_scope(host)  # `self.step = jax.pmap(...)` in a method: say what blocks
         target = assign.targets[0].target if isinstance(assign, cst.Assign) else None
         if isinstance(target, cst.Attribute) and isinstance(klass, cst.ClassDef):
             assert isinstance(assign, cst.Assign)
@@ -615,12 +609,12 @@ class Finding(Pass):
             self.main_blocks[id(block)] = host
         return host
 
-    def _def_scope(self, flow: Parents, node: cst.FunctionDef) -> cst.CSTNode | None:
-        """`_scope_of(flow, node)`, from the scope model when it has the def's scope: asking
-        the module's flow would read the whole module (`ModuleParents`)."""
+    def _def_scope(self, node: cst.FunctionDef) -> cst.CSTNode | None:
+        """The def or class `node` is in, from the scope model (None: at module level, or a
+        def the module does not hold, `__main__`'s block read as a def)."""
         made = self.resolver.scope_made_by(node)
         if made is None or made.parent is None:
-            return _scope_of(flow, node)
+            return None
         outer = made.parent.node
         return None if isinstance(outer, cst.Module) else outer
 
@@ -631,7 +625,7 @@ class Finding(Pass):
         body = site.mapped
         assert isinstance(body, cst.FunctionDef) and isinstance(site.node, cst.Decorator)
         assert self.survey is not None
-        host = self._def_scope(flow, body) or self._main_host(module, site.ancestors)
+        host = self._def_scope(body) or self._main_host(module, site.ancestors)
         if not isinstance(host, cst.FunctionDef):
             why = _made_outside(host)
             if isinstance(host, cst.ClassDef):  # AlgoPerf's workloads: called by a base class
