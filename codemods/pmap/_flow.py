@@ -21,7 +21,7 @@ from ._forms import (
     flattens,
     free_names,
     is_device_count,
-    is_zero_index,
+    is_zero,
     names_in,
     positional,
     single_name,
@@ -576,9 +576,7 @@ def _step_call(
     values = _slot_values(call, body)
     args = [single_name(v) or ("" if i in fixed else INLINE) for i, v in enumerate(values)]
     names = [a or "" for a in args]
-    if isinstance(around, cst.Subscript) and is_zero_index(
-        around.with_changes(value=cst.Name("_")), "_"
-    ):
+    if isinstance(around, cst.Subscript) and is_zero(around):
         return _StepCall(around, call, names, [], values, readback=around)  # `step(...)[0]`
     if not isinstance(around, cst.Assign) or len(around.targets) != 1:
         why = f"`{step}` is called other than as `out = {step}(...)`"

@@ -193,12 +193,7 @@ def single_name(node: cst.BaseExpression) -> str | None:
 
 def is_zero_index(node: cst.BaseExpression, var: str) -> bool:
     """`var[0]`."""
-    if not isinstance(node, cst.Subscript) or single_name(node.value) != var:
-        return False
-    if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
-        return False
-    index = node.slice[0].slice.value
-    return isinstance(index, cst.Integer) and index.value == "0"
+    return isinstance(node, cst.Subscript) and single_name(node.value) == var and is_zero(node)
 
 
 def _lambda_of(node: cst.BaseExpression) -> tuple[str, cst.BaseExpression] | None:
@@ -405,7 +400,7 @@ class Forms:
         of `var` or of a field of it: `var.a.b[0]` -> `var.a.b`, `jax.device_get(var)[0]` ->
         `jax.device_get(var)`, `unreplicate(var.a)` -> `var.a`, `jax.tree.map(lambda v: v[0],
         var)` -> `var`; else None."""
-        if isinstance(node, cst.Subscript) and _is_zero(node):
+        if isinstance(node, cst.Subscript) and is_zero(node):
             inner = node.value
             path = inner
             if self._is(inner, DEVICE_GET):
@@ -462,7 +457,7 @@ def _copy_per_leaf(node: cst.BaseExpression) -> cst.BaseExpression:
     return node.with_changes(args=[mapped, *node.args[1:]])
 
 
-def _is_zero(node: cst.Subscript) -> bool:
+def is_zero(node: cst.Subscript) -> bool:
     """`...[0]`."""
     if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
         return False
