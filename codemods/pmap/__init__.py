@@ -548,9 +548,6 @@ class Pmap(Faithful):
             if isinstance(site.ref, cst.Name):
                 self.drop_import_if_unused(site.ref.value)
             self._drop_deleted_imports(program)
-            if program.wrapped() and isinstance(program.body, cst.Call):  # `partial` folded in
-                for name in names_in(program.body.func):
-                    self.drop_import_if_unused(name)
             program.jax = dotted(self.module_ref("jax")) or "jax"
             if isinstance(program.statement, cst.FunctionDef):  # decorated: `partial` spelled
                 program.partial = code(self._partial(site))
@@ -658,9 +655,6 @@ class Pmap(Faithful):
                 self.drop_import_if_unused(ref.value)
             for program in step.programs:
                 self._drop_deleted_imports(program)
-                if program.wrapped() and isinstance(program.body, cst.Call):
-                    for name in names_in(program.body.func):  # `partial` folded in
-                        self.drop_import_if_unused(name)
                 program.jax, program.spec = jax, spec
                 program.jnp = self.resolver.module_binding("jax.numpy") or f"{jax}.numpy"
                 program.sharding = f"{code(spec)}({code(program.axis)})"  # the mesh set is used
@@ -693,24 +687,10 @@ class Pmap(Faithful):
         the one the program sets with `jax.set_mesh` is used."""
         site = step.site
         assert isinstance(site, PmapUse)
-        partial, jax = code(self._partial(site)), program.jax
-        in_specs, out_specs = program.specs()
-        options = program.jit_options()
-        texts = [
-            f"{partial}({jax}.jit, {', '.join(options)})" if options else f"{jax}.jit",
-            (
-                f"{partial}({jax}.shard_map, in_specs={in_specs}, out_specs={out_specs}, "
-                "check_vma=False)"
-            ),
-        ]
+        program.partial = code(self._partial(site))
         room = self.room(site.node)
         room = replace(room, column=room.column + 1, tail=0)  # after the `@`
-        decorators = []
-        for text in texts:
-            expr = cst.parse_expression(text)
-            if isinstance(expr, cst.Call):
-                expr = Call.of(expr).laid_out(room, self.state.style)
-            decorators.append(cst.Decorator(decorator=expr))
+        decorators = program.decorators(None, room, self.state.style)
         original = updated.decorators[0]
         decorators[0] = decorators[0].with_changes(leading_lines=original.leading_lines)
         return updated.with_changes(decorators=decorators)
@@ -722,9 +702,13 @@ class Pmap(Faithful):
         return [self.site(node, why, group=group, fallback=group) for node, why in reasons]
 
     def _drop_deleted_imports(self, program: Program) -> None:
-        """`from flax import jax_utils` goes when the replications deleted were its only use."""
+        """`from flax import jax_utils` goes when the replications deleted were its only use (and
+        `functools` when the `partial` mapped is folded into a lambda)."""
         for node in program.nodes.values():
             for name in names_in(node):
+                self.drop_import_if_unused(name)
+        if program.wrapped() and isinstance(program.body, cst.Call):  # `partial` folded in
+            for name in names_in(program.body.func):
                 self.drop_import_if_unused(name)
 
     def _layout(self, node: cst.CSTNode, program: Program) -> dict[str, Any]:

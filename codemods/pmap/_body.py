@@ -19,6 +19,7 @@ import libcst as cst
 
 from ._forms import TREE_MAP, Parents, Qualname, names_in, target_names
 from ._program import Decline, NotVisible
+from ._reach import nodes_in
 
 REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin", "all_gather")})
 PER_DEVICE = frozenset(
@@ -197,7 +198,7 @@ class _Reader:
     def filled_by_helpers(self, node: cst.CSTNode, varying: set[str]) -> set[str]:
         """`add_metrics(metrics, x)`, a module helper storing into (or calling a method of) a
         parameter: the objects passed differ when anything passed does."""
-        for call in _calls_in(node):
+        for call in nodes_in(node, cst.Call):
             name = call.func.value if isinstance(call.func, cst.Name) else None
             helper = self.defs.get(name) if name is not None and name not in self.local else None
             if helper is None or not _mutates(helper, self.defs):
@@ -294,7 +295,7 @@ class _Reader:
         if node.name.value in inside:
             return False
         free = set(names_in(node)) - {p.name.value for p in node.params.params}
-        if free & self.ever or any(self._per_device(c) for c in _calls_in(node.body)):
+        if free & self.ever or any(self._per_device(c) for c in nodes_in(node.body, cst.Call)):
             return True
         inside = inside | {node.name.value}
         return any(self.closure_varies(self.closures[n], inside) for n in free & set(self.closures))
@@ -365,7 +366,7 @@ class _Reader:
             if current is None or current in seen:
                 continue
             seen.add(current)
-            for inner in _calls_in(self.defs[current]):
+            for inner in nodes_in(self.defs[current], cst.Call):
                 if self.qualname(inner.func) in PER_DEVICE:
                     return True
                 if isinstance(inner.func, cst.Name) and inner.func.value in self.defs:
@@ -378,7 +379,7 @@ def _mutates(helper: cst.FunctionDef, defs: Defs, seen: frozenset[str] = frozens
     entry (`m["k"] = v`, `m.a += v`), calls a method (`m.update(...)`), or passes a value to
     a module helper that does (at any depth)."""
     seen = seen | {helper.name.value}
-    for node in _nodes_in(helper.body):
+    for node in nodes_in(helper.body, object):
         targets: list[cst.BaseExpression] = []
         if isinstance(node, cst.Assign):
             targets = [t.target for t in node.targets]
@@ -400,12 +401,6 @@ def _mutates(helper: cst.FunctionDef, defs: Defs, seen: frozenset[str] = frozens
     return False
 
 
-def _nodes_in(node: cst.CSTNode) -> Iterable[cst.CSTNode]:
-    yield node
-    for child in node.children:
-        yield from _nodes_in(child)
-
-
 def _lines(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
     """The statements of a block, `if x: y = 1` on one line too."""
     if isinstance(suite, cst.IndentedBlock):
@@ -423,10 +418,3 @@ def _base(node: cst.BaseExpression) -> str | None:
     while isinstance(node, (cst.Attribute, cst.Subscript)):
         node = node.value
     return node.value if isinstance(node, cst.Name) else None
-
-
-def _calls_in(node: cst.CSTNode) -> Iterable[cst.Call]:
-    if isinstance(node, cst.Call):
-        yield node
-    for child in node.children:
-        yield from _calls_in(child)

@@ -3,7 +3,7 @@ calls in the function that makes it, and records the edits of the program-level 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -19,8 +19,9 @@ from ._forms import (
     field_root,
     field_top,
     flattens,
+    free_names,
     is_device_count,
-    is_zero_index,
+    is_zero,
     names_in,
     positional,
     single_name,
@@ -36,13 +37,14 @@ from ._layout import (
     match,
     row_named,
 )
-from ._program import COPY, Decline, NotVisible, Program
-from ._reach import ENTRY, Reach
+from ._program import COPY, DECORATORS, NOT_NAMED, Decline, NotVisible, Program
+from ._reach import ENTRY, Reach, nodes_in, params_of
 
 GET_METRICS = (row_named("get_metrics"),)
 INLINE = "?"  # an argument passed as an expression, not a name: `step(state, shard(batch))`
 KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
 PARTIAL = "functools.partial"
+SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
 
 
 class Flow(Parents):
@@ -93,7 +95,7 @@ def analyze(
     functions by name, which the body may call."""
     assign = statement.body[0]
     if len(statement.body) != 1 or not isinstance(assign, cst.Assign) or assign.value is not pmap:
-        raise NotVisible("the pmapped step is not simply assigned to a name", Decline.NOT_NAMED)
+        raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
     step = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
     if step is None:
         raise unnamed_step(assign, host.name.value)
@@ -125,7 +127,7 @@ def analyze_decorated(
     """Return the program of a step a pmap decorator makes of `body`, a def in `host` that
     calls it; raise NotVisible for why not."""
     if len(body.decorators) != 1:
-        raise NotVisible("the def has other decorators than pmap's", Decline.DECORATORS)
+        raise NotVisible(DECORATORS, Decline.DECORATORS)
     step = body.name.value
     flow = Flow(host, skip=body)
     if len(flow.stores.get(step, [])) != 1:
@@ -140,21 +142,25 @@ def analyze_decorated(
             f"`{step}` gets per-device keys: a decorator cannot take its own key",
             Decline.KEYS_OUTSIDE,
         )
-    names = [p.name.value for p in body.params.params]
-    if program.keywords and names[: len(program.params)] != program.params:
-        why = f"a call of `{step}` passes by keyword a parameter after one it leaves out"
-        raise NotVisible(why, Decline.CALLS_DIFFER)
+    keywords_in_place(program, body, step)
     program.keywords_bound = True  # the def takes the keyword arguments by position itself
     _check_closure(program, body, flow)
     return program
 
 
+def keywords_in_place(program: Program, body: cst.FunctionDef, step: str) -> None:
+    """A decorated step's calls pass their keyword arguments by position: they must fill the
+    same parameters (none left out before one passed by keyword)."""
+    names = [p.name.value for p in body.params.params]
+    if program.keywords and names[: len(program.params)] != program.params:
+        why = f"a call of `{step}` passes by keyword a parameter after one it leaves out"
+        raise NotVisible(why, Decline.CALLS_DIFFER)
+
+
 def _check_closure(program: Program, body: cst.FunctionDef, flow: Flow) -> None:
     """A body nested in the function reads the function's names when traced: none of them may
     be a value the rewrite lays out anew (an argument or a result of the step)."""
-    inner = Parents()
-    body.visit(inner)
-    free = set(inner.loads) - set(inner.stores)
+    free = free_names(body)
     calls = program.calls
     changed = {
         name
@@ -516,7 +522,7 @@ def unnamed_step(around: cst.CSTNode | None, host: str, parents: dict | None = N
             )
             return NotVisible(why, Decline.NOT_NAMED)
     if around is None or isinstance(around, cst.Assign):
-        return NotVisible("the pmapped step is not simply assigned to a name", Decline.NOT_NAMED)
+        return NotVisible(NOT_NAMED, Decline.NOT_NAMED)
     return NotVisible(f"the step is {_goes(around, parents or {}, host)}", Decline.NOT_NAMED)
 
 
@@ -600,9 +606,7 @@ def _step_call(
     values = _slot_values(call, body)
     args = [single_name(v) or ("" if i in fixed else INLINE) for i, v in enumerate(values)]
     names = [a or "" for a in args]
-    if isinstance(around, cst.Subscript) and is_zero_index(
-        around.with_changes(value=cst.Name("_")), "_"
-    ):
+    if isinstance(around, cst.Subscript) and is_zero(around):
         return _StepCall(around, call, names, [], values, readback=around)  # `step(...)[0]`
     if not isinstance(around, cst.Assign) or len(around.targets) != 1:
         why = f"`{step}` is called other than as `out = {step}(...)`"
@@ -751,13 +755,14 @@ def _follow_argument(
         use = value if isinstance(value, cst.Name) else field_root(value)
         assert use is not None
         for binding in flow.reach.of(use) or {ENTRY}:  # the bindings whose value it may be
-            if binding is ENTRY and program.given and name in _parameters(program.host):
+            parameter = name in {p.name.value for p in params_of(program.host.params)}
+            if binding is ENTRY and program.given and parameter:
                 kind = program.given(program, name, position)  # the caller's argument
                 program.entries.add(name)
             elif binding is ENTRY:
                 host = program.host.name.value
                 where = f"a parameter of `{host}`"
-                where += "" if name in _parameters(program.host) else " or a global"
+                where += "" if parameter else " or a global"
                 if host == "__main__":
                     where = "a global bound outside the `__main__` block"
                 kind = "other"
@@ -793,14 +798,6 @@ def _follow_argument(
     for name in sorted(passed):
         if not any(id(b) in program.siblings for b in flow.stores.get(name, [])):
             _follow_stacked(program, flow, forms, calls, name, replicated=not mapped)
-
-
-def _parameters(host: cst.FunctionDef) -> set[str]:
-    """The names of the parameters of `host`."""
-    params = host.params
-    found = [*params.posonly_params, *params.params, *params.kwonly_params]
-    found += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
-    return {p.name.value for p in found}
 
 
 def _short(node: cst.CSTNode) -> str:
@@ -971,7 +968,7 @@ def _yielded_splits(
 ) -> list[tuple[cst.BaseExpression, cst.BaseExpression]] | None:
     """Return each split the generator's `yield`s give (the split, its flat source), else None."""
     inner = Flow(generator)
-    yields = list(_yields(generator.body))
+    yields = list(nodes_in(generator.body, cst.Yield, SCOPES))  # not of its defs, lambdas
     if not yields or any(not isinstance(y.value, cst.BaseExpression) for y in yields):
         return None  # a bare `yield`, or `yield from`
 
@@ -985,7 +982,7 @@ def _yielded_splits(
         return value_of_name(next(iter(found)), name.value) if len(found) == 1 else None
 
     splits = Forms(forms.qualname, counts, forms.defs, values=value_of)
-    inside = {id(n) for y in yields for n in _all_names(y)}
+    inside = {id(n) for y in yields for n in nodes_in(y, cst.Name)}
     edits: list[tuple[cst.BaseExpression, cst.BaseExpression]] = []
     for y in yields:
         value = y.value
@@ -1016,23 +1013,6 @@ def value_of_name(binding: cst.CSTNode, name: str) -> cst.BaseExpression | None:
     if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
         return None
     return binding.value if single_name(binding.targets[0].target) == name else None
-
-
-def _yields(node: cst.CSTNode) -> Iterator[cst.Yield]:
-    """The `yield`s of a def's body (not of the defs and lambdas in it)."""
-    for child in node.children:
-        if isinstance(child, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-            continue
-        if isinstance(child, cst.Yield):
-            yield child
-        yield from _yields(child)
-
-
-def _all_names(node: cst.CSTNode) -> Iterator[cst.Name]:
-    if isinstance(node, cst.Name):
-        yield node
-    for child in node.children:
-        yield from _all_names(child)
 
 
 SPLIT_NAMED = (
@@ -1268,7 +1248,7 @@ def _one_source(
     reach may also read another value: not a binding before the calls, nor `allowed`, nor the
     name unbound on that path (a parameter's value is another value)."""
     made = {b for b in flow.stores.get(name, []) if any(c.binds(b) for c in calls)}
-    parameter = name in _parameters(program.host)
+    parameter = name in {p.name.value for p in params_of(program.host.params)}
     for use in flow.loads.get(name, []):
         reaching = flow.reach.of(use)
         if not reaching & made:

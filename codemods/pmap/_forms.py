@@ -12,6 +12,7 @@ from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.names import dotted, walk, walk_in_order
 
 from ._layout import TREE_MAPS, Layout, Match, Role, Transfer, as_row, lifted, match, rows
+from ._reach import names_in, params_of, target_nodes
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 
@@ -28,21 +29,6 @@ SPLITS = rows(Role.PRODUCER, Layout.PER_DEVICE)
 KEY_SPLITS = rows(Role.PRODUCER, Layout.KEYS)
 READBACKS = tuple(r for r in rows(Role.CONSUMER, Layout.HOST) if r.name == "unreplicate")
 DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
-
-
-def names_in(node: cst.CSTNode) -> Iterator[str]:
-    if isinstance(node, cst.Name):
-        yield node.value
-        return  # its children are parentheses (`.children` would rebuild it to list them)
-    for child in node.children:
-        yield from names_in(child)
-
-
-def _calls_in(node: cst.CSTNode) -> Iterator[cst.Call]:
-    if isinstance(node, cst.Call):
-        yield node
-    for child in node.children:
-        yield from _calls_in(child)
 
 
 class Parents(cst.CSTVisitor):
@@ -87,7 +73,7 @@ class Parents(cst.CSTVisitor):
             for target in node.targets:
                 for name in target_names(target.target):
                     self._store(name, node)
-                self.targets |= {id(n) for n in _target_nodes(target.target)}
+                self.targets |= {id(n) for n in target_nodes(target.target)}
         elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.With)):
             for name in names_in(getattr(node, "target", None) or cst.Name("_")):
                 self._store(name, node)
@@ -124,6 +110,12 @@ class Parents(cst.CSTVisitor):
                 self.loads.setdefault(original_node.value, []).append(original_node)
 
 
+def free_names(node: cst.CSTNode) -> set[str]:
+    """The names `node` (a def, a class) reads and does not bind itself."""
+    found = Parents().read(node)
+    return set(found.loads) - set(found.stores)
+
+
 class ModuleParents(Parents):
     """`Parents().read(module)`, read when first asked for: most steps of a module are declined
     before their flow is looked at (a step called where it is made, as tests do), and reading
@@ -144,10 +136,7 @@ class ModuleParents(Parents):
 def _locals(node: cst.FunctionDef | cst.Lambda) -> set[str]:
     """The names local to a def or lambda: its parameters and what its body binds (not through
     `global` or `nonlocal`), not looking into the defs and lambdas nested in it."""
-    params = node.params
-    found = [*params.posonly_params, *params.params, *params.kwonly_params]
-    found += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
-    names = {p.name.value for p in found}
+    names = {p.name.value for p in params_of(node.params)}
     if isinstance(node, cst.FunctionDef):
         bound = _Binds()
         walk(bound, node.body)
@@ -190,14 +179,6 @@ def _bound(node: cst.CSTNode) -> str:
     return name.value if isinstance(name, cst.Name) else "?"
 
 
-def _target_nodes(target: cst.BaseExpression) -> list[cst.Name]:
-    if isinstance(target, cst.Name):
-        return [target]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [n for e in target.elements for n in _target_nodes(e.value)]
-    return []
-
-
 def target_names(target: cst.BaseExpression) -> list[str]:
     if isinstance(target, cst.Name):
         return [target.value]
@@ -212,12 +193,7 @@ def single_name(node: cst.BaseExpression) -> str | None:
 
 def is_zero_index(node: cst.BaseExpression, var: str) -> bool:
     """`var[0]`."""
-    if not isinstance(node, cst.Subscript) or single_name(node.value) != var:
-        return False
-    if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
-        return False
-    index = node.slice[0].slice.value
-    return isinstance(index, cst.Integer) and index.value == "0"
+    return isinstance(node, cst.Subscript) and single_name(node.value) == var and is_zero(node)
 
 
 def _lambda_of(node: cst.BaseExpression) -> tuple[str, cst.BaseExpression] | None:
@@ -424,7 +400,7 @@ class Forms:
         of `var` or of a field of it: `var.a.b[0]` -> `var.a.b`, `jax.device_get(var)[0]` ->
         `jax.device_get(var)`, `unreplicate(var.a)` -> `var.a`, `jax.tree.map(lambda v: v[0],
         var)` -> `var`; else None."""
-        if isinstance(node, cst.Subscript) and _is_zero(node):
+        if isinstance(node, cst.Subscript) and is_zero(node):
             inner = node.value
             path = inner
             if self._is(inner, DEVICE_GET):
@@ -481,7 +457,7 @@ def _copy_per_leaf(node: cst.BaseExpression) -> cst.BaseExpression:
     return node.with_changes(args=[mapped, *node.args[1:]])
 
 
-def _is_zero(node: cst.Subscript) -> bool:
+def is_zero(node: cst.Subscript) -> bool:
     """`...[0]`."""
     if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
         return False

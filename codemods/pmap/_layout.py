@@ -26,6 +26,7 @@ from libcst.helpers import parse_template_expression
 from jaxmigrate.toolkit.names import child_fields, dotted
 
 from ._program import Decline
+from ._reach import names_in
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 
@@ -331,7 +332,7 @@ def lifted(
     if leaf is None or not isinstance(leaf.source, cst.Name) or leaf.source.value != param:
         return None
     if any(
-        param in _names(v)
+        param in names_in(v)
         for k, v in leaf.holes.items()
         if k not in (leaf.row.source, "value", *leaf.row.pure)  # a dropped hole may read it
     ):
@@ -352,13 +353,6 @@ def _one_param(fun: cst.BaseExpression) -> str | None:
     if isinstance(params.star_arg, cst.Param) or params.star_kwarg is not None:
         return None
     return params.params[0].name.value
-
-
-def _names(node: cst.CSTNode) -> Iterator[str]:
-    if isinstance(node, cst.Name):
-        yield node.value
-    for child in node.children:
-        yield from _names(child)
 
 
 def _unify(

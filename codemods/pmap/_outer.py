@@ -11,7 +11,7 @@ import libcst as cst
 
 from jaxmigrate.toolkit.emit import code
 
-from ._flow import Options, analyze_calls
+from ._flow import Options, analyze_calls, keywords_in_place
 from ._forms import Parents, Qualname, ancestors, single_name
 from ._program import Decline, NotVisible, Program
 
@@ -111,11 +111,8 @@ def follow_step(
         if program.params != first.params:
             why = f"`{step.name}` is called with other arguments in one function than in another"
             raise NotVisible(why, Decline.CALLS_DIFFER)
-    names = [p.name.value for p in step.body.params.params]
-    if step.decorated and first.keywords and names[: len(first.params)] != first.params:
-        # The calls pass the keyword arguments by position: they must fill the same parameters.
-        why = f"a call of `{step.name}` passes by keyword a parameter after one it leaves out"
-        raise NotVisible(why, Decline.CALLS_DIFFER)
+    if step.decorated:
+        keywords_in_place(first, step.body, step.name)
     return step
 
 

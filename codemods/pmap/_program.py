@@ -81,6 +81,12 @@ class Decline(enum.Enum):
     VERIFICATION = "PL603"  # the program-level form failed verification
 
 
+# Reasons given in more than one place, word for word.
+NOT_NAMED = "the pmapped step is not simply assigned to a name"
+NESTED = "a nested pmap: its calls are not followed (yet)"
+DECORATORS = "the def has other decorators than pmap's"
+
+
 class NotVisible(Exception):
     """The flow around the step is not fully visible or not of the shape taken: why, by code."""
 
@@ -218,6 +224,12 @@ class Program:
 
     def _decorated(self, updated: cst.FunctionDef, indent: str, style: Style) -> cst.FunctionDef:
         """The def with `@partial(jax.jit, ...)` over `@partial(jax.shard_map, mesh=...)`."""
+        room = Room(indent, len(indent) + 1)  # after the `@`
+        return updated.with_changes(decorators=self.decorators(self.mesh, room, style))
+
+    def decorators(self, mesh: str | None, room: Room, style: Style) -> list[cst.Decorator]:
+        """`@partial(jax.jit, ...)` over `@partial(jax.shard_map, ...)`, laid out in `room`; no
+        `mesh=` when `mesh` is None (the mesh the program sets with `jax.set_mesh` is used)."""
         in_specs, out_specs = self.specs()
         options = self.jit_options()
         jit = (
@@ -225,18 +237,18 @@ class Program:
             if options
             else f"{self.jax}.jit"
         )
+        meshed = f"mesh={mesh}, " if mesh is not None else ""
         shard_map = (
-            f"{self.partial}({self.jax}.shard_map, mesh={self.mesh}, in_specs={in_specs}, "
+            f"{self.partial}({self.jax}.shard_map, {meshed}in_specs={in_specs}, "
             f"out_specs={out_specs}, check_vma=False)"
         )
-        room = Room(indent, len(indent) + 1)  # after the `@`
         decorators = []
         for text in (jit, shard_map):
             expr = cst.parse_expression(text)
             if isinstance(expr, cst.Call):
                 expr = Call.of(expr).laid_out(room, style)
             decorators.append(cst.Decorator(decorator=expr))
-        return updated.with_changes(decorators=decorators)
+        return decorators
 
     def context(self) -> dict[str, cst.BaseExpression]:
         """Return how the rewrite spells what the table's templates name (`{jax}`, ...)."""

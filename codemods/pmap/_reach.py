@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import libcst as cst
 
+N = TypeVar("N")
 ENTRY = cst.Name("__entry__")  # the value a name has when the function starts
 
 Bindings = frozenset[cst.CSTNode]
@@ -95,7 +97,7 @@ class Reach:
             for item in node.items:
                 self._reads(item.item, live)
                 if item.asname is not None:
-                    for name in _target_names(item.asname.name):
+                    for name in target_nodes(item.asname.name):
                         self._bind(name, node, inner)
             return self._body(_statements(node.body), inner if env is not None else None)
         if isinstance(node, cst.Try):
@@ -130,7 +132,7 @@ class Reach:
                 entered = dict(head)
                 if isinstance(node, cst.For):
                     self._reads(node.target, entered)
-                    for name in _target_names(node.target):
+                    for name in target_nodes(node.target):
                         self._bind(name, node, entered)
                 else:
                     self._reads(node.test, head)
@@ -178,11 +180,11 @@ class Reach:
         out = dict(env)
         if isinstance(node, cst.Assign):
             for assigned in node.targets:
-                for name in _target_names(assigned.target):
+                for name in target_nodes(assigned.target):
                     self._bind(name, node, out)
         elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
             if not isinstance(node, cst.AnnAssign) or node.value is not None:
-                for name in _target_names(node.target):
+                for name in target_nodes(node.target):
                     self._bind(name, node, out)
         elif isinstance(node, (cst.Import, cst.ImportFrom)):
             names = node.names if isinstance(node.names, Iterable) else ()
@@ -195,7 +197,7 @@ class Reach:
                 if isinstance(bound, cst.Name):
                     self._bind(bound, node, out)
         elif isinstance(node, cst.Del):
-            for name in _target_names(node.target):
+            for name in target_nodes(node.target):
                 out[name.value] = frozenset()
         elif isinstance(node, (cst.Return, cst.Raise)):
             return None
@@ -204,7 +206,7 @@ class Reach:
                 frame = self._loops[-1]
                 (frame.exits if isinstance(node, cst.Break) else frame.heads).append(out)
             return None
-        for walrus in _walruses(node):
+        for walrus in nodes_in(node, cst.NamedExpr, (cst.Lambda, cst.BaseSuite)):
             target = walrus.target
             if isinstance(target, cst.Name):  # maybe not evaluated: joined with what was there
                 before = out.get(target.value, frozenset({ENTRY}))
@@ -223,15 +225,15 @@ class Reach:
         if isinstance(node, cst.FunctionDef):
             for decorator in node.decorators:
                 self._reads(decorator, env)
-            for param in _params(node.params):
+            for param in params_of(node.params):
                 if param.default is not None:
                     self._reads(param.default, env)
             if node is not self.skip:
-                self._nested.extend(_names(node.body))
+                self._nested.extend(nodes_in(node.body, cst.Name))
         else:
             for part in (*node.decorators, *node.bases, *node.keywords):
                 self._reads(part, env)
-            self._nested.extend(_names(node.body))
+            self._nested.extend(nodes_in(node.body, cst.Name))
 
     def _reads(self, node: cst.CSTNode, env: Env, local: frozenset[str] = frozenset()) -> None:
         """Record what reaches each name in `node` (an expression or a small statement), not
@@ -241,10 +243,10 @@ class Reach:
                 self._at[id(node)] = env.get(node.value, frozenset({ENTRY}))
             return
         if isinstance(node, cst.Lambda):
-            for param in _params(node.params):
+            for param in params_of(node.params):
                 if param.default is not None:
                     self._reads(param.default, env, local)
-            self._nested.extend(_names(node.body))
+            self._nested.extend(nodes_in(node.body, cst.Name))
             return
         if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
             self._comprehension(node, env, local)
@@ -266,7 +268,7 @@ class Reach:
         while compfor is not None:
             self._reads(compfor.iter, env if first else inner, local)
             first = False
-            for name in _target_names(compfor.target):
+            for name in target_nodes(compfor.target):
                 inner[name.value] = frozenset({compfor})  # seen inside the comprehension only
             for condition in compfor.ifs:
                 self._reads(condition, inner, local)
@@ -292,37 +294,43 @@ def _blocks(node: cst.CSTNode) -> Iterator[cst.BaseSuite]:
             yield from _blocks(child)
 
 
-def _params(params: cst.Parameters) -> list[cst.Param]:
+# The walkers the pmap rule shares (its other modules import them from here, the leaf).
+def params_of(params: cst.Parameters) -> list[cst.Param]:
+    """Every parameter: positional-only, plain, keyword-only, `*args` and `**kwargs`."""
     found = [*params.posonly_params, *params.params, *params.kwonly_params]
     return found + [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
 
 
-def _target_names(target: cst.BaseExpression) -> list[cst.Name]:
+def target_nodes(target: cst.BaseExpression) -> list[cst.Name]:
     """The names a target binds (`a`, `a, (b, *c)`), not those a subscript or attribute reads."""
     if isinstance(target, cst.Name):
         return [target]
     if isinstance(target, (cst.Tuple, cst.List)):
-        return [n for e in target.elements for n in _target_names(e.value)]
+        return [n for e in target.elements for n in target_nodes(e.value)]
     if isinstance(target, cst.StarredElement):
-        return _target_names(target.value)
+        return target_nodes(target.value)
     return []
 
 
-def _names(node: cst.CSTNode) -> Iterator[cst.Name]:
+def nodes_in(
+    node: cst.CSTNode, kind: type[N], skip: tuple[type[cst.CSTNode], ...] = ()
+) -> Iterator[N]:
+    """The nodes of `kind` in `node`, itself included, in text order, not looking into nodes of
+    the kinds `skip` (a Name's children, its parentheses, are not listed: `.children` would
+    rebuild them)."""
+    if isinstance(node, skip):
+        return
+    if isinstance(node, kind):
+        yield node
     if isinstance(node, cst.Name):
-        yield node
         return
     for child in node.children:
-        yield from _names(child)
+        yield from nodes_in(child, kind, skip)
 
 
-def _walruses(node: cst.CSTNode) -> Iterator[cst.NamedExpr]:
-    if isinstance(node, (cst.Lambda, cst.BaseSuite)):
-        return
-    if isinstance(node, cst.NamedExpr):
-        yield node
-    for child in node.children:
-        yield from _walruses(child)
+def names_in(node: cst.CSTNode) -> Iterator[str]:
+    """The identifiers written in `node`."""
+    return (n.value for n in nodes_in(node, cst.Name))
 
 
 def _is_true(node: cst.BaseExpression) -> bool:

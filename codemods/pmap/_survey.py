@@ -3,7 +3,7 @@ program-level form can take."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -15,6 +15,7 @@ from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
 from ._callee import follow_passed
 from ._flow import (
+    Options,
     analyze,
     analyze_decorated,
     lambda_def,
@@ -23,7 +24,7 @@ from ._flow import (
     read_options,
     unnamed_step,
 )
-from ._forms import ModuleParents, Parents, ancestors, names_in, single_name
+from ._forms import ModuleParents, Parents, free_names, names_in, single_name
 from ._outer import (
     OuterGroup,
     OuterStep,
@@ -33,7 +34,8 @@ from ._outer import (
     reads,
     setup_function,
 )
-from ._program import Decline, NotVisible, Program, Setup
+from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
+from ._reach import nodes_in
 from ._stored import returned_into_self, stored_on_self
 
 PMAP = "jax.pmap"
@@ -210,11 +212,6 @@ def _axis_called(flow: Parents, use: cst.Name) -> cst.SimpleString | None:
     return axis.value
 
 
-def _scope_of(flow: Parents, node: cst.CSTNode) -> cst.CSTNode | None:
-    """The def, lambda or class `node` is in (None: at module level)."""
-    return next((a for a in ancestors(flow, node) if isinstance(a, SCOPES)), None)
-
-
 def main_block(module: cst.Module, around: Sequence[cst.CSTNode]) -> cst.If | None:
     """The `if __name__ == "__main__":` statement of `module` among `around` (ancestors, the
     module first), with no `else` and an indented body, else None."""
@@ -252,12 +249,11 @@ def _globals_unread(
     changed |= {
         d.name.value
         for d in host.body.body
-        if isinstance(d, cst.FunctionDef) and any(id(n) in edited for n in _nodes(d))
+        if isinstance(d, cst.FunctionDef) and any(id(n) in edited for n in nodes_in(d, object))
     }
     for statement in module.body:
         if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
-            inner = Parents().read(statement)
-            free = set(inner.loads) - set(inner.stores)
+            free = free_names(statement)
             program.helpers -= free
             hit = changed & free
             if hit:
@@ -267,12 +263,6 @@ def _globals_unread(
                     "def it edits)"
                 )
                 raise NotVisible(why, Decline.CLOSURE)
-
-
-def _nodes(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    yield node
-    for child in node.children:
-        yield from _nodes(child)
 
 
 def _made_outside(host: cst.CSTNode | None) -> str:
@@ -415,23 +405,13 @@ class Finding(Pass):
         """Read a step made outside the functions calling it; raise NotVisible for why not."""
         assert self.survey is not None
         if len(site.pmaps) != 1:
-            raise NotVisible("a nested pmap: its calls are not followed (yet)", Decline.NESTED)
+            raise NotVisible(NESTED, Decline.NESTED)
         if isinstance(site.node, cst.Decorator):
             body = site.mapped
             assert isinstance(body, cst.FunctionDef)
             if len(body.decorators) != 1:
-                raise NotVisible("the def has other decorators than pmap's", Decline.DECORATORS)
-            deco = site.node.decorator
-            args = deco.args[1:] if isinstance(deco, cst.Call) else ()
-            unnamed = cst.SimpleString(f'"{self._unnamed()}"')
-            options = read_options(
-                cst.Name(body.name.value),
-                args,
-                self.qualname,
-                positional_axis=False,
-                unnamed=unnamed,
-                constants=self.survey.constants(),
-            )
+                raise NotVisible(DECORATORS, Decline.DECORATORS)
+            options = self._decorator_options(site.node, body)
             name = body.name.value
         else:
             statement = site.ancestors[1] if len(site.ancestors) > 2 else None
@@ -439,17 +419,12 @@ class Finding(Pass):
                 raise NotVisible(_made_outside(None), Decline.MADE_OUTSIDE)
             assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
             if not isinstance(assign, cst.Assign) or assign.value is not site.node:
-                raise NotVisible(
-                    "the pmapped step is not simply assigned to a name", Decline.NOT_NAMED
-                )
+                raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
             target = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
             if target is None or len(statement.body) != 1:  # type: ignore[union-attr]
-                raise NotVisible(
-                    "the pmapped step is not simply assigned to a name", Decline.NOT_NAMED
-                )
+                raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
             assert isinstance(site.node, cst.Call)
-            unnamed = cst.SimpleString(f'"{self._unnamed()}"')
-            options = options_of(site.node, self.qualname, unnamed, self.survey.constants())
+            options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants())
             defs = self.survey.defs(options.name)
             if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(options.name):
                 raise NotVisible(
@@ -465,12 +440,14 @@ class Finding(Pass):
             )
         return OuterStep(site, name, body, options, isinstance(site.node, cst.Decorator))
 
-    def _unnamed(self) -> str:
+    def _unnamed(self) -> cst.SimpleString:
+        """The name an unnamed mapped axis gets: one no string of the module is."""
         assert self.survey is not None
         taken = self.survey.strings
-        return next(
+        name = next(
             n for n in ("batch", "device", *(f"device_{k}" for k in range(99))) if n not in taken
         )
+        return cst.SimpleString(f'"{name}"')
 
     def _group_outer(self, module: cst.Module, flow: Parents, steps: list[OuterStep]) -> None:
         """Group the steps by the function setting their mesh (one for them all when one
@@ -565,7 +542,7 @@ class Finding(Pass):
         assert self.survey is not None
         host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
         if len(site.pmaps) != 1:
-            raise NotVisible("a nested pmap: its calls are not followed (yet)", Decline.NESTED)
+            raise NotVisible(NESTED, Decline.NESTED)
         if isinstance(site.node, cst.Decorator):
             return self._decorated_program(module, site, flow, siblings)
         assert isinstance(site.node, cst.Call)
@@ -583,7 +560,7 @@ class Finding(Pass):
                 raise NotVisible(self._not_a_def(site.node, name), Decline.NOT_A_DEF)
             body = defs[0]
             skip = None if body in module.body else body
-            if skip is not None and self._def_scope(flow, body) is not host:
+            if skip is not None and self._def_scope(body) is not host:
                 why = f"the pmapped function `{name}` is a def nested in another function"
                 raise NotVisible(why, Decline.NOT_A_DEF)
         statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
@@ -599,33 +576,23 @@ class Finding(Pass):
                 raise NotVisible(why, Decline.CALLED_WHERE_MADE)
             raise unnamed_step(around, host.name.value, flow.parent)
         assign = statement.body[0]
-        klass = _scope_of(flow, host)  # `self.step = jax.pmap(...)` in a method: say what blocks
+        klass = self._def_scope(host)  # `self.step = jax.pmap(...)` in a method: say what blocks
         target = assign.targets[0].target if isinstance(assign, cst.Assign) else None
         if isinstance(target, cst.Attribute) and isinstance(klass, cst.ClassDef):
             assert isinstance(assign, cst.Assign)
-            unnamed = cst.SimpleString(f'"{self._unnamed()}"')
-            options = options_of(site.node, self.qualname, unnamed)
+            options = options_of(site.node, self.qualname, self._unnamed())
             raise stored_on_self(klass, host, assign, options, body, self.qualname)
-        module_defs = self._module_defs(module)
-        if isinstance(host.body, cst.IndentedBlock):  # the function's own defs hide the module's
-            module_defs |= {
-                d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)
-            }
+        module_defs = self._module_defs(module, host)
         details = (host, statement, site.node, body, self.qualname, siblings, module_defs, skip)
-        unnamed = cst.SimpleString(f'"{self._unnamed()}"')
+        unnamed, constants = self._unnamed(), self.survey.constants()
         try:
-            program = analyze(*details, unnamed, self.survey.constants())
+            program = analyze(*details, unnamed, constants)
         except NotVisible as why:  # passed to a def of the module: followed there (`_callee`)
             if why.code not in (Decline.NOT_CALLED_ONLY, Decline.CALLED_NESTED):
                 raise
             called_once = lambda d, c: self._called_once(flow, d, c)
-            program = follow_passed(why, *details, unnamed, self.survey.constants(), called_once)
-        _globals_unread(module, host, program, flow)
-        scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
-        mesh = mesh_in_scope(scopes, flow.order[id(statement)], flow, program.axis, self.qualname)
-        if mesh is not None:
-            program.mesh, program.make_mesh = mesh, False
-        return host, program
+            program = follow_passed(why, *details, unnamed, constants, called_once)
+        return host, self._checked(module, host, program, flow, statement)
 
     def _called_once(self, flow: Parents, callee: cst.FunctionDef, call: cst.Call) -> bool:
         """`callee` is a def of the module read only as the function of `call`, and holds no
@@ -652,12 +619,12 @@ class Finding(Pass):
             self.main_blocks[id(block)] = host
         return host
 
-    def _def_scope(self, flow: Parents, node: cst.FunctionDef) -> cst.CSTNode | None:
-        """`_scope_of(flow, node)`, from the scope model when it has the def's scope: asking
-        the module's flow would read the whole module (`ModuleParents`)."""
+    def _def_scope(self, node: cst.FunctionDef) -> cst.CSTNode | None:
+        """The def or class `node` is in, from the scope model (None: at module level, or a
+        def the module does not hold, `__main__`'s block read as a def)."""
         made = self.resolver.scope_made_by(node)
         if made is None or made.parent is None:
-            return _scope_of(flow, node)
+            return None
         outer = made.parent.node
         return None if isinstance(outer, cst.Module) else outer
 
@@ -668,7 +635,7 @@ class Finding(Pass):
         body = site.mapped
         assert isinstance(body, cst.FunctionDef) and isinstance(site.node, cst.Decorator)
         assert self.survey is not None
-        host = self._def_scope(flow, body) or self._main_host(module, site.ancestors)
+        host = self._def_scope(body) or self._main_host(module, site.ancestors)
         if not isinstance(host, cst.FunctionDef):
             why = _made_outside(host)
             if isinstance(host, cst.ClassDef):  # AlgoPerf's workloads: called by a base class
@@ -677,22 +644,8 @@ class Finding(Pass):
                     f" ({method}, called as `self.{body.name.value}(...)`, maybe in a base class)"
                 )
             raise NotVisible(why, Decline.MADE_OUTSIDE)
-        deco = site.node.decorator
-        args = deco.args[1:] if isinstance(deco, cst.Call) else ()
-        unnamed = cst.SimpleString(f'"{self._unnamed()}"')
-        options = read_options(
-            cst.Name(body.name.value),
-            args,
-            self.qualname,
-            positional_axis=False,
-            unnamed=unnamed,
-            constants=self.survey.constants(),
-        )
-        module_defs = self._module_defs(module)
-        if isinstance(host.body, cst.IndentedBlock):  # the function's own defs hide the module's
-            module_defs |= {
-                d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)
-            }
+        options = self._decorator_options(site.node, body)
+        module_defs = self._module_defs(module, host)
         try:
             program = analyze_decorated(host, body, options, self.qualname, siblings, module_defs)
         except NotVisible as why:  # `return step` from a factory stored on self: what blocks
@@ -700,21 +653,48 @@ class Finding(Pass):
             if why.code is Decline.NOT_CALLED_ONLY:
                 deeper = returned_into_self(module, host, options, body, self.qualname)
             raise deeper or why from None
+        return host, self._checked(module, host, program, flow, body)
+
+    def _checked(
+        self,
+        module: cst.Module,
+        host: cst.FunctionDef,
+        program: Program,
+        flow: Parents,
+        made: cst.CSTNode,
+    ) -> Program:
+        """`program`, made at `made` in `host`, once no def of the module reads a global it
+        changes; a mesh of pmap's already bound before `made` is reused."""
         _globals_unread(module, host, program, flow)
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
-        mesh = mesh_in_scope(scopes, flow.order[id(body)], flow, program.axis, self.qualname)
+        mesh = mesh_in_scope(scopes, flow.order[id(made)], flow, program.axis, self.qualname)
         if mesh is not None:
             program.mesh, program.make_mesh = mesh, False
-        return host, program
+        return program
 
-    def _module_defs(self, module: cst.Module) -> dict[str, cst.FunctionDef]:
-        """The defs of the module that nothing else binds (by name)."""
+    def _decorator_options(self, decorator: cst.CSTNode, body: cst.FunctionDef) -> Options:
+        """Read the options of the pmap decorator on `body`."""
+        assert self.survey is not None and isinstance(decorator, cst.Decorator)
+        deco = decorator.decorator
+        args = deco.args[1:] if isinstance(deco, cst.Call) else ()
+        unnamed, constants = self._unnamed(), self.survey.constants()
+        name = cst.Name(body.name.value)
+        return read_options(
+            name, args, self.qualname, positional_axis=False, unnamed=unnamed, constants=constants
+        )
+
+    def _module_defs(self, module: cst.Module, host: cst.FunctionDef) -> dict[str, cst.FunctionDef]:
+        """The defs of the module that nothing else binds (by name), and those of `host`, which
+        hide the module's."""
         assert self.survey is not None
-        return {
+        found = {
             d.name.value: d
             for d in module.body
             if isinstance(d, cst.FunctionDef) and not self.survey.rebound(d.name.value)
         }
+        if isinstance(host.body, cst.IndentedBlock):
+            found |= {d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)}
+        return found
 
     def _not_a_def(self, pmap: cst.CSTNode, name: str) -> str:
         """Why the function `pmap` maps is not a def this form reads."""
