@@ -11,7 +11,19 @@ import libcst as cst
 from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.names import dotted, walk, walk_in_order
 
-from ._layout import TREE_MAPS, Layout, Match, Role, Transfer, as_row, lifted, match, rows
+from ._layout import (
+    TRANSFERS,
+    TREE_MAPS,
+    Layout,
+    Match,
+    Role,
+    Transfer,
+    as_row,
+    lifted,
+    match,
+    rows,
+)
+from ._summary import Summaries
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 
@@ -27,6 +39,7 @@ REPLICATIONS = rows(Role.PRODUCER, Layout.REPLICAS)
 SPLITS = rows(Role.PRODUCER, Layout.PER_DEVICE)
 KEY_SPLITS = rows(Role.PRODUCER, Layout.KEYS)
 READBACKS = tuple(r for r in rows(Role.CONSUMER, Layout.HOST) if r.name == "unreplicate")
+HELPER_READBACKS = tuple(r for r in TRANSFERS if r.name in ("unreplicate", "index"))
 DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
 
 
@@ -256,45 +269,7 @@ class Forms:
         # replicating their argument (`shard_batch(b)`), or flattening a result (`tohost(r)`).
         self.defs: Mapping[str, cst.FunctionDef] = defs or {}
         self.named = named  # the lambda a name of the function is bound to, if any
-
-    def _helper_source(self, node: cst.BaseExpression, kind: str) -> cst.BaseExpression | None:
-        """Return x of `helper(x)`, a def of the module that only returns a split (kind "shard")
-        or a replication ("replicated") of its one parameter, maybe after binding the number of
-        local devices (`n = jax.local_device_count()`); else None."""
-        if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Name):
-            return None
-        fn = self.defs.get(node.func.value)
-        args = positional(node, 1)
-        if fn is None or args is None or not isinstance(fn.body, cst.IndentedBlock):
-            return None
-        params = fn.params
-        if len(params.params) != 1 or params.params[0].default is not None:
-            return None
-        if params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or params.kwonly_params:
-            return None
-        if params.star_kwarg is not None or params.posonly_params or fn.decorators:
-            return None
-        lines = list(fn.body.body)
-        last = lines[-1] if lines else None
-        small = last.body if isinstance(last, cst.SimpleStatementLine) else ()
-        if len(small) != 1 or not isinstance(small[0], cst.Return) or small[0].value is None:
-            return None
-        flow = Parents()
-        fn.body.visit(flow)
-        counts: Callable[[cst.BaseExpression], bool] = lambda n: is_device_count(
-            n, flow, self.qualname
-        )
-        for line in lines[:-1]:  # only `n = jax.local_device_count()`
-            body = line.body if isinstance(line, cst.SimpleStatementLine) else ()
-            if len(body) != 1 or not isinstance(body[0], cst.Assign):
-                return None
-            if not (isinstance(body[0].value, cst.Call) and counts(body[0].value)):
-                return None
-        inner = Forms(self.qualname, counts)
-        value = small[0].value
-        found = inner.shard_source(value) if kind == "shard" else inner.replicated_source(value)
-        param = params.params[0].name.value
-        return args[0] if found is not None and single_name(found) == param else None
+        self.summaries = Summaries(self.defs, qualname)
 
     def _is(self, node: cst.BaseExpression, names: frozenset[str]) -> bool:
         return isinstance(node, cst.Call) and self.qualname(node.func) in names
@@ -320,13 +295,11 @@ class Forms:
         if self.values is not None:  # `x.reshape(prefix + x.shape[1:])`, `prefix = (n, k)`
             node = _tuples_inlined(node, self.values)
         found = match(node, self.qualname, self.counts, table)
-        return found or lifted(node, self.qualname, self.counts, table, self.named)
+        found = found or lifted(node, self.qualname, self.counts, table, self.named)
+        return found or self.summaries.read(node, table, self.counts)
 
     def replicated_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
         """Return x of a replication of x, else None."""
-        helped = self._helper_source(node, "replicated")
-        if helped is not None:
-            return helped
         found = self.transfer(node, REPLICATIONS)
         return found.source if found is not None else None
 
@@ -338,9 +311,6 @@ class Forms:
         is the split of the same literal of their sources: each leaf is split alike."""
         if isinstance(node, (cst.Dict, cst.Tuple)) and node.elements:
             return as_row("shard", self._split_literal(node), node)
-        helped = self._helper_source(node, "shard")
-        if helped is not None:
-            return as_row("shard", helped, node)
         found = self.transfer(node, SPLITS)
         if found is not None:
             return found
@@ -434,6 +404,7 @@ class Forms:
             return (root, inner) if root is not None and root.value == var else None
         source: cst.BaseExpression | None = None
         found = match(node, self.qualname, table=READBACKS)
+        found = found or self.summaries.read(node, HELPER_READBACKS, self.counts)
         if found is not None:
             source = found.source
         else:
