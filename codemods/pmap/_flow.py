@@ -237,13 +237,15 @@ def _follow(
         {name: d for name, d in (defs or {}).items() if name not in flow.stores},
         lambda name: _named_lambda(flow, name),
     )
-    calls = [_step_call(flow, forms, call, step, body, fixed) for call in made]
-    for call in calls:  # a call in a nested def or lambda runs when that is called: not followed
-        inner = _nested(flow, call.call)
+    for (
+        made_call
+    ) in made:  # a call in a nested def or lambda runs when that is called: not followed
+        inner = _nested(flow, made_call)
         if inner is not None:
             where = f" `{inner.name.value}`" if isinstance(inner, cst.FunctionDef) else ""
             why = f"`{step}` is called in a nested function{where}"
             raise NotVisible(why, Decline.CALLED_NESTED)
+    calls = [_step_call(flow, forms, call, step, body, fixed) for call in made]
     program = Program(host, None, options.fun, options.axis, options.donate, [False] * arity, None)
     program.fixed, program.statics = fixed, options.statics_arg
     program.params = [p.name.value for p in body.params.params]
