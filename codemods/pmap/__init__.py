@@ -447,8 +447,8 @@ class Pmap(Faithful):
 
     # Rewriting ----------------------------------------------------------------------------
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        updated_node, _ = drop_dead_helpers(original_node, updated_node, self.qualname)
-        return super().leave_Module(original_node, updated_node)
+        updated = drop_dead_helpers(original_node, updated_node, self.qualname)
+        return super().leave_Module(original_node, updated)
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         made = self.outer_calls.get(id(original_node))

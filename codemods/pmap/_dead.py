@@ -1,7 +1,7 @@
-"""Helpers the program-level form leaves uncalled: `_replicate(tree, n)`, `_shard(batch)`,
-`_unreplicate(tree)`, whose calls were read through their summaries and rewritten as the
-table's template. A private def of the module (`_name`) that is such a helper, read before the
-rewrite and read nowhere after it, goes; a public one stays (another module may import it)."""
+"""Helpers the program-level form leaves uncalled (`_replicate(tree, n)`, `_unreplicate(tree)`:
+their calls were read through their summaries and rewritten). A private def of the module that
+is such a helper, read before the rewrite and nowhere after it, goes; a public one stays (another
+module may import it)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,8 @@ from ._layout import Qualname
 from ._summary import summarize
 
 
-def drop_dead_helpers(
-    original: cst.Module, updated: cst.Module, qualname: Qualname
-) -> tuple[cst.Module, list[str]]:
-    """Return `updated` without the private helpers the rewrite left unread, and their names."""
+def drop_dead_helpers(original: cst.Module, updated: cst.Module, qualname: Qualname) -> cst.Module:
+    """Return `updated` without the private helpers the rewrite left unread."""
     helpers = {
         d.name.value
         for d in original.body
@@ -25,16 +23,14 @@ def drop_dead_helpers(
         and not d.name.value.startswith("__")
         and summarize(d, qualname) is not None
     }
-    if not helpers:
-        return updated, []
     before, after = _reads(original, helpers), _reads(updated, helpers)
-    dead = sorted(name for name in helpers if before[name] and not after[name])
+    dead = {name for name in helpers if before[name] and not after[name]}
     if not dead:
-        return updated, []
-    body = [
+        return updated
+    kept = [
         s for s in updated.body if not (isinstance(s, cst.FunctionDef) and s.name.value in dead)
     ]
-    return updated.with_changes(body=body), dead
+    return updated.with_changes(body=kept)
 
 
 def _reads(module: cst.Module, names: set[str]) -> Counter[str]:
@@ -54,5 +50,6 @@ def _reads(module: cst.Module, names: set[str]) -> Counter[str]:
             if node.value in names and id(node) not in defined:
                 found[node.value] += 1
 
-    module.visit(Reads())
+    if names:
+        module.visit(Reads())
     return found

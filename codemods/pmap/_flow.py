@@ -40,6 +40,7 @@ from ._reach import ENTRY, Reach
 from ._readat import at as _at
 from ._readat import not_read_back, read_at_once
 from ._readat import short as _short
+from ._summary import is_docstring as _is_docstring
 
 GET_METRICS = (row_named("get_metrics"),)
 INLINE = "?"  # an argument passed as an expression, not a name: `step(state, shard(batch))`
@@ -296,7 +297,7 @@ def _follow(
                 Decline.RESULTS_UNNAMED,
             )
         if call.readback is not None:
-            indexed = isinstance(call.readback, cst.Subscript) and call.readback.value is call.call
+            indexed = isinstance(call.readback, cst.Subscript)  # `[0]` of a tuple: its first
             if any(program.varying) or program.outputs is not None and indexed:
                 raise NotVisible(
                     f"`{step}(...)[0]` of a tuple or of a per-device result",
@@ -1500,15 +1501,6 @@ def _flattens_by_shape(
     return shape is not None and code(shape[0]) in (
         f"({a} * {b},) + tuple({tail})",
         f"({a} * {b}, *{tail})",
-    )
-
-
-def _is_docstring(line: cst.BaseStatement) -> bool:
-    return (
-        isinstance(line, cst.SimpleStatementLine)
-        and len(line.body) == 1
-        and isinstance(line.body[0], cst.Expr)
-        and isinstance(line.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
     )
 
 

@@ -6,8 +6,6 @@ the same on every device is the result itself, anything else reads the device ax
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import libcst as cst
 
 from jaxmigrate.toolkit.emit import code
@@ -69,19 +67,15 @@ def not_read_back(flow: Parents, call: cst.Call, step: str) -> NotVisible:
     return NotVisible(why, Decline.RESULT_READ)
 
 
-def _path(root: cst.CSTNode, target: cst.CSTNode) -> tuple[int, ...] | None:
-    for path, node in _walk(root, ()):
-        if node is target:
-            return path
-    return None
-
-
-def _walk(
-    node: cst.CSTNode, path: tuple[int, ...]
-) -> Iterator[tuple[tuple[int, ...], cst.CSTNode]]:
-    yield path, node
+def _path(node: cst.CSTNode, target: cst.CSTNode) -> tuple[int, ...] | None:
+    """Return the children indices leading from `node` to `target`, None if not under it."""
+    if node is target:
+        return ()
     for index, child in enumerate(node.children):
-        yield from _walk(child, (*path, index))
+        below = _path(child, target)
+        if below is not None:
+            return (index, *below)
+    return None
 
 
 def short(node: cst.CSTNode) -> str:

@@ -10,13 +10,12 @@ with the same table (`match`, `lifted`), once per helper and analysis.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
 
-from ._layout import Match, Qualname, Transfer, lifted, match
+from ._layout import _HOLE, Match, Qualname, Transfer, lifted, match
 
 DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
 # The holes a summarised row's template may have besides its source: the module's spellings.
@@ -37,55 +36,45 @@ class Summary:
 def summarize(fn: cst.FunctionDef, qualname: Qualname) -> Summary | None:
     """Return what `fn` returns of its parameters, read with the transfer table; None unless
     its body is `n = jax.local_device_count()` lines, then `return <row of a parameter>`."""
-    params = fn.params
-    plain = params.params
-    if params.kwonly_params or params.posonly_params or params.star_kwarg is not None:
+    params, lines = fn.params, list(fn.body.body if isinstance(fn.body, cst.IndentedBlock) else ())
+    names = [p.name.value for p in params.params]
+    if params.kwonly_params or params.posonly_params or params.star_kwarg or fn.decorators:
         return None
-    if isinstance(params.star_arg, cst.Param) or fn.decorators or not plain:
+    if isinstance(params.star_arg, cst.Param) or any(p.default for p in params.params):
         return None
-    if any(p.default is not None for p in plain) or not isinstance(fn.body, cst.IndentedBlock):
+    smalls: list[Sequence[cst.BaseSmallStatement]] = [
+        getattr(line, "body", ()) for line in lines[1 if lines and is_docstring(lines[0]) else 0 :]
+    ]
+    if not smalls or any(len(small) != 1 for small in smalls):
         return None
-    lines = list(fn.body.body)
-    if lines and _is_docstring(lines[0]):
-        lines = lines[1:]
-    counted: set[str] = set()
-    for line in lines[:-1]:  # only `n = jax.local_device_count()`
-        small = line.body if isinstance(line, cst.SimpleStatementLine) else ()
-        assign = small[0] if len(small) == 1 else None
-        if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
-            return None
-        target = assign.targets[0].target
-        if not isinstance(target, cst.Name) or not _counts_devices(assign.value, qualname):
-            return None
-        counted.add(target.value)
-    last = lines[-1].body if lines and isinstance(lines[-1], cst.SimpleStatementLine) else ()
-    if len(last) != 1 or not isinstance(last[0], cst.Return) or last[0].value is None:
-        return None
-    names = [p.name.value for p in plain]
-    if counted & set(names):
-        return None
+    counted = {
+        n.target.value
+        for a in smalls[:-1]
+        if isinstance(a[0], cst.Assign) and _counts_devices(a[0].value, qualname)
+        for n in a[0].targets
+        if isinstance(n.target, cst.Name) and n.target.value not in names
+    }
+    last = smalls[-1][0]
+    if len(counted) != len(smalls) - 1 or not isinstance(last, cst.Return) or not last.value:
+        return None  # a statement besides `n = jax.local_device_count()`, or no `return x`
 
     def counts(node: cst.BaseExpression) -> bool:
         if isinstance(node, cst.Name):
             return node.value in counted or node.value in names
         return _counts_devices(node, qualname)
 
-    value = last[0].value
-    found = match(value, qualname, counts) or lifted(value, qualname, counts)
-    if found is None or found.row.template is None:
+    found = match(last.value, qualname, counts) or lifted(last.value, qualname, counts)
+    source = found.source if found is not None and found.row.template else None
+    if not isinstance(source, cst.Name) or source.value not in names or found is None:
         return None
-    source = found.source
-    if not isinstance(source, cst.Name) or source.value not in names:
-        return None
-    if set(re.findall(r"\{(\w+)\}", found.row.template)) - {found.row.source} - CONTEXT:
+    if set(_HOLE.findall(found.row.template or "")) - {found.row.source} - CONTEXT:
         return None  # a hole of the rewrite the call site cannot fill
     by_count = [
         names.index(h.value)
         for k in found.row.counts
         if isinstance(h := found.holes[k], cst.Name) and h.value in names
     ]
-    rest = set(range(len(names))) - {names.index(source.value), *by_count}
-    if rest:
+    if set(range(len(names))) - {names.index(source.value), *by_count}:
         return None  # a parameter the row does not read: the helper is more than the row
     return Summary(found.row, names.index(source.value), tuple(by_count), found.lifted)
 
@@ -97,13 +86,6 @@ class Summaries:
         self.defs, self.qualname = defs, qualname
         self.known: dict[str, Summary | None] = {}
 
-    def of(self, name: str) -> Summary | None:
-        """Return the summary of helper `name`, None when it is not a row of a parameter."""
-        if name not in self.known:
-            fn = self.defs.get(name)
-            self.known[name] = summarize(fn, self.qualname) if fn is not None else None
-        return self.known[name]
-
     def read(
         self,
         node: cst.BaseExpression,
@@ -113,30 +95,31 @@ class Summaries:
         """Return `node`, a call of a helper, read as its summary's row of the argument, when
         that row is in `table` and the call passes the number of local devices where the
         helper needs it; else None."""
-        if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Name):
+        fn = (
+            self.defs.get(node.func.value)
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Name)
+            else None
+        )
+        if fn is None or any(a.keyword or a.star for a in node.args):  # type: ignore[attr-defined]
             return None
-        found = self.of(node.func.value)
-        if found is None or found.row not in table:
+        if fn.name.value not in self.known:
+            self.known[fn.name.value] = summarize(fn, self.qualname)
+        found, args = self.known[fn.name.value], [a.value for a in node.args]  # type: ignore[attr-defined]
+        if found is None or found.row not in table or len(args) != len(fn.params.params):
             return None
-        args = node.args
-        if any(a.keyword is not None or a.star for a in args):
+        if not all(counts(args[i]) for i in found.counts):
             return None
-        if len(args) != len(self.defs[node.func.value].params.params):
-            return None
-        if not all(counts(args[i].value) for i in found.counts):
-            return None
-        source = args[found.source].value
-        return Match(found.row, {found.row.source: source, "value": node}, found.lifted)
+        return Match(found.row, {found.row.source: args[found.source], "value": node}, found.lifted)
 
 
 def _counts_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
     return isinstance(node, cst.Call) and not node.args and qualname(node.func) in DEVICE_COUNTS
 
 
-def _is_docstring(line: cst.BaseStatement) -> bool:
-    small = line.body if isinstance(line, cst.SimpleStatementLine) else ()
+def is_docstring(line: cst.BaseStatement) -> bool:
     return (
-        len(small) == 1
-        and isinstance(small[0], cst.Expr)
-        and isinstance(small[0].value, cst.SimpleString)
+        isinstance(line, cst.SimpleStatementLine)
+        and len(line.body) == 1
+        and isinstance(line.body[0], cst.Expr)
+        and isinstance(line.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
     )
