@@ -38,8 +38,7 @@ HOST_COPIES = frozenset({"numpy.asarray", "numpy.array", "jax.device_get", "jax.
 REPLICATIONS = rows(Role.PRODUCER, Layout.REPLICAS)
 SPLITS = rows(Role.PRODUCER, Layout.PER_DEVICE)
 KEY_SPLITS = rows(Role.PRODUCER, Layout.KEYS)
-READBACKS = tuple(r for r in rows(Role.CONSUMER, Layout.HOST) if r.name == "unreplicate")
-HELPER_READBACKS = tuple(r for r in TRANSFERS if r.name in ("unreplicate", "index"))
+READBACKS = tuple(r for r in TRANSFERS if r.name in ("unreplicate", "index"))
 DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
 
 
@@ -394,29 +393,15 @@ class Forms:
         of `var` or of a field of it: `var.a.b[0]` -> `var.a.b`, `jax.device_get(var)[0]` ->
         `jax.device_get(var)`, `unreplicate(var.a)` -> `var.a`, `jax.tree.map(lambda v: v[0],
         var)` -> `var`; else None."""
-        if isinstance(node, cst.Subscript) and _is_zero(node):
-            inner = node.value
-            path = inner
-            if self._is(inner, DEVICE_GET):
-                args = positional(inner, 1)  # type: ignore[arg-type]
-                path = args[0] if args else inner
-            root = _root(path)
-            return (root, inner) if root is not None and root.value == var else None
-        source: cst.BaseExpression | None = None
-        found = match(node, self.qualname, table=READBACKS)
-        found = found or self.summaries.read(node, HELPER_READBACKS, self.counts)
-        if found is not None:
-            source = found.source
-        else:
-            source = self._tree_mapped(node, lambda body, v: is_zero_index(body, v))
-            copied = None if source is not None else self._tree_mapped(node, self._copied_zero)
-            if copied is not None:  # each leaf's copy kept, of the whole leaf
-                root = _root(copied)
-                return (
-                    (root, _copy_per_leaf(node)) if root is not None and root.value == var else None
-                )
-        root = _root(source) if source is not None else None
-        return (root, source) if root is not None and root.value == var else None  # type: ignore[return-value]
+        found = self.transfer(node, READBACKS)  # the table's rows, lifted, or a summary
+        if found is None:  # `jax.tree.map(lambda v: np.array(v[0]), var)`: each leaf's copy
+            copied = self._tree_mapped(node, self._copied_zero)
+            root = _root(copied) if copied is not None else None
+            return (root, _copy_per_leaf(node)) if root is not None and root.value == var else None
+        path = found.source  # `jax.device_get(var)[0]`: `var`'s copy on the host
+        got = path if found.row.name == "index" and self._is(path, DEVICE_GET) else None
+        root = _root(got.args[0].value if isinstance(got, cst.Call) and got.args else path)
+        return (root, found.source) if root is not None and root.value == var else None
 
 
 def _tuples_inlined(
@@ -450,14 +435,6 @@ def _copy_per_leaf(node: cst.BaseExpression) -> cst.BaseExpression:
     body = fn.body.with_changes(args=[leaf.with_changes(value=leaf.value.value)])
     mapped = node.args[0].with_changes(value=fn.with_changes(body=body))
     return node.with_changes(args=[mapped, *node.args[1:]])
-
-
-def _is_zero(node: cst.Subscript) -> bool:
-    """`...[0]`."""
-    if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
-        return False
-    index = node.slice[0].slice.value
-    return isinstance(index, cst.Integer) and index.value == "0"
 
 
 def _root(node: cst.BaseExpression) -> cst.Name | None:
