@@ -67,6 +67,7 @@ def test_a_helper_returning_a_row_of_a_parameter_is_summarized(
         "def r(tree, n):\n    print(n)\n    return np.broadcast_to(tree, (n,) + tree.shape)\n",
         "def r(tree):\n    return np.broadcast_to(tree, (4,) + tree.shape)\n",  # not the count
         "def r(tree, n):\n    return tree\n",  # no row
+        "def r(tree, n):\n    if n:\n        pass\n    return np.broadcast_to(tree, (n,) + tree.shape)\n",
         "@cache\ndef r(tree, n):\n    return np.broadcast_to(tree, (n,) + tree.shape)\n",
     ],
 )

@@ -43,7 +43,8 @@ def summarize(fn: cst.FunctionDef, qualname: Qualname) -> Summary | None:
     if isinstance(params.star_arg, cst.Param) or any(p.default for p in params.params):
         return None
     smalls: list[Sequence[cst.BaseSmallStatement]] = [
-        getattr(line, "body", ()) for line in lines[1 if lines and is_docstring(lines[0]) else 0 :]
+        line.body if isinstance(line, cst.SimpleStatementLine) else ()
+        for line in lines[1 if lines and is_docstring(lines[0]) else 0 :]
     ]
     if not smalls or any(len(small) != 1 for small in smalls):
         return None
