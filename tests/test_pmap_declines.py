@@ -296,8 +296,8 @@ class Workload:
         "(`Workload._eval_model`, called as `self._eval_model(...)`, maybe in a base class)"
     ) in evaluate, evaluate
     assert (
-        "[PL206] `avg_fn` is called other than as `out = avg_fn(...)`: its result is read in "
-        "`model_state.copy(...)`"
+        "[PL401] the result of `avg_fn(...)` is read in `model_state.copy(...)` with its device "
+        "axis"
     ) in synchronize, synchronize
 
 

@@ -46,7 +46,7 @@ REFUSED = {
         "    def later():\n        out = p_step(w, x)\n        return out[0]\n\n    return later()\n",
         "nested function",
     ),
-    "called in a lambda": ("    f = lambda: p_step(w, x)\n    return f()[0]\n", "called other"),
+    "called in a lambda": ("    f = lambda: p_step(w, x)\n    return f()[0]\n", "nested function"),
     "handed to other code": ("    return run(p_step, w, x)\n", "used other than called"),
     "read as a whole": ("    out = p_step(w, x)\n    return out.sum()\n", "read other than"),
     "argument from a parameter": (

@@ -157,7 +157,10 @@ called in one function or in several that one function of the module calls; its 
 or the expressions below written in the call; keyword arguments too, which the calls then pass by
 position: `jax.shard_map` takes no keywords) are replicated values (`flax.jax_utils.replicate`,
 `jnp.broadcast_to(x, (n,) + x.shape)` or its `jax.tree.map`, `jnp.stack([x] * n)`, a module
-helper or a named lambda doing one of these; a donated one becomes a copy,
+helper doing one of these (read through its summary: a def of the module returning one row of
+the table of a parameter, the number of local devices maybe passed, `_replicate(tree, n)`; the
+call becomes the row's program-level form, and a private helper no longer called goes) or a
+named lambda doing one of these; a donated one becomes a copy,
 `jax.tree.map(jnp.copy, x)`, as pmap donated the replicas), splits of a
 flat batch (`x.reshape((n, k) + x.shape[1:])`, any `k` without a call: the reshape succeeds
 only when it is the rows per device; or its `jax.tree.map`, `common_utils.shard`, a
@@ -168,7 +171,8 @@ yields the flat batches, JAX's spmd_mnist example), per-device keys (`jax.random
 function only), `in_axes=None`
 or static arguments, or its own results fed back; its results are read only as device 0's copy
 (`r[0]`, a field `r.step[0]`/`r["loss"][0]`, `jax.device_get(r)[0]`, `jax.tree.map(lambda v:
-v[0], r)`, `unreplicate(r)`, `step(...)[0]`), appended to a list read by
+v[0], r)`, `unreplicate(r)`, a module helper doing one of these; a call read so in any
+expression, `return unreplicate(step(...))`), appended to a list read by
 `common_utils.get_metrics` (-> `common_utils.stack_forest(jax.device_get(...))`), or fed back;
 and each result is the same on every device, or is read only reshaped on the host
 (`r.reshape(-1)`, `r.reshape(-1, k)`: per-example predictions), which gets `P(axis)` and becomes
@@ -350,14 +354,16 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     where ..."); `PL202` used outside the functions of the module; `PL203` called in a nested
     function not followed (called more than once, or maybe before the step is made); `PL204` its calls pass different arguments (`*`/`**`, keywords out of order, a
     batch in one function and a replicated value in another); `PL205` not called;
-  - `PL206` a call's results are not bound to plain names (or `step(...)[0]` of a tuple);
+  - `PL206` a call's results are bound other than to plain names (`d["k"] = step(...)`), or
+    `step(...)[0]` of a tuple;
   - `PL301` an argument's layout comes from outside the function (a parameter, a global, an
     iterator); `PL302` it is stacked on one path and not on another; `PL303` a value stacked for
     the step is read other than passed to it; `PL304` the body reads a value of the function
     whose layout changes; `PL305` per-device keys for a step that cannot take its own key (a
     decorated step);
   - `PL401` a result is read other than as device 0's copy, fed back or flattened (returned
-    with its device axis, kept with another value); `PL402` a result that differs between
+    with its device axis, kept with another value; a call read in an expression other than as
+    device 0's copy: `return step(x)`, `state.copy({"k": step(x)})`); `PL402` a result that differs between
     devices is read other than flattened; `PL403` a list of results is read other than by
     `common_utils.get_metrics`;
   - `PL501` the body is not followed (no final `return`, `try`, `global`, a binding inside an
@@ -391,6 +397,7 @@ from jaxmigrate.toolkit.emit import Call, code
 from jaxmigrate.toolkit.names import dotted, walk
 from jaxmigrate.toolkit.scope import ScopeModel
 
+from ._dead import drop_dead_helpers
 from ._faithful import Faithful
 from ._forms import names_in
 from ._outer import OuterGroup, OuterStep
@@ -614,7 +621,10 @@ class Pmap(Faithful):
             new.get(s.name.value, s) if isinstance(s, cst.FunctionDef) else s
             for s in updated_node.body
         ]
-        return super().leave_Module(original_node, updated_node.with_changes(body=body))
+        updated = drop_dead_helpers(
+            original_node, updated_node.with_changes(body=body), self.qualname
+        )
+        return super().leave_Module(original_node, updated)
 
     def _record_outer(self, group: OuterGroup) -> None:
         """Record the steps of `group`, their edits and the mesh as one group of sites; when it

@@ -21,7 +21,6 @@ from ._forms import (
     flattens,
     free_names,
     is_device_count,
-    is_zero,
     names_in,
     positional,
     single_name,
@@ -39,6 +38,10 @@ from ._layout import (
 )
 from ._program import COPY, DECORATORS, NOT_NAMED, Decline, NotVisible, Program
 from ._reach import ENTRY, Reach, nodes_in, params_of
+from ._readat import at as _at
+from ._readat import not_read_back, read_at_once
+from ._readat import short as _short
+from ._summary import is_docstring as _is_docstring
 
 GET_METRICS = (row_named("get_metrics"),)
 INLINE = "?"  # an argument passed as an expression, not a name: `step(state, shard(batch))`
@@ -65,7 +68,8 @@ class _StepCall:
     args: list[str]
     targets: list[str]  # the names results are bound to, by output position
     values: list[cst.BaseExpression]  # the values passed, by parameter of the step
-    readback: cst.Subscript | None = None  # `step(...)[0]`, the call read back at once
+    readback: cst.BaseExpression | None = None  # `step(...)[0]`, the call read back at once
+    read: tuple[int, ...] = ()  # where the value left is in `readback` (`_at`)
     unpack: cst.Assign | None = None  # `a, b = out` next, `out` read nowhere else: binds a, b
 
     def binds(self, binding: cst.CSTNode) -> bool:
@@ -237,13 +241,16 @@ def _follow(
     body, passed, keywords = _signature(body, made, step)
     arity = len(body.params.params)
     fixed = _fixed_positions(options, passed)
-    calls = [_step_call(flow, call, step, body, fixed) for call in made]
-    for call in calls:  # a call in a nested def or lambda runs when that is called: not followed
-        inner = _nested(flow, call.call)
+    forms = forms_of(flow, qualname, defs)
+    for (
+        made_call
+    ) in made:  # a call in a nested def or lambda runs when that is called: not followed
+        inner = _nested(flow, made_call)
         if inner is not None:
             where = f" `{inner.name.value}`" if isinstance(inner, cst.FunctionDef) else ""
             why = f"`{step}` is called in a nested function{where}"
             raise NotVisible(why, Decline.CALLED_NESTED)
+    calls = [_step_call(flow, forms, call, step, body, fixed) for call in made]
     program = Program(host, None, options.fun, options.axis, options.donate, [False] * arity, None)
     program.fixed, program.statics = fixed, options.statics_arg
     program.params = [p.name.value for p in body.params.params]
@@ -264,7 +271,6 @@ def _follow(
     program.calls = [c.call for c in calls]
     _keyword_calls(program, calls, keywords)
     sibling_calls(program, flow, siblings, defs)
-    forms = forms_of(flow, qualname, defs)
     for position in range(arity):
         if position not in fixed:
             _follow_argument(program, flow, forms, calls, position)
@@ -290,12 +296,13 @@ def _follow(
                 Decline.RESULTS_UNNAMED,
             )
         if call.readback is not None:
-            if program.outputs is not None or program.varying[0]:
+            indexed = isinstance(call.readback, cst.Subscript)  # `[0]` of a tuple: its first
+            if any(program.varying) or program.outputs is not None and indexed:
                 raise NotVisible(
                     f"`{step}(...)[0]` of a tuple or of a per-device result",
                     Decline.RESULTS_UNNAMED,
                 )
-            _read_at_once(program, call.readback, step)
+            _read_at_once(program, call.readback, call.read, step)
         for output, name in enumerate(call.targets):
             _follow_result(program, flow, forms, calls, step, name, output)
     return program
@@ -600,22 +607,22 @@ def _signature(
 
 
 def _step_call(
-    flow: Flow, call: cst.Call, step: str, body: cst.FunctionDef, fixed: dict[int, str]
+    flow: Flow,
+    forms: Forms,
+    call: cst.Call,
+    step: str,
+    body: cst.FunctionDef,
+    fixed: dict[int, str],
 ) -> _StepCall:
     around = flow.parent.get(id(call))
     values = _slot_values(call, body)
     args = [single_name(v) or ("" if i in fixed else INLINE) for i, v in enumerate(values)]
     names = [a or "" for a in args]
-    if isinstance(around, cst.Subscript) and is_zero(around):
-        return _StepCall(around, call, names, [], values, readback=around)  # `step(...)[0]`
     if not isinstance(around, cst.Assign) or len(around.targets) != 1:
-        why = f"`{step}` is called other than as `out = {step}(...)`"
-        reader = around
-        while reader is not None and not isinstance(reader, (cst.Call, cst.BaseStatement)):
-            reader = flow.parent.get(id(reader))  # AlgoPerf: `state.copy({"k": step(x)})`
-        if isinstance(reader, cst.Call):
-            why += f": its result is read in `{_short(reader.func)}(...)`"
-        raise NotVisible(why, Decline.RESULTS_UNNAMED)
+        found = read_at_once(flow, forms, call)  # `step(...)[0]`, `unreplicate(step(...))`
+        if found is not None:
+            return _StepCall(found[0], call, names, [], values, readback=found[0], read=found[1])
+        raise not_read_back(flow, call, step)
     targets = target_names(around.targets[0].target)
     if "?" in targets:
         raise NotVisible(
@@ -798,12 +805,6 @@ def _follow_argument(
     for name in sorted(passed):
         if not any(id(b) in program.siblings for b in flow.stores.get(name, [])):
             _follow_stacked(program, flow, forms, calls, name, replicated=not mapped)
-
-
-def _short(node: cst.CSTNode) -> str:
-    """The code of `node` on one line, cut to a length a message can hold."""
-    text = " ".join(code(node).split())
-    return text if len(text) <= 48 else text[:45] + "..."
 
 
 def _binding_text(name: str, binding: cst.CSTNode, flow: Parents, qualname: Qualname) -> str:
@@ -1519,15 +1520,6 @@ def _flattens_by_shape(
     )
 
 
-def _is_docstring(line: cst.BaseStatement) -> bool:
-    return (
-        isinstance(line, cst.SimpleStatementLine)
-        and len(line.body) == 1
-        and isinstance(line.body[0], cst.Expr)
-        and isinstance(line.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )
-
-
 def _flat_value(
     program: Program, flattening: cst.Call, name: str, forms: Forms
 ) -> cst.BaseExpression:
@@ -1576,12 +1568,15 @@ def _local_part(program: Program, name: str, host: bool = True) -> cst.BaseExpre
     return part
 
 
-def _read_at_once(program: Program, readback: cst.Subscript, step: str) -> None:
-    """`step(...)[0]` -> `step(...)`: the result is the same on every device."""
+def _read_at_once(
+    program: Program, readback: cst.BaseExpression, read: tuple[int, ...], step: str
+) -> None:
+    """`step(...)[0]` -> `step(...)`, `unreplicate(step(...))` -> `step(...)`: the result is
+    the same on every device (`read`: where the value left is in the readback)."""
     node_id = id(readback)
     program.nodes[node_id] = readback
     program.reasons[node_id] = f"a readback of device 0 deleted: `{step}`'s result is replicated"
-    program.edits[node_id] = lambda updated: updated.value  # type: ignore[attr-defined]
+    program.edits[node_id] = lambda updated: _at(updated, read)
 
 
 def _before(flow: Flow, binding: cst.CSTNode, calls: list[_StepCall]) -> bool:

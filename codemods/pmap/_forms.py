@@ -11,8 +11,20 @@ import libcst as cst
 from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.names import dotted, walk, walk_in_order
 
-from ._layout import TREE_MAPS, Layout, Match, Role, Transfer, as_row, lifted, match, rows
+from ._layout import (
+    TRANSFERS,
+    TREE_MAPS,
+    Layout,
+    Match,
+    Role,
+    Transfer,
+    as_row,
+    lifted,
+    match,
+    rows,
+)
 from ._reach import names_in, params_of, target_nodes
+from ._summary import Summaries
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 
@@ -27,7 +39,7 @@ HOST_COPIES = frozenset({"numpy.asarray", "numpy.array", "jax.device_get", "jax.
 REPLICATIONS = rows(Role.PRODUCER, Layout.REPLICAS)
 SPLITS = rows(Role.PRODUCER, Layout.PER_DEVICE)
 KEY_SPLITS = rows(Role.PRODUCER, Layout.KEYS)
-READBACKS = tuple(r for r in rows(Role.CONSUMER, Layout.HOST) if r.name == "unreplicate")
+READBACKS = tuple(r for r in TRANSFERS if r.name in ("unreplicate", "index"))
 DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
 
 
@@ -232,45 +244,7 @@ class Forms:
         # replicating their argument (`shard_batch(b)`), or flattening a result (`tohost(r)`).
         self.defs: Mapping[str, cst.FunctionDef] = defs or {}
         self.named = named  # the lambda a name of the function is bound to, if any
-
-    def _helper_source(self, node: cst.BaseExpression, kind: str) -> cst.BaseExpression | None:
-        """Return x of `helper(x)`, a def of the module that only returns a split (kind "shard")
-        or a replication ("replicated") of its one parameter, maybe after binding the number of
-        local devices (`n = jax.local_device_count()`); else None."""
-        if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Name):
-            return None
-        fn = self.defs.get(node.func.value)
-        args = positional(node, 1)
-        if fn is None or args is None or not isinstance(fn.body, cst.IndentedBlock):
-            return None
-        params = fn.params
-        if len(params.params) != 1 or params.params[0].default is not None:
-            return None
-        if params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or params.kwonly_params:
-            return None
-        if params.star_kwarg is not None or params.posonly_params or fn.decorators:
-            return None
-        lines = list(fn.body.body)
-        last = lines[-1] if lines else None
-        small = last.body if isinstance(last, cst.SimpleStatementLine) else ()
-        if len(small) != 1 or not isinstance(small[0], cst.Return) or small[0].value is None:
-            return None
-        flow = Parents()
-        fn.body.visit(flow)
-        counts: Callable[[cst.BaseExpression], bool] = lambda n: is_device_count(
-            n, flow, self.qualname
-        )
-        for line in lines[:-1]:  # only `n = jax.local_device_count()`
-            body = line.body if isinstance(line, cst.SimpleStatementLine) else ()
-            if len(body) != 1 or not isinstance(body[0], cst.Assign):
-                return None
-            if not (isinstance(body[0].value, cst.Call) and counts(body[0].value)):
-                return None
-        inner = Forms(self.qualname, counts)
-        value = small[0].value
-        found = inner.shard_source(value) if kind == "shard" else inner.replicated_source(value)
-        param = params.params[0].name.value
-        return args[0] if found is not None and single_name(found) == param else None
+        self.summaries = Summaries(self.defs, qualname)
 
     def _is(self, node: cst.BaseExpression, names: frozenset[str]) -> bool:
         return isinstance(node, cst.Call) and self.qualname(node.func) in names
@@ -296,13 +270,11 @@ class Forms:
         if self.values is not None:  # `x.reshape(prefix + x.shape[1:])`, `prefix = (n, k)`
             node = _tuples_inlined(node, self.values)
         found = match(node, self.qualname, self.counts, table)
-        return found or lifted(node, self.qualname, self.counts, table, self.named)
+        found = found or lifted(node, self.qualname, self.counts, table, self.named)
+        return found or self.summaries.read(node, table, self.counts)
 
     def replicated_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
         """Return x of a replication of x, else None."""
-        helped = self._helper_source(node, "replicated")
-        if helped is not None:
-            return helped
         found = self.transfer(node, REPLICATIONS)
         return found.source if found is not None else None
 
@@ -314,9 +286,6 @@ class Forms:
         is the split of the same literal of their sources: each leaf is split alike."""
         if isinstance(node, (cst.Dict, cst.Tuple)) and node.elements:
             return as_row("shard", self._split_literal(node), node)
-        helped = self._helper_source(node, "shard")
-        if helped is not None:
-            return as_row("shard", helped, node)
         found = self.transfer(node, SPLITS)
         if found is not None:
             return found
@@ -400,28 +369,15 @@ class Forms:
         of `var` or of a field of it: `var.a.b[0]` -> `var.a.b`, `jax.device_get(var)[0]` ->
         `jax.device_get(var)`, `unreplicate(var.a)` -> `var.a`, `jax.tree.map(lambda v: v[0],
         var)` -> `var`; else None."""
-        if isinstance(node, cst.Subscript) and is_zero(node):
-            inner = node.value
-            path = inner
-            if self._is(inner, DEVICE_GET):
-                args = positional(inner, 1)  # type: ignore[arg-type]
-                path = args[0] if args else inner
-            root = _root(path)
-            return (root, inner) if root is not None and root.value == var else None
-        source: cst.BaseExpression | None = None
-        found = match(node, self.qualname, table=READBACKS)
-        if found is not None:
-            source = found.source
-        else:
-            source = self._tree_mapped(node, lambda body, v: is_zero_index(body, v))
-            copied = None if source is not None else self._tree_mapped(node, self._copied_zero)
-            if copied is not None:  # each leaf's copy kept, of the whole leaf
-                root = _root(copied)
-                return (
-                    (root, _copy_per_leaf(node)) if root is not None and root.value == var else None
-                )
-        root = _root(source) if source is not None else None
-        return (root, source) if root is not None and root.value == var else None  # type: ignore[return-value]
+        found = self.transfer(node, READBACKS)  # the table's rows, lifted, or a summary
+        if found is None:  # `jax.tree.map(lambda v: np.array(v[0]), var)`: each leaf's copy
+            copied = self._tree_mapped(node, self._copied_zero)
+            root = _root(copied) if copied is not None else None
+            return (root, _copy_per_leaf(node)) if root is not None and root.value == var else None
+        path = found.source  # `jax.device_get(var)[0]`: `var`'s copy on the host
+        got = path if found.row.name == "index" and self._is(path, DEVICE_GET) else None
+        root = _root(got.args[0].value if isinstance(got, cst.Call) and got.args else path)
+        return (root, found.source) if root is not None and root.value == var else None
 
 
 def _tuples_inlined(

@@ -1,0 +1,84 @@
+"""A step's result read where the step is called, in any expression: `step(x)[0]`,
+`unreplicate(step(x))`, `jax.tree.map(lambda v: v[0], step(x))`, a helper of the module that
+reads device 0 (its summary), `return a, step(x)[0]`. The call is a value whose layout the
+analysis knows (the body's results); only what reads it matters: device 0's copy of a result
+the same on every device is the result itself, anything else reads the device axis."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from jaxmigrate.toolkit.emit import code
+
+from ._forms import Forms, Parents
+from ._program import Decline, NotVisible
+
+PLACE = "__step_result__"  # the call, as a name the readback forms read
+DEPTH = 4  # `step(x)[0]`: 1 up; `f(step(x))`: 2 (its `Arg`); `jax.device_get(step(x))[0]`: 3
+
+
+def read_at_once(
+    flow: Parents, forms: Forms, call: cst.Call
+) -> tuple[cst.BaseExpression, tuple[int, ...]] | None:
+    """Return the expression reading device 0's copy of `call`'s result around it, and where the
+    value left once the readback is deleted sits in it (children indices); else None."""
+    node: cst.CSTNode | None = call
+    for _ in range(DEPTH):
+        node = flow.parent.get(id(node)) if node is not None else None
+        if not isinstance(node, cst.BaseExpression):
+            continue
+        marked = node.deep_replace(call, cst.Name(PLACE))
+        assert isinstance(marked, cst.BaseExpression)
+        read = forms.readback_value(marked, PLACE)
+        path = _path(marked, read[1]) if read is not None else None
+        if path is not None:
+            return node, path
+    return None
+
+
+def at(node: cst.CSTNode, path: tuple[int, ...]) -> cst.BaseExpression:
+    """Return the node at `path` (children indices) under `node`."""
+    for index in path:
+        node = node.children[index]
+    assert isinstance(node, cst.BaseExpression)
+    return node
+
+
+def not_read_back(flow: Parents, call: cst.Call, step: str) -> NotVisible:
+    """Why a call of `step` that is not `out = step(...)` is not taken: bound otherwise (PL206),
+    or its result read with its device axis (PL401), naming what reads it."""
+    around = flow.parent.get(id(call))
+    if isinstance(around, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+        why = f"`{step}` is called other than as `out = {step}(...)`"
+        return NotVisible(why, Decline.RESULTS_UNNAMED)
+    reader = around
+    while reader is not None and not isinstance(reader, (cst.Call, cst.BaseSmallStatement)):
+        reader = flow.parent.get(id(reader))  # AlgoPerf: `state.copy({"k": step(x)})`
+    if isinstance(reader, cst.Call):
+        where = f"in `{short(reader.func)}(...)`"
+    elif isinstance(reader, cst.Return):
+        where = "by `return`"
+    else:
+        where = "in an expression"
+    why = (
+        f"the result of `{step}(...)` is read {where} with its device axis, not as device 0's "
+        "copy (`[0]`, `unreplicate`)"
+    )
+    return NotVisible(why, Decline.RESULT_READ)
+
+
+def _path(node: cst.CSTNode, target: cst.CSTNode) -> tuple[int, ...] | None:
+    """Return the children indices leading from `node` to `target`, None if not under it."""
+    if node is target:
+        return ()
+    for index, child in enumerate(node.children):
+        below = _path(child, target)
+        if below is not None:
+            return (index, *below)
+    return None
+
+
+def short(node: cst.CSTNode) -> str:
+    """The code of `node` on one line, cut to a length a message can hold."""
+    text = " ".join(code(node).split())
+    return text if len(text) <= 48 else text[:45] + "..."

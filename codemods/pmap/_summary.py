@@ -1,0 +1,126 @@
+"""Summaries of the code base's own helpers: a def whose return value is one row of the
+transfer table applied to one of its parameters.
+
+`def replicate(tree, n): return jax.tree.map(lambda a: np.broadcast_to(a, (n, *a.shape)), tree)`
+is the `broadcast_to` row of `tree`, given that `n` is the number of local devices; a call
+`replicate(params, jax.local_device_count())` is then read as that row of `params`, and
+rewritten as the row's template at the call site. The summary is read from the helper's body
+with the same table (`match`, `lifted`), once per helper and analysis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import libcst as cst
+
+from ._layout import _HOLE, Match, Qualname, Transfer, lifted, match
+
+DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
+# The holes a summarised row's template may have besides its source: the module's spellings.
+CONTEXT = frozenset({"value", "jax", "jnp", "sharding", "mesh", "hosts", "spec", "axis", "np"})
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What a helper returns: `row` of its parameter at `source`, the parameters at `counts`
+    being the number of local devices (the call must pass that number there)."""
+
+    row: Transfer
+    source: int
+    counts: tuple[int, ...]
+    lifted: bool
+
+
+def summarize(fn: cst.FunctionDef, qualname: Qualname) -> Summary | None:
+    """Return what `fn` returns of its parameters, read with the transfer table; None unless
+    its body is `n = jax.local_device_count()` lines, then `return <row of a parameter>`."""
+    params, lines = fn.params, list(fn.body.body if isinstance(fn.body, cst.IndentedBlock) else ())
+    names = [p.name.value for p in params.params]
+    if params.kwonly_params or params.posonly_params or params.star_kwarg or fn.decorators:
+        return None
+    if isinstance(params.star_arg, cst.Param) or any(p.default for p in params.params):
+        return None
+    smalls: list[Sequence[cst.BaseSmallStatement]] = [
+        line.body if isinstance(line, cst.SimpleStatementLine) else ()
+        for line in lines[1 if lines and is_docstring(lines[0]) else 0 :]
+    ]
+    if not smalls or any(len(small) != 1 for small in smalls):
+        return None
+    counted = {
+        n.target.value
+        for a in smalls[:-1]
+        if isinstance(a[0], cst.Assign) and _counts_devices(a[0].value, qualname)
+        for n in a[0].targets
+        if isinstance(n.target, cst.Name) and n.target.value not in names
+    }
+    last = smalls[-1][0]
+    if len(counted) != len(smalls) - 1 or not isinstance(last, cst.Return) or not last.value:
+        return None  # a statement besides `n = jax.local_device_count()`, or no `return x`
+
+    def counts(node: cst.BaseExpression) -> bool:
+        if isinstance(node, cst.Name):
+            return node.value in counted or node.value in names
+        return _counts_devices(node, qualname)
+
+    found = match(last.value, qualname, counts) or lifted(last.value, qualname, counts)
+    source = found.source if found is not None and found.row.template else None
+    if not isinstance(source, cst.Name) or source.value not in names or found is None:
+        return None
+    if set(_HOLE.findall(found.row.template or "")) - {found.row.source} - CONTEXT:
+        return None  # a hole of the rewrite the call site cannot fill
+    by_count = [
+        names.index(h.value)
+        for k in found.row.counts
+        if isinstance(h := found.holes[k], cst.Name) and h.value in names
+    ]
+    if set(range(len(names))) - {names.index(source.value), *by_count}:
+        return None  # a parameter the row does not read: the helper is more than the row
+    return Summary(found.row, names.index(source.value), tuple(by_count), found.lifted)
+
+
+class Summaries:
+    """The summaries of the module's helpers, each read once (`defs`: the helpers by name)."""
+
+    def __init__(self, defs: Mapping[str, cst.FunctionDef], qualname: Qualname) -> None:
+        self.defs, self.qualname = defs, qualname
+        self.known: dict[str, Summary | None] = {}
+
+    def read(
+        self,
+        node: cst.BaseExpression,
+        table: tuple[Transfer, ...],
+        counts: Callable[[cst.BaseExpression], bool],
+    ) -> Match | None:
+        """Return `node`, a call of a helper, read as its summary's row of the argument, when
+        that row is in `table` and the call passes the number of local devices where the
+        helper needs it; else None."""
+        fn = (
+            self.defs.get(node.func.value)
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Name)
+            else None
+        )
+        if fn is None or any(a.keyword or a.star for a in node.args):  # type: ignore[attr-defined]
+            return None
+        if fn.name.value not in self.known:
+            self.known[fn.name.value] = summarize(fn, self.qualname)
+        found, args = self.known[fn.name.value], [a.value for a in node.args]  # type: ignore[attr-defined]
+        if found is None or found.row not in table or len(args) != len(fn.params.params):
+            return None
+        if not all(counts(args[i]) for i in found.counts):
+            return None
+        return Match(found.row, {found.row.source: args[found.source], "value": node}, found.lifted)
+
+
+def _counts_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
+    return isinstance(node, cst.Call) and not node.args and qualname(node.func) in DEVICE_COUNTS
+
+
+def is_docstring(line: cst.BaseStatement) -> bool:
+    return (
+        isinstance(line, cst.SimpleStatementLine)
+        and len(line.body) == 1
+        and isinstance(line.body[0], cst.Expr)
+        and isinstance(line.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )

@@ -1,0 +1,89 @@
+"""Summaries of the code base's own helpers: a def returning one row of the transfer table of a
+parameter is read through that row, once; anything more than the row is no summary."""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from codemods.pmap._forms import Forms
+from codemods.pmap._layout import TRANSFERS
+from codemods.pmap._summary import Summaries, summarize
+
+NAMES = {
+    "jax.tree.map": "jax.tree.map",
+    "np.broadcast_to": "numpy.broadcast_to",
+    "jax.local_device_count": "jax.local_device_count",
+    "jax.device_get": "jax.device_get",
+}
+
+
+def qualname(node: cst.BaseExpression) -> str | None:
+    text = cst.Module([]).code_for_node(node)
+    return NAMES.get(text)
+
+
+def helper(text: str) -> cst.FunctionDef:
+    node = cst.parse_statement(text)
+    assert isinstance(node, cst.FunctionDef)
+    return node
+
+
+@pytest.mark.parametrize(
+    ("text", "row", "source", "counts"),
+    [
+        (
+            "def r(tree, n):\n    return jax.tree.map(lambda a: np.broadcast_to(a, (n, *a.shape)), tree)\n",
+            "broadcast_to",
+            0,
+            (1,),
+        ),
+        (
+            (
+                'def r(x):\n    """Doc."""\n    k = jax.local_device_count()\n'
+                "    return np.broadcast_to(x, (k,) + x.shape)\n"
+            ),
+            "broadcast_to",
+            0,
+            (),
+        ),
+        ("def s(n, b):\n    return b.reshape((n, -1) + b.shape[1:])\n", "reshape", 1, (0,)),
+        ("def u(tree):\n    return jax.tree.map(lambda a: a[0], tree)\n", "index", 0, ()),
+    ],
+)
+def test_a_helper_returning_a_row_of_a_parameter_is_summarized(
+    text: str, row: str, source: int, counts: tuple[int, ...]
+) -> None:
+    found = summarize(helper(text), qualname)
+    assert found is not None and found.row.name == row
+    assert (found.source, found.counts) == (source, counts)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "def r(tree, n, scale):\n    return np.broadcast_to(tree, (n,) + tree.shape)\n",  # unread
+        "def r(tree, n=8):\n    return np.broadcast_to(tree, (n,) + tree.shape)\n",  # default
+        "def r(tree, n):\n    print(n)\n    return np.broadcast_to(tree, (n,) + tree.shape)\n",
+        "def r(tree):\n    return np.broadcast_to(tree, (4,) + tree.shape)\n",  # not the count
+        "def r(tree, n):\n    return tree\n",  # no row
+        "def r(tree, n):\n    if n:\n        pass\n    return np.broadcast_to(tree, (n,) + tree.shape)\n",
+        "@cache\ndef r(tree, n):\n    return np.broadcast_to(tree, (n,) + tree.shape)\n",
+    ],
+)
+def test_a_helper_doing_more_than_one_row_has_no_summary(text: str) -> None:
+    assert summarize(helper(text), qualname) is None
+
+
+def test_a_call_is_read_through_the_summary_only_with_the_device_count_passed() -> None:
+    rep = helper("def rep(tree, n):\n    return np.broadcast_to(tree, (n,) + tree.shape)\n")
+    forms = Forms(qualname, lambda n: cst.Module([]).code_for_node(n) == "n", {"rep": rep})
+    table = TRANSFERS
+    good = cst.parse_expression("rep(params, n)")
+    found = forms.transfer(good, table)
+    assert found is not None and found.row.name == "broadcast_to"
+    assert cst.Module([]).code_for_node(found.source) == "params"
+    assert forms.transfer(cst.parse_expression("rep(params, 2)"), table) is None
+    assert forms.transfer(cst.parse_expression("rep(params, n=n)"), table) is None
+    summaries = forms.summaries
+    assert isinstance(summaries, Summaries) and list(summaries.known) == ["rep"]  # read once
