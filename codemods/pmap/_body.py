@@ -28,6 +28,7 @@ PER_DEVICE = frozenset(
     for op in ("axis_index", "ppermute", "pshuffle", "pswapaxes", "all_to_all", "psum_scatter")
 )
 Defs = Mapping[str, cst.FunctionDef]
+TRACED = frozenset({"shape", "ndim", "dtype", "size", "itemsize"})  # one trace: the same everywhere
 
 
 @dataclass(frozen=True)
@@ -318,7 +319,7 @@ class _Reader:
             closure = self.closures.get(node.value)
             return node.value in varying or (closure is not None and self.closure_varies(closure))
         if isinstance(node, cst.Attribute):  # `state.params`: the attribute's name is no name
-            return self.varies(node.value, varying)
+            return node.attr.value not in TRACED and self.varies(node.value, varying)
         if isinstance(node, cst.Arg):  # `f(grads=g)`: the keyword is no name
             return self.varies(node.value, varying)
         return any(self.varies(child, varying) for child in node.children)

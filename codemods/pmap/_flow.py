@@ -191,14 +191,16 @@ def analyze_calls(
     qualname: Qualname,
     defs: Defs | None = None,
     given: Callable[[Program, str, int], str] | None = None,
+    siblings: tuple[str, ...] = (),
 ) -> Program:
     """Return the program of `host`, a function calling `step`, a step made outside it (at
     module level or by a decorator, or passed to it: `given` then lays out the parameters it
-    reads, `_callee.py`); raise NotVisible for why not."""
+    reads, `_callee.py`; `siblings` its parameters bound to other steps); raise NotVisible for
+    why not."""
     flow = Flow(host)
     if step in flow.stores:
         raise NotVisible(f"`{step}` is bound in `{host.name.value}` too", Decline.REBOUND)
-    return _follow(host, flow, step, options, body, qualname, -1, defs=defs, given=given)
+    return _follow(host, flow, step, options, body, qualname, -1, siblings, defs, given=given)
 
 
 def _follow(
