@@ -794,7 +794,8 @@ def _follow_argument(
         program.squeezed.add(position)
     for name in sorted(passed):
         if not any(id(b) in program.siblings for b in flow.stores.get(name, [])):
-            _follow_stacked(program, flow, forms, calls, name, replicated=not mapped)
+            keys = kinds == {"keys"}
+            _follow_stacked(program, flow, forms, calls, name, replicated=not mapped, keys=keys)
 
 
 def _parameters(host: cst.FunctionDef) -> set[str]:
@@ -839,6 +840,7 @@ def _follow_stacked(
     name: str,
     *,
     replicated: bool,
+    keys: bool = False,
 ) -> None:
     """Check every read of an argument the function stacks for the step (`x = replicate(x)`,
     `b = shard(b)`) and no step makes: the stacking is deleted, so once stacked it is read only
@@ -861,7 +863,7 @@ def _follow_stacked(
             continue
         if _in_arithmetic(program, flow, use):
             continue
-        if not replicated and _flat_batch(program, flow, forms, use, name):
+        if not replicated and not keys and _flat_batch(program, flow, forms, use, name):
             continue
         found = _readback_around(flow, forms, use, name) if replicated else None
         if found is None:
