@@ -408,3 +408,23 @@ def test_program_level_tohost_reads_each_process_own_rows(tmp_path: Path) -> Non
     script.write_text(result.code)
     for process, out in enumerate(run_job(script, tmp_path)):
         np.testing.assert_allclose(out["p"], expected[process], rtol=1e-5)
+
+
+def test_program_level_tohost_of_the_split_batch_reads_each_process_own_rows(
+    tmp_path: Path,
+) -> None:
+    """flax wmt's `inputs = tohost(pred_batch["inputs"])`, the batch it split for the step read
+    back flattened: each process reads its own rows of the global batch."""
+    source = PREDICT.replace("\n\ndef evaluate(w, x):", TOHOST).replace(
+        "return out.reshape(-1)", "return tohost(out) + tohost(x).sum(axis=-1)"
+    )
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4,)).astype(np.float32)
+    xs = rng.normal(size=(8 * 2, 4)).astype(np.float32)
+    expected = (np.tanh(xs @ w) + xs.sum(axis=-1)).reshape(PROCESSES, -1)
+    result = migrate_source(source, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device" not in result.code and "tohost(x).sum" not in result.code
+    script = tmp_path / "tohost_batch_migrated.py"
+    script.write_text(result.code)
+    for process, out in enumerate(run_job(script, tmp_path)):
+        np.testing.assert_allclose(out["p"], expected[process], rtol=1e-5)

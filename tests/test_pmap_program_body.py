@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 SETTING = True
+SCALE = None  # a flax DynamicScale in the program
 
 
 def tagged(x):
@@ -94,7 +95,18 @@ else:
     "a module helper's pmean, passed by keyword": "out = cross_mean(t=x.sum())",
     "a module helper's result from replicated values": "out = mean_and(x.sum(), jnp.sum(w))",
     "a dict filled by a module helper with a pmean": "out = {}\nfill(out, cross_mean(x.sum()))",
+    "a per-device value's shape, one trace's": "out = jnp.zeros(x.shape[1:]).sum() + x.ndim",
+    "a DynamicScale's grads, new scale and finite check over the step's axis": """\
+grad_fn = SCALE.value_and_grad(lambda v: jnp.sum(x @ v), axis_name="i")
+scale, finite, loss, g = grad_fn(w)
+new_w = jnp.where(finite, w - 0.1 * g, w)
+out = scale""",
 }
+SCALED = """\
+grad_fn = SCALE.value_and_grad(lambda v: jnp.sum(x @ v), axis_name="i")
+scale, finite, loss, g = grad_fn(w)
+new_w = w
+"""
 
 DIFFERENT = {
     "a per-device sum": "out = x.sum()",
@@ -131,6 +143,17 @@ for _ in range(2):
     "a list appended per device": "out = []\nout.append(x.sum())",
     "a permutation": "out = jax.lax.ppermute(jnp.sum(w), 'i', [(0, 1), (1, 0)])",
     "a mutated field": "out = {'a': jnp.sum(w)}\nout['a'] += x.sum()",
+    "a per-device value's shape and values": "out = jnp.zeros(x.shape[1:]).sum() + x.sum()",
+    "a DynamicScale's value": SCALED + "out = loss",
+    "a DynamicScale reducing over another axis": SCALED.replace('"i"', '"j"') + "out = g",
+    "a DynamicScale of per-device data": SCALED.replace("SCALE", "x") + "out = scale",
+    "a DynamicScale bound on one path only": """\
+grad_fn = jax.value_and_grad(lambda v: jnp.sum(x @ v))
+if SETTING:
+    grad_fn = SCALE.value_and_grad(lambda v: jnp.sum(x @ v), axis_name="i")
+scale, finite, loss, g = grad_fn(w)
+new_w = w
+out = g""",
 }
 
 

@@ -179,10 +179,14 @@ and each result is the same on every device, or is read only reshaped on the hos
 this process's part of the flat result (`multihost_utils.global_array_to_host_local_array`; in
 one process, all of it). "The same on every device" is read from the body (nested defs,
 closures, `value_and_grad(..., has_aux=True)`, dicts, `if`/`else`, loops): a `pmean`/`psum`/
-`pmax`/`pmin`/`all_gather` over the step's axis, or computed from replicated values alone; a
+`pmax`/`pmin`/`all_gather` over the step's axis, a library function's results its summary says
+are (flax's `DynamicScale.value_and_grad(..., axis_name=axis)`: its new scale, finite flag and
+grads), a shape, or computed from replicated values alone; a
 value computed from a batch or a key, `axis_index`, `ppermute`, a function of the module using
 one, or a closure reading any of these differs (when unsure: differs, and the faithful form is
 kept: batch-norm statistics of each device's forward pass, unless `pmean`'d).
+A batch split for the step read by the module's flattening helper (`tohost(batch["inputs"])`)
+becomes this process's part of the global batch.
 The device axis then disappears, as in the public migrations (big_vision, AlgoPerf, flax lm1b):
 
 ```python

@@ -14,12 +14,13 @@ statement the analysis does not model raises NotVisible (the faithful form is ke
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import libcst as cst
 
 from ._forms import TREE_MAP, Parents, Qualname, names_in, target_names
 from ._program import Decline, NotVisible
-from ._reach import nodes_in
+from ._reach import Reach, nodes_in
 
 REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin", "all_gather")})
 PER_DEVICE = frozenset(
@@ -27,6 +28,26 @@ PER_DEVICE = frozenset(
     for op in ("axis_index", "ppermute", "pshuffle", "pswapaxes", "all_to_all", "psum_scatter")
 )
 Defs = Mapping[str, cst.FunctionDef]
+TRACED = frozenset({"shape", "ndim", "dtype", "size", "itemsize"})  # one trace: the same everywhere
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A library function made by a method call, `grad_fn = obj.method(fun, ..., axis=step's
+    axis)`, then called, `a, b, ... = grad_fn(*args)`: per result, whether it is the same on every
+    device ("same"), as the object is ("receiver"), or as anything passed is ("call")."""
+
+    method: str
+    axis: str  # the keyword naming the axis it reduces over (a literal or a module constant)
+    results: tuple[str, ...]
+
+
+SUMMARIES = (
+    # flax.training.dynamic_scale.DynamicScale.value_and_grad(fun, ..., axis_name=axis): returns
+    # (new scale, is finite, value, grads); grads `pmean`ed over the axis and the finite check
+    # made on them (`jax.value_and_grad` has no `axis_name`).
+    Summary("value_and_grad", "axis_name", ("receiver", "same", "call", "same")),
+)
 MUTATING = frozenset(
     {"append", "extend", "insert", "update", "setdefault", "pop", "popitem", "clear", "remove"}
     | {"add", "discard", "sort", "reverse", "__setitem__", "__setattr__"}
@@ -62,6 +83,7 @@ def _run(reader: _Reader, body: cst.FunctionDef, start: set[str]) -> None:
     bound = Parents()
     body.visit(bound)
     reader.local = set(bound.stores) - {body.name.value}
+    reader.reach = Reach(body.body)
     if not isinstance(body.body, cst.IndentedBlock) or not _ends_in_return(body.body.body):
         raise NotVisible("the body does not end in a return", Decline.BODY)
     while True:  # closures read names at call time: rerun until what ever differs is stable
@@ -117,6 +139,8 @@ class _Reader:
         self.inside: frozenset[str] = frozenset()  # the module helpers being read (no recursion)
         self.local: set[str] = set()  # the names the function binds (no module helper then)
         self.spellings: frozenset[str] = frozenset()  # module constants naming the axis
+        self.reach: Reach | None = None  # the bindings reaching each read of the body
+        self.made: dict[int, tuple[Summary, bool, bool]] = {}  # see `summarised`
 
     # Statements ---------------------------------------------------------------------------
     def block(self, statements: Iterable[cst.BaseStatement], varying: set[str]) -> set[str]:
@@ -168,6 +192,9 @@ class _Reader:
         varying = self.filled_by_helpers(node, varying)
         if isinstance(node, cst.Assign):
             varies = self.varies(node.value, varying)
+            results = self.summarised(node, varying)
+            if results is not None:
+                return self.bind_each(node.targets[0].target, results, varying)
             for target in node.targets:
                 varying = self.bind(target.target, varies, varying)
         elif isinstance(node, cst.AnnAssign) and node.value is not None:
@@ -209,6 +236,51 @@ class _Reader:
                 varying = varying | owners  # type: ignore[operator]
         return varying
 
+    def summarised(self, node: cst.Assign, varying: set[str]) -> list[bool] | None:
+        """`grad_fn = obj.value_and_grad(..., axis_name=axis)` (a row of SUMMARIES) is recorded
+        with whether `obj` and the whole call differ; `a, b, c, d = grad_fn(*args)`, where every
+        binding reaching `grad_fn` is such a row, gives each result as the row says."""
+        value = node.value
+        if not isinstance(value, cst.Call):
+            return None
+        func = value.func
+        if isinstance(func, cst.Attribute) and self.qualname(func) is None:
+            for row in SUMMARIES:
+                axis = [a for a in value.args if _keyword(a) == row.axis]
+                if func.attr.value == row.method and axis and self._over_axis(value):
+                    receiver = self.varies(func.value, varying)
+                    self.made[id(node)] = (row, receiver, self.varies(value, varying))
+            return None
+        if not isinstance(func, cst.Name) or self.reach is None:
+            return None
+        made = [self.made.get(id(b)) for b in self.reach.of(func)]
+        if not made or None in made or len({m[0] for m in made if m}) != 1:
+            return None
+        if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Tuple):
+            return None
+        call = any(self.varies(a.value, varying) for a in value.args)
+        return [
+            any(
+                (kind == "receiver" and m[1]) or (kind == "call" and (m[2] or call))
+                for m in made
+                if m
+            )
+            for kind in made[0][0].results  # type: ignore[index]
+        ]
+
+    def bind_each(
+        self, target: cst.BaseExpression, results: list[bool], varying: set[str]
+    ) -> set[str]:
+        """Bind the elements of the tuple `target` to results that differ or not."""
+        elements = target.elements if isinstance(target, cst.Tuple) else []
+        if len(elements) != len(results) or any(
+            isinstance(e, cst.StarredElement) for e in elements
+        ):
+            return self.bind(target, any(results), varying)
+        for element, varies in zip(elements, results):
+            varying = self.bind(element.value, varies, varying)
+        return varying
+
     def bind(self, target: cst.BaseExpression, varies: bool, varying: set[str]) -> set[str]:
         """Bind `target` to a value that differs (`varies`) or not."""
         if isinstance(target, (cst.Attribute, cst.Subscript)):  # `x.a = v`, `x[k] = v`
@@ -247,7 +319,7 @@ class _Reader:
             closure = self.closures.get(node.value)
             return node.value in varying or (closure is not None and self.closure_varies(closure))
         if isinstance(node, cst.Attribute):  # `state.params`: the attribute's name is no name
-            return self.varies(node.value, varying)
+            return node.attr.value not in TRACED and self.varies(node.value, varying)
         if isinstance(node, cst.Arg):  # `f(grads=g)`: the keyword is no name
             return self.varies(node.value, varying)
         return any(self.varies(child, varying) for child in node.children)

@@ -205,7 +205,8 @@ def follow_passed(
         return "batch" if caller.batches[position] else "replicated"
 
     try:
-        inner = analyze_calls(callee, param, options, body, qualname, defs, given)
+        others = tuple(p for p, v in args.items() if p != param and single_name(v) in siblings)
+        inner = analyze_calls(callee, param, options, body, qualname, defs, given, others)
     except NotVisible as deeper:
         nested = why.code is Decline.CALLED_NESTED
         how = "called in the nested function" if nested else "passed to"

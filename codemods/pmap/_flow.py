@@ -201,14 +201,16 @@ def analyze_calls(
     qualname: Qualname,
     defs: Defs | None = None,
     given: Callable[[Program, str, int], str] | None = None,
+    siblings: tuple[str, ...] = (),
 ) -> Program:
     """Return the program of `host`, a function calling `step`, a step made outside it (at
     module level or by a decorator, or passed to it: `given` then lays out the parameters it
-    reads, `_callee.py`); raise NotVisible for why not."""
+    reads, `_callee.py`; `siblings` its parameters bound to other steps); raise NotVisible for
+    why not."""
     flow = Flow(host)
     if step in flow.stores:
         raise NotVisible(f"`{step}` is bound in `{host.name.value}` too", Decline.REBOUND)
-    return _follow(host, flow, step, options, body, qualname, -1, defs=defs, given=given)
+    return _follow(host, flow, step, options, body, qualname, -1, siblings, defs, given=given)
 
 
 def _follow(
@@ -804,7 +806,8 @@ def _follow_argument(
         program.squeezed.add(position)
     for name in sorted(passed):
         if not any(id(b) in program.siblings for b in flow.stores.get(name, [])):
-            _follow_stacked(program, flow, forms, calls, name, replicated=not mapped)
+            keys = kinds == {"keys"}
+            _follow_stacked(program, flow, forms, calls, name, replicated=not mapped, keys=keys)
 
 
 def _binding_text(name: str, binding: cst.CSTNode, flow: Parents, qualname: Qualname) -> str:
@@ -835,6 +838,7 @@ def _follow_stacked(
     name: str,
     *,
     replicated: bool,
+    keys: bool = False,
 ) -> None:
     """Check every read of an argument the function stacks for the step (`x = replicate(x)`,
     `b = shard(b)`) and no step makes: the stacking is deleted, so once stacked it is read only
@@ -857,6 +861,8 @@ def _follow_stacked(
             continue
         if _in_arithmetic(program, flow, use):
             continue
+        if not replicated and not keys and _flat_batch(program, flow, forms, use, name):
+            continue
         found = _readback_around(flow, forms, use, name) if replicated else None
         if found is None:
             layout = "replicated" if replicated else "split into per-device slices"
@@ -867,6 +873,25 @@ def _follow_stacked(
         readback, value = found
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
         program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
+
+
+def _flat_batch(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str) -> bool:
+    """`tohost(batch["inputs"])`, a module helper flattening over devices (`_flattening_helper`)
+    a batch split for the step, or a field of it: the rows of this process's part of the global
+    batch, in the same order; recorded as that edit."""
+    top = field_top(flow, use)
+    arg = flow.parent.get(id(top))
+    call = flow.parent.get(id(arg))
+    if not isinstance(top, cst.BaseExpression) or not isinstance(call, cst.Call):
+        return False
+    if _flattening_helper(forms, call, top) is None:
+        return False
+    reason = (
+        f"`{code(call.func)}`, a flattening over devices of `{name}` split for the step, deleted: "
+        "this process's rows of the batch"
+    )
+    program.edit(call, reason, lambda: _flat_value(program, call, top, forms))
+    return True
 
 
 def _in_arithmetic(program: Program, flow: Flow, use: cst.Name) -> bool:
@@ -1460,14 +1485,16 @@ def _flattening(forms: Forms, node: cst.Call, name: str) -> bool:
     )
 
 
-def _flattening_helper(forms: Forms, node: cst.Call, name: str) -> cst.Call | None:
+def _flattening_helper(
+    forms: Forms, node: cst.Call, name: str | cst.BaseExpression
+) -> cst.Call | None:
     """Return the flattening in the module helper `node` calls on `name` alone, its parameter
     read as `name`: flax's `tohost`, `n_device, n_batch, *rest = x.shape` then
     `return np.array(x).reshape((n_device * n_batch,) + tuple(rest))`, or one `return` of a
     flattening; else None."""
     args = positional(node, 1)
     helper = forms.defs.get(node.func.value) if isinstance(node.func, cst.Name) else None
-    if helper is None or args is None or single_name(args[0]) != name:
+    if helper is None or args is None or code(args[0]) != _text(name):
         return None
     params = helper.params
     if len(params.params) != 1 or params.star_arg not in (None, cst.MaybeSentinel.DEFAULT):
@@ -1521,7 +1548,7 @@ def _flattens_by_shape(
 
 
 def _flat_value(
-    program: Program, flattening: cst.Call, name: str, forms: Forms
+    program: Program, flattening: cst.Call, name: str | cst.BaseExpression, forms: Forms
 ) -> cst.BaseExpression:
     """The flat result, copied as the flattening copied it (`np.asarray(r).reshape(-1)`)."""
     helper = _flattening_helper(forms, flattening, name)
@@ -1558,14 +1585,24 @@ def _local_reshape(program: Program, call: cst.Call, name: str) -> cst.BaseExpre
     return call.with_changes(func=call.func.with_changes(value=_local_part(program, name)))
 
 
-def _local_part(program: Program, name: str, host: bool = True) -> cst.BaseExpression:
+def _local_part(
+    program: Program, name: str | cst.BaseExpression, host: bool = True
+) -> cst.BaseExpression:
     """This process's part of a result sharded over the devices (in one process, all of it);
     read into numpy under a mesh set for the program (`Program.numpy`) unless `host` is False
     (the original copied it to the host itself: `np.asarray(r).reshape(-1)`)."""
-    part = fill(LOCAL_PART, {**program.context(), "x": cst.Name(name)})
+    part = fill(LOCAL_PART, {**program.context(), "x": _expression(name)})
     if host and program.numpy is not None:
         return fill(HOST_ARRAY, {**program.context(), "x": part})
     return part
+
+
+def _text(name: str | cst.BaseExpression) -> str:
+    return name if isinstance(name, str) else code(name)
+
+
+def _expression(name: str | cst.BaseExpression) -> cst.BaseExpression:
+    return cst.Name(name) if isinstance(name, str) else name
 
 
 def _read_at_once(

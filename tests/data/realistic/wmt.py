@@ -1,6 +1,8 @@
 """Modeled on flax/examples/wmt/train.py: dropout keys split per device and passed by keyword,
 donate_argnums, psum'd weighted metrics with a denominator, evaluate() taking the pmapped step,
-a prediction step with static_broadcasted_argnums and host-side `tohost` flattening."""
+a prediction step with static_broadcasted_argnums and host-side `tohost` flattening, a
+`DynamicScale` averaging the grads (`axis_name=`), and `translate_and_calculate_bleu` taking the
+cache step and the prediction step, flattening the batch it split with `tohost`."""
 
 import functools
 
@@ -11,6 +13,7 @@ import optax
 from flax import jax_utils
 from flax import linen as nn
 from flax.training import common_utils, train_state
+from flax.training import dynamic_scale as dynamic_scale_lib
 
 VOCAB = 11
 
@@ -22,6 +25,10 @@ class TinyLM(nn.Module):
         x = nn.Dense(16)(x)
         x = nn.Dropout(0.1, deterministic=not train)(x)
         return nn.Dense(VOCAB)(nn.relu(x))
+
+
+class TrainState(train_state.TrainState):
+    dynamic_scale: dynamic_scale_lib.DynamicScale
 
 
 def compute_weighted_cross_entropy(logits, targets, weights):
@@ -59,12 +66,24 @@ def train_step(state, batch, learning_rate_fn, dropout_rng=None):
 
     step = state.step
     lr = learning_rate_fn(step)
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    (_, logits), grads = grad_fn(state.params)
-    grads = jax.lax.pmean(grads, "batch")
+    if state.dynamic_scale:
+        grad_fn = state.dynamic_scale.value_and_grad(loss_fn, has_aux=True, axis_name="batch")
+        dynamic_scale, is_fin, (_, logits), grads = grad_fn(state.params)
+        state = state.replace(dynamic_scale=dynamic_scale)
+    else:
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        (_, logits), grads = grad_fn(state.params)
+        grads = jax.lax.pmean(grads, "batch")
     new_state = state.apply_gradients(grads=grads)
     metrics = compute_metrics(logits, targets, weights)
     metrics["learning_rate"] = lr
+    if state.dynamic_scale:
+        select_fn = functools.partial(jnp.where, is_fin)
+        new_state = new_state.replace(
+            opt_state=jax.tree.map(select_fn, new_state.opt_state, state.opt_state),
+            params=jax.tree.map(select_fn, new_state.params, state.params),
+        )
+        metrics["loss_scale"] = dynamic_scale.scale * metrics["denominator"]
     return new_state, metrics
 
 
@@ -75,8 +94,13 @@ def eval_step(params, batch, apply_fn):
     return compute_metrics(logits, targets, weights)
 
 
-def predict_step(params, inputs, temperature, top, apply_fn):
+def initialize_cache(inputs, width):
+    return {"bias": jnp.zeros((inputs.shape[1], width), jnp.float32), "index": jnp.int32(0)}
+
+
+def predict_step(inputs, params, cache, temperature, top, apply_fn):
     logits = apply_fn({"params": params}, inputs, train=False) / temperature
+    logits = logits + cache["bias"][None, :, :1] + cache["index"]
     return jax.lax.top_k(logits, top)[1]
 
 
@@ -98,6 +122,30 @@ def evaluate(*, p_eval_step, params, eval_ds, num_eval_steps):
     return eval_summary
 
 
+def translate_and_calculate_bleu(*, p_pred_step, p_init_cache, params, predict_ds):
+    n_devices = jax.local_device_count()
+    sources, predictions = [], []
+    for pred_batch in predict_ds:
+        cur_pred_batch_size = pred_batch["inputs"].shape[0]
+        if cur_pred_batch_size % n_devices:
+            padded_size = int(np.ceil(cur_pred_batch_size / n_devices) * n_devices)
+            pred_batch = jax.tree.map(lambda x: pad_examples(x, padded_size), pred_batch)
+        pred_batch = common_utils.shard(pred_batch)
+        cache = p_init_cache(pred_batch["inputs"])
+        predicted = p_pred_step(pred_batch["inputs"], params, cache, 0.7, 2)
+        predicted = tohost(predicted)
+        inputs = tohost(pred_batch["inputs"])
+        for i, s in enumerate(predicted[:cur_pred_batch_size]):
+            sources.append(inputs[i])
+            predictions.append(s)
+    return np.stack(sources), np.stack(predictions)
+
+
+def pad_examples(x, desired_batch_size):
+    batch_pad = desired_batch_size - x.shape[0]
+    return np.concatenate([x, np.tile(x[-1], (batch_pad, 1))])
+
+
 def make_ds(seed, n, batch_size, length=6):
     rng = np.random.default_rng(seed)
     for _ in range(n):
@@ -111,8 +159,11 @@ def main():
     model = TinyLM()
     params = model.init(init_rng, jnp.ones((1, 6), jnp.int32), train=False)["params"]
     learning_rate_fn = optax.warmup_cosine_decay_schedule(0.0, 0.05, 2, 8)
-    state = train_state.TrainState.create(
-        apply_fn=model.apply, params=params, tx=optax.adamw(learning_rate_fn, weight_decay=0.01)
+    state = TrainState.create(
+        apply_fn=model.apply,
+        params=params,
+        tx=optax.adamw(learning_rate_fn, weight_decay=0.01),
+        dynamic_scale=dynamic_scale_lib.DynamicScale(),
     )
     state = jax_utils.replicate(state)
     del params
@@ -123,10 +174,11 @@ def main():
         donate_argnums=(0,),
     )
     p_eval_step = jax.pmap(functools.partial(eval_step, apply_fn=model.apply), axis_name="batch")
+    p_init_cache = jax.pmap(functools.partial(initialize_cache, width=3), axis_name="batch")
     p_pred_step = jax.pmap(
         functools.partial(predict_step, apply_fn=model.apply),
         axis_name="batch",
-        static_broadcasted_argnums=(2, 3),
+        static_broadcasted_argnums=(3, 4),
     )
 
     dropout_rngs = jax.random.split(rng, jax.local_device_count())
@@ -153,12 +205,16 @@ def main():
         num_eval_steps=2,
     )
 
-    pred_inputs = next(make_ds(2, 1, 16))["inputs"]
-    predicted = p_pred_step(state.params, common_utils.shard(pred_inputs), 0.7, 2)
-    predicted = tohost(predicted)
+    sources, predicted = translate_and_calculate_bleu(
+        p_pred_step=p_pred_step,
+        p_init_cache=p_init_cache,
+        params=state.params,
+        predict_ds=make_ds(2, 2, 16),
+    )
 
     params = jax.device_get(jax_utils.unreplicate(state.params))
-    out = {"params": params, "train": summary, "eval": eval_results, "predicted": predicted}
+    out = {"params": params, "train": summary, "eval": eval_results}
+    out |= {"predicted": predicted, "sources": sources}
     out = jax.device_get(out)
     print({k: float(np.sum([np.sum(x) for x in jax.tree.leaves(v)])) for k, v in out.items()})
     return out
