@@ -23,7 +23,7 @@ from clitools import cli_env, command, jm
 
 from jaxmigrate.verify.lifetime import GUARD, sweep
 
-pytestmark = [pytest.mark.jax, pytest.mark.serial]
+pytestmark = pytest.mark.jax
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples/legacy_project/legacy_project/sharded.py"
 README_CELLS = [
@@ -178,9 +178,10 @@ def below(pid: int) -> set[int]:
     return found
 
 
-@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
-def test_a_killed_run_leaves_nothing_running(tmp_path: Path, number: signal.Signals) -> None:
-    """Killed while `main()` hangs (and has started a child in a session of its own)."""
+def hanging_run(tmp_path: Path) -> tuple[subprocess.Popen[bytes], set[int], Path]:
+    """Start `jaxmigrate run --dry-run` on a module whose `main()` hangs (and has started a child
+    in a session of its own); return the run, every process below it, and its TMPDIR once
+    `main()` runs."""
     tree = tmp_path / "project"
     tree.mkdir()
     text = EXAMPLE.read_text(encoding="utf-8").replace("def main():\n", HANGING_MAIN, 1)
@@ -205,6 +206,13 @@ def test_a_killed_run_leaves_nothing_running(tmp_path: Path, number: signal.Sign
     started = below(run.pid) | {escaped}
     assert worker in started and escaped in started
     assert list(scratch.glob("jaxmigrate-verify-*"))
+    return run, started, scratch
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_a_killed_run_leaves_nothing_running(tmp_path: Path, number: signal.Signals) -> None:
+    """Killed while `main()` hangs (and has started a child in a session of its own)."""
+    run, started, scratch = hanging_run(tmp_path)
     began = time.monotonic()
     if number == signal.SIGINT:
         os.killpg(run.pid, number)
@@ -231,6 +239,38 @@ def test_a_killed_run_leaves_nothing_running(tmp_path: Path, number: signal.Sign
     (live / "owner").write_text(f"{os.getpid()} \n")
     assert sweep(scratch) == left
     assert not left[0].exists() and other.exists() and live.exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tgkill is Linux's")
+def test_a_sigint_the_kernel_hands_to_another_thread_still_stops_the_run(tmp_path: Path) -> None:
+    """The kernel may hand a process's SIGINT (Ctrl-C, or SIGINT to its group) to any of its
+    threads that does not block it; Python runs handlers on the main thread only, between
+    bytecodes. While verification waits for its workers (lane threads), the main thread must
+    not sleep in the kernel until they answer: a SIGINT taken by a lane thread stopped the run
+    only when the hanging `main()` timed out (under pytest-xdist, the killed-run test's SIGINT)."""
+    import ctypes
+
+    run, started, scratch = hanging_run(tmp_path)
+    others = [int(t) for t in os.listdir(f"/proc/{run.pid}/task") if int(t) != run.pid]
+    assert others, "verification waits for its workers on threads of its own"
+    tgkill = 234 if os.uname().machine == "x86_64" else 131  # aarch64
+    libc = ctypes.CDLL(None, use_errno=True)
+    began = time.monotonic()
+    assert libc.syscall(tgkill, run.pid, others[0], signal.SIGINT) == 0  # not the main thread
+    try:
+        _, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    quit_in = time.monotonic() - began
+    assert run.returncode == 130, err
+    assert quit_in < 20, quit_in
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in started if alive(p)]
+    assert not list(scratch.glob("jaxmigrate-verify-*"))
 
 
 def test_verification_has_no_network(tmp_path: Path) -> None:

@@ -27,10 +27,12 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 PREFIX = "jaxmigrate-verify-"
 OWNER = "owner"
@@ -144,6 +146,23 @@ def spawn(command: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
         return proc
 
     return spawner().submit(start).result()
+
+
+POLL = 0.1  # seconds the main thread sleeps in the kernel at most while it waits for a thread
+
+
+def outcome(future: Future[T]) -> T:
+    """Return `future`'s result, waited for in short sleeps.
+
+    The kernel may hand a signal sent to the process (SIGINT to its group, Ctrl-C) to any thread
+    that does not block it, and Python runs the handlers only on the main thread, between
+    bytecodes: a main thread asleep in the kernel until a lane thread answered ran the handler
+    only when the hanging code timed out. Waking every `POLL` seconds, it runs it at once."""
+    while True:
+        try:
+            return future.result(timeout=POLL)
+        except TimeoutError:
+            continue
 
 
 def stopping() -> bool:

@@ -127,7 +127,10 @@ class Run:
         for group in sorted(by_file.values(), key=len, reverse=True):
             min(shares, key=len).extend(group)
         with ThreadPoolExecutor(len(self.lanes)) as pool:
-            results = pool.map(self.run_lane, self.lanes, shares)
+            futures = [pool.submit(self.run_lane, *each) for each in zip(self.lanes, shares)]
+            # never asleep in the kernel until the lanes answer: a signal the kernel hands to a
+            # lane thread runs its handler on this (the main) thread within lifetime.POLL s
+            results = [lifetime.outcome(future) for future in futures]
         return {k: v for part in results for k, v in part.items()}
 
 
