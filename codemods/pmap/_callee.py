@@ -37,53 +37,15 @@ from ._flow import (
     _nested,
     _StepCall,
     analyze_calls,
+    bound_arguments,
     forms_of,
     options_of,
+    passed_to,
     sibling_calls,
 )
-from ._forms import Qualname, ancestors, field_top, single_name
+from ._forms import Qualname, ancestors, single_name
 from ._outer import reads
 from ._program import Decline, NotVisible, Program
-
-
-def bound_arguments(
-    callee: cst.FunctionDef, call: cst.Call
-) -> dict[str, cst.BaseExpression] | None:
-    """The value `call` passes to each parameter of `callee` it fills; None when that is not
-    visible (`*args`, `**kwargs`, positional-only parameters, a keyword it lacks)."""
-    params = callee.params
-    if params.posonly_params or isinstance(params.star_arg, cst.Param) or params.star_kwarg:
-        return None
-    if any(a.star for a in call.args):
-        return None
-    named = {p.name.value for p in (*params.params, *params.kwonly_params)}
-    plain = [a.value for a in call.args if a.keyword is None]
-    if len(plain) > len(params.params):
-        return None
-    found = {p.name.value: v for p, v in zip(params.params, plain)}
-    for arg in call.args:
-        if arg.keyword is not None:
-            if arg.keyword.value not in named or arg.keyword.value in found:
-                return None
-            found[arg.keyword.value] = arg.value
-    return found
-
-
-def passed_to(
-    flow: Flow, use: cst.Name, defs: Defs
-) -> tuple[cst.Call, cst.FunctionDef, str, dict[str, cst.BaseExpression]] | None:
-    """`callee(..., q=use, ...)` (or by position), `callee` a def of the module: the call, the
-    callee, the parameter `q` bound to `use` and every argument by parameter; else None."""
-    arg = flow.parent.get(id(use))
-    call = flow.parent.get(id(arg))
-    if not isinstance(arg, cst.Arg) or not isinstance(call, cst.Call) or arg.value is not use:
-        return None
-    callee = defs.get(single_name(call.func) or "")
-    args = bound_arguments(callee, call) if callee is not None else None
-    if callee is None or args is None:
-        return None
-    param = next((p for p, v in args.items() if v is use), None)
-    return None if param is None else (call, callee, param, args)
 
 
 def called_nested(
@@ -108,35 +70,6 @@ def called_nested(
         return None
     args = bound_arguments(found, call) if call.func is uses[0] else None
     return None if args is None or step in args else (call, found, step, args)
-
-
-def passed_feeds(flow: Flow, use: cst.Name, defs: Defs) -> set[int]:
-    """The ids of the caller's arguments that the def a step is passed to (`use`) only passes
-    on to that step, `callee(p_step=use, params=state.params)` -> `state.params` when `params` is
-    read in the callee only in calls of `p_step`: the step's own program lays them out."""
-    found = passed_to(flow, use, defs)
-    if found is None:
-        return set()
-    _, callee, param, args = found
-    inner = Flow(callee)
-    fed = set()
-    for name, value in args.items():
-        reads = inner.loads.get(name, [])
-        if name != param and reads and all(_passed_to_step(inner, r, param) for r in reads):
-            fed.add(id(value))
-    return fed
-
-
-def _passed_to_step(flow: Flow, use: cst.Name, step: str) -> bool:
-    """`step(..., use.field, ...)`: `use` (or a field of it) is an argument of a call of `step`."""
-    arg = flow.parent.get(id(field_top(flow, use)))
-    call = flow.parent.get(id(arg))
-    return (
-        isinstance(arg, cst.Arg)
-        and isinstance(call, cst.Call)
-        and single_name(call.func) == step
-        and not arg.star
-    )
 
 
 def follow_passed(

@@ -178,6 +178,18 @@ def below(pid: int) -> set[int]:
     return found
 
 
+# Start a command with SIGINT's default action, as a shell starts its foreground jobs. A shell
+# without job control starts a background job with SIGINT ignored (`pytest ... &` in a script,
+# some CI runners), a child inherits it, and a process started with SIGINT ignored rightly keeps
+# ignoring it (jaxmigrate's verification does, as `nohup` expects): without this, the SIGINT
+# tests timed out on a clean clone whose `.ci/run` ran in the background. (`exec` keeps the
+# default action; `preexec_fn` is unsafe in a process with threads, as pytest-xdist's are.)
+AS_A_FOREGROUND_JOB = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
 def hanging_run(tmp_path: Path) -> tuple[subprocess.Popen[bytes], set[int], Path]:
     """Start `jaxmigrate run --dry-run` on a module whose `main()` hangs (and has started a child
     in a session of its own); return the run, every process below it, and its TMPDIR once
@@ -191,7 +203,7 @@ def hanging_run(tmp_path: Path) -> tuple[subprocess.Popen[bytes], set[int], Path
     pids = tmp_path / "pids.txt"
     env = cli_env(JM_TEST_PIDS=str(pids), TMPDIR=str(scratch))
     run = subprocess.Popen(
-        command("run", "--dry-run", "."),
+        [sys.executable, "-c", AS_A_FOREGROUND_JOB, *command("run", "--dry-run", ".")],
         cwd=tree,
         env=env,
         stdout=subprocess.DEVNULL,
