@@ -21,6 +21,7 @@ import pytest
 
 from jaxmigrate.model import Options
 from jaxmigrate.pipeline.engine import migrate_source
+from jaxmigrate.verify.processes import with_devices
 
 pytestmark = pytest.mark.jax
 
@@ -136,8 +137,7 @@ def free_port() -> int:
 
 def run_job(script: Path, tmp: Path) -> list[dict]:
     """Run `script` as a 2-process JAX job; return what each process wrote."""
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={LOCAL_DEVICES}"
+    env = with_devices(os.environ, LOCAL_DEVICES)
     env["JAX_PLATFORMS"] = "cpu"
     port = str(free_port())
     outs = [tmp / f"{script.stem}.{i}.json" for i in range(PROCESSES)]
