@@ -37,6 +37,7 @@ from ._outer import (
 from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
 from ._reach import nodes_in
 from ._stored import returned_into_self, stored_on_self
+from ._summary import ModuleDefs
 
 PMAP = "jax.pmap"
 PARTIAL = "functools.partial"
@@ -95,6 +96,7 @@ class Survey(cst.CSTVisitor):
         self.refs: list[tuple[cst.BaseExpression, tuple[cst.CSTNode, ...]]] = []
         self.strings: set[str] = set()
         self._constants: dict[str, str] | None = None
+        self._calls: dict[str, cst.BaseExpression] | None = None
         self._stack: list[cst.CSTNode] = []
         self._paths = names.paths_to((PMAP,))  # the nodes leading to a use, when known
 
@@ -135,6 +137,20 @@ class Survey(cst.CSTVisitor):
                 ):
                     self._constants[name] = value.evaluated_value
         return self._constants
+
+    def calls(self) -> dict[str, cst.BaseExpression]:
+        """The names bound once in the module, at module level, to a call."""
+        if self._calls is None:
+            self._calls = {}
+            for name, bindings in self.names.bound_names():
+                value = bindings[0].value if len(bindings) == 1 else None
+                if (
+                    isinstance(value, cst.Call)
+                    and bindings[0].plain
+                    and bindings[0].scope.kind == "module"
+                ):
+                    self._calls[name] = value
+        return self._calls
 
     def rebound(self, name: str, by: cst.CSTNode | None = None) -> bool:
         """Return True if anything but a `def` binds `name` anywhere in the module; `by`, the
@@ -694,7 +710,7 @@ class Finding(Pass):
         }
         if isinstance(host.body, cst.IndentedBlock):
             found |= {d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)}
-        return found
+        return ModuleDefs(found, self.survey.calls())
 
     def _not_a_def(self, pmap: cst.CSTNode, name: str) -> str:
         """Why the function `pmap` maps is not a def this form reads."""
