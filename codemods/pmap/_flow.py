@@ -940,12 +940,21 @@ def _follow_stacked(
         if found is None:
             layout = "replicated" if replicated else "split into per-device slices"
             raise NotVisible(
-                f"`{name}`, {layout} for the step, is read other than passed to it",
+                f"`{name}`, {layout} for the step, is read other than passed to it"
+                + _read_in(flow, use),
                 Decline.STACKED_READ,
             )
         readback, value = found
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
         program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
+
+
+def _read_in(flow: Flow, use: cst.Name) -> str:
+    """` (in `save_checkpoint(state, workdir)`)`: the call or statement reading `use`."""
+    around = list(ancestors(flow, use))
+    reader: cst.CSTNode | None = next((a for a in around[:4] if isinstance(a, cst.Call)), None)
+    reader = reader or next((a for a in around if isinstance(a, cst.BaseSmallStatement)), None)
+    return f" (in `{_short(reader)}`)" if reader is not None else ""
 
 
 def _flat_batch(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str) -> bool:
