@@ -1503,6 +1503,16 @@ def _not_returned(program: Program, flow: Flow, use: cst.Name, name: str, step: 
     raise NotVisible(why, Decline.RESULT_READ)
 
 
+def _gathered_list(flow: Flow, forms: Forms, use: cst.Name) -> cst.Call | None:
+    """Return `common_utils.get_metrics(L)` reading `L` of `L.append(use)`, if any."""
+    listed = _appended_to(flow, use)
+    for load in flow.loads.get(listed or "", []):
+        call = flow.parent.get(id(flow.parent.get(id(load))))
+        if isinstance(call, cst.Call) and _gathering(forms, call, load.value) is not None:
+            return call
+    return None
+
+
 def _appended_to(flow: Flow, use: cst.Name) -> str | None:
     """Return `L` of a statement `L.append(use)`, else None."""
     arg = flow.parent.get(id(use))
@@ -1640,6 +1650,15 @@ def _follow_flattened(
                 f"`{name}`, a result of `{step}` that may differ between devices (the body does "
                 f"not reduce it over {code(program.axis)}), is read other than flattened"
             )
+            gathered = _gathered_list(flow, forms, use)
+            if gathered is not None:
+                why = (
+                    f"`{name}`, a result of `{step}` that may differ between devices (the body "
+                    f"does not reduce it over {code(program.axis)}), is appended to a list read "
+                    f"by `{_short(gathered)}`: device 0's own share, which the program-level "
+                    "form, one value for all devices, does not have (reducing it in the body "
+                    "would change the numbers read)"
+                )
             raise NotVisible(why, Decline.RESULT_VARIES)
         reason = f"`{name}` reshaped as it is: the flat result has the same elements in order"
         program.edit(reshape, reason, lambda r=reshape: _local_reshape(program, r, name))  # type: ignore[misc]
