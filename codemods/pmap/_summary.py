@@ -76,9 +76,10 @@ def summarize(
             return node.value in counted or node.value in names
         return _counts_devices(node, qualname)
 
-    value = called_value(last.value, values or {})
+    seen = {k: v for k, v in (values or {}).items() if k not in names and k not in counted}
+    value = called_value(last.value, seen)  # a module name the helper does not shadow
     found = match(value, qualname, counts) or lifted(value, qualname, counts)
-    found = found or _field_carried(last.value, qualname, values or {})
+    found = found or _field_carried(last.value, qualname, seen)
     source = found.source if found is not None and found.row.template else None
     if not isinstance(source, cst.Name) or source.value not in names or found is None:
         return None
