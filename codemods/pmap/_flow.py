@@ -1283,6 +1283,7 @@ def _mean_of_results(
     ):
         return False  # a value besides the step's results: not known to be equal copies
     program.arithmetic[id(binding)] = set()
+    program.means.add(id(binding))  # the same value as the results it is of (`_one_source`)
     program.edit(binding.value, found.row.why, lambda: found.rewrite(program.context()))
     return True
 
@@ -1441,6 +1442,8 @@ def _one_source(
             if binding is ENTRY and not parameter:
                 continue
             if binding is not ENTRY and (_before(flow, binding, calls) or allowed(binding)):
+                continue
+            if id(binding) in program.means:  # the results' own value, the mean call deleted
                 continue
             raise NotVisible(
                 f"`{name}` holds a result of `{step}` and something else", Decline.RESULT_READ
@@ -1617,9 +1620,17 @@ def _follow_flattened(
             and _flattening(forms, b.value, name)
         ),
     )
-    for use in flow.loads.get(name, []):
-        if not flow.reach.of(use) & made:
-            continue  # the argument's value, or the flat value `r = r.reshape(-1)` binds
+    reached = [use for use in flow.loads.get(name, []) if flow.reach.of(use) & made]
+    means = [m for m in (_mean_around(forms, flow, use) for use in reached) if m is not None]
+    if means:  # the sync is what needs one value per device: named first
+        why = (
+            f"`{name}`, a result of `{step}` that may differ between devices (the body does "
+            f"not reduce it over {code(program.axis)}), is averaged over the devices by "
+            f"`{_short(means[0])}`: the program-level form holds one value of it, not one per "
+            "device to average"
+        )
+        raise NotVisible(why, Decline.RESULT_VARIES)
+    for use in reached:  # not the argument's value, nor the flat value `r = r.reshape(-1)` binds
         around = list(ancestors(flow, use))[:6]  # `r.reshape(...)`, `r` in its shape too
         node = next(
             (a for a in around if isinstance(a, cst.Call) and _flattening(forms, a, name)),
@@ -1636,15 +1647,6 @@ def _follow_flattened(
             program.edit(node, reason, lambda n=node: _flat_value(program, n, name, forms))  # type: ignore[misc]
             continue
         reshape = _reshaped(flow, use, name)
-        mean = _mean_around(forms, flow, use)
-        if mean is not None:
-            why = (
-                f"`{name}`, a result of `{step}` that may differ between devices (the body does "
-                f"not reduce it over {code(program.axis)}), is averaged over the devices by "
-                f"`{_short(mean)}`: the program-level form holds one value of it, not one per "
-                "device to average"
-            )
-            raise NotVisible(why, Decline.RESULT_VARIES)
         if reshape is None:
             why = (
                 f"`{name}`, a result of `{step}` that may differ between devices (the body does "
