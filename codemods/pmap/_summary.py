@@ -163,6 +163,12 @@ def called_value(node: cst.BaseExpression, values: Values) -> cst.BaseExpression
     return node
 
 
+def is_mean(pmap: cst.BaseExpression, qualname: Qualname) -> bool:
+    """`jax.pmap(lambda x: lax.pmean(x, "x"), "x")`: the table's mean over devices, once called."""
+    found = match(cst.Call(pmap, [cst.Arg(cst.Name("x"))]), qualname)
+    return found is not None and found.row.name == "cross_device_mean"
+
+
 def _field_carried(node: cst.BaseExpression, qualname: Qualname, values: Values) -> Match | None:
     """Return `p.replace(f=<row of p.f>)` / `p.copy({"k": <row of p["k"]>})` as that row of
     `p`, for a row that leaves the value as it is (its template `{x}`, its layout kept): the

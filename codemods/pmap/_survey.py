@@ -37,7 +37,7 @@ from ._outer import (
 from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
 from ._reach import nodes_in
 from ._stored import returned_into_self, stored_on_self
-from ._summary import ModuleDefs
+from ._summary import ModuleDefs, is_mean
 
 PMAP = "jax.pmap"
 PARTIAL = "functools.partial"
@@ -126,31 +126,28 @@ class Survey(cst.CSTVisitor):
     def constants(self) -> dict[str, str]:
         """The names bound once in the module, at module level, to a string literal."""
         if self._constants is None:
-            self._constants = {}
-            for name, bindings in self.names.bound_names():
-                value = bindings[0].value if len(bindings) == 1 else None
-                if (
-                    isinstance(value, cst.SimpleString)
-                    and bindings[0].plain
-                    and bindings[0].scope.kind == "module"
-                    and isinstance(value.evaluated_value, str)
-                ):
-                    self._constants[name] = value.evaluated_value
+            self._constants = {
+                name: value.evaluated_value
+                for name, value in self._bound_once().items()
+                if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str)
+            }
         return self._constants
 
     def calls(self) -> dict[str, cst.BaseExpression]:
         """The names bound once in the module, at module level, to a call."""
         if self._calls is None:
-            self._calls = {}
-            for name, bindings in self.names.bound_names():
-                value = bindings[0].value if len(bindings) == 1 else None
-                if (
-                    isinstance(value, cst.Call)
-                    and bindings[0].plain
-                    and bindings[0].scope.kind == "module"
-                ):
-                    self._calls[name] = value
+            self._calls = {n: v for n, v in self._bound_once().items() if isinstance(v, cst.Call)}
         return self._calls
+
+    def _bound_once(self) -> dict[str, cst.BaseExpression]:
+        """The names bound once in the module, at module level, by a plain assignment: their
+        values."""
+        found = {}
+        for name, bindings in self.names.bound_names():
+            value = bindings[0].value if len(bindings) == 1 else None
+            if value is not None and bindings[0].plain and bindings[0].scope.kind == "module":
+                found[name] = value
+        return found
 
     def rebound(self, name: str, by: cst.CSTNode | None = None) -> bool:
         """Return True if anything but a `def` binds `name` anywhere in the module; `by`, the
@@ -443,9 +440,14 @@ class Finding(Pass):
             options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants())
             defs = self.survey.defs(options.name)
             if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(options.name):
-                raise NotVisible(
-                    "the pmapped function is not a def of this module", Decline.NOT_A_DEF
-                )
+                why = "the pmapped function is not a def of this module"
+                if is_mean(site.node, self.qualname):
+                    why = (
+                        f"`{target}` is a mean over devices (a lambda), kept for its callers; "
+                        "where it is called on a step's results that are equal copies, the call "
+                        "is the value itself and goes"
+                    )
+                raise NotVisible(why, Decline.NOT_A_DEF)
             body, name = defs[0], target
         if len(self.resolver.bindings(name)) != 1:
             raise NotVisible(f"`{name}` is bound more than once in the module", Decline.REBOUND)
