@@ -295,10 +295,16 @@ class Workload:
         "[PL104] the step is made in a class body: its calls are not followed "
         "(`Workload._eval_model`, called as `self._eval_model(...)`, maybe in a base class)"
     ) in evaluate, evaluate
-    assert (
-        "[PL401] the result of `avg_fn(...)` is read in `model_state.copy(...)` with its device "
-        "axis"
+    assert (  # a mean over devices: the value itself only for equal copies, if they are
+        "[PL301] `avg_fn` is a mean over devices, the value itself only for equal copies; its "
+        'argument `model_state["batch_stats"]` comes from elsewhere (`model_state`, a parameter '
+        "of `sync_batch_stats`)"
     ) in synchronize, synchronize
+    other = source.replace("lax.pmean(x, ", "lax.psum(x, ")  # not a mean: its result is read
+    assert (
+        "[PL401] the result of `avg_fn(...)` is read in `model_state.copy(...)`"
+        in (pmap_messages(other)[1])
+    )
 
 
 def test_a_module_step_used_in_a_method_names_the_method():

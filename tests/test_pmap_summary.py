@@ -87,3 +87,42 @@ def test_a_call_is_read_through_the_summary_only_with_the_device_count_passed() 
     assert forms.transfer(cst.parse_expression("rep(params, n=n)"), table) is None
     summaries = forms.summaries
     assert isinstance(summaries, Summaries) and list(summaries.known) == ["rep"]  # read once
+
+
+MEAN = cst.parse_expression('jax.pmap(lambda x: jax.lax.pmean(x, "x"), "x")')
+MEAN_NAMES = NAMES | {"jax.pmap": "jax.pmap", "jax.lax.pmean": "jax.lax.pmean"}
+
+
+def mean_qualname(node: cst.BaseExpression) -> str | None:
+    return MEAN_NAMES.get(cst.Module([]).code_for_node(node))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "def sync(state):\n    return state.replace(batch_stats=mean(state.batch_stats))\n",
+        'def sync(state):\n    return state.copy({"batch_stats": mean(state["batch_stats"])})\n',
+        "def sync(stats):\n    return mean(stats)\n",
+    ],
+)
+def test_a_mean_over_devices_of_a_field_is_that_row_of_the_whole(text: str) -> None:
+    """flax imagenet's `sync_batch_stats`, AlgoPerf's `model_state.copy(...)`: the mean of equal
+    copies keeps the value, so the whole parameter is what it was (the module's `mean =
+    jax.pmap(lambda x: lax.pmean(x, "x"), "x")` read where called)."""
+    found = summarize(helper(text), mean_qualname, {"mean": MEAN})
+    assert found is not None and found.row.name == "cross_device_mean"
+    assert found.source == 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "def sync(state):\n    return state.replace(batch_stats=mean(state.params))\n",  # other
+        "def sync(state, other):\n    return state.replace(batch_stats=mean(other.batch_stats))\n",
+        "def sync(state):\n    return state.replace(batch_stats=mean(state.batch_stats), a=1)\n",
+        "def sync(mean, s):\n    return s.replace(batch_stats=mean(s.batch_stats))\n",  # shadows
+        "def sync(state):\n    return state.replace(params=jax.tree.map(lambda a: a[0], state.params))\n",
+    ],
+)
+def test_a_field_changed_otherwise_has_no_summary(text: str) -> None:
+    assert summarize(helper(text), mean_qualname, {"mean": MEAN}) is None

@@ -187,6 +187,14 @@ one, or a closure reading any of these differs (when unsure: differs, and the fa
 kept: batch-norm statistics of each device's forward pass, unless `pmean`'d).
 A batch split for the step read by the module's flattening helper (`tohost(batch["inputs"])`)
 becomes this process's part of the global batch.
+A mean over devices of the step's results (a pmapped `pmean` of its argument over its own axis,
+flax imagenet's module-level `cross_replica_mean` called in `state = sync_batch_stats(state)`, a
+helper returning `state.replace(batch_stats=cross_replica_mean(state.batch_stats))` or
+`state.copy({"batch_stats": avg_fn(state["batch_stats"])})`) is the value itself when they are
+equal copies: the call goes and the state is fed back, as flax's engineers removed
+`sync_batch_stats` once the step `pmean`ed the statistics. Results that may differ between
+devices (a batch norm without `axis_name`, or a model the analysis does not read) are really
+averaged: PL402, naming the sync; a mean of a value from outside the function is PL301.
 The device axis then disappears, as in the public migrations (big_vision, AlgoPerf, flax lm1b):
 
 ```python
@@ -361,14 +369,15 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
   - `PL206` a call's results are bound other than to plain names (`d["k"] = step(...)`), or
     `step(...)[0]` of a tuple;
   - `PL301` an argument's layout comes from outside the function (a parameter, a global, an
-    iterator); `PL302` it is stacked on one path and not on another; `PL303` a value stacked for
+    iterator; the argument of a mean over devices, AlgoPerf's `avg_fn`); `PL302` it is stacked on one path and not on another; `PL303` a value stacked for
     the step is read other than passed to it; `PL304` the body reads a value of the function
     whose layout changes; `PL305` per-device keys for a step that cannot take its own key (a
     decorated step);
   - `PL401` a result is read other than as device 0's copy, fed back or flattened (returned
     with its device axis, kept with another value; a call read in an expression other than as
     device 0's copy: `return step(x)`, `state.copy({"k": step(x)})`); `PL402` a result that differs between
-    devices is read other than flattened; `PL403` a list of results is read other than by
+    devices is read other than flattened (averaged over the devices by a sync such as
+    `sync_batch_stats(state)`: the program-level form holds one value, not one per device); `PL403` a list of results is read other than by
     `common_utils.get_metrics`;
   - `PL501` the body is not followed (no final `return`, `try`, `global`, a binding inside an
     expression);

@@ -41,9 +41,11 @@ from ._reach import ENTRY, Reach, nodes_in, params_of
 from ._readat import at as _at
 from ._readat import not_read_back, read_at_once
 from ._readat import short as _short
+from ._summary import bound_of
 from ._summary import is_docstring as _is_docstring
 
 GET_METRICS = (row_named("get_metrics"),)
+MEANS = (row_named("cross_device_mean"),)
 INLINE = "?"  # an argument passed as an expression, not a name: `step(state, shard(batch))`
 KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
 PARTIAL = "functools.partial"
@@ -252,6 +254,8 @@ def _follow(
             where = f" `{inner.name.value}`" if isinstance(inner, cst.FunctionDef) else ""
             why = f"`{step}` is called in a nested function{where}"
             raise NotVisible(why, Decline.CALLED_NESTED)
+    for made_call in made:
+        _mean_of_unknown(flow, forms, made_call, step, host)
     calls = [_step_call(flow, forms, call, step, body, fixed) for call in made]
     program = Program(host, None, options.fun, options.axis, options.donate, [False] * arity, None)
     program.fixed, program.statics = fixed, options.statics_arg
@@ -397,11 +401,13 @@ def _passed_to_step(flow: Flow, use: cst.Name, step: str) -> bool:
 
 def forms_of(flow: Flow, qualname: Qualname, defs: Defs | None) -> Forms:
     """The known forms (replications, splits, readbacks) as `flow`'s function spells them."""
+    bound = {name: v for name, v in bound_of(defs).items() if name not in flow.stores}
     return Forms(
         qualname,
         lambda node: is_device_count(node, flow, qualname),
         {name: d for name, d in (defs or {}).items() if name not in flow.stores},
         lambda name: _named_lambda(flow, name),
+        bound=bound,
     )
 
 
@@ -934,12 +940,21 @@ def _follow_stacked(
         if found is None:
             layout = "replicated" if replicated else "split into per-device slices"
             raise NotVisible(
-                f"`{name}`, {layout} for the step, is read other than passed to it",
+                f"`{name}`, {layout} for the step, is read other than passed to it"
+                + _read_in(flow, use),
                 Decline.STACKED_READ,
             )
         readback, value = found
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
         program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
+
+
+def _read_in(flow: Flow, use: cst.Name) -> str:
+    """` (in `save_checkpoint(state, workdir)`)`: the call or statement reading `use`."""
+    around = list(ancestors(flow, use))
+    reader: cst.CSTNode | None = next((a for a in around[:4] if isinstance(a, cst.Call)), None)
+    reader = reader or next((a for a in around if isinstance(a, cst.BaseSmallStatement)), None)
+    return f" (in `{_short(reader)}`)" if reader is not None else ""
 
 
 def _flat_batch(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str) -> bool:
@@ -1214,6 +1229,8 @@ def _binding_kind(
     if results is not None:
         program.arithmetic[id(binding)] = results
         return "fed back"  # replicated values combined elementwise: replicated
+    if _mean_of_results(program, binding, name, forms, calls, flow):
+        return "fed back"
     replicated = forms.replicated_source(value)
     if replicated is not None:
         _replication(program, value, replicated, position)
@@ -1230,6 +1247,81 @@ def _binding_kind(
         program.edit(value, keys.row.why, lambda: keys.rewrite(program.context()))
         return "keys"
     return "other"
+
+
+def _mean_of_results(
+    program: Program,
+    binding: cst.CSTNode,
+    name: str,
+    forms: Forms,
+    calls: list[_StepCall],
+    flow: Flow,
+    seen: frozenset[int] = frozenset(),
+) -> bool:
+    """`state = sync_batch_stats(state)`: a mean over devices (the table's row, called or read
+    through a helper's summary) of `name` as only the step's calls (or a sibling's), or such
+    means, leave it. Those results are equal copies (a result that may differ between devices
+    is PL402, at its read here): their mean is the value itself, so the call goes (`state =
+    state`, dropped) and the value is fed back. Recorded as a read of the results
+    (`program.arithmetic`)."""
+    if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
+        return False
+    found = forms.transfer(binding.value, MEANS)
+    if single_name(binding.targets[0].target) != name or found is None:
+        return False
+    source = found.source
+    if not isinstance(source, cst.Name) or source.value != name:
+        return False
+    seen |= {id(binding)}  # a loop back to this mean: the same value, no other source
+    reaching = flow.reach.of(source)
+    if not reaching or not all(
+        any(c.binds(b) for c in calls)
+        or id(b) in program.siblings
+        or id(b) in seen
+        or _mean_of_results(program, b, name, forms, calls, flow, seen)
+        for b in reaching
+    ):
+        return False  # a value besides the step's results: not known to be equal copies
+    program.arithmetic[id(binding)] = set()
+    program.means.add(id(binding))  # the same value as the results it is of (`_one_source`)
+    program.edit(binding.value, found.row.why, lambda: found.rewrite(program.context()))
+    return True
+
+
+def _mean_of_unknown(
+    flow: Flow, forms: Forms, call: cst.Call, step: str, host: cst.FunctionDef
+) -> None:
+    """Raise PL301 when `step` is a mean over devices (`avg_fn = jax.pmap(lambda x:
+    lax.pmean(x, "x"), "x")`, AlgoPerf) of a value from outside the function: the mean is the
+    value itself only for equal copies, and whether they are is that value's layout, which
+    comes from the callers (AlgoPerf's batch norm statistics, per device, come from the
+    submission's `update_params`)."""
+    stores = flow.stores.get(step, [])
+    made = stores[0] if len(stores) == 1 and isinstance(stores[0], cst.Assign) else None
+    found = forms.transfer(call.with_changes(func=made.value), MEANS) if made else None
+    source = found.source if found is not None else None
+    root = source if isinstance(source, cst.Name) else field_root(source) if source else None
+    if found is None or root is None or ENTRY not in flow.reach.of(root):
+        return
+    where = f"a parameter of `{host.name.value}`"
+    if root.value not in {p.name.value for p in params_of(host.params)}:
+        where = f"a global read in `{host.name.value}`"
+    why = (
+        f"`{step}` is a mean over devices, the value itself only for equal copies; its argument "
+        f"`{_short(found.source)}` comes from elsewhere (`{root.value}`, {where}): whether it "
+        "holds equal copies on the devices is not visible"
+    )
+    raise NotVisible(why, Decline.ARGUMENT_UNKNOWN)
+
+
+def _mean_around(forms: Forms, flow: Flow, use: cst.Name) -> cst.Call | None:
+    """Return the mean over devices (`MEANS`) whose value `use` is, if any."""
+    for node in list(ancestors(flow, use))[:4]:
+        if isinstance(node, cst.Call):
+            found = forms.transfer(node, MEANS)
+            if found is not None and found.source is use:
+                return node
+    return None
 
 
 ELEMENTWISE = (
@@ -1351,6 +1443,8 @@ def _one_source(
                 continue
             if binding is not ENTRY and (_before(flow, binding, calls) or allowed(binding)):
                 continue
+            if id(binding) in program.means:  # the results' own value, the mean call deleted
+                continue
             raise NotVisible(
                 f"`{name}` holds a result of `{step}` and something else", Decline.RESULT_READ
             )
@@ -1410,6 +1504,16 @@ def _not_returned(program: Program, flow: Flow, use: cst.Name, name: str, step: 
         f"reads of `{host}()`'s callers (maybe in other modules) are not followed"
     )
     raise NotVisible(why, Decline.RESULT_READ)
+
+
+def _gathered_list(flow: Flow, forms: Forms, use: cst.Name) -> cst.Call | None:
+    """Return `common_utils.get_metrics(L)` reading `L` of `L.append(use)`, if any."""
+    listed = _appended_to(flow, use)
+    for load in flow.loads.get(listed or "", []):
+        call = flow.parent.get(id(flow.parent.get(id(load))))
+        if isinstance(call, cst.Call) and _gathering(forms, call, load.value) is not None:
+            return call
+    return None
 
 
 def _appended_to(flow: Flow, use: cst.Name) -> str | None:
@@ -1516,9 +1620,17 @@ def _follow_flattened(
             and _flattening(forms, b.value, name)
         ),
     )
-    for use in flow.loads.get(name, []):
-        if not flow.reach.of(use) & made:
-            continue  # the argument's value, or the flat value `r = r.reshape(-1)` binds
+    reached = [use for use in flow.loads.get(name, []) if flow.reach.of(use) & made]
+    means = [m for m in (_mean_around(forms, flow, use) for use in reached) if m is not None]
+    if means:  # the sync is what needs one value per device: named first
+        why = (
+            f"`{name}`, a result of `{step}` that may differ between devices (the body does "
+            f"not reduce it over {code(program.axis)}), is averaged over the devices by "
+            f"`{_short(means[0])}`: the program-level form holds one value of it, not one per "
+            "device to average"
+        )
+        raise NotVisible(why, Decline.RESULT_VARIES)
+    for use in reached:  # not the argument's value, nor the flat value `r = r.reshape(-1)` binds
         around = list(ancestors(flow, use))[:6]  # `r.reshape(...)`, `r` in its shape too
         node = next(
             (a for a in around if isinstance(a, cst.Call) and _flattening(forms, a, name)),
@@ -1540,6 +1652,15 @@ def _follow_flattened(
                 f"`{name}`, a result of `{step}` that may differ between devices (the body does "
                 f"not reduce it over {code(program.axis)}), is read other than flattened"
             )
+            gathered = _gathered_list(flow, forms, use)
+            if gathered is not None:
+                why = (
+                    f"`{name}`, a result of `{step}` that may differ between devices (the body "
+                    f"does not reduce it over {code(program.axis)}), is appended to a list read "
+                    f"by `{_short(gathered)}`: device 0's own share, which the program-level "
+                    "form, one value for all devices, does not have (reducing it in the body "
+                    "would change the numbers read)"
+                )
             raise NotVisible(why, Decline.RESULT_VARIES)
         reason = f"`{name}` reshaped as it is: the flat result has the same elements in order"
         program.edit(reshape, reason, lambda r=reshape: _local_reshape(program, r, name))  # type: ignore[misc]

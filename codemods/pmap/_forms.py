@@ -24,7 +24,7 @@ from ._layout import (
     rows,
 )
 from ._reach import names_in, params_of, target_nodes
-from ._summary import Summaries
+from ._summary import Summaries, Values, called_value
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 
@@ -236,6 +236,7 @@ class Forms:
         defs: Mapping[str, cst.FunctionDef] | None = None,
         named: Callable[[str], cst.Lambda | None] = lambda _: None,
         values: Callable[[cst.Name], cst.BaseExpression | None] | None = None,
+        bound: Values | None = None,
     ) -> None:
         self.qualname = qualname
         self.values = values  # the one value a read name may have (tuples are read through)
@@ -244,7 +245,8 @@ class Forms:
         # replicating their argument (`shard_batch(b)`), or flattening a result (`tohost(r)`).
         self.defs: Mapping[str, cst.FunctionDef] = defs or {}
         self.named = named  # the lambda a name of the function is bound to, if any
-        self.summaries = Summaries(self.defs, qualname)
+        self.bound = bound or {}  # the module's names bound once to a call (`cross_replica_mean`)
+        self.summaries = Summaries(self.defs, qualname, self.bound)
 
     def _is(self, node: cst.BaseExpression, names: frozenset[str]) -> bool:
         return isinstance(node, cst.Call) and self.qualname(node.func) in names
@@ -269,7 +271,7 @@ class Forms:
         """Return the row of `table` that `node` is, itself or leaf by leaf (`jax.tree.map`)."""
         if self.values is not None:  # `x.reshape(prefix + x.shape[1:])`, `prefix = (n, k)`
             node = _tuples_inlined(node, self.values)
-        found = match(node, self.qualname, self.counts, table)
+        found = match(called_value(node, self.bound), self.qualname, self.counts, table)
         found = found or lifted(node, self.qualname, self.counts, table, self.named)
         return found or self.summaries.read(node, table, self.counts)
 

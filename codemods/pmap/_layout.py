@@ -161,6 +161,16 @@ SPLITS = (
 )
 KEYS_TEMPLATE = "{jax}.make_array_from_process_local_data({sharding}, {value})"
 CONCATENATED = "{jax}.make_array_from_process_local_data({sharding}, {jnp}.concatenate({x}))"
+# A pmapped `pmean` of its argument over its own axis, called (flax imagenet's module-level
+# `cross_replica_mean`, AlgoPerf's `avg_fn`; the name is read through its one binding).
+MEANS = tuple(
+    f"jax.pmap(lambda {{v}}: jax.lax.pmean({{v}}, {inner}), {outer})({{x}})"
+    for inner in ("{a}", "axis_name={a}")
+    for outer in ("{a}", "axis_name={a}")
+)
+MEAN_OF_COPIES = (
+    "a mean over devices of equal copies deleted: it is the value itself, replicated (`P()`)"
+)
 STACKED_FOREST = "{owner}.stack_forest({jax}.device_get({x}))"
 
 # fmt: off
@@ -205,6 +215,10 @@ TRANSFERS: tuple[Transfer, ...] = (
              HOST_COPY),
     Transfer("asarray", ("numpy.asarray({x})", "numpy.array({x})", "jax.numpy.asarray({x})"),
              UNKNOWN, UNKNOWN, CARRIER, "{value}", HOST_COPY),
+    # A mean over devices: of equal copies, the value itself; of per-device values (a batch
+    # norm's statistics without `axis_name`) a real mean the program-level form has no value
+    # for (it holds one value, not one per device): PL402 names the value.
+    Transfer("cross_device_mean", MEANS, REPLICAS, REPLICAS, CARRIER, "{x}", MEAN_OF_COPIES),
     # Not rewritten yet (the input pipeline must yield flat global batches): a value they make
     # is an argument of unknown layout to the step.
     Transfer("prefetch_to_device", ("flax.jax_utils.prefetch_to_device({x}, {size})",),

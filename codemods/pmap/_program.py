@@ -140,6 +140,7 @@ class Program:
     keywords_bound: bool = False  # the def itself takes them by position (a decorated step)
     squeezed: set[int] = field(default_factory=set)  # per-device stacks: the body takes x[0]
     arithmetic: dict[int, set[str]] = field(default_factory=dict)  # `x = x - lr * g`: results read
+    means: set[int] = field(default_factory=set)  # `state = sync_batch_stats(state)`: its value
     # Names bound once to the number of devices or a lambda (a replicating one): their binding
     # is deleted when the rewrite leaves them unread.
     helpers: set[str] = field(default_factory=set)

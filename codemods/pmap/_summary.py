@@ -6,6 +6,13 @@ is the `broadcast_to` row of `tree`, given that `n` is the number of local devic
 `replicate(params, jax.local_device_count())` is then read as that row of `params`, and
 rewritten as the row's template at the call site. The summary is read from the helper's body
 with the same table (`match`, `lifted`), once per helper and analysis.
+
+A row that leaves its value as it is (`{x}`, the same layout: the mean over devices of equal
+copies) may also be applied to one field of the parameter, the parameter otherwise returned
+whole: `return state.replace(batch_stats=mean(state.batch_stats))` (a flax `TrainState`),
+`return state.copy({"batch_stats": mean(state["batch_stats"])})` (a flax `FrozenDict`) is that
+row of `state`. A name bound once at module level to a function (`cross_replica_mean =
+jax.pmap(...)`) is read as that function where it is called (`values`).
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
+
+from jaxmigrate.toolkit.emit import code
 
 from ._layout import _HOLE, Match, Qualname, Transfer, lifted, match
 
@@ -33,9 +42,12 @@ class Summary:
     lifted: bool
 
 
-def summarize(fn: cst.FunctionDef, qualname: Qualname) -> Summary | None:
+def summarize(
+    fn: cst.FunctionDef, qualname: Qualname, values: Values | None = None
+) -> Summary | None:
     """Return what `fn` returns of its parameters, read with the transfer table; None unless
-    its body is `n = jax.local_device_count()` lines, then `return <row of a parameter>`."""
+    its body is `n = jax.local_device_count()` lines, then `return <row of a parameter>`
+    (or of one field of it, for a row keeping its value: `_field_carried`)."""
     params, lines = fn.params, list(fn.body.body if isinstance(fn.body, cst.IndentedBlock) else ())
     names = [p.name.value for p in params.params]
     if params.kwonly_params or params.posonly_params or params.star_kwarg or fn.decorators:
@@ -64,7 +76,10 @@ def summarize(fn: cst.FunctionDef, qualname: Qualname) -> Summary | None:
             return node.value in counted or node.value in names
         return _counts_devices(node, qualname)
 
-    found = match(last.value, qualname, counts) or lifted(last.value, qualname, counts)
+    seen = {k: v for k, v in (values or {}).items() if k not in names and k not in counted}
+    value = called_value(last.value, seen)  # a module name the helper does not shadow
+    found = match(value, qualname, counts) or lifted(value, qualname, counts)
+    found = found or _field_carried(last.value, qualname, seen)
     source = found.source if found is not None and found.row.template else None
     if not isinstance(source, cst.Name) or source.value not in names or found is None:
         return None
@@ -81,10 +96,16 @@ def summarize(fn: cst.FunctionDef, qualname: Qualname) -> Summary | None:
 
 
 class Summaries:
-    """The summaries of the module's helpers, each read once (`defs`: the helpers by name)."""
+    """The summaries of the module's helpers, each read once (`defs`: the helpers by name;
+    `values`: the module's names bound once to a value, read where called)."""
 
-    def __init__(self, defs: Mapping[str, cst.FunctionDef], qualname: Qualname) -> None:
-        self.defs, self.qualname = defs, qualname
+    def __init__(
+        self,
+        defs: Mapping[str, cst.FunctionDef],
+        qualname: Qualname,
+        values: Values | None = None,
+    ) -> None:
+        self.defs, self.qualname, self.values = defs, qualname, values or {}
         self.known: dict[str, Summary | None] = {}
 
     def read(
@@ -104,13 +125,80 @@ class Summaries:
         if fn is None or any(a.keyword or a.star for a in node.args):  # type: ignore[attr-defined]
             return None
         if fn.name.value not in self.known:
-            self.known[fn.name.value] = summarize(fn, self.qualname)
+            self.known[fn.name.value] = summarize(fn, self.qualname, self.values)
         found, args = self.known[fn.name.value], [a.value for a in node.args]  # type: ignore[attr-defined]
         if found is None or found.row not in table or len(args) != len(fn.params.params):
             return None
         if not all(counts(args[i]) for i in found.counts):
             return None
         return Match(found.row, {found.row.source: args[found.source], "value": node}, found.lifted)
+
+
+Values = Mapping[str, cst.BaseExpression]  # names bound once at module level, by value
+
+
+class ModuleDefs(dict[str, cst.FunctionDef]):
+    """The module's defs by name, and `bound`: its names bound once, at module level, to a call
+    (`cross_replica_mean = jax.pmap(...)`), read where they are called (`called_value`)."""
+
+    def __init__(self, defs: Mapping[str, cst.FunctionDef], bound: Values) -> None:
+        super().__init__(defs)
+        self.bound = bound
+
+
+def bound_of(defs: Mapping[str, cst.FunctionDef] | None) -> Values:
+    """Return the module's names bound once to a call, if `defs` knows them."""
+    return defs.bound if isinstance(defs, ModuleDefs) else {}
+
+
+CARRIED = {"replace": "attribute", "copy": "item"}  # a dataclass's `.replace`, a FrozenDict's
+
+
+def called_value(node: cst.BaseExpression, values: Values) -> cst.BaseExpression:
+    """Return `node`, a call `f(x)` of a name `values` binds to a function, as that function
+    called (`jax.pmap(...)(x)`, matched by the table); else `node`. The arguments are `node`'s
+    own (a match's source is the code at the call site)."""
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in values:
+        return node.with_changes(func=values[node.func.value])
+    return node
+
+
+def is_mean(pmap: cst.BaseExpression, qualname: Qualname) -> bool:
+    """`jax.pmap(lambda x: lax.pmean(x, "x"), "x")`: the table's mean over devices, once called."""
+    found = match(cst.Call(pmap, [cst.Arg(cst.Name("x"))]), qualname)
+    return found is not None and found.row.name == "cross_device_mean"
+
+
+def _field_carried(node: cst.BaseExpression, qualname: Qualname, values: Values) -> Match | None:
+    """Return `p.replace(f=<row of p.f>)` / `p.copy({"k": <row of p["k"]>})` as that row of
+    `p`, for a row that leaves the value as it is (its template `{x}`, its layout kept): the
+    whole of `p` is then what it was, field by field; else None."""
+    func = node.func if isinstance(node, cst.Call) else None
+    if not isinstance(func, cst.Attribute) or not isinstance(func.value, cst.Name):
+        return None
+    assert isinstance(node, cst.Call)
+    owner, kind = func.value.value, CARRIED.get(func.attr.value)
+    args = node.args
+    if kind is None or len(args) != 1 or args[0].star:
+        return None
+    field: cst.BaseExpression | None = None
+    if kind == "attribute" and args[0].keyword is not None:
+        key, field = args[0].keyword.value, args[0].value
+        wanted: cst.BaseExpression = cst.Attribute(cst.Name(owner), cst.Name(key))
+    elif kind == "item" and args[0].keyword is None and isinstance(args[0].value, cst.Dict):
+        items = args[0].value.elements
+        if len(items) != 1 or not isinstance(items[0], cst.DictElement):
+            return None
+        key_node, field = items[0].key, items[0].value
+        wanted = cst.Subscript(cst.Name(owner), [cst.SubscriptElement(cst.Index(key_node))])
+    if field is None:
+        return None
+    found = match(called_value(field, values), qualname)
+    if found is None or found.row.template != "{x}" or found.row.takes is not found.row.gives:
+        return None
+    if code(found.source) != code(wanted):
+        return None  # the row of another value than the field it replaces
+    return Match(found.row, {found.row.source: cst.Name(owner), "value": node})
 
 
 def _counts_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:

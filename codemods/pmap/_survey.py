@@ -37,6 +37,7 @@ from ._outer import (
 from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
 from ._reach import nodes_in
 from ._stored import returned_into_self, stored_on_self
+from ._summary import ModuleDefs, is_mean
 
 PMAP = "jax.pmap"
 PARTIAL = "functools.partial"
@@ -95,6 +96,7 @@ class Survey(cst.CSTVisitor):
         self.refs: list[tuple[cst.BaseExpression, tuple[cst.CSTNode, ...]]] = []
         self.strings: set[str] = set()
         self._constants: dict[str, str] | None = None
+        self._calls: dict[str, cst.BaseExpression] | None = None
         self._stack: list[cst.CSTNode] = []
         self._paths = names.paths_to((PMAP,))  # the nodes leading to a use, when known
 
@@ -124,17 +126,28 @@ class Survey(cst.CSTVisitor):
     def constants(self) -> dict[str, str]:
         """The names bound once in the module, at module level, to a string literal."""
         if self._constants is None:
-            self._constants = {}
-            for name, bindings in self.names.bound_names():
-                value = bindings[0].value if len(bindings) == 1 else None
-                if (
-                    isinstance(value, cst.SimpleString)
-                    and bindings[0].plain
-                    and bindings[0].scope.kind == "module"
-                    and isinstance(value.evaluated_value, str)
-                ):
-                    self._constants[name] = value.evaluated_value
+            self._constants = {
+                name: value.evaluated_value
+                for name, value in self._bound_once().items()
+                if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str)
+            }
         return self._constants
+
+    def calls(self) -> dict[str, cst.BaseExpression]:
+        """The names bound once in the module, at module level, to a call."""
+        if self._calls is None:
+            self._calls = {n: v for n, v in self._bound_once().items() if isinstance(v, cst.Call)}
+        return self._calls
+
+    def _bound_once(self) -> dict[str, cst.BaseExpression]:
+        """The names bound once in the module, at module level, by a plain assignment: their
+        values."""
+        found = {}
+        for name, bindings in self.names.bound_names():
+            value = bindings[0].value if len(bindings) == 1 else None
+            if value is not None and bindings[0].plain and bindings[0].scope.kind == "module":
+                found[name] = value
+        return found
 
     def rebound(self, name: str, by: cst.CSTNode | None = None) -> bool:
         """Return True if anything but a `def` binds `name` anywhere in the module; `by`, the
@@ -427,9 +440,14 @@ class Finding(Pass):
             options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants())
             defs = self.survey.defs(options.name)
             if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(options.name):
-                raise NotVisible(
-                    "the pmapped function is not a def of this module", Decline.NOT_A_DEF
-                )
+                why = "the pmapped function is not a def of this module"
+                if is_mean(site.node, self.qualname):
+                    why = (
+                        f"`{target}` is a mean over devices (a lambda), kept for its callers; "
+                        "where it is called on a step's results that are equal copies, the call "
+                        "is the value itself and goes"
+                    )
+                raise NotVisible(why, Decline.NOT_A_DEF)
             body, name = defs[0], target
         if len(self.resolver.bindings(name)) != 1:
             raise NotVisible(f"`{name}` is bound more than once in the module", Decline.REBOUND)
@@ -694,7 +712,7 @@ class Finding(Pass):
         }
         if isinstance(host.body, cst.IndentedBlock):
             found |= {d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)}
-        return found
+        return ModuleDefs(found, self.survey.calls())
 
     def _not_a_def(self, pmap: cst.CSTNode, name: str) -> str:
         """Why the function `pmap` maps is not a def this form reads."""
