@@ -466,8 +466,8 @@ def read_options(
             raise NotVisible(why, Decline.OPTION)
         found[keyword] = arg
     axis = found["axis_name"].value if "axis_name" in found else unnamed
-    if isinstance(axis, cst.Name) and axis.value in constants:
-        literal = constants[axis.value]
+    if isinstance(axis, (cst.Name, cst.Attribute)) and code(axis) in constants:
+        literal = constants[code(axis)]  # `_AXIS`, or a field `self._axis_name` set once
     elif isinstance(axis, cst.SimpleString) and isinstance(axis.evaluated_value, str):
         literal = axis.evaluated_value
     else:
