@@ -80,8 +80,9 @@ def readers(
     statement around it: calls it is passed to, not followed (another module's function, a
     method of an object: big_vision's `evaluator.run(params_repl)`) or `known` to read it
     otherwise (its text then says how), then expressions of the function the table does not
-    read (`jax.tree.map(lambda v: v.mean(), params_repl)`)."""
-    passed: dict[str, None] = {}
+    read (`jax.tree.map(lambda v: v.mean(), params_repl)`, `jnp.sum(params)`: JAX and NumPy
+    read the device axis as any other)."""
+    passed: dict[str, dict[str, None]] = {}  # how it is read there -> the calls
     read: dict[str, None] = {}
     for use in uses:
         node, reader = use, flow.parent.get(id(use))
@@ -90,11 +91,12 @@ def readers(
         called = (qualname(reader.func) or "") if isinstance(reader, cst.Call) else ""
         library = called in TREE_MAPS or called.split(".")[0] in ("jax", "numpy")  # reads it all
         if isinstance(reader, cst.Call) and isinstance(node, cst.Arg) and not library:
-            how = known(use, reader) or "what layout it takes there is not followed"
-            passed[f"`{short(reader.func)}(...)`: {how}"] = None
+            how = known(use, reader) or "what layout is needed there is not followed"
+            passed.setdefault(how, {})[f"`{short(reader.func)}(...)`"] = None
             continue
         read[f"`{short(reader)}`" if reader is not None else "an expression"] = None
-    parts = [f"passed to {p}" for p in passed] + ([f"read in {', '.join(read)}"] if read else [])
+    parts = [f"passed to {', '.join(calls)}: {how}" for how, calls in passed.items()]
+    parts += [f"read in {', '.join(read)}"] if read else []
     return "; ".join(parts)
 
 
