@@ -419,7 +419,7 @@ BIGVISION_BLOCKED = {
     # the first blocker the reaching definitions find: the replicated params also go to the
     # evaluators (the batches, from another module's pipeline, block too: PL301)
     "bv/train.py": "[PL303] `params_repl`, replicated for the step, is read other than passed "
-    "to it",
+    "to it: passed to `evaluator.run(...)`: what layout is needed there is not followed",
     "bv/evaluators/classification.py": "[PL301] the step is returned by `get_eval_fn`, and the "
     "step stored in `self.eval_fn` is called in `Evaluator.run`: argument 1 of the step comes "
     "from elsewhere (`params`, a parameter of `run`",

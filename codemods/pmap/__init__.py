@@ -356,8 +356,9 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
   - `PL108` a pmap option this form does not take (`devices=` other than `jax.devices()`,
     pmap's default, which is taken as none: lm1b's one device per process; `backend=`, `in_axes` other than
     a tuple of 0 and None, computed `static_broadcasted_argnums`);
-  - `PL109` the mapped axis has no literal name (a string, or a name bound once at module level
-    to one, brax's `_PMAP_AXIS_NAME = "i"`, kept as written);
+  - `PL109` the mapped axis has no literal name (a string, a name bound once at module level
+    to one, brax's `_PMAP_AXIS_NAME = "i"`, or a field set once to one by a statement of a
+    class's `__init__`, big_vision's `self._axis_name = "batch"`; kept as written);
   - `PL110` the body's parameters (`*args`, `**kwargs`, a `partial` binding a parameter the def
     lacks or a name bound again after the step is made, a parameter named as a global it reads);
   - `PL201` the step is used other than called (passed to code of another module, to a def

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from jaxmigrate.toolkit.emit import code
+
 from ._forms import TREE_MAP, Parents, Qualname, names_in, target_names
 from ._program import Decline, NotVisible
 from ._reach import Reach, nodes_in
@@ -425,6 +427,11 @@ class _Reader:
         return any(
             (isinstance(s, cst.SimpleString) and s.evaluated_value == self.axis)
             or (isinstance(s, cst.Name) and s.value in self.spellings - self.local)
+            or (  # a field set once in `__init__`: `self._axis_name`
+                isinstance(s, cst.Attribute)
+                and _field(s) not in self.local
+                and code(s) in self.spellings
+            )
             for s in strings
         )
 
@@ -479,6 +486,12 @@ def _lines(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
         return list(suite.body)
     assert isinstance(suite, cst.SimpleStatementSuite)
     return [cst.SimpleStatementLine(body=suite.body)]
+
+
+def _field(node: cst.CSTNode | None) -> str | None:
+    """The object's name of a field `self.x`, else None."""
+    ok = isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name)
+    return node.value.value if ok else None  # type: ignore[union-attr]
 
 
 def _keyword(arg: cst.Arg) -> str | None:

@@ -39,7 +39,7 @@ from ._layout import (
 from ._program import COPY, DECORATORS, NOT_NAMED, Decline, NotVisible, Program
 from ._reach import ENTRY, Reach, nodes_in, params_of
 from ._readat import at as _at
-from ._readat import not_read_back, read_at_once
+from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
 from ._summary import bound_of
 from ._summary import is_docstring as _is_docstring
@@ -472,8 +472,8 @@ def read_options(
             raise NotVisible(why, Decline.OPTION)
         found[keyword] = arg
     axis = found["axis_name"].value if "axis_name" in found else unnamed
-    if isinstance(axis, cst.Name) and axis.value in constants:
-        literal = constants[axis.value]
+    if isinstance(axis, (cst.Name, cst.Attribute)) and code(axis) in constants:
+        literal = constants[code(axis)]  # `_AXIS`, or a field `self._axis_name` set once
     elif isinstance(axis, cst.SimpleString) and isinstance(axis.evaluated_value, str):
         literal = axis.evaluated_value
     else:
@@ -619,6 +619,8 @@ def _goes(around: cst.CSTNode | None, parents: dict, host: str) -> str:
         return f"passed to `{_short(call.func)}(...)`: what that does with it is not followed"
     if isinstance(around, cst.Assign) and len(around.targets) == 1:
         return f"bound to `{_short(around.targets[0].target)}` as well"
+    if isinstance(around, cst.BaseExpression):  # `step not in self._compiled`: what reads it
+        return f"read in `{_short(around)}`"
     return "used as a value"
 
 
@@ -927,6 +929,7 @@ def _follow_stacked(
     ]
     stackings += [ENTRY] if name in program.entries else []  # a parameter: the caller's value
     feeds = {id(arg.value) for c in calls for arg in c.call.args} | program.sibling_feeds
+    blocking: list[cst.CSTNode] = []  # each read that blocks: every one is named
     for use in flow.loads.get(name, []):
         if not flow.reach.of(use) & set(stackings):
             continue  # the value before it is stacked (or a result, followed as such)
@@ -938,23 +941,25 @@ def _follow_stacked(
             continue
         found = _readback_around(flow, forms, use, name) if replicated else None
         if found is None:
-            layout = "replicated" if replicated else "split into per-device slices"
-            raise NotVisible(
-                f"`{name}`, {layout} for the step, is read other than passed to it"
-                + _read_in(flow, use),
-                Decline.STACKED_READ,
-            )
+            blocking.append(field_top(flow, use))
+            continue
         readback, value = found
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
         program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
+    if blocking:
+        layout = "replicated" if replicated else "split into per-device slices"
+        layout = "made per-device keys" if keys else layout
 
+        def flattened(use: cst.CSTNode, call: cst.Call) -> str | None:
+            if not keys or not isinstance(use, cst.BaseExpression):
+                return None
+            if _flattening_helper(forms, call, use) is None:
+                return None  # keys flattened as a batch (`tohost(keys)`): not the same rows
+            return "flattened there, where the program-level form keeps one key per device"
 
-def _read_in(flow: Flow, use: cst.Name) -> str:
-    """` (in `save_checkpoint(state, workdir)`)`: the call or statement reading `use`."""
-    around = list(ancestors(flow, use))
-    reader: cst.CSTNode | None = next((a for a in around[:4] if isinstance(a, cst.Call)), None)
-    reader = reader or next((a for a in around if isinstance(a, cst.BaseSmallStatement)), None)
-    return f" (in `{_short(reader)}`)" if reader is not None else ""
+        read = readers(flow, blocking, forms.qualname, flattened)
+        why = f"`{name}`, {layout} for the step, is read other than passed to it: {read}"
+        raise NotVisible(why, Decline.STACKED_READ)
 
 
 def _flat_batch(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str) -> bool:

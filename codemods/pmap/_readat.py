@@ -6,11 +6,14 @@ the same on every device is the result itself, anything else reads the device ax
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import libcst as cst
 
 from jaxmigrate.toolkit.emit import code
 
 from ._forms import Forms, Parents
+from ._layout import TREE_MAPS, Qualname
 from ._program import Decline, NotVisible
 
 PLACE = "__step_result__"  # the call, as a name the readback forms read
@@ -65,6 +68,36 @@ def not_read_back(flow: Parents, call: cst.Call, step: str) -> NotVisible:
         "copy (`[0]`, `unreplicate`)"
     )
     return NotVisible(why, Decline.RESULT_READ)
+
+
+def readers(
+    flow: Parents,
+    uses: list[cst.CSTNode],
+    qualname: Qualname,
+    known: Callable[[cst.CSTNode, cst.Call], str | None] = lambda _, __: None,
+) -> str:
+    """Name what reads each of `uses` (a value stacked for a step), the innermost call or
+    statement around it: calls it is passed to, not followed (another module's function, a
+    method of an object: big_vision's `evaluator.run(params_repl)`) or `known` to read it
+    otherwise (its text then says how), then expressions of the function the table does not
+    read (`jax.tree.map(lambda v: v.mean(), params_repl)`, `jnp.sum(params)`: JAX and NumPy
+    read the device axis as any other)."""
+    passed: dict[str, dict[str, None]] = {}  # how it is read there -> the calls
+    read: dict[str, None] = {}
+    for use in uses:
+        node, reader = use, flow.parent.get(id(use))
+        while reader is not None and not isinstance(reader, (cst.Call, cst.BaseSmallStatement)):
+            node, reader = reader, flow.parent.get(id(reader))
+        called = (qualname(reader.func) or "") if isinstance(reader, cst.Call) else ""
+        library = called in TREE_MAPS or called.split(".")[0] in ("jax", "numpy")  # reads it all
+        if isinstance(reader, cst.Call) and isinstance(node, cst.Arg) and not library:
+            how = known(use, reader) or "what layout is needed there is not followed"
+            passed.setdefault(how, {})[f"`{short(reader.func)}(...)`"] = None
+            continue
+        read[f"`{short(reader)}`" if reader is not None else "an expression"] = None
+    parts = [f"passed to {', '.join(calls)}: {how}" for how, calls in passed.items()]
+    parts += [f"read in {', '.join(read)}"] if read else []
+    return "; ".join(parts)
 
 
 def _path(node: cst.CSTNode, target: cst.CSTNode) -> tuple[int, ...] | None:

@@ -84,6 +84,25 @@ def read_pmap(args: Sequence[cst.Arg], *, has_fun: bool) -> Pmapped:
     return Pmapped(found.pop("fun", None), found.pop("axis_name", None), found)
 
 
+def _set_once_in_init(stores: list[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]]) -> str | None:
+    """The string a field is set to when its one store in the module is `self.x = "..."`, a
+    statement of a class's `__init__` itself (not under an `if` or a loop), `self` its first
+    parameter: big_vision's `self._axis_name = "batch"`; else None."""
+    if len(stores) != 1 or len(stores[0][1]) < 7:
+        return None
+    field, (klass, _, fn, _, _, assign, target) = stores[0][0], stores[0][1][-7:]
+    value = getattr(assign, "value", None)
+    targets = assign.targets if isinstance(assign, cst.Assign) else ()
+    ok = isinstance(klass, cst.ClassDef) and len(targets) == 1 and targets[0] is target
+    ok = ok and isinstance(fn, cst.FunctionDef) and fn.name.value == "__init__"
+    params = fn.params.params if isinstance(fn, cst.FunctionDef) else ()
+    self = code(field.value) if isinstance(field, cst.Attribute) else None
+    ok = ok and targets[0].target is field and bool(params) and params[0].name.value == self
+    ok = ok and self == "self"
+    literal = value.evaluated_value if isinstance(value, cst.SimpleString) else None
+    return literal if ok and isinstance(literal, str) else None
+
+
 # Finding every pmap ---------------------------------------------------------------------------
 class Survey(cst.CSTVisitor):
     """One walk over a module: each `jax.pmap` reference with its ancestors, and the strings.
@@ -97,6 +116,7 @@ class Survey(cst.CSTVisitor):
         self.strings: set[str] = set()
         self._constants: dict[str, str] | None = None
         self._calls: dict[str, cst.BaseExpression] | None = None
+        self.fields: dict[str, list[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]]] = {}
         self._stack: list[cst.CSTNode] = []
         self._paths = names.paths_to((PMAP,))  # the nodes leading to a use, when known
 
@@ -112,6 +132,12 @@ class Survey(cst.CSTVisitor):
                 self.refs.append((node, tuple(self._stack)))  # type: ignore[arg-type]
         elif kind is cst.SimpleString:
             self.strings.add(str(node.evaluated_value))  # type: ignore[attr-defined]
+        elif kind is cst.AssignTarget or kind is cst.AnnAssign or kind is cst.AugAssign:
+            target = node.target  # type: ignore[attr-defined]
+            for field in nodes_in(target, cst.Attribute) if kind is cst.AssignTarget else (target,):
+                if type(field) is cst.Attribute:  # `self.x = ...`: where each field is stored
+                    stored = self.fields.setdefault(field.attr.value, [])
+                    stored.append((field, (*self._stack, node)))
         self._stack.append(node)
         return True
 
@@ -131,6 +157,10 @@ class Survey(cst.CSTVisitor):
                 for name, value in self._bound_once().items()
                 if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str)
             }
+            for attr, stores in self.fields.items():
+                literal = _set_once_in_init(stores) if attr not in self.strings else None
+                if literal is not None:  # no `setattr(self, "x", ...)`: `attr` is no string
+                    self._constants[f"self.{attr}"] = literal
         return self._constants
 
     def calls(self) -> dict[str, cst.BaseExpression]:
@@ -598,7 +628,7 @@ class Finding(Pass):
         target = assign.targets[0].target if isinstance(assign, cst.Assign) else None
         if isinstance(target, cst.Attribute) and isinstance(klass, cst.ClassDef):
             assert isinstance(assign, cst.Assign)
-            options = options_of(site.node, self.qualname, self._unnamed())
+            options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants())
             raise stored_on_self(klass, host, assign, options, body, self.qualname)
         module_defs = self._module_defs(module, host)
         details = (host, statement, site.node, body, self.qualname, siblings, module_defs, skip)
