@@ -335,3 +335,34 @@ def test_tiled_replicas_over_an_unnamed_axis_hold_on_each_process(
         (line,) = [line for line in out.splitlines() if line.startswith("RESULT ")]
         got = json.loads(line.removeprefix("RESULT "))
         np.testing.assert_allclose(got, expected[process], rtol=1e-5, err_msg=str(process))
+
+
+# Program-level fixtures of the capabilities that came last (a mean over devices of equal copies
+# deleted; the axis named by a field set in `__init__`), run as 2-process jobs: the migrated
+# program must give every process the numbers the original pmap program gives it.
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pmap"
+RUN_MAIN = """\
+import json, runpy, sys
+import jax
+import numpy as np
+result = runpy.run_path(sys.argv[1], run_name="fixture")["main"]()
+print("RESULT", json.dumps([np.asarray(x).tolist() for x in jax.tree.leaves(result)]), flush=True)
+"""
+
+
+@pytest.mark.parametrize("case", ["program_sync_batch_stats", "program_axis_field"])
+def test_a_migrated_fixture_gives_every_process_the_original_numbers(
+    tmp_path: Path, case: str
+) -> None:
+    script = tmp_path / "run_main.py"
+    script.write_text(RUN_MAIN)
+    shown = [
+        results(run_job(script, processes=PROCESSES, devices=DEVICES, args=[str(path)]))
+        for path in (FIXTURES / f"{case}.py", FIXTURES / f"{case}.expected.py")
+    ]
+    original, migrated = shown
+    assert len(original) == len(migrated) == PROCESSES and len(original[0]) >= 2, shown
+    for process, (want, got) in enumerate(zip(original, migrated, strict=True)):
+        assert len(got) == len(want), process
+        for x, y in zip(got, want, strict=True):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, err_msg=f"{case} {process}")
