@@ -346,7 +346,11 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
   - `PL101` the step is not assigned to a name by a statement of its own (`self.step =
     jax.pmap(...)`, `return jax.pmap(...)`);
   - `PL102` the pmapped function is not a def of the module (an attribute `model.apply`, an
-    import, a parameter, a def nested in another function);
+    import, a parameter, a def nested in another function) and pmap names its axis (with no
+    `axis_name` the body cannot name the axis: it holds no collective over it and runs on each
+    device's slice alone, as each device's block of the program-level form, its results
+    differing between devices when an argument does: `jax.pmap(partial(model.apply,
+    train=False))` is followed as such a body);
   - `PL103` the step is called where it is made (`jax.pmap(f)(x)`);
   - `PL104` the step is made in a class body, a lambda, or a block at module level other
     than `if __name__ == "__main__":` (that block is followed as a function, its names globals
@@ -573,7 +577,7 @@ class Pmap(Faithful):
             if isinstance(program.statement, cst.FunctionDef):  # decorated: `partial` spelled
                 program.partial = code(self._partial(site))
             program.jnp = self.resolver.module_binding("jax.numpy") or f"{program.jax}.numpy"
-            if any(program.varying):  # results read flattened: each process reads its own part
+            if program.flat_reads:  # results read flattened: each process reads its own part
                 program.hosts = self._multihost_utils()
             program.spec = spec
             axis = code(program.axis)
@@ -684,7 +688,7 @@ class Pmap(Faithful):
                 program.sharding = f"{code(spec)}({code(program.axis)})"  # the mesh set is used
                 setup = program.host is group.setup
                 program.mesh = group.mesh if setup else f"{jax}.sharding.get_mesh()"
-                if any(program.varying):
+                if program.flat_reads:
                     program.hosts = self._multihost_utils()
                     program.numpy = self._numpy()
                 self.host_programs.setdefault(id(program.host), []).append(program)

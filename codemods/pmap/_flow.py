@@ -458,7 +458,6 @@ def read_options(
     `constants`: the module's names bound once, at module level, to a string (brax's
     `_PMAP_AXIS_NAME = "i"`): such a name is the axis's literal name, kept as written."""
     constants = constants or {}
-    name, bound = mapped_name(fun, qualname)
     found: dict[str, cst.Arg] = {}
     for i, arg in enumerate(args):
         positional = "axis_name" if i == 0 and positional_axis else None
@@ -471,6 +470,15 @@ def read_options(
                 why = f"pmap's `devices={_short(arg.value)}` is not every device of the job"
             raise NotVisible(why, Decline.OPTION)
         found[keyword] = arg
+    try:
+        name, bound = mapped_name(fun, qualname)
+    except NotVisible:
+        if "axis_name" in found or isinstance(fun, cst.Lambda):
+            raise
+        name, bound = (
+            "",
+            (),
+        )  # no def: read as opaque, the axis unnamed (the survey's `_opaque_body`)
     axis = found["axis_name"].value if "axis_name" in found else unnamed
     if isinstance(axis, (cst.Name, cst.Attribute)) and code(axis) in constants:
         literal = constants[code(axis)]  # `_AXIS`, or a field `self._axis_name` set once
@@ -822,20 +830,33 @@ def _follow_argument(
     passed: set[str] = set()
     blocking: list[str] = []  # the values whose layout is not known, and where they come from
     classified: dict[int, str] = {}  # by id of a binding: its kind (its edit recorded once)
+    slots: list[tuple[str, cst.BaseExpression]] = []  # (name passed or INLINE, its value)
     for call in calls:
         name = _passed(call, position)
-        if name == INLINE:
-            kind = _inline_kind(program, call.values[position], forms, position, flow)
-            if kind == "other" and _generated_batches(program, flow, forms, calls, position):
-                kind = "batch"
-            kinds.add(kind)
-            if kind == "other":
-                blocking.append(f"`{_short(call.values[position])}`")
+        if name != INLINE:
+            fields = fields or name != call.args[position]
+            slots.append((name, call.values[position]))
             continue
-        if name != call.args[position]:
-            fields = True
+        kind = _inline_kind(program, call.values[position], forms, position, flow)
+        if kind == "other" and _generated_batches(program, flow, forms, calls, position):
+            kind = "batch"
+        leaves = _leaves(forms, call.values[position]) if kind == "other" else None
+        if leaves is not None:  # `{"params": params}`: each value laid out as passed alone
+            for leaf in leaves:
+                root = leaf if isinstance(leaf, cst.Name) else field_root(leaf)
+                if root is None:
+                    kind = _inline_kind(program, leaf, forms, position, flow)
+                    kinds.add(kind)
+                    blocking += [f"`{_short(leaf)}`"] if kind == "other" else []
+                else:
+                    fields = fields or root is not leaf
+                    slots.append((root.value, leaf))
+            continue
+        kinds.add(kind)
+        if kind == "other":
+            blocking.append(f"`{_short(call.values[position])}`")
+    for name, value in slots:
         passed.add(name)
-        value = call.values[position]
         use = value if isinstance(value, cst.Name) else field_root(value)
         assert use is not None
         for binding in flow.reach.of(use) or {ENTRY}:  # the bindings whose value it may be
@@ -885,6 +906,43 @@ def _follow_argument(
             _follow_stacked(program, flow, forms, calls, name, replicated=not mapped, keys=keys)
 
 
+CONTAINERS = frozenset({"builtins.dict", "flax.core.FrozenDict", "flax.core.freeze"})
+CONTAINERS |= {"flax.core.frozen_dict.FrozenDict", "flax.core.frozen_dict.freeze"}
+
+
+def _leaves(forms: Forms, value: cst.BaseExpression) -> list[cst.BaseExpression] | None:
+    """The values a container passed to the step holds (`{"k": v}`, `(a, b)`, `dict(k=v)`,
+    flax's `FrozenDict(k=v)`/`freeze({...})`), each laid out as passed alone; None for any
+    other expression (or a container with `*`/`**` in it)."""
+    builtin = (
+        isinstance(value, cst.Call) and code(value.func) == "dict" and "dict" not in forms.defs
+    )
+    if isinstance(value, cst.Call) and (builtin or forms.qualname(value.func) in CONTAINERS):
+        if len(value.args) == 1 and value.args[0].keyword is None and not value.args[0].star:
+            return _leaves(forms, value.args[0].value)  # `freeze({...})`, `FrozenDict({...})`
+        keyworded = all(a.keyword is not None and not a.star for a in value.args)
+        return [a.value for a in value.args] if keyworded else None
+    if isinstance(value, cst.Dict) and all(isinstance(e, cst.DictElement) for e in value.elements):
+        return [e.value for e in value.elements]  # type: ignore[attr-defined]
+    if isinstance(value, (cst.Tuple, cst.List)) and all(
+        isinstance(e, cst.Element) for e in value.elements
+    ):
+        return [e.value for e in value.elements]
+    return None
+
+
+def _fed(forms: Forms, calls: list[_StepCall]) -> set[int]:
+    """The ids of the values the calls pass: each argument, and each value of a container
+    passed (`_leaves`)."""
+    found = set()
+    stack = [arg.value for c in calls for arg in c.call.args]
+    while stack:
+        node = stack.pop()
+        found.add(id(node))
+        stack += _leaves(forms, node) or []
+    return found
+
+
 def _binding_text(name: str, binding: cst.CSTNode, flow: Parents, qualname: Qualname) -> str:
     """Where `name` gets a value whose layout is not known: `name = <value>`, a loop over ...;
     an iterator the loop reads is named with the call making it (maybe another module's)."""
@@ -928,7 +986,7 @@ def _follow_stacked(
         )
     ]
     stackings += [ENTRY] if name in program.entries else []  # a parameter: the caller's value
-    feeds = {id(arg.value) for c in calls for arg in c.call.args} | program.sibling_feeds
+    feeds = _fed(forms, calls) | program.sibling_feeds
     blocking: list[cst.CSTNode] = []  # each read that blocks: every one is named
     for use in flow.loads.get(name, []):
         if not flow.reach.of(use) & set(stackings):
@@ -984,6 +1042,25 @@ def _flat_batch(program: Program, flow: Flow, forms: Forms, use: cst.Name, name:
 def _in_arithmetic(program: Program, flow: Flow, use: cst.Name) -> bool:
     """Return True for a read in `x = x - lr * g`, an argument replicated as its parts are."""
     return any(id(a) in program.arithmetic for a in ancestors(flow, use))
+
+
+def _waited(flow: Flow, use: cst.Name) -> bool:
+    """`use.block_until_ready()` (or `jax.block_until_ready(use)`) as a statement of its own:
+    it waits for the value and reads nothing of its layout."""
+    call = flow.parent.get(id(use))
+    if isinstance(call, cst.Attribute) and call.attr.value == "block_until_ready":
+        call = flow.parent.get(id(call))
+        waits = isinstance(call, cst.Call) and not call.args
+    else:
+        arg = call
+        call = flow.parent.get(id(arg))
+        waits = (
+            isinstance(arg, cst.Arg)
+            and isinstance(call, cst.Call)
+            and len(call.args) == 1
+            and code(call.func).endswith("block_until_ready")
+        )
+    return waits and isinstance(flow.parent.get(id(call)), cst.Expr)
 
 
 def _loop_target(flow: Flow, use: cst.Name) -> bool:
@@ -1398,14 +1475,14 @@ def _follow_result(
         ),
     )
     # Fed to the step (or a field of it, `step(state.params)`): the argument is checked there.
-    feeds = {id(arg.value) for c in calls for arg in c.call.args}
+    feeds = _fed(forms, calls)
     feeds |= program.sibling_feeds  # fed to another step of the function: checked there
     for use in flow.loads.get(name, []):
         if not flow.reach.of(use) & made:
             continue  # no call's result reaches it (the argument's value, or read back)
         if id(field_top(flow, use)) in feeds:
             continue
-        if _in_arithmetic(program, flow, use) or _loop_target(flow, use):
+        if _in_arithmetic(program, flow, use) or _loop_target(flow, use) or _waited(flow, use):
             continue
         listed = _appended_to(flow, use)
         if listed is not None:
@@ -1636,6 +1713,8 @@ def _follow_flattened(
         )
         raise NotVisible(why, Decline.RESULT_VARIES)
     for use in reached:  # not the argument's value, nor the flat value `r = r.reshape(-1)` binds
+        if _waited(flow, use):
+            continue
         around = list(ancestors(flow, use))[:6]  # `r.reshape(...)`, `r` in its shape too
         node = next(
             (a for a in around if isinstance(a, cst.Call) and _flattening(forms, a, name)),
@@ -1650,6 +1729,7 @@ def _follow_flattened(
                     "result is flat already"
                 )
             program.edit(node, reason, lambda n=node: _flat_value(program, n, name, forms))  # type: ignore[misc]
+            program.flat_reads = True
             continue
         reshape = _reshaped(flow, use, name)
         if reshape is None:
@@ -1669,6 +1749,7 @@ def _follow_flattened(
             raise NotVisible(why, Decline.RESULT_VARIES)
         reason = f"`{name}` reshaped as it is: the flat result has the same elements in order"
         program.edit(reshape, reason, lambda r=reshape: _local_reshape(program, r, name))  # type: ignore[misc]
+        program.flat_reads = True
 
 
 def _flattening(forms: Forms, node: cst.Call, name: str) -> bool:

@@ -122,6 +122,7 @@ class Program:
     fixed: dict[int, str] = field(default_factory=dict)  # unmapped positions: "none", "static"
     varying: list[bool] = field(default_factory=list)  # per result: differs between devices
     hosts: str = "jax.experimental.multihost_utils"  # how the module spells that module
+    flat_reads: bool = False  # a result differing between devices is read flattened (`hosts`)
     # How the module spells numpy when this process's part of a flat result must be read into
     # numpy: under `jax.set_mesh`, whose mesh spans every process, a jax op on an array of this
     # process's devices alone raises ("incompatible devices"); None: read as it is.

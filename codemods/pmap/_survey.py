@@ -42,6 +42,7 @@ from ._summary import ModuleDefs, is_mean
 PMAP = "jax.pmap"
 PARTIAL = "functools.partial"
 HELPER = "shard_map_per_device"
+OPAQUE = "_opaque_step"  # the name of the body read for a function that is no def of the module
 HELPER_DOC = "Run `f` as `jax.pmap` does, in `jax.jit`: one call per device, on its slice."
 KEYWORDS = frozenset(
     {"in_axes", "out_axes", "static_broadcasted_argnums", "donate_argnums"}
@@ -605,9 +606,10 @@ class Finding(Pass):
             name = self._mapped_def_name(site.node)
             defs = self.survey.defs(name)
             if len(defs) != 1 or self.survey.rebound(name, site.node):
-                raise NotVisible(self._not_a_def(site.node, name), Decline.NOT_A_DEF)
-            body = defs[0]
-            skip = None if body in module.body else body
+                body = self._opaque_body(site, host, flow, self._not_a_def(site.node, name))
+            else:
+                body = defs[0]
+            skip = None if body in module.body or body.name.value == OPAQUE else body
             if skip is not None and self._def_scope(body) is not host:
                 why = f"the pmapped function `{name}` is a def nested in another function"
                 raise NotVisible(why, Decline.NOT_A_DEF)
@@ -641,6 +643,40 @@ class Finding(Pass):
             called_once = lambda d, c: self._called_once(flow, d, c)
             program = follow_passed(why, *details, unnamed, constants, called_once)
         return host, self._checked(module, host, program, flow, statement)
+
+    def _opaque_body(
+        self, site: PmapUse, host: cst.FunctionDef, flow: Parents, why: str
+    ) -> cst.FunctionDef:
+        """The body of `step = jax.pmap(f)`, `f` no def of the module (`model.apply`, a partial
+        of it, an import) and the axis unnamed: the body cannot name the axis, so it holds no
+        collective over it and runs on each device's slice alone, as every device's block of
+        the program-level form; read as `def _(x0, ...): return f(x0, ...)`, whose results
+        differ between devices when an argument does. Raise NotVisible(`why`) otherwise."""
+        assert isinstance(site.node, cst.Call)
+        fun = fun_arg(site.node)
+        named = len(site.node.args) > 1 and site.node.args[1].keyword is None
+        named = named or any(
+            a.keyword is not None and a.keyword.value == "axis_name" for a in site.node.args
+        )
+        assign = site.ancestors[-2] if len(site.ancestors) > 1 else None  # `step = <call>`
+        target = (
+            single_name(assign.targets[0].target)
+            if isinstance(assign, cst.Assign) and len(assign.targets) == 1
+            else None
+        )
+        if fun is None or named or target is None or isinstance(fun.value, cst.Lambda):
+            raise NotVisible(why, Decline.NOT_A_DEF)
+        counts = {
+            len([a for a in call.args if a.keyword is None])
+            for call in nodes_in(host.body, cst.Call)
+            if single_name(call.func) == target
+        }
+        if len(counts) != 1:
+            raise NotVisible(why, Decline.NOT_A_DEF)
+        params = [cst.Param(cst.Name(f"x{i}")) for i in range(counts.pop())]
+        result = cst.Call(cst.Name(OPAQUE), [cst.Arg(p.name) for p in params])
+        block = cst.IndentedBlock([cst.SimpleStatementLine([cst.Return(result)])])
+        return cst.FunctionDef(cst.Name(OPAQUE), cst.Parameters(params), block)
 
     def _called_once(self, flow: Parents, callee: cst.FunctionDef, call: cst.Call) -> bool:
         """`callee` is a def of the module read only as the function of `call`, and holds no
