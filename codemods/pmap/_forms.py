@@ -226,6 +226,11 @@ def positional(call: cst.Call, count: int) -> list[cst.BaseExpression] | None:
     return [a.value for a in call.args]
 
 
+FILLS = frozenset(
+    f"{np}.{fill}" for np in ("numpy", "jax.numpy") for fill in ("ones", "zeros", "full", "empty")
+)
+
+
 class Forms:
     """Recognizes the stacking and readback forms, by meaning."""
 
@@ -292,8 +297,32 @@ class Forms:
         if found is not None:
             return found
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-            return as_row("shard", self._split_to_rows(node), node)
+            return as_row("shard", self._split_to_rows(node) or self._filled_flat(node), node)
         return None
+
+    def _filled_flat(self, node: cst.Call) -> cst.BaseExpression | None:
+        """`jnp.ones([n, b, ...])` (`zeros`, `full`, `empty`; numpy's too), `n` the number of
+        local devices: n equal blocks of b rows, the split of `jnp.ones([n * b, ...])`; else
+        None."""
+        if self.qualname(node.func) not in FILLS or not node.args or node.args[0].keyword:
+            return None
+        shape = node.args[0].value
+        if not isinstance(shape, (cst.List, cst.Tuple)) or len(shape.elements) < 2:
+            return None
+        dims = [e.value for e in shape.elements if type(e) is cst.Element]  # not `*rest`
+        if len(dims) != len(shape.elements) or not self.counts(dims[0]):
+            return None
+        rows = dims[1]
+        if isinstance(rows, cst.BinaryOperation):
+            rows = rows.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        merged = cst.BinaryOperation(dims[0], cst.Multiply(), rows)
+        elements = [shape.elements[0].with_changes(value=merged), *shape.elements[2:]]
+        return node.with_changes(
+            args=[
+                node.args[0].with_changes(value=shape.with_changes(elements=elements)),
+                *node.args[1:],
+            ]
+        )
 
     def shard_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
         """Return x of a split of a flat batch x into per-device slices, else None."""

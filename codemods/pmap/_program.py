@@ -468,9 +468,11 @@ class _Edit(cst.CSTTransformer):
 
 def _fitted(statement: cst.SimpleStatementLine, indent: str, style: Style) -> cst.BaseStatement:
     """An edited `target = call(...)` laid out again when it no longer fits its line."""
-    lines = code(statement.with_changes(leading_lines=[])).splitlines()
+    text = code(statement.with_changes(leading_lines=[]))
+    lines = text.splitlines()
     lines[0] = indent + lines[0]  # continuation lines carry their own indentation
-    if all(len(line) <= style.width for line in lines):
+    # An edit that put a call written over several lines into another is laid out again.
+    if all(len(line) <= style.width for line in lines) and (len(lines) == 1 or "#" in text):
         return statement
     return _laid_out(statement, indent, style)
 
