@@ -373,8 +373,14 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     batch in one function and a replicated value in another); `PL205` not called;
   - `PL206` a call's results are bound other than to plain names (`d["k"] = step(...)`), or
     `step(...)[0]` of a tuple;
-  - `PL301` an argument's layout comes from outside the function (a parameter, a global, an
-    iterator; the argument of a mean over devices, AlgoPerf's `avg_fn`); `PL302` it is stacked on one path and not on another; `PL303` a value stacked for
+  - `PL301` an argument's layout comes from outside the function (a parameter, a global; the
+    argument of a mean over devices, AlgoPerf's `avg_fn`). A value drawn from an iterator the
+    analysis does not see into (`for batch in batches`, `batch = next(it)`, `it` another
+    module's input pipeline or a parameter) is fresh data at each step, not state: pmap took its
+    leading axis as this process's devices, so it is converted where it is passed, by a helper
+    the rewrite defines once in the module (`global_batch(batch, batch_sharding)`: each device
+    gets the rows it had), its other reads unchanged; the message names the pipeline, whose
+    batches can be made flat later. `PL302` it is stacked on one path and not on another; `PL303` a value stacked for
     the step is read other than passed to it; `PL304` the body reads a value of the function
     whose layout changes; `PL305` per-device keys for a step that cannot take its own key (a
     decorated step);
@@ -411,7 +417,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from jaxmigrate.model import Safety
-from jaxmigrate.toolkit.emit import Call, code
+from jaxmigrate.toolkit.emit import Call, code, fit_lines
 from jaxmigrate.toolkit.names import dotted, walk
 from jaxmigrate.toolkit.scope import ScopeModel
 
@@ -435,6 +441,18 @@ SETUP_MESSAGE = (
     "the mesh of {steps}: {made} over every device of the job (`jax.devices()`, pmap's order); "
     "the rest of `{setup}` runs under it (`with jax.set_mesh(...)`)"
 )
+
+CONVERTER = "global_batch"  # the helper converting a batch drawn per device (`_convert_drawn`)
+# Written one statement per line, 4-space indented: `fit_lines` breaks the lines too long.
+CONVERTER_SOURCE = '''def {name}(batch, sharding):
+    """`batch` as `jax.pmap` took it, split over this process's devices, as one global batch sharded by `sharding`: each device gets the same rows."""
+
+    def rows(x):
+        x = {np}.asarray(x)
+        return {jax}.make_array_from_process_local_data(sharding, x.reshape(-1, *x.shape[2:]))
+
+    return {jax}.tree.map(rows, batch)
+'''
 
 
 # The pass in three layers, one per section: `survey.Finding` holds the state and finds the uses,
@@ -577,6 +595,7 @@ class Pmap(Faithful):
             if isinstance(program.statement, cst.FunctionDef):  # decorated: `partial` spelled
                 program.partial = code(self._partial(site))
             program.jnp = self.resolver.module_binding("jax.numpy") or f"{program.jax}.numpy"
+            self._spell_converter(program)
             if program.flat_reads:  # results read flattened: each process reads its own part
                 program.hosts = self._multihost_utils()
             program.spec = spec
@@ -609,6 +628,7 @@ class Pmap(Faithful):
         for callee in program.callees:
             self._drop_deleted_imports(callee)
             callee.jax, callee.jnp, callee.spec = program.jax, program.jnp, program.spec
+            self._spell_converter(callee)
             scope = self.resolver.scope_made_by(callee.host)
             if scope is not None and scope.parent is not None and scope.parent.kind != "module":
                 callee.mesh, callee.sharding, callee.hosts = (
@@ -622,9 +642,52 @@ class Pmap(Faithful):
             callee.sharding = (
                 f"{jax}.sharding.NamedSharding({callee.mesh}, {code(callee.spec)}({axis}))"
             )
-            if any(callee.varying):
+            if callee.flat_reads:
                 callee.hosts = self._multihost_utils()
             self.callee_programs.setdefault(id(callee.host), []).append(callee)
+
+    def _spell_converter(self, program: Program) -> None:
+        """Name the module's helper converting a batch drawn per device from an iterator not
+        followed (`_flow._convert_drawn`), written once at the module's end."""
+        if not program.converts:
+            return
+        if self.converter is None:
+            name = next(
+                n
+                for n in (CONVERTER, *(f"{CONVERTER}_{k}" for k in range(2, 99)))
+                if self.resolver.is_free(n)
+            )
+            self.converter = (name, program.jax, self._numpy())
+        program.converter = self.converter[0]
+
+    def _with_converter(self, module: cst.Module) -> cst.Module:
+        """The module with the converter's def after its imports, if a program asked for it."""
+        if self.converter is None:
+            return module
+        name, jax, np = self.converter
+        source = CONVERTER_SOURCE.format(name=name, jax=jax, np=np)
+        style = self.state.style
+        helper = cst.parse_statement(
+            fit_lines(style.reindent(source), style), config=module.config_for_parsing
+        )
+        helper = helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+        body = list(module.body)
+        imports = [
+            i
+            for i, statement in enumerate(body)
+            if isinstance(statement, cst.SimpleStatementLine)
+            and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
+        ]
+        at = imports[-1] + 1 if imports else 0
+        if at < len(body):
+            after = body[at]
+            lines = getattr(after, "leading_lines", None)
+            if lines is not None and len(lines) < 2:
+                body[at] = after.with_changes(  # type: ignore[call-arg]
+                    leading_lines=[cst.EmptyLine(), cst.EmptyLine(), *lines]
+                )
+        body.insert(at, helper)
+        return module.with_changes(body=body)
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         new = {}  # the defs steps are passed to, rewritten, by name (a def of the module once)
@@ -642,7 +705,7 @@ class Pmap(Faithful):
         updated = drop_dead_helpers(
             original_node, updated_node.with_changes(body=body), self.qualname
         )
-        return super().leave_Module(original_node, updated)
+        return super().leave_Module(original_node, self._with_converter(updated))
 
     def _record_outer(self, group: OuterGroup) -> None:
         """Record the steps of `group`, their edits and the mesh as one group of sites; when it
@@ -685,6 +748,7 @@ class Pmap(Faithful):
                 self._drop_deleted_imports(program)
                 program.jax, program.spec = jax, spec
                 program.jnp = self.resolver.module_binding("jax.numpy") or f"{jax}.numpy"
+                self._spell_converter(program)
                 program.sharding = f"{code(spec)}({code(program.axis)})"  # the mesh set is used
                 setup = program.host is group.setup
                 program.mesh = group.mesh if setup else f"{jax}.sharding.get_mesh()"

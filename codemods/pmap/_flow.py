@@ -879,7 +879,12 @@ def _follow_argument(
                 classified[id(binding)] = kind
                 if kind == "other":
                     blocking.append(_binding_text(name, binding, flow, forms.qualname))
+                    kind = DRAWN if _drawn(binding, name) else kind
             kinds.add(kind)
+    if kinds == {DRAWN} and position not in program.fixed:
+        _convert_drawn(program, calls, position, blocking)
+        return
+    kinds = {"other" if k == DRAWN else k for k in kinds}
     if fields and "keys" in kinds:
         kinds.add("other")  # the keys of one device are a key array, not a pytree of fields
     mapped = {"batch", "keys"} & kinds
@@ -941,6 +946,48 @@ def _fed(forms: Forms, calls: list[_StepCall]) -> set[int]:
         found.add(id(node))
         stack += _leaves(forms, node) or []
     return found
+
+
+DRAWN = "drawn"  # drawn from an iterator the analysis does not see into (`for b in it`)
+CONVERTED = (
+    "a batch drawn from {source}, split per device there, -> one global batch sharded on the "
+    "mesh where it is passed (`{helper}`: each device's rows in order); once that pipeline "
+    "yields flat batches, the conversion goes"
+)
+
+
+def _drawn(binding: cst.CSTNode, name: str) -> bool:
+    """`for name in it` (or `for i, name in ...`), `name = next(it)`: a value drawn from an
+    iterator, fresh data at each step (not state carried from one step to the next)."""
+    if isinstance(binding, (cst.For, cst.CompFor)):
+        return name in target_names(binding.target)
+    if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
+        return False
+    value = binding.value
+    drawn = isinstance(value, cst.Call) and code(value.func) == "next" and len(value.args) == 1
+    return drawn and name in target_names(binding.targets[0].target)
+
+
+def _convert_drawn(
+    program: Program, calls: list[_StepCall], position: int, blocking: list[str]
+) -> None:
+    """The argument at `position` is drawn from an iterator whose layout is not visible (another
+    module's input pipeline, a parameter): pmap took its leading axis as this process's devices,
+    each device its slice; the program-level form takes this process's rows of one global batch,
+    the same rows on the same device: converted where it is passed, named (`program.converter`).
+    Its other reads keep the value as drawn."""
+    program.batches[position] = True
+    source = blocking[0] if blocking else "an iterator"
+    why = CONVERTED.format(source=source, helper=program.converter)
+    for call in calls:
+        value = call.values[position]
+
+        def converted(value: cst.BaseExpression = value) -> cst.BaseExpression:
+            args = [cst.Arg(value), cst.Arg(cst.parse_expression(program.sharding))]
+            return cst.Call(cst.Name(program.converter), args)
+
+        program.edit(value, why, converted)
+    program.converts = True
 
 
 def _binding_text(name: str, binding: cst.CSTNode, flow: Parents, qualname: Qualname) -> str:

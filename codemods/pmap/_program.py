@@ -123,6 +123,10 @@ class Program:
     varying: list[bool] = field(default_factory=list)  # per result: differs between devices
     hosts: str = "jax.experimental.multihost_utils"  # how the module spells that module
     flat_reads: bool = False  # a result differing between devices is read flattened (`hosts`)
+    # A batch drawn from an iterator not followed is converted where it is passed, by the
+    # module's helper of this name (`_flow._convert_drawn`)
+    converts: bool = False
+    converter: str = "global_batch"
     # How the module spells numpy when this process's part of a flat result must be read into
     # numpy: under `jax.set_mesh`, whose mesh spans every process, a jax op on an array of this
     # process's devices alone raises ("incompatible devices"); None: read as it is.

@@ -338,6 +338,9 @@ class Finding(Pass):
         self.applied: list[PmapUse] = []
         self.applied_keys: list[str] = []
         self.reuse_helper = False
+        # The helper converting batches drawn per device from an iterator not followed, once
+        # a program asks for it: its name, and how the module spells jax and numpy
+        self.converter: tuple[str, str, str] | None = None
         self.programs: dict[int, list[tuple[PmapUse, Program]]] = {}  # by id of their function
         # `if __name__ == "__main__":` blocks making steps, each read as a def of its body (by
         # id of the `if`): the program's host, its names the module's globals
