@@ -218,7 +218,7 @@ class Evaluator:
     assert "[PL101] the step is stored in the attribute `self._count_p`" in message, message
 
 
-def test_batches_from_another_modules_iterator_name_that_function():
+def test_batches_from_another_modules_iterator_are_converted_where_passed():
     source = """\
 import functools
 
@@ -238,13 +238,22 @@ def main(params, train_ds, steps):
         params = update_fn(params, batch["image"])
     return params[0]
 """
-    (message,) = pmap_messages(source)  # big_vision's train.py and trainers
+    # big_vision's train.py and trainers: the batches were PL301 ("the layout of its batches
+    # is that function's"); drawn from the pipeline, they are converted where passed, and the
+    # message names the pipeline.
+    result = migrate_source(source, options=Options(unsafe_fixes=True))
+    messages = [s.message for s in result.sites if s.code == Pmap.CODE]
+    assert any("(program-level)" in m for m in messages), messages
+    (converted,) = [m for m in messages if m.startswith("a batch drawn from")]
     assert (
-        "[PL301] argument 2 of the step comes from elsewhere (`batch`, a loop variable over "
-        "`train_iter` = `input_pipeline.start_input_pipeline(train_ds, 1)` "
-        "(`big_vision.input_pipeline.start_input_pipeline`): the layout of its batches is that "
-        "function's)"
-    ) in message, message
+        "`batch`, a loop variable over `train_iter` = `input_pipeline.start_input_pipeline("
+        "train_ds, 1)` (`big_vision.input_pipeline.start_input_pipeline`)"
+    ) in converted, converted
+    assert 'update_fn(params, global_batch(batch["image"], batch_sharding))' in result.code
+    assert "def global_batch(batch, sharding):" in result.code
+    assert "input_pipeline.start_input_pipeline(train_ds, 1)" in result.code  # left as it was
+    # the replication's statement is dropped; the blank line above it stays, after the def
+    assert '"batch")\n\n    train_iter = input_pipeline' in result.code, result.code
 
 
 def test_a_step_called_where_made_says_what_it_would_cost():

@@ -417,6 +417,10 @@ class _Edit(cst.CSTTransformer):
         self.blocks: list[str] = []  # the indentation of each block we are in
         self.edited = False  # whether the statement being left had an edit
         self.scoped = False  # past the setup's statement: in `with jax.set_mesh(...)`, deeper
+        # Statements dropped (by id of the original): the blank lines above them, which the
+        # next statement of the block takes; statements made several (by id): how many
+        self.dropped: dict[int, list[cst.EmptyLine]] = {}
+        self.expanded: dict[int, int] = {}
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self.setup is not None and node is self.setup[0]:
@@ -439,9 +443,17 @@ class _Edit(cst.CSTTransformer):
             return edit(updated_node)
         program = self.made.get(id(original_node))
         if program is not None:
-            return cst.FlattenSentinel(program.step_statements(here, self.style, updated_node))
+            made = program.step_statements(here, self.style, updated_node)
+            self.expanded[id(original_node)] = len(made)
+            return cst.FlattenSentinel(made)
         if _is_self_assignment(updated_node) and not _is_self_assignment(original_node):
+            assert isinstance(updated_node, cst.SimpleStatementLine)
+            blank = [line for line in updated_node.leading_lines if line.comment is None]
+            self.dropped[id(original_node)] = blank
             return cst.RemovalSentinel.REMOVE  # `x = replicate(x)` with the replication gone
+        if isinstance(original_node, cst.IndentedBlock):
+            assert isinstance(updated_node, cst.IndentedBlock)
+            updated_node = self._blank_lines_kept(original_node, updated_node)
         if self.setup is not None and original_node is self.setup[0]:
             self.before = updated_node
         if self.setup is not None and original_node is self.host.body:
@@ -450,6 +462,26 @@ class _Edit(cst.CSTTransformer):
         if self.edited and isinstance(updated_node, cst.SimpleStatementLine):
             return _fitted(updated_node, here, self.style)
         return updated_node
+
+    def _blank_lines_kept(
+        self, original: cst.IndentedBlock, updated: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
+        """The blank lines above a dropped statement go to the next one kept (which had none)."""
+        if not any(id(s) in self.dropped for s in original.body):
+            return updated
+        body, at, pending = list(updated.body), 0, list[cst.EmptyLine]()
+        for statement in original.body:
+            if id(statement) in self.dropped:
+                pending = pending or self.dropped[id(statement)]
+                continue
+            count = self.expanded.get(id(statement), 1)
+            if pending and count and at < len(body):
+                lines = getattr(body[at], "leading_lines", None)
+                if lines is not None and not any(line.comment is None for line in lines):
+                    body[at] = body[at].with_changes(leading_lines=[*pending, *lines])  # type: ignore[call-arg]
+            pending = pending if not count else []
+            at += count
+        return updated.with_changes(body=body)
 
     def _with_setup(self, block: cst.IndentedBlock) -> cst.IndentedBlock:
         """Make the mesh before the setup's statement, and run the rest under `with
