@@ -1313,7 +1313,10 @@ def _replication(
     program: Program, value: cst.BaseExpression, source: cst.BaseExpression, position: int
 ) -> None:
     """Record the edit of a replication of `source` passed at `position`: deleted, or a copy
-    when the step donates that argument (pmap donated the replicas, never `source` itself)."""
+    when the step donates that argument (pmap donated the replicas, never `source` itself);
+    a copy stays one (`a, b = replicate((x, y))`, `a` donated: both copied)."""
+    if program.reasons.get(id(value)) == COPIED:
+        return
     if not _donated(program, position):
         program.edit(value, REPLICATED, lambda: source)
         return
@@ -1352,7 +1355,7 @@ def _binding_kind(
     if any(c.binds(binding) for c in calls) or id(binding) in program.siblings:
         return "fed back"  # a result of the step (or another): replicated, as every result is
     if single_name(binding.targets[0].target) != name:
-        return "other"
+        return _unpacked_replication(program, binding, name, forms, position)
     value = binding.value
     results = _arithmetic_results(binding.value, name, calls, flow)
     if results is not None:
@@ -1376,6 +1379,24 @@ def _binding_kind(
         program.edit(value, keys.row.why, lambda: keys.rewrite(program.context()))
         return "keys"
     return "other"
+
+
+def _unpacked_replication(
+    program: Program, binding: cst.Assign, name: str, forms: Forms, position: int
+) -> str:
+    """`a, b = replicate((x, y))`: a replication of a tuple written out, unpacked into as many
+    names, replicates each (vision_transformer's `params_repl, opt_state_repl`); the
+    replication is deleted (`a, b = (x, y)`). Else "other"."""
+    target = binding.targets[0].target
+    source = forms.replicated_source(binding.value)
+    if not isinstance(target, cst.Tuple) or not isinstance(source, cst.Tuple):
+        return "other"
+    names = [single_name(e.value) if type(e) is cst.Element else None for e in target.elements]
+    plain = all(type(e) is cst.Element for e in source.elements)
+    if name not in names or None in names or not plain or len(names) != len(source.elements):
+        return "other"
+    _replication(program, binding.value, source, position)
+    return "replicated"
 
 
 def _mean_of_results(
