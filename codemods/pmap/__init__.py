@@ -413,9 +413,9 @@ from jaxmigrate.toolkit.scope import ScopeModel
 
 from ._dead import drop_dead_helpers
 from ._faithful import Faithful
-from ._forms import names_in
 from ._outer import OuterGroup, OuterStep
 from ._program import Program, edit_owners, rewrite_host
+from ._reach import names_in
 from ._survey import HELPER, PMAP, PmapUse, Survey, fun_arg
 
 PROGRAM_MESSAGE = (

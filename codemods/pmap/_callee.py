@@ -30,7 +30,6 @@ import libcst as cst
 from ._body import Defs
 from ._flow import (
     INLINE,
-    Flow,
     _check_closure,
     _check_lambda,
     _follow_argument,
@@ -43,9 +42,9 @@ from ._flow import (
     passed_to,
     sibling_calls,
 )
-from ._forms import Qualname, ancestors, single_name
-from ._outer import reads
+from ._forms import Qualname, single_name
 from ._program import Decline, NotVisible, Program
+from ._reach import Flow
 
 
 def called_nested(
@@ -64,7 +63,7 @@ def called_nested(
     if found not in lines or statement not in lines[: lines.index(found)]:
         return None  # a call of `inner` may come before the step is made
     name = found.name.value
-    uses = reads(flow, name)
+    uses = flow.loads.get(name, [])
     call = flow.parent.get(id(uses[0])) if len(uses) == 1 else None
     if flow.stores.get(name) != [found] or not isinstance(call, cst.Call):
         return None
@@ -97,7 +96,7 @@ def follow_passed(
     if step is None:
         raise why
     uses = [  # not the pmap's own `f` of `f = jax.pmap(f, ...)` (brax's trainers)
-        u for u in flow.loads.get(step, []) if all(a is not statement for a in ancestors(flow, u))
+        u for u in flow.loads.get(step, []) if all(a is not statement for a in flow.ancestors(u))
     ]
     found = [passed_to(flow, use, defs) for use in uses]
     if why.code is Decline.CALLED_NESTED:
@@ -109,7 +108,7 @@ def follow_passed(
     call, callee, param, args = found[0]
     options = options_of(pmap, qualname, unnamed, constants)
     caller = Program(host, statement, options.fun, options.axis, options.donate, [], None)
-    caller.made_at = flow.order[id(statement)]
+    caller.made = assign
     sibling_calls(caller, flow, siblings, defs)
     forms = forms_of(flow, qualname, defs)
 
@@ -150,7 +149,7 @@ def follow_passed(
     caller.params, caller.keywords = inner.params, inner.keywords
     caller.callees = [inner]
     if caller.squeezed or caller.keywords:
-        _check_lambda(caller, flow)
+        _check_lambda(caller, flow, [call])
     if local is not None:
         _check_closure(caller, body, flow)
     return caller

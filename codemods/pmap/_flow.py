@@ -13,15 +13,11 @@ from jaxmigrate.toolkit.emit import code
 from ._body import Defs, body_outputs
 from ._forms import (
     Forms,
-    Parents,
     Qualname,
-    ancestors,
     field_root,
     field_top,
     flattens,
-    free_names,
     is_device_count,
-    names_in,
     positional,
     single_name,
     target_names,
@@ -37,7 +33,7 @@ from ._layout import (
     row_named,
 )
 from ._program import COPY, DECORATORS, NOT_NAMED, Decline, NotVisible, Program
-from ._reach import ENTRY, Reach, nodes_in, params_of
+from ._reach import ENTRY, Flow, free_names, names_in, nodes_in, params_of
 from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
@@ -46,19 +42,11 @@ from ._summary import is_docstring as _is_docstring
 
 GET_METRICS = (row_named("get_metrics"),)
 MEANS = (row_named("cross_device_mean"),)
+ENTRY_ONLY = frozenset({ENTRY})
 INLINE = "?"  # an argument passed as an expression, not a name: `step(state, shard(batch))`
 KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
 PARTIAL = "functools.partial"
 SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
-
-
-class Flow(Parents):
-    """Where each name of a function is bound and read, and which bindings reach each read."""
-
-    def __init__(self, host: cst.FunctionDef, skip: cst.CSTNode | None = None) -> None:
-        super().__init__(skip=skip)
-        host.body.visit(self)
-        self.reach = Reach(host.body, skip)
 
 
 @dataclass
@@ -107,15 +95,14 @@ def analyze(
         raise unnamed_step(assign, host.name.value)
     options = options_of(pmap, qualname, unnamed, constants)
     flow = Flow(host, skip=local)
-    if id(statement) not in flow.order:
+    if id(statement) not in flow.parent:
         raise NotVisible("the step is not made in the function that calls it", Decline.MADE_OUTSIDE)
     own = local if isinstance(local, cst.FunctionDef) and local.name.value == step else None
     if [s for s in flow.stores.get(step, []) if s is not own] != [assign]:
         raise NotVisible(
             f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
         )
-    made_at = flow.order[id(statement)]
-    program = _follow(host, flow, step, options, body, qualname, made_at, siblings, defs, own)
+    program = _follow(host, flow, step, options, body, qualname, assign, siblings, defs, own)
     program.statement = statement
     if local is not None:
         _check_closure(program, body, flow)
@@ -140,8 +127,7 @@ def analyze_decorated(
         raise NotVisible(
             f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
         )
-    made_at = flow.order[id(body)]
-    program = _follow(host, flow, step, options, body, qualname, made_at, siblings, defs)
+    program = _follow(host, flow, step, options, body, qualname, body, siblings, defs)
     program.statement = body
     if program.squeezed:
         raise NotVisible(
@@ -212,7 +198,7 @@ def analyze_calls(
     flow = Flow(host)
     if step in flow.stores:
         raise NotVisible(f"`{step}` is bound in `{host.name.value}` too", Decline.REBOUND)
-    return _follow(host, flow, step, options, body, qualname, -1, siblings, defs, given=given)
+    return _follow(host, flow, step, options, body, qualname, None, siblings, defs, given=given)
 
 
 def _follow(
@@ -222,13 +208,13 @@ def _follow(
     options: Options,
     body: cst.FunctionDef,
     qualname: Qualname,
-    made_at: int,
+    maker: cst.Assign | cst.FunctionDef | None,
     siblings: tuple[str, ...] = (),
     defs: Defs | None = None,
     own: cst.FunctionDef | None = None,
     given: Callable[[Program, str, int], str] | None = None,
 ) -> Program:
-    """Follow every argument and result of the calls of `step` in `host` (made at `made_at`).
+    """Follow every argument and result of the calls of `step` in `host` (made by `maker`).
     `own`: the def `step = jax.pmap(step, ...)` maps (brax's trainers); its reads, the pmap's
     own, are not the step's, and a read that either may reach is not followed."""
     body = _unbound(body, options.bound)
@@ -273,7 +259,7 @@ def _follow(
             or is_device_count(stores[0].value, flow, qualname)
         )
     }
-    program.made_at = made_at
+    program.made = maker
     program.calls = [c.call for c in calls]
     _keyword_calls(program, calls, keywords)
     sibling_calls(program, flow, siblings, defs)
@@ -581,7 +567,7 @@ def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
 def _nested(flow: Flow, node: cst.CSTNode) -> cst.FunctionDef | cst.Lambda | None:
     """The innermost def or lambda of the function `node` is in, else None."""
     kinds = (cst.FunctionDef, cst.Lambda)
-    return next((a for a in ancestors(flow, node) if isinstance(a, kinds)), None)
+    return next((a for a in flow.ancestors(node) if isinstance(a, kinds)), None)
 
 
 def _call_of(flow: Flow, use: cst.Name, step: str, host: str) -> cst.Call:
@@ -727,25 +713,36 @@ def _named_lambda(flow: Flow, name: str) -> cst.Lambda | None:
     return value if isinstance(value, cst.Lambda) else None
 
 
-def _check_lambda(program: Program, flow: Flow) -> None:
+def _check_lambda(program: Program, flow: Flow, calls: list[cst.Call] | None = None) -> None:
     """The body is called from a lambda (`lambda x, k: f(x, k[0], lr=lr)`): its parameters must
     not hide a name the call reads, and a value `partial` bound, now read when the step is
-    traced, must be the one it bound (not bound again after the step is made)."""
+    traced (at its `calls`, or where they are made from), must be the one it bound: the
+    bindings reaching the calls are those reaching the step's making."""
     clash = set(program.params) & set(names_in(program.body))
     if clash:
         why = f"the step's parameter `{min(clash)}` is also a name in the mapped function"
         raise NotVisible(why, Decline.SIGNATURE)
     fun = program.body
-    if not isinstance(fun, cst.Call) or program.made_at < 0:
+    if not isinstance(fun, cst.Call) or program.made is None:
         return  # made at module level: a function rebinds a global only with `global`
-    made = program.made_at
+    made = flow.reach.before(program.made)
     for arg in fun.args[1:]:
         for name in set(names_in(arg.value)):
-            for binding in flow.stores.get(name, []):
-                inside = any(flow.order[id(a)] == made for a in ancestors(flow, binding))
-                if flow.order[id(binding)] > made and not inside:
+            for call in program.calls if calls is None else calls:
+                at = flow.reach.before(flow.statement(call))
+                if at.get(name, ENTRY_ONLY) != made.get(name, ENTRY_ONLY):
                     why = f"`{name}`, which `partial` binds, is bound again after the step is made"
                     raise NotVisible(why, Decline.SIGNATURE)
+
+
+def _made_before(program: Program, flow: Flow, binding: cst.CSTNode) -> bool:
+    """Whether the step is made on every path to `binding` (the mesh exists there)."""
+    made = program.made
+    if made is None:
+        return True
+    name = made.name if isinstance(made, cst.FunctionDef) else made.targets[0].target
+    assert isinstance(name, cst.Name)
+    return flow.reach.before(flow.statement(binding)).get(name.value) == {made}
 
 
 def _keyword_calls(program: Program, calls: list[_StepCall], keywords: tuple[str, ...]) -> None:
@@ -885,7 +882,7 @@ def _follow_argument(
             _follow_stacked(program, flow, forms, calls, name, replicated=not mapped, keys=keys)
 
 
-def _binding_text(name: str, binding: cst.CSTNode, flow: Parents, qualname: Qualname) -> str:
+def _binding_text(name: str, binding: cst.CSTNode, flow: Flow, qualname: Qualname) -> str:
     """Where `name` gets a value whose layout is not known: `name = <value>`, a loop over ...;
     an iterator the loop reads is named with the call making it (maybe another module's)."""
     if isinstance(binding, cst.Assign):
@@ -924,7 +921,7 @@ def _follow_stacked(
         if isinstance(b, cst.Assign)
         and (
             id(b.value) in program.nodes
-            or (id(b) in program.arithmetic and not _before(flow, b, calls))
+            or (id(b) in program.arithmetic and _after_a_call(flow, b, calls))
         )
     ]
     stackings += [ENTRY] if name in program.entries else []  # a parameter: the caller's value
@@ -933,7 +930,7 @@ def _follow_stacked(
     for use in flow.loads.get(name, []):
         if not flow.reach.of(use) & set(stackings):
             continue  # the value before it is stacked (or a result, followed as such)
-        if id(field_top(flow, use)) in feeds or _loop_target(flow, use):
+        if id(field_top(flow, use)) in feeds:
             continue
         if _in_arithmetic(program, flow, use):
             continue
@@ -983,16 +980,7 @@ def _flat_batch(program: Program, flow: Flow, forms: Forms, use: cst.Name, name:
 
 def _in_arithmetic(program: Program, flow: Flow, use: cst.Name) -> bool:
     """Return True for a read in `x = x - lr * g`, an argument replicated as its parts are."""
-    return any(id(a) in program.arithmetic for a in ancestors(flow, use))
-
-
-def _loop_target(flow: Flow, use: cst.Name) -> bool:
-    """`for use in ...` (or `for a, use in ...`): a binding, not a read."""
-    node: cst.CSTNode = use
-    parent = flow.parent.get(id(node))
-    while isinstance(parent, (cst.Tuple, cst.List, cst.Element)):
-        node, parent = parent, flow.parent.get(id(parent))
-    return isinstance(parent, (cst.For, cst.CompFor)) and parent.target is node
+    return any(id(a) in program.arithmetic for a in flow.ancestors(use))
 
 
 def _passed(call: _StepCall, position: int) -> str:
@@ -1153,10 +1141,10 @@ def _named_splits(program: Program, flow: Flow, forms: Forms, value: cst.BaseExp
         if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
             return False
         source = forms.shard_source(binding.value)
-        if source is None or program.made_at >= flow.order[id(binding)]:
+        if source is None or not _made_before(program, flow, binding):
             return False
         uses = flow.loads.get(name or "", [])
-        if not all(any(a is value for a in ancestors(flow, use)) for use in uses):
+        if not all(any(a is value for a in flow.ancestors(use)) for use in uses):
             return False  # read elsewhere: that read would see the flat value
         bindings.append((binding, source))
     if not bindings:
@@ -1240,7 +1228,7 @@ def _binding_kind(
     if replicated is not None:
         _replication(program, value, replicated, position)
         return "replicated"
-    after = program.made_at < flow.order.get(id(binding), -1)  # the mesh exists there
+    after = _made_before(program, flow, binding)  # the mesh exists there
     batch = forms.split(value)
     if batch is not None and after:
         program.edit(value, batch.row.why, lambda: batch.rewrite(program.context()))
@@ -1321,7 +1309,7 @@ def _mean_of_unknown(
 
 def _mean_around(forms: Forms, flow: Flow, use: cst.Name) -> cst.Call | None:
     """Return the mean over devices (`MEANS`) whose value `use` is, if any."""
-    for node in list(ancestors(flow, use))[:4]:
+    for node in list(flow.ancestors(use))[:4]:
         if isinstance(node, cst.Call):
             found = forms.transfer(node, MEANS)
             if found is not None and found.source is use:
@@ -1405,7 +1393,7 @@ def _follow_result(
             continue  # no call's result reaches it (the argument's value, or read back)
         if id(field_top(flow, use)) in feeds:
             continue
-        if _in_arithmetic(program, flow, use) or _loop_target(flow, use):
+        if _in_arithmetic(program, flow, use):
             continue
         listed = _appended_to(flow, use)
         if listed is not None:
@@ -1446,7 +1434,9 @@ def _one_source(
         for binding in reaching - made:
             if binding is ENTRY and not parameter:
                 continue
-            if binding is not ENTRY and (_before(flow, binding, calls) or allowed(binding)):
+            if binding is not ENTRY and (
+                not _after_a_call(flow, binding, calls) or allowed(binding)
+            ):
                 continue
             if id(binding) in program.means:  # the results' own value, the mean call deleted
                 continue
@@ -1481,10 +1471,8 @@ def _follow_items(program: Program, flow: Flow, forms: Forms, use: cst.Name, nam
         return False
     found = []
     for read in flow.loads.get(item, []):
-        if _loop_target(flow, read):
-            continue
         around = _readback_around(flow, forms, read, item)
-        if around is None or not any(a is loop for a in ancestors(flow, read)):
+        if around is None or not any(a is loop for a in flow.ancestors(read)):
             return False
         found.append(around)
     why = f"a readback of device 0 deleted: the values of `{name}` are the same on every device"
@@ -1636,7 +1624,7 @@ def _follow_flattened(
         )
         raise NotVisible(why, Decline.RESULT_VARIES)
     for use in reached:  # not the argument's value, nor the flat value `r = r.reshape(-1)` binds
-        around = list(ancestors(flow, use))[:6]  # `r.reshape(...)`, `r` in its shape too
+        around = list(flow.ancestors(use))[:6]  # `r.reshape(...)`, `r` in its shape too
         node = next(
             (a for a in around if isinstance(a, cst.Call) and _flattening(forms, a, name)),
             None,
@@ -1809,9 +1797,9 @@ def _read_at_once(
     program.edits[node_id] = lambda updated: _at(updated, read)
 
 
-def _before(flow: Flow, binding: cst.CSTNode, calls: list[_StepCall]) -> bool:
-    """Return True for a binding before the first call (an argument's plain value)."""
-    return flow.order[id(binding)] < min(flow.order[id(c.assign)] for c in calls)
+def _after_a_call(flow: Flow, binding: cst.CSTNode, calls: list[_StepCall]) -> bool:
+    """Whether a call of the step may run before `binding` (else: an argument's plain value)."""
+    return flow.ran_before(binding, [c.assign for c in calls])
 
 
 def _readback_around(
