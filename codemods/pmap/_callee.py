@@ -27,7 +27,6 @@ from collections.abc import Callable
 
 import libcst as cst
 
-from ._body import Defs
 from ._flow import (
     INLINE,
     _check_closure,
@@ -45,6 +44,7 @@ from ._flow import (
 from ._forms import Qualname, single_name
 from ._program import Decline, NotVisible, Program
 from ._reach import Flow
+from ._summary import ModuleFacts
 
 
 def called_nested(
@@ -79,10 +79,9 @@ def follow_passed(
     body: cst.FunctionDef,
     qualname: Qualname,
     siblings: tuple[str, ...],
-    defs: Defs,
+    facts: ModuleFacts,
     local: cst.CSTNode | None,
     unnamed: cst.BaseExpression,
-    constants: dict[str, str],
     called_once: Callable[[cst.FunctionDef, cst.Call], bool],
 ) -> Program:
     """Return the caller's program of a step `statement` makes in `host` and only passes to a
@@ -98,7 +97,7 @@ def follow_passed(
     uses = [  # not the pmap's own `f` of `f = jax.pmap(f, ...)` (brax's trainers)
         u for u in flow.loads.get(step, []) if all(a is not statement for a in flow.ancestors(u))
     ]
-    found = [passed_to(flow, use, defs) for use in uses]
+    found = [passed_to(flow, use, facts.defs) for use in uses]
     if why.code is Decline.CALLED_NESTED:
         found = [called_nested(flow, uses, step, statement)]
     elif len(found) != 1 or found[0] is None or not called_once(found[0][1], found[0][0]):
@@ -106,11 +105,11 @@ def follow_passed(
     if found[0] is None:
         raise why
     call, callee, param, args = found[0]
-    options = options_of(pmap, qualname, unnamed, constants)
+    options = options_of(pmap, qualname, unnamed, facts.constants)
     caller = Program(host, statement, options.fun, options.axis, options.donate, [], None)
     caller.made = assign
-    sibling_calls(caller, flow, siblings, defs)
-    forms = forms_of(flow, qualname, defs)
+    sibling_calls(caller, flow, siblings, facts.defs)
+    forms = forms_of(flow, qualname, facts)
 
     def given(program: Program, name: str, position: int) -> str:
         """Lay out in the caller its argument for the callee's parameter `name`, passed to the
@@ -138,7 +137,7 @@ def follow_passed(
 
     try:
         others = tuple(p for p, v in args.items() if p != param and single_name(v) in siblings)
-        inner = analyze_calls(callee, param, options, body, qualname, defs, given, others)
+        inner = analyze_calls(callee, param, options, body, qualname, facts, given, others)
     except NotVisible as deeper:
         nested = why.code is Decline.CALLED_NESTED
         how = "called in the nested function" if nested else "passed to"

@@ -37,7 +37,7 @@ from ._reach import ENTRY, Flow, free_names, names_in, nodes_in, params_of
 from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
-from ._summary import bound_of
+from ._summary import NO_FACTS, ModuleFacts
 from ._summary import is_docstring as _is_docstring
 
 GET_METRICS = (row_named("get_metrics"),)
@@ -74,10 +74,9 @@ def analyze(
     body: cst.FunctionDef,
     qualname: Qualname,
     siblings: tuple[str, ...] = (),
-    defs: Defs | None = None,
+    facts: ModuleFacts = NO_FACTS,
     local: cst.CSTNode | None = None,
     unnamed: cst.BaseExpression | None = None,
-    constants: Mapping[str, str] | None = None,
 ) -> Program:
     """Return the program of a step made by `statement` in `host`; raise NotVisible for why not.
     `local`: the def of `host` itself, or the lambda, that `body` is (its inside is the body's,
@@ -85,15 +84,15 @@ def analyze(
 
     `siblings` are the other steps the function makes: results fed from one to another are
     replicated on both sides (each side checks its own: a result differing between devices is
-    read only flattened, an argument fed a result is not a batch). `defs`: the module's
-    functions by name, which the body may call."""
+    read only flattened, an argument fed a result is not a batch). `facts`: the module's
+    functions by name, which the body may call, its names bound to calls and strings."""
     assign = statement.body[0]
     if len(statement.body) != 1 or not isinstance(assign, cst.Assign) or assign.value is not pmap:
         raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
     step = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
     if step is None:
         raise unnamed_step(assign, host.name.value)
-    options = options_of(pmap, qualname, unnamed, constants)
+    options = options_of(pmap, qualname, unnamed, facts.constants)
     flow = Flow(host, skip=local)
     if id(statement) not in flow.parent:
         raise NotVisible("the step is not made in the function that calls it", Decline.MADE_OUTSIDE)
@@ -102,7 +101,7 @@ def analyze(
         raise NotVisible(
             f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
         )
-    program = _follow(host, flow, step, options, body, qualname, assign, siblings, defs, own)
+    program = _follow(host, flow, step, options, body, qualname, assign, siblings, facts, own)
     program.statement = statement
     if local is not None:
         _check_closure(program, body, flow)
@@ -115,7 +114,7 @@ def analyze_decorated(
     options: Options,
     qualname: Qualname,
     siblings: tuple[str, ...] = (),
-    defs: Defs | None = None,
+    facts: ModuleFacts = NO_FACTS,
 ) -> Program:
     """Return the program of a step a pmap decorator makes of `body`, a def in `host` that
     calls it; raise NotVisible for why not."""
@@ -127,7 +126,7 @@ def analyze_decorated(
         raise NotVisible(
             f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
         )
-    program = _follow(host, flow, step, options, body, qualname, body, siblings, defs)
+    program = _follow(host, flow, step, options, body, qualname, body, siblings, facts)
     program.statement = body
     if program.squeezed:
         raise NotVisible(
@@ -187,7 +186,7 @@ def analyze_calls(
     options: Options,
     body: cst.FunctionDef,
     qualname: Qualname,
-    defs: Defs | None = None,
+    facts: ModuleFacts = NO_FACTS,
     given: Callable[[Program, str, int], str] | None = None,
     siblings: tuple[str, ...] = (),
 ) -> Program:
@@ -198,7 +197,7 @@ def analyze_calls(
     flow = Flow(host)
     if step in flow.stores:
         raise NotVisible(f"`{step}` is bound in `{host.name.value}` too", Decline.REBOUND)
-    return _follow(host, flow, step, options, body, qualname, None, siblings, defs, given=given)
+    return _follow(host, flow, step, options, body, qualname, None, siblings, facts, given=given)
 
 
 def _follow(
@@ -210,7 +209,7 @@ def _follow(
     qualname: Qualname,
     maker: cst.Assign | cst.FunctionDef | None,
     siblings: tuple[str, ...] = (),
-    defs: Defs | None = None,
+    facts: ModuleFacts = NO_FACTS,
     own: cst.FunctionDef | None = None,
     given: Callable[[Program, str, int], str] | None = None,
 ) -> Program:
@@ -231,7 +230,7 @@ def _follow(
     body, passed, keywords = _signature(body, made, step)
     arity = len(body.params.params)
     fixed = _fixed_positions(options, passed)
-    forms = forms_of(flow, qualname, defs)
+    forms = forms_of(flow, qualname, facts)
     for (
         made_call
     ) in made:  # a call in a nested def or lambda runs when that is called: not followed
@@ -262,14 +261,14 @@ def _follow(
     program.made = maker
     program.calls = [c.call for c in calls]
     _keyword_calls(program, calls, keywords)
-    sibling_calls(program, flow, siblings, defs)
+    sibling_calls(program, flow, siblings, facts.defs)
     for position in range(arity):
         if position not in fixed:
             _follow_argument(program, flow, forms, calls, position)
     if program.squeezed or keywords:
         _check_lambda(program, flow)
     outputs = body_outputs(
-        body, program.batches, options.literal, qualname, defs or {}, options.spellings
+        body, program.batches, options.literal, qualname, facts.defs, options.spellings
     )
     program.outputs, program.varying = outputs
     read = set().union(*program.arithmetic.values())
@@ -300,9 +299,7 @@ def _follow(
     return program
 
 
-def sibling_calls(
-    program: Program, flow: Flow, siblings: tuple[str, ...], defs: Defs | None
-) -> None:
+def sibling_calls(program: Program, flow: Flow, siblings: tuple[str, ...], defs: Defs) -> None:
     """Record the calls of the other steps `siblings` of the function: the statements binding
     their results and the values they are passed (fed to those steps: checked there), also
     through a def of the module a sibling is passed to (`passed_feeds`)."""
@@ -313,7 +310,7 @@ def sibling_calls(
                 program.sibling_feeds |= {id(a.value) for a in other.args}
                 program.siblings.add(id(flow.parent.get(id(other))))
             else:
-                program.sibling_feeds |= passed_feeds(flow, use, defs or {})
+                program.sibling_feeds |= passed_feeds(flow, use, defs)
 
 
 def bound_arguments(
@@ -385,13 +382,13 @@ def _passed_to_step(flow: Flow, use: cst.Name, step: str) -> bool:
     )
 
 
-def forms_of(flow: Flow, qualname: Qualname, defs: Defs | None) -> Forms:
+def forms_of(flow: Flow, qualname: Qualname, facts: ModuleFacts) -> Forms:
     """The known forms (replications, splits, readbacks) as `flow`'s function spells them."""
-    bound = {name: v for name, v in bound_of(defs).items() if name not in flow.stores}
+    bound = {name: v for name, v in facts.calls.items() if name not in flow.stores}
     return Forms(
         qualname,
         lambda node: is_device_count(node, flow, qualname),
-        {name: d for name, d in (defs or {}).items() if name not in flow.stores},
+        {name: d for name, d in facts.defs.items() if name not in flow.stores},
         lambda name: _named_lambda(flow, name),
         bound=bound,
     )

@@ -15,6 +15,7 @@ from ._flow import Options, analyze_calls, keywords_in_place
 from ._forms import Qualname, single_name
 from ._program import Decline, NotVisible, Program
 from ._reach import Flow
+from ._summary import ModuleFacts
 
 SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
 
@@ -82,8 +83,9 @@ def follow_step(step: OuterStep, flow: Flow, module: cst.Module, qualname: Qualn
         if host is step.body:
             raise NotVisible(f"`{step.name}` calls itself", Decline.NOT_CALLED)
         defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
+        facts = ModuleFacts(defs)  # (the module's names bound to calls: not read here)
         step.programs.append(
-            analyze_calls(host, step.name, step.options, step.body, qualname, defs)
+            analyze_calls(host, step.name, step.options, step.body, qualname, facts)
         )
     first = step.programs[0]
     if any(p.squeezed for p in step.programs):  # a decorator cannot wrap the body in a lambda

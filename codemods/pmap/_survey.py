@@ -36,7 +36,7 @@ from ._outer import (
 from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
 from ._reach import Flow, free_names, names_in, nodes_in
 from ._stored import returned_into_self, stored_on_self
-from ._summary import ModuleDefs, is_mean
+from ._summary import ModuleFacts, is_mean
 
 PMAP = "jax.pmap"
 PARTIAL = "functools.partial"
@@ -628,16 +628,16 @@ class Finding(Pass):
             assert isinstance(assign, cst.Assign)
             options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants())
             raise stored_on_self(klass, host, assign, options, body, self.qualname)
-        module_defs = self._module_defs(module, host)
-        details = (host, statement, site.node, body, self.qualname, siblings, module_defs, skip)
-        unnamed, constants = self._unnamed(), self.survey.constants()
+        facts = self._facts(module, host)
+        details = (host, statement, site.node, body, self.qualname, siblings, facts, skip)
+        unnamed = self._unnamed()
         try:
-            program = analyze(*details, unnamed, constants)
+            program = analyze(*details, unnamed)
         except NotVisible as why:  # passed to a def of the module: followed there (`_callee`)
             if why.code not in (Decline.NOT_CALLED_ONLY, Decline.CALLED_NESTED):
                 raise
             called_once = lambda d, c: self._called_once(flow, d, c)
-            program = follow_passed(why, *details, unnamed, constants, called_once)
+            program = follow_passed(why, *details, unnamed, called_once)
         return host, self._checked(module, host, program, flow, statement)
 
     def _called_once(self, flow: Flow, callee: cst.FunctionDef, call: cst.Call) -> bool:
@@ -691,9 +691,9 @@ class Finding(Pass):
                 )
             raise NotVisible(why, Decline.MADE_OUTSIDE)
         options = self._decorator_options(site.node, body)
-        module_defs = self._module_defs(module, host)
+        facts = self._facts(module, host)
         try:
-            program = analyze_decorated(host, body, options, self.qualname, siblings, module_defs)
+            program = analyze_decorated(host, body, options, self.qualname, siblings, facts)
         except NotVisible as why:  # `return step` from a factory stored on self: what blocks
             deeper = None
             if why.code is Decline.NOT_CALLED_ONLY:
@@ -729,9 +729,9 @@ class Finding(Pass):
             name, args, self.qualname, positional_axis=False, unnamed=unnamed, constants=constants
         )
 
-    def _module_defs(self, module: cst.Module, host: cst.FunctionDef) -> dict[str, cst.FunctionDef]:
+    def _facts(self, module: cst.Module, host: cst.FunctionDef) -> ModuleFacts:
         """The defs of the module that nothing else binds (by name), and those of `host`, which
-        hide the module's."""
+        hide the module's; its names bound to calls and strings."""
         assert self.survey is not None
         found = {
             d.name.value: d
@@ -740,7 +740,7 @@ class Finding(Pass):
         }
         if isinstance(host.body, cst.IndentedBlock):
             found |= {d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)}
-        return ModuleDefs(found, self.survey.calls())
+        return ModuleFacts(found, self.survey.calls(), self.survey.constants())
 
     def _not_a_def(self, pmap: cst.CSTNode, name: str) -> str:
         """Why the function `pmap` maps is not a def this form reads."""
