@@ -33,7 +33,7 @@ from ._layout import (
     row_named,
 )
 from ._program import COPY, DECORATORS, NOT_NAMED, Decline, NotVisible, Program
-from ._reach import ENTRY, Flow, free_names, names_in, nodes_in, params_of
+from ._reach import ENTRY, SCOPES, Flow, free_names, names_in, nodes_in, params_of
 from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
@@ -46,7 +46,6 @@ ENTRY_ONLY = frozenset({ENTRY})
 INLINE = "?"  # an argument passed as an expression, not a name: `step(state, shard(batch))`
 KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
 PARTIAL = "functools.partial"
-SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
 
 
 @dataclass
@@ -122,7 +121,7 @@ def analyze_decorated(
         raise NotVisible(DECORATORS, Decline.DECORATORS)
     step = body.name.value
     flow = Flow(host, skip=body)
-    if len(flow.stores.get(step, [])) != 1:
+    if flow.only(step) is None:
         raise NotVisible(
             f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
         )
@@ -248,15 +247,11 @@ def _follow(
     program.keywords, program.given = keywords, given
     program.helpers = {
         name
-        for name, stores in flow.stores.items()
-        if len(stores) == 1
-        and isinstance(stores[0], cst.Assign)
-        and len(stores[0].targets) == 1
+        for name in flow.stores
+        if (value := flow.value(name)) is not None
+        and len(flow.only(name).targets) == 1  # type: ignore[union-attr]
         and flow.loads.get(name)
-        and (
-            isinstance(stores[0].value, cst.Lambda)
-            or is_device_count(stores[0].value, flow, qualname)
-        )
+        and (isinstance(value, cst.Lambda) or is_device_count(value, flow, qualname))
     }
     program.made = maker
     program.calls = [c.call for c in calls]
@@ -446,7 +441,7 @@ def read_options(
     for i, arg in enumerate(args):
         positional = "axis_name" if i == 0 and positional_axis else None
         keyword = arg.keyword.value if arg.keyword else positional
-        if keyword == "devices" and _all_devices(arg.value, qualname):
+        if keyword == "devices" and all_devices(arg.value, qualname):
             continue  # pmap's default: every device of the job, in order (the mesh's)
         if keyword not in KEYWORDS or arg.star:
             why = f"pmap's `{keyword or 'argument'}` is not taken by this form yet"
@@ -473,7 +468,7 @@ def read_options(
     return options
 
 
-def _all_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
+def all_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
     """`jax.devices()`: the devices pmap maps over by default (`jax.local_devices()` is not: on a
     multi-process job its collectives would span this process's devices only)."""
     return isinstance(node, cst.Call) and not node.args and qualname(node.func) == "jax.devices"
@@ -705,8 +700,7 @@ def _slot_values(call: cst.Call, body: cst.FunctionDef) -> list[cst.BaseExpressi
 
 def _named_lambda(flow: Flow, name: str) -> cst.Lambda | None:
     """The lambda `name` is bound to, when that is its only binding in the function."""
-    stores = flow.stores.get(name, [])
-    value = stores[0].value if len(stores) == 1 and isinstance(stores[0], cst.Assign) else None
+    value = flow.value(name)
     return value if isinstance(value, cst.Lambda) else None
 
 
@@ -890,8 +884,7 @@ def _binding_text(name: str, binding: cst.CSTNode, flow: Flow, qualname: Qualnam
     if isinstance(source, cst.Call) and code(source.func) in ("zip", "enumerate") and source.args:
         source = source.args[-1].value  # the batches: `zip(range(...), it)`, `enumerate(it)`
     text = f"`{name}`, a loop variable over `{_short(source)}`"
-    stores = flow.stores.get(source.value, []) if isinstance(source, cst.Name) else []
-    made = stores[0].value if len(stores) == 1 and isinstance(stores[0], cst.Assign) else None
+    made = flow.value(source.value) if isinstance(source, cst.Name) else None
     if isinstance(made, cst.Call):
         where = qualname(made.func)
         text += f" = `{_short(made)}`" + (f" (`{where}`)" if where and "." in where else "")
@@ -1032,8 +1025,7 @@ def _generated_batches(
         return False
     if any(single_name(v.func) != "next" for v in values):  # type: ignore[attr-defined]
         return False
-    made = flow.stores.get(it, [])
-    binding = made[0] if len(made) == 1 else None
+    binding = flow.only(it)
     if not isinstance(binding, cst.Assign) or not isinstance(binding.value, cst.Call):
         return False
     if any(flow.reach.of(a[0]) != {binding} for a in args if a):  # type: ignore[arg-type]
@@ -1042,13 +1034,10 @@ def _generated_batches(
     if {id(use) for use in flow.loads.get(it, [])} != nexts:
         return False  # `it` read other than by the step's `next(it)`
     gen = single_name(binding.value.func)
-    defs = flow.stores.get(gen or "", [])
-    generator = defs[0] if len(defs) == 1 else None
+    generator = flow.only(gen)
     if not isinstance(generator, cst.FunctionDef) or generator.decorators or generator.asynchronous:
         return False
-    if [u for u in flow.loads.get(gen or "", []) if u is not generator.name] != [
-        binding.value.func
-    ]:
+    if flow.loads.get(gen or "") != [binding.value.func]:
         return False  # called elsewhere too: those batches are not the step's
     edits = _yielded_splits(generator, flow, forms)
     if edits is None:
@@ -1133,8 +1122,7 @@ def _named_splits(program: Program, flow: Flow, forms: Forms, value: cst.BaseExp
         if forms.shard_source(item) is not None:
             continue
         name = single_name(item)
-        stores = flow.stores.get(name, []) if name is not None else []
-        binding = stores[0] if len(stores) == 1 else None
+        binding = flow.only(name)
         if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
             return False
         source = forms.shard_source(binding.value)
@@ -1286,9 +1274,8 @@ def _mean_of_unknown(
     value itself only for equal copies, and whether they are is that value's layout, which
     comes from the callers (AlgoPerf's batch norm statistics, per device, come from the
     submission's `update_params`)."""
-    stores = flow.stores.get(step, [])
-    made = stores[0] if len(stores) == 1 and isinstance(stores[0], cst.Assign) else None
-    found = forms.transfer(call.with_changes(func=made.value), MEANS) if made else None
+    made = flow.value(step)
+    found = forms.transfer(call.with_changes(func=made), MEANS) if made else None
     source = found.source if found is not None else None
     root = source if isinstance(source, cst.Name) else field_root(source) if source else None
     if found is None or root is None or ENTRY not in flow.reach.of(root):

@@ -23,7 +23,7 @@ from ._layout import (
     rows,
 )
 from ._reach import Flow
-from ._summary import Summaries, Values, called_value
+from ._summary import Summaries, Values, called_value, counts_devices
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 
@@ -39,7 +39,6 @@ REPLICATIONS = rows(Role.PRODUCER, Layout.REPLICAS)
 SPLITS = rows(Role.PRODUCER, Layout.PER_DEVICE)
 KEY_SPLITS = rows(Role.PRODUCER, Layout.KEYS)
 READBACKS = tuple(r for r in TRANSFERS if r.name in ("unreplicate", "index"))
-DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
 
 
 def target_names(target: cst.BaseExpression) -> list[str]:
@@ -326,7 +325,7 @@ def is_device_count(
     mesh of the program-level form spans every device.
     """
     if isinstance(node, cst.Call):
-        return not node.args and qualname(node.func) in DEVICE_COUNTS
+        return counts_devices(node, qualname)
     name = single_name(node)
     if name is None or name in seen:  # `n = n`, or names bound to each other
         return False

@@ -11,13 +11,11 @@ import libcst as cst
 
 from jaxmigrate.toolkit.emit import code
 
-from ._flow import Options, analyze_calls, keywords_in_place
+from ._flow import Options, all_devices, analyze_calls, keywords_in_place
 from ._forms import Qualname, single_name
 from ._program import Decline, NotVisible, Program
-from ._reach import Flow
+from ._reach import SCOPES, Flow
 from ._summary import ModuleFacts
-
-SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
 
 MESH = "jax.sharding.Mesh"
 MAKE_MESH = frozenset({"jax.make_mesh", "jax.sharding.make_mesh"})
@@ -229,7 +227,7 @@ def mesh_kind(node: cst.BaseExpression, axis: cst.BaseExpression, qualname: Qual
 def _all_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
     if isinstance(node, cst.Call) and qualname(node.func) in ARRAYS and len(node.args) == 1:
         node = node.args[0].value
-    return isinstance(node, cst.Call) and qualname(node.func) == "jax.devices" and not node.args
+    return all_devices(node, qualname)
 
 
 def _one_axis(node: cst.BaseExpression, axis: cst.BaseExpression) -> bool:

@@ -28,6 +28,7 @@ from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
 N = TypeVar("N")
 ENTRY = cst.Name("__entry__")  # the value a name has when the function starts
+SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)  # where a step may be made and called
 MARK = "\0mark"  # bound by the statements `Reach` is given as `marks`: they may have run
 
 Bindings = frozenset[cst.CSTNode]
@@ -445,6 +446,16 @@ class Flow:
     def reach(self) -> Reach:
         assert isinstance(self.host, cst.FunctionDef)
         return Reach(self.host.body, self.skip)
+
+    def only(self, name: str | None) -> cst.CSTNode | None:
+        """The one binding of `name` in the function, else None."""
+        stores = self.stores.get(name or "", [])
+        return stores[0] if len(stores) == 1 else None
+
+    def value(self, name: str | None) -> cst.BaseExpression | None:
+        """The value of `name = value` when that is `name`'s one binding, else None."""
+        only = self.only(name)
+        return only.value if isinstance(only, cst.Assign) else None
 
     def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         """The nodes around `node`, innermost first."""

@@ -63,7 +63,7 @@ def summarize(
     counted = {
         n.target.value
         for a in smalls[:-1]
-        if isinstance(a[0], cst.Assign) and _counts_devices(a[0].value, qualname)
+        if isinstance(a[0], cst.Assign) and counts_devices(a[0].value, qualname)
         for n in a[0].targets
         if isinstance(n.target, cst.Name) and n.target.value not in names
     }
@@ -74,7 +74,7 @@ def summarize(
     def counts(node: cst.BaseExpression) -> bool:
         if isinstance(node, cst.Name):
             return node.value in counted or node.value in names
-        return _counts_devices(node, qualname)
+        return counts_devices(node, qualname)
 
     seen = {k: v for k, v in (values or {}).items() if k not in names and k not in counted}
     value = called_value(last.value, seen)  # a module name the helper does not shadow
@@ -202,7 +202,7 @@ def _field_carried(node: cst.BaseExpression, qualname: Qualname, values: Values)
     return Match(found.row, {found.row.source: cst.Name(owner), "value": node})
 
 
-def _counts_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
+def counts_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
     return isinstance(node, cst.Call) and not node.args and qualname(node.func) in DEVICE_COUNTS
 
 

@@ -34,7 +34,7 @@ from ._outer import (
     setup_function,
 )
 from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
-from ._reach import Flow, free_names, names_in, nodes_in
+from ._reach import SCOPES, Flow, free_names, names_in, nodes_in
 from ._stored import returned_into_self, stored_on_self
 from ._summary import ModuleFacts, is_mean
 
@@ -46,7 +46,6 @@ KEYWORDS = frozenset(
     {"in_axes", "out_axes", "static_broadcasted_argnums", "donate_argnums"}
     | {"devices", "backend", "axis_size"}
 )
-SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)  # where a step may be made and called
 
 
 class NotMigrated(Exception):
@@ -233,7 +232,7 @@ def called_here(
         return None
     name = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
     flow = Flow(host)
-    if name is None or len(flow.stores.get(name, [])) != 1:
+    if name is None or flow.only(name) is None:
         return None
     axes = [_axis_called(flow, use) for use in flow.loads.get(name, [])]
     literal = {a.evaluated_value if a is not None else None for a in axes}
