@@ -15,7 +15,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 from conftest import FIXTURES
-from jaxmigrate.codemods.pmap import _forms
+from jaxmigrate.codemods.pmap import _reach
 
 from jaxmigrate.model import Options
 from jaxmigrate.pipeline import project
@@ -32,15 +32,15 @@ FILLER = "".join(
 
 @pytest.fixture
 def module_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[cst.CSTNode]]:
-    """The nodes the pmap pass's `Parents` reads whole, in the order it reads them."""
+    """The nodes the pmap pass's `Flow` reads whole, in the order it reads them."""
     read: list[cst.CSTNode] = []
-    original = _forms.Parents.read
+    original = _reach.walk_in_order
 
-    def recording(self: _forms.Parents, node: cst.CSTNode) -> _forms.Parents:
+    def recording(visitor: cst.CSTVisitor, node: cst.CSTNode) -> None:
         read.append(node)
-        return original(self, node)
+        original(visitor, node)
 
-    monkeypatch.setattr(_forms.Parents, "read", recording)
+    monkeypatch.setattr(_reach, "walk_in_order", recording)
     yield read
 
 

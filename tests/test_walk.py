@@ -1,8 +1,8 @@
 """The fast read-only walks (`toolkit.names`) against libcst's own `visit`.
 
 `walk_in_order` must meet the same nodes as `node.visit(visitor)`, punctuation and whitespace
-aside, in the same order: the pmap pass's `Parents` numbers the nodes it meets and follows
-bindings in that order, and reads whole modules with it (libcst's `visit` rebuilds every node it
+aside, in the same order: the pmap pass's `Flow` lists the names it meets in that order (the
+reads of a name, in the order of the text), and reads whole modules with it (libcst's `visit` rebuilds every node it
 passes, half of all the time a dry run spent over JAX's sources).
 """
 

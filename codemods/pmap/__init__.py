@@ -31,82 +31,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 
-def shard_map_per_device(
-    f, *, axis_name, in_specs, out_specs, devices=None, backend=None, **jit_options
-):
-    \"\"\"Run `f` as `jax.pmap` does, in `jax.jit`: one call per device, on its slice.\"\"\"
-    import weakref
-
-    # As pmap's cache: the same `f` and options, the same jitted function
-    # (a pmap made in the function that calls it compiles once, not per call).
-    options = (axis_name, in_specs, out_specs, backend)
-    options += (devices and tuple(devices), *sorted(jit_options.items()))
-    made = vars(shard_map_per_device).setdefault("made", weakref.WeakKeyDictionary())
-    try:
-        return made[f][options]
-    except (KeyError, TypeError):  # TypeError: an `f` or options that cannot be keys
-        pass
-    names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
-    specs = (in_specs, P(*names))  # pmap maps keyword arguments over their leading axis
-
-    def at_mapped_axes(specs, tree, fn):  # fn(leaf, axes) on each leaf its spec maps
-        def under(spec, subtree):
-            axes = tuple(tuple(spec).index(n) for n in names if n in (spec or ()))
-            return jax.tree.map(lambda x: fn(x, axes), subtree) if axes else subtree
-
-        return jax.tree.map(under, specs, tree, is_leaf=lambda s: s is None)
-
-    def per_device(args, kwargs):
-        args, kwargs = at_mapped_axes(specs, (args, kwargs), jax.lax.squeeze)
-        return at_mapped_axes(out_specs, f(*args, **kwargs), jax.lax.expand_dims)
-
-    def mesh_of(args, kwargs, processes):  # pmap's: the first devices, by process
-        sizes = []
-        at_mapped_axes(
-            specs, (args, kwargs), lambda x, ax: sizes.append([x.shape[a] for a in ax])
-        )
-        shape = [sizes[0][0] * processes, *sizes[0][1:]]
-        pool = jax.devices(backend) if devices is None else devices
-        pool = sorted(pool, key=lambda d: d.process_index)
-        return jax.sharding.Mesh(np.reshape(pool[: np.prod(shape)], shape), names)
-
-    def on_devices(*args, **kwargs):  # runs when jax.jit traces: devices are found then
-        mesh = mesh_of(args, kwargs, 1)
-        # check_vma=False as in pmap: True would sum the gradients of replicated values
-        return jax.shard_map(
-            per_device, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False
-        )(args, kwargs)
-
-    jitted = jax.jit(on_devices, **jit_options)
-
-    def call(*args, **kwargs):
-        processes = jax.process_count(backend)
-        if processes == 1:
-            return jitted(*args, **kwargs)
-        # As pmap: each process passes its own devices' slices, and gets its own back.
-        from jax.experimental import multihost_utils as hosts
-
-        def to_global(spec, tree):  # Python scalars stay: jax.jit takes them as given
-            def put(x):
-                return hosts.host_local_array_to_global_array(x, mesh, spec)
-
-            return jax.tree.map(lambda x: put(x) if hasattr(x, "shape") else x, tree)
-
-        mesh = mesh_of(args, kwargs, processes)
-        args, kwargs = jax.tree.map(
-            lambda s, t: t if s is None else to_global(s, t),
-            specs,
-            (args, kwargs),
-            is_leaf=lambda s: s is None,
-        )
-        out = jitted(*args, **kwargs)
-        return hosts.global_array_to_host_local_array(out, mesh, out_specs)
-
-    try:
-        made.setdefault(f, {})[options] = call
-    except TypeError:
-        pass
-    return call
+<the helper: `_faithful.helper_text()`, filled in below>
 
 
 @functools.partial(
@@ -422,11 +347,16 @@ from jaxmigrate.toolkit.names import dotted, walk
 from jaxmigrate.toolkit.scope import ScopeModel
 
 from ._dead import drop_dead_helpers
-from ._faithful import Faithful
-from ._forms import names_in
+from ._faithful import Faithful, helper_text
 from ._outer import OuterGroup, OuterStep
 from ._program import Program, edit_owners, rewrite_host
+from ._reach import names_in
 from ._survey import HELPER, PMAP, PmapUse, Survey, fun_arg
+
+# The helper in the example, as the rule writes it (the text is `_faithful.HELPER_SOURCE`'s).
+__doc__ = (__doc__ or "").replace(
+    "<the helper: `_faithful.helper_text()`, filled in below>", helper_text().rstrip("\n")
+)
 
 PROGRAM_MESSAGE = (
     "`jax.pmap` -> `jax.jit(jax.shard_map(...))` over the flat data (program-level): replicated "

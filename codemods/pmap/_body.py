@@ -20,9 +20,9 @@ import libcst as cst
 
 from jaxmigrate.toolkit.emit import code
 
-from ._forms import TREE_MAP, Parents, Qualname, names_in, target_names
+from ._forms import TREE_MAP, Qualname, target_names
 from ._program import Decline, NotVisible
-from ._reach import Reach, nodes_in
+from ._reach import Flow, Reach, names_in, nodes_in
 
 REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin", "all_gather")})
 PER_DEVICE = frozenset(
@@ -82,9 +82,7 @@ def body_outputs(
 
 def _run(reader: _Reader, body: cst.FunctionDef, start: set[str]) -> None:
     """Read `body`, its parameters `start` differing between devices."""
-    bound = Parents()
-    body.visit(bound)
-    reader.local = set(bound.stores) - {body.name.value}
+    reader.local = set(Flow(body).stores)
     reader.reach = Reach(body.body)
     if not isinstance(body.body, cst.IndentedBlock) or not _ends_in_return(body.body.body):
         raise NotVisible("the body does not end in a return", Decline.BODY)

@@ -27,10 +27,8 @@ from collections.abc import Callable
 
 import libcst as cst
 
-from ._body import Defs
 from ._flow import (
     INLINE,
-    Flow,
     _check_closure,
     _check_lambda,
     _follow_argument,
@@ -43,9 +41,10 @@ from ._flow import (
     passed_to,
     sibling_calls,
 )
-from ._forms import Qualname, ancestors, single_name
-from ._outer import reads
+from ._forms import Qualname, single_name
 from ._program import Decline, NotVisible, Program
+from ._reach import Flow
+from ._summary import ModuleFacts
 
 
 def called_nested(
@@ -64,7 +63,7 @@ def called_nested(
     if found not in lines or statement not in lines[: lines.index(found)]:
         return None  # a call of `inner` may come before the step is made
     name = found.name.value
-    uses = reads(flow, name)
+    uses = flow.loads.get(name, [])
     call = flow.parent.get(id(uses[0])) if len(uses) == 1 else None
     if flow.stores.get(name) != [found] or not isinstance(call, cst.Call):
         return None
@@ -80,10 +79,9 @@ def follow_passed(
     body: cst.FunctionDef,
     qualname: Qualname,
     siblings: tuple[str, ...],
-    defs: Defs,
+    facts: ModuleFacts,
     local: cst.CSTNode | None,
     unnamed: cst.BaseExpression,
-    constants: dict[str, str],
     called_once: Callable[[cst.FunctionDef, cst.Call], bool],
 ) -> Program:
     """Return the caller's program of a step `statement` makes in `host` and only passes to a
@@ -97,9 +95,9 @@ def follow_passed(
     if step is None:
         raise why
     uses = [  # not the pmap's own `f` of `f = jax.pmap(f, ...)` (brax's trainers)
-        u for u in flow.loads.get(step, []) if all(a is not statement for a in ancestors(flow, u))
+        u for u in flow.loads.get(step, []) if all(a is not statement for a in flow.ancestors(u))
     ]
-    found = [passed_to(flow, use, defs) for use in uses]
+    found = [passed_to(flow, use, facts.defs) for use in uses]
     if why.code is Decline.CALLED_NESTED:
         found = [called_nested(flow, uses, step, statement)]
     elif len(found) != 1 or found[0] is None or not called_once(found[0][1], found[0][0]):
@@ -107,11 +105,11 @@ def follow_passed(
     if found[0] is None:
         raise why
     call, callee, param, args = found[0]
-    options = options_of(pmap, qualname, unnamed, constants)
+    options = options_of(pmap, qualname, unnamed, facts.constants)
     caller = Program(host, statement, options.fun, options.axis, options.donate, [], None)
-    caller.made_at = flow.order[id(statement)]
-    sibling_calls(caller, flow, siblings, defs)
-    forms = forms_of(flow, qualname, defs)
+    caller.made = assign
+    sibling_calls(caller, flow, siblings, facts.defs)
+    forms = forms_of(flow, qualname, facts)
 
     def given(program: Program, name: str, position: int) -> str:
         """Lay out in the caller its argument for the callee's parameter `name`, passed to the
@@ -139,7 +137,7 @@ def follow_passed(
 
     try:
         others = tuple(p for p, v in args.items() if p != param and single_name(v) in siblings)
-        inner = analyze_calls(callee, param, options, body, qualname, defs, given, others)
+        inner = analyze_calls(callee, param, options, body, qualname, facts, given, others)
     except NotVisible as deeper:
         nested = why.code is Decline.CALLED_NESTED
         how = "called in the nested function" if nested else "passed to"
@@ -150,7 +148,7 @@ def follow_passed(
     caller.params, caller.keywords = inner.params, inner.keywords
     caller.callees = [inner]
     if caller.squeezed or caller.keywords:
-        _check_lambda(caller, flow)
+        _check_lambda(caller, flow, [call])
     if local is not None:
         _check_closure(caller, body, flow)
     return caller

@@ -141,13 +141,20 @@ they import no package of their code base, and their folder is first on `sys.pat
 run (`python script.py`, pytest), so the helper sits beside them."""
 
 
+def helper_text(style: Style | None = None) -> str:
+    """The helper's text in canonical spelling (`jax`, `np`, `P`), in `style`."""
+    style = style or Style()
+    return fit_lines(
+        style.reindent(HELPER_SOURCE.format(doc=HELPER_DOC, jax="jax", np="np", P="P")), style
+    )
+
+
 def shared_source(home: Home | None = None, style: Style | None = None) -> str:
     """Return the text of the project module holding the helper, in canonical spelling and in
     `style` (the code base's indentation and line length): the docstring says why the module is
     where it is (the main package, a package, beside scripts)."""
     style = style or Style()
-    helper = HELPER_SOURCE.format(doc=HELPER_DOC, jax="jax", np="np", P="P")
-    helper = fit_lines(style.reindent(helper), style)
+    helper = helper_text(style)
     imports = "import jax\nimport numpy as np\nfrom jax.sharding import PartitionSpec as P\n"
     where = IN_PACKAGE if home is None or home.main else IN_OWN if home.package else BESIDE
     doc = "\n\n".join(

@@ -13,15 +13,11 @@ from jaxmigrate.toolkit.emit import code
 from ._body import Defs, body_outputs
 from ._forms import (
     Forms,
-    Parents,
     Qualname,
-    ancestors,
     field_root,
     field_top,
     flattens,
-    free_names,
     is_device_count,
-    names_in,
     positional,
     single_name,
     target_names,
@@ -37,28 +33,19 @@ from ._layout import (
     row_named,
 )
 from ._program import COPY, DECORATORS, NOT_NAMED, Decline, NotVisible, Program
-from ._reach import ENTRY, Reach, nodes_in, params_of
+from ._reach import ENTRY, SCOPES, Flow, free_names, names_in, nodes_in, params_of
 from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
-from ._summary import bound_of
+from ._summary import NO_FACTS, ModuleFacts
 from ._summary import is_docstring as _is_docstring
 
 GET_METRICS = (row_named("get_metrics"),)
 MEANS = (row_named("cross_device_mean"),)
+ENTRY_ONLY = frozenset({ENTRY})
 INLINE = "?"  # an argument passed as an expression, not a name: `step(state, shard(batch))`
 KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
 PARTIAL = "functools.partial"
-SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
-
-
-class Flow(Parents):
-    """Where each name of a function is bound and read, and which bindings reach each read."""
-
-    def __init__(self, host: cst.FunctionDef, skip: cst.CSTNode | None = None) -> None:
-        super().__init__(skip=skip)
-        host.body.visit(self)
-        self.reach = Reach(host.body, skip)
 
 
 @dataclass
@@ -86,10 +73,9 @@ def analyze(
     body: cst.FunctionDef,
     qualname: Qualname,
     siblings: tuple[str, ...] = (),
-    defs: Defs | None = None,
+    facts: ModuleFacts = NO_FACTS,
     local: cst.CSTNode | None = None,
     unnamed: cst.BaseExpression | None = None,
-    constants: Mapping[str, str] | None = None,
 ) -> Program:
     """Return the program of a step made by `statement` in `host`; raise NotVisible for why not.
     `local`: the def of `host` itself, or the lambda, that `body` is (its inside is the body's,
@@ -97,25 +83,24 @@ def analyze(
 
     `siblings` are the other steps the function makes: results fed from one to another are
     replicated on both sides (each side checks its own: a result differing between devices is
-    read only flattened, an argument fed a result is not a batch). `defs`: the module's
-    functions by name, which the body may call."""
+    read only flattened, an argument fed a result is not a batch). `facts`: the module's
+    functions by name, which the body may call, its names bound to calls and strings."""
     assign = statement.body[0]
     if len(statement.body) != 1 or not isinstance(assign, cst.Assign) or assign.value is not pmap:
         raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
     step = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
     if step is None:
         raise unnamed_step(assign, host.name.value)
-    options = options_of(pmap, qualname, unnamed, constants)
+    options = options_of(pmap, qualname, unnamed, facts.constants)
     flow = Flow(host, skip=local)
-    if id(statement) not in flow.order:
+    if id(statement) not in flow.parent:
         raise NotVisible("the step is not made in the function that calls it", Decline.MADE_OUTSIDE)
     own = local if isinstance(local, cst.FunctionDef) and local.name.value == step else None
     if [s for s in flow.stores.get(step, []) if s is not own] != [assign]:
         raise NotVisible(
             f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
         )
-    made_at = flow.order[id(statement)]
-    program = _follow(host, flow, step, options, body, qualname, made_at, siblings, defs, own)
+    program = _follow(host, flow, step, options, body, qualname, assign, siblings, facts, own)
     program.statement = statement
     if local is not None:
         _check_closure(program, body, flow)
@@ -128,7 +113,7 @@ def analyze_decorated(
     options: Options,
     qualname: Qualname,
     siblings: tuple[str, ...] = (),
-    defs: Defs | None = None,
+    facts: ModuleFacts = NO_FACTS,
 ) -> Program:
     """Return the program of a step a pmap decorator makes of `body`, a def in `host` that
     calls it; raise NotVisible for why not."""
@@ -136,12 +121,11 @@ def analyze_decorated(
         raise NotVisible(DECORATORS, Decline.DECORATORS)
     step = body.name.value
     flow = Flow(host, skip=body)
-    if len(flow.stores.get(step, [])) != 1:
+    if flow.only(step) is None:
         raise NotVisible(
             f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
         )
-    made_at = flow.order[id(body)]
-    program = _follow(host, flow, step, options, body, qualname, made_at, siblings, defs)
+    program = _follow(host, flow, step, options, body, qualname, body, siblings, facts)
     program.statement = body
     if program.squeezed:
         raise NotVisible(
@@ -201,7 +185,7 @@ def analyze_calls(
     options: Options,
     body: cst.FunctionDef,
     qualname: Qualname,
-    defs: Defs | None = None,
+    facts: ModuleFacts = NO_FACTS,
     given: Callable[[Program, str, int], str] | None = None,
     siblings: tuple[str, ...] = (),
 ) -> Program:
@@ -212,7 +196,7 @@ def analyze_calls(
     flow = Flow(host)
     if step in flow.stores:
         raise NotVisible(f"`{step}` is bound in `{host.name.value}` too", Decline.REBOUND)
-    return _follow(host, flow, step, options, body, qualname, -1, siblings, defs, given=given)
+    return _follow(host, flow, step, options, body, qualname, None, siblings, facts, given=given)
 
 
 def _follow(
@@ -222,13 +206,13 @@ def _follow(
     options: Options,
     body: cst.FunctionDef,
     qualname: Qualname,
-    made_at: int,
+    maker: cst.Assign | cst.FunctionDef | None,
     siblings: tuple[str, ...] = (),
-    defs: Defs | None = None,
+    facts: ModuleFacts = NO_FACTS,
     own: cst.FunctionDef | None = None,
     given: Callable[[Program, str, int], str] | None = None,
 ) -> Program:
-    """Follow every argument and result of the calls of `step` in `host` (made at `made_at`).
+    """Follow every argument and result of the calls of `step` in `host` (made by `maker`).
     `own`: the def `step = jax.pmap(step, ...)` maps (brax's trainers); its reads, the pmap's
     own, are not the step's, and a read that either may reach is not followed."""
     body = _unbound(body, options.bound)
@@ -245,7 +229,7 @@ def _follow(
     body, passed, keywords = _signature(body, made, step)
     arity = len(body.params.params)
     fixed = _fixed_positions(options, passed)
-    forms = forms_of(flow, qualname, defs)
+    forms = forms_of(flow, qualname, facts)
     for (
         made_call
     ) in made:  # a call in a nested def or lambda runs when that is called: not followed
@@ -263,27 +247,23 @@ def _follow(
     program.keywords, program.given = keywords, given
     program.helpers = {
         name
-        for name, stores in flow.stores.items()
-        if len(stores) == 1
-        and isinstance(stores[0], cst.Assign)
-        and len(stores[0].targets) == 1
+        for name in flow.stores
+        if (value := flow.value(name)) is not None
+        and len(flow.only(name).targets) == 1  # type: ignore[union-attr]
         and flow.loads.get(name)
-        and (
-            isinstance(stores[0].value, cst.Lambda)
-            or is_device_count(stores[0].value, flow, qualname)
-        )
+        and (isinstance(value, cst.Lambda) or is_device_count(value, flow, qualname))
     }
-    program.made_at = made_at
+    program.made = maker
     program.calls = [c.call for c in calls]
     _keyword_calls(program, calls, keywords)
-    sibling_calls(program, flow, siblings, defs)
+    sibling_calls(program, flow, siblings, facts.defs)
     for position in range(arity):
         if position not in fixed:
             _follow_argument(program, flow, forms, calls, position)
     if program.squeezed or keywords:
         _check_lambda(program, flow)
     outputs = body_outputs(
-        body, program.batches, options.literal, qualname, defs or {}, options.spellings
+        body, program.batches, options.literal, qualname, facts.defs, options.spellings
     )
     program.outputs, program.varying = outputs
     read = set().union(*program.arithmetic.values())
@@ -314,9 +294,7 @@ def _follow(
     return program
 
 
-def sibling_calls(
-    program: Program, flow: Flow, siblings: tuple[str, ...], defs: Defs | None
-) -> None:
+def sibling_calls(program: Program, flow: Flow, siblings: tuple[str, ...], defs: Defs) -> None:
     """Record the calls of the other steps `siblings` of the function: the statements binding
     their results and the values they are passed (fed to those steps: checked there), also
     through a def of the module a sibling is passed to (`passed_feeds`)."""
@@ -327,7 +305,7 @@ def sibling_calls(
                 program.sibling_feeds |= {id(a.value) for a in other.args}
                 program.siblings.add(id(flow.parent.get(id(other))))
             else:
-                program.sibling_feeds |= passed_feeds(flow, use, defs or {})
+                program.sibling_feeds |= passed_feeds(flow, use, defs)
 
 
 def bound_arguments(
@@ -399,13 +377,13 @@ def _passed_to_step(flow: Flow, use: cst.Name, step: str) -> bool:
     )
 
 
-def forms_of(flow: Flow, qualname: Qualname, defs: Defs | None) -> Forms:
+def forms_of(flow: Flow, qualname: Qualname, facts: ModuleFacts) -> Forms:
     """The known forms (replications, splits, readbacks) as `flow`'s function spells them."""
-    bound = {name: v for name, v in bound_of(defs).items() if name not in flow.stores}
+    bound = {name: v for name, v in facts.calls.items() if name not in flow.stores}
     return Forms(
         qualname,
         lambda node: is_device_count(node, flow, qualname),
-        {name: d for name, d in (defs or {}).items() if name not in flow.stores},
+        {name: d for name, d in facts.defs.items() if name not in flow.stores},
         lambda name: _named_lambda(flow, name),
         bound=bound,
     )
@@ -462,7 +440,7 @@ def read_options(
     for i, arg in enumerate(args):
         positional = "axis_name" if i == 0 and positional_axis else None
         keyword = arg.keyword.value if arg.keyword else positional
-        if keyword == "devices" and _all_devices(arg.value, qualname):
+        if keyword == "devices" and all_devices(arg.value, qualname):
             continue  # pmap's default: every device of the job, in order (the mesh's)
         if keyword not in KEYWORDS or arg.star:
             why = f"pmap's `{keyword or 'argument'}` is not taken by this form yet"
@@ -498,7 +476,7 @@ def read_options(
     return options
 
 
-def _all_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
+def all_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
     """`jax.devices()`: the devices pmap maps over by default (`jax.local_devices()` is not: on a
     multi-process job its collectives would span this process's devices only)."""
     return isinstance(node, cst.Call) and not node.args and qualname(node.func) == "jax.devices"
@@ -589,7 +567,7 @@ def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
 def _nested(flow: Flow, node: cst.CSTNode) -> cst.FunctionDef | cst.Lambda | None:
     """The innermost def or lambda of the function `node` is in, else None."""
     kinds = (cst.FunctionDef, cst.Lambda)
-    return next((a for a in ancestors(flow, node) if isinstance(a, kinds)), None)
+    return next((a for a in flow.ancestors(node) if isinstance(a, kinds)), None)
 
 
 def _call_of(flow: Flow, use: cst.Name, step: str, host: str) -> cst.Call:
@@ -730,30 +708,40 @@ def _slot_values(call: cst.Call, body: cst.FunctionDef) -> list[cst.BaseExpressi
 
 def _named_lambda(flow: Flow, name: str) -> cst.Lambda | None:
     """The lambda `name` is bound to, when that is its only binding in the function."""
-    stores = flow.stores.get(name, [])
-    value = stores[0].value if len(stores) == 1 and isinstance(stores[0], cst.Assign) else None
+    value = flow.value(name)
     return value if isinstance(value, cst.Lambda) else None
 
 
-def _check_lambda(program: Program, flow: Flow) -> None:
+def _check_lambda(program: Program, flow: Flow, calls: list[cst.Call] | None = None) -> None:
     """The body is called from a lambda (`lambda x, k: f(x, k[0], lr=lr)`): its parameters must
     not hide a name the call reads, and a value `partial` bound, now read when the step is
-    traced, must be the one it bound (not bound again after the step is made)."""
+    traced (at its `calls`, or where they are made from), must be the one it bound: the
+    bindings reaching the calls are those reaching the step's making."""
     clash = set(program.params) & set(names_in(program.body))
     if clash:
         why = f"the step's parameter `{min(clash)}` is also a name in the mapped function"
         raise NotVisible(why, Decline.SIGNATURE)
     fun = program.body
-    if not isinstance(fun, cst.Call) or program.made_at < 0:
+    if not isinstance(fun, cst.Call) or program.made is None:
         return  # made at module level: a function rebinds a global only with `global`
-    made = program.made_at
+    made = flow.reach.before(program.made)
     for arg in fun.args[1:]:
         for name in set(names_in(arg.value)):
-            for binding in flow.stores.get(name, []):
-                inside = any(flow.order[id(a)] == made for a in ancestors(flow, binding))
-                if flow.order[id(binding)] > made and not inside:
+            for call in program.calls if calls is None else calls:
+                at = flow.reach.before(flow.statement(call))
+                if at.get(name, ENTRY_ONLY) != made.get(name, ENTRY_ONLY):
                     why = f"`{name}`, which `partial` binds, is bound again after the step is made"
                     raise NotVisible(why, Decline.SIGNATURE)
+
+
+def _made_before(program: Program, flow: Flow, binding: cst.CSTNode) -> bool:
+    """Whether the step is made on every path to `binding` (the mesh exists there)."""
+    made = program.made
+    if made is None:
+        return True
+    name = made.name if isinstance(made, cst.FunctionDef) else made.targets[0].target
+    assert isinstance(name, cst.Name)
+    return flow.reach.before(flow.statement(binding)).get(name.value) == {made}
 
 
 def _keyword_calls(program: Program, calls: list[_StepCall], keywords: tuple[str, ...]) -> None:
@@ -990,7 +978,7 @@ def _convert_drawn(
     program.converts = True
 
 
-def _binding_text(name: str, binding: cst.CSTNode, flow: Parents, qualname: Qualname) -> str:
+def _binding_text(name: str, binding: cst.CSTNode, flow: Flow, qualname: Qualname) -> str:
     """Where `name` gets a value whose layout is not known: `name = <value>`, a loop over ...;
     an iterator the loop reads is named with the call making it (maybe another module's)."""
     if isinstance(binding, cst.Assign):
@@ -1001,8 +989,7 @@ def _binding_text(name: str, binding: cst.CSTNode, flow: Parents, qualname: Qual
     if isinstance(source, cst.Call) and code(source.func) in ("zip", "enumerate") and source.args:
         source = source.args[-1].value  # the batches: `zip(range(...), it)`, `enumerate(it)`
     text = f"`{name}`, a loop variable over `{_short(source)}`"
-    stores = flow.stores.get(source.value, []) if isinstance(source, cst.Name) else []
-    made = stores[0].value if len(stores) == 1 and isinstance(stores[0], cst.Assign) else None
+    made = flow.value(source.value) if isinstance(source, cst.Name) else None
     if isinstance(made, cst.Call):
         where = qualname(made.func)
         text += f" = `{_short(made)}`" + (f" (`{where}`)" if where and "." in where else "")
@@ -1029,7 +1016,7 @@ def _follow_stacked(
         if isinstance(b, cst.Assign)
         and (
             id(b.value) in program.nodes
-            or (id(b) in program.arithmetic and not _before(flow, b, calls))
+            or (id(b) in program.arithmetic and _after_a_call(flow, b, calls))
         )
     ]
     stackings += [ENTRY] if name in program.entries else []  # a parameter: the caller's value
@@ -1038,7 +1025,7 @@ def _follow_stacked(
     for use in flow.loads.get(name, []):
         if not flow.reach.of(use) & set(stackings):
             continue  # the value before it is stacked (or a result, followed as such)
-        if id(field_top(flow, use)) in feeds or _loop_target(flow, use):
+        if id(field_top(flow, use)) in feeds:
             continue
         if _in_arithmetic(program, flow, use):
             continue
@@ -1088,7 +1075,7 @@ def _flat_batch(program: Program, flow: Flow, forms: Forms, use: cst.Name, name:
 
 def _in_arithmetic(program: Program, flow: Flow, use: cst.Name) -> bool:
     """Return True for a read in `x = x - lr * g`, an argument replicated as its parts are."""
-    return any(id(a) in program.arithmetic for a in ancestors(flow, use))
+    return any(id(a) in program.arithmetic for a in flow.ancestors(use))
 
 
 def _waited(flow: Flow, use: cst.Name) -> bool:
@@ -1108,15 +1095,6 @@ def _waited(flow: Flow, use: cst.Name) -> bool:
             and code(call.func).endswith("block_until_ready")
         )
     return waits and isinstance(flow.parent.get(id(call)), cst.Expr)
-
-
-def _loop_target(flow: Flow, use: cst.Name) -> bool:
-    """`for use in ...` (or `for a, use in ...`): a binding, not a read."""
-    node: cst.CSTNode = use
-    parent = flow.parent.get(id(node))
-    while isinstance(parent, (cst.Tuple, cst.List, cst.Element)):
-        node, parent = parent, flow.parent.get(id(parent))
-    return isinstance(parent, (cst.For, cst.CompFor)) and parent.target is node
 
 
 def _passed(call: _StepCall, position: int) -> str:
@@ -1171,8 +1149,7 @@ def _generated_batches(
         return False
     if any(single_name(v.func) != "next" for v in values):  # type: ignore[attr-defined]
         return False
-    made = flow.stores.get(it, [])
-    binding = made[0] if len(made) == 1 else None
+    binding = flow.only(it)
     if not isinstance(binding, cst.Assign) or not isinstance(binding.value, cst.Call):
         return False
     if any(flow.reach.of(a[0]) != {binding} for a in args if a):  # type: ignore[arg-type]
@@ -1181,13 +1158,10 @@ def _generated_batches(
     if {id(use) for use in flow.loads.get(it, [])} != nexts:
         return False  # `it` read other than by the step's `next(it)`
     gen = single_name(binding.value.func)
-    defs = flow.stores.get(gen or "", [])
-    generator = defs[0] if len(defs) == 1 else None
+    generator = flow.only(gen)
     if not isinstance(generator, cst.FunctionDef) or generator.decorators or generator.asynchronous:
         return False
-    if [u for u in flow.loads.get(gen or "", []) if u is not generator.name] != [
-        binding.value.func
-    ]:
+    if flow.loads.get(gen or "") != [binding.value.func]:
         return False  # called elsewhere too: those batches are not the step's
     edits = _yielded_splits(generator, flow, forms)
     if edits is None:
@@ -1272,15 +1246,14 @@ def _named_splits(program: Program, flow: Flow, forms: Forms, value: cst.BaseExp
         if forms.shard_source(item) is not None:
             continue
         name = single_name(item)
-        stores = flow.stores.get(name, []) if name is not None else []
-        binding = stores[0] if len(stores) == 1 else None
+        binding = flow.only(name)
         if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
             return False
         source = forms.shard_source(binding.value)
-        if source is None or program.made_at >= flow.order[id(binding)]:
+        if source is None or not _made_before(program, flow, binding):
             return False
         uses = flow.loads.get(name or "", [])
-        if not all(any(a is value for a in ancestors(flow, use)) for use in uses):
+        if not all(any(a is value for a in flow.ancestors(use)) for use in uses):
             return False  # read elsewhere: that read would see the flat value
         bindings.append((binding, source))
     if not bindings:
@@ -1367,7 +1340,7 @@ def _binding_kind(
     if replicated is not None:
         _replication(program, value, replicated, position)
         return "replicated"
-    after = program.made_at < flow.order.get(id(binding), -1)  # the mesh exists there
+    after = _made_before(program, flow, binding)  # the mesh exists there
     batch = forms.split(value)
     if batch is not None and after:
         program.edit(value, batch.row.why, lambda: batch.rewrite(program.context()))
@@ -1446,9 +1419,8 @@ def _mean_of_unknown(
     value itself only for equal copies, and whether they are is that value's layout, which
     comes from the callers (AlgoPerf's batch norm statistics, per device, come from the
     submission's `update_params`)."""
-    stores = flow.stores.get(step, [])
-    made = stores[0] if len(stores) == 1 and isinstance(stores[0], cst.Assign) else None
-    found = forms.transfer(call.with_changes(func=made.value), MEANS) if made else None
+    made = flow.value(step)
+    found = forms.transfer(call.with_changes(func=made), MEANS) if made else None
     source = found.source if found is not None else None
     root = source if isinstance(source, cst.Name) else field_root(source) if source else None
     if found is None or root is None or ENTRY not in flow.reach.of(root):
@@ -1466,7 +1438,7 @@ def _mean_of_unknown(
 
 def _mean_around(forms: Forms, flow: Flow, use: cst.Name) -> cst.Call | None:
     """Return the mean over devices (`MEANS`) whose value `use` is, if any."""
-    for node in list(ancestors(flow, use))[:4]:
+    for node in list(flow.ancestors(use))[:4]:
         if isinstance(node, cst.Call):
             found = forms.transfer(node, MEANS)
             if found is not None and found.source is use:
@@ -1550,7 +1522,7 @@ def _follow_result(
             continue  # no call's result reaches it (the argument's value, or read back)
         if id(field_top(flow, use)) in feeds:
             continue
-        if _in_arithmetic(program, flow, use) or _loop_target(flow, use) or _waited(flow, use):
+        if _in_arithmetic(program, flow, use) or _waited(flow, use):
             continue
         listed = _appended_to(flow, use)
         if listed is not None:
@@ -1591,7 +1563,9 @@ def _one_source(
         for binding in reaching - made:
             if binding is ENTRY and not parameter:
                 continue
-            if binding is not ENTRY and (_before(flow, binding, calls) or allowed(binding)):
+            if binding is not ENTRY and (
+                not _after_a_call(flow, binding, calls) or allowed(binding)
+            ):
                 continue
             if id(binding) in program.means:  # the results' own value, the mean call deleted
                 continue
@@ -1626,10 +1600,8 @@ def _follow_items(program: Program, flow: Flow, forms: Forms, use: cst.Name, nam
         return False
     found = []
     for read in flow.loads.get(item, []):
-        if _loop_target(flow, read):
-            continue
         around = _readback_around(flow, forms, read, item)
-        if around is None or not any(a is loop for a in ancestors(flow, read)):
+        if around is None or not any(a is loop for a in flow.ancestors(read)):
             return False
         found.append(around)
     why = f"a readback of device 0 deleted: the values of `{name}` are the same on every device"
@@ -1783,7 +1755,7 @@ def _follow_flattened(
     for use in reached:  # not the argument's value, nor the flat value `r = r.reshape(-1)` binds
         if _waited(flow, use):
             continue
-        around = list(ancestors(flow, use))[:6]  # `r.reshape(...)`, `r` in its shape too
+        around = list(flow.ancestors(use))[:6]  # `r.reshape(...)`, `r` in its shape too
         node = next(
             (a for a in around if isinstance(a, cst.Call) and _flattening(forms, a, name)),
             None,
@@ -1958,9 +1930,9 @@ def _read_at_once(
     program.edits[node_id] = lambda updated: _at(updated, read)
 
 
-def _before(flow: Flow, binding: cst.CSTNode, calls: list[_StepCall]) -> bool:
-    """Return True for a binding before the first call (an argument's plain value)."""
-    return flow.order[id(binding)] < min(flow.order[id(c.assign)] for c in calls)
+def _after_a_call(flow: Flow, binding: cst.CSTNode, calls: list[_StepCall]) -> bool:
+    """Whether a call of the step may run before `binding` (else: an argument's plain value)."""
+    return flow.ran_before(binding, [c.assign for c in calls])
 
 
 def _readback_around(

@@ -3,13 +3,12 @@ readbacks of values around one pmapped step, and where each name is bound and re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import libcst as cst
 
 from jaxmigrate.toolkit.emit import code
-from jaxmigrate.toolkit.names import dotted, walk, walk_in_order
 
 from ._layout import (
     TRANSFERS,
@@ -23,8 +22,8 @@ from ._layout import (
     match,
     rows,
 )
-from ._reach import names_in, params_of, target_nodes
-from ._summary import Summaries, Values, called_value
+from ._reach import Flow
+from ._summary import Summaries, Values, called_value, counts_devices
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 
@@ -40,155 +39,6 @@ REPLICATIONS = rows(Role.PRODUCER, Layout.REPLICAS)
 SPLITS = rows(Role.PRODUCER, Layout.PER_DEVICE)
 KEY_SPLITS = rows(Role.PRODUCER, Layout.KEYS)
 READBACKS = tuple(r for r in TRANSFERS if r.name in ("unreplicate", "index"))
-DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
-
-
-class Parents(cst.CSTVisitor):
-    """Where each name is bound and read, each node's parent and place in the text; `skip`, a
-    def (the step's own body, nested in the function), is a binding whose inside is not read."""
-
-    def __init__(self, skip: cst.CSTNode | None = None) -> None:
-        super().__init__()
-        self.skip = skip
-        self.parent: dict[int, cst.CSTNode] = {}
-        self.stack: list[cst.CSTNode] = []
-        self.loads: dict[str, list[cst.Name]] = {}
-        self.stores: dict[str, list[cst.CSTNode]] = {}  # name -> the Assign (or other) binding
-        self.order: dict[int, int] = {}  # the place of each node in the function's text
-        self.targets: set[int] = set()  # the names assignments bind (not loads)
-        # The names local to each def or lambda nested in what is visited (its parameters, what
-        # it assigns): bound and read there, they are not the function's own names.
-        self.scopes: list[set[str]] = []
-        self.suspended: list[tuple[int, set[str]]] = []  # scopes left while in a default
-
-    def read(self, node: cst.CSTNode) -> Parents:
-        """Visit `node` (`node.visit(self)`, without rebuilding every node it passes: the same
-        nodes but punctuation and whitespace, in the same order); return self."""
-        walk_in_order(self, node)
-        return self
-
-    def _store(self, name: str, node: cst.CSTNode) -> None:
-        if not any(name in scope for scope in self.scopes):
-            self.stores.setdefault(name, []).append(node)
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        self.order[id(node)] = len(self.order)
-        if self.stack:
-            self.parent[id(node)] = self.stack[-1]
-            above = self.stack[-1]
-            outer = isinstance(above, cst.Param) and above.default is node
-            if (outer or isinstance(above, cst.Decorator)) and self.scopes:
-                # A default or a decorator is evaluated where the def or lambda is made.
-                self.suspended.append((id(node), self.scopes.pop()))
-        self.stack.append(node)
-        if isinstance(node, cst.Assign):
-            for target in node.targets:
-                for name in target_names(target.target):
-                    self._store(name, node)
-                self.targets |= {id(n) for n in target_nodes(target.target)}
-        elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.With)):
-            for name in names_in(getattr(node, "target", None) or cst.Name("_")):
-                self._store(name, node)
-        elif isinstance(node, (cst.Param, cst.FunctionDef, cst.ClassDef, cst.NamedExpr)):
-            self._store(_bound(node), node)
-        if isinstance(node, (cst.FunctionDef, cst.Lambda)):
-            self.scopes.append(_locals(node))
-        return node is not self.skip
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        self.stack.pop()
-        if isinstance(original_node, (cst.FunctionDef, cst.Lambda)):
-            self.scopes.pop()
-        self._load(original_node)  # (a default's own name: read where the def is made)
-        if self.suspended and self.suspended[-1][0] == id(original_node):
-            self.scopes.append(self.suspended.pop()[1])
-
-    def _load(self, original_node: cst.CSTNode) -> None:
-        if isinstance(original_node, cst.Name) and any(
-            original_node.value in scope for scope in self.scopes
-        ):
-            return  # a name of a nested def or lambda, not the function's
-        if isinstance(original_node, cst.Name) and id(original_node) not in self.targets:
-            parent = self.parent.get(id(original_node))
-            if (
-                not isinstance(parent, (cst.Attribute, cst.AssignTarget, cst.Param, cst.Arg))
-                or isinstance(parent, cst.Attribute)
-                and parent.value is original_node
-                or isinstance(parent, cst.Arg)
-                and parent.value is original_node
-                or isinstance(parent, cst.Param)
-                and parent.default is original_node
-            ):
-                self.loads.setdefault(original_node.value, []).append(original_node)
-
-
-def free_names(node: cst.CSTNode) -> set[str]:
-    """The names `node` (a def, a class) reads and does not bind itself."""
-    found = Parents().read(node)
-    return set(found.loads) - set(found.stores)
-
-
-class ModuleParents(Parents):
-    """`Parents().read(module)`, read when first asked for: most steps of a module are declined
-    before their flow is looked at (a step called where it is made, as tests do), and reading
-    a large module is most of the cost of the pmap pass on it."""
-
-    def __init__(self, module: cst.Module) -> None:  # Parents.__init__ runs on first use
-        self._unread: cst.Module | None = module
-
-    def __getattr__(self, name: str) -> Any:
-        module = self.__dict__.pop("_unread", None)
-        if module is None:
-            raise AttributeError(name)
-        Parents.__init__(self)
-        self.read(module)
-        return getattr(self, name)
-
-
-def _locals(node: cst.FunctionDef | cst.Lambda) -> set[str]:
-    """The names local to a def or lambda: its parameters and what its body binds (not through
-    `global` or `nonlocal`), not looking into the defs and lambdas nested in it."""
-    names = {p.name.value for p in params_of(node.params)}
-    if isinstance(node, cst.FunctionDef):
-        bound = _Binds()
-        walk(bound, node.body)
-        names |= bound.names - bound.declared
-    return names
-
-
-class _Binds(cst.CSTVisitor):
-    """The names a block binds, and those it declares `global` or `nonlocal`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: set[str] = set()
-        self.declared: set[str] = set()
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, cst.Assign):
-            for target in node.targets:
-                self.names |= set(names_in(target.target))
-        elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.For)):
-            self.names |= set(names_in(node.target))
-        elif isinstance(node, cst.WithItem) and node.asname is not None:
-            self.names |= set(names_in(node.asname.name))
-        elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
-            self.names.add(node.name.value)
-            return False
-        elif isinstance(node, cst.Lambda):
-            return False
-        elif isinstance(node, (cst.Global, cst.Nonlocal)):
-            self.declared |= {n.name.value for n in node.names}
-        elif isinstance(node, cst.NamedExpr):
-            self.names |= set(names_in(node.target))
-        return True
-
-
-def _bound(node: cst.CSTNode) -> str:
-    if isinstance(node, cst.NamedExpr):
-        return dotted(node.target) or "?"
-    name = getattr(node, "name", None)
-    return name.value if isinstance(name, cst.Name) else "?"
 
 
 def target_names(target: cst.BaseExpression) -> list[str]:
@@ -474,7 +324,7 @@ def field_root(node: cst.BaseExpression) -> cst.Name | None:
     return _root(node) if isinstance(node, (cst.Attribute, cst.Subscript)) else None
 
 
-def field_top(flow: Parents, use: cst.Name) -> cst.CSTNode:
+def field_top(flow: Flow, use: cst.Name) -> cst.CSTNode:
     """The outermost field `use.a["k"].b` read around `use` (`use` itself when none)."""
     node: cst.CSTNode = use
     parent = flow.parent.get(id(node))
@@ -496,7 +346,7 @@ def _is_key(node: cst.Subscript) -> bool:
 
 
 def is_device_count(
-    node: cst.BaseExpression, flow: Parents, qualname: Qualname, seen: frozenset[str] = frozenset()
+    node: cst.BaseExpression, flow: Flow, qualname: Qualname, seen: frozenset[str] = frozenset()
 ) -> bool:
     """`jax.local_device_count()`, or a name bound only to it in the function.
 
@@ -504,7 +354,7 @@ def is_device_count(
     mesh of the program-level form spans every device.
     """
     if isinstance(node, cst.Call):
-        return not node.args and qualname(node.func) in DEVICE_COUNTS
+        return counts_devices(node, qualname)
     name = single_name(node)
     if name is None or name in seen:  # `n = n`, or names bound to each other
         return False
@@ -513,13 +363,6 @@ def is_device_count(
         isinstance(b, cst.Assign) and is_device_count(b.value, flow, qualname, seen | {name})
         for b in stores
     )
-
-
-def ancestors(flow: Parents, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    parent = flow.parent.get(id(node))
-    while parent is not None:
-        yield parent
-        parent = flow.parent.get(id(parent))
 
 
 def flattens(

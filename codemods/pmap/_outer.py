@@ -11,11 +11,11 @@ import libcst as cst
 
 from jaxmigrate.toolkit.emit import code
 
-from ._flow import Options, analyze_calls, keywords_in_place
-from ._forms import Parents, Qualname, ancestors, single_name
+from ._flow import Options, all_devices, analyze_calls, keywords_in_place
+from ._forms import Qualname, single_name
 from ._program import Decline, NotVisible, Program
-
-SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
+from ._reach import SCOPES, Flow
+from ._summary import ModuleFacts
 
 MESH = "jax.sharding.Mesh"
 MAKE_MESH = frozenset({"jax.make_mesh", "jax.sharding.make_mesh"})
@@ -47,34 +47,22 @@ class OuterGroup:
     enabled: bool = False
 
 
-def module_function(flow: Parents, module: cst.Module, node: cst.CSTNode) -> cst.FunctionDef | None:
+def module_function(flow: Flow, module: cst.Module, node: cst.CSTNode) -> cst.FunctionDef | None:
     """Return the def of the module `node` is in, None at module level or in a nested scope."""
-    scopes = [a for a in ancestors(flow, node) if isinstance(a, SCOPES)]
+    scopes = [a for a in flow.ancestors(node) if isinstance(a, SCOPES)]
     if len(scopes) != 1 or not isinstance(scopes[0], cst.FunctionDef):
         return None
     return scopes[0] if scopes[0] in module.body else None
 
 
-def reads(flow: Parents, name: str) -> list[cst.Name]:
-    """Return the reads of `name` (not the names of defs and classes)."""
-    return [
-        use
-        for use in flow.loads.get(name, [])
-        if not (
-            isinstance(parent := flow.parent.get(id(use)), (cst.FunctionDef, cst.ClassDef))
-            and parent.name is use
-        )
-    ]
-
-
-def callers(flow: Parents, module: cst.Module, name: str) -> list[cst.FunctionDef]:
+def callers(flow: Flow, module: cst.Module, name: str) -> list[cst.FunctionDef]:
     """Return the defs of the module reading `name`; raise NotVisible if read elsewhere."""
     found: list[cst.FunctionDef] = []
-    for use in reads(flow, name):
+    for use in flow.loads.get(name, []):
         host = module_function(flow, module, use)
         if host is None:
             why = f"`{name}` is used outside the functions of the module"
-            scopes = [a for a in ancestors(flow, use) if isinstance(a, SCOPES)]  # nearest first
+            scopes = [a for a in flow.ancestors(use) if isinstance(a, SCOPES)]  # nearest first
             if len(scopes) == 2 and isinstance(scopes[1], cst.ClassDef):  # big_vision's `run`
                 method, owner = scopes[0], scopes[1]
                 if isinstance(method, cst.FunctionDef):
@@ -87,16 +75,15 @@ def callers(flow: Parents, module: cst.Module, name: str) -> list[cst.FunctionDe
     return found
 
 
-def follow_step(
-    step: OuterStep, flow: Parents, module: cst.Module, qualname: Qualname
-) -> OuterStep:
+def follow_step(step: OuterStep, flow: Flow, module: cst.Module, qualname: Qualname) -> OuterStep:
     """Fill in the program of every function calling the step; raise NotVisible for why not."""
     for host in callers(flow, module, step.name):
         if host is step.body:
             raise NotVisible(f"`{step.name}` calls itself", Decline.NOT_CALLED)
         defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
+        facts = ModuleFacts(defs)  # (the module's names bound to calls: not read here)
         step.programs.append(
-            analyze_calls(host, step.name, step.options, step.body, qualname, defs)
+            analyze_calls(host, step.name, step.options, step.body, qualname, facts)
         )
     first = step.programs[0]
     if any(p.squeezed for p in step.programs):  # a decorator cannot wrap the body in a lambda
@@ -117,7 +104,7 @@ def follow_step(
 
 
 def setup_function(
-    step: OuterStep, flow: Parents, module: cst.Module, strings: set[str]
+    step: OuterStep, flow: Flow, module: cst.Module, strings: set[str]
 ) -> cst.FunctionDef:
     """Return the function that sets the mesh: the one calling the step, or the one function
     calling all that do (each of those called there only, by name)."""
@@ -141,10 +128,10 @@ def setup_function(
 
 
 def _called_only_in(
-    flow: Parents, module: cst.Module, name: str, setup: cst.FunctionDef, strings: set[str]
+    flow: Flow, module: cst.Module, name: str, setup: cst.FunctionDef, strings: set[str]
 ) -> bool:
     """Return True if every use of `name` in the module is a call in `setup`."""
-    uses = reads(flow, name)
+    uses = flow.loads.get(name, [])
     if not uses or name in strings:
         return False
     for use in uses:
@@ -157,7 +144,7 @@ def _called_only_in(
 
 
 def first_statement(
-    setup: cst.FunctionDef, flow: Parents, group: list[OuterStep]
+    setup: cst.FunctionDef, flow: Flow, group: list[OuterStep]
 ) -> cst.BaseStatement:
     """Return the statement of `setup`'s body that first calls a step, or a function calling
     one, or makes a batch: the mesh is set just before it."""
@@ -169,9 +156,9 @@ def first_statement(
                 marks += program.calls
                 marks += [n for i, n in program.nodes.items() if "batch" in program.reasons[i]]
     for name in hosts - {setup.name.value}:
-        marks += [u for u in reads(flow, name) if setup in ancestors(flow, u)]
+        marks += [u for u in flow.loads.get(name, []) if setup in flow.ancestors(u)]
     statements = list(setup.body.body) if isinstance(setup.body, cst.IndentedBlock) else []
-    around = {id(a) for m in marks for a in ancestors(flow, m)}
+    around = {id(a) for m in marks for a in flow.ancestors(m)}
     for statement in statements:
         if id(statement) in around:
             return statement
@@ -180,17 +167,20 @@ def first_statement(
 
 def mesh_in_scope(
     scopes: list[cst.BaseSuite | cst.Module],
-    before: int,
-    flow: Parents,
+    made: cst.CSTNode,
+    flow: Flow,
     axis: cst.BaseExpression,
     qualname: Qualname,
 ) -> str | None:
-    """Return the name of a mesh of pmap's bound before `before` (in `flow.order`) in `scopes`
-    (the function, the module): `Mesh(jax.devices(), (axis,))`, Auto. Raise NotVisible for a
-    mesh that is not pmap's: two meshes would be in use."""
+    """Return the name of a mesh of pmap's bound in `scopes` (the function, the module) by a
+    statement before the one holding `made`: `Mesh(jax.devices(), (axis,))`, Auto. Raise
+    NotVisible for a mesh that is not pmap's: two meshes would be in use."""
     found: str | None = None
+    holding = {id(made), *(id(a) for a in flow.ancestors(made))}
     for scope in scopes:
+        before = True
         for line in scope.body:
+            before = before and id(line) not in holding
             small = line.body if isinstance(line, cst.SimpleStatementLine) else ()
             for node in small:
                 if not isinstance(node, cst.Assign) or len(node.targets) != 1:
@@ -205,7 +195,7 @@ def mesh_in_scope(
                         f"pmap's: {kind}"
                     )
                     raise NotVisible(why, Decline.MESH)
-                if flow.order.get(id(node), -1) < before and found is None:
+                if before and found is None:
                     found = name
     return found
 
@@ -237,7 +227,7 @@ def mesh_kind(node: cst.BaseExpression, axis: cst.BaseExpression, qualname: Qual
 def _all_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
     if isinstance(node, cst.Call) and qualname(node.func) in ARRAYS and len(node.args) == 1:
         node = node.args[0].value
-    return isinstance(node, cst.Call) and qualname(node.func) == "jax.devices" and not node.args
+    return all_devices(node, qualname)
 
 
 def _one_axis(node: cst.BaseExpression, axis: cst.BaseExpression) -> bool:

@@ -132,7 +132,9 @@ class Program:
     # process's devices alone raises ("incompatible devices"); None: read as it is.
     numpy: str | None = None
     statics: cst.Arg | None = None  # `static_broadcasted_argnums`, as written
-    made_at: int = 0  # where the step is made, in `Parents.order`
+    # The binding of `host` making the step (`step = jax.pmap(...)`, the decorated def); None:
+    # made outside `host`, before it runs
+    made: cst.Assign | cst.FunctionDef | None = None
     nodes: dict[int, cst.CSTNode] = field(default_factory=dict)  # the edited nodes, by id
     reasons: dict[int, str] = field(default_factory=dict)  # what each edit does, by id
     calls: list[cst.Call] = field(default_factory=list)  # the calls of the step in `host`

@@ -18,12 +18,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TypeVar
 
 import libcst as cst
 
+from jaxmigrate.toolkit.names import walk_in_order
+from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
+
 N = TypeVar("N")
 ENTRY = cst.Name("__entry__")  # the value a name has when the function starts
+SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)  # where a step may be made and called
+MARK = "\0mark"  # bound by the statements `Reach` is given as `marks`: they may have run
 
 Bindings = frozenset[cst.CSTNode]
 Env = dict[str, Bindings]
@@ -47,9 +53,16 @@ class Reach:
     """The bindings reaching each read of a function's body (`block`); `skip`: a nested def
     whose inside is not read (the step's own body)."""
 
-    def __init__(self, block: cst.BaseSuite, skip: cst.CSTNode | None = None) -> None:
+    def __init__(
+        self,
+        block: cst.BaseSuite,
+        skip: cst.CSTNode | None = None,
+        marks: frozenset[int] = frozenset(),
+    ) -> None:
         self.skip = skip
+        self.marks = marks  # ids of statements after which MARK is bound (`ran_before`)
         self._at: dict[int, Bindings] = {}
+        self._before: dict[int, Env] = {}  # by id of a statement: what reaches its start
         self._nested: list[cst.Name] = []  # reads inside nested defs and lambdas
         self._all: dict[str, set[cst.CSTNode]] = {}  # every binding of each name
         self._loops: list[_Loop] = []
@@ -62,6 +75,11 @@ class Reach:
         """Return the bindings that may have made the value `use` reads (ENTRY: the function's
         own starting value); empty for a read on no path."""
         return self._at.get(id(use), frozenset())
+
+    def before(self, statement: cst.CSTNode) -> Env:
+        """What reaches the start of `statement` (a statement or a small statement of the
+        function's own blocks), by name; a name not in it has its starting value (ENTRY)."""
+        return self._before.get(id(statement), {})
 
     # Statements -----------------------------------------------------------------------------
     def _body(self, statements: Iterable[cst.BaseStatement], env: Env | None) -> Env | None:
@@ -76,10 +94,14 @@ class Reach:
         return env
 
     def _statement(self, node: cst.BaseStatement, env: Env | None) -> Env | None:
+        self._before[id(node)] = env if env is not None else {}
+        if env is not None and id(node) in self.marks:  # its header runs before its blocks
+            env = {**env, MARK: frozenset({node})}
         live: Env = env if env is not None else {}  # dead code: its reads see nothing
         if isinstance(node, cst.SimpleStatementLine):
             out = env
             for small in node.body:
+                self._before[id(small)] = out if out is not None else {}
                 if out is None:
                     self._reads(small, {})
                 else:
@@ -98,7 +120,7 @@ class Reach:
                 self._reads(item.item, live)
                 if item.asname is not None:
                     for name in target_nodes(item.asname.name):
-                        self._bind(name, node, inner)
+                        self._bind(name, item, inner)
             return self._body(_statements(node.body), inner if env is not None else None)
         if isinstance(node, cst.Try):
             return self._try(node, env)
@@ -178,6 +200,8 @@ class Reach:
     def _small(self, node: cst.BaseSmallStatement, env: Env) -> Env | None:
         self._reads(node, env)
         out = dict(env)
+        if id(node) in self.marks:
+            out[MARK] = frozenset({node})
         if isinstance(node, cst.Assign):
             for assigned in node.targets:
                 for name in target_nodes(assigned.target):
@@ -335,3 +359,131 @@ def names_in(node: cst.CSTNode) -> Iterator[str]:
 
 def _is_true(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Name) and node.value == "True"
+
+
+# One function's names, from the toolkit's scope model -----------------------------------------
+NOT_STORES = (BindingKind.PARAM, BindingKind.GLOBAL, BindingKind.NONLOCAL)
+
+
+class _Tree(cst.CSTVisitor):
+    """Each node's parent and the names written, in the order of the text; not inside `skip`."""
+
+    def __init__(self, skip: cst.CSTNode | None) -> None:
+        super().__init__()
+        self.skip = skip
+        self.parent: dict[int, cst.CSTNode] = {}
+        self.names: list[cst.Name] = []
+        self.stack: list[cst.CSTNode] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.stack:
+            self.parent[id(node)] = self.stack[-1]
+        if type(node) is cst.Name:
+            self.names.append(node)  # type: ignore[arg-type]
+        self.stack.append(node)
+        return node is not self.skip
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.stack.pop()
+
+
+class Flow:
+    """One function's (`host`'s) names as the toolkit's scope model binds them: `stores`, the
+    nodes binding each name in the function's own scope (not its parameters); `loads`, the
+    reads of those names anywhere in it (nested defs and lambdas included, in text order);
+    `parent`, each node's; `reach`, the bindings reaching each read. `skip`: a nested def whose
+    inside is not the function's (the step's own body). A module (`host`, with its `model`)
+    has its own names (the reads of its globals) and parents, no `reach`."""
+
+    def __init__(
+        self,
+        host: cst.FunctionDef | cst.Module,
+        skip: cst.CSTNode | None = None,
+        model: ScopeModel | None = None,
+    ) -> None:
+        self.host, self.skip = host, skip
+        self._model = model
+
+    @cached_property
+    def _tree(self) -> _Tree:
+        tree = _Tree(self.skip)
+        walk_in_order(tree, self.host if isinstance(self.host, cst.Module) else self.host.body)
+        return tree
+
+    @cached_property
+    def parent(self) -> dict[int, cst.CSTNode]:
+        return self._tree.parent
+
+    @cached_property
+    def _scope(self) -> tuple[ScopeModel, object]:
+        host = self.host
+        if isinstance(host, cst.Module):
+            assert self._model is not None
+            return self._model, self._model.module_scope
+        model = ScopeModel(cst.Module([host]))
+        return model, model.scope_made_by(host)
+
+    @cached_property
+    def stores(self) -> dict[str, list[cst.CSTNode]]:
+        _, scope = self._scope
+        return {
+            name: nodes
+            for name, bindings in scope.bindings.items()  # type: ignore[attr-defined]
+            if (nodes := [b.node for b in bindings if b.assigns and b.kind not in NOT_STORES])
+        }
+
+    @cached_property
+    def loads(self) -> dict[str, list[cst.Name]]:
+        model, scope = self._scope
+        found: dict[str, list[cst.Name]] = {}
+        for name in self._tree.names:  # not a name of a scope nested in it
+            owner = model.scope_of(name).lookup(name.value) if model.is_read(name) else False
+            if owner is None or owner is scope or getattr(owner, "kind", "") == "module":
+                found.setdefault(name.value, []).append(name)
+        return found
+
+    @cached_property
+    def reach(self) -> Reach:
+        assert isinstance(self.host, cst.FunctionDef)
+        return Reach(self.host.body, self.skip)
+
+    def only(self, name: str | None) -> cst.CSTNode | None:
+        """The one binding of `name` in the function, else None."""
+        stores = self.stores.get(name or "", [])
+        return stores[0] if len(stores) == 1 else None
+
+    def value(self, name: str | None) -> cst.BaseExpression | None:
+        """The value of `name = value` when that is `name`'s one binding, else None."""
+        only = self.only(name)
+        return only.value if isinstance(only, cst.Assign) else None
+
+    def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+        """The nodes around `node`, innermost first."""
+        parent = self.parent.get(id(node))
+        while parent is not None:
+            yield parent
+            parent = self.parent.get(id(parent))
+
+    def statement(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The statement (or small statement) of the function's own blocks holding `node`."""
+        for around in (node, *self.ancestors(node)):
+            if isinstance(around, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+                return around
+        return node
+
+    def ran_before(self, node: cst.CSTNode, marks: Iterable[cst.CSTNode]) -> bool:
+        """Whether one of `marks` (nodes of the function) may have run before `node` does."""
+        ids = frozenset(id(self.statement(m)) for m in marks)
+        assert isinstance(self.host, cst.FunctionDef)
+        reach = Reach(self.host.body, self.skip, ids)
+        return bool(reach.before(self.statement(node)).get(MARK, frozenset()) - {ENTRY})
+
+
+def free_names(node: cst.FunctionDef | cst.ClassDef) -> set[str]:
+    """The names `node` (a def, a class) reads and does not bind itself."""
+    model = ScopeModel(cst.Module([node]))
+    found = set()
+    for name in nodes_in(node, cst.Name):
+        if model.is_read(name) and model.scope_of(name).lookup(name.value) is None:
+            found.add(name.value)
+    return found

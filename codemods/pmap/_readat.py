@@ -12,16 +12,17 @@ import libcst as cst
 
 from jaxmigrate.toolkit.emit import code
 
-from ._forms import Forms, Parents
+from ._forms import Forms
 from ._layout import TREE_MAPS, Qualname
 from ._program import Decline, NotVisible
+from ._reach import Flow
 
 PLACE = "__step_result__"  # the call, as a name the readback forms read
 DEPTH = 4  # `step(x)[0]`: 1 up; `f(step(x))`: 2 (its `Arg`); `jax.device_get(step(x))[0]`: 3
 
 
 def read_at_once(
-    flow: Parents, forms: Forms, call: cst.Call
+    flow: Flow, forms: Forms, call: cst.Call
 ) -> tuple[cst.BaseExpression, tuple[int, ...]] | None:
     """Return the expression reading device 0's copy of `call`'s result around it, and where the
     value left once the readback is deleted sits in it (children indices); else None."""
@@ -47,7 +48,7 @@ def at(node: cst.CSTNode, path: tuple[int, ...]) -> cst.BaseExpression:
     return node
 
 
-def not_read_back(flow: Parents, call: cst.Call, step: str) -> NotVisible:
+def not_read_back(flow: Flow, call: cst.Call, step: str) -> NotVisible:
     """Why a call of `step` that is not `out = step(...)` is not taken: bound otherwise (PL206),
     or its result read with its device axis (PL401), naming what reads it."""
     around = flow.parent.get(id(call))
@@ -71,7 +72,7 @@ def not_read_back(flow: Parents, call: cst.Call, step: str) -> NotVisible:
 
 
 def readers(
-    flow: Parents,
+    flow: Flow,
     uses: list[cst.CSTNode],
     qualname: Qualname,
     known: Callable[[cst.CSTNode, cst.Call], str | None] = lambda _, __: None,

@@ -18,7 +18,7 @@ jax.pmap(...)`) is read as that function where it is called (`values`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import libcst as cst
 
@@ -63,7 +63,7 @@ def summarize(
     counted = {
         n.target.value
         for a in smalls[:-1]
-        if isinstance(a[0], cst.Assign) and _counts_devices(a[0].value, qualname)
+        if isinstance(a[0], cst.Assign) and counts_devices(a[0].value, qualname)
         for n in a[0].targets
         if isinstance(n.target, cst.Name) and n.target.value not in names
     }
@@ -74,7 +74,7 @@ def summarize(
     def counts(node: cst.BaseExpression) -> bool:
         if isinstance(node, cst.Name):
             return node.value in counted or node.value in names
-        return _counts_devices(node, qualname)
+        return counts_devices(node, qualname)
 
     seen = {k: v for k, v in (values or {}).items() if k not in names and k not in counted}
     value = called_value(last.value, seen)  # a module name the helper does not shadow
@@ -137,18 +137,19 @@ class Summaries:
 Values = Mapping[str, cst.BaseExpression]  # names bound once at module level, by value
 
 
-class ModuleDefs(dict[str, cst.FunctionDef]):
-    """The module's defs by name, and `bound`: its names bound once, at module level, to a call
-    (`cross_replica_mean = jax.pmap(...)`), read where they are called (`called_value`)."""
+@dataclass(frozen=True)
+class ModuleFacts:
+    """What the analyses know of the module: its `defs` by name (the helpers a body or a call
+    may reach), its names bound once, at module level, to a call (`calls`: `cross_replica_mean =
+    jax.pmap(...)`, read where called, `called_value`) or to a string (`constants`: `_AXIS =
+    "i"`, or a field `self._axis_name` set once in `__init__`: an axis's literal name)."""
 
-    def __init__(self, defs: Mapping[str, cst.FunctionDef], bound: Values) -> None:
-        super().__init__(defs)
-        self.bound = bound
+    defs: Mapping[str, cst.FunctionDef] = field(default_factory=dict)
+    calls: Values = field(default_factory=dict)
+    constants: Mapping[str, str] = field(default_factory=dict)
 
 
-def bound_of(defs: Mapping[str, cst.FunctionDef] | None) -> Values:
-    """Return the module's names bound once to a call, if `defs` knows them."""
-    return defs.bound if isinstance(defs, ModuleDefs) else {}
+NO_FACTS = ModuleFacts()
 
 
 CARRIED = {"replace": "attribute", "copy": "item"}  # a dataclass's `.replace`, a FrozenDict's
@@ -201,7 +202,7 @@ def _field_carried(node: cst.BaseExpression, qualname: Qualname, values: Values)
     return Match(found.row, {found.row.source: cst.Name(owner), "value": node})
 
 
-def _counts_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
+def counts_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
     return isinstance(node, cst.Call) and not node.args and qualname(node.func) in DEVICE_COUNTS
 
 

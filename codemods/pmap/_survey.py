@@ -24,20 +24,19 @@ from ._flow import (
     read_options,
     unnamed_step,
 )
-from ._forms import ModuleParents, Parents, free_names, names_in, single_name
+from ._forms import single_name
 from ._outer import (
     OuterGroup,
     OuterStep,
     first_statement,
     follow_step,
     mesh_in_scope,
-    reads,
     setup_function,
 )
 from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
-from ._reach import nodes_in
+from ._reach import SCOPES, Flow, free_names, names_in, nodes_in
 from ._stored import returned_into_self, stored_on_self
-from ._summary import ModuleDefs, is_mean
+from ._summary import ModuleFacts, is_mean
 
 PMAP = "jax.pmap"
 PARTIAL = "functools.partial"
@@ -48,7 +47,6 @@ KEYWORDS = frozenset(
     {"in_axes", "out_axes", "static_broadcasted_argnums", "donate_argnums"}
     | {"devices", "backend", "axis_size"}
 )
-SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)  # where a step may be made and called
 
 
 class NotMigrated(Exception):
@@ -234,16 +232,15 @@ def called_here(
     if not isinstance(assign, cst.Assign) or assign.value is not choice or host is None:
         return None
     name = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
-    flow = Parents()
-    host.body.visit(flow)
-    if name is None or len(flow.stores.get(name, [])) != 1:
+    flow = Flow(host)
+    if name is None or flow.only(name) is None:
         return None
     axes = [_axis_called(flow, use) for use in flow.loads.get(name, [])]
     literal = {a.evaluated_value if a is not None else None for a in axes}
     return axes[0] if axes and len(literal) == 1 and None not in literal else None
 
 
-def _axis_called(flow: Parents, use: cst.Name) -> cst.SimpleString | None:
+def _axis_called(flow: Flow, use: cst.Name) -> cst.SimpleString | None:
     """The literal `a` of a call `use(f, axis_name="a")`, else None."""
     call = flow.parent.get(id(use))
     if not isinstance(call, cst.Call) or call.func is not use or len(call.args) != 2:
@@ -274,7 +271,7 @@ def main_block(module: cst.Module, around: Sequence[cst.CSTNode]) -> cst.If | No
 
 
 def _globals_unread(
-    module: cst.Module, host: cst.FunctionDef, program: Program, flow: Parents
+    module: cst.Module, host: cst.FunctionDef, program: Program, flow: Flow
 ) -> None:
     """A `__main__` block's names are the module's globals: no def or class of the module may
     read one the step is passed or returns, nor a def of the block the rewrite edits (a
@@ -355,7 +352,7 @@ class Finding(Pass):
 
     def _find_programs(self, module: cst.Module) -> None:
         """Take the sites whose whole data flow is visible to the program-level form."""
-        flow = ModuleParents(module)
+        flow = Flow(module, model=self.resolver)
         outer: list[OuterStep] = []
         made_in: dict[int, list[PmapUse]] = {}  # the steps each function makes
         failed = self._failed_hosts()
@@ -407,7 +404,7 @@ class Finding(Pass):
         line, col = self.where(node)
         return f"{self.CODE}:program:{line}:{col}"
 
-    def _take_steps(self, module: cst.Module, flow: Parents, sites: list[PmapUse]) -> None:
+    def _take_steps(self, module: cst.Module, flow: Flow, sites: list[PmapUse]) -> None:
         """Take the steps one function makes, together: results fed from one to another are
         replicated on both sides. A step that is not taken is left out and the others are
         followed again without it (a result fed to it is then read other than as taken)."""
@@ -434,7 +431,9 @@ class Finding(Pass):
                 )
                 site.fallback = str(NotVisible(apart, Decline.MESH))
             return
-        taken.sort(key=lambda t: flow.order[id(t[2].statement)])
+        block = flow.parent.get(id(taken[0][2].statement))
+        lines = list(getattr(block, "body", ()))
+        taken.sort(key=lambda t: lines.index(t[2].statement))
         host = taken[0][1]
         for site, _, program in taken:
             del self.sites[id(site.node)]
@@ -501,7 +500,7 @@ class Finding(Pass):
         )
         return cst.SimpleString(f'"{name}"')
 
-    def _group_outer(self, module: cst.Module, flow: Parents, steps: list[OuterStep]) -> None:
+    def _group_outer(self, module: cst.Module, flow: Flow, steps: list[OuterStep]) -> None:
         """Group the steps by the function setting their mesh (one for them all when one
         function calls every function calling them); check each group can be taken."""
         assert self.survey is not None
@@ -563,7 +562,7 @@ class Finding(Pass):
         return str(NotVisible(why, Decline.MESH))
 
     def _outer_group(
-        self, module: cst.Module, flow: Parents, setup: cst.FunctionDef, group: list[OuterStep]
+        self, module: cst.Module, flow: Flow, setup: cst.FunctionDef, group: list[OuterStep]
     ) -> OuterGroup:
         axes = {code(step.options.axis) for step in group}
         if len(axes) > 1:
@@ -582,13 +581,11 @@ class Finding(Pass):
                     raise NotVisible(f"`{host.name.value}` holds another pmap site", Decline.MESH)
         before = first_statement(setup, flow, group)
         scopes: list[cst.BaseSuite | cst.Module] = [setup.body, module]
-        mesh = mesh_in_scope(
-            scopes, flow.order[id(before)], flow, group[0].options.axis, self.qualname
-        )
+        mesh = mesh_in_scope(scopes, before, flow, group[0].options.axis, self.qualname)
         return OuterGroup(group, setup, before, mesh or "mesh", make=mesh is None)
 
     def _program(
-        self, module: cst.Module, site: PmapUse, flow: Parents, siblings: tuple[str, ...] = ()
+        self, module: cst.Module, site: PmapUse, flow: Flow, siblings: tuple[str, ...] = ()
     ) -> tuple[cst.FunctionDef, Program]:
         """Return the function making the step and its program; raise NotVisible for why not."""
         assert self.survey is not None
@@ -635,20 +632,20 @@ class Finding(Pass):
             assert isinstance(assign, cst.Assign)
             options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants())
             raise stored_on_self(klass, host, assign, options, body, self.qualname)
-        module_defs = self._module_defs(module, host)
-        details = (host, statement, site.node, body, self.qualname, siblings, module_defs, skip)
-        unnamed, constants = self._unnamed(), self.survey.constants()
+        facts = self._facts(module, host)
+        details = (host, statement, site.node, body, self.qualname, siblings, facts, skip)
+        unnamed = self._unnamed()
         try:
-            program = analyze(*details, unnamed, constants)
+            program = analyze(*details, unnamed)
         except NotVisible as why:  # passed to a def of the module: followed there (`_callee`)
             if why.code not in (Decline.NOT_CALLED_ONLY, Decline.CALLED_NESTED):
                 raise
             called_once = lambda d, c: self._called_once(flow, d, c)
-            program = follow_passed(why, *details, unnamed, constants, called_once)
+            program = follow_passed(why, *details, unnamed, called_once)
         return host, self._checked(module, host, program, flow, statement)
 
     def _opaque_body(
-        self, site: PmapUse, host: cst.FunctionDef, flow: Parents, why: str
+        self, site: PmapUse, host: cst.FunctionDef, flow: Flow, why: str
     ) -> cst.FunctionDef:
         """The body of `step = jax.pmap(f)`, `f` no def of the module (`model.apply`, a partial
         of it, an import) and the axis unnamed: the body cannot name the axis, so it holds no
@@ -681,11 +678,11 @@ class Finding(Pass):
         block = cst.IndentedBlock([cst.SimpleStatementLine([cst.Return(result)])])
         return cst.FunctionDef(cst.Name(OPAQUE), cst.Parameters(params), block)
 
-    def _called_once(self, flow: Parents, callee: cst.FunctionDef, call: cst.Call) -> bool:
+    def _called_once(self, flow: Flow, callee: cst.FunctionDef, call: cst.Call) -> bool:
         """`callee` is a def of the module read only as the function of `call`, and holds no
         pmap site nor calls a step made at module level: the step passed there is followed
         there (`_callee.follow_passed`)."""
-        uses = reads(flow, callee.name.value)
+        uses = flow.loads.get(callee.name.value, [])
         holds = any(callee in around for _, around in self.survey.refs)  # type: ignore[union-attr]
         outer = {self._bound_to(s) for s in self.sites.values() if s.scope is None}  # module's
         holds = holds or bool(outer & set(names_in(callee)))  # its calls: another program
@@ -716,7 +713,7 @@ class Finding(Pass):
         return None if isinstance(outer, cst.Module) else outer
 
     def _decorated_program(
-        self, module: cst.Module, site: PmapUse, flow: Parents, siblings: tuple[str, ...]
+        self, module: cst.Module, site: PmapUse, flow: Flow, siblings: tuple[str, ...]
     ) -> tuple[cst.FunctionDef, Program]:
         """The program of a def a pmap decorator makes a step of, in the function calling it."""
         body = site.mapped
@@ -732,9 +729,9 @@ class Finding(Pass):
                 )
             raise NotVisible(why, Decline.MADE_OUTSIDE)
         options = self._decorator_options(site.node, body)
-        module_defs = self._module_defs(module, host)
+        facts = self._facts(module, host)
         try:
-            program = analyze_decorated(host, body, options, self.qualname, siblings, module_defs)
+            program = analyze_decorated(host, body, options, self.qualname, siblings, facts)
         except NotVisible as why:  # `return step` from a factory stored on self: what blocks
             deeper = None
             if why.code is Decline.NOT_CALLED_ONLY:
@@ -747,14 +744,14 @@ class Finding(Pass):
         module: cst.Module,
         host: cst.FunctionDef,
         program: Program,
-        flow: Parents,
+        flow: Flow,
         made: cst.CSTNode,
     ) -> Program:
         """`program`, made at `made` in `host`, once no def of the module reads a global it
         changes; a mesh of pmap's already bound before `made` is reused."""
         _globals_unread(module, host, program, flow)
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
-        mesh = mesh_in_scope(scopes, flow.order[id(made)], flow, program.axis, self.qualname)
+        mesh = mesh_in_scope(scopes, made, flow, program.axis, self.qualname)
         if mesh is not None:
             program.mesh, program.make_mesh = mesh, False
         return program
@@ -770,9 +767,9 @@ class Finding(Pass):
             name, args, self.qualname, positional_axis=False, unnamed=unnamed, constants=constants
         )
 
-    def _module_defs(self, module: cst.Module, host: cst.FunctionDef) -> dict[str, cst.FunctionDef]:
+    def _facts(self, module: cst.Module, host: cst.FunctionDef) -> ModuleFacts:
         """The defs of the module that nothing else binds (by name), and those of `host`, which
-        hide the module's."""
+        hide the module's; its names bound to calls and strings."""
         assert self.survey is not None
         found = {
             d.name.value: d
@@ -781,7 +778,7 @@ class Finding(Pass):
         }
         if isinstance(host.body, cst.IndentedBlock):
             found |= {d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)}
-        return ModuleDefs(found, self.survey.calls())
+        return ModuleFacts(found, self.survey.calls(), self.survey.constants())
 
     def _not_a_def(self, pmap: cst.CSTNode, name: str) -> str:
         """Why the function `pmap` maps is not a def this form reads."""

@@ -121,8 +121,7 @@ def fields_in_text_order(kind: type) -> tuple[str, ...]:
 def walk_in_order(visitor: cst.CSTVisitor, node: cst.CSTNode) -> None:
     """`walk`, meeting the nodes in the order of the text, as `node.visit(visitor)` does.
 
-    For read-only visitors that number the nodes they meet or follow bindings in order (the
-    pmap pass's `Parents`): the same non-trivia nodes, in the same order, as libcst's `visit`,
+    For read-only visitors that list the nodes they meet in order (the pmap pass's `Flow`): the same non-trivia nodes, in the same order, as libcst's `visit`,
     at a fraction of its cost (it rebuilds every node it passes).
     """
     if visitor.on_visit(node):
