@@ -20,10 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from .compat import PRNG_KEY, tree_leaves, tree_map
-from .values import Flat, HostArray, HostKey, Node, Opaque
+from .values import Flat, HostArray, HostDrawn, HostKey, Node, Opaque
 
 SCALARS = (bool, int, float, complex, str, bytes, type(None))
-__all__ = ["Flat", "HostArray", "HostKey", "Node", "Opaque", "from_host", "to_host"]
+__all__ = ["Flat", "HostArray", "HostDrawn", "HostKey", "Node", "Opaque", "from_host", "to_host"]
 ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
 
 
@@ -55,11 +55,13 @@ def leaf_from_host(x: Any) -> Any:
         return jax.random.wrap_key_data(jnp.asarray(x.data), impl=x.impl)
     if isinstance(x, HostArray):
         return jnp.asarray(x.value)
+    if isinstance(x, HostDrawn):  # a fresh iterator at each run: a run draws what it drew
+        return iter([from_host(item) for item in x.items])
     return x
 
 
 def _is_host_leaf(x: Any) -> bool:
-    return isinstance(x, (HostArray, HostKey))
+    return isinstance(x, (HostArray, HostKey, HostDrawn))
 
 
 def to_host(tree: Any) -> Any:

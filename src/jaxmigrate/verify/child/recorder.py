@@ -26,12 +26,13 @@ import ast
 import functools
 import importlib.abc
 import importlib.machinery
+import io
 import os
 import pickle
 import random
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from types import FrameType, FunctionType, MethodType, ModuleType
@@ -152,13 +153,25 @@ class Recorder:
 
     def snapshot(self, target: str, args: Sequence[Any], kwargs: dict[str, Any]) -> bytes | None:
         """Return the pickled travelling form of a call, or None if it cannot be recorded."""
+        return self.pickled(self.hosted(target, args, kwargs))
+
+    def hosted(self, target: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """Return the travelling form of a call (arrays copied to the host), or None."""
         from .hostify import has_tracer, to_host
-        from .pickling import dumps
 
         if not self.wants(target) or has_tracer((args, kwargs)):
             return None
+        return to_host((tuple(args), dict(kwargs)))
+
+    def pickled(self, tree: Any) -> bytes | None:
+        """Return `tree` pickled, or None (an argument we cannot copy: the call is not
+        recorded)."""
+        from .pickling import dumps
+
+        if tree is None:
+            return None
         try:
-            return dumps(to_host((tuple(args), dict(kwargs))))
+            return dumps(tree)
         except Exception:  # noqa: BLE001 - an argument we cannot copy: this call is not recorded
             return None
 
@@ -260,6 +273,59 @@ class Recorder:
                 setattr(module, qualname, Recording(fn, target, self, factory=True))
 
 
+PENDING = b""  # a call's record not pickled yet: its iterator arguments are being drawn
+MAX_DRAWN = 256  # items of one iterator argument a record keeps (a longer stream: not recorded)
+
+
+class Drawing:
+    """An iterator argument of a recorded call, passing its items through and keeping each, as
+    it travels, for the record (pickled as `HostDrawn`: a replay draws the same items)."""
+
+    def __init__(self, it: Iterator[Any]) -> None:
+        self._it = it
+        self.items: list[Any] = []
+        self.kept = True  # False: too many items, or one that cannot travel
+
+    def __iter__(self) -> Drawing:
+        return self
+
+    def __next__(self) -> Any:
+        item = next(self._it)
+        if self.kept and len(self.items) < MAX_DRAWN:
+            from .hostify import has_tracer, to_host
+
+            self.items.append(to_host(item))
+            self.kept = not has_tracer(item)
+        else:
+            self.kept = False
+        return item
+
+    def __getattr__(self, name: str) -> Any:  # `send`, `close`: the iterator's own
+        return getattr(self._it, name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from .values import HostDrawn
+
+        return HostDrawn, (tuple(self.items),)
+
+
+def drawn_from(
+    args: Sequence[Any], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any], list[Drawing]]:
+    """Return the arguments with each iterator among them (a generator, `map`, `zip`, a data
+    pipeline's iterator; not a file) wrapped in a Drawing, and the Drawings."""
+    drawing: list[Drawing] = []
+
+    def wrapped(x: Any) -> Any:
+        if isinstance(x, Iterator) and not isinstance(x, io.IOBase):
+            drawing.append(Drawing(x))
+            return drawing[-1]
+        return x
+
+    new_args = tuple(wrapped(a) for a in args)
+    return new_args, {k: wrapped(v) for k, v in kwargs.items()}, drawing
+
+
 def function_like(x: Any) -> bool:
     """Return True for what a factory returns: a plain, partial, jitted or pmapped function."""
     return isinstance(x, (FunctionType, functools.partial)) or (
@@ -293,7 +359,12 @@ class Recording:
         self._factory = factory
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        payload = self._recorder.snapshot(self._target, args, kwargs)
+        drawing: list[Drawing] = []
+        if self._recorder.wants(self._target):  # an iterator argument: what the call draws
+            args, kwargs, drawing = drawn_from(args, kwargs)
+        tree = self._recorder.hosted(self._target, args, kwargs)
+        # with iterators, pickled once the call has drawn from them (`PENDING` until then)
+        payload = self._recorder.pickled(tree) if not drawing else PENDING if tree else None
         kept = self._recorder.keep_outside(args, kwargs) if payload is not None else None
         watch = self.watch() if payload is not None else None
         try:
@@ -306,6 +377,8 @@ class Recording:
 
                     discard(kept.entries, kept.base)
         except BaseException as exc:
+            if payload is PENDING:
+                payload = self._recorder.pickled(tree) if all(d.kept for d in drawing) else None
             # For a bound site, raising (what a test may expect) is the call's outcome too.
             if payload is not None and self._target in self._recorder.outputs:
                 self._recorder.save(self._target, payload, sys._getframe(1), Raised(exc), kept)
@@ -314,6 +387,12 @@ class Recording:
 
                 discard(kept.entries, kept.base)
             raise
+        if payload is PENDING:
+            payload = self._recorder.pickled(tree) if all(d.kept for d in drawing) else None
+            if payload is None and kept is not None:
+                from .outside import discard
+
+                discard(kept.entries, kept.base)
         if payload is not None:
             self._recorder.save(self._target, payload, sys._getframe(1), out, kept)
         if self._factory and function_like(out):

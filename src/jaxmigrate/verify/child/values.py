@@ -19,6 +19,14 @@ class HostArray:
 
 
 @dataclass(frozen=True)
+class HostDrawn:
+    """An iterator a recorded call was given (a generator of batches): the items the call drew
+    from it, each as it travels; replayed as a fresh iterator over them at every run."""
+
+    items: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
 class HostKey:
     """A typed PRNG key array: its raw key data and the name of its implementation."""
 
