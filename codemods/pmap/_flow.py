@@ -36,6 +36,7 @@ from ._layout import (
     match,
     row_named,
 )
+from ._passon import passed_on
 from ._program import COPY, DECORATORS, NOT_NAMED, Decline, NotVisible, Program
 from ._reach import ENTRY, Reach, nodes_in, params_of
 from ._readat import at as _at
@@ -940,6 +941,12 @@ def _follow_stacked(
         if not replicated and not keys and _flat_batch(program, flow, forms, use, name):
             continue
         found = _readback_around(flow, forms, use, name) if replicated else None
+        if (
+            found is None
+            and replicated
+            and passed_on(program, flow, forms, use, name, _readback_around)
+        ):
+            continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
         if found is None:
             blocking.append(field_top(flow, use))
             continue
@@ -1414,6 +1421,8 @@ def _follow_result(
         if _follow_items(program, flow, forms, use, name):
             continue
         found = _readback_around(flow, forms, use, name)
+        if found is None and passed_on(program, flow, forms, use, name, _readback_around):
+            continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
         if found is None:
             _not_returned(program, flow, use, name, step)
             raise NotVisible(
@@ -1815,7 +1824,7 @@ def _before(flow: Flow, binding: cst.CSTNode, calls: list[_StepCall]) -> bool:
 
 
 def _readback_around(
-    flow: Flow, forms: Forms, use: cst.Name, name: str
+    flow: Parents, forms: Forms, use: cst.Name, name: str
 ) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
     """Return the readback of device 0 reading `use` and what it becomes, else None."""
     node: cst.CSTNode | None = use

@@ -150,6 +150,10 @@ class Program:
     given: Callable[[Program, str, int], str] | None = None
     entries: set[str] = field(default_factory=set)
     callees: list[Program] = field(default_factory=list)
+    # A value stacked for the step passed on to a def of the module reading only device 0's
+    # copy, and `return value` (`_passon.py`): checked against every read of those names.
+    passed_on: list[cst.Call] = field(default_factory=list)
+    returns: list[cst.Return] = field(default_factory=list)
 
     def edit(
         self, node: cst.BaseExpression, why: str, new: Callable[[], cst.BaseExpression]

@@ -34,6 +34,7 @@ from ._outer import (
     reads,
     setup_function,
 )
+from ._passon import checked as passed_on_checked
 from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
 from ._reach import nodes_in
 from ._stored import returned_into_self, stored_on_self
@@ -714,6 +715,7 @@ class Finding(Pass):
         """`program`, made at `made` in `host`, once no def of the module reads a global it
         changes; a mesh of pmap's already bound before `made` is reused."""
         _globals_unread(module, host, program, flow)
+        passed_on_checked(program, flow, self.state.outside)
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
         mesh = mesh_in_scope(scopes, flow.order[id(made)], flow, program.axis, self.qualname)
         if mesh is not None:

@@ -115,6 +115,17 @@ class Home:
     main: bool = False  # `package` is the main package of the file's code base
 
 
+@dataclass(frozen=True)
+class Outside:
+    """How the other modules of a file's code base use one public function of it, for a pass
+    (`Project.outside_uses` reads them): where one names it and where one reads its result,
+    "" when none does. A module others may import from outside the code base (a package's) has
+    every function called and read "from outside the code base"."""
+
+    called: str = ""  # "in `main.py:60`"
+    read: str = ""  # "in `imagenet.ipynb` (cell 22)", where its result is read
+
+
 @dataclass
 class FileState:
     """Per-file, per-run state the engine hands to every pass through the codemod context."""
@@ -134,6 +145,9 @@ class FileState:
     home: Home | None = None  # None: no project around the text (stdin, a notebook, a test)
     # Where the code base reads the legacy mesh context (`Project.legacy_mesh_reads`)
     mesh_reads: tuple[str, ...] = ()
+    # How the code base's other modules use the module's public functions, by name (a name
+    # absent: used by none); None: not known (`Project.outside_uses`)
+    outside: Mapping[str, Outside] | None = None
     pmap_style: str = "idiomatic"  # "faithful": pmap keeps its per-device form everywhere
     files: list[ProjectFile] = field(default_factory=list)
     # Forms to write in their fallback form (`Site.fallback` key -> why): verification found
