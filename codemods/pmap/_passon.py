@@ -21,11 +21,11 @@ global array where it got stacked copies, and no code of the code base looks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import libcst as cst
 
-from jaxmigrate.toolkit.passes import Outside
+from jaxmigrate.toolkit.passes import Callers
 
 from ._forms import Forms, Parents, single_name
 from ._program import Decline, NotVisible, Program
@@ -108,7 +108,7 @@ def returned_unread(program: Program, flow: Parents, use: cst.Name) -> bool:
     return True
 
 
-def checked(program: Program, flow: Parents, outside: Mapping[str, Outside] | None) -> None:
+def checked(program: Program, flow: Parents, outside: Callers | None) -> None:
     """Raise PL303 when a def `read_back_in_def` took is read other than in the calls it took,
     here or in another module, or when a function returning a stacked value (`returned_unread`)
     has its result read. `flow` is the module's; `outside`, per public function of the module,
@@ -171,17 +171,15 @@ def _statement(flow: Parents, use: cst.Name) -> cst.CSTNode | None:
     return parent
 
 
-def _elsewhere(name: str, outside: Mapping[str, Outside] | None) -> str:
+def _elsewhere(name: str, outside: Callers | None) -> str:
     """Where other code may call the module's function `name` ("" when nowhere)."""
     if outside is None:
         return "" if name.startswith("_") else "maybe by other modules (the code base is not read)"
-    found = outside.get(name)
-    return found.called if found is not None else ""
+    return outside.of(name).called
 
 
-def _read_elsewhere(name: str, outside: Mapping[str, Outside] | None) -> str:
+def _read_elsewhere(name: str, outside: Callers | None) -> str:
     """Where other code may read the result of the module's function `name` ("" when nowhere)."""
     if outside is None:
         return "" if name.startswith("_") else "maybe by other modules (the code base is not read)"
-    found = outside.get(name)
-    return found.read if found is not None else ""
+    return outside.of(name).read

@@ -123,7 +123,23 @@ class Outside:
     every function called and read "from outside the code base"."""
 
     called: str = ""  # "in `main.py:60`"
-    read: str = ""  # "in `imagenet.ipynb` (cell 22)", where its result is read
+    read: str = ""  # "in `imagenet.ipynb[cell 17]`", where its result is read
+
+
+@dataclass(frozen=True)
+class Callers:
+    """How the other modules of a file's code base use its functions: `everywhere`, why every
+    public function may be called and read from outside the code base (a package's module), and
+    `uses` by function name (`"*"`: every function; a name absent: no other module uses it)."""
+
+    everywhere: str = ""
+    uses: Mapping[str, Outside] = field(default_factory=dict)
+
+    def of(self, name: str) -> Outside:
+        """Return how other modules use the function `name`."""
+        if self.everywhere and not name.startswith("_"):  # `_name`: the module's own
+            return Outside(self.everywhere, self.everywhere)
+        return self.uses.get(name) or self.uses.get("*") or Outside()
 
 
 @dataclass
@@ -145,9 +161,9 @@ class FileState:
     home: Home | None = None  # None: no project around the text (stdin, a notebook, a test)
     # Where the code base reads the legacy mesh context (`Project.legacy_mesh_reads`)
     mesh_reads: tuple[str, ...] = ()
-    # How the code base's other modules use the module's public functions, by name (a name
-    # absent: used by none); None: not known (`Project.outside_uses`)
-    outside: Mapping[str, Outside] | None = None
+    # How the code base's other modules use the module's functions; None: not known (a text
+    # alone, `Project.outside_uses`)
+    outside: Callers | None = None
     pmap_style: str = "idiomatic"  # "faithful": pmap keeps its per-device form everywhere
     files: list[ProjectFile] = field(default_factory=list)
     # Forms to write in their fallback form (`Site.fallback` key -> why): verification found
@@ -200,6 +216,8 @@ class Pass(CodemodCommand, cst.CSTTransformer):
     REFERENCE: ClassVar[str | None] = None
     # True: the pass reads `FileState.mesh_reads` (the engine then scans the code base once).
     READS_MESH: ClassVar[bool] = False
+    # True: the pass reads `FileState.outside` (the engine then reads the module's callers).
+    READS_CALLERS: ClassVar[bool] = False
     TRIGGER: ClassVar[re.Pattern[str]]
     # Plain strings one of which every match of TRIGGER contains: tested first with `in`, which
     # is some 50x faster than a regex that starts with `\b` (no literal prefix to search for).
