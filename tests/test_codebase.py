@@ -135,3 +135,31 @@ def test_a_module_of_a_package_may_be_used_from_outside_the_code_base(project: P
 
 def test_a_text_alone_has_no_code_base() -> None:
     assert Project().outside_uses(None) is None
+
+
+SAVED = (FIXTURES / "pmap" / "program_save_checkpoint.py").read_text()
+
+
+def text_declines(source: str) -> list[str]:
+    result = migrate_source(source, options=Options())
+    return [s.message.split("not taken: ")[1].split("; the helper")[0] for s in result.sites]
+
+
+def test_a_def_named_in_all_is_used_elsewhere() -> None:
+    source = SAVED + '\n__all__ = ["_save_checkpoint"]\n'
+    assert text_declines(source)[1] == (
+        "[PL303] `_save_checkpoint` reads device 0's copy of a value replicated for the step, "
+        "and is also used in a string (`__all__`): its callers there may pass another layout"
+    )
+
+
+def test_a_value_returned_from_a_method_is_read_by_callers_not_followed() -> None:
+    body = SAVED[SAVED.index("def _train_and_evaluate") : SAVED.index("def main")]
+    method = "class Trainer:\n    " + body.replace("\n", "\n    ").replace(
+        "(saved, losses)", "(self, saved, losses)", 1
+    )
+    source = SAVED[: SAVED.index("def _train_and_evaluate")] + method.rstrip() + "\n"
+    assert text_declines(source)[1] == (
+        "[PL303] `_train_and_evaluate` returns a value replicated for the step, and its result "
+        "is read where its callers are not followed (it is no def at module level)"
+    )

@@ -21,7 +21,7 @@ global array where it got stacked copies, and no code of the code base looks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import libcst as cst
 
@@ -29,7 +29,7 @@ from jaxmigrate.toolkit.passes import Callers
 
 from ._forms import Forms, Parents, single_name
 from ._program import Decline, NotVisible, Program
-from ._reach import ENTRY, Reach
+from ._reach import ENTRY, Reach, nodes_in
 
 Readback = Callable[
     [Parents, Forms, cst.Name, str], tuple[cst.BaseExpression, cst.BaseExpression] | None
@@ -66,7 +66,7 @@ def read_back_in_def(
     if not isinstance(arg, cst.Arg) or arg.value is not use or not isinstance(call, cst.Call):
         return False
     callee = forms.defs.get(single_name(call.func) or "")
-    if callee is None or callee is program.host or arg.star:
+    if callee is None or callee is program.host or arg.star or _pmaps(callee, forms):
         return False
     param = _bound_to(callee, call, arg)
     inner = _Def(callee) if param is not None else None
@@ -108,15 +108,19 @@ def returned_unread(program: Program, flow: Parents, use: cst.Name) -> bool:
     return True
 
 
-def checked(program: Program, flow: Parents, outside: Callers | None) -> None:
+def checked(
+    program: Program, flow: Parents, outside: Callers | None, strings: Collection[str]
+) -> None:
     """Raise PL303 when a def `read_back_in_def` took is read other than in the calls it took,
     here or in another module, or when a function returning a stacked value (`returned_unread`)
-    has its result read. `flow` is the module's; `outside`, per public function of the module,
-    its uses by other modules (None: not known, every one counts as read)."""
+    has its result read. `flow` is the module's; `outside` how other modules use the module's
+    functions (None: not known, every public one counts as called and read); `strings` the
+    module's strings (a name in `__all__` is exported: used elsewhere)."""
     taken = {id(c.func) for c in program.passed_on}
     for name in dict.fromkeys(single_name(c.func) or "" for c in program.passed_on):
         here = [u for u in flow.loads.get(name, []) if id(u) not in taken and not _defined(flow, u)]
         where = _where(flow, here[0]) if here else _elsewhere(name, outside)
+        where = where or ("in a string (`__all__`)" if name in strings else "")
         if where:
             raise NotVisible(
                 f"`{name}` reads device 0's copy of a value replicated for the step, and is "
@@ -128,6 +132,9 @@ def checked(program: Program, flow: Parents, outside: Callers | None) -> None:
         here = [u for u in flow.loads.get(host, []) if not _defined(flow, u)]
         reading = [u for u in here if not isinstance(_statement(flow, u), cst.Expr)]
         where = _where(flow, reading[0]) if reading else _read_elsewhere(host, outside)
+        where = where or ("in a string (`__all__`)" if host in strings else "")
+        if not isinstance(flow.parent.get(id(program.host)), cst.Module):
+            where = "where its callers are not followed (it is no def at module level)"
         if where:
             raise NotVisible(
                 f"`{host}` returns a value replicated for the step, and its result is read {where}",
@@ -141,6 +148,14 @@ def _where(flow: Parents, use: cst.Name) -> str:
     while node is not None and not isinstance(node, cst.FunctionDef):
         node = flow.parent.get(id(node))
     return f"in `{node.name.value}`" if node is not None else "at module level"
+
+
+def _pmaps(fn: cst.FunctionDef, forms: Forms) -> bool:
+    """Return True if `fn` holds a pmap (its own program would rewrite it too)."""
+    calls = [c.func for c in nodes_in(fn, cst.Call)] + [
+        d.decorator for d in nodes_in(fn, cst.Decorator)
+    ]
+    return any(forms.qualname(f) == "jax.pmap" for f in calls if isinstance(f, cst.BaseExpression))
 
 
 def _bound_to(callee: cst.FunctionDef, call: cst.Call, arg: cst.Arg) -> str | None:

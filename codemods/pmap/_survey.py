@@ -715,7 +715,7 @@ class Finding(Pass):
         """`program`, made at `made` in `host`, once no def of the module reads a global it
         changes; a mesh of pmap's already bound before `made` is reused."""
         _globals_unread(module, host, program, flow)
-        passed_on_checked(program, flow, self.state.outside)
+        passed_on_checked(program, flow, self.state.outside, self.survey.strings)  # type: ignore[union-attr]
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
         mesh = mesh_in_scope(scopes, flow.order[id(made)], flow, program.axis, self.qualname)
         if mesh is not None:
