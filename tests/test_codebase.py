@@ -69,8 +69,8 @@ def test_a_result_read_after_the_loop_is_read(project: Path) -> None:
     )
     assert uses(project).of("train_and_evaluate").read == "in `demo.ipynb[cell 2]`"  # type: ignore[union-attr]
     assert declines(project)[1] == (
-        "[PL303] `train_and_evaluate` returns a value replicated for the step, and its result is "
-        "read in `demo.ipynb[cell 2]`"
+        "[PL303] `state` is returned by `train_and_evaluate` with its device axis, and "
+        "`train_and_evaluate`'s result is read in `demo.ipynb[cell 2]`"
     )
 
 
@@ -160,6 +160,7 @@ def test_a_value_returned_from_a_method_is_read_by_callers_not_followed() -> Non
     )
     source = SAVED[: SAVED.index("def _train_and_evaluate")] + method.rstrip() + "\n"
     assert text_declines(source)[1] == (
-        "[PL303] `_train_and_evaluate` returns a value replicated for the step, and its result "
-        "is read where its callers are not followed (it is no def at module level)"
+        "[PL303] `state` is returned by `_train_and_evaluate` with its device axis, and "
+        "`_train_and_evaluate`'s result is read where its callers are not followed (it is no def "
+        "at module level)"
     )

@@ -293,6 +293,14 @@ calling the step is no read of its layout when nobody, in the module or the code
 that function's result (its callers call it as a statement: the example's `main.py` and
 tests). A def of a module in a package, which code outside the code base may import, counts
 as called and read there; so does a public def when the code base is not known (a text alone).
+Batches from an input iterator a def of the module makes (flax imagenet's `create_input_iter`:
+`prefetch_to_device(map(prepare_tf_data, ds), 2)`, `prepare_tf_data` splitting each batch per
+device, maybe through `tree_map` of a def nested in it), iterated by the function calling the
+step (`for step, batch in zip(range(n), it)`, `batch = next(it)`) and each batch read only as
+passed to its steps, are flat batches once that split and that prefetch go; each call takes
+`jax.make_array_from_process_local_data(batch_sharding, batch)` (`_inputs.py`). No other code,
+in the module or the code base, may use those defs (flax's notebook calls `create_input_iter`
+for a pmap of its own: PL301 names it).
 Such a step must be used only as called in functions of the module (not named in a string such
 as `__all__`, not passed around otherwise). Anything else (a step passed to other code, called where no one
 function calls all its callers, arguments from outside the function, a result fed to another

@@ -26,6 +26,7 @@ from ._forms import (
     single_name,
     target_names,
 )
+from ._inputs import iterated_batches
 from ._layout import (
     DONATED_COPY,
     GLOBAL_BATCH,
@@ -856,6 +857,9 @@ def _follow_argument(
                 kind = classified.get(id(binding)) or _binding_kind(
                     program, binding, name, forms, calls, flow, position
                 )
+                feeds = {id(c.values[position]) for c in calls}
+                if kind == "other" and iterated_batches(program, flow, forms, binding, name, feeds):
+                    kind = "batch"  # an input iterator a def of the module makes: `_inputs.py`
                 classified[id(binding)] = kind
                 if kind == "other":
                     blocking.append(_binding_text(name, binding, flow, forms.qualname))
@@ -1421,7 +1425,8 @@ def _follow_result(
         if _follow_items(program, flow, forms, use, name):
             continue
         found = _readback_around(flow, forms, use, name)
-        if found is None and passed_on(program, flow, forms, use, name, _readback_around):
+        read = Decline.RESULT_READ
+        if found is None and passed_on(program, flow, forms, use, name, _readback_around, read):
             continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
         if found is None:
             _not_returned(program, flow, use, name, step)

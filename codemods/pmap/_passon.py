@@ -36,7 +36,7 @@ Readback = Callable[
 ]
 
 
-class _Def(Parents):
+class Def(Parents):
     """The names of a def of the module a value is passed to, and which bindings reach each."""
 
     def __init__(self, fn: cst.FunctionDef) -> None:
@@ -46,12 +46,19 @@ class _Def(Parents):
 
 
 def passed_on(
-    program: Program, flow: Parents, forms: Forms, use: cst.Name, name: str, readback: Readback
+    program: Program,
+    flow: Parents,
+    forms: Forms,
+    use: cst.Name,
+    name: str,
+    readback: Readback,
+    code: Decline = Decline.STACKED_READ,
 ) -> bool:
     """Return True for a read of `name`, replicated for the step, that `checked` decides:
-    passed to a def of the module reading only device 0's copy, or returned."""
+    passed to a def of the module reading only device 0's copy, or returned (`code`: the
+    decline when the result is read, PL401 for a result of the step, else PL303)."""
     return read_back_in_def(program, flow, forms, use, name, readback) or returned_unread(
-        program, flow, use
+        program, flow, use, code
     )
 
 
@@ -69,7 +76,7 @@ def read_back_in_def(
     if callee is None or callee is program.host or arg.star or _pmaps(callee, forms):
         return False
     param = _bound_to(callee, call, arg)
-    inner = _Def(callee) if param is not None else None
+    inner = Def(callee) if param is not None else None
     if inner is None or param is None or not inner.loads.get(param):
         return False
     found = []
@@ -83,10 +90,7 @@ def read_back_in_def(
         if around is None:
             return False
         found.append(around)
-    mine = next((p for p in program.callees if p.host is callee and not p.calls), None)
-    if mine is None:
-        mine = Program(callee, None, program.body, program.axis, None, [], None)
-        program.callees.append(mine)
+    mine = program_of(program, callee)
     given = "" if param == name else f" `{name}`"
     for node, value in found:
         why = (
@@ -98,13 +102,22 @@ def read_back_in_def(
     return True
 
 
-def returned_unread(program: Program, flow: Parents, use: cst.Name) -> bool:
+def program_of(program: Program, fn: cst.FunctionDef) -> Program:
+    """The program of the def `fn` holding edits only, made for `program` (once)."""
+    mine = next((p for p in program.callees if p.host is fn and not p.calls), None)
+    if mine is None:
+        mine = Program(fn, None, program.body, program.axis, None, [], None)
+        program.callees.append(mine)
+    return mine
+
+
+def returned_unread(program: Program, flow: Parents, use: cst.Name, code: Decline) -> bool:
     """`return state` (the value whole) from the function calling the step: recorded for
     `checked`, which takes it when nobody reads that function's result."""
     statement = flow.parent.get(id(use))
     if not isinstance(statement, cst.Return) or statement.value is not use:
         return False
-    program.returns.append(statement)
+    program.returns.append((use.value, code))
     return True
 
 
@@ -127,6 +140,19 @@ def checked(
                 f"also used {where}: its callers there may pass another layout",
                 Decline.STACKED_READ,
             )
+    inputs = {id(n) for n in program.inputs}
+    for name in dict.fromkeys(n.value for n in program.inputs):
+        here = [
+            u for u in flow.loads.get(name, []) if id(u) not in inputs and not _defined(flow, u)
+        ]
+        where = _where(flow, here[0]) if here else _elsewhere(name, outside)
+        where = where or ("in a string (`__all__`)" if name in strings else "")
+        if where:
+            raise NotVisible(
+                f"the step's batches come from an iterator of `{name}`, which would yield flat "
+                f"batches, but it is also used {where}, where they may be read split per device",
+                Decline.ARGUMENT_UNKNOWN,
+            )
     host = program.host.name.value
     if program.returns:
         here = [u for u in flow.loads.get(host, []) if not _defined(flow, u)]
@@ -136,9 +162,11 @@ def checked(
         if not isinstance(flow.parent.get(id(program.host)), cst.Module):
             where = "where its callers are not followed (it is no def at module level)"
         if where:
+            value, code = program.returns[0]
             raise NotVisible(
-                f"`{host}` returns a value replicated for the step, and its result is read {where}",
-                Decline.STACKED_READ,
+                f"`{value}` is returned by `{host}` with its device axis, and `{host}`'s result "
+                f"is read {where}",
+                code,
             )
 
 
