@@ -41,11 +41,12 @@ from jaxmigrate.toolkit.emit import code
 
 from ._forms import Forms, Parents, is_device_count, positional, single_name
 from ._layout import GLOBAL_BATCH, TREE_MAPS, fill, match
-from ._passon import Def, program_of
+from ._passon import Def, pmaps, program_of
 from ._program import Program
 from ._reach import Reach, nodes_in
 
 SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
+BUILTINS = ("next", "zip", "enumerate", "map")
 SPLIT = (
     "a split into per-device slices deleted in `{fn}`: the input iterator yields the flat batch, "
     "which goes into the batch sharded on the mesh at the step's call"
@@ -78,6 +79,8 @@ def iterated_batches(
     maker = forms.defs.get(single_name(call.func) or "") if isinstance(call, cst.Call) else None
     if maker is None or not isinstance(call, cst.Call) or maker is program.host:
         return False
+    if any(b in flow.stores or b in forms.defs for b in BUILTINS) or pmaps(maker, forms):
+        return False  # `next`, `zip`, `map` ... rebound: not the builtins read here
     batches: list[tuple[cst.CSTNode, str]] = []  # every iterator it makes here: their batches
     makers = flow.loads.get(maker.name.value, [])
     for use in makers:
@@ -216,10 +219,12 @@ def _flat_iterator(maker: cst.FunctionDef, forms: Forms) -> tuple[list[Edit], cs
             source = found.holes["x"]
             edits.append((maker, value, source, PREFETCH, set()))
             value = source
-        elif isinstance(value, cst.Call) and code(value.func) == "map":
+        elif (
+            isinstance(value, cst.Call) and code(value.func) == "map" and "map" not in inner.stores
+        ):
             args = positional(value, 2)
             mapped = forms.defs.get(single_name(args[0]) or "") if args else None
-            if args is None or mapped is None or mapped is maker:
+            if args is None or mapped is None or mapped is maker or pmaps(mapped, forms):
                 return None
             split = _split_by(mapped, forms)
             assert isinstance(args[0], cst.Name)
@@ -249,6 +254,9 @@ def _split_by(fn: cst.FunctionDef, forms: Forms) -> Edit | None:
         ]
         if forms.qualname(func) not in TREE_MAPS or len(nested) != 1:
             return None
+        reads = outer.loads.get(nested[0].name.value, [])
+        if len([r for r in reads if r is not nested[0].name]) != 1:
+            return None  # the nested def called otherwise too
         inside = list(nodes_in(nested[0].body, cst.Return, SCOPES))
         if len(nested[0].params.params) != 1 or len(inside) != 1 or inside[0].value is None:
             return None

@@ -73,7 +73,7 @@ def read_back_in_def(
     if not isinstance(arg, cst.Arg) or arg.value is not use or not isinstance(call, cst.Call):
         return False
     callee = forms.defs.get(single_name(call.func) or "")
-    if callee is None or callee is program.host or arg.star or _pmaps(callee, forms):
+    if callee is None or callee is program.host or arg.star or pmaps(callee, forms):
         return False
     param = _bound_to(callee, call, arg)
     inner = Def(callee) if param is not None else None
@@ -178,7 +178,7 @@ def _where(flow: Parents, use: cst.Name) -> str:
     return f"in `{node.name.value}`" if node is not None else "at module level"
 
 
-def _pmaps(fn: cst.FunctionDef, forms: Forms) -> bool:
+def pmaps(fn: cst.FunctionDef, forms: Forms) -> bool:
     """Return True if `fn` holds a pmap (its own program would rewrite it too)."""
     calls = [c.func for c in nodes_in(fn, cst.Call)] + [
         d.decorator for d in nodes_in(fn, cst.Decorator)
