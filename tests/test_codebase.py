@@ -103,8 +103,9 @@ def test_the_module_passed_as_a_value_or_a_star_import_uses_every_function(
 ) -> None:
     (project / "other.py").write_text("import train as t\n\nrun(t)\n")
     assert uses(project).of("save_checkpoint") == Outside("in `other.py:3`", "in `other.py:3`")  # type: ignore[union-attr]
-    (project / "other.py").write_text("from train import *\n")
+    (project / "other.py").write_text("from train import *\n\ntrain_and_evaluate([], [])\n")
     assert uses(project).of("save_checkpoint").read == "in `other.py:1`"  # type: ignore[union-attr]
+    assert uses(project).of("train_and_evaluate").read == "in `other.py:1`"  # type: ignore[union-attr]
     (project / "other.py").write_text("import train\ndef (:\n")
     assert uses(project).of("save_checkpoint").called == "in `other.py`, which does not parse"  # type: ignore[union-attr]
 

@@ -139,7 +139,8 @@ class Callers:
         """Return how other modules use the function `name`."""
         if self.everywhere and not name.startswith("_"):  # `_name`: the module's own
             return Outside(self.everywhere, self.everywhere)
-        return self.uses.get(name) or self.uses.get("*") or Outside()
+        own, every = self.uses.get(name) or Outside(), self.uses.get("*") or Outside()
+        return Outside(own.called or every.called, own.read or every.read)
 
 
 @dataclass
