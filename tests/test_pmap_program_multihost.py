@@ -339,8 +339,10 @@ def test_tiled_replicas_over_an_unnamed_axis_hold_on_each_process(
 
 # Program-level fixtures of the capabilities that came last (a mean over devices of equal copies
 # deleted; the axis named by a field set in `__init__`; a model's `apply` pmapped without an axis
-# name; batches drawn from an iterator converted where passed), run as 2-process jobs: the
-# migrated program must give every process the numbers the original pmap program gives it.
+# name; batches drawn from an iterator converted where passed; a readback in a def the state is
+# passed to deleted; an input iterator of the module yielding flat batches), run as 2-process
+# jobs: the migrated program must give every process the numbers the original pmap program
+# gives it.
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pmap"
 RUN_MAIN = """\
 import json, runpy, sys
@@ -358,6 +360,8 @@ print("RESULT", json.dumps([np.asarray(x).tolist() for x in jax.tree.leaves(resu
         "program_axis_field",
         "program_opaque_model_apply",
         "program_drawn_batches",
+        "program_save_checkpoint",
+        "program_input_iterator",
     ],
 )
 def test_a_migrated_fixture_gives_every_process_the_original_numbers(

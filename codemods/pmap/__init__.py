@@ -209,6 +209,23 @@ replication, another step's result) and read in the def only as passed; the def'
 readbacks, `get_metrics` and `tohost` are edited there, over a mesh equal to the caller's
 (`jax.sharding.Mesh(jax.devices(), (axis,))`; a nested def reads the caller's own); another
 step's state passed to such a def and only passed on is that step's feed (not PL303).
+A value replicated for a step and passed whole to a def of the module whose only reading of it
+is device 0's copy (flax imagenet's `save_checkpoint(state, workdir)`, which begins
+`state = jax.device_get(jax.tree_util.tree_map(lambda x: x[0], state))`) is the same value:
+that readback goes in the def, as long as every use of the def's name, in the module and in
+the rest of the code base, is such a call (`_passon.py`); `return state` from the function
+calling the step is no read of its layout when nobody, in the module or the code base, reads
+that function's result (its callers call it as a statement: the example's `main.py` and
+tests). A def of a module in a package, which code outside the code base may import, counts
+as called and read there; so does a public def when the code base is not known (a text alone).
+Batches from an input iterator a def of the module makes (flax imagenet's `create_input_iter`:
+`prefetch_to_device(map(prepare_tf_data, ds), 2)`, `prepare_tf_data` splitting each batch per
+device, maybe through `tree_map` of a def nested in it), iterated by the function calling the
+step (`for step, batch in zip(range(n), it)`, `batch = next(it)`) and each batch read only as
+passed to its steps, are flat batches once that split and that prefetch go; each call takes
+`jax.make_array_from_process_local_data(batch_sharding, batch)` (`_inputs.py`). No other code,
+in the module or the code base, may use those defs (flax's notebook calls `create_input_iter`
+for a pmap of its own: PL301 names it).
 Such a step must be used only as called in functions of the module (not named in a string such
 as `__all__`, not passed around otherwise). Anything else (a step passed to other code, called where no one
 function calls all its callers, arguments from outside the function, a result fed to another
@@ -306,7 +323,8 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     the rewrite defines once in the module (`global_batch(batch, batch_sharding)`: each device
     gets the rows it had), its other reads unchanged; the message names the pipeline, whose
     batches can be made flat later. `PL302` it is stacked on one path and not on another; `PL303` a value stacked for
-    the step is read other than passed to it; `PL304` the body reads a value of the function
+    the step is read other than passed to it (or passed to a def reading device 0's copy that
+    other code calls too, or returned from a function whose result is read); `PL304` the body reads a value of the function
     whose layout changes; `PL305` per-device keys for a step that cannot take its own key (a
     decorated step);
   - `PL401` a result is read other than as device 0's copy, fed back or flattened (returned
@@ -395,6 +413,7 @@ class Pmap(Faithful):
     SAFETY: ClassVar[Safety] = Safety.UNSAFE
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 7)  # `jax.shard_map` is public from JAX 0.6.1
     REFERENCE: ClassVar[str | None] = "vmap-oracle"
+    READS_CALLERS: ClassVar[bool] = True  # `FileState.outside`: `_passon.py`
     LITERALS: ClassVar[tuple[str, ...]] = ("pmap",)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\bpmap\b")
     # "pmean only works inside pmap": comments on a statement whose pmap the rewrite removed

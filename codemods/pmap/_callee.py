@@ -146,7 +146,7 @@ def follow_passed(
     caller.batches, caller.outputs, caller.varying = inner.batches, inner.outputs, inner.varying
     caller.fixed, caller.statics, caller.squeezed = inner.fixed, inner.statics, inner.squeezed
     caller.params, caller.keywords = inner.params, inner.keywords
-    caller.callees = [inner]
+    caller.callees = [inner, *caller.callees]
     if caller.squeezed or caller.keywords:
         _check_lambda(caller, flow, [call])
     if local is not None:

@@ -22,6 +22,7 @@ from ._forms import (
     single_name,
     target_names,
 )
+from ._inputs import iterated_batches
 from ._layout import (
     DONATED_COPY,
     GLOBAL_BATCH,
@@ -32,6 +33,7 @@ from ._layout import (
     match,
     row_named,
 )
+from ._passon import passed_on
 from ._program import COPY, DECORATORS, NOT_NAMED, Decline, NotVisible, Program
 from ._reach import ENTRY, SCOPES, Flow, free_names, names_in, nodes_in, params_of
 from ._readat import at as _at
@@ -864,6 +866,9 @@ def _follow_argument(
                 kind = classified.get(id(binding)) or _binding_kind(
                     program, binding, name, forms, calls, flow, position
                 )
+                feeds = {id(c.values[position]) for c in calls}
+                if kind == "other" and iterated_batches(program, flow, forms, binding, name, feeds):
+                    kind = "batch"  # an input iterator a def of the module makes: `_inputs.py`
                 classified[id(binding)] = kind
                 if kind == "other":
                     blocking.append(_binding_text(name, binding, flow, forms.qualname))
@@ -1032,6 +1037,12 @@ def _follow_stacked(
         if not replicated and not keys and _flat_batch(program, flow, forms, use, name):
             continue
         found = _readback_around(flow, forms, use, name) if replicated else None
+        if (
+            found is None
+            and replicated
+            and passed_on(program, flow, forms, use, name, _readback_around)
+        ):
+            continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
         if found is None:
             blocking.append(field_top(flow, use))
             continue
@@ -1531,6 +1542,9 @@ def _follow_result(
         if _follow_items(program, flow, forms, use, name):
             continue
         found = _readback_around(flow, forms, use, name)
+        read = Decline.RESULT_READ
+        if found is None and passed_on(program, flow, forms, use, name, _readback_around, read):
+            continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
         if found is None:
             _not_returned(program, flow, use, name, step)
             raise NotVisible(

@@ -157,6 +157,12 @@ class Program:
     given: Callable[[Program, str, int], str] | None = None
     entries: set[str] = field(default_factory=set)
     callees: list[Program] = field(default_factory=list)
+    # A value stacked for the step passed on to a def of the module reading only device 0's
+    # copy, and `return value` (`_passon.py`): checked against every read of those names.
+    passed_on: list[cst.Call] = field(default_factory=list)
+    returns: list[tuple[str, Decline]] = field(default_factory=list)  # the name, if read
+    # The reads of the defs making its input iterator (`_inputs.py`), checked likewise.
+    inputs: list[cst.Name] = field(default_factory=list)
 
     def edit(
         self, node: cst.BaseExpression, why: str, new: Callable[[], cst.BaseExpression]
@@ -371,6 +377,10 @@ def _loads(node: cst.CSTNode) -> list[str]:
     class _Reads(cst.CSTVisitor):
         def visit_AssignTarget(self, target: cst.AssignTarget) -> bool:
             return not isinstance(target.target, cst.Name)
+
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            node.value.visit(self)  # not `attr`: `jax.local_device_count` reads no name `n`
+            return False
 
         def visit_Name(self, name: cst.Name) -> None:
             found.append(name.value)

@@ -33,6 +33,7 @@ from ._outer import (
     mesh_in_scope,
     setup_function,
 )
+from ._passon import checked as passed_on_checked
 from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
 from ._reach import SCOPES, Flow, free_names, names_in, nodes_in
 from ._stored import returned_into_self, stored_on_self
@@ -750,6 +751,7 @@ class Finding(Pass):
         """`program`, made at `made` in `host`, once no def of the module reads a global it
         changes; a mesh of pmap's already bound before `made` is reused."""
         _globals_unread(module, host, program, flow)
+        passed_on_checked(program, flow, self.state.outside, self.survey.strings)  # type: ignore[union-attr]
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
         mesh = mesh_in_scope(scopes, made, flow, program.axis, self.qualname)
         if mesh is not None:

@@ -24,7 +24,15 @@ from jaxmigrate.registry import chosen_passes
 from jaxmigrate.textio import source_lines
 from jaxmigrate.toolkit.emit import Style, infer_style
 from jaxmigrate.toolkit.facts import Outline
-from jaxmigrate.toolkit.passes import LATEST_JAX, STATE_KEY, FileState, Home, ModuleCache, Pass
+from jaxmigrate.toolkit.passes import (
+    LATEST_JAX,
+    STATE_KEY,
+    Callers,
+    FileState,
+    Home,
+    ModuleCache,
+    Pass,
+)
 
 PassList = Sequence[type[Pass]]
 # Where a file lives, or how to find it out: asked only when a pass will run on the text.
@@ -92,6 +100,7 @@ def run_passes(
     first_party: frozenset[str] = frozenset(),
     fallbacks: Mapping[str, str] | None = None,
     mesh_reads: tuple[str, ...] = (),
+    outside: Callers | None = None,
 ) -> tuple[cst.Module, _Run]:
     """Run `passes` in order over `module`; return the new module and what they recorded.
 
@@ -102,7 +111,8 @@ def run_passes(
     project. `style` is how new code is written (default: inferred from `source`),
     `first_party` the project's own top-level modules (new imports go above theirs).
     `fallbacks` are forms to write in their fallback form (`Site.fallback` key -> why).
-    `mesh_reads` are where the code base reads the legacy mesh context.
+    `mesh_reads` are where the code base reads the legacy mesh context, `outside` how its
+    other modules use the module's functions.
     """
     style = infer_style(source) if style is None else style
     if selected is None:
@@ -131,6 +141,7 @@ def run_passes(
             first_party=first_party,
             fallbacks=fallbacks or {},
             mesh_reads=mesh_reads,
+            outside=outside,
         )
         if changed:
             state.line_map = line_map_between(original, cache.code(module))
@@ -283,7 +294,8 @@ def migrate_source(
     if callable(home):
         home = home()
     reads = project.legacy_mesh_reads(path, code) if any(p.READS_MESH for p in found.passes) else ()
-    layout = _Layout(project.style(code, path), project.first_party(path), reads)
+    outside = project.outside_uses(path) if any(p.READS_CALLERS for p in found.passes) else None
+    layout = _Layout(project.style(code, path), project.first_party(path), reads, outside)
     new, run = run_passes(
         module,
         code,
@@ -299,6 +311,7 @@ def migrate_source(
         first_party=layout.first_party,
         fallbacks=fallbacks,
         mesh_reads=layout.mesh_reads,
+        outside=layout.outside,
     )
     if not run.sites:
         return Migration(code, (), tuple(sorted(run.skips, key=lambda s: (s.line, s.col))))
@@ -328,6 +341,7 @@ class _Layout:
     style: Style
     first_party: frozenset[str]
     mesh_reads: tuple[str, ...] = ()
+    outside: Callers | None = None
 
 
 @dataclass(frozen=True)
@@ -380,6 +394,7 @@ def _rerun(
         first_party=again.layout.first_party,
         fallbacks=again.fallbacks,
         mesh_reads=again.layout.mesh_reads,
+        outside=again.layout.outside,
     )
     return new
 

@@ -43,9 +43,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jaxmigrate.config import Formatting, distribution_name, formatting_in, project_formatting
+from jaxmigrate.pipeline.codebase import Siblings, package_module
 from jaxmigrate.toolkit.emit import Style, infer_style, infer_width
 from jaxmigrate.toolkit.meshes import LEGACY_MESH_READ as LEGACY_MESH_READ_TEXT
-from jaxmigrate.toolkit.passes import Home
+from jaxmigrate.toolkit.passes import Callers, Home
 
 # Folders of a code base that hold no library code: never its main package when another is there.
 NOT_LIBRARY = frozenset(
@@ -78,6 +79,7 @@ class Project:
     mains: dict[Path, Path | None] = field(default_factory=dict)
     mesh_reads: dict[tuple[Path, bool], tuple[str, ...]] = field(default_factory=dict)
     widths: dict[Path, int | None] = field(default_factory=dict)
+    siblings: Siblings = field(default_factory=Siblings)
 
     # Style and first-party modules -------------------------------------------------------
     def style(self, code: str, path: str | None) -> Style:
@@ -125,11 +127,13 @@ class Project:
 
     def context(self, path: str, text: str = "") -> str:
         """Return what a file's result depends on besides its bytes and the options: the
-        project's formatter settings and own modules, and the legacy mesh reads of the code the
-        file holding `text` may run (part of its result cache key)."""
+        project's formatter settings and own modules, the legacy mesh reads of the code the
+        file holding `text` may run, and how other modules use its functions (part of its
+        result cache key)."""
         width, indent = project_formatting(Path(path), self.formatting)
         reads = self.legacy_mesh_reads(path, text)
-        return repr((width, indent, sorted(self.first_party(path)), *reads))
+        outside = self.outside_uses(path)
+        return repr((width, indent, sorted(self.first_party(path)), *reads, outside))
 
     # Reads of the legacy mesh context --------------------------------------------------------
     def legacy_mesh_reads(self, path: str | None, text: str = "") -> tuple[str, ...]:
@@ -156,6 +160,26 @@ class Project:
                 self.mesh_reads[(folder, deep)] = tuple(_mesh_reads(shown, files))
             found += self.mesh_reads[(folder, deep)]
         return tuple(found)
+
+    # Who else uses a module's functions ------------------------------------------------------
+    def outside_uses(self, path: str | None) -> Callers | None:
+        """Return how the other modules of its code base use the functions of the file at
+        `path` (the rules: `pipeline/codebase.py`); None when no file is known."""
+        if path is None:
+            return None
+        file = Path(path).absolute()
+        if file.suffix != ".py":
+            return Callers()  # a notebook: no module imports it
+        here = file.parent
+        top = self.top_package(here)
+        around = next((f for f in here.parents if self.is_package(f)), None)
+        if top is None and around is not None:
+            top = self.top_package(around)
+        if top is not None:
+            return package_module(file, top)
+        if here == self.code_base(here):
+            return package_module(file, here)
+        return self.siblings.of(file)
 
     # Where shared modules go ---------------------------------------------------------------
     def home(self, path: Path, text: str = "") -> Home | None:

@@ -115,6 +115,34 @@ class Home:
     main: bool = False  # `package` is the main package of the file's code base
 
 
+@dataclass(frozen=True)
+class Outside:
+    """How the other modules of a file's code base use one public function of it, for a pass
+    (`Project.outside_uses` reads them): where one names it and where one reads its result,
+    "" when none does. A module others may import from outside the code base (a package's) has
+    every function called and read "from outside the code base"."""
+
+    called: str = ""  # "in `main.py:60`"
+    read: str = ""  # "in `imagenet.ipynb[cell 17]`", where its result is read
+
+
+@dataclass(frozen=True)
+class Callers:
+    """How the other modules of a file's code base use its functions: `everywhere`, why every
+    public function may be called and read from outside the code base (a package's module), and
+    `uses` by function name (`"*"`: every function; a name absent: no other module uses it)."""
+
+    everywhere: str = ""
+    uses: Mapping[str, Outside] = field(default_factory=dict)
+
+    def of(self, name: str) -> Outside:
+        """Return how other modules use the function `name`."""
+        if self.everywhere and not name.startswith("_"):  # `_name`: the module's own
+            return Outside(self.everywhere, self.everywhere)
+        own, every = self.uses.get(name) or Outside(), self.uses.get("*") or Outside()
+        return Outside(own.called or every.called, own.read or every.read)
+
+
 @dataclass
 class FileState:
     """Per-file, per-run state the engine hands to every pass through the codemod context."""
@@ -134,6 +162,9 @@ class FileState:
     home: Home | None = None  # None: no project around the text (stdin, a notebook, a test)
     # Where the code base reads the legacy mesh context (`Project.legacy_mesh_reads`)
     mesh_reads: tuple[str, ...] = ()
+    # How the code base's other modules use the module's functions; None: not known (a text
+    # alone, `Project.outside_uses`)
+    outside: Callers | None = None
     pmap_style: str = "idiomatic"  # "faithful": pmap keeps its per-device form everywhere
     files: list[ProjectFile] = field(default_factory=list)
     # Forms to write in their fallback form (`Site.fallback` key -> why): verification found
@@ -186,6 +217,8 @@ class Pass(CodemodCommand, cst.CSTTransformer):
     REFERENCE: ClassVar[str | None] = None
     # True: the pass reads `FileState.mesh_reads` (the engine then scans the code base once).
     READS_MESH: ClassVar[bool] = False
+    # True: the pass reads `FileState.outside` (the engine then reads the module's callers).
+    READS_CALLERS: ClassVar[bool] = False
     TRIGGER: ClassVar[re.Pattern[str]]
     # Plain strings one of which every match of TRIGGER contains: tested first with `in`, which
     # is some 50x faster than a regex that starts with `\b` (no literal prefix to search for).

@@ -1,0 +1,219 @@
+"""A value stacked for a step, passed on to a def of the module that reads only device 0's copy.
+
+flax's imagenet example saves its replicated state through a def of the module,
+`save_checkpoint(state, workdir)`, which reads device 0's copy first thing
+(`state = jax.device_get(jax.tree_util.tree_map(lambda x: x[0], state))`). In the program-level
+form the state is one global array, the same everywhere: that readback goes, in the def, as it
+would in the function calling the step (`_flow._follow_stacked`), and the def is rewritten with
+it (a `Program` of the def with those edits only, planned as a def a step is passed to is).
+
+Taken when the value is passed whole (not a field of it) to a def of the module, by position
+or keyword, and every read of that parameter in the def is such a readback of the value the
+def was given. The def must then take values of that layout from every caller: every read of
+its name in the module is a call passing the same value stacked for a step of the same function
+(`checked`), and no other module of the code base reads its name (`FileState.outside`, from
+`pipeline/codebase.py`): a def of a module in a package may be called from outside the code
+base, so it counts as called. A value returned from a public function whose result nobody in
+the code base reads (`FileState.outside` again: the example's `train_and_evaluate`, called by
+its `main.py` and tests as a statement) is no read of its layout either: the caller gets a
+global array where it got stacked copies, and no code of the code base looks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+
+import libcst as cst
+
+from jaxmigrate.toolkit.passes import Callers
+
+from ._forms import Forms, single_name
+from ._program import Decline, NotVisible, Program
+from ._reach import ENTRY, Flow, nodes_in
+
+Readback = Callable[
+    [Flow, Forms, cst.Name, str], tuple[cst.BaseExpression, cst.BaseExpression] | None
+]
+
+
+def passed_on(
+    program: Program,
+    flow: Flow,
+    forms: Forms,
+    use: cst.Name,
+    name: str,
+    readback: Readback,
+    code: Decline = Decline.STACKED_READ,
+) -> bool:
+    """Return True for a read of `name`, replicated for the step, that `checked` decides:
+    passed to a def of the module reading only device 0's copy, or returned (`code`: the
+    decline when the result is read, PL401 for a result of the step, else PL303)."""
+    return read_back_in_def(program, flow, forms, use, name, readback) or returned_unread(
+        program, flow, use, code
+    )
+
+
+def read_back_in_def(
+    program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str, readback: Readback
+) -> bool:
+    """`save_checkpoint(state, workdir)`, `use` the value passed and `save_checkpoint` a def of
+    the module reading only device 0's copy of it: record those readbacks' deletion in the def
+    (a program of the def) and the call, for `checked`; return True. Else False."""
+    arg = flow.parent.get(id(use))
+    call = flow.parent.get(id(arg))
+    if not isinstance(arg, cst.Arg) or arg.value is not use or not isinstance(call, cst.Call):
+        return False
+    callee = forms.defs.get(single_name(call.func) or "")
+    if callee is None or callee is program.host or arg.star or pmaps(callee, forms):
+        return False
+    param = _bound_to(callee, call, arg)
+    inner = Flow(callee) if param is not None else None
+    if inner is None or param is None or not inner.loads.get(param):
+        return False
+    found = []
+    for read in inner.loads[param]:
+        reach = inner.reach.of(read)
+        if ENTRY not in reach:
+            continue  # the value it is rebound to (`state = jax.device_get(...)`)
+        if reach != {ENTRY}:
+            return False  # that or another value
+        around = readback(inner, forms, read, param)
+        if around is None:
+            return False
+        found.append(around)
+    mine = program_of(program, callee)
+    given = "" if param == name else f" `{name}`"
+    for node, value in found:
+        why = (
+            f"a readback of device 0 deleted in `{callee.name.value}`: `{param}`, passed"
+            f"{given} from `{program.host.name.value}`, is the same on every device"
+        )
+        mine.edit(node, why, lambda value=value: value)  # type: ignore[misc]
+    program.passed_on.append(call)
+    return True
+
+
+def program_of(program: Program, fn: cst.FunctionDef) -> Program:
+    """The program of the def `fn` holding edits only, made for `program` (once)."""
+    mine = next((p for p in program.callees if p.host is fn and not p.calls), None)
+    if mine is None:
+        mine = Program(fn, None, program.body, program.axis, None, [], None)
+        program.callees.append(mine)
+    return mine
+
+
+def returned_unread(program: Program, flow: Flow, use: cst.Name, code: Decline) -> bool:
+    """`return state` (the value whole) from the function calling the step: recorded for
+    `checked`, which takes it when nobody reads that function's result."""
+    statement = flow.parent.get(id(use))
+    if not isinstance(statement, cst.Return) or statement.value is not use:
+        return False
+    program.returns.append((use.value, code))
+    return True
+
+
+def checked(
+    program: Program, flow: Flow, outside: Callers | None, strings: Collection[str]
+) -> None:
+    """Raise PL303 when a def `read_back_in_def` took is read other than in the calls it took,
+    here or in another module, or when a function returning a stacked value (`returned_unread`)
+    has its result read. `flow` is the module's; `outside` how other modules use the module's
+    functions (None: not known, every public one counts as called and read); `strings` the
+    module's strings (a name in `__all__` is exported: used elsewhere)."""
+    taken = {id(c.func) for c in program.passed_on}
+    for name in dict.fromkeys(single_name(c.func) or "" for c in program.passed_on):
+        here = [u for u in flow.loads.get(name, []) if id(u) not in taken and not _defined(flow, u)]
+        where = _where(flow, here[0]) if here else _elsewhere(name, outside)
+        where = where or ("in a string (`__all__`)" if name in strings else "")
+        if where:
+            raise NotVisible(
+                f"`{name}` reads device 0's copy of a value replicated for the step, and is "
+                f"also used {where}: its callers there may pass another layout",
+                Decline.STACKED_READ,
+            )
+    inputs = {id(n) for n in program.inputs}
+    for name in dict.fromkeys(n.value for n in program.inputs):
+        here = [
+            u for u in flow.loads.get(name, []) if id(u) not in inputs and not _defined(flow, u)
+        ]
+        where = _where(flow, here[0]) if here else _elsewhere(name, outside)
+        where = where or ("in a string (`__all__`)" if name in strings else "")
+        if where:
+            raise NotVisible(
+                f"the step's batches come from an iterator of `{name}`, which would yield flat "
+                f"batches, but it is also used {where}, where they may be read split per device",
+                Decline.ARGUMENT_UNKNOWN,
+            )
+    host = program.host.name.value
+    if program.returns:
+        here = [u for u in flow.loads.get(host, []) if not _defined(flow, u)]
+        reading = [u for u in here if not isinstance(_statement(flow, u), cst.Expr)]
+        where = _where(flow, reading[0]) if reading else _read_elsewhere(host, outside)
+        where = where or ("in a string (`__all__`)" if host in strings else "")
+        if not isinstance(flow.parent.get(id(program.host)), cst.Module):
+            where = "where its callers are not followed (it is no def at module level)"
+        if where:
+            value, code = program.returns[0]
+            raise NotVisible(
+                f"`{value}` is returned by `{host}` with its device axis, and `{host}`'s result "
+                f"is read {where}",
+                code,
+            )
+
+
+def _where(flow: Flow, use: cst.Name) -> str:
+    """Where in the module `use` is: "in `f`", the def around it, or "at module level"."""
+    node: cst.CSTNode | None = flow.parent.get(id(use))
+    while node is not None and not isinstance(node, cst.FunctionDef):
+        node = flow.parent.get(id(node))
+    return f"in `{node.name.value}`" if node is not None else "at module level"
+
+
+def pmaps(fn: cst.FunctionDef, forms: Forms) -> bool:
+    """Return True if `fn` holds a pmap (its own program would rewrite it too)."""
+    calls = [c.func for c in nodes_in(fn, cst.Call)] + [
+        d.decorator for d in nodes_in(fn, cst.Decorator)
+    ]
+    return any(forms.qualname(f) == "jax.pmap" for f in calls if isinstance(f, cst.BaseExpression))
+
+
+def _bound_to(callee: cst.FunctionDef, call: cst.Call, arg: cst.Arg) -> str | None:
+    """The parameter of `callee` that `arg` of `call` fills, None if not plainly visible."""
+    params = callee.params
+    if params.posonly_params or isinstance(params.star_arg, cst.Param) or params.star_kwarg:
+        return None
+    if arg.keyword is not None:
+        named = {p.name.value for p in (*params.params, *params.kwonly_params)}
+        return arg.keyword.value if arg.keyword.value in named else None
+    plain = [a for a in call.args if a.keyword is None]
+    index = next(i for i, a in enumerate(plain) if a is arg)
+    return params.params[index].name.value if index < len(params.params) else None
+
+
+def _defined(flow: Flow, use: cst.Name) -> bool:
+    parent = flow.parent.get(id(use))
+    return isinstance(parent, (cst.FunctionDef, cst.ClassDef)) and parent.name is use
+
+
+def _statement(flow: Flow, use: cst.Name) -> cst.CSTNode | None:
+    """The small statement whose expression is the call of `use` (`f(...)` alone), else the
+    first node around `use` that is no call of it."""
+    node: cst.CSTNode = use
+    parent = flow.parent.get(id(node))
+    if isinstance(parent, cst.Call) and parent.func is node:
+        node, parent = parent, flow.parent.get(id(parent))
+    return parent
+
+
+def _elsewhere(name: str, outside: Callers | None) -> str:
+    """Where other code may call the module's function `name` ("" when nowhere)."""
+    if outside is None:
+        return "" if name.startswith("_") else "maybe by other modules (the code base is not read)"
+    return outside.of(name).called
+
+
+def _read_elsewhere(name: str, outside: Callers | None) -> str:
+    """Where other code may read the result of the module's function `name` ("" when nowhere)."""
+    if outside is None:
+        return "" if name.startswith("_") else "maybe by other modules (the code base is not read)"
+    return outside.of(name).read

@@ -1,0 +1,48 @@
+"""Batches from an input iterator a def of the module makes (`codemods/pmap/_inputs.py`): the
+shapes that keep the faithful form, each naming its blocker."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import FIXTURES
+
+from jaxmigrate.model import Options
+from jaxmigrate.pipeline.engine import migrate_source
+
+TAKEN = (FIXTURES / "pmap" / "program_input_iterator.py").read_text()
+LOOP = "    for step, batch in zip(range(4), train_iter):\n"
+
+
+def train_step_message(source: str) -> str:
+    result = migrate_source(source, options=Options())
+    return next(
+        s.message
+        for s in result.sites
+        if s.line == source.count("\n", 0, source.index("p_train_step = ")) + 1
+    )
+
+
+INIT = "    train_iter = _create_input_iter(0, 4)\n"
+PREPARE = "    return jax.tree_util.tree_map(_prepare, xs)\n"
+MAKER = "def _create_input_iter(seed, steps):\n"
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (LOOP, LOOP + "        print(batch['x'].shape)\n"),  # the batch read split per device
+        (INIT, INIT + "    print(next(train_iter)['x'].shape)\n"),  # the iterator read so
+        (INIT, INIT + "    _prepare_data({'x': 1})\n"),  # the mapped def called elsewhere
+        (PREPARE, "    _prepare(xs['x'])\n" + PREPARE),  # the nested def called otherwise too
+        (MAKER, MAKER + "    map = lambda f, d: d\n"),  # `map` rebound
+    ],
+    ids=["batch read", "iterator read", "mapped def read", "nested def called", "map rebound"],
+)
+def test_other_reads_keep_the_batches_per_device(old: str, new: str) -> None:
+    assert old in TAKEN
+    message = train_step_message(TAKEN.replace(old, new, 1))
+    assert "program-level form not taken: [PL301]" in message, message
+
+
+def test_the_fixture_takes_it() -> None:
+    assert "(program-level)" in train_step_message(TAKEN)
