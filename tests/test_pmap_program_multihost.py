@@ -360,6 +360,7 @@ print("RESULT", json.dumps([np.asarray(x).tolist() for x in jax.tree.leaves(resu
         "program_axis_field",
         "program_opaque_model_apply",
         "program_drawn_batches",
+        "program_factory_step",
         "program_save_checkpoint",
         "program_input_iterator",
     ],

@@ -286,7 +286,11 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
   elsewhere ...`), naming the value that blocks it and where; each code has a fixture
   (`tests/fixtures/pmap/decline_pl*.py`, or a `program_*_kept_faithful.py` case):
   - `PL101` the step is not assigned to a name by a statement of its own (`self.step =
-    jax.pmap(...)`, `return jax.pmap(...)`);
+    jax.pmap(...)`); `return jax.pmap(body, ...)` ending a def of the module (a factory) is
+    followed when the factory's one call is `step = factory(...)`, a statement of a function
+    calling `step` that makes no step of its own, and no other module calls it (a public
+    factory in a package may be: PL101 names that): the factory returns `jax.jit(jax.shard_map(
+    body, mesh=...))` on a mesh of its own, the caller lays out the arguments and results;
   - `PL102` the pmapped function is not a def of the module (an attribute `model.apply`, an
     import, a parameter, a def nested in another function) and pmap names its axis (with no
     `axis_name` the body cannot name the axis: it holds no collective over it and runs on each
@@ -563,6 +567,8 @@ class Pmap(Faithful):
                     shardings[axis] = program.sharding
                     taken.add(program.sharding)
             self._plan_callees(program)
+            if program.factory is not None:  # rewritten at the module's end (`leave_Module`)
+                self.factories[id(program.factory[0])] = program
         first = programs[0][1].statement
         assert first is not None
         indent = self.room(first).indent
@@ -647,6 +653,12 @@ class Pmap(Faithful):
                 indent = self.room(first).indent
                 rewritten = rewrite_host(statement, programs, None, indent, self.state.style)
                 new[statement.name.value] = rewritten
+        for statement in original_node.body:  # a factory returning a step taken
+            program = self.factories.get(id(statement))
+            if program is not None and isinstance(statement, cst.FunctionDef):
+                assert program.factory is not None
+                indent = self.room(program.factory[1]).indent
+                new[statement.name.value] = program.factory_rewritten(indent, self.state.style)
         body = [
             new.get(s.name.value, s) if isinstance(s, cst.FunctionDef) else s
             for s in updated_node.body

@@ -109,6 +109,33 @@ def analyze(
     return program
 
 
+def analyze_made(
+    host: cst.FunctionDef,
+    statement: cst.SimpleStatementLine,
+    pmap: cst.Call,
+    body: cst.FunctionDef,
+    qualname: Qualname,
+    facts: ModuleFacts = NO_FACTS,
+    unnamed: cst.BaseExpression | None = None,
+) -> Program:
+    """Return the program of a step `statement` binds in `host` to what a def of the module
+    returns, `step = factory(...)`, the factory returning `pmap` (`_survey._factory_program`);
+    raise NotVisible for why not."""
+    assign = statement.body[0]
+    assert isinstance(assign, cst.Assign)
+    step = single_name(assign.targets[0].target)
+    assert step is not None
+    options = options_of(pmap, qualname, unnamed, facts.constants)
+    flow = Flow(host)
+    if flow.stores.get(step, []) != [assign]:
+        raise NotVisible(
+            f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
+        )
+    program = _follow(host, flow, step, options, body, qualname, assign, (), facts, None)
+    program.statement = statement
+    return program
+
+
 def analyze_decorated(
     host: cst.FunctionDef,
     body: cst.FunctionDef,

@@ -46,6 +46,8 @@ import libcst as cst
 
 from jaxmigrate.toolkit.emit import Call, Room, Style, code
 
+from ._reach import names_in
+
 
 class Decline(enum.Enum):
     """Why the program-level form is not taken: one stable code each (the rule's `## Skips`),
@@ -127,6 +129,9 @@ class Program:
     # module's helper of this name (`_flow._convert_drawn`)
     converts: bool = False
     converter: str = "global_batch"
+    # `step = factory(...)` made the step: the factory's def and its `return jax.pmap(...)`,
+    # which becomes the step (`step_statements` keeps `statement`, making only what it needs)
+    factory: tuple[cst.FunctionDef, cst.SimpleStatementLine] | None = None
     # How the module spells numpy when this process's part of a flat result must be read into
     # numpy: under `jax.set_mesh`, whose mesh spans every process, a jax op on an array of this
     # process's devices alone raises ("incompatible devices"); None: read as it is.
@@ -213,7 +218,7 @@ class Program:
         assert self.statement is not None
         jax, spec = self.jax, code(self.spec)
         axis = code(self.axis)
-        if isinstance(self.statement, cst.FunctionDef):
+        if isinstance(self.statement, cst.FunctionDef) or self.factory is not None:
             texts = []
         else:
             target = code(self.statement.body[0].targets[0].target)  # type: ignore[attr-defined]
@@ -221,11 +226,13 @@ class Program:
         if any(self.batches) and self.make_sharding:
             sharding = f"{jax}.sharding.NamedSharding({self.mesh}, {spec}({axis}))"
             texts.insert(0, f"{self.sharding} = {sharding}")
-        if self.make_mesh:
+        if self.make_mesh and (self.factory is None or any(self.batches)):
             texts.insert(0, f"{self.mesh} = {jax}.sharding.Mesh({jax}.devices(), ({axis},))")
         statements = [_laid_out(cst.parse_statement(text), indent, style) for text in texts]
         if isinstance(updated, cst.FunctionDef):
             statements.append(self._decorated(updated, indent, style))
+        elif self.factory is not None and isinstance(updated, cst.SimpleStatementLine):
+            statements.append(updated)  # `step = factory(...)`, as it was
         if not statements:
             return []
         first = statements[0].with_changes(leading_lines=self.statement.leading_lines)  # type: ignore[attr-defined]
@@ -235,6 +242,23 @@ class Program:
                 leading_lines=[cst.EmptyLine(indent=False)]
             )
         return [first, *statements[1:]]
+
+    def factory_rewritten(self, indent: str, style: Style) -> cst.FunctionDef:
+        """The factory's def with its `return jax.pmap(...)` making the step on a mesh of its
+        own (equal to the caller's: the same devices and axis)."""
+        assert self.factory is not None
+        factory, made = self.factory
+        taken = set(names_in(factory))
+        mesh = next(n for n in ("mesh", *(f"mesh_{k}" for k in range(2, 99))) if n not in taken)
+        texts = [
+            f"{mesh} = {self.jax}.sharding.Mesh({self.jax}.devices(), ({code(self.axis)},))",
+            f"return {self.step_text(mesh)}",
+        ]
+        new = [_laid_out(cst.parse_statement(t), indent, style) for t in texts]
+        new[0] = new[0].with_changes(leading_lines=made.leading_lines)  # type: ignore[union-attr]
+        assert isinstance(factory.body, cst.IndentedBlock)
+        body = [*factory.body.body[:-1], *new]
+        return factory.with_changes(body=factory.body.with_changes(body=body))
 
     def _decorated(self, updated: cst.FunctionDef, indent: str, style: Style) -> cst.FunctionDef:
         """The def with `@partial(jax.jit, ...)` over `@partial(jax.shard_map, mesh=...)`."""

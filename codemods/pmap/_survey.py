@@ -18,6 +18,7 @@ from ._flow import (
     Options,
     analyze,
     analyze_decorated,
+    analyze_made,
     lambda_def,
     mapped_name,
     options_of,
@@ -339,6 +340,7 @@ class Finding(Pass):
         # The helper converting batches drawn per device from an iterator not followed, once
         # a program asks for it: its name, and how the module spells jax and numpy
         self.converter: tuple[str, str, str] | None = None
+        self.factories: dict[int, Program] = {}  # by id of a factory's def: the program it makes
         self.programs: dict[int, list[tuple[PmapUse, Program]]] = {}  # by id of their function
         # `if __name__ == "__main__":` blocks making steps, each read as a def of its body (by
         # id of the `if`): the program's host, its names the module's globals
@@ -627,6 +629,8 @@ class Finding(Pass):
                 raise NotVisible(why, Decline.CALLED_WHERE_MADE)
             raise unnamed_step(around, host.name.value, flow.parent)
         assign = statement.body[0]
+        if isinstance(assign, cst.Return) and assign.value is site.node and not siblings:
+            return self._factory_program(module, site, host, statement, body, skip, flow)
         klass = self._def_scope(host)  # `self.step = jax.pmap(...)` in a method: say what blocks
         target = assign.targets[0].target if isinstance(assign, cst.Assign) else None
         if isinstance(target, cst.Attribute) and isinstance(klass, cst.ClassDef):
@@ -643,6 +647,71 @@ class Finding(Pass):
                 raise
             called_once = lambda d, c: self._called_once(flow, d, c)
             program = follow_passed(why, *details, unnamed, called_once)
+        return host, self._checked(module, host, program, flow, statement)
+
+    def _factory_program(
+        self,
+        module: cst.Module,
+        site: PmapUse,
+        factory: cst.FunctionDef,
+        made: cst.SimpleStatementLine,
+        body: cst.FunctionDef,
+        skip: cst.CSTNode | None,
+        flow: Flow,
+    ) -> tuple[cst.FunctionDef, Program]:
+        """`return jax.pmap(body, ...)` ending a def of the module (vision_transformer's
+        `make_update_fn`) called once, `step = factory(...)` in a function that calls `step`:
+        that function's program, the step made where the factory returns it (`Program.factory`).
+        Raise NotVisible (PL101) for any other use of the factory."""
+        assert self.survey is not None and isinstance(site.node, cst.Call)
+        name = factory.name.value
+        lines = factory.body.body if isinstance(factory.body, cst.IndentedBlock) else ()
+        uses = [u for u in flow.loads.get(name, []) if flow.parent.get(id(u)) is not factory]
+        call = flow.parent.get(id(uses[0])) if len(uses) == 1 else None
+        assign = flow.parent.get(id(call))
+        statement = flow.parent.get(id(assign))
+        around = flow.ancestors(uses[0]) if uses else iter(())
+        host = next((a for a in around if isinstance(a, SCOPES)), None)
+        outside = self.state.outside  # None: the code base is not read
+        elsewhere = outside.of(name).called if outside is not None else ""
+        if outside is None and not name.startswith("_"):
+            elsewhere = "maybe by other modules (the code base is not read)"
+        elsewhere = elsewhere or ("in a string (`__all__`)" if name in self.survey.strings else "")
+        if (
+            factory not in module.body
+            or not lines
+            or lines[-1] is not made
+            or not isinstance(call, cst.Call)
+            or call.func is not uses[0]
+            or not isinstance(assign, cst.Assign)
+            or len(assign.targets) != 1
+            or single_name(assign.targets[0].target) is None
+            or not isinstance(statement, cst.SimpleStatementLine)
+            or len(statement.body) != 1
+            or not isinstance(host, cst.FunctionDef)
+            or elsewhere
+        ):
+            why = f"the step is returned by `{name}`, " + (
+                f"which is called {elsewhere}: those calls are not followed"
+                if elsewhere
+                else f"followed only where `step = {name}(...)`, its one call, is a statement of "
+                "a function calling `step`"
+            )
+            raise NotVisible(why, Decline.NOT_NAMED)
+        own = [s for s in self.sites.values() if s is not site and host in s.ancestors]
+        if own or id(host) in self.programs:
+            why = (
+                f"the step is returned by `{name}` to `{host.name.value}`, which makes steps of "
+                "its own: one mesh for all of them is not followed"
+            )
+            raise NotVisible(why, Decline.NOT_NAMED)
+        facts = self._facts(module, host)
+        program = analyze_made(
+            host, statement, site.node, body, self.qualname, facts, self._unnamed()
+        )
+        program.factory = (factory, made)
+        if self._visit_only is not None:  # the function calling the step holds no pmap
+            self._visit_only |= {id(a) for a in (host, *flow.ancestors(host))}
         return host, self._checked(module, host, program, flow, statement)
 
     def _opaque_body(
