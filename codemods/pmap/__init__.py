@@ -387,7 +387,8 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
   - `PL206` a call's results are bound other than to plain names (`d["k"] = step(...)`), or
     `step(...)[0]` of a tuple;
   - `PL301` an argument's layout comes from outside the function (a parameter, a global, an
-    iterator; the argument of a mean over devices, AlgoPerf's `avg_fn`); `PL302` it is stacked on one path and not on another; `PL303` a value stacked for
+    iterator; the argument of a mean over devices, AlgoPerf's `avg_fn`; an input iterator of the
+    module that other code uses too); `PL302` it is stacked on one path and not on another; `PL303` a value stacked for
     the step is read other than passed to it (or passed to a def reading device 0's copy that
     other code calls too, or returned from a function whose result is read); `PL304` the body reads a value of the function
     whose layout changes; `PL305` per-device keys for a step that cannot take its own key (a
