@@ -1,5 +1,5 @@
 """Batches from an input iterator a def of the module makes (`codemods/pmap/_inputs.py`): the
-shapes that keep the faithful form, each naming its blocker."""
+shapes where the iterator cannot be made to yield flat batches, and what the step does then."""
 
 from __future__ import annotations
 
@@ -32,15 +32,24 @@ MAKER = "def _create_input_iter(seed, steps):\n"
     [
         (LOOP, LOOP + "        print(batch['x'].shape)\n"),  # the batch read split per device
         (INIT, INIT + "    print(next(train_iter)['x'].shape)\n"),  # the iterator read so
-        (INIT, INIT + "    _prepare_data({'x': 1})\n"),  # the mapped def called elsewhere
         (PREPARE, "    _prepare(xs['x'])\n" + PREPARE),  # the nested def called otherwise too
         (MAKER, MAKER + "    map = lambda f, d: d\n"),  # `map` rebound
     ],
-    ids=["batch read", "iterator read", "mapped def read", "nested def called", "map rebound"],
+    ids=["batch read", "iterator read", "nested def called", "map rebound"],
 )
-def test_other_reads_keep_the_batches_per_device(old: str, new: str) -> None:
+def test_other_reads_keep_the_batches_per_device_converted_where_passed(old: str, new: str) -> None:
+    """The iterator keeps yielding batches split per device; each is converted where the step
+    takes it (`global_batch`, as for any iterator the analysis does not see into)."""
     assert old in TAKEN
-    message = train_step_message(TAKEN.replace(old, new, 1))
+    source = TAKEN.replace(old, new, 1)
+    assert "(program-level)" in train_step_message(source)
+    code = migrate_source(source, options=Options(unsafe_fixes=True)).code
+    assert "global_batch(batch, batch_sharding)" in code and "prefetch_to_device" in code, code
+
+
+def test_a_mapped_def_read_elsewhere_keeps_the_step_faithful() -> None:
+    source = TAKEN.replace(INIT, INIT + "    _prepare_data({'x': 1})\n", 1)
+    message = train_step_message(source)
     assert "program-level form not taken: [PL301]" in message, message
 
 

@@ -73,6 +73,8 @@ def read_back_in_def(
     found = []
     for read in inner.loads[param]:
         reach = inner.reach.of(read)
+        if not reach:
+            return False  # a read the bindings are not followed to (in a lambda, a nested def)
         if ENTRY not in reach:
             continue  # the value it is rebound to (`state = jax.device_get(...)`)
         if reach != {ENTRY}:

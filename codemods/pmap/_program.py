@@ -432,6 +432,20 @@ class _Drop(cst.CSTTransformer):
             return cst.RemovalSentinel.REMOVE
         return updated_node
 
+    def leave_IndentedBlock(
+        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
+        """A block whose first statement went starts at the next one, without blank lines."""
+        body = list(updated_node.body)
+        if not body or not original_node.body or body[0] is original_node.body[0]:
+            return updated_node
+        first = body[0]
+        if isinstance(first, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and not any(
+            line.comment for line in first.leading_lines
+        ):
+            body[0] = first.with_changes(leading_lines=[])
+        return updated_node.with_changes(body=body)
+
 
 class _Edit(cst.CSTTransformer):
     """Apply programs' edits to their host function (original nodes, by id)."""
