@@ -3,7 +3,7 @@ calls in the function that makes it, and records the edits of the program-level 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -915,24 +915,12 @@ def _follow_stacked(
         )
     ]
     stackings += [ENTRY] if name in program.entries else []  # a parameter: the caller's value
-    feeds = {id(arg.value) for c in calls for arg in c.call.args} | program.sibling_feeds
     blocking: list[cst.CSTNode] = []  # each read that blocks: every one is named
-    for use in flow.loads.get(name, []):
-        if not flow.reach.of(use) & set(stackings):
-            continue  # the value before it is stacked (or a result, followed as such)
-        if id(field_top(flow, use)) in feeds:
-            continue
-        if _in_arithmetic(program, flow, use):
-            continue
+    for use in _reads(program, flow, calls, name, set(stackings)):  # once stacked
         if not replicated and not keys and _flat_batch(program, flow, forms, use, name):
             continue
-        found = _readback_around(flow, forms, use, name) if replicated else None
-        if found is None:
+        if not replicated or not _readback_deleted(program, flow, forms, use, name):
             blocking.append(field_top(flow, use))
-            continue
-        readback, value = found
-        why = f"a readback of device 0 deleted: `{name}` is the same on every device"
-        program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
     if blocking:
         layout = "replicated" if replicated else "split into per-device slices"
         layout = "made per-device keys" if keys else layout
@@ -1369,33 +1357,41 @@ def _follow_result(
             and forms.readback_of(b.value, name)
         ),
     )
-    # Fed to the step (or a field of it, `step(state.params)`): the argument is checked there.
-    feeds = {id(arg.value) for c in calls for arg in c.call.args}
-    feeds |= program.sibling_feeds  # fed to another step of the function: checked there
-    for use in flow.loads.get(name, []):
-        if not flow.reach.of(use) & made:
-            continue  # no call's result reaches it (the argument's value, or read back)
-        if id(field_top(flow, use)) in feeds:
-            continue
-        if _in_arithmetic(program, flow, use):
-            continue
+    for use in _reads(program, flow, calls, name, made):  # a call's result reaches it
         listed = _appended_to(flow, use)
         if listed is not None:
             _follow_list(program, flow, forms, calls, step, listed)
             continue
         if _follow_items(program, flow, forms, use, name):
             continue
-        found = _readback_around(flow, forms, use, name)
-        if found is None:
+        if not _readback_deleted(program, flow, forms, use, name):
             _not_returned(program, flow, use, name, step)
             raise NotVisible(
                 f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`",
                 Decline.RESULT_READ,
             )
-        readback, value = found
-        why = f"a readback of device 0 deleted: `{name}` is the same on every device"
-        program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
     del output
+
+
+def _reads(
+    program: Program, flow: Flow, calls: list[_StepCall], name: str, bindings: set[cst.CSTNode]
+) -> Iterator[cst.Name]:
+    """The reads of `name` that `bindings` may reach, but those fed to a step (or a field of
+    it, `step(state.params)`: checked there) or read in `x = x - lr * g` (`_in_arithmetic`)."""
+    feeds = {id(arg.value) for c in calls for arg in c.call.args} | program.sibling_feeds
+    for use in flow.loads.get(name, []):
+        fed = id(field_top(flow, use)) in feeds
+        if flow.reach.of(use) & bindings and not fed and not _in_arithmetic(program, flow, use):
+            yield use
+
+
+def _readback_deleted(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str) -> bool:
+    """Record the deletion of the readback of device 0 reading `use`, if it is one."""
+    found = _readback_around(flow, forms, use, name)
+    if found is not None:
+        why = f"a readback of device 0 deleted: `{name}` is the same on every device"
+        program.edit(found[0], why, lambda: found[1])
+    return found is not None
 
 
 def _one_source(
