@@ -403,6 +403,7 @@ class Flow:
     ) -> None:
         self.host, self.skip = host, skip
         self._model = model
+        self._marked: dict[frozenset[int], Reach] = {}
 
     @cached_property
     def _tree(self) -> _Tree:
@@ -475,8 +476,9 @@ class Flow:
         """Whether one of `marks` (nodes of the function) may have run before `node` does."""
         ids = frozenset(id(self.statement(m)) for m in marks)
         assert isinstance(self.host, cst.FunctionDef)
-        reach = Reach(self.host.body, self.skip, ids)
-        return bool(reach.before(self.statement(node)).get(MARK, frozenset()) - {ENTRY})
+        if ids not in self._marked:  # (asked once per binding: the analysis is kept)
+            self._marked[ids] = Reach(self.host.body, self.skip, ids)
+        return bool(self._marked[ids].before(self.statement(node)).get(MARK, frozenset()) - {ENTRY})
 
 
 def free_names(node: cst.FunctionDef | cst.ClassDef) -> set[str]:
