@@ -670,7 +670,9 @@ def _step_call(
     fixed: dict[int, str],
 ) -> _StepCall:
     around = flow.parent.get(id(call))
-    values = _slot_values(call, body)
+    slots = bound_arguments(body, call)  # `body` as `_signature` read it: each call fills it
+    assert slots is not None
+    values = [slots[p.name.value] for p in body.params.params]
     args = [single_name(v) or ("" if i in fixed else INLINE) for i, v in enumerate(values)]
     names = [a or "" for a in args]
     if not isinstance(around, cst.Assign) or len(around.targets) != 1:
@@ -688,14 +690,6 @@ def _step_call(
         unpacked = target_names(unpack.targets[0].target)
         return _StepCall(around, call, names, unpacked, values, unpack=unpack)
     return _StepCall(around, call, names, targets, values)
-
-
-def _slot_values(call: cst.Call, body: cst.FunctionDef) -> list[cst.BaseExpression]:
-    """The values `call` passes, in the order of the parameters of `body` (its signature)."""
-    by_keyword = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-    plain = [a.value for a in call.args if a.keyword is None]
-    names = [p.name.value for p in body.params.params]
-    return plain + [by_keyword[n] for n in names[len(plain) :]]
 
 
 def _named_lambda(flow: Flow, name: str) -> cst.Lambda | None:
