@@ -12,7 +12,6 @@ from jaxmigrate.toolkit.emit import code
 
 from ._layout import (
     TRANSFERS,
-    TREE_MAPS,
     Layout,
     Match,
     Role,
@@ -21,13 +20,13 @@ from ._layout import (
     lifted,
     match,
     rows,
+    tree_mapped,
 )
 from ._reach import Flow
 from ._summary import Summaries, Values, called_value, counts_devices
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 
-TREE_MAP = TREE_MAPS
 ARRAY_ATTRIBUTES = frozenset(
     {"T", "mT", "at", "dtype", "flat", "imag", "itemsize", "nbytes", "ndim", "real", "shape"}
     | {"sharding", "size", "addressable_shards", "global_shards", "aval", "weak_type"}
@@ -56,18 +55,6 @@ def single_name(node: cst.BaseExpression) -> str | None:
 def is_zero_index(node: cst.BaseExpression, var: str) -> bool:
     """`var[0]`."""
     return isinstance(node, cst.Subscript) and single_name(node.value) == var and is_zero(node)
-
-
-def _lambda_of(node: cst.BaseExpression) -> tuple[str, cst.BaseExpression] | None:
-    """`lambda v: expr` -> (v, expr)."""
-    if not isinstance(node, cst.Lambda) or len(node.params.params) != 1:
-        return None
-    params = node.params
-    if params.star_arg is not cst.MaybeSentinel.DEFAULT and params.star_arg is not None:
-        return None
-    if params.kwonly_params or params.posonly_params or params.star_kwarg is not None:
-        return None
-    return node.params.params[0].name.value, node.body
 
 
 def positional(call: cst.Call, count: int) -> list[cst.BaseExpression] | None:
@@ -105,17 +92,8 @@ class Forms:
         self, node: cst.BaseExpression, leaf: Callable[[cst.BaseExpression, str], bool]
     ) -> cst.BaseExpression | None:
         """`jax.tree.map(lambda v: <leaf(v)>, x)` -> x."""
-        if not self._is(node, TREE_MAP):
-            return None
-        assert isinstance(node, cst.Call)
-        args = positional(node, 2)
-        first = args[0] if args else None
-        if isinstance(first, cst.Name):  # `replicate_array = lambda x: ...` in the function
-            first = self.named(first.value) or first
-        fn = _lambda_of(first) if first is not None else None
-        if args is None or fn is None or not leaf(fn[1], fn[0]):
-            return None
-        return args[1]
+        mapped = tree_mapped(node, self.qualname, self.named)
+        return mapped[2] if mapped is not None and leaf(mapped[1], mapped[0]) else None
 
     def transfer(self, node: cst.BaseExpression, table: tuple[Transfer, ...]) -> Match | None:
         """Return the row of `table` that `node` is, itself or leaf by leaf (`jax.tree.map`)."""
