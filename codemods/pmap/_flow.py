@@ -29,6 +29,7 @@ from ._layout import (
     LOCAL_PART,
     Match,
     fill,
+    holes_of,
     match,
     row_named,
 )
@@ -1485,15 +1486,15 @@ def _gathered_list(flow: Flow, forms: Forms, use: cst.Name) -> cst.Call | None:
 
 def _appended_to(flow: Flow, use: cst.Name) -> str | None:
     """Return `L` of a statement `L.append(use)`, else None."""
-    arg = flow.parent.get(id(use))
-    call = flow.parent.get(id(arg))
-    if not isinstance(arg, cst.Arg) or not isinstance(call, cst.Call) or len(call.args) != 1:
+    call = flow.parent.get(id(flow.parent.get(id(use))))
+    holes = holes_of("{l}.append({v})", call) if isinstance(call, cst.Call) else None
+    if (
+        holes is None
+        or holes["v"] is not use
+        or not isinstance(flow.parent.get(id(call)), cst.Expr)
+    ):
         return None
-    method = call.func
-    if not isinstance(method, cst.Attribute) or method.attr.value != "append" or arg.keyword:
-        return None
-    statement = flow.parent.get(id(call))
-    return single_name(method.value) if isinstance(statement, cst.Expr) else None
+    return single_name(holes["l"])
 
 
 def _follow_list(
@@ -1678,28 +1679,19 @@ def _flattens_by_shape(
     unpack: cst.BaseSmallStatement, value: cst.Call, param: str, forms: Forms
 ) -> bool:
     """`a, b, *rest = x.shape` and `x.reshape((a * b,) + tuple(rest))` (`x` maybe copied)."""
-    if not isinstance(unpack, cst.Assign) or len(unpack.targets) != 1:
+    one = isinstance(unpack, cst.Assign) and len(unpack.targets) == 1
+    if not one or code(unpack.value) != f"{param}.shape":  # type: ignore[attr-defined]
         return False
-    target = unpack.targets[0].target
-    items = target.elements if isinstance(target, (cst.Tuple, cst.List)) else []
-    if len(items) != 3 or code(unpack.value) != f"{param}.shape":
+    target = unpack.targets[0].target  # type: ignore[attr-defined]
+    holes = holes_of("({a}, {b}, *{t})", target) or holes_of("[{a}, {b}, *{t}]", target)
+    names = [single_name(holes[k]) for k in "abt"] if holes else [None]
+    if None in names or len({*names, param}) != 4:
         return False
-    first, second, rest = items
-    if not isinstance(rest, cst.StarredElement) or isinstance(first, cst.StarredElement):
-        return False
-    a, b, tail = single_name(first.value), single_name(second.value), single_name(rest.value)
-    if None in (a, b, tail) or len({a, b, tail, param}) != 4:
-        return False
-    func = value.func
-    if not isinstance(func, cst.Attribute) or func.attr.value != "reshape":
-        return False
-    if single_name(func.value) != param and not forms.host_copy(func.value, param):
-        return False
-    shape = positional(value, 1)
-    return shape is not None and code(shape[0]) in (
-        f"({a} * {b},) + tuple({tail})",
-        f"({a} * {b}, *{tail})",
-    )
+    for text in ("{x}.reshape(({a} * {b},) + tuple({t}))", "{x}.reshape(({a} * {b}, *{t}))"):
+        found = holes_of(text, value)
+        if found is not None and [single_name(found[k]) for k in "abt"] == names:
+            return single_name(found["x"]) == param or forms.host_copy(found["x"], param)
+    return False
 
 
 def _flat_value(

@@ -17,6 +17,7 @@ from ._layout import (
     Role,
     Transfer,
     as_row,
+    holes_of,
     lifted,
     match,
     rows,
@@ -54,7 +55,8 @@ def single_name(node: cst.BaseExpression) -> str | None:
 
 def is_zero_index(node: cst.BaseExpression, var: str) -> bool:
     """`var[0]`."""
-    return isinstance(node, cst.Subscript) and single_name(node.value) == var and is_zero(node)
+    holes = holes_of("{v}[0]", node)
+    return holes is not None and single_name(holes["v"]) == var
 
 
 def positional(call: cst.Call, count: int) -> list[cst.BaseExpression] | None:
@@ -243,14 +245,6 @@ def _copy_per_leaf(node: cst.BaseExpression) -> cst.BaseExpression:
     return node.with_changes(args=[mapped, *node.args[1:]])
 
 
-def is_zero(node: cst.Subscript) -> bool:
-    """`...[0]`."""
-    if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
-        return False
-    index = node.slice[0].slice.value
-    return isinstance(index, cst.Integer) and index.value == "0"
-
-
 def _root(node: cst.BaseExpression) -> cst.Name | None:
     """`x` of `x`, `x.a.b` or `x["k"].a`: a field of a pytree; None for anything else.
 
@@ -314,27 +308,19 @@ def is_device_count(
     )
 
 
+FLATTENINGS = ("{x}.reshape(-1)", "{x}.reshape((-1,) + {v}.shape[2:])")
+
+
 def flattens(
     node: cst.Call, var: str, copied: Callable[[cst.BaseExpression, str], bool] = lambda *_: False
 ) -> bool:
     """`var.reshape(-1)` or `var.reshape((-1,) + var.shape[2:])`, `var` maybe `copied` first
     (`np.asarray(var).reshape(-1)`)."""
-    if not isinstance(node.func, cst.Attribute) or node.func.attr.value != "reshape":
-        return False
-    if single_name(node.func.value) != var and not copied(node.func.value, var):
-        return False
-    args = positional(node, 1)
-    shape = args[0] if args else None
-    if _is_minus_one(shape):
-        return True
-    return (
-        isinstance(shape, cst.BinaryOperation)
-        and isinstance(shape.operator, cst.Add)
-        and isinstance(shape.left, cst.Tuple)
-        and len(shape.left.elements) == 1
-        and _is_minus_one(shape.left.elements[0].value)
-        and code(shape.right) in (f"{var}.shape[2:]",)
-    )
+    for text in FLATTENINGS:
+        holes = holes_of(text, node)
+        if holes is not None and single_name(holes.get("v", cst.Name(var))) == var:
+            return single_name(holes["x"]) == var or copied(holes["x"], var)
+    return False
 
 
 def _is_minus_one(node: cst.BaseExpression | None) -> bool:

@@ -302,6 +302,14 @@ def patterns_of(row: Transfer) -> Iterator[cst.BaseExpression]:
         yield found
 
 
+def holes_of(text: str, node: cst.BaseExpression) -> dict[str, cst.BaseExpression] | None:
+    """The holes of the pattern `text` (its names as spelled) `node` is, else None."""
+    if text not in _PATTERNS:
+        _PATTERNS[text] = _pattern(text)
+    holes: dict[str, cst.BaseExpression] = {}
+    return holes if _unify(_PATTERNS[text], node, holes, _as_spelled) else None
+
+
 def match(
     node: cst.BaseExpression,
     qualname: Qualname,
