@@ -4,7 +4,6 @@ readbacks of values around one pmapped step, and where each name is bound and re
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import libcst as cst
 
@@ -23,7 +22,7 @@ from ._layout import (
     rows,
     tree_mapped,
 )
-from ._reach import Flow
+from ._reach import Flow, nodes_in, replaced
 from ._summary import Summaries, Values, called_value, counts_devices
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
@@ -216,21 +215,10 @@ def _tuples_inlined(
     node: cst.BaseExpression, values: Callable[[cst.Name], cst.BaseExpression | None]
 ) -> cst.BaseExpression:
     """`node` with each name read whose one value is a tuple literal replaced by that tuple."""
-
-    class Inline(cst.CSTTransformer):
-        def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> Any:
-            found = values(original_node)
-            return found if isinstance(found, cst.Tuple) else updated_node
-
-        def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> Any:
-            return updated_node.with_changes(attr=original_node.attr)  # `x.shape`: not a read
-
-        def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> Any:
-            return updated_node.with_changes(keyword=original_node.keyword)
-
-    out = node.visit(Inline())
-    assert isinstance(out, cst.BaseExpression)
-    return out
+    other = {id(a.attr) for a in nodes_in(node, cst.Attribute)}  # `x.shape`: not a read
+    other |= {id(a.keyword) for a in nodes_in(node, cst.Arg) if a.keyword is not None}
+    reads = (n for n in nodes_in(node, cst.Name) if id(n) not in other)
+    return replaced(node, {id(n): v for n in reads if isinstance(v := values(n), cst.Tuple)})
 
 
 def _copy_per_leaf(node: cst.BaseExpression) -> cst.BaseExpression:

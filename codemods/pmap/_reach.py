@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import libcst as cst
 
@@ -350,6 +350,16 @@ def nodes_in(
         return
     for child in node.children:
         yield from nodes_in(child, kind, skip)
+
+
+def replaced(node: N, new: dict[int, cst.CSTNode]) -> N:
+    """`node` with each node in it whose id `new` holds replaced by that value, in one pass."""
+
+    class Replace(cst.CSTTransformer):
+        def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
+            return new.get(id(original_node), updated_node)
+
+    return node.visit(Replace())  # type: ignore[attr-defined,no-any-return]
 
 
 def names_in(node: cst.CSTNode) -> Iterator[str]:
