@@ -6,7 +6,7 @@ from __future__ import annotations
 import textwrap
 
 import libcst as cst
-from jaxmigrate.codemods.pmap._reach import ENTRY, Reach
+from jaxmigrate.codemods.pmap._reach import ENTRY, Flow, Reach
 
 
 def reaching(source: str) -> dict[str, list[str]]:
@@ -112,3 +112,43 @@ def test_a_handler_starts_anywhere_in_its_try_and_nested_code_sees_every_binding
     assert found["lambda"] == ["ENTRY", "x = 1", "x = 2", "x = 3"]  # whenever it is called
     assert found["comprehension"] == ["for x"]
     assert found["after"] == ["x = 1", "x = 2", "x = 3"]
+
+
+def test_flow_binds_and_reads_names_as_the_scope_model_does() -> None:
+    """`Flow`, the one binding model of the pmap rule: the function's bindings and reads are the
+    toolkit's scope model's (a comprehension's variable and a class body's names are theirs, not
+    the function's; `except`/`import`/`with ... as` and `del` bind), and questions of order are
+    reaching definitions' (a call in a loop runs before a binding above it in the text)."""
+    source = textwrap.dedent(
+        """
+        def f(xs):
+            out = None
+            for x in xs:
+                if out is not None:
+                    x = x + 1
+                out = step(x)
+            ys = [y for y in xs]
+
+            class C:
+                z = 1
+
+            try:
+                pass
+            except ValueError as e:
+                pass
+            import math as m
+            with open(xs) as w:
+                del w
+            return out, ys, C, m
+        """
+    )
+    fun = cst.parse_module(source).body[0]
+    assert isinstance(fun, cst.FunctionDef)
+    flow = Flow(fun)
+    assert {"y", "z"}.isdisjoint(flow.stores) and {"e", "m", "w"} <= set(flow.stores)
+    assert len(flow.stores["w"]) == 2  # `with ... as w` and `del w`
+    assert "y" not in flow.loads and "w" not in flow.loads and len(flow.loads["x"]) == 2
+    call = flow.loads["step"][0]
+    rebound = flow.stores["x"][1]  # `x = x + 1`: before the call in the text, after it on a turn
+    assert flow.ran_before(rebound, [call]) and not flow.ran_before(flow.stores["out"][0], [call])
+    assert flow.value("ys") is not None and flow.only("x") is None

@@ -20,7 +20,8 @@ import libcst as cst
 
 from jaxmigrate.toolkit.emit import code
 
-from ._forms import TREE_MAP, Qualname, target_names
+from ._forms import Qualname, target_names
+from ._layout import TREE_MAPS
 from ._program import Decline, NotVisible
 from ._reach import Flow, Reach, names_in, nodes_in
 
@@ -350,7 +351,7 @@ class _Reader:
         differing); the structure of the trees is the same on every device (one trace)."""
         args = [a for a in call.args if a.keyword is None and not a.star]
         fn = args[0].value if args and len(args) == len(call.args) else None
-        if self.qualname(call.func) not in TREE_MAP or not isinstance(fn, cst.Lambda):
+        if self.qualname(call.func) not in TREE_MAPS or not isinstance(fn, cst.Lambda):
             return False
         params = fn.params
         if params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or params.kwonly_params:

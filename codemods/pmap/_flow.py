@@ -3,7 +3,7 @@ calls in the function that makes it, and records the edits of the program-level 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -30,6 +30,7 @@ from ._layout import (
     LOCAL_PART,
     Match,
     fill,
+    holes_of,
     match,
     row_named,
 )
@@ -707,7 +708,9 @@ def _step_call(
     fixed: dict[int, str],
 ) -> _StepCall:
     around = flow.parent.get(id(call))
-    values = _slot_values(call, body)
+    slots = bound_arguments(body, call)  # `body` as `_signature` read it: each call fills it
+    assert slots is not None
+    values = [slots[p.name.value] for p in body.params.params]
     args = [single_name(v) or ("" if i in fixed else INLINE) for i, v in enumerate(values)]
     names = [a or "" for a in args]
     if not isinstance(around, cst.Assign) or len(around.targets) != 1:
@@ -725,14 +728,6 @@ def _step_call(
         unpacked = target_names(unpack.targets[0].target)
         return _StepCall(around, call, names, unpacked, values, unpack=unpack)
     return _StepCall(around, call, names, targets, values)
-
-
-def _slot_values(call: cst.Call, body: cst.FunctionDef) -> list[cst.BaseExpression]:
-    """The values `call` passes, in the order of the parameters of `body` (its signature)."""
-    by_keyword = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-    plain = [a.value for a in call.args if a.keyword is None]
-    names = [p.name.value for p in body.params.params]
-    return plain + [by_keyword[n] for n in names[len(plain) :]]
 
 
 def _named_lambda(flow: Flow, name: str) -> cst.Lambda | None:
@@ -1052,30 +1047,15 @@ def _follow_stacked(
         )
     ]
     stackings += [ENTRY] if name in program.entries else []  # a parameter: the caller's value
-    feeds = _fed(forms, calls) | program.sibling_feeds
     blocking: list[cst.CSTNode] = []  # each read that blocks: every one is named
-    for use in flow.loads.get(name, []):
-        if not flow.reach.of(use) & set(stackings):
-            continue  # the value before it is stacked (or a result, followed as such)
-        if id(field_top(flow, use)) in feeds:
-            continue
-        if _in_arithmetic(program, flow, use):
-            continue
+    for use in _reads(program, flow, forms, calls, name, set(stackings)):  # once stacked
         if not replicated and not keys and _flat_batch(program, flow, forms, use, name):
             continue
-        found = _readback_around(flow, forms, use, name) if replicated else None
-        if (
-            found is None
-            and replicated
-            and passed_on(program, flow, forms, use, name, _readback_around)
-        ):
-            continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
-        if found is None:
-            blocking.append(field_top(flow, use))
+        if replicated and _readback_deleted(program, flow, forms, use, name):
             continue
-        readback, value = found
-        why = f"a readback of device 0 deleted: `{name}` is the same on every device"
-        program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
+        if replicated and passed_on(program, flow, forms, use, name, _readback_around):
+            continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
+        blocking.append(field_top(flow, use))
     if blocking:
         layout = "replicated" if replicated else "split into per-device slices"
         layout = "made per-device keys" if keys else layout
@@ -1552,36 +1532,53 @@ def _follow_result(
             and forms.readback_of(b.value, name)
         ),
     )
-    # Fed to the step (or a field of it, `step(state.params)`): the argument is checked there.
-    feeds = _fed(forms, calls)
-    feeds |= program.sibling_feeds  # fed to another step of the function: checked there
-    for use in flow.loads.get(name, []):
-        if not flow.reach.of(use) & made:
-            continue  # no call's result reaches it (the argument's value, or read back)
-        if id(field_top(flow, use)) in feeds:
-            continue
-        if _in_arithmetic(program, flow, use) or _waited(flow, use):
-            continue
+    for use in _reads(program, flow, forms, calls, name, made):  # a call's result reaches it
         listed = _appended_to(flow, use)
         if listed is not None:
             _follow_list(program, flow, forms, calls, step, listed)
             continue
         if _follow_items(program, flow, forms, use, name):
             continue
-        found = _readback_around(flow, forms, use, name)
+        if _readback_deleted(program, flow, forms, use, name):
+            continue
         read = Decline.RESULT_READ
-        if found is None and passed_on(program, flow, forms, use, name, _readback_around, read):
+        if passed_on(program, flow, forms, use, name, _readback_around, read):
             continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
-        if found is None:
-            _not_returned(program, flow, use, name, step)
-            raise NotVisible(
-                f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`",
-                Decline.RESULT_READ,
-            )
-        readback, value = found
-        why = f"a readback of device 0 deleted: `{name}` is the same on every device"
-        program.edit(readback, why, lambda value=value: value)  # type: ignore[misc]
+        _not_returned(program, flow, use, name, step)
+        raise NotVisible(
+            f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`",
+            Decline.RESULT_READ,
+        )
     del output
+
+
+def _reads(
+    program: Program,
+    flow: Flow,
+    forms: Forms,
+    calls: list[_StepCall],
+    name: str,
+    bindings: set[cst.CSTNode],
+) -> Iterator[cst.Name]:
+    """The reads of `name` that `bindings` may reach, but those fed to a step (or a field of
+    it, `step(state.params)`, or in a container passed: checked there), read in `x = x - lr *
+    g` (`_in_arithmetic`) or only waited for (`_waited`)."""
+    feeds = _fed(forms, calls) | program.sibling_feeds
+    for use in flow.loads.get(name, []):
+        fed = id(field_top(flow, use)) in feeds
+        if not flow.reach.of(use) & bindings or fed or _in_arithmetic(program, flow, use):
+            continue
+        if not _waited(flow, use):
+            yield use
+
+
+def _readback_deleted(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str) -> bool:
+    """Record the deletion of the readback of device 0 reading `use`, if it is one."""
+    found = _readback_around(flow, forms, use, name)
+    if found is not None:
+        why = f"a readback of device 0 deleted: `{name}` is the same on every device"
+        program.edit(found[0], why, lambda: found[1])
+    return found is not None
 
 
 def _one_source(
@@ -1681,15 +1678,15 @@ def _gathered_list(flow: Flow, forms: Forms, use: cst.Name) -> cst.Call | None:
 
 def _appended_to(flow: Flow, use: cst.Name) -> str | None:
     """Return `L` of a statement `L.append(use)`, else None."""
-    arg = flow.parent.get(id(use))
-    call = flow.parent.get(id(arg))
-    if not isinstance(arg, cst.Arg) or not isinstance(call, cst.Call) or len(call.args) != 1:
+    call = flow.parent.get(id(flow.parent.get(id(use))))
+    holes = holes_of("{l}.append({v})", call) if isinstance(call, cst.Call) else None
+    if (
+        holes is None
+        or holes["v"] is not use
+        or not isinstance(flow.parent.get(id(call)), cst.Expr)
+    ):
         return None
-    method = call.func
-    if not isinstance(method, cst.Attribute) or method.attr.value != "append" or arg.keyword:
-        return None
-    statement = flow.parent.get(id(call))
-    return single_name(method.value) if isinstance(statement, cst.Expr) else None
+    return single_name(holes["l"])
 
 
 def _follow_list(
@@ -1878,28 +1875,19 @@ def _flattens_by_shape(
     unpack: cst.BaseSmallStatement, value: cst.Call, param: str, forms: Forms
 ) -> bool:
     """`a, b, *rest = x.shape` and `x.reshape((a * b,) + tuple(rest))` (`x` maybe copied)."""
-    if not isinstance(unpack, cst.Assign) or len(unpack.targets) != 1:
+    one = isinstance(unpack, cst.Assign) and len(unpack.targets) == 1
+    if not one or code(unpack.value) != f"{param}.shape":  # type: ignore[attr-defined]
         return False
-    target = unpack.targets[0].target
-    items = target.elements if isinstance(target, (cst.Tuple, cst.List)) else []
-    if len(items) != 3 or code(unpack.value) != f"{param}.shape":
+    target = unpack.targets[0].target  # type: ignore[attr-defined]
+    holes = holes_of("({a}, {b}, *{t})", target) or holes_of("[{a}, {b}, *{t}]", target)
+    names = [single_name(holes[k]) for k in "abt"] if holes else [None]
+    if None in names or len({*names, param}) != 4:
         return False
-    first, second, rest = items
-    if not isinstance(rest, cst.StarredElement) or isinstance(first, cst.StarredElement):
-        return False
-    a, b, tail = single_name(first.value), single_name(second.value), single_name(rest.value)
-    if None in (a, b, tail) or len({a, b, tail, param}) != 4:
-        return False
-    func = value.func
-    if not isinstance(func, cst.Attribute) or func.attr.value != "reshape":
-        return False
-    if single_name(func.value) != param and not forms.host_copy(func.value, param):
-        return False
-    shape = positional(value, 1)
-    return shape is not None and code(shape[0]) in (
-        f"({a} * {b},) + tuple({tail})",
-        f"({a} * {b}, *{tail})",
-    )
+    for text in ("{x}.reshape(({a} * {b},) + tuple({t}))", "{x}.reshape(({a} * {b}, *{t}))"):
+        found = holes_of(text, value)
+        if found is not None and [single_name(found[k]) for k in "abt"] == names:
+            return single_name(found["x"]) == param or forms.host_copy(found["x"], param)
+    return False
 
 
 def _flat_value(

@@ -4,7 +4,6 @@ readbacks of values around one pmapped step, and where each name is bound and re
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import libcst as cst
 
@@ -12,22 +11,22 @@ from jaxmigrate.toolkit.emit import code
 
 from ._layout import (
     TRANSFERS,
-    TREE_MAPS,
     Layout,
     Match,
     Role,
     Transfer,
     as_row,
+    holes_of,
     lifted,
     match,
     rows,
+    tree_mapped,
 )
-from ._reach import Flow
+from ._reach import Flow, nodes_in, replaced
 from ._summary import Summaries, Values, called_value, counts_devices
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 
-TREE_MAP = TREE_MAPS
 ARRAY_ATTRIBUTES = frozenset(
     {"T", "mT", "at", "dtype", "flat", "imag", "itemsize", "nbytes", "ndim", "real", "shape"}
     | {"sharding", "size", "addressable_shards", "global_shards", "aval", "weak_type"}
@@ -55,19 +54,8 @@ def single_name(node: cst.BaseExpression) -> str | None:
 
 def is_zero_index(node: cst.BaseExpression, var: str) -> bool:
     """`var[0]`."""
-    return isinstance(node, cst.Subscript) and single_name(node.value) == var and is_zero(node)
-
-
-def _lambda_of(node: cst.BaseExpression) -> tuple[str, cst.BaseExpression] | None:
-    """`lambda v: expr` -> (v, expr)."""
-    if not isinstance(node, cst.Lambda) or len(node.params.params) != 1:
-        return None
-    params = node.params
-    if params.star_arg is not cst.MaybeSentinel.DEFAULT and params.star_arg is not None:
-        return None
-    if params.kwonly_params or params.posonly_params or params.star_kwarg is not None:
-        return None
-    return node.params.params[0].name.value, node.body
+    holes = holes_of("{v}[0]", node)
+    return holes is not None and single_name(holes["v"]) == var
 
 
 def positional(call: cst.Call, count: int) -> list[cst.BaseExpression] | None:
@@ -110,17 +98,8 @@ class Forms:
         self, node: cst.BaseExpression, leaf: Callable[[cst.BaseExpression, str], bool]
     ) -> cst.BaseExpression | None:
         """`jax.tree.map(lambda v: <leaf(v)>, x)` -> x."""
-        if not self._is(node, TREE_MAP):
-            return None
-        assert isinstance(node, cst.Call)
-        args = positional(node, 2)
-        first = args[0] if args else None
-        if isinstance(first, cst.Name):  # `replicate_array = lambda x: ...` in the function
-            first = self.named(first.value) or first
-        fn = _lambda_of(first) if first is not None else None
-        if args is None or fn is None or not leaf(fn[1], fn[0]):
-            return None
-        return args[1]
+        mapped = tree_mapped(node, self.qualname, self.named)
+        return mapped[2] if mapped is not None and leaf(mapped[1], mapped[0]) else None
 
     def transfer(self, node: cst.BaseExpression, table: tuple[Transfer, ...]) -> Match | None:
         """Return the row of `table` that `node` is, itself or leaf by leaf (`jax.tree.map`)."""
@@ -265,21 +244,10 @@ def _tuples_inlined(
     node: cst.BaseExpression, values: Callable[[cst.Name], cst.BaseExpression | None]
 ) -> cst.BaseExpression:
     """`node` with each name read whose one value is a tuple literal replaced by that tuple."""
-
-    class Inline(cst.CSTTransformer):
-        def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> Any:
-            found = values(original_node)
-            return found if isinstance(found, cst.Tuple) else updated_node
-
-        def leave_Attribute(self, original_node: cst.Attribute, updated_node: cst.Attribute) -> Any:
-            return updated_node.with_changes(attr=original_node.attr)  # `x.shape`: not a read
-
-        def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> Any:
-            return updated_node.with_changes(keyword=original_node.keyword)
-
-    out = node.visit(Inline())
-    assert isinstance(out, cst.BaseExpression)
-    return out
+    other = {id(a.attr) for a in nodes_in(node, cst.Attribute)}  # `x.shape`: not a read
+    other |= {id(a.keyword) for a in nodes_in(node, cst.Arg) if a.keyword is not None}
+    reads = (n for n in nodes_in(node, cst.Name) if id(n) not in other)
+    return replaced(node, {id(n): v for n in reads if isinstance(v := values(n), cst.Tuple)})
 
 
 def _copy_per_leaf(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -292,14 +260,6 @@ def _copy_per_leaf(node: cst.BaseExpression) -> cst.BaseExpression:
     body = fn.body.with_changes(args=[leaf.with_changes(value=leaf.value.value)])
     mapped = node.args[0].with_changes(value=fn.with_changes(body=body))
     return node.with_changes(args=[mapped, *node.args[1:]])
-
-
-def is_zero(node: cst.Subscript) -> bool:
-    """`...[0]`."""
-    if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
-        return False
-    index = node.slice[0].slice.value
-    return isinstance(index, cst.Integer) and index.value == "0"
 
 
 def _root(node: cst.BaseExpression) -> cst.Name | None:
@@ -365,27 +325,19 @@ def is_device_count(
     )
 
 
+FLATTENINGS = ("{x}.reshape(-1)", "{x}.reshape((-1,) + {v}.shape[2:])")
+
+
 def flattens(
     node: cst.Call, var: str, copied: Callable[[cst.BaseExpression, str], bool] = lambda *_: False
 ) -> bool:
     """`var.reshape(-1)` or `var.reshape((-1,) + var.shape[2:])`, `var` maybe `copied` first
     (`np.asarray(var).reshape(-1)`)."""
-    if not isinstance(node.func, cst.Attribute) or node.func.attr.value != "reshape":
-        return False
-    if single_name(node.func.value) != var and not copied(node.func.value, var):
-        return False
-    args = positional(node, 1)
-    shape = args[0] if args else None
-    if _is_minus_one(shape):
-        return True
-    return (
-        isinstance(shape, cst.BinaryOperation)
-        and isinstance(shape.operator, cst.Add)
-        and isinstance(shape.left, cst.Tuple)
-        and len(shape.left.elements) == 1
-        and _is_minus_one(shape.left.elements[0].value)
-        and code(shape.right) in (f"{var}.shape[2:]",)
-    )
+    for text in FLATTENINGS:
+        holes = holes_of(text, node)
+        if holes is not None and single_name(holes.get("v", cst.Name(var))) == var:
+            return single_name(holes["x"]) == var or copied(holes["x"], var)
+    return False
 
 
 def _is_minus_one(node: cst.BaseExpression | None) -> bool:

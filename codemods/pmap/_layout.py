@@ -302,6 +302,14 @@ def patterns_of(row: Transfer) -> Iterator[cst.BaseExpression]:
         yield found
 
 
+def holes_of(text: str, node: cst.BaseExpression) -> dict[str, cst.BaseExpression] | None:
+    """The holes of the pattern `text` (its names as spelled) `node` is, else None."""
+    if text not in _PATTERNS:
+        _PATTERNS[text] = _pattern(text)
+    holes: dict[str, cst.BaseExpression] = {}
+    return holes if _unify(_PATTERNS[text], node, holes, _as_spelled) else None
+
+
 def match(
     node: cst.BaseExpression,
     qualname: Qualname,
@@ -331,18 +339,11 @@ def lifted(
 ) -> Match | None:
     """Return the row `jax.tree.map(lambda v: <row of v>, x)` applies to every leaf of `x`
     (its source hole then holds `x`), else None. `named`: the lambda a name is bound to."""
-    if not isinstance(node, cst.Call) or qualname(node.func) not in TREE_MAPS:
+    mapped = tree_mapped(node, qualname, named)
+    if mapped is None:
         return None
-    if len(node.args) != 2 or any(a.keyword is not None or a.star for a in node.args):
-        return None
-    fun, tree = node.args[0].value, node.args[1].value
-    if isinstance(fun, cst.Name):
-        fun = named(fun.value) or fun
-    param = _one_param(fun)
-    if param is None:
-        return None
-    assert isinstance(fun, cst.Lambda)
-    leaf = match(fun.body, qualname, counts, tuple(r for r in table if r.lifts))
+    param, body, tree = mapped
+    leaf = match(body, qualname, counts, tuple(r for r in table if r.lifts))
     if leaf is None or not isinstance(leaf.source, cst.Name) or leaf.source.value != param:
         return None
     if any(
@@ -352,6 +353,24 @@ def lifted(
     ):
         return None  # a hole besides the leaf reads the leaf: not the same row for every leaf
     return Match(leaf.row, {**leaf.holes, leaf.row.source: tree, "value": node}, lifted=True)
+
+
+def tree_mapped(
+    node: cst.BaseExpression,
+    qualname: Qualname,
+    named: Callable[[str], cst.Lambda | None] = lambda _: None,
+) -> tuple[str, cst.BaseExpression, cst.BaseExpression] | None:
+    """`jax.tree.map(lambda v: body, x)`, the lambda maybe a name `named` binds: (v, body, x);
+    else None."""
+    if not isinstance(node, cst.Call) or qualname(node.func) not in TREE_MAPS:
+        return None
+    if len(node.args) != 2 or any(a.keyword is not None or a.star for a in node.args):
+        return None
+    fun, tree = node.args[0].value, node.args[1].value
+    if isinstance(fun, cst.Name):  # `replicate_array = lambda x: ...` in the function
+        fun = named(fun.value) or fun
+    param = _one_param(fun)
+    return None if param is None else (param, fun.body, tree)  # type: ignore[attr-defined]
 
 
 def _has_call(node: cst.CSTNode) -> bool:

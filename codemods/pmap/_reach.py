@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import libcst as cst
 
@@ -352,6 +352,16 @@ def nodes_in(
         yield from nodes_in(child, kind, skip)
 
 
+def replaced(node: N, new: dict[int, cst.CSTNode]) -> N:
+    """`node` with each node in it whose id `new` holds replaced by that value, in one pass."""
+
+    class Replace(cst.CSTTransformer):
+        def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
+            return new.get(id(original_node), updated_node)
+
+    return node.visit(Replace())  # type: ignore[attr-defined,no-any-return]
+
+
 def names_in(node: cst.CSTNode) -> Iterator[str]:
     """The identifiers written in `node`."""
     return (n.value for n in nodes_in(node, cst.Name))
@@ -403,6 +413,7 @@ class Flow:
     ) -> None:
         self.host, self.skip = host, skip
         self._model = model
+        self._marked: dict[frozenset[int], Reach] = {}
 
     @cached_property
     def _tree(self) -> _Tree:
@@ -475,8 +486,9 @@ class Flow:
         """Whether one of `marks` (nodes of the function) may have run before `node` does."""
         ids = frozenset(id(self.statement(m)) for m in marks)
         assert isinstance(self.host, cst.FunctionDef)
-        reach = Reach(self.host.body, self.skip, ids)
-        return bool(reach.before(self.statement(node)).get(MARK, frozenset()) - {ENTRY})
+        if ids not in self._marked:  # (asked once per binding: the analysis is kept)
+            self._marked[ids] = Reach(self.host.body, self.skip, ids)
+        return bool(self._marked[ids].before(self.statement(node)).get(MARK, frozenset()) - {ENTRY})
 
 
 def free_names(node: cst.FunctionDef | cst.ClassDef) -> set[str]:

@@ -15,8 +15,9 @@ import libcst as cst
 from jaxmigrate.toolkit.emit import code
 
 from ._flow import Options, analyze_calls, unnamed_step
-from ._forms import Qualname
+from ._forms import Qualname, single_name
 from ._program import Decline, NotVisible
+from ._reach import nodes_in, replaced
 
 
 def stored_on_self(
@@ -39,9 +40,14 @@ def stored_on_self(
         me = _self(method)
         if me is None or method is maker:
             continue
-        renamed = method.visit(_Rename(me, attr, name))
-        if not isinstance(renamed, cst.FunctionDef) or renamed.deep_equals(method):
+        reads = [  # `self.<attr>`, outside nested defs and classes (their `self` is another)
+            a
+            for a in nodes_in(method.body, cst.Attribute, (cst.FunctionDef, cst.ClassDef))
+            if single_name(a.value) == me and a.attr.value == attr
+        ]
+        if not reads:
             continue  # does not read `self.<attr>`
+        renamed = replaced(method, {id(read): cst.Name(name) for read in reads})
         try:
             analyze_calls(renamed, name, options, body, qualname)
         except NotVisible as why:
@@ -58,40 +64,6 @@ def _self(method: cst.FunctionDef) -> str | None:
     params = method.params.params
     static = any(code(d.decorator) == "staticmethod" for d in method.decorators)
     return params[0].name.value if params and not static else None
-
-
-class _Rename(cst.CSTTransformer):
-    """`self.<attr>` -> `name`, outside nested defs and classes (their `self` is another)."""
-
-    def __init__(self, me: str, attr: str, name: str) -> None:
-        super().__init__()
-        self.me, self.attr, self.name = me, attr, name
-        self.depth = 0
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        self.depth += 1
-        return self.depth == 1
-
-    def leave_FunctionDef(
-        self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
-    ) -> cst.FunctionDef:
-        self.depth -= 1
-        return updated_node
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        return False
-
-    def leave_Attribute(
-        self, original_node: cst.Attribute, updated_node: cst.Attribute
-    ) -> cst.BaseExpression:
-        value = updated_node.value
-        if (
-            isinstance(value, cst.Name)
-            and value.value == self.me
-            and updated_node.attr.value == self.attr
-        ):
-            return cst.Name(self.name)
-        return updated_node
 
 
 def returned_into_self(

@@ -213,6 +213,11 @@ class PmapUse:
         return self.ancestors[1] if len(self.ancestors) > 1 else self.node
 
     @property
+    def around(self) -> cst.CSTNode | None:
+        """The innermost def, lambda or class the site is in (None: at module level)."""
+        return next((a for a in reversed(self.ancestors) if isinstance(a, SCOPES)), None)
+
+    @property
     def scope(self) -> int | None:
         """Return (the id of) the function its result is bound in; None for the module."""
         for node in reversed(self.ancestors):
@@ -367,8 +372,7 @@ class Finding(Pass):
                     step = self._outer_step(module, site)
                     outer.append(follow_step(step, flow, module, self.qualname))
                     continue
-                host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
-                made_in.setdefault(id(host), []).append(site)
+                made_in.setdefault(id(site.around), []).append(site)
             except NotVisible as why:
                 site.fallback = str(why)
         for sites in made_in.values():
@@ -377,8 +381,7 @@ class Finding(Pass):
 
     def _host(self, site: PmapUse) -> cst.CSTNode | None:
         """Return the function a step is made in (None: at module level, or by a decorator)."""
-        host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
-        return None if host is site.mapped else host
+        return None if site.around is site.mapped else site.around
 
     def _failed_hosts(self) -> dict[int, tuple[str, str]]:
         """Return, by id of the function a failed group's first step is made in (or of None for
@@ -592,7 +595,7 @@ class Finding(Pass):
     ) -> tuple[cst.FunctionDef, Program]:
         """Return the function making the step and its program; raise NotVisible for why not."""
         assert self.survey is not None
-        host = next((a for a in reversed(site.ancestors) if isinstance(a, SCOPES)), None)
+        host = site.around
         if len(site.pmaps) != 1:
             raise NotVisible(NESTED, Decline.NESTED)
         if isinstance(site.node, cst.Decorator):
