@@ -46,6 +46,8 @@ import libcst as cst
 
 from jaxmigrate.toolkit.emit import Call, Room, Style, code
 
+from ._reach import read_names
+
 
 class Decline(enum.Enum):
     """Why the program-level form is not taken: one stable code each (the rule's `## Skips`),
@@ -350,28 +352,13 @@ def rewrite_host(
     out = host.visit(_Edit(host, programs, setup, indent, style))
     assert isinstance(out, cst.FunctionDef)
     helpers = set().union(*(p.helpers for p in programs))
-    dead = helpers - set(_loads(out.body))
+    dead = helpers - set(read_names(out))
     while dead:  # `n = jax.local_device_count()`, `rep = lambda x: ...`, no longer read
         dropped = out.visit(_Drop(dead))
         assert isinstance(dropped, cst.FunctionDef)
         helpers -= dead
-        out, dead = dropped, helpers - set(_loads(dropped.body))
+        out, dead = dropped, helpers - set(read_names(dropped))
     return out
-
-
-def _loads(node: cst.CSTNode) -> list[str]:
-    """The names read in `node` (not the targets of assignments)."""
-    found: list[str] = []
-
-    class _Reads(cst.CSTVisitor):
-        def visit_AssignTarget(self, target: cst.AssignTarget) -> bool:
-            return not isinstance(target.target, cst.Name)
-
-        def visit_Name(self, name: cst.Name) -> None:
-            found.append(name.value)
-
-    node.visit(_Reads())
-    return found
 
 
 class _Drop(cst.CSTTransformer):

@@ -16,6 +16,7 @@ program-level form taken where it would not be.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -489,6 +490,14 @@ class Flow:
         if ids not in self._marked:  # (asked once per binding: the analysis is kept)
             self._marked[ids] = Reach(self.host.body, self.skip, ids)
         return bool(self._marked[ids].before(self.statement(node)).get(MARK, frozenset()) - {ENTRY})
+
+
+def read_names(node: cst.FunctionDef | cst.Module) -> Counter[str]:
+    """How often each name is read in `node` (as the scope model reads: not a name a binding,
+    an attribute or a keyword writes)."""
+    module = node if isinstance(node, cst.Module) else cst.Module([node])
+    model = ScopeModel(module)
+    return Counter(n.value for n in nodes_in(module, cst.Name) if model.is_read(n))
 
 
 def free_names(node: cst.FunctionDef | cst.ClassDef) -> set[str]:
