@@ -46,7 +46,7 @@ import libcst as cst
 
 from jaxmigrate.toolkit.emit import Call, Room, Style, code
 
-from ._reach import read_names
+from ._reach import nodes_in, read_names, replaced
 
 
 class Decline(enum.Enum):
@@ -354,31 +354,25 @@ def rewrite_host(
     helpers = set().union(*(p.helpers for p in programs))
     dead = helpers - set(read_names(out))
     while dead:  # `n = jax.local_device_count()`, `rep = lambda x: ...`, no longer read
-        dropped = out.visit(_Drop(dead))
-        assert isinstance(dropped, cst.FunctionDef)
+        dropped = _dropped(out, dead)
         helpers -= dead
         out, dead = dropped, helpers - set(read_names(dropped))
     return out
 
 
-class _Drop(cst.CSTTransformer):
-    """Delete `name = value` statements (no comment above them) binding one of `names`."""
+def _dropped(host: cst.FunctionDef, names: set[str]) -> cst.FunctionDef:
+    """`host` without its `name = value` statements (no comment above them) binding `names`."""
+    lines = nodes_in(host.body, cst.SimpleStatementLine)
+    drop = {id(line): cst.RemovalSentinel.REMOVE for line in lines if _binds(line, names)}
+    return replaced(host, drop)
 
-    def __init__(self, names: set[str]) -> None:
-        super().__init__()
-        self.names = names
 
-    def leave_SimpleStatementLine(
-        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
-    ) -> cst.SimpleStatementLine | cst.RemovalSentinel:
-        node = updated_node.body[0] if len(updated_node.body) == 1 else None
-        if not isinstance(node, cst.Assign) or len(node.targets) != 1:
-            return updated_node
-        target = node.targets[0].target
-        commented = any(line.comment for line in updated_node.leading_lines)
-        if isinstance(target, cst.Name) and target.value in self.names and not commented:
-            return cst.RemovalSentinel.REMOVE
-        return updated_node
+def _binds(line: cst.SimpleStatementLine, names: set[str]) -> bool:
+    node = line.body[0] if len(line.body) == 1 else None
+    if not isinstance(node, cst.Assign) or len(node.targets) != 1:
+        return False
+    target, commented = node.targets[0].target, any(c.comment for c in line.leading_lines)
+    return isinstance(target, cst.Name) and target.value in names and not commented
 
 
 class _Edit(cst.CSTTransformer):

@@ -353,8 +353,9 @@ def nodes_in(
         yield from nodes_in(child, kind, skip)
 
 
-def replaced(node: N, new: dict[int, cst.CSTNode]) -> N:
-    """`node` with each node in it whose id `new` holds replaced by that value, in one pass."""
+def replaced(node: N, new: dict[int, Any]) -> N:
+    """`node` with each node in it whose id `new` holds replaced by that value (a node, or
+    `RemovalSentinel.REMOVE`), in one pass."""
 
     class Replace(cst.CSTTransformer):
         def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
