@@ -23,7 +23,7 @@ from jaxmigrate.toolkit.emit import code
 from ._forms import Qualname, target_names
 from ._layout import TREE_MAPS
 from ._program import Decline, NotVisible
-from ._reach import Flow, Reach, names_in, nodes_in
+from ._reach import Flow, Reach, names_in, nodes_in, statements
 
 REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin", "all_gather")})
 PER_DEVICE = frozenset(
@@ -111,8 +111,8 @@ def _results(reader: _Reader) -> tuple[int | None, list[bool]]:
     return arities.pop(), flags
 
 
-def _ends_in_return(statements: Iterable[cst.BaseStatement]) -> bool:
-    last = list(statements)[-1:]
+def _ends_in_return(lines: Iterable[cst.BaseStatement]) -> bool:
+    last = list(lines)[-1:]
     if not last:
         return False
     node = last[0]
@@ -123,9 +123,9 @@ def _ends_in_return(statements: Iterable[cst.BaseStatement]) -> bool:
         )
     if isinstance(node, cst.If):
         other = node.orelse
-        if other is None or not _ends_in_return(_lines(node.body)):
+        if other is None or not _ends_in_return(statements(node.body)):
             return False
-        return _ends_in_return([other] if isinstance(other, cst.If) else _lines(other.body))
+        return _ends_in_return([other] if isinstance(other, cst.If) else statements(other.body))
     return False
 
 
@@ -155,11 +155,11 @@ class _Reader:
                 varying = self.small(small, varying)
             return varying
         if isinstance(node, cst.If):
-            taken = self.block(_lines(node.body), set(varying))
+            taken = self.block(statements(node.body), set(varying))
             other = node.orelse
             if other is None:
                 return taken | varying
-            rest = [other] if isinstance(other, cst.If) else _lines(other.body)
+            rest = [other] if isinstance(other, cst.If) else statements(other.body)
             return taken | self.block(rest, set(varying))
         if isinstance(node, (cst.For, cst.While)):
             return self.loop(node, varying)
@@ -168,7 +168,7 @@ class _Reader:
                 if item.asname is not None:
                     varies = self.varies(item.item, varying)
                     varying = self.bind(item.asname.name, varies, varying)
-            return self.block(_lines(node.body), varying)
+            return self.block(statements(node.body), varying)
         if isinstance(node, cst.FunctionDef):
             self.closures[node.name.value] = node  # read when called, see `closure_varies`
             return varying - {node.name.value}
@@ -181,12 +181,12 @@ class _Reader:
             inner = set(varying)
             if isinstance(node, cst.For):
                 inner = self.bind(node.target, self.varies(node.iter, varying), inner)
-            after = varying | self.block(_lines(node.body), inner)
+            after = varying | self.block(statements(node.body), inner)
             if after == varying:
                 break
             varying = after
         if node.orelse is not None:
-            varying = self.block(_lines(node.orelse.body), varying)
+            varying = self.block(statements(node.orelse.body), varying)
         return varying
 
     def small(self, node: cst.BaseSmallStatement, varying: set[str]) -> set[str]:
@@ -477,14 +477,6 @@ def _mutates(helper: cst.FunctionDef, defs: Defs, seen: frozenset[str] = frozens
             if inner is not None and inner.name.value not in seen and _mutates(inner, defs, seen):
                 return True
     return False
-
-
-def _lines(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
-    """The statements of a block, `if x: y = 1` on one line too."""
-    if isinstance(suite, cst.IndentedBlock):
-        return list(suite.body)
-    assert isinstance(suite, cst.SimpleStatementSuite)
-    return [cst.SimpleStatementLine(body=suite.body)]
 
 
 def _field(node: cst.CSTNode | None) -> str | None:

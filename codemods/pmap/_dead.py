@@ -5,11 +5,10 @@ module may import it)."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import libcst as cst
 
 from ._layout import Qualname
+from ._reach import read_names
 from ._summary import summarize
 
 
@@ -23,7 +22,9 @@ def drop_dead_helpers(original: cst.Module, updated: cst.Module, qualname: Qualn
         and not d.name.value.startswith("__")
         and summarize(d, qualname) is not None
     }
-    before, after = _reads(original, helpers), _reads(updated, helpers)
+    if not helpers:
+        return updated
+    before, after = read_names(original), read_names(updated)
     dead = {name for name in helpers if before[name] and not after[name]}
     if not dead:
         return updated
@@ -31,25 +32,3 @@ def drop_dead_helpers(original: cst.Module, updated: cst.Module, qualname: Qualn
         s for s in updated.body if not (isinstance(s, cst.FunctionDef) and s.name.value in dead)
     ]
     return updated.with_changes(body=kept)
-
-
-def _reads(module: cst.Module, names: set[str]) -> Counter[str]:
-    """How often each of `names` is read in `module` (not as a def's name or an attribute)."""
-    found: Counter[str] = Counter()
-    defined: set[int] = set()
-
-    class Reads(cst.CSTVisitor):
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-            defined.add(id(node.name))  # the def's own name is no read
-
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            node.value.visit(self)
-            return False  # `x._name`: an attribute, not the helper
-
-        def visit_Name(self, node: cst.Name) -> None:
-            if node.value in names and id(node) not in defined:
-                found[node.value] += 1
-
-    if names:
-        module.visit(Reads())
-    return found

@@ -46,7 +46,7 @@ import libcst as cst
 
 from jaxmigrate.toolkit.emit import Call, Room, Style, code
 
-from ._reach import names_in
+from ._reach import names_in, nodes_in, read_names
 
 
 class Decline(enum.Enum):
@@ -385,66 +385,45 @@ def rewrite_host(
     out = host.visit(_Edit(host, programs, setup, indent, style))
     assert isinstance(out, cst.FunctionDef)
     helpers = set().union(*(p.helpers for p in programs))
-    dead = helpers - set(_loads(out.body))
+    dead = helpers - set(read_names(out))
     while dead:  # `n = jax.local_device_count()`, `rep = lambda x: ...`, no longer read
-        dropped = out.visit(_Drop(dead))
-        assert isinstance(dropped, cst.FunctionDef)
+        dropped = _dropped(out, dead)
         helpers -= dead
-        out, dead = dropped, helpers - set(_loads(dropped.body))
+        out, dead = dropped, helpers - set(read_names(dropped))
     return out
 
 
-def _loads(node: cst.CSTNode) -> list[str]:
-    """The names read in `node` (not the targets of assignments)."""
-    found: list[str] = []
+def _dropped(host: cst.FunctionDef, names: set[str]) -> cst.FunctionDef:
+    """`host` without its `name = value` statements (no comment above them) binding `names`; a
+    block whose first statement went starts at the next one, without blank lines."""
+    lines = nodes_in(host.body, cst.SimpleStatementLine)
+    drop = {id(line) for line in lines if _binds(line, names)}
 
-    class _Reads(cst.CSTVisitor):
-        def visit_AssignTarget(self, target: cst.AssignTarget) -> bool:
-            return not isinstance(target.target, cst.Name)
+    class Drop(cst.CSTTransformer):
+        def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
+            if id(original_node) in drop:
+                return cst.RemovalSentinel.REMOVE
+            if not isinstance(updated_node, cst.IndentedBlock) or not updated_node.body:
+                return updated_node
+            assert isinstance(original_node, cst.IndentedBlock)
+            first = updated_node.body[0]
+            lines = getattr(first, "leading_lines", ())
+            if id(original_node.body[0]) not in drop or any(line.comment for line in lines):
+                return updated_node
+            first = first.with_changes(leading_lines=[])  # type: ignore[call-arg]
+            return updated_node.with_changes(body=[first, *updated_node.body[1:]])
 
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            node.value.visit(self)  # not `attr`: `jax.local_device_count` reads no name `n`
-            return False
-
-        def visit_Name(self, name: cst.Name) -> None:
-            found.append(name.value)
-
-    node.visit(_Reads())
-    return found
+    out = host.visit(Drop())
+    assert isinstance(out, cst.FunctionDef)
+    return out
 
 
-class _Drop(cst.CSTTransformer):
-    """Delete `name = value` statements (no comment above them) binding one of `names`."""
-
-    def __init__(self, names: set[str]) -> None:
-        super().__init__()
-        self.names = names
-
-    def leave_SimpleStatementLine(
-        self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
-    ) -> cst.SimpleStatementLine | cst.RemovalSentinel:
-        node = updated_node.body[0] if len(updated_node.body) == 1 else None
-        if not isinstance(node, cst.Assign) or len(node.targets) != 1:
-            return updated_node
-        target = node.targets[0].target
-        commented = any(line.comment for line in updated_node.leading_lines)
-        if isinstance(target, cst.Name) and target.value in self.names and not commented:
-            return cst.RemovalSentinel.REMOVE
-        return updated_node
-
-    def leave_IndentedBlock(
-        self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
-    ) -> cst.IndentedBlock:
-        """A block whose first statement went starts at the next one, without blank lines."""
-        body = list(updated_node.body)
-        if not body or not original_node.body or body[0] is original_node.body[0]:
-            return updated_node
-        first = body[0]
-        if isinstance(first, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and not any(
-            line.comment for line in first.leading_lines
-        ):
-            body[0] = first.with_changes(leading_lines=[])
-        return updated_node.with_changes(body=body)
+def _binds(line: cst.SimpleStatementLine, names: set[str]) -> bool:
+    node = line.body[0] if len(line.body) == 1 else None
+    if not isinstance(node, cst.Assign) or len(node.targets) != 1:
+        return False
+    target, commented = node.targets[0].target, any(c.comment for c in line.leading_lines)
+    return isinstance(target, cst.Name) and target.value in names and not commented
 
 
 class _Edit(cst.CSTTransformer):

@@ -16,6 +16,7 @@ program-level form taken where it would not be.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -67,7 +68,7 @@ class Reach:
         self._all: dict[str, set[cst.CSTNode]] = {}  # every binding of each name
         self._loops: list[_Loop] = []
         self._tries: list[list[Env]] = []  # the environments seen in each enclosing `try` body
-        self._body(_statements(block), {})
+        self._body(statements(block), {})
         for name in self._nested:
             self._at[id(name)] = frozenset(self._all.get(name.value, ())) | {ENTRY}
 
@@ -109,7 +110,7 @@ class Reach:
             return out
         if isinstance(node, cst.If):
             self._reads(node.test, live)
-            then = self._body(_statements(node.body), env)
+            then = self._body(statements(node.body), env)
             other = self._orelse(node.orelse, env)
             return _join(then, other)
         if isinstance(node, (cst.For, cst.While)):
@@ -121,7 +122,7 @@ class Reach:
                 if item.asname is not None:
                     for name in target_nodes(item.asname.name):
                         self._bind(name, item, inner)
-            return self._body(_statements(node.body), inner if env is not None else None)
+            return self._body(statements(node.body), inner if env is not None else None)
         if isinstance(node, cst.Try):
             return self._try(node, env)
         if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
@@ -139,7 +140,7 @@ class Reach:
             return env
         if isinstance(orelse, cst.If):
             return self._statement(orelse, env)
-        return self._body(_statements(orelse.body), env)
+        return self._body(statements(orelse.body), env)
 
     def _loop(self, node: cst.For | cst.While, env: Env | None) -> Env | None:
         live: Env = env if env is not None else {}
@@ -158,7 +159,7 @@ class Reach:
                         self._bind(name, node, entered)
                 else:
                     self._reads(node.test, head)
-            end = self._body(_statements(node.body), entered)
+            end = self._body(statements(node.body), entered)
             self._loops.pop()
             again = _join(head, end, *frame.heads)
             if again == head:
@@ -167,13 +168,13 @@ class Reach:
         forever = isinstance(node, cst.While) and _is_true(node.test)
         done = None if forever else head
         if node.orelse is not None:
-            done = self._body(_statements(node.orelse.body), done)
+            done = self._body(statements(node.orelse.body), done)
         return _join(done, *frame.exits)
 
     def _try(self, node: cst.Try, env: Env | None) -> Env | None:
         seen: list[Env] = []
         self._tries.append(seen)
-        end = self._body(_statements(node.body), env)
+        end = self._body(statements(node.body), env)
         self._tries.pop()
         raised = _join(env, *seen)  # a handler starts from any point of the body
         ends = []
@@ -183,19 +184,19 @@ class Reach:
                 self._reads(handler.type, raised or {})
             if handler.name is not None and start is not None:
                 self._bind(handler.name.name, handler, start)  # type: ignore[arg-type]
-            ends.append(self._body(_statements(handler.body), start))
+            ends.append(self._body(statements(handler.body), start))
         if node.orelse is not None:
-            end = self._body(_statements(node.orelse.body), end)
+            end = self._body(statements(node.orelse.body), end)
         out = _join(end, *ends)
         if node.finalbody is not None:
-            out = self._body(_statements(node.finalbody.body), _join(out, raised))
+            out = self._body(statements(node.finalbody.body), _join(out, raised))
         return out
 
     def _unknown(self, node: cst.CSTNode, env: Env) -> Iterator[Env | None]:
         """Run every block inside `node` from `env`; each binding of a name in a pattern or a
         target there is a binding no other part of the analysis knows (reads see it as such)."""
         for block in _blocks(node):
-            yield self._body(_statements(block), dict(env))
+            yield self._body(statements(block), dict(env))
 
     def _small(self, node: cst.BaseSmallStatement, env: Env) -> Env | None:
         self._reads(node, env)
@@ -302,7 +303,8 @@ class Reach:
             self._reads(part, inner, local)
 
 
-def _statements(block: cst.BaseSuite | cst.CSTNode) -> list[cst.BaseStatement]:
+def statements(block: cst.BaseSuite | cst.CSTNode) -> list[cst.BaseStatement]:
+    """The statements of a block, `if x: y = 1` on one line too."""
     if isinstance(block, cst.IndentedBlock):
         return list(block.body)
     if isinstance(block, cst.SimpleStatementSuite):
@@ -352,8 +354,9 @@ def nodes_in(
         yield from nodes_in(child, kind, skip)
 
 
-def replaced(node: N, new: dict[int, cst.CSTNode]) -> N:
-    """`node` with each node in it whose id `new` holds replaced by that value, in one pass."""
+def replaced(node: N, new: dict[int, Any]) -> N:
+    """`node` with each node in it whose id `new` holds replaced by that value (a node, or
+    `RemovalSentinel.REMOVE`), in one pass."""
 
     class Replace(cst.CSTTransformer):
         def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
@@ -489,6 +492,14 @@ class Flow:
         if ids not in self._marked:  # (asked once per binding: the analysis is kept)
             self._marked[ids] = Reach(self.host.body, self.skip, ids)
         return bool(self._marked[ids].before(self.statement(node)).get(MARK, frozenset()) - {ENTRY})
+
+
+def read_names(node: cst.FunctionDef | cst.Module) -> Counter[str]:
+    """How often each name is read in `node` (as the scope model reads: not a name a binding,
+    an attribute or a keyword writes)."""
+    module = node if isinstance(node, cst.Module) else cst.Module([node])
+    model = ScopeModel(module)
+    return Counter(n.value for n in nodes_in(module, cst.Name) if model.is_read(n))
 
 
 def free_names(node: cst.FunctionDef | cst.ClassDef) -> set[str]:
