@@ -26,11 +26,13 @@ from __future__ import annotations
 import ast
 import json
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from jaxmigrate.toolkit.passes import Callers, Outside
 
+MAX_BYTES = 8 << 20  # a file larger than this is not read for the imports of its folder
 SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 MAGIC = re.compile(r"^([ \t]*)[!%].*$|^([ \t]*)\S.*\?$", re.MULTILINE)  # IPython lines
 
@@ -66,7 +68,9 @@ class Siblings:
             for entry in entries:
                 if entry.suffix not in (".py", ".ipynb"):
                     continue
-                try:
+                try:  # a regular file only: opening a FIFO waits for a writer forever
+                    if not stat.S_ISREG(entry.stat().st_mode) or entry.stat().st_size > MAX_BYTES:
+                        continue
                     text = entry.read_text(encoding="utf-8", errors="replace")
                 except OSError:
                     continue
