@@ -125,7 +125,7 @@ def checked(
     taken = {id(c.func) for c in program.passed_on}
     for name in dict.fromkeys(single_name(c.func) or "" for c in program.passed_on):
         here = [u for u in flow.loads.get(name, []) if id(u) not in taken and not _defined(flow, u)]
-        where = _where(flow, here[0]) if here else _elsewhere(name, outside)
+        where = _where(flow, here[0]) if here else called_elsewhere(name, outside)
         where = where or ("in a string (`__all__`)" if name in strings else "")
         if where:
             raise NotVisible(
@@ -138,7 +138,7 @@ def checked(
         here = [
             u for u in flow.loads.get(name, []) if id(u) not in inputs and not _defined(flow, u)
         ]
-        where = _where(flow, here[0]) if here else _elsewhere(name, outside)
+        where = _where(flow, here[0]) if here else called_elsewhere(name, outside)
         where = where or ("in a string (`__all__`)" if name in strings else "")
         if where:
             raise NotVisible(
@@ -207,7 +207,7 @@ def _statement(flow: Flow, use: cst.Name) -> cst.CSTNode | None:
     return parent
 
 
-def _elsewhere(name: str, outside: Callers | None) -> str:
+def called_elsewhere(name: str, outside: Callers | None) -> str:
     """Where other code may call the module's function `name` ("" when nowhere)."""
     if outside is None:
         return "" if name.startswith("_") else "maybe by other modules (the code base is not read)"

@@ -34,6 +34,7 @@ from ._outer import (
     mesh_in_scope,
     setup_function,
 )
+from ._passon import called_elsewhere
 from ._passon import checked as passed_on_checked
 from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
 from ._reach import SCOPES, Flow, free_names, names_in, nodes_in
@@ -675,11 +676,9 @@ class Finding(Pass):
         statement = flow.parent.get(id(assign))
         around = flow.ancestors(uses[0]) if uses else iter(())
         host = next((a for a in around if isinstance(a, SCOPES)), None)
-        outside = self.state.outside  # None: the code base is not read
-        elsewhere = outside.of(name).called if outside is not None else ""
-        if outside is None and not name.startswith("_"):
-            elsewhere = "maybe by other modules (the code base is not read)"
-        elsewhere = elsewhere or ("in a string (`__all__`)" if name in self.survey.strings else "")
+        elsewhere = called_elsewhere(name, self.state.outside) or (
+            "in a string (`__all__`)" if name in self.survey.strings else ""
+        )
         if (
             factory not in module.body
             or not lines
