@@ -419,6 +419,7 @@ class Pmap(Faithful):
     MIN_JAX: ClassVar[tuple[int, int]] = (0, 7)  # `jax.shard_map` is public from JAX 0.6.1
     REFERENCE: ClassVar[str | None] = "vmap-oracle"
     READS_CALLERS: ClassVar[bool] = True  # `FileState.outside`: `_passon.py`
+    READS_IMPORTS: ClassVar[bool] = True  # `FileState.modules`: `_imported.py`
     LITERALS: ClassVar[tuple[str, ...]] = ("pmap",)
     TRIGGER: ClassVar[re.Pattern[str]] = re.compile(r"\bpmap\b")
     # "pmean only works inside pmap": comments on a statement whose pmap the rewrite removed

@@ -22,6 +22,7 @@ from ._forms import (
     single_name,
     target_names,
 )
+from ._imported import Function, only_waits_on
 from ._inputs import iterated_batches
 from ._layout import (
     DONATED_COPY,
@@ -416,6 +417,7 @@ def forms_of(flow: Flow, qualname: Qualname, facts: ModuleFacts) -> Forms:
         {name: d for name, d in facts.defs.items() if name not in flow.stores},
         lambda name: _named_lambda(flow, name),
         bound=bound,
+        imported=facts.imported,
     )
 
 
@@ -1096,9 +1098,12 @@ def _in_arithmetic(program: Program, flow: Flow, use: cst.Name) -> bool:
     return any(id(a) in program.arithmetic for a in flow.ancestors(use))
 
 
-def _waited(flow: Flow, use: cst.Name) -> bool:
-    """`use.block_until_ready()` (or `jax.block_until_ready(use)`) as a statement of its own:
-    it waits for the value and reads nothing of its layout."""
+def _waited(flow: Flow, use: cst.Name, forms: Forms) -> bool:
+    """`use.block_until_ready()` (or `jax.block_until_ready(use)`) as a statement of its own,
+    or `use` passed (maybe in a tuple) to a def of the code base that only waits for what that
+    parameter holds (`_waited_in_def`): it waits for the value and reads nothing of its layout."""
+    if _waited_in_def(flow, use, forms):
+        return True
     call = flow.parent.get(id(use))
     if isinstance(call, cst.Attribute) and call.attr.value == "block_until_ready":
         call = flow.parent.get(id(call))
@@ -1113,6 +1118,42 @@ def _waited(flow: Flow, use: cst.Name) -> bool:
             and code(call.func).endswith("block_until_ready")
         )
     return waits and isinstance(flow.parent.get(id(call)), cst.Expr)
+
+
+def _waited_in_def(flow: Flow, use: cst.Name, forms: Forms) -> bool:
+    """`u.chrono.pause(wait_for=(params, opt))`: `use` passed, whole or as an element of a tuple
+    or list written there, to a def of the module or of another module of the code base
+    (`forms.imported`) that only waits for that parameter (`only_waits_on`)."""
+    arg = flow.parent.get(id(use))
+    if isinstance(arg, cst.Element):
+        items = flow.parent.get(id(arg))
+        arg = flow.parent.get(id(items)) if isinstance(items, (cst.Tuple, cst.List)) else None
+    call = flow.parent.get(id(arg))
+    if not isinstance(arg, cst.Arg) or arg.star or not isinstance(call, cst.Call):
+        return False
+    name = single_name(call.func)
+    local = forms.defs.get(name) if name is not None else None
+    function = (
+        Function(local, False, forms.qualname, forms.defs)
+        if local is not None
+        else forms.imported.function(forms.qualname(call.func))
+    )
+    if function is None:
+        return False
+    params = function.params
+    if arg.keyword is not None:
+        param: str | None = arg.keyword.value
+        named = {
+            p.name.value for p in (*function.fn.params.params, *function.fn.params.kwonly_params)
+        }
+        param = param if param in named else None
+    else:
+        plain = [a for a in call.args if a.keyword is None]
+        if any(a.star for a in plain):
+            return False
+        index = next(i for i, a in enumerate(plain) if a is arg)
+        param = params[index] if index < len(params) else None
+    return param is not None and only_waits_on(function, param)
 
 
 def _passed(call: _StepCall, position: int) -> str:
@@ -1568,7 +1609,7 @@ def _reads(
         fed = id(field_top(flow, use)) in feeds
         if not flow.reach.of(use) & bindings or fed or _in_arithmetic(program, flow, use):
             continue
-        if not _waited(flow, use):
+        if not _waited(flow, use, forms):
             yield use
 
 
@@ -1615,8 +1656,8 @@ def _one_source(
 
 def _follow_items(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str) -> bool:
     """`for k, v in name.items():` (or `for v in name.values():`) of a replicated dict of
-    results, `v` bound only there and read only as `v[0]` in the loop (big_vision's logging of
-    its measurements): each readback deleted. False when the read is not such a loop."""
+    results, `v` read only as `v[0]` where the loop binds it (big_vision's logging of its
+    measurements; `v` may be another loop's name elsewhere): each readback deleted. False when the read is not such a loop."""
     method = flow.parent.get(id(use))
     call = flow.parent.get(id(method))
     loop = flow.parent.get(id(call))
@@ -1634,12 +1675,15 @@ def _follow_items(program: Program, flow: Flow, forms: Forms, use: cst.Name, nam
             item = items[1]
     elif method.attr.value == "values":
         item = single_name(target)
-    if item is None or item == name or flow.stores.get(item) != [loop]:
+    if item is None or item == name or loop not in flow.stores.get(item, []):
         return False
     found = []
     for read in flow.loads.get(item, []):
+        reaching = flow.reach.of(read)
+        if loop not in reaching:
+            continue  # `value` of another loop (`for key, value in evaluator.run(...)`)
         around = _readback_around(flow, forms, read, item)
-        if around is None or not any(a is loop for a in flow.ancestors(read)):
+        if around is None or reaching != {loop}:
             return False
         found.append(around)
     why = f"a readback of device 0 deleted: the values of `{name}` are the same on every device"
@@ -1791,7 +1835,7 @@ def _follow_flattened(
         )
         raise NotVisible(why, Decline.RESULT_VARIES)
     for use in reached:  # not the argument's value, nor the flat value `r = r.reshape(-1)` binds
-        if _waited(flow, use):
+        if _waited(flow, use, forms):
             continue
         around = list(flow.ancestors(use))[:6]  # `r.reshape(...)`, `r` in its shape too
         node = next(

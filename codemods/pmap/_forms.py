@@ -9,6 +9,7 @@ import libcst as cst
 
 from jaxmigrate.toolkit.emit import code
 
+from ._imported import NO_IMPORTS, Imported
 from ._layout import (
     TRANSFERS,
     Layout,
@@ -80,8 +81,10 @@ class Forms:
         named: Callable[[str], cst.Lambda | None] = lambda _: None,
         values: Callable[[cst.Name], cst.BaseExpression | None] | None = None,
         bound: Values | None = None,
+        imported: Imported = NO_IMPORTS,
     ) -> None:
         self.qualname = qualname
+        self.imported = imported  # the code base's modules the module imports: their defs
         self.values = values  # the one value a read name may have (tuples are read through)
         self.counts = counts  # is this the number of local devices (pmap's mapped size)?
         # The module's functions, by name, that the host does not shadow: helpers splitting or

@@ -24,6 +24,7 @@ import libcst as cst
 
 from jaxmigrate.toolkit.emit import code
 
+from ._imported import NO_IMPORTS, Imported
 from ._layout import _HOLE, Match, Qualname, Transfer, lifted, match
 
 DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
@@ -147,6 +148,7 @@ class ModuleFacts:
     defs: Mapping[str, cst.FunctionDef] = field(default_factory=dict)
     calls: Values = field(default_factory=dict)
     constants: Mapping[str, str] = field(default_factory=dict)
+    imported: Imported = NO_IMPORTS  # the code base's modules it imports: their defs
 
 
 NO_FACTS = ModuleFacts()

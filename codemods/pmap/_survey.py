@@ -26,6 +26,7 @@ from ._flow import (
     unnamed_step,
 )
 from ._forms import single_name
+from ._imported import Imported
 from ._outer import (
     OuterGroup,
     OuterStep,
@@ -346,6 +347,7 @@ class Finding(Pass):
         # The helper converting batches drawn per device from an iterator not followed, once
         # a program asks for it: its name, and how the module spells jax and numpy
         self.converter: tuple[str, str, str] | None = None
+        self.imported: Imported | None = None  # `FileState.modules`, parsed when asked
         self.factories: dict[int, Program] = {}  # by id of a factory's def: the program it makes
         self.programs: dict[int, list[tuple[PmapUse, Program]]] = {}  # by id of their function
         # `if __name__ == "__main__":` blocks making steps, each read as a def of its body (by
@@ -851,7 +853,9 @@ class Finding(Pass):
         }
         if isinstance(host.body, cst.IndentedBlock):
             found |= {d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)}
-        return ModuleFacts(found, self.survey.calls(), self.survey.constants())
+        if self.imported is None:
+            self.imported = Imported(self.state.modules)
+        return ModuleFacts(found, self.survey.calls(), self.survey.constants(), self.imported)
 
     def _not_a_def(self, pmap: cst.CSTNode, name: str) -> str:
         """Why the function `pmap` maps is not a def this form reads."""

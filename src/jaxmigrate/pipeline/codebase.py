@@ -241,3 +241,48 @@ def _merged(old: Outside | None, new: Outside) -> Outside:
     if old is None:
         return new
     return Outside(called=old.called or new.called, read=old.read or new.read)
+
+
+# The modules of its code base a module imports -------------------------------------------------
+MAX_IMPORTED = 64  # a module importing more of its code base than this gets the first ones
+
+
+def imported_names(text: str, package: str | None) -> list[str]:
+    """Return the dotted names of the modules `text` may import, in order: `import a.b as u`
+    gives `a.b`; `from a import b` gives `a.b` (if `b` is a module) and `a`; a relative import
+    is read against `package` (the file's own, dotted; None: the file is in none, and it names
+    nothing). Only module-level and function-level import statements Python's `ast` reads."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                if package is None:
+                    continue
+                parts = package.split(".")
+                if node.level - 1 >= len(parts):
+                    continue
+                head = ".".join(parts[: len(parts) - (node.level - 1)])
+                base = f"{head}.{base}" if base else head
+            if not base:
+                continue
+            found += [f"{base}.{alias.name}" for alias in node.names if alias.name != "*"]
+            found.append(base)
+    return list(dict.fromkeys(found))
+
+
+def read_module(file: Path) -> str | None:
+    """Return the text of the regular file `file` (at most MAX_BYTES), else None."""
+    try:
+        status = file.stat()
+        if not stat.S_ISREG(status.st_mode) or status.st_size > MAX_BYTES:
+            return None
+        return file.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None

@@ -101,6 +101,7 @@ def run_passes(
     fallbacks: Mapping[str, str] | None = None,
     mesh_reads: tuple[str, ...] = (),
     outside: Callers | None = None,
+    modules: tuple[tuple[str, str], ...] = (),
 ) -> tuple[cst.Module, _Run]:
     """Run `passes` in order over `module`; return the new module and what they recorded.
 
@@ -112,7 +113,7 @@ def run_passes(
     `first_party` the project's own top-level modules (new imports go above theirs).
     `fallbacks` are forms to write in their fallback form (`Site.fallback` key -> why).
     `mesh_reads` are where the code base reads the legacy mesh context, `outside` how its
-    other modules use the module's functions.
+    other modules use the module's functions, `modules` the code base's modules it imports.
     """
     style = infer_style(source) if style is None else style
     if selected is None:
@@ -142,6 +143,7 @@ def run_passes(
             fallbacks=fallbacks or {},
             mesh_reads=mesh_reads,
             outside=outside,
+            modules=modules,
         )
         if changed:
             state.line_map = line_map_between(original, cache.code(module))
@@ -295,7 +297,9 @@ def migrate_source(
         home = home()
     reads = project.legacy_mesh_reads(path, code) if any(p.READS_MESH for p in found.passes) else ()
     outside = project.outside_uses(path) if any(p.READS_CALLERS for p in found.passes) else None
-    layout = _Layout(project.style(code, path), project.first_party(path), reads, outside)
+    reading = any(p.READS_IMPORTS for p in found.passes)
+    modules = project.imported_modules(path, code) if reading else ()
+    layout = _Layout(project.style(code, path), project.first_party(path), reads, outside, modules)
     new, run = run_passes(
         module,
         code,
@@ -312,6 +316,7 @@ def migrate_source(
         fallbacks=fallbacks,
         mesh_reads=layout.mesh_reads,
         outside=layout.outside,
+        modules=layout.modules,
     )
     if not run.sites:
         return Migration(code, (), tuple(sorted(run.skips, key=lambda s: (s.line, s.col))))
@@ -342,6 +347,7 @@ class _Layout:
     first_party: frozenset[str]
     mesh_reads: tuple[str, ...] = ()
     outside: Callers | None = None
+    modules: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -395,6 +401,7 @@ def _rerun(
         fallbacks=again.fallbacks,
         mesh_reads=again.layout.mesh_reads,
         outside=again.layout.outside,
+        modules=again.layout.modules,
     )
     return new
 

@@ -21,6 +21,7 @@ from jaxmigrate.pipeline.cache import ResultCache
 from jaxmigrate.pipeline.engine import Located, Migration, describe_syntax_error, migrate_source
 from jaxmigrate.pipeline.notebook import NotebookError, migrate_notebook
 from jaxmigrate.pipeline.project import Project
+from jaxmigrate.registry import chosen_passes
 from jaxmigrate.textio import SourceError, decode, read_bytes
 from jaxmigrate.toolkit.facts import parse
 from jaxmigrate.toolkit.passes import Home
@@ -151,7 +152,9 @@ def _process_file(
 
     if cache is None or accept is not None:
         return process_text(shown, text, options, accept, home, project)
-    key = cache.key(data, notebook=shown.endswith(".ipynb"), context=project.context(shown, text))
+    imports = any(p.READS_IMPORTS and p.applies_to(text) for p in chosen_passes(options))
+    context = project.context(shown, text, imports=imports)
+    key = cache.key(data, notebook=shown.endswith(".ipynb"), context=context)
     hit = cache.load(key, shown, text)
     if hit is not None:
         return hit

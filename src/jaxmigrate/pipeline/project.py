@@ -37,13 +37,20 @@ package, unless the file imports the main package too. A folder whose name is no
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from jaxmigrate.config import Formatting, distribution_name, formatting_in, project_formatting
-from jaxmigrate.pipeline.codebase import Siblings, package_module
+from jaxmigrate.pipeline.codebase import (
+    MAX_IMPORTED,
+    Siblings,
+    imported_names,
+    package_module,
+    read_module,
+)
 from jaxmigrate.toolkit.emit import Style, infer_style, infer_width
 from jaxmigrate.toolkit.meshes import LEGACY_MESH_READ as LEGACY_MESH_READ_TEXT
 from jaxmigrate.toolkit.passes import Callers, Home
@@ -80,6 +87,7 @@ class Project:
     mesh_reads: dict[tuple[Path, bool], tuple[str, ...]] = field(default_factory=dict)
     widths: dict[Path, int | None] = field(default_factory=dict)
     siblings: Siblings = field(default_factory=Siblings)
+    texts: dict[Path, str | None] = field(default_factory=dict)
 
     # Style and first-party modules -------------------------------------------------------
     def style(self, code: str, path: str | None) -> Style:
@@ -125,15 +133,18 @@ class Project:
             names |= self.modules_in(root) | self.modules_in(root / "src")
         return frozenset(names)
 
-    def context(self, path: str, text: str = "") -> str:
+    def context(self, path: str, text: str = "", imports: bool = False) -> str:
         """Return what a file's result depends on besides its bytes and the options: the
         project's formatter settings and own modules, the legacy mesh reads of the code the
-        file holding `text` may run, and how other modules use its functions (part of its
-        result cache key)."""
+        file holding `text` may run, how other modules use its functions, and (`imports`: a
+        pass reading them will run) the text of the code base's modules it imports (part of
+        its result cache key)."""
         width, indent = project_formatting(Path(path), self.formatting)
         reads = self.legacy_mesh_reads(path, text)
         outside = self.outside_uses(path)
-        return repr((width, indent, sorted(self.first_party(path)), *reads, outside))
+        modules = self.imported_modules(path, text) if imports else ()
+        digest = hashlib.blake2b(repr(modules).encode(), digest_size=16).hexdigest()
+        return repr((width, indent, sorted(self.first_party(path)), *reads, outside, digest))
 
     # Reads of the legacy mesh context --------------------------------------------------------
     def legacy_mesh_reads(self, path: str | None, text: str = "") -> tuple[str, ...]:
@@ -180,6 +191,51 @@ class Project:
         if here == self.code_base(here):
             return package_module(file, here)
         return self.siblings.of(file)
+
+    # The code base's modules a file imports -------------------------------------------------
+    def imported_modules(self, path: str | None, text: str) -> tuple[tuple[str, str], ...]:
+        """Return the modules of its code base the file at `path` (holding `text`) imports, as
+        (dotted name, text) pairs in import order: a module of a package of the code base
+        (`import big_vision.utils as u`, `from . import utils`), or, for a script, a module
+        beside it (`import input_pipeline`). Passes read them to follow a call into a helper
+        of another module (`FileState.modules`); each file is read once."""
+        if path is None:
+            return ()
+        file = Path(path).absolute()
+        here = file.parent
+        chain = self._package_chain(here)
+        package = ".".join(f.name for f in reversed(chain)) if chain else None
+        roots = [chain[-1].parent] if chain else [here]
+        base = self.code_base(here)
+        if base is not None:
+            roots += [base, base / "src"]
+        found: list[tuple[str, str]] = []
+        for name in imported_names(text, package):
+            module = self._module_file(name, dict.fromkeys(roots))
+            if module is None or module == file:
+                continue
+            if module not in self.texts:
+                self.texts[module] = read_module(module)
+            source = self.texts[module]
+            if source is not None:
+                found.append((name, source))
+            if len(found) == MAX_IMPORTED:
+                break
+        return tuple(found)
+
+    def _module_file(self, name: str, roots: dict[Path, None]) -> Path | None:
+        """Return the file of the module `name` (dotted) under one of `roots`, else None."""
+        parts = name.split(".")
+        for root in roots:
+            if parts[0] not in self.modules_in(root):
+                continue
+            folder = root.joinpath(*parts[:-1])
+            if len(parts) > 1 and not self.is_package(root / parts[0]):
+                continue
+            for candidate in (folder / f"{parts[-1]}.py", folder / parts[-1] / "__init__.py"):
+                if candidate.is_file():
+                    return candidate
+        return None
 
     # Where shared modules go ---------------------------------------------------------------
     def home(self, path: Path, text: str = "") -> Home | None:

@@ -165,6 +165,9 @@ class FileState:
     # How the code base's other modules use the module's functions; None: not known (a text
     # alone, `Project.outside_uses`)
     outside: Callers | None = None
+    # The code base's modules the module imports, (dotted name, text), in import order
+    # (`Project.imported_modules`); empty: none, or not known (a text alone)
+    modules: tuple[tuple[str, str], ...] = ()
     pmap_style: str = "idiomatic"  # "faithful": pmap keeps its per-device form everywhere
     files: list[ProjectFile] = field(default_factory=list)
     # Forms to write in their fallback form (`Site.fallback` key -> why): verification found
@@ -219,6 +222,8 @@ class Pass(CodemodCommand, cst.CSTTransformer):
     READS_MESH: ClassVar[bool] = False
     # True: the pass reads `FileState.outside` (the engine then reads the module's callers).
     READS_CALLERS: ClassVar[bool] = False
+    # True: the pass reads `FileState.modules` (the engine then reads the imported modules).
+    READS_IMPORTS: ClassVar[bool] = False
     TRIGGER: ClassVar[re.Pattern[str]]
     # Plain strings one of which every match of TRIGGER contains: tested first with `in`, which
     # is some 50x faster than a regex that starts with `\b` (no literal prefix to search for).
