@@ -21,6 +21,7 @@ import libcst as cst
 from jaxmigrate.toolkit.emit import code
 
 from ._forms import Qualname, target_names
+from ._imported import NO_IMPORTS, Function, Imported
 from ._layout import TREE_MAPS
 from ._program import Decline, NotVisible
 from ._reach import Flow, Reach, names_in, nodes_in, statements
@@ -64,19 +65,21 @@ def body_outputs(
     qualname: Qualname,
     defs: Defs,
     spellings: frozenset[str] = frozenset(),
+    imported: Imported = NO_IMPORTS,
 ) -> tuple[int | None, list[bool]]:
     """Return how many results the body returns as a tuple (None: one, not a tuple), and
     which of them may differ between devices; `mapped`: per parameter, differs between devices.
 
     `defs` are the module's functions the body may call (a call of one that uses a per-device
-    collective differs between devices). `spellings`: module constants that name `axis`.
+    collective differs between devices), `imported` the code base's other modules, whose defs
+    it may call too. `spellings`: module constants that name `axis`.
     """
     if not isinstance(body.body, cst.IndentedBlock) or not _ends_in_return(body.body.body):
         raise NotVisible("the body does not end in a return", Decline.BODY)
     params = [p.name.value for p in body.params.params]
     start = {p for p, m in zip(params, mapped) if m}
     reader = _Reader(axis, qualname, defs, set(start))
-    reader.spellings = spellings
+    reader.spellings, reader.imported = spellings, imported
     _run(reader, body, start)
     return _results(reader)
 
@@ -142,6 +145,7 @@ class _Reader:
         self.spellings: frozenset[str] = frozenset()  # module constants naming the axis
         self.reach: Reach | None = None  # the bindings reaching each read of the body
         self.made: dict[int, tuple[Summary, bool, bool]] = {}  # see `summarised`
+        self.imported: Imported = NO_IMPORTS  # the code base's other modules: their defs
 
     # Statements ---------------------------------------------------------------------------
     def block(self, statements: Iterable[cst.BaseStatement], varying: set[str]) -> set[str]:
@@ -194,6 +198,9 @@ class _Reader:
         if isinstance(node, cst.Assign):
             varies = self.varies(node.value, varying)
             results = self.summarised(node, varying)
+            if results is None and isinstance(node.value, cst.Call):
+                flags = self.helper_results(node.value, varying)
+                results = flags if flags is not None and len(flags) > 1 else None
             if results is not None:
                 return self.bind_each(node.targets[0].target, results, varying)
             for target in node.targets:
@@ -374,42 +381,78 @@ class _Reader:
         return any(self.closure_varies(self.closures[n], inside) for n in free & set(self.closures))
 
     def _helper_varies(self, call: cst.Call, varying: frozenset[str] | set[str]) -> bool | None:
-        """A call of a module function (flax's `compute_metrics` doing the `pmean`): its result
-        differs when the helper's returns do, its parameters differing as the arguments passed;
-        None when the call is not one the helper's parameters are plainly bound by."""
-        if not isinstance(call.func, cst.Name):
+        """A call of a helper (flax's `compute_metrics` doing the `pmean`): its result differs
+        when any of the helper's returns does (`helper_results`); None when not read."""
+        results = self.helper_results(call, varying)
+        return None if results is None else any(results)
+
+    def helper_results(
+        self, call: cst.Call, varying: frozenset[str] | set[str]
+    ) -> list[bool] | None:
+        """A call of a def of the module, or of another module of the code base
+        (`self.imported`: big_vision's `u.mixup(rng, images, labels, **config.mixup)`): per
+        result (one unless it returns a tuple), whether it differs between devices, read from
+        the def with its parameters differing as what fills them does (`_filled`), with the
+        def's own module's names; None when the call is not one that is followed."""
+        name = call.func.value if isinstance(call.func, cst.Name) else None
+        local = self.defs.get(name) if name is not None and name not in self.local else None
+        function: Function | None
+        if local is not None:
+            function = Function(local, False, self.qualname, self.defs)
+        elif name is not None and name in self.local:
             return None
-        name = call.func.value
-        helper = self.defs.get(name)
-        if helper is None or name in self.local or name in self.inside:
+        else:
+            function = self.imported.function(self.qualname(call.func))
+        key = function.fn.name.value if function is not None else ""
+        if function is None or key in self.inside:
             return None
-        params = helper.params
-        extra = params.star_arg not in (None, cst.MaybeSentinel.DEFAULT)
-        if extra or params.star_kwarg or params.posonly_params:
+        mapped = self._filled(function, call, varying)
+        if mapped is None:
             return None
-        plain = [p.name.value for p in params.params]
-        names = set(plain) | {p.name.value for p in params.kwonly_params}
-        mapped: set[str] = set()
-        for i, arg in enumerate(call.args):
-            if arg.star:
-                return None
-            param = arg.keyword.value if arg.keyword is not None else None
-            if param is None and i >= len(plain):
-                return None
-            param = param if param is not None else plain[i]
-            if param not in names:
-                return None
-            if self.varies(arg.value, varying):
-                mapped.add(param)
         # A default is read where the def is made, at module level: the same on every device.
-        reader = _Reader(self.axis, self.qualname, self.defs, set(mapped))
-        reader.inside, reader.spellings = self.inside | {name}, self.spellings
+        reader = _Reader(self.axis, function.qualname, function.defs, set(mapped))
+        reader.inside, reader.imported = self.inside | {key}, self.imported
+        reader.spellings = self.spellings if function.defs is self.defs else frozenset()
         try:
-            _run(reader, helper, mapped)
+            _run(reader, function.fn, mapped)
             _, flags = _results(reader)
         except NotVisible:
             return None
-        return any(flags)
+        return flags
+
+    def _filled(
+        self, function: Function, call: cst.Call, varying: frozenset[str] | set[str]
+    ) -> set[str] | None:
+        """The parameters of the def `call` fills with something that differs between devices
+        (`*args`, `**kwargs` and a `**mapping` passed included), else None when how the call
+        fills them is not plainly visible."""
+        params = function.fn.params
+        if params.posonly_params:
+            return None
+        plain = function.params
+        star = params.star_arg.name.value if isinstance(params.star_arg, cst.Param) else None
+        kwargs = params.star_kwarg.name.value if params.star_kwarg is not None else None
+        named = set(plain) | {p.name.value for p in params.kwonly_params}
+        mapped: set[str] = set()
+        position = 0
+        for arg in call.args:
+            varies = self.varies(arg.value, varying)
+            if arg.star == "*":
+                return None  # which parameters it fills is not visible
+            if arg.star == "**":  # `**config.mixup`: any keyword parameter, or `**kwargs`
+                if varies:
+                    mapped |= (named - set(plain[:position])) | ({kwargs} if kwargs else set())
+                continue
+            if arg.keyword is None:
+                param = plain[position] if position < len(plain) else star
+                position += 1
+            else:
+                param = arg.keyword.value if arg.keyword.value in named else kwargs
+            if param is None:
+                return None
+            if varies:
+                mapped.add(param)
+        return mapped
 
     def _per_device(self, call: cst.Call) -> bool:
         return self.qualname(call.func) in PER_DEVICE or self._calls_per_device(call)

@@ -294,7 +294,13 @@ def _follow(
     if program.squeezed or keywords:
         _check_lambda(program, flow)
     outputs = body_outputs(
-        body, program.batches, options.literal, qualname, facts.defs, options.spellings
+        body,
+        program.batches,
+        options.literal,
+        qualname,
+        facts.defs,
+        options.spellings,
+        facts.imported,
     )
     program.outputs, program.varying = outputs
     read = set().union(*program.arithmetic.values())
