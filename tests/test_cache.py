@@ -16,6 +16,7 @@ from test_cli import LEGACY
 from jaxmigrate.model import Bucket, FileResult, Options
 from jaxmigrate.pipeline.cache import CACHE_DIR, ResultCache, user_cache_root
 from jaxmigrate.pipeline.discovery import Discovery
+from jaxmigrate.pipeline.files import cache_context
 from jaxmigrate.pipeline.project import Project
 from jaxmigrate.pipeline.runner import migrate_files
 
@@ -64,6 +65,10 @@ def test_cold_warm_and_uncached_agree_under_every_option_set(corpus: Path, tmp_p
     assert len(folders) == len(OPTION_SETS)  # every option set has its own entries
 
 
+def read(path: str) -> str:
+    return Path(path).read_text(encoding="utf-8", errors="replace")
+
+
 def test_entries_hold_only_what_the_engine_decided(corpus: Path, tmp_path: Path) -> None:
     cache = ResultCache.open(tmp_path, Options())
     fresh = results(corpus, Options(), cache)
@@ -76,7 +81,7 @@ def test_entries_hold_only_what_the_engine_decided(corpus: Path, tmp_path: Path)
         r.path: cache.key(
             Path(r.path).read_bytes(),
             notebook=r.path.endswith(".ipynb"),
-            context=Project().context(r.path),
+            context=cache_context(Project(), r.path, read(r.path), Options()),
         )
         for r in fresh
     }

@@ -329,7 +329,12 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     gets the rows it had), its other reads unchanged; the message names the pipeline, whose
     batches can be made flat later. `PL302` it is stacked on one path and not on another; `PL303` a value stacked for
     the step is read other than passed to it (or passed to a def reading device 0's copy that
-    other code calls too, or returned from a function whose result is read); `PL304` the body reads a value of the function
+    other code calls too, or returned from a function whose result is read). A replicated value
+    passed to a call the analysis does not follow (big_vision's `evaluator.run(params_repl)`,
+    whose evaluator pmaps a step of its own) gets the copies per device it had under pmap, by
+    a helper the rewrite defines once in the module (`device_copies(params_repl)`), when every
+    path to that read brings a replication or a step's result; a value only waited for by a def
+    of the code base (`u.chrono.pause(wait_for=x)`) is no read of its layout; `PL304` the body reads a value of the function
     whose layout changes; `PL305` per-device keys for a step that cannot take its own key (a
     decorated step);
   - `PL401` a result is read other than as device 0's copy, fed back or flattened (returned
@@ -406,6 +411,20 @@ CONVERTER_SOURCE = '''def {name}(batch, sharding):
 
     return {jax}.tree.map(rows, batch)
 '''
+COPIER = "device_copies"  # the helper giving a call not followed its copies (`_passon.copied`)
+COPIER_SOURCE = '''def {name}(tree):
+    """`tree`, one value replicated on the mesh, as `jax.pmap` code takes it: a copy on each of this process's devices, stacked."""
+    devices = {jax}.local_devices()
+    mesh = {jax}.sharding.Mesh(devices, ("copies",))
+    sharding = {jax}.sharding.NamedSharding(mesh, {jax}.sharding.PartitionSpec("copies"))
+
+    def copies(x):
+        x = x.addressable_data(0) if isinstance(x, {jax}.Array) else x
+        return {jax}.device_put({jnp}.stack([x] * len(devices)), sharding)
+
+    return {jax}.tree.map(copies, tree)
+'''
+HELPERS = {CONVERTER: CONVERTER_SOURCE, COPIER: COPIER_SOURCE}
 
 
 # The pass in three layers, one per section: `survey.Finding` holds the state and finds the uses,
@@ -604,25 +623,35 @@ class Pmap(Faithful):
             self.callee_programs.setdefault(id(callee.host), []).append(callee)
 
     def _spell_converter(self, program: Program) -> None:
-        """Name the module's helper converting a batch drawn per device from an iterator not
-        followed (`_flow._convert_drawn`), written once at the module's end."""
-        if not program.converts:
-            return
-        if self.converter is None:
-            name = next(
-                n
-                for n in (CONVERTER, *(f"{CONVERTER}_{k}" for k in range(2, 99)))
-                if self.resolver.is_free(n)
-            )
-            self.converter = (name, program.jax, self._numpy())
-        program.converter = self.converter[0]
+        """Name the module's helpers a program asks for, each written once at the module's end:
+        the converter of a batch drawn per device from an iterator not followed
+        (`_flow._convert_drawn`), the copier of a replicated value for a call not followed
+        (`_passon.copied`)."""
+        for base, wanted in ((CONVERTER, program.converts), (COPIER, program.copies)):
+            if not wanted:
+                continue
+            if base not in self.converters:
+                name = next(
+                    n
+                    for n in (base, *(f"{base}_{k}" for k in range(2, 99)))
+                    if self.resolver.is_free(n)
+                )
+                np = self._numpy() if base == CONVERTER else ""
+                self.converters[base] = (name, program.jax, np, program.jnp)
+            if base == CONVERTER:
+                program.converter = self.converters[base][0]
+            else:
+                program.copier = self.converters[base][0]
 
     def _with_converter(self, module: cst.Module) -> cst.Module:
-        """The module with the converter's def after its imports, if a program asked for it."""
-        if self.converter is None:
-            return module
-        name, jax, np = self.converter
-        source = CONVERTER_SOURCE.format(name=name, jax=jax, np=np)
+        """The module with the helpers' defs after its imports, if a program asked for them."""
+        for base, (name, jax, np, jnp) in reversed(self.converters.items()):
+            source = HELPERS[base].format(name=name, jax=jax, np=np, jnp=jnp)
+            module = self._with_helper(module, source)
+        return module
+
+    def _with_helper(self, module: cst.Module, source: str) -> cst.Module:
+        """The module with the def `source` after its imports."""
         style = self.state.style
         helper = cst.parse_statement(
             fit_lines(style.reindent(source), style), config=module.config_for_parsing

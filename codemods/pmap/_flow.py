@@ -1130,7 +1130,7 @@ def _waited_in_def(flow: Flow, use: cst.Name, forms: Forms) -> bool:
     """`u.chrono.pause(wait_for=(params, opt))`: `use` passed, whole or as an element of a tuple
     or list written there, to a def of the module or of another module of the code base
     (`forms.imported`) that only waits for that parameter (`only_waits_on`)."""
-    arg = flow.parent.get(id(use))
+    arg = flow.parent.get(id(field_top(flow, use)))  # `wait_for=params["student"]` too
     if isinstance(arg, cst.Element):
         items = flow.parent.get(id(arg))
         arg = flow.parent.get(id(items)) if isinstance(items, (cst.Tuple, cst.List)) else None
@@ -1142,7 +1142,7 @@ def _waited_in_def(flow: Flow, use: cst.Name, forms: Forms) -> bool:
     function = (
         Function(local, False, forms.qualname, forms.defs)
         if local is not None
-        else forms.imported.function(forms.qualname(call.func))
+        else forms.imported.function(_callee_name(flow, forms, call.func))
     )
     if function is None:
         return False
@@ -1162,6 +1162,23 @@ def _waited_in_def(flow: Flow, use: cst.Name, forms: Forms) -> bool:
     return param is not None and only_waits_on(function, param)
 
 
+def _callee_name(flow: Flow, forms: Forms, func: cst.BaseExpression) -> str | None:
+    """What `func` names: its qualified name, or for `obj.method` of a name the function binds
+    once to an instance (`chrono = u.Chrono()`), the method of that class (`...Chrono.pause`)."""
+    name = forms.qualname(func)
+    if name is not None or not isinstance(func, cst.Attribute):
+        return name
+    owner = func.value
+    made = flow.stores.get(owner.value, []) if isinstance(owner, cst.Name) else []
+    if len(made) != 1 or not isinstance(made[0], cst.Assign) or len(made[0].targets) != 1:
+        return None
+    value = made[0].value
+    if not isinstance(value, cst.Call) or single_name(made[0].targets[0].target) is None:
+        return None
+    cls = forms.qualname(value.func)
+    return f"{cls}.{func.attr.value}" if cls is not None else None
+
+
 def _passed(call: _StepCall, position: int) -> str:
     """The name passed at `position`, or whose field is (`state.params`), else INLINE."""
     name = call.args[position]
@@ -1177,7 +1194,7 @@ def _inline_kind(
     """Classify an argument passed as an expression, and record its edit."""
     replicated = forms.replicated_source(value)
     if replicated is not None:
-        _replication(program, value, replicated, position)
+        _replication(program, value, replicated, position, _committed(flow, forms, replicated))
         return "replicated"
     batch = forms.split(value)
     if batch is not None:
@@ -1348,18 +1365,80 @@ COPIED = (
 
 
 def _replication(
-    program: Program, value: cst.BaseExpression, source: cst.BaseExpression, position: int
+    program: Program,
+    value: cst.BaseExpression,
+    source: cst.BaseExpression,
+    position: int,
+    committed: str | None = None,
 ) -> None:
     """Record the edit of a replication of `source` passed at `position`: deleted, or a copy
     when the step donates that argument (pmap donated the replicas, never `source` itself);
-    a copy stays one (`a, b = replicate((x, y))`, `a` donated: both copied)."""
-    if program.reasons.get(id(value)) == COPIED:
+    a copy stays one (`a, b = replicate((x, y))`, `a` donated: both copied). `committed`: how
+    `source` may be committed to one device (`_committed`): then it is copied to the host."""
+    reason = program.reasons.get(id(value), "")
+    if reason == COPIED or reason.startswith(HOSTED[:40]):
+        return
+    if committed is not None:  # `jax.device_get(x)`: a host value, placed by the step
+        why = HOSTED.format(how=committed)
+        program.edit(value, why, lambda: fill(HOST_COPY, {**program.context(), "x": source}))
         return
     if not _donated(program, position):
         program.edit(value, REPLICATED, lambda: source)
         return
 
     program.edit(value, COPIED, lambda: fill(DONATED_COPY, {**program.context(), "x": source}))
+
+
+HOSTED = (
+    "a replication of a value that may be committed to one device ({how}) -> the value copied "
+    "to the host: the step places it, replicated (`P()`); a committed value it would refuse"
+)
+HOST_COPY = "{jax}.device_get({x})"
+COMMITTING = frozenset({"backend", "device"})
+
+
+def _committed(flow: Flow, forms: Forms, source: cst.BaseExpression) -> str | None:
+    """How the value `source` (a name) may be committed to one device, else None: a binding
+    reaching it calls `jax.jit(f, backend="cpu")`, or a def made so (big_vision's
+    `@functools.partial(jax.jit, backend="cpu") def init(rng)`, `jax.jit(tx.init,
+    backend="cpu")(params)`). pmap copied such a value to its devices; `jax.jit` refuses it
+    beside arguments on the mesh ("incompatible devices")."""
+    if not isinstance(source, cst.Name):
+        return None
+    for binding in flow.reach.of(source):
+        if not isinstance(binding, cst.Assign) or not isinstance(binding.value, cst.Call):
+            continue
+        func = binding.value.func
+        how = _committing(func, forms)
+        if how is None and isinstance(func, cst.Name):
+            made = [*flow.stores.get(func.value, []), forms.defs.get(func.value)]
+            for d in made:
+                if isinstance(d, cst.FunctionDef):
+                    how = next(
+                        (h for x in d.decorators if (h := _committing(x.decorator, forms))), None
+                    )
+                elif isinstance(d, cst.Assign):
+                    how = _committing(d.value, forms)
+                if how is not None:
+                    break
+        if how is not None:
+            return how
+    return None
+
+
+def _committing(node: cst.BaseExpression, forms: Forms) -> str | None:
+    """`jax.jit(f, backend=...)`, `functools.partial(jax.jit, backend=...)`: the keyword, as
+    written; else None."""
+    if not isinstance(node, cst.Call):
+        return None
+    name = forms.qualname(node.func)
+    if name == "functools.partial" and node.args:
+        if forms.qualname(node.args[0].value) != "jax.jit":
+            return None
+    elif name != "jax.jit":
+        return None
+    found = next((a for a in node.args if a.keyword and a.keyword.value in COMMITTING), None)
+    return f"`{code(found)}`" if found is not None else None
 
 
 def _donated(program: Program, position: int) -> bool:
@@ -1403,7 +1482,7 @@ def _binding_kind(
         return "fed back"
     replicated = forms.replicated_source(value)
     if replicated is not None:
-        _replication(program, value, replicated, position)
+        _replication(program, value, replicated, position, _committed(flow, forms, replicated))
         return "replicated"
     after = _made_before(program, flow, binding)  # the mesh exists there
     batch = forms.split(value)

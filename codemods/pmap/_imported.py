@@ -120,8 +120,10 @@ def _resolve(module: _Module, rest: list[str]) -> Function | None:
 
     if len(rest) == 1 and rest[0] in module.defs:
         return Function(module.defs[rest[0]], False, qualname, module.defs)
-    if len(rest) == 2 and rest[0] in module.instances:
-        cls = module.classes[module.instances[rest[0]]]
+    if len(rest) == 2 and (rest[0] in module.instances or rest[0] in module.classes):
+        # `chrono.pause` of `chrono = Chrono()` there, or `Chrono.pause` of an instance the
+        # caller made (`_flow._callee_name`): the method, its first parameter bound
+        cls = module.classes[module.instances.get(rest[0], rest[0])]
         if any(not _is_object(b.value) for b in cls.bases):
             return None  # a method may come from a base class
         methods = [

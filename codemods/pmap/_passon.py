@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection
 
 import libcst as cst
 
+from jaxmigrate.toolkit.emit import code as code_of
 from jaxmigrate.toolkit.passes import Callers
 
 from ._forms import Forms, single_name
@@ -48,9 +49,51 @@ def passed_on(
     """Return True for a read of `name`, replicated for the step, that `checked` decides:
     passed to a def of the module reading only device 0's copy, or returned (`code`: the
     decline when the result is read, PL401 for a result of the step, else PL303)."""
-    return read_back_in_def(program, flow, forms, use, name, readback) or returned_unread(
-        program, flow, use, code
+    return (
+        read_back_in_def(program, flow, forms, use, name, readback)
+        or returned_unread(program, flow, use, code)
+        or copied(program, flow, forms, use, name)
     )
+
+
+LIBRARIES = ("jax.", "numpy.", "flax.", "optax.")  # their functions' reads are the table's
+
+
+def copied(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str) -> bool:
+    """`evaluator.run(params_repl)`: `use`, a value replicated for the step, passed whole (or as
+    an item of a dict, tuple or list written there) to a call the analysis does not follow (no def of the module, no function of the libraries the
+    transfer table knows). The call gets what it got under pmap, one copy of the value per
+    local device, stacked: `device_copies(params_repl)`, a helper the module gets once
+    (`program.copier`), named in the site's message as the boundary left in pmap's layout."""
+    passed: cst.CSTNode = use
+    item = flow.parent.get(id(use))
+    if isinstance(item, (cst.Element, cst.DictElement)) and item.value is use:
+        literal = flow.parent.get(id(item))  # `run({"params": params_repl, ...})`: each copied
+        if isinstance(literal, (cst.Dict, cst.Tuple, cst.List)):
+            passed = literal
+    arg = flow.parent.get(id(passed))
+    call = flow.parent.get(id(arg))
+    if not isinstance(arg, cst.Arg) or arg.value is not passed or arg.star:
+        return False
+    if not isinstance(call, cst.Call) or single_name(call.func) in forms.defs:
+        return False
+    qualname = forms.qualname(call.func) or ""
+    if qualname.startswith(LIBRARIES) or isinstance(call.func, (cst.Lambda, cst.Call)):
+        return False
+    if not _surely_stacked(program, flow, forms, use):
+        return False
+    callee = code_of(call.func)
+    why = (
+        f"`{name}` is passed to `{callee}(...)`, whose reads are not followed: it gets the "
+        f"copies per device it had under pmap, made by `{program.copier}({use.value})`"
+    )
+
+    def copies() -> cst.BaseExpression:
+        return cst.Call(cst.Name(program.copier), [cst.Arg(use)])
+
+    program.edit(use, why, copies)
+    program.copies = True
+    return True
 
 
 def read_back_in_def(
@@ -93,6 +136,31 @@ def read_back_in_def(
         mine.edit(node, why, lambda value=value: value)  # type: ignore[misc]
     program.passed_on.append(call)
     return True
+
+
+def _surely_stacked(program: Program, flow: Flow, forms: Forms, use: cst.Name) -> bool:
+    """Return True if `use`, a read in the function calling the step itself (not in a nested
+    def or lambda, which may run before the replication: big_vision's `init` closure), reads
+    on every path a replication or a step's result: its copies are then what pmap passed."""
+    if any(isinstance(a, (cst.FunctionDef, cst.Lambda)) for a in _inside(flow, use, program)):
+        return False
+    calls = {id(c) for c in program.calls}
+    reach = flow.reach.of(use)
+    return bool(reach) and all(
+        isinstance(b, cst.Assign)
+        and (id(b.value) in calls or forms.replicated_source(b.value) is not None)
+        for b in reach
+    )
+
+
+def _inside(flow: Flow, use: cst.CSTNode, program: Program) -> list[cst.CSTNode]:
+    """The nodes around `use` up to the function calling the step (excluded)."""
+    around = []
+    node = flow.parent.get(id(use))
+    while node is not None and node is not program.host:
+        around.append(node)
+        node = flow.parent.get(id(node))
+    return around
 
 
 def program_of(program: Program, fn: cst.FunctionDef) -> Program:

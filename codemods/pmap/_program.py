@@ -129,6 +129,8 @@ class Program:
     # module's helper of this name (`_flow._convert_drawn`)
     converts: bool = False
     converter: str = "global_batch"
+    copies: bool = False  # a replicated value is given as copies to a call not followed
+    copier: str = "device_copies"
     # `step = factory(...)` made the step: the factory's def and its `return jax.pmap(...)`,
     # which becomes the step (`step_statements` keeps `statement`, making only what it needs)
     factory: tuple[cst.FunctionDef, cst.SimpleStatementLine] | None = None

@@ -344,9 +344,9 @@ class Finding(Pass):
         self.applied: list[PmapUse] = []
         self.applied_keys: list[str] = []
         self.reuse_helper = False
-        # The helper converting batches drawn per device from an iterator not followed, once
-        # a program asks for it: its name, and how the module spells jax and numpy
-        self.converter: tuple[str, str, str] | None = None
+        # The helpers converting values at a boundary not followed (a batch drawn per device, a
+        # replicated value's copies), once a program asks: name, how it spells jax, numpy, jnp
+        self.converters: dict[str, tuple[str, str, str, str]] = {}  # by the helper's base name
         self.imported: Imported | None = None  # `FileState.modules`, parsed when asked
         self.factories: dict[int, Program] = {}  # by id of a factory's def: the program it makes
         self.programs: dict[int, list[tuple[PmapUse, Program]]] = {}  # by id of their function

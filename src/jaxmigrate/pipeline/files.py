@@ -152,8 +152,7 @@ def _process_file(
 
     if cache is None or accept is not None:
         return process_text(shown, text, options, accept, home, project)
-    imports = any(p.READS_IMPORTS and p.applies_to(text) for p in chosen_passes(options))
-    context = project.context(shown, text, imports=imports)
+    context = cache_context(project, shown, text, options)
     key = cache.key(data, notebook=shown.endswith(".ipynb"), context=context)
     hit = cache.load(key, shown, text)
     if hit is not None:
@@ -165,6 +164,14 @@ def _process_file(
     if result.sites or result.skips or time.perf_counter() - start >= WORTH_CACHING:
         cache.store(key, result)
     return result
+
+
+def cache_context(project: Project, shown: str, text: str, options: Options) -> str:
+    """What the result of the file `shown` (holding `text`) depends on besides its bytes and
+    the options (`Project.context`): the imported modules' texts only when a pass reading them
+    (`READS_IMPORTS`) will run on it."""
+    imports = any(p.READS_IMPORTS and p.applies_to(text) for p in chosen_passes(options))
+    return project.context(shown, text, imports=imports)
 
 
 # A file decided faster than this (no text trigger: most files) gets no cache entry: writing
