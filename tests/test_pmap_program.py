@@ -263,11 +263,19 @@ def test_a_dict_of_results_read_in_a_loop_over_its_items(case: str) -> None:
     assert "value[0]" not in code
 
 
+def test_the_loop_variable_may_be_another_loops_name_elsewhere() -> None:
+    """big_vision: `for name, value in measurements.items(): ... value[0]`, and later
+    `for key, value in evaluator.run(...)`: each read is taken by the binding reaching it."""
+    other = "    for key, value in [('a', 1)]:\n        log[key] = value\n    value = 2\n"
+    code = assert_taken_and_equal(DICT_HEAD + ITEMS["items"] + other + "    return w[0], log\n")
+    assert "value[0]" not in code
+
+
 @pytest.mark.parametrize(
     "loop",
     [
         "    for name, value in measurements.items():\n        log[name] = value\n",
-        "    for name, value in measurements.items():\n        log[name] = value[0]\n    value = 1\n",
+        "    for name, value in measurements.items():\n        log[name] = value[0]\n    log[0] = value\n",
         "    for name, value in measurements.items():\n        log[name] = value[1]\n",
     ],
 )

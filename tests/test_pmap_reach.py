@@ -152,3 +152,61 @@ def test_flow_binds_and_reads_names_as_the_scope_model_does() -> None:
     rebound = flow.stores["x"][1]  # `x = x + 1`: before the call in the text, after it on a turn
     assert flow.ran_before(rebound, [call]) and not flow.ran_before(flow.stores["out"][0], [call])
     assert flow.value("ys") is not None and flow.only("x") is None
+
+
+def test_a_nested_def_called_only_here_reads_what_reaches_its_calls() -> None:
+    """uvim's `init` closure is called before the value it reads is replicated: its read sees
+    the value as it was there, not the replication (was: every binding, and ENTRY)."""
+    found = reaching(
+        """
+        def f(rng):
+            task = setup()
+
+            @functools.partial(jax.jit, backend="cpu")
+            def init(key):
+                use(task, "early")
+                return model.init(key, jax.tree_map(lambda x: use(task, "lambda"), 0))
+
+            params = init(rng)
+            task = replicate(task)
+
+            def late():
+                use(task, "late")
+
+            late()
+            def passed():
+                use(task, "passed")
+
+            run(passed)
+            return params
+        """
+    )
+    assert found["early"] == ["task = setup()"]  # `model.init` is no read of `init`
+    assert found["late"] == ["task = replicate(task)"]
+    # a lambda inside may run later; a def passed on runs whenever its taker calls it
+    assert found["lambda"] == ["ENTRY", "task = replicate(task)", "task = setup()"]
+    assert found["passed"] == ["ENTRY", "task = replicate(task)", "task = setup()"]
+
+
+def test_a_nested_def_read_other_than_called_or_a_generator_keeps_every_binding() -> None:
+    found = reaching(
+        """
+        def f():
+            x = a()
+
+            def g():
+                use(x, "stored")
+
+            def gen():
+                use(x, "generator")
+                yield 1
+
+            keep = g
+            it = gen()
+            g()
+            x = b()
+            list(it)
+        """
+    )
+    assert found["stored"] == ["ENTRY", "x = a()", "x = b()"]
+    assert found["generator"] == ["ENTRY", "x = a()", "x = b()"]

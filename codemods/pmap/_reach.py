@@ -68,9 +68,17 @@ class Reach:
         self._all: dict[str, set[cst.CSTNode]] = {}  # every binding of each name
         self._loops: list[_Loop] = []
         self._tries: list[list[Env]] = []  # the environments seen in each enclosing `try` body
+        self._defs: list[cst.FunctionDef] = []  # the nested defs made in the function
+        self._calls: dict[str, list[Env]] = {}  # by name called: what reaches each call
+        self._own: dict[str, set[int]] = {}  # the reads of each name in the function's blocks
+        self._called: dict[str, set[int]] = {}  # those that are a call's function
+        self._fields: set[int] = set()  # names no read: `x.attr`'s, `f(keyword=...)`'s
         self._body(statements(block), {})
+        refined = self._closures()
         for name in self._nested:
-            self._at[id(name)] = frozenset(self._all.get(name.value, ())) | {ENTRY}
+            found = refined.get(id(name))
+            everything = frozenset(self._all.get(name.value, ())) | {ENTRY}
+            self._at[id(name)] = found if found is not None else everything
 
     def of(self, use: cst.Name) -> Bindings:
         """Return the bindings that may have made the value `use` reads (ENTRY: the function's
@@ -239,6 +247,41 @@ class Reach:
                 out[target.value] |= before
         return out
 
+    def _closures(self) -> dict[int, Bindings]:
+        """The reads inside a nested def that runs only where the function calls it: bound once
+        (no decorator, or `jax.jit`'s, which traces at the first call), every other read of its
+        name a call in the function's own blocks, no generator. What reaches those calls reaches
+        the reads in its body (not in a lambda or def nested in it, which may run later):
+        uvim's `init` closure, called before the value it reads is replicated, reads it
+        unreplicated."""
+        refined: dict[int, Bindings] = {}
+        inner = {n.value for n in self._nested if id(n) not in self._fields}
+        for fn in self._defs:
+            name = fn.name.value
+            own, called = self._own.get(name, set()), self._called.get(name, set())
+            if len(self._all.get(name, ())) != 1 or not own or own != called or name in inner:
+                continue
+            if not all(_traced_later(d.decorator) for d in fn.decorators) or fn.asynchronous:
+                continue  # a decorator may call it anywhere; a coroutine runs when awaited
+            if any(True for _ in nodes_in(fn.body, cst.Yield, SCOPES)):
+                continue  # a generator runs when iterated
+            envs = self._calls.get(name, [])
+            for read in nodes_in(fn.body, cst.Name, SCOPES):
+                refined[id(read)] = frozenset().union(
+                    *(env.get(read.value, frozenset({ENTRY})) for env in envs)
+                )
+        return refined
+
+    def _inside(self, body: cst.CSTNode) -> None:
+        """Record the names in `body`, a nested def's, lambda's or class's, as read whenever it
+        runs (the names of fields and keywords there are no reads)."""
+        self._nested.extend(nodes_in(body, cst.Name))
+        for node in nodes_in(body, cst.Attribute):
+            self._fields.add(id(node.attr))
+        for arg in nodes_in(body, cst.Arg):
+            if arg.keyword is not None:
+                self._fields.add(id(arg.keyword))
+
     # Reads ----------------------------------------------------------------------------------
     def _bind(self, name: cst.Name, binding: cst.CSTNode, env: Env) -> None:
         env[name.value] = frozenset({binding})
@@ -254,24 +297,37 @@ class Reach:
                 if param.default is not None:
                     self._reads(param.default, env)
             if node is not self.skip:
-                self._nested.extend(nodes_in(node.body, cst.Name))
+                self._inside(node.body)
+                self._defs.append(node)
         else:
             for part in (*node.decorators, *node.bases, *node.keywords):
                 self._reads(part, env)
-            self._nested.extend(nodes_in(node.body, cst.Name))
+            self._inside(node.body)
 
     def _reads(self, node: cst.CSTNode, env: Env, local: frozenset[str] = frozenset()) -> None:
         """Record what reaches each name in `node` (an expression or a small statement), not
         looking into nested blocks; lambdas and comprehensions as their scopes read."""
         if isinstance(node, cst.Name):
-            if node.value not in local:
+            if node.value not in local and id(node) not in self._fields:
                 self._at[id(node)] = env.get(node.value, frozenset({ENTRY}))
+                self._own.setdefault(node.value, set()).add(id(node))
             return
+        if isinstance(node, cst.Attribute):
+            self._fields.add(id(node.attr))
+        elif isinstance(node, cst.Arg) and node.keyword is not None:
+            self._fields.add(id(node.keyword))
+        if (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Name)
+            and node.func.value not in local
+        ):
+            self._called.setdefault(node.func.value, set()).add(id(node.func))
+            self._calls.setdefault(node.func.value, []).append(env)
         if isinstance(node, cst.Lambda):
             for param in params_of(node.params):
                 if param.default is not None:
                     self._reads(param.default, env, local)
-            self._nested.extend(nodes_in(node.body, cst.Name))
+            self._inside(node.body)
             return
         if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
             self._comprehension(node, env, local)
@@ -510,3 +566,23 @@ def free_names(node: cst.FunctionDef | cst.ClassDef) -> set[str]:
         if model.is_read(name) and model.scope_of(name).lookup(name.value) is None:
             found.add(name.value)
     return found
+
+
+def _traced_later(decorator: cst.BaseExpression) -> bool:
+    """`jax.jit`, `jax.jit(...)`, `partial(jax.jit, ...)`: the def runs when called (traced at
+    its first call), not when decorated or later elsewhere."""
+    if isinstance(decorator, cst.Call):
+        head = _dotted(decorator.func)
+        if head in ("functools.partial", "partial") and decorator.args:
+            return _dotted(decorator.args[0].value) == "jax.jit"
+        return head == "jax.jit"
+    return _dotted(decorator) == "jax.jit"
+
+
+def _dotted(node: cst.BaseExpression) -> str | None:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = _dotted(node.value)
+        return None if base is None else f"{base}.{node.attr.value}"
+    return None
