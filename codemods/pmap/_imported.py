@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import libcst as cst
 
@@ -42,22 +43,13 @@ class Function:
         return names[1:] if self.bound else names
 
 
-@dataclass
-class _Module:
-    tree: cst.Module
-    names: ScopeModel
-    defs: dict[str, cst.FunctionDef]
-    classes: dict[str, cst.ClassDef]
-    instances: dict[str, str]  # `chrono = Chrono()`: the name, its class
-
-
 class Imported:
     """The code base's modules a module imports (dotted name -> text), each parsed when first
     asked (`function`)."""
 
     def __init__(self, modules: tuple[tuple[str, str], ...] = ()) -> None:
         self.texts = dict(modules)
-        self.parsed: dict[str, _Module | None] = {}
+        self.parsed: dict[str, ScopeModel | None] = {}
 
     def function(self, qualname: str | None) -> Function | None:
         """Return the def `qualname` names in one of the modules, else None."""
@@ -67,148 +59,62 @@ class Imported:
         for cut in range(len(parts) - 1, 0, -1):
             name = ".".join(parts[:cut])
             if name in self.texts:
-                module = self._module(name)
-                return None if module is None else _resolve(module, parts[cut:])
+                if name not in self.parsed:
+                    self.parsed[name] = _parsed(self.texts[name])
+                names = self.parsed[name]
+                return None if names is None else _resolve(names, parts[cut:])
         return None
-
-    def _module(self, name: str) -> _Module | None:
-        if name not in self.parsed:
-            self.parsed[name] = _parsed(self.texts[name])
-        return self.parsed[name]
 
 
 NO_IMPORTS = Imported()
 
 
-def _parsed(text: str) -> _Module | None:
+def _parsed(text: str) -> ScopeModel | None:
     try:
-        tree = cst.parse_module(text)
+        return ScopeModel(cst.parse_module(text))
     except (cst.ParserSyntaxError, RecursionError, ValueError):
         return None
-    names = ScopeModel(tree)
-    counts: dict[str, int] = {}
-    for name in _module_bindings(tree):
-        counts[name] = counts.get(name, 0) + 1
-    once = {n for n, c in counts.items() if c == 1}
-    defs = {d.name.value: d for d in tree.body if isinstance(d, cst.FunctionDef)}
-    classes = {c.name.value: c for c in tree.body if isinstance(c, cst.ClassDef)}
-    instances = {}
-    for statement in tree.body:
-        assign = _single_assign(statement)
-        if assign is None:
-            continue
-        target, value = assign
-        if (
-            isinstance(value, cst.Call)
-            and isinstance(value.func, cst.Name)
-            and value.func.value in classes
-            and target in once
-        ):
-            instances[target] = value.func.value
-    return _Module(
-        tree,
-        names,
-        {k: v for k, v in defs.items() if k in once},
-        {k: v for k, v in classes.items() if k in once},
-        instances,
-    )
 
 
-def _resolve(module: _Module, rest: list[str]) -> Function | None:
-    def qualname(node: cst.BaseExpression) -> str | None:
-        return module.names.qualified_name(node)
+def _resolve(names: ScopeModel, rest: list[str]) -> Function | None:
+    """`f`: a def of the module; `obj.m` of `obj = C()` there, or `C.m`: the method `m` of the
+    class `C` of the module, its first parameter bound. Each name bound once at module level."""
+    scope = names.module_scope
 
-    if len(rest) == 1 and rest[0] in module.defs:
-        return Function(module.defs[rest[0]], False, qualname, module.defs)
-    if len(rest) == 2 and (rest[0] in module.instances or rest[0] in module.classes):
-        # `chrono.pause` of `chrono = Chrono()` there, or `Chrono.pause` of an instance the
-        # caller made (`_flow._callee_name`): the method, its first parameter bound
-        cls = module.classes[module.instances.get(rest[0], rest[0])]
-        if any(not _is_object(b.value) for b in cls.bases):
-            return None  # a method may come from a base class
-        methods = [
-            s
-            for s in (cls.body.body if isinstance(cls.body, cst.IndentedBlock) else ())
-            if isinstance(s, cst.FunctionDef) and s.name.value == rest[1]
-        ]
-        if len(methods) != 1 or methods[0].decorators or not methods[0].params.params:
-            return None
-        return Function(methods[0], True, qualname, module.defs)
-    return None
+    def once(name: str, kind: type[cst.CSTNode]) -> Any:
+        bindings = scope.bindings.get(name, [])
+        return (
+            bindings[0].node if len(bindings) == 1 and isinstance(bindings[0].node, kind) else None
+        )
 
-
-def _is_object(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Name) and node.value == "object"
-
-
-def _single_assign(statement: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
-    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+    defs = {
+        n: node
+        for n in scope.bindings
+        if isinstance(node := once(n, cst.FunctionDef), cst.FunctionDef)
+    }
+    if len(rest) == 1 and rest[0] in defs:
+        return Function(defs[rest[0]], False, names.qualified_name, defs)
+    if len(rest) != 2:
         return None
-    small = statement.body[0]
-    if not isinstance(small, cst.Assign) or len(small.targets) != 1:
+    made = once(rest[0], cst.Assign)
+    if (
+        made is not None
+        and isinstance(made.value, cst.Call)
+        and isinstance(made.value.func, cst.Name)
+    ):
+        cls = once(made.value.func.value, cst.ClassDef)  # `chrono = Chrono()`
+    else:
+        cls = once(rest[0], cst.ClassDef)  # `Chrono.pause` of an instance the caller made
+    if cls is None or any(
+        not (isinstance(b.value, cst.Name) and b.value.value == "object") for b in cls.bases
+    ):
+        return None  # a method may come from a base class
+    methods = [
+        s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == rest[1]
+    ]
+    if len(methods) != 1 or methods[0].decorators or not methods[0].params.params:
         return None
-    target = small.targets[0].target
-    return (target.value, small.value) if isinstance(target, cst.Name) else None
-
-
-def _module_bindings(tree: cst.Module) -> Iterator[str]:
-    """Every name the module's own statements bind (defs, classes, assignments, imports), each
-    time it is bound: a name bound twice is not resolved."""
-    for statement in tree.body:
-        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
-            yield statement.name.value
-        elif isinstance(statement, cst.SimpleStatementLine):
-            for small in statement.body:
-                if isinstance(small, cst.Assign):
-                    for t in small.targets:
-                        yield from _target_names(t.target)
-                elif isinstance(small, (cst.AnnAssign, cst.AugAssign)):
-                    yield from _target_names(small.target)
-                elif isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(
-                    small.names, cst.ImportStar
-                ):
-                    for alias in small.names:
-                        bound = alias.asname.name if alias.asname else alias.name
-                        if isinstance(bound, cst.Name):
-                            yield bound.value
-                        elif isinstance(bound, cst.Attribute):  # `import a.b` binds `a`
-                            yield _head(bound)
-        else:  # `if`/`try`/`for`/`with` at module level: what they bind counts as bound twice
-            for node in _walk(statement):
-                names: list[str] = []
-                if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
-                    names = [node.name.value]
-                elif isinstance(node, cst.Assign):
-                    names = [n for t in node.targets for n in _target_names(t.target)]
-                elif isinstance(node, (cst.AnnAssign, cst.AugAssign, cst.For)):
-                    names = list(_target_names(node.target))
-                elif isinstance(node, cst.AsName):
-                    names = list(_target_names(node.name))  # type: ignore[arg-type]
-                elif isinstance(node, cst.ImportAlias):
-                    names = [_head(node.name)]
-                yield from names + names
-
-
-def _head(node: cst.BaseExpression) -> str:
-    while isinstance(node, cst.Attribute):
-        node = node.value
-    return node.value if isinstance(node, cst.Name) else ""
-
-
-def _target_names(node: cst.BaseExpression) -> Iterator[str]:
-    if isinstance(node, cst.Name):
-        yield node.value
-    elif isinstance(node, (cst.Tuple, cst.List)):
-        for e in node.elements:
-            yield from _target_names(e.value)
-    elif isinstance(node, cst.StarredElement):
-        yield from _target_names(node.value)
-
-
-def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    yield node
-    for child in node.children:
-        yield from _walk(child)
+    return Function(methods[0], True, names.qualified_name, defs)
 
 
 def only_waits_on(function: Function, param: str) -> bool:
@@ -244,3 +150,9 @@ def _waits(parents: Mapping[int, cst.CSTNode], use: cst.Name, qualname: Qualname
             and qualname(call.func) == "jax.block_until_ready"
         )
     return waits and isinstance(parents.get(id(call)), cst.Expr)
+
+
+def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    yield node
+    for child in node.children:
+        yield from _walk(child)
