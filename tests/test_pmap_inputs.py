@@ -55,3 +55,16 @@ def test_a_mapped_def_read_elsewhere_keeps_the_step_faithful() -> None:
 
 def test_the_fixture_takes_it() -> None:
     assert "(program-level)" in train_step_message(TAKEN)
+
+
+@pytest.mark.parametrize("below", ["\n", "\n# a comment\n"])
+def test_the_converter_helper_has_two_blank_lines_on_each_side(below: str) -> None:
+    """The `global_batch` helper goes after the imports as the faithful helper does: two blank
+    lines above the next statement, whatever it had (one blank line made three; a comment made
+    one)."""
+    source = (FIXTURES / "pmap" / "program_drawn_batches.py").read_text()
+    imports = "from flax import jax_utils\n"
+    source = source.replace(imports + "\n\n", imports + below, 1)
+    code = migrate_source(source, options=Options(unsafe_fixes=True)).code
+    helper_end = "    return jax.tree.map(rows, batch)\n"
+    assert helper_end + "\n\n" + below.lstrip("\n") + "def loss_fn" in code

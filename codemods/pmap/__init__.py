@@ -370,12 +370,12 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from jaxmigrate.model import Safety
-from jaxmigrate.toolkit.emit import Call, code, fit_lines
+from jaxmigrate.toolkit.emit import Call, code
 from jaxmigrate.toolkit.names import dotted, walk
 from jaxmigrate.toolkit.scope import ScopeModel
 
 from ._dead import drop_dead_helpers
-from ._faithful import Faithful, helper_text
+from ._faithful import Faithful, after_imports, helper_text, with_helper
 from ._outer import OuterGroup, OuterStep
 from ._program import Program, edit_owners, rewrite_host
 from ._reach import names_in
@@ -647,33 +647,8 @@ class Pmap(Faithful):
         """The module with the helpers' defs after its imports, if a program asked for them."""
         for base, (name, jax, np, jnp) in reversed(self.converters.items()):
             source = HELPERS[base].format(name=name, jax=jax, np=np, jnp=jnp)
-            module = self._with_helper(module, source)
+            module = with_helper(module, source, self.state.style, after_imports(module.body, 0))
         return module
-
-    def _with_helper(self, module: cst.Module, source: str) -> cst.Module:
-        """The module with the def `source` after its imports."""
-        style = self.state.style
-        helper = cst.parse_statement(
-            fit_lines(style.reindent(source), style), config=module.config_for_parsing
-        )
-        helper = helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
-        body = list(module.body)
-        imports = [
-            i
-            for i, statement in enumerate(body)
-            if isinstance(statement, cst.SimpleStatementLine)
-            and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
-        ]
-        at = imports[-1] + 1 if imports else 0
-        if at < len(body):
-            after = body[at]
-            lines = getattr(after, "leading_lines", None)
-            if lines is not None and len(lines) < 2:
-                body[at] = after.with_changes(  # type: ignore[call-arg]
-                    leading_lines=[cst.EmptyLine(), cst.EmptyLine(), *lines]
-                )
-        body.insert(at, helper)
-        return module.with_changes(body=body)
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         new = {}  # the defs steps are passed to, rewritten, by name (a def of the module once)

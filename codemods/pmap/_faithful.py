@@ -191,14 +191,30 @@ def arity(node: cst.CSTNode | None) -> int | None:
     return None if any(p.default is not None for p in positional) else len(positional)
 
 
-def _with_blank_lines(
-    statement: cst.SimpleStatementLine | cst.BaseCompoundStatement,
-) -> cst.SimpleStatementLine | cst.BaseCompoundStatement:
-    """Return `statement` with at least two blank lines above it."""
-    leading = list(statement.leading_lines)
-    blank = next((i for i, line in enumerate(leading) if line.comment), len(leading))
-    missing = [cst.EmptyLine()] * max(0, 2 - blank)
-    return statement.with_changes(leading_lines=missing + leading)
+def after_imports(body: Sequence[cst.BaseStatement], default: int) -> int:
+    """Return the index after the last import statement of `body`, else `default`."""
+    imports = [
+        i
+        for i, statement in enumerate(body)
+        if isinstance(statement, cst.SimpleStatementLine)
+        and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
+    ]
+    return imports[-1] + 1 if imports else default
+
+
+def with_helper(module: cst.Module, source: str, style: Style, at: int) -> cst.Module:
+    """Return `module` with the def `source` (laid out in its style) at `at` of its body, two
+    blank lines above it and at least two below."""
+    source = fit_lines(style.reindent(source), style)
+    helper = cst.parse_statement(source, config=module.config_for_parsing)
+    body = list(module.body)
+    body.insert(at, helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]))
+    if at + 1 < len(body):
+        leading = list(body[at + 1].leading_lines)
+        blank = next((i for i, line in enumerate(leading) if line.comment), len(leading))
+        missing = [cst.EmptyLine()] * max(0, 2 - blank)
+        body[at + 1] = body[at + 1].with_changes(leading_lines=missing + leading)
+    return module.with_changes(body=body)
 
 
 class Faithful(Finding):
@@ -456,24 +472,6 @@ class Faithful(Finding):
             np = "np" if self.resolver.is_free("np") else "numpy"
             self.need_import("numpy", None, "np" if np == "np" else None)
         source = HELPER_SOURCE.format(doc=HELPER_DOC, jax=jax, np=np, P=code(self._spec_ref()[0]))
-        style = self.state.style
-        source = fit_lines(style.reindent(source), style)
-        helper = cst.parse_statement(source, config=updated_node.config_for_parsing)
-        helper = helper.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
-        body = list(updated_node.body)
-        at = self._helper_position(original_node)
-        if at < len(body):
-            body[at] = _with_blank_lines(body[at])
-        body.insert(at, helper)
-        return updated_node.with_changes(body=body)
-
-    def _helper_position(self, module: cst.Module) -> int:
-        """Return where the helper goes: after the imports above the first rewritten site."""
-        first = min(module.body.index(s.statement) for s in self.applied)  # type: ignore[arg-type]
-        imports = [
-            i
-            for i, statement in enumerate(module.body[:first])
-            if isinstance(statement, cst.SimpleStatementLine)
-            and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
-        ]
-        return imports[-1] + 1 if imports else first
+        first = min(original_node.body.index(s.statement) for s in self.applied)  # type: ignore[arg-type]
+        at = after_imports(original_node.body[:first], first)  # above the first rewritten site
+        return with_helper(updated_node, source, self.state.style, at)

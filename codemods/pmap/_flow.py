@@ -80,17 +80,20 @@ def analyze(
     facts: ModuleFacts = NO_FACTS,
     local: cst.CSTNode | None = None,
     unnamed: cst.BaseExpression | None = None,
+    made: cst.Call | None = None,
 ) -> Program:
     """Return the program of a step made by `statement` in `host`; raise NotVisible for why not.
     `local`: the def of `host` itself, or the lambda, that `body` is (its inside is the body's,
-    not the host's flow).
+    not the host's flow). `made`: `factory(...)`, when `statement` is `step = factory(...)` and
+    a def of the module returns `pmap` (`_survey._factory_program`).
 
     `siblings` are the other steps the function makes: results fed from one to another are
     replicated on both sides (each side checks its own: a result differing between devices is
     read only flattened, an argument fed a result is not a batch). `facts`: the module's
     functions by name, which the body may call, its names bound to calls and strings."""
     assign = statement.body[0]
-    if len(statement.body) != 1 or not isinstance(assign, cst.Assign) or assign.value is not pmap:
+    value = pmap if made is None else made
+    if len(statement.body) != 1 or not isinstance(assign, cst.Assign) or assign.value is not value:
         raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
     step = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
     if step is None:
@@ -108,33 +111,6 @@ def analyze(
     program.statement = statement
     if local is not None:
         _check_closure(program, body, flow)
-    return program
-
-
-def analyze_made(
-    host: cst.FunctionDef,
-    statement: cst.SimpleStatementLine,
-    pmap: cst.Call,
-    body: cst.FunctionDef,
-    qualname: Qualname,
-    facts: ModuleFacts = NO_FACTS,
-    unnamed: cst.BaseExpression | None = None,
-) -> Program:
-    """Return the program of a step `statement` binds in `host` to what a def of the module
-    returns, `step = factory(...)`, the factory returning `pmap` (`_survey._factory_program`);
-    raise NotVisible for why not."""
-    assign = statement.body[0]
-    assert isinstance(assign, cst.Assign)
-    step = single_name(assign.targets[0].target)
-    assert step is not None
-    options = options_of(pmap, qualname, unnamed, facts.constants)
-    flow = Flow(host)
-    if flow.stores.get(step, []) != [assign]:
-        raise NotVisible(
-            f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
-        )
-    program = _follow(host, flow, step, options, body, qualname, assign, (), facts, None)
-    program.statement = statement
     return program
 
 

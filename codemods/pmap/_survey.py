@@ -18,7 +18,6 @@ from ._flow import (
     Options,
     analyze,
     analyze_decorated,
-    analyze_made,
     lambda_def,
     mapped_name,
     options_of,
@@ -636,7 +635,7 @@ class Finding(Pass):
             raise unnamed_step(around, host.name.value, flow.parent)
         assign = statement.body[0]
         if isinstance(assign, cst.Return) and assign.value is site.node and not siblings:
-            return self._factory_program(module, site, host, statement, body, skip, flow)
+            return self._factory_program(module, site, host, statement, body, flow)
         klass = self._def_scope(host)  # `self.step = jax.pmap(...)` in a method: say what blocks
         target = assign.targets[0].target if isinstance(assign, cst.Assign) else None
         if isinstance(target, cst.Attribute) and isinstance(klass, cst.ClassDef):
@@ -662,7 +661,6 @@ class Finding(Pass):
         factory: cst.FunctionDef,
         made: cst.SimpleStatementLine,
         body: cst.FunctionDef,
-        skip: cst.CSTNode | None,
         flow: Flow,
     ) -> tuple[cst.FunctionDef, Program]:
         """`return jax.pmap(body, ...)` ending a def of the module (vision_transformer's
@@ -710,9 +708,8 @@ class Finding(Pass):
             )
             raise NotVisible(why, Decline.NOT_NAMED)
         facts = self._facts(module, host)
-        program = analyze_made(
-            host, statement, site.node, body, self.qualname, facts, self._unnamed()
-        )
+        details = (host, statement, site.node, body, self.qualname, (), facts, None)
+        program = analyze(*details, self._unnamed(), made=call)
         program.factory = (factory, made)
         if self._visit_only is not None:  # the function calling the step holds no pmap
             self._visit_only |= {id(a) for a in (host, *flow.ancestors(host))}
