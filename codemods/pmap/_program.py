@@ -447,6 +447,7 @@ class _Edit(cst.CSTTransformer):
         self.before: cst.CSTNode | None = None  # the setup's statement, as rewritten
         self.blocks: list[str] = []  # the indentation of each block we are in
         self.edited = False  # whether the statement being left had an edit
+        self.touched: set[int] = set()  # the original nodes edited
         self.scoped = False  # past the setup's statement: in `with jax.set_mesh(...)`, deeper
         # Statements dropped (by id of the original): the blank lines above them, which the
         # next statement of the block takes; statements made several (by id): how many
@@ -471,6 +472,7 @@ class _Edit(cst.CSTTransformer):
         edit = self.edits.get(id(original_node))
         if edit is not None and isinstance(updated_node, cst.BaseExpression):
             self.edited = True
+            self.touched.add(id(original_node))
             return edit(updated_node)
         program = self.made.get(id(original_node))
         if program is not None:
@@ -492,6 +494,12 @@ class _Edit(cst.CSTTransformer):
             return self._with_setup(updated_node)
         if self.edited and isinstance(updated_node, cst.SimpleStatementLine):
             return _fitted(updated_node, here, self.style)
+        if (
+            isinstance(original_node, cst.For)
+            and isinstance(updated_node, cst.For)
+            and any(id(n) in self.touched for n in nodes_in(original_node.iter, object))
+        ):
+            return _fitted_for(updated_node, here, self.style)
         return updated_node
 
     def _blank_lines_kept(
@@ -542,6 +550,21 @@ def _fitted(statement: cst.SimpleStatementLine, indent: str, style: Style) -> cs
     if all(len(line) <= style.width for line in lines) and (len(lines) == 1 or "#" in text):
         return statement
     return _laid_out(statement, indent, style)
+
+
+def _fitted_for(node: cst.For, indent: str, style: Style) -> cst.For:
+    """A `for` whose iterated call an edit changed, the call laid out again when the header
+    no longer fits its line (`for k, v in evaluator.run(device_copies(params)):`)."""
+    head = f"for {code(node.target)} in "
+    header = head + code(node.iter).strip() + ":"
+    if not isinstance(node.iter, cst.Call) or (
+        "\n" not in header and len(indent) + len(header) <= style.width
+    ):
+        return node
+    laid = _lambda_calls(Call.of(node.iter)).laid_out(
+        Room(indent, len(indent) + len(head), 1), style
+    )
+    return node.with_changes(iter=laid)
 
 
 def _is_self_assignment(statement: cst.CSTNode) -> bool:
