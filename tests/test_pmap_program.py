@@ -283,3 +283,38 @@ def test_items_read_other_than_as_device_0_are_refused(loop: str) -> None:
     source = DICT_HEAD + loop + "    return w[0], log\n"
     result = migrate_source(source, options=Options(unsafe_fixes=True))
     assert "shard_map_per_device(" in result.code
+
+
+TUPLE_HEAD = """\
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def step(w, x):
+    return w - jax.lax.pmean(x.mean(0) * w, "i"), jax.lax.pmean(jnp.sum(x), "i"), x.sum(0)
+
+
+def main(w, x):
+    n = jax.local_device_count()
+    p_step = jax.pmap(step, axis_name="i")
+    w = jnp.broadcast_to(w, (n,) + w.shape)
+    x = x.reshape((n, -1) + x.shape[1:])
+    w, total, mine = p_step(w, x)
+"""
+
+
+def test_a_readback_of_a_tuple_of_values_the_same_on_every_device_is_deleted() -> None:
+    """big_vision's distill: `jax.tree_map(lambda x: np.array(x[0]), (params["student"],
+    opt))`, every item the same on every device."""
+    tail = "    w_cpu, total_cpu = jax.tree.map(lambda v: np.array(v[0]), (w, total))\n"
+    code = assert_taken_and_equal(TUPLE_HEAD + tail + "    return w_cpu, total_cpu\n")
+    assert "np.array(v)" in code and "(w, total)" in code
+
+
+def test_a_readback_of_a_tuple_holding_a_per_device_result_is_refused() -> None:
+    tail = "    w_cpu, mine_cpu = jax.tree.map(lambda v: np.array(v[0]), (w, mine))\n"
+    result = migrate_source(
+        TUPLE_HEAD + tail + "    return w_cpu, mine_cpu\n", options=Options(unsafe_fixes=True)
+    )
+    assert "shard_map_per_device(" in result.code

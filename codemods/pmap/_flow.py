@@ -35,9 +35,9 @@ from ._layout import (
     match,
     row_named,
 )
-from ._passon import passed_on
+from ._passon import passed_on, surely_replicated
 from ._program import COPY, DECORATORS, NOT_NAMED, Decline, NotVisible, Program
-from ._reach import ENTRY, SCOPES, Flow, free_names, names_in, nodes_in, params_of
+from ._reach import ENTRY, SCOPES, Flow, free_names, names_in, nodes_in, params_of, replaced
 from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
@@ -1676,11 +1676,41 @@ def _reads(
 
 def _readback_deleted(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str) -> bool:
     """Record the deletion of the readback of device 0 reading `use`, if it is one."""
-    found = _readback_around(flow, forms, use, name)
+    found = _readback_around(flow, forms, use, name) or _tuple_readback(program, flow, forms, use)
     if found is not None:
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
         program.edit(found[0], why, lambda: found[1])
     return found is not None
+
+
+def _tuple_readback(
+    program: Program, flow: Flow, forms: Forms, use: cst.Name
+) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """`jax.tree.map(lambda x: np.array(x[0]), (params["student"], opt))` (big_vision's distill
+    trainer): a readback of device 0 of a tuple written there, `use` (or a field of it) one of
+    its items. Deleted when every item is surely the same on every device (`surely_replicated`:
+    a replication or a result of the step that is, on every path); returns (the readback, what
+    it becomes), else None."""
+    top = field_top(flow, use)
+    item = flow.parent.get(id(top))
+    items = flow.parent.get(id(item))
+    arg = flow.parent.get(id(items))
+    call = flow.parent.get(id(arg))
+    if not isinstance(item, cst.Element) or not isinstance(items, cst.Tuple):
+        return None
+    if not isinstance(arg, cst.Arg) or arg.value is not items or not isinstance(call, cst.Call):
+        return None
+    if not all(surely_replicated(program, flow, forms, e.value) for e in items.elements):
+        return None
+    hole = "__tuple__"
+    stand_in = call.with_changes(
+        args=[a.with_changes(value=cst.Name(hole)) if a is arg else a for a in call.args]
+    )
+    found = forms.readback_value(stand_in, hole)
+    if found is None:
+        return None
+    root, value = found  # the stand-in put back: `(a, b)`, or the copy per leaf of it
+    return call, items if value is root else replaced(value, {id(root): items})
 
 
 def _one_source(

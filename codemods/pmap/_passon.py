@@ -153,6 +153,33 @@ def _surely_stacked(program: Program, flow: Flow, forms: Forms, use: cst.Name) -
     )
 
 
+def surely_replicated(
+    program: Program, flow: Flow, forms: Forms, value: cst.BaseExpression
+) -> bool:
+    """Return True if `value`, a name or a field of one (`params["student"]`), is the same on
+    every device on every path: `_surely_stacked`, and no binding reaching it gives it a result
+    of the step that may differ between devices."""
+    root = value
+    while isinstance(root, (cst.Attribute, cst.Subscript)):
+        root = root.value
+    if not isinstance(root, cst.Name) or not _surely_stacked(program, flow, forms, root):
+        return False
+    calls = {id(c) for c in program.calls}
+    for binding in flow.reach.of(root):
+        if not isinstance(binding, cst.Assign) or id(binding.value) not in calls:
+            continue  # a replication: `_surely_stacked` took it
+        target = binding.targets[0].target
+        if isinstance(target, cst.Tuple):
+            names = [single_name(e.value) for e in target.elements]
+            if len(names) != len(program.varying) or any(
+                v and n == root.value for n, v in zip(names, program.varying)
+            ):
+                return False
+        elif any(program.varying):
+            return False
+    return True
+
+
 def _inside(flow: Flow, use: cst.CSTNode, program: Program) -> list[cst.CSTNode]:
     """The nodes around `use` up to the function calling the step (excluded)."""
     around = []
