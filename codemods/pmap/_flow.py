@@ -22,7 +22,7 @@ from ._forms import (
     single_name,
     target_names,
 )
-from ._imported import Function, only_waits_on
+from ._imported import Function, only_waits_on, waits
 from ._inputs import iterated_batches
 from ._layout import (
     DONATED_COPY,
@@ -1084,22 +1084,7 @@ def _waited(flow: Flow, use: cst.Name, forms: Forms) -> bool:
     """`use.block_until_ready()` (or `jax.block_until_ready(use)`) as a statement of its own,
     or `use` passed (maybe in a tuple) to a def of the code base that only waits for what that
     parameter holds (`_waited_in_def`): it waits for the value and reads nothing of its layout."""
-    if _waited_in_def(flow, use, forms):
-        return True
-    call = flow.parent.get(id(use))
-    if isinstance(call, cst.Attribute) and call.attr.value == "block_until_ready":
-        call = flow.parent.get(id(call))
-        waits = isinstance(call, cst.Call) and not call.args
-    else:
-        arg = call
-        call = flow.parent.get(id(arg))
-        waits = (
-            isinstance(arg, cst.Arg)
-            and isinstance(call, cst.Call)
-            and len(call.args) == 1
-            and code(call.func).endswith("block_until_ready")
-        )
-    return waits and isinstance(flow.parent.get(id(call)), cst.Expr)
+    return waits(flow.parent, use, forms.qualname) or _waited_in_def(flow, use, forms)
 
 
 def _waited_in_def(flow: Flow, use: cst.Name, forms: Forms) -> bool:

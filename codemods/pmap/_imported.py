@@ -15,13 +15,15 @@ base class, a module that does not parse all resolve to nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
 
 from jaxmigrate.toolkit.scope import ScopeModel
+
+from ._reach import Flow
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 
@@ -118,41 +120,22 @@ def _resolve(names: ScopeModel, rest: list[str]) -> Function | None:
 
 
 def only_waits_on(function: Function, param: str) -> bool:
-    """Return True if every read of `param` in the def waits for it and reads nothing else:
-    `jax.block_until_ready(param)` or `param.block_until_ready()`, each a statement of its own
-    (big_vision's `Chrono.pause(self, wait_for=())`)."""
-    fn = function.fn
-    parents: dict[int, cst.CSTNode] = {}
-    for node in _walk(fn.body):
-        for child in node.children:
-            parents[id(child)] = node
-    reads = [n for n in _walk(fn.body) if isinstance(n, cst.Name) and n.value == param]
-    return bool(reads) and all(_waits(parents, r, function.qualname) for r in reads)
+    """Return True if every read of `param` in the def waits for it and reads nothing else
+    (`waits`: big_vision's `Chrono.pause(self, wait_for=())`)."""
+    flow = Flow(function.fn)
+    reads = flow.loads.get(param, [])
+    return bool(reads) and all(waits(flow.parent, r, function.qualname) for r in reads)
 
 
-def _waits(parents: Mapping[int, cst.CSTNode], use: cst.Name, qualname: Qualname) -> bool:
-    around = parents.get(id(use))
+def waits(parent: Mapping[int, cst.CSTNode], use: cst.Name, qualname: Qualname) -> bool:
+    """`use.block_until_ready()` or `jax.block_until_ready(use)`, a statement of its own: it
+    waits for the value and reads nothing of its layout."""
+    around = parent.get(id(use))
+    call = parent.get(id(around))
     if isinstance(around, cst.Attribute) and around.value is use:
-        call = parents.get(id(around))
-        waits = (
-            around.attr.value == "block_until_ready"
-            and isinstance(call, cst.Call)
-            and call.func is around
-            and not call.args
-        )
+        ok = around.attr.value == "block_until_ready"
+        ok = ok and isinstance(call, cst.Call) and call.func is around and not call.args
     else:
-        call = parents.get(id(around))
-        waits = (
-            isinstance(around, cst.Arg)
-            and around.keyword is None
-            and isinstance(call, cst.Call)
-            and len(call.args) == 1
-            and qualname(call.func) == "jax.block_until_ready"
-        )
-    return waits and isinstance(parents.get(id(call)), cst.Expr)
-
-
-def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    yield node
-    for child in node.children:
-        yield from _walk(child)
+        ok = isinstance(around, cst.Arg) and around.keyword is None and isinstance(call, cst.Call)
+        ok = ok and len(call.args) == 1 and qualname(call.func) == "jax.block_until_ready"  # type: ignore[union-attr]
+    return ok and isinstance(parent.get(id(call)), cst.Expr)
