@@ -412,14 +412,15 @@ def test_a_main_block_fed_by_a_generator_takes_the_program_level_form(tmp_path: 
 # big_vision's own structure (2023): train.py's update_fn gets its batches from
 # input_pipeline.start_input_pipeline (another module), the evaluators take the trainer's
 # replicated params in `run` (a cached factory's step, a step stored on self), and utils.sync()
-# calls its pmap where it makes it. Every value blocking the program-level form comes from
-# another module or a caller: each step stays faithful, says which value blocks it (the same
-# codes and values as the real big_vision sites), and the program gives the original's numbers.
+# calls its pmap where it makes it. The trainer takes the program-level form: the batches are
+# converted where the step takes them (`global_batch`), the evaluators, whose steps stay
+# faithful, get the params' copies per device (`device_copies`). Every other step says which
+# value blocks it (the same codes and values as the real big_vision sites), and the program
+# gives the original's numbers.
+BIGVISION_PROGRAM = "bv/train.py"
 BIGVISION_BLOCKED = {
-    # the first blocker the reaching definitions find: the replicated params also go to the
-    # evaluators (the batches, from another module's pipeline, block too: PL301)
-    "bv/train.py": "[PL303] `params_repl`, replicated for the step, is read other than passed "
-    "to it: passed to `evaluator.run(...)`: what layout is needed there is not followed",
+    BIGVISION_PROGRAM: "`jax.pmap` -> `jax.jit(jax.shard_map(...))` over the flat data "
+    "(program-level)",
     "bv/evaluators/classification.py": "[PL301] the step is returned by `get_eval_fn`, and the "
     "step stored in `self.eval_fn` is called in `Evaluator.run`: argument 1 of the step comes "
     "from elsewhere (`params`, a parameter of `run`",
@@ -451,7 +452,10 @@ def test_big_vision_structured_program_names_each_blocking_value_and_keeps_its_n
     for path, site in sites:
         assert site["applied"] and BIGVISION_BLOCKED[path] in site["message"], (path, site)
     code = [p.read_text() for p in (after / "bv").rglob("*.py") if p.name != "_pmap_compat.py"]
-    assert "jax.pmap" not in "".join(code)
+    assert "jax.pmap(" not in "".join(code) and "partial(jax.pmap" not in "".join(code)
+    train = (after / BIGVISION_PROGRAM).read_text()
+    assert "evaluator.run(device_copies(params_repl))" in train
+    assert "global_batch(batch" in train and "shard_map_per_device" not in train
 
     single = subprocess.run(
         [sys.executable, "run_train.py"],
