@@ -125,8 +125,7 @@ def checked(
     taken = {id(c.func) for c in program.passed_on}
     for name in dict.fromkeys(single_name(c.func) or "" for c in program.passed_on):
         here = [u for u in flow.loads.get(name, []) if id(u) not in taken and not _defined(flow, u)]
-        where = _where(flow, here[0]) if here else called_elsewhere(name, outside)
-        where = where or ("in a string (`__all__`)" if name in strings else "")
+        where = _where(flow, here[0]) if here else elsewhere(name, outside, strings)
         if where:
             raise NotVisible(
                 f"`{name}` reads device 0's copy of a value replicated for the step, and is "
@@ -138,8 +137,7 @@ def checked(
         here = [
             u for u in flow.loads.get(name, []) if id(u) not in inputs and not _defined(flow, u)
         ]
-        where = _where(flow, here[0]) if here else called_elsewhere(name, outside)
-        where = where or ("in a string (`__all__`)" if name in strings else "")
+        where = _where(flow, here[0]) if here else elsewhere(name, outside, strings)
         if where:
             raise NotVisible(
                 f"the step's batches come from an iterator of `{name}`, which would yield flat "
@@ -150,8 +148,7 @@ def checked(
     if program.returns:
         here = [u for u in flow.loads.get(host, []) if not _defined(flow, u)]
         reading = [u for u in here if not isinstance(_statement(flow, u), cst.Expr)]
-        where = _where(flow, reading[0]) if reading else _read_elsewhere(host, outside)
-        where = where or ("in a string (`__all__`)" if host in strings else "")
+        where = _where(flow, reading[0]) if reading else elsewhere(host, outside, strings, "read")
         if not isinstance(flow.parent.get(id(program.host)), cst.Module):
             where = "where its callers are not followed (it is no def at module level)"
         if where:
@@ -207,15 +204,13 @@ def _statement(flow: Flow, use: cst.Name) -> cst.CSTNode | None:
     return parent
 
 
-def called_elsewhere(name: str, outside: Callers | None) -> str:
-    """Where other code may call the module's function `name` ("" when nowhere)."""
+def elsewhere(
+    name: str, outside: Callers | None, strings: Collection[str], how: str = "called"
+) -> str:
+    """Where other code may use the module's function `name` (`how`: "called", or "read" for
+    its result), or a string names it (`__all__`: exported); "" when nowhere."""
     if outside is None:
-        return "" if name.startswith("_") else "maybe by other modules (the code base is not read)"
-    return outside.of(name).called
-
-
-def _read_elsewhere(name: str, outside: Callers | None) -> str:
-    """Where other code may read the result of the module's function `name` ("" when nowhere)."""
-    if outside is None:
-        return "" if name.startswith("_") else "maybe by other modules (the code base is not read)"
-    return outside.of(name).read
+        found = "" if name.startswith("_") else "maybe by other modules (the code base is not read)"
+    else:
+        found = getattr(outside.of(name), how)
+    return found or ("in a string (`__all__`)" if name in strings else "")

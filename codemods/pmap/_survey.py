@@ -33,8 +33,8 @@ from ._outer import (
     mesh_in_scope,
     setup_function,
 )
-from ._passon import called_elsewhere
 from ._passon import checked as passed_on_checked
+from ._passon import elsewhere
 from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
 from ._reach import SCOPES, Flow, free_names, names_in, nodes_in
 from ._stored import returned_into_self, stored_on_self
@@ -674,9 +674,7 @@ class Finding(Pass):
         statement = flow.parent.get(id(assign))
         around = flow.ancestors(uses[0]) if uses else iter(())
         host = next((a for a in around if isinstance(a, SCOPES)), None)
-        elsewhere = called_elsewhere(name, self.state.outside) or (
-            "in a string (`__all__`)" if name in self.survey.strings else ""
-        )
+        called = elsewhere(name, self.state.outside, self.survey.strings)
         if (
             factory not in module.body
             or not lines
@@ -689,11 +687,11 @@ class Finding(Pass):
             or not isinstance(statement, cst.SimpleStatementLine)
             or len(statement.body) != 1
             or not isinstance(host, cst.FunctionDef)
-            or elsewhere
+            or called
         ):
             why = f"the step is returned by `{name}`, " + (
-                f"which is called {elsewhere}: those calls are not followed"
-                if elsewhere
+                f"which is called {called}: those calls are not followed"
+                if called
                 else f"followed only where `step = {name}(...)`, its one call, is a statement of "
                 "a function calling `step`"
             )
