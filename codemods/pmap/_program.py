@@ -176,10 +176,6 @@ class Program:
         self.nodes[id(node)], self.reasons[id(node)] = node, why
         self.edits[id(node)] = lambda _: new()
 
-    def rewrite(self, indent: str, style: Style) -> cst.FunctionDef:
-        """Return the host function rewritten; `indent` is its body's indentation."""
-        return rewrite_host(self.host, [self], None, indent, style)
-
     def specs(self) -> tuple[str, str]:
         """Return the text of `in_specs` and `out_specs`."""
         spec, axis = code(self.spec), code(self.axis)
