@@ -27,7 +27,7 @@ import libcst as cst
 
 from jaxmigrate.toolkit.passes import Callers
 
-from ._forms import Forms, single_name
+from ._forms import Forms, bound_arguments, single_name
 from ._program import Decline, NotVisible, Program
 from ._reach import ENTRY, Flow, nodes_in
 
@@ -66,7 +66,7 @@ def read_back_in_def(
     callee = forms.defs.get(single_name(call.func) or "")
     if callee is None or callee is program.host or arg.star or pmaps(callee, forms):
         return False
-    param = _bound_to(callee, call, arg)
+    param = next((p for p, v in (bound_arguments(callee, call) or {}).items() if v is use), None)
     inner = Flow(callee) if param is not None else None
     if inner is None or param is None or not inner.loads.get(param):
         return False
@@ -174,19 +174,6 @@ def pmaps(fn: cst.FunctionDef, forms: Forms) -> bool:
         d.decorator for d in nodes_in(fn, cst.Decorator)
     ]
     return any(forms.qualname(f) == "jax.pmap" for f in calls if isinstance(f, cst.BaseExpression))
-
-
-def _bound_to(callee: cst.FunctionDef, call: cst.Call, arg: cst.Arg) -> str | None:
-    """The parameter of `callee` that `arg` of `call` fills, None if not plainly visible."""
-    params = callee.params
-    if params.posonly_params or isinstance(params.star_arg, cst.Param) or params.star_kwarg:
-        return None
-    if arg.keyword is not None:
-        named = {p.name.value for p in (*params.params, *params.kwonly_params)}
-        return arg.keyword.value if arg.keyword.value in named else None
-    plain = [a for a in call.args if a.keyword is None]
-    index = next(i for i, a in enumerate(plain) if a is arg)
-    return params.params[index].name.value if index < len(params.params) else None
 
 
 def _defined(flow: Flow, use: cst.Name) -> bool:
