@@ -106,7 +106,8 @@ def iterated_batches(
         for read in flow.loads.get(batch, []):
             if bound not in reach.of(read):
                 continue
-            if isinstance(bound, cst.For) and _under(flow, read, bound.target):
+            target = bound.target if isinstance(bound, cst.For) else None
+            if read is target or any(a is target for a in flow.ancestors(read)):
                 continue  # the loop's own target
             if id(read) not in step_feeds:
                 return False  # the batch read otherwise: its rows would change
@@ -120,16 +121,6 @@ def iterated_batches(
         made_global = lambda v=read: fill(GLOBAL_BATCH, {**program.context(), "x": v})  # type: ignore[misc]
         program.edit(read, AT_CALL, made_global)
     program.inputs += [*makers, mapped]
-    return True
-
-
-def _under(flow: Flow, node: cst.CSTNode, top: cst.CSTNode) -> bool:
-    """Return True if `node` is `top` or inside it."""
-    while node is not top:
-        parent = flow.parent.get(id(node))
-        if parent is None:
-            return False
-        node = parent
     return True
 
 

@@ -162,9 +162,7 @@ def checked(
 
 def _where(flow: Flow, use: cst.Name) -> str:
     """Where in the module `use` is: "in `f`", the def around it, or "at module level"."""
-    node: cst.CSTNode | None = flow.parent.get(id(use))
-    while node is not None and not isinstance(node, cst.FunctionDef):
-        node = flow.parent.get(id(node))
+    node = next((a for a in flow.ancestors(use) if isinstance(a, cst.FunctionDef)), None)
     return f"in `{node.name.value}`" if node is not None else "at module level"
 
 
