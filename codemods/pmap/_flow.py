@@ -1081,7 +1081,8 @@ def _passed(call: _StepCall, position: int) -> str:
 def _inline_kind(
     program: Program, value: cst.BaseExpression, forms: Forms, position: int, flow: Flow
 ) -> str:
-    """Classify an argument passed as an expression, and record its edit."""
+    """Classify an argument passed as an expression (or the value bound to a name passed),
+    and record its edit."""
     replicated = forms.replicated_source(value)
     if replicated is not None:
         _replication(program, value, replicated, position)
@@ -1308,22 +1309,9 @@ def _binding_kind(
         return "fed back"  # replicated values combined elementwise: replicated
     if _mean_of_results(program, binding, name, forms, calls, flow):
         return "fed back"
-    replicated = forms.replicated_source(value)
-    if replicated is not None:
-        _replication(program, value, replicated, position)
-        return "replicated"
-    after = _made_before(program, flow, binding)  # the mesh exists there
-    batch = forms.split(value)
-    if batch is not None and after:
-        program.edit(value, batch.row.why, lambda: batch.rewrite(program.context()))
-        return "batch"
-    if after and _named_splits(program, flow, forms, value):
-        return "batch"
-    keys = forms.key_split(value)
-    if keys is not None and after:
-        program.edit(value, keys.row.why, lambda: keys.rewrite(program.context()))
-        return "keys"
-    return "other"
+    if forms.replicated_source(value) is None and not _made_before(program, flow, binding):
+        return "other"  # a batch or keys made before the mesh exists
+    return _inline_kind(program, value, forms, position, flow)
 
 
 def _unpacked_replication(
