@@ -39,12 +39,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import libcst as cst
 
-from jaxmigrate.toolkit.emit import Call, Room, Style, code
+from jaxmigrate.toolkit.emit import Call, Room, Style, code, with_lambda_calls
 
 from ._reach import names_in, nodes_in, read_names
 
@@ -346,27 +346,11 @@ def _laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.Ba
     method = value.func if not value.args and isinstance(value.func, cst.Attribute) else None
     if method is not None and isinstance(method.value, cst.Call):
         tail = len(code(value)) - len(code(method.value))
-        laid = _lambda_calls(Call.of(method.value)).laid_out(Room(indent, head, tail), style)
+        laid = with_lambda_calls(Call.of(method.value)).laid_out(Room(indent, head, tail), style)
         chained = value.with_changes(func=method.with_changes(value=laid))
         return statement.with_changes(body=[node.with_changes(value=chained)])
-    laid = _lambda_calls(Call.of(value)).laid_out(Room(indent, head), style)
+    laid = with_lambda_calls(Call.of(value)).laid_out(Room(indent, head), style)
     return statement.with_changes(body=[node.with_changes(value=laid)])
-
-
-def _lambda_calls(call: Call) -> Call:
-    """`call` with the call a lambda argument makes (`lambda x, k: f(x, k[0])`) laid out as a
-    call too, after the lambda's head, as black lays it out."""
-    items = []
-    for item in call.items:
-        value = item.arg.value
-        if item.call is not None:
-            item = replace(item, call=_lambda_calls(item.call))
-        elif isinstance(value, cst.Lambda) and isinstance(value.body, cst.Call):
-            head = len(code(value)) - len(code(value.body))
-            wrap = lambda laid, v=value: v.with_changes(body=laid)
-            item = replace(item, call=Call.of(value.body), wrap=wrap, head=head)
-        items.append(item)
-    return replace(call, items=items)
 
 
 # The statement the mesh is set before, the statements making it, and the `jax.set_mesh(...)`
