@@ -1,7 +1,7 @@
 """The program-level pmap migration: follow the data around one pmapped step and drop the device axis.
 
 `analyze` reads one function that makes a pmapped step and calls it (a training loop), and says
-whether the whole flow is visible and of a shape this module rewrites; `Program.rewrite` returns
+whether the whole flow is visible and of a shape this module rewrites; `rewrite_host` returns
 the function rewritten. The shape taken (anything else keeps the faithful form, with the reason):
 
 - `step = jax.pmap(body, axis_name="a"[, donate_argnums=...])` in the function (`step` may be
