@@ -80,7 +80,7 @@ def analyze(
     facts: ModuleFacts = NO_FACTS,
     local: cst.CSTNode | None = None,
     unnamed: cst.BaseExpression | None = None,
-    made: cst.Call | None = None,
+    made: cst.BaseExpression | None = None,
 ) -> Program:
     """Return the program of a step made by `statement` in `host`; raise NotVisible for why not.
     `local`: the def of `host` itself, or the lambda, that `body` is (its inside is the body's,

@@ -84,7 +84,7 @@ def iterated_batches(
     batches: list[tuple[cst.CSTNode, str]] = []  # every iterator it makes here: their batches
     makers = flow.loads.get(maker.name.value, [])
     for use in makers:
-        made_it = _made(flow, use)
+        made_it = assigned_call(flow, use)
         if made_it is None:
             return False
         for read in flow.loads.get(made_it[1], []):
@@ -124,7 +124,7 @@ def iterated_batches(
     return True
 
 
-def _made(flow: Flow, use: cst.Name) -> tuple[cst.Assign, str] | None:
+def assigned_call(flow: Flow, use: cst.Name) -> tuple[cst.Assign, str] | None:
     """`it = use(...)`: the binding and `it`, else None."""
     call = flow.parent.get(id(use))
     assign = flow.parent.get(id(call)) if isinstance(call, cst.Call) else None

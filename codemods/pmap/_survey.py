@@ -25,6 +25,7 @@ from ._flow import (
     unnamed_step,
 )
 from ._forms import single_name
+from ._inputs import assigned_call
 from ._outer import (
     OuterGroup,
     OuterStep,
@@ -669,9 +670,8 @@ class Finding(Pass):
         name = factory.name.value
         lines = factory.body.body if isinstance(factory.body, cst.IndentedBlock) else ()
         uses = [u for u in flow.loads.get(name, []) if flow.parent.get(id(u)) is not factory]
-        call = flow.parent.get(id(uses[0])) if len(uses) == 1 else None
-        assign = flow.parent.get(id(call))
-        statement = flow.parent.get(id(assign))
+        bound = assigned_call(flow, uses[0]) if len(uses) == 1 else None  # `step = factory(...)`
+        statement = flow.parent.get(id(bound[0])) if bound is not None else None
         around = flow.ancestors(uses[0]) if uses else iter(())
         host = next((a for a in around if isinstance(a, SCOPES)), None)
         called = elsewhere(name, self.state.outside, self.survey.strings)
@@ -679,11 +679,7 @@ class Finding(Pass):
             factory not in module.body
             or not lines
             or lines[-1] is not made
-            or not isinstance(call, cst.Call)
-            or call.func is not uses[0]
-            or not isinstance(assign, cst.Assign)
-            or len(assign.targets) != 1
-            or single_name(assign.targets[0].target) is None
+            or bound is None
             or not isinstance(statement, cst.SimpleStatementLine)
             or len(statement.body) != 1
             or not isinstance(host, cst.FunctionDef)
@@ -705,7 +701,7 @@ class Finding(Pass):
             raise NotVisible(why, Decline.NOT_NAMED)
         facts = self._facts(module, host)
         details = (host, statement, site.node, body, self.qualname, (), facts, None)
-        program = analyze(*details, self._unnamed(), made=call)
+        program = analyze(*details, self._unnamed(), made=bound[0].value)
         program.factory = (factory, made)
         if self._visit_only is not None:  # the function calling the step holds no pmap
             self._visit_only |= {id(a) for a in (host, *flow.ancestors(host))}
