@@ -35,13 +35,12 @@ from ._flow import (
     _nested,
     _StepCall,
     analyze_calls,
-    bound_arguments,
     forms_of,
     options_of,
     passed_to,
     sibling_calls,
 )
-from ._forms import Qualname, single_name
+from ._forms import Qualname, bound_arguments, single_name
 from ._program import Decline, NotVisible, Program
 from ._reach import Flow
 from ._summary import ModuleFacts

@@ -378,17 +378,18 @@ class Faithful(Finding):
         fallback = site.failed_program
         if not self.site(site.node, plan.message, min_jax=plan.min_jax, fallback=fallback):
             return None
+        self._applied(site)
+        return plan
+
+    def _applied(self, site: PmapUse) -> None:
+        """Record `site` as rewritten (the first one imports `PartitionSpec`), and drop the
+        import that spelled `pmap` (`pmap`, or the `jax` of `jax.pmap`) if the rewritten module
+        no longer reads it: the shared helper needs no `jax` in the file."""
         self.applied.append(site)
         self.applied_keys.append(self.state.sites[-1].key)
         spec_import = self._spec_ref()[1]
         if spec_import is not None and len(self.applied) == 1:
             self.need_import(*spec_import)
-        self._drop_pmap_import(site)
-        return plan
-
-    def _drop_pmap_import(self, site: PmapUse) -> None:
-        """Drop the import that spelled `pmap` (`pmap`, or the `jax` of `jax.pmap`) if the
-        rewritten module no longer reads it: the shared helper needs no `jax` in the file."""
         ref = site.ref
         while isinstance(ref, cst.Attribute):
             ref = ref.value
@@ -407,13 +408,9 @@ class Faithful(Finding):
         )
         if not self.site(site.node, message):
             return updated
-        self.applied.append(site)
-        self.applied_keys.append(self.state.sites[-1].key)
-        spec, spec_import = self._spec_ref()
-        if spec_import is not None and len(self.applied) == 1:
-            self.need_import(*spec_import)
-        self._drop_pmap_import(site)
-        specs = f"in_specs={code(spec)}({axis}), out_specs={code(spec)}({axis})"
+        self._applied(site)
+        spec = code(self._spec_ref()[0])
+        specs = f"in_specs={spec}({axis}), out_specs={spec}({axis})"
         partial = code(self._partial(site))
         value = cst.parse_expression(f"{partial}({HELPER}, {specs})")
         assert isinstance(value, cst.Call)

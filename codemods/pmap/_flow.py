@@ -9,11 +9,13 @@ from dataclasses import dataclass
 import libcst as cst
 
 from jaxmigrate.toolkit.emit import code
+from jaxmigrate.toolkit.imports import is_docstring as _is_docstring
 
 from ._body import Defs, body_outputs
 from ._forms import (
     Forms,
     Qualname,
+    bound_arguments,
     field_root,
     field_top,
     flattens,
@@ -42,7 +44,6 @@ from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
 from ._summary import NO_FACTS, ModuleFacts
-from ._summary import is_docstring as _is_docstring
 
 GET_METRICS = (row_named("get_metrics"),)
 MEANS = (row_named("cross_device_mean"),)
@@ -80,7 +81,7 @@ def analyze(
     facts: ModuleFacts = NO_FACTS,
     local: cst.CSTNode | None = None,
     unnamed: cst.BaseExpression | None = None,
-    made: cst.Call | None = None,
+    made: cst.BaseExpression | None = None,
 ) -> Program:
     """Return the program of a step made by `statement` in `host`; raise NotVisible for why not.
     `local`: the def of `host` itself, or the lambda, that `body` is (its inside is the body's,
@@ -319,29 +320,6 @@ def sibling_calls(program: Program, flow: Flow, siblings: tuple[str, ...], defs:
                 program.siblings.add(id(flow.parent.get(id(other))))
             else:
                 program.sibling_feeds |= passed_feeds(flow, use, defs)
-
-
-def bound_arguments(
-    callee: cst.FunctionDef, call: cst.Call
-) -> dict[str, cst.BaseExpression] | None:
-    """The value `call` passes to each parameter of `callee` it fills; None when that is not
-    visible (`*args`, `**kwargs`, positional-only parameters, a keyword it lacks)."""
-    params = callee.params
-    if params.posonly_params or isinstance(params.star_arg, cst.Param) or params.star_kwarg:
-        return None
-    if any(a.star for a in call.args):
-        return None
-    named = {p.name.value for p in (*params.params, *params.kwonly_params)}
-    plain = [a.value for a in call.args if a.keyword is None]
-    if len(plain) > len(params.params):
-        return None
-    found = {p.name.value: v for p, v in zip(params.params, plain)}
-    for arg in call.args:
-        if arg.keyword is not None:
-            if arg.keyword.value not in named or arg.keyword.value in found:
-                return None
-            found[arg.keyword.value] = arg.value
-    return found
 
 
 def passed_to(
@@ -1152,7 +1130,8 @@ def _passed(call: _StepCall, position: int) -> str:
 def _inline_kind(
     program: Program, value: cst.BaseExpression, forms: Forms, position: int, flow: Flow
 ) -> str:
-    """Classify an argument passed as an expression, and record its edit."""
+    """Classify an argument passed as an expression (or the value bound to a name passed),
+    and record its edit."""
     replicated = forms.replicated_source(value)
     if replicated is not None:
         _replication(program, value, replicated, position, _committed(flow, forms, replicated))
@@ -1441,22 +1420,9 @@ def _binding_kind(
         return "fed back"  # replicated values combined elementwise: replicated
     if _mean_of_results(program, binding, name, forms, calls, flow):
         return "fed back"
-    replicated = forms.replicated_source(value)
-    if replicated is not None:
-        _replication(program, value, replicated, position, _committed(flow, forms, replicated))
-        return "replicated"
-    after = _made_before(program, flow, binding)  # the mesh exists there
-    batch = forms.split(value)
-    if batch is not None and after:
-        program.edit(value, batch.row.why, lambda: batch.rewrite(program.context()))
-        return "batch"
-    if after and _named_splits(program, flow, forms, value):
-        return "batch"
-    keys = forms.key_split(value)
-    if keys is not None and after:
-        program.edit(value, keys.row.why, lambda: keys.rewrite(program.context()))
-        return "keys"
-    return "other"
+    if forms.replicated_source(value) is None and not _made_before(program, flow, binding):
+        return "other"  # a batch or keys made before the mesh exists
+    return _inline_kind(program, value, forms, position, flow)
 
 
 def _unpacked_replication(

@@ -65,6 +65,29 @@ def positional(call: cst.Call, count: int) -> list[cst.BaseExpression] | None:
     return [a.value for a in call.args]
 
 
+def bound_arguments(
+    callee: cst.FunctionDef, call: cst.Call
+) -> dict[str, cst.BaseExpression] | None:
+    """The value `call` passes to each parameter of `callee` it fills; None when that is not
+    visible (`*args`, `**kwargs`, positional-only parameters, a keyword it lacks)."""
+    params = callee.params
+    if params.posonly_params or isinstance(params.star_arg, cst.Param) or params.star_kwarg:
+        return None
+    if any(a.star for a in call.args):
+        return None
+    named = {p.name.value for p in (*params.params, *params.kwonly_params)}
+    plain = [a.value for a in call.args if a.keyword is None]
+    if len(plain) > len(params.params):
+        return None
+    found = {p.name.value: v for p, v in zip(params.params, plain)}
+    for arg in call.args:
+        if arg.keyword is not None:
+            if arg.keyword.value not in named or arg.keyword.value in found:
+                return None
+            found[arg.keyword.value] = arg.value
+    return found
+
+
 FILLS = frozenset(
     f"{np}.{fill}" for np in ("numpy", "jax.numpy") for fill in ("ones", "zeros", "full", "empty")
 )

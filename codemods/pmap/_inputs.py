@@ -84,7 +84,7 @@ def iterated_batches(
     batches: list[tuple[cst.CSTNode, str]] = []  # every iterator it makes here: their batches
     makers = flow.loads.get(maker.name.value, [])
     for use in makers:
-        made_it = _made(flow, use)
+        made_it = assigned_call(flow, use)
         if made_it is None:
             return False
         for read in flow.loads.get(made_it[1], []):
@@ -106,7 +106,8 @@ def iterated_batches(
         for read in flow.loads.get(batch, []):
             if bound not in reach.of(read):
                 continue
-            if isinstance(bound, cst.For) and _under(flow, read, bound.target):
+            target = bound.target if isinstance(bound, cst.For) else None
+            if read is target or any(a is target for a in flow.ancestors(read)):
                 continue  # the loop's own target
             if id(read) not in step_feeds:
                 return False  # the batch read otherwise: its rows would change
@@ -123,17 +124,7 @@ def iterated_batches(
     return True
 
 
-def _under(flow: Flow, node: cst.CSTNode, top: cst.CSTNode) -> bool:
-    """Return True if `node` is `top` or inside it."""
-    while node is not top:
-        parent = flow.parent.get(id(node))
-        if parent is None:
-            return False
-        node = parent
-    return True
-
-
-def _made(flow: Flow, use: cst.Name) -> tuple[cst.Assign, str] | None:
+def assigned_call(flow: Flow, use: cst.Name) -> tuple[cst.Assign, str] | None:
     """`it = use(...)`: the binding and `it`, else None."""
     call = flow.parent.get(id(use))
     assign = flow.parent.get(id(call)) if isinstance(call, cst.Call) else None

@@ -28,7 +28,7 @@ import libcst as cst
 from jaxmigrate.toolkit.emit import code as code_of
 from jaxmigrate.toolkit.passes import Callers
 
-from ._forms import Forms, single_name
+from ._forms import Forms, bound_arguments, single_name
 from ._program import Decline, NotVisible, Program
 from ._reach import ENTRY, Flow, nodes_in
 
@@ -109,7 +109,7 @@ def read_back_in_def(
     callee = forms.defs.get(single_name(call.func) or "")
     if callee is None or callee is program.host or arg.star or pmaps(callee, forms):
         return False
-    param = _bound_to(callee, call, arg)
+    param = next((p for p, v in (bound_arguments(callee, call) or {}).items() if v is use), None)
     inner = Flow(callee) if param is not None else None
     if inner is None or param is None or not inner.loads.get(param):
         return False
@@ -220,8 +220,7 @@ def checked(
     taken = {id(c.func) for c in program.passed_on}
     for name in dict.fromkeys(single_name(c.func) or "" for c in program.passed_on):
         here = [u for u in flow.loads.get(name, []) if id(u) not in taken and not _defined(flow, u)]
-        where = _where(flow, here[0]) if here else called_elsewhere(name, outside)
-        where = where or ("in a string (`__all__`)" if name in strings else "")
+        where = _where(flow, here[0]) if here else elsewhere(name, outside, strings)
         if where:
             raise NotVisible(
                 f"`{name}` reads device 0's copy of a value replicated for the step, and is "
@@ -233,8 +232,7 @@ def checked(
         here = [
             u for u in flow.loads.get(name, []) if id(u) not in inputs and not _defined(flow, u)
         ]
-        where = _where(flow, here[0]) if here else called_elsewhere(name, outside)
-        where = where or ("in a string (`__all__`)" if name in strings else "")
+        where = _where(flow, here[0]) if here else elsewhere(name, outside, strings)
         if where:
             raise NotVisible(
                 f"the step's batches come from an iterator of `{name}`, which would yield flat "
@@ -245,8 +243,7 @@ def checked(
     if program.returns:
         here = [u for u in flow.loads.get(host, []) if not _defined(flow, u)]
         reading = [u for u in here if not isinstance(_statement(flow, u), cst.Expr)]
-        where = _where(flow, reading[0]) if reading else _read_elsewhere(host, outside)
-        where = where or ("in a string (`__all__`)" if host in strings else "")
+        where = _where(flow, reading[0]) if reading else elsewhere(host, outside, strings, "read")
         if not isinstance(flow.parent.get(id(program.host)), cst.Module):
             where = "where its callers are not followed (it is no def at module level)"
         if where:
@@ -260,9 +257,7 @@ def checked(
 
 def _where(flow: Flow, use: cst.Name) -> str:
     """Where in the module `use` is: "in `f`", the def around it, or "at module level"."""
-    node: cst.CSTNode | None = flow.parent.get(id(use))
-    while node is not None and not isinstance(node, cst.FunctionDef):
-        node = flow.parent.get(id(node))
+    node = next((a for a in flow.ancestors(use) if isinstance(a, cst.FunctionDef)), None)
     return f"in `{node.name.value}`" if node is not None else "at module level"
 
 
@@ -272,19 +267,6 @@ def pmaps(fn: cst.FunctionDef, forms: Forms) -> bool:
         d.decorator for d in nodes_in(fn, cst.Decorator)
     ]
     return any(forms.qualname(f) == "jax.pmap" for f in calls if isinstance(f, cst.BaseExpression))
-
-
-def _bound_to(callee: cst.FunctionDef, call: cst.Call, arg: cst.Arg) -> str | None:
-    """The parameter of `callee` that `arg` of `call` fills, None if not plainly visible."""
-    params = callee.params
-    if params.posonly_params or isinstance(params.star_arg, cst.Param) or params.star_kwarg:
-        return None
-    if arg.keyword is not None:
-        named = {p.name.value for p in (*params.params, *params.kwonly_params)}
-        return arg.keyword.value if arg.keyword.value in named else None
-    plain = [a for a in call.args if a.keyword is None]
-    index = next(i for i, a in enumerate(plain) if a is arg)
-    return params.params[index].name.value if index < len(params.params) else None
 
 
 def _defined(flow: Flow, use: cst.Name) -> bool:
@@ -302,15 +284,13 @@ def _statement(flow: Flow, use: cst.Name) -> cst.CSTNode | None:
     return parent
 
 
-def called_elsewhere(name: str, outside: Callers | None) -> str:
-    """Where other code may call the module's function `name` ("" when nowhere)."""
+def elsewhere(
+    name: str, outside: Callers | None, strings: Collection[str], how: str = "called"
+) -> str:
+    """Where other code may use the module's function `name` (`how`: "called", or "read" for
+    its result), or a string names it (`__all__`: exported); "" when nowhere."""
     if outside is None:
-        return "" if name.startswith("_") else "maybe by other modules (the code base is not read)"
-    return outside.of(name).called
-
-
-def _read_elsewhere(name: str, outside: Callers | None) -> str:
-    """Where other code may read the result of the module's function `name` ("" when nowhere)."""
-    if outside is None:
-        return "" if name.startswith("_") else "maybe by other modules (the code base is not read)"
-    return outside.of(name).read
+        found = "" if name.startswith("_") else "maybe by other modules (the code base is not read)"
+    else:
+        found = getattr(outside.of(name), how)
+    return found or ("in a string (`__all__`)" if name in strings else "")

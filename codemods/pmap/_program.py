@@ -1,7 +1,7 @@
 """The program-level pmap migration: follow the data around one pmapped step and drop the device axis.
 
 `analyze` reads one function that makes a pmapped step and calls it (a training loop), and says
-whether the whole flow is visible and of a shape this module rewrites; `Program.rewrite` returns
+whether the whole flow is visible and of a shape this module rewrites; `rewrite_host` returns
 the function rewritten. The shape taken (anything else keeps the faithful form, with the reason):
 
 - `step = jax.pmap(body, axis_name="a"[, donate_argnums=...])` in the function (`step` may be
@@ -39,12 +39,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import libcst as cst
 
-from jaxmigrate.toolkit.emit import Call, Room, Style, code
+from jaxmigrate.toolkit.emit import Call, Room, Style, code, with_lambda_calls
 
 from ._reach import names_in, nodes_in, read_names
 
@@ -177,10 +177,6 @@ class Program:
         """Replace `node` (original) by what `new` returns when the function is rewritten."""
         self.nodes[id(node)], self.reasons[id(node)] = node, why
         self.edits[id(node)] = lambda _: new()
-
-    def rewrite(self, indent: str, style: Style) -> cst.FunctionDef:
-        """Return the host function rewritten; `indent` is its body's indentation."""
-        return rewrite_host(self.host, [self], None, indent, style)
 
     def specs(self) -> tuple[str, str]:
         """Return the text of `in_specs` and `out_specs`."""
@@ -352,27 +348,11 @@ def _laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.Ba
     method = value.func if not value.args and isinstance(value.func, cst.Attribute) else None
     if method is not None and isinstance(method.value, cst.Call):
         tail = len(code(value)) - len(code(method.value))
-        laid = _lambda_calls(Call.of(method.value)).laid_out(Room(indent, head, tail), style)
+        laid = with_lambda_calls(Call.of(method.value)).laid_out(Room(indent, head, tail), style)
         chained = value.with_changes(func=method.with_changes(value=laid))
         return statement.with_changes(body=[node.with_changes(value=chained)])
-    laid = _lambda_calls(Call.of(value)).laid_out(Room(indent, head), style)
+    laid = with_lambda_calls(Call.of(value)).laid_out(Room(indent, head), style)
     return statement.with_changes(body=[node.with_changes(value=laid)])
-
-
-def _lambda_calls(call: Call) -> Call:
-    """`call` with the call a lambda argument makes (`lambda x, k: f(x, k[0])`) laid out as a
-    call too, after the lambda's head, as black lays it out."""
-    items = []
-    for item in call.items:
-        value = item.arg.value
-        if item.call is not None:
-            item = replace(item, call=_lambda_calls(item.call))
-        elif isinstance(value, cst.Lambda) and isinstance(value.body, cst.Call):
-            head = len(code(value)) - len(code(value.body))
-            wrap = lambda laid, v=value: v.with_changes(body=laid)
-            item = replace(item, call=Call.of(value.body), wrap=wrap, head=head)
-        items.append(item)
-    return replace(call, items=items)
 
 
 # The statement the mesh is set before, the statements making it, and the `jax.set_mesh(...)`
@@ -561,7 +541,7 @@ def _fitted_for(node: cst.For, indent: str, style: Style) -> cst.For:
         "\n" not in header and len(indent) + len(header) <= style.width
     ):
         return node
-    laid = _lambda_calls(Call.of(node.iter)).laid_out(
+    laid = with_lambda_calls(Call.of(node.iter)).laid_out(
         Room(indent, len(indent) + len(head), 1), style
     )
     return node.with_changes(iter=laid)

@@ -55,9 +55,8 @@ def not_read_back(flow: Flow, call: cst.Call, step: str) -> NotVisible:
     if isinstance(around, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
         why = f"`{step}` is called other than as `out = {step}(...)`"
         return NotVisible(why, Decline.RESULTS_UNNAMED)
-    reader = around
-    while reader is not None and not isinstance(reader, (cst.Call, cst.BaseSmallStatement)):
-        reader = flow.parent.get(id(reader))  # AlgoPerf: `state.copy({"k": step(x)})`
+    readers = (a for a in flow.ancestors(call) if isinstance(a, (cst.Call, cst.BaseSmallStatement)))
+    reader = next(readers, None)  # AlgoPerf: `state.copy({"k": step(x)})`
     if isinstance(reader, cst.Call):
         where = f"in `{short(reader.func)}(...)`"
     elif isinstance(reader, cst.Return):

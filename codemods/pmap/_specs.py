@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import libcst as cst
 
-from jaxmigrate.toolkit.emit import code
+from jaxmigrate.toolkit.emit import code, joined
 
 SpecMaker = Callable[[int | None], cst.BaseExpression]
 
@@ -68,7 +68,7 @@ def partition_spec(
     if axis is None:
         return cst.Call(func=spec.deep_clone())
     entries = [cst.Name("None")] * axis + [n.deep_clone() for n in names]
-    return cst.Call(func=spec.deep_clone(), args=_args(entries))
+    return cst.Call(func=spec.deep_clone(), args=joined([cst.Arg(e) for e in entries]))
 
 
 def argnums(node: cst.BaseExpression) -> tuple[int, ...]:
@@ -134,11 +134,3 @@ def _spaced(comma: cst.Comma | cst.MaybeSentinel) -> bool:
         return False
     after = comma.whitespace_after
     return not isinstance(after, cst.SimpleWhitespace) or bool(after.value)
-
-
-def _args(values: Sequence[cst.BaseExpression]) -> list[cst.Arg]:
-    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    return [
-        cst.Arg(v, comma=comma if i < len(values) - 1 else cst.MaybeSentinel.DEFAULT)
-        for i, v in enumerate(values)
-    ]

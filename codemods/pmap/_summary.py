@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from jaxmigrate.toolkit.emit import code
+from jaxmigrate.toolkit.imports import is_docstring
 
 from ._imported import NO_IMPORTS, Imported
 from ._layout import _HOLE, Match, Qualname, Transfer, lifted, match
@@ -206,12 +207,3 @@ def _field_carried(node: cst.BaseExpression, qualname: Qualname, values: Values)
 
 def counts_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
     return isinstance(node, cst.Call) and not node.args and qualname(node.func) in DEVICE_COUNTS
-
-
-def is_docstring(line: cst.BaseStatement) -> bool:
-    return (
-        isinstance(line, cst.SimpleStatementLine)
-        and len(line.body) == 1
-        and isinstance(line.body[0], cst.Expr)
-        and isinstance(line.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )

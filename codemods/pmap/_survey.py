@@ -26,6 +26,7 @@ from ._flow import (
 )
 from ._forms import single_name
 from ._imported import Imported
+from ._inputs import assigned_call
 from ._outer import (
     OuterGroup,
     OuterStep,
@@ -34,8 +35,8 @@ from ._outer import (
     mesh_in_scope,
     setup_function,
 )
-from ._passon import called_elsewhere
 from ._passon import checked as passed_on_checked
+from ._passon import elsewhere
 from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
 from ._reach import SCOPES, Flow, free_names, names_in, nodes_in
 from ._stored import returned_into_self, stored_on_self
@@ -671,31 +672,24 @@ class Finding(Pass):
         name = factory.name.value
         lines = factory.body.body if isinstance(factory.body, cst.IndentedBlock) else ()
         uses = [u for u in flow.loads.get(name, []) if flow.parent.get(id(u)) is not factory]
-        call = flow.parent.get(id(uses[0])) if len(uses) == 1 else None
-        assign = flow.parent.get(id(call))
-        statement = flow.parent.get(id(assign))
+        bound = assigned_call(flow, uses[0]) if len(uses) == 1 else None  # `step = factory(...)`
+        statement = flow.parent.get(id(bound[0])) if bound is not None else None
         around = flow.ancestors(uses[0]) if uses else iter(())
         host = next((a for a in around if isinstance(a, SCOPES)), None)
-        elsewhere = called_elsewhere(name, self.state.outside) or (
-            "in a string (`__all__`)" if name in self.survey.strings else ""
-        )
+        called = elsewhere(name, self.state.outside, self.survey.strings)
         if (
             factory not in module.body
             or not lines
             or lines[-1] is not made
-            or not isinstance(call, cst.Call)
-            or call.func is not uses[0]
-            or not isinstance(assign, cst.Assign)
-            or len(assign.targets) != 1
-            or single_name(assign.targets[0].target) is None
+            or bound is None
             or not isinstance(statement, cst.SimpleStatementLine)
             or len(statement.body) != 1
             or not isinstance(host, cst.FunctionDef)
-            or elsewhere
+            or called
         ):
             why = f"the step is returned by `{name}`, " + (
-                f"which is called {elsewhere}: those calls are not followed"
-                if elsewhere
+                f"which is called {called}: those calls are not followed"
+                if called
                 else f"followed only where `step = {name}(...)`, its one call, is a statement of "
                 "a function calling `step`"
             )
@@ -709,7 +703,7 @@ class Finding(Pass):
             raise NotVisible(why, Decline.NOT_NAMED)
         facts = self._facts(module, host)
         details = (host, statement, site.node, body, self.qualname, (), facts, None)
-        program = analyze(*details, self._unnamed(), made=call)
+        program = analyze(*details, self._unnamed(), made=bound[0].value)
         program.factory = (factory, made)
         if self._visit_only is not None:  # the function calling the step holds no pmap
             self._visit_only |= {id(a) for a in (host, *flow.ancestors(host))}

@@ -221,7 +221,8 @@ def _is_import_line(stmt: cst.CSTNode) -> bool:
     )
 
 
-def _is_docstring(stmt: cst.CSTNode) -> bool:
+def is_docstring(stmt: cst.CSTNode) -> bool:
+    """A statement that is a string alone: a docstring when it comes first."""
     return (
         isinstance(stmt, cst.SimpleStatementLine)
         and len(stmt.body) == 1
@@ -321,7 +322,7 @@ def _top_block_end(body: Sequence[cst.BaseStatement]) -> int:
     """Return the index after the module's top import block (after a docstring, if any)."""
     at = 0
     for i, stmt in enumerate(body):
-        if _is_import_line(stmt) or (i == 0 and _is_docstring(stmt)):
+        if _is_import_line(stmt) or (i == 0 and is_docstring(stmt)):
             at = i + 1
         elif at or i > 0:
             break
