@@ -318,3 +318,26 @@ def test_a_readback_of_a_tuple_holding_a_per_device_result_is_refused() -> None:
         TUPLE_HEAD + tail + "    return w_cpu, mine_cpu\n", options=Options(unsafe_fixes=True)
     )
     assert "shard_map_per_device(" in result.code
+
+
+SINK = """
+class Sink:
+    def take(self, values):
+        return jax.tree.map(lambda v: np.asarray(v).sum(0), values)
+
+"""
+
+
+def test_a_literal_of_replicated_values_passed_to_code_not_followed_is_copied_whole() -> None:
+    """uvim's `evaluator.run({"params": params_repl, "task_params": task_params})`."""
+    head = TUPLE_HEAD.replace("\n\ndef step(", SINK + "\ndef step(")
+    tail = "    got = Sink().take({'w': w, 'total': total})\n    return w[0], got\n"
+    code = assert_taken_and_equal(head + tail)
+    assert "Sink().take(device_copies({'w': w, 'total': total}))" in code
+
+
+def test_a_literal_holding_a_per_device_result_passed_to_code_not_followed_is_refused() -> None:
+    head = TUPLE_HEAD.replace("\n\ndef step(", SINK + "\ndef step(")
+    tail = "    got = Sink().take({'w': w, 'mine': mine})\n    return w[0], got\n"
+    result = migrate_source(head + tail, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device(" in result.code

@@ -61,10 +61,12 @@ LIBRARIES = ("jax.", "numpy.", "flax.", "optax.")  # their functions' reads are 
 
 def copied(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str) -> bool:
     """`evaluator.run(params_repl)`: `use`, a value replicated for the step, passed whole (or as
-    an item of a dict, tuple or list written there) to a call the analysis does not follow (no def of the module, no function of the libraries the
-    transfer table knows). The call gets what it got under pmap, one copy of the value per
-    local device, stacked: `device_copies(params_repl)`, a helper the module gets once
-    (`program.copier`), named in the site's message as the boundary left in pmap's layout."""
+    an item of a dict, tuple or list written there) to a call the analysis does not follow (no
+    def of the module, no function of the libraries the transfer table knows). The call gets
+    what it got under pmap, one copy of the value per local device, stacked:
+    `device_copies(params_repl)`, a helper the module gets once (`program.copier`), named in the
+    site's message as the boundary left in pmap's layout. A literal whose every item is surely
+    replicated is copied whole (`device_copies({"params": p, "task": t})`)."""
     passed: cst.CSTNode = use
     item = flow.parent.get(id(use))
     if isinstance(item, (cst.Element, cst.DictElement)) and item.value is use:
@@ -82,16 +84,23 @@ def copied(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str)
         return False
     if not _surely_stacked(program, flow, forms, use):
         return False
-    callee = code_of(call.func)
+    whole = passed is not use and all(  # a per-device result among them blocks by itself
+        isinstance(root := _root_of(e.value), cst.Name)
+        and _surely_stacked(program, flow, forms, root)
+        for e in passed.elements  # type: ignore[attr-defined]
+    )
+    copied: cst.BaseExpression = passed if whole else use  # type: ignore[assignment]
+    made = f"`{program.copier}(...)` of the {type(passed).__name__.lower()} written there"
     why = (
-        f"`{name}` is passed to `{callee}(...)`, whose reads are not followed: it gets the "
-        f"copies per device it had under pmap, made by `{program.copier}({use.value})`"
+        f"`{name}` is passed to `{code_of(call.func)}(...)`, whose reads are not followed: it "
+        "gets the copies per device it had under pmap, made by "
+        + (made if whole else f"`{program.copier}({use.value})`")
     )
 
     def copies() -> cst.BaseExpression:
-        return cst.Call(cst.Name(program.copier), [cst.Arg(use)])
+        return cst.Call(cst.Name(program.copier), [cst.Arg(copied)])
 
-    program.edit(use, why, copies)
+    program.edit(copied, why, copies)
     program.copies = True
     return True
 
@@ -159,9 +168,7 @@ def surely_replicated(
     """Return True if `value`, a name or a field of one (`params["student"]`), is the same on
     every device on every path: `_surely_stacked`, and no binding reaching it gives it a result
     of the step that may differ between devices."""
-    root = value
-    while isinstance(root, (cst.Attribute, cst.Subscript)):
-        root = root.value
+    root = _root_of(value)
     if not isinstance(root, cst.Name) or not _surely_stacked(program, flow, forms, root):
         return False
     calls = {id(c) for c in program.calls}
@@ -178,6 +185,13 @@ def surely_replicated(
         elif any(program.varying):
             return False
     return True
+
+
+def _root_of(value: cst.BaseExpression) -> cst.BaseExpression:
+    """`x` of `x.a["k"]`."""
+    while isinstance(value, (cst.Attribute, cst.Subscript)):
+        value = value.value
+    return value
 
 
 def _inside(flow: Flow, use: cst.CSTNode, program: Program) -> list[cst.CSTNode]:
