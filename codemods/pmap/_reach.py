@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import libcst as cst
 
-from jaxmigrate.toolkit.names import walk_in_order
+from jaxmigrate.toolkit.names import dotted, walk_in_order
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
 N = TypeVar("N")
@@ -572,17 +572,8 @@ def _traced_later(decorator: cst.BaseExpression) -> bool:
     """`jax.jit`, `jax.jit(...)`, `partial(jax.jit, ...)`: the def runs when called (traced at
     its first call), not when decorated or later elsewhere."""
     if isinstance(decorator, cst.Call):
-        head = _dotted(decorator.func)
+        head = dotted(decorator.func)
         if head in ("functools.partial", "partial") and decorator.args:
-            return _dotted(decorator.args[0].value) == "jax.jit"
+            return dotted(decorator.args[0].value) == "jax.jit"
         return head == "jax.jit"
-    return _dotted(decorator) == "jax.jit"
-
-
-def _dotted(node: cst.BaseExpression) -> str | None:
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        base = _dotted(node.value)
-        return None if base is None else f"{base}.{node.attr.value}"
-    return None
+    return dotted(decorator) == "jax.jit"

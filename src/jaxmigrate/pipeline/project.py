@@ -88,6 +88,7 @@ class Project:
     widths: dict[Path, int | None] = field(default_factory=dict)
     siblings: Siblings = field(default_factory=Siblings)
     texts: dict[Path, str | None] = field(default_factory=dict)
+    imports: dict[tuple[str, int], tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
     # Style and first-party modules -------------------------------------------------------
     def style(self, code: str, path: str | None) -> Style:
@@ -201,7 +202,12 @@ class Project:
         of another module (`FileState.modules`); each file is read once."""
         if path is None:
             return ()
-        file = Path(path).absolute()
+        key = (path, hash(text))  # asked for the cache key, then by the engine: parsed once
+        if key not in self.imports:
+            self.imports[key] = self._imported_modules(Path(path).absolute(), text)
+        return self.imports[key]
+
+    def _imported_modules(self, file: Path, text: str) -> tuple[tuple[str, str], ...]:
         here = file.parent
         chain = self._package_chain(here)
         package = ".".join(f.name for f in reversed(chain)) if chain else None
