@@ -341,3 +341,51 @@ def test_a_literal_holding_a_per_device_result_passed_to_code_not_followed_is_re
     tail = "    got = Sink().take({'w': w, 'mine': mine})\n    return w[0], got\n"
     result = migrate_source(head + tail, options=Options(unsafe_fixes=True))
     assert "shard_map_per_device(" in result.code
+
+
+# Parts taken from a batch drawn from an iterator not seen into are batches as the whole is
+# (fixture `program_drawn_batches_taken_apart`); a part of anything else keeps its layout unknown.
+TAKEN_HEAD = """\
+import jax
+
+
+def step(w, x):
+    return w - jax.lax.pmean(x.mean(0), "i")
+
+
+def main(w, batches, config):
+    p_step = jax.pmap(step, axis_name="i")
+    w = jax.numpy.broadcast_to(w, (jax.local_device_count(),) + w.shape)
+    for batch in batches:
+"""
+TAKEN = {
+    "popped": ("        x = batch.pop('x')\n", True),
+    "subscript in a tuple": ("        x, y = batch['x'], batch['y']\n", True),
+    "got": ("        x = batch.get('x')\n", True),
+    "a part of a part": ("        inner = batch['inner']\n        x = inner['x']\n", True),
+    "popped from a parameter": ("        x = config.pop('x')\n", False),
+    "a part of a value rebound from a parameter": (
+        "        batch = config\n        x = batch['x']\n",
+        False,
+    ),
+    "a part of a value drawn on one path only": (
+        "        if config:\n            batch = config\n        x = batch['x']\n",
+        False,
+    ),
+    "unpacked from an unequal tuple": ("        x, y = batch['x'], batch['y'], 1\n", False),
+    "popped with a default": ("        x = batch.pop('x', None)\n", False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TAKEN))
+def test_parts_of_a_drawn_batch_are_batches(case: str) -> None:
+    line, taken = TAKEN[case]
+    code = TAKEN_HEAD + line + "        w = p_step(w, x)\n    return w[0]\n"
+    result = migrate_source(code, options=Options(unsafe_fixes=True))
+    messages = [s.message for s in result.sites]
+    assert ("shard_map_per_device(" not in result.code) is taken, messages
+    if taken:
+        assert "global_batch(x, " in result.code
+        assert any("a part of `batch`, a loop variable over `batches`" in m for m in messages)
+    else:
+        assert "[PL301]" in messages[0] and "`x`" in messages[0], messages

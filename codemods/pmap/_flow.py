@@ -856,7 +856,7 @@ def _follow_argument(
                 classified[id(binding)] = kind
                 if kind == "other":
                     blocking.append(_binding_text(name, binding, flow, forms.qualname))
-                    kind = DRAWN if _drawn(binding, name) else kind
+                    kind = DRAWN if _drawn(binding, name, flow) else kind
             kinds.add(kind)
     if kinds == {DRAWN} and position not in program.fixed:
         _convert_drawn(program, calls, position, blocking)
@@ -933,16 +933,61 @@ CONVERTED = (
 )
 
 
-def _drawn(binding: cst.CSTNode, name: str) -> bool:
+def _drawn(binding: cst.CSTNode, name: str, flow: Flow) -> bool:
     """`for name in it` (or `for i, name in ...`), `name = next(it)`: a value drawn from an
-    iterator, fresh data at each step (not state carried from one step to the next)."""
+    iterator, fresh data at each step (not state carried from one step to the next); or a part
+    of one (`_taken_from`)."""
     if isinstance(binding, (cst.For, cst.CompFor)):
         return name in target_names(binding.target)
     if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
         return False
     value = binding.value
     drawn = isinstance(value, cst.Call) and code(value.func) == "next" and len(value.args) == 1
-    return drawn and name in target_names(binding.targets[0].target)
+    return (
+        drawn
+        and name in target_names(binding.targets[0].target)
+        or bool(_taken_from(binding, name, flow))
+    )
+
+
+def _taken_from(binding: cst.Assign, name: str, flow: Flow, depth: int = 0) -> cst.Name | None:
+    """The drawn value whose part `binding` binds to `name`, with the loop or `next` drawing it
+    (`labels = batch.pop("labels")`, `labels, mask = batch["labels"], batch["mask"]`,
+    `images = batch.get("image")`: a batch's leaves, split per device as the batch is); None
+    when the part is not one of a value drawn on every path."""
+    target = binding.targets[0].target
+    part: cst.BaseExpression | None = binding.value if single_name(target) == name else None
+    if isinstance(target, (cst.Tuple, cst.List)) and isinstance(
+        binding.value, (cst.Tuple, cst.List)
+    ):
+        items, values = target.elements, binding.value.elements
+        if len(items) == len(values) and not any(
+            isinstance(e, cst.StarredElement) for e in (*items, *values)
+        ):
+            at = [i for i, e in enumerate(items) if single_name(e.value) == name]
+            part = values[at[0]].value if len(at) == 1 else None
+    if isinstance(part, cst.Call) and isinstance(part.func, cst.Attribute):
+        keyed = part.func.attr.value in ("pop", "get") and len(part.args) == 1
+        whole = part.func.value if keyed else None
+    elif isinstance(part, cst.Subscript) and len(part.slice) == 1:
+        whole = part.value
+    else:
+        whole = None
+    if not isinstance(whole, cst.Name) or depth > 3:
+        return None
+    reaching = flow.reach.of(whole)
+    if not reaching or ENTRY in reaching:
+        return None
+    for source in reaching:
+        if (
+            isinstance(source, cst.Assign)
+            and len(source.targets) == 1
+            and _taken_from(source, whole.value, flow, depth + 1)
+        ):
+            continue
+        if not _drawn(source, whole.value, flow):
+            return None
+    return whole
 
 
 def _convert_drawn(
@@ -970,6 +1015,10 @@ def _convert_drawn(
 def _binding_text(name: str, binding: cst.CSTNode, flow: Flow, qualname: Qualname) -> str:
     """Where `name` gets a value whose layout is not known: `name = <value>`, a loop over ...;
     an iterator the loop reads is named with the call making it (maybe another module's)."""
+    whole = _taken_from(binding, name, flow) if isinstance(binding, cst.Assign) else None
+    if whole is not None:  # a part of a drawn value: named with the value it is taken from
+        texts = {_binding_text(whole.value, b, flow, qualname) for b in flow.reach.of(whole)}
+        return f"`{name}`, a part of {min(texts)}"
     if isinstance(binding, cst.Assign):
         return f"`{name}` = `{_short(binding.value)}`"
     if not isinstance(binding, (cst.For, cst.CompFor)):
