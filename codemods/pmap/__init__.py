@@ -347,7 +347,10 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     expression);
   - `PL601` another mesh or pmap of the module would clash with the step's mesh (a
     `jax.make_mesh` in scope, steps over different axes, a pmap kept per-device);
-  - `PL602` the step is called in several functions and no one function calls them all;
+  - `PL602` the step is called in several functions and no one function calls them all, or
+    the function setting its mesh is a generator yielding where it calls the step (the mesh
+    would stay set in the code iterating it; a generator yielding only after its calls has the
+    mesh unset before its first `yield`);
   - `PL603` the program-level form failed verification (its group is migrated faithfully).
 
 ## Verification
@@ -397,7 +400,7 @@ OUTER_MESSAGE = (
 )
 SETUP_MESSAGE = (
     "the mesh of {steps}: {made} over every device of the job (`jax.devices()`, pmap's order); "
-    "the rest of `{setup}` runs under it (`with jax.set_mesh(...)`)"
+    "the rest of `{setup}` runs under it (`with jax.set_mesh(...)`){end}"
 )
 
 CONVERTER = "global_batch"  # the helper converting a batch drawn per device (`_convert_drawn`)
@@ -690,7 +693,12 @@ class Pmap(Faithful):
         enabled.append(
             self.site(
                 group.before,
-                SETUP_MESSAGE.format(steps=steps, made=made, setup=setup),
+                SETUP_MESSAGE.format(
+                    steps=steps,
+                    made=made,
+                    setup=setup,
+                    end=", up to its first `yield`" if group.end is not None else "",
+                ),
                 group=key,
                 fallback=key,
             )
@@ -734,6 +742,7 @@ class Pmap(Faithful):
             group.before,
             lines if group.make else [],
             f"{jax}.set_mesh({group.mesh})",
+            group.end,
         )
         if self._visit_only is not None:  # the functions calling the steps hold no pmap
             touched = {id(p.host) for s in group.steps for p in s.programs}

@@ -14,7 +14,7 @@ from jaxmigrate.toolkit.emit import code
 from ._flow import Options, all_devices, analyze_calls, keywords_in_place
 from ._forms import Qualname, single_name
 from ._program import Decline, NotVisible, Program
-from ._reach import SCOPES, Flow
+from ._reach import SCOPES, Flow, nodes_in
 from ._summary import ModuleFacts
 
 MESH = "jax.sharding.Mesh"
@@ -42,6 +42,7 @@ class OuterGroup:
     steps: list[OuterStep]
     setup: cst.FunctionDef  # the function that sets the mesh
     before: cst.BaseStatement  # the statement of `setup` the mesh is set before
+    end: cst.BaseStatement | None  # the one it is unset before (a generator's); None: the end
     mesh: str = "mesh"  # the name of the mesh, made or reused
     make: bool = True  # False: a mesh of pmap's already bound to `mesh` is reused
     enabled: bool = False
@@ -148,6 +149,45 @@ def first_statement(
 ) -> cst.BaseStatement:
     """Return the statement of `setup`'s body that first calls a step, or a function calling
     one, or makes a batch: the mesh is set just before it."""
+    statements, marked = _marked(setup, flow, group)
+    for statement in statements:
+        if id(statement) in marked:
+            return statement
+    raise NotVisible(f"no statement of `{setup.name.value}` calls the step", Decline.NOT_CALLED)
+
+
+def mesh_end(
+    setup: cst.FunctionDef, flow: Flow, group: list[OuterStep], before: cst.BaseStatement
+) -> cst.BaseStatement | None:
+    """Return the statement of `setup`'s body the mesh set before `before` is unset before:
+    None (the end of the function) unless `setup` is a generator. A generator's `yield` hands
+    control to the code iterating it, which must not run under the mesh (a pmap or another
+    mesh's `shard_map` there raises): the mesh is unset before the first statement holding a
+    `yield` after `before`. Raise NotVisible (PL602) when the step is called, or its batches
+    made, in or after that statement."""
+    statements, marked = _marked(setup, flow, group)
+    start = statements.index(before)
+    yields = [
+        i
+        for i, statement in enumerate(statements)
+        if i >= start and any(True for _ in nodes_in(statement, cst.Yield, SCOPES))
+    ]
+    if not yields:
+        return None
+    if any(id(s) in marked for s in statements[yields[0] :]):
+        why = (
+            f"`{setup.name.value}` is a generator that yields where it calls the step: the mesh "
+            "`jax.set_mesh` sets for the step would stay set in the code iterating it"
+        )
+        raise NotVisible(why, Decline.SETUP)
+    return statements[yields[0]]
+
+
+def _marked(
+    setup: cst.FunctionDef, flow: Flow, group: list[OuterStep]
+) -> tuple[list[cst.BaseStatement], set[int]]:
+    """Return `setup`'s statements, and the ids of every node around a call of a step, of a
+    function calling one, or an edit making a batch, in `setup` (those statements among them)."""
     hosts = {p.host.name.value for s in group for p in s.programs}
     marks: list[cst.CSTNode] = []
     for step in group:
@@ -158,11 +198,7 @@ def first_statement(
     for name in hosts - {setup.name.value}:
         marks += [u for u in flow.loads.get(name, []) if setup in flow.ancestors(u)]
     statements = list(setup.body.body) if isinstance(setup.body, cst.IndentedBlock) else []
-    around = {id(a) for m in marks for a in flow.ancestors(m)}
-    for statement in statements:
-        if id(statement) in around:
-            return statement
-    raise NotVisible(f"no statement of `{setup.name.value}` calls the step", Decline.NOT_CALLED)
+    return statements, {id(a) for m in marks for a in flow.ancestors(m)}
 
 
 def mesh_in_scope(

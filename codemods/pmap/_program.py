@@ -357,7 +357,9 @@ def _laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.Ba
 
 # The statement the mesh is set before, the statements making it, and the `jax.set_mesh(...)`
 # the rest of the function then runs under.
-Setup = tuple[cst.CSTNode, list[str], str]
+# The statement the mesh is set before, the statements making it, `jax.set_mesh(mesh)`, and the
+# statement it is unset before (None: the function's end)
+Setup = tuple[cst.CSTNode, list[str], str, cst.CSTNode | None]
 
 
 def rewrite_host(
@@ -425,6 +427,7 @@ class _Edit(cst.CSTTransformer):
         self.edits = {k: p.edits[k] for k, p in edit_owners(programs).items()}
         self.made = {id(p.statement): p for p in programs if p.statement is not None}
         self.before: cst.CSTNode | None = None  # the setup's statement, as rewritten
+        self.after: cst.CSTNode | None = None  # the statement it ends before, as rewritten
         self.blocks: list[str] = []  # the indentation of each block we are in
         self.edited = False  # whether the statement being left had an edit
         self.touched: set[int] = set()  # the original nodes edited
@@ -437,6 +440,8 @@ class _Edit(cst.CSTTransformer):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self.setup is not None and node is self.setup[0]:
             self.scoped = True
+        if self.setup is not None and node is self.setup[3]:
+            self.scoped = False
         if isinstance(node, cst.IndentedBlock):
             unit = node.indent if node.indent is not None else self.style.indent
             self.blocks.append(self.blocks[-1] + unit if self.blocks else self.indent)
@@ -469,6 +474,8 @@ class _Edit(cst.CSTTransformer):
             updated_node = self._blank_lines_kept(original_node, updated_node)
         if self.setup is not None and original_node is self.setup[0]:
             self.before = updated_node
+        if self.setup is not None and original_node is self.setup[3]:
+            self.after = updated_node
         if self.setup is not None and original_node is self.host.body:
             assert isinstance(updated_node, cst.IndentedBlock)
             return self._with_setup(updated_node)
@@ -504,21 +511,23 @@ class _Edit(cst.CSTTransformer):
 
     def _with_setup(self, block: cst.IndentedBlock) -> cst.IndentedBlock:
         """Make the mesh before the setup's statement, and run the rest under `with
-        jax.set_mesh(mesh):` (its leading comments and blank lines go first)."""
+        jax.set_mesh(mesh):` (its leading comments and blank lines go first), up to the
+        statement the setup ends before, if any (a generator's first `yield`)."""
         assert self.setup is not None
         body = list(block.body)
         at = next(i for i, s in enumerate(body) if s is self.before)
+        end = next((i for i, s in enumerate(body) if s is self.after), len(body))
         first = body[at]
         leading = getattr(first, "leading_lines", ())
         body[at] = first.with_changes(leading_lines=())  # type: ignore[call-arg]
         made = [_laid_out(cst.parse_statement(t), self.indent, self.style) for t in self.setup[1]]
         scoped = cst.With(
             items=[cst.WithItem(cst.parse_expression(self.setup[2]))],
-            body=cst.IndentedBlock(body=body[at:]),
+            body=cst.IndentedBlock(body=body[at:end]),
         )
         head = [*made, scoped]
         head[0] = head[0].with_changes(leading_lines=leading)  # type: ignore[call-arg]
-        return block.with_changes(body=[*body[:at], *head])
+        return block.with_changes(body=[*body[:at], *head, *body[end:]])
 
 
 def _fitted(statement: cst.SimpleStatementLine, indent: str, style: Style) -> cst.BaseStatement:

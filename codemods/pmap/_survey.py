@@ -32,6 +32,7 @@ from ._outer import (
     OuterStep,
     first_statement,
     follow_step,
+    mesh_end,
     mesh_in_scope,
     setup_function,
 )
@@ -589,9 +590,10 @@ class Finding(Pass):
                 if any(host in s.ancestors for s in self.sites.values()):
                     raise NotVisible(f"`{host.name.value}` holds another pmap site", Decline.MESH)
         before = first_statement(setup, flow, group)
+        end = mesh_end(setup, flow, group, before)
         scopes: list[cst.BaseSuite | cst.Module] = [setup.body, module]
         mesh = mesh_in_scope(scopes, before, flow, group[0].options.axis, self.qualname)
-        return OuterGroup(group, setup, before, mesh or "mesh", make=mesh is None)
+        return OuterGroup(group, setup, before, end, mesh or "mesh", make=mesh is None)
 
     def _program(
         self, module: cst.Module, site: PmapUse, flow: Flow, siblings: tuple[str, ...] = ()
