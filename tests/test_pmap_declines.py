@@ -316,7 +316,7 @@ class Workload:
     )
 
 
-def test_a_module_step_used_in_a_method_names_the_method():
+def test_a_module_step_used_in_a_method_is_followed_there():
     source = """\
 from functools import partial
 
@@ -330,13 +330,18 @@ def _run_predict_fn(predict_fn, params, batch):
 
 class Evaluator:
     def run(self, params, batch):
-        return _run_predict_fn(self.predict_fn, params, batch)
+        out = _run_predict_fn(self.predict_fn, params, batch)
+        return out[0]
 """
     (message,) = pmap_messages(source)  # big_vision's uvim compute_mean evaluator
     assert (
-        "[PL202] `_run_predict_fn` is used outside the functions of the module "
-        "(in `Evaluator.run`, a method)"
+        "[PL301] argument 2 of the step comes from elsewhere (`params`, a parameter of `run`)"
     ) in message, message
+    nested = source.replace("class Evaluator:", "def make():\n  class Evaluator:")
+    for line in ("def run", "out = ", "return out"):
+        nested = nested.replace(f"    {line}", f"      {line}")
+    (message,) = pmap_messages(nested)  # a method of a class in a function: not followed
+    assert "[PL202] `_run_predict_fn` is used outside the functions of the module" in message
 
 
 def test_a_step_stored_on_self_is_followed_into_the_methods_calling_it():

@@ -746,7 +746,7 @@ class Pmap(Faithful):
         )
         if self._visit_only is not None:  # the functions calling the steps hold no pmap
             touched = {id(p.host) for s in group.steps for p in s.programs}
-            self._visit_only = self._visit_only | touched | {id(group.setup)}
+            self._visit_only = self._visit_only | touched | {id(group.setup)} | group.around
 
     def _outer_decorators(
         self, step: OuterStep, program: Program, updated: cst.FunctionDef

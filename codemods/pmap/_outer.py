@@ -45,15 +45,21 @@ class OuterGroup:
     end: cst.BaseStatement | None  # the one it is unset before (a generator's); None: the end
     mesh: str = "mesh"  # the name of the mesh, made or reused
     make: bool = True  # False: a mesh of pmap's already bound to `mesh` is reused
+    around: frozenset[int] = frozenset()  # the ids of the nodes around the functions (a class)
     enabled: bool = False
 
 
 def module_function(flow: Flow, module: cst.Module, node: cst.CSTNode) -> cst.FunctionDef | None:
-    """Return the def of the module `node` is in, None at module level or in a nested scope."""
-    scopes = [a for a in flow.ancestors(node) if isinstance(a, SCOPES)]
-    if len(scopes) != 1 or not isinstance(scopes[0], cst.FunctionDef):
+    """Return the def of the module `node` is in, or the method of a class of the module (a
+    def of its body: big_vision's `Evaluator.run`); None at module level or in a nested scope."""
+    scopes = [a for a in flow.ancestors(node) if isinstance(a, SCOPES)]  # nearest first
+    if not scopes or not isinstance(scopes[0], cst.FunctionDef):
         return None
-    return scopes[0] if scopes[0] in module.body else None
+    if len(scopes) == 1:
+        return scopes[0] if scopes[0] in module.body else None
+    klass = scopes[1]
+    method = len(scopes) == 2 and isinstance(klass, cst.ClassDef) and klass in module.body
+    return scopes[0] if method and scopes[0] in klass.body.body else None  # type: ignore[union-attr]
 
 
 def callers(flow: Flow, module: cst.Module, name: str) -> list[cst.FunctionDef]:

@@ -593,7 +593,9 @@ class Finding(Pass):
         end = mesh_end(setup, flow, group, before)
         scopes: list[cst.BaseSuite | cst.Module] = [setup.body, module]
         mesh = mesh_in_scope(scopes, before, flow, group[0].options.axis, self.qualname)
-        return OuterGroup(group, setup, before, end, mesh or "mesh", make=mesh is None)
+        hosts = [setup, *(p.host for step in group for p in step.programs)]
+        around = frozenset(id(a) for host in hosts for a in flow.ancestors(host))
+        return OuterGroup(group, setup, before, end, mesh or "mesh", mesh is None, around=around)
 
     def _program(
         self, module: cst.Module, site: PmapUse, flow: Flow, siblings: tuple[str, ...] = ()
