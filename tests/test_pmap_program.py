@@ -389,3 +389,37 @@ def test_parts_of_a_drawn_batch_are_batches(case: str) -> None:
         assert any("a part of `batch`, a loop variable over `batches`" in m for m in messages)
     else:
         assert "[PL301]" in messages[0] and "`x`" in messages[0], messages
+
+
+LIST_READBACK = """\
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import jax_utils
+
+
+def step(w, x):
+    return {"loss": jax.lax.psum(jnp.sum(x @ w), "i"), "own": jnp.sum(x @ w)}
+
+
+def main(w, batches):
+    p_step = jax.pmap(step, axis_name="i")
+    w = jax_utils.replicate(w)
+    metrics = []
+    for x in batches:
+        out = p_step(w, x)
+        metrics.append(out)
+    metrics = jax.device_get(jax.tree.map(lambda v: v[0], metrics))
+    return [m["loss"] for m in metrics]
+"""
+
+
+def test_a_list_of_results_rebound_by_its_readback_is_read_back_at_once() -> None:
+    replicated = LIST_READBACK.replace(', "own": jnp.sum(x @ w)', "")
+    result = migrate_source(replicated, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device(" not in result.code, [s.message for s in result.sites]
+    assert "metrics = jax.device_get(metrics)" in result.code
+    # a result differing between devices in the list: device 0's own share, not one value
+    result = migrate_source(LIST_READBACK, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device(" in result.code
+    assert "[PL402]" in result.sites[0].message, result.sites[0].message

@@ -365,6 +365,7 @@ print("RESULT", json.dumps([np.asarray(x).tolist() for x in jax.tree.leaves(resu
         "program_input_iterator",
         "program_drawn_batches_taken_apart",
         "program_step_called_in_method",
+        "program_compute_mean_evaluator",
     ],
 )
 def test_a_migrated_fixture_gives_every_process_the_original_numbers(

@@ -1834,10 +1834,17 @@ def _follow_list(
     host values, from results that have no device axis.
     """
     results = {t for c in calls for i, t in enumerate(c.targets) if not program.varying[i]}
-    gathered = []
+    gathered: list[cst.CSTNode] = []
+    readbacks = {}  # `L = jax.device_get(jax.tree_map(lambda x: x[0], L))`: by id of the read
     for binding in flow.stores.get(name, []):
         value = binding.value if isinstance(binding, cst.Assign) else None
         if isinstance(binding, cst.Assign) and _binds_empty_list(binding, name):
+            continue
+        reads = [r for r in nodes_in(value, cst.Name) if r.value == name] if value else []
+        readback = _readback_around(flow, forms, reads[0], name) if len(reads) == 1 else None
+        if readback is not None and isinstance(binding, cst.Assign) and len(binding.targets) == 1:
+            readbacks[id(reads[0])] = readback  # device 0's copy of every result: the results
+            gathered.append(binding)
             continue
         if value is None or _gathering(forms, value, name) is None:
             raise NotVisible(
@@ -1850,6 +1857,11 @@ def _follow_list(
         call = flow.parent.get(id(arg))
         appended = isinstance(arg, cst.Attribute) and _appended_to(flow, _item(call)) == name
         if appended and _item(call).value in results:
+            continue
+        if id(use) in readbacks:
+            node, value = readbacks[id(use)]
+            why = f"a readback of device 0 of each of `{name}` deleted: the results are replicated"
+            program.edit(node, why, lambda v=value: v)  # type: ignore[misc]
             continue
         found = _gathering(forms, call, name) if isinstance(call, cst.Call) else None
         if found is not None and isinstance(arg, cst.Arg) and isinstance(call, cst.Call):
