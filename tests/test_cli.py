@@ -142,6 +142,9 @@ def test_pyproject_config_and_unknown_key(tree: Path) -> None:
     (tree / "pyproject.toml").write_text("[tool.jaxmigrate]\nignroe = ['JM101']\n")
     proc = jm("run", "--dry-run", ".", cwd=tree)
     assert proc.returncode == 2 and "ignroe" in proc.stderr and "unknown key" in proc.stderr
+    (tree / "pyproject.toml").write_text("[tool.jaxmigrate]\npmap-replicated = ['Evaluator.run']\n")
+    proc = jm("run", "--dry-run", ".", cwd=tree)
+    assert proc.returncode == 2 and "'Evaluator.run' is not a def and its parameters" in proc.stderr
 
 
 def test_jobs_give_the_same_result(tree: Path) -> None:

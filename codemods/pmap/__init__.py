@@ -231,7 +231,11 @@ as `__all__`, not passed around otherwise). Anything else (a step passed to othe
 function calls all its callers, arguments from outside the function, a result fed to another
 step, a result that differs between devices and is read otherwise, a body with `try` or
 `global`) gets the faithful form below, and the site's
-message says why the program-level form was not taken. `pmap-style = "faithful"` selects the
+message says why the program-level form was not taken. A parameter `[tool.jaxmigrate]
+pmap-replicated` names (`"Evaluator.run(params)"`: its callers, which the analysis may not see,
+pass equal copies of one value, one per local device) is replicated: the def begins with
+`params = from_device_copies(params)` (device 0's copy, replicated over the job's devices), its
+callers unchanged (`tests/test_pmap_declared_copies.py`). `pmap-style = "faithful"` selects the
 faithful form everywhere. Fixtures: `tests/fixtures/pmap/program_*.py`, each paired with a
 `faithful_program_*.py` of the same program (both executed on 8 CPU devices).
 
@@ -427,7 +431,14 @@ COPIER_SOURCE = '''def {name}(tree):
 
     return {jax}.tree.map(copies, tree)
 '''
-HELPERS = {CONVERTER: CONVERTER_SOURCE, COPIER: COPIER_SOURCE}
+UNCOPIER = "from_device_copies"  # a parameter passed as copies -> one value (`_flow.UNCOPIED`)
+UNCOPIER_SOURCE = '''def {name}(tree):
+    """`tree` as `jax.pmap` code passes a replicated value, a copy on each of this process's devices, stacked, as one value replicated over every device of the job: device 0's copy (the copies are equal)."""
+    mesh = {jax}.sharding.Mesh({jax}.devices(), ("copies",))
+    sharding = {jax}.sharding.NamedSharding(mesh, {jax}.sharding.PartitionSpec())
+    return {jax}.tree.map(lambda x: {jax}.device_put({np}.asarray(x[0]), sharding), tree)
+'''
+HELPERS = {CONVERTER: CONVERTER_SOURCE, COPIER: COPIER_SOURCE, UNCOPIER: UNCOPIER_SOURCE}
 
 
 # The pass in three layers, one per section: `survey.Finding` holds the state and finds the uses,
@@ -630,7 +641,11 @@ class Pmap(Faithful):
         the converter of a batch drawn per device from an iterator not followed
         (`_flow._convert_drawn`), the copier of a replicated value for a call not followed
         (`_passon.copied`)."""
-        for base, wanted in ((CONVERTER, program.converts), (COPIER, program.copies)):
+        for base, wanted in (
+            (CONVERTER, program.converts),
+            (COPIER, program.copies),
+            (UNCOPIER, bool(program.uncopied)),
+        ):
             if not wanted:
                 continue
             if base not in self.converters:
@@ -639,12 +654,14 @@ class Pmap(Faithful):
                     for n in (base, *(f"{base}_{k}" for k in range(2, 99)))
                     if self.resolver.is_free(n)
                 )
-                np = self._numpy() if base == CONVERTER else ""
+                np = self._numpy() if base != COPIER else ""
                 self.converters[base] = (name, program.jax, np, program.jnp)
             if base == CONVERTER:
                 program.converter = self.converters[base][0]
-            else:
+            elif base == COPIER:
                 program.copier = self.converters[base][0]
+            else:
+                program.uncopier = self.converters[base][0]
 
     def _with_converter(self, module: cst.Module) -> cst.Module:
         """The module with the helpers' defs after its imports, if a program asked for them."""

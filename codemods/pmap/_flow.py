@@ -253,6 +253,7 @@ def _follow(
     program.fixed, program.statics = fixed, options.statics_arg
     program.params = [p.name.value for p in body.params.params]
     program.keywords, program.given = keywords, given
+    program.declared = facts.replicated.get(id(host), frozenset())
     program.helpers = {
         name
         for name in flow.stores
@@ -838,6 +839,9 @@ def _follow_argument(
             if binding is ENTRY and program.given and parameter:
                 kind = program.given(program, name, position)  # the caller's argument
                 program.entries.add(name)
+            elif binding is ENTRY and parameter and name in program.declared:
+                kind = "replicated"
+                _declared_copies(program, name)
             elif binding is ENTRY:
                 host = program.host.name.value
                 where = f"a parameter of `{host}`"
@@ -931,6 +935,26 @@ CONVERTED = (
     "mesh where it is passed (`{helper}`: each device's rows in order); once that pipeline "
     "yields flat batches, the conversion goes"
 )
+
+
+UNCOPIED = (
+    "`{name}`, a parameter whose callers pass equal copies, one per device (`[tool.jaxmigrate] "
+    "pmap-replicated`), -> one value at the entry of `{host}` (`{helper}`: device 0's copy, "
+    "replicated over the job's devices); its callers pass what they passed"
+)
+
+
+def _declared_copies(program: Program, name: str) -> None:
+    """`name`, a parameter of the host the project declares its callers pass as equal copies
+    per device (pmap's layout of a replicated value: big_vision's trainers give every evaluator
+    `params_repl`), is read by the step: it becomes one value at the host's entry, the rest of
+    the host reading that value (`Program.uncopied`, written by `rewrite_host`)."""
+    if name in program.uncopied:
+        return
+    program.uncopied.append(name)
+    param = next(p for p in params_of(program.host.params) if p.name.value == name)
+    why = UNCOPIED.format(name=name, host=program.host.name.value, helper=program.uncopier)
+    program.edit(param.name, why, lambda: param.name)
 
 
 def _drawn(binding: cst.CSTNode, name: str, flow: Flow) -> bool:

@@ -82,13 +82,20 @@ def callers(flow: Flow, module: cst.Module, name: str) -> list[cst.FunctionDef]:
     return found
 
 
-def follow_step(step: OuterStep, flow: Flow, module: cst.Module, qualname: Qualname) -> OuterStep:
-    """Fill in the program of every function calling the step; raise NotVisible for why not."""
+def follow_step(
+    step: OuterStep,
+    flow: Flow,
+    module: cst.Module,
+    qualname: Qualname,
+    declared: dict[int, frozenset[str]],
+) -> OuterStep:
+    """Fill in the program of every function calling the step; raise NotVisible for why not.
+    `declared`: the parameters of the module's defs their callers pass as copies per device."""
     for host in callers(flow, module, step.name):
         if host is step.body:
             raise NotVisible(f"`{step.name}` calls itself", Decline.NOT_CALLED)
         defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
-        facts = ModuleFacts(defs)  # (the module's names bound to calls: not read here)
+        facts = ModuleFacts(defs, replicated=declared)  # (names bound to calls: not read here)
         step.programs.append(
             analyze_calls(host, step.name, step.options, step.body, qualname, facts)
         )

@@ -45,6 +45,7 @@ from typing import Any
 import libcst as cst
 
 from jaxmigrate.toolkit.emit import Call, Room, Style, code, with_lambda_calls
+from jaxmigrate.toolkit.imports import is_docstring
 
 from ._reach import names_in, nodes_in, read_names
 
@@ -131,6 +132,11 @@ class Program:
     converter: str = "global_batch"
     copies: bool = False  # a replicated value is given as copies to a call not followed
     copier: str = "device_copies"
+    # The host's parameters its callers pass as equal copies per device (declared by the
+    # project): those the step reads become one value at the host's entry, by `uncopier`
+    declared: frozenset[str] = frozenset()
+    uncopied: list[str] = field(default_factory=list)
+    uncopier: str = "from_device_copies"
     # `step = factory(...)` made the step: the factory's def and its `return jax.pmap(...)`,
     # which becomes the step (`step_statements` keeps `statement`, making only what it needs)
     factory: tuple[cst.FunctionDef, cst.SimpleStatementLine] | None = None
@@ -476,9 +482,11 @@ class _Edit(cst.CSTTransformer):
             self.before = updated_node
         if self.setup is not None and original_node is self.setup[3]:
             self.after = updated_node
-        if self.setup is not None and original_node is self.host.body:
+        if original_node is self.host.body:
             assert isinstance(updated_node, cst.IndentedBlock)
-            return self._with_setup(updated_node)
+            if self.setup is not None:
+                updated_node = self._with_setup(updated_node)
+            return self._with_entry(updated_node)
         if self.edited and isinstance(updated_node, cst.SimpleStatementLine):
             return _fitted(updated_node, here, self.style)
         if (
@@ -508,6 +516,17 @@ class _Edit(cst.CSTTransformer):
             pending = pending if not count else []
             at += count
         return updated.with_changes(body=body)
+
+    def _with_entry(self, block: cst.IndentedBlock) -> cst.IndentedBlock:
+        """Make the parameters the callers pass as copies per device one value each, first
+        (after the docstring): `params = from_device_copies(params)`."""
+        texts = {f"{n} = {p.uncopier}({n})": None for p in self.programs for n in p.uncopied}
+        if not texts:
+            return block
+        made = [_laid_out(cst.parse_statement(t), self.indent, self.style) for t in texts]
+        body = list(block.body)
+        at = 1 if body and is_docstring(body[0]) else 0  # the next keeps its comments
+        return block.with_changes(body=[*body[:at], *made, *body[at:]])
 
     def _with_setup(self, block: cst.IndentedBlock) -> cst.IndentedBlock:
         """Make the mesh before the setup's statement, and run the rest under `with

@@ -150,6 +150,9 @@ class ModuleFacts:
     calls: Values = field(default_factory=dict)
     constants: Mapping[str, str] = field(default_factory=dict)
     imported: Imported = NO_IMPORTS  # the code base's modules it imports: their defs
+    # By id of a def: the parameters `[tool.jaxmigrate] pmap-replicated` says its callers pass
+    # as equal copies, one per local device (`_flow._declared_copies`)
+    replicated: Mapping[int, frozenset[str]] = field(default_factory=dict)
 
 
 NO_FACTS = ModuleFacts()

@@ -39,7 +39,7 @@ from ._outer import (
 from ._passon import checked as passed_on_checked
 from ._passon import elsewhere
 from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
-from ._reach import SCOPES, Flow, free_names, names_in, nodes_in
+from ._reach import SCOPES, Flow, free_names, names_in, nodes_in, params_of
 from ._stored import returned_into_self, stored_on_self
 from ._summary import ModuleFacts, is_mean
 
@@ -52,6 +52,30 @@ KEYWORDS = frozenset(
     {"in_axes", "out_axes", "static_broadcasted_argnums", "donate_argnums"}
     | {"devices", "backend", "axis_size"}
 )
+
+
+def declared_copies(module: cst.Module, declared: Sequence[str]) -> dict[int, frozenset[str]]:
+    """By id of a def of `module` (a function, or a method of a class: `Evaluator.run`), the
+    parameters `declared` (`[tool.jaxmigrate] pmap-replicated`: `"Evaluator.run(params)"`)
+    says its callers pass as equal copies, one per local device."""
+    wanted: dict[str, set[str]] = {}
+    for entry in declared:
+        name, _, rest = entry.partition("(")
+        wanted.setdefault(name.strip(), set()).update(
+            p.strip() for p in rest.rstrip(")").split(",")
+        )
+    found: dict[int, frozenset[str]] = {}
+    for statement in module.body:
+        defs = [("", statement)] if isinstance(statement, cst.FunctionDef) else []
+        if isinstance(statement, cst.ClassDef):
+            owner = statement.name.value + "."
+            defs = [(owner, d) for d in statement.body.body if isinstance(d, cst.FunctionDef)]
+        for owner, fn in defs:
+            params = wanted.get(owner + fn.name.value, set())
+            names = {p.name.value for p in params_of(fn.params)} & params
+            if names:
+                found[id(fn)] = frozenset(names)
+    return found
 
 
 class NotMigrated(Exception):
@@ -374,7 +398,8 @@ class Finding(Pass):
             try:
                 if self._made_outside(module, site):
                     step = self._outer_step(module, site)
-                    outer.append(follow_step(step, flow, module, self.qualname))
+                    declared = declared_copies(module, self.state.pmap_replicated)
+                    outer.append(follow_step(step, flow, module, self.qualname, declared))
                     continue
                 made_in.setdefault(id(site.around), []).append(site)
             except NotVisible as why:
@@ -850,7 +875,13 @@ class Finding(Pass):
             found |= {d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)}
         if self.imported is None:
             self.imported = Imported(self.state.modules)
-        return ModuleFacts(found, self.survey.calls(), self.survey.constants(), self.imported)
+        return ModuleFacts(
+            found,
+            self.survey.calls(),
+            self.survey.constants(),
+            self.imported,
+            declared_copies(module, self.state.pmap_replicated),
+        )
 
     def _not_a_def(self, pmap: cst.CSTNode, name: str) -> str:
         """Why the function `pmap` maps is not a def this form reads."""

@@ -32,12 +32,18 @@ class FileConfig:
     timeout: float | None = None
     processes: int | None = None
     pmap_style: str | None = None
+    pmap_replicated: tuple[str, ...] | None = None
     verify_project_tests: bool | None = None
     reference_jax: str | None = None
     reference_python: str | None = None
 
 
-_LISTS = {"select", "ignore", "exclude"}
+_LISTS = {"select", "ignore", "exclude", "pmap-replicated"}
+# `Evaluator.run(params)`: a def of the code base (a function, or a method of a class of a module)
+# and the parameters its callers pass copies of one value to, one per local device (pmap's layout)
+REPLICATED = re.compile(
+    r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)?\(\s*[A-Za-z_]\w*(\s*,\s*[A-Za-z_]\w*)*\s*\)"
+)
 _TYPES: dict[str, type] = {
     "unsafe-fixes": bool,
     "jobs": int,
@@ -88,6 +94,12 @@ def _check(pyproject: Path, key: str, value: Any) -> Any:
     if key in _LISTS:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where} must be a list of strings")
+        wrong = [v for v in value if key == "pmap-replicated" and not REPLICATED.fullmatch(v)]
+        if wrong:
+            raise ConfigError(
+                f"{where}: {wrong[0]!r} is not a def and its parameters, as "
+                "'Evaluator.run(params)' or 'evaluate(params, state)'"
+            )
         return tuple(value)
     if key not in _TYPES:
         known = ", ".join(sorted({*_LISTS, *_TYPES}))

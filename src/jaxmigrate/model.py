@@ -177,3 +177,6 @@ class Options:
     # project's `jax>=0.4.30` in pyproject.toml, ...); '' when given in code.
     target_source: str = ""
     pmap_style: str = "idiomatic"  # PMAP_STYLES: the program-level form where the flow is visible
+    # `[tool.jaxmigrate] pmap-replicated`: defs whose callers pass these parameters as equal
+    # copies per device (`Evaluator.run(params)`), read by the pmap rule (`codemods/pmap`)
+    pmap_replicated: tuple[str, ...] = ()

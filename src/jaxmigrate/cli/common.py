@@ -286,6 +286,7 @@ def resolve_settings(
         target_jax=target,
         target_source=source,
         pmap_style=parse_pmap_style(pmap_style or config.pmap_style or "idiomatic"),
+        pmap_replicated=config.pmap_replicated or (),
     )
     chosen_devices = devices or config.devices or 8
     chosen_processes = check_processes(chosen_devices, processes or config.processes or 1)

@@ -118,6 +118,7 @@ def settings_digest(options: Options, runtime: Mapping[str, Any] | None = None) 
         "target_jax": list(options.target_jax),
         "target_source": options.target_source,
         "pmap_style": options.pmap_style,
+        "pmap_replicated": list(options.pmap_replicated),
         "jax": _version("jax"),
         "libcst": _version("libcst"),
         "python": list(sys.version_info[:2]),

@@ -169,6 +169,7 @@ class FileState:
     # (`Project.imported_modules`); empty: none, or not known (a text alone)
     modules: tuple[tuple[str, str], ...] = ()
     pmap_style: str = "idiomatic"  # "faithful": pmap keeps its per-device form everywhere
+    pmap_replicated: tuple[str, ...] = ()  # `Options.pmap_replicated`
     files: list[ProjectFile] = field(default_factory=list)
     # Forms to write in their fallback form (`Site.fallback` key -> why): verification found
     # them wrong. The program-level pmap form keyed `JM202:program:LINE:COL` -> faithful form.

@@ -114,6 +114,7 @@ def migrated(
         path=path,
         home=Project().home(Path(path), old_text),
         pmap_style=options.pmap_style,
+        pmap_replicated=options.pmap_replicated,
         fallbacks=fallbacks,
     )
     applied = frozenset(s.key for s in run.sites) if keys is None else keys

@@ -1,0 +1,223 @@
+"""A project that declares the layout its callers pass across a boundary no analysis sees through.
+
+big_vision's trainers pick each evaluator by the name in the config (`importlib`) and call
+`evaluator.run(params_repl)`: the evaluator's `params` come from code the analysis of its module
+cannot reach (PL301). `[tool.jaxmigrate] pmap-replicated = ["Evaluator.run(params)"]` says what
+every caller passes there: equal copies of one value, one per local device (pmap's layout of a
+replicated value). `bv/evaluators/mean.py`, big_vision's uvim `compute_mean` evaluator in small
+(a decorated step called in the generator `run`, its batches split per device by the
+evaluator's pipeline, a list of metrics read back at once), then takes the program-level form:
+`params = from_device_copies(params)` at the entry of `run`, its callers unchanged. The trainer
+takes it too and hands the evaluator the copies it had (`device_copies`). The original and the
+migrated program print the same numbers on one process and as a 2-process job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from clitools import jm
+from multihost import JobResult, run_job
+
+from jaxmigrate.model import Options
+from jaxmigrate.pipeline.engine import migrate_source
+
+pytestmark = pytest.mark.jax
+
+EVALUATOR = '''\
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@functools.partial(jax.pmap, static_broadcasted_argnums=0, axis_name="batch")
+def _run_predict_fn(predict_fn, params, batch):
+    """Sum per-example metrics weighted by `_mask`."""
+    mask = batch["_mask"]
+    metrics = predict_fn(params, batch)
+    metrics = {**metrics, "_mask": mask}
+    metrics = jax.tree.map(lambda x: jnp.inner(x, mask), metrics)
+    return jax.lax.psum(metrics, axis_name="batch")
+
+
+def pipeline(xs, ys):
+    n = jax.local_device_count()
+    for x, y in zip(xs, ys):
+        mask = (np.abs(y) < 1.5).astype(np.float32)
+        yield {"x": x.reshape(n, -1, x.shape[-1]), "y": y.reshape(n, -1), "_mask": mask.reshape(n, -1)}
+
+
+class Evaluator:
+    def __init__(self, predict_fn, xs, ys):
+        self.data_iter = pipeline(xs, ys)
+        self.steps = len(xs)
+        self.predict_fn = predict_fn
+
+    def run(self, params):
+        """Computes all metrics."""
+        metrics = []
+        for _, batch in zip(range(self.steps), self.data_iter):
+            batch_metrics = _run_predict_fn(self.predict_fn, params, batch)
+            metrics.append(batch_metrics)
+
+        # Transfer metrics from device 0 to host (blocking).
+        metrics = jax.device_get(jax.tree.map(lambda x: x[0], metrics))
+
+        metrics_sum = jax.tree.map(lambda *x: np.sum(x), *metrics)
+        mask_sum = metrics_sum.pop("_mask")
+        for key, value_sum in metrics_sum.items():
+            yield (key, value_sum / mask_sum)
+'''
+
+TRAIN = """\
+import functools
+import importlib
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import jax_utils
+
+
+def predict(params, batch):
+    return {"err": jnp.abs(batch["x"] @ params["w"] - batch["y"])}
+
+
+def batches(xs, ys):
+    n = jax.local_device_count()
+    for x, y in zip(xs, ys):
+        yield {"x": x.reshape(n, -1, x.shape[-1]), "y": y.reshape(n, -1)}
+
+
+def main():
+    rng = np.random.default_rng(0)
+    xs = rng.normal(size=(3, 64, 4)).astype(np.float32)
+    ys = rng.normal(size=(3, 64)).astype(np.float32)
+    rows = 64 // jax.process_count()
+    mine = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
+    module = importlib.import_module("bv.evaluators.mean")  # by the name in the config
+    evaluator = module.Evaluator(predict, xs[:, mine], ys[:, mine])
+
+    @functools.partial(jax.pmap, axis_name="batch")
+    def update_fn(params, batch):
+        def loss(p):
+            return jnp.mean((batch["x"] @ p["w"] - batch["y"]) ** 2)
+
+        grads = jax.lax.pmean(jax.grad(loss)(params), "batch")
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+
+    params_repl = jax_utils.replicate({"w": jnp.zeros((4,))})
+    for batch in batches(xs[:, mine], ys[:, mine]):
+        params_repl = update_fn(params_repl, batch)
+    log = dict(evaluator.run(params_repl))
+    log["w"] = np.asarray(jax_utils.unreplicate(params_repl)["w"]).tolist()
+    print("RESULT", json.dumps({k: np.asarray(v).tolist() for k, v in log.items()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+DECLARED = '[tool.jaxmigrate]\npmap-replicated = ["Evaluator.run(params)"]\n'
+
+
+def project(root: Path) -> Path:
+    (root / "pyproject.toml").write_text('[project]\nname = "bv"\n\n' + DECLARED)
+    package = root / "bv"
+    (package / "evaluators").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "evaluators" / "__init__.py").write_text("")
+    (package / "evaluators" / "mean.py").write_text(EVALUATOR)
+    (package / "train.py").write_text(TRAIN)
+    return root
+
+
+def result_of(stdout: str) -> dict:
+    (line,) = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def run_one(root: Path) -> dict:
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env["JAX_PLATFORMS"] = "cpu"
+    command = [sys.executable, "-m", "bv.train"]
+    proc = subprocess.run(command, check=False, cwd=root, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return result_of(proc.stdout)
+
+
+def run_two(root: Path) -> list[dict]:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    job: JobResult = run_job(
+        root / "bv" / "train.py", processes=2, devices=8, timeout=300, cwd=root, env=env
+    )
+    job.check()
+    return [result_of(out) for out in job.stdouts]
+
+
+def same(got: dict, want: dict, where: str) -> None:
+    assert set(got) == set(want), where
+    for key, value in want.items():
+        np.testing.assert_allclose(
+            np.asarray(got[key]), np.asarray(value), rtol=1e-5, atol=1e-6, err_msg=where
+        )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The original program's numbers, then the migrated one's, on 1 and 2 processes."""
+    original = project(tmp_path_factory.mktemp("declared-original"))
+    migrated = project(tmp_path_factory.mktemp("declared-migrated"))
+    proc = jm("run", "--unsafe-fixes", "--no-verify", "--no-cache", ".", cwd=migrated)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {
+        "messages": proc.stdout + proc.stderr,
+        "evaluator": (migrated / "bv" / "evaluators" / "mean.py").read_text(),
+        "train": (migrated / "bv" / "train.py").read_text(),
+        "original": (run_one(original), run_two(original)),
+        "migrated": (run_one(migrated), run_two(migrated)),
+    }
+
+
+def test_the_declared_evaluator_takes_the_program_level_form(runs: dict) -> None:
+    code = runs["evaluator"]
+    assert "partial(jax.pmap" not in code and "_pmap_compat" not in code
+    assert "lambda x: x[0]" not in code  # the readback
+    assert '"""Computes all metrics."""\n        params = from_device_copies(params)\n' in code
+    assert "def from_device_copies(tree):" in code
+    assert "metrics = jax.device_get(metrics)" in code
+    assert "pmap-replicated`), -> one value at the entry of `run`" in runs["messages"]
+    # the trainer hands it the copies per device it had under pmap
+    assert "evaluator.run(device_copies(params_repl))" in runs["train"]
+
+
+def test_without_the_declaration_the_evaluator_says_what_blocks_it() -> None:
+    result = migrate_source(EVALUATOR, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device(" in result.code
+    assert (
+        "[PL301] argument 2 of the step comes from elsewhere (`params`, a parameter of `run`)"
+        in (result.sites[0].message)
+    )
+    declared = Options(unsafe_fixes=True, pmap_replicated=("Evaluator.run(params)",))
+    assert "params = from_device_copies(params)" in migrate_source(EVALUATOR, options=declared).code
+    other = Options(unsafe_fixes=True, pmap_replicated=("Evaluator.evaluate(params)",))
+    assert "shard_map_per_device(" in migrate_source(EVALUATOR, options=other).code
+
+
+def test_the_migrated_program_gives_the_original_numbers_on_one_process(runs: dict) -> None:
+    same(runs["migrated"][0], runs["original"][0], "one process")
+
+
+def test_the_migrated_program_gives_the_original_numbers_as_a_two_process_job(runs: dict) -> None:
+    for process, (got, want) in enumerate(zip(runs["migrated"][1], runs["original"][1])):
+        same(got, want, f"process {process}")
+    same(runs["original"][1][0], runs["original"][0], "the job against one process")
