@@ -17,6 +17,8 @@ import pytest
 from jaxmigrate.model import Options
 from jaxmigrate.pipeline.engine import migrate_source
 
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pmap"
+
 HEAD = """\
 import jax
 import jax.numpy as jnp
@@ -423,3 +425,69 @@ def test_a_list_of_results_rebound_by_its_readback_is_read_back_at_once() -> Non
     result = migrate_source(LIST_READBACK, options=Options(unsafe_fixes=True))
     assert "shard_map_per_device(" in result.code
     assert "[PL402]" in result.sites[0].message, result.sites[0].message
+
+
+STORED = """\
+import jax
+from flax import jax_utils
+
+
+def step(w, x):
+    return w - jax.lax.pmean(x.mean(0), "i")
+
+
+class Trainer:
+    def __init__(self):
+        self.step = jax.pmap(step, axis_name="i")
+
+    def fit(self, w, batches):
+        w = jax_utils.replicate(w)
+        for x in batches:
+            w = self.step(w, x)
+        return w[0]
+"""
+STORED_REFUSED = {
+    "read in the method storing it": (
+        "        self.step = jax.pmap(",
+        "        self.step = self.step or jax.pmap(",
+    ),
+    "read outside the class": (
+        "        return w[0]\n",
+        "        return w[0]\n\n\ndef peek(t):\n    return t.step\n",
+    ),
+    "called in two methods": (
+        "        return w[0]\n",
+        "        return w[0]\n\n    def again(self, w, x):\n        return self.step(w, x)[0]\n",
+    ),
+    "stored again elsewhere": (
+        "        return w[0]\n",
+        "        return w[0]\n\n    def reset(self):\n        self.step = None\n",
+    ),
+}
+
+
+def test_a_step_stored_on_self_is_taken_in_the_one_method_calling_it() -> None:
+    result = migrate_source(STORED, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device(" not in result.code, [s.message for s in result.sites]
+    assert (
+        "self.step = jax.jit(" in result.code and "w = self.step(w, global_batch(x, " in result.code
+    )
+
+
+@pytest.mark.parametrize("case", sorted(STORED_REFUSED))
+def test_a_step_stored_on_self_read_elsewhere_keeps_the_faithful_form(case: str) -> None:
+    old, new = STORED_REFUSED[case]
+    assert old in STORED
+    result = migrate_source(STORED.replace(old, new), options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device(" in result.code, case
+
+
+def test_a_public_factory_of_a_stored_step_keeps_the_faithful_form() -> None:
+    source = (
+        (FIXTURES / "program_stored_factory_step.py")
+        .read_text()
+        .replace("_get_eval_fn", "get_eval_fn")
+    )
+    result = migrate_source(source, options=Options(unsafe_fixes=True))
+    assert "shard_map_per_device(" in result.code  # code elsewhere may call `get_eval_fn`
+    assert "[PL201]" in result.sites[0].message, result.sites[0].message

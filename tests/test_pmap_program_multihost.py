@@ -366,6 +366,8 @@ print("RESULT", json.dumps([np.asarray(x).tolist() for x in jax.tree.leaves(resu
         "program_drawn_batches_taken_apart",
         "program_step_called_in_method",
         "program_compute_mean_evaluator",
+        "program_stored_on_self",
+        "program_stored_factory_step",
     ],
 )
 def test_a_migrated_fixture_gives_every_process_the_original_numbers(

@@ -386,6 +386,7 @@ from ._faithful import Faithful, after_imports, helper_text, with_helper
 from ._outer import OuterGroup, OuterStep
 from ._program import Program, edit_owners, rewrite_host
 from ._reach import names_in
+from ._stored import named_back
 from ._survey import HELPER, PMAP, PmapUse, Survey, fun_arg
 
 # The helper in the example, as the rule writes it (the text is `_faithful.HELPER_SOURCE`'s).
@@ -526,6 +527,17 @@ class Pmap(Faithful):
     def leave_FunctionDef(
         self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
     ) -> cst.FunctionDef:
+        kept = self.stored.get(id(original_node))  # a method calling a step stored on `self`
+        if kept is not None and id(kept.copy) in self.host_programs:
+            first = original_node.body.body[0] if original_node.body.body else original_node
+            out = rewrite_host(
+                kept.copy,
+                self.host_programs[id(kept.copy)],
+                self.host_setups.get(id(kept.copy)),
+                self.room(first).indent,
+                self.state.style,
+            )
+            return named_back(kept, out)
         if id(original_node) in self.programs:
             return self._rewrite_program(self.programs[id(original_node)], updated_node)
         if id(original_node) in self.outer_defs:
@@ -705,11 +717,11 @@ class Pmap(Faithful):
             node = step.site.node  # type: ignore[attr-defined]
             enabled.append(self.site(node, text, group=key, fallback=key))
         enabled += self._record_edits([p for s in group.steps for p in s.programs], key)
-        steps = ", ".join(f"`{s.name}`" for s in group.steps)
+        steps = self._shown(", ".join(f"`{s.name}`" for s in group.steps))
         made = "made once" if group.make else f"`{group.mesh}` reused, a mesh"
         enabled.append(
             self.site(
-                group.before,
+                self._origin(group.before),
                 SETUP_MESSAGE.format(
                     steps=steps,
                     made=made,
@@ -784,7 +796,27 @@ class Pmap(Faithful):
         """Record each edit once (a batch or a replication two steps share is one edit)."""
         owners = edit_owners(programs).items()
         reasons = [(p.nodes[k], p.reasons[k]) for k, p in owners if k in p.reasons]
-        return [self.site(node, why, group=group, fallback=group) for node, why in reasons]
+        origin, shown = self._origin, self._shown
+        return [
+            self.site(origin(node), shown(why), group=group, fallback=group)
+            for node, why in reasons
+        ]
+
+    def _shown(self, text: str) -> str:
+        """`text` naming a step stored on `self` as the code does (`self.predict_fn`), not as
+        the analysis of the method calling it does (`_predict_fn`, `_stored.Stored.name`)."""
+        for kept in self.stored.values():
+            text = text.replace(f"`{kept.name}`", f"`{code(kept.attr)}`")
+        return text
+
+    def _origin(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The node of the module `node` stands for: itself, or for a node of the copy of a
+        method calling a step stored on `self` (`_stored.Stored`), the node it was copied from."""
+        for kept in self.stored.values():
+            found = kept.origins.get(id(node))
+            if found is not None:
+                return found
+        return node
 
     def _drop_deleted_imports(self, program: Program) -> None:
         """`from flax import jax_utils` goes when the replications deleted were its only use (and

@@ -1,14 +1,20 @@
-"""A step stored on an object (`self.step = jax.pmap(...)` in a method): what blocks it.
+"""A step stored on an object (`self.step = jax.pmap(...)` in a method, or a factory's decorated
+def, `self.eval_fn = _get_eval_fn(...)`).
 
-The program-level form does not rewrite a step kept in an attribute (its mesh and sharding would
-have to be kept there too). Which value blocks it is still worth saying: the methods of the class
-calling `self.step(...)` are followed as if the step were a name made outside them (each method
-read with `self.step` as that name, for the diagnosis only: nothing of it is rewritten). The
-first reason found there is the site's reason, with its code (big_vision's evaluators: `params`,
-a parameter of `run`, passed by the trainers).
+Taken when one other method of the class calls it and nothing else reads it (`stored_target`,
+`stored_method`): that method is read as a function calling a step made outside it, on a copy
+where each `self.step` is a fresh name (`Stored`); the copy, rewritten as such a function is
+(the mesh set there, `jax.set_mesh`), reads `self.step` again (`named_back`), and the pmap
+becomes `jax.jit(jax.shard_map(...))` where it is made. Otherwise, which value blocks it is still
+worth saying: the methods calling `self.step(...)` are followed the same way for the diagnosis
+only (`stored_on_self`, `returned_into_self`); the first reason found there is the site's, with
+its code (big_vision's evaluators: `params`, a parameter of `run`, passed by the trainers).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import libcst as cst
 
@@ -17,7 +23,7 @@ from jaxmigrate.toolkit.emit import code
 from ._flow import Options, analyze_calls, unnamed_step
 from ._forms import Qualname, single_name
 from ._program import Decline, NotVisible
-from ._reach import nodes_in, replaced
+from ._reach import names_in, nodes_in, replaced
 
 
 def stored_on_self(
@@ -103,3 +109,125 @@ def returned_into_self(
                 text = f"the step is returned by `{name}`, and {why.why}"
                 return NotVisible(text, why.code)
     return None
+
+
+@dataclass
+class Stored:
+    """A step stored on `self` and taken: its class's one method calling it (`method`) is read,
+    and rewritten, as `copy`, where each `self.<attr>` read is the name `name`."""
+
+    method: cst.FunctionDef
+    copy: cst.FunctionDef
+    name: str
+    attr: cst.Attribute  # `self.<attr>`, as the method reads it
+    origins: dict[int, cst.CSTNode]  # by id of a node of `copy`: the node of `method` it copies
+
+
+def stored_target(module: cst.Module, site: object, node: cst.CSTNode) -> tuple | None:
+    """`(class, maker, assign)` when the step made at `node` is stored on `self` by a method of a
+    class of the module: `self.step = jax.pmap(...)` (a call), or `self.step = factory(...)`, the
+    one use of a def of the module whose last statement returns the pmap-decorated def `node`
+    (big_vision's `get_eval_fn`); else None."""
+    del site
+    for klass in (c for c in module.body if isinstance(c, cst.ClassDef)):
+        for maker in (m for m in klass.body.body if isinstance(m, cst.FunctionDef)):
+            for assign in nodes_in(maker.body, cst.Assign, (cst.FunctionDef, cst.ClassDef)):
+                if len(assign.targets) != 1 or not isinstance(
+                    assign.targets[0].target, cst.Attribute
+                ):
+                    continue
+                value = assign.value
+                if value is node or _returns_def(module, value, node):
+                    return klass, maker, assign
+    return None
+
+
+def _returns_def(module: cst.Module, value: cst.BaseExpression, node: cst.CSTNode) -> bool:
+    """`factory(...)`, `factory` a def of the module ending in `return d`, `d` the def decorated
+    by `node` (a def of the factory's own block)."""
+    if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+        return False
+    factory = next(
+        (
+            d
+            for d in module.body
+            if isinstance(d, cst.FunctionDef) and d.name.value == value.func.value
+        ),
+        None,
+    )
+    if factory is None or not isinstance(factory.body, cst.IndentedBlock):
+        return False
+    lines = factory.body.body
+    last = lines[-1] if lines else None
+    small = (
+        last.body[0] if isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 else None
+    )
+    returned = small.value if isinstance(small, cst.Return) else None
+    made = [d for d in lines if isinstance(d, cst.FunctionDef) and node in d.decorators]
+    return bool(made) and isinstance(returned, cst.Name) and returned.value == made[0].name.value
+
+
+def stored_method(
+    module: cst.Module, klass: cst.ClassDef, maker: cst.FunctionDef, assign: cst.Assign
+) -> Stored:
+    """The one method of `klass` calling the step `assign` stores on `self` in `maker`, read with
+    each `self.<attr>` as a fresh name; raise NotVisible when another method, or anything but
+    calls in that method, reads it, or something else binds it."""
+    target = assign.targets[0].target
+    assert isinstance(target, cst.Attribute)
+    attr = target.attr.value
+    if _self(maker) != code(target.value):
+        raise NotVisible(unnamed_step(assign, maker.name.value).why, Decline.NOT_NAMED)
+    readers: list[tuple[cst.FunctionDef, list[cst.Attribute]]] = []
+    for method in (m for m in klass.body.body if isinstance(m, cst.FunctionDef)):
+        me = _self(method)
+        found = [
+            a for a in nodes_in(method, cst.Attribute) if a.attr.value == attr and a is not target
+        ]
+        mine = [a for a in found if single_name(a.value) == me and me is not None]
+        if method is maker and found:
+            raise NotVisible(
+                f"`self.{attr}` is read in `{maker.name.value}`, where it is stored",
+                Decline.NOT_CALLED_ONLY,
+            )
+        if found and (len(mine) != len(found) or readers):
+            where = f"{klass.name.value}.{method.name.value}"
+            why = f"`self.{attr}` is read in more than one method (`{where}`)"
+            raise NotVisible(why, Decline.SETUP)
+        if found:
+            readers.append((method, mine))
+    outside = [
+        a
+        for a in nodes_in(module, cst.Attribute)
+        if a.attr.value == attr and not any(a is r for _, reads in readers for r in reads)
+    ]
+    if [a for a in outside if a is not target]:
+        why = f"`.{attr}` is read outside the method calling the step: those reads are not followed"
+        raise NotVisible(why, Decline.NOT_CALLED_ONLY)
+    if not readers:
+        raise NotVisible(f"`self.{attr}` is not called in `{klass.name.value}`", Decline.NOT_CALLED)
+    method, reads = readers[0]
+    taken = set(names_in(module))
+    name = next(n for n in (f"_{attr}", *(f"_{attr}_{k}" for k in range(2, 99))) if n not in taken)
+    copy = replaced(method, {id(read): cst.Name(name) for read in reads})
+    origins: dict[int, cst.CSTNode] = {}
+    pairs: list[tuple[cst.CSTNode, cst.CSTNode]] = [(copy, method)]
+    while pairs:  # the same tree but where a read became the name (a leaf): walked together
+        new, old = pairs.pop()
+        origins[id(new)] = old
+        if type(new) is type(old) and not isinstance(new, cst.Name):
+            pairs += zip(new.children, old.children, strict=False)
+    return Stored(method, copy, name, reads[0], origins)
+
+
+def named_back(stored: Stored, rewritten: cst.FunctionDef) -> cst.FunctionDef:
+    """`rewritten`, the copy as the rewrite made it, with `self.<attr>` read again where the
+    copy read the fresh name."""
+
+    class Back(cst.CSTTransformer):
+        def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> Any:
+            return stored.attr if updated_node.value == stored.name else updated_node
+
+    out = rewritten.visit(Back())
+    assert isinstance(out, cst.FunctionDef)
+    return out

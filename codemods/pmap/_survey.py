@@ -4,7 +4,7 @@ program-level form can take."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import libcst as cst
 from libcst.codemod import CodemodContext
@@ -17,7 +17,9 @@ from ._callee import follow_passed
 from ._flow import (
     Options,
     analyze,
+    analyze_calls,
     analyze_decorated,
+    keywords_in_place,
     lambda_def,
     mapped_name,
     options_of,
@@ -40,7 +42,7 @@ from ._passon import checked as passed_on_checked
 from ._passon import elsewhere
 from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
 from ._reach import SCOPES, Flow, free_names, names_in, nodes_in, params_of
-from ._stored import returned_into_self, stored_on_self
+from ._stored import Stored, returned_into_self, stored_method, stored_on_self, stored_target
 from ._summary import ModuleFacts, is_mean
 
 PMAP = "jax.pmap"
@@ -379,6 +381,7 @@ class Finding(Pass):
         # id of the `if`): the program's host, its names the module's globals
         self.main_blocks: dict[int, cst.FunctionDef] = {}
         self.outer: list[OuterGroup] = []  # the steps made outside the functions calling them
+        self.stored: dict[int, Stored] = {}  # by id of the method calling a step on `self`
         self.kept_pmaps = False  # a `jax.pmap` of the module is left alone (skipped)
         self.outer_calls: dict[int, Program] = {}  # `step = jax.pmap(...)` at module level, taken
         self.outer_defs: dict[int, tuple[OuterStep, Program]] = {}  # pmap-decorated defs, taken
@@ -392,8 +395,13 @@ class Finding(Pass):
         outer: list[OuterStep] = []
         made_in: dict[int, list[PmapUse]] = {}  # the steps each function makes
         failed = self._failed_hosts()
+        stored: list[OuterGroup] = []
         for site in list(self.sites.values()):
             if site.value_axis is not None or self._falls_back(site, failed):
+                continue
+            group = self._stored_group(module, flow, site)
+            if group is not None:  # else the site's reason is found as before
+                stored.append(group)
                 continue
             try:
                 if self._made_outside(module, site):
@@ -407,6 +415,81 @@ class Finding(Pass):
         for sites in made_in.values():
             self._take_steps(module, flow, sites)
         self._group_outer(module, flow, outer)
+        self._take_stored(stored)
+
+    def _stored_group(self, module: cst.Module, flow: Flow, site: PmapUse) -> OuterGroup | None:
+        """The group of a step stored on `self` (`self.step = jax.pmap(...)`, or a factory's
+        decorated def, `self.step = get_eval_fn(...)`) and called in one other method of the
+        class, which sets its mesh: read there as a step made outside it (`_stored.Stored`);
+        None when the step is not stored so, or not taken there."""
+        assert self.survey is not None
+        found = stored_target(module, site, site.node)
+        if found is None or len(site.pmaps) != 1:
+            return None
+        factory = found[2].value.func if isinstance(site.node, cst.Decorator) else None
+        if isinstance(factory, cst.Name) and (  # the factory's one use is storing the step
+            len(flow.loads.get(factory.value, [])) != 1
+            or elsewhere(factory.value, self.state.outside, self.survey.strings)
+        ):
+            return None
+        try:
+            kept = stored_method(module, *found)
+            if isinstance(site.node, cst.Decorator):
+                body = site.mapped
+                assert isinstance(body, cst.FunctionDef)
+                if len(body.decorators) != 1:
+                    return None
+                options = self._decorator_options(site.node, body)
+            else:
+                assert isinstance(site.node, cst.Call)
+                options = options_of(
+                    site.node, self.qualname, self._unnamed(), self.survey.constants()
+                )
+                defs = self.survey.defs(self._mapped_def_name(site.node))
+                if len(defs) != 1 or self._def_scope(defs[0]) not in (None, found[1]):
+                    return None
+                body = defs[0]
+            if id(kept.method) in self.programs or any(
+                kept.method in s.ancestors for s in self.sites.values()
+            ):
+                return None
+            facts = self._facts(module, kept.method)
+            declared = facts.replicated.get(id(kept.method), frozenset())
+            facts = replace(facts, replicated={id(kept.copy): declared})
+            step = OuterStep(site, kept.name, body, options, isinstance(site.node, cst.Decorator))
+            program = analyze_calls(kept.copy, kept.name, options, body, self.qualname, facts)
+            if program.squeezed:
+                return None
+            if step.decorated:
+                keywords_in_place(program, body, kept.name)
+            step.programs.append(program)
+            inner = Flow(kept.copy)
+            before = first_statement(kept.copy, inner, [step])
+            end = mesh_end(kept.copy, inner, [step], before)
+            scopes: list[cst.BaseSuite | cst.Module] = [kept.copy.body, module]
+            mesh = mesh_in_scope(scopes, before, inner, options.axis, self.qualname)
+        except NotVisible:
+            return None
+        around = frozenset({id(kept.method), *(id(a) for a in flow.ancestors(kept.method))})
+        self.stored[id(kept.method)] = kept
+        return OuterGroup(
+            [step], kept.copy, before, end, mesh or "mesh", mesh is None, around=around
+        )
+
+    def _take_stored(self, groups: list[OuterGroup]) -> None:
+        """Take the stored steps' groups unless the mesh they set would clash with a pmap of
+        the module kept per device (`_clash`)."""
+        taken = {id(g.steps[0].site.node) for g in groups}  # type: ignore[attr-defined]
+        clash = self._clash(taken) if groups else ""
+        for group in groups:
+            site = group.steps[0].site
+            if clash:
+                site.fallback = clash  # type: ignore[attr-defined]
+                continue
+            del self.sites[id(site.node)]  # type: ignore[attr-defined]
+            self.outer.append(group)
+        if clash:
+            self.stored.clear()
 
     def _host(self, site: PmapUse) -> cst.CSTNode | None:
         """Return the function a step is made in (None: at module level, or by a decorator)."""
