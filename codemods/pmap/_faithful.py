@@ -24,6 +24,7 @@ from jaxmigrate.toolkit.names import dotted
 from jaxmigrate.toolkit.passes import Home
 
 from ._flow import mapped_name
+from ._layout import fill
 from ._program import NotVisible
 from ._specs import (
     Untranslatable,
@@ -364,8 +365,8 @@ class Faithful(Finding):
         for name, asname in (("P", "P"), ("PartitionSpec", None)):
             if local is None and self.resolver.is_free(name):
                 return cst.Name(name), ("jax.sharding", "PartitionSpec", asname)
-        jax = self.resolver.module_alias("jax") or "jax"
-        return cst.parse_expression(f"{jax}.sharding.PartitionSpec"), None
+        jax = cst.Name(self.resolver.module_alias("jax") or "jax")
+        return fill("{jax}.sharding.PartitionSpec", {"jax": jax}), None
 
     # Emitting ----------------------------------------------------------------------------
     def _planned(self, site: PmapUse, updated: Sequence[cst.CSTNode]) -> Rewrite | None:
@@ -409,10 +410,9 @@ class Faithful(Finding):
         if not self.site(site.node, message):
             return updated
         self._applied(site)
-        spec = code(self._spec_ref()[0])
-        specs = f"in_specs={spec}({axis}), out_specs={spec}({axis})"
-        partial = code(self._partial(site))
-        value = cst.parse_expression(f"{partial}({HELPER}, {specs})")
+        template = "{partial}({helper}, in_specs={spec}({axis}), out_specs={spec}({axis}))"
+        holes = {"partial": self._partial(site), "helper": cst.Name(HELPER)}
+        value = fill(template, {**holes, "spec": self._spec_ref()[0], "axis": site.value_axis})
         assert isinstance(value, cst.Call)
         laid = Call.of(value).laid_out(self.room(site.node), self.state.style)
         return laid.with_changes(lpar=updated.lpar, rpar=updated.rpar)
