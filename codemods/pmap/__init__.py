@@ -370,6 +370,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from jaxmigrate.model import Safety
+from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import Call, code
 from jaxmigrate.toolkit.names import dotted, walk
 from jaxmigrate.toolkit.scope import ScopeModel
@@ -378,7 +379,6 @@ from ._dead import drop_dead_helpers
 from ._faithful import Faithful, after_imports, helper_text, with_helper
 from ._outer import OuterGroup, OuterStep
 from ._program import Program, edit_owners, rewrite_host
-from ._reach import names_in
 from ._survey import HELPER, PMAP, PmapUse, Survey, fun_arg
 
 # The helper in the example, as the rule writes it (the text is `_faithful.HELPER_SOURCE`'s).

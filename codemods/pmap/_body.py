@@ -18,13 +18,14 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import code
 
 from ._forms import Qualname, target_names
 from ._imported import NO_IMPORTS, Function, Imported
 from ._layout import TREE_MAPS
 from ._program import Decline, NotVisible
-from ._reach import Flow, Reach, names_in, nodes_in, statements
+from ._reach import Flow, Reach, nodes_in, statements
 
 REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin", "all_gather")})
 PER_DEVICE = frozenset(

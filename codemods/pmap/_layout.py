@@ -24,10 +24,10 @@ from typing import Any
 import libcst as cst
 from libcst.helpers import parse_template_expression
 
+from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.names import child_fields, dotted
 
 from ._program import Decline
-from ._reach import names_in
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 

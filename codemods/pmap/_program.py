@@ -44,9 +44,10 @@ from typing import Any
 
 import libcst as cst
 
+from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import Call, Room, Style, code, with_lambda_calls
 
-from ._reach import names_in, nodes_in, read_names
+from ._reach import nodes_in, read_names
 
 
 class Decline(enum.Enum):

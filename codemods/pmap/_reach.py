@@ -421,11 +421,6 @@ def replaced(node: N, new: dict[int, Any]) -> N:
     return node.visit(Replace())  # type: ignore[attr-defined,no-any-return]
 
 
-def names_in(node: cst.CSTNode) -> Iterator[str]:
-    """The identifiers written in `node`."""
-    return (n.value for n in nodes_in(node, cst.Name))
-
-
 def _is_true(node: cst.BaseExpression) -> bool:
     return isinstance(node, cst.Name) and node.value == "True"
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.codemod import CodemodContext
 
+from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.passes import Pass
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
@@ -38,7 +39,7 @@ from ._outer import (
 from ._passon import checked as passed_on_checked
 from ._passon import elsewhere
 from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
-from ._reach import SCOPES, Flow, free_names, names_in, nodes_in
+from ._reach import SCOPES, Flow, free_names, nodes_in
 from ._stored import returned_into_self, stored_on_self
 from ._summary import ModuleFacts, is_mean
 
