@@ -558,21 +558,18 @@ class Pmap(Faithful):
         if spec_import is not None:
             self.need_import(*spec_import)
         host = programs[0][1].host
+        jax = dotted(self.module_ref("jax")) or "jax"
         taken = set(names_in(host))
         meshes: dict[str, str] = {}  # by axis: the mesh made or reused, and the sharding made
         shardings: dict[str, str] = {}
         for site, program in programs:
             if isinstance(site.ref, cst.Name):
                 self.drop_import_if_unused(site.ref.value)
-            self._drop_deleted_imports(program)
-            program.jax = dotted(self.module_ref("jax")) or "jax"
             if isinstance(program.statement, cst.FunctionDef):  # decorated: `partial` spelled
                 program.partial = code(self._partial(site))
-            program.jnp = self.resolver.module_binding("jax.numpy") or f"{program.jax}.numpy"
-            self._spell_converter(program)
+            self._spell(program, jax, spec)
             if program.flat_reads:  # results read flattened: each process reads its own part
                 program.hosts = self._multihost_utils()
-            program.spec = spec
             axis = code(program.axis)
             if axis in meshes:
                 program.mesh, program.make_mesh = meshes[axis], False
@@ -602,9 +599,7 @@ class Pmap(Faithful):
         rewrite (at the module's end: a def may come before its caller). Their mesh is made
         where used, equal to the caller's; a def nested in the caller reads the caller's."""
         for callee in program.callees:
-            self._drop_deleted_imports(callee)
-            callee.jax, callee.jnp, callee.spec = program.jax, program.jnp, program.spec
-            self._spell_converter(callee)
+            self._spell(callee, program.jax, program.spec)
             scope = self.resolver.scope_made_by(callee.host)
             if scope is not None and scope.parent is not None and scope.parent.kind != "module":
                 callee.mesh, callee.sharding, callee.hosts = (
@@ -621,6 +616,14 @@ class Pmap(Faithful):
             if callee.flat_reads:
                 callee.hosts = self._multihost_utils()
             self.callee_programs.setdefault(id(callee.host), []).append(callee)
+
+    def _spell(self, program: Program, jax: str, spec: cst.BaseExpression) -> None:
+        """Spell what the rewrite of `program` writes as the module does (`jax`, `jax.numpy`,
+        `PartitionSpec`, the helpers it asks for), and drop the imports its edits leave unread."""
+        self._drop_deleted_imports(program)
+        program.jax, program.spec = jax, spec
+        program.jnp = self.resolver.module_binding("jax.numpy") or f"{jax}.numpy"
+        self._spell_converter(program)
 
     def _spell_converter(self, program: Program) -> None:
         """Name the module's helpers a program asks for, each written once at the module's end:
@@ -712,10 +715,7 @@ class Pmap(Faithful):
             if isinstance(ref, cst.Name):
                 self.drop_import_if_unused(ref.value)
             for program in step.programs:
-                self._drop_deleted_imports(program)
-                program.jax, program.spec = jax, spec
-                program.jnp = self.resolver.module_binding("jax.numpy") or f"{jax}.numpy"
-                self._spell_converter(program)
+                self._spell(program, jax, spec)
                 program.sharding = f"{code(spec)}({code(program.axis)})"  # the mesh set is used
                 setup = program.host is group.setup
                 program.mesh = group.mesh if setup else f"{jax}.sharding.get_mesh()"
