@@ -608,11 +608,8 @@ class Pmap(Faithful):
                     program.hosts,
                 )
                 continue  # its edits are made with the caller's
-            axis, jax = code(program.axis), program.jax
-            callee.mesh = f"{jax}.sharding.Mesh({jax}.devices(), ({axis},))"
-            callee.sharding = (
-                f"{jax}.sharding.NamedSharding({callee.mesh}, {code(callee.spec)}({axis}))"
-            )
+            callee.mesh = program.new_mesh()
+            callee.sharding = program.new_sharding(callee.mesh)
             if callee.flat_reads:
                 callee.hosts = self._multihost_utils()
             self.callee_programs.setdefault(id(callee.host), []).append(callee)
@@ -728,8 +725,7 @@ class Pmap(Faithful):
                 self.outer_defs[id(step.body)] = (step, made)
             else:
                 self.outer_calls[id(step.site.node)] = made  # type: ignore[attr-defined]
-        axis = code(group.steps[0].options.axis)
-        lines = [f"{group.mesh} = {jax}.sharding.Mesh({jax}.devices(), ({axis},))"]
+        lines = [f"{group.mesh} = {group.steps[0].programs[0].new_mesh()}"]
         self.host_setups[id(group.setup)] = (
             group.before,
             lines if group.make else [],

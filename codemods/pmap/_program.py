@@ -209,24 +209,29 @@ class Program:
         outer = [f"{self.jax}.shard_map({', '.join(inner)})", *self.jit_options()]
         return f"{self.jax}.jit({', '.join(outer)})"
 
+    def new_mesh(self) -> str:
+        """`jax.sharding.Mesh(jax.devices(), (axis,))`: pmap's mesh, every device in its order."""
+        return f"{self.jax}.sharding.Mesh({self.jax}.devices(), ({code(self.axis)},))"
+
+    def new_sharding(self, mesh: str) -> str:
+        """`jax.sharding.NamedSharding(mesh, P(axis))`: a batch split over the axis of `mesh`."""
+        return f"{self.jax}.sharding.NamedSharding({mesh}, {code(self.spec)}({code(self.axis)}))"
+
     def step_statements(
         self, indent: str, style: Style, updated: cst.CSTNode | None = None
     ) -> list[cst.BaseStatement]:
         """Return the mesh, made once, and the step as `jax.jit` of `jax.shard_map` (a def the
         pmap decorated, `updated`, gets their decorators)."""
         assert self.statement is not None
-        jax, spec = self.jax, code(self.spec)
-        axis = code(self.axis)
         if isinstance(self.statement, cst.FunctionDef) or self.factory is not None:
             texts = []
         else:
             target = code(self.statement.body[0].targets[0].target)  # type: ignore[attr-defined]
             texts = [f"{target} = {self.step_text(self.mesh)}"]
         if any(self.batches) and self.make_sharding:
-            sharding = f"{jax}.sharding.NamedSharding({self.mesh}, {spec}({axis}))"
-            texts.insert(0, f"{self.sharding} = {sharding}")
+            texts.insert(0, f"{self.sharding} = {self.new_sharding(self.mesh)}")
         if self.make_mesh and (self.factory is None or any(self.batches)):
-            texts.insert(0, f"{self.mesh} = {jax}.sharding.Mesh({jax}.devices(), ({axis},))")
+            texts.insert(0, f"{self.mesh} = {self.new_mesh()}")
         statements = [_laid_out(cst.parse_statement(text), indent, style) for text in texts]
         if isinstance(updated, cst.FunctionDef):
             statements.append(self._decorated(updated, indent, style))
@@ -249,10 +254,7 @@ class Program:
         factory, made = self.factory
         taken = set(names_in(factory))
         mesh = next(n for n in ("mesh", *(f"mesh_{k}" for k in range(2, 99))) if n not in taken)
-        texts = [
-            f"{mesh} = {self.jax}.sharding.Mesh({self.jax}.devices(), ({code(self.axis)},))",
-            f"return {self.step_text(mesh)}",
-        ]
+        texts = [f"{mesh} = {self.new_mesh()}", f"return {self.step_text(mesh)}"]
         new = [_laid_out(cst.parse_statement(t), indent, style) for t in texts]
         new[0] = new[0].with_changes(leading_lines=made.leading_lines)  # type: ignore[union-attr]
         assert isinstance(factory.body, cst.IndentedBlock)
