@@ -179,8 +179,9 @@ class Program:
         self.nodes[id(node)], self.reasons[id(node)] = node, why
         self.edits[id(node)] = lambda _: new()
 
-    def specs(self) -> tuple[str, str]:
-        """Return the text of `in_specs` and `out_specs`."""
+    def shard_map_options(self, mesh: str | None) -> list[str]:
+        """Return `jax.shard_map`'s arguments besides the body: no `mesh=` when `mesh` is None
+        (the mesh the program sets with `jax.set_mesh` is used)."""
         spec, axis = code(self.spec), code(self.axis)
         specs = [
             "None" if self.fixed.get(i) == "static" else f"{spec}({axis})" if batch else f"{spec}()"
@@ -189,7 +190,8 @@ class Program:
         in_specs = f"({', '.join(specs)}{',' if len(specs) == 1 else ''})"
         outs = [f"{spec}({axis})" if v else f"{spec}()" for v in self.varying]
         out_specs = f"({', '.join(outs)})" if self.outputs is not None else outs[0]
-        return in_specs, out_specs
+        meshed = [f"mesh={mesh}"] if mesh is not None else []
+        return [*meshed, f"in_specs={in_specs}", f"out_specs={out_specs}", "check_vma=False"]
 
     def jit_options(self) -> list[str]:
         """Return `jax.jit`'s arguments besides the function: static and donated ones."""
@@ -203,9 +205,7 @@ class Program:
     def step_text(self, mesh: str | None) -> str:
         """Return `jax.jit(jax.shard_map(body, ...), ...)`; no `mesh=` when `mesh` is None (the
         mesh the program sets with `jax.set_mesh` is used)."""
-        in_specs, out_specs = self.specs()
-        inner = [self.per_device_body(), *([f"mesh={mesh}"] if mesh is not None else [])]
-        inner += [f"in_specs={in_specs}", f"out_specs={out_specs}", "check_vma=False"]
+        inner = [self.per_device_body(), *self.shard_map_options(mesh)]
         outer = [f"{self.jax}.shard_map({', '.join(inner)})", *self.jit_options()]
         return f"{self.jax}.jit({', '.join(outer)})"
 
@@ -269,18 +269,10 @@ class Program:
     def decorators(self, mesh: str | None, room: Room, style: Style) -> list[cst.Decorator]:
         """`@partial(jax.jit, ...)` over `@partial(jax.shard_map, ...)`, laid out in `room`; no
         `mesh=` when `mesh` is None (the mesh the program sets with `jax.set_mesh` is used)."""
-        in_specs, out_specs = self.specs()
-        options = self.jit_options()
-        jit = (
-            f"{self.partial}({self.jax}.jit, {', '.join(options)})"
-            if options
-            else f"{self.jax}.jit"
-        )
-        meshed = f"mesh={mesh}, " if mesh is not None else ""
-        shard_map = (
-            f"{self.partial}({self.jax}.shard_map, {meshed}in_specs={in_specs}, "
-            f"out_specs={out_specs}, check_vma=False)"
-        )
+        jit = ", ".join([f"{self.jax}.jit", *self.jit_options()])
+        jit = f"{self.partial}({jit})" if self.jit_options() else jit
+        shard_map = ", ".join([f"{self.jax}.shard_map", *self.shard_map_options(mesh)])
+        shard_map = f"{self.partial}({shard_map})"
         decorators = []
         for text in (jit, shard_map):
             expr = cst.parse_expression(text)
