@@ -53,6 +53,13 @@ def single_name(node: cst.BaseExpression) -> str | None:
     return node.value if isinstance(node, cst.Name) else None
 
 
+def base_of(node: cst.BaseExpression) -> cst.BaseExpression:
+    """`x` of `x.a["k"].b`: what its attributes and items are read from."""
+    while isinstance(node, (cst.Attribute, cst.Subscript)):
+        node = node.value
+    return node
+
+
 def is_zero_index(node: cst.BaseExpression, var: str) -> bool:
     """`var[0]`."""
     holes = holes_of("{v}[0]", node)

@@ -29,7 +29,7 @@ import libcst as cst
 from jaxmigrate.toolkit.emit import code as code_of
 from jaxmigrate.toolkit.passes import Callers
 
-from ._forms import Forms, bound_arguments, single_name
+from ._forms import Forms, base_of, bound_arguments, single_name
 from ._program import Decline, NotVisible, Program
 from ._reach import ENTRY, Flow, nodes_in
 
@@ -86,7 +86,7 @@ def copied(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str)
     if not _surely_stacked(program, flow, forms, use):
         return False
     whole = passed is not use and all(  # a per-device result among them blocks by itself
-        isinstance(root := _root_of(e.value), cst.Name)
+        isinstance(root := base_of(e.value), cst.Name)
         and _surely_stacked(program, flow, forms, root)
         for e in passed.elements  # type: ignore[attr-defined]
     )
@@ -170,7 +170,7 @@ def surely_replicated(
     """Return True if `value`, a name or a field of one (`params["student"]`), is the same on
     every device on every path: `_surely_stacked`, and no binding reaching it gives it a result
     of the step that may differ between devices."""
-    root = _root_of(value)
+    root = base_of(value)
     if not isinstance(root, cst.Name) or not _surely_stacked(program, flow, forms, root):
         return False
     calls = {id(c) for c in program.calls}
@@ -187,13 +187,6 @@ def surely_replicated(
         elif any(program.varying):
             return False
     return True
-
-
-def _root_of(value: cst.BaseExpression) -> cst.BaseExpression:
-    """`x` of `x.a["k"]`."""
-    while isinstance(value, (cst.Attribute, cst.Subscript)):
-        value = value.value
-    return value
 
 
 def program_of(program: Program, fn: cst.FunctionDef) -> Program:
