@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import libcst as cst
 from libcst.codemod import CodemodContext
@@ -118,8 +119,6 @@ class Survey(cst.CSTVisitor):
         self.names = names
         self.refs: list[tuple[cst.BaseExpression, tuple[cst.CSTNode, ...]]] = []
         self.strings: set[str] = set()
-        self._constants: dict[str, str] | None = None
-        self._calls: dict[str, cst.BaseExpression] | None = None
         self.fields: dict[str, list[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]]] = {}
         self._stack: list[cst.CSTNode] = []
         self._paths = names.paths_to((PMAP,))  # the nodes leading to a use, when known
@@ -153,25 +152,24 @@ class Survey(cst.CSTVisitor):
         found = (b.node for b in self.names.bindings(name) if b.kind is BindingKind.DEF)
         return [d for d in found if isinstance(d, cst.FunctionDef)]
 
+    @cached_property
     def constants(self) -> dict[str, str]:
         """The names bound once in the module, at module level, to a string literal."""
-        if self._constants is None:
-            self._constants = {
-                name: value.evaluated_value
-                for name, value in self._bound_once().items()
-                if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str)
-            }
-            for attr, stores in self.fields.items():
-                literal = _set_once_in_init(stores) if attr not in self.strings else None
-                if literal is not None:  # no `setattr(self, "x", ...)`: `attr` is no string
-                    self._constants[f"self.{attr}"] = literal
-        return self._constants
+        found = {
+            name: value.evaluated_value
+            for name, value in self._bound_once().items()
+            if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str)
+        }
+        for attr, stores in self.fields.items():
+            literal = _set_once_in_init(stores) if attr not in self.strings else None
+            if literal is not None:  # no `setattr(self, "x", ...)`: `attr` is no string
+                found[f"self.{attr}"] = literal
+        return found
 
+    @cached_property
     def calls(self) -> dict[str, cst.BaseExpression]:
         """The names bound once in the module, at module level, to a call."""
-        if self._calls is None:
-            self._calls = {n: v for n, v in self._bound_once().items() if isinstance(v, cst.Call)}
-        return self._calls
+        return {n: v for n, v in self._bound_once().items() if isinstance(v, cst.Call)}
 
     def _bound_once(self) -> dict[str, cst.BaseExpression]:
         """The names bound once in the module, at module level, by a plain assignment: their
@@ -480,7 +478,7 @@ class Finding(Pass):
             if target is None or len(statement.body) != 1:  # type: ignore[union-attr]
                 raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
             assert isinstance(site.node, cst.Call)
-            options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants())
+            options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
             defs = self.survey.defs(options.name)
             if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(options.name):
                 why = "the pmapped function is not a def of this module"
@@ -642,7 +640,7 @@ class Finding(Pass):
         target = assign.targets[0].target if isinstance(assign, cst.Assign) else None
         if isinstance(target, cst.Attribute) and isinstance(klass, cst.ClassDef):
             assert isinstance(assign, cst.Assign)
-            options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants())
+            options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
             raise stored_on_self(klass, host, assign, options, body, self.qualname)
         facts = self._facts(module, host)
         details = (host, statement, site.node, body, self.qualname, siblings, facts, skip)
@@ -828,7 +826,7 @@ class Finding(Pass):
         assert self.survey is not None and isinstance(decorator, cst.Decorator)
         deco = decorator.decorator
         args = deco.args[1:] if isinstance(deco, cst.Call) else ()
-        unnamed, constants = self._unnamed(), self.survey.constants()
+        unnamed, constants = self._unnamed(), self.survey.constants
         name = cst.Name(body.name.value)
         return read_options(
             name, args, self.qualname, positional_axis=False, unnamed=unnamed, constants=constants
@@ -847,7 +845,7 @@ class Finding(Pass):
             found |= {d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)}
         if self.imported is None:
             self.imported = Imported(self.state.modules)
-        return ModuleFacts(found, self.survey.calls(), self.survey.constants(), self.imported)
+        return ModuleFacts(found, self.survey.calls, self.survey.constants, self.imported)
 
     def _not_a_def(self, pmap: cst.CSTNode, name: str) -> str:
         """Why the function `pmap` maps is not a def this form reads."""
