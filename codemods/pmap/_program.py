@@ -47,7 +47,7 @@ import libcst as cst
 from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import Call, Room, Style, code, with_lambda_calls
 
-from ._reach import nodes_in, read_names
+from ._reach import assigned_name, nodes_in, read_names
 
 
 class Decline(enum.Enum):
@@ -396,11 +396,8 @@ def _dropped(host: cst.FunctionDef, names: set[str]) -> cst.FunctionDef:
 
 
 def _binds(line: cst.SimpleStatementLine, names: set[str]) -> bool:
-    node = line.body[0] if len(line.body) == 1 else None
-    if not isinstance(node, cst.Assign) or len(node.targets) != 1:
-        return False
-    target, commented = node.targets[0].target, any(c.comment for c in line.leading_lines)
-    return isinstance(target, cst.Name) and target.value in names and not commented
+    name = assigned_name(line.body[0]) if len(line.body) == 1 else None
+    return name in names and not any(c.comment for c in line.leading_lines)
 
 
 class _Edit(cst.CSTTransformer):
@@ -547,10 +544,5 @@ def _is_self_assignment(statement: cst.CSTNode) -> bool:
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
         return False
     node = statement.body[0]
-    return (
-        isinstance(node, cst.Assign)
-        and len(node.targets) == 1
-        and isinstance(node.targets[0].target, cst.Name)
-        and isinstance(node.value, cst.Name)
-        and node.targets[0].target.value == node.value.value
-    )
+    value = node.value if isinstance(node, cst.Assign) else None
+    return isinstance(value, cst.Name) and assigned_name(node) == value.value

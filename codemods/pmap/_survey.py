@@ -40,7 +40,7 @@ from ._outer import (
 from ._passon import checked as passed_on_checked
 from ._passon import elsewhere
 from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
-from ._reach import SCOPES, Flow, free_names, nodes_in
+from ._reach import SCOPES, Flow, assigned_name, free_names, nodes_in
 from ._stored import returned_into_self, stored_on_self
 from ._summary import ModuleFacts, is_mean
 
@@ -239,7 +239,7 @@ def called_here(
         return None
     if not isinstance(assign, cst.Assign) or assign.value is not choice or host is None:
         return None
-    name = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
+    name = assigned_name(assign)
     flow = Flow(host)
     if name is None or flow.only(name) is None:
         return None
@@ -474,7 +474,7 @@ class Finding(Pass):
             assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
             if not isinstance(assign, cst.Assign) or assign.value is not site.node:
                 raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
-            target = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
+            target = assigned_name(assign)
             if target is None or len(statement.body) != 1:  # type: ignore[union-attr]
                 raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
             assert isinstance(site.node, cst.Call)
@@ -723,11 +723,7 @@ class Finding(Pass):
             a.keyword is not None and a.keyword.value == "axis_name" for a in site.node.args
         )
         assign = site.ancestors[-2] if len(site.ancestors) > 1 else None  # `step = <call>`
-        target = (
-            single_name(assign.targets[0].target)
-            if isinstance(assign, cst.Assign) and len(assign.targets) == 1
-            else None
-        )
+        target = assigned_name(assign)
         if fun is None or named or target is None or isinstance(fun.value, cst.Lambda):
             raise NotVisible(why, Decline.NOT_A_DEF)
         counts = {
@@ -987,10 +983,7 @@ class Finding(Pass):
         if isinstance(site.node, cst.Decorator) and isinstance(site.mapped, cst.FunctionDef):
             return site.mapped.name.value
         parent = site.ancestors[-2] if len(site.ancestors) > 1 else None  # [-1] is the call
-        if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
-            target = parent.targets[0].target
-            return target.value if isinstance(target, cst.Name) else None
-        return None
+        return assigned_name(parent)
 
     def _check_helper_name(self, module: cst.Module, sites: list[PmapUse]) -> None:
         """Reuse the helper of an earlier run; skip everything if the name means another thing."""
