@@ -20,6 +20,7 @@ from jaxmigrate.toolkit.emit import (
     items_of,
     new_item,
 )
+from jaxmigrate.toolkit.imports import is_import_line
 from jaxmigrate.toolkit.names import dotted
 from jaxmigrate.toolkit.passes import Home
 
@@ -194,12 +195,7 @@ def arity(node: cst.CSTNode | None) -> int | None:
 
 def after_imports(body: Sequence[cst.BaseStatement], default: int) -> int:
     """Return the index after the last import statement of `body`, else `default`."""
-    imports = [
-        i
-        for i, statement in enumerate(body)
-        if isinstance(statement, cst.SimpleStatementLine)
-        and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
-    ]
+    imports = [i for i, statement in enumerate(body) if is_import_line(statement)]
     return imports[-1] + 1 if imports else default
 
 
