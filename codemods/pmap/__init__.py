@@ -695,8 +695,7 @@ class Pmap(Faithful):
                 fallback=key,
             )
         )
-        group.enabled = all(enabled)
-        if group.enabled:
+        if all(enabled):
             self._plan_outer(group)
 
     def _plan_outer(self, group: OuterGroup) -> None:

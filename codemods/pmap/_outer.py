@@ -44,7 +44,6 @@ class OuterGroup:
     before: cst.BaseStatement  # the statement of `setup` the mesh is set before
     mesh: str = "mesh"  # the name of the mesh, made or reused
     make: bool = True  # False: a mesh of pmap's already bound to `mesh` is reused
-    enabled: bool = False
 
 
 def module_function(flow: Flow, module: cst.Module, node: cst.CSTNode) -> cst.FunctionDef | None:

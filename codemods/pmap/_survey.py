@@ -339,7 +339,6 @@ class Finding(Pass):
         super().__init__(context)
         self.survey: Survey | None = None
         self.sites: dict[int, PmapUse] = {}  # by id of the (outer) pmap call or decorator
-        self.lower: set[int] = set()  # the inner one of two stacked pmap decorators
         self.applied: list[PmapUse] = []
         self.applied_keys: list[str] = []
         self.reuse_helper = False
@@ -950,7 +949,6 @@ class Finding(Pass):
                     site.skip = "more than two pmap decorators, or not adjacent ones"
                 continue
             upper.pmaps.append(lower.node)  # type: ignore[arg-type]
-            self.lower.add(id(lower.node))
             sites.remove(lower)
         return sites
 
