@@ -794,16 +794,6 @@ class Pmap(Faithful):
             "tuple": program.outputs is not None,
         }
 
-    def _numpy(self) -> str:
-        """Return how to spell `numpy` here, importing it as `np` if needed."""
-        bound = self.resolver.module_alias("numpy")
-        if bound is not None:
-            return bound
-        if self.resolver.is_free("np"):
-            self.need_import("numpy", None, "np")
-            return "np"
-        return dotted(self.module_ref("numpy")) or "numpy"
-
     def _multihost_utils(self) -> str:
         """Return how to spell `jax.experimental.multihost_utils` here, importing it if needed."""
         bound = self.resolver.module_binding("jax.experimental.multihost_utils")

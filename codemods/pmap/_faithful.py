@@ -451,6 +451,16 @@ class Faithful(Finding):
         return cst.Attribute(value=self.module_ref("functools"), attr=cst.Name("partial"))
 
     # The helper ---------------------------------------------------------------------------
+    def _numpy(self) -> str:
+        """Return how to spell `numpy` here, importing it as `np` if needed."""
+        bound = self.resolver.module_alias("numpy")
+        if bound is not None:
+            return bound
+        if self.resolver.is_free("np"):
+            self.need_import("numpy", None, "np")
+            return "np"
+        return dotted(self.module_ref("numpy")) or "numpy"
+
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         if not self.applied or self.reuse_helper:
             return updated_node
@@ -460,10 +470,7 @@ class Faithful(Finding):
             self.need_import(shared, HELPER)
             return updated_node
         jax = dotted(self.module_ref("jax")) or "jax"
-        np = self.resolver.module_alias("numpy")
-        if np is None:
-            np = "np" if self.resolver.is_free("np") else "numpy"
-            self.need_import("numpy", None, "np" if np == "np" else None)
+        np = self._numpy()
         source = HELPER_SOURCE.format(doc=HELPER_DOC, jax=jax, np=np, P=code(self._spec_ref()[0]))
         first = min(original_node.body.index(s.statement) for s in self.applied)  # type: ignore[arg-type]
         at = after_imports(original_node.body[:first], first)  # above the first rewritten site
