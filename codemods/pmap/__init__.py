@@ -492,15 +492,13 @@ class Pmap(Faithful):
         laid = jit.laid_out(self.room(original_node), self.state.style)
         return laid.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
 
-    def leave_Attribute(
-        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    def leave_Name(
+        self, original_node: cst.BaseExpression, updated_node: cst.BaseExpression
     ) -> cst.BaseExpression:
-        site = self.sites.get(id(original_node))  # `jax.pmap` kept as a value
+        site = self.sites.get(id(original_node))  # `jax.pmap` (or `pmap`) kept as a value
         return updated_node if site is None else self._value(site, updated_node)
 
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
-        site = self.sites.get(id(original_node))  # `pmap` (imported by name) kept as a value
-        return updated_node if site is None else self._value(site, updated_node)
+    leave_Attribute = leave_Name
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         host = self.main_blocks.get(id(original_node))  # `if __name__ == "__main__":`
