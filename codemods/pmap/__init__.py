@@ -552,9 +552,7 @@ class Pmap(Faithful):
         enabled += self._record_edits([q for _, p in programs for q in (p, *p.callees)], group)
         if not all(enabled):
             return updated
-        spec, spec_import = self._spec_ref()
-        if spec_import is not None:
-            self.need_import(*spec_import)
+        spec = self._spec(imported=True)
         host = programs[0][1].host
         jax = dotted(self.module_ref("jax")) or "jax"
         taken = set(names_in(host))
@@ -698,9 +696,7 @@ class Pmap(Faithful):
 
     def _plan_outer(self, group: OuterGroup) -> None:
         """Spell the names the rewrite needs, and say which node becomes what."""
-        spec, spec_import = self._spec_ref()
-        if spec_import is not None:
-            self.need_import(*spec_import)
+        spec = self._spec(imported=True)
         jax = dotted(self.module_ref("jax")) or "jax"
         if group.make:
             group.mesh = self._fresh("mesh", set(names_in(group.setup)))

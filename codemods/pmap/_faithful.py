@@ -238,7 +238,7 @@ class Faithful(Finding):
         names = self._axis_names(layers, notes)
         if len(layers) > 1:
             self._check_nested(layers)
-        spec = self._spec_ref()[0]
+        spec = self._spec()
 
         def make(axis: int | None) -> cst.BaseExpression:
             return partition_spec(spec, names, axis)
@@ -353,16 +353,18 @@ class Faithful(Finding):
         except Untranslatable as why:
             raise NotMigrated(f"`static_broadcasted_argnums`: {why}") from None
 
-    def _spec_ref(self) -> tuple[cst.BaseExpression, tuple[str, str, str | None] | None]:
-        """Return how to spell `PartitionSpec` here, and the import that spelling needs."""
+    def _spec(self, imported: bool = False) -> cst.BaseExpression:
+        """Return how to spell `PartitionSpec` here; `imported`: ask for the import it needs."""
         local = self.resolver.module_binding(PARTITION_SPEC)  # one no function rebinds
         if local is not None:
-            return cst.Name(local), None
+            return cst.Name(local)
         for name, asname in (("P", "P"), ("PartitionSpec", None)):
             if local is None and self.resolver.is_free(name):
-                return cst.Name(name), ("jax.sharding", "PartitionSpec", asname)
+                if imported:
+                    self.need_import("jax.sharding", "PartitionSpec", asname)
+                return cst.Name(name)
         jax = cst.Name(self.resolver.module_alias("jax") or "jax")
-        return fill("{jax}.sharding.PartitionSpec", {"jax": jax}), None
+        return fill("{jax}.sharding.PartitionSpec", {"jax": jax})
 
     # Emitting ----------------------------------------------------------------------------
     def _planned(self, site: PmapUse, updated: Sequence[cst.CSTNode]) -> Rewrite | None:
@@ -384,9 +386,8 @@ class Faithful(Finding):
         no longer reads it: the shared helper needs no `jax` in the file."""
         self.applied.append(site)
         self.applied_keys.append(self.state.sites[-1].key)
-        spec_import = self._spec_ref()[1]
-        if spec_import is not None and len(self.applied) == 1:
-            self.need_import(*spec_import)
+        if len(self.applied) == 1:
+            self._spec(imported=True)
         ref = site.ref
         while isinstance(ref, cst.Attribute):
             ref = ref.value
@@ -408,7 +409,7 @@ class Faithful(Finding):
         self._applied(site)
         template = "{partial}({helper}, in_specs={spec}({axis}), out_specs={spec}({axis}))"
         holes = {"partial": self._partial(site), "helper": cst.Name(HELPER)}
-        value = fill(template, {**holes, "spec": self._spec_ref()[0], "axis": site.value_axis})
+        value = fill(template, {**holes, "spec": self._spec(), "axis": site.value_axis})
         assert isinstance(value, cst.Call)
         laid = Call.of(value).laid_out(self.room(site.node), self.state.style)
         return laid.with_changes(lpar=updated.lpar, rpar=updated.rpar)
@@ -471,7 +472,7 @@ class Faithful(Finding):
             return updated_node
         jax = dotted(self.module_ref("jax")) or "jax"
         np = self._numpy()
-        source = HELPER_SOURCE.format(doc=HELPER_DOC, jax=jax, np=np, P=code(self._spec_ref()[0]))
+        source = HELPER_SOURCE.format(doc=HELPER_DOC, jax=jax, np=np, P=code(self._spec()))
         first = min(original_node.body.index(s.statement) for s in self.applied)  # type: ignore[arg-type]
         at = after_imports(original_node.body[:first], first)  # above the first rewritten site
         return with_helper(updated_node, source, self.state.style, at)
