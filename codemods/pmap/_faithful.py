@@ -434,12 +434,10 @@ class Faithful(Finding):
         if len(defs) != 1 or self.survey.rebound(name):
             return None
         params = defs[0].params
-        if params.posonly_params or isinstance(params.star_arg, cst.Param):
-            return None
         names = [p.name.value for p in params.params]
         first = min((names.index(b) for b in bound if b in names), default=len(names))
-        head = params.params[:first]
-        return None if any(p.default is not None for p in head) else len(head)
+        head = defs[0].with_changes(params=params.with_changes(params=params.params[:first]))
+        return None if params.posonly_params else arity(head)
 
     def _partial(self, site: PmapUse) -> cst.BaseExpression:
         """Return `functools.partial` as the site or the module spells it."""
