@@ -25,7 +25,7 @@ from jaxmigrate.toolkit.names import dotted
 from jaxmigrate.toolkit.passes import Home
 
 from ._flow import mapped_name
-from ._layout import fill
+from ._layout import fill, holes_of
 from ._program import NotVisible
 from ._specs import (
     Untranslatable,
@@ -310,14 +310,8 @@ class Faithful(Finding):
             if extra:
                 raise NotMigrated(f"nested pmap with `{extra[0]}=`: only axis names are translated")
             for keyword in ("in_axes", "out_axes"):
-                value = (
-                    items[pmapped.options[keyword]].arg.value
-                    if keyword in pmapped.options
-                    else None
-                )
-                if value is not None and not (
-                    isinstance(value, cst.Integer) and value.value == "0"
-                ):
+                index = pmapped.options.get(keyword)
+                if index is not None and holes_of("0", items[index].arg.value) is None:
                     raise NotMigrated(f"nested pmap with `{keyword}=` other than 0")
 
     def _specs(
