@@ -95,3 +95,16 @@ def test_jax_still_read_elsewhere_keeps_its_import(tmp_path: Path) -> None:
     make_project(tmp_path, "")
     code, _ = migrate(tmp_path, "loss.py", LOSS + "\n\ndef count():\n  return jax.device_count()\n")
     assert "import jax\n" in code
+
+
+def test_a_helper_in_the_file_reads_numpy_under_a_name_the_module_does_not_rebind() -> None:
+    # No project around the file: the helper is written into it. `np` is taken and the module
+    # binds `numpy` to something else: `import numpy` would be rebound by `numpy = ...`.
+    text = (
+        'import jax\n\nnp = None\nnumpy = "a name of the module"\n\n\n'
+        "def step(x):\n    return x * 2\n\n\ndef run(x):\n    return jax.pmap(step)(x)\n"
+    )
+    code = migrate_source(text, options=Options(unsafe_fixes=True)).code
+    assert "import numpy as numpy_\n" in code, code
+    assert "numpy_.reshape(pool[: numpy_.prod(shape)], shape)" in code
+    assert "numpy.reshape(" not in code

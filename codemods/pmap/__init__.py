@@ -377,6 +377,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from jaxmigrate.model import Safety
+from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import Call, code
 from jaxmigrate.toolkit.names import dotted, walk
 from jaxmigrate.toolkit.scope import ScopeModel
@@ -385,7 +386,6 @@ from ._dead import drop_dead_helpers
 from ._faithful import Faithful, after_imports, helper_text, with_helper
 from ._outer import OuterGroup, OuterStep
 from ._program import Program, edit_owners, rewrite_host
-from ._reach import names_in
 from ._stored import named_back
 from ._survey import HELPER, PMAP, PmapUse, Survey, fun_arg
 
@@ -507,15 +507,13 @@ class Pmap(Faithful):
         laid = jit.laid_out(self.room(original_node), self.state.style)
         return laid.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
 
-    def leave_Attribute(
-        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    def leave_Name(
+        self, original_node: cst.BaseExpression, updated_node: cst.BaseExpression
     ) -> cst.BaseExpression:
-        site = self.sites.get(id(original_node))  # `jax.pmap` kept as a value
+        site = self.sites.get(id(original_node))  # `jax.pmap` (or `pmap`) kept as a value
         return updated_node if site is None else self._value(site, updated_node)
 
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
-        site = self.sites.get(id(original_node))  # `pmap` (imported by name) kept as a value
-        return updated_node if site is None else self._value(site, updated_node)
+    leave_Attribute = leave_Name
 
     def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         host = self.main_blocks.get(id(original_node))  # `if __name__ == "__main__":`
@@ -580,25 +578,20 @@ class Pmap(Faithful):
         enabled += self._record_edits([q for _, p in programs for q in (p, *p.callees)], group)
         if not all(enabled):
             return updated
-        spec, spec_import = self._spec_ref()
-        if spec_import is not None:
-            self.need_import(*spec_import)
+        spec = self._spec(imported=True)
         host = programs[0][1].host
+        jax = dotted(self.module_ref("jax")) or "jax"
         taken = set(names_in(host))
         meshes: dict[str, str] = {}  # by axis: the mesh made or reused, and the sharding made
         shardings: dict[str, str] = {}
         for site, program in programs:
             if isinstance(site.ref, cst.Name):
                 self.drop_import_if_unused(site.ref.value)
-            self._drop_deleted_imports(program)
-            program.jax = dotted(self.module_ref("jax")) or "jax"
             if isinstance(program.statement, cst.FunctionDef):  # decorated: `partial` spelled
                 program.partial = code(self._partial(site))
-            program.jnp = self.resolver.module_binding("jax.numpy") or f"{program.jax}.numpy"
-            self._spell_converter(program)
+            self._spell(program, jax, spec)
             if program.flat_reads:  # results read flattened: each process reads its own part
                 program.hosts = self._multihost_utils()
-            program.spec = spec
             axis = code(program.axis)
             if axis in meshes:
                 program.mesh, program.make_mesh = meshes[axis], False
@@ -628,9 +621,7 @@ class Pmap(Faithful):
         rewrite (at the module's end: a def may come before its caller). Their mesh is made
         where used, equal to the caller's; a def nested in the caller reads the caller's."""
         for callee in program.callees:
-            self._drop_deleted_imports(callee)
-            callee.jax, callee.jnp, callee.spec = program.jax, program.jnp, program.spec
-            self._spell_converter(callee)
+            self._spell(callee, program.jax, program.spec)
             scope = self.resolver.scope_made_by(callee.host)
             if scope is not None and scope.parent is not None and scope.parent.kind != "module":
                 callee.mesh, callee.sharding, callee.hosts = (
@@ -639,14 +630,19 @@ class Pmap(Faithful):
                     program.hosts,
                 )
                 continue  # its edits are made with the caller's
-            axis, jax = code(program.axis), program.jax
-            callee.mesh = f"{jax}.sharding.Mesh({jax}.devices(), ({axis},))"
-            callee.sharding = (
-                f"{jax}.sharding.NamedSharding({callee.mesh}, {code(callee.spec)}({axis}))"
-            )
+            callee.mesh = program.new_mesh()
+            callee.sharding = program.new_sharding(callee.mesh)
             if callee.flat_reads:
                 callee.hosts = self._multihost_utils()
             self.callee_programs.setdefault(id(callee.host), []).append(callee)
+
+    def _spell(self, program: Program, jax: str, spec: cst.BaseExpression) -> None:
+        """Spell what the rewrite of `program` writes as the module does (`jax`, `jax.numpy`,
+        `PartitionSpec`, the helpers it asks for), and drop the imports its edits leave unread."""
+        self._drop_deleted_imports(program)
+        program.jax, program.spec = jax, spec
+        program.jnp = self.resolver.module_binding("jax.numpy") or f"{jax}.numpy"
+        self._spell_converter(program)
 
     def _spell_converter(self, program: Program) -> None:
         """Name the module's helpers a program asks for, each written once at the module's end:
@@ -732,15 +728,12 @@ class Pmap(Faithful):
                 fallback=key,
             )
         )
-        group.enabled = all(enabled)
-        if group.enabled:
+        if all(enabled):
             self._plan_outer(group)
 
     def _plan_outer(self, group: OuterGroup) -> None:
         """Spell the names the rewrite needs, and say which node becomes what."""
-        spec, spec_import = self._spec_ref()
-        if spec_import is not None:
-            self.need_import(*spec_import)
+        spec = self._spec(imported=True)
         jax = dotted(self.module_ref("jax")) or "jax"
         if group.make:
             group.mesh = self._fresh("mesh", set(names_in(group.setup)))
@@ -749,10 +742,7 @@ class Pmap(Faithful):
             if isinstance(ref, cst.Name):
                 self.drop_import_if_unused(ref.value)
             for program in step.programs:
-                self._drop_deleted_imports(program)
-                program.jax, program.spec = jax, spec
-                program.jnp = self.resolver.module_binding("jax.numpy") or f"{jax}.numpy"
-                self._spell_converter(program)
+                self._spell(program, jax, spec)
                 program.sharding = f"{code(spec)}({code(program.axis)})"  # the mesh set is used
                 setup = program.host is group.setup
                 program.mesh = group.mesh if setup else f"{jax}.sharding.get_mesh()"
@@ -765,8 +755,7 @@ class Pmap(Faithful):
                 self.outer_defs[id(step.body)] = (step, made)
             else:
                 self.outer_calls[id(step.site.node)] = made  # type: ignore[attr-defined]
-        axis = code(group.steps[0].options.axis)
-        lines = [f"{group.mesh} = {jax}.sharding.Mesh({jax}.devices(), ({axis},))"]
+        lines = [f"{group.mesh} = {group.steps[0].programs[0].new_mesh()}"]
         self.host_setups[id(group.setup)] = (
             group.before,
             lines if group.make else [],
@@ -856,16 +845,6 @@ class Pmap(Faithful):
             "varying": list(program.varying),
             "tuple": program.outputs is not None,
         }
-
-    def _numpy(self) -> str:
-        """Return how to spell `numpy` here, importing it as `np` if needed."""
-        bound = self.resolver.module_alias("numpy")
-        if bound is not None:
-            return bound
-        if self.resolver.is_free("np"):
-            self.need_import("numpy", None, "np")
-            return "np"
-        return dotted(self.module_ref("numpy")) or "numpy"
 
     def _multihost_utils(self) -> str:
         """Return how to spell `jax.experimental.multihost_utils` here, importing it if needed."""

@@ -18,13 +18,14 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import code
 
-from ._forms import Qualname, target_names
+from ._forms import Qualname, base_of, single_name, target_names
 from ._imported import NO_IMPORTS, Function, Imported
 from ._layout import TREE_MAPS
 from ._program import Decline, NotVisible
-from ._reach import Flow, Reach, names_in, nodes_in, statements
+from ._reach import Flow, Reach, nodes_in, statements
 
 REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin", "all_gather")})
 PER_DEVICE = frozenset(
@@ -74,8 +75,6 @@ def body_outputs(
     collective differs between devices), `imported` the code base's other modules, whose defs
     it may call too. `spellings`: module constants that name `axis`.
     """
-    if not isinstance(body.body, cst.IndentedBlock) or not _ends_in_return(body.body.body):
-        raise NotVisible("the body does not end in a return", Decline.BODY)
     params = [p.name.value for p in body.params.params]
     start = {p for p, m in zip(params, mapped) if m}
     reader = _Reader(axis, qualname, defs, set(start))
@@ -86,10 +85,10 @@ def body_outputs(
 
 def _run(reader: _Reader, body: cst.FunctionDef, start: set[str]) -> None:
     """Read `body`, its parameters `start` differing between devices."""
-    reader.local = set(Flow(body).stores)
-    reader.reach = Reach(body.body)
     if not isinstance(body.body, cst.IndentedBlock) or not _ends_in_return(body.body.body):
         raise NotVisible("the body does not end in a return", Decline.BODY)
+    reader.local = set(Flow(body).stores)
+    reader.reach = Reach(body.body)
     while True:  # closures read names at call time: rerun until what ever differs is stable
         seen = set(reader.ever)
         reader.returns = []
@@ -224,7 +223,7 @@ class _Reader:
         """`metrics.update(x)`, `out.append(x)`: the object differs when what it takes does."""
         if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
             return varying
-        owner = _base(node.func.value)
+        owner = single_name(base_of(node.func.value))
         if owner is not None and any(self.varies(a.value, varying) for a in node.args):
             self.ever.add(owner)
             return varying | {owner}
@@ -239,7 +238,7 @@ class _Reader:
             if helper is None or not _mutates(helper, self.defs):
                 continue
             if any(self.varies(a.value, varying) for a in call.args):
-                owners = {_base(a.value) for a in call.args} - {None}
+                owners = {single_name(base_of(a.value)) for a in call.args} - {None}
                 self.ever |= owners  # type: ignore[arg-type]
                 varying = varying | owners  # type: ignore[operator]
         return varying
@@ -292,7 +291,7 @@ class _Reader:
     def bind(self, target: cst.BaseExpression, varies: bool, varying: set[str]) -> set[str]:
         """Bind `target` to a value that differs (`varies`) or not."""
         if isinstance(target, (cst.Attribute, cst.Subscript)):  # `x.a = v`, `x[k] = v`
-            owner = _base(target)
+            owner = single_name(base_of(target))
             if owner is not None and varies:
                 self.ever.add(owner)
                 return varying | {owner}
@@ -530,10 +529,3 @@ def _field(node: cst.CSTNode | None) -> str | None:
 
 def _keyword(arg: cst.Arg) -> str | None:
     return arg.keyword.value if arg.keyword is not None else None
-
-
-def _base(node: cst.BaseExpression) -> str | None:
-    """`x` of `x.a[k].b`."""
-    while isinstance(node, (cst.Attribute, cst.Subscript)):
-        node = node.value
-    return node.value if isinstance(node, cst.Name) else None

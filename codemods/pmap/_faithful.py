@@ -20,10 +20,12 @@ from jaxmigrate.toolkit.emit import (
     items_of,
     new_item,
 )
+from jaxmigrate.toolkit.imports import is_import_line
 from jaxmigrate.toolkit.names import dotted
 from jaxmigrate.toolkit.passes import Home
 
 from ._flow import mapped_name
+from ._layout import fill, holes_of
 from ._program import NotVisible
 from ._specs import (
     Untranslatable,
@@ -193,12 +195,7 @@ def arity(node: cst.CSTNode | None) -> int | None:
 
 def after_imports(body: Sequence[cst.BaseStatement], default: int) -> int:
     """Return the index after the last import statement of `body`, else `default`."""
-    imports = [
-        i
-        for i, statement in enumerate(body)
-        if isinstance(statement, cst.SimpleStatementLine)
-        and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body)
-    ]
+    imports = [i for i, statement in enumerate(body) if is_import_line(statement)]
     return imports[-1] + 1 if imports else default
 
 
@@ -241,7 +238,7 @@ class Faithful(Finding):
         names = self._axis_names(layers, notes)
         if len(layers) > 1:
             self._check_nested(layers)
-        spec = self._spec_ref()[0]
+        spec = self._spec()
 
         def make(axis: int | None) -> cst.BaseExpression:
             return partition_spec(spec, names, axis)
@@ -313,14 +310,8 @@ class Faithful(Finding):
             if extra:
                 raise NotMigrated(f"nested pmap with `{extra[0]}=`: only axis names are translated")
             for keyword in ("in_axes", "out_axes"):
-                value = (
-                    items[pmapped.options[keyword]].arg.value
-                    if keyword in pmapped.options
-                    else None
-                )
-                if value is not None and not (
-                    isinstance(value, cst.Integer) and value.value == "0"
-                ):
+                index = pmapped.options.get(keyword)
+                if index is not None and holes_of("0", items[index].arg.value) is None:
                     raise NotMigrated(f"nested pmap with `{keyword}=` other than 0")
 
     def _specs(
@@ -356,16 +347,18 @@ class Faithful(Finding):
         except Untranslatable as why:
             raise NotMigrated(f"`static_broadcasted_argnums`: {why}") from None
 
-    def _spec_ref(self) -> tuple[cst.BaseExpression, tuple[str, str, str | None] | None]:
-        """Return how to spell `PartitionSpec` here, and the import that spelling needs."""
+    def _spec(self, imported: bool = False) -> cst.BaseExpression:
+        """Return how to spell `PartitionSpec` here; `imported`: ask for the import it needs."""
         local = self.resolver.module_binding(PARTITION_SPEC)  # one no function rebinds
         if local is not None:
-            return cst.Name(local), None
+            return cst.Name(local)
         for name, asname in (("P", "P"), ("PartitionSpec", None)):
             if local is None and self.resolver.is_free(name):
-                return cst.Name(name), ("jax.sharding", "PartitionSpec", asname)
-        jax = self.resolver.module_alias("jax") or "jax"
-        return cst.parse_expression(f"{jax}.sharding.PartitionSpec"), None
+                if imported:
+                    self.need_import("jax.sharding", "PartitionSpec", asname)
+                return cst.Name(name)
+        jax = cst.Name(self.resolver.module_alias("jax") or "jax")
+        return fill("{jax}.sharding.PartitionSpec", {"jax": jax})
 
     # Emitting ----------------------------------------------------------------------------
     def _planned(self, site: PmapUse, updated: Sequence[cst.CSTNode]) -> Rewrite | None:
@@ -387,9 +380,8 @@ class Faithful(Finding):
         no longer reads it: the shared helper needs no `jax` in the file."""
         self.applied.append(site)
         self.applied_keys.append(self.state.sites[-1].key)
-        spec_import = self._spec_ref()[1]
-        if spec_import is not None and len(self.applied) == 1:
-            self.need_import(*spec_import)
+        if len(self.applied) == 1:
+            self._spec(imported=True)
         ref = site.ref
         while isinstance(ref, cst.Attribute):
             ref = ref.value
@@ -409,10 +401,9 @@ class Faithful(Finding):
         if not self.site(site.node, message):
             return updated
         self._applied(site)
-        spec = code(self._spec_ref()[0])
-        specs = f"in_specs={spec}({axis}), out_specs={spec}({axis})"
-        partial = code(self._partial(site))
-        value = cst.parse_expression(f"{partial}({HELPER}, {specs})")
+        template = "{partial}({helper}, in_specs={spec}({axis}), out_specs={spec}({axis}))"
+        holes = {"partial": self._partial(site), "helper": cst.Name(HELPER)}
+        value = fill(template, {**holes, "spec": self._spec(), "axis": site.value_axis})
         assert isinstance(value, cst.Call)
         laid = Call.of(value).laid_out(self.room(site.node), self.state.style)
         return laid.with_changes(lpar=updated.lpar, rpar=updated.rpar)
@@ -437,12 +428,10 @@ class Faithful(Finding):
         if len(defs) != 1 or self.survey.rebound(name):
             return None
         params = defs[0].params
-        if params.posonly_params or isinstance(params.star_arg, cst.Param):
-            return None
         names = [p.name.value for p in params.params]
         first = min((names.index(b) for b in bound if b in names), default=len(names))
-        head = params.params[:first]
-        return None if any(p.default is not None for p in head) else len(head)
+        head = defs[0].with_changes(params=params.with_changes(params=params.params[:first]))
+        return None if params.posonly_params else arity(head)
 
     def _partial(self, site: PmapUse) -> cst.BaseExpression:
         """Return `functools.partial` as the site or the module spells it."""
@@ -455,6 +444,16 @@ class Faithful(Finding):
         return cst.Attribute(value=self.module_ref("functools"), attr=cst.Name("partial"))
 
     # The helper ---------------------------------------------------------------------------
+    def _numpy(self) -> str:
+        """Return how to spell `numpy` here, importing it as `np` if needed."""
+        bound = self.resolver.module_alias("numpy")
+        if bound is not None:
+            return bound
+        if self.resolver.is_free("np"):
+            self.need_import("numpy", None, "np")
+            return "np"
+        return dotted(self.module_ref("numpy")) or "numpy"
+
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         if not self.applied or self.reuse_helper:
             return updated_node
@@ -464,11 +463,8 @@ class Faithful(Finding):
             self.need_import(shared, HELPER)
             return updated_node
         jax = dotted(self.module_ref("jax")) or "jax"
-        np = self.resolver.module_alias("numpy")
-        if np is None:
-            np = "np" if self.resolver.is_free("np") else "numpy"
-            self.need_import("numpy", None, "np" if np == "np" else None)
-        source = HELPER_SOURCE.format(doc=HELPER_DOC, jax=jax, np=np, P=code(self._spec_ref()[0]))
+        np = self._numpy()
+        source = HELPER_SOURCE.format(doc=HELPER_DOC, jax=jax, np=np, P=code(self._spec()))
         first = min(original_node.body.index(s.statement) for s in self.applied)  # type: ignore[arg-type]
         at = after_imports(original_node.body[:first], first)  # above the first rewritten site
         return with_helper(updated_node, source, self.state.style, at)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.imports import is_docstring as _is_docstring
 
@@ -39,7 +40,7 @@ from ._layout import (
 )
 from ._passon import passed_on, surely_replicated
 from ._program import COPY, DECORATORS, NOT_NAMED, Decline, NotVisible, Program
-from ._reach import ENTRY, SCOPES, Flow, free_names, names_in, nodes_in, params_of, replaced
+from ._reach import ENTRY, SCOPES, Flow, free_names, nodes_in, params_of, replaced
 from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short

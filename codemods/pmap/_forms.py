@@ -53,6 +53,13 @@ def single_name(node: cst.BaseExpression) -> str | None:
     return node.value if isinstance(node, cst.Name) else None
 
 
+def base_of(node: cst.BaseExpression) -> cst.BaseExpression:
+    """`x` of `x.a["k"].b`: what its attributes and items are read from."""
+    while isinstance(node, (cst.Attribute, cst.Subscript)):
+        node = node.value
+    return node
+
+
 def is_zero_index(node: cst.BaseExpression, var: str) -> bool:
     """`var[0]`."""
     holes = holes_of("{v}[0]", node)
@@ -210,7 +217,7 @@ class Forms:
         dims = [a.value for a in node.args]
         if len(dims) == 1:
             dims = [e.value for e in dims[0].elements] if isinstance(dims[0], cst.Tuple) else []
-        if len(dims) < 2 or not self.counts(dims[0]) or not _is_minus_one(dims[1]):
+        if len(dims) < 2 or not self.counts(dims[0]) or holes_of("-1", dims[1]) is None:
             return None
         if not all(isinstance(d, cst.Integer) for d in dims[2:]):
             return None  # another shape, or one that reads the split value
@@ -364,15 +371,6 @@ def flattens(
         if holes is not None and single_name(holes.get("v", cst.Name(var))) == var:
             return single_name(holes["x"]) == var or copied(holes["x"], var)
     return False
-
-
-def _is_minus_one(node: cst.BaseExpression | None) -> bool:
-    return (
-        isinstance(node, cst.UnaryOperation)
-        and isinstance(node.operator, cst.Minus)
-        and isinstance(node.expression, cst.Integer)
-        and node.expression.value == "1"
-    )
 
 
 def _compact(node: cst.Dict | cst.Tuple, values: list[cst.BaseExpression]) -> cst.BaseExpression:

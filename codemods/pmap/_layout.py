@@ -15,18 +15,19 @@ libcst templates: `{x}` is a hole). `match` reads one expression against the tab
 from __future__ import annotations
 
 import enum
+import functools
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
 from libcst.helpers import parse_template_expression
 
+from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.names import child_fields, dotted
 
 from ._program import Decline
-from ._reach import names_in
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 
@@ -280,34 +281,20 @@ class Match:
         """Return the row's program-level form, its holes filled from the match and `context`
         (`jax`, `sharding`, ...: how the module spells them); the value itself for `{value}`."""
         assert self.row.template is not None
-        wanted = set(_HOLE.findall(self.row.template))
-        filled: dict[str, Any] = {k: v for k, v in {**context, **self.holes}.items() if k in wanted}
-        return parse_template_expression(self.row.template, **filled)
+        return fill(self.row.template, {**context, **self.holes})
 
 
+@functools.cache
 def _pattern(text: str) -> cst.BaseExpression:
+    """The pattern `text` parsed, its holes as marked names (each text parsed once)."""
     holes: dict[str, Any] = {name: cst.Name(_MARK + name) for name in _HOLE.findall(text)}
     return parse_template_expression(text, **holes)
 
 
-_PATTERNS: dict[str, cst.BaseExpression] = {}
-
-
-def patterns_of(row: Transfer) -> Iterator[cst.BaseExpression]:
-    """Yield the row's patterns parsed, holes as marked names (each parsed once)."""
-    for text in row.patterns:
-        found = _PATTERNS.get(text)
-        if found is None:
-            found = _PATTERNS[text] = _pattern(text)
-        yield found
-
-
 def holes_of(text: str, node: cst.BaseExpression) -> dict[str, cst.BaseExpression] | None:
     """The holes of the pattern `text` (its names as spelled) `node` is, else None."""
-    if text not in _PATTERNS:
-        _PATTERNS[text] = _pattern(text)
     holes: dict[str, cst.BaseExpression] = {}
-    return holes if _unify(_PATTERNS[text], node, holes, _as_spelled) else None
+    return holes if _unify(_pattern(text), node, holes, _as_spelled) else None
 
 
 def match(
@@ -319,7 +306,7 @@ def match(
     """Return the first row of `table` whose pattern `node` is (names resolved by meaning with
     `qualname`, holes `counts` names the number of local devices), else None."""
     for row in table:
-        for pattern in patterns_of(row):
+        for pattern in map(_pattern, row.patterns):
             holes: dict[str, cst.BaseExpression] = {}
             if not _unify(pattern, node, holes, qualname):
                 continue

@@ -46,7 +46,6 @@ class OuterGroup:
     mesh: str = "mesh"  # the name of the mesh, made or reused
     make: bool = True  # False: a mesh of pmap's already bound to `mesh` is reused
     around: frozenset[int] = frozenset()  # the ids of the nodes around the functions (a class)
-    enabled: bool = False
 
 
 def module_function(flow: Flow, module: cst.Module, node: cst.CSTNode) -> cst.FunctionDef | None:

@@ -22,13 +22,14 @@ global array where it got stacked copies, and no code of the code base looks.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from itertools import takewhile
 
 import libcst as cst
 
 from jaxmigrate.toolkit.emit import code as code_of
 from jaxmigrate.toolkit.passes import Callers
 
-from ._forms import Forms, bound_arguments, single_name
+from ._forms import Forms, base_of, bound_arguments, single_name
 from ._program import Decline, NotVisible, Program
 from ._reach import ENTRY, Flow, nodes_in
 
@@ -85,7 +86,7 @@ def copied(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str)
     if not _surely_stacked(program, flow, forms, use):
         return False
     whole = passed is not use and all(  # a per-device result among them blocks by itself
-        isinstance(root := _root_of(e.value), cst.Name)
+        isinstance(root := base_of(e.value), cst.Name)
         and _surely_stacked(program, flow, forms, root)
         for e in passed.elements  # type: ignore[attr-defined]
     )
@@ -151,7 +152,8 @@ def _surely_stacked(program: Program, flow: Flow, forms: Forms, use: cst.Name) -
     """Return True if `use`, a read in the function calling the step itself (not in a nested
     def or lambda, which may run before the replication: big_vision's `init` closure), reads
     on every path a replication or a step's result: its copies are then what pmap passed."""
-    if any(isinstance(a, (cst.FunctionDef, cst.Lambda)) for a in _inside(flow, use, program)):
+    inside = takewhile(lambda a: a is not program.host, flow.ancestors(use))
+    if any(isinstance(a, (cst.FunctionDef, cst.Lambda)) for a in inside):
         return False
     calls = {id(c) for c in program.calls}
     reach = flow.reach.of(use)
@@ -168,7 +170,7 @@ def surely_replicated(
     """Return True if `value`, a name or a field of one (`params["student"]`), is the same on
     every device on every path: `_surely_stacked`, and no binding reaching it gives it a result
     of the step that may differ between devices."""
-    root = _root_of(value)
+    root = base_of(value)
     if not isinstance(root, cst.Name) or not _surely_stacked(program, flow, forms, root):
         return False
     calls = {id(c) for c in program.calls}
@@ -185,23 +187,6 @@ def surely_replicated(
         elif any(program.varying):
             return False
     return True
-
-
-def _root_of(value: cst.BaseExpression) -> cst.BaseExpression:
-    """`x` of `x.a["k"]`."""
-    while isinstance(value, (cst.Attribute, cst.Subscript)):
-        value = value.value
-    return value
-
-
-def _inside(flow: Flow, use: cst.CSTNode, program: Program) -> list[cst.CSTNode]:
-    """The nodes around `use` up to the function calling the step (excluded)."""
-    around = []
-    node = flow.parent.get(id(use))
-    while node is not None and node is not program.host:
-        around.append(node)
-        node = flow.parent.get(id(node))
-    return around
 
 
 def program_of(program: Program, fn: cst.FunctionDef) -> Program:
@@ -223,6 +208,16 @@ def returned_unread(program: Program, flow: Flow, use: cst.Name, code: Decline) 
     return True
 
 
+PASSED_ELSEWHERE = (
+    "`{name}` reads device 0's copy of a value replicated for the step, and is also used "
+    "{where}: its callers there may pass another layout"
+)
+INPUTS_ELSEWHERE = (
+    "the step's batches come from an iterator of `{name}`, which would yield flat batches, but "
+    "it is also used {where}, where they may be read split per device"
+)
+
+
 def checked(
     program: Program, flow: Flow, outside: Callers | None, strings: Collection[str]
 ) -> None:
@@ -231,28 +226,18 @@ def checked(
     has its result read. `flow` is the module's; `outside` how other modules use the module's
     functions (None: not known, every public one counts as called and read); `strings` the
     module's strings (a name in `__all__` is exported: used elsewhere)."""
-    taken = {id(c.func) for c in program.passed_on}
-    for name in dict.fromkeys(single_name(c.func) or "" for c in program.passed_on):
-        here = [u for u in flow.loads.get(name, []) if id(u) not in taken and not _defined(flow, u)]
-        where = _where(flow, here[0]) if here else elsewhere(name, outside, strings)
-        if where:
-            raise NotVisible(
-                f"`{name}` reads device 0's copy of a value replicated for the step, and is "
-                f"also used {where}: its callers there may pass another layout",
-                Decline.STACKED_READ,
-            )
-    inputs = {id(n) for n in program.inputs}
-    for name in dict.fromkeys(n.value for n in program.inputs):
-        here = [
-            u for u in flow.loads.get(name, []) if id(u) not in inputs and not _defined(flow, u)
-        ]
-        where = _where(flow, here[0]) if here else elsewhere(name, outside, strings)
-        if where:
-            raise NotVisible(
-                f"the step's batches come from an iterator of `{name}`, which would yield flat "
-                f"batches, but it is also used {where}, where they may be read split per device",
-                Decline.ARGUMENT_UNKNOWN,
-            )
+    passed = [c.func for c in program.passed_on]  # the reads taken, by the name read
+    for taken, why, code in (
+        (passed, PASSED_ELSEWHERE, Decline.STACKED_READ),
+        (program.inputs, INPUTS_ELSEWHERE, Decline.ARGUMENT_UNKNOWN),
+    ):
+        ids = {id(n) for n in taken}
+        for name in dict.fromkeys(single_name(n) or "" for n in taken):
+            loads = flow.loads.get(name, [])
+            here = [u for u in loads if id(u) not in ids and not _defined(flow, u)]
+            where = _where(flow, here[0]) if here else elsewhere(name, outside, strings)
+            if where:
+                raise NotVisible(why.format(name=name, where=where), code)
     host = program.host.name.value
     if program.returns:
         here = [u for u in flow.loads.get(host, []) if not _defined(flow, u)]

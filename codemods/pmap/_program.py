@@ -44,10 +44,11 @@ from typing import Any
 
 import libcst as cst
 
+from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import Call, Room, Style, code, with_lambda_calls
 from jaxmigrate.toolkit.imports import is_docstring
 
-from ._reach import names_in, nodes_in, read_names
+from ._reach import assigned_name, nodes_in, read_names
 
 
 class Decline(enum.Enum):
@@ -184,8 +185,9 @@ class Program:
         self.nodes[id(node)], self.reasons[id(node)] = node, why
         self.edits[id(node)] = lambda _: new()
 
-    def specs(self) -> tuple[str, str]:
-        """Return the text of `in_specs` and `out_specs`."""
+    def shard_map_options(self, mesh: str | None) -> list[str]:
+        """Return `jax.shard_map`'s arguments besides the body: no `mesh=` when `mesh` is None
+        (the mesh the program sets with `jax.set_mesh` is used)."""
         spec, axis = code(self.spec), code(self.axis)
         specs = [
             "None" if self.fixed.get(i) == "static" else f"{spec}({axis})" if batch else f"{spec}()"
@@ -194,7 +196,8 @@ class Program:
         in_specs = f"({', '.join(specs)}{',' if len(specs) == 1 else ''})"
         outs = [f"{spec}({axis})" if v else f"{spec}()" for v in self.varying]
         out_specs = f"({', '.join(outs)})" if self.outputs is not None else outs[0]
-        return in_specs, out_specs
+        meshed = [f"mesh={mesh}"] if mesh is not None else []
+        return [*meshed, f"in_specs={in_specs}", f"out_specs={out_specs}", "check_vma=False"]
 
     def jit_options(self) -> list[str]:
         """Return `jax.jit`'s arguments besides the function: static and donated ones."""
@@ -208,11 +211,17 @@ class Program:
     def step_text(self, mesh: str | None) -> str:
         """Return `jax.jit(jax.shard_map(body, ...), ...)`; no `mesh=` when `mesh` is None (the
         mesh the program sets with `jax.set_mesh` is used)."""
-        in_specs, out_specs = self.specs()
-        inner = [self.per_device_body(), *([f"mesh={mesh}"] if mesh is not None else [])]
-        inner += [f"in_specs={in_specs}", f"out_specs={out_specs}", "check_vma=False"]
+        inner = [self.per_device_body(), *self.shard_map_options(mesh)]
         outer = [f"{self.jax}.shard_map({', '.join(inner)})", *self.jit_options()]
         return f"{self.jax}.jit({', '.join(outer)})"
+
+    def new_mesh(self) -> str:
+        """`jax.sharding.Mesh(jax.devices(), (axis,))`: pmap's mesh, every device in its order."""
+        return f"{self.jax}.sharding.Mesh({self.jax}.devices(), ({code(self.axis)},))"
+
+    def new_sharding(self, mesh: str) -> str:
+        """`jax.sharding.NamedSharding(mesh, P(axis))`: a batch split over the axis of `mesh`."""
+        return f"{self.jax}.sharding.NamedSharding({mesh}, {code(self.spec)}({code(self.axis)}))"
 
     def step_statements(
         self, indent: str, style: Style, updated: cst.CSTNode | None = None
@@ -220,18 +229,15 @@ class Program:
         """Return the mesh, made once, and the step as `jax.jit` of `jax.shard_map` (a def the
         pmap decorated, `updated`, gets their decorators)."""
         assert self.statement is not None
-        jax, spec = self.jax, code(self.spec)
-        axis = code(self.axis)
         if isinstance(self.statement, cst.FunctionDef) or self.factory is not None:
             texts = []
         else:
             target = code(self.statement.body[0].targets[0].target)  # type: ignore[attr-defined]
             texts = [f"{target} = {self.step_text(self.mesh)}"]
         if any(self.batches) and self.make_sharding:
-            sharding = f"{jax}.sharding.NamedSharding({self.mesh}, {spec}({axis}))"
-            texts.insert(0, f"{self.sharding} = {sharding}")
+            texts.insert(0, f"{self.sharding} = {self.new_sharding(self.mesh)}")
         if self.make_mesh and (self.factory is None or any(self.batches)):
-            texts.insert(0, f"{self.mesh} = {jax}.sharding.Mesh({jax}.devices(), ({axis},))")
+            texts.insert(0, f"{self.mesh} = {self.new_mesh()}")
         statements = [_laid_out(cst.parse_statement(text), indent, style) for text in texts]
         if isinstance(updated, cst.FunctionDef):
             statements.append(self._decorated(updated, indent, style))
@@ -254,10 +260,7 @@ class Program:
         factory, made = self.factory
         taken = set(names_in(factory))
         mesh = next(n for n in ("mesh", *(f"mesh_{k}" for k in range(2, 99))) if n not in taken)
-        texts = [
-            f"{mesh} = {self.jax}.sharding.Mesh({self.jax}.devices(), ({code(self.axis)},))",
-            f"return {self.step_text(mesh)}",
-        ]
+        texts = [f"{mesh} = {self.new_mesh()}", f"return {self.step_text(mesh)}"]
         new = [_laid_out(cst.parse_statement(t), indent, style) for t in texts]
         new[0] = new[0].with_changes(leading_lines=made.leading_lines)  # type: ignore[union-attr]
         assert isinstance(factory.body, cst.IndentedBlock)
@@ -272,18 +275,10 @@ class Program:
     def decorators(self, mesh: str | None, room: Room, style: Style) -> list[cst.Decorator]:
         """`@partial(jax.jit, ...)` over `@partial(jax.shard_map, ...)`, laid out in `room`; no
         `mesh=` when `mesh` is None (the mesh the program sets with `jax.set_mesh` is used)."""
-        in_specs, out_specs = self.specs()
-        options = self.jit_options()
-        jit = (
-            f"{self.partial}({self.jax}.jit, {', '.join(options)})"
-            if options
-            else f"{self.jax}.jit"
-        )
-        meshed = f"mesh={mesh}, " if mesh is not None else ""
-        shard_map = (
-            f"{self.partial}({self.jax}.shard_map, {meshed}in_specs={in_specs}, "
-            f"out_specs={out_specs}, check_vma=False)"
-        )
+        jit = ", ".join([f"{self.jax}.jit", *self.jit_options()])
+        jit = f"{self.partial}({jit})" if self.jit_options() else jit
+        shard_map = ", ".join([f"{self.jax}.shard_map", *self.shard_map_options(mesh)])
+        shard_map = f"{self.partial}({shard_map})"
         decorators = []
         for text in (jit, shard_map):
             expr = cst.parse_expression(text)
@@ -409,11 +404,8 @@ def _dropped(host: cst.FunctionDef, names: set[str]) -> cst.FunctionDef:
 
 
 def _binds(line: cst.SimpleStatementLine, names: set[str]) -> bool:
-    node = line.body[0] if len(line.body) == 1 else None
-    if not isinstance(node, cst.Assign) or len(node.targets) != 1:
-        return False
-    target, commented = node.targets[0].target, any(c.comment for c in line.leading_lines)
-    return isinstance(target, cst.Name) and target.value in names and not commented
+    name = assigned_name(line.body[0]) if len(line.body) == 1 else None
+    return name in names and not any(c.comment for c in line.leading_lines)
 
 
 class _Edit(cst.CSTTransformer):
@@ -580,10 +572,5 @@ def _is_self_assignment(statement: cst.CSTNode) -> bool:
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
         return False
     node = statement.body[0]
-    return (
-        isinstance(node, cst.Assign)
-        and len(node.targets) == 1
-        and isinstance(node.targets[0].target, cst.Name)
-        and isinstance(node.value, cst.Name)
-        and node.targets[0].target.value == node.value.value
-    )
+    value = node.value if isinstance(node, cst.Assign) else None
+    return isinstance(value, cst.Name) and assigned_name(node) == value.value

@@ -383,6 +383,14 @@ def params_of(params: cst.Parameters) -> list[cst.Param]:
     return found + [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
 
 
+def assigned_name(node: cst.CSTNode | None) -> str | None:
+    """`x` of `x = value` (one target, a name), else None."""
+    if not isinstance(node, cst.Assign) or len(node.targets) != 1:
+        return None
+    target = node.targets[0].target
+    return target.value if isinstance(target, cst.Name) else None
+
+
 def target_nodes(target: cst.BaseExpression) -> list[cst.Name]:
     """The names a target binds (`a`, `a, (b, *c)`), not those a subscript or attribute reads."""
     if isinstance(target, cst.Name):
@@ -419,11 +427,6 @@ def replaced(node: N, new: dict[int, Any]) -> N:
             return new.get(id(original_node), updated_node)
 
     return node.visit(Replace())  # type: ignore[attr-defined,no-any-return]
-
-
-def names_in(node: cst.CSTNode) -> Iterator[str]:
-    """The identifiers written in `node`."""
-    return (n.value for n in nodes_in(node, cst.Name))
 
 
 def _is_true(node: cst.BaseExpression) -> bool:

@@ -7,6 +7,7 @@ the same on every device is the result itself, anything else reads the device ax
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import islice
 
 import libcst as cst
 
@@ -26,9 +27,7 @@ def read_at_once(
 ) -> tuple[cst.BaseExpression, tuple[int, ...]] | None:
     """Return the expression reading device 0's copy of `call`'s result around it, and where the
     value left once the readback is deleted sits in it (children indices); else None."""
-    node: cst.CSTNode | None = call
-    for _ in range(DEPTH):
-        node = flow.parent.get(id(node)) if node is not None else None
+    for node in islice(flow.ancestors(call), DEPTH):
         if not isinstance(node, cst.BaseExpression):
             continue
         marked = node.deep_replace(call, cst.Name(PLACE))

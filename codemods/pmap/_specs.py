@@ -42,22 +42,19 @@ def literal_axis(node: cst.BaseExpression) -> int | None:
 
 def spec_tree(axes: cst.BaseExpression, make_spec: SpecMaker) -> cst.BaseExpression:
     """Return `axes` with each leaf axis replaced by `make_spec(axis)`, keeping its containers."""
-    if isinstance(axes, (cst.Tuple, cst.List)):
+    if isinstance(axes, (cst.Tuple, cst.List, cst.Dict)):
         return axes.with_changes(elements=[_element(e, make_spec) for e in axes.elements])
-    if isinstance(axes, cst.Dict):
-        return axes.with_changes(elements=[_dict_element(e, make_spec) for e in axes.elements])
     return make_spec(literal_axis(axes))
 
 
-def _element(element: cst.BaseElement, make_spec: SpecMaker) -> cst.BaseElement:
-    if not isinstance(element, cst.Element):
-        raise Untranslatable("unpacking (`*`) inside the axes: their structure is not known")
-    return element.with_changes(value=spec_tree(element.value, make_spec))
+Entry = cst.BaseElement | cst.BaseDictElement
 
 
-def _dict_element(element: cst.BaseDictElement, make_spec: SpecMaker) -> cst.BaseDictElement:
-    if not isinstance(element, cst.DictElement):
-        raise Untranslatable("unpacking (`**`) inside the axes: their structure is not known")
+def _element(element: Entry, make_spec: SpecMaker) -> Entry:
+    """An entry of a tuple, list or dict of axes, its axes made specs (`*x`, `**x`: raise)."""
+    if not isinstance(element, (cst.Element, cst.DictElement)):
+        stars = "**" if isinstance(element, cst.BaseDictElement) else "*"
+        raise Untranslatable(f"unpacking (`{stars}`) inside the axes: their structure is not known")
     return element.with_changes(value=spec_tree(element.value, make_spec))
 
 

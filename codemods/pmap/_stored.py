@@ -18,12 +18,13 @@ from typing import Any
 
 import libcst as cst
 
+from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import code
 
 from ._flow import Options, analyze_calls, unnamed_step
 from ._forms import Qualname, single_name
 from ._program import Decline, NotVisible
-from ._reach import names_in, nodes_in, replaced
+from ._reach import nodes_in, replaced
 
 
 def stored_on_self(

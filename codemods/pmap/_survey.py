@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import libcst as cst
 from libcst.codemod import CodemodContext
 
+from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.passes import Pass
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
@@ -41,7 +43,7 @@ from ._outer import (
 from ._passon import checked as passed_on_checked
 from ._passon import elsewhere
 from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
-from ._reach import SCOPES, Flow, free_names, names_in, nodes_in, params_of
+from ._reach import SCOPES, Flow, assigned_name, free_names, nodes_in, params_of
 from ._stored import Stored, returned_into_self, stored_method, stored_on_self, stored_target
 from ._summary import ModuleFacts, is_mean
 
@@ -144,8 +146,6 @@ class Survey(cst.CSTVisitor):
         self.names = names
         self.refs: list[tuple[cst.BaseExpression, tuple[cst.CSTNode, ...]]] = []
         self.strings: set[str] = set()
-        self._constants: dict[str, str] | None = None
-        self._calls: dict[str, cst.BaseExpression] | None = None
         self.fields: dict[str, list[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]]] = {}
         self._stack: list[cst.CSTNode] = []
         self._paths = names.paths_to((PMAP,))  # the nodes leading to a use, when known
@@ -179,25 +179,24 @@ class Survey(cst.CSTVisitor):
         found = (b.node for b in self.names.bindings(name) if b.kind is BindingKind.DEF)
         return [d for d in found if isinstance(d, cst.FunctionDef)]
 
+    @cached_property
     def constants(self) -> dict[str, str]:
         """The names bound once in the module, at module level, to a string literal."""
-        if self._constants is None:
-            self._constants = {
-                name: value.evaluated_value
-                for name, value in self._bound_once().items()
-                if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str)
-            }
-            for attr, stores in self.fields.items():
-                literal = _set_once_in_init(stores) if attr not in self.strings else None
-                if literal is not None:  # no `setattr(self, "x", ...)`: `attr` is no string
-                    self._constants[f"self.{attr}"] = literal
-        return self._constants
+        found = {
+            name: value.evaluated_value
+            for name, value in self._bound_once().items()
+            if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str)
+        }
+        for attr, stores in self.fields.items():
+            literal = _set_once_in_init(stores) if attr not in self.strings else None
+            if literal is not None:  # no `setattr(self, "x", ...)`: `attr` is no string
+                found[f"self.{attr}"] = literal
+        return found
 
+    @cached_property
     def calls(self) -> dict[str, cst.BaseExpression]:
         """The names bound once in the module, at module level, to a call."""
-        if self._calls is None:
-            self._calls = {n: v for n, v in self._bound_once().items() if isinstance(v, cst.Call)}
-        return self._calls
+        return {n: v for n, v in self._bound_once().items() if isinstance(v, cst.Call)}
 
     def _bound_once(self) -> dict[str, cst.BaseExpression]:
         """The names bound once in the module, at module level, by a plain assignment: their
@@ -267,7 +266,7 @@ def called_here(
         return None
     if not isinstance(assign, cst.Assign) or assign.value is not choice or host is None:
         return None
-    name = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
+    name = assigned_name(assign)
     flow = Flow(host)
     if name is None or flow.only(name) is None:
         return None
@@ -367,7 +366,6 @@ class Finding(Pass):
         super().__init__(context)
         self.survey: Survey | None = None
         self.sites: dict[int, PmapUse] = {}  # by id of the (outer) pmap call or decorator
-        self.lower: set[int] = set()  # the inner one of two stacked pmap decorators
         self.applied: list[PmapUse] = []
         self.applied_keys: list[str] = []
         self.reuse_helper = False
@@ -443,7 +441,7 @@ class Finding(Pass):
             else:
                 assert isinstance(site.node, cst.Call)
                 options = options_of(
-                    site.node, self.qualname, self._unnamed(), self.survey.constants()
+                    site.node, self.qualname, self._unnamed(), self.survey.constants
                 )
                 defs = self.survey.defs(self._mapped_def_name(site.node))
                 if len(defs) != 1 or self._def_scope(defs[0]) not in (None, found[1]):
@@ -584,11 +582,11 @@ class Finding(Pass):
             assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
             if not isinstance(assign, cst.Assign) or assign.value is not site.node:
                 raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
-            target = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
+            target = assigned_name(assign)
             if target is None or len(statement.body) != 1:  # type: ignore[union-attr]
                 raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
             assert isinstance(site.node, cst.Call)
-            options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants())
+            options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
             defs = self.survey.defs(options.name)
             if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(options.name):
                 why = "the pmapped function is not a def of this module"
@@ -753,7 +751,7 @@ class Finding(Pass):
         target = assign.targets[0].target if isinstance(assign, cst.Assign) else None
         if isinstance(target, cst.Attribute) and isinstance(klass, cst.ClassDef):
             assert isinstance(assign, cst.Assign)
-            options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants())
+            options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
             raise stored_on_self(klass, host, assign, options, body, self.qualname)
         facts = self._facts(module, host)
         details = (host, statement, site.node, body, self.qualname, siblings, facts, skip)
@@ -836,11 +834,7 @@ class Finding(Pass):
             a.keyword is not None and a.keyword.value == "axis_name" for a in site.node.args
         )
         assign = site.ancestors[-2] if len(site.ancestors) > 1 else None  # `step = <call>`
-        target = (
-            single_name(assign.targets[0].target)
-            if isinstance(assign, cst.Assign) and len(assign.targets) == 1
-            else None
-        )
+        target = assigned_name(assign)
         if fun is None or named or target is None or isinstance(fun.value, cst.Lambda):
             raise NotVisible(why, Decline.NOT_A_DEF)
         counts = {
@@ -939,7 +933,7 @@ class Finding(Pass):
         assert self.survey is not None and isinstance(decorator, cst.Decorator)
         deco = decorator.decorator
         args = deco.args[1:] if isinstance(deco, cst.Call) else ()
-        unnamed, constants = self._unnamed(), self.survey.constants()
+        unnamed, constants = self._unnamed(), self.survey.constants
         name = cst.Name(body.name.value)
         return read_options(
             name, args, self.qualname, positional_axis=False, unnamed=unnamed, constants=constants
@@ -960,8 +954,8 @@ class Finding(Pass):
             self.imported = Imported(self.state.modules)
         return ModuleFacts(
             found,
-            self.survey.calls(),
-            self.survey.constants(),
+            self.survey.calls,
+            self.survey.constants,
             self.imported,
             declared_copies(module, self.state.pmap_replicated),
         )
@@ -1073,7 +1067,6 @@ class Finding(Pass):
                     site.skip = "more than two pmap decorators, or not adjacent ones"
                 continue
             upper.pmaps.append(lower.node)  # type: ignore[arg-type]
-            self.lower.add(id(lower.node))
             sites.remove(lower)
         return sites
 
@@ -1106,10 +1099,7 @@ class Finding(Pass):
         if isinstance(site.node, cst.Decorator) and isinstance(site.mapped, cst.FunctionDef):
             return site.mapped.name.value
         parent = site.ancestors[-2] if len(site.ancestors) > 1 else None  # [-1] is the call
-        if isinstance(parent, cst.Assign) and len(parent.targets) == 1:
-            target = parent.targets[0].target
-            return target.value if isinstance(target, cst.Name) else None
-        return None
+        return assigned_name(parent)
 
     def _check_helper_name(self, module: cst.Module, sites: list[PmapUse]) -> None:
         """Reuse the helper of an earlier run; skip everything if the name means another thing."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import libcst as cst
 
-from jaxmigrate.toolkit.names import dotted
+from jaxmigrate.toolkit.names import dotted, walk
 from jaxmigrate.toolkit.passes import Pass
 from jaxmigrate.toolkit.scope import ScopeModel
 
@@ -30,7 +30,7 @@ def names_in(node: cst.CSTNode) -> set[str]:
             self.found.add(name.value)
 
     collector = _Names()
-    node.visit(collector)
+    walk(collector, node)
     return collector.found
 
 

@@ -215,7 +215,8 @@ def remove_unused_imports(module: cst.Module, candidates: Collection[str]) -> cs
 ImportRequest = tuple[str, str | None, str | None]  # (module, obj, asname)
 
 
-def _is_import_line(stmt: cst.CSTNode) -> bool:
+def is_import_line(stmt: cst.CSTNode) -> bool:
+    """A statement line of imports only."""
     return isinstance(stmt, cst.SimpleStatementLine) and all(
         isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
     )
@@ -234,7 +235,7 @@ def is_docstring(stmt: cst.CSTNode) -> bool:
 def _existing(module: cst.Module) -> set[ImportRequest]:
     have: set[ImportRequest] = set()
     for stmt in module.body:
-        if not _is_import_line(stmt):
+        if not is_import_line(stmt):
             continue
         assert isinstance(stmt, cst.SimpleStatementLine)
         for imp in stmt.body:
@@ -305,7 +306,7 @@ def _one_name_per_line(block: Sequence[cst.BaseStatement]) -> bool:
     at least three of them."""
     modules: list[str] = []
     for stmt in block:
-        if not _is_import_line(stmt):
+        if not is_import_line(stmt):
             continue
         assert isinstance(stmt, cst.SimpleStatementLine)
         for imp in stmt.body:
@@ -322,7 +323,7 @@ def _top_block_end(body: Sequence[cst.BaseStatement]) -> int:
     """Return the index after the module's top import block (after a docstring, if any)."""
     at = 0
     for i, stmt in enumerate(body):
-        if _is_import_line(stmt) or (i == 0 and is_docstring(stmt)):
+        if is_import_line(stmt) or (i == 0 and is_docstring(stmt)):
             at = i + 1
         elif at or i > 0:
             break
@@ -370,7 +371,7 @@ def add_imports(
     for name in dict.fromkeys(r[0] for r in rest if r[1] is not None and not single):
         group = [r for r in rest if r[0] == name and r[1] is not None]
         new.append(_merge_into(_make(group[0]), group[1:]) if len(group) > 1 else _make(group[0]))
-    if not any(_is_import_line(stmt) for stmt in body[:at]):
+    if not any(is_import_line(stmt) for stmt in body[:at]):
         if at == 0 and body:
             new[0] = new[0].with_changes(leading_lines=body[0].leading_lines)
             body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine()])
@@ -441,7 +442,7 @@ def _groups(body: Sequence[cst.BaseStatement], at: int) -> list[list[int]]:
     groups: list[list[int]] = []
     for i in range(at):
         stmt = body[i]
-        if not _is_import_line(stmt):
+        if not is_import_line(stmt):
             continue
         assert isinstance(stmt, cst.SimpleStatementLine)
         blank = any(line.comment is None for line in stmt.leading_lines)
