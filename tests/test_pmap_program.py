@@ -491,3 +491,17 @@ def test_a_public_factory_of_a_stored_step_keeps_the_faithful_form() -> None:
     result = migrate_source(source, options=Options(unsafe_fixes=True))
     assert "shard_map_per_device(" in result.code  # code elsewhere may call `get_eval_fn`
     assert "[PL201]" in result.sites[0].message, result.sites[0].message
+
+
+def test_a_stored_step_not_taken_is_diagnosed_with_the_declared_parameters() -> None:
+    two = STORED.replace("        w = jax_utils.replicate(w)\n", "").replace(
+        "        return w[0]\n",
+        "        return w[0]\n\n    def again(self, w, x):\n        return self.step(w, x)[0]\n",
+    )
+    plain = migrate_source(two, options=Options(unsafe_fixes=True)).sites[0].message
+    assert "[PL301]" in plain and "`w`, a parameter of `fit`" in plain, plain
+    declared = Options(unsafe_fixes=True, pmap_replicated=("Trainer.fit(w)", "Trainer.again(w)"))
+    message = migrate_source(two, options=declared).sites[0].message
+    # `w` is the declared copies now: what blocks is the loop joining them with the step's
+    # results (a declared parameter rebound by the step is not followed yet)
+    assert "[PL301]" not in message and "[PL401]" in message, message

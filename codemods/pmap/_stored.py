@@ -13,6 +13,7 @@ its code (big_vision's evaluators: `params`, a parameter of `run`, passed by the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from ._flow import Options, analyze_calls, unnamed_step
 from ._forms import Qualname, single_name
 from ._program import Decline, NotVisible
 from ._reach import nodes_in, replaced
+from ._summary import ModuleFacts
 
 
 def stored_on_self(
@@ -34,6 +36,7 @@ def stored_on_self(
     options: Options,
     body: cst.FunctionDef,
     qualname: Qualname,
+    declared: Mapping[int, frozenset[str]] | None = None,
 ) -> NotVisible:
     """Why the step `assign` stores on `self` in `maker`, a method of `klass`, is not taken: the
     first value blocking it in a method calling it, else that it is stored in an attribute."""
@@ -56,7 +59,10 @@ def stored_on_self(
             continue  # does not read `self.<attr>`
         renamed = replaced(method, {id(read): cst.Name(name) for read in reads})
         try:
-            analyze_calls(renamed, name, options, body, qualname)
+            facts = ModuleFacts(
+                replicated={id(renamed): (declared or {}).get(id(method), frozenset())}
+            )
+            analyze_calls(renamed, name, options, body, qualname, facts)
         except NotVisible as why:
             text = why.why.replace(f"`{name}`", f"`self.{attr}`").replace(name, f"self.{attr}")
             where = f"{klass.name.value}.{method.name.value}"
@@ -79,6 +85,7 @@ def returned_into_self(
     options: Options,
     body: cst.FunctionDef,
     qualname: Qualname,
+    declared: Mapping[int, frozenset[str]] | None = None,
 ) -> NotVisible | None:
     """Why a step that `factory`, a def of the module, makes and returns (`return _eval_fn`) is
     not taken, when a method stores what it returns on `self` (big_vision's cached
@@ -104,7 +111,7 @@ def returned_into_self(
                 if not (isinstance(value, cst.Call) and code(value.func) in called):
                     continue
                 assert isinstance(assign, cst.Assign)
-                why = stored_on_self(klass, method, assign, options, body, qualname)
+                why = stored_on_self(klass, method, assign, options, body, qualname, declared)
                 if why.code is Decline.NOT_NAMED:
                     return None
                 text = f"the step is returned by `{name}`, and {why.why}"

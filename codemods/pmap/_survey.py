@@ -752,7 +752,8 @@ class Finding(Pass):
         if isinstance(target, cst.Attribute) and isinstance(klass, cst.ClassDef):
             assert isinstance(assign, cst.Assign)
             options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
-            raise stored_on_self(klass, host, assign, options, body, self.qualname)
+            declared = declared_copies(module, self.state.pmap_replicated)
+            raise stored_on_self(klass, host, assign, options, body, self.qualname, declared)
         facts = self._facts(module, host)
         details = (host, statement, site.node, body, self.qualname, siblings, facts, skip)
         unnamed = self._unnamed()
@@ -906,7 +907,8 @@ class Finding(Pass):
         except NotVisible as why:  # `return step` from a factory stored on self: what blocks
             deeper = None
             if why.code is Decline.NOT_CALLED_ONLY:
-                deeper = returned_into_self(module, host, options, body, self.qualname)
+                declared = declared_copies(module, self.state.pmap_replicated)
+                deeper = returned_into_self(module, host, options, body, self.qualname, declared)
             raise deeper or why from None
         return host, self._checked(module, host, program, flow, body)
 
