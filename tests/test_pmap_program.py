@@ -126,6 +126,7 @@ READBACKS = {
     "fetched device 0": "    return np.asarray(w[0])\n",
     "copied per leaf": "    w = jax.tree.map(lambda v: np.array(v[0]), w)\n    return w\n",
     "copied per leaf, returned": "    return jax.tree.map(lambda v: np.asarray(v[0]), w)\n",
+    "fetched per leaf": "    w = jax.tree.map(lambda v: jax.device_get(v[0]), w)\n    return w\n",
 }
 
 
@@ -134,6 +135,8 @@ def test_readbacks_fetched_to_the_host_are_deleted(case: str) -> None:
     head = "import numpy as np\nfrom flax import jax_utils\n" + HEAD
     code = assert_taken_and_equal(head + "    w = p_step(w, x)\n" + READBACKS[case])
     assert "[0]" not in code and "unreplicate" not in code
+    if case == "fetched per leaf":  # `jax.device_get` maps over the tree itself
+        assert "w = jax.device_get(w)\n" in code, code
 
 
 FLAT_HEAD = """\

@@ -266,7 +266,17 @@ class Forms:
         if found is None:  # `jax.tree.map(lambda v: np.array(v[0]), var)`: each leaf's copy
             copied = self._tree_mapped(node, self._copied_zero)
             root = _root(copied) if copied is not None else None
-            return (root, _copy_per_leaf(node)) if root is not None and root.value == var else None
+            if root is None or root.value != var:
+                return None
+            assert isinstance(node, cst.Call)
+            fn, tree = node.args[0].value, node.args[-1]
+            fetched = isinstance(fn, cst.Lambda) and self._is(fn.body, DEVICE_GET)
+            if fetched and len(node.args) == 2 and tree.keyword is None:  # `jax.device_get(x)`
+                assert isinstance(fn, cst.Lambda) and isinstance(fn.body, cst.Call)
+                return root, fn.body.with_changes(
+                    args=[tree.with_changes(comma=cst.MaybeSentinel.DEFAULT)]
+                )
+            return root, _copy_per_leaf(node)
         path = found.source  # `jax.device_get(var)[0]`: `var`'s copy on the host
         got = path if found.row.name == "index" and self._is(path, DEVICE_GET) else None
         root = _root(got.args[0].value if isinstance(got, cst.Call) and got.args else path)
