@@ -131,12 +131,11 @@ class Stored:
     origins: dict[int, cst.CSTNode]  # by id of a node of `copy`: the node of `method` it copies
 
 
-def stored_target(module: cst.Module, site: object, node: cst.CSTNode) -> tuple | None:
+def stored_target(module: cst.Module, node: cst.CSTNode) -> tuple | None:
     """`(class, maker, assign)` when the step made at `node` is stored on `self` by a method of a
     class of the module: `self.step = jax.pmap(...)` (a call), or `self.step = factory(...)`, the
     one use of a def of the module whose last statement returns the pmap-decorated def `node`
     (big_vision's `get_eval_fn`); else None."""
-    del site
     for klass in (c for c in module.body if isinstance(c, cst.ClassDef)):
         for maker in (m for m in klass.body.body if isinstance(m, cst.FunctionDef)):
             for assign in nodes_in(maker.body, cst.Assign, (cst.FunctionDef, cst.ClassDef)):

@@ -380,6 +380,8 @@ class Finding(Pass):
         self.main_blocks: dict[int, cst.FunctionDef] = {}
         self.outer: list[OuterGroup] = []  # the steps made outside the functions calling them
         self.stored: dict[int, Stored] = {}  # by id of the method calling a step on `self`
+        # By id of a def: its parameters `[tool.jaxmigrate] pmap-replicated` declares (`_declared`)
+        self.declared: dict[int, frozenset[str]] | None = None
         self.kept_pmaps = False  # a `jax.pmap` of the module is left alone (skipped)
         self.outer_calls: dict[int, Program] = {}  # `step = jax.pmap(...)` at module level, taken
         self.outer_defs: dict[int, tuple[OuterStep, Program]] = {}  # pmap-decorated defs, taken
@@ -404,7 +406,7 @@ class Finding(Pass):
             try:
                 if self._made_outside(module, site):
                     step = self._outer_step(module, site)
-                    declared = declared_copies(module, self.state.pmap_replicated)
+                    declared = self._declared(module)
                     outer.append(follow_step(step, flow, module, self.qualname, declared))
                     continue
                 made_in.setdefault(id(site.around), []).append(site)
@@ -421,7 +423,7 @@ class Finding(Pass):
         class, which sets its mesh: read there as a step made outside it (`_stored.Stored`);
         None when the step is not stored so, or not taken there."""
         assert self.survey is not None
-        found = stored_target(module, site, site.node)
+        found = stored_target(module, site.node)
         if found is None or len(site.pmaps) != 1:
             return None
         factory = found[2].value.func if isinstance(site.node, cst.Decorator) else None
@@ -752,7 +754,7 @@ class Finding(Pass):
         if isinstance(target, cst.Attribute) and isinstance(klass, cst.ClassDef):
             assert isinstance(assign, cst.Assign)
             options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
-            declared = declared_copies(module, self.state.pmap_replicated)
+            declared = self._declared(module)
             raise stored_on_self(klass, host, assign, options, body, self.qualname, declared)
         facts = self._facts(module, host)
         details = (host, statement, site.node, body, self.qualname, siblings, facts, skip)
@@ -907,7 +909,7 @@ class Finding(Pass):
         except NotVisible as why:  # `return step` from a factory stored on self: what blocks
             deeper = None
             if why.code is Decline.NOT_CALLED_ONLY:
-                declared = declared_copies(module, self.state.pmap_replicated)
+                declared = self._declared(module)
                 deeper = returned_into_self(module, host, options, body, self.qualname, declared)
             raise deeper or why from None
         return host, self._checked(module, host, program, flow, body)
@@ -941,6 +943,12 @@ class Finding(Pass):
             name, args, self.qualname, positional_axis=False, unnamed=unnamed, constants=constants
         )
 
+    def _declared(self, module: cst.Module) -> dict[int, frozenset[str]]:
+        """`declared_copies` of the module, read once (the module is the one being visited)."""
+        if self.declared is None:
+            self.declared = declared_copies(module, self.state.pmap_replicated)
+        return self.declared
+
     def _facts(self, module: cst.Module, host: cst.FunctionDef) -> ModuleFacts:
         """The defs of the module that nothing else binds (by name), and those of `host`, which
         hide the module's; its names bound to calls and strings."""
@@ -959,7 +967,7 @@ class Finding(Pass):
             self.survey.calls,
             self.survey.constants,
             self.imported,
-            declared_copies(module, self.state.pmap_replicated),
+            self._declared(module),
         )
 
     def _not_a_def(self, pmap: cst.CSTNode, name: str) -> str:
