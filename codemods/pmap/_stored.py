@@ -131,21 +131,30 @@ class Stored:
     origins: dict[int, cst.CSTNode]  # by id of a node of `copy`: the node of `method` it copies
 
 
-def stored_target(module: cst.Module, node: cst.CSTNode) -> tuple | None:
+def attribute_stores(module: cst.Module) -> list[tuple[cst.ClassDef, cst.FunctionDef, cst.Assign]]:
+    """Every `self.x = value` (one target, an attribute) in a method of a class of the module,
+    with its class and method: read once per module (`stored_target` looks a step up there)."""
+    found = []
+    for klass in (c for c in module.body if isinstance(c, cst.ClassDef)):
+        for maker in (m for m in klass.body.body if isinstance(m, cst.FunctionDef)):
+            for assign in nodes_in(maker.body, cst.Assign, (cst.FunctionDef, cst.ClassDef)):
+                if len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Attribute):
+                    found.append((klass, maker, assign))
+    return found
+
+
+def stored_target(
+    module: cst.Module,
+    node: cst.CSTNode,
+    stores: list[tuple[cst.ClassDef, cst.FunctionDef, cst.Assign]],
+) -> tuple | None:
     """`(class, maker, assign)` when the step made at `node` is stored on `self` by a method of a
     class of the module: `self.step = jax.pmap(...)` (a call), or `self.step = factory(...)`, the
     one use of a def of the module whose last statement returns the pmap-decorated def `node`
     (big_vision's `get_eval_fn`); else None."""
-    for klass in (c for c in module.body if isinstance(c, cst.ClassDef)):
-        for maker in (m for m in klass.body.body if isinstance(m, cst.FunctionDef)):
-            for assign in nodes_in(maker.body, cst.Assign, (cst.FunctionDef, cst.ClassDef)):
-                if len(assign.targets) != 1 or not isinstance(
-                    assign.targets[0].target, cst.Attribute
-                ):
-                    continue
-                value = assign.value
-                if value is node or _returns_def(module, value, node):
-                    return klass, maker, assign
+    for klass, maker, assign in stores:  # `attribute_stores(module)`
+        if assign.value is node or _returns_def(module, assign.value, node):
+            return klass, maker, assign
     return None
 
 

@@ -44,7 +44,14 @@ from ._passon import checked as passed_on_checked
 from ._passon import elsewhere
 from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
 from ._reach import SCOPES, Flow, assigned_name, free_names, nodes_in, params_of
-from ._stored import Stored, returned_into_self, stored_method, stored_on_self, stored_target
+from ._stored import (
+    Stored,
+    attribute_stores,
+    returned_into_self,
+    stored_method,
+    stored_on_self,
+    stored_target,
+)
 from ._summary import ModuleFacts, is_mean
 
 PMAP = "jax.pmap"
@@ -382,6 +389,7 @@ class Finding(Pass):
         self.stored: dict[int, Stored] = {}  # by id of the method calling a step on `self`
         # By id of a def: its parameters `[tool.jaxmigrate] pmap-replicated` declares (`_declared`)
         self.declared: dict[int, frozenset[str]] | None = None
+        self.stores: list[tuple[cst.ClassDef, cst.FunctionDef, cst.Assign]] | None = None
         self.kept_pmaps = False  # a `jax.pmap` of the module is left alone (skipped)
         self.outer_calls: dict[int, Program] = {}  # `step = jax.pmap(...)` at module level, taken
         self.outer_defs: dict[int, tuple[OuterStep, Program]] = {}  # pmap-decorated defs, taken
@@ -423,7 +431,9 @@ class Finding(Pass):
         class, which sets its mesh: read there as a step made outside it (`_stored.Stored`);
         None when the step is not stored so, or not taken there."""
         assert self.survey is not None
-        found = stored_target(module, site.node)
+        if self.stores is None:
+            self.stores = attribute_stores(module)
+        found = stored_target(module, site.node, self.stores)
         if found is None or len(site.pmaps) != 1:
             return None
         factory = found[2].value.func if isinstance(site.node, cst.Decorator) else None
