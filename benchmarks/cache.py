@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _checkout import require_checkout
+
 MODERN = '''"""Model block {i}."""
 import jax
 import jax.numpy as jnp
@@ -153,6 +155,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--keep", type=Path, help="write the tree here and keep it")
     args = parser.parse_args()
+    require_checkout()
     base = args.keep or Path(tempfile.mkdtemp(prefix="jaxmigrate-cache-bench-"))
     try:
         root = base / "repo"

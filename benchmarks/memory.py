@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _checkout import require_checkout
+
 
 def tree_of(root: int) -> list[int]:
     """Return `root` and its descendants."""
@@ -55,6 +57,7 @@ def main() -> None:
     parser.add_argument("tree", type=Path)
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
+    require_checkout()
     files = [p for p in args.tree.rglob("*.py") if p.is_file()]
     print(f"tree: {args.tree} ({len(files)} .py files), jobs={args.jobs}")
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,6 +1,6 @@
 """Which form each pmap site of real code bases takes: program-level, faithful, or declined.
 
-    python benchmarks/pmap_forms.py NAME=PATH [NAME=PATH ...] [--json out.json]
+    python benchmarks/pmap_forms.py NAME=PATH [NAME=PATH ...] [--json out.json] [--target-jax X.Y]
 
 Each PATH (a checkout of a code base at a commit before its own engineers migrated off pmap:
 `git --git-dir=<mirror> archive <commit> | tar -x -C /work/real/<name>`) is run through
@@ -9,7 +9,9 @@ written, nothing executed). A pmap site is a site whose message begins "`jax.pma
 edits grouped with it: replications, readbacks, the mesh), or a skip of the pmap rule. Printed
 per code base: sites, program-level, faithful, declined (skipped), and the reasons the
 program-level form was not taken, most frequent first (the decline code when the message has
-one, `[PL123]`, else the reason's text).
+one, `[PL123]`, else the reason's text). `--target-jax 0.7` measures a code base whose own pin
+(brax's `jax>=0.4.6`) predates `jax.shard_map`, as its maintainers would after raising the pin;
+without it such sites are all "skipped: the rewrite needs JAX >= 0.7".
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _checkout import require_checkout
+
 PMAP_SITE = "`jax.pmap` ->"
 PROGRAM = "(program-level)"
 NOT_TAKEN = re.compile(r"program-level form not taken: (.*?)(?:; the helper |$)")
 CODE = re.compile(r"\[(PL\d{3})\]")
 
 
-def report_of(path: Path) -> dict:
+def report_of(path: Path, target_jax: str | None = None) -> dict:
     """Return the JSON report of a dry run of the pmap rule over `path`."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "report.json"
@@ -49,6 +53,8 @@ def report_of(path: Path) -> dict:
             "json",
             str(path),
         ]
+        if target_jax is not None:
+            command[-1:-1] = ["--target-jax", target_jax]
         subprocess.run(command, capture_output=True, check=False)
         return json.loads(out.read_text())
 
@@ -93,11 +99,13 @@ def main() -> None:
     parser.add_argument("bases", nargs="+", help="NAME=PATH")
     parser.add_argument("--json", type=Path, help="also write the counts here")
     parser.add_argument("--top", type=int, default=5, help="reasons shown per code base")
+    parser.add_argument("--target-jax", help="oldest JAX the output must run on (default: the pin)")
     args = parser.parse_args()
+    require_checkout()
     table = {}
     for base in args.bases:
         name, _, path = base.partition("=")
-        table[name] = count(report_of(Path(path)))
+        table[name] = count(report_of(Path(path), args.target_jax))
     print("| code base | pmap sites | program-level | faithful | declined | top reasons |")
     print("|---|---|---|---|---|---|")
     for name, rows in table.items():

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _checkout import require_checkout
+
 
 def timed(cmd: list[str], cwd: Path) -> tuple[float, float, int, int]:
     """Return the CPU seconds (user + system, workers included), wall seconds, exit code and
@@ -53,6 +55,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    require_checkout()
     files = [p for p in args.tree.rglob("*.py") if p.is_file()]
     lines = sum(p.read_bytes().count(b"\n") for p in files)
     print(f"tree: {args.tree} ({len(files)} .py files, {lines} lines), jobs={args.jobs}")
