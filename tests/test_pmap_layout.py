@@ -9,7 +9,6 @@ from codemods.pmap._layout import (
     TRANSFERS,
     Layout,
     Role,
-    Tree,
     lifted,
     match,
 )
@@ -63,25 +62,6 @@ def test_join_is_commutative_and_associative():
                 assert a.join(b).join(c) is a.join(b.join(c))
 
 
-def test_the_device_axis_removed():
-    assert Layout.REPLICAS.program_level() is Layout.REPLICATED
-    assert Layout.PER_DEVICE.program_level() is Layout.SHARDED
-    assert Layout.KEYS.program_level() is Layout.SHARDED
-    assert Layout.HOST.program_level() is Layout.HOST
-    assert [x for x in Layout if x.stacked] == [Layout.REPLICAS, Layout.PER_DEVICE, Layout.KEYS]
-
-
-def test_a_train_state_keeps_a_layout_per_field():
-    state = Tree((("params", Layout.REPLICAS), ("step", Layout.REPLICAS)))
-    assert state.whole() is Layout.REPLICAS
-    stepped = state.replace(step=Layout.HOST)  # `state.replace(step=unreplicate(...))`
-    assert stepped.at("step") is Layout.HOST and stepped.at("params") is Layout.REPLICAS
-    assert stepped.whole() is Layout.UNKNOWN
-    assert state.join(stepped).at("step") is Layout.UNKNOWN
-    assert state.join(stepped).at("params") is Layout.REPLICAS
-
-
-# The table ----------------------------------------------------------------------------------
 def test_every_row_parses_and_names_its_source_hole():
     for row in TRANSFERS:
         assert all("{" + row.source + "}" in p for p in row.patterns), row

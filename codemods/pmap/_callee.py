@@ -41,6 +41,7 @@ from ._flow import (
     sibling_calls,
 )
 from ._forms import Qualname, bound_arguments, single_name
+from ._layout import Layout
 from ._program import Decline, NotVisible, Program
 from ._reach import Flow
 from ._summary import ModuleFacts
@@ -110,7 +111,7 @@ def follow_passed(
     sibling_calls(caller, flow, siblings, facts.defs)
     forms = forms_of(flow, qualname, facts)
 
-    def given(program: Program, name: str, position: int) -> str:
+    def given(program: Program, name: str, position: int) -> Layout:
         """Lay out in the caller its argument for the callee's parameter `name`, passed to the
         step at `position`: return its kind for the callee."""
         value = args.get(name)
@@ -131,8 +132,8 @@ def follow_passed(
         _follow_argument(caller, flow, forms, [_StepCall(call, proxy, names, [], values)], position)
         caller.calls.append(proxy)
         if position in caller.squeezed:
-            return "keys"
-        return "batch" if caller.batches[position] else "replicated"
+            return Layout.KEYS
+        return Layout.PER_DEVICE if caller.batches[position] else Layout.REPLICAS
 
     try:
         others = tuple(p for p, v in args.items() if p != param and single_name(v) in siblings)

@@ -3,6 +3,7 @@ calls in the function that makes it, and records the edits of the program-level 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from ._layout import (
     GLOBAL_BATCH,
     HOST_ARRAY,
     LOCAL_PART,
+    Layout,
     Match,
     fill,
     holes_of,
@@ -195,7 +197,7 @@ def analyze_calls(
     body: cst.FunctionDef,
     qualname: Qualname,
     facts: ModuleFacts = NO_FACTS,
-    given: Callable[[Program, str, int], str] | None = None,
+    given: Callable[[Program, str, int], Layout] | None = None,
     siblings: tuple[str, ...] = (),
 ) -> Program:
     """Return the program of `host`, a function calling `step`, a step made outside it (at
@@ -219,7 +221,7 @@ def _follow(
     siblings: tuple[str, ...] = (),
     facts: ModuleFacts = NO_FACTS,
     own: cst.FunctionDef | None = None,
-    given: Callable[[Program, str, int], str] | None = None,
+    given: Callable[[Program, str, int], Layout] | None = None,
 ) -> Program:
     """Follow every argument and result of the calls of `step` in `host` (made by `maker`).
     `own`: the def `step = jax.pmap(step, ...)` maps (brax's trainers); its reads, the pmap's
@@ -799,37 +801,45 @@ def _unpacked_next(flow: Flow, assign: cst.Assign, targets: list[str]) -> cst.As
 def _follow_argument(
     program: Program, flow: Flow, forms: Forms, calls: list[_StepCall], position: int
 ) -> None:
-    """Classify the argument at `position` from the bindings that reach each call (a binding
-    of the plain value that `x = replicate(x)` then stacks reaches no call: not counted)."""
-    kinds: set[str] = set()
+    """Lay out the argument at `position`: the join of the layouts of the bindings that reach
+    each call (a binding of the plain value that `x = replicate(x)` then stacks reaches no
+    call: not counted)."""
+    layouts: list[Layout] = []  # one per value reaching a call
+    drawn: list[bool] = []  # each: drawn from an iterator not seen into (`_drawn`)
     fields = False  # a field of a name passed, `step(state.params)`: laid out as the name is
     passed: set[str] = set()
     blocking: list[str] = []  # the values whose layout is not known, and where they come from
-    classified: dict[int, str] = {}  # by id of a binding: its kind (its edit recorded once)
+    classified: dict[int, Layout] = {}  # by id of a binding: its layout (its edit recorded once)
     slots: list[tuple[str, cst.BaseExpression]] = []  # (name passed or INLINE, its value)
+
+    def reached(layout: Layout, is_drawn: bool = False) -> None:
+        layouts.append(layout)
+        drawn.append(is_drawn)
+
     for call in calls:
         name = _passed(call, position)
         if name != INLINE:
             fields = fields or name != call.args[position]
             slots.append((name, call.values[position]))
             continue
-        kind = _inline_kind(program, call.values[position], forms, position, flow)
-        if kind == "other" and _generated_batches(program, flow, forms, calls, position):
-            kind = "batch"
-        leaves = _leaves(forms, call.values[position]) if kind == "other" else None
+        layout = _inline_kind(program, call.values[position], forms, position, flow)
+        unknown = layout is Layout.UNKNOWN
+        if unknown and _generated_batches(program, flow, forms, calls, position):
+            layout = Layout.PER_DEVICE
+        leaves = _leaves(forms, call.values[position]) if layout is Layout.UNKNOWN else None
         if leaves is not None:  # `{"params": params}`: each value laid out as passed alone
             for leaf in leaves:
                 root = leaf if isinstance(leaf, cst.Name) else field_root(leaf)
                 if root is None:
-                    kind = _inline_kind(program, leaf, forms, position, flow)
-                    kinds.add(kind)
-                    blocking += [f"`{_short(leaf)}`"] if kind == "other" else []
+                    layout = _inline_kind(program, leaf, forms, position, flow)
+                    reached(layout)
+                    blocking += [f"`{_short(leaf)}`"] if layout is Layout.UNKNOWN else []
                 else:
                     fields = fields or root is not leaf
                     slots.append((root.value, leaf))
             continue
-        kinds.add(kind)
-        if kind == "other":
+        reached(layout)
+        if layout is Layout.UNKNOWN:
             blocking.append(f"`{_short(call.values[position])}`")
     for name, value in slots:
         passed.add(name)
@@ -838,10 +848,10 @@ def _follow_argument(
         for binding in flow.reach.of(use) or {ENTRY}:  # the bindings whose value it may be
             parameter = name in {p.name.value for p in params_of(program.host.params)}
             if binding is ENTRY and program.given and parameter:
-                kind = program.given(program, name, position)  # the caller's argument
+                reached(program.given(program, name, position))  # the caller's argument
                 program.entries.add(name)
             elif binding is ENTRY and parameter and name in program.declared:
-                kind = "replicated"
+                reached(Layout.REPLICAS)
                 _declared_copies(program, name)
             elif binding is ENTRY:
                 host = program.host.name.value
@@ -849,29 +859,30 @@ def _follow_argument(
                 where += "" if parameter else " or a global"
                 if host == "__main__":
                     where = "a global bound outside the `__main__` block"
-                kind = "other"
+                reached(Layout.UNKNOWN)
                 blocking.append(f"`{name}`, {where}")
             else:
-                kind = classified.get(id(binding)) or _binding_kind(
+                layout = classified.get(id(binding)) or _binding_kind(
                     program, binding, name, forms, calls, flow, position
                 )
                 feeds = {id(c.values[position]) for c in calls}
-                if kind == "other" and iterated_batches(program, flow, forms, binding, name, feeds):
-                    kind = "batch"  # an input iterator a def of the module makes: `_inputs.py`
-                classified[id(binding)] = kind
-                if kind == "other":
+                if layout is Layout.UNKNOWN and iterated_batches(
+                    program, flow, forms, binding, name, feeds
+                ):
+                    layout = Layout.PER_DEVICE  # an input iterator a def of the module makes
+                classified[id(binding)] = layout
+                unknown = layout is Layout.UNKNOWN
+                if unknown:
                     blocking.append(_binding_text(name, binding, flow, forms.qualname))
-                    kind = DRAWN if _drawn(binding, name, flow) else kind
-            kinds.add(kind)
-    if kinds == {DRAWN} and position not in program.fixed:
+                reached(layout, unknown and _drawn(binding, name, flow))
+    if layouts and all(drawn) and position not in program.fixed:
         _convert_drawn(program, calls, position, blocking)
         return
-    kinds = {"other" if k == DRAWN else k for k in kinds}
-    if fields and "keys" in kinds:
-        kinds.add("other")  # the keys of one device are a key array, not a pytree of fields
-    mapped = {"batch", "keys"} & kinds
-    if not kinds or "other" in kinds or (mapped and len(kinds) != 1):
-        unknown = "other" in kinds or not kinds
+    if fields and Layout.KEYS in layouts:
+        layouts.append(Layout.UNKNOWN)  # the keys of one device are a key array, not fields
+    joined = functools.reduce(Layout.join, layouts, Layout.NOTHING)
+    if joined in (Layout.UNKNOWN, Layout.NOTHING):
+        unknown = Layout.UNKNOWN in layouts or not layouts
         why = f"comes from elsewhere ({'; '.join(dict.fromkeys(blocking))})" if unknown else ""
         first = len(program.params) - len(program.keywords)
         which = (
@@ -880,17 +891,18 @@ def _follow_argument(
             else f"keyword argument `{program.params[position]}`"
         )
         if not unknown:
-            mixed = ", ".join(sorted(kinds - {"fed back"}) or kinds)
+            mixed = ", ".join(sorted({layout.value for layout in layouts}))
             why = f"is mixed ({mixed} on different paths)"
         code = Decline.ARGUMENT_UNKNOWN if unknown else Decline.ARGUMENT_MIXED
         raise NotVisible(f"{which} of the step {why}: its layout is not visible", code)
-    program.batches[position] = bool(mapped)
-    if kinds == {"keys"}:
+    program.batches[position] = joined in (Layout.PER_DEVICE, Layout.KEYS)
+    if joined is Layout.KEYS:
         program.squeezed.add(position)
     for name in sorted(passed):
         if not any(id(b) in program.siblings for b in flow.stores.get(name, [])):
-            keys = kinds == {"keys"}
-            _follow_stacked(program, flow, forms, calls, name, replicated=not mapped, keys=keys)
+            keys = joined is Layout.KEYS
+            replicated = joined is Layout.REPLICAS
+            _follow_stacked(program, flow, forms, calls, name, replicated=replicated, keys=keys)
 
 
 CONTAINERS = frozenset({"builtins.dict", "flax.core.FrozenDict", "flax.core.freeze"})
@@ -930,7 +942,6 @@ def _fed(forms: Forms, calls: list[_StepCall]) -> set[int]:
     return found
 
 
-DRAWN = "drawn"  # drawn from an iterator the analysis does not see into (`for b in it`)
 CONVERTED = (
     "a batch drawn from {source}, split per device there, -> one global batch sharded on the "
     "mesh where it is passed (`{helper}`: each device's rows in order); once that pipeline "
@@ -1203,24 +1214,24 @@ def _passed(call: _StepCall, position: int) -> str:
 
 def _inline_kind(
     program: Program, value: cst.BaseExpression, forms: Forms, position: int, flow: Flow
-) -> str:
-    """Classify an argument passed as an expression (or the value bound to a name passed),
+) -> Layout:
+    """Lay out an argument passed as an expression (or the value bound to a name passed),
     and record its edit."""
     replicated = forms.replicated_source(value)
     if replicated is not None:
         _replication(program, value, replicated, position, _committed(flow, forms, replicated))
-        return "replicated"
+        return Layout.REPLICAS
     batch = forms.split(value)
     if batch is not None:
         program.edit(value, batch.row.why, lambda: batch.rewrite(program.context()))
-        return "batch"
+        return Layout.PER_DEVICE
     if _named_splits(program, flow, forms, value):
-        return "batch"
+        return Layout.PER_DEVICE
     keys = forms.key_split(value)
     if keys is not None:
         program.edit(value, keys.row.why, lambda: keys.rewrite(program.context()))
-        return "keys"
-    return "other"
+        return Layout.KEYS
+    return Layout.UNKNOWN
 
 
 GENERATED = (
@@ -1479,42 +1490,43 @@ def _binding_kind(
     calls: list[_StepCall],
     flow: Flow,
     position: int,
-) -> str:
-    """Return how a binding of an argument makes it: replicated, a batch, fed back, other."""
+) -> Layout:
+    """Return how a binding of an argument lays it out (a result of the step fed back is equal
+    copies, as every result the program-level form takes is)."""
     if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
-        return "other"
+        return Layout.UNKNOWN
     if any(c.binds(binding) for c in calls) or id(binding) in program.siblings:
-        return "fed back"  # a result of the step (or another): replicated, as every result is
+        return Layout.REPLICAS  # a result of the step (or another's)
     if single_name(binding.targets[0].target) != name:
         return _unpacked_replication(program, binding, name, forms, position)
     value = binding.value
     results = _arithmetic_results(binding.value, name, calls, flow)
     if results is not None:
         program.arithmetic[id(binding)] = results
-        return "fed back"  # replicated values combined elementwise: replicated
+        return Layout.REPLICAS  # results combined elementwise: equal copies
     if _mean_of_results(program, binding, name, forms, calls, flow):
-        return "fed back"
+        return Layout.REPLICAS
     if forms.replicated_source(value) is None and not _made_before(program, flow, binding):
-        return "other"  # a batch or keys made before the mesh exists
+        return Layout.UNKNOWN  # a batch or keys made before the mesh exists
     return _inline_kind(program, value, forms, position, flow)
 
 
 def _unpacked_replication(
     program: Program, binding: cst.Assign, name: str, forms: Forms, position: int
-) -> str:
+) -> Layout:
     """`a, b = replicate((x, y))`: a replication of a tuple written out, unpacked into as many
     names, replicates each (vision_transformer's `params_repl, opt_state_repl`); the
-    replication is deleted (`a, b = (x, y)`). Else "other"."""
+    replication is deleted (`a, b = (x, y)`). Else unknown."""
     target = binding.targets[0].target
     source = forms.replicated_source(binding.value)
     if not isinstance(target, cst.Tuple) or not isinstance(source, cst.Tuple):
-        return "other"
+        return Layout.UNKNOWN
     names = [single_name(e.value) if type(e) is cst.Element else None for e in target.elements]
     plain = all(type(e) is cst.Element for e in source.elements)
     if name not in names or None in names or not plain or len(names) != len(source.elements):
-        return "other"
+        return Layout.UNKNOWN
     _replication(program, binding.value, source, position)
-    return "replicated"
+    return Layout.REPLICAS
 
 
 def _mean_of_results(

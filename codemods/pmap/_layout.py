@@ -7,7 +7,9 @@ stacked as per-device slices becomes one global value sharded over the axis (`P(
 functions that moved values between the worlds (`replicate`, `shard`, `x[0]`, ...) go.
 
 `Layout` is the lattice (a flat one: no information below, `UNKNOWN` above, the known layouts
-between, with a join); `TRANSFERS` is the table of what each known producer and consumer does,
+between, with a join). Each argument of a step is laid out by joining the layouts of the values
+that reach its calls (`_flow._follow_argument`: a result fed back and a replication are both
+`REPLICAS`; a batch on one path and copies on another join to `UNKNOWN`, PL302); `TRANSFERS` is the table of what each known producer and consumer does,
 one row each, with its spelling as a pattern and its program-level rewrite as a template (both
 libcst templates: `{x}` is a hole). `match` reads one expression against the table.
 """
@@ -56,49 +58,6 @@ class Layout(enum.Enum):
     def stacked(self) -> bool:
         """True for a layout with pmap's leading device axis."""
         return self in (Layout.REPLICAS, Layout.PER_DEVICE, Layout.KEYS)
-
-    def program_level(self) -> Layout:
-        """Return the layout the value has once the device axis is removed."""
-        return PROGRAM_LEVEL.get(self, self)
-
-
-PROGRAM_LEVEL = {
-    Layout.REPLICAS: Layout.REPLICATED,
-    Layout.PER_DEVICE: Layout.SHARDED,
-    Layout.KEYS: Layout.SHARDED,  # still one key per device: the body takes `key[0]`
-}
-
-
-@dataclass(frozen=True)
-class Tree:
-    """The layout of a structured value (a tuple, a dict, a dataclass such as flax's
-    `TrainState`): one layout per field, by position or name; `rest` for fields not listed."""
-
-    fields: tuple[tuple[str, Layout], ...] = ()
-    rest: Layout = Layout.NOTHING
-
-    def at(self, key: str) -> Layout:
-        """Return the layout of field `key`."""
-        return dict(self.fields).get(key, self.rest)
-
-    def replace(self, **changes: Layout) -> Tree:
-        """Return the tree with `changes` (`.replace(step=...)` of a dataclass)."""
-        merged = dict(self.fields) | changes
-        return Tree(tuple(sorted(merged.items())), self.rest)
-
-    def join(self, other: Tree) -> Tree:
-        """Return the tree joined field by field."""
-        keys = sorted(set(dict(self.fields)) | set(dict(other.fields)))
-        return Tree(
-            tuple((k, self.at(k).join(other.at(k))) for k in keys), self.rest.join(other.rest)
-        )
-
-    def whole(self) -> Layout:
-        """Return one layout for the whole value: the join of its fields."""
-        layout = self.rest
-        for _, field_layout in self.fields:
-            layout = layout.join(field_layout)
-        return layout
 
 
 class Role(enum.Enum):

@@ -40,7 +40,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import libcst as cst
 
@@ -49,6 +49,9 @@ from jaxmigrate.toolkit.emit import Call, Room, Style, code, with_lambda_calls
 from jaxmigrate.toolkit.imports import is_docstring
 
 from ._reach import assigned_name, nodes_in, read_names
+
+if TYPE_CHECKING:
+    from ._layout import Layout
 
 
 class Decline(enum.Enum):
@@ -166,9 +169,9 @@ class Program:
     # is deleted when the rewrite leaves them unread.
     helpers: set[str] = field(default_factory=set)
     # A step passed to a def of the module (`_callee.py`): in that def, the layout of a
-    # parameter read at ENTRY, from the caller's argument (a kind, or raises NotVisible); the
+    # parameter read at ENTRY, from the caller's argument (a layout, or raises NotVisible); the
     # parameters so read; and, in the caller, the programs of the defs it is passed to.
-    given: Callable[[Program, str, int], str] | None = None
+    given: Callable[[Program, str, int], Layout] | None = None
     entries: set[str] = field(default_factory=set)
     callees: list[Program] = field(default_factory=list)
     # A value stacked for the step passed on to a def of the module reading only device 0's
