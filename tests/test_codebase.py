@@ -165,3 +165,92 @@ def test_a_value_returned_from_a_method_is_read_by_callers_not_followed() -> Non
         "`_train_and_evaluate`'s result is read where its callers are not followed (it is no def "
         "at module level)"
     )
+
+
+# A closed code base (`[tool.jaxmigrate] closed-code-base = true`): nothing outside it imports
+# its modules, so a module of a package is used only where the code base's own files use it.
+def closed_base(tmp_path: Path, files: dict[str, str], closed: bool = True) -> Path:
+    table = "[tool.jaxmigrate]\nclosed-code-base = true\n" if closed else ""
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "app"\n\n' + table)
+    for name, text in {"app/__init__.py": "", "app/evals/__init__.py": "", **files}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def closed_uses_of(root: Path, module: str = "app/evals/cls.py") -> Callers:
+    found = Project().outside_uses(str(root / module))
+    assert found is not None and not found.everywhere
+    return found
+
+
+def test_a_closed_code_base_uses_a_module_only_where_its_files_do(tmp_path: Path) -> None:
+    root = closed_base(
+        tmp_path,
+        {
+            "app/evals/cls.py": "def get_fn(f):\n    return f\n\n\nclass Evaluator:\n    pass\n",
+            "app/common.py": (  # big_vision's `evaluators.from_config`
+                "import importlib\n\n\ndef from_config(specs):\n    out = []\n"
+                "    for module in specs:\n"
+                '        module = importlib.import_module(f"app.evals.{module}")\n'
+                "        out.append(module.Evaluator())\n    return out\n"
+            ),
+            "app/train.py": "from app.evals import cls\n\nfn = cls.get_fn(abs)\n",
+            "app/other.py": "def go():\n    from .evals.cls import get_fn as g\n\n    g(abs)\n",
+            "app/chain.py": "import app.evals.cls\nimport app.utils\n\napp.utils.get_fn(1)\n",
+            "app/utils.py": "def get_fn(x):\n    return x\n",
+        },
+    )
+    found = closed_uses_of(root)
+    assert found.of("Evaluator") == Outside(called="in `common.py:8`", read="in `common.py:8`")
+    # first named in `other.py` (a statement: its result unread), read in `train.py`
+    assert found.of("get_fn") == Outside(called="in `other.py:4`", read="in `train.py:3`")
+    assert found.of("unused") == Outside()
+    (root / "app" / "train.py").write_text("x = 1\n")
+    assert closed_uses_of(root).of("get_fn") == Outside(called="in `other.py:4`")
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("from app.evals.cls import *\n", "in `user.py:1`"),
+        ("import app.evals.cls as m\n\nprint(m)\n", "in `user.py:3`"),  # the module as a value
+        ("import app.evals.cls\n\nf(app.evals)\n", "in `user.py:3`"),  # a package holding it
+        ("import importlib\n\nm = [importlib.import_module(x)]\n", "in `user.py:3`"),
+        ("from app.evals import cls\ndef f(:\n", "in `user.py`, which does not parse"),
+        ("from app.evals.cls import get_fn\n", "in `user.py:1`"),  # bound for other modules
+    ],
+)
+def test_a_closed_code_base_reading_the_module_otherwise_uses_every_function(
+    tmp_path: Path, text: str, where: str
+) -> None:
+    root = closed_base(
+        tmp_path, {"app/evals/cls.py": "def get_fn():\n    pass\n", "app/user.py": text}
+    )
+    assert closed_uses_of(root).of("get_fn") == Outside(called=where, read=where)
+
+
+def test_a_dynamic_import_reads_the_module_by_its_name_after_binding_it(tmp_path: Path) -> None:
+    user = (
+        "import importlib\n\n\ndef load(name):\n"
+        '    m = importlib.import_module("app.evals." + name)\n    return m.get_fn()\n\n\n'
+        "def other(m):\n    return m.get_fn\n"  # another `m`: a parameter, not the module
+    )
+    root = closed_base(
+        tmp_path, {"app/evals/cls.py": "def get_fn():\n    pass\n", "app/user.py": user}
+    )
+    assert closed_uses_of(root).of("get_fn") == Outside(
+        called="in `user.py:6`", read="in `user.py:6`"
+    )
+    # a dynamic import of another package's modules names none of these
+    (root / "app" / "user.py").write_text(user.replace('"app.evals." + name', 'f"app.pp.{name}"'))
+    assert closed_uses_of(root).of("get_fn") == Outside()
+
+
+def test_a_code_base_not_declared_closed_may_be_imported_from_outside(tmp_path: Path) -> None:
+    root = closed_base(tmp_path, {"app/evals/cls.py": "def get_fn():\n    pass\n"}, closed=False)
+    found = Project().outside_uses(str(root / "app" / "evals" / "cls.py"))
+    assert found is not None
+    assert found.everywhere == (
+        "from outside the code base maybe (`app.evals.cls` is in package `app`)"
+    )

@@ -8,8 +8,15 @@ replicated value). `bv/evaluators/mean.py`, big_vision's uvim `compute_mean` eva
 (a decorated step called in the generator `run`, its batches split per device by the
 evaluator's pipeline, a list of metrics read back at once), then takes the program-level form:
 `params = from_device_copies(params)` at the entry of `run`, its callers unchanged. The trainer
-takes it too and hands the evaluator the copies it had (`device_copies`). The original and the
-migrated program print the same numbers on one process and as a 2-process job.
+takes it too and hands the evaluator the copies it had (`device_copies`).
+
+`bv/evaluators/classification.py` is big_vision's classification evaluator in small: its step
+is made by a public factory (`@lru_cache get_eval_fn`, a module of a package, so code outside
+the code base might call it) and stored on `self`. `closed-code-base = true` says nothing
+outside imports the code base's modules: its files are read for the uses they make of the
+factory (the trainer's `importlib.import_module(f"bv.evaluators.{name}")` reads only
+`.Evaluator`), and the step takes the program-level form too. The original and the migrated
+program print the same numbers on one process and as a 2-process job.
 """
 
 from __future__ import annotations
@@ -104,8 +111,10 @@ def main():
     ys = rng.normal(size=(3, 64)).astype(np.float32)
     rows = 64 // jax.process_count()
     mine = slice(jax.process_index() * rows, (jax.process_index() + 1) * rows)
-    module = importlib.import_module("bv.evaluators.mean")  # by the name in the config
-    evaluator = module.Evaluator(predict, xs[:, mine], ys[:, mine])
+    evaluators = []
+    for name in ("mean", "classification"):
+        module = importlib.import_module(f"bv.evaluators.{name}")  # by the name in the config
+        evaluators.append((name, module.Evaluator(predict, xs[:, mine], ys[:, mine])))
 
     @functools.partial(jax.pmap, axis_name="batch")
     def update_fn(params, batch):
@@ -118,7 +127,10 @@ def main():
     params_repl = jax_utils.replicate({"w": jnp.zeros((4,))})
     for batch in batches(xs[:, mine], ys[:, mine]):
         params_repl = update_fn(params_repl, batch)
-    log = dict(evaluator.run(params_repl))
+    log = {}
+    for name, evaluator in evaluators:
+        for key, value in evaluator.run(params_repl):
+            log[f"{name}/{key}"] = value
     log["w"] = np.asarray(jax_utils.unreplicate(params_repl)["w"]).tolist()
     print("RESULT", json.dumps({k: np.asarray(v).tolist() for k, v in log.items()}), flush=True)
 
@@ -127,7 +139,56 @@ if __name__ == "__main__":
     main()
 """
 
-DECLARED = '[tool.jaxmigrate]\npmap-replicated = ["Evaluator.run(params)"]\n'
+CLASSIFICATION = '''\
+from functools import lru_cache, partial
+
+import jax
+import numpy as np
+
+
+# To avoid re-compiling the function for every new instance of the same evaluator
+@lru_cache(None)
+def get_eval_fn(predict_fn):
+    """Produces eval function, also applies pmap."""
+
+    @partial(jax.pmap, axis_name="batch")
+    def _eval_fn(params, batch, mask):
+        err = predict_fn(params, batch)["err"]
+        loss = jax.lax.psum(err * mask, axis_name="batch")
+        n = jax.lax.psum(mask, axis_name="batch")
+        return loss, n
+
+    return _eval_fn
+
+
+def pipeline(xs, ys):
+    n = jax.local_device_count()
+    for x, y in zip(xs, ys):
+        mask = (np.abs(y) < 1.0).astype(np.float32)
+        yield {"x": x.reshape(n, -1, x.shape[-1]), "y": y.reshape(n, -1), "_mask": mask.reshape(n, -1)}
+
+
+class Evaluator:
+    def __init__(self, predict_fn, xs, ys):
+        self.data_iter = pipeline(xs, ys)
+        self.steps = len(xs)
+        self.eval_fn = get_eval_fn(predict_fn)
+
+    def run(self, params):
+        """Computes all metrics."""
+        loss, nseen = 0, 0
+        for _, batch in zip(range(self.steps), self.data_iter):
+            mask = batch.pop("_mask")
+            batch_losses, batch_n = self.eval_fn(params, batch, mask)
+            # replicated: take the first device's copy to the host
+            loss += np.sum(np.array(batch_losses[0]))
+            nseen += np.sum(np.array(batch_n[0]))
+        yield ("loss", loss / nseen)
+'''
+
+DECLARED = (
+    '[tool.jaxmigrate]\npmap-replicated = ["Evaluator.run(params)"]\nclosed-code-base = true\n'
+)
 
 
 def project(root: Path) -> Path:
@@ -137,6 +198,7 @@ def project(root: Path) -> Path:
     (package / "__init__.py").write_text("")
     (package / "evaluators" / "__init__.py").write_text("")
     (package / "evaluators" / "mean.py").write_text(EVALUATOR)
+    (package / "evaluators" / "classification.py").write_text(CLASSIFICATION)
     (package / "train.py").write_text(TRAIN)
     return root
 
@@ -182,6 +244,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {
         "messages": proc.stdout + proc.stderr,
         "evaluator": (migrated / "bv" / "evaluators" / "mean.py").read_text(),
+        "classification": (migrated / "bv" / "evaluators" / "classification.py").read_text(),
         "train": (migrated / "bv" / "train.py").read_text(),
         "original": (run_one(original), run_two(original)),
         "migrated": (run_one(migrated), run_two(migrated)),
@@ -198,6 +261,34 @@ def test_the_declared_evaluator_takes_the_program_level_form(runs: dict) -> None
     assert "pmap-replicated`), -> one value at the entry of `run`" in runs["messages"]
     # the trainer hands it the copies per device it had under pmap
     assert "evaluator.run(device_copies(params_repl))" in runs["train"]
+
+
+def test_the_public_factory_of_a_closed_code_base_takes_the_program_level_form(runs: dict) -> None:
+    code = runs["classification"]
+    assert "partial(jax.pmap" not in code and "_pmap_compat" not in code
+    assert "@jax.jit\n    @partial(\n        jax.shard_map," in code  # still made by the factory
+    assert "self.eval_fn = get_eval_fn(predict_fn)" in code  # stored as it was
+    assert "params = from_device_copies(params)" in code
+    assert "loss += np.sum(np.array(batch_losses))" in code  # the readback of device 0 gone
+    assert "with jax.set_mesh(mesh):" in code
+
+
+def test_a_code_base_not_closed_keeps_the_public_factory_faithful(tmp_path: Path) -> None:
+    root = project(tmp_path)
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "bv"\n\n[tool.jaxmigrate]\npmap-replicated = ["Evaluator.run(params)"]\n'
+    )
+    proc = jm("run", "--dry-run", "--no-verify", "--no-cache", "bv/evaluators", cwd=root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (
+        "classification.py:12:5 JM202 pmap [unsafe, unverified] `jax.pmap` -> `jax.jit` of "
+        "`shard_map_per_device`" in proc.stdout
+    )
+    assert (
+        "[PL201] the step is returned by `get_eval_fn`, which is also called from outside the code "
+        "base maybe (`bv.evaluators.classification` is in package `bv`); `[tool.jaxmigrate] "
+        "closed-code-base = true` says no code there does" in proc.stdout
+    )
 
 
 def test_without_the_declaration_the_evaluator_says_what_blocks_it() -> None:

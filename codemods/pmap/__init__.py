@@ -217,7 +217,9 @@ the rest of the code base, is such a call (`_passon.py`); `return state` from th
 calling the step is no read of its layout when nobody, in the module or the code base, reads
 that function's result (its callers call it as a statement: the example's `main.py` and
 tests). A def of a module in a package, which code outside the code base may import, counts
-as called and read there; so does a public def when the code base is not known (a text alone).
+as called and read there (unless the code base's `[tool.jaxmigrate] closed-code-base = true`
+says nothing outside imports it: then where its own files use it, `pipeline/codebase.py`); so
+does a public def when the code base is not known (a text alone).
 Batches from an input iterator a def of the module makes (flax imagenet's `create_input_iter`:
 `prefetch_to_device(map(prepare_tf_data, ds), 2)`, `prepare_tf_data` splitting each batch per
 device, maybe through `tree_map` of a def nested in it), iterated by the function calling the
@@ -316,9 +318,10 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
   - `PL110` the body's parameters (`*args`, `**kwargs`, a `partial` binding a parameter the def
     lacks or a name bound again after the step is made, a parameter named as a global it reads);
   - `PL201` the step is used other than called (passed to code of another module, to a def
-    called more than once or holding a pmap, named in `__all__`; a def it is passed to that
-    blocks names its value, with that value's code: "`p_eval_step` is passed to `evaluate`,
-    where ..."); `PL202` used outside the functions of the module; `PL203` called in a nested
+    called more than once or holding a pmap, named in `__all__`; returned by a factory other
+    code may call, a public one of a package unless `closed-code-base`; a def it is passed to
+    that blocks names its value, with that value's code: "`p_eval_step` is passed to
+    `evaluate`, where ..."); `PL202` used outside the functions of the module; `PL203` called in a nested
     function not followed (called more than once, or maybe before the step is made); `PL204` its calls pass different arguments (`*`/`**`, keywords out of order, a
     batch in one function and a replicated value in another); `PL205` not called;
   - `PL206` a call's results are bound other than to plain names (`d["k"] = step(...)`), or

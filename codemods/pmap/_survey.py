@@ -390,6 +390,8 @@ class Finding(Pass):
         # By id of a def: its parameters `[tool.jaxmigrate] pmap-replicated` declares (`_declared`)
         self.declared: dict[int, frozenset[str]] | None = None
         self.stores: list[tuple[cst.ClassDef, cst.FunctionDef, cst.Assign]] | None = None
+        # By id of a pmap decorator: why the factory returning its step blocks it (`_stored_group`)
+        self.factory_used: dict[int, NotVisible] = {}
         self.kept_pmaps = False  # a `jax.pmap` of the module is left alone (skipped)
         self.outer_calls: dict[int, Program] = {}  # `step = jax.pmap(...)` at module level, taken
         self.outer_defs: dict[int, tuple[OuterStep, Program]] = {}  # pmap-decorated defs, taken
@@ -437,11 +439,15 @@ class Finding(Pass):
         if found is None or len(site.pmaps) != 1:
             return None
         factory = found[2].value.func if isinstance(site.node, cst.Decorator) else None
-        if isinstance(factory, cst.Name) and (  # the factory's one use is storing the step
-            len(flow.loads.get(factory.value, [])) != 1
-            or elsewhere(factory.value, self.state.outside, self.survey.strings)
-        ):
-            return None
+        if isinstance(factory, cst.Name):  # the factory's one use is storing the step
+            where = elsewhere(factory.value, self.state.outside, self.survey.strings)
+            if where:
+                why = f"the step is returned by `{factory.value}`, which is also called {where}"
+                if "outside the code base" in where:
+                    why += "; `[tool.jaxmigrate] closed-code-base = true` says no code there does"
+                self.factory_used[id(site.node)] = NotVisible(why, Decline.NOT_CALLED_ONLY)
+            if where or len(flow.loads.get(factory.value, [])) != 1:
+                return None
         try:
             kept = stored_method(module, *found)
             if isinstance(site.node, cst.Decorator):
@@ -921,7 +927,7 @@ class Finding(Pass):
             if why.code is Decline.NOT_CALLED_ONLY:
                 declared = self._declared(module)
                 deeper = returned_into_self(module, host, options, body, self.qualname, declared)
-            raise deeper or why from None
+            raise deeper or self.factory_used.get(id(site.node)) or why from None
         return host, self._checked(module, host, program, flow, body)
 
     def _checked(

@@ -33,6 +33,9 @@ class FileConfig:
     processes: int | None = None
     pmap_style: str | None = None
     pmap_replicated: tuple[str, ...] | None = None
+    # nothing outside the code base imports its modules (an application, not a library): read
+    # by `Project.outside_uses` from the code base's own pyproject.toml (`closed_code_base`)
+    closed_code_base: bool | None = None
     verify_project_tests: bool | None = None
     reference_jax: str | None = None
     reference_python: str | None = None
@@ -54,6 +57,7 @@ _TYPES: dict[str, type] = {
     "timeout": float,
     "processes": int,
     "pmap-style": str,
+    "closed-code-base": bool,
     "verify-project-tests": bool,
     "reference-jax": str,
     "reference-python": str,
@@ -170,6 +174,14 @@ def _exists(path: Path) -> bool:
         return path.exists()
     except OSError:
         return False
+
+
+def closed_code_base(directory: Path) -> bool:
+    """Return True if the pyproject.toml of `directory`, a code base's root, says that nothing
+    outside the code base imports its modules (`[tool.jaxmigrate] closed-code-base = true`)."""
+    table = (_toml(directory / "pyproject.toml") or {}).get("tool", {})
+    value = table.get("jaxmigrate", {}) if isinstance(table, dict) else {}
+    return isinstance(value, dict) and value.get("closed-code-base") is True
 
 
 def _toml(path: Path) -> dict[str, Any] | None:

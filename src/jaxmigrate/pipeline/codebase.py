@@ -91,6 +91,147 @@ def package_module(path: Path, top: Path) -> Callers:
     return Callers(everywhere=why)
 
 
+def closed_uses(dotted: str, files: list[tuple[Path, str, str | None]]) -> Callers:
+    """The uses the code base's `files` ((path, text, dotted package or None) each, the module
+    itself left out) make of the functions of the module `dotted`, when the code base says
+    nothing outside it imports its modules (`closed-code-base`). Text that cannot name the
+    module (neither its last name nor a dynamic import) is not parsed."""
+    last = dotted.rpartition(".")[2]
+    found: dict[str, Outside] = {}
+    for file, text, package in files:
+        if last in text or "import_module" in text or "__import__" in text:
+            for name, use in _package_uses_in(file, text, dotted, package).items():
+                found[name] = _merged(found.get(name), use)
+    return Callers(uses=found)
+
+
+def _absolute(node: ast.ImportFrom, package: str | None) -> str | None:
+    """The dotted module `from <module> import ...` reads (a relative one against `package`)."""
+    if not node.level:
+        return node.module
+    if package is None:
+        return None
+    parts = package.split(".")
+    if node.level - 1 >= len(parts):
+        return None
+    head = ".".join(parts[: len(parts) - (node.level - 1)])
+    return f"{head}.{node.module}" if node.module else head
+
+
+DYNAMIC = frozenset({"importlib.import_module", "import_module", "__import__"})
+
+
+def _dynamic_prefix(call: ast.Call) -> str | None:
+    """The text every module a dynamic import (`importlib.import_module(f"bv.evals.{name}")`)
+    may load begins with ("" when nothing is known of it); None for any other call."""
+    if ast.unparse(call.func) not in DYNAMIC or not call.args:
+        return None
+    arg = call.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return "" if arg.value.startswith(".") else arg.value
+    first = arg.values[0] if isinstance(arg, ast.JoinedStr) and arg.values else None
+    if isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Add):
+        first = arg.left
+    if isinstance(first, ast.Constant) and isinstance(first.value, str):
+        return first.value
+    return ""
+
+
+def _package_uses_in(file: Path, text: str, dotted: str, package: str | None) -> dict[str, Outside]:
+    """How the code of `file` (in the package `package`) uses the functions of the module
+    `dotted` of its code base, by name ("*": every function): through the names it binds to the
+    module or to a package around it (`import a.b.c as m`, `from a.b import c`, `import a`
+    read as `a.b.c.f`; a relative import; a dynamic import whose name may be the module's, its
+    result bound to a name), or to one of its functions (`from a.b.c import f`; at module level,
+    called and read there: another module may import it from this one). A name bound
+    to the module and read other than by one of its attributes, a star import, a dynamic
+    import whose result goes elsewhere, or code that does not parse: every function. A name a
+    dynamic import binds is its module where read after that binding, in the text of the same
+    function (a read before it, reached again by a loop, is taken as the name's other value:
+    big_vision's `module = importlib.import_module(f"big_vision.evaluators.{module}")`)."""
+    code, starts = _code_of(file, text)
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError):
+        where = f"in `{file.name}`, which does not parse"
+        return {"*": Outside(called=where, read=where)}
+    parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+    modules: dict[str, str] = {}  # a name bound to the module or a package around it -> which
+    dynamic: dict[str, list[tuple[ast.AST | None, tuple[int, int]]]] = {}  # (scope, bound at)
+    names: dict[str, str] = {}  # a name bound to one of its functions -> the function's name
+    found: dict[str, Outside] = {}
+
+    def around(module: str) -> bool:  # the module itself, or a package holding it
+        return dotted == module or dotted.startswith(module + ".")
+
+    def everything(node: ast.AST) -> None:
+        where = _place(file, node, starts)
+        found["*"] = Outside(called=where, read=where)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname and around(alias.name):
+                    modules[alias.asname] = alias.name
+                elif not alias.asname and around(alias.name.split(".")[0]):
+                    modules[alias.name.split(".")[0]] = alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, package)
+            for alias in node.names if base is not None else ():
+                if base == dotted and alias.name == "*":
+                    everything(node)
+                elif base == dotted:
+                    names[alias.asname or alias.name] = alias.name
+                    if isinstance(parents.get(id(node)), ast.Module):  # others may import it
+                        where = _place(file, node, starts)
+                        found[alias.name] = Outside(called=where, read=where)
+                elif around(f"{base}.{alias.name}"):
+                    modules[alias.asname or alias.name] = f"{base}.{alias.name}"
+        elif isinstance(node, ast.Call):
+            prefix = _dynamic_prefix(node)
+            if prefix is None or not (dotted.startswith(prefix) or around(prefix)):
+                continue
+            parent = parents.get(id(node))
+            if isinstance(parent, ast.Expr):
+                continue  # imported for its effects (registering, say)
+            targets = parent.targets if isinstance(parent, ast.Assign) else []
+            plain = "__" not in ast.unparse(node.func)  # `__import__` gives the top package
+            if len(targets) == 1 and isinstance(targets[0], ast.Name) and plain:
+                assert isinstance(parent, ast.Assign)
+                end = (parent.end_lineno or 0, parent.end_col_offset or 0)
+                dynamic.setdefault(targets[0].id, []).append((_scope(parent, parents), end))
+            else:
+                everything(node)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Name) or not isinstance(node.ctx, ast.Load):
+            continue
+        use: ast.expr = node
+        here = (node.lineno, node.col_offset)
+        bound = [e for scope, e in dynamic.get(node.id, []) if _scope(node, parents) is scope]
+        if node.id in names:
+            name = names[node.id]
+        elif node.id in modules or any(here > end for end in bound):
+            module = modules.get(node.id, dotted)
+            while module != dotted:  # `a.b.c.f`: up the attributes to the module's own
+                parent = parents.get(id(use))
+                if not isinstance(parent, ast.Attribute) or parent.value is not use:
+                    break
+                use, module = parent, f"{module}.{parent.attr}"
+            parent = parents.get(id(use))
+            if not around(module):
+                continue  # another module of a package around it (`a.utils.f`)
+            if module != dotted or not isinstance(parent, ast.Attribute) or parent.value is not use:
+                everything(use)  # the module (or a package holding it) as a value
+                continue
+            use, name = parent, parent.attr
+        else:
+            continue
+        where = _place(file, use, starts)
+        read = "" if _unread(use, parents, tree) else where
+        found[name] = _merged(found.get(name), Outside(called=where, read=read))
+    return found
+
+
 # `from a import ...`, `import a, b as c`: the first name of each module (anywhere in the text:
 # a notebook's JSON holds its lines in strings). A name found wrongly only costs a parse.
 _IMPORT = re.compile(r"\bfrom[ \t]+(\w+)[ \t]+import\b|\bimport[ \t]+([\w \t,.]+)")
@@ -169,6 +310,14 @@ def _uses_in(file: Path, text: str, module: str) -> dict[str, Outside]:
         read = "" if _unread(use, parents, tree) else where
         found[name] = _merged(found.get(name), Outside(called=where, read=read))
     return found
+
+
+def _scope(node: ast.AST, parents: dict[int, ast.AST]) -> ast.AST | None:
+    """The function (or module) whose scope `node` is in."""
+    scope = parents.get(id(node))
+    while scope is not None and not isinstance(scope, (ast.Module, *SCOPES)):
+        scope = parents.get(id(scope))
+    return scope
 
 
 def _unread(use: ast.expr, parents: dict[int, ast.AST], tree: ast.Module) -> bool:

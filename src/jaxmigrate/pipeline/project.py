@@ -43,10 +43,17 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jaxmigrate.config import Formatting, distribution_name, formatting_in, project_formatting
+from jaxmigrate.config import (
+    Formatting,
+    closed_code_base,
+    distribution_name,
+    formatting_in,
+    project_formatting,
+)
 from jaxmigrate.pipeline.codebase import (
     MAX_IMPORTED,
     Siblings,
+    closed_uses,
     imported_names,
     package_module,
     read_module,
@@ -89,6 +96,8 @@ class Project:
     siblings: Siblings = field(default_factory=Siblings)
     texts: dict[Path, str | None] = field(default_factory=dict)
     imports: dict[tuple[str, int], tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    closed: dict[Path, list[tuple[Path, str, str | None]] | None] = field(default_factory=dict)
+    closed_modules: dict[tuple[Path, str], Callers] = field(default_factory=dict)
 
     # Style and first-party modules -------------------------------------------------------
     def style(self, code: str, path: str | None) -> Style:
@@ -187,11 +196,43 @@ class Project:
         around = next((f for f in here.parents if self.is_package(f)), None)
         if top is None and around is not None:
             top = self.top_package(around)
-        if top is not None:
-            return package_module(file, top)
-        if here == self.code_base(here):
-            return package_module(file, here)
-        return self.siblings.of(file)
+        base = self.code_base(here)
+        if top is None and here != base:
+            return self.siblings.of(file)
+        files = self._closed_files(base) if base is not None else None
+        if files is None:  # anyone may import it
+            return package_module(file, top or here)
+        parts = file.relative_to(top.parent if top is not None else here).with_suffix("").parts
+        dotted = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if (file, dotted) not in self.closed_modules:
+            others = [f for f in files if f[0] != file]
+            self.closed_modules[(file, dotted)] = closed_uses(dotted, others)
+        return self.closed_modules[(file, dotted)]
+
+    def _closed_files(self, base: Path) -> list[tuple[Path, str, str | None]] | None:
+        """The code base at `base`'s `.py` files and notebooks, each with its text and the
+        dotted package it is in (None: none), read once, when its pyproject.toml says nothing
+        outside it imports its modules (`closed-code-base`); else None."""
+        if base not in self.closed:
+            found = None
+            if closed_code_base(base):
+                found = []
+                for parent, dirs, names in os.walk(base):
+                    dirs[:] = sorted(
+                        d for d in dirs if not d.startswith(".") and d not in NOT_SCANNED
+                    )
+                    folder = Path(parent)
+                    chain = self._package_chain(folder)
+                    package = None
+                    if chain:
+                        package = ".".join(folder.relative_to(chain[-1].parent).parts)
+                    for name in sorted(names):
+                        if name.endswith((".py", ".ipynb")):
+                            text = read_module(folder / name)
+                            if text is not None:
+                                found.append((folder / name, text, package))
+            self.closed[base] = found
+        return self.closed[base]
 
     # The code base's modules a file imports -------------------------------------------------
     def imported_modules(self, path: str | None, text: str) -> tuple[tuple[str, str], ...]:
