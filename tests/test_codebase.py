@@ -254,3 +254,11 @@ def test_a_code_base_not_declared_closed_may_be_imported_from_outside(tmp_path: 
     assert found.everywhere == (
         "from outside the code base maybe (`app.evals.cls` is in package `app`)"
     )
+
+
+def test_a_closed_code_base_file_that_does_not_parse_uses_only_what_it_may_import(
+    tmp_path: Path,
+) -> None:
+    config = "config.evals.type = 'evals.cls'\ndef broken(:\n"  # big_vision's uvim config
+    files = {"app/evals/cls.py": "def get_fn():\n    pass\n", "app/configs/a.py": config}
+    assert closed_uses_of(closed_base(tmp_path, files)).of("get_fn") == Outside()

@@ -368,6 +368,7 @@ print("RESULT", json.dumps([np.asarray(x).tolist() for x in jax.tree.leaves(resu
         "program_compute_mean_evaluator",
         "program_stored_on_self",
         "program_stored_factory_step",
+        "program_stored_partial",
     ],
 )
 def test_a_migrated_fixture_gives_every_process_the_original_numbers(

@@ -209,6 +209,11 @@ replication, another step's result) and read in the def only as passed; the def'
 readbacks, `get_metrics` and `tohost` are edited there, over a mesh equal to the caller's
 (`jax.sharding.Mesh(jax.devices(), (axis,))`; a nested def reads the caller's own); another
 step's state passed to such a def and only passed on is that step's feed (not PL303).
+A step stored on `self` (`self.step = jax.pmap(...)`, `self.eval_fn = get_eval_fn(...)`, a
+factory of the module returning its pmap-decorated def, or `self.predict_fn =
+partial(_run_predict_fn, predict_fn)`, a module-level decorated def with its static arguments
+bound, big_vision's mean evaluator) and called in one other method of the class is followed
+in that method, which sets the mesh (`_stored.py`); the stores and the calls stay as written.
 A value replicated for a step and passed whole to a def of the module whose only reading of it
 is device 0's copy (flax imagenet's `save_checkpoint(state, workdir)`, which begins
 `state = jax.device_get(jax.tree_util.tree_map(lambda x: x[0], state))`) is the same value:
@@ -531,14 +536,15 @@ class Pmap(Faithful):
         kept = self.stored.get(id(original_node))  # a method calling a step stored on `self`
         if kept is not None and id(kept.copy) in self.host_programs:
             first = original_node.body.body[0] if original_node.body.body else original_node
+            indent = self.room(first).indent
             out = rewrite_host(
                 kept.copy,
                 self.host_programs[id(kept.copy)],
                 self.host_setups.get(id(kept.copy)),
-                self.room(first).indent,
+                indent,
                 self.state.style,
             )
-            return named_back(kept, out)
+            return named_back(kept, out, indent, self.state.style)
         if id(original_node) in self.programs:
             return self._rewrite_program(self.programs[id(original_node)], updated_node)
         if id(original_node) in self.outer_defs:

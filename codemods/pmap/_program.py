@@ -241,7 +241,7 @@ class Program:
             texts.insert(0, f"{self.sharding} = {self.new_sharding(self.mesh)}")
         if self.make_mesh and (self.factory is None or any(self.batches)):
             texts.insert(0, f"{self.mesh} = {self.new_mesh()}")
-        statements = [_laid_out(cst.parse_statement(text), indent, style) for text in texts]
+        statements = [laid_out(cst.parse_statement(text), indent, style) for text in texts]
         if isinstance(updated, cst.FunctionDef):
             statements.append(self._decorated(updated, indent, style))
         elif self.factory is not None and isinstance(updated, cst.SimpleStatementLine):
@@ -264,7 +264,7 @@ class Program:
         taken = set(names_in(factory))
         mesh = next(n for n in ("mesh", *(f"mesh_{k}" for k in range(2, 99))) if n not in taken)
         texts = [f"{mesh} = {self.new_mesh()}", f"return {self.step_text(mesh)}"]
-        new = [_laid_out(cst.parse_statement(t), indent, style) for t in texts]
+        new = [laid_out(cst.parse_statement(t), indent, style) for t in texts]
         new[0] = new[0].with_changes(leading_lines=made.leading_lines)  # type: ignore[union-attr]
         assert isinstance(factory.body, cst.IndentedBlock)
         body = [*factory.body.body[:-1], *new]
@@ -336,7 +336,7 @@ def edit_owners(programs: list[Program]) -> dict[int, Program]:
     return owners
 
 
-def _laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.BaseStatement:
+def laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.BaseStatement:
     """Return `target = call(...)`, `call(...)` or `return call(...)`, the call laid out by the
     emitter when the line is too long; in `call(...).method()` the first call is laid out, as
     black splits the last bracket that is not empty."""
@@ -518,7 +518,7 @@ class _Edit(cst.CSTTransformer):
         texts = {f"{n} = {p.uncopier}({n})": None for p in self.programs for n in p.uncopied}
         if not texts:
             return block
-        made = [_laid_out(cst.parse_statement(t), self.indent, self.style) for t in texts]
+        made = [laid_out(cst.parse_statement(t), self.indent, self.style) for t in texts]
         body = list(block.body)
         at = 1 if body and is_docstring(body[0]) else 0  # the next keeps its comments
         return block.with_changes(body=[*body[:at], *made, *body[at:]])
@@ -534,7 +534,7 @@ class _Edit(cst.CSTTransformer):
         first = body[at]
         leading = getattr(first, "leading_lines", ())
         body[at] = first.with_changes(leading_lines=())  # type: ignore[call-arg]
-        made = [_laid_out(cst.parse_statement(t), self.indent, self.style) for t in self.setup[1]]
+        made = [laid_out(cst.parse_statement(t), self.indent, self.style) for t in self.setup[1]]
         scoped = cst.With(
             items=[cst.WithItem(cst.parse_expression(self.setup[2]))],
             body=cst.IndentedBlock(body=body[at:end]),
@@ -552,7 +552,7 @@ def _fitted(statement: cst.SimpleStatementLine, indent: str, style: Style) -> cs
     # An edit that put a call written over several lines into another is laid out again.
     if all(len(line) <= style.width for line in lines) and (len(lines) == 1 or "#" in text):
         return statement
-    return _laid_out(statement, indent, style)
+    return laid_out(statement, indent, style)
 
 
 def _fitted_for(node: cst.For, indent: str, style: Style) -> cst.For:

@@ -1,11 +1,14 @@
-"""A step stored on an object (`self.step = jax.pmap(...)` in a method, or a factory's decorated
-def, `self.eval_fn = _get_eval_fn(...)`).
+"""A step stored on an object (`self.step = jax.pmap(...)` in a method, a factory's decorated
+def, `self.eval_fn = _get_eval_fn(...)`, or a `partial` of a module-level decorated def binding
+its static arguments, `self.predict_fn = partial(_run_predict_fn, predict_fn)`).
 
 Taken when one other method of the class calls it and nothing else reads it (`stored_target`,
 `stored_method`): that method is read as a function calling a step made outside it, on a copy
 where each `self.step` is a fresh name (`Stored`); the copy, rewritten as such a function is
 (the mesh set there, `jax.set_mesh`), reads `self.step` again (`named_back`), and the pmap
-becomes `jax.jit(jax.shard_map(...))` where it is made. Otherwise, which value blocks it is still
+becomes `jax.jit(jax.shard_map(...))` where it is made. A stored `partial` is read as the step
+called with placeholders for the arguments it binds (static ones only, so none is laid out),
+dropped again by `named_back`, which lays the statement out anew. Otherwise, which value blocks it is still
 worth saying: the methods calling `self.step(...)` are followed the same way for the diagnosis
 only (`stored_on_self`, `returned_into_self`); the first reason found there is the site's, with
 its code (big_vision's evaluators: `params`, a parameter of `run`, passed by the trainers).
@@ -20,11 +23,11 @@ from typing import Any
 import libcst as cst
 
 from jaxmigrate.toolkit.cstutil import names_in
-from jaxmigrate.toolkit.emit import code
+from jaxmigrate.toolkit.emit import Style, code
 
 from ._flow import Options, analyze_calls, unnamed_step
 from ._forms import Qualname, single_name
-from ._program import Decline, NotVisible
+from ._program import Decline, NotVisible, laid_out
 from ._reach import nodes_in, replaced
 from ._summary import ModuleFacts
 
@@ -129,6 +132,7 @@ class Stored:
     name: str
     attr: cst.Attribute  # `self.<attr>`, as the method reads it
     origins: dict[int, cst.CSTNode]  # by id of a node of `copy`: the node of `method` it copies
+    bound: int = 0  # `self.step = partial(step, a)`: the arguments bound, passed first in `copy`
 
 
 def attribute_stores(module: cst.Module) -> list[tuple[cst.ClassDef, cst.FunctionDef, cst.Assign]]:
@@ -147,15 +151,37 @@ def stored_target(
     module: cst.Module,
     node: cst.CSTNode,
     stores: list[tuple[cst.ClassDef, cst.FunctionDef, cst.Assign]],
+    qualname: Qualname,
 ) -> tuple | None:
-    """`(class, maker, assign)` when the step made at `node` is stored on `self` by a method of a
-    class of the module: `self.step = jax.pmap(...)` (a call), or `self.step = factory(...)`, the
-    one use of a def of the module whose last statement returns the pmap-decorated def `node`
-    (big_vision's `get_eval_fn`); else None."""
+    """`(class, maker, assign, bound)` when the step made at `node` is stored on `self` by a
+    method of a class of the module: `self.step = jax.pmap(...)` (a call), or `self.step =
+    factory(...)`, the one use of a def of the module whose last statement returns the
+    pmap-decorated def `node` (big_vision's `get_eval_fn`), `bound` None; or `self.step =
+    partial(step, a, ...)`, `step` the module's def `node` decorates (big_vision's mean
+    evaluator), `bound` the number of arguments bound; else None."""
     for klass, maker, assign in stores:  # `attribute_stores(module)`
         if assign.value is node or _returns_def(module, assign.value, node):
-            return klass, maker, assign
+            return klass, maker, assign, None
+        bound = _partial_of(module, assign.value, node, qualname)
+        if bound is not None:
+            return klass, maker, assign, bound
     return None
+
+
+def _partial_of(
+    module: cst.Module, value: cst.BaseExpression, node: cst.CSTNode, qualname: Qualname
+) -> int | None:
+    """`functools.partial(step, a, ...)`, `step` the def of the module `node` decorates, binding
+    arguments by position only: how many; else None."""
+    if not isinstance(value, cst.Call) or qualname(value.func) != "functools.partial":
+        return None
+    made = [d for d in module.body if isinstance(d, cst.FunctionDef) and node in d.decorators]
+    first, rest = (value.args[0], value.args[1:]) if value.args else (None, ())
+    if not made or first is None or first.keyword or first.star:
+        return None
+    if single_name(first.value) != made[0].name.value:
+        return None
+    return None if any(a.keyword or a.star for a in rest) else len(rest)
 
 
 def _returns_def(module: cst.Module, value: cst.BaseExpression, node: cst.CSTNode) -> bool:
@@ -184,11 +210,17 @@ def _returns_def(module: cst.Module, value: cst.BaseExpression, node: cst.CSTNod
 
 
 def stored_method(
-    module: cst.Module, klass: cst.ClassDef, maker: cst.FunctionDef, assign: cst.Assign
+    module: cst.Module,
+    klass: cst.ClassDef,
+    maker: cst.FunctionDef,
+    assign: cst.Assign,
+    bound: int | None = None,
 ) -> Stored:
     """The one method of `klass` calling the step `assign` stores on `self` in `maker`, read with
-    each `self.<attr>` as a fresh name; raise NotVisible when another method, or anything but
-    calls in that method, reads it, or something else binds it."""
+    each `self.<attr>` as a fresh name (a `partial` of the step stored: each call passing
+    `bound` placeholders first, the arguments the `partial` binds); raise NotVisible when
+    another method, or anything but calls in that method, reads it, or something else binds
+    it."""
     target = assign.targets[0].target
     assert isinstance(target, cst.Attribute)
     attr = target.attr.value
@@ -225,24 +257,64 @@ def stored_method(
     method, reads = readers[0]
     taken = set(names_in(module))
     name = next(n for n in (f"_{attr}", *(f"_{attr}_{k}" for k in range(2, 99))) if n not in taken)
-    copy = replaced(method, {id(read): cst.Name(name) for read in reads})
+    swaps: dict[int, cst.CSTNode] = {id(read): cst.Name(name) for read in reads}
+    if bound:  # `self.step(x)` -> `_step(_step_bound_0, x)`: the step as the `partial` calls it
+        calls = {id(c.func): c for c in nodes_in(method, cst.Call)}
+        if any(id(read) not in calls for read in reads):
+            raise NotVisible(f"`self.{attr}` is used other than called", Decline.NOT_CALLED_ONLY)
+        placeholders = [cst.Arg(cst.Name(f"{name}_bound_{k}")) for k in range(bound)]
+        swaps = {
+            id(call): call.with_changes(func=cst.Name(name), args=[*placeholders, *call.args])
+            for call in (calls[id(read)] for read in reads)
+        }
+    copy = replaced(method, swaps)
     origins: dict[int, cst.CSTNode] = {}
     pairs: list[tuple[cst.CSTNode, cst.CSTNode]] = [(copy, method)]
     while pairs:  # the same tree but where a read became the name (a leaf): walked together
         new, old = pairs.pop()
         origins[id(new)] = old
-        if type(new) is type(old) and not isinstance(new, cst.Name):
+        if isinstance(new, cst.Call) and bound and single_name(new.func) == name:
+            assert isinstance(old, cst.Call)
+            pairs += [(new.func, old.func), *zip(new.args[bound:], old.args, strict=True)]
+        elif type(new) is type(old) and not isinstance(new, cst.Name):
             pairs += zip(new.children, old.children, strict=False)
-    return Stored(method, copy, name, reads[0], origins)
+    return Stored(method, copy, name, reads[0], origins, bound or 0)
 
 
-def named_back(stored: Stored, rewritten: cst.FunctionDef) -> cst.FunctionDef:
-    """`rewritten`, the copy as the rewrite made it, with `self.<attr>` read again where the
-    copy read the fresh name."""
+def named_back(
+    stored: Stored, rewritten: cst.FunctionDef, indent: str, style: Style
+) -> cst.FunctionDef:
+    """`rewritten`, the copy as the rewrite made it (its body indented by `indent`), with
+    `self.<attr>` read again where the copy read the fresh name; a call passing the arguments a
+    `partial` binds passes them no more, its statement laid out again."""
 
     class Back(cst.CSTTransformer):
+        depth = 0  # the blocks around, inside the method's own
+
+        def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+            self.depth += 1
+
+        def leave_IndentedBlock(
+            self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
+        ) -> Any:
+            self.depth -= 1
+            return updated_node
+
         def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> Any:
             return stored.attr if updated_node.value == stored.name else updated_node
+
+        def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> Any:
+            if not stored.bound or single_name(original_node.func) != stored.name:
+                return updated_node
+            return updated_node.with_changes(args=updated_node.args[stored.bound :])
+
+        def leave_SimpleStatementLine(
+            self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
+        ) -> Any:
+            calls = nodes_in(original_node, cst.Call)
+            if not stored.bound or not any(single_name(c.func) == stored.name for c in calls):
+                return updated_node
+            return laid_out(updated_node, indent + style.indent * (self.depth - 1), style)
 
     out = rewritten.visit(Back())
     assert isinstance(out, cst.FunctionDef)

@@ -435,10 +435,19 @@ class Finding(Pass):
         assert self.survey is not None
         if self.stores is None:
             self.stores = attribute_stores(module)
-        found = stored_target(module, site.node, self.stores)
+        found = stored_target(module, site.node, self.stores, self.qualname)
         if found is None or len(site.pmaps) != 1:
             return None
-        factory = found[2].value.func if isinstance(site.node, cst.Decorator) else None
+        klass, maker, assign, bound = found
+        factory = assign.value.func if isinstance(site.node, cst.Decorator) else None
+        if bound is not None:  # `partial(step, a)`: the def's one use, its bound arguments static
+            assert isinstance(site.mapped, cst.FunctionDef)
+            factory, name = None, site.mapped.name.value
+            statics = self._decorator_options(site.node, site.mapped).statics
+            if len(flow.loads.get(name, [])) != 1 or not set(range(bound)) <= set(statics):
+                return None
+            if elsewhere(name, self.state.outside, self.survey.strings):
+                return None
         if isinstance(factory, cst.Name):  # the factory's one use is storing the step
             where = elsewhere(factory.value, self.state.outside, self.survey.strings)
             if where:
@@ -449,7 +458,7 @@ class Finding(Pass):
             if where or len(flow.loads.get(factory.value, [])) != 1:
                 return None
         try:
-            kept = stored_method(module, *found)
+            kept = stored_method(module, klass, maker, assign, bound)
             if isinstance(site.node, cst.Decorator):
                 body = site.mapped
                 assert isinstance(body, cst.FunctionDef)

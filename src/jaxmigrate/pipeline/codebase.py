@@ -153,6 +153,8 @@ def _package_uses_in(file: Path, text: str, dotted: str, package: str | None) ->
     try:
         tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError):
+        if not _may_import(code, dotted):
+            return {}  # a config with a typo naming `mean` in a string imports nothing of it
         where = f"in `{file.name}`, which does not parse"
         return {"*": Outside(called=where, read=where)}
     parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
@@ -310,6 +312,15 @@ def _uses_in(file: Path, text: str, module: str) -> dict[str, Outside]:
         read = "" if _unread(use, parents, tree) else where
         found[name] = _merged(found.get(name), Outside(called=where, read=read))
     return found
+
+
+def _may_import(code: str, dotted: str) -> bool:
+    """Whether `code`, which does not parse, may import the module `dotted`: an import statement
+    naming its last name (`from a.b import mean`, `import a.b.mean`, `from a.b.mean import f`),
+    or a dynamic import."""
+    last = re.escape(dotted.rpartition(".")[2])
+    named = rf"\bimport\b[^\n]*\b{last}\b|\bfrom\s+[\w.]*\b{last}\b[\w.]*\s+import\b"
+    return bool(re.search(named, code)) or "import_module" in code or "__import__" in code
 
 
 def _scope(node: ast.AST, parents: dict[int, ast.AST]) -> ast.AST | None:
