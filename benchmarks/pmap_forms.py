@@ -1,6 +1,6 @@
 """Which form each pmap site of real code bases takes: program-level, faithful, or declined.
 
-    python benchmarks/pmap_forms.py NAME=PATH [NAME=PATH ...] [--json out.json] [--target-jax X.Y]
+    python benchmarks/pmap_forms.py NAME=PATH[+CONFIG.toml] [...] [--json out.json] [--target-jax X.Y]
 
 Each PATH (a checkout of a code base at a commit before its own engineers migrated off pmap:
 `git --git-dir=<mirror> archive <commit> | tar -x -C /work/real/<name>`) is run through
@@ -11,7 +11,10 @@ per code base: sites, program-level, faithful, declined (skipped), and the reaso
 program-level form was not taken, most frequent first (the decline code when the message has
 one, `[PL123]`, else the reason's text). `--target-jax 0.7` measures a code base whose own pin
 (brax's `jax>=0.4.6`) predates `jax.shard_map`, as its maintainers would after raising the pin;
-without it such sites are all "skipped: the rewrite needs JAX >= 0.7".
+without it such sites are all "skipped: the rewrite needs JAX >= 0.7". `PATH+CONFIG.toml`
+measures the code base as its maintainers would configure it: a copy of PATH whose
+`pyproject.toml` ends with CONFIG's text (a `[tool.jaxmigrate]` table: `pmap-replicated`,
+`closed-code-base`; `benchmarks/real_code/big_vision.toml`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import collections
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -104,8 +108,18 @@ def main() -> None:
     require_checkout()
     table = {}
     for base in args.bases:
-        name, _, path = base.partition("=")
-        table[name] = count(report_of(Path(path), args.target_jax))
+        name, _, where = base.partition("=")
+        path, _, config = where.partition("+")
+        if not config:
+            table[name] = count(report_of(Path(path), args.target_jax))
+            continue
+        with tempfile.TemporaryDirectory() as tmp:  # the code base, configured
+            copy = Path(tmp) / Path(path).name
+            shutil.copytree(path, copy, symlinks=True)
+            pyproject = copy / "pyproject.toml"
+            before = pyproject.read_text() if pyproject.is_file() else ""
+            pyproject.write_text(before + "\n" + Path(config).read_text())
+            table[name] = count(report_of(copy, args.target_jax))
     print("| code base | pmap sites | program-level | faithful | declined | top reasons |")
     print("|---|---|---|---|---|---|")
     for name, rows in table.items():
