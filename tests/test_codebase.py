@@ -214,6 +214,7 @@ def test_a_closed_code_base_uses_a_module_only_where_its_files_do(tmp_path: Path
     ("text", "where"),
     [
         ("from app.evals.cls import *\n", "in `user.py:1`"),
+        ("from app.evals import *\n\ncls.get_fn()\n", "in `user.py:1`"),  # `__all__` may say cls
         ("import app.evals.cls as m\n\nprint(m)\n", "in `user.py:3`"),  # the module as a value
         ("import app.evals.cls\n\nf(app.evals)\n", "in `user.py:3`"),  # a package holding it
         ("import importlib\n\nm = [importlib.import_module(x)]\n", "in `user.py:3`"),

@@ -180,8 +180,8 @@ def _package_uses_in(file: Path, text: str, dotted: str, package: str | None) ->
         elif isinstance(node, ast.ImportFrom):
             base = _absolute(node, package)
             for alias in node.names if base is not None else ():
-                if base == dotted and alias.name == "*":
-                    everything(node)
+                if alias.name == "*" and base is not None and around(base):
+                    everything(node)  # the module's functions, or the module from its package
                 elif base == dotted:
                     names[alias.asname or alias.name] = alias.name
                     if isinstance(parents.get(id(node)), ast.Module):  # others may import it
