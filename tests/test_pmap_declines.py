@@ -10,7 +10,7 @@ import pytest
 
 import codemods.pmap
 from codemods.pmap import Pmap
-from codemods.pmap._program import Decline
+from codemods.pmap._declines import Decline
 from jaxmigrate.model import Options
 from jaxmigrate.pipeline.engine import migrate_source
 

@@ -21,10 +21,10 @@ import libcst as cst
 from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import code
 
+from ._declines import Decline, NotVisible
 from ._forms import Qualname, base_of, single_name, target_names
 from ._imported import NO_IMPORTS, Function, Imported
 from ._layout import TREE_MAPS
-from ._program import Decline, NotVisible
 from ._reach import Flow, Reach, nodes_in, statements
 
 REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin", "all_gather")})

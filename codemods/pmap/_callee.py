@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import libcst as cst
 
+from ._declines import Decline, NotVisible
 from ._flow import (
     INLINE,
     _check_closure,
@@ -42,7 +43,7 @@ from ._flow import (
 )
 from ._forms import Qualname, bound_arguments, single_name
 from ._layout import Layout
-from ._program import Decline, NotVisible, Program
+from ._program import Program
 from ._reach import Flow
 from ._summary import ModuleFacts
 

@@ -24,9 +24,9 @@ from jaxmigrate.toolkit.imports import is_import_line
 from jaxmigrate.toolkit.names import dotted
 from jaxmigrate.toolkit.passes import Home
 
+from ._declines import NotVisible
 from ._flow import mapped_name
 from ._layout import fill, holes_of
-from ._program import NotVisible
 from ._specs import (
     Untranslatable,
     argnums,

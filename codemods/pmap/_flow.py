@@ -14,6 +14,7 @@ from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.imports import is_docstring as _is_docstring
 
 from ._body import Defs, body_outputs
+from ._declines import DECORATORS, NOT_NAMED, Decline, NotVisible
 from ._forms import (
     Forms,
     Qualname,
@@ -41,7 +42,7 @@ from ._layout import (
     row_named,
 )
 from ._passon import passed_on, surely_replicated
-from ._program import COPY, DECORATORS, NOT_NAMED, Decline, NotVisible, Program
+from ._program import COPY, Program
 from ._reach import ENTRY, SCOPES, Flow, free_names, nodes_in, params_of, replaced
 from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers

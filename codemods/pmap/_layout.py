@@ -29,7 +29,7 @@ from libcst.helpers import parse_template_expression
 from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.names import child_fields, dotted
 
-from ._program import Decline
+from ._declines import Decline
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 

@@ -11,9 +11,10 @@ import libcst as cst
 
 from jaxmigrate.toolkit.emit import code
 
+from ._declines import Decline, NotVisible
 from ._flow import Options, all_devices, analyze_calls, keywords_in_place
 from ._forms import Qualname, single_name
-from ._program import Decline, NotVisible, Program
+from ._program import Program
 from ._reach import SCOPES, Flow, nodes_in
 from ._summary import ModuleFacts
 

@@ -29,8 +29,9 @@ import libcst as cst
 from jaxmigrate.toolkit.emit import code as code_of
 from jaxmigrate.toolkit.passes import Callers
 
+from ._declines import Decline, NotVisible
 from ._forms import Forms, base_of, bound_arguments, single_name
-from ._program import Decline, NotVisible, Program
+from ._program import Program
 from ._reach import ENTRY, Flow, nodes_in
 
 Readback = Callable[

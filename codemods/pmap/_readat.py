@@ -13,9 +13,9 @@ import libcst as cst
 
 from jaxmigrate.toolkit.emit import code
 
+from ._declines import Decline, NotVisible
 from ._forms import Forms
 from ._layout import TREE_MAPS, Qualname
-from ._program import Decline, NotVisible
 from ._reach import Flow
 
 PLACE = "__step_result__"  # the call, as a name the readback forms read

@@ -25,9 +25,10 @@ import libcst as cst
 from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import Style, code
 
+from ._declines import Decline, NotVisible
 from ._flow import Options, analyze_calls, unnamed_step
 from ._forms import Qualname, single_name
-from ._program import Decline, NotVisible, laid_out
+from ._program import laid_out
 from ._reach import nodes_in, replaced
 from ._summary import ModuleFacts
 

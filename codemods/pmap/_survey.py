@@ -16,6 +16,7 @@ from jaxmigrate.toolkit.passes import Pass
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
 from ._callee import follow_passed
+from ._declines import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible
 from ._flow import (
     Options,
     analyze,
@@ -42,7 +43,7 @@ from ._outer import (
 )
 from ._passon import checked as passed_on_checked
 from ._passon import elsewhere
-from ._program import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible, Program, Setup
+from ._program import Program, Setup
 from ._reach import SCOPES, Flow, assigned_name, free_names, nodes_in, params_of
 from ._stored import (
     Stored,
