@@ -393,7 +393,7 @@ from jaxmigrate.toolkit.scope import ScopeModel
 from ._dead import drop_dead_helpers
 from ._faithful import Faithful, after_imports, helper_text, with_helper
 from ._outer import OuterGroup, OuterStep
-from ._program import Program, edit_owners, rewrite_host
+from ._program import Program, assign, edit_owners, rewrite_host
 from ._stored import named_back
 from ._survey import HELPER, PMAP, PmapUse, Survey, fun_arg
 
@@ -494,9 +494,7 @@ class Pmap(Faithful):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         made = self.outer_calls.get(id(original_node))
         if made is not None:  # `step = jax.pmap(...)` at module level: no mesh, the program's
-            call = cst.parse_expression(made.step_text(None))
-            assert isinstance(call, cst.Call)
-            laid = Call.of(call).laid_out(self.room(original_node), self.state.style)
+            laid = Call.of(made.step(None)).laid_out(self.room(original_node), self.state.style)
             return laid.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
         site = self.sites.get(id(original_node))
         if site is None:
@@ -639,8 +637,8 @@ class Pmap(Faithful):
                     program.hosts,
                 )
                 continue  # its edits are made with the caller's
-            callee.mesh = program.new_mesh()
-            callee.sharding = program.new_sharding(callee.mesh)
+            callee.mesh = code(program.new_mesh())
+            callee.sharding = code(program.new_sharding(callee.mesh))
             if callee.flat_reads:
                 callee.hosts = self._multihost_utils()
             self.callee_programs.setdefault(id(callee.host), []).append(callee)
@@ -764,11 +762,11 @@ class Pmap(Faithful):
                 self.outer_defs[id(step.body)] = (step, made)
             else:
                 self.outer_calls[id(step.site.node)] = made  # type: ignore[attr-defined]
-        lines = [f"{group.mesh} = {group.steps[0].programs[0].new_mesh()}"]
+        lines = [assign(group.mesh, group.steps[0].programs[0].new_mesh())]
         self.host_setups[id(group.setup)] = (
             group.before,
             lines if group.make else [],
-            f"{jax}.set_mesh({group.mesh})",
+            cst.parse_expression(f"{jax}.set_mesh({group.mesh})"),
             group.end,
         )
         if self._visit_only is not None:  # the functions calling the steps hold no pmap
@@ -846,7 +844,7 @@ class Pmap(Faithful):
         return {
             "line": self.state.line_map(span.start.line),
             "end_line": self.state.line_map(span.end.line),
-            "body": program.per_device_body(),  # what the rewrite's `jax.shard_map` maps
+            "body": code(program.per_device_body()),  # what the rewrite's `jax.shard_map` maps
             "args": kinds,
             "keywords": list(program.keywords),  # the last `args`, passed by keyword
             "replicated": [i for i, kind in enumerate(kinds) if kind == "replicated"],

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import libcst as cst
+from libcst.helpers import parse_template_expression
 
 from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import Call, Room, Style, code, with_lambda_calls
@@ -135,43 +136,59 @@ class Program:
         self.nodes[id(node)], self.reasons[id(node)] = node, why
         self.edits[id(node)] = lambda _: new()
 
-    def shard_map_options(self, mesh: str | None) -> list[str]:
+    def shard_map_options(self, mesh: str | None) -> list[cst.Arg]:
         """Return `jax.shard_map`'s arguments besides the body: no `mesh=` when `mesh` is None
         (the mesh the program sets with `jax.set_mesh` is used)."""
-        spec, axis = code(self.spec), code(self.axis)
-        specs = [
-            "None" if self.fixed.get(i) == "static" else f"{spec}({axis})" if batch else f"{spec}()"
+
+        def spec(varying: bool) -> cst.BaseExpression:
+            return cst.Call(self.spec, [cst.Arg(self.axis)] if varying else [])
+
+        ins = [
+            cst.Name("None") if self.fixed.get(i) == "static" else spec(batch)
             for i, batch in enumerate(self.batches)
         ]
-        in_specs = f"({', '.join(specs)}{',' if len(specs) == 1 else ''})"
-        outs = [f"{spec}({axis})" if v else f"{spec}()" for v in self.varying]
-        out_specs = f"({', '.join(outs)})" if self.outputs is not None else outs[0]
-        meshed = [f"mesh={mesh}"] if mesh is not None else []
-        return [*meshed, f"in_specs={in_specs}", f"out_specs={out_specs}", "check_vma=False"]
+        outs = [spec(varying) for varying in self.varying]
+        options = {"mesh": cst.parse_expression(mesh)} if mesh is not None else {}
+        options["in_specs"] = cst.Tuple([cst.Element(v) for v in ins])
+        options["out_specs"] = (
+            cst.Tuple([cst.Element(v) for v in outs]) if self.outputs is not None else outs[0]
+        )
+        options["check_vma"] = cst.Name("False")
+        return [keyword(k, v) for k, v in options.items()]
 
-    def jit_options(self) -> list[str]:
+    def jit_options(self) -> list[cst.Arg]:
         """Return `jax.jit`'s arguments besides the function: static and donated ones."""
         options = []
         if self.statics is not None:
-            options.append(f"static_argnums={code(self.statics.value)}")
+            options.append(keyword("static_argnums", self.statics.value))
         if self.donate is not None:
-            options.append(code(self.donate.with_changes(comma=cst.MaybeSentinel.DEFAULT)))
+            options.append(self.donate.with_changes(comma=cst.MaybeSentinel.DEFAULT))
         return options
 
-    def step_text(self, mesh: str | None) -> str:
+    def step(self, mesh: str | None) -> cst.Call:
         """Return `jax.jit(jax.shard_map(body, ...), ...)`; no `mesh=` when `mesh` is None (the
         mesh the program sets with `jax.set_mesh` is used)."""
-        inner = [self.per_device_body(), *self.shard_map_options(mesh)]
-        outer = [f"{self.jax}.shard_map({', '.join(inner)})", *self.jit_options()]
-        return f"{self.jax}.jit({', '.join(outer)})"
+        inner = [cst.Arg(self.per_device_body()), *self.shard_map_options(mesh)]
+        shard_map = cst.Call(self._jax("shard_map"), inner)
+        return cst.Call(self._jax("jit"), [cst.Arg(shard_map), *self.jit_options()])
 
-    def new_mesh(self) -> str:
+    def new_mesh(self) -> cst.BaseExpression:
         """`jax.sharding.Mesh(jax.devices(), (axis,))`: pmap's mesh, every device in its order."""
-        return f"{self.jax}.sharding.Mesh({self.jax}.devices(), ({code(self.axis)},))"
+        template = "{jax}.sharding.Mesh({jax}.devices(), ({axis},))"
+        return parse_template_expression(template, jax=self._jax(), axis=self.axis)
 
-    def new_sharding(self, mesh: str) -> str:
+    def new_sharding(self, mesh: str) -> cst.BaseExpression:
         """`jax.sharding.NamedSharding(mesh, P(axis))`: a batch split over the axis of `mesh`."""
-        return f"{self.jax}.sharding.NamedSharding({mesh}, {code(self.spec)}({code(self.axis)}))"
+        template = "{jax}.sharding.NamedSharding({mesh}, {spec}({axis}))"
+        mesh_expr = cst.parse_expression(mesh)
+        return parse_template_expression(
+            template, jax=self._jax(), mesh=mesh_expr, spec=self.spec, axis=self.axis
+        )
+
+    def _jax(self, name: str | None = None) -> cst.BaseExpression:
+        """`jax` as the module spells it, or its attribute `name` (`jax.jit`)."""
+        spelled = cst.parse_expression(self.jax)
+        return spelled if name is None else cst.Attribute(spelled, cst.Name(name))
 
     def step_statements(
         self, indent: str, style: Style, updated: cst.CSTNode | None = None
@@ -179,16 +196,15 @@ class Program:
         """Return the mesh, made once, and the step as `jax.jit` of `jax.shard_map` (a def the
         pmap decorated, `updated`, gets their decorators)."""
         assert self.statement is not None
-        if isinstance(self.statement, cst.FunctionDef) or self.factory is not None:
-            texts = []
-        else:
-            target = code(self.statement.body[0].targets[0].target)  # type: ignore[attr-defined]
-            texts = [f"{target} = {self.step_text(self.mesh)}"]
-        if any(self.batches) and self.make_sharding:
-            texts.insert(0, f"{self.sharding} = {self.new_sharding(self.mesh)}")
+        made: list[cst.SimpleStatementLine] = []
         if self.make_mesh and (self.factory is None or any(self.batches)):
-            texts.insert(0, f"{self.mesh} = {self.new_mesh()}")
-        statements = [laid_out(cst.parse_statement(text), indent, style) for text in texts]
+            made.append(assign(self.mesh, self.new_mesh()))
+        if any(self.batches) and self.make_sharding:
+            made.append(assign(self.sharding, self.new_sharding(self.mesh)))
+        if not isinstance(self.statement, cst.FunctionDef) and self.factory is None:
+            target = self.statement.body[0].targets[0].target  # type: ignore[attr-defined]
+            made.append(assign(target, self.step(self.mesh)))
+        statements = [laid_out(statement, indent, style) for statement in made]
         if isinstance(updated, cst.FunctionDef):
             statements.append(self._decorated(updated, indent, style))
         elif self.factory is not None and isinstance(updated, cst.SimpleStatementLine):
@@ -210,8 +226,8 @@ class Program:
         factory, made = self.factory
         taken = set(names_in(factory))
         mesh = next(n for n in ("mesh", *(f"mesh_{k}" for k in range(2, 99))) if n not in taken)
-        texts = [f"{mesh} = {self.new_mesh()}", f"return {self.step_text(mesh)}"]
-        new = [laid_out(cst.parse_statement(t), indent, style) for t in texts]
+        returned = cst.SimpleStatementLine([cst.Return(self.step(mesh))])
+        new = [laid_out(s, indent, style) for s in (assign(mesh, self.new_mesh()), returned)]
         new[0] = new[0].with_changes(leading_lines=made.leading_lines)  # type: ignore[union-attr]
         assert isinstance(factory.body, cst.IndentedBlock)
         body = [*factory.body.body[:-1], *new]
@@ -225,13 +241,12 @@ class Program:
     def decorators(self, mesh: str | None, room: Room, style: Style) -> list[cst.Decorator]:
         """`@partial(jax.jit, ...)` over `@partial(jax.shard_map, ...)`, laid out in `room`; no
         `mesh=` when `mesh` is None (the mesh the program sets with `jax.set_mesh` is used)."""
-        jit = ", ".join([f"{self.jax}.jit", *self.jit_options()])
-        jit = f"{self.partial}({jit})" if self.jit_options() else jit
-        shard_map = ", ".join([f"{self.jax}.shard_map", *self.shard_map_options(mesh)])
-        shard_map = f"{self.partial}({shard_map})"
+        partial = cst.parse_expression(self.partial)
+        jit_options = self.jit_options()
+        jit = cst.Call(partial, [cst.Arg(self._jax("jit")), *jit_options])
+        shard_map = [cst.Arg(self._jax("shard_map")), *self.shard_map_options(mesh)]
         decorators = []
-        for text in (jit, shard_map):
-            expr = cst.parse_expression(text)
+        for expr in (jit if jit_options else self._jax("jit"), cst.Call(partial, shard_map)):
             if isinstance(expr, cst.Call):
                 expr = Call.of(expr).laid_out(room, style)
             decorators.append(cst.Decorator(decorator=expr))
@@ -251,22 +266,43 @@ class Program:
         """Return True if the body is called from a lambda (per-device stacks, keywords)."""
         return bool(self.squeezed or self.keywords and not self.keywords_bound)
 
-    def per_device_body(self) -> str:
+    def per_device_body(self) -> cst.BaseExpression:
         """The body, or a lambda calling it with its own `x[0]` of each per-device stack.
 
         A stack of per-device values that is not a split batch (keys, one per device) comes to
         each device as a block of one: the body takes that block's only element, as pmap
         gave it (brax's ES migration does the same)."""
         if not self.wrapped():
-            return code(self.body)
-        args = [f"{p}[0]" if i in self.squeezed else p for i, p in enumerate(self.params)]
+            return self.body
         first = len(self.params) - len(self.keywords)  # then passed by keyword, as they were
-        args = [f"{p}={a}" if i >= first else a for i, (p, a) in enumerate(zip(self.params, args))]
+        args = []
+        for i, param in enumerate(self.params):
+            value: cst.BaseExpression = cst.Name(param)
+            if i in self.squeezed:
+                value = cst.Subscript(value, [cst.SubscriptElement(cst.Index(cst.Integer("0")))])
+            args.append(keyword(param, value) if i >= first else cst.Arg(value))
         fun = self.body
         if isinstance(fun, cst.Call):  # `partial(f, k=v)`: `f(..., k=v)`, the same call
-            args += [code(a.with_changes(comma=cst.MaybeSentinel.DEFAULT)) for a in fun.args[1:]]
+            args += [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in fun.args[1:]]
             fun = fun.args[0].value
-        return f"lambda {', '.join(self.params)}: {code(fun)}({', '.join(args)})"
+        params = cst.Parameters([cst.Param(cst.Name(p)) for p in self.params])
+        return cst.Lambda(params, cst.Call(fun, args))
+
+
+def keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
+    """`name=value`, spaced as a keyword argument is."""
+    no_space = cst.SimpleWhitespace("")
+    equal = cst.AssignEqual(whitespace_before=no_space, whitespace_after=no_space)
+    return cst.Arg(value, keyword=cst.Name(name), equal=equal)
+
+
+def assign(
+    target: str | cst.BaseAssignTargetExpression, value: cst.BaseExpression
+) -> cst.SimpleStatementLine:
+    """`target = value`, a statement of its own."""
+    if isinstance(target, str):
+        target = cst.ensure_type(cst.parse_expression(target), cst.Name)
+    return cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(target)], value)])
 
 
 COPY = "a replication -> a copy"  # how the edit of a replication a step donates begins
@@ -306,11 +342,9 @@ def laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.Bas
     return statement.with_changes(body=[node.with_changes(value=laid)])
 
 
-# The statement the mesh is set before, the statements making it, and the `jax.set_mesh(...)`
-# the rest of the function then runs under.
 # The statement the mesh is set before, the statements making it, `jax.set_mesh(mesh)`, and the
 # statement it is unset before (None: the function's end)
-Setup = tuple[cst.CSTNode, list[str], str, cst.CSTNode | None]
+Setup = tuple[cst.CSTNode, list[cst.SimpleStatementLine], cst.BaseExpression, cst.CSTNode | None]
 
 
 def rewrite_host(
@@ -481,9 +515,9 @@ class _Edit(cst.CSTTransformer):
         first = body[at]
         leading = getattr(first, "leading_lines", ())
         body[at] = first.with_changes(leading_lines=())  # type: ignore[call-arg]
-        made = [laid_out(cst.parse_statement(t), self.indent, self.style) for t in self.setup[1]]
+        made = [laid_out(statement, self.indent, self.style) for statement in self.setup[1]]
         scoped = cst.With(
-            items=[cst.WithItem(cst.parse_expression(self.setup[2]))],
+            items=[cst.WithItem(self.setup[2])],
             body=cst.IndentedBlock(body=body[at:end]),
         )
         head = [*made, scoped]
