@@ -45,6 +45,7 @@ from ._passon import checked as passed_on_checked
 from ._passon import elsewhere
 from ._program import Program, Setup
 from ._reach import SCOPES, Flow, assigned_name, free_names, nodes_in, params_of
+from ._readat import short as _short
 from ._stored import (
     Stored,
     attribute_stores,
@@ -88,6 +89,10 @@ def declared_copies(module: cst.Module, declared: Sequence[str]) -> dict[int, fr
             if names:
                 found[id(fn)] = frozenset(names)
     return found
+
+
+# How a name the pmapped function is bound by reads in a message
+_BOUND = {BindingKind.ASSIGN: "assigned", BindingKind.DEF: "a def in a function or class"}
 
 
 class NotMigrated(Exception):
@@ -617,7 +622,11 @@ class Finding(Pass):
             options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
             defs = self.survey.defs(options.name)
             if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(options.name):
-                why = "the pmapped function is not a def of this module"
+                why = self._not_a_def(site.node, options.name or "")
+                if len(defs) == 1 and self.survey.rebound(options.name):
+                    why = (
+                        f"the pmapped def `{options.name}` is bound again (`{options.name} = ...`)"
+                    )
                 if is_mean(site.node, self.qualname):
                     why = (
                         f"`{target}` is a mean over devices (a lambda), kept for its callers; "
@@ -1013,7 +1022,14 @@ class Finding(Pass):
             return f"the pmapped function `{name}` is imported: its body is not read (yet)"
         if len(self.survey.defs(name) if name else []) > 1:  # type: ignore[union-attr]
             return f"the pmapped function `{name}` is defined more than once"
-        return "the pmapped function is not a def of this module"
+        if value is None:
+            return "the pmapped function is not a def of this module"
+        bindings = self.resolver.bindings(name) if name else []
+        values = [b.value for b in bindings if b.value is not None]
+        if len(bindings) == 1 and values:  # `predict = make_predict(...)`
+            return f"the pmapped function is a value, `{name} = {_short(values[0])}`: its body is not visible"
+        bound = " or ".join(sorted(_BOUND.get(k, k.value) for k in kinds)) or "not bound here"
+        return f"the pmapped function `{code(value)}` is {bound}, not a def of this module"
 
     def _mapped_def_name(self, pmap: cst.Call) -> str:
         """Return the name of the def `jax.pmap(f)` or `jax.pmap(partial(f, k=...))` maps."""
