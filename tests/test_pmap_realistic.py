@@ -426,7 +426,8 @@ BIGVISION_BLOCKED = {
     "from elsewhere (`params`, a parameter of `run`",
     "bv/evaluators/gathered.py": "[PL301] the step stored in `self.predict_fn` is called in "
     "`Evaluator.run`: argument 1 of the step comes from elsewhere (`params`, a parameter of `run`",
-    "bv/utils.py": "[PL103] the step is called where it is made (`jax.pmap(f)(x)`): made there as "
+    "bv/utils.py": '[PL103] the step is called where it is made, `jax.pmap(_sync, "i")(x)`: made '
+    "there as "
     "`jax.jit(jax.shard_map(...))`, it would be compiled again at every call of `sync`",
 }
 

@@ -773,7 +773,7 @@ class Finding(Pass):
         if not isinstance(statement, cst.SimpleStatementLine):
             around = site.ancestors[-2] if len(site.ancestors) > 1 else None
             if isinstance(around, cst.Call) and around.func is site.node:
-                why = "the step is called where it is made (`jax.pmap(f)(x)`)"
+                why = f"the step is called where it is made, `{_short(around)}`"
                 if body in module.body:  # pmap caches a step of the same def
                     why += (
                         f": made there as `jax.jit(jax.shard_map(...))`, it would be compiled "
