@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from jaxmigrate.verify.processes import coordinator_address, process_env, wait_all
+from jaxmigrate.verify.processes import Coordinator, process_env, wait_all
 
 BOOT = """\
 import os, runpy, sys
@@ -106,36 +106,37 @@ def run_job(
     grace: float = 10.0,
 ) -> JobResult:
     """Run `script` as a `processes`-process JAX job over `devices` devices in all."""
-    coordinator = coordinator_address()
-    base = dict(os.environ if env is None else env)
-    boot = BOOT.format(join=join)
-    with tempfile.TemporaryDirectory(prefix="multihost-") as logs:
-        outs = [Path(logs, f"{i}.out") for i in range(processes)]
-        errs = [Path(logs, f"{i}.err") for i in range(processes)]
-        procs = []
-        try:
-            for i in range(processes):
-                with outs[i].open("wb") as out, errs[i].open("wb") as err:
-                    procs.append(
-                        subprocess.Popen(
-                            [python, "-c", boot, str(script), *args],
-                            cwd=cwd,
-                            env=process_env(base, i, processes, devices, coordinator),
-                            stdin=subprocess.DEVNULL,
-                            stdout=out,
-                            stderr=err,
-                            start_new_session=True,
+    with Coordinator() as held:  # its port held until the job ends
+        coordinator = held.address
+        base = dict(os.environ if env is None else env)
+        boot = BOOT.format(join=join)
+        with tempfile.TemporaryDirectory(prefix="multihost-") as logs:
+            outs = [Path(logs, f"{i}.out") for i in range(processes)]
+            errs = [Path(logs, f"{i}.err") for i in range(processes)]
+            procs = []
+            try:
+                for i in range(processes):
+                    with outs[i].open("wb") as out, errs[i].open("wb") as err:
+                        procs.append(
+                            subprocess.Popen(
+                                [python, "-c", boot, str(script), *args],
+                                cwd=cwd,
+                                env=process_env(base, i, processes, devices, coordinator),
+                                stdin=subprocess.DEVNULL,
+                                stdout=out,
+                                stderr=err,
+                                start_new_session=True,
+                            )
                         )
-                    )
-            codes = wait_all(procs, timeout, grace)
-        finally:
-            for proc in procs:
-                kill(proc)
-        results = tuple(
-            ProcessOutput(i, codes[i], read(outs[i]), read(errs[i])) for i in range(processes)
-        )
-    timed_out = any(c is None for c in codes) and not any(c not in (0, None) for c in codes)
-    return JobResult(results, timed_out, coordinator)
+                codes = wait_all(procs, timeout, grace)
+            finally:
+                for proc in procs:
+                    kill(proc)
+            results = tuple(
+                ProcessOutput(i, codes[i], read(outs[i]), read(errs[i])) for i in range(processes)
+            )
+        timed_out = any(c is None for c in codes) and not any(c not in (0, None) for c in codes)
+        return JobResult(results, timed_out, coordinator)
 
 
 def run_code(code: str, **kwargs: object) -> JobResult:

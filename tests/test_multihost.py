@@ -7,10 +7,14 @@ averages over all 8 devices of the job.
 
 from __future__ import annotations
 
+import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from multihost import run_code
+
+from jaxmigrate.verify.processes import Coordinator
 
 PMAP_JOB = """
 from functools import partial
@@ -73,3 +77,33 @@ def test_each_process_gets_its_share_of_the_devices_and_the_job() -> None:
     ]
     with pytest.raises(ValueError, match="cannot be split evenly between 3 processes"):
         run_code(code, join=False, processes=3, devices=8)
+
+
+def test_a_held_coordinator_port_is_not_handed_to_another_job() -> None:
+    """The port of a job's coordinator stays bound until the job ends: a port found free and let
+    go was once handed to a second job starting meanwhile, whose process joined the first's
+    coordinator ("tried to connect with a different incarnation")."""
+    with Coordinator() as held:
+        port = int(held.address.rsplit(":", 1)[1])
+        with socket.socket() as plain, pytest.raises(OSError):  # taken for a plain bind
+            plain.bind(("localhost", port))
+        others = []
+        for _ in range(300):  # what the next jobs are given, while this one runs
+            with Coordinator() as other:
+                others.append(int(other.address.rsplit(":", 1)[1]))
+        assert port not in others
+    with socket.socket() as plain:  # let go when the job ends
+        plain.bind(("localhost", port))
+
+
+@pytest.mark.jax
+def test_jobs_started_together_each_join_their_own_coordinator() -> None:
+    code = "import jax; print('job', jax.process_count(), jax.device_count())"
+    with ThreadPoolExecutor(3) as pool:
+        jobs = list(
+            pool.map(lambda _: run_code(code, processes=2, devices=4, timeout=120), range(3))
+        )
+    addresses = {job.coordinator for job in jobs}
+    assert len(addresses) == 3, addresses
+    for job in jobs:
+        assert all("job 2 4" in out for out in job.check().stdouts)

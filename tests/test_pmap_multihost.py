@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 
 from jaxmigrate.model import Options
 from jaxmigrate.pipeline.engine import migrate_source
-from jaxmigrate.verify.processes import with_devices
+from jaxmigrate.verify.processes import Coordinator, with_devices
 
 pytestmark = pytest.mark.jax
 
@@ -129,17 +128,15 @@ def oracle() -> np.ndarray:
     return w
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        return int(sock.getsockname()[1])
-
-
 def run_job(script: Path, tmp: Path) -> list[dict]:
     """Run `script` as a 2-process JAX job; return what each process wrote."""
     env = with_devices(os.environ, LOCAL_DEVICES)
     env["JAX_PLATFORMS"] = "cpu"
-    port = str(free_port())
+    with Coordinator() as held:  # its port held until the job ends
+        return _run(script, tmp, env, held.address.rsplit(":", 1)[1])
+
+
+def _run(script: Path, tmp: Path, env: dict[str, str], port: str) -> list[dict]:
     outs = [tmp / f"{script.stem}.{i}.json" for i in range(PROCESSES)]
     procs = [
         subprocess.Popen(

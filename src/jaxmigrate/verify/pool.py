@@ -36,7 +36,7 @@ from jaxmigrate.verify.child.protocol import (
     encode,
 )
 from jaxmigrate.verify.config import VerifyConfig
-from jaxmigrate.verify.processes import coordinator_address, process_env
+from jaxmigrate.verify.processes import Coordinator, process_env
 from jaxmigrate.verify.workspace import CHILD_PACKAGE, Workspace
 
 STARTUP_TIMEOUT = 120.0
@@ -209,6 +209,7 @@ class Worker:
         self.started = False
         self.ready = False
         self.spawn_error = ""
+        self.coordinator: Coordinator | None = None  # a multi-process job's, while it runs
         self.jax = ""  # the JAX version the worker runs (its ready message says)
         self.python = config.python_of(side)
         self.spawn()
@@ -228,7 +229,9 @@ class Worker:
             str(self.config.memory_limit),
         ]
         self.ready = False
-        coordinator = coordinator_address() if len(self.processes) > 1 else ""
+        if len(self.processes) > 1:
+            self.coordinator = Coordinator()  # held until the job stops
+        coordinator = self.coordinator.address if self.coordinator is not None else ""
         errors = [
             p.spawn(command, root, child_env(self.config, self.ws, (), i, coordinator, self.python))
             for i, p in enumerate(self.processes)
@@ -340,6 +343,9 @@ class Worker:
         """Kill every process (and whatever they forked); the next request starts a new job."""
         for process in self.processes:
             process.stop()
+        if self.coordinator is not None:
+            self.coordinator.close()
+            self.coordinator = None
         self.started = False
         self.ready = False
 

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from typing import Self
 
 PROCESS_ID = "JAXMIGRATE_PROCESS_ID"
 NUM_PROCESSES = "JAXMIGRATE_NUM_PROCESSES"
@@ -35,13 +36,6 @@ def devices_per_process(devices: int, processes: int) -> int:
             f"(choose a multiple of {processes})"
         )
     return devices // processes
-
-
-def free_port() -> int:
-    """Return a TCP port on localhost that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("localhost", 0))
-        return int(sock.getsockname()[1])
 
 
 def with_devices(env: Mapping[str, str], count: int) -> dict[str, str]:
@@ -71,9 +65,31 @@ def process_env(
     return out
 
 
-def coordinator_address() -> str:
-    """Return a fresh coordinator address for one job."""
-    return f"localhost:{free_port()}"
+class Coordinator:
+    """The coordinator address of one JAX job, its port held until `close()`.
+
+    A port found free and let go could be handed to another job starting meanwhile (CI runs
+    many 2-process jobs at once): two coordinators then bind it (gRPC sets SO_REUSEPORT) and
+    one job's process joins the other's ("tried to connect with a different incarnation").
+    The port is held by a socket bound with SO_REUSEPORT that never listens: the job's
+    coordinator binds it beside that socket, and no `bind(("localhost", 0))` on this machine is
+    given it while it is held (the kernel picks a port no socket is bound to).
+    """
+
+    def __init__(self) -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        self._socket.bind(("localhost", 0))
+        self.address = f"localhost:{self._socket.getsockname()[1]}"
+
+    def close(self) -> None:
+        self._socket.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 def wait_all(

@@ -8,6 +8,7 @@ the JSON sidecars; the pickled arguments are opened by the workers.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shlex
@@ -33,7 +34,7 @@ from jaxmigrate.verify.child.protocol import (
 from jaxmigrate.verify.config import VerifyConfig
 from jaxmigrate.verify.planner import Plan, reach_spans
 from jaxmigrate.verify.pool import child_env, kill_group
-from jaxmigrate.verify.processes import coordinator_address, wait_all
+from jaxmigrate.verify.processes import Coordinator, wait_all
 from jaxmigrate.verify.targets import Kind
 from jaxmigrate.verify.workspace import Workspace
 
@@ -159,43 +160,44 @@ def run_command(
         return f"`{command}` was not run: its paths outside the project were kept as {exc}"
     imports = tuple(p for p in (tree, tree / "src") if p.is_dir())
     count = config.processes
-    coordinator = coordinator_address() if count > 1 else ""
-    procs = []
-    logs = []
-    for i in range(count):
-        python = config.python_of(side)
-        env = child_env(config, ws, (ws.boot, *imports), i, coordinator, python)
-        env["JAXMIGRATE_RECORD"] = str(plan_file)
-        env[PYTHON_VARIABLE] = python  # a notebook's script runs on its side's (`notebooks`)
-        env["PATH"] = os.pathsep.join([str(tool_shims(ws, python)), env["PATH"]])
-        name = "verify-with" if side == "original" else f"verify-with-{side}"
-        log = ws.logs / (f"{name}.log" if count == 1 else f"{name}.p{i}.log")
-        logs.append(log)
-        with log.open("ab") as out:
-            try:
-                procs.append(
-                    lifetime.spawn(
-                        ["/bin/sh", "-c", command],
-                        cwd=config.command_dir(tree),
-                        env=env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=out,
+    with Coordinator() if count > 1 else contextlib.nullcontext() as held:
+        coordinator = held.address if held is not None else ""  # its port held till the end
+        procs = []
+        logs = []
+        for i in range(count):
+            python = config.python_of(side)
+            env = child_env(config, ws, (ws.boot, *imports), i, coordinator, python)
+            env["JAXMIGRATE_RECORD"] = str(plan_file)
+            env[PYTHON_VARIABLE] = python  # a notebook's script runs on its side's (`notebooks`)
+            env["PATH"] = os.pathsep.join([str(tool_shims(ws, python)), env["PATH"]])
+            name = "verify-with" if side == "original" else f"verify-with-{side}"
+            log = ws.logs / (f"{name}.log" if count == 1 else f"{name}.p{i}.log")
+            logs.append(log)
+            with log.open("ab") as out:
+                try:
+                    procs.append(
+                        lifetime.spawn(
+                            ["/bin/sh", "-c", command],
+                            cwd=config.command_dir(tree),
+                            env=env,
+                            stdin=subprocess.DEVNULL,
+                            stdout=out,
+                            stderr=out,
+                        )
                     )
-                )
-            except OSError as exc:
-                out.write(f"cannot run the command: {exc}\n".encode())
-                for proc in procs:
-                    kill_group(proc)
-                return f"`{command}` could not be started: {exc}"
-    try:
-        codes = wait_all(procs, config.record_timeout)
-    finally:
-        for proc in procs:
-            kill_group(proc)
-    note = command_note(command, codes, config.record_timeout)
-    failed = next((i for i, code in enumerate(codes) if code not in (0, None)), None)
-    return note + last_lines(logs[failed]) if note and failed is not None else note
+                except OSError as exc:
+                    out.write(f"cannot run the command: {exc}\n".encode())
+                    for proc in procs:
+                        kill_group(proc)
+                    return f"`{command}` could not be started: {exc}"
+        try:
+            codes = wait_all(procs, config.record_timeout)
+        finally:
+            for proc in procs:
+                kill_group(proc)
+        note = command_note(command, codes, config.record_timeout)
+        failed = next((i for i, code in enumerate(codes) if code not in (0, None)), None)
+        return note + last_lines(logs[failed]) if note and failed is not None else note
 
 
 def same_start(command: str, ws: Workspace, config: VerifyConfig, first: bool) -> None:
