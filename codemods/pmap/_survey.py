@@ -1015,7 +1015,8 @@ class Finding(Pass):
             return "the pmapped function is a lambda: its calls are followed only for defs"
         if isinstance(value, cst.Attribute):
             return f"the pmapped function `{code(value)}` is an attribute: its body is not visible"
-        kinds = {b.kind for b in self.resolver.bindings(name)} if name else set()
+        bindings = self.resolver.bindings(name) if name else []
+        kinds = {b.kind for b in bindings}
         if kinds == {BindingKind.PARAM}:
             return f"the pmapped function `{name}` is a parameter: the def it is is not visible"
         if kinds == {BindingKind.IMPORT}:
@@ -1024,10 +1025,9 @@ class Finding(Pass):
             return f"the pmapped function `{name}` is defined more than once"
         if value is None:
             return "the pmapped function is not a def of this module"
-        bindings = self.resolver.bindings(name) if name else []
-        values = [b.value for b in bindings if b.value is not None]
-        if len(bindings) == 1 and values:  # `predict = make_predict(...)`
-            return f"the pmapped function is a value, `{name} = {_short(values[0])}`: its body is not visible"
+        if len(bindings) == 1 and bindings[0].value is not None:  # `predict = make(...)`
+            made = f"`{name} = {_short(bindings[0].value)}`"
+            return f"the pmapped function is a value, {made}: its body is not visible"
         bound = " or ".join(sorted(_BOUND.get(k, k.value) for k in kinds)) or "not bound here"
         return f"the pmapped function `{code(value)}` is {bound}, not a def of this module"
 
