@@ -229,8 +229,10 @@ class Worker:
             str(self.config.memory_limit),
         ]
         self.ready = False
-        if len(self.processes) > 1:
-            self.coordinator = Coordinator()  # held until the job stops
+        if self.coordinator is not None:  # a job started before, not stopped
+            self.coordinator.close()
+        # held until the job stops
+        self.coordinator = Coordinator() if len(self.processes) > 1 else None
         coordinator = self.coordinator.address if self.coordinator is not None else ""
         errors = [
             p.spawn(command, root, child_env(self.config, self.ws, (), i, coordinator, self.python))
