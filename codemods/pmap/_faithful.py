@@ -185,12 +185,16 @@ class Rewrite:
 Layers = list[tuple[Pmapped, list[Item]]]
 
 
-def arity(node: cst.CSTNode | None) -> int | None:
-    """Return how many positional arguments a visible def takes, when that number is fixed."""
+def arity(node: cst.CSTNode | None, statics: Sequence[int] = ()) -> int | None:
+    """Return how many positional arguments a visible def takes, when that number is fixed:
+    no defaults, or none after the last of `statics` (pmap raises unless a call passes every
+    static argument by position, so a default up to there is always overridden)."""
     if not isinstance(node, cst.FunctionDef) or isinstance(node.params.star_arg, cst.Param):
         return None
     positional = (*node.params.posonly_params, *node.params.params)
-    return None if any(p.default is not None for p in positional) else len(positional)
+    passed = max(statics, default=-1) + 1  # at least this many, by position
+    defaults = [i for i, p in enumerate(positional) if p.default is not None]
+    return len(positional) if all(i < passed for i in defaults) else None
 
 
 def after_imports(body: Sequence[cst.BaseStatement], default: int) -> int:
@@ -249,9 +253,9 @@ class Faithful(Finding):
         innermost, innermost_items = layers[-1]
         if statics:
             mapped = innermost_items[innermost.fun] if innermost.fun is not None else None
-            count = arity(site.mapped) if site.mapped is not None else None
+            count = arity(site.mapped, statics) if site.mapped is not None else None
             if count is None and mapped is not None:
-                count = self._partial_arity(mapped.arg.value)
+                count = self._partial_arity(mapped.arg.value, statics)
             in_specs = with_statics(in_specs, statics, count)
         fun = innermost_items[innermost.fun] if innermost.fun is not None else None
         name = names[0] if len(names) == 1 else tuple_of(names)
@@ -416,7 +420,7 @@ class Faithful(Finding):
         helper = Call(partial, [Item(cst.Arg(cst.Name(HELPER))), *plan.helper, *plan.jit])
         return [new.with_changes(decorator=helper.laid_out(room, self.state.style))]
 
-    def _partial_arity(self, fun: cst.BaseExpression) -> int | None:
+    def _partial_arity(self, fun: cst.BaseExpression, statics: Sequence[int]) -> int | None:
         """The positional arity of `functools.partial(f, k=v, ...)`, `f` a def of the module:
         the parameters before the first one bound by keyword (a position cannot reach later)."""
         assert self.survey is not None
@@ -431,7 +435,7 @@ class Faithful(Finding):
         names = [p.name.value for p in params.params]
         first = min((names.index(b) for b in bound if b in names), default=len(names))
         head = defs[0].with_changes(params=params.with_changes(params=params.params[:first]))
-        return None if params.posonly_params else arity(head)
+        return None if params.posonly_params else arity(head, statics)
 
     def _partial(self, site: PmapUse) -> cst.BaseExpression:
         """Return `functools.partial` as the site or the module spells it."""
