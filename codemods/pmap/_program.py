@@ -37,7 +37,7 @@ per-device gradients; under `check_vma=True` they would come out summed over dev
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -364,7 +364,8 @@ def rewrite_host(
 
 def _dropped(host: cst.FunctionDef, names: set[str]) -> cst.FunctionDef:
     """`host` without its `name = value` statements (no comment above them) binding `names`; a
-    block whose first statement went starts at the next one, without blank lines."""
+    block whose first statement went starts at the next one, without blank lines; elsewhere
+    the blank lines above a statement that went stay above the next one (after a nested def)."""
     lines = nodes_in(host.body, cst.SimpleStatementLine)
     drop = {id(line) for line in lines if _binds(line, names)}
 
@@ -375,16 +376,33 @@ def _dropped(host: cst.FunctionDef, names: set[str]) -> cst.FunctionDef:
             if not isinstance(updated_node, cst.IndentedBlock) or not updated_node.body:
                 return updated_node
             assert isinstance(original_node, cst.IndentedBlock)
-            first = updated_node.body[0]
-            lines = getattr(first, "leading_lines", ())
-            if id(original_node.body[0]) not in drop or any(line.comment for line in lines):
-                return updated_node
-            first = first.with_changes(leading_lines=[])  # type: ignore[call-arg]
-            return updated_node.with_changes(body=[first, *updated_node.body[1:]])
+            kept = [s for s in original_node.body if id(s) not in drop]
+            body = list(updated_node.body)
+            for i, statement in enumerate(body):
+                lines = getattr(statement, "leading_lines", ())
+                at = next(k for k, s in enumerate(original_node.body) if s is kept[i])
+                run = _run_before(original_node.body, at, drop)
+                if not run or any(line.comment for line in lines):
+                    continue
+                first = run[0] is original_node.body[0]
+                above = [] if first else list(getattr(run[0], "leading_lines", ()))
+                if first or len(above) > len(lines):
+                    body[i] = statement.with_changes(leading_lines=above)  # type: ignore[call-arg]
+            return updated_node.with_changes(body=body)
 
     out = host.visit(Drop())
     assert isinstance(out, cst.FunctionDef)
     return out
+
+
+def _run_before(
+    body: Sequence[cst.BaseStatement], at: int, drop: set[int]
+) -> list[cst.BaseStatement]:
+    """The statements dropped right before `body[at]`, in order."""
+    start = at
+    while start > 0 and id(body[start - 1]) in drop:
+        start -= 1
+    return list(body[start:at])
 
 
 def _binds(line: cst.SimpleStatementLine, names: set[str]) -> bool:
