@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from clitools import jm
-from conftest import check_messages, pinned_messages
+from conftest import check_messages, jax_env, pinned_messages
 
 from jaxmigrate.model import Bucket, Options
 from jaxmigrate.pipeline.files import process_file
@@ -341,3 +343,46 @@ def test_a_notebook_importing_none_of_its_code_base_defines_the_helper_and_says_
     assert "the helper is defined in a cell: this notebook imports no package of its code base" in (
         result.sites[0].message
     )
+
+
+RUN_CELLS = """\
+import json, sys
+import jax
+import numpy as np
+cells = [c for c in json.load(open(sys.argv[1]))["cells"] if c["cell_type"] == "code"]
+space = {}
+for cell in cells:
+    source = "".join(cell["source"])
+    lines = [line for line in source.splitlines() if not line.lstrip().startswith("%")]
+    exec("\\n".join(lines), space)
+print(json.dumps([np.asarray(x).tolist() for x in jax.tree.leaves((space["final"], space["losses"]))]))
+"""
+
+
+@pytest.mark.jax
+def test_a_notebook_step_made_and_called_in_cells_keeps_its_numbers(tmp_path: Path) -> None:
+    """The cells making and calling a step take the program-level form (`pmap_program_cells`):
+    run in order, before and after, they give the same weights and losses."""
+    script = tmp_path / "run_cells.py"
+    script.write_text(RUN_CELLS)
+    case = FIXTURES / "pmap_program_cells.ipynb"
+    outputs = []
+    for notebook in (case, expected_for(case)):
+        done = subprocess.run(
+            [sys.executable, str(script), str(notebook)],
+            check=False,
+            capture_output=True,
+            text=True,
+            env=jax_env(),
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs.append(json.loads(done.stdout.splitlines()[-1]))
+    migrated = "".join(
+        "".join(c["source"]) for c in json.loads(expected_for(case).read_text())["cells"]
+    )
+    assert "jax.pmap" not in migrated and "replicate" not in migrated and "shard(" not in migrated
+    before, after = outputs
+    assert len(before) == len(after) == 4  # the weights, three losses
+    for want, got in zip(before, after, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)

@@ -309,9 +309,14 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     differing between devices when an argument does: `jax.pmap(partial(model.apply,
     train=False))` is followed as such a body);
   - `PL103` the step is called where it is made (`jax.pmap(f)(x)`);
-  - `PL104` the step is made in a class body, a lambda, or a block at module level other
-    than `if __name__ == "__main__":` (that block is followed as a function, its names globals
-    that no def of the module may read when the step is passed or returns them: PL304);
+  - `PL104` the step is made in a class body or a lambda. A step made in
+    `if __name__ == "__main__":` is followed in that block as in a function, and one made at
+    module level and used only there (a script's loop, a notebook's cells) in the module's
+    statements, read as the body of one function: the mesh is made where the step is, its
+    names are globals that no def of the module may read when the step is passed or returns
+    them (PL304), and the module must have no other pmap (PL601: its statements are rewritten
+    as one). Such a group has no function to run for verification: `unverified` (a notebook's
+    recorded calls of the step change layout), written with `--unsafe-fixes` after review;
   - `PL105` a nested pmap; `PL106` the def has other decorators than pmap's;
   - `PL107` the step's name is bound more than once;
   - `PL108` a pmap option this form does not take (`devices=` other than `jax.devices()`,
@@ -326,7 +331,8 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     called more than once or holding a pmap, named in `__all__`; returned by a factory other
     code may call, a public one of a package unless `closed-code-base`; a def it is passed to
     that blocks names its value, with that value's code: "`p_eval_step` is passed to
-    `evaluate`, where ..."); `PL202` used outside the functions of the module; `PL203` called in a nested
+    `evaluate`, where ..."); `PL202` used outside the functions of the module as well as in
+    them (`STEPS = {"total": step}` beside `step(x)` in a def); `PL203` called in a nested
     function not followed (called more than once, or maybe before the step is made); `PL204` its calls pass different arguments (`*`/`**`, keywords out of order, a
     batch in one function and a replicated value in another); `PL205` not called;
   - `PL206` a call's results are bound other than to plain names (`d["k"] = step(...)`), or
@@ -686,6 +692,10 @@ class Pmap(Faithful):
         return module
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        host = self.main_blocks.get(id(original_node))  # a script's statements, read as a def
+        if host is not None and id(host) in self.programs:  # the module's only program
+            out = self._rewrite_program(self.programs[id(host)], host)
+            updated_node = updated_node.with_changes(body=out.body.body)
         new = {}  # the defs steps are passed to, rewritten, by name (a def of the module once)
         for statement in original_node.body:
             programs = self.callee_programs.get(id(statement))

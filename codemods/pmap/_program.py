@@ -213,9 +213,10 @@ class Program:
             return []
         first = statements[0].with_changes(leading_lines=self.statement.leading_lines)  # type: ignore[attr-defined]
         if len(statements) > 1 and isinstance(statements[-1], cst.FunctionDef):
-            # One blank line before an inner def after statements, as black writes it.
+            # One blank line before an inner def after statements, as black writes it; two
+            # before a def of the module (a script's step).
             statements[-1] = statements[-1].with_changes(
-                leading_lines=[cst.EmptyLine(indent=False)]
+                leading_lines=[cst.EmptyLine(indent=False)] * (1 if indent else 2)
             )
         return [first, *statements[1:]]
 

@@ -325,9 +325,8 @@ def _globals_unread(
     read one the step is passed or returns, nor a def of the block the rewrite edits (a
     generator now yielding flat batches): raise NotVisible if one may. The names it would drop
     as no longer read (`n = jax.local_device_count()`) stay when such a def reads them."""
-    if host.name.value != "__main__" or host.body not in [
-        s.body for s in module.body if isinstance(s, cst.If)
-    ]:
+    blocks = [s.body for s in module.body if isinstance(s, cst.If)]
+    if host.name.value != "__main__" or host.body not in blocks and not reads_module(host, module):
         return
     changed = {n for call in program.calls for a in call.args for n in names_in(a.value)}
     for call in program.calls:
@@ -352,6 +351,12 @@ def _globals_unread(
                     "def it edits)"
                 )
                 raise NotVisible(why, Decline.CLOSURE)
+
+
+def reads_module(host: cst.FunctionDef, module: cst.Module) -> bool:
+    """Whether `host` is the module's statements read as the body of one function."""
+    body = host.body.body
+    return len(body) == len(module.body) and all(a is b for a, b in zip(body, module.body))
 
 
 def _made_outside(host: cst.CSTNode | None) -> str:
@@ -420,18 +425,19 @@ class Finding(Pass):
                 stored.append(group)
                 continue
             try:
-                if self._made_outside(module, site):
+                if self._made_outside(module, site) and not self._module_program(flow, site):
                     step = self._outer_step(module, site)
                     declared = self._declared(module)
                     outer.append(follow_step(step, flow, module, self.qualname, declared))
                     continue
-                made_in.setdefault(id(site.around), []).append(site)
+                made_in.setdefault(id(self._host(site) or self._top(module, site)), []).append(site)
             except NotVisible as why:
                 site.fallback = str(why)
         for sites in made_in.values():
             self._take_steps(module, flow, sites)
         self._group_outer(module, flow, outer)
         self._take_stored(stored)
+        self._module_alone(module)
 
     def _stored_group(self, module: cst.Module, flow: Flow, site: PmapUse) -> OuterGroup | None:
         """The group of a step stored on `self` (`self.step = jax.pmap(...)`, or a factory's
@@ -587,6 +593,42 @@ class Finding(Pass):
         for site, _, program in taken:
             del self.sites[id(site.node)]
         self.programs[id(host)] = [(site, program) for site, _, program in taken]
+
+    def _module_program(self, flow: Flow, site: PmapUse) -> bool:
+        """A step made at module level and read only there, outside any def, class or lambda
+        (a script's or a notebook's loop): its program is the module's statements', read as
+        the body of one function."""
+        name = self._bound_to(site)
+        if isinstance(site.node, cst.Decorator) and len(site.pmaps) != 1:
+            return False
+        uses = flow.loads.get(name, []) if name else []
+        return bool(uses) and not any(
+            isinstance(a, SCOPES) for use in uses for a in flow.ancestors(use)
+        )
+
+    def _top(self, module: cst.Module, site: PmapUse) -> cst.CSTNode:
+        """The block a site outside any def is in: its `__main__` block, else the module."""
+        return main_block(module, site.ancestors) or module
+
+    def _module_alone(self, module: cst.Module) -> None:
+        """The module's own program is taken only if no other site or program of the module is
+        left: its statements are rewritten from the original, other edits in them would be
+        lost. Else its steps are faithful, saying so."""
+        host = self.main_blocks.get(id(module))
+        if host is None or id(host) not in self.programs:
+            return
+        others = bool(self.sites) or bool(self.outer) or bool(self.stored)
+        others = others or any(k != id(host) for k in self.programs)
+        if not others:
+            return
+        why = NotVisible(
+            "the module's statements make and call the step, and the module has other pmaps: "
+            "no one rewrite of its statements for them all",
+            Decline.MESH,
+        )
+        for site, _ in self.programs.pop(id(host)):
+            site.fallback = str(why)
+            self.sites[id(site.node)] = site
 
     def _made_outside(self, module: cst.Module, site: PmapUse) -> bool:
         """A pmap decorator on a def of the module, or `step = jax.pmap(...)` at module level."""
@@ -901,15 +943,20 @@ class Finding(Pass):
         self, module: cst.Module, around: tuple[cst.CSTNode, ...] | list[cst.CSTNode]
     ) -> cst.FunctionDef | None:
         """The `if __name__ == "__main__":` block at module level `around` (a site's ancestors)
-        is in, read as a def of its body (one per block), else None."""
+        is in, read as a def of its body (one per block); else, for a site in a statement of
+        the module, the module's statements read so; else None."""
         block = main_block(module, around)
-        if block is None:
+        if block is None and (len(around) < 2 or around[0] is not module):
             return None
-        host = self.main_blocks.get(id(block))
+        if block is None and around[1] not in module.body:
+            return None
+        key = id(block if block is not None else module)
+        host = self.main_blocks.get(key)
         if host is None:
-            assert isinstance(block.body, cst.IndentedBlock)
-            host = cst.FunctionDef(cst.Name("__main__"), cst.Parameters(), block.body)
-            self.main_blocks[id(block)] = host
+            body = block.body if block is not None else cst.IndentedBlock(body=module.body)
+            assert isinstance(body, cst.IndentedBlock)
+            host = cst.FunctionDef(cst.Name("__main__"), cst.Parameters(), body)
+            self.main_blocks[key] = host
         return host
 
     def _def_scope(self, node: cst.FunctionDef) -> cst.CSTNode | None:
