@@ -227,6 +227,7 @@ def test_the_step_site_says_what_the_program_level_form_assumes() -> None:
         "results": [0, 1],
         "varying": [False, False],
         "tuple": True,
+        "script": False,  # made in a function: that function is the unit
     }
     assert step.details["layout"] == layout
     with_layout = {s.key for s in result.sites if "layout" in s.details}

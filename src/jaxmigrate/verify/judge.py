@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxmigrate.model import Status
-from jaxmigrate.verify.child.protocol import Compared, Failed, Mismatch, Ran, Shows
+from jaxmigrate.verify.child.protocol import SCRIPT, Compared, Failed, Mismatch, Ran, Shows
 from jaxmigrate.verify.config import Verdict
 from jaxmigrate.verify.observed import observed_verdict
 from jaxmigrate.verify.planner import Plan
@@ -221,6 +221,8 @@ def candidate_verdict(plan: Plan, original: Ran, reply: Reply) -> Verdict:
     reason = f"agrees with {against} on {data.calls} {source} call(s)"
     if source == "run":  # a function without arguments (a `main()`): the program itself ran
         reason = f"agrees with {against} when `{plan.target.qualname}()` runs"
+        if plan.target.qualname == SCRIPT:
+            reason = f"agrees with {against} when `python {plan.path}` runs"
     if original.shows:
         details["compared"] = original.shows.details()
         reason += f" (compared: {compared(original.shows)})"

@@ -17,6 +17,7 @@ from typing import Any
 
 from jaxmigrate.pipeline.engine import line_map_between
 from jaxmigrate.verify.child.protocol import (
+    SCRIPT,
     Context,
     Inputs,
     Module,
@@ -198,19 +199,39 @@ def rewritten_step(text: str, qualname: str, details: dict[str, Any]) -> dict[st
     (the step is then only checked, its calls not compared)."""
     tree = parse(text)
     body = details["layout"].get("body")
-    unit = next(
+    unit: ast.AST | None = next(
         (
             node
             for node in (tree.body if tree is not None else [])
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == qualname
         ),
-        None,
+        tree if qualname == SCRIPT else None,
     )
     for node in ast.walk(unit) if unit is not None else ():
         if isinstance(node, ast.Assign) and _is_step(node.value, body):
             end = node.value.end_lineno or node.value.lineno
             return {"candidate_line": node.value.lineno, "candidate_end_line": end}
+        jit = _jit_decorator(node, body)
+        if jit is not None:  # `@jax.jit` over `@partial(jax.shard_map, ...)` on `def body`
+            return {
+                "candidate_line": jit.lineno,
+                "candidate_end_line": jit.end_lineno or jit.lineno,
+            }
     return {}
+
+
+def _jit_decorator(node: ast.AST, body: str | None) -> ast.expr | None:
+    """The outer `jax.jit` decorator (maybe through `partial`) of the def `body`, when the
+    next one maps it with `jax.shard_map`: the decorated program-level step; else None."""
+    if not isinstance(node, ast.FunctionDef) or node.name != body or len(node.decorator_list) < 2:
+        return None
+    outer, inner = node.decorator_list[:2]
+
+    def names(expr: ast.expr) -> list[str]:
+        return [n.attr for n in ast.walk(expr) if isinstance(n, ast.Attribute)]
+
+    jitted = "jit" in names(outer) and "shard_map" not in names(outer)
+    return outer if jitted and "shard_map" in names(inner) else None
 
 
 def _is_step(node: ast.expr, body: str | None) -> bool:

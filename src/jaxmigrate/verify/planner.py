@@ -14,6 +14,7 @@ from typing import Any
 
 from jaxmigrate.model import Safety, Site, Status
 from jaxmigrate.registry import all_passes
+from jaxmigrate.verify.child.protocol import SCRIPT
 from jaxmigrate.verify.config import Verdict, VerifyRequest
 from jaxmigrate.verify.targets import (
     Kind,
@@ -95,9 +96,13 @@ def plan_file(
     tree = ast.parse(request.original)
     verdicts: dict[str, Verdict] = {}
     grouped: dict[str, tuple[Target, list[Site]]] = {}
+    scripted = set() if request.command else script_groups(request.sites)
     for site in request.sites:
         if site.safety is Safety.SAFE:
             verdicts[site.key] = Verdict(Status.NOT_NEEDED, "safe rewrite")
+            continue
+        if site.group in scripted:  # the module run as a program is the group's unit
+            grouped.setdefault(SCRIPT, (script_target(tree), []))[1].append(site)
             continue
         target = find_target(tree, site.line)
         if request.command:  # a notebook: its program is the unit, whatever the target
@@ -128,6 +133,21 @@ def plan_file(
         for n, (target, sites) in enumerate(grouped.values())
     ]
     return plans, verdicts
+
+
+def script_groups(sites: Sequence[Site]) -> set[str]:
+    """The program-level pmap groups made and called outside any function (the step site's
+    `layout` says `script`: a script's statements, its `__main__` block): no function runs
+    them but the module run as a program."""
+    return {
+        s.group for s in sites if s.group is not None and s.details.get("layout", {}).get("script")
+    }
+
+
+def script_target(tree: ast.Module) -> Target:
+    """The module itself, run as `python file.py` (its statements, then its main block)."""
+    last = max((node.end_lineno or node.lineno for node in tree.body), default=1)
+    return Target(Kind.FUNCTION, SCRIPT, 1, 0, structure={"last": last})
 
 
 def add_to_unit(
@@ -232,7 +252,10 @@ def callable_lines(tree: ast.Module, name: str) -> list[tuple[int, int]]:
 
 
 def body_lines(tree: ast.Module, target: Target) -> tuple[int, int] | None:
-    """Return the lines of a function target's body, after its header (None if not found)."""
+    """Return the lines of a function target's body, after its header (None if not found);
+    the module run as a program (`SCRIPT`): all of it."""
+    if target.qualname == SCRIPT:
+        return 1, max((node.end_lineno or node.lineno for node in tree.body), default=1)
     for node in tree.body:
         if (
             isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))

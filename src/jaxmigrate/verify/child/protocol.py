@@ -48,10 +48,17 @@ class Module:
     text: str | None = None
 
 
+# The qualname of a target that is the module itself run as a program (`python file.py`): a
+# program-level pmap group made and called outside any function (a script's statements, its
+# `if __name__ == "__main__":` block).
+SCRIPT = "<script>"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Target(Module):
-    """The function to run: its module, its qualified name, the name it is called by (a
-    function the program only runs jitted), and the module with only its safe rewrites."""
+    """The function to run: its module, its qualified name (`SCRIPT`: the module run as a
+    program), the name it is called by (a function the program only runs jitted), and the
+    module with only its safe rewrites."""
 
     qualname: str
     call_as: str | None = None

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, TypeVar
 
-from .protocol import Context, Module, Reply, Run, Target
+from .protocol import SCRIPT, Context, Module, Reply, Run, Target
 
 RETURNED = ".returned"  # suffix of the files holding a factory's returned function's calls
 STEPS = ".steps"  # beside the outputs: the original's step calls are among them (`layouts`)
@@ -198,6 +198,8 @@ class Runner:
         spec: Target = request.target
         if variant.startswith(SAFE_REWRITES):
             spec = dataclasses.replace(spec, text=spec.baseline)
+        if spec.qualname == SCRIPT:
+            return self.script(spec)
         try:
             module = self.load(spec, variant)
         except BaseException as exc:
@@ -209,6 +211,38 @@ class Runner:
             kind = type(obj).__name__
             raise UserError("target", f"`{spec.qualname}` is a {kind}, not a function")
         return module, obj
+
+    def script(self, spec: Target) -> tuple[ModuleType, Any]:
+        """Return a module standing for the script and a function running it as `python
+        file.py` does (`__name__ == "__main__"`, its statements then its main block): a unit,
+        whose run shows what it prints and writes, and the step calls it makes."""
+        path = os.path.join(self.root, spec.file)
+        text = spec.text
+        if text is None:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        entry = os.path.join(self.root, spec.path)
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+        try:
+            code = compile(text, path, "exec")
+        except BaseException as exc:
+            raise UserError("import", self.explain(exc)) from exc
+        stand_in = ModuleType(spec.module)
+        stand_in.__file__ = path
+
+        def run() -> None:
+            module = ModuleType("__main__")
+            module.__file__ = path
+            previous, argv = sys.modules.get("__main__"), sys.argv
+            sys.modules["__main__"], sys.argv = module, [path]  # its flags: their defaults
+            try:
+                exec(code, module.__dict__)  # noqa: S102 - running the script is the point
+            finally:
+                self.restore("__main__", previous)
+                sys.argv = argv
+
+        return stand_in, run
 
     def explain(self, exc: BaseException) -> str:
         at = where(exc, self.root)
