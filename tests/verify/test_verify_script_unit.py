@@ -96,3 +96,25 @@ def test_a_scripts_program_is_verified_by_running_the_script(tmp_path: Path) -> 
     failed = step["details"]["program_level"]  # the step's first call: the array updated
     assert failed["status"] == "failed", failed
     assert "['step calls (flat layout)'][0]['arguments'][0]" in failed["reason"], failed
+
+
+def test_a_scripts_program_is_verified_as_a_two_process_job(tmp_path: Path) -> None:
+    """Each process runs the script; what each prints is compared (gloo's log of its
+    connections, printed by the runtime on whichever side connects first, is not the
+    program's)."""
+    text = (FIXTURES / "program_module_level_script.py").read_text()
+    (tmp_path / "train.py").write_text(text + '\n\nif __name__ == "__main__":\n    print(final)\n')
+    report = tmp_path.parent / "report.json"
+    proc = jm(
+        *("run", "--dry-run", "--no-cache", "--processes", "2", "train.py"),
+        *("--timeout", "300", "--report", str(report), "--format", "json"),
+        cwd=tmp_path,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (entry,) = json.loads(report.read_text())["files"]
+    assert len(entry["sites"]) == 5
+    for site in entry["sites"]:
+        assert site["status"] == "verified", site
+        reason = site["details"]["verification"]
+        assert "when `python train.py` runs (compared: 1 printed line(s))" in reason, reason

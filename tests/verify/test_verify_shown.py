@@ -196,3 +196,16 @@ def test_a_path_in_the_side_s_own_copy_is_printed_alike() -> None:
     rewrite = placed(["saved to /tmp/jv-1/candidate/ckpt"], "/tmp/jv-1/candidate")
     assert original == rewrite == ["saved to <tree>/ckpt"]
     assert line_why(original[0], rewrite[0]) == ""
+
+
+def test_what_the_runtime_prints_is_not_the_programs_output() -> None:
+    """gloo logs its connections to standard output at a multi-process job's first collective,
+    on whichever side makes it first: those lines are not what the program shows."""
+    from jaxmigrate.verify.child.shown import the_programs
+
+    printed = [
+        "[Gloo] Rank 3 is connected to 7 peer ranks. Expected number of connected peer ranks is : 7",
+        "final [1. 2. 3.]",
+        "[Gloo] said the program itself",
+    ]
+    assert the_programs(printed) == printed[1:]

@@ -143,15 +143,22 @@ def nothing_shown(plan: Plan, data: Ran) -> Verdict | None:
     found = data.shows
     if not found or found.returned or found.printed or found.files:
         return None
-    name = plan.target.qualname
-    reason = f"`{name}()` returned nothing and printed or wrote nothing to compare"
+    unit = unit_label(plan)
+    reason = f"{unit} returned nothing and printed or wrote nothing to compare"
     if found.left_out:  # what it showed differs between two runs of the original
         reason = (
-            f"the original is nondeterministic: {found.left_out}, and `{name}()` returned, "
+            f"the original is nondeterministic: {found.left_out}, and {unit} returned, "
             "printed or wrote nothing else to compare"
         )
     details = base_details(plan, data) | {"compared": found.details()}
     return Verdict(Status.UNVERIFIED, reason, details)
+
+
+def unit_label(plan: Plan) -> str:
+    """How a unit is named to the user: `main()`, or `python train.py` for a script."""
+    if plan.target.qualname == SCRIPT:
+        return f"`python {plan.path}`"
+    return f"`{plan.target.qualname}()`"
 
 
 def compared(found: Shows | None) -> str:
@@ -220,9 +227,7 @@ def candidate_verdict(plan: Plan, original: Ran, reply: Reply) -> Verdict:
         return Verdict(Status.UNVERIFIED, reason, details)
     reason = f"agrees with {against} on {data.calls} {source} call(s)"
     if source == "run":  # a function without arguments (a `main()`): the program itself ran
-        reason = f"agrees with {against} when `{plan.target.qualname}()` runs"
-        if plan.target.qualname == SCRIPT:
-            reason = f"agrees with {against} when `python {plan.path}` runs"
+        reason = f"agrees with {against} when {unit_label(plan)} runs"
     if original.shows:
         details["compared"] = original.shows.details()
         reason += f" (compared: {compared(original.shows)})"

@@ -322,7 +322,7 @@ class Runner:
     @contextmanager
     def showing(self, variant: str) -> Iterator[None]:
         """Keep what a unit call prints and writes in the tree (`shown`), then undo its writes."""
-        from .shown import Shown, files_kept, placed, stdout_captured
+        from .shown import Shown, files_kept, placed, stdout_captured, the_programs
 
         self.unit_variants.append(variant)
         shown = Shown()
@@ -330,7 +330,7 @@ class Runner:
         with files_kept(self.root, self.pristine, read=True) as changes, stdout_captured() as out:
             yield
         # each side runs in its own copy: a path in it is printed as `<tree>` on both
-        shown.printed = placed(out, self.root)
+        shown.printed = placed(the_programs(out), self.root)
         shown.files = {
             rel: ("text", placed(entry[1], self.root)) if entry[0] == "text" else entry
             for rel, entry in changes.files.items()

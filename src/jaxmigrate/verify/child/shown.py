@@ -192,6 +192,16 @@ def stdout_captured() -> Iterator[list[str]]:
             lines.extend(data.decode("utf-8", errors="replace").splitlines())
 
 
+# What JAX's runtime prints to standard output, not the program: gloo's log of the connections
+# a multi-process job makes at its first collective (on whichever side makes it first).
+RUNTIME_LINES = re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\b")
+
+
+def the_programs(lines: list[str]) -> list[str]:
+    """Return the lines written to standard output by the program, not by JAX's runtime."""
+    return [line for line in lines if not RUNTIME_LINES.match(line)]
+
+
 def placed(lines: list[str], root: str) -> list[str]:
     """Return `lines` with the side's tree (its own temporary copy) written `<tree>`."""
     roots = sorted({root, os.path.realpath(root)}, key=len, reverse=True)
