@@ -221,3 +221,28 @@ def test_a_notebook_with_a_removed_import_is_recorded_through_its_safe_rewrites(
     pmap = next(s for s in files[0]["sites"] if s["code"] == "JM202")
     assert (pmap["status"], pmap["applied"]) == ("verified", True)
     assert pmap["details"]["reference"] == "safe-rewrites"
+
+
+@pytest.mark.jax
+def test_a_program_made_in_the_cells_says_it_is_not_verified_and_how_to_apply_it(
+    tmp_path: Path,
+) -> None:
+    """`pmap_program_cells.ipynb` takes the program-level form in its cells: the recorded calls
+    of its step change layout, so the group is `unverified`, saying why (not "the runs
+    diverged"), with what would apply it."""
+    fixture = Path(__file__).resolve().parent.parent / "fixtures_notebooks"
+    (tmp_path / "train.ipynb").write_bytes((fixture / "pmap_program_cells.ipynb").read_bytes())
+    proc = jaxmigrate(
+        *("run", "--dry-run", "--no-cache", "--report", "out.json", "--format", "json", "."),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sites = json.loads((tmp_path / "out.json").read_text())["files"][0]["sites"]
+    assert len(sites) == 5 and "(program-level)" in sites[0]["message"]
+    for site in sites:
+        assert site["status"] == "unverified" and not site["applied"], site
+        assert site["details"]["verification"].startswith(
+            "a program-level pmap group made and called in the notebook's cells is not verified"
+        )
+    shown = " ".join(proc.stdout.split())
+    assert "to apply: --unsafe-fixes after reviewing the diff, or --pmap-style faithful" in shown

@@ -36,7 +36,7 @@ from jaxmigrate.pipeline.notebook import (
 from jaxmigrate.verify.bound import judge_one, rerun
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.judge import with_jax
-from jaxmigrate.verify.planner import SAFE_REWRITES, Plan
+from jaxmigrate.verify.planner import SAFE_REWRITES, Plan, script_groups
 from jaxmigrate.verify.pool import Worker
 from jaxmigrate.verify.recording import PYTHON_VARIABLE, Recording, record
 from jaxmigrate.verify.reference import jax_version_of
@@ -208,7 +208,12 @@ def verify_notebooks(
         again = rerun(command, group, candidates, ws, run_config)
         again = replace(again, error=again.error.replace(f"`{command}`", f"`{shown}`"))
         named = replace(config, verify_with=shown)
+        made_in_cells = script_groups(request.sites)
         for plan in group:
+            if any(site.group in made_in_cells for site in plan.sites):
+                details = {"unit": "notebook", "cells_program": True}
+                verdicts[plan.id] = Verdict(Status.UNVERIFIED, CELLS_PROGRAM, details)
+                continue
             if plan.id not in recording.calls:
                 verdicts[plan.id] = not_run(plan, error, request.cells, extra)
                 continue
@@ -220,6 +225,17 @@ def verify_notebooks(
         for plan in group:
             verdicts[plan.id] = with_jax(verdicts[plan.id], tried, ran, on_own)
     return verdicts
+
+
+# A program-level pmap group made and called in the cells themselves: the calls of its step
+# are recorded, but the rewrite passes them flat (replicated values whole, batches global), so
+# they cannot be compared as they are; the cells are not run as one unit through the layout
+# adapters, as a script is (`planner.script_groups`).
+CELLS_PROGRAM = (
+    "a program-level pmap group made and called in the notebook's cells is not verified by "
+    "running them yet (its step's calls change layout); review its diff and pass "
+    "--unsafe-fixes, or `--pmap-style faithful` for the per-device form, which running the cells verifies"
+)
 
 
 def versions(config: VerifyConfig, worker: Worker) -> dict[str, str]:
