@@ -246,3 +246,25 @@ def test_a_program_made_in_the_cells_says_it_is_not_verified_and_how_to_apply_it
         )
     shown = " ".join(proc.stdout.split())
     assert "to apply: --unsafe-fixes after reviewing the diff, or --pmap-style faithful" in shown
+
+
+def test_a_notebook_with_an_unverifiable_program_demotes_its_verified_sites() -> None:
+    """The cells ran with the program-level group rewritten; without it (unverified, not
+    written by default) the notebook that will be written was not run."""
+    from types import SimpleNamespace
+
+    from jaxmigrate.model import Status
+    from jaxmigrate.verify.config import Verdict
+    from jaxmigrate.verify.notebooks import CELLS_PROGRAM, demote
+
+    plans = [SimpleNamespace(id="a"), SimpleNamespace(id="b")]
+    verdicts = {
+        "a": Verdict(Status.VERIFIED, "made the same 2 call(s)"),
+        "b": Verdict(Status.UNVERIFIED, CELLS_PROGRAM, {"cells_program": True}),
+    }
+    demote(plans, verdicts)  # type: ignore[arg-type]
+    assert verdicts["a"].status is Status.UNVERIFIED
+    assert "program-level pmap group rewritten" in verdicts["a"].reason
+    alone = {"a": Verdict(Status.VERIFIED, "made the same 2 call(s)")}
+    demote(plans[:1], alone)  # type: ignore[arg-type]
+    assert alone["a"].status is Status.VERIFIED

@@ -189,6 +189,15 @@ def verify_notebooks(
     ran: dict[str, str] = {}
     for group in by_notebook.values():
         request = group[0].request
+        made_in_cells = script_groups(request.sites)
+        for plan in group:
+            if any(site.group in made_in_cells for site in plan.sites):
+                details = {"unit": "notebook", "cells_program": True}
+                verdicts[plan.id] = Verdict(Status.UNVERIFIED, CELLS_PROGRAM, details)
+        program = [plan for plan in group if plan.id in verdicts]
+        group = [plan for plan in group if plan.id not in verdicts]
+        if not group:  # nothing the cells' run could show: not run
+            continue
         command = request.command or ""
         # The script runs from the notebook's folder, whatever directory jaxmigrate ran from.
         run_config = replace(config, workdir=None, verify_with=command)
@@ -208,19 +217,14 @@ def verify_notebooks(
         again = rerun(command, group, candidates, ws, run_config)
         again = replace(again, error=again.error.replace(f"`{command}`", f"`{shown}`"))
         named = replace(config, verify_with=shown)
-        made_in_cells = script_groups(request.sites)
         for plan in group:
-            if any(site.group in made_in_cells for site in plan.sites):
-                details = {"unit": "notebook", "cells_program": True}
-                verdicts[plan.id] = Verdict(Status.UNVERIFIED, CELLS_PROGRAM, details)
-                continue
             if plan.id not in recording.calls:
                 verdicts[plan.id] = not_run(plan, error, request.cells, extra)
                 continue
             verdict = judge_one(plan, recording, again, worker, named)
             details = {**verdict.details, "unit": "notebook", "reference": reference}
             verdicts[plan.id] = replace(verdict, details=details)
-        demote(group, verdicts)
+        demote([*group, *program], verdicts)
         ran = ran or versions(config, worker)
         for plan in group:
             verdicts[plan.id] = with_jax(verdicts[plan.id], tried, ran, on_own)
@@ -271,14 +275,20 @@ def through_safe_rewrites(
 
 
 def demote(group: Sequence[Plan], verdicts: dict[str, Verdict]) -> None:
-    """Demote the verified sites of a notebook that has a failed one, in place.
+    """Demote the verified sites of a notebook that has a failed one (or a program-level group
+    made in its cells, which is not verified), in place.
 
     The cells ran with every site rewritten; without the failed one, the text that will be
     written was not run.
     """
-    if not any(verdicts[p.id].status is Status.FAILED for p in group):
-        return
     note = "not re-verified without the failed sites of its notebook"
+    if not any(verdicts[p.id].status is Status.FAILED for p in group):
+        if not any(verdicts[p.id].details.get("cells_program") for p in group):
+            return
+        note = (  # the group is written only with --unsafe-fixes: the cells ran with it
+            "the cells ran with the notebook's program-level pmap group rewritten, which is "
+            "not verified: not re-verified without it"
+        )
     for plan in group:
         verdict = verdicts[plan.id]
         if verdict.status is Status.VERIFIED:
