@@ -315,8 +315,8 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     statements, read as the body of one function: the mesh is made where the step is, its
     names are globals that no def of the module may read when the step is passed or returns
     them (PL304), and the module must have no other pmap (PL601: its statements are rewritten
-    as one). Such a group is verified by running the module as `python file.py` does (in a
-    notebook it is `unverified`: the recorded calls of its step change layout);
+    as one). Such a group is verified by running the module as `python file.py` does (a
+    notebook's code cells, in order, as one script);
   - `PL105` a nested pmap; `PL106` the def has other decorators than pmap's;
   - `PL107` the step's name is bound more than once;
   - `PL108` a pmap option this form does not take (`devices=` other than `jax.devices()`,

@@ -224,47 +224,27 @@ def test_a_notebook_with_a_removed_import_is_recorded_through_its_safe_rewrites(
 
 
 @pytest.mark.jax
-def test_a_program_made_in_the_cells_says_it_is_not_verified_and_how_to_apply_it(
+def test_a_program_made_in_the_cells_is_verified_by_running_them_as_one_script(
     tmp_path: Path,
 ) -> None:
     """`pmap_program_cells.ipynb` takes the program-level form in its cells: the recorded calls
-    of its step change layout, so the group is `unverified`, saying why (not "the runs
-    diverged"), with what would apply it."""
+    of its step change layout, so its cells run as one script, as a `.py` script's program
+    does, the step's calls compared through the layout adapters; verified and written."""
     fixture = Path(__file__).resolve().parent.parent / "fixtures_notebooks"
-    (tmp_path / "train.ipynb").write_bytes((fixture / "pmap_program_cells.ipynb").read_bytes())
-    proc = jaxmigrate(
-        *("run", "--dry-run", "--no-cache", "--report", "out.json", "--format", "json", "."),
-        cwd=tmp_path,
-    )
+    path = tmp_path / "colab" / "train.ipynb"
+    path.parent.mkdir()
+    path.write_bytes((fixture / "pmap_program_cells.ipynb").read_bytes())
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", ".")
+    git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "pmap")
+    proc = jaxmigrate("run", "--report", "out.json", "--format", "json", ".", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     sites = json.loads((tmp_path / "out.json").read_text())["files"][0]["sites"]
     assert len(sites) == 5 and "(program-level)" in sites[0]["message"]
+    assert [s["cell"] for s in sites] == [3, 4, 5, 5, 6]
     for site in sites:
-        assert site["status"] == "unverified" and not site["applied"], site
-        assert site["details"]["verification"].startswith(
-            "a program-level pmap group made and called in the notebook's cells is not verified"
-        )
-    shown = " ".join(proc.stdout.split())
-    assert "to apply: --unsafe-fixes after reviewing the diff, or --pmap-style faithful" in shown
-
-
-def test_a_notebook_with_an_unverifiable_program_demotes_its_verified_sites() -> None:
-    """The cells ran with the program-level group rewritten; without it (unverified, not
-    written by default) the notebook that will be written was not run."""
-    from types import SimpleNamespace
-
-    from jaxmigrate.model import Status
-    from jaxmigrate.verify.config import Verdict
-    from jaxmigrate.verify.notebooks import CELLS_PROGRAM, demote
-
-    plans = [SimpleNamespace(id="a"), SimpleNamespace(id="b")]
-    verdicts = {
-        "a": Verdict(Status.VERIFIED, "made the same 2 call(s)"),
-        "b": Verdict(Status.UNVERIFIED, CELLS_PROGRAM, {"cells_program": True}),
-    }
-    demote(plans, verdicts)  # type: ignore[arg-type]
-    assert verdicts["a"].status is Status.UNVERIFIED
-    assert "program-level pmap group rewritten" in verdicts["a"].reason
-    alone = {"a": Verdict(Status.VERIFIED, "made the same 2 call(s)")}
-    demote(plans[:1], alone)  # type: ignore[arg-type]
-    assert alone["a"].status is Status.VERIFIED
+        assert site["status"] == "verified" and site["applied"], site
+        reason = site["details"]["verification"]
+        assert "when `colab/train.ipynb`'s code cells run in order" in reason, reason
+    cells = "".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"])
+    assert "jax.pmap" not in cells and "replicate" not in cells and "shard(" not in cells

@@ -125,8 +125,6 @@ def apply_hint(site: Site) -> str:
         return "jaxmigrate run --interactive (resumes the review)"
     if site.reason == REJECTED:
         return "jaxmigrate run --interactive, and answer y"
-    if site.details.get("cells_program"):  # a notebook's program-level group: not verifiable
-        return "--unsafe-fixes after reviewing the diff, or --pmap-style faithful"
     if site.cell is not None and site.details.get("unit") == "notebook":
         return "make the notebook run here (see its reason), or --unsafe-fixes after reviewing the diff"
     if site.cell is not None:

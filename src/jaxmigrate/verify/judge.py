@@ -155,10 +155,20 @@ def nothing_shown(plan: Plan, data: Ran) -> Verdict | None:
 
 
 def unit_label(plan: Plan) -> str:
-    """How a unit is named to the user: `main()`, or `python train.py` for a script."""
+    """How a unit is named to the user: `main()`, `python train.py` for a script, the code
+    cells of a notebook."""
+    if plan.target.qualname == SCRIPT and plan.request.label:
+        return f"`{plan.request.label}`'s code cells"
     if plan.target.qualname == SCRIPT:
         return f"`python {plan.path}`"
     return f"`{plan.target.qualname}()`"
+
+
+def unit_runs(plan: Plan) -> str:
+    """When a unit runs, in words: "`main()` runs", "its code cells run in order"."""
+    if plan.target.qualname == SCRIPT and plan.request.label:
+        return f"{unit_label(plan)} run in order"
+    return f"{unit_label(plan)} runs"
 
 
 def compared(found: Shows | None) -> str:
@@ -227,7 +237,7 @@ def candidate_verdict(plan: Plan, original: Ran, reply: Reply) -> Verdict:
         return Verdict(Status.UNVERIFIED, reason, details)
     reason = f"agrees with {against} on {data.calls} {source} call(s)"
     if source == "run":  # a function without arguments (a `main()`): the program itself ran
-        reason = f"agrees with {against} when {unit_label(plan)} runs"
+        reason = f"agrees with {against} when {unit_runs(plan)}"
     if original.shows:
         details["compared"] = original.shows.details()
         reason += f" (compared: {compared(original.shows)})"

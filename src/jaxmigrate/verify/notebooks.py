@@ -36,7 +36,7 @@ from jaxmigrate.pipeline.notebook import (
 from jaxmigrate.verify.bound import judge_one, rerun
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.judge import with_jax
-from jaxmigrate.verify.planner import SAFE_REWRITES, Plan, script_groups
+from jaxmigrate.verify.planner import SAFE_REWRITES, Plan
 from jaxmigrate.verify.pool import Worker
 from jaxmigrate.verify.recording import PYTHON_VARIABLE, Recording, record
 from jaxmigrate.verify.reference import jax_version_of
@@ -159,7 +159,7 @@ def notebook_request(
     problem = before.problem or after.problem
     if problem:
         return f"the notebook cannot run here: {problem}"
-    located = tuple(replace(s, line=before.line_of(s), cell=None) for s in sites)
+    located = tuple(in_script(s, before) for s in sites)
     safe = program(baseline) if baseline is not None else None
     return VerifyRequest(
         baseline=safe.code if safe is not None and not safe.problem else None,
@@ -171,6 +171,17 @@ def notebook_request(
         label=relpath,
         cells=before.starts,
     )
+
+
+def in_script(site: Site, script: Program) -> Site:
+    """Return a notebook's site located by its line in the cells' script; a program-level
+    step's `layout` lines too (the layout adapters find the step by them)."""
+    details, line = site.details, script.line_of(site)
+    layout = details.get("layout")
+    if layout is not None:  # the step's lines start at the site's (the pmap is the site)
+        moved = {"line": line, "end_line": line + layout["end_line"] - layout["line"]}
+        details = {**details, "layout": {**layout, **moved}}
+    return replace(site, line=line, cell=None, details=details)
 
 
 def verify_notebooks(
@@ -189,15 +200,6 @@ def verify_notebooks(
     ran: dict[str, str] = {}
     for group in by_notebook.values():
         request = group[0].request
-        made_in_cells = script_groups(request.sites)
-        for plan in group:
-            if any(site.group in made_in_cells for site in plan.sites):
-                details = {"unit": "notebook", "cells_program": True}
-                verdicts[plan.id] = Verdict(Status.UNVERIFIED, CELLS_PROGRAM, details)
-        program = [plan for plan in group if plan.id in verdicts]
-        group = [plan for plan in group if plan.id not in verdicts]
-        if not group:  # nothing the cells' run could show: not run
-            continue
         command = request.command or ""
         # The script runs from the notebook's folder, whatever directory jaxmigrate ran from.
         run_config = replace(config, workdir=None, verify_with=command)
@@ -224,22 +226,11 @@ def verify_notebooks(
             verdict = judge_one(plan, recording, again, worker, named)
             details = {**verdict.details, "unit": "notebook", "reference": reference}
             verdicts[plan.id] = replace(verdict, details=details)
-        demote([*group, *program], verdicts)
+        demote(group, verdicts)
         ran = ran or versions(config, worker)
         for plan in group:
             verdicts[plan.id] = with_jax(verdicts[plan.id], tried, ran, on_own)
     return verdicts
-
-
-# A program-level pmap group made and called in the cells themselves: the calls of its step
-# are recorded, but the rewrite passes them flat (replicated values whole, batches global), so
-# they cannot be compared as they are; the cells are not run as one unit through the layout
-# adapters, as a script is (`planner.script_groups`).
-CELLS_PROGRAM = (
-    "a program-level pmap group made and called in the notebook's cells is not verified by "
-    "running them yet (its step's calls change layout); review its diff and pass "
-    "--unsafe-fixes, or `--pmap-style faithful` for the per-device form, which running the cells verifies"
-)
 
 
 def versions(config: VerifyConfig, worker: Worker) -> dict[str, str]:
@@ -275,20 +266,14 @@ def through_safe_rewrites(
 
 
 def demote(group: Sequence[Plan], verdicts: dict[str, Verdict]) -> None:
-    """Demote the verified sites of a notebook that has a failed one (or a program-level group
-    made in its cells, which is not verified), in place.
+    """Demote the verified sites of a notebook that has a failed one, in place.
 
     The cells ran with every site rewritten; without the failed one, the text that will be
     written was not run.
     """
-    note = "not re-verified without the failed sites of its notebook"
     if not any(verdicts[p.id].status is Status.FAILED for p in group):
-        if not any(verdicts[p.id].details.get("cells_program") for p in group):
-            return
-        note = (  # the group is written only with --unsafe-fixes: the cells ran with it
-            "the cells ran with the notebook's program-level pmap group rewritten, which is "
-            "not verified: not re-verified without it"
-        )
+        return
+    note = "not re-verified without the failed sites of its notebook"
     for plan in group:
         verdict = verdicts[plan.id]
         if verdict.status is Status.VERIFIED:

@@ -96,7 +96,7 @@ def plan_file(
     tree = ast.parse(request.original)
     verdicts: dict[str, Verdict] = {}
     grouped: dict[str, tuple[Target, list[Site]]] = {}
-    scripted = set() if request.command else script_groups(request.sites)
+    scripted = script_groups(request.sites)  # a notebook's too: its cells as one script
     for site in request.sites:
         if site.safety is Safety.SAFE:
             verdicts[site.key] = Verdict(Status.NOT_NEEDED, "safe rewrite")
@@ -137,8 +137,9 @@ def plan_file(
 
 def script_groups(sites: Sequence[Site]) -> set[str]:
     """The program-level pmap groups made and called outside any function (the step site's
-    `layout` says `script`: a script's statements, its `__main__` block): no function runs
-    them but the module run as a program."""
+    `layout` says `script`: a script's statements, its `__main__` block, a notebook's cells):
+    no function runs them but the module (a notebook's cells as one script) run as a
+    program."""
     return {
         s.group for s in sites if s.group is not None and s.details.get("layout", {}).get("script")
     }

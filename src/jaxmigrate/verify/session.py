@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from jaxmigrate.model import Status
 from jaxmigrate.verify import lifetime, writes
 from jaxmigrate.verify.bound import fallbacks, judge_bound, parent, rerun, shadows, with_replay
-from jaxmigrate.verify.child.protocol import Ran
+from jaxmigrate.verify.child.protocol import SCRIPT, Ran
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.judge import (
     candidate_verdict,
@@ -287,8 +287,10 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
     plans, verdicts = plan_all(requests, config.root, record=bool(config.verify_with))
     if not plans:
         return verdicts
-    notebooks = [p for p in plans if p.request.command]
-    modules = [p for p in plans if not p.request.command]
+    # A notebook's sites are verified by recording its cells' calls, but a program it makes
+    # in its cells by running them as one script through the layout adapters (`SCRIPT`).
+    notebooks = [p for p in plans if p.request.command and p.target.qualname != SCRIPT]
+    modules = [p for p in plans if not p.request.command or p.target.qualname == SCRIPT]
     bound = [p for p in modules if p.target.kind is Kind.BOUND]
     runnable = [p for p in modules if p.target.kind is not Kind.BOUND]
     originals = {r.path: r.original for r in requests}
@@ -332,6 +334,7 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
                 by_plan.update(
                     verify_notebooks(notebooks, candidates, ws, lanes[0].candidate, config)
                 )
+            demote_with_programs(notebooks, runnable, by_plan)
         isolation = lifetime.isolation()
     wrote = writes.note(outside)
     for plan in plans:
@@ -359,6 +362,23 @@ NETWORK_FAILURES = re.compile(
     r"|nodename nor servname|No address associated with hostname|getaddrinfo failed"
 )
 BLOCKED = "the code tried to reach the network, which verification blocks"
+
+
+def demote_with_programs(
+    notebooks: Sequence[Plan], runnable: Sequence[Plan], by_plan: dict[str, Verdict]
+) -> None:
+    """Demote, in place, the verified sites of a notebook whose cells make a program-level
+    group, when that group or another site of it failed: the cells ran with every site
+    rewritten, and the failed one will not be written."""
+    programs = [p for p in runnable if p.request.command]
+    plans = [*notebooks, *programs]
+    failed = {p.path for p in plans if by_plan[p.id].status is Status.FAILED}
+    note = "not re-verified without the failed sites of its notebook"
+    for plan in plans:
+        verdict = by_plan[plan.id]
+        if plan.path in failed and verdict.status is Status.VERIFIED:
+            details = {**verdict.details, "verified_with_all_sites": True}
+            by_plan[plan.id] = Verdict(Status.UNVERIFIED, note, details)
 
 
 def sandboxed(verdict: Verdict, isolation: str) -> Verdict:

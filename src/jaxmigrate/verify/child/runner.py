@@ -231,14 +231,20 @@ class Runner:
         stand_in = ModuleType(spec.module)
         stand_in.__file__ = path
 
+        # A notebook's cells (`nb.ipynb.py`) run from the notebook's folder, as Jupyter runs them.
+        folder = os.path.dirname(path) if path.endswith(".ipynb.py") else None
+
         def run() -> None:
             module = ModuleType("__main__")
             module.__file__ = path
-            previous, argv = sys.modules.get("__main__"), sys.argv
+            previous, argv, cwd = sys.modules.get("__main__"), sys.argv, os.getcwd()
             sys.modules["__main__"], sys.argv = module, [path]  # its flags: their defaults
             try:
+                if folder is not None:
+                    os.chdir(folder)
                 exec(code, module.__dict__)  # noqa: S102 - running the script is the point
             finally:
+                os.chdir(cwd)
                 self.restore("__main__", previous)
                 sys.argv = argv
 
