@@ -57,3 +57,13 @@ def jm(
         timeout=timeout,
         **kwargs,
     )
+
+
+def git(root: Path, *args: str) -> None:
+    """Run git in `root` as the tests' author (no global identity needed); raise if it fails."""
+    subprocess.run(
+        ["git", "-c", "user.email=t@t", "-c", "user.name=t", *args],
+        cwd=root,
+        check=True,
+        capture_output=True,
+    )

@@ -6,11 +6,11 @@ from __future__ import annotations
 import ast
 import io
 import json
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from clitools import git
 from review_cases import (
     GROUPED,
     PMAP,
@@ -193,15 +193,6 @@ def test_a_notebook_is_reviewed_cell_by_cell_and_resumed(tmp_path: Path) -> None
     everything_but_one = [0, 2, 3, 4]
     expected = rendered(original, everything_but_one, path="nb.ipynb", unsafe_fixes=True)
     assert (tmp_path / "nb.ipynb").read_text() == expected
-
-
-def git(root: Path, *args: str) -> None:
-    subprocess.run(
-        ["git", "-c", "user.email=t@t", "-c", "user.name=t", *args],
-        cwd=root,
-        check=True,
-        capture_output=True,
-    )
 
 
 def test_dirty_files_are_refused_but_our_own_writes_resume(tree: Path) -> None:

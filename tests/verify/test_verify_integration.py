@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import libcst as cst
 import pytest
-from clitools import jm
+from clitools import git, jm
 
 from jaxmigrate.model import Bucket, FileResult, Options, Safety, Status
 from jaxmigrate.pipeline.engine import migrate_source
@@ -82,10 +82,6 @@ def test_a_failed_site_is_dropped_and_the_rest_reverified(tmp_path: Path) -> Non
     assert "jnp.tanh(x * 2) + 1" in out.new_text and "double(x + 1)" in out.new_text
     assert out.bucket is Bucket.CHANGED
     assert (tmp_path / "mod.py").read_text() == SOURCE
-
-
-def git(root: Path, *args: str) -> None:
-    subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
 
 
 LEGACY = textwrap.dedent("""

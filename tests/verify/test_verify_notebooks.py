@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clitools import jm
+from clitools import git, jm
 
 from jaxmigrate.verify.notebooks import command_for, program, script_path
 
@@ -82,10 +82,6 @@ def notebook(*cells: list[str]) -> str:
 
 def jaxmigrate(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return jm(*args, cwd=cwd, timeout=900)
-
-
-def git(root: Path, *args: str) -> None:
-    subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
 
 
 def sites_of(report: Path) -> dict[str, dict[str, Any]]:
@@ -236,7 +232,7 @@ def test_a_program_made_in_the_cells_is_verified_by_running_them_as_one_script(
     path.write_bytes((fixture / "pmap_program_cells.ipynb").read_bytes())
     git(tmp_path, "init", "-q")
     git(tmp_path, "add", ".")
-    git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "pmap")
+    git(tmp_path, "commit", "-qm", "pmap")
     proc = jaxmigrate("run", "--report", "out.json", "--format", "json", ".", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     sites = json.loads((tmp_path / "out.json").read_text())["files"][0]["sites"]

@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from clitools import jm
+from clitools import git, jm
 from conftest import jax_env
 
 from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site, Status
@@ -35,15 +35,6 @@ DATA = Path(__file__).resolve().parent.parent / "data" / "pmap_fallback"
 TWO_STEPS = (DATA / "two_steps.py").read_text()
 GOOD, ALIASED, LOGGED = (f"JM202:program:{line}:14" for line in (14, 25, 39))  # steps' groups
 FAILED_NOTE = "program-level form failed verification ("
-
-
-def git(root: Path, *args: str) -> None:
-    subprocess.run(
-        ["git", "-c", "user.email=t@t", "-c", "user.name=t", *args],
-        cwd=root,
-        check=True,
-        capture_output=True,
-    )
 
 
 def test_a_step_asked_for_its_fallback_is_faithful_and_the_other_stays_program_level() -> None:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
-from clitools import jm
+from clitools import git, jm
 from multihost import run_job
 
 from jaxmigrate.config import load_config
@@ -31,15 +30,6 @@ from jaxmigrate.verify.processes import DeviceSplitError, processes_hint
 from jaxmigrate.verify.session import with_processes_hint
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "multihost"
-
-
-def git(root: Path, *args: str) -> None:
-    subprocess.run(
-        ["git", "-c", "user.email=t@t", "-c", "user.name=t", *args],
-        cwd=root,
-        check=True,
-        capture_output=True,
-    )
 
 
 @pytest.fixture

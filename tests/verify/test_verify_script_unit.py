@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
-from clitools import jm
+from clitools import git, jm
 
 pytestmark = pytest.mark.jax
 
@@ -52,15 +51,6 @@ ALIASED = textwrap.dedent(
     print("total", float(total[0]))
     """
 )
-
-
-def git(root: Path, *args: str) -> None:
-    subprocess.run(
-        ["git", "-c", "user.email=t@t", "-c", "user.name=t", *args],
-        cwd=root,
-        check=True,
-        capture_output=True,
-    )
 
 
 def test_a_scripts_program_is_verified_by_running_the_script(tmp_path: Path) -> None:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
-from clitools import jm
+from clitools import git, jm
 
 from jaxmigrate.model import Status
 from jaxmigrate.verify import VerifyConfig, verify_against
@@ -52,10 +51,6 @@ def dry_run_sites(root: Path) -> list[dict[str, Any]]:
     )
     assert proc.returncode in (0, 1), proc.stderr
     return [s for f in json.loads(report.read_text())["files"] for s in f["sites"]]
-
-
-def git(root: Path, *args: str) -> None:
-    subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
 
 
 def test_a_training_function_without_arguments_is_run_and_its_pmap_verified(
