@@ -74,6 +74,7 @@ def test_a_scripts_program_is_verified_by_running_the_script(tmp_path: Path) -> 
         assert all(s["status"] == "verified" and s["applied"] for s in sites), sites
         (reason,) = {s["details"]["verification"] for s in sites}  # one unit for the group
         assert f"agrees with the original when `python {name}` runs" in reason
+        assert "3 call(s) of its step in the flat layout" in reason, reason
         assert "(program-level)" in " ".join(s["message"] for s in sites)
     shown = next(s for s in files["main_block.py"] if "(program-level)" in s["message"])
     assert shown["details"]["compared"]["printed"] == 1

@@ -141,7 +141,7 @@ def nothing_shown(plan: Plan, data: Ran) -> Verdict | None:
     A `main()` that returns nothing, prints nothing and writes no file agrees with anything.
     """
     found = data.shows
-    if not found or found.returned or found.printed or found.files:
+    if not found or found.returned or found.printed or found.files or found.steps:
         return None
     unit = unit_label(plan)
     reason = f"{unit} returned nothing and printed or wrote nothing to compare"
@@ -182,6 +182,8 @@ def compared(found: Shows | None) -> str:
     if files:
         names = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
         parts.append(f"{len(files)} file(s) it wrote ({names})")
+    if found.steps:
+        parts.append(f"{found.steps} call(s) of its step in the flat layout")
     text = ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
     if found.left_out:
         text += f"; {found.left_out}"

@@ -73,15 +73,28 @@ def nondeterministic(why: str) -> Failed:
     return Failed(stage="call", error=error, nondeterministic=True)
 
 
-def shows(shown: list[Any], returned: bool) -> Shows:
-    """Return what a unit's comparison covers: its return value, printed lines, files."""
+def shows(shown: list[Any], returned: bool, steps: int = 0) -> Shows:
+    """Return what a unit's comparison covers: its return value, printed lines, files, and
+    the calls of its program-level step."""
     lines = 0
     files: list[str] = []
     for one in shown:
         count, names = one.compared()
         lines += count
         files += [n for n in names if n not in files]
-    return Shows(returned=returned, printed=lines, files=files)
+    return Shows(returned=returned, printed=lines, files=files, steps=steps)
+
+
+STEP_CALLS = "['step calls (flat layout)']"  # where `Runner.with_steps` puts them
+
+
+def returns_and_steps(flats: list[Any]) -> tuple[bool, int]:
+    """Whether a unit's outputs hold a value it returned, and how many step calls they hold."""
+    from .values import Opaque
+
+    paths = [path for flat in flats for path, leaf in flat.leaves if not isinstance(leaf, Opaque)]
+    steps = {path[len(STEP_CALLS) :].split("]")[0] for path in paths if path.startswith(STEP_CALLS)}
+    return any(not path.startswith(STEP_CALLS) for path in paths), len(steps)
 
 
 def against_second(request: RunOriginal, first: Reply, second: Reply) -> Reply:
@@ -116,7 +129,9 @@ def against_second(request: RunOriginal, first: Reply, second: Reply) -> Reply:
     kept = [varying(a, b) for a, b in zip(*runs)]
     with open(shown_path, "wb") as handle:
         pickle.dump(kept, handle)
-    found_shows = shows(kept, bool(first.shows and first.shows.returned))
+    found_shows = shows(
+        kept, bool(first.shows and first.shows.returned), first.shows.steps if first.shows else 0
+    )
     note = left_out(kept[0]) if kept else ""
     if note:
         found_shows = dataclasses.replace(found_shows, left_out=note)
@@ -228,7 +243,6 @@ def attempt(runner: Runner, request: RunOriginal, variant: str) -> Ran:
     from .hostify import flat_shapes, shapes
     from .observe import Observed
     from .pickling import dumps
-    from .values import Opaque
 
     module, fn = runner.target(request, variant)
     runner.watch = watcher(request, module, variant)
@@ -257,12 +271,8 @@ def attempt(runner: Runner, request: RunOriginal, variant: str) -> Ran:
     if runner.shown:  # a unit ran: what it printed and wrote is compared too
         with open(request.outputs_path + SHOWN, "wb") as handle:
             pickle.dump(runner.shown, handle)
-        has_return = any(
-            not isinstance(leaf, Opaque)
-            for flat in [*outputs, *returned_outputs]
-            for _, leaf in flat.leaves
-        )
-        found_shows = shows(runner.shown, has_return)
+        has_return, steps = returns_and_steps([*outputs, *returned_outputs])
+        found_shows = shows(runner.shown, has_return, steps)
     size, hint = mesh_size(calls[0], request.inputs.structure)
     return Ran(
         reference=variant,

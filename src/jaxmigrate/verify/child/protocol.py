@@ -239,12 +239,14 @@ class Mismatch:
 @dataclass(frozen=True, kw_only=True)
 class Shows:
     """What a unit's comparison covers: its return value, its printed lines, the files it
-    wrote; `left_out` says what two runs of the original disagreed on (not compared)."""
+    wrote, the calls of its program-level step; `left_out` says what two runs of the original
+    disagreed on (not compared)."""
 
     returned: bool
     printed: int
     files: list[str] = field(default_factory=list)
     left_out: str | None = None
+    steps: int = 0  # the calls of a program-level step compared through the layout adapters
 
     def details(self) -> dict[str, Any]:
         return {k: v for k, v in plain_fields(self).items() if v is not None}
