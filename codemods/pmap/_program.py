@@ -37,7 +37,7 @@ per-device gradients; under `check_vma=True` they would come out summed over dev
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -368,7 +368,7 @@ def _dropped(host: cst.FunctionDef, names: set[str]) -> cst.FunctionDef:
     block whose first statement went starts at the next one, without blank lines; elsewhere
     the blank lines above a statement that went stay above the next one (after a nested def)."""
     lines = nodes_in(host.body, cst.SimpleStatementLine)
-    drop = {id(line) for line in lines if _binds(line, names)}
+    drop = {id(line): list(line.leading_lines) for line in lines if _binds(line, names)}
 
     class Drop(cst.CSTTransformer):
         def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
@@ -377,33 +377,42 @@ def _dropped(host: cst.FunctionDef, names: set[str]) -> cst.FunctionDef:
             if not isinstance(updated_node, cst.IndentedBlock) or not updated_node.body:
                 return updated_node
             assert isinstance(original_node, cst.IndentedBlock)
-            kept = [s for s in original_node.body if id(s) not in drop]
-            body = list(updated_node.body)
-            for i, statement in enumerate(body):
-                lines = getattr(statement, "leading_lines", ())
-                at = next(k for k, s in enumerate(original_node.body) if s is kept[i])
-                run = _run_before(original_node.body, at, drop)
-                if not run or any(line.comment for line in lines):
-                    continue
-                first = run[0] is original_node.body[0]
-                above = [] if first else list(getattr(run[0], "leading_lines", ()))
-                if first or len(above) > len(lines):
-                    body[i] = statement.with_changes(leading_lines=above)  # type: ignore[call-arg]
-            return updated_node.with_changes(body=body)
+            updated_node = blank_lines_kept(original_node, updated_node, drop)
+            first = updated_node.body[0]
+            lines = getattr(first, "leading_lines", ())
+            if id(original_node.body[0]) not in drop or any(line.comment for line in lines):
+                return updated_node
+            first = first.with_changes(leading_lines=[])  # type: ignore[call-arg]
+            return updated_node.with_changes(body=[first, *updated_node.body[1:]])
 
     out = host.visit(Drop())
     assert isinstance(out, cst.FunctionDef)
     return out
 
 
-def _run_before(
-    body: Sequence[cst.BaseStatement], at: int, drop: set[int]
-) -> list[cst.BaseStatement]:
-    """The statements dropped right before `body[at]`, in order."""
-    start = at
-    while start > 0 and id(body[start - 1]) in drop:
-        start -= 1
-    return list(body[start:at])
+def blank_lines_kept(
+    original: cst.IndentedBlock,
+    updated: cst.IndentedBlock,
+    dropped: dict[int, list[cst.EmptyLine]],
+    expanded: dict[int, int] | None = None,
+) -> cst.IndentedBlock:
+    """The blank lines above a dropped statement (`dropped`: by id of the original, its blank
+    lines) go to the next one kept (which had none); `expanded`: statements made several."""
+    if not any(id(s) in dropped for s in original.body):
+        return updated
+    body, at, pending = list(updated.body), 0, list[cst.EmptyLine]()
+    for statement in original.body:
+        if id(statement) in dropped:
+            pending = pending or dropped[id(statement)]
+            continue
+        count = (expanded or {}).get(id(statement), 1)
+        if pending and count and at < len(body):
+            lines = getattr(body[at], "leading_lines", None)
+            if lines is not None and not any(line.comment is None for line in lines):
+                body[at] = body[at].with_changes(leading_lines=[*pending, *lines])  # type: ignore[call-arg]
+        pending = pending if not count else []
+        at += count
+    return updated.with_changes(body=body)
 
 
 def _binds(line: cst.SimpleStatementLine, names: set[str]) -> bool:
@@ -472,7 +481,9 @@ class _Edit(cst.CSTTransformer):
             return cst.RemovalSentinel.REMOVE  # `x = replicate(x)` with the replication gone
         if isinstance(original_node, cst.IndentedBlock):
             assert isinstance(updated_node, cst.IndentedBlock)
-            updated_node = self._blank_lines_kept(original_node, updated_node)
+            updated_node = blank_lines_kept(
+                original_node, updated_node, self.dropped, self.expanded
+            )
         if self.setup is not None and original_node is self.setup[0]:
             self.before = updated_node
         if self.setup is not None and original_node is self.setup[3]:
@@ -491,26 +502,6 @@ class _Edit(cst.CSTTransformer):
         ):
             return _fitted_for(updated_node, here, self.style)
         return updated_node
-
-    def _blank_lines_kept(
-        self, original: cst.IndentedBlock, updated: cst.IndentedBlock
-    ) -> cst.IndentedBlock:
-        """The blank lines above a dropped statement go to the next one kept (which had none)."""
-        if not any(id(s) in self.dropped for s in original.body):
-            return updated
-        body, at, pending = list(updated.body), 0, list[cst.EmptyLine]()
-        for statement in original.body:
-            if id(statement) in self.dropped:
-                pending = pending or self.dropped[id(statement)]
-                continue
-            count = self.expanded.get(id(statement), 1)
-            if pending and count and at < len(body):
-                lines = getattr(body[at], "leading_lines", None)
-                if lines is not None and not any(line.comment is None for line in lines):
-                    body[at] = body[at].with_changes(leading_lines=[*pending, *lines])  # type: ignore[call-arg]
-            pending = pending if not count else []
-            at += count
-        return updated.with_changes(body=body)
 
     def _with_entry(self, block: cst.IndentedBlock) -> cst.IndentedBlock:
         """Make the parameters the callers pass as copies per device one value each, first
