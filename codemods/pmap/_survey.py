@@ -321,13 +321,10 @@ def main_block(module: cst.Module, around: Sequence[cst.CSTNode]) -> cst.If | No
 def _globals_unread(
     module: cst.Module, host: cst.FunctionDef, program: Program, flow: Flow
 ) -> None:
-    """A `__main__` block's names are the module's globals: no def or class of the module may
-    read one the step is passed or returns, nor a def of the block the rewrite edits (a
-    generator now yielding flat batches): raise NotVisible if one may. The names it would drop
+    """A `__main__` block's names (or a script's) are the module's globals: no def or class of
+    the module may read one the step is passed or returns, nor a def of the block the rewrite
+    edits (a generator now yielding flat batches): raise NotVisible if one may. The names it would drop
     as no longer read (`n = jax.local_device_count()`) stay when such a def reads them."""
-    blocks = [s.body for s in module.body if isinstance(s, cst.If)]
-    if host.name.value != "__main__" or host.body not in blocks and not reads_module(host, module):
-        return
     changed = {n for call in program.calls for a in call.args for n in names_in(a.value)}
     for call in program.calls:
         around = flow.parent.get(id(call))
@@ -351,12 +348,6 @@ def _globals_unread(
                     "def it edits)"
                 )
                 raise NotVisible(why, Decline.CLOSURE)
-
-
-def reads_module(host: cst.FunctionDef, module: cst.Module) -> bool:
-    """Whether `host` is the module's statements read as the body of one function."""
-    body = host.body.body
-    return len(body) == len(module.body) and all(a is b for a, b in zip(body, module.body))
 
 
 def _made_outside(host: cst.CSTNode | None) -> str:
@@ -1006,7 +997,8 @@ class Finding(Pass):
     ) -> Program:
         """`program`, made at `made` in `host`, once no def of the module reads a global it
         changes; a mesh of pmap's already bound before `made` is reused."""
-        _globals_unread(module, host, program, flow)
+        if any(host is block for block in self.main_blocks.values()):  # names: the globals
+            _globals_unread(module, host, program, flow)
         passed_on_checked(program, flow, self.state.outside, self.survey.strings)  # type: ignore[union-attr]
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
         mesh = mesh_in_scope(scopes, made, flow, program.axis, self.qualname)
