@@ -31,7 +31,7 @@ from jaxmigrate.verify.judge import (
     with_jax,
 )
 from jaxmigrate.verify.messages import Sources, Task, make_task
-from jaxmigrate.verify.notebooks import verify_notebooks
+from jaxmigrate.verify.notebooks import demote, verify_notebooks
 from jaxmigrate.verify.planner import Plan, plan_all
 from jaxmigrate.verify.pool import Reply, Worker
 from jaxmigrate.verify.processes import processes_hint
@@ -368,17 +368,10 @@ def demote_with_programs(
     notebooks: Sequence[Plan], runnable: Sequence[Plan], by_plan: dict[str, Verdict]
 ) -> None:
     """Demote, in place, the verified sites of a notebook whose cells make a program-level
-    group, when that group or another site of it failed: the cells ran with every site
-    rewritten, and the failed one will not be written."""
+    group (run as a script, `SCRIPT`) when one of its sites failed (`notebooks.demote`)."""
     programs = [p for p in runnable if p.request.command]
-    plans = [*notebooks, *programs]
-    failed = {p.path for p in plans if by_plan[p.id].status is Status.FAILED}
-    note = "not re-verified without the failed sites of its notebook"
-    for plan in plans:
-        verdict = by_plan[plan.id]
-        if plan.path in failed and verdict.status is Status.VERIFIED:
-            details = {**verdict.details, "verified_with_all_sites": True}
-            by_plan[plan.id] = Verdict(Status.UNVERIFIED, note, details)
+    for path in {p.path for p in programs}:
+        demote([p for p in [*notebooks, *programs] if p.path == path], by_plan)
 
 
 def sandboxed(verdict: Verdict, isolation: str) -> Verdict:
