@@ -142,11 +142,7 @@ class Runner:
     # Modules ------------------------------------------------------------------------------
     def load(self, spec: Module, variant: str) -> ModuleType:
         """Execute the module `spec` names (its `text`, else its file) once per variant."""
-        path = os.path.join(self.root, spec.file)
-        text = spec.text
-        if text is None:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
+        path, text = self.source(spec)
         key = (spec.module, variant, hashlib.sha1(text.encode()).hexdigest())
         if key not in self.modules:
             self.modules[key] = self.execute(
@@ -154,12 +150,22 @@ class Runner:
             )
         return self.modules[key]
 
-    def execute(self, spec: Module, path: str, text: str, keep: bool) -> ModuleType:
-        from .isolation import seed
-
+    def source(self, spec: Module) -> tuple[str, str]:
+        """Return the path of the module `spec` names and its text (`spec.text`, else the
+        file's); its folder is importable from then on."""
+        path = os.path.join(self.root, spec.file)
+        text = spec.text
+        if text is None:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
         entry = os.path.join(self.root, spec.path)
         if entry not in sys.path:
             sys.path.insert(0, entry)
+        return path, text
+
+    def execute(self, spec: Module, path: str, text: str, keep: bool) -> ModuleType:
+        from .isolation import seed
+
         name = spec.module
         module_spec = importlib.util.spec_from_file_location(name, path)
         assert module_spec is not None
@@ -216,15 +222,8 @@ class Runner:
         """Return a module standing for the script and a function running it as `python
         file.py` does (`__name__ == "__main__"`, its statements then its main block): a unit,
         whose run shows what it prints and writes, and the step calls it makes."""
-        path = os.path.join(self.root, spec.file)
-        text = spec.text
-        if text is None:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
-        entry = os.path.join(self.root, spec.path)
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
         try:
+            path, text = self.source(spec)
             code = compile(text, path, "exec")
         except BaseException as exc:
             raise UserError("import", self.explain(exc)) from exc
