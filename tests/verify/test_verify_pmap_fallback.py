@@ -28,6 +28,7 @@ from jaxmigrate.pipeline.engine import migrate_source
 from jaxmigrate.verify import Verdict, VerifyConfig, verify_results
 from jaxmigrate.verify.child.protocol import Ran
 from jaxmigrate.verify.judge import layout_verdict
+from jaxmigrate.verify.notebooks import program
 from jaxmigrate.verify.pool import combine
 from jaxmigrate.verify.results import failed_forms, short
 
@@ -151,6 +152,56 @@ def test_run_writes_the_faithful_form_where_the_program_level_one_failed(tmp_pat
         timeout=300,
     )
     assert ran.stdout.strip() == "same", ran.stderr
+
+
+@pytest.mark.jax
+def test_a_notebooks_failed_program_falls_back_to_the_faithful_form_verified_in_its_cells(
+    tmp_path: Path,
+) -> None:
+    """`aliased_cells.ipynb` is `aliased` made and called in a notebook's cells (the module-level
+    program, verified by running the cells as one script): the program-level form fails there as
+    in a function, and the notebook is migrated again with that step faithful, its cells run
+    again, verified and written, as a Python file's would be."""
+    path = tmp_path / "aliased.ipynb"
+    shutil.copyfile(DATA / "aliased_cells.ipynb", path)
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", ".")
+    git(tmp_path, "commit", "-qm", "pmap")
+    report = tmp_path.parent / "report.json"
+    proc = jm(
+        *("run", ".", "--report", str(report), "--format", "json"),
+        cwd=tmp_path,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (step,) = json.loads(report.read_text())["files"][0]["sites"]
+    assert step["status"] == "verified" and step["applied"], step
+    assert "[PL603] " + FAILED_NOTE + "outputs differ" in step["message"]
+    assert step["message"].endswith(": faithful form written")
+    assert "its code cells, in order" in step["details"]["verification"]
+    assert step["details"]["program_level"]["status"] == "failed"
+    written = json.loads(path.read_text())["cells"]
+    cells = ["".join(c["source"]) for c in written]
+    assert "jax.pmap(" not in cells[2] and "shard_map_per_device(" in cells[2]
+    assert "params = jnp.broadcast_to(w, (n,) + w.shape)\nw += 1.0" in cells[2]
+
+    # The written cells print what the original's did: params halved from w before it moved on.
+    def printed(text: str) -> str:
+        script = tmp_path / "cells.py"
+        script.write_text(program(text).code)
+        ran = subprocess.run(
+            [sys.executable, str(script)],
+            check=True,
+            cwd=tmp_path,
+            env=jax_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        return ran.stdout
+
+    before = printed((DATA / "aliased_cells.ipynb").read_text())
+    assert before == printed(path.read_text()) and before.startswith("[0.5 0.5 0.5]"), before
 
 
 NONDETERMINISTIC = """\

@@ -39,12 +39,19 @@ def migrate_text(
 ) -> Migration:
     """Migrate a file's text: a notebook's JSON (by its `.ipynb` name) cell by cell, else Python.
 
-    `fallbacks` (a Python file's) are the forms verification chose to write in their fallback
-    form (`FileResult.fallbacks`). Raises what `migrate_source` raises, and `NotebookError` for a
+    `fallbacks` are the forms verification chose to write in their fallback form
+    (`FileResult.fallbacks`). Raises what `migrate_source` raises, and `NotebookError` for a
     notebook it cannot take.
     """
     if path.endswith(".ipynb"):
-        return migrate_notebook(text, options=options, accept=accept, path=path, project=project)
+        return migrate_notebook(
+            text,
+            options=options,
+            accept=accept,
+            path=path,
+            project=project,
+            fallbacks=fallbacks,
+        )
     return migrate_source(
         text,
         options=options,

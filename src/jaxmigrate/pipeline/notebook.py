@@ -32,7 +32,7 @@ import ast
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -395,8 +395,12 @@ def migrate_notebook(
     accept: Callable[[Sequence[Site]], Sequence[Site]] | None = None,
     path: str | None = None,
     project: Project | None = None,
+    fallbacks: Mapping[str, str] | None = None,
 ) -> Migration:
     """Migrate the code cells of a notebook's JSON text; return the new text, sites and skips.
+
+    `fallbacks` are the forms verification chose to write in their fallback form, as for a
+    Python file (`FileResult.fallbacks`: a program-level pmap step that failed, faithful now).
 
     Given `project` (and `path`), a module shared by the code base (the pmap helper) is imported
     when the notebook imports the code base's main package, else defined in the notebook
@@ -438,6 +442,7 @@ def migrate_notebook(
             path=path,
             home=home,
             project=project,
+            fallbacks=fallbacks,
         )
     except cst.ParserSyntaxError as exc:
         part, line = module.locate(exc.raw_line)

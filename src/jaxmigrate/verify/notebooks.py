@@ -321,11 +321,11 @@ def failure(plan: Plan, error: str, starts: Mapping[int, int]) -> str:
 
 
 def request_for_notebook(result: FileResult, relpath: str, options: Options) -> VerifyRequest | str:
-    """Return the request of a migrated notebook (every site rewritten), or why it cannot run."""
-
-    old = result.old_text or ""
+    """Return the request of a migrated notebook (every site rewritten, in the fallback forms
+    chosen for it, `result.fallbacks`), or why it cannot run."""
+    old, fallbacks = result.old_text or "", result.fallbacks
     everything = migrate_notebook(
-        old, options=replace(options, unsafe_fixes=True), path=result.path
+        old, options=replace(options, unsafe_fixes=True), path=result.path, fallbacks=fallbacks
     )
     safe = safe_alone(result.sites)
 
@@ -334,7 +334,9 @@ def request_for_notebook(result: FileResult, relpath: str, options: Options) -> 
 
     baseline = None
     if safe:
-        baseline = migrate_notebook(old, options=options, accept=only_safe, path=result.path).code
+        baseline = migrate_notebook(
+            old, options=options, accept=only_safe, path=result.path, fallbacks=fallbacks
+        ).code
     return notebook_request(relpath, old, everything.code, result.sites, baseline)
 
 
@@ -352,7 +354,9 @@ def redecide_notebook(result: FileResult, sites: Sequence[Site], options: Option
         return decide(marked, options.unsafe_fixes)
 
     old = result.old_text or ""
-    migration = migrate_notebook(old, options=options, accept=accept, path=result.path)
+    migration = migrate_notebook(
+        old, options=options, accept=accept, path=result.path, fallbacks=result.fallbacks
+    )
     bucket = Bucket.CHANGED if migration.code != old else Bucket.UNCHANGED
     return replace(result, sites=migration.sites, new_text=migration.code, bucket=bucket)
 

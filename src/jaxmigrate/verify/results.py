@@ -25,6 +25,7 @@ from jaxmigrate.pipeline.engine import (
     run_passes,
     safe_alone,
 )
+from jaxmigrate.pipeline.notebook import migrate_notebook
 from jaxmigrate.pipeline.project import Project
 from jaxmigrate.registry import chosen_passes
 from jaxmigrate.verify import lifetime
@@ -210,7 +211,9 @@ def verify_results(
     again = fall_back(results, annotated, wanted, options, config, chosen)
     out = []
     for result in results:
-        if result.path in again:
+        if result.path in again and result.path.endswith(".ipynb"):
+            result = settled(redecide_notebook(*again[result.path], options))
+        elif result.path in again:
             result = settled(redecide(*again[result.path], options, chosen))
         elif result.path in wanted:
             sites = annotated[result.path]
@@ -276,7 +279,7 @@ def fall_back(
     todo: dict[str, tuple[FileResult, dict[str, str]]] = {}
     for result in results:
         failed = failed_forms(annotated.get(result.path, ()))
-        if failed and not result.path.endswith(".ipynb"):
+        if failed:
             todo[result.path] = (result, failed)
     if not todo:
         return {}
@@ -284,16 +287,31 @@ def fall_back(
     requests = []
     for path, (result, failed) in todo.items():
         fallbacks = {key: short(reason) for key, reason in failed.items()}
-        old = result.old_text or ""
-        _, _, sites = migrated(old, path, options, None, passes, fallbacks)
+        old, (relpath, request) = result.old_text or "", wanted[path]
+        if path.endswith(".ipynb"):  # its cells, as one module, in the same forms
+            sites = migrate_notebook(old, options=options, path=path, fallbacks=fallbacks).sites
+        else:
+            sites = migrated(old, path, options, None, passes, fallbacks)[2]
         sites = tuple(_with_failure(s, failed) for s in sites)
         redone[path] = replace(result, sites=sites, fallbacks=fallbacks)
-        requests.append(request_for(redone[path], wanted[path][0], options, passes))
+        requests.append(_request(redone[path], relpath, request, options, passes))
     verdicts = verify_each(requests, config)
     return {
         path: (result, annotate(wanted[path][0], result.sites, verdicts))
         for path, result in redone.items()
     }
+
+
+def _request(
+    result: FileResult, relpath: str, first: VerifyRequest, options: Options, passes: PassList
+) -> VerifyRequest:
+    """Return the verification request of a file migrated again in its fallback forms (`first`:
+    its request in the forms that failed; a notebook's cells ran then, so they run now)."""
+    if not result.path.endswith(".ipynb"):
+        return request_for(result, relpath, options, passes)
+    made = request_for_notebook(result, first.label, options)
+    assert not isinstance(made, str), made  # the same cells ran in the program-level form
+    return made
 
 
 def _with_failure(site: Site, failed: Mapping[str, str]) -> Site:
