@@ -9,7 +9,8 @@ loop's exit or head, a `try` handler starts from any point of its body. `ENTRY` 
 value the name had when the function began (a parameter, a global, a closure's).
 
 A read inside a nested def or lambda runs whenever that is called: every binding of the name
-may reach it, and ENTRY too. A comprehension's own targets reach the reads inside it only.
+may reach it, and ENTRY too; but a lambda `jax.tree.map` is given runs within that call, so what
+reaches the call reaches its reads. A comprehension's own targets reach the reads inside it only.
 Over-approximate everywhere else: a superset of the bindings that reach never makes the
 program-level form taken where it would not be.
 """
@@ -26,6 +27,8 @@ import libcst as cst
 
 from jaxmigrate.toolkit.names import dotted, walk_in_order
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
+
+from ._layout import TREE_MAPS
 
 N = TypeVar("N")
 ENTRY = cst.Name("__entry__")  # the value a name has when the function starts
@@ -323,6 +326,9 @@ class Reach:
         ):
             self._called.setdefault(node.func.value, set()).add(id(node.func))
             self._calls.setdefault(node.func.value, []).append(env)
+        if isinstance(node, cst.Call) and dotted(node.func) in TREE_MAPS:
+            self._mapped(node, env, local)
+            return
         if isinstance(node, cst.Lambda):
             for param in params_of(node.params):
                 if param.default is not None:
@@ -336,6 +342,22 @@ class Reach:
             return
         for child in node.children:
             self._reads(child, env, local)
+
+    def _mapped(self, call: cst.Call, env: Env, local: frozenset[str]) -> None:
+        """`jax.tree.map(lambda v: ..., x)` calls the lambda on each leaf before it returns and
+        keeps it not: what reaches the call reaches the reads in the lambda's body (nyu_depth's
+        `out = jax.tree_map(lambda x: x[out["mask"] == 1], out)` reads the `out` of before)."""
+        self._reads(call.func, env, local)
+        for arg in call.args:
+            fn = arg.value
+            if not isinstance(fn, cst.Lambda) or arg.keyword is not None or arg.star:
+                self._reads(arg, env, local)
+                continue
+            own = frozenset(p.name.value for p in params_of(fn.params))
+            for param in params_of(fn.params):
+                if param.default is not None:
+                    self._reads(param.default, env, local)
+            self._reads(fn.body, env, (local | own))
 
     def _comprehension(
         self,
