@@ -1685,8 +1685,9 @@ def _follow_result(
         if passed_on(program, flow, forms, use, name, _readback_around, read):
             continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
         _not_returned(program, flow, use, name, step)
+        how = _goes(flow.parent.get(id(use)), flow.parent, program.host.name.value)
         raise NotVisible(
-            f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`",
+            f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`: {how}",
             Decline.RESULT_READ,
         )
     del output
