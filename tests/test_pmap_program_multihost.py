@@ -341,8 +341,8 @@ def test_tiled_replicas_over_an_unnamed_axis_hold_on_each_process(
 # deleted; the axis named by a field set in `__init__`; a model's `apply` pmapped without an axis
 # name; batches drawn from an iterator converted where passed; a readback in a def the state is
 # passed to deleted; an input iterator of the module yielding flat batches; a script's step made
-# and called at module level; a result rebound through a `jax.tree.map` lambda reading it), run
-# as 2-process jobs: the migrated program must give every process the numbers the original pmap
+# and called at module level; a result rebound through a `jax.tree.map` lambda reading it; a
+# step returned by a method of the class, stored on `self`), run as 2-process jobs: the migrated program must give every process the numbers the original pmap
 # program gives it.
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pmap"
 RUN_MAIN = """\
@@ -372,6 +372,7 @@ print("RESULT", json.dumps([np.asarray(x).tolist() for x in jax.tree.leaves(resu
         "program_stored_partial",
         "program_module_level_script",
         "program_gathered_then_masked",
+        "program_stored_method_factory",
     ],
 )
 def test_a_migrated_fixture_gives_every_process_the_original_numbers(

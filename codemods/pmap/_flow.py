@@ -1062,7 +1062,12 @@ def _binding_text(name: str, binding: cst.CSTNode, flow: Flow, qualname: Qualnam
         return f"`{name}`, bound by a `{type(binding).__name__}` statement"
     source: cst.BaseExpression = binding.iter
     if isinstance(source, cst.Call) and code(source.func) in ("zip", "enumerate") and source.args:
-        source = source.args[-1].value  # the batches: `zip(range(...), it)`, `enumerate(it)`
+        # the batches: `enumerate(it)`; `zip(it, range(n))`'s argument the name is drawn from
+        target = binding.target
+        items = target.elements if isinstance(target, (cst.Tuple, cst.List)) else ()
+        at = [i for i, e in enumerate(items) if single_name(e.value) == name]
+        zipped = code(source.func) == "zip" and at and at[0] < len(source.args)
+        source = source.args[at[0] if zipped else -1].value
     text = f"`{name}`, a loop variable over `{_short(source)}`"
     made = flow.value(source.value) if isinstance(source, cst.Name) else None
     if isinstance(made, cst.Call):

@@ -16,7 +16,7 @@ its code (big_vision's evaluators: `params`, a parameter of `run`, passed by the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,7 +161,7 @@ def stored_target(
     partial(step, a, ...)`, `step` the module's def `node` decorates (big_vision's mean
     evaluator), `bound` the number of arguments bound; else None."""
     for klass, maker, assign in stores:  # `attribute_stores(module)`
-        if assign.value is node or _returns_def(module, assign.value, node):
+        if assign.value is node or _returns_def(module, assign.value, node, klass, maker):
             return klass, maker, assign, None
         bound = _partial_of(module, assign.value, node, qualname)
         if bound is not None:
@@ -185,18 +185,27 @@ def _partial_of(
     return None if any(a.keyword or a.star for a in rest) else len(rest)
 
 
-def _returns_def(module: cst.Module, value: cst.BaseExpression, node: cst.CSTNode) -> bool:
-    """`factory(...)`, `factory` a def of the module ending in `return d`, `d` the def decorated
-    by `node` (a def of the factory's own block)."""
-    if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Name):
+def _returns_def(
+    module: cst.Module,
+    value: cst.BaseExpression,
+    node: cst.CSTNode,
+    klass: cst.ClassDef,
+    maker: cst.FunctionDef,
+) -> bool:
+    """`factory(...)`, `factory` a def of the module, or `self.factory(...)`, a method of
+    `klass` called in its method `maker` (big_vision's few-shot evaluator's
+    `get_representation_fn`), ending in `return d`, `d` the def decorated by `node` (a def of
+    the factory's own block)."""
+    func = value.func if isinstance(value, cst.Call) else None
+    defs: Sequence[cst.CSTNode]
+    if isinstance(func, cst.Name):
+        name, defs = func.value, module.body
+    elif isinstance(func, cst.Attribute) and single_name(func.value) == _self(maker):
+        name, defs = func.attr.value, klass.body.body
+    else:
         return False
     factory = next(
-        (
-            d
-            for d in module.body
-            if isinstance(d, cst.FunctionDef) and d.name.value == value.func.value
-        ),
-        None,
+        (d for d in defs if isinstance(d, cst.FunctionDef) and d.name.value == name), None
     )
     if factory is None or not isinstance(factory.body, cst.IndentedBlock):
         return False

@@ -430,6 +430,15 @@ class Finding(Pass):
         self._take_stored(stored)
         self._module_alone(module)
 
+    @staticmethod
+    def _reads_of(module: cst.Module, flow: Flow, factory: cst.Name | cst.Attribute) -> int:
+        """How many times the module reads the factory's name: as a name, or, a method
+        (`self.factory`), as the attribute of anything."""
+        if isinstance(factory, cst.Name):
+            return len(flow.loads.get(factory.value, []))
+        name = factory.attr.value
+        return sum(1 for a in nodes_in(module, cst.Attribute) if a.attr.value == name)
+
     def _stored_group(self, module: cst.Module, flow: Flow, site: PmapUse) -> OuterGroup | None:
         """The group of a step stored on `self` (`self.step = jax.pmap(...)`, or a factory's
         decorated def, `self.step = get_eval_fn(...)`) and called in one other method of the
@@ -451,14 +460,15 @@ class Finding(Pass):
                 return None
             if elsewhere(name, self.state.outside, self.survey.strings):
                 return None
-        if isinstance(factory, cst.Name):  # the factory's one use is storing the step
-            where = elsewhere(factory.value, self.state.outside, self.survey.strings)
+        if isinstance(factory, (cst.Name, cst.Attribute)):  # its one use is storing the step
+            name = factory.value if isinstance(factory, cst.Name) else factory.attr.value
+            where = elsewhere(name, self.state.outside, self.survey.strings)
             if where:
-                why = f"the step is returned by `{factory.value}`, which is also called {where}"
+                why = f"the step is returned by `{name}`, which is also called {where}"
                 if "outside the code base" in where:
                     why += "; `[tool.jaxmigrate] closed-code-base = true` says no code there does"
                 self.factory_used[id(site.node)] = NotVisible(why, Decline.NOT_CALLED_ONLY)
-            if where or len(flow.loads.get(factory.value, [])) != 1:
+            if where or self._reads_of(module, flow, factory) != 1:
                 return None
         try:
             kept = stored_method(module, klass, maker, assign, bound)
