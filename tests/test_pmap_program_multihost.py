@@ -345,48 +345,72 @@ def test_tiled_replicas_over_an_unnamed_axis_hold_on_each_process(
 # step returned by a method of the class, stored on `self`), run as 2-process jobs: the migrated program must give every process the numbers the original pmap
 # program gives it.
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pmap"
-RUN_MAIN = """\
-import json, runpy, sys
+# Every case's original and migrated `main()`, one after the other, in one 2-process job (a job
+# per file spent most of its time starting JAX and joining the job: 14 cases took 250 s).
+# A `main()` that raises is reported for its own case; one that leaves the job unable to go on
+# (a process stuck in a collective) fails every case with the job's output.
+RUN_MAINS = """\
+import json, runpy, sys, traceback
 import jax
 import numpy as np
-result = runpy.run_path(sys.argv[1], run_name="fixture")["main"]()
-print("RESULT", json.dumps([np.asarray(x).tolist() for x in jax.tree.leaves(result)]), flush=True)
+for i, path in enumerate(sys.argv[1:]):
+    try:
+        result = runpy.run_path(path, run_name="fixture")["main"]()
+        leaves = [np.asarray(x).tolist() for x in jax.tree.leaves(result)]
+        print("RESULT", i, json.dumps(leaves), flush=True)
+    except Exception:
+        print("ERROR", i, json.dumps(traceback.format_exc()), flush=True)
 """
+CASES = [
+    "program_sync_batch_stats",
+    "program_axis_field",
+    "program_opaque_model_apply",
+    "program_drawn_batches",
+    "program_factory_step",
+    "program_save_checkpoint",
+    "program_input_iterator",
+    "program_drawn_batches_taken_apart",
+    "program_step_called_in_method",
+    "program_compute_mean_evaluator",
+    "program_stored_on_self",
+    "program_stored_factory_step",
+    "program_stored_partial",
+    "program_module_level_script",
+    "program_gathered_then_masked",
+    "program_stored_method_factory",
+]
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        "program_sync_batch_stats",
-        "program_axis_field",
-        "program_opaque_model_apply",
-        "program_drawn_batches",
-        "program_factory_step",
-        "program_save_checkpoint",
-        "program_input_iterator",
-        "program_drawn_batches_taken_apart",
-        "program_step_called_in_method",
-        "program_compute_mean_evaluator",
-        "program_stored_on_self",
-        "program_stored_factory_step",
-        "program_stored_partial",
-        "program_module_level_script",
-        "program_gathered_then_masked",
-        "program_stored_method_factory",
-    ],
-)
-def test_a_migrated_fixture_gives_every_process_the_original_numbers(
-    tmp_path: Path, case: str
-) -> None:
-    script = tmp_path / "run_main.py"
-    script.write_text(RUN_MAIN)
-    shown = [
-        results(run_job(script, processes=PROCESSES, devices=DEVICES, args=[str(path)]))
-        for path in (FIXTURES / f"{case}.py", FIXTURES / f"{case}.expected.py")
+@pytest.fixture(scope="module")
+def fixture_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobResult, list[dict]]:
+    """The job running every case's two files, and what each process printed, by file name."""
+    script = tmp_path_factory.mktemp("fixtures") / "run_mains.py"
+    script.write_text(RUN_MAINS)
+    paths = [str(FIXTURES / f"{c}{kind}.py") for c in CASES for kind in ("", ".expected")]
+    job = run_job(script, processes=PROCESSES, devices=DEVICES, args=paths, timeout=900)
+    printed = [
+        {
+            Path(paths[int(i)]).name: (kind, json.loads(text))
+            for kind, i, text in (
+                line.split(" ", 2)
+                for line in out.splitlines()
+                if line.startswith(("RESULT ", "ERROR "))
+            )
+        }
+        for out in job.stdouts  # gloo writes its own lines to stdout
     ]
-    original, migrated = shown
-    assert len(original) == len(migrated) == PROCESSES and len(original[0]) >= 1, shown
-    for process, (want, got) in enumerate(zip(original, migrated, strict=True)):
-        assert len(got) == len(want), process
+    return job, printed
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_migrated_fixture_gives_every_process_the_original_numbers(
+    fixture_runs: tuple[JobResult, list[dict]], case: str
+) -> None:
+    job, printed = fixture_runs
+    assert job.ok and len(printed) == PROCESSES, job.describe()
+    for process, shown in enumerate(printed):
+        (kind, want), (also, got) = (shown[f"{case}{k}.py"] for k in ("", ".expected"))
+        assert kind == also == "RESULT", f"process {process}: {want if kind != 'RESULT' else got}"
+        assert len(got) == len(want) >= 1, process
         for x, y in zip(got, want, strict=True):
             np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, err_msg=f"{case} {process}")
