@@ -433,11 +433,14 @@ class Finding(Pass):
     @staticmethod
     def _reads_of(module: cst.Module, flow: Flow, factory: cst.Name | cst.Attribute) -> int:
         """How many times the module reads the factory's name: as a name, or, a method
-        (`self.factory`), as the attribute of anything."""
+        (`self.factory`), as the attribute of anything; a method another class of the module
+        defines too (a subclass's override) counts as read again."""
         if isinstance(factory, cst.Name):
             return len(flow.loads.get(factory.value, []))
         name = factory.attr.value
-        return sum(1 for a in nodes_in(module, cst.Attribute) if a.attr.value == name)
+        reads = sum(1 for a in nodes_in(module, cst.Attribute) if a.attr.value == name)
+        defs = sum(1 for d in nodes_in(module, cst.FunctionDef) if d.name.value == name)
+        return reads + defs - 1
 
     def _stored_group(self, module: cst.Module, flow: Flow, site: PmapUse) -> OuterGroup | None:
         """The group of a step stored on `self` (`self.step = jax.pmap(...)`, or a factory's
