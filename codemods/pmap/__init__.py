@@ -210,7 +210,9 @@ readbacks, `get_metrics` and `tohost` are edited there, over a mesh equal to the
 (`jax.sharding.Mesh(jax.devices(), (axis,))`; a nested def reads the caller's own); another
 step's state passed to such a def and only passed on is that step's feed (not PL303).
 A step stored on `self` (`self.step = jax.pmap(...)`, `self.eval_fn = get_eval_fn(...)`, a
-factory of the module returning its pmap-decorated def, or `self.predict_fn =
+factory of the module returning its pmap-decorated def, `self.repr_fn =
+self.get_representation_fn(...)`, a method of the class doing so that no other class of the
+module defines, or `self.predict_fn =
 partial(_run_predict_fn, predict_fn)`, a module-level decorated def with its static arguments
 bound, big_vision's mean evaluator) and called in one other method of the class is followed
 in that method, which sets the mesh (`_stored.py`); the stores and the calls stay as written.
