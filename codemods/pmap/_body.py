@@ -235,7 +235,7 @@ class _Reader:
         for call in nodes_in(node, cst.Call):
             name = call.func.value if isinstance(call.func, cst.Name) else None
             helper = self.defs.get(name) if name is not None and name not in self.local else None
-            if helper is None or not _mutates(helper, self.defs):
+            if helper is None or not mutates(helper, self.defs):
                 continue
             if any(self.varies(a.value, varying) for a in call.args):
                 owners = {single_name(base_of(a.value)) for a in call.args} - {None}
@@ -492,6 +492,21 @@ class _Reader:
                 if isinstance(inner.func, cst.Name) and inner.func.value in self.defs:
                     pending.append(inner.func.value)
         return False
+
+
+# `mutates`' answers for the module whose defs were asked last (the body and every helper it
+# follows ask of each call they hold, again for each layout of the arguments).
+_MUTATES: list[tuple[Defs, dict[cst.FunctionDef, bool]]] = []
+
+
+def mutates(helper: cst.FunctionDef, defs: Defs) -> bool:
+    """`_mutates(helper, defs)`, answered once per helper of the module `defs` holds."""
+    if not _MUTATES or _MUTATES[0][0] is not defs:
+        _MUTATES[:] = [(defs, {})]
+    known = _MUTATES[0][1]
+    if helper not in known:
+        known[helper] = _mutates(helper, defs)
+    return known[helper]
 
 
 def _mutates(helper: cst.FunctionDef, defs: Defs, seen: frozenset[str] = frozenset()) -> bool:
