@@ -477,13 +477,26 @@ class _Reader:
         )
 
     def _calls_per_device(self, call: cst.Call) -> bool:
-        """A call of a module function that uses a per-device collective (at any depth)."""
+        """A call of a module function that uses a per-device collective (at any depth),
+        answered once per def of the module (`_PER_DEVICE`)."""
         name = call.func.value if isinstance(call.func, cst.Name) else None
+        if name is None or name not in self.defs:
+            return False
+        last = _PER_DEVICE[0] if _PER_DEVICE else None
+        if last is None or last[0] is not self.defs or last[1] != self.qualname:
+            _PER_DEVICE[:] = [(self.defs, self.qualname, {})]
+        known = _PER_DEVICE[0][2]
+        if name not in known:
+            known[name] = self._reaches_per_device(name)
+        return known[name]
+
+    def _reaches_per_device(self, name: str) -> bool:
+        """Whether the def `name` or a def it calls (at any depth) uses a per-device collective."""
         seen: set[str] = set()
-        pending = [name] if name in self.defs else []
+        pending: list[str] = [name]
         while pending:
             current = pending.pop()
-            if current is None or current in seen:
+            if current in seen:
                 continue
             seen.add(current)
             for inner in nodes_in(self.defs[current], cst.Call):
@@ -494,6 +507,8 @@ class _Reader:
         return False
 
 
+# `_Reader._calls_per_device`'s answers for the module (its defs and names) asked last.
+_PER_DEVICE: list[tuple[Defs, Qualname, dict[str, bool]]] = []
 # `mutates`' answers for the module whose defs were asked last (the body and every helper it
 # follows ask of each call they hold, again for each layout of the arguments).
 _MUTATES: list[tuple[Defs, dict[cst.FunctionDef, bool]]] = []
