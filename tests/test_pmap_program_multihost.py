@@ -378,6 +378,8 @@ CASES = [
     "program_module_level_script",
     "program_gathered_then_masked",
     "program_stored_method_factory",
+    "program_drawn_batches_transformed",
+    "program_stored_lambda_step",
 ]
 
 

@@ -839,9 +839,9 @@ def _follow_argument(
                     fields = fields or root is not leaf
                     slots.append((root.value, leaf))
             continue
-        reached(layout)
         if layout is Layout.UNKNOWN:
             blocking.append(f"`{_short(call.values[position])}`")
+        reached(layout, layout is Layout.UNKNOWN and _drawn_inline(call.values[position], flow))
     for name, value in slots:
         passed.add(name)
         use = value if isinstance(value, cst.Name) else field_root(value)
@@ -1003,14 +1003,8 @@ def _taken_from(binding: cst.Assign, name: str, flow: Flow, depth: int = 0) -> c
         ):
             at = [i for i, e in enumerate(items) if single_name(e.value) == name]
             part = values[at[0]].value if len(at) == 1 else None
-    if isinstance(part, cst.Call) and isinstance(part.func, cst.Attribute):
-        keyed = part.func.attr.value in ("pop", "get") and len(part.args) == 1
-        whole = part.func.value if keyed else None
-    elif isinstance(part, cst.Subscript) and len(part.slice) == 1:
-        whole = part.value
-    else:
-        whole = None
-    if not isinstance(whole, cst.Name) or depth > 3:
+    whole = _derived_from(part) if part is not None and single_name(part) is None else None
+    if whole is None or depth > 3:
         return None
     reaching = flow.reach.of(whole)
     if not reaching or ENTRY in reaching:
@@ -1025,6 +1019,51 @@ def _taken_from(binding: cst.Assign, name: str, flow: Flow, depth: int = 0) -> c
         if not _drawn(source, whole.value, flow):
             return None
     return whole
+
+
+def _drawn_inline(value: cst.BaseExpression, flow: Flow) -> bool:
+    """`np.asarray(batch["mask"])` passed as it is: computed from a name every binding of
+    which reaching it draws from an iterator (`_drawn`)."""
+    root = _derived_from(value)
+    if root is None:
+        return False
+    reaching = flow.reach.of(root)
+    return (
+        bool(reaching)
+        and ENTRY not in reaching
+        and all(_drawn(b, root.value, flow) for b in reaching)
+    )
+
+
+def _derived_from(part: cst.BaseExpression, depth: int = 0) -> cst.Name | None:
+    """The one name `part` is computed from, row for row, as a batch's part or transform is:
+    `batch["image"]`, `batch.pop("labels")`, `batch.get("mask")`, `np.asarray(x)`,
+    `jax.tree.map(lambda x: np.asarray(memoryview(x)), batch)`, `transform(batch)` (a call
+    whose every argument is that name, a part of it, a lambda or a literal); else None. pmap
+    maps the leading axis of whatever reaches it, so a value computed from a batch drawn per
+    device is converted where it is passed as the batch is (`_convert_drawn`)."""
+    if depth > 6:
+        return None
+    if isinstance(part, cst.Name):
+        return part
+    if isinstance(part, cst.Subscript) and len(part.slice) == 1:
+        return _derived_from(part.value, depth + 1)
+    if not isinstance(part, cst.Call) or any(a.star for a in part.args):
+        return None
+    func = part.func
+    if (
+        isinstance(func, cst.Attribute)
+        and func.attr.value in ("pop", "get")
+        and len(part.args) == 1
+    ):
+        return _derived_from(func.value, depth + 1)
+    sources = [
+        _derived_from(a.value, depth + 1)
+        for a in part.args
+        if not isinstance(a.value, (cst.Lambda, cst.BaseNumber, cst.BaseString))
+    ]
+    names = {s.value if s is not None else None for s in sources}
+    return sources[0] if sources and len(names) == 1 and None not in names else None
 
 
 def _convert_drawn(
@@ -1055,6 +1094,8 @@ def _binding_text(name: str, binding: cst.CSTNode, flow: Flow, qualname: Qualnam
     whole = _taken_from(binding, name, flow) if isinstance(binding, cst.Assign) else None
     if whole is not None:  # a part of a drawn value: named with the value it is taken from
         texts = {_binding_text(whole.value, b, flow, qualname) for b in flow.reach.of(whole)}
+        if whole.value == name:  # `batch = transform(batch)`: named as drawn
+            return min(texts)
         return f"`{name}`, a part of {min(texts)}"
     if isinstance(binding, cst.Assign):
         return f"`{name}` = `{_short(binding.value)}`"

@@ -50,6 +50,7 @@ def stored_on_self(
         return stored
     attr, name = target.attr.value, f"_stored_{target.attr.value}"
     methods = [m for m in klass.body.body if isinstance(m, cst.FunctionDef)]
+    callers = []  # the methods reading the step, each followed alone
     for method in methods:
         me = _self(method)
         if me is None or method is maker:
@@ -61,6 +62,7 @@ def stored_on_self(
         ]
         if not reads:
             continue  # does not read `self.<attr>`
+        callers.append(f"`{klass.name.value}.{method.name.value}`")
         renamed = replaced(method, {id(read): cst.Name(name) for read in reads})
         try:
             facts = ModuleFacts(
@@ -73,6 +75,12 @@ def stored_on_self(
             return NotVisible(
                 f"the step stored in `self.{attr}` is called in `{where}`: {text}", why.code
             )
+    if len(callers) > 1:  # each is taken alone: what blocks is that they are several
+        several = (
+            f"the step stored in `self.{attr}` is called in {' and '.join(callers)}: one mesh "
+            "set around the calls of several methods is not followed"
+        )
+        return NotVisible(several, Decline.SETUP)
     return stored
 
 

@@ -486,10 +486,14 @@ class Finding(Pass):
                 options = options_of(
                     site.node, self.qualname, self._unnamed(), self.survey.constants
                 )
-                defs = self.survey.defs(self._mapped_def_name(site.node))
-                if len(defs) != 1 or self._def_scope(defs[0]) not in (None, found[1]):
-                    return None
-                body = defs[0]
+                fun = fun_arg(site.node)
+                if fun is not None and isinstance(fun.value, cst.Lambda):
+                    body = lambda_def(fun.value)  # `self._count_p = jax.pmap(lambda m: ...)`
+                else:
+                    defs = self.survey.defs(self._mapped_def_name(site.node))
+                    if len(defs) != 1 or self._def_scope(defs[0]) not in (None, found[1]):
+                        return None
+                    body = defs[0]
             if id(kept.method) in self.programs or any(
                 kept.method in s.ancestors for s in self.sites.values()
             ):
@@ -512,7 +516,7 @@ class Finding(Pass):
         except NotVisible:
             return None
         around = frozenset({id(kept.method), *(id(a) for a in flow.ancestors(kept.method))})
-        self.stored[id(kept.method)] = kept
+        self.stored.setdefault(id(kept.method), kept)  # a second step there: `_take_stored`
         return OuterGroup(
             [step], kept.copy, before, end, mesh or "mesh", mesh is None, around=around
         )
@@ -522,6 +526,19 @@ class Finding(Pass):
         the module kept per device (`_clash`)."""
         taken = {id(g.steps[0].site.node) for g in groups}  # type: ignore[attr-defined]
         clash = self._clash(taken) if groups else ""
+        by_method: dict[int, list[OuterGroup]] = {}
+        for group in groups:  # `self.stored` is keyed by the method: its first element
+            method = next(k for k, kept in self.stored.items() if id(kept.method) in group.around)
+            by_method.setdefault(method, []).append(group)
+        shared = [g for gs in by_method.values() if len(gs) > 1 for g in gs]
+        if shared and not clash:  # each step is read in its own copy of the method: not one
+            host = self.stored[next(m for m, gs in by_method.items() if len(gs) > 1)].method
+            why = (
+                f"{len(shared)} steps stored on `self` are called in one method, "
+                f"`{host.name.value}`: one mesh set there for several stored steps is not "
+                "followed"
+            )
+            clash = str(NotVisible(why, Decline.SETUP))
         for group in groups:
             site = group.steps[0].site
             if clash:
