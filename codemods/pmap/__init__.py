@@ -730,7 +730,10 @@ class Pmap(Faithful):
         for step in group.steps:
             text = OUTER_MESSAGE.format(setup=setup, axis=code(step.options.axis))
             node = step.site.node  # type: ignore[attr-defined]
-            enabled.append(self.site(node, text, group=key, fallback=key))
+            # What the rewrite assumes, checked on the original (each program calling the step
+            # lays its arguments out alike: the step has one `in_specs`)
+            details = {"layout": self._layout(node, step.programs[0])} if step.programs else {}
+            enabled.append(self.site(node, text, group=key, fallback=key, details=details))
         enabled += self._record_edits([p for s in group.steps for p in s.programs], key)
         steps = self._shown(", ".join(f"`{s.name}`" for s in group.steps))
         made = "made once" if group.make else f"`{group.mesh}` reused, a mesh"

@@ -97,6 +97,7 @@ def plan_file(
     verdicts: dict[str, Verdict] = {}
     grouped: dict[str, tuple[Target, list[Site]]] = {}
     scripted = script_groups(request.sites)  # a notebook's too: its cells as one script
+    programs = {s.group for s in request.sites if s.group is not None and "layout" in s.details}
     for site in request.sites:
         if site.safety is Safety.SAFE:
             verdicts[site.key] = Verdict(Status.NOT_NEEDED, "safe rewrite")
@@ -111,11 +112,22 @@ def plan_file(
             key = f"{target.qualname}@{target.first}"
             grouped.setdefault(key, (target, []))[1].append(site)
             continue
+        callable_ = target.kind is Kind.CALLABLE and site.name != HAND_MIGRATION
+        if site.group in programs and site.name != HAND_MIGRATION:
+            # A site of a program-level group: its unit (a `main()` using the function or class
+            # it is in) runs the program as it runs. A step made at module level is judged
+            # there only: it takes the flat layout its program passes, on the mesh its program
+            # sets, so called alone on the stacked inputs pmap took it differs by design.
+            used = target.qualname.split(".")[0]
+            if unit_of(tree, used) not in (None, target.qualname):
+                add_to_unit(tree, target, site, grouped, used=used)
+                if callable_ or not target.reachable:
+                    continue
         if not target.reachable:
             verdicts[site.key] = Verdict(Status.UNVERIFIED, unreachable_reason(target))
             continue
         grouped.setdefault(target.qualname, (target, []))[1].append(site)
-        if target.kind is Kind.CALLABLE and not request.command and site.name != HAND_MIGRATION:
+        if callable_ and not request.command and site.group not in programs:
             add_to_unit(tree, target, site, grouped)
     module, entry = module_name(root, request.path)
     plans = [
@@ -152,16 +164,21 @@ def script_target(tree: ast.Module) -> Target:
 
 
 def add_to_unit(
-    tree: ast.Module, target: Target, site: Site, grouped: dict[str, tuple[Target, list[Site]]]
+    tree: ast.Module,
+    target: Target,
+    site: Site,
+    grouped: dict[str, tuple[Target, list[Site]]],
+    used: str | None = None,
 ) -> None:
-    """Verify a module-level callable's site also by running its unit (a `main()` using it):
-    its own inputs may not be synthesizable; the program's are its real ones. (A definition
-    changed by hand, `verify --against`, is judged on its own: a unit would mix its change with
-    the unit's own.)"""
-    if "." in target.qualname:
+    """Verify a module-level callable's site also by running its unit (a `main()` using it, or
+    using `used`: the function or class the site is in): its own inputs may not be
+    synthesizable; the program's are its real ones. (A definition changed by hand, `verify
+    --against`, is judged on its own: a unit would mix its change with the unit's own.)"""
+    name = used or target.qualname
+    if "." in name:
         return
-    unit = unit_of(tree, target.qualname)
-    if unit is None:
+    unit = unit_of(tree, name)
+    if unit is None or unit == target.qualname:
         return
     node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == unit)
     made = Target(Kind.FUNCTION, unit, start_line(node), header_end(node))

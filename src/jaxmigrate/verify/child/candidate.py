@@ -27,11 +27,12 @@ def handle(runner: Runner, request: RunCandidate, state: Any = None) -> Reply:
     for path in request.records:
         add_import_paths(path)
     try:
-        _, fn = runner.target(request, "candidate")
         calls, expected = load_io(request, "")
         returned, returned_expected = load_io(request, RETURNED)
         runner.observed = observed = Observed()
+        # imported under the capture: a step made at module level is made at import
         with steps_captured(runner, request):
+            _, fn = runner.target(request, "candidate")
             first = compare_calls(runner, fn, calls, expected, request, "")
             if not first.equal or not returned:
                 reply = first
