@@ -367,7 +367,9 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     expression);
   - `PL601` another mesh or pmap of the module would clash with the step's mesh (a
     `jax.make_mesh` in scope, steps over different axes, a pmap kept per-device);
-  - `PL602` the step is called in several functions and no one function calls them all, or
+  - `PL602` the step is called in several functions and no one function calls them all (a
+    step stored on `self` and called in two methods; two steps stored on `self` and called in
+    one method, each read in a copy of that method of its own), or
     the function setting its mesh is a generator yielding where it calls the step (the mesh
     would stay set in the code iterating it; a generator yielding only after its calls has the
     mesh unset before its first `yield`);
