@@ -114,15 +114,15 @@ def plan_file(
             continue
         callable_ = target.kind is Kind.CALLABLE and site.name != HAND_MIGRATION
         if site.group in programs and site.name != HAND_MIGRATION:
-            # A site of a program-level group: its unit (a `main()` using the function or class
-            # it is in) runs the program as it runs. A step made at module level is judged
-            # there only: it takes the flat layout its program passes, on the mesh its program
-            # sets, so called alone on the stacked inputs pmap took it differs by design.
+            # A site of a program-level group is judged through its unit (a `main()` using the
+            # function or class it is in), which runs the program as it runs: the step takes
+            # the flat layout its program passes, on the mesh its program sets (maybe in the
+            # unit: a step made outside the functions calling it), so a step, or a function
+            # calling it, run alone on synthesized inputs may differ by design.
             used = target.qualname.split(".")[0]
             if unit_of(tree, used) not in (None, target.qualname):
                 add_to_unit(tree, target, site, grouped, used=used)
-                if callable_ or not target.reachable:
-                    continue
+                continue
         if not target.reachable:
             verdicts[site.key] = Verdict(Status.UNVERIFIED, unreachable_reason(target))
             continue

@@ -264,8 +264,11 @@ def takes_no_arguments(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
 
 def unit_of(tree: ast.Module, name: str) -> str | None:
     """Return the module-level function without arguments that uses `name` (directly or through
-    the module's other functions), preferring `main`; None if there is none."""
-    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    the module's other functions and classes: a method calling a step), preferring `main`; None
+    if there is none."""
+    defs: dict[str, ast.FunctionDef | ast.ClassDef] = {
+        n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+    }
     uses = {
         f: {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         for f, node in defs.items()
@@ -281,6 +284,10 @@ def unit_of(tree: ast.Module, name: str) -> str | None:
             seen |= names & defs.keys()
         return False
 
-    units = [f for f, node in defs.items() if f != name and takes_no_arguments(node)]
+    units = [
+        f
+        for f, node in defs.items()
+        if f != name and isinstance(node, ast.FunctionDef) and takes_no_arguments(node)
+    ]
     found = [f for f in units if reaches(f)]
     return "main" if "main" in found else (found[0] if found else None)

@@ -68,6 +68,7 @@ def steps_captured(runner: Runner, request: RunCandidate) -> Iterator[None]:
         yield
         return
     runner.steps = []
+    runner.patched += 1  # the module is imported again, under this request's capture
     path = os.path.join(runner.root, request.target.file)
     try:
         with capturing(request.layouts, path, runner.steps):

@@ -20,6 +20,7 @@ is still compared, and a difference names the step call and the argument or resu
 from __future__ import annotations
 
 import contextlib
+import enum
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -68,8 +69,14 @@ def concrete(tree: Any) -> bool:
 
 def on_host(tree: Any) -> Any:
     """Return `tree` with its arrays read to the host (blocking on them), in the dtype JAX
-    computes them in (a float64 numpy argument is float32 to `jax.jit` without x64)."""
-    return tree_map(lambda x: _host(x) if hasattr(x, "shape") else x, tree)
+    computes them in (a float64 numpy argument is float32 to `jax.jit` without x64); a Python
+    number as the step takes it, a 0-d array: the program-level form passes `state.step`, an
+    `int`, where pmap took its stacked copies, whose device 0's copy is an array."""
+    return tree_map(lambda x: _host(x) if hasattr(x, "shape") or _number(x) else x, tree)
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (bool, int, float, complex)) and not isinstance(x, enum.Enum)
 
 
 def _host(x: Any) -> np.ndarray:

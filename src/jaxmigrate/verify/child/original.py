@@ -195,6 +195,7 @@ def layouts_checked(runner: Runner, request: RunOriginal, variant: str) -> Itera
         return
     path = os.path.join(runner.root, request.target.file)
     layouts = request.layouts
+    runner.patched += 1  # the module is imported again, under this request's checks
     # The step calls are compared when the rewrite's step was found, in one process (a
     # global array is not readable whole from one process).
     compared = jax.process_count() == 1 and all("candidate_line" in lay for lay in layouts)

@@ -130,20 +130,29 @@ class Runner:
 
     side: str
     root: str
-    modules: dict[tuple[str, str, str], ModuleType] = field(default_factory=dict)
+    modules: dict[tuple[str, str, str, int], ModuleType] = field(default_factory=dict)
     pristine: str | None = None  # the user's tree, to lay back a file a unit changed (`shown`)
     shown: list[Any] = field(default_factory=list)  # what each unit call showed (`shown.Shown`)
     unit_variants: list[str] = field(default_factory=list)  # the variants that ran a unit
     last_output: Any = None  # what the last call returned (a factory's function)
     steps: list[Any] | None = None  # a program-level pmap step's calls in a call (`layouts`)
+    patched: int = 0  # bumped as each request patches jax to watch its steps (`layouts`)
     watch: Any = None  # a reach.Watch over the calls of the original's current attempt
     observed: Any = None  # an observe.Observed: what the current attempt's calls compiled
 
     # Modules ------------------------------------------------------------------------------
-    def load(self, spec: Module, variant: str) -> ModuleType:
-        """Execute the module `spec` names (its `text`, else its file) once per variant."""
+    def load(self, spec: Module, variant: str, watched: bool = False) -> ModuleType:
+        """Execute the module `spec` names (its `text`, else its file) once per variant, and
+        once more for each request checking program-level steps (`watched`, `layouts`): it
+        imports the module under its own patches of jax (`patched`), a step made at module
+        level being made at import, bound to that request's lists."""
         path, text = self.source(spec)
-        key = (spec.module, variant, hashlib.sha1(text.encode()).hexdigest())
+        key = (
+            spec.module,
+            variant,
+            hashlib.sha1(text.encode()).hexdigest(),
+            watched and self.patched,
+        )
         if key not in self.modules:
             self.modules[key] = self.execute(
                 spec, path, text, keep=variant in {"original", "candidate"}
@@ -207,7 +216,7 @@ class Runner:
         if spec.qualname == SCRIPT:
             return self.script(spec)
         try:
-            module = self.load(spec, variant)
+            module = self.load(spec, variant, watched=bool(getattr(request, "layouts", None)))
         except BaseException as exc:
             raise UserError("import", self.explain(exc)) from exc
         obj: Any = module
