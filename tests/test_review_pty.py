@@ -137,7 +137,7 @@ def test_ctrl_c_taken_by_the_engine_thread_still_interrupts_the_prompt(tree: Pat
     stop the review."""
     import ctypes
 
-    child = spawn(tree, ".")
+    child = spawn(tree, "--jobs", "1", ".")  # the engine in this process, on its thread
     answer(child, "[1/5]", "y")
     child.expect_exact("[2/5]")
     child.expect_exact("(Enter = y) ")

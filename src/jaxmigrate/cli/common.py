@@ -36,7 +36,18 @@ IgnoreOpt = Annotated[
 ExcludeOpt = Annotated[
     list[str] | None, typer.Option("--exclude", help="Glob of paths to leave out (repeatable).")
 ]
-JobsOpt = Annotated[int | None, typer.Option("--jobs", "-j", min=1, help="Worker processes.")]
+JobsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--jobs",
+        "-j",
+        min=1,
+        help=(
+            "Worker processes (default: run and check, a file worker per usable core, at most "
+            "8; verify, a worker pair per two cores)."
+        ),
+    ),
+]
 TargetOpt = Annotated[
     str | None,
     typer.Option(
@@ -198,6 +209,16 @@ class Settings:
         return reference_interpreter(self.reference_jax, self.reference_python, self.python)
 
 
+def default_file_jobs() -> int:
+    """The file workers of `run` and `check` without `--jobs`: one per usable core (at most 8,
+    each holds a module's trees). One file, or an interactive review, runs in this process."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        usable = os.cpu_count() or 1
+    return max(1, min(usable, 8))
+
+
 def split_codes(value: str | None) -> tuple[str, ...] | None:
     """Return `("JM1", "pmap")` for `"JM1,pmap"`; None when not given."""
     if value is None:
@@ -294,7 +315,7 @@ def resolve_settings(
         paths=tuple(paths),
         options=options,
         excludes=(*config.exclude, *(exclude or ())),
-        jobs=jobs or config.jobs or 1,
+        jobs=jobs or config.jobs or default_file_jobs(),
         verify=not no_verify,
         root=root,
         devices=chosen_devices,
