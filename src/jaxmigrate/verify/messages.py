@@ -207,9 +207,9 @@ def rewritten_step(text: str, qualname: str, details: dict[str, Any]) -> dict[st
         ),
         tree if qualname == SCRIPT else None,
     )
-    # the unit, then the module's own statements (a step made at module level, `_outer`)
-    module = [n for n in (tree.body if tree is not None else []) if not isinstance(n, ast.ClassDef)]
-    for node in [*(ast.walk(unit) if unit is not None else ()), *module]:
+    # the unit, then the whole module: a step made at module level (`_outer`), in a function
+    # the unit calls, or stored on `self` by a method
+    for node in [*(ast.walk(unit) if unit is not None else ()), *(ast.walk(tree) if tree else ())]:
         if isinstance(node, ast.Assign) and _is_step(node.value, body):
             end = node.value.end_lineno or node.value.lineno
             return {"candidate_line": node.value.lineno, "candidate_end_line": end}
