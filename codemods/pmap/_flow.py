@@ -1006,33 +1006,28 @@ def _taken_from(binding: cst.Assign, name: str, flow: Flow, depth: int = 0) -> c
     whole = _derived_from(part) if part is not None and single_name(part) is None else None
     if whole is None or depth > 3:
         return None
-    reaching = flow.reach.of(whole)
+    return whole if _drawn_everywhere(whole, flow, depth) else None
+
+
+def _drawn_everywhere(name: cst.Name, flow: Flow, depth: int = 0) -> bool:
+    """Every binding of `name` reaching it draws from an iterator (`_drawn`), or binds a part or
+    a transform of such a value (`_taken_from`)."""
+    reaching = flow.reach.of(name)
     if not reaching or ENTRY in reaching:
-        return None
-    for source in reaching:
-        if (
-            isinstance(source, cst.Assign)
-            and len(source.targets) == 1
-            and _taken_from(source, whole.value, flow, depth + 1)
-        ):
-            continue
-        if not _drawn(source, whole.value, flow):
-            return None
-    return whole
+        return False
+    return all(
+        isinstance(source, cst.Assign)
+        and len(source.targets) == 1
+        and _taken_from(source, name.value, flow, depth + 1)
+        or _drawn(source, name.value, flow)
+        for source in reaching
+    )
 
 
 def _drawn_inline(value: cst.BaseExpression, flow: Flow) -> bool:
-    """`np.asarray(batch["mask"])` passed as it is: computed from a name every binding of
-    which reaching it draws from an iterator (`_drawn`)."""
+    """`np.asarray(batch["mask"])` passed as it is: computed from a name drawn on every path."""
     root = _derived_from(value)
-    if root is None:
-        return False
-    reaching = flow.reach.of(root)
-    return (
-        bool(reaching)
-        and ENTRY not in reaching
-        and all(_drawn(b, root.value, flow) for b in reaching)
-    )
+    return root is not None and _drawn_everywhere(root, flow)
 
 
 def _derived_from(part: cst.BaseExpression, depth: int = 0) -> cst.Name | None:

@@ -522,23 +522,28 @@ class Finding(Pass):
         )
 
     def _take_stored(self, groups: list[OuterGroup]) -> None:
-        """Take the stored steps' groups unless the mesh they set would clash with a pmap of
-        the module kept per device (`_clash`)."""
-        taken = {id(g.steps[0].site.node) for g in groups}  # type: ignore[attr-defined]
-        clash = self._clash(taken) if groups else ""
+        """Take the stored steps' groups unless two are called in one method (each is read in
+        a copy of that method of its own: one mesh set there for both is not followed, PL602)
+        or the mesh they set would clash with a pmap of the module kept per device (`_clash`:
+        those two among them)."""
         by_method: dict[int, list[OuterGroup]] = {}
-        for group in groups:  # `self.stored` is keyed by the method: its first element
+        for group in groups:  # `self.stored` is keyed by the method: its first group's copy
             method = next(k for k, kept in self.stored.items() if id(kept.method) in group.around)
             by_method.setdefault(method, []).append(group)
-        shared = [g for gs in by_method.values() if len(gs) > 1 for g in gs]
-        if shared and not clash:  # each step is read in its own copy of the method: not one
-            host = self.stored[next(m for m, gs in by_method.items() if len(gs) > 1)].method
+        for method, shared in by_method.items():
+            if len(shared) < 2:
+                continue
             why = (
                 f"{len(shared)} steps stored on `self` are called in one method, "
-                f"`{host.name.value}`: one mesh set there for several stored steps is not "
-                "followed"
+                f"`{self.stored[method].method.name.value}`: one mesh set there for several "
+                "stored steps is not followed"
             )
-            clash = str(NotVisible(why, Decline.SETUP))
+            for group in shared:
+                group.steps[0].site.fallback = str(NotVisible(why, Decline.SETUP))  # type: ignore[attr-defined]
+            del self.stored[method]
+        groups = [g for gs in by_method.values() if len(gs) == 1 for g in gs]
+        taken = {id(g.steps[0].site.node) for g in groups}  # type: ignore[attr-defined]
+        clash = self._clash(taken) if groups else ""
         for group in groups:
             site = group.steps[0].site
             if clash:
