@@ -218,6 +218,18 @@ def test_nested_calls_are_split_in_turn_and_comments_force_one_per_line() -> Non
     assert code(Call.of(commented).laid_out(Room("", 0), style)) == "f(\n    a,  # why\n    b,\n)"
 
 
+def test_a_call_without_arguments_too_long_splits_the_call_it_is_a_method_of() -> None:
+    """`f(x).flatten()` past the width: `f(x)` is split as black splits it, the method call
+    after its closing bracket (it crashed: no argument to hug)."""
+    style = Style(width=30)
+    laid = Call.of(call("gather(aaaaaaaa, bbbbbbbbbb).flatten()")).laid_out(Room("", 0), style)
+    assert code(laid) == "gather(\n    aaaaaaaa, bbbbbbbbbb\n).flatten()"
+    assert (
+        code(Call.of(call("name_far_too_long_for_it()")).laid_out(Room("", 0), Style(width=8)))
+        == "name_far_too_long_for_it()"
+    )
+
+
 def test_fit_call_keeps_multiline_calls_unless_rearranged() -> None:
     old = call("g(\n    a,\n    b,\n)")
     new = call("h(\n    b,\n    a,\n)")

@@ -380,6 +380,7 @@ CASES = [
     "program_stored_method_factory",
     "program_drawn_batches_transformed",
     "program_stored_lambda_step",
+    "program_stored_steps_in_one_method",
 ]
 
 

@@ -216,6 +216,8 @@ module defines, or `self.predict_fn =
 partial(_run_predict_fn, predict_fn)`, a module-level decorated def with its static arguments
 bound, big_vision's mean evaluator) and called in one other method of the class is followed
 in that method, which sets the mesh (`_stored.py`); the stores and the calls stay as written.
+Several such steps called in one method are followed there together, under one mesh; when one
+of them is not taken, the others say which and why (big_vision's retrieval evaluator).
 A value replicated for a step and passed whole to a def of the module whose only reading of it
 is device 0's copy (flax imagenet's `save_checkpoint(state, workdir)`, which begins
 `state = jax.device_get(jax.tree_util.tree_map(lambda x: x[0], state))`) is the same value:
@@ -368,8 +370,7 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
   - `PL601` another mesh or pmap of the module would clash with the step's mesh (a
     `jax.make_mesh` in scope, steps over different axes, a pmap kept per-device);
   - `PL602` the step is called in several functions and no one function calls them all (a
-    step stored on `self` and called in two methods; two steps stored on `self` and called in
-    one method, each read in a copy of that method of its own), or
+    step stored on `self` and called in two methods), or
     the function setting its mesh is a generator yielding where it calls the step (the mesh
     would stay set in the code iterating it; a generator yielding only after its calls has the
     mesh unset before its first `yield`);
@@ -819,7 +820,8 @@ class Pmap(Faithful):
         """`text` naming a step stored on `self` as the code does (`self.predict_fn`), not as
         the analysis of the method calling it does (`_predict_fn`, `_stored.Stored.name`)."""
         for kept in self.stored.values():
-            text = text.replace(f"`{kept.name}`", f"`{code(kept.attr)}`")
+            for name, (attr, _) in kept.steps.items():
+                text = text.replace(f"`{name}`", f"`{code(attr)}`")
         return text
 
     def _origin(self, node: cst.CSTNode) -> cst.CSTNode:

@@ -3,13 +3,14 @@ def, `self.eval_fn = _get_eval_fn(...)`, or a `partial` of a module-level decora
 its static arguments, `self.predict_fn = partial(_run_predict_fn, predict_fn)`).
 
 Taken when one other method of the class calls it and nothing else reads it (`stored_target`,
-`stored_method`): that method is read as a function calling a step made outside it, on a copy
-where each `self.step` is a fresh name (`Stored`); the copy, rewritten as such a function is
-(the mesh set there, `jax.set_mesh`), reads `self.step` again (`named_back`), and the pmap
+`stored_reads`): that method is read as a function calling steps made outside it, on one copy
+where each stored step's `self.step` is a fresh name (`stored_copy`, `Stored`: every step stored
+on `self` that the method calls, under one mesh); the copy, rewritten as such a function is
+(the mesh set there, `jax.set_mesh`), reads `self.step` again (`named_back`), and each pmap
 becomes `jax.jit(jax.shard_map(...))` where it is made. A stored `partial` is read as the step
 called with placeholders for the arguments it binds (static ones only, so none is laid out),
-dropped again by `named_back`, which lays the statement out anew. Otherwise, which value blocks it is still
-worth saying: the methods calling `self.step(...)` are followed the same way for the diagnosis
+dropped again by `named_back`, which lays the statement out anew. Otherwise, which value
+blocks it is still worth saying: the methods calling `self.step(...)` are followed the same way for the diagnosis
 only (`stored_on_self`, `returned_into_self`); the first reason found there is the site's, with
 its code (big_vision's evaluators: `params`, a parameter of `run`, passed by the trainers).
 """
@@ -133,15 +134,15 @@ def returned_into_self(
 
 @dataclass
 class Stored:
-    """A step stored on `self` and taken: its class's one method calling it (`method`) is read,
-    and rewritten, as `copy`, where each `self.<attr>` read is the name `name`."""
+    """The steps stored on `self` and taken that one method of their class calls (`method`),
+    read, and rewritten, as `copy`, where each `self.<attr>` read of a step is a fresh name."""
 
     method: cst.FunctionDef
     copy: cst.FunctionDef
-    name: str
-    attr: cst.Attribute  # `self.<attr>`, as the method reads it
+    # By fresh name: `self.<attr>` as the method reads it, and how many arguments a stored
+    # `partial` binds (`self.step = partial(step, a)`: passed first in `copy`)
+    steps: dict[str, tuple[cst.Attribute, int]]
     origins: dict[int, cst.CSTNode]  # by id of a node of `copy`: the node of `method` it copies
-    bound: int = 0  # `self.step = partial(step, a)`: the arguments bound, passed first in `copy`
 
 
 def attribute_stores(module: cst.Module) -> list[tuple[cst.ClassDef, cst.FunctionDef, cst.Assign]]:
@@ -227,18 +228,11 @@ def _returns_def(
     return bool(made) and isinstance(returned, cst.Name) and returned.value == made[0].name.value
 
 
-def stored_method(
-    module: cst.Module,
-    klass: cst.ClassDef,
-    maker: cst.FunctionDef,
-    assign: cst.Assign,
-    bound: int | None = None,
-) -> Stored:
-    """The one method of `klass` calling the step `assign` stores on `self` in `maker`, read with
-    each `self.<attr>` as a fresh name (a `partial` of the step stored: each call passing
-    `bound` placeholders first, the arguments the `partial` binds); raise NotVisible when
-    another method, or anything but calls in that method, reads it, or something else binds
-    it."""
+def stored_reads(
+    module: cst.Module, klass: cst.ClassDef, maker: cst.FunctionDef, assign: cst.Assign
+) -> tuple[cst.FunctionDef, list[cst.Attribute]]:
+    """The one method of `klass` reading the step `assign` stores on `self` in `maker`, and its
+    reads `self.<attr>`; raise NotVisible when another method, or code outside, reads it."""
     target = assign.targets[0].target
     assert isinstance(target, cst.Attribute)
     attr = target.attr.value
@@ -272,31 +266,52 @@ def stored_method(
         raise NotVisible(why, Decline.NOT_CALLED_ONLY)
     if not readers:
         raise NotVisible(f"`self.{attr}` is not called in `{klass.name.value}`", Decline.NOT_CALLED)
-    method, reads = readers[0]
+    return readers[0]
+
+
+def stored_copy(
+    module: cst.Module,
+    method: cst.FunctionDef,
+    steps: Sequence[tuple[list[cst.Attribute], int]],
+) -> Stored:
+    """`method` read with each read of a stored step (`steps`: its reads `self.<attr>` and how
+    many arguments a stored `partial` of it binds) as a fresh name: `self.step(x)` of a
+    `partial` is `_step(_step_bound_0, x)`, the step as the `partial` calls it; raise
+    NotVisible when such a step is used other than called."""
     taken = set(names_in(module))
-    name = next(n for n in (f"_{attr}", *(f"_{attr}_{k}" for k in range(2, 99))) if n not in taken)
-    swaps: dict[int, cst.CSTNode] = {id(read): cst.Name(name) for read in reads}
-    if bound:  # `self.step(x)` -> `_step(_step_bound_0, x)`: the step as the `partial` calls it
-        calls = {id(c.func): c for c in nodes_in(method, cst.Call)}
+    names: dict[str, tuple[cst.Attribute, int]] = {}
+    swaps: dict[int, cst.CSTNode] = {}
+    calls = {id(c.func): c for c in nodes_in(method, cst.Call)}
+    for reads, bound in steps:
+        attr = reads[0].attr.value
+        fresh = (f"_{attr}", *(f"_{attr}_{k}" for k in range(2, 99)))
+        name = next(n for n in fresh if n not in taken and n not in names)
+        names[name] = (reads[0], bound)
+        if not bound:
+            swaps.update({id(read): cst.Name(name) for read in reads})
+            continue
         if any(id(read) not in calls for read in reads):
             raise NotVisible(f"`self.{attr}` is used other than called", Decline.NOT_CALLED_ONLY)
         placeholders = [cst.Arg(cst.Name(f"{name}_bound_{k}")) for k in range(bound)]
-        swaps = {
-            id(call): call.with_changes(func=cst.Name(name), args=[*placeholders, *call.args])
-            for call in (calls[id(read)] for read in reads)
-        }
+        for call in (calls[id(read)] for read in reads):
+            swaps[id(call)] = call.with_changes(
+                func=cst.Name(name), args=[*placeholders, *call.args]
+            )
     copy = replaced(method, swaps)
     origins: dict[int, cst.CSTNode] = {}
     pairs: list[tuple[cst.CSTNode, cst.CSTNode]] = [(copy, method)]
     while pairs:  # the same tree but where a read became the name (a leaf): walked together
         new, old = pairs.pop()
         origins[id(new)] = old
-        if isinstance(new, cst.Call) and bound and single_name(new.func) == name:
-            assert isinstance(old, cst.Call)
+        bound = (
+            names.get(single_name(new.func) or "", (None, 0))[1] if isinstance(new, cst.Call) else 0
+        )
+        if bound:
+            assert isinstance(old, cst.Call) and isinstance(new, cst.Call)
             pairs += [(new.func, old.func), *zip(new.args[bound:], old.args, strict=True)]
         elif type(new) is type(old) and not isinstance(new, cst.Name):
             pairs += zip(new.children, old.children, strict=False)
-    return Stored(method, copy, name, reads[0], origins, bound or 0)
+    return Stored(method, copy, names, origins)
 
 
 def named_back(
@@ -305,6 +320,9 @@ def named_back(
     """`rewritten`, the copy as the rewrite made it (its body indented by `indent`), with
     `self.<attr>` read again where the copy read the fresh name; a call passing the arguments a
     `partial` binds passes them no more, its statement laid out again."""
+
+    def bound_by(call: cst.Call) -> int:
+        return stored.steps.get(single_name(call.func) or "", (None, 0))[1]
 
     class Back(cst.CSTTransformer):
         depth = 0  # the blocks around, inside the method's own
@@ -319,18 +337,19 @@ def named_back(
             return updated_node
 
         def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> Any:
-            return stored.attr if updated_node.value == stored.name else updated_node
+            found = stored.steps.get(updated_node.value)
+            return found[0] if found is not None else updated_node
 
         def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> Any:
-            if not stored.bound or single_name(original_node.func) != stored.name:
-                return updated_node
-            return updated_node.with_changes(args=updated_node.args[stored.bound :])
+            bound = bound_by(original_node)
+            return (
+                updated_node.with_changes(args=updated_node.args[bound:]) if bound else updated_node
+            )
 
         def leave_SimpleStatementLine(
             self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
         ) -> Any:
-            calls = nodes_in(original_node, cst.Call)
-            if not stored.bound or not any(single_name(c.func) == stored.name for c in calls):
+            if not any(bound_by(c) for c in nodes_in(original_node, cst.Call)):
                 return updated_node
             return laid_out(updated_node, indent + style.indent * (self.depth - 1), style)
 

@@ -50,8 +50,9 @@ from ._stored import (
     Stored,
     attribute_stores,
     returned_into_self,
-    stored_method,
+    stored_copy,
     stored_on_self,
+    stored_reads,
     stored_target,
 )
 from ._summary import ModuleFacts, is_mean
@@ -368,6 +369,18 @@ def docstring_of(node: cst.FunctionDef) -> str | None:
     return None if docstring is None else " ".join(docstring.split())  # wrapped or not
 
 
+@dataclass
+class _StoredStep:
+    """A step stored on `self` (`_stored.stored_target`), before the method calling it is read."""
+
+    site: PmapUse
+    method: cst.FunctionDef  # the one method calling it
+    reads: list[cst.Attribute]  # its reads `self.<attr>` there
+    bound: int  # the arguments a stored `partial` of it binds
+    body: cst.FunctionDef
+    options: Options
+
+
 class Finding(Pass):
     """The pmap pass's first part: its state, and the sites found in the module."""
 
@@ -407,13 +420,16 @@ class Finding(Pass):
         outer: list[OuterStep] = []
         made_in: dict[int, list[PmapUse]] = {}  # the steps each function makes
         failed = self._failed_hosts()
-        stored: list[OuterGroup] = []
+        pending: list[_StoredStep] = []
+        for site in list(self.sites.values()):
+            if site.value_axis is None and not self._falls_back(site, failed):
+                found = self._stored_step(module, flow, site)
+                pending += [found] if found is not None else []
+        stored, handled = self._stored_groups(module, flow, pending)
         for site in list(self.sites.values()):
             if site.value_axis is not None or self._falls_back(site, failed):
                 continue
-            group = self._stored_group(module, flow, site)
-            if group is not None:  # else the site's reason is found as before
-                stored.append(group)
+            if id(site.node) in handled:  # else the site's reason is found as before
                 continue
             try:
                 if self._made_outside(module, site) and not self._module_program(flow, site):
@@ -442,11 +458,10 @@ class Finding(Pass):
         defs = sum(1 for d in nodes_in(module, cst.FunctionDef) if d.name.value == name)
         return reads + defs - 1
 
-    def _stored_group(self, module: cst.Module, flow: Flow, site: PmapUse) -> OuterGroup | None:
-        """The group of a step stored on `self` (`self.step = jax.pmap(...)`, or a factory's
-        decorated def, `self.step = get_eval_fn(...)`) and called in one other method of the
-        class, which sets its mesh: read there as a step made outside it (`_stored.Stored`);
-        None when the step is not stored so, or not taken there."""
+    def _stored_step(self, module: cst.Module, flow: Flow, site: PmapUse) -> _StoredStep | None:
+        """A step stored on `self` (`self.step = jax.pmap(...)`, or a factory's decorated def,
+        `self.step = get_eval_fn(...)`) and called in one other method of the class, which
+        sets its mesh (`_stored_groups`); None when the step is not stored so."""
         assert self.survey is not None
         if self.stores is None:
             self.stores = attribute_stores(module)
@@ -474,83 +489,116 @@ class Finding(Pass):
             if where or self._reads_of(module, flow, factory) != 1:
                 return None
         try:
-            kept = stored_method(module, klass, maker, assign, bound)
-            if isinstance(site.node, cst.Decorator):
-                body = site.mapped
-                assert isinstance(body, cst.FunctionDef)
-                if len(body.decorators) != 1:
-                    return None
-                options = self._decorator_options(site.node, body)
-            else:
-                assert isinstance(site.node, cst.Call)
-                options = options_of(
-                    site.node, self.qualname, self._unnamed(), self.survey.constants
-                )
-                fun = fun_arg(site.node)
-                if fun is not None and isinstance(fun.value, cst.Lambda):
-                    body = lambda_def(fun.value)  # `self._count_p = jax.pmap(lambda m: ...)`
-                else:
-                    defs = self.survey.defs(self._mapped_def_name(site.node))
-                    if len(defs) != 1 or self._def_scope(defs[0]) not in (None, found[1]):
-                        return None
-                    body = defs[0]
-            if id(kept.method) in self.programs or any(
-                kept.method in s.ancestors for s in self.sites.values()
-            ):
-                return None
-            facts = self._facts(module, kept.method)
-            declared = facts.replicated.get(id(kept.method), frozenset())
-            facts = replace(facts, replicated={id(kept.copy): declared})
-            step = OuterStep(site, kept.name, body, options, isinstance(site.node, cst.Decorator))
-            program = analyze_calls(kept.copy, kept.name, options, body, self.qualname, facts)
-            if program.squeezed:
-                return None
-            if step.decorated:
-                keywords_in_place(program, body, kept.name)
-            step.programs.append(program)
-            inner = Flow(kept.copy)
-            before = first_statement(kept.copy, inner, [step])
-            end = mesh_end(kept.copy, inner, [step], before)
-            scopes: list[cst.BaseSuite | cst.Module] = [kept.copy.body, module]
-            mesh = mesh_in_scope(scopes, before, inner, options.axis, self.qualname)
+            method, reads = stored_reads(module, klass, maker, assign)
         except NotVisible:
             return None
-        around = frozenset({id(kept.method), *(id(a) for a in flow.ancestors(kept.method))})
-        self.stored.setdefault(id(kept.method), kept)  # a second step there: `_take_stored`
-        return OuterGroup(
-            [step], kept.copy, before, end, mesh or "mesh", mesh is None, around=around
-        )
+        if isinstance(site.node, cst.Decorator):
+            body = site.mapped
+            assert isinstance(body, cst.FunctionDef)
+            if len(body.decorators) != 1:
+                return None
+            options = self._decorator_options(site.node, body)
+        else:
+            assert isinstance(site.node, cst.Call)
+            options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
+            fun = fun_arg(site.node)
+            if fun is not None and isinstance(fun.value, cst.Lambda):
+                body = lambda_def(fun.value)  # `self._count_p = jax.pmap(lambda m: ...)`
+            else:
+                defs = self.survey.defs(self._mapped_def_name(site.node))
+                if len(defs) != 1 or self._def_scope(defs[0]) not in (None, maker):
+                    return None
+                body = defs[0]
+        if id(method) in self.programs or any(method in s.ancestors for s in self.sites.values()):
+            return None
+        return _StoredStep(site, method, reads, bound or 0, body, options)
+
+    def _stored_groups(
+        self, module: cst.Module, flow: Flow, pending: list[_StoredStep]
+    ) -> tuple[list[OuterGroup], set[int]]:
+        """The groups of the stored steps, one per method calling them: that method is read
+        once, each step's reads a fresh name (`_stored.stored_copy`), and sets one mesh for them
+        all. A step not taken there is left to find its own reason; the others called with it
+        keep the per-device form and say which. Also return the ids of the sites handled."""
+        by_method: dict[int, list[_StoredStep]] = {}
+        for found in pending:
+            by_method.setdefault(id(found.method), []).append(found)
+        groups: list[OuterGroup] = []
+        handled: set[int] = set()
+        for shared in by_method.values():
+            method = shared[0].method
+            try:
+                kept = stored_copy(module, method, [(s.reads, s.bound) for s in shared])
+            except NotVisible:
+                continue
+            facts = self._facts(module, method)
+            declared = facts.replicated.get(id(method), frozenset())
+            facts = replace(facts, replicated={id(kept.copy): declared})
+            names = list(kept.steps)
+            steps: list[OuterStep] = []
+            blocked: tuple[str, NotVisible] | None = None  # the first step not taken, and why
+            for found, name in zip(shared, names, strict=True):
+                decorated = isinstance(found.site.node, cst.Decorator)
+                step = OuterStep(found.site, name, found.body, found.options, decorated)
+                try:
+                    program = analyze_calls(
+                        kept.copy, name, found.options, found.body, self.qualname, facts
+                    )
+                    if program.squeezed:
+                        raise NotVisible("", Decline.NOT_NAMED)
+                    if decorated:
+                        keywords_in_place(program, found.body, name)
+                except NotVisible as error:
+                    blocked = blocked or (name, error)
+                    continue
+                step.programs.append(program)
+                steps.append(step)
+            if blocked is not None:  # the others keep the per-device form with it
+                name, why = blocked
+                for step in steps if why.why else ():
+                    attr = code(kept.steps[name][0])
+                    text = (
+                        f"the step stored in `{code(kept.steps[step.name][0])}` is called in "
+                        f"`{method.name.value}` with the one stored in `{attr}`, which keeps the "
+                        f"per-device form: {why.why.replace(name, attr)}"
+                    )
+                    step.site.fallback = str(NotVisible(text, why.code))  # type: ignore[attr-defined]
+                    handled.add(id(step.site.node))  # type: ignore[attr-defined]
+                continue
+            try:
+                if len({code(step.options.axis) for step in steps}) > 1:
+                    raise NotVisible("steps over different axes", Decline.MESH)
+                inner = Flow(kept.copy)
+                before = first_statement(kept.copy, inner, steps)
+                end = mesh_end(kept.copy, inner, steps, before)
+                scopes: list[cst.BaseSuite | cst.Module] = [kept.copy.body, module]
+                mesh = mesh_in_scope(scopes, before, inner, steps[0].options.axis, self.qualname)
+            except NotVisible:
+                continue  # each site finds its own reason
+            around = frozenset({id(method), *(id(a) for a in flow.ancestors(method))})
+            self.stored[id(method)] = kept
+            handled |= {id(found.site.node) for found in shared}
+            groups.append(
+                OuterGroup(
+                    steps, kept.copy, before, end, mesh or "mesh", mesh is None, around=around
+                )
+            )
+        return groups, handled
 
     def _take_stored(self, groups: list[OuterGroup]) -> None:
-        """Take the stored steps' groups unless two are called in one method (each is read in
-        a copy of that method of its own: one mesh set there for both is not followed, PL602)
-        or the mesh they set would clash with a pmap of the module kept per device (`_clash`:
-        those two among them)."""
-        by_method: dict[int, list[OuterGroup]] = {}
-        for group in groups:  # `self.stored` is keyed by the method: its first group's copy
-            method = next(k for k, kept in self.stored.items() if id(kept.method) in group.around)
-            by_method.setdefault(method, []).append(group)
-        for method, shared in by_method.items():
-            if len(shared) < 2:
-                continue
-            why = (
-                f"{len(shared)} steps stored on `self` are called in one method, "
-                f"`{self.stored[method].method.name.value}`: one mesh set there for several "
-                "stored steps is not followed"
-            )
-            for group in shared:
-                group.steps[0].site.fallback = str(NotVisible(why, Decline.SETUP))  # type: ignore[attr-defined]
-            del self.stored[method]
-        groups = [g for gs in by_method.values() if len(gs) == 1 for g in gs]
-        taken = {id(g.steps[0].site.node) for g in groups}  # type: ignore[attr-defined]
+        """Take the stored steps' groups unless the mesh they set would clash with a pmap of
+        the module kept per device (`_clash`: those two among them)."""
+        taken = {id(s.site.node) for g in groups for s in g.steps}  # type: ignore[attr-defined]
         clash = self._clash(taken) if groups else ""
         for group in groups:
-            site = group.steps[0].site
-            if clash:
-                site.fallback = clash  # type: ignore[attr-defined]
-                continue
-            del self.sites[id(site.node)]  # type: ignore[attr-defined]
-            self.outer.append(group)
+            for step in group.steps:
+                site = step.site
+                if clash:
+                    site.fallback = clash  # type: ignore[attr-defined]
+                    continue
+                del self.sites[id(site.node)]  # type: ignore[attr-defined]
+            if not clash:
+                self.outer.append(group)
         if clash:
             self.stored.clear()
 

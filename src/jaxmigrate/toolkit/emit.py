@@ -371,6 +371,8 @@ class Call:
             flat = self.flat()
             if room.column + len(code(flat)) + room.tail <= style.width:
                 return flat
+            if not self.items:  # `f(x).flatten()`: the call it is a method of is split
+                return self._receiver_split(flat, room, style)
             hugged = joined([i.value(Call.flat) for i in self.items])
             if len(inner) + len(code(cst.Call(cst.Name("f"), hugged))) - 3 <= style.width:
                 return self._hugged(hugged, inner, room.indent)
@@ -380,6 +382,16 @@ class Call:
                 nested = sole.value(lambda c: c.laid_out(Room(inner, start), style))
                 return self._hugged([nested], inner, room.indent)
         return self._exploded(room.indent, inner, style)
+
+    def _receiver_split(self, flat: cst.Call, room: Room, style: Style) -> cst.Call:
+        """A call with no arguments too long for its line: `f(x).flatten()` with `f(x)` laid
+        out (black's split), else as it is."""
+        func = self.func
+        if not isinstance(func, cst.Attribute) or not isinstance(func.value, cst.Call):
+            return flat
+        after = len(code(flat)) - len(code(func.value))  # `.flatten()`
+        receiver = Call.of(func.value).laid_out(replace(room, tail=room.tail + after), style)
+        return flat.with_changes(func=func.with_changes(value=receiver))
 
     def _exploded(self, outer: str, inner: str, style: Style) -> cst.Call:
         """Return the call with one argument per line and a trailing comma."""
