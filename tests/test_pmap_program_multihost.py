@@ -381,6 +381,7 @@ CASES = [
     "program_drawn_batches_transformed",
     "program_stored_lambda_step",
     "program_stored_steps_in_one_method",
+    "program_stored_step_identity_reads",
 ]
 
 

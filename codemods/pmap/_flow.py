@@ -235,6 +235,7 @@ def _follow(
             why = f"a read of `{step}` may be the def or the step made of it"
             raise NotVisible(why, Decline.REBOUND)
         uses = [use for use, r in zip(uses, reached, strict=True) if own not in r]
+    uses = [use for use in uses if not _identity_read(flow, use)]
     made = [_call_of(flow, use, step, host.name.value) for use in uses]
     if not made:
         raise NotVisible(f"`{step}` is not called in `{host.name.value}`", Decline.NOT_CALLED)
@@ -574,6 +575,29 @@ def _call_of(flow: Flow, use: cst.Name, step: str, host: str) -> cst.Call:
         why = f"`{step}` is used other than called: {_goes(call, flow.parent, host)}"
         raise NotVisible(why, Decline.NOT_CALLED_ONLY)
     return call
+
+
+_IDENTITY = (cst.In, cst.NotIn, cst.Is, cst.IsNot)
+
+
+def _identity_read(flow: Flow, use: cst.Name) -> bool:
+    """`use` reads the step only as an object: `step not in self._compiled`, `step is other`,
+    `self._compiled.add(step)` (big_vision's image-text evaluators log each step's first
+    compilation so). The rewrite keeps one object per step: these read the same."""
+    around = flow.parent.get(id(use))
+    if isinstance(around, cst.Comparison) and around.left is use:
+        return all(isinstance(t.operator, _IDENTITY) for t in around.comparisons)
+    if isinstance(around, cst.ComparisonTarget):
+        return isinstance(around.operator, (cst.Is, cst.IsNot))
+    call = flow.parent.get(id(around)) if isinstance(around, cst.Arg) else None
+    return (
+        isinstance(call, cst.Call)
+        and isinstance(call.func, cst.Attribute)
+        and call.func.attr.value in ("add", "discard")
+        and len(call.args) == 1
+        and not call.args[0].keyword
+        and not call.args[0].star
+    )
 
 
 def unnamed_step(around: cst.CSTNode | None, host: str, parents: dict | None = None) -> NotVisible:
