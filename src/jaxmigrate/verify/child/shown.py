@@ -193,13 +193,26 @@ def stdout_captured() -> Iterator[list[str]]:
 
 
 # What JAX's runtime prints to standard output, not the program: gloo's log of the connections
-# a multi-process job makes at its first collective (on whichever side makes it first).
-RUNTIME_LINES = re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\b")
+# a multi-process job makes at its first collective (on whichever side makes it first), a line
+# per local device, `[Gloo] Rank 0 is connected to 7 peer ranks. Expected number of connected
+# peer ranks is : 7`. The devices' threads write their lines piece by piece at once: under load
+# the pieces of two lines interleave (`[Gloo] Rank [Gloo] Rank 0 is connected to ...`, then
+# `2 is connected to ...`), so a line made only of those pieces is the runtime's.
+RUNTIME_PIECES = re.compile(
+    r"\[Gloo\] Rank | is connected to | peer ranks\. Expected number of connected peer ranks is : "
+)
+RUNTIME_NUMBERS = re.compile(r"\d+")
+
+
+def _runtimes(line: str) -> bool:
+    """True for a line of gloo's log, or of pieces of its lines (`RUNTIME_PIECES`)."""
+    rest = RUNTIME_PIECES.sub("", line)
+    return rest != line and not RUNTIME_NUMBERS.sub("", rest).strip()
 
 
 def the_programs(lines: list[str]) -> list[str]:
     """Return the lines written to standard output by the program, not by JAX's runtime."""
-    return [line for line in lines if not RUNTIME_LINES.match(line)]
+    return [line for line in lines if not _runtimes(line)]
 
 
 def placed(lines: list[str], root: str) -> list[str]:
