@@ -161,6 +161,7 @@ class Survey(cst.CSTVisitor):
         self.refs: list[tuple[cst.BaseExpression, tuple[cst.CSTNode, ...]]] = []
         self.strings: set[str] = set()
         self.fields: dict[str, list[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]]] = {}
+        self.stored: list[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]] = []  # all, in text order
         self._stack: list[cst.CSTNode] = []
         self._paths = names.paths_to((PMAP,))  # the nodes leading to a use, when known
 
@@ -182,6 +183,7 @@ class Survey(cst.CSTVisitor):
                 if type(field) is cst.Attribute:  # `self.x = ...`: where each field is stored
                     stored = self.fields.setdefault(field.attr.value, [])
                     stored.append((field, (*self._stack, node)))
+                    self.stored.append(stored[-1])
         self._stack.append(node)
         return True
 
@@ -464,7 +466,7 @@ class Finding(Pass):
         sets its mesh (`_stored_groups`); None when the step is not stored so."""
         assert self.survey is not None
         if self.stores is None:
-            self.stores = attribute_stores(module)
+            self.stores = attribute_stores(module, self.survey.stored)
         found = stored_target(module, site.node, self.stores, self.qualname)
         if found is None or len(site.pmaps) != 1:
             return None
