@@ -382,6 +382,7 @@ CASES = [
     "program_stored_lambda_step",
     "program_stored_steps_in_one_method",
     "program_stored_step_identity_reads",
+    "program_stored_steps_in_two_methods",
 ]
 
 

@@ -217,7 +217,12 @@ partial(_run_predict_fn, predict_fn)`, a module-level decorated def with its sta
 bound, big_vision's mean evaluator) and called in one other method of the class is followed
 in that method, which sets the mesh (`_stored.py`); the stores and the calls stay as written.
 Several such steps called in one method are followed there together, under one mesh; when one
-of them is not taken, the others say which and why (big_vision's retrieval evaluator).
+of them is not taken, the others say which and why (big_vision's retrieval evaluator). Steps
+stored on `self` and called in several methods are followed when one of those methods calls
+each other one once, as `self.method(...)`, and nothing else reads it (big_vision's
+discriminative classifier: `evaluate` calls `self._embed_texts(params, ...)`): each method is
+read on a copy of its own, the mesh is set in the calling one, and a parameter of another
+method passed to a step there is laid out where the calling method passes it.
 A value replicated for a step and passed whole to a def of the module whose only reading of it
 is device 0's copy (flax imagenet's `save_checkpoint(state, workdir)`, which begins
 `state = jax.device_get(jax.tree_util.tree_map(lambda x: x[0], state))`) is the same value:
@@ -339,7 +344,9 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     `self._compiled.add(step)`, is no such use); `PL202` used outside the functions of the module as well as in
     them (`STEPS = {"total": step}` beside `step(x)` in a def); `PL203` called in a nested
     function not followed (called more than once, or maybe before the step is made); `PL204` its calls pass different arguments (`*`/`**`, keywords out of order, a
-    batch in one function and a replicated value in another); `PL205` not called;
+    batch in one function and a replicated value in another; a method calling steps stored
+    on `self`, passed by the method calling it a value the rewrite changes and that it reads
+    other than as a step's argument); `PL205` not called;
   - `PL206` a call's results are bound other than to plain names (`d["k"] = step(...)`), or
     `step(...)[0]` of a tuple;
   - `PL301` an argument's layout comes from outside the function (a parameter, a global; the
@@ -371,7 +378,7 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
   - `PL601` another mesh or pmap of the module would clash with the step's mesh (a
     `jax.make_mesh` in scope, steps over different axes, a pmap kept per-device);
   - `PL602` the step is called in several functions and no one function calls them all (a
-    step stored on `self` and called in two methods), or
+    step stored on `self` and called in two methods, neither calling the other), or
     the function setting its mesh is a generator yielding where it calls the step (the mesh
     would stay set in the code iterating it; a generator yielding only after its calls has the
     mesh unset before its first `yield`);

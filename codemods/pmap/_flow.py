@@ -1054,6 +1054,19 @@ def _drawn_inline(value: cst.BaseExpression, flow: Flow) -> bool:
     return root is not None and _drawn_everywhere(root, flow)
 
 
+def _new_trailing_axes(part: cst.Subscript) -> bool:
+    """`x[..., None]` (`None`s after `...`): new axes after the others, the leading one, each
+    device's, untouched (big_vision's `labels[..., None]`)."""
+    items = [s.slice for s in part.slice]
+    first = items[0].value if isinstance(items[0], cst.Index) else None
+    rest = [i.value if isinstance(i, cst.Index) else None for i in items[1:]]
+    return (
+        isinstance(first, cst.Ellipsis)
+        and bool(rest)
+        and all(isinstance(r, cst.Name) and r.value == "None" for r in rest)
+    )
+
+
 def _derived_from(part: cst.BaseExpression, depth: int = 0) -> cst.Name | None:
     """The one name `part` is computed from, row for row, as a batch's part or transform is:
     `batch["image"]`, `batch.pop("labels")`, `batch.get("mask")`, `np.asarray(x)`,
@@ -1066,6 +1079,8 @@ def _derived_from(part: cst.BaseExpression, depth: int = 0) -> cst.Name | None:
     if isinstance(part, cst.Name):
         return part
     if isinstance(part, cst.Subscript) and len(part.slice) == 1:
+        return _derived_from(part.value, depth + 1)
+    if isinstance(part, cst.Subscript) and _new_trailing_axes(part):
         return _derived_from(part.value, depth + 1)
     if not isinstance(part, cst.Call) or any(a.star for a in part.args):
         return None

@@ -208,8 +208,9 @@ def _marked(
             if program.host is setup:
                 marks += program.calls
                 marks += [n for i, n in program.nodes.items() if "batch" in program.reasons[i]]
-    for name in hosts - {setup.name.value}:
-        marks += [u for u in flow.loads.get(name, []) if setup in flow.ancestors(u)]
+    for name in hosts - {setup.name.value}:  # `flow` may be `setup`'s own (a method's copy)
+        within = flow.host is setup
+        marks += [u for u in flow.loads.get(name, []) if within or setup in flow.ancestors(u)]
     statements = list(setup.body.body) if isinstance(setup.body, cst.IndentedBlock) else []
     return statements, {id(a) for m in marks for a in flow.ancestors(m)}
 

@@ -494,7 +494,12 @@ class _Edit(cst.CSTTransformer):
                 updated_node = self._with_setup(updated_node)
             return self._with_entry(updated_node)
         if self.edited and isinstance(updated_node, cst.SimpleStatementLine):
-            return _fitted(updated_node, here, self.style)
+            fitted = _fitted(updated_node, here, self.style)
+            if self.setup is not None and original_node is self.setup[0]:
+                self.before = fitted  # laid out anew: the mesh is set before this one
+            if self.setup is not None and original_node is self.setup[3]:
+                self.after = fitted
+            return fitted
         if (
             isinstance(original_node, cst.For)
             and isinstance(updated_node, cst.For)

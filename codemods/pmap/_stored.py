@@ -78,8 +78,8 @@ def stored_on_self(
             )
     if len(callers) > 1:  # each is taken alone: what blocks is that they are several
         several = (
-            f"the step stored in `self.{attr}` is called in {' and '.join(callers)}: one mesh "
-            "set around the calls of several methods is not followed"
+            f"the step stored in `self.{attr}` is called in {' and '.join(callers)}, and no one "
+            "of them calls each other once: where to set its mesh is not visible"
         )
         return NotVisible(several, Decline.SETUP)
     return stored
@@ -242,9 +242,9 @@ def _returns_def(
 
 def stored_reads(
     module: cst.Module, klass: cst.ClassDef, maker: cst.FunctionDef, assign: cst.Assign
-) -> tuple[cst.FunctionDef, list[cst.Attribute]]:
-    """The one method of `klass` reading the step `assign` stores on `self` in `maker`, and its
-    reads `self.<attr>`; raise NotVisible when another method, or code outside, reads it."""
+) -> list[tuple[cst.FunctionDef, list[cst.Attribute]]]:
+    """The methods of `klass` reading the step `assign` stores on `self` in `maker`, each with
+    its reads `self.<attr>`; raise NotVisible when `maker`, or code outside them, reads it."""
     target = assign.targets[0].target
     assert isinstance(target, cst.Attribute)
     attr = target.attr.value
@@ -262,10 +262,10 @@ def stored_reads(
                 f"`self.{attr}` is read in `{maker.name.value}`, where it is stored",
                 Decline.NOT_CALLED_ONLY,
             )
-        if found and (len(mine) != len(found) or readers):
+        if len(mine) != len(found):
             where = f"{klass.name.value}.{method.name.value}"
-            why = f"`self.{attr}` is read in more than one method (`{where}`)"
-            raise NotVisible(why, Decline.SETUP)
+            why = f"`.{attr}` is read in `{where}` on another object than `self`"
+            raise NotVisible(why, Decline.NOT_CALLED_ONLY)
         if found:
             readers.append((method, mine))
     outside = [
@@ -278,20 +278,22 @@ def stored_reads(
         raise NotVisible(why, Decline.NOT_CALLED_ONLY)
     if not readers:
         raise NotVisible(f"`self.{attr}` is not called in `{klass.name.value}`", Decline.NOT_CALLED)
-    return readers[0]
+    return readers
 
 
 def stored_copy(
     module: cst.Module,
     method: cst.FunctionDef,
     steps: Sequence[tuple[list[cst.Attribute], int]],
+    named: Mapping[str, list[cst.Attribute]] | None = None,
 ) -> Stored:
     """`method` read with each read of a stored step (`steps`: its reads `self.<attr>` and how
     many arguments a stored `partial` of it binds) as a fresh name: `self.step(x)` of a
     `partial` is `_step(_step_bound_0, x)`, the step as the `partial` calls it; raise
-    NotVisible when such a step is used other than called."""
-    taken = set(names_in(module))
-    names: dict[str, tuple[cst.Attribute, int]] = {}
+    NotVisible when such a step is used other than called. `named`: other reads, each read as
+    the name given (`self._embed_texts` as `_embed_texts`, a method calling steps too)."""
+    taken = set(names_in(module)) | set(named or ())
+    names: dict[str, tuple[cst.Attribute, int]] = {}  # the steps' first, in order
     swaps: dict[int, cst.CSTNode] = {}
     calls = {id(c.func): c for c in nodes_in(method, cst.Call)}
     for reads, bound in steps:
@@ -309,6 +311,9 @@ def stored_copy(
             swaps[id(call)] = call.with_changes(
                 func=cst.Name(name), args=[*placeholders, *call.args]
             )
+    for name, reads in (named or {}).items():
+        names[name] = (reads[0], 0)
+        swaps.update({id(read): cst.Name(name) for read in reads})
     copy = replaced(method, swaps)
     origins: dict[int, cst.CSTNode] = {}
     pairs: list[tuple[cst.CSTNode, cst.CSTNode]] = [(copy, method)]

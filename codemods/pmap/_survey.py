@@ -3,7 +3,7 @@ program-level form can take."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -18,10 +18,14 @@ from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 from ._callee import follow_passed
 from ._declines import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible
 from ._flow import (
+    INLINE,
     Options,
+    _follow_argument,
+    _StepCall,
     analyze,
     analyze_calls,
     analyze_decorated,
+    forms_of,
     keywords_in_place,
     lambda_def,
     mapped_name,
@@ -29,9 +33,10 @@ from ._flow import (
     read_options,
     unnamed_step,
 )
-from ._forms import single_name
+from ._forms import bound_arguments, single_name
 from ._imported import Imported
 from ._inputs import assigned_call
+from ._layout import Layout
 from ._outer import (
     OuterGroup,
     OuterStep,
@@ -44,7 +49,7 @@ from ._outer import (
 from ._passon import checked as passed_on_checked
 from ._passon import elsewhere
 from ._program import Program, Setup
-from ._reach import SCOPES, Flow, assigned_name, free_names, nodes_in, params_of
+from ._reach import ENTRY, SCOPES, Flow, assigned_name, free_names, nodes_in, params_of
 from ._readat import short as _short
 from ._stored import (
     Stored,
@@ -376,11 +381,19 @@ class _StoredStep:
     """A step stored on `self` (`_stored.stored_target`), before the method calling it is read."""
 
     site: PmapUse
-    method: cst.FunctionDef  # the one method calling it
-    reads: list[cst.Attribute]  # its reads `self.<attr>` there
+    klass: cst.ClassDef
+    readers: list[tuple[cst.FunctionDef, list[cst.Attribute]]]  # each method reading it, how
     bound: int  # the arguments a stored `partial` of it binds
     body: cst.FunctionDef
     options: Options
+
+    @property
+    def method(self) -> cst.FunctionDef:
+        return self.readers[0][0]
+
+    @property
+    def reads(self) -> list[cst.Attribute]:
+        return self.readers[0][1]
 
 
 class Finding(Pass):
@@ -491,7 +504,7 @@ class Finding(Pass):
             if where or self._reads_of(module, flow, factory) != 1:
                 return None
         try:
-            method, reads = stored_reads(module, klass, maker, assign)
+            readers = stored_reads(module, klass, maker, assign)
         except NotVisible:
             return None
         if isinstance(site.node, cst.Decorator):
@@ -511,9 +524,12 @@ class Finding(Pass):
                 if len(defs) != 1 or self._def_scope(defs[0]) not in (None, maker):
                     return None
                 body = defs[0]
-        if id(method) in self.programs or any(method in s.ancestors for s in self.sites.values()):
-            return None
-        return _StoredStep(site, method, reads, bound or 0, body, options)
+        for method, _ in readers:
+            if id(method) in self.programs or any(
+                method in s.ancestors for s in self.sites.values()
+            ):
+                return None
+        return _StoredStep(site, klass, readers, bound or 0, body, options)
 
     def _stored_groups(
         self, module: cst.Module, flow: Flow, pending: list[_StoredStep]
@@ -522,11 +538,25 @@ class Finding(Pass):
         once, each step's reads a fresh name (`_stored.stored_copy`), and sets one mesh for them
         all. A step not taken there is left to find its own reason; the others called with it
         keep the per-device form and say which. Also return the ids of the sites handled."""
-        by_method: dict[int, list[_StoredStep]] = {}
+        by_class: dict[int, list[_StoredStep]] = {}
         for found in pending:
-            by_method.setdefault(id(found.method), []).append(found)
+            by_class.setdefault(id(found.klass), []).append(found)
         groups: list[OuterGroup] = []
         handled: set[int] = set()
+        by_method: dict[int, list[_StoredStep]] = {}
+        for shared in by_class.values():
+            if any(len(found.readers) > 1 for found in shared):
+                group = self._class_group(module, flow, shared)
+                if isinstance(group, NotVisible):  # what blocks them all
+                    for found in shared:
+                        found.site.fallback = str(group)  # type: ignore[attr-defined]
+                elif group is not None:
+                    groups.append(group)
+                if group is not None:
+                    handled |= {id(found.site.node) for found in shared}
+                continue  # else each site finds its own reason
+            for found in shared:
+                by_method.setdefault(id(found.method), []).append(found)
         for shared in by_method.values():
             method = shared[0].method
             try:
@@ -586,6 +616,227 @@ class Finding(Pass):
                 )
             )
         return groups, handled
+
+    def _class_group(
+        self, module: cst.Module, flow: Flow, shared: list[_StoredStep]
+    ) -> OuterGroup | NotVisible | None:
+        """The group of the steps stored on `self` in one class when one of them is called in
+        several methods: one method (`setup`) calls each other method calling a step, once, as
+        `self.method(...)`, and is the only code reading it (big_vision's discriminative
+        classifier: `evaluate` calls `self._embed_texts(params, ...)`). Each method is read on a
+        copy of its own (`_stored.stored_copy`; in `setup`'s, `self.method` is the method's
+        name), the mesh is set in `setup`, and a parameter of another method passed to a step
+        is laid out where `setup` passes it (as the argument of a step there: `_callee`'s
+        `given`). None when that is not so: each site then finds its own reason; why not, when
+        a step is not taken there."""
+        assert self.survey is not None
+        methods = list({id(m): m for found in shared for m, _ in found.readers}.values())
+        setup = next((m for m in methods if self._calls_all(module, m, methods)), None)
+        if setup is None:
+            return None
+        others = [m for m in methods if m is not setup]
+        calls = {  # in `setup`: `self.method`, the function of the one call of each method
+            m.name.value: [
+                a for a in nodes_in(setup, cst.Attribute) if a.attr.value == m.name.value
+            ]
+            for m in others
+        }
+        copies: dict[int, Stored] = {}
+        names: dict[tuple[int, int], str] = {}  # by (step, method): the step's name there
+        given_params: dict[str, set[str]] = {}  # by method: its parameters laid out in `setup`
+        try:
+            for method in methods:
+                read = [(f, r) for f in shared for m, r in f.readers if m is method]
+                named = calls if method is setup else None
+                kept = stored_copy(module, method, [(r, f.bound) for f, r in read], named)
+                copies[id(method)] = kept
+                for (found, _), name in zip(read, kept.steps, strict=False):
+                    names[(id(found), id(method))] = name
+            steps: list[OuterStep] = []
+            for found in shared:
+                decorated = isinstance(found.site.node, cst.Decorator)
+                step = None
+                for method, _ in found.readers:
+                    kept = copies[id(method)]
+                    name = names[(id(found), id(method))]
+                    step = step or OuterStep(found.site, name, found.body, found.options, decorated)
+                    facts = self._facts(module, method)
+                    declared = facts.replicated.get(id(method), frozenset())
+                    facts = replace(facts, replicated={id(kept.copy): declared})
+                    given = None
+                    if method is not setup:
+                        given = self._given(module, copies[id(setup)], method, found)
+                        laid = given_params.setdefault(method.name.value, set())
+                        given.params = laid  # type: ignore[attr-defined]
+                    siblings = tuple(calls) if method is setup else ()  # their feeds: below
+                    program = analyze_calls(
+                        kept.copy,
+                        name,
+                        found.options,
+                        found.body,
+                        self.qualname,
+                        facts,
+                        given,
+                        siblings,
+                    )
+                    if program.squeezed or program.keywords and decorated:
+                        raise NotVisible("", Decline.NOT_NAMED)
+                    if given is not None:
+                        program.callees += given.callers  # type: ignore[attr-defined]
+                    step.programs.append(program)
+                assert step is not None
+                first = step.programs[0]
+                for program in step.programs[1:]:
+                    if program.batches != first.batches or program.params != first.params:
+                        raise NotVisible("", Decline.CALLS_DIFFER)
+                steps.append(step)
+            if len({code(step.options.axis) for step in steps}) > 1:
+                raise NotVisible("steps over different axes", Decline.MESH)
+            kept = copies[id(setup)]
+            inner = Flow(kept.copy)
+            by_name = {m.name.value: m for m in others}
+            self._passed_as_before(inner, kept, steps, given_params, by_name)
+            before = first_statement(kept.copy, inner, steps)
+            end = mesh_end(kept.copy, inner, steps, before)
+            scopes: list[cst.BaseSuite | cst.Module] = [kept.copy.body, module]
+            mesh = mesh_in_scope(scopes, before, inner, steps[0].options.axis, self.qualname)
+        except NotVisible as why:
+            if not why.why:
+                return None
+            where = " and ".join(f"`{m.name.value}`" for m in methods)
+            text = f"the steps stored on `self` are called in {where}: {why.why}"
+            for kept in copies.values():  # the steps' names in the copies, as the code reads
+                for name, (attr, _) in kept.steps.items():
+                    text = text if name == attr.attr.value else text.replace(name, code(attr))
+            return NotVisible(text, why.code)
+        around = frozenset(id(a) for m in methods for a in (m, *flow.ancestors(m)))
+        for method in methods:
+            self.stored[id(method)] = copies[id(method)]
+        return OuterGroup(
+            steps, kept.copy, before, end, mesh or "mesh", mesh is None, around=around
+        )
+
+    def _calls_all(
+        self, module: cst.Module, setup: cst.FunctionDef, methods: list[cst.FunctionDef]
+    ) -> bool:
+        """`setup` calls each other method of `methods` once, as `self.method(...)`, and
+        nothing else reads that method (in the module, or, by name, in the code base), nor
+        names it in `setup`."""
+        assert self.survey is not None
+        me = setup.params.params[0].name.value if setup.params.params else None
+        for method in methods:
+            if method is setup:
+                continue
+            name = method.name.value
+            reads = [a for a in nodes_in(module, cst.Attribute) if a.attr.value == name]
+            mine = [a for a in nodes_in(setup, cst.Attribute) if a.attr.value == name]
+            if len(reads) != 1 or len(mine) != 1 or single_name(mine[0].value) != me:
+                return False
+            attrs = {id(a.attr) for a in nodes_in(setup, cst.Attribute)}
+            if any(n.value == name and id(n) not in attrs for n in nodes_in(setup, cst.Name)):
+                return False  # read as the method's name in `setup`, it would be another
+            if sum(1 for d in nodes_in(module, cst.FunctionDef) if d.name.value == name) != 1:
+                return False  # a subclass's override is called too
+            if elsewhere(name, self.state.outside, self.survey.strings):
+                return False
+        return True
+
+    def _given(
+        self,
+        module: cst.Module,
+        setup: Stored,
+        method: cst.FunctionDef,
+        found: _StoredStep,
+    ) -> Callable[[Program, str, int], Layout]:
+        """How a parameter of `method`, passed to the step, is laid out: as
+        `setup`'s argument for it, followed in `setup` as an argument of the step is (a
+        replication deleted, a parameter its callers pass as copies made one value); the
+        programs following it there are kept on the function (`callers`)."""
+        name = method.name.value
+        call = next(c for c in nodes_in(setup.copy, cst.Call) if single_name(c.func) == name)
+        params = method.params
+        unbound = method.with_changes(params=params.with_changes(params=params.params[1:]))
+        args = bound_arguments(unbound, call)
+        flow = Flow(setup.copy)
+        facts = self._facts(module, setup.method)
+        declared = facts.replicated.get(id(setup.method), frozenset())
+        facts = replace(facts, replicated={id(setup.copy): declared})
+        forms = forms_of(flow, self.qualname, facts)
+        options = found.options
+        callers: list[Program] = []
+
+        def given(program: Program, param: str, position: int) -> Layout:
+            given.params.add(param)  # type: ignore[attr-defined]
+            value = (args or {}).get(param)
+            if value is None:
+                why = (
+                    f"`{param}`, a parameter of `{name}` passed to the step, is not passed by "
+                    f"`{setup.method.name.value}`"
+                )
+                raise NotVisible(why, Decline.ARGUMENT_UNKNOWN)
+            caller = Program(setup.copy, None, options.fun, options.axis, options.donate, [], None)
+            caller.declared = declared
+            arity = len(program.batches)
+            caller.batches = [False] * arity
+            caller.params, caller.keywords = program.params, program.keywords
+            values: list[cst.BaseExpression] = [cst.Name("_")] * arity
+            values[position] = value
+            names = [""] * arity
+            names[position] = single_name(value) or INLINE
+            proxy = cst.Call(cst.Name("_step"), [cst.Arg(value)])  # feeds: this argument only
+            step_call = _StepCall(call, proxy, names, [], values)
+            _follow_argument(caller, flow, forms, [step_call], position)
+            caller.calls.append(proxy)
+            callers.append(caller)
+            if position in caller.squeezed:
+                return Layout.KEYS
+            return Layout.PER_DEVICE if caller.batches[position] else Layout.REPLICAS
+
+        given.callers = callers  # type: ignore[attr-defined]
+        given.params = set()  # type: ignore[attr-defined]  # the parameters laid out so
+        return given
+
+    @staticmethod
+    def _passed_as_before(
+        flow: Flow,
+        setup: Stored,
+        steps: list[OuterStep],
+        given: dict[str, set[str]],
+        methods: dict[str, cst.FunctionDef],
+    ) -> None:
+        """Each value `setup` passes to another method that no step there takes (`given`: the
+        parameters laid out in `setup`) reaches it as it did: no edit of the programs in
+        `setup` makes it (a replication deleted, a parameter made one value), else that method
+        would read another layout than pmap's: raise."""
+        programs = [p for s in steps for p in s.programs if p.host is setup.copy]
+        programs += [c for s in steps for p in s.programs for c in p.callees]
+        edited = {key for p in programs for key in p.edits}
+        uncopied = {n for p in programs for n in p.uncopied}
+        for call in nodes_in(setup.copy, cst.Call):
+            name = single_name(call.func) or ""
+            method = methods.get(name)
+            if method is None:
+                continue
+            params = method.params
+            unbound = method.with_changes(params=params.with_changes(params=params.params[1:]))
+            args = bound_arguments(unbound, call)
+            if args is None:
+                raise NotVisible(f"the arguments of `{name}` are not visible", Decline.CALLS_DIFFER)
+            for param, value in args.items():
+                if param in given.get(name, ()):
+                    continue
+                for use in nodes_in(value, cst.Name):
+                    for binding in flow.reach.of(use) or {ENTRY}:
+                        if binding is ENTRY:
+                            changed = use.value in uncopied
+                        else:
+                            changed = id(getattr(binding, "value", None)) in edited
+                        if changed:
+                            why = (
+                                f"`{code(value)}` is passed to `{name}`, which reads it other "
+                                "than as a step's argument, as the rewrite changes it"
+                            )
+                            raise NotVisible(why, Decline.CALLS_DIFFER)
 
     def _take_stored(self, groups: list[OuterGroup]) -> None:
         """Take the stored steps' groups unless the mesh they set would clash with a pmap of
