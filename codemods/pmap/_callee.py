@@ -41,7 +41,7 @@ from ._flow import (
     passed_to,
     sibling_calls,
 )
-from ._forms import Qualname, bound_arguments, single_name
+from ._forms import Forms, Qualname, bound_arguments, single_name
 from ._layout import Layout
 from ._program import Program
 from ._reach import Flow
@@ -70,6 +70,35 @@ def called_nested(
         return None
     args = bound_arguments(found, call) if call.func is uses[0] else None
     return None if args is None or step in args else (call, found, step, args)
+
+
+def laid_out_in_caller(
+    caller: Program,
+    flow: Flow,
+    forms: Forms,
+    call: cst.Call,
+    program: Program,
+    value: cst.BaseExpression,
+    position: int,
+    step: str,
+) -> Layout:
+    """Lay out `value`, which the function `caller` follows passes at `call` for a parameter
+    that the callee's `program` passes to the step at `position`, as if `caller` passed it to
+    the step there (a replication deleted, a parameter declared as copies made one value):
+    return its layout for the callee."""
+    arity = len(program.batches)
+    caller.batches = caller.batches or [False] * arity
+    caller.params, caller.keywords = program.params, program.keywords
+    values: list[cst.BaseExpression] = [cst.Name("_")] * arity
+    values[position] = value
+    names = [""] * arity
+    names[position] = single_name(value) or INLINE
+    proxy = cst.Call(cst.Name(step), [cst.Arg(value)])  # feeds: this argument only
+    _follow_argument(caller, flow, forms, [_StepCall(call, proxy, names, [], values)], position)
+    caller.calls.append(proxy)
+    if position in caller.squeezed:
+        return Layout.KEYS
+    return Layout.PER_DEVICE if caller.batches[position] else Layout.REPLICAS
 
 
 def follow_passed(
@@ -122,19 +151,7 @@ def follow_passed(
                 f"passed by `{host.name.value}`",
                 Decline.ARGUMENT_UNKNOWN,
             )
-        arity = len(program.batches)
-        caller.batches = caller.batches or [False] * arity
-        caller.params, caller.keywords = program.params, program.keywords
-        values: list[cst.BaseExpression] = [cst.Name("_")] * arity
-        values[position] = value
-        names = [""] * arity
-        names[position] = single_name(value) or INLINE
-        proxy = cst.Call(cst.Name(step), [cst.Arg(value)])  # feeds: this argument only
-        _follow_argument(caller, flow, forms, [_StepCall(call, proxy, names, [], values)], position)
-        caller.calls.append(proxy)
-        if position in caller.squeezed:
-            return Layout.KEYS
-        return Layout.PER_DEVICE if caller.batches[position] else Layout.REPLICAS
+        return laid_out_in_caller(caller, flow, forms, call, program, value, position, step)
 
     try:
         others = tuple(p for p, v in args.items() if p != param and single_name(v) in siblings)

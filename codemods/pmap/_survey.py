@@ -3,8 +3,8 @@ program-level form can take."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import libcst as cst
@@ -15,13 +15,10 @@ from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.passes import Pass
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
-from ._callee import follow_passed
+from ._callee import follow_passed, laid_out_in_caller
 from ._declines import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible
 from ._flow import (
-    INLINE,
     Options,
-    _follow_argument,
-    _StepCall,
     analyze,
     analyze_calls,
     analyze_decorated,
@@ -33,7 +30,7 @@ from ._flow import (
     read_options,
     unnamed_step,
 )
-from ._forms import bound_arguments, single_name
+from ._forms import Forms, bound_arguments, single_name
 from ._imported import Imported
 from ._inputs import assigned_call
 from ._layout import Layout
@@ -396,6 +393,41 @@ class _StoredStep:
         return self.readers[0][1]
 
 
+@dataclass
+class _Given:
+    """A parameter of `method` passed to a step there, laid out where `setup` (the method
+    calling it once) passes it: `Program.given` of `method`'s programs. Keeps the programs
+    following those arguments in `setup` (`callers`) and the parameters laid out (`params`)."""
+
+    setup: Stored
+    method: cst.FunctionDef
+    options: Options
+    call: cst.Call  # `method(...)` in `setup`'s copy
+    args: dict[str, cst.BaseExpression]  # the call's argument for each parameter it fills
+    flow: Flow
+    forms: Forms
+    declared: frozenset[str]
+    callers: list[Program] = field(default_factory=list)
+    params: set[str] = field(default_factory=set)
+
+    def __call__(self, program: Program, param: str, position: int) -> Layout:
+        self.params.add(param)
+        value = self.args.get(param)
+        if value is None:
+            why = (
+                f"`{param}`, a parameter of `{self.method.name.value}` passed to the step, is "
+                f"not passed by `{self.setup.method.name.value}`"
+            )
+            raise NotVisible(why, Decline.ARGUMENT_UNKNOWN)
+        options = self.options
+        caller = Program(self.setup.copy, None, options.fun, options.axis, options.donate, [], None)
+        caller.declared = self.declared
+        self.callers.append(caller)
+        return laid_out_in_caller(
+            caller, self.flow, self.forms, self.call, program, value, position, "_step"
+        )
+
+
 class Finding(Pass):
     """The pmap pass's first part: its state, and the sites found in the module."""
 
@@ -663,11 +695,10 @@ class Finding(Pass):
                     facts = self._facts(module, method)
                     declared = facts.replicated.get(id(method), frozenset())
                     facts = replace(facts, replicated={id(kept.copy): declared})
-                    given = None
+                    given: _Given | None = None
                     if method is not setup:
                         given = self._given(module, copies[id(setup)], method, found)
-                        laid = given_params.setdefault(method.name.value, set())
-                        given.params = laid  # type: ignore[attr-defined]
+                        given.params = given_params.setdefault(method.name.value, set())
                     siblings = tuple(calls) if method is setup else ()  # their feeds: below
                     program = analyze_calls(
                         kept.copy,
@@ -682,7 +713,7 @@ class Finding(Pass):
                     if program.squeezed or program.keywords and decorated:
                         raise NotVisible("", Decline.NOT_NAMED)
                     if given is not None:
-                        program.callees += given.callers  # type: ignore[attr-defined]
+                        program.callees += given.callers
                     step.programs.append(program)
                 assert step is not None
                 first = step.programs[0]
@@ -742,59 +773,30 @@ class Finding(Pass):
         return True
 
     def _given(
-        self,
-        module: cst.Module,
-        setup: Stored,
-        method: cst.FunctionDef,
-        found: _StoredStep,
-    ) -> Callable[[Program, str, int], Layout]:
-        """How a parameter of `method`, passed to the step, is laid out: as
-        `setup`'s argument for it, followed in `setup` as an argument of the step is (a
-        replication deleted, a parameter its callers pass as copies made one value); the
-        programs following it there are kept on the function (`callers`)."""
-        name = method.name.value
-        call = next(c for c in nodes_in(setup.copy, cst.Call) if single_name(c.func) == name)
+        self, module: cst.Module, setup: Stored, method: cst.FunctionDef, found: _StoredStep
+    ) -> _Given:
+        """How a parameter of `method`, passed to the step, is laid out: as `setup`'s argument
+        for it, followed in `setup` as an argument of the step is (`_callee.laid_out_in_caller`)."""
+        call = next(
+            c for c in nodes_in(setup.copy, cst.Call) if single_name(c.func) == method.name.value
+        )
         params = method.params
         unbound = method.with_changes(params=params.with_changes(params=params.params[1:]))
-        args = bound_arguments(unbound, call)
-        flow = Flow(setup.copy)
         facts = self._facts(module, setup.method)
         declared = facts.replicated.get(id(setup.method), frozenset())
         facts = replace(facts, replicated={id(setup.copy): declared})
+        flow = Flow(setup.copy)
         forms = forms_of(flow, self.qualname, facts)
-        options = found.options
-        callers: list[Program] = []
-
-        def given(program: Program, param: str, position: int) -> Layout:
-            given.params.add(param)  # type: ignore[attr-defined]
-            value = (args or {}).get(param)
-            if value is None:
-                why = (
-                    f"`{param}`, a parameter of `{name}` passed to the step, is not passed by "
-                    f"`{setup.method.name.value}`"
-                )
-                raise NotVisible(why, Decline.ARGUMENT_UNKNOWN)
-            caller = Program(setup.copy, None, options.fun, options.axis, options.donate, [], None)
-            caller.declared = declared
-            arity = len(program.batches)
-            caller.batches = [False] * arity
-            caller.params, caller.keywords = program.params, program.keywords
-            values: list[cst.BaseExpression] = [cst.Name("_")] * arity
-            values[position] = value
-            names = [""] * arity
-            names[position] = single_name(value) or INLINE
-            proxy = cst.Call(cst.Name("_step"), [cst.Arg(value)])  # feeds: this argument only
-            step_call = _StepCall(call, proxy, names, [], values)
-            _follow_argument(caller, flow, forms, [step_call], position)
-            caller.calls.append(proxy)
-            callers.append(caller)
-            if position in caller.squeezed:
-                return Layout.KEYS
-            return Layout.PER_DEVICE if caller.batches[position] else Layout.REPLICAS
-
-        given.callers = callers  # type: ignore[attr-defined]
-        given.params = set()  # type: ignore[attr-defined]  # the parameters laid out so
-        return given
+        return _Given(
+            setup,
+            method,
+            found.options,
+            call,
+            bound_arguments(unbound, call) or {},
+            flow,
+            forms,
+            declared,
+        )
 
     @staticmethod
     def _passed_as_before(
