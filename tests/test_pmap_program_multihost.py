@@ -383,6 +383,7 @@ CASES = [
     "program_stored_steps_in_one_method",
     "program_stored_step_identity_reads",
     "program_stored_steps_in_two_methods",
+    "program_stored_steps_passed_to_a_method",
 ]
 
 

@@ -219,10 +219,14 @@ in that method, which sets the mesh (`_stored.py`); the stores and the calls sta
 Several such steps called in one method are followed there together, under one mesh; when one
 of them is not taken, the others say which and why (big_vision's retrieval evaluator). Steps
 stored on `self` and called in several methods are followed when one of those methods calls
-each other one once, as `self.method(...)`, and nothing else reads it (big_vision's
+each other one, as `self.method(...)`, and nothing else reads it (big_vision's
 discriminative classifier: `evaluate` calls `self._embed_texts(params, ...)`): each method is
 read on a copy of its own, the mesh is set in the calling one, and a parameter of another
-method passed to a step there is laid out where the calling method passes it.
+method passed to a step there is laid out where the calling method passes it, at each call.
+A step the calling method passes to such a method as a value (big_vision's retrieval
+evaluator: `self._embed(..., self._embed_images_p, ...)`, `self._embed(...,
+self._embed_texts_p, ...)`) is followed there under the parameter's name, once per call; the
+steps passed through one parameter must make the same edits there (else PL204).
 A value replicated for a step and passed whole to a def of the module whose only reading of it
 is device 0's copy (flax imagenet's `save_checkpoint(state, workdir)`, which begins
 `state = jax.device_get(jax.tree_util.tree_map(lambda x: x[0], state))`) is the same value:
@@ -551,12 +555,14 @@ class Pmap(Faithful):
         self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
     ) -> cst.FunctionDef:
         kept = self.stored.get(id(original_node))  # a method calling a step stored on `self`
-        if kept is not None and id(kept.copy) in self.host_programs:
+        if kept is not None and (
+            id(kept.copy) in self.host_programs or id(kept.copy) in self.host_setups
+        ):
             first = original_node.body.body[0] if original_node.body.body else original_node
             indent = self.room(first).indent
             out = rewrite_host(
                 kept.copy,
-                self.host_programs[id(kept.copy)],
+                self.host_programs.get(id(kept.copy), []),
                 self.host_setups.get(id(kept.copy)),
                 indent,
                 self.state.style,
@@ -745,7 +751,8 @@ class Pmap(Faithful):
             # lays its arguments out alike: the step has one `in_specs`)
             details = {"layout": self._layout(node, step.programs[0])} if step.programs else {}
             enabled.append(self.site(node, text, group=key, fallback=key, details=details))
-        enabled += self._record_edits([p for s in group.steps for p in s.programs], key)
+        programs = [q for s in group.steps for p in s.programs for q in (p, *p.callees)]
+        enabled += self._record_edits(programs, key)
         steps = self._shown(", ".join(f"`{s.name}`" for s in group.steps))
         made = "made once" if group.make else f"`{group.mesh}` reused, a mesh"
         enabled.append(
@@ -774,7 +781,7 @@ class Pmap(Faithful):
             ref = step.site.ref  # type: ignore[attr-defined]
             if isinstance(ref, cst.Name):
                 self.drop_import_if_unused(ref.value)
-            for program in step.programs:
+            for program in (q for p in step.programs for q in (p, *p.callees)):
                 self._spell(program, jax, spec)
                 program.sharding = f"{code(spec)}({code(program.axis)})"  # the mesh set is used
                 setup = program.host is group.setup

@@ -33,6 +33,12 @@ from ._program import laid_out
 from ._reach import nodes_in, replaced
 from ._summary import ModuleFacts
 
+# Why steps stored on `self` read in several methods are not taken when none of them is the
+# only code calling the others (`_survey._class_group`)
+NO_SETUP = (
+    "and no one of them is the only code calling the others: where to set its mesh is not visible"
+)
+
 
 def stored_on_self(
     klass: cst.ClassDef,
@@ -78,8 +84,7 @@ def stored_on_self(
             )
     if len(callers) > 1:  # each is taken alone: what blocks is that they are several
         several = (
-            f"the step stored in `self.{attr}` is called in {' and '.join(callers)}, and no one "
-            "of them calls each other once: where to set its mesh is not visible"
+            f"the step stored in `self.{attr}` is called in {' and '.join(callers)}, {NO_SETUP}"
         )
         return NotVisible(several, Decline.SETUP)
     return stored

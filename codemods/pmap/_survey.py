@@ -12,7 +12,7 @@ from libcst.codemod import CodemodContext
 
 from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import code
-from jaxmigrate.toolkit.passes import Pass
+from jaxmigrate.toolkit.passes import Callers, Pass
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
 from ._callee import follow_passed, laid_out_in_caller
@@ -28,6 +28,7 @@ from ._flow import (
     mapped_name,
     options_of,
     read_options,
+    sibling_calls,
     unnamed_step,
 )
 from ._forms import Forms, bound_arguments, single_name
@@ -49,6 +50,7 @@ from ._program import Program, Setup
 from ._reach import ENTRY, SCOPES, Flow, assigned_name, free_names, nodes_in, params_of
 from ._readat import short as _short
 from ._stored import (
+    NO_SETUP,
     Stored,
     attribute_stores,
     returned_into_self,
@@ -407,6 +409,7 @@ class _Given:
     flow: Flow
     forms: Forms
     declared: frozenset[str]
+    siblings: tuple[str, ...]  # the steps and methods `setup` calls: what they take is checked
     callers: list[Program] = field(default_factory=list)
     params: set[str] = field(default_factory=set)
 
@@ -422,6 +425,7 @@ class _Given:
         options = self.options
         caller = Program(self.setup.copy, None, options.fun, options.axis, options.donate, [], None)
         caller.declared = self.declared
+        sibling_calls(caller, self.flow, self.siblings, self.forms.defs)
         self.callers.append(caller)
         return laid_out_in_caller(
             caller, self.flow, self.forms, self.call, program, value, position, "_step"
@@ -577,7 +581,7 @@ class Finding(Pass):
         handled: set[int] = set()
         by_method: dict[int, list[_StoredStep]] = {}
         for shared in by_class.values():
-            if any(len(found.readers) > 1 for found in shared):
+            if any(len(f.readers) > 1 or self._passes(module, f) for f in shared):
                 group = self._class_group(module, flow, shared)
                 if isinstance(group, NotVisible):  # what blocks them all
                     for found in shared:
@@ -649,6 +653,47 @@ class Finding(Pass):
             )
         return groups, handled
 
+    @staticmethod
+    def _passes(
+        module: cst.Module, found: _StoredStep
+    ) -> list[tuple[cst.Call, cst.FunctionDef, str]] | None:
+        """Where the one method reading the step passes it to another method of its class, as
+        an argument of `self.method(...)` (big_vision's retrieval evaluator: `self._embed(...,
+        self._embed_images_p, ...)`): each call, the method, and the parameter the step binds
+        there; None when a read is anything else or the step is not read so."""
+        if len(found.readers) != 1 or found.bound:
+            return None
+        reader, reads = found.readers[0]
+        me = reader.params.params[0].name.value if reader.params.params else None
+        methods = {m.name.value: m for m in found.klass.body.body if isinstance(m, cst.FunctionDef)}
+        args = {id(a.value): c for c in nodes_in(reader, cst.Call) for a in c.args}
+        passes = []
+        for read in reads:
+            call = args.get(id(read))
+            func = call.func if call is not None else None
+            if not isinstance(func, cst.Attribute) or single_name(func.value) != me:
+                return None
+            method = methods.get(func.attr.value)
+            if method is None or method is reader or not method.params.params:
+                return None
+            params = method.params
+            unbound = method.with_changes(params=params.with_changes(params=params.params[1:]))
+            bound = bound_arguments(unbound, call) if call is not None else None
+            param = next((p for p, v in (bound or {}).items() if v is read), None)
+            if call is None or param is None:
+                return None
+            if (
+                sum(
+                    1
+                    for d in nodes_in(module, cst.FunctionDef)
+                    if d.name.value == method.name.value
+                )
+                != 1
+            ):
+                return None  # a subclass's override would be called too
+            passes.append((call, method, param))
+        return passes or None
+
     def _class_group(
         self, module: cst.Module, flow: Flow, shared: list[_StoredStep]
     ) -> OuterGroup | NotVisible | None:
@@ -662,8 +707,20 @@ class Finding(Pass):
         `given`). None when that is not so: each site then finds its own reason; why not, when
         a step is not taken there."""
         assert self.survey is not None
-        methods = list({id(m): m for found in shared for m, _ in found.readers}.values())
+        passes = {id(found): self._passes(module, found) or [] for found in shared}
+        methods = list(
+            {
+                **{id(m): m for found in shared for m, _ in found.readers},
+                **{id(m): m for found in shared for _, m, _ in passes[id(found)]},
+            }.values()
+        )
         setup = next((m for m in methods if self._calls_all(module, m, methods)), None)
+        if setup is None and any(passes.values()):  # passed to a method: that is followed
+            klass = shared[0].klass.name.value
+            where = " and ".join(f"`{klass}.{m.name.value}`" for m in methods)
+            return NotVisible(
+                f"the steps stored on `self` are read in {where}, {NO_SETUP}", Decline.SETUP
+            )
         if setup is None:
             return None
         others = [m for m in methods if m is not setup]
@@ -684,43 +741,84 @@ class Finding(Pass):
                 copies[id(method)] = kept
                 for (found, _), name in zip(read, kept.steps, strict=False):
                     names[(id(found), id(method))] = name
+            setup_copy = copies[id(setup)]
+            in_setup = {  # by id of a call of `method`: the call in the copy
+                id(setup_copy.origins[id(c)]): c
+                for c in nodes_in(setup_copy.copy, cst.Call)
+                if id(c) in setup_copy.origins
+            }
+            called = {  # in `setup`'s copy: the calls of each other method
+                m.name.value: [
+                    c
+                    for c in nodes_in(setup_copy.copy, cst.Call)
+                    if single_name(c.func) == m.name.value
+                ]
+                for m in others
+            }
             steps: list[OuterStep] = []
+            # By (method's copy, name): the programs of the steps called there by that name
+            passed: dict[tuple[int, str], list[tuple[str, Program]]] = {}
             for found in shared:
                 decorated = isinstance(found.site.node, cst.Decorator)
                 step = None
+                # Where each program of the step is read: the method, the step's name there,
+                # and the call of that method in `setup` laying out its parameters (None: in
+                # `setup` itself); a step `setup` passes to a method, there, by the parameter
+                hosts: list[tuple[cst.FunctionDef, str, cst.Call | None]] = []
                 for method, _ in found.readers:
-                    kept = copies[id(method)]
                     name = names[(id(found), id(method))]
-                    step = step or OuterStep(found.site, name, found.body, found.options, decorated)
+                    if method is setup and passes[id(found)]:
+                        hosts += [
+                            (m, param, in_setup[id(call)]) for call, m, param in passes[id(found)]
+                        ]
+                    elif method is setup:
+                        hosts.append((method, name, None))
+                    else:
+                        hosts += [(method, name, c) for c in called[method.name.value]]
+                for method, name, at in hosts:
+                    kept = copies[id(method)]
+                    first = names[(id(found), id(found.readers[0][0]))]  # as messages name it
+                    step = step or OuterStep(
+                        found.site, first, found.body, found.options, decorated
+                    )
                     facts = self._facts(module, method)
                     declared = facts.replicated.get(id(method), frozenset())
                     facts = replace(facts, replicated={id(kept.copy): declared})
                     given: _Given | None = None
-                    if method is not setup:
-                        given = self._given(module, copies[id(setup)], method, found)
+                    if at is not None:
+                        siblings = tuple(setup_copy.steps)  # its steps and methods called
+                        given = self._given(module, setup_copy, method, found, at, siblings)
                         given.params = given_params.setdefault(method.name.value, set())
                     siblings = tuple(calls) if method is setup else ()  # their feeds: below
-                    program = analyze_calls(
-                        kept.copy,
-                        name,
-                        found.options,
-                        found.body,
-                        self.qualname,
-                        facts,
-                        given,
-                        siblings,
-                    )
+                    try:
+                        program = analyze_calls(
+                            kept.copy,
+                            name,
+                            found.options,
+                            found.body,
+                            self.qualname,
+                            facts,
+                            given,
+                            siblings,
+                        )
+                    except NotVisible as why:
+                        if name == first:
+                            raise
+                        text = f"`{first}`, passed to `{method.name.value}` as `{name}`: {why.why}"
+                        raise NotVisible(text, why.code) from None
                     if program.squeezed or program.keywords and decorated:
                         raise NotVisible("", Decline.NOT_NAMED)
                     if given is not None:
                         program.callees += given.callers
                     step.programs.append(program)
+                    passed.setdefault((id(kept.copy), name), []).append((first, program))
                 assert step is not None
-                first = step.programs[0]
+                head = step.programs[0]
                 for program in step.programs[1:]:
-                    if program.batches != first.batches or program.params != first.params:
+                    if program.batches != head.batches or program.params != head.params:
                         raise NotVisible("", Decline.CALLS_DIFFER)
                 steps.append(step)
+            self._passed_alike(passed)
             if len({code(step.options.axis) for step in steps}) > 1:
                 raise NotVisible("steps over different axes", Decline.MESH)
             kept = copies[id(setup)]
@@ -747,11 +845,29 @@ class Finding(Pass):
             steps, kept.copy, before, end, mesh or "mesh", mesh is None, around=around
         )
 
+    @staticmethod
+    def _passed_alike(passed: dict[tuple[int, str], list[tuple[str, Program]]]) -> None:
+        """The steps passed to one method through one parameter are one call in the code there:
+        each step's program must make the same edits, for the same reasons, and lay out its
+        arguments and results alike; else raise (PL204)."""
+        for programs in passed.values():
+            (one, head), *rest = programs
+            for other, program in rest:
+                if other != one and (
+                    program.batches,
+                    program.outputs,
+                    program.varying,
+                    program.reasons,
+                ) != (head.batches, head.outputs, head.varying, head.reasons):
+                    why = f"`{one}` and `{other}` are passed to one parameter, laid out differently"
+                    raise NotVisible(why, Decline.CALLS_DIFFER)
+
     def _calls_all(
         self, module: cst.Module, setup: cst.FunctionDef, methods: list[cst.FunctionDef]
     ) -> bool:
-        """`setup` calls each other method of `methods` once, as `self.method(...)`, and
-        nothing else reads that method (in the module, or, by name, in the code base), nor
+        """`setup` calls each other method of `methods`, as `self.method(...)` (once or more:
+        each call lays out the method's parameters its steps read), and nothing else reads that
+        method (in the module, or, by name, in the code base), nor
         names it in `setup`."""
         assert self.survey is not None
         me = setup.params.params[0].name.value if setup.params.params else None
@@ -761,25 +877,39 @@ class Finding(Pass):
             name = method.name.value
             reads = [a for a in nodes_in(module, cst.Attribute) if a.attr.value == name]
             mine = [a for a in nodes_in(setup, cst.Attribute) if a.attr.value == name]
-            if len(reads) != 1 or len(mine) != 1 or single_name(mine[0].value) != me:
+            funcs = {id(c.func) for c in nodes_in(setup, cst.Call)}
+            if not mine or len(reads) != len(mine):
+                return False
+            if any(single_name(a.value) != me or id(a) not in funcs for a in mine):
                 return False
             attrs = {id(a.attr) for a in nodes_in(setup, cst.Attribute)}
             if any(n.value == name and id(n) not in attrs for n in nodes_in(setup, cst.Name)):
                 return False  # read as the method's name in `setup`, it would be another
             if sum(1 for d in nodes_in(module, cst.FunctionDef) if d.name.value == name) != 1:
                 return False  # a subclass's override is called too
-            if elsewhere(name, self.state.outside, self.survey.strings):
+            outside = self.state.outside
+            if outside is not None and name.startswith("_"):
+                # A module another one reads as a value (`mock.patch.object(module, ...)`) has
+                # each of its functions used; a private method is reached through its class
+                outside = Callers(
+                    outside.everywhere, {k: v for k, v in outside.uses.items() if k != "*"}
+                )
+            if elsewhere(name, outside, self.survey.strings):
                 return False
         return True
 
     def _given(
-        self, module: cst.Module, setup: Stored, method: cst.FunctionDef, found: _StoredStep
+        self,
+        module: cst.Module,
+        setup: Stored,
+        method: cst.FunctionDef,
+        found: _StoredStep,
+        call: cst.Call,
+        siblings: tuple[str, ...],
     ) -> _Given:
         """How a parameter of `method`, passed to the step, is laid out: as `setup`'s argument
-        for it, followed in `setup` as an argument of the step is (`_callee.laid_out_in_caller`)."""
-        call = next(
-            c for c in nodes_in(setup.copy, cst.Call) if single_name(c.func) == method.name.value
-        )
+        for it at `call` (in `setup`'s copy), followed in `setup` as an argument of the step is
+        (`_callee.laid_out_in_caller`)."""
         params = method.params
         unbound = method.with_changes(params=params.with_changes(params=params.params[1:]))
         facts = self._facts(module, setup.method)
@@ -796,6 +926,7 @@ class Finding(Pass):
             flow,
             forms,
             declared,
+            siblings,
         )
 
     @staticmethod
