@@ -409,7 +409,7 @@ from libcst.metadata import PositionProvider
 
 from jaxmigrate.model import Safety
 from jaxmigrate.toolkit.cstutil import names_in
-from jaxmigrate.toolkit.emit import Call, code
+from jaxmigrate.toolkit.emit import Call, code, with_lambda_calls
 from jaxmigrate.toolkit.names import dotted, walk
 from jaxmigrate.toolkit.scope import ScopeModel
 
@@ -517,7 +517,9 @@ class Pmap(Faithful):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         made = self.outer_calls.get(id(original_node))
         if made is not None:  # `step = jax.pmap(...)` at module level: no mesh, the program's
-            laid = Call.of(made.step(None)).laid_out(self.room(original_node), self.state.style)
+            laid = with_lambda_calls(Call.of(made.step(None))).laid_out(
+                self.room(original_node), self.state.style
+            )
             return laid.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
         site = self.sites.get(id(original_node))
         if site is None:

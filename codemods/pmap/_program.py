@@ -500,6 +500,8 @@ class _Edit(cst.CSTTransformer):
             if self.setup is not None and original_node is self.setup[3]:
                 self.after = fitted
             return fitted
+        if self.scoped and isinstance(updated_node, cst.SimpleStatementLine):
+            return _refitted(updated_node, here, self.style)
         if (
             isinstance(original_node, cst.For)
             and isinstance(updated_node, cst.For)
@@ -547,6 +549,24 @@ def _fitted(statement: cst.SimpleStatementLine, indent: str, style: Style) -> cs
     lines[0] = indent + lines[0]  # continuation lines carry their own indentation
     # An edit that put a call written over several lines into another is laid out again.
     if all(len(line) <= style.width for line in lines) and (len(lines) == 1 or "#" in text):
+        return statement
+    return laid_out(statement, indent, style)
+
+
+def _refitted(statement: cst.SimpleStatementLine, indent: str, style: Style) -> cst.BaseStatement:
+    """A statement moved one block deeper (under `with jax.set_mesh(...)`, at `indent`) laid
+    out again, as the formatter would, when its lines fitted the width before the move and
+    no longer do; one holding a comment stays as written."""
+    text = code(statement.with_changes(leading_lines=[]))
+    lines = text.splitlines()
+    before = indent[: len(indent) - len(style.indent)]
+    if "#" in text or len(before) + len(lines[0]) > style.width:
+        return statement
+    if any(len(line) > style.width - len(style.indent) for line in lines[1:]):
+        return statement  # a continuation line did not fit either, once moved
+    if len(indent) + len(lines[0]) <= style.width and all(
+        len(line) + len(style.indent) <= style.width for line in lines[1:]
+    ):
         return statement
     return laid_out(statement, indent, style)
 

@@ -1,0 +1,62 @@
+"""Statements the program-level rewrite moves one block deeper, under `with jax.set_mesh(mesh):`
+(`_program._refitted`): one that fitted its lines before and no longer does is laid out again,
+as the formatter would; one that did not fit before, or holds a comment, stays as written."""
+
+from __future__ import annotations
+
+from jaxmigrate.model import Options
+from jaxmigrate.pipeline.engine import migrate_source
+
+SOURCE = """\
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import jax_utils
+
+
+@functools.partial(jax.pmap, axis_name="i")
+def p_step(params, x):
+    return jax.lax.psum(jnp.sum(x * params), "i")
+
+
+def evaluate(w, batches, report=print):
+    params = jax_utils.replicate(w)
+    total = 0.0
+    for batch in batches:
+        total += p_step(params, batch)[0]
+    report("the total of the evaluation of the batches, summed over", total, "rows", 1)
+    report("the total of the evaluation of the batches, summed over", total, "the rows",
+           2)
+    report("the total of the evaluation of the batches", total, "rows", 3)  # a comment
+    report("a line too long before the rewrite moved it: the formatter left it long", total)
+    return total
+"""
+
+
+def test_a_moved_statement_that_no_longer_fits_is_laid_out_again() -> None:
+    widths = [len(line) for line in SOURCE.splitlines()]
+    assert max(widths) > 88 and sorted(widths)[-2] <= 88  # the last report only
+    code = migrate_source(SOURCE, options=Options(unsafe_fixes=True)).code
+    assert "    with jax.set_mesh(mesh):\n" in code, code
+    # fitted at 4 spaces, not at 8: laid out again, black's way
+    assert (
+        "        report(\n"
+        '            "the total of the evaluation of the batches, summed over", total, "rows", 1\n'
+        "        )\n"
+    ) in code, code
+    assert (
+        "        report(\n"
+        '            "the total of the evaluation of the batches, summed over",\n'
+        "            total,\n"
+        '            "the rows",\n'
+        "            2,\n"
+        "        )\n"
+    ) in code, code
+    # a comment: as written, one level deeper
+    assert (
+        '        report("the total of the evaluation of the batches", total, "rows", 3)  # a'
+        in code
+    )
+    # too long before the move: the formatter had left it so
+    assert '        report("a line too long before the rewrite moved it: the formatter left' in code
