@@ -96,3 +96,19 @@ def test_steps_through_one_parameter_laid_out_differently_are_declined() -> None
         Finding._passed_alike(differ)
     assert raised.value.code is Decline.CALLS_DIFFER
     assert "`_a` and `_b` are passed to one parameter" in raised.value.why
+
+
+def test_a_methods_result_passed_to_a_step_is_not_taken_for_a_steps_result() -> None:
+    """`z = self._embed_texts(params)` is what that method returns (here a host array, whose
+    leading axis pmap maps), not a result of a step: passed to a step as it is, its layout is
+    not known (PL301), where taking it for a step's result would make it `P()`."""
+    two = (FIXTURES / "pmap" / "program_stored_steps_in_two_methods.py").read_text()
+    source = two.replace(
+        'self._score_p(params, batch["x"], z_p, mask)', 'self._score_p(params, batch["x"], z, mask)'
+    )
+    assert source != two
+    messages = pmap_messages(source)
+    assert not any("(program-level)" in m for m in messages), messages
+    assert "[PL301]" in messages[0] and "(`z` = `self._embed_texts(params)`)" in messages[0], (
+        messages
+    )

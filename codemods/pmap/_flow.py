@@ -200,15 +200,29 @@ def analyze_calls(
     facts: ModuleFacts = NO_FACTS,
     given: Callable[[Program, str, int], Layout] | None = None,
     siblings: tuple[str, ...] = (),
+    methods: tuple[str, ...] = (),
 ) -> Program:
     """Return the program of `host`, a function calling `step`, a step made outside it (at
     module level or by a decorator, or passed to it: `given` then lays out the parameters it
-    reads, `_callee.py`; `siblings` its parameters bound to other steps); raise NotVisible for
-    why not."""
+    reads, `_callee.py`; `siblings` its parameters bound to other steps; `methods`, functions
+    it calls that are followed on their own, their arguments checked there, their results no
+    step's); raise NotVisible for why not."""
     flow = Flow(host)
     if step in flow.stores:
         raise NotVisible(f"`{step}` is bound in `{host.name.value}` too", Decline.REBOUND)
-    return _follow(host, flow, step, options, body, qualname, None, siblings, facts, given=given)
+    return _follow(
+        host,
+        flow,
+        step,
+        options,
+        body,
+        qualname,
+        None,
+        siblings,
+        facts,
+        given=given,
+        methods=methods,
+    )
 
 
 def _follow(
@@ -223,6 +237,7 @@ def _follow(
     facts: ModuleFacts = NO_FACTS,
     own: cst.FunctionDef | None = None,
     given: Callable[[Program, str, int], Layout] | None = None,
+    methods: tuple[str, ...] = (),
 ) -> Program:
     """Follow every argument and result of the calls of `step` in `host` (made by `maker`).
     `own`: the def `step = jax.pmap(step, ...)` maps (brax's trainers); its reads, the pmap's
@@ -270,7 +285,7 @@ def _follow(
     program.made = maker
     program.calls = [c.call for c in calls]
     _keyword_calls(program, calls, keywords)
-    sibling_calls(program, flow, siblings, facts.defs)
+    sibling_calls(program, flow, siblings, facts.defs, methods)
     for position in range(arity):
         if position not in fixed:
             _follow_argument(program, flow, forms, calls, position)
@@ -314,16 +329,24 @@ def _follow(
     return program
 
 
-def sibling_calls(program: Program, flow: Flow, siblings: tuple[str, ...], defs: Defs) -> None:
+def sibling_calls(
+    program: Program,
+    flow: Flow,
+    siblings: tuple[str, ...],
+    defs: Defs,
+    methods: tuple[str, ...] = (),
+) -> None:
     """Record the calls of the other steps `siblings` of the function: the statements binding
     their results and the values they are passed (fed to those steps: checked there), also
-    through a def of the module a sibling is passed to (`passed_feeds`)."""
-    for sibling in siblings:
+    through a def of the module a sibling is passed to (`passed_feeds`); of `methods`, calls
+    followed on their own, only the values passed (their results are no step's)."""
+    for sibling in (*siblings, *methods):
         for use in flow.loads.get(sibling, []):
             other = flow.parent.get(id(use))
             if isinstance(other, cst.Call) and other.func is use:
                 program.sibling_feeds |= {id(a.value) for a in other.args}
-                program.siblings.add(id(flow.parent.get(id(other))))
+                if sibling not in methods:
+                    program.siblings.add(id(flow.parent.get(id(other))))
             else:
                 program.sibling_feeds |= passed_feeds(flow, use, defs)
 

@@ -409,7 +409,8 @@ class _Given:
     flow: Flow
     forms: Forms
     declared: frozenset[str]
-    siblings: tuple[str, ...]  # the steps and methods `setup` calls: what they take is checked
+    siblings: tuple[str, ...]  # the steps `setup` calls: their results are replicated
+    methods: tuple[str, ...]  # the methods it calls: what they take is checked there
     callers: list[Program] = field(default_factory=list)
     params: set[str] = field(default_factory=set)
 
@@ -425,7 +426,7 @@ class _Given:
         options = self.options
         caller = Program(self.setup.copy, None, options.fun, options.axis, options.donate, [], None)
         caller.declared = self.declared
-        sibling_calls(caller, self.flow, self.siblings, self.forms.defs)
+        sibling_calls(caller, self.flow, self.siblings, self.forms.defs, self.methods)
         self.callers.append(caller)
         return laid_out_in_caller(
             caller, self.flow, self.forms, self.call, program, value, position, "_step"
@@ -786,10 +787,9 @@ class Finding(Pass):
                     facts = replace(facts, replicated={id(kept.copy): declared})
                     given: _Given | None = None
                     if at is not None:
-                        siblings = tuple(setup_copy.steps)  # its steps and methods called
-                        given = self._given(module, setup_copy, method, found, at, siblings)
+                        given = self._given(module, setup_copy, method, found, at, tuple(calls))
                         given.params = given_params.setdefault(method.name.value, set())
-                    siblings = tuple(calls) if method is setup else ()  # their feeds: below
+                    followed = tuple(calls) if method is setup else ()  # their feeds: below
                     try:
                         program = analyze_calls(
                             kept.copy,
@@ -799,7 +799,7 @@ class Finding(Pass):
                             self.qualname,
                             facts,
                             given,
-                            siblings,
+                            methods=followed,
                         )
                     except NotVisible as why:
                         if name == first:
@@ -837,6 +837,8 @@ class Finding(Pass):
             for kept in copies.values():  # the steps' names in the copies, as the code reads
                 for name, (attr, _) in kept.steps.items():
                     text = text if name == attr.attr.value else text.replace(name, code(attr))
+            for name, reads in calls.items():  # a method `setup` calls, as it calls it
+                text = text.replace(f"`{name}(", f"`{code(reads[0])}(")
             return NotVisible(text, why.code)
         around = frozenset(id(a) for m in methods for a in (m, *flow.ancestors(m)))
         for method in methods:
@@ -905,7 +907,7 @@ class Finding(Pass):
         method: cst.FunctionDef,
         found: _StoredStep,
         call: cst.Call,
-        siblings: tuple[str, ...],
+        methods: tuple[str, ...],
     ) -> _Given:
         """How a parameter of `method`, passed to the step, is laid out: as `setup`'s argument
         for it at `call` (in `setup`'s copy), followed in `setup` as an argument of the step is
@@ -926,7 +928,8 @@ class Finding(Pass):
             flow,
             forms,
             declared,
-            siblings,
+            tuple(n for n in setup.steps if n not in methods),
+            methods,
         )
 
     @staticmethod
