@@ -384,6 +384,8 @@ CASES = [
     "program_stored_step_identity_reads",
     "program_stored_steps_in_two_methods",
     "program_stored_steps_passed_to_a_method",
+    "program_state_returned_by_callee",
+    "program_state_returned_by_nested_def",
 ]
 
 

@@ -209,6 +209,9 @@ replication, another step's result) and read in the def only as passed; the def'
 readbacks, `get_metrics` and `tohost` are edited there, over a mesh equal to the caller's
 (`jax.sharding.Mesh(jax.devices(), (axis,))`; a nested def reads the caller's own); another
 step's state passed to such a def and only passed on is that step's feed (not PL303).
+What the def returns of the step's results (`return state, metrics`) and its caller binds to
+names (`state, metrics = train_epoch(...)`) is the step's result in the caller too: fed back
+to the def, read back at the end (`_callee.carried_back`).
 A step stored on `self` (`self.step = jax.pmap(...)`, `self.eval_fn = get_eval_fn(...)`, a
 factory of the module returning its pmap-decorated def, `self.repr_fn =
 self.get_representation_fn(...)`, a method of the class doing so that no other class of the

@@ -19,6 +19,14 @@ anything else keeps the reason found first. A step called only in a def nested i
 followed the same way, the def calling it by its own name; its edits are made with the
 caller's, and it reads the caller's mesh and batch sharding. The callers of the module's defs
 in other modules of the code base are not seen (as for a step made at module level).
+
+What such a def returns of the step's results (`return state, metrics`, flax's `train_epoch`,
+brax's `training_epoch_with_timing`) comes back to the caller, which binds it (`state, metrics
+= train_epoch(p_train_step, state, ...)`): there it is the step's result too, fed back to the
+def at the next call and read back at the end (`carried_back`). The names the caller binds to
+such results are taken for them while the def's arguments are laid out (`claimed`), and
+checked once its results are followed: a value returned on some paths only, or bound whole,
+or read in the caller other than as the step's result is, blocks (PL301, PL401).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from ._flow import (
     _check_closure,
     _check_lambda,
     _follow_argument,
+    _follow_result,
     _nested,
     _StepCall,
     analyze_calls,
@@ -41,10 +50,10 @@ from ._flow import (
     passed_to,
     sibling_calls,
 )
-from ._forms import Forms, Qualname, bound_arguments, single_name
+from ._forms import Forms, Qualname, bound_arguments, single_name, target_names
 from ._layout import Layout
 from ._program import Program
-from ._reach import Flow
+from ._reach import SCOPES, Flow, nodes_in
 from ._summary import ModuleFacts
 
 
@@ -101,6 +110,120 @@ def laid_out_in_caller(
     return Layout.PER_DEVICE if caller.batches[position] else Layout.REPLICAS
 
 
+def returned_results(callee: cst.FunctionDef) -> tuple[list[list[cst.BaseExpression]], bool]:
+    """The values each `return` of `callee` (outside its nested scopes) returns, by index in
+    the tuple returned, and whether they are values returned whole (`return state`); none when
+    a `return` returns nothing, or they differ in shape."""
+    found: list[list[cst.BaseExpression]] = []
+    shapes: set[int | None] = set()
+    for node in nodes_in(callee.body, cst.Return, SCOPES):
+        value = node.value
+        if value is None:
+            return [], False
+        if isinstance(value, cst.Tuple) and all(isinstance(e, cst.Element) for e in value.elements):
+            found.append([e.value for e in value.elements])
+            shapes.add(len(value.elements))
+        else:
+            found.append([value])
+            shapes.add(None)
+    if len(shapes) != 1:
+        return [], False
+    return found, shapes == {None}
+
+
+def _bound_by_calls(callee: cst.FunctionDef, step: str) -> set[str]:
+    """The names statements `a, b = step(...)` of `callee` bind."""
+    found: set[str] = set()
+    for line in nodes_in(callee.body, cst.SimpleStatementLine, SCOPES):
+        for small in line.body:
+            if not isinstance(small, cst.Assign) or not isinstance(small.value, cst.Call):
+                continue
+            if single_name(small.value.func) == step:
+                found |= {n for t in small.targets for n in target_names(t.target)}
+    return found
+
+
+def claimed(
+    callee: cst.FunctionDef, step: str, statement: cst.CSTNode | None, call: cst.Call
+) -> dict[int, str]:
+    """In the caller, `a, b = callee(...)` (`statement`): by index of what the callee returns,
+    the name bound to it where every `return` there returns a name the callee binds from a call
+    of `step` (taken for the step's result while the callee's arguments are laid out, checked
+    once its results are followed: `carried_back`)."""
+    returned, _ = returned_results(callee)
+    bound = _bound_by_calls(callee, step)
+    if not returned or not isinstance(statement, cst.Assign) or statement.value is not call:
+        return {}
+    if len(statement.targets) != 1:
+        return {}
+    target = statement.targets[0].target
+    if isinstance(target, (cst.Tuple, cst.List)):
+        names = [
+            single_name(e.value) if isinstance(e, cst.Element) else None for e in target.elements
+        ]
+    else:
+        names = [single_name(target)]
+    if len(names) != len(returned[0]):
+        return {}
+    return {
+        i: n
+        for i, n in enumerate(names)
+        if n is not None and all(single_name(items[i]) in bound for items in returned)
+    }
+
+
+def carried_back(
+    caller: Program,
+    flow: Flow,
+    forms: Forms,
+    statement: cst.CSTNode | None,
+    call: cst.Call,
+    inner: Program,
+    claims: dict[int, str],
+    step: str,
+) -> None:
+    """The callee returns results of the step (`return state, metrics`: `inner.carried_out`),
+    or a parameter the caller gives as equal copies: in the caller, which binds them
+    (`state, metrics = callee(...)`), each is the step's result, followed there (fed back to
+    the callee, its readbacks deleted). Raise PL401 when an index holds such a value on some
+    paths only, or the caller binds it otherwise, or does not take it for what it is."""
+    if not inner.carried_out:
+        return
+    if isinstance(statement, cst.Expr) and statement.value is call:
+        return  # the result is not read
+    returned, whole = returned_results(inner.host)
+    name = single_name(call.func)
+    results: dict[str, int] = {}
+    for index in range(len(returned[0]) if returned else 0):
+        found = [inner.carried_out.get(id(items[index])) for items in returned]
+        if all(f is None for f in found):
+            continue
+        outputs = {f[1] for f in found if f is not None}
+        target = claims.get(index)
+        what = "its value" if whole else f"item {index + 1} of what it returns"
+        why = f"`{name}` returns a result of the step as {what}"
+        if None in found:
+            raise NotVisible(f"{why} on one path, another value on another", Decline.RESULT_READ)
+        if len(outputs - {None}) != 1:
+            raise NotVisible(f"{why}, not the same one on every path", Decline.RESULT_READ)
+        if target is None:
+            raise NotVisible(
+                f"{why}, which its caller does not bind to a name", Decline.RESULT_READ
+            )
+        assert all(f is not None and f[0] == (None if whole else index) for f in found)
+        output = (outputs - {None}).pop()
+        assert output is not None
+        results[target] = output
+    if set(claims.values()) != set(results):
+        unclaimed = sorted(set(claims.values()) - set(results))
+        why = f"`{unclaimed[0]}`, bound to what `{name}` returns, is not only the step's result"
+        raise NotVisible(why, Decline.RESULT_READ)
+    assert statement is not None
+    back = _StepCall(statement, call, [], [], [])
+    for target, output in results.items():
+        _follow_result(caller, flow, forms, [back], step, target, output)
+
+
 def follow_passed(
     why: NotVisible,
     host: cst.FunctionDef,
@@ -153,9 +276,17 @@ def follow_passed(
             )
         return laid_out_in_caller(caller, flow, forms, call, program, value, position, step)
 
+    binding = flow.parent.get(id(call))
+    claims = claimed(callee, param, binding, call)
+    if claims:  # taken for the step's results until the callee's are followed: checked below
+        caller.carried[id(binding)] = frozenset(claims.values())
     try:
         others = tuple(p for p, v in args.items() if p != param and single_name(v) in siblings)
-        inner = analyze_calls(callee, param, options, body, qualname, facts, given, others)
+        inner = analyze_calls(
+            callee, param, options, body, qualname, facts, given, others, carried=True
+        )
+        caller.outputs, caller.varying = inner.outputs, inner.varying
+        carried_back(caller, flow, forms, binding, call, inner, claims, param)
     except NotVisible as deeper:
         nested = why.code is Decline.CALLED_NESTED
         how = "called in the nested function" if nested else "passed to"

@@ -171,9 +171,7 @@ def _check_closure(program: Program, body: cst.FunctionDef, flow: Flow) -> None:
         for name in names_in(arg.value)
         if name in flow.stores
     }
-    changed |= {
-        name for call in calls for name in target_names(_target_of(flow, call)) if name != "?"
-    }
+    changed |= {name for call in calls for name in target_names(_target_of(flow, call))}
     hit = free & changed
     if hit:
         why = (
@@ -184,11 +182,12 @@ def _check_closure(program: Program, body: cst.FunctionDef, flow: Flow) -> None:
 
 
 def _target_of(flow: Flow, call: cst.Call) -> cst.BaseExpression:
-    """What `out = step(...)` binds (nothing for any other call)."""
+    """What `out = step(...)` binds (nothing, an empty tuple, for any other call, such as a
+    caller's stand-in call laying out an argument it passes, `_callee.laid_out_in_caller`)."""
     around = flow.parent.get(id(call))
     if isinstance(around, cst.Assign) and len(around.targets) == 1:
         return around.targets[0].target
-    return cst.Name("?")
+    return cst.Tuple([])
 
 
 def analyze_calls(
@@ -201,12 +200,14 @@ def analyze_calls(
     given: Callable[[Program, str, int], Layout] | None = None,
     siblings: tuple[str, ...] = (),
     methods: tuple[str, ...] = (),
+    carried: bool = False,
 ) -> Program:
     """Return the program of `host`, a function calling `step`, a step made outside it (at
     module level or by a decorator, or passed to it: `given` then lays out the parameters it
-    reads, `_callee.py`; `siblings` its parameters bound to other steps; `methods`, functions
-    it calls that are followed on their own, their arguments checked there, their results no
-    step's); raise NotVisible for why not."""
+    reads, and, `carried`, the caller follows what it returns, `_callee.py`; `siblings` its
+    parameters bound to other steps; `methods`, functions it calls that are followed on their
+    own, their arguments checked there, their results no step's); raise NotVisible for why
+    not."""
     flow = Flow(host)
     if step in flow.stores:
         raise NotVisible(f"`{step}` is bound in `{host.name.value}` too", Decline.REBOUND)
@@ -222,6 +223,7 @@ def analyze_calls(
         facts,
         given=given,
         methods=methods,
+        carried=carried,
     )
 
 
@@ -238,6 +240,7 @@ def _follow(
     own: cst.FunctionDef | None = None,
     given: Callable[[Program, str, int], Layout] | None = None,
     methods: tuple[str, ...] = (),
+    carried: bool = False,
 ) -> Program:
     """Follow every argument and result of the calls of `step` in `host` (made by `maker`).
     `own`: the def `step = jax.pmap(step, ...)` maps (brax's trainers); its reads, the pmap's
@@ -272,7 +275,7 @@ def _follow(
     program = Program(host, None, options.fun, options.axis, options.donate, [False] * arity, None)
     program.fixed, program.statics = fixed, options.statics_arg
     program.params = [p.name.value for p in body.params.params]
-    program.keywords, program.given = keywords, given
+    program.keywords, program.given, program.carries = keywords, given, carried
     program.declared = facts.replicated.get(id(host), frozenset())
     program.helpers = {
         name
@@ -896,8 +899,9 @@ def _follow_argument(
         for binding in flow.reach.of(use) or {ENTRY}:  # the bindings whose value it may be
             parameter = name in {p.name.value for p in params_of(program.host.params)}
             if binding is ENTRY and program.given and parameter:
-                reached(program.given(program, name, position))  # the caller's argument
-                program.entries.add(name)
+                given = program.given(program, name, position)  # the caller's argument
+                reached(given)
+                program.entries[name] = given
             elif binding is ENTRY and parameter and name in program.declared:
                 reached(Layout.REPLICAS)
                 _declared_copies(program, name)
@@ -1204,6 +1208,8 @@ def _follow_stacked(
             continue
         if replicated and _readback_deleted(program, flow, forms, use, name):
             continue
+        if replicated and carried_out(program, flow, use, None):
+            continue  # returned to the caller, which gave it
         if replicated and passed_on(program, flow, forms, use, name, _readback_around):
             continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
         blocking.append(field_top(flow, use))
@@ -1601,6 +1607,8 @@ def _binding_kind(
         return Layout.UNKNOWN
     if any(c.binds(binding) for c in calls) or id(binding) in program.siblings:
         return Layout.REPLICAS  # a result of the step (or another's)
+    if name in program.carried.get(id(binding), ()):
+        return Layout.REPLICAS  # one a def the step is passed to returns (`_callee.py`)
     if single_name(binding.targets[0].target) != name:
         return _unpacked_replication(program, binding, name, forms, position)
     value = binding.value
@@ -1784,6 +1792,8 @@ def _follow_result(
             continue
         if _readback_deleted(program, flow, forms, use, name):
             continue
+        if carried_out(program, flow, use, output):
+            continue  # returned to the caller, which follows it (`_callee.carried_back`)
         read = Decline.RESULT_READ
         if passed_on(program, flow, forms, use, name, _readback_around, read):
             continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
@@ -1814,6 +1824,29 @@ def _reads(
             continue
         if not _waited(flow, use, forms):
             yield use
+
+
+def carried_out(program: Program, flow: Flow, use: cst.Name, output: int | None) -> bool:
+    """`return use` or `return ..., use, ...` in a def a step is passed to, followed from its
+    caller (`program.given`): recorded (`program.carried_out`) for the caller, which binds it
+    and follows it as the step's result (`_callee.carried_back`)."""
+    if not program.carries:
+        return False
+    parent, index = flow.parent.get(id(use)), None
+    value: cst.BaseExpression = use
+    if isinstance(parent, cst.Element) and parent.value is use:
+        items = flow.parent.get(id(parent))
+        if not isinstance(items, cst.Tuple) or any(
+            not isinstance(e, cst.Element) for e in items.elements
+        ):
+            return False
+        index = next(i for i, e in enumerate(items.elements) if e is parent)
+        parent, value = flow.parent.get(id(items)), items
+    if not isinstance(parent, cst.Return) or parent.value is not value:
+        return False
+    known = program.carried_out.get(id(use), (index, None))[1]
+    program.carried_out[id(use)] = (index, output if output is not None else known)
+    return True
 
 
 def _readback_deleted(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str) -> bool:
@@ -1875,6 +1908,8 @@ def _one_source(
         for binding in reaching - made:
             if binding is ENTRY and not parameter:
                 continue
+            if binding is ENTRY and program.entries.get(name) is Layout.REPLICAS:
+                continue  # the caller's equal copies, as the step's results are
             if binding is not ENTRY and (
                 not _after_a_call(flow, binding, calls) or allowed(binding)
             ):

@@ -120,8 +120,15 @@ class Program:
     # parameter read at ENTRY, from the caller's argument (a layout, or raises NotVisible); the
     # parameters so read; and, in the caller, the programs of the defs it is passed to.
     given: Callable[[Program, str, int], Layout] | None = None
-    entries: set[str] = field(default_factory=set)
+    entries: dict[str, Layout] = field(default_factory=dict)  # each laid out so, by the caller
     callees: list[Program] = field(default_factory=list)
+    # In that def, each read `return ..., r, ...` of a result of the step (or of a parameter the
+    # caller gives as equal copies), by id: its index in the tuple returned (None: the value
+    # whole) and the step's output (None: the parameter); in the caller, by id of the statement
+    # binding that def's call, the names it binds to those results (`_callee.carried_back`).
+    carries: bool = False  # the caller follows what the def returns
+    carried_out: dict[int, tuple[int | None, int | None]] = field(default_factory=dict)
+    carried: dict[int, frozenset[str]] = field(default_factory=dict)
     # A value stacked for the step passed on to a def of the module reading only device 0's
     # copy, and `return value` (`_passon.py`): checked against every read of those names.
     passed_on: list[cst.Call] = field(default_factory=list)
@@ -355,6 +362,9 @@ def rewrite_host(
     out = host.visit(_Edit(host, programs, setup, indent, style))
     assert isinstance(out, cst.FunctionDef)
     helpers = set().union(*(p.helpers for p in programs))
+    # the sharding of batches made with the step, which only a def it is passed to may convert
+    # with (`_callee.py`: over a mesh of its own), is a helper too
+    helpers |= {p.sharding for p in programs if p.sharding.isidentifier()}
     dead = helpers - set(read_names(out))
     while dead:  # `n = jax.local_device_count()`, `rep = lambda x: ...`, no longer read
         dropped = _dropped(out, dead)
