@@ -649,7 +649,9 @@ class Pmap(Faithful):
         first = programs[0][1].statement
         assert first is not None
         indent = self.room(first).indent
-        nested = [c for _, p in programs for c in p.callees if c.mesh == p.mesh]  # in `host`
+        nested = [  # in `host`: rewritten with it (the others at the module's end)
+            c for _, p in programs for c in p.callees if id(c.host) not in self.callee_programs
+        ]
         every = [*(p for _, p in programs), *nested]
         return rewrite_host(host, every, None, indent, self.state.style)
 
@@ -667,8 +669,19 @@ class Pmap(Faithful):
                     program.hosts,
                 )
                 continue  # its edits are made with the caller's
-            callee.mesh = code(program.new_mesh())
-            callee.sharding = code(program.new_sharding(callee.mesh))
+            # made once at its entry, equal to the caller's; dropped when nothing reads them
+            made = self.callee_meshes.setdefault(id(callee.host), {})
+            axis = code(program.axis)
+            if axis not in made:
+                taken = set(names_in(callee.host)) | {n for pair in made.values() for n in pair}
+                mesh = self._fresh("mesh", taken)
+                made[axis] = (mesh, self._fresh("batch_sharding", taken | {mesh}))
+            callee.mesh, callee.sharding = made[axis]
+            callee.entry = [
+                assign(callee.mesh, program.new_mesh()),
+                assign(callee.sharding, program.new_sharding(callee.mesh)),
+            ]
+            callee.helpers |= {callee.mesh, callee.sharding}
             if callee.flat_reads:
                 callee.hosts = self._multihost_utils()
             self.callee_programs.setdefault(id(callee.host), []).append(callee)

@@ -127,6 +127,7 @@ class Program:
     # whole) and the step's output (None: the parameter); in the caller, by id of the statement
     # binding that def's call, the names it binds to those results (`_callee.carried_back`).
     carries: bool = False  # the caller follows what the def returns
+    entry: list[cst.SimpleStatementLine] = field(default_factory=list)  # made at its entry
     carried_out: dict[int, tuple[int | None, int | None]] = field(default_factory=dict)
     carried: dict[int, frozenset[str]] = field(default_factory=dict)
     # A value stacked for the step passed on to a def of the module reading only device 0's
@@ -524,9 +525,11 @@ class _Edit(cst.CSTTransformer):
         """Make the parameters the callers pass as copies per device one value each, first
         (after the docstring): `params = from_device_copies(params)`."""
         texts = {f"{n} = {p.uncopier}({n})": None for p in self.programs for n in p.uncopied}
-        if not texts:
+        entry = {code(s): s for p in self.programs for s in p.entry}  # a def's mesh, once
+        if not texts and not entry:
             return block
         made = [laid_out(cst.parse_statement(t), self.indent, self.style) for t in texts]
+        made += [laid_out(s, self.indent, self.style) for s in entry.values()]
         body = list(block.body)
         at = 1 if body and is_docstring(body[0]) else 0  # the next keeps its comments
         return block.with_changes(body=[*body[:at], *made, *body[at:]])

@@ -465,6 +465,8 @@ class Finding(Pass):
         self.host_programs: dict[int, list[Program]] = {}  # by id of a function calling them
         self.host_setups: dict[int, Setup] = {}  # by id of the function setting the mesh
         self.callee_programs: dict[int, list[Program]] = {}  # by id of a def a step is passed to
+        # By id of such a def, by axis: the names of the mesh and sharding made at its entry
+        self.callee_meshes: dict[int, dict[str, tuple[str, str]]] = {}
 
     def _find_programs(self, module: cst.Module) -> None:
         """Take the sites whose whole data flow is visible to the program-level form."""
