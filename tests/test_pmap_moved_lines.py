@@ -60,3 +60,34 @@ def test_a_moved_statement_that_no_longer_fits_is_laid_out_again() -> None:
     )
     # too long before the move: the formatter had left it so
     assert '        report("a line too long before the rewrite moved it: the formatter left' in code
+
+
+STEP_COMMENT = """\
+import jax
+import jax.numpy as jnp
+from flax import jax_utils
+from flax.training import common_utils
+
+
+def step(w, x):
+    return w - jax.lax.pmean(jnp.mean(x) * w, "batch")
+
+
+def train(w, xs):
+    p_step = jax.pmap(step, axis_name="batch")  # the step, one per device
+    w = jax_utils.replicate(w)
+    for x in xs:
+        w = p_step(w, common_utils.shard(x))
+    return jax_utils.unreplicate(w)
+"""
+
+
+def test_the_step_statements_comment_stays_on_the_step() -> None:
+    """The statement making the step is written anew (the mesh before it): its own trailing
+    comment stays on the step's line, as the maintainer wrote it (flax wmt's `)  # eos token,
+    max_length are constant`)."""
+    code = migrate_source(STEP_COMMENT, options=Options(unsafe_fixes=True)).code
+    assert "jax.shard_map(" in code, code
+    assert "# the step, one per device" in code, code
+    line = next(line for line in code.splitlines() if "# the step, one per device" in line)
+    assert line.endswith(")  # the step, one per device"), code

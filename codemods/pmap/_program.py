@@ -211,7 +211,11 @@ class Program:
             made.append(assign(self.sharding, self.new_sharding(self.mesh)))
         if not isinstance(self.statement, cst.FunctionDef) and self.factory is None:
             target = self.statement.body[0].targets[0].target  # type: ignore[attr-defined]
-            made.append(assign(target, self.step(self.mesh)))
+            # the statement's own comment (`)  # eos token, max_length are constant`) stays
+            trailing = self.statement.trailing_whitespace
+            made.append(
+                assign(target, self.step(self.mesh)).with_changes(trailing_whitespace=trailing)
+            )
         statements = [laid_out(statement, indent, style) for statement in made]
         if isinstance(updated, cst.FunctionDef):
             statements.append(self._decorated(updated, indent, style))
@@ -235,7 +239,9 @@ class Program:
         factory, made = self.factory
         taken = set(names_in(factory))
         mesh = next(n for n in ("mesh", *(f"mesh_{k}" for k in range(2, 99))) if n not in taken)
-        returned = cst.SimpleStatementLine([cst.Return(self.step(mesh))])
+        returned = cst.SimpleStatementLine(
+            [cst.Return(self.step(mesh))], trailing_whitespace=made.trailing_whitespace
+        )
         new = [laid_out(s, indent, style) for s in (assign(mesh, self.new_mesh()), returned)]
         new[0] = new[0].with_changes(leading_lines=made.leading_lines)  # type: ignore[union-attr]
         assert isinstance(factory.body, cst.IndentedBlock)
