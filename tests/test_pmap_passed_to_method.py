@@ -112,3 +112,22 @@ def test_a_methods_result_passed_to_a_step_is_not_taken_for_a_steps_result() -> 
     assert "[PL301]" in messages[0] and "(`z` = `self._embed_texts(params)`)" in messages[0], (
         messages
     )
+
+
+def test_a_method_passed_a_plain_function_too_keeps_the_steps_per_device() -> None:
+    """`_embed` is passed a step at two calls and a function of the code's own at a third: its
+    edits (the readback of `embed_fn(...)[0]` deleted, the batch converted), made for the
+    steps, would run on that function too (PL204, naming it)."""
+    old = "        return n_img, n_txt, z_img @ z_txt.T, img_ids, txt_ids\n"
+    new = (
+        '        extra = self._embed("text", params, self.texts, lambda p, x: x)\n'
+        "        return n_img, n_txt, z_img @ z_txt.T, img_ids, txt_ids, extra\n"
+    )
+    assert old in TAKEN
+    messages = pmap_messages(TAKEN.replace(old, new, 1))
+    assert len(messages) == 4, messages
+    why = (
+        "[PL204] `_embed` is passed steps stored on `self` as `embed_fn`, and "
+        "`lambda p, x: x` at another call"
+    )
+    assert all(why in m for m in messages), messages

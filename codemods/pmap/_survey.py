@@ -433,6 +433,12 @@ class _Given:
         )
 
 
+def _without_self(method: cst.FunctionDef) -> cst.FunctionDef:
+    """`method` as `self.method(...)` calls it: without its first parameter."""
+    params = method.params
+    return method.with_changes(params=params.with_changes(params=params.params[1:]))
+
+
 class Finding(Pass):
     """The pmap pass's first part: its state, and the sites found in the module."""
 
@@ -679,9 +685,7 @@ class Finding(Pass):
             method = methods.get(func.attr.value)
             if method is None or method is reader or not method.params.params:
                 return None
-            params = method.params
-            unbound = method.with_changes(params=params.with_changes(params=params.params[1:]))
-            bound = bound_arguments(unbound, call) if call is not None else None
+            bound = bound_arguments(_without_self(method), call) if call is not None else None
             param = next((p for p, v in (bound or {}).items() if v is read), None)
             if call is None or param is None:
                 return None
@@ -718,6 +722,10 @@ class Finding(Pass):
             }.values()
         )
         setup = next((m for m in methods if self._calls_all(module, m, methods)), None)
+        if setup is not None:
+            blocked = self._passed_everywhere(setup, passes)
+            if blocked is not None:
+                return blocked
         if setup is None and any(passes.values()):  # passed to a method: that is followed
             klass = shared[0].klass.name.value
             where = " and ".join(f"`{klass}.{m.name.value}`" for m in methods)
@@ -850,6 +858,34 @@ class Finding(Pass):
         )
 
     @staticmethod
+    def _passed_everywhere(
+        setup: cst.FunctionDef, passes: dict[int, list[tuple[cst.Call, cst.FunctionDef, str]]]
+    ) -> NotVisible | None:
+        """Each call of a method a step is passed to, in `setup`, passes one of the steps for
+        that parameter: one passing anything else (a function of its own) would run the
+        method's edits, made for a step, on it (PL204)."""
+        reads: set[int] = set()  # the steps' reads passed, by id
+        receivers: dict[str, tuple[cst.FunctionDef, set[str]]] = {}  # by method name
+        for call, method, param in (x for found in passes.values() for x in found):
+            reads.add(id((bound_arguments(_without_self(method), call) or {}).get(param)))
+            receivers.setdefault(method.name.value, (method, set()))[1].add(param)
+        for name, (method, params) in receivers.items():
+            for call in nodes_in(setup, cst.Call):
+                if not isinstance(call.func, cst.Attribute) or call.func.attr.value != name:
+                    continue
+                args = bound_arguments(_without_self(method), call) or {}
+                for param in sorted(params):
+                    value = args.get(param)
+                    if value is None or id(value) not in reads:
+                        what = f"`{code(value)}`" if value is not None else "nothing"
+                        why = (
+                            f"`{name}` is passed steps stored on `self` as `{param}`, and {what} "
+                            "at another call: its edits, made for a step, would run on that too"
+                        )
+                        return NotVisible(why, Decline.CALLS_DIFFER)
+        return None
+
+    @staticmethod
     def _passed_alike(passed: dict[tuple[int, str], list[tuple[str, Program]]]) -> None:
         """The steps passed to one method through one parameter are one call in the code there:
         each step's program must make the same edits, for the same reasons, and lay out its
@@ -914,8 +950,7 @@ class Finding(Pass):
         """How a parameter of `method`, passed to the step, is laid out: as `setup`'s argument
         for it at `call` (in `setup`'s copy), followed in `setup` as an argument of the step is
         (`_callee.laid_out_in_caller`)."""
-        params = method.params
-        unbound = method.with_changes(params=params.with_changes(params=params.params[1:]))
+        unbound = _without_self(method)
         facts = self._facts(module, setup.method)
         declared = facts.replicated.get(id(setup.method), frozenset())
         facts = replace(facts, replicated={id(setup.copy): declared})
@@ -955,9 +990,7 @@ class Finding(Pass):
             method = methods.get(name)
             if method is None:
                 continue
-            params = method.params
-            unbound = method.with_changes(params=params.with_changes(params=params.params[1:]))
-            args = bound_arguments(unbound, call)
+            args = bound_arguments(_without_self(method), call)
             if args is None:
                 raise NotVisible(f"the arguments of `{name}` are not visible", Decline.CALLS_DIFFER)
             for param, value in args.items():
