@@ -144,13 +144,17 @@ def _bound_by_calls(callee: cst.FunctionDef, step: str) -> set[str]:
 
 
 def claimed(
-    callee: cst.FunctionDef, step: str, statement: cst.CSTNode | None, call: cst.Call
+    callee: cst.FunctionDef,
+    returned: list[list[cst.BaseExpression]],
+    step: str,
+    statement: cst.CSTNode | None,
+    call: cst.Call,
 ) -> dict[int, str]:
     """In the caller, `a, b = callee(...)` (`statement`): by index of what the callee returns,
     the name bound to it where every `return` there returns a name the callee binds from a call
     of `step` (taken for the step's result while the callee's arguments are laid out, checked
-    once its results are followed: `carried_back`)."""
-    returned, _ = returned_results(callee)
+    once its results are followed: `carried_back`); `returned`: what its `return`s return
+    (`returned_results`)."""
     bound = _bound_by_calls(callee, step)
     if not returned or not isinstance(statement, cst.Assign) or statement.value is not call:
         return {}
@@ -179,6 +183,7 @@ def carried_back(
     statement: cst.CSTNode | None,
     call: cst.Call,
     inner: Program,
+    returned: tuple[list[list[cst.BaseExpression]], bool],
     claims: dict[int, str],
     step: str,
 ) -> None:
@@ -191,11 +196,11 @@ def carried_back(
         return
     if isinstance(statement, cst.Expr) and statement.value is call:
         return  # the result is not read
-    returned, whole = returned_results(inner.host)
+    returned_items, whole = returned
     name = single_name(call.func)
     results: dict[str, int] = {}
-    for index in range(len(returned[0]) if returned else 0):
-        found = [inner.carried_out.get(id(items[index])) for items in returned]
+    for index in range(len(returned_items[0]) if returned_items else 0):
+        found = [inner.carried_out.get(id(items[index])) for items in returned_items]
         if all(f is None for f in found):
             continue
         outputs = {f[1] for f in found if f is not None}
@@ -277,7 +282,8 @@ def follow_passed(
         return laid_out_in_caller(caller, flow, forms, call, program, value, position, step)
 
     binding = flow.parent.get(id(call))
-    claims = claimed(callee, param, binding, call)
+    returned = returned_results(callee)  # what the callee returns, read once
+    claims = claimed(callee, returned[0], param, binding, call)
     if claims:  # taken for the step's results until the callee's are followed: checked below
         caller.carried[id(binding)] = frozenset(claims.values())
     try:
@@ -286,7 +292,7 @@ def follow_passed(
             callee, param, options, body, qualname, facts, given, others, carried=True
         )
         caller.outputs, caller.varying = inner.outputs, inner.varying
-        carried_back(caller, flow, forms, binding, call, inner, claims, param)
+        carried_back(caller, flow, forms, binding, call, inner, returned, claims, param)
     except NotVisible as deeper:
         nested = why.code is Decline.CALLED_NESTED
         how = "called in the nested function" if nested else "passed to"
