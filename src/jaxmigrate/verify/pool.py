@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from jaxmigrate.verify import lifetime
+from jaxmigrate.verify import lifetime, xlacache
 from jaxmigrate.verify.child import protocol
 from jaxmigrate.verify.child.protocol import (
     Compared,
@@ -81,6 +81,10 @@ def child_env(
     env["PYTHONPATH"] = os.pathsep.join([*path, *filter(None, [env.get("PYTHONPATH")])])
     bindir = str(Path(python or config.python).parent)
     env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")])
+    cache = xlacache.folder(env)
+    env.pop(xlacache.ENV, None)
+    if cache is not None and cache.is_dir():  # made by `verify` (`xlacache.prepare`)
+        env[xlacache.ENV] = str(cache)
     return env
 
 

@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 VERSION = re.compile(r"^\d+\.\d+(\.\d+)*$")
@@ -30,12 +30,12 @@ class ReferenceError(RuntimeError):
     """The reference interpreter could not be built or used; the message says why."""
 
 
-def cache_home() -> Path:
+def cache_home(env: Mapping[str, str] = os.environ) -> Path:
     """Return jaxmigrate's cache folder (outside any project: shared by every run)."""
-    explicit = os.environ.get("JAXMIGRATE_CACHE_DIR")
+    explicit = env.get("JAXMIGRATE_CACHE_DIR")
     if explicit:
         return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "jaxmigrate"
 
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from jaxmigrate.model import Status
-from jaxmigrate.verify import lifetime, writes
+from jaxmigrate.verify import lifetime, writes, xlacache
 from jaxmigrate.verify.bound import fallbacks, judge_bound, parent, rerun, shadows, with_replay
 from jaxmigrate.verify.child.protocol import SCRIPT, Ran
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
@@ -298,6 +298,7 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
     candidates.update({r.path: r.candidate for r in requests})
     units = shadows(runnable) if config.verify_with else []
     command = config.verify_with or ""
+    xlacache.prepare()  # before the snapshot of `~`: a new `~/.cache` is ours, not the code's
     with (
         writes.watched(config.root) as outside,
         lifetime.running(),

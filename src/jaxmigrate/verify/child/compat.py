@@ -8,6 +8,7 @@ The original side may run the JAX the code was written for (`--reference-jax 0.4
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -49,3 +50,22 @@ def concrete_mesh() -> Any:
 
     get = getattr(mesh_lib, "get_concrete_mesh", None)
     return get() if get is not None else None
+
+
+def use_compilation_cache(env: Mapping[str, str]) -> bool:
+    """Turn on JAX's persistent compilation cache in the folder the parent named
+    (`JAXMIGRATE_XLA_CACHE`, see `jaxmigrate.verify.xlacache`), for every program; return whether
+    it is on. Not under JAX before 0.5, nor beside a user's own `JAX_COMPILATION_CACHE_DIR`."""
+    path = env.get("JAXMIGRATE_XLA_CACHE", "")
+    if not path or env.get("JAX_COMPILATION_CACHE_DIR"):
+        return False
+    try:
+        version = tuple(int(p) for p in jax.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    if version < (0, 5):
+        return False
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    return True

@@ -108,6 +108,9 @@ def main(argv: list[str] | None = None) -> None:
     alone()  # or a job of one: the program's own `jax.distributed.initialize()` does nothing
     import jax
 
+    from .compat import use_compilation_cache
+
+    use_compilation_cache(os.environ)  # before the first compile
     ready = Ready(
         jax=jax.__version__,
         devices=len(jax.devices()),
