@@ -48,18 +48,26 @@ OVERRIDDEN = (
 )
 
 
+UNRELATED = (
+    "\n\nclass Other:\n    def _embed(self, name, params, ds, embed_fn):\n"
+    "        return 0, embed_fn, ds\n"
+)
+
+
 @pytest.mark.parametrize(
-    ("extra", "code"),
+    ("extra", "code", "says"),
     [
         # the method is called by another method too: neither is the one setting the mesh
-        (ELSEWHERE, "PL602"),
+        (ELSEWHERE, "PL602", "`Evaluator.evaluate` and `Evaluator.images_only`"),
         # a subclass's override would be called instead: what it does with the step is not seen
-        (OVERRIDDEN, "PL201"),
+        (OVERRIDDEN, "PL201", "is overridden by `Other._embed`: which definition runs"),
+        # another class's method of that name: not an override, but not told apart either
+        (UNRELATED, "PL201", "is one of several defs named `_embed` in this module"),
     ],
-    ids=["called elsewhere", "overridden"],
+    ids=["called elsewhere", "overridden", "same name elsewhere"],
 )
 def test_a_method_not_only_called_by_the_caller_keeps_the_steps_per_device(
-    extra: str, code: str
+    extra: str, code: str, says: str
 ) -> None:
     anchor = "\n\ndef main():"
     source = TAKEN.replace(anchor, extra + anchor, 1)
@@ -67,6 +75,7 @@ def test_a_method_not_only_called_by_the_caller_keeps_the_steps_per_device(
     assert messages and not any("(program-level)" in m for m in messages), messages
     assert all("program-level form not taken: [PL" in m for m in messages), messages
     assert f"[{code}]" in messages[0], messages  # `self._embed_images_p`'s site, first
+    assert says in messages[0], messages[0]
 
 
 def _program(batches: list[bool], varying: list[bool]) -> Program:

@@ -347,7 +347,8 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     called more than once or holding a pmap, named in `__all__`; returned by a factory other
     code may call, a public one of a package unless `closed-code-base`; a def it is passed to
     that blocks names its value, with that value's code: "`p_eval_step` is passed to
-    `evaluate`, where ..."; reading it only as an object, `step not in self._compiled`,
+    `evaluate`, where ..."; stored on `self` and passed to a method a subclass overrides,
+    naming the override; reading it only as an object, `step not in self._compiled`,
     `self._compiled.add(step)`, is no such use); `PL202` used outside the functions of the module as well as in
     them (`STEPS = {"total": step}` beside `step(x)` in a def); `PL203` called in a nested
     function not followed (called more than once, or maybe before the step is made); `PL204` its calls pass different arguments (`*`/`**`, keywords out of order, a

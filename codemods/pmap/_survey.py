@@ -665,11 +665,13 @@ class Finding(Pass):
     @staticmethod
     def _passes(
         module: cst.Module, found: _StoredStep
-    ) -> list[tuple[cst.Call, cst.FunctionDef, str]] | None:
+    ) -> list[tuple[cst.Call, cst.FunctionDef, str]] | NotVisible | None:
         """Where the one method reading the step passes it to another method of its class, as
         an argument of `self.method(...)` (big_vision's retrieval evaluator: `self._embed(...,
         self._embed_images_p, ...)`): each call, the method, and the parameter the step binds
-        there; None when a read is anything else or the step is not read so."""
+        there; None when a read is anything else or the step is not read so; NotVisible when
+        another class of the module (a subclass) defines that method too: which one runs is
+        not known here."""
         if len(found.readers) != 1 or found.bound:
             return None
         reader, reads = found.readers[0]
@@ -689,15 +691,27 @@ class Finding(Pass):
             param = next((p for p, v in (bound or {}).items() if v is read), None)
             if call is None or param is None:
                 return None
-            if (
-                sum(
-                    1
-                    for d in nodes_in(module, cst.FunctionDef)
-                    if d.name.value == method.name.value
+            name = method.name.value
+            if sum(1 for d in nodes_in(module, cst.FunctionDef) if d.name.value == name) != 1:
+                mine = found.klass.name.value
+                subclasses = [
+                    f"`{k.name.value}.{name}`"
+                    for k in nodes_in(module, cst.ClassDef)
+                    if any(single_name(b.value) == mine for b in k.bases)
+                    and any(
+                        isinstance(d, cst.FunctionDef) and d.name.value == name for d in k.body.body
+                    )
+                ]
+                which = (
+                    f"overridden by {' and '.join(subclasses)}"
+                    if subclasses
+                    else f"one of several defs named `{name}` in this module"
                 )
-                != 1
-            ):
-                return None  # a subclass's override would be called too
+                return NotVisible(
+                    f"`{me}.{name}(...)`, which the steps stored on `{me}` are passed to, is "
+                    f"{which}: which definition runs there is not followed",
+                    Decline.NOT_CALLED_ONLY,
+                )
             passes.append((call, method, param))
         return passes or None
 
@@ -714,7 +728,11 @@ class Finding(Pass):
         `given`). None when that is not so: each site then finds its own reason; why not, when
         a step is not taken there."""
         assert self.survey is not None
-        passes = {id(found): self._passes(module, found) or [] for found in shared}
+        found_passes = {id(found): self._passes(module, found) for found in shared}
+        overridden = next((p for p in found_passes.values() if isinstance(p, NotVisible)), None)
+        if overridden is not None:
+            return overridden
+        passes = {k: p or [] for k, p in found_passes.items() if not isinstance(p, NotVisible)}
         methods = list(
             {
                 **{id(m): m for found in shared for m, _ in found.readers},
