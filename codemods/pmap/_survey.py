@@ -728,11 +728,12 @@ class Finding(Pass):
         `given`). None when that is not so: each site then finds its own reason; why not, when
         a step is not taken there."""
         assert self.survey is not None
-        found_passes = {id(found): self._passes(module, found) for found in shared}
-        overridden = next((p for p in found_passes.values() if isinstance(p, NotVisible)), None)
-        if overridden is not None:
-            return overridden
-        passes = {k: p or [] for k, p in found_passes.items() if not isinstance(p, NotVisible)}
+        passes: dict[int, list[tuple[cst.Call, cst.FunctionDef, str]]] = {}
+        for found in shared:
+            receivers = self._passes(module, found)
+            if isinstance(receivers, NotVisible):  # which definition runs there is not known
+                return receivers
+            passes[id(found)] = receivers or []
         methods = list(
             {
                 **{id(m): m for found in shared for m, _ in found.readers},
