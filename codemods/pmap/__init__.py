@@ -325,7 +325,10 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     differing between devices when an argument does: `jax.pmap(partial(model.apply,
     train=False))` is followed as such a body);
   - `PL103` the step is called where it is made (`jax.pmap(f)(x)`);
-  - `PL104` the step is made in a class body or a lambda. A step made in
+  - `PL104` the step is made in a class body or a lambda (a pmap-decorated method whose
+    `self` is static and that one other method of its class calls is followed there as a step
+    stored on `self`, `jax.jit` keeping `self` static, unless another def of the module has its
+    name or another module may name its class: PL201). A step made in
     `if __name__ == "__main__":` is followed in that block as in a function, and one made at
     module level and used only there (a script's loop, a notebook's cells) in the module's
     statements, read as the body of one function: the mesh is made where the step is, its

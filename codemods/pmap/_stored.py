@@ -48,9 +48,12 @@ def stored_on_self(
     body: cst.FunctionDef,
     qualname: Qualname,
     declared: Mapping[int, frozenset[str]] | None = None,
+    bound: int = 0,
 ) -> NotVisible:
     """Why the step `assign` stores on `self` in `maker`, a method of `klass`, is not taken: the
-    first value blocking it in a method calling it, else that it is stored in an attribute."""
+    first value blocking it in a method calling it, else that it is stored in an attribute.
+    `bound`: the arguments the store binds (1 for a pmap-decorated method, `decorated_method`:
+    `self`)."""
     stored = unnamed_step(assign, maker.name.value)
     target = assign.targets[0].target if len(assign.targets) == 1 else None
     if not isinstance(target, cst.Attribute) or _self(maker) != code(target.value):
@@ -70,8 +73,19 @@ def stored_on_self(
         if not reads:
             continue  # does not read `self.<attr>`
         callers.append(f"`{klass.name.value}.{method.name.value}`")
-        renamed = replaced(method, {id(read): cst.Name(name) for read in reads})
         try:
+            renamed = replaced(method, {id(read): cst.Name(name) for read in reads})
+            if bound:  # a method: `self.step(x)` read as `step(self, x)`, `self` static
+                calls = {id(c.func): c for c in nodes_in(method, cst.Call)}
+                if any(id(read) not in calls for read in reads):
+                    why = f"`self.{attr}` is used other than called"
+                    raise NotVisible(why, Decline.NOT_CALLED_ONLY)
+                me_first = cst.Arg(cst.Name(me))
+                swaps = {
+                    id(c): c.with_changes(func=cst.Name(name), args=[me_first, *c.args])
+                    for c in (calls[id(read)] for read in reads)
+                }
+                renamed = replaced(method, swaps)
             facts = ModuleFacts(
                 replicated={id(renamed): (declared or {}).get(id(method), frozenset())}
             )
@@ -185,13 +199,34 @@ def stored_target(
     factory(...)`, the one use of a def of the module whose last statement returns the
     pmap-decorated def `node` (big_vision's `get_eval_fn`), `bound` None; or `self.step =
     partial(step, a, ...)`, `step` the module's def `node` decorates (big_vision's mean
-    evaluator), `bound` the number of arguments bound; else None."""
+    evaluator), `bound` the number of arguments bound; or a pmap-decorated method
+    (`decorated_method`), `bound` 1: `self`; else None."""
+    method = decorated_method(module, node)
+    if method is not None:
+        return (*method, 1)
     for klass, maker, assign in stores:  # `attribute_stores(module)`
         if assign.value is node or _returns_def(module, assign.value, node, klass, maker):
             return klass, maker, assign, None
         bound = _partial_of(module, assign.value, node, qualname)
         if bound is not None:
             return klass, maker, assign, bound
+    return None
+
+
+def decorated_method(
+    module: cst.Module, node: cst.CSTNode
+) -> tuple[cst.ClassDef, cst.FunctionDef, cst.Assign] | None:
+    """`(class, method, assign)` when `node` decorates a method of a class of the module (a
+    trainer's `@partial(jax.pmap, static_broadcasted_argnums=(0,)) def train_step(self, ...)`):
+    the method is a step stored on `self` under its own name, bound to `self` as a `partial`
+    binding one argument is; `assign` reads the def as the store `self.train_step = ...`."""
+    for klass in (c for c in module.body if isinstance(c, cst.ClassDef)):
+        for method in (d for d in klass.body.body if isinstance(d, cst.FunctionDef)):
+            me = _self(method) if node in method.decorators else None
+            if me is not None:
+                name = method.name.value
+                store = cst.AssignTarget(cst.Attribute(cst.Name(me), cst.Name(name)))
+                return klass, method, cst.Assign([store], cst.Name(name))
     return None
 
 

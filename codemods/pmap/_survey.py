@@ -53,6 +53,7 @@ from ._stored import (
     NO_SETUP,
     Stored,
     attribute_stores,
+    decorated_method,
     returned_into_self,
     stored_copy,
     stored_on_self,
@@ -463,7 +464,8 @@ class Finding(Pass):
         # By id of a def: its parameters `[tool.jaxmigrate] pmap-replicated` declares (`_declared`)
         self.declared: dict[int, frozenset[str]] | None = None
         self.stores: list[tuple[cst.ClassDef, cst.FunctionDef, cst.Assign]] | None = None
-        # By id of a pmap decorator: why the factory returning its step blocks it (`_stored_group`)
+        # By id of a pmap decorator: why the factory returning its step, or the class whose method
+        # it decorates, blocks it (`_stored_step`)
         self.factory_used: dict[int, NotVisible] = {}
         self.kept_pmaps = False  # a `jax.pmap` of the module is left alone (skipped)
         self.outer_calls: dict[int, Program] = {}  # `step = jax.pmap(...)` at module level, taken
@@ -529,8 +531,10 @@ class Finding(Pass):
         if found is None or len(site.pmaps) != 1:
             return None
         klass, maker, assign, bound = found
-        factory = assign.value.func if isinstance(site.node, cst.Decorator) else None
-        if bound is not None:  # `partial(step, a)`: the def's one use, its bound arguments static
+        decorated = isinstance(site.node, cst.Decorator) and isinstance(assign.value, cst.Call)
+        factory = assign.value.func if decorated else None  # type: ignore[attr-defined]
+        in_class = maker is site.mapped  # a pmap-decorated method: `_method_used`, once called
+        if bound is not None and not in_class:  # `partial(step, a)`: the def's one use, static
             assert isinstance(site.mapped, cst.FunctionDef)
             factory, name = None, site.mapped.name.value
             statics = self._decorator_options(site.node, site.mapped).statics
@@ -551,6 +555,10 @@ class Finding(Pass):
         try:
             readers = stored_reads(module, klass, maker, assign)
         except NotVisible:
+            return None
+        used = self._method_used(module, klass, maker) if in_class else None
+        if used is not None:
+            self.factory_used[id(site.node)] = used
             return None
         if isinstance(site.node, cst.Decorator):
             body = site.mapped
@@ -575,6 +583,32 @@ class Finding(Pass):
             ):
                 return None
         return _StoredStep(site, klass, readers, bound or 0, body, options)
+
+    def _method_used(
+        self, module: cst.Module, klass: cst.ClassDef, method: cst.FunctionDef
+    ) -> NotVisible | None:
+        """Why a pmap-decorated method is not read as a step stored on `self`: pmap does not
+        take `self` as static (an object must be), a def of the module overrides it, or another
+        module may name its class (a subclass there, or code calling it, is not read); else
+        None."""
+        assert self.survey is not None and isinstance(method.decorators[0], cst.Decorator)
+        name, owner = method.name.value, klass.name.value
+        if 0 not in self._decorator_options(method.decorators[0], method).statics:
+            first = method.params.params[0].name.value
+            return NotVisible(f"pmap maps `{first}`, not a static argument", Decline.OPTION)
+        defs = [d for d in nodes_in(module, cst.FunctionDef) if d.name.value == name]
+        if len(defs) != 1:
+            why = f"`{owner}.{name}` is one of {len(defs)} defs named `{name}` in this module"
+            return NotVisible(why, Decline.NOT_CALLED_ONLY)
+        outside, strings = self.state.outside, self.survey.strings
+        for how in ("called", "read"):
+            where = elsewhere(owner, outside, strings, how)
+            if where:
+                why = f"its class `{owner}` is used {where}: its calls there are not followed"
+                if "outside the code base" in where:
+                    why += "; `[tool.jaxmigrate] closed-code-base = true` says no code there does"
+                return NotVisible(why, Decline.NOT_CALLED_ONLY)
+        return None
 
     def _stored_groups(
         self, module: cst.Module, flow: Flow, pending: list[_StoredStep]
@@ -1495,6 +1529,19 @@ class Finding(Pass):
         host = self._def_scope(body) or self._main_host(module, site.ancestors)
         if not isinstance(host, cst.FunctionDef):
             why = _made_outside(host)
+            found = decorated_method(module, site.node) if isinstance(host, cst.ClassDef) else None
+            if found is not None:  # the value blocking it in the method calling it, if any
+                options = self._decorator_options(site.node, body)
+                declared = self._declared(module)
+                blocking = stored_on_self(*found, options, body, self.qualname, declared, bound=1)
+                used = self.factory_used.get(id(site.node))
+                if blocking.code is not Decline.NOT_NAMED:
+                    raise blocking
+                if used is not None:
+                    raise NotVisible(
+                        f"the step is a method of `{found[0].name.value}`, and {used.why}",
+                        used.code,
+                    )
             if isinstance(host, cst.ClassDef):  # AlgoPerf's workloads: called by a base class
                 method = f"`{host.name.value}.{body.name.value}`"
                 why += (
