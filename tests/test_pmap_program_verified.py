@@ -11,6 +11,10 @@ made at import was never captured, so its calls compared as missing; a Python nu
 where pmap took stacked copies compared as a different type. Each group then fell back to the
 faithful form (PL603) or stayed unwritten (`unverified`). A program-level group's sites are
 now judged through the module's `main()` running the program (`verify/planner.py`).
+
+Each fixture runs in a folder of its own: new code is laid out at the width of the file's
+neighbours (`Project.style`), and what is written is what the dry run showed, so in one folder
+of all the fixtures a file too short to tell its width takes the others'.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ PROGRAMS = sorted(
 
 
 def test_every_program_fixture_is_written_verified(tmp_path: Path) -> None:
-    for path in PROGRAMS:
-        shutil.copy(path, tmp_path / path.name)
+    for path in PROGRAMS:  # each in a folder of its own: laid out at its own width, as alone
+        (tmp_path / path.stem).mkdir()
+        shutil.copy(path, tmp_path / path.stem / path.name)
     report = tmp_path.parent / "report.json"
     proc = jm("run", "--no-cache", "--jobs", "2", "--report", str(report), ".", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -50,5 +55,5 @@ def test_every_program_fixture_is_written_verified(tmp_path: Path) -> None:
             program_level += 1
             expected = (FIXTURES / f"{path.stem}.expected.py").read_text()
             if "def shard_map_per_device(" not in expected:  # the CLI imports it from beside
-                assert (tmp_path / path.name).read_text() == expected, path.name
-    assert program_level == sum("kept_faithful" not in p.name for p in PROGRAMS) == 74
+                assert (tmp_path / path.stem / path.name).read_text() == expected, path.name
+    assert program_level == sum("kept_faithful" not in p.name for p in PROGRAMS) == 75

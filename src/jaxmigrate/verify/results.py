@@ -20,9 +20,7 @@ from jaxmigrate.pipeline.engine import (
     PassList,
     decide,
     initial_status,
-    needed,
-    parse_module,
-    run_passes,
+    migrate_source,
     safe_alone,
 )
 from jaxmigrate.pipeline.notebook import migrate_notebook
@@ -104,22 +102,28 @@ def migrated(
     passes: PassList,
     fallbacks: Mapping[str, str] | None = None,
 ) -> tuple[str, tuple[ProjectFile, ...], tuple[Site, ...]]:
-    """Return `rendered`'s text and files, and the sites the passes recorded (not decided)."""
-    module = parse_module(old_text)
-    new, run = run_passes(
-        module,
+    """Return `rendered`'s text and files, and the sites the passes recorded (not decided).
+
+    The engine's own entry, so what is verified and written is what the first run showed: the
+    same reading of the code base (its style, who calls the module, the modules it imports)."""
+    recorded: list[Site] = []
+
+    def accept(sites: Sequence[Site]) -> list[Site]:
+        recorded.extend(sites)
+        return [replace(s, applied=keys is None or s.key in keys) for s in sites]
+
+    project = Project()
+    migration = migrate_source(
         old_text,
-        passes,
-        enabled=keys,
-        target_jax=options.target_jax,
+        options=options,
+        passes=passes,
+        accept=accept,
         path=path,
-        home=Project().home(Path(path), old_text),
-        pmap_style=options.pmap_style,
-        pmap_replicated=options.pmap_replicated,
+        home=lambda: project.home(Path(path), old_text),
+        project=project,
         fallbacks=fallbacks,
     )
-    applied = frozenset(s.key for s in run.sites) if keys is None else keys
-    return new.code, needed(run.files, applied), tuple(initial_status(s) for s in run.sites)
+    return migration.code, migration.files, tuple(initial_status(s) for s in recorded)
 
 
 def request_for(
