@@ -44,7 +44,9 @@ def test_the_verified_run_writes_the_text_the_dry_run_showed(tmp_path: Path) -> 
 
     written = (tree / "trainer.py").read_text()
     expected = public((FIXTURES / "program_pmap_decorated_method.expected.py").read_text())
-    assert written == expected, "".join(difflib.unified_diff(expected.splitlines(True), written.splitlines(True)))
+    assert written == expected, "".join(
+        difflib.unified_diff(expected.splitlines(True), written.splitlines(True))
+    )
     assert "program-level" in shown.stdout and "shard_map_per_device" not in shown.stdout
     assert sorted(p.name for p in tree.iterdir()) == ["run.py", "trainer.py"]  # no helper module
     (result,) = [f for f in json.loads(report.read_text())["files"] if f["path"].endswith("r.py")]
