@@ -316,6 +316,49 @@ class Workload:
     )
 
 
+def test_a_pmap_method_called_by_its_class_names_the_value_blocking_it():
+    source = """\
+import functools
+
+import jax
+from jax import lax
+
+
+class _Workload:
+    @functools.partial(jax.pmap, axis_name="batch", static_broadcasted_argnums=(0,))
+    def _eval_model(self, params, batch):
+        return lax.psum((params * batch).sum(), "batch")
+
+    def _eval_model_on_split(self, params, batches):
+        total = 0.0
+        for batch in batches:
+            total += self._eval_model(params, batch)[0]
+        return total
+"""
+    (message,) = pmap_messages(source)  # AlgoPerf's workloads: `params` from the runner
+    assert message.endswith(
+        "[PL301] the step stored in `self._eval_model` is called in "
+        "`_Workload._eval_model_on_split`: argument 1 of the step comes from elsewhere "
+        "(`params`, a parameter of `_eval_model_on_split`): its layout is not visible"
+    ), message
+    taken = source.replace(
+        "total = 0.0", "params = jax_utils.replicate(params)\n        total = 0.0"
+    )
+    taken = taken.replace("from jax import lax", "from flax import jax_utils\nfrom jax import lax")
+    (message,) = pmap_messages(taken)
+    assert "(program-level)" in message, message
+    public = taken.replace("_Workload", "Workload")  # a text alone: other modules may name it
+    (message,) = pmap_messages(public)
+    assert message.endswith(
+        "[PL201] the step is a method of `Workload`, and its class `Workload` is used maybe by "
+        "other modules (the code base is not read): its calls there are not followed"
+    ), message
+    unmapped = taken.replace("static_broadcasted_argnums=(0,)", "in_axes=(None, 0, 0)")
+    assert pmap_messages(unmapped)[0].endswith(
+        "[PL108] the step is a method of `_Workload`, and `self` is not a static argument of its pmap"
+    )
+
+
 def test_a_module_step_used_in_a_method_is_followed_there():
     source = """\
 from functools import partial

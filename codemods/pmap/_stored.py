@@ -17,6 +17,7 @@ its code (big_vision's evaluators: `params`, a parameter of `run`, passed by the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -92,6 +93,12 @@ def stored_on_self(
             analyze_calls(renamed, name, options, body, qualname, facts)
         except NotVisible as why:
             text = why.why.replace(f"`{name}`", f"`self.{attr}`").replace(name, f"self.{attr}")
+            if bound:  # counted as `self.step(...)` passes them: `self` is not one
+                text = re.sub(
+                    r"argument (\d+) of the step",
+                    lambda m: f"argument {int(m.group(1)) - bound} of the step",
+                    text.replace(f"self.{attr}({me}, ", f"self.{attr}("),
+                )
             where = f"{klass.name.value}.{method.name.value}"
             return NotVisible(
                 f"the step stored in `self.{attr}` is called in `{where}`: {text}", why.code

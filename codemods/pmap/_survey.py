@@ -595,7 +595,7 @@ class Finding(Pass):
         name, owner = method.name.value, klass.name.value
         if 0 not in self._decorator_options(method.decorators[0], method).statics:
             first = method.params.params[0].name.value
-            return NotVisible(f"pmap maps `{first}`, not a static argument", Decline.OPTION)
+            return NotVisible(f"`{first}` is not a static argument of its pmap", Decline.OPTION)
         defs = [d for d in nodes_in(module, cst.FunctionDef) if d.name.value == name]
         if len(defs) != 1:
             why = f"`{owner}.{name}` is one of {len(defs)} defs named `{name}` in this module"
