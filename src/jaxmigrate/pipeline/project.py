@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -568,3 +569,14 @@ def _width_of_files(directory: Path) -> int | None:
         except OSError:
             continue
     return infer_width(lines) if lines else None
+
+
+# The code base as a verification reads it (`verify.results.verify_results` sets it): every file
+# it renders again, its candidates and what it writes, reads the code base once through it (a
+# fresh `Project` read it all again each time). The tree does not change while it runs.
+VERIFYING: ContextVar[Project | None] = ContextVar("verifying", default=None)
+
+
+def verifying() -> Project:
+    """Return the project of the verification in progress, else a fresh one."""
+    return VERIFYING.get() or Project()

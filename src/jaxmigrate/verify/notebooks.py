@@ -14,6 +14,7 @@ rewrite disagreed or raised.
 from __future__ import annotations
 
 import ast
+import os
 import posixpath
 import re
 import shlex
@@ -21,6 +22,7 @@ import shutil
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site, Status
@@ -33,6 +35,7 @@ from jaxmigrate.pipeline.notebook import (
     migrate_notebook,
     split_lines,
 )
+from jaxmigrate.pipeline.project import verifying
 from jaxmigrate.verify.bound import judge_one, rerun
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.judge import with_jax
@@ -149,11 +152,13 @@ def notebook_request(
     candidate: str,
     sites: Sequence[Site],
     baseline: str | None = None,
+    files: Mapping[str, str] | None = None,
 ) -> VerifyRequest | str:
     """Return the request that verifies a notebook's sites as its script's, or why it cannot.
 
     `baseline` is the notebook with only its safe sites rewritten: the reference when the
-    original cells cannot run on the installed JAX (a removed import).
+    original cells cannot run on the installed JAX (a removed import). `files`: the project
+    modules the rewritten cells import (the code base's pmap helper), by path in the tree.
     """
     before, after = program(old), program(candidate)
     problem = before.problem or after.problem
@@ -170,6 +175,7 @@ def notebook_request(
         command=command_for(relpath),
         label=relpath,
         cells=before.starts,
+        files=dict(files or {}),
     )
 
 
@@ -324,8 +330,13 @@ def request_for_notebook(result: FileResult, relpath: str, options: Options) -> 
     """Return the request of a migrated notebook (every site rewritten, in the fallback forms
     chosen for it, `result.fallbacks`), or why it cannot run."""
     old, fallbacks = result.old_text or "", result.fallbacks
+    project = verifying()  # the code base as the first run read it: the helper imported
     everything = migrate_notebook(
-        old, options=replace(options, unsafe_fixes=True), path=result.path, fallbacks=fallbacks
+        old,
+        options=replace(options, unsafe_fixes=True),
+        path=result.path,
+        project=project,
+        fallbacks=fallbacks,
     )
     safe = safe_alone(result.sites)
 
@@ -335,9 +346,19 @@ def request_for_notebook(result: FileResult, relpath: str, options: Options) -> 
     baseline = None
     if safe:
         baseline = migrate_notebook(
-            old, options=options, accept=only_safe, path=result.path, fallbacks=fallbacks
+            old,
+            options=options,
+            accept=only_safe,
+            path=result.path,
+            project=project,
+            fallbacks=fallbacks,
         ).code
-    return notebook_request(relpath, old, everything.code, result.sites, baseline)
+    base = Path(result.path).parent
+    files = {
+        os.path.normpath(Path(relpath).parent / os.path.relpath(f.path, base)): f.text
+        for f in everything.files
+    }
+    return notebook_request(relpath, old, everything.code, result.sites, baseline, files)
 
 
 def redecide_notebook(result: FileResult, sites: Sequence[Site], options: Options) -> FileResult:
@@ -355,10 +376,21 @@ def redecide_notebook(result: FileResult, sites: Sequence[Site], options: Option
 
     old = result.old_text or ""
     migration = migrate_notebook(
-        old, options=options, accept=accept, path=result.path, fallbacks=result.fallbacks
+        old,
+        options=options,
+        accept=accept,
+        path=result.path,
+        project=verifying(),
+        fallbacks=result.fallbacks,
     )
     bucket = Bucket.CHANGED if migration.code != old else Bucket.UNCHANGED
-    return replace(result, sites=migration.sites, new_text=migration.code, bucket=bucket)
+    return replace(
+        result,
+        sites=migration.sites,
+        new_text=migration.code,
+        bucket=bucket,
+        files=migration.files,
+    )
 
 
 def cannot_run(sites: Sequence[Site], why: str) -> tuple[Site, ...]:

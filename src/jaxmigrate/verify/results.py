@@ -24,7 +24,7 @@ from jaxmigrate.pipeline.engine import (
     safe_alone,
 )
 from jaxmigrate.pipeline.notebook import migrate_notebook
-from jaxmigrate.pipeline.project import Project
+from jaxmigrate.pipeline.project import VERIFYING, Project, verifying
 from jaxmigrate.registry import chosen_passes
 from jaxmigrate.verify import lifetime
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
@@ -112,7 +112,7 @@ def migrated(
         recorded.extend(sites)
         return [replace(s, applied=keys is None or s.key in keys) for s in sites]
 
-    project = Project()
+    project = verifying()
     migration = migrate_source(
         old_text,
         options=options,
@@ -192,6 +192,19 @@ def verify_results(
 
     `passes` are those that produced the results (default: the options' selection).
     """
+    token = VERIFYING.set(Project())
+    try:
+        return _verify_results(results, options, config, passes)
+    finally:
+        VERIFYING.reset(token)
+
+
+def _verify_results(
+    results: Sequence[FileResult],
+    options: Options,
+    config: VerifyConfig,
+    passes: PassList | None,
+) -> list[FileResult]:
     chosen = chosen_passes(options) if passes is None else passes
     wanted = {}
     outside = set()
@@ -293,7 +306,9 @@ def fall_back(
         fallbacks = {key: short(reason) for key, reason in failed.items()}
         old, (relpath, request) = result.old_text or "", wanted[path]
         if path.endswith(".ipynb"):  # its cells, as one module, in the same forms
-            sites = migrate_notebook(old, options=options, path=path, fallbacks=fallbacks).sites
+            sites = migrate_notebook(
+                old, options=options, path=path, project=verifying(), fallbacks=fallbacks
+            ).sites
         else:
             sites = migrated(old, path, options, None, passes, fallbacks)[2]
         sites = tuple(_with_failure(s, failed) for s in sites)
