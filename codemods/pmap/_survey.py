@@ -3,7 +3,7 @@ program-level form can take."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -624,8 +624,9 @@ class Finding(Pass):
         handled: set[int] = set()
         by_method: dict[int, list[_StoredStep]] = {}
         for shared in by_class.values():
-            if any(len(f.readers) > 1 or self._passes(module, f) for f in shared):
-                group = self._class_group(module, flow, shared)
+            passes = {id(f): self._passes(module, f) for f in shared}  # read once, used twice
+            if any(len(f.readers) > 1 or passes[id(f)] for f in shared):
+                group = self._class_group(module, flow, shared, passes)
                 if isinstance(group, NotVisible):  # what blocks them all
                     for found in shared:
                         found.site.fallback = str(group)  # type: ignore[attr-defined]
@@ -750,7 +751,11 @@ class Finding(Pass):
         return passes or None
 
     def _class_group(
-        self, module: cst.Module, flow: Flow, shared: list[_StoredStep]
+        self,
+        module: cst.Module,
+        flow: Flow,
+        shared: list[_StoredStep],
+        passing: Mapping[int, list[tuple[cst.Call, cst.FunctionDef, str]] | NotVisible | None],
     ) -> OuterGroup | NotVisible | None:
         """The group of the steps stored on `self` in one class when one of them is called in
         several methods: one method (`setup`) calls each other method calling a step, once, as
@@ -760,14 +765,14 @@ class Finding(Pass):
         name), the mesh is set in `setup`, and a parameter of another method passed to a step
         is laid out where `setup` passes it (as the argument of a step there: `_callee`'s
         `given`). None when that is not so: each site then finds its own reason; why not, when
-        a step is not taken there."""
+        a step is not taken there. `passing`: each step's `_passes`, by id."""
         assert self.survey is not None
         passes: dict[int, list[tuple[cst.Call, cst.FunctionDef, str]]] = {}
         for found in shared:
-            receivers = self._passes(module, found)
-            if isinstance(receivers, NotVisible):  # which definition runs there is not known
-                return receivers
-            passes[id(found)] = receivers or []
+            passed_to = passing[id(found)]
+            if isinstance(passed_to, NotVisible):  # which definition runs there is not known
+                return passed_to
+            passes[id(found)] = passed_to or []
         methods = list(
             {
                 **{id(m): m for found in shared for m, _ in found.readers},
