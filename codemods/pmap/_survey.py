@@ -653,8 +653,15 @@ class Finding(Pass):
                 decorated = isinstance(found.site.node, cst.Decorator)
                 step = OuterStep(found.site, name, found.body, found.options, decorated)
                 try:
+                    others = tuple(n for n in names if n != name)  # a result fed to another
                     program = analyze_calls(
-                        kept.copy, name, found.options, found.body, self.qualname, facts
+                        kept.copy,
+                        name,
+                        found.options,
+                        found.body,
+                        self.qualname,
+                        facts,
+                        siblings=others,
                     )
                     if program.squeezed:
                         raise NotVisible("", Decline.NOT_NAMED)
