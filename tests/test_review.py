@@ -9,6 +9,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import clitools
 import pytest
 from clitools import git
 from review_cases import (
@@ -151,7 +152,12 @@ def test_unverified_unsafe_pmap_defaults_to_no(tmp_path: Path) -> None:
     assert (tmp_path / "p.py").read_text() == PMAP
     proc = jm("--no-verify", ".", cwd=tmp_path, stdin="y\n")
     assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "p.py").read_text() == rendered(PMAP, [0], unsafe_fixes=True)
+    batch = tmp_path / "batch"
+    batch.mkdir()
+    (batch / "p.py").write_text(PMAP)
+    clitools.jm("run", "--unsafe-fixes", "--no-verify", "--no-cache", ".", cwd=batch)
+    for name in ("p.py", "_pmap_compat.py"):  # as `run --unsafe-fixes` writes it
+        assert (tmp_path / name).read_text() == (batch / name).read_text(), name
 
 
 def test_a_group_is_one_prompt_all_or_nothing(tmp_path: Path) -> None:
@@ -269,3 +275,68 @@ def test_progress_file_is_versioned_json_keyed_by_path_hash_and_site(tree: Path)
     progress_file(tree).write_text("{not json")
     proc = jm("--no-verify", "a.py", cwd=tree, stdin="q\n")
     assert "ignored unreadable" in proc.stdout and "[1/4]" in proc.stdout
+
+
+# A code base's shared pmap helper -------------------------------------------------------------
+TRAINER = """\
+import functools
+
+import jax
+import numpy as np
+
+
+@functools.partial(jax.pmap, axis_name="i")
+def step(w, x):
+    return w - 0.1 * jax.lax.pmean(x * w, "i")
+
+
+def main():
+    return np.asarray(step(np.ones((8, 3), np.float32), np.ones((8, 3), np.float32)))
+"""
+
+
+def _package(root: Path) -> Path:
+    (root / "mylib").mkdir(parents=True)
+    (root / "pyproject.toml").write_text('[project]\nname = "mylib"\n')
+    (root / "mylib" / "__init__.py").write_text("")
+    for name in ("train.py", "evaluate.py"):
+        (root / "mylib" / name).write_text(TRAINER)
+    return root
+
+
+def test_a_reviewed_file_imports_the_code_bases_helper_as_the_batch_run_writes_it(
+    tmp_path: Path,
+) -> None:
+    """The review renders with the reading of the code base the run and its verification make:
+    the accepted faithful pmap imports the one shared helper module (written before the file,
+    so that no written file imports a module that is not there), never a pasted copy."""
+    reviewed, batch = _package(tmp_path / "reviewed"), _package(tmp_path / "batch")
+    forced = ("--unsafe-fixes", "--no-verify", "--no-cache")
+    proc = jm(*forced, ".", cwd=reviewed, stdin="y\nn\n")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "+from mylib._pmap_compat import shard_map_per_device" in proc.stdout
+    assert "+def shard_map_per_device(" not in proc.stdout.split(PROMPT)[1]
+    done = clitools.jm("run", *forced, ".", cwd=batch)
+    assert done.returncode == 0, done.stdout + done.stderr
+    evaluate, train = reviewed / "mylib" / "evaluate.py", reviewed / "mylib" / "train.py"
+    assert evaluate.read_text() == (batch / "mylib" / "evaluate.py").read_text(), "accepted first"
+    assert "from mylib._pmap_compat import shard_map_per_device" in evaluate.read_text()
+    assert "def shard_map_per_device(" not in evaluate.read_text()
+    assert train.read_text() == TRAINER, "rejected"
+    helper = reviewed / "mylib" / "_pmap_compat.py"
+    assert helper.read_text() == (batch / "mylib" / "_pmap_compat.py").read_text()
+    assert "wrote mylib/evaluate.py: 1 of 1 site(s) applied; it imports mylib/_pmap_compat.py" in (
+        proc.stdout
+    )
+
+
+def test_a_dry_run_review_shows_the_helper_module_it_would_create(tmp_path: Path) -> None:
+    root = _package(tmp_path)
+    proc = jm(
+        "--unsafe-fixes", "--no-verify", "--no-cache", "--dry-run", ".", cwd=root, stdin="y\ny\n"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = proc.stdout.split(PROMPT)[-1]
+    assert report.count("+def shard_map_per_device(") == 1, "the new module's diff, once"
+    assert not (root / "mylib" / "_pmap_compat.py").exists()
+    assert (root / "mylib" / "train.py").read_text() == TRAINER

@@ -164,8 +164,6 @@ def execute(
             allow_dirty=allow_dirty,
             verification_ran=settings.verify,
         )
-        if not dry_run:  # the reviewed files are written: the modules they import follow
-            results = write_project_files(with_project_files(results))
     else:
         results = with_project_files(results)
         if not dry_run:

@@ -281,6 +281,25 @@ def write_project_files(results: Sequence[FileResult]) -> list[FileResult]:
     return [r if r.path in project else _needing(r, failed) for r in out]
 
 
+class OneByOne:
+    """Write files one at a time (as an interactive review decides them), each after the project
+    files its new text imports, so that no written file imports a module that is not there.
+
+    `modules` holds the results of those project files, the write that made each, for the
+    report.
+    """
+
+    def __init__(self) -> None:
+        self.modules: dict[str, FileResult] = {}
+
+    def __call__(self, result: FileResult) -> FileResult:
+        *made, result = write_project_files(with_project_files([result]))
+        for module in made:
+            if module.path not in self.modules or module.bucket is not Bucket.UNCHANGED:
+                self.modules[module.path] = module
+        return write_result(result)
+
+
 def _create_or_write(result: FileResult) -> FileResult:
     if result.old_text or result.bucket is not Bucket.CHANGED or result.new_text is None:
         return write_result(result)

@@ -27,9 +27,10 @@ from typing import IO, Any, Protocol
 
 import libcst as cst
 
-from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site, Status
+from jaxmigrate.model import Bucket, FileResult, Options, ProjectFile, Safety, Site, Status
 from jaxmigrate.pipeline.engine import enforce_groups, line_map_between
 from jaxmigrate.pipeline.files import migrate_text
+from jaxmigrate.pipeline.project import Project
 from jaxmigrate.textio import source_lines
 
 PROGRESS_FILE = Path(".jaxmigrate_cache") / "review.json"
@@ -116,20 +117,33 @@ def place_of(site: Site) -> tuple[int, int, int]:
     return (site.cell or 0, site.line, site.col)
 
 
-def render(result: FileResult, keys: frozenset[str], options: Options) -> str:
+def render(
+    result: FileResult, keys: frozenset[str], options: Options, project: Project | None = None
+) -> str:
     """Return the file's original text re-rendered by the engine with exactly `keys` applied
     (in the fallback forms verification chose for it)."""
+    return rendered(result, keys, options, project or Project())[0]
+
+
+def rendered(
+    result: FileResult, keys: frozenset[str], options: Options, project: Project
+) -> tuple[str, tuple[ProjectFile, ...]]:
+    """Return `render`'s text and the project files it imports (the code base's shared pmap
+    helper module): the reading of the code base the run and its verification made, so that a
+    reviewed file imports the helper where the dry run showed it, not a pasted copy."""
     old = result.old_text or ""
     if not keys:
-        return old
+        return old, ()
     migration = migrate_text(
         old,
         path=result.path,
         options=options,
         accept=lambda sites: [replace(s, applied=s.key in keys) for s in sites],
+        home=lambda: project.home(Path(result.path), old),
+        project=project,
         fallbacks=result.fallbacks,
     )
-    return migration.code
+    return migration.code, migration.files
 
 
 def content_hash(text: str) -> str:
@@ -334,6 +348,7 @@ class Review:
     progress: Progress | None = None
     write: Callable[[FileResult], FileResult] | None = None
     dirty: Callable[[Sequence[Path]], set[Path]] | None = None
+    project: Project = field(default_factory=Project)
     apply_all: bool = field(default=False, init=False)
 
     @property
@@ -449,8 +464,8 @@ class Review:
             self._set(file, [unit], True)
             return
         accepted = frozenset(k for k, ok in file.decisions.items() if ok)
-        before = render(file.result, accepted, self.options)
-        after = render(file.result, accepted | unit.keys, self.options)
+        before = render(file.result, accepted, self.options, self.project)
+        after = render(file.result, accepted | unit.keys, self.options, self.project)
         prompt = Prompt(unit, index, total, before, after)
         self.presenter.show(prompt)
         key = self._ask(prompt)
@@ -495,7 +510,7 @@ class Review:
 
     def _finish(self, file: _File, *, complete: bool) -> FileResult:
         """Re-render the file from its accepted sites, write it, and carry answers forward."""
-        result = decided(file.result, file.decisions, self.options)
+        result = decided(file.result, file.decisions, self.options, self.project)
         if self.write is not None and result.bucket is Bucket.CHANGED:
             carried = carry_over(file.result, file.decisions, result.new_text or "", self.options)
             with interrupts_deferred():  # the file and the answers about it change together
@@ -546,8 +561,14 @@ def interrupts_deferred() -> Iterator[None]:
             raise KeyboardInterrupt
 
 
-def decided(result: FileResult, decisions: Mapping[str, bool], options: Options) -> FileResult:
-    """Return `result` with exactly the accepted sites applied and its text re-rendered.
+def decided(
+    result: FileResult,
+    decisions: Mapping[str, bool],
+    options: Options,
+    project: Project | None = None,
+) -> FileResult:
+    """Return `result` with exactly the accepted sites applied and its text re-rendered (with
+    the project files that text imports).
 
     A rendering that no longer parses (an engine bug) fails the file instead of being written.
     """
@@ -563,7 +584,8 @@ def decided(result: FileResult, decisions: Mapping[str, bool], options: Options)
             sites.append(replace(site, applied=False, reason=REJECTED))
     final = enforce_groups(sites)
     old = result.old_text or ""
-    new = render(result, frozenset(s.key for s in final if s.applied), options)
+    keys = frozenset(s.key for s in final if s.applied)
+    new, files = rendered(result, keys, options, project or Project())
     try:
         cst.parse_module(new)
     except cst.ParserSyntaxError as exc:
@@ -575,8 +597,7 @@ def decided(result: FileResult, decisions: Mapping[str, bool], options: Options)
             new_text=old,
         )
     bucket = Bucket.CHANGED if new != old else Bucket.UNCHANGED
-    # `render` gives the engine no `home`: shared helpers stay in the file, no project file
-    return replace(result, sites=final, new_text=new, bucket=bucket, files=())
+    return replace(result, sites=final, new_text=new, bucket=bucket, files=files)
 
 
 # Key sources --------------------------------------------------------------------------------

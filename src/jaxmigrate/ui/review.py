@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.text import Text
 
 from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site, Status, place
-from jaxmigrate.pipeline.runner import dirty_files, write_result
+from jaxmigrate.pipeline.runner import OneByOne, dirty_files, with_project_files
 from jaxmigrate.registry import find_pass, rule_doc
 from jaxmigrate.review.session import KEYS, Progress, Prompt, Review, interrupts_enabled, stdin_keys
 from jaxmigrate.ui.diff import file_diff
@@ -141,7 +141,10 @@ class RichPresenter:
     def file_done(self, result: FileResult) -> None:
         """Say what became of a reviewed file."""
         applied = sum(s.applied for s in result.sites)
-        counts = f"{applied} of {len(result.sites)} site(s) applied"
+        counts = f"{applied} of {len(result.sites)} site(s) applied" + "".join(
+            f"; it imports {file.path} (jaxmigrate's module, written first)"
+            for file in result.files
+        )
         if result.bucket is Bucket.FAILED:
             self.console.print(f"{result.path}: not written: {result.reason}", style="bold red")
         elif result.written:
@@ -255,6 +258,7 @@ def review_interactively(
     presenter = RichPresenter(console, verification_ran=verification_ran, dry_run=dry_run)
     if progress.problem:
         presenter.note(progress.problem)
+    writer = OneByOne()  # each file after the modules it imports: Ctrl-C leaves no dangling import
     review = Review(
         results,
         options,
@@ -262,12 +266,15 @@ def review_interactively(
         stdin_keys(),
         root,
         progress=progress,
-        write=None if dry_run else write_result,
+        write=None if dry_run else writer,
         dirty=None if dry_run or allow_dirty else dirty_files,
     )
     try:
         with interrupts_enabled():
-            return review.run()
+            results = review.run()
+        if dry_run:  # the project files the accepted sites would bring, shown as new files
+            return with_project_files(results)
+        return [*writer.modules.values(), *results]
     except KeyboardInterrupt:
         kept = sum(len(entry["decisions"]) for entry in progress.files.values())
         Console(stderr=True, highlight=False).print(
