@@ -294,10 +294,12 @@ def test_a_code_base_not_closed_keeps_the_public_factory_faithful(tmp_path: Path
 def test_without_the_declaration_the_evaluator_says_what_blocks_it() -> None:
     result = migrate_source(EVALUATOR, options=Options(unsafe_fixes=True))
     assert "shard_map_per_device(" in result.code
+    message = result.sites[0].message
     assert (
         "[PL301] argument 2 of the step comes from elsewhere (`params`, a parameter of `run`)"
-        in (result.sites[0].message)
+        in message
     )
+    assert message.endswith('`pmap-replicated = ["Evaluator.run(params)"]`'), "the entry to write"
     declared = Options(unsafe_fixes=True, pmap_replicated=("Evaluator.run(params)",))
     assert "params = from_device_copies(params)" in migrate_source(EVALUATOR, options=declared).code
     other = Options(unsafe_fixes=True, pmap_replicated=("Evaluator.evaluate(params)",))

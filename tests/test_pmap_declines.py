@@ -339,7 +339,9 @@ class _Workload:
     assert message.endswith(
         "[PL301] the step stored in `self._eval_model` is called in "
         "`_Workload._eval_model_on_split`: argument 1 of the step comes from elsewhere "
-        "(`params`, a parameter of `_eval_model_on_split`): its layout is not visible"
+        "(`params`, a parameter of `_eval_model_on_split`): its layout is not visible; if every "
+        "caller passes equal copies of one value, one per local device, the project can say so "
+        'in `[tool.jaxmigrate]`: `pmap-replicated = ["_Workload._eval_model_on_split(params)"]`'
     ), message
     taken = source.replace(
         "total = 0.0", "params = jax_utils.replicate(params)\n        total = 0.0"
@@ -411,3 +413,47 @@ class Evaluator:
         "of the step comes from elsewhere (`params`, a parameter of `run`"
     ) in predict, predict
     assert "[PL109] the mapped axis has no literal name (`self._axis`)" in count, count
+
+
+EVALUATE = """\
+import jax
+import numpy as np
+
+
+def step(w, x):
+    return jax.lax.psum((w * x).sum(), "i")
+
+
+p_step = jax.pmap(step, axis_name="i")
+
+
+def evaluate(params, batches, fresh):
+    if fresh:
+        params = np.load("params.npy")
+    total = 0.0
+    for x in batches:
+        total += p_step(params, x)[0]
+    return total
+"""
+FRESH = '    if fresh:\n        params = np.load("params.npy")\n'
+
+
+def test_a_parameter_blocking_alone_names_the_entry_declaring_it_and_that_entry_is_taken():
+    """The message says how the project can declare what the callers pass, as the
+    `pmap-replicated` entry it would write; declared, the site takes the program-level form."""
+    (message,) = pmap_messages(EVALUATE.replace(FRESH, ""))
+    assert "(`params`, a parameter of `evaluate`): its layout is not visible; " in message
+    (entry,) = re.findall(r'`pmap-replicated = \["([^"]+)"\]`', message)
+    assert entry == "evaluate(params)"
+    declared = Options(unsafe_fixes=True, pmap_replicated=(entry,))
+    result = migrate_source(EVALUATE.replace(FRESH, ""), options=declared)
+    assert "params = from_device_copies(params)" in result.code
+    assert result.sites[0].message.startswith("`jax.pmap` -> `jax.jit(jax.shard_map(...))`")
+
+
+def test_no_entry_is_named_when_another_value_blocks_too():
+    """`params` is the parameter on one path and a file's contents on the other: declaring the
+    parameter would not make the argument's layout known."""
+    (message,) = pmap_messages(EVALUATE)
+    assert '(`params` = `np.load("params.npy")`; `params`, a parameter of `evaluate`)' in message
+    assert "pmap-replicated" not in message

@@ -258,7 +258,8 @@ message says why the program-level form was not taken. A parameter `[tool.jaxmig
 pmap-replicated` names (`"Evaluator.run(params)"`: its callers, which the analysis may not see,
 pass equal copies of one value, one per local device) is replicated: the def begins with
 `params = from_device_copies(params)` (device 0's copy, replicated over the job's devices), its
-callers unchanged (`tests/test_pmap_declared_copies.py`). `pmap-style = "faithful"` selects the
+callers unchanged (`tests/test_pmap_declared_copies.py`). A site whose one blocking value is
+such a parameter (PL301) ends its message with the entry that would declare it. `pmap-style = "faithful"` selects the
 faithful form everywhere. Fixtures: `tests/fixtures/pmap/program_*.py`, each paired with a
 `faithful_program_*.py` of the same program (both executed on 8 CPU devices).
 

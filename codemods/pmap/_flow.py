@@ -47,7 +47,7 @@ from ._reach import ENTRY, SCOPES, Flow, free_names, nodes_in, params_of, replac
 from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
-from ._summary import NO_FACTS, ModuleFacts
+from ._summary import NO_FACTS, NOT_DECLARABLE, ModuleFacts
 
 GET_METRICS = (row_named("get_metrics"),)
 MEANS = (row_named("cross_device_mean"),)
@@ -276,7 +276,8 @@ def _follow(
     program.fixed, program.statics = fixed, options.statics_arg
     program.params = [p.name.value for p in body.params.params]
     program.keywords, program.given, program.carries = keywords, given, carried
-    program.declared = facts.replicated.get(id(host), frozenset())
+    entry = facts.replicated.get(id(host), NOT_DECLARABLE)
+    program.declared, program.spelling = entry.copies, entry.spelling
     program.helpers = {
         name
         for name in flow.stores
@@ -860,6 +861,7 @@ def _follow_argument(
     fields = False  # a field of a name passed, `step(state.params)`: laid out as the name is
     passed: set[str] = set()
     blocking: list[str] = []  # the values whose layout is not known, and where they come from
+    declarable: list[str] = []  # those that are parameters of the host a `pmap-replicated` names
     classified: dict[int, Layout] = {}  # by id of a binding: its layout (its edit recorded once)
     slots: list[tuple[str, cst.BaseExpression]] = []  # (name passed or INLINE, its value)
 
@@ -913,6 +915,8 @@ def _follow_argument(
                     where = "a global bound outside the `__main__` block"
                 reached(Layout.UNKNOWN)
                 blocking.append(f"`{name}`, {where}")
+                if parameter and program.spelling and host != "__main__":
+                    declarable.append(blocking[-1])
             else:
                 layout = classified.get(id(binding)) or _binding_kind(
                     program, binding, name, forms, calls, flow, position
@@ -946,7 +950,10 @@ def _follow_argument(
             mixed = ", ".join(sorted({layout.value for layout in layouts}))
             why = f"is mixed ({mixed} on different paths)"
         code = Decline.ARGUMENT_UNKNOWN if unknown else Decline.ARGUMENT_MIXED
-        raise NotVisible(f"{which} of the step {why}: its layout is not visible", code)
+        why = f"{which} of the step {why}: its layout is not visible"
+        if unknown and set(blocking) == set(declarable):
+            why += _declare_hint(program, declarable)
+        raise NotVisible(why, code)
     program.batches[position] = joined in (Layout.PER_DEVICE, Layout.KEYS)
     if joined is Layout.KEYS:
         program.squeezed.add(position)
@@ -955,6 +962,17 @@ def _follow_argument(
             keys = joined is Layout.KEYS
             replicated = joined is Layout.REPLICAS
             _follow_stacked(program, flow, forms, calls, name, replicated=replicated, keys=keys)
+
+
+def _declare_hint(program: Program, blocking: list[str]) -> str:
+    """How the project can say what the callers of the host pass for its parameters `blocking`
+    (each "`name`, a parameter of ..."), when they are all that blocks: the entry of
+    `[tool.jaxmigrate] pmap-replicated` that would declare them equal copies per device."""
+    names = ", ".join(dict.fromkeys(entry.split("`")[1] for entry in blocking))
+    return (
+        f"; if every caller passes equal copies of one value, one per local device, the project "
+        f'can say so in `[tool.jaxmigrate]`: `pmap-replicated = ["{program.spelling}({names})"]`'
+    )
 
 
 CONTAINERS = frozenset({"builtins.dict", "flax.core.FrozenDict", "flax.core.freeze"})

@@ -16,7 +16,7 @@ from ._flow import Options, all_devices, analyze_calls, keywords_in_place
 from ._forms import Qualname, single_name
 from ._program import Program
 from ._reach import SCOPES, Flow, nodes_in
-from ._summary import ModuleFacts
+from ._summary import Declarable, ModuleFacts
 
 MESH = "jax.sharding.Mesh"
 MAKE_MESH = frozenset({"jax.make_mesh", "jax.sharding.make_mesh"})
@@ -87,7 +87,7 @@ def follow_step(
     flow: Flow,
     module: cst.Module,
     qualname: Qualname,
-    declared: dict[int, frozenset[str]],
+    declared: dict[int, Declarable],
 ) -> OuterStep:
     """Fill in the program of every function calling the step; raise NotVisible for why not.
     `declared`: the parameters of the module's defs their callers pass as copies per device."""

@@ -87,6 +87,7 @@ class Program:
     # The host's parameters its callers pass as equal copies per device (declared by the
     # project): those the step reads become one value at the host's entry, by `uncopier`
     declared: frozenset[str] = frozenset()
+    spelling: str = ""  # the host as a `pmap-replicated` entry names it ("" for a nested def)
     uncopied: list[str] = field(default_factory=list)
     uncopier: str = "from_device_copies"
     # `step = factory(...)` made the step: the factory's def and its `return jax.pmap(...)`,

@@ -32,7 +32,7 @@ from ._flow import Options, analyze_calls, unnamed_step
 from ._forms import Qualname, single_name
 from ._program import laid_out
 from ._reach import nodes_in, replaced
-from ._summary import ModuleFacts
+from ._summary import NOT_DECLARABLE, Declarable, ModuleFacts
 
 # Why steps stored on `self` read in several methods are not taken when none of them is the
 # only code calling the others (`_survey._class_group`)
@@ -48,7 +48,7 @@ def stored_on_self(
     options: Options,
     body: cst.FunctionDef,
     qualname: Qualname,
-    declared: Mapping[int, frozenset[str]] | None = None,
+    declared: Mapping[int, Declarable] | None = None,
     bound: int = 0,
 ) -> NotVisible:
     """Why the step `assign` stores on `self` in `maker`, a method of `klass`, is not taken: the
@@ -88,7 +88,7 @@ def stored_on_self(
                 }
                 renamed = replaced(method, swaps)
             facts = ModuleFacts(
-                replicated={id(renamed): (declared or {}).get(id(method), frozenset())}
+                replicated={id(renamed): (declared or {}).get(id(method), NOT_DECLARABLE)}
             )
             analyze_calls(renamed, name, options, body, qualname, facts)
         except NotVisible as why:
@@ -124,7 +124,7 @@ def returned_into_self(
     options: Options,
     body: cst.FunctionDef,
     qualname: Qualname,
-    declared: Mapping[int, frozenset[str]] | None = None,
+    declared: Mapping[int, Declarable] | None = None,
 ) -> NotVisible | None:
     """Why a step that `factory`, a def of the module, makes and returns (`return _eval_fn`) is
     not taken, when a method stores what it returns on `self` (big_vision's cached

@@ -140,6 +140,18 @@ Values = Mapping[str, cst.BaseExpression]  # names bound once at module level, b
 
 
 @dataclass(frozen=True)
+class Declarable:
+    """A def as `[tool.jaxmigrate] pmap-replicated` names it (`Evaluator.run`, `evaluate`), and
+    the parameters that entry says its callers pass as equal copies, one per local device."""
+
+    spelling: str
+    copies: frozenset[str] = frozenset()
+
+
+NOT_DECLARABLE = Declarable("")  # a def no entry can name (nested in another def)
+
+
+@dataclass(frozen=True)
 class ModuleFacts:
     """What the analyses know of the module: its `defs` by name (the helpers a body or a call
     may reach), its names bound once, at module level, to a call (`calls`: `cross_replica_mean =
@@ -150,9 +162,10 @@ class ModuleFacts:
     calls: Values = field(default_factory=dict)
     constants: Mapping[str, str] = field(default_factory=dict)
     imported: Imported = NO_IMPORTS  # the code base's modules it imports: their defs
-    # By id of a def: the parameters `[tool.jaxmigrate] pmap-replicated` says its callers pass
-    # as equal copies, one per local device (`_flow._declared_copies`)
-    replicated: Mapping[int, frozenset[str]] = field(default_factory=dict)
+    # By id of a def of the module or a method of its classes: how `[tool.jaxmigrate]
+    # pmap-replicated` names it, and the parameters it says its callers pass as equal copies,
+    # one per local device (`_flow._declared_copies`)
+    replicated: Mapping[int, Declarable] = field(default_factory=dict)
 
 
 NO_FACTS = ModuleFacts()

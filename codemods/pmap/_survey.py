@@ -60,7 +60,7 @@ from ._stored import (
     stored_reads,
     stored_target,
 )
-from ._summary import ModuleFacts, is_mean
+from ._summary import NOT_DECLARABLE, Declarable, ModuleFacts, is_mean
 
 PMAP = "jax.pmap"
 PARTIAL = "functools.partial"
@@ -73,27 +73,28 @@ KEYWORDS = frozenset(
 )
 
 
-def declared_copies(module: cst.Module, declared: Sequence[str]) -> dict[int, frozenset[str]]:
-    """By id of a def of `module` (a function, or a method of a class: `Evaluator.run`), the
-    parameters `declared` (`[tool.jaxmigrate] pmap-replicated`: `"Evaluator.run(params)"`)
-    says its callers pass as equal copies, one per local device."""
+def declared_copies(module: cst.Module, declared: Sequence[str]) -> dict[int, Declarable]:
+    """By id of each def of `module` an entry of `[tool.jaxmigrate] pmap-replicated` can name (a
+    function, or a method of a class: `Evaluator.run`), its name there and the parameters the
+    entries `declared` (`"Evaluator.run(params)"`) say its callers pass as equal copies, one per
+    local device."""
     wanted: dict[str, set[str]] = {}
     for entry in declared:
         name, _, rest = entry.partition("(")
         wanted.setdefault(name.strip(), set()).update(
             p.strip() for p in rest.rstrip(")").split(",")
         )
-    found: dict[int, frozenset[str]] = {}
+    found: dict[int, Declarable] = {}
     for statement in module.body:
         defs = [("", statement)] if isinstance(statement, cst.FunctionDef) else []
         if isinstance(statement, cst.ClassDef):
             owner = statement.name.value + "."
             defs = [(owner, d) for d in statement.body.body if isinstance(d, cst.FunctionDef)]
         for owner, fn in defs:
-            params = wanted.get(owner + fn.name.value, set())
+            spelling = owner + fn.name.value
+            params = wanted.get(spelling, set())
             names = {p.name.value for p in params_of(fn.params)} & params
-            if names:
-                found[id(fn)] = frozenset(names)
+            found[id(fn)] = Declarable(spelling, frozenset(names))
     return found
 
 
@@ -409,7 +410,7 @@ class _Given:
     args: dict[str, cst.BaseExpression]  # the call's argument for each parameter it fills
     flow: Flow
     forms: Forms
-    declared: frozenset[str]
+    declared: Declarable
     siblings: tuple[str, ...]  # the steps `setup` calls: their results are replicated
     methods: tuple[str, ...]  # the methods it calls: what they take is checked there
     callers: list[Program] = field(default_factory=list)
@@ -426,7 +427,7 @@ class _Given:
             raise NotVisible(why, Decline.ARGUMENT_UNKNOWN)
         options = self.options
         caller = Program(self.setup.copy, None, options.fun, options.axis, options.donate, [], None)
-        caller.declared = self.declared
+        caller.declared, caller.spelling = self.declared.copies, self.declared.spelling
         sibling_calls(caller, self.flow, self.siblings, self.forms.defs, self.methods)
         self.callers.append(caller)
         return laid_out_in_caller(
@@ -462,7 +463,7 @@ class Finding(Pass):
         self.outer: list[OuterGroup] = []  # the steps made outside the functions calling them
         self.stored: dict[int, Stored] = {}  # by id of the method calling a step on `self`
         # By id of a def: its parameters `[tool.jaxmigrate] pmap-replicated` declares (`_declared`)
-        self.declared: dict[int, frozenset[str]] | None = None
+        self.declared: dict[int, Declarable] | None = None
         self.stores: list[tuple[cst.ClassDef, cst.FunctionDef, cst.Assign]] | None = None
         # By id of a pmap decorator: why the factory returning its step, or the class whose method
         # it decorates, blocks it (`_stored_step`)
@@ -644,7 +645,7 @@ class Finding(Pass):
             except NotVisible:
                 continue
             facts = self._facts(module, method)
-            declared = facts.replicated.get(id(method), frozenset())
+            declared = facts.replicated.get(id(method), NOT_DECLARABLE)
             facts = replace(facts, replicated={id(kept.copy): declared})
             names = list(kept.steps)
             steps: list[OuterStep] = []
@@ -858,7 +859,7 @@ class Finding(Pass):
                         found.site, first, found.body, found.options, decorated
                     )
                     facts = self._facts(module, method)
-                    declared = facts.replicated.get(id(method), frozenset())
+                    declared = facts.replicated.get(id(method), NOT_DECLARABLE)
                     facts = replace(facts, replicated={id(kept.copy): declared})
                     given: _Given | None = None
                     if at is not None:
@@ -1017,7 +1018,7 @@ class Finding(Pass):
         (`_callee.laid_out_in_caller`)."""
         unbound = _without_self(method)
         facts = self._facts(module, setup.method)
-        declared = facts.replicated.get(id(setup.method), frozenset())
+        declared = facts.replicated.get(id(setup.method), NOT_DECLARABLE)
         facts = replace(facts, replicated={id(setup.copy): declared})
         flow = Flow(setup.copy)
         forms = forms_of(flow, self.qualname, facts)
@@ -1602,7 +1603,7 @@ class Finding(Pass):
             name, args, self.qualname, positional_axis=False, unnamed=unnamed, constants=constants
         )
 
-    def _declared(self, module: cst.Module) -> dict[int, frozenset[str]]:
+    def _declared(self, module: cst.Module) -> dict[int, Declarable]:
         """`declared_copies` of the module, read once (the module is the one being visited)."""
         if self.declared is None:
             self.declared = declared_copies(module, self.state.pmap_replicated)
