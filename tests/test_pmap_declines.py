@@ -340,8 +340,9 @@ class _Workload:
         "[PL301] the step stored in `self._eval_model` is called in "
         "`_Workload._eval_model_on_split`: argument 1 of the step comes from elsewhere "
         "(`params`, a parameter of `_eval_model_on_split`): its layout is not visible; if every "
-        "caller passes equal copies of one value, one per local device, the project can say so "
-        'in `[tool.jaxmigrate]`: `pmap-replicated = ["_Workload._eval_model_on_split(params)"]`'
+        "caller passes equal copies of one value, one per local device (not a batch split over "
+        "the devices), the project can say so in `[tool.jaxmigrate]`: "
+        '`pmap-replicated = ["_Workload._eval_model_on_split(params)"]`'
     ), message
     taken = source.replace(
         "total = 0.0", "params = jax_utils.replicate(params)\n        total = 0.0"

@@ -970,8 +970,9 @@ def _declare_hint(program: Program, blocking: list[str]) -> str:
     `[tool.jaxmigrate] pmap-replicated` that would declare them equal copies per device."""
     names = ", ".join(dict.fromkeys(entry.split("`")[1] for entry in blocking))
     return (
-        f"; if every caller passes equal copies of one value, one per local device, the project "
-        f'can say so in `[tool.jaxmigrate]`: `pmap-replicated = ["{program.spelling}({names})"]`'
+        "; if every caller passes equal copies of one value, one per local device (not a batch "
+        "split over the devices), the project can say so in `[tool.jaxmigrate]`: "
+        f'`pmap-replicated = ["{program.spelling}({names})"]`'
     )
 
 
