@@ -4,7 +4,7 @@ calls in the function that makes it, and records the edits of the program-level 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -861,7 +861,8 @@ def _follow_argument(
     fields = False  # a field of a name passed, `step(state.params)`: laid out as the name is
     passed: set[str] = set()
     blocking: list[str] = []  # the values whose layout is not known, and where they come from
-    declarable: list[str] = []  # those that are parameters of the host a `pmap-replicated` names
+    # Those that are parameters of the host a `pmap-replicated` entry can name: by text, the name
+    declarable: dict[str, str] = {}
     classified: dict[int, Layout] = {}  # by id of a binding: its layout (its edit recorded once)
     slots: list[tuple[str, cst.BaseExpression]] = []  # (name passed or INLINE, its value)
 
@@ -916,7 +917,7 @@ def _follow_argument(
                 reached(Layout.UNKNOWN)
                 blocking.append(f"`{name}`, {where}")
                 if parameter and program.spelling and host != "__main__":
-                    declarable.append(blocking[-1])
+                    declarable[blocking[-1]] = name
             else:
                 layout = classified.get(id(binding)) or _binding_kind(
                     program, binding, name, forms, calls, flow, position
@@ -951,8 +952,8 @@ def _follow_argument(
             why = f"is mixed ({mixed} on different paths)"
         code = Decline.ARGUMENT_UNKNOWN if unknown else Decline.ARGUMENT_MIXED
         why = f"{which} of the step {why}: its layout is not visible"
-        if unknown and set(blocking) == set(declarable):
-            why += _declare_hint(program, declarable)
+        if unknown and set(blocking) == declarable.keys():
+            why += _declare_hint(program, declarable.values())
         raise NotVisible(why, code)
     program.batches[position] = joined in (Layout.PER_DEVICE, Layout.KEYS)
     if joined is Layout.KEYS:
@@ -964,11 +965,11 @@ def _follow_argument(
             _follow_stacked(program, flow, forms, calls, name, replicated=replicated, keys=keys)
 
 
-def _declare_hint(program: Program, blocking: list[str]) -> str:
-    """How the project can say what the callers of the host pass for its parameters `blocking`
-    (each "`name`, a parameter of ..."), when they are all that blocks: the entry of
-    `[tool.jaxmigrate] pmap-replicated` that would declare them equal copies per device."""
-    names = ", ".join(dict.fromkeys(entry.split("`")[1] for entry in blocking))
+def _declare_hint(program: Program, params: Iterable[str]) -> str:
+    """How the project can say what the callers of the host pass for its parameters `params`,
+    when they are all that blocks: the entry of `[tool.jaxmigrate] pmap-replicated` that would
+    declare them equal copies per device."""
+    names = ", ".join(dict.fromkeys(params))
     return (
         "; if every caller passes equal copies of one value, one per local device (not a batch "
         "split over the devices), the project can say so in `[tool.jaxmigrate]`: "
