@@ -114,3 +114,30 @@ def test_the_errors_the_bundled_example_raises_find_their_rule(tmp_path: Path) -
             assert proc.stdout.lstrip().startswith(rule), (pasted, proc.stdout[:200])
             headers = re.findall(r"JM\d{3} [a-z-]+ \((?:un)?safe\)", proc.stdout)
             assert len(headers) == 1, (pasted, headers)  # this rule, and only it
+
+
+# A skip code, as a site's message writes it -----------------------------------------------------
+@pytest.mark.parametrize("query", ["PL301", "[PL301]", " pl301 "])
+def test_a_skip_code_explains_that_skip_not_the_whole_rule(query: str, tmp_path: Path) -> None:
+    proc = explain(query, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.lstrip().startswith("PL301: a form JM202 pmap does not take"), out[:200]
+    assert "an argument's layout comes from outside the function" in out
+    assert "pmap-replicated" in out, "the way out it offers"
+    assert "jaxmigrate explain JM202" in out
+    assert "Before" not in out and len(out) < len(explain("JM202", tmp_path).stdout) / 4
+
+
+def test_every_decline_code_has_an_entry_to_explain() -> None:
+    from codemods.pmap._declines import Decline
+    from jaxmigrate.registry import find_skip
+
+    for decline in Decline:
+        found = find_skip(decline.value)
+        assert found is not None, decline
+        rule, code, entry = found
+        assert (rule.CODE, code) == ("JM202", decline.value)
+        assert f"`{decline.value}`" in entry and len(entry) > 40, entry
+    assert find_skip("JM202") is None, "a rule's own code is the rule"
+    assert find_skip("PL999") is None

@@ -363,7 +363,10 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     `step(...)[0]` of a tuple;
   - `PL301` an argument's layout comes from outside the function (a parameter, a global; the
     argument of a mean over devices, AlgoPerf's `avg_fn`; an input iterator of the module that
-    other code uses too). A value drawn from an iterator the
+    other code uses too). Parameters of a def whose callers the analysis does not see, when
+    they alone block, end the message with the `[tool.jaxmigrate] pmap-replicated` entry that
+    would declare them equal copies per device (`"Evaluator.run(params)"`: never for a batch;
+    verification checks it where it runs the program). A value drawn from an iterator the
     analysis does not see into (`for batch in batches`, `batch = next(it)`, `it` another
     module's input pipeline or a parameter) is fresh data at each step, not state: pmap took its
     leading axis as this process's devices, so it is converted where it is passed, by a helper

@@ -62,6 +62,45 @@ def rule_doc(pass_cls: type[Pass]) -> str:
     return f"# {pass_cls.CODE} {pass_cls.NAME} ({pass_cls.SAFETY})\n\n{doc}\n"
 
 
+_SKIP_CODE = re.compile(r"\[?\s*([A-Z]{2}\d{3})\s*\]?")
+
+
+def find_skip(query: str) -> tuple[type[Pass], str, str] | None:
+    """Return the pass whose `## Skips` documents the code `query` names (`PL301`, or `[PL301]`
+    as a site's message writes it), the code, and that entry of the list (its bullet, with the
+    other codes it shares a bullet with); None when no pass's skips document it. A rule's own
+    code (`JM202`) is a rule, not a skip: `find_pass` answers for it."""
+    found = _SKIP_CODE.fullmatch(query.strip().upper())
+    if found is None:
+        return None
+    code = found.group(1)
+    for p in all_passes():
+        if p.CODE == code:
+            return None
+        entry = _skip_entry(inspect.cleandoc(sys.modules[p.__module__].__doc__ or ""), code)
+        if entry:
+            return p, code, entry
+    return None
+
+
+def _skip_entry(doc: str, code: str) -> str:
+    """The bullet of the `## Skips` section of `doc` that documents `code` (the one naming it
+    first, as a bullet shared by several codes names each where its part begins), joined into
+    one paragraph; "" when there is none."""
+    lines = doc.partition("## Skips")[2].partition("\n## ")[0].splitlines()
+    bullets: list[str] = []
+    depth: list[int] = []
+    for line in lines:
+        indent = len(line) - len(line.lstrip())
+        if line.lstrip().startswith("- "):
+            bullets.append(line.strip()[2:])
+            depth.append(indent)
+        elif bullets and line.strip() and indent > depth[-1]:
+            bullets[-1] += " " + line.strip()
+    named = [b for b in bullets if f"`{code}`" in b]
+    return min(named, key=lambda b: b.index(f"`{code}`"), default="")
+
+
 def find_by_text(text: str) -> list[type[Pass]]:
     """Return the passes whose documentation mentions `text` (pasted error messages, APIs);
     else those the names in the error point at (`names_in_error`): a pass that handles the
