@@ -340,3 +340,14 @@ def test_a_dry_run_review_shows_the_helper_module_it_would_create(tmp_path: Path
     assert report.count("+def shard_map_per_device(") == 1, "the new module's diff, once"
     assert not (root / "mylib" / "_pmap_compat.py").exists()
     assert (root / "mylib" / "train.py").read_text() == TRAINER
+
+
+def test_e_explains_the_skip_code_of_the_site_after_its_rule(tmp_path: Path) -> None:
+    root = _package(tmp_path)
+    proc = jm("--unsafe-fixes", "--no-verify", "mylib/train.py", cwd=root, stdin="e\nn\n")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rule = proc.stdout.index("JM202 pmap (unsafe)")
+    skip = proc.stdout.index("PL401: a form JM202 pmap does not take")
+    assert rule < skip, "the site's own reason last, nearest the prompt"
+    assert "a result is read other than as device 0's copy" in proc.stdout[skip:]
+    assert (root / "mylib" / "train.py").read_text() == TRAINER

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import select
 import signal
 import sys
@@ -330,6 +331,9 @@ class _File:
         return [u for u in self.units if not u.keys <= self.decisions.keys()]
 
 
+# A skip code a site's message gives (`[PL301]`): `e` explains it after its rule
+SKIP_CODE = re.compile(r"\[([A-Z]{2}\d{3})\]")
+
 DIRTY = "has uncommitted changes; commit or stash them, or pass --allow-dirty"
 
 
@@ -492,7 +496,9 @@ class Review:
             key = key or prompt.unit.default
             self.presenter.answered(key, prompt)
             if key == "e":
-                self.presenter.explain(sorted({s.code for s in prompt.unit.sites}))
+                codes = {s.code for s in prompt.unit.sites}
+                codes |= {m for s in prompt.unit.sites for m in SKIP_CODE.findall(s.message)}
+                self.presenter.explain(sorted(codes))
             elif key == "?" or key not in DECIDING:
                 self.presenter.help(prompt, None if key == "?" else key)
             elif key == "y" and not prompt.unit.applicable:

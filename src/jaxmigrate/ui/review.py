@@ -13,7 +13,7 @@ from rich.text import Text
 
 from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site, Status, place
 from jaxmigrate.pipeline.runner import OneByOne, dirty_files, with_project_files
-from jaxmigrate.registry import find_pass, rule_doc
+from jaxmigrate.registry import find_pass, find_skip, rule_doc
 from jaxmigrate.review.session import KEYS, Progress, Prompt, Review, interrupts_enabled, stdin_keys
 from jaxmigrate.ui.diff import file_diff
 from jaxmigrate.ui.summary import STATUS_STYLE
@@ -105,11 +105,18 @@ class RichPresenter:
         self.console.print(key, highlight=False)
 
     def explain(self, codes: Sequence[str]) -> None:
-        """Print the documentation of the rules, as `jaxmigrate explain` does."""
+        """Print the documentation of the rules, then of the skip codes (`PL301`), as
+        `jaxmigrate explain` does: the entry of this site's skip last, nearest the prompt."""
         from rich.markdown import Markdown
 
+        skips = [found for code in codes if (found := find_skip(code)) is not None]
         for code in codes:
-            self.console.print(Markdown(rule_doc(find_pass(code))))
+            if not any(code == skip for _, skip, _ in skips):
+                self.console.print(Markdown(rule_doc(find_pass(code))))
+        for rule, code, entry in skips:
+            self.console.print(
+                Markdown(f"# {code}: a form {rule.CODE} {rule.NAME} does not take\n\n{entry}")
+            )
 
     def help(self, prompt: Prompt, unknown: str | None) -> None:
         """Print what every key does (after an unknown key, say so first)."""
