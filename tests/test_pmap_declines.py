@@ -4,6 +4,7 @@ the rule's `## Skips` and pinned by a fixture; the message names the value that 
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -458,3 +459,29 @@ def test_no_entry_is_named_when_another_value_blocks_too():
     (message,) = pmap_messages(EVALUATE)
     assert '(`params` = `np.load("params.npy")`; `params`, a parameter of `evaluate`)' in message
     assert "pmap-replicated" not in message
+
+
+def test_a_public_factory_of_a_package_names_the_setting_that_closes_the_code_base(
+    tmp_path: Path,
+) -> None:
+    """vision_transformer's `make_update_fn` in package `vit_jax`: code outside the code base
+    may call it, and PL101 says which setting says none does; with it, the factory is followed."""
+    from clitools import jm
+
+    (tmp_path / "vj").mkdir()
+    (tmp_path / "vj" / "__init__.py").write_text("")
+    shutil.copyfile(FIXTURES / "decline_pl101_public_factory.py", tmp_path / "vj" / "train.py")
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "vj"\n')
+    args = ("run", "--dry-run", "--no-verify", "--no-cache", "--unsafe-fixes", ".")
+    proc = jm(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (
+        "[PL101] the step is returned by `make_update_fn`, which is called from outside the code "
+        "base maybe (`vj.train` is in package `vj`): those calls are not followed; "
+        "`[tool.jaxmigrate] closed-code-base = true` says no code there does" in proc.stdout
+    ), proc.stdout
+    with (tmp_path / "pyproject.toml").open("a") as config:
+        config.write("\n[tool.jaxmigrate]\nclosed-code-base = true\n")
+    proc = jm(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[PL101]" not in proc.stdout and "(program-level)" in proc.stdout, proc.stdout

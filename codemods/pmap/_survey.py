@@ -106,6 +106,14 @@ class NotMigrated(Exception):
     """A pmap site this pass leaves alone; the message is the reason."""
 
 
+def _unless_closed(where: str) -> str:
+    """What a decline because code outside the code base may call (`where`, from `elsewhere`)
+    adds: the setting that says no code there does."""
+    if "outside the code base" not in where:
+        return ""
+    return "; `[tool.jaxmigrate] closed-code-base = true` says no code there does"
+
+
 # Reading one pmap -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Pmapped:
@@ -548,8 +556,7 @@ class Finding(Pass):
             where = elsewhere(name, self.state.outside, self.survey.strings)
             if where:
                 why = f"the step is returned by `{name}`, which is also called {where}"
-                if "outside the code base" in where:
-                    why += "; `[tool.jaxmigrate] closed-code-base = true` says no code there does"
+                why += _unless_closed(where)
                 self.factory_used[id(site.node)] = NotVisible(why, Decline.NOT_CALLED_ONLY)
             if where or self._reads_of(module, flow, factory) != 1:
                 return None
@@ -606,8 +613,7 @@ class Finding(Pass):
             where = elsewhere(owner, outside, strings, how)
             if where:
                 why = f"its class `{owner}` is used {where}: its calls there are not followed"
-                if "outside the code base" in where:
-                    why += "; `[tool.jaxmigrate] closed-code-base = true` says no code there does"
+                why += _unless_closed(where)
                 return NotVisible(why, Decline.NOT_CALLED_ONLY)
         return None
 
@@ -1442,7 +1448,7 @@ class Finding(Pass):
             or called
         ):
             why = f"the step is returned by `{name}`, " + (
-                f"which is called {called}: those calls are not followed"
+                f"which is called {called}: those calls are not followed{_unless_closed(called)}"
                 if called
                 else f"followed only where `step = {name}(...)`, its one call, is a statement of "
                 "a function calling `step`"
