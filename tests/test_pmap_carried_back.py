@@ -38,7 +38,7 @@ def test_the_fixtures_take_it(source: str) -> None:
             "    losses = []\n    if not batches:\n        return np.zeros((3, 1)), 0.0\n",
             (
                 "[PL301] `p_train_step` is passed to `train_epoch`, where argument 1 of the step "
-                "comes from elsewhere (`params` = `train_epoch(p_train_step, params, batches)`)"
+                "comes from elsewhere (`params`, unpacked from `train_epoch(p_train_step, params, batches)`)"
             ),
         ),
         (  # the caller binds the pair whole, then takes it apart
@@ -46,7 +46,7 @@ def test_the_fixtures_take_it(source: str) -> None:
             "        out = train_epoch(p_train_step, params, batches)\n        params, loss = out\n",
             (
                 "[PL301] `p_train_step` is passed to `train_epoch`, where argument 1 of the step "
-                "comes from elsewhere (`params` = `out`)"
+                "comes from elsewhere (`params`, unpacked from `out`)"
             ),
         ),
         (  # the caller reads it other than as device 0's copy or fed back

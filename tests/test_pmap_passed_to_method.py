@@ -118,9 +118,10 @@ def test_a_methods_result_passed_to_a_step_is_not_taken_for_a_steps_result() -> 
     assert source != two
     messages = pmap_messages(source)
     assert not any("(program-level)" in m for m in messages), messages
-    assert "[PL301]" in messages[0] and "(`z` = `self._embed_texts(params)`)" in messages[0], (
-        messages
-    )
+    assert (
+        "[PL301]" in messages[0]
+        and "(`z`, unpacked from `self._embed_texts(params)`)" in messages[0]
+    ), messages
 
 
 def test_a_method_passed_a_plain_function_too_keeps_the_steps_per_device() -> None:

@@ -1179,6 +1179,9 @@ def _binding_text(name: str, binding: cst.CSTNode, flow: Flow, qualname: Qualnam
             return min(texts)
         return f"`{name}`, a part of {min(texts)}"
     if isinstance(binding, cst.Assign):
+        target = binding.targets[-1].target
+        if isinstance(target, (cst.Tuple, cst.List)):  # `state, fn = state`: AlgoPerf's
+            return f"`{name}`, unpacked from `{_short(binding.value)}`"
         return f"`{name}` = `{_short(binding.value)}`"
     if not isinstance(binding, (cst.For, cst.CompFor)):
         return f"`{name}`, bound by a `{type(binding).__name__}` statement"
