@@ -67,3 +67,24 @@ def git(root: Path, *args: str) -> None:
         check=True,
         capture_output=True,
     )
+
+
+def committed(root: Path) -> None:
+    """Make `root` a git repository with everything in it committed (`run` writes only clean
+    files)."""
+    git(root, "init", "-q")
+    git(root, "add", ".")
+    git(root, "commit", "-qm", "pmap")
+
+
+def run_with_report(
+    root: Path, *args: str, timeout: float = 900
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """Run `jaxmigrate run ARGS --report ... --format json` in `root`, failing the test if it
+    fails; return what it did and its JSON report (written beside `root`)."""
+    import json
+
+    report = root.parent / f"{root.name}-report.json"
+    proc = jm("run", *args, "--report", str(report), "--format", "json", cwd=root, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc, json.loads(report.read_text())

@@ -11,11 +11,10 @@ JAX on 8 simulated CPU devices, real subprocesses.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from clitools import git, jm
+from clitools import committed, run_with_report
 
 pytestmark = pytest.mark.jax
 
@@ -57,17 +56,9 @@ def test_verification_holds_a_declaration_to_what_the_program_passes(
     (tmp_path / "pyproject.toml").write_text(
         '[tool.jaxmigrate]\npmap-replicated = ["evaluate(params)"]\n'
     )
-    git(tmp_path, "init", "-q")
-    git(tmp_path, "add", ".")
-    git(tmp_path, "commit", "-qm", "pmap")
-    report = tmp_path.parent / "report.json"
-    proc = jm(
-        *("run", "prog.py", "--select", "pmap", "--report", str(report), "--format", "json"),
-        cwd=tmp_path,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (file,) = [f for f in json.loads(report.read_text())["files"] if f["path"] == "prog.py"]
+    committed(tmp_path)
+    _, report = run_with_report(tmp_path, "prog.py", "--select", "pmap", timeout=600)
+    (file,) = [f for f in report["files"] if f["path"] == "prog.py"]
     (site,) = [s for s in file["sites"] if s["message"].startswith("`jax.pmap` ->")]
     written = (tmp_path / "prog.py").read_text()
     assert site["status"] == "verified" and site["applied"], site

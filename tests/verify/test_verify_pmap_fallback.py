@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from clitools import git, jm
+from clitools import committed, git, jm, run_with_report
 from conftest import jax_env
 
 from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site, Status
@@ -164,17 +164,9 @@ def test_a_notebooks_failed_program_falls_back_to_the_faithful_form_verified_in_
     again, verified and written, as a Python file's would be."""
     path = tmp_path / "aliased.ipynb"
     shutil.copyfile(DATA / "aliased_cells.ipynb", path)
-    git(tmp_path, "init", "-q")
-    git(tmp_path, "add", ".")
-    git(tmp_path, "commit", "-qm", "pmap")
-    report = tmp_path.parent / "report.json"
-    proc = jm(
-        *("run", ".", "--report", str(report), "--format", "json"),
-        cwd=tmp_path,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (step,) = json.loads(report.read_text())["files"][0]["sites"]
+    committed(tmp_path)
+    _, report = run_with_report(tmp_path, ".")
+    (step,) = report["files"][0]["sites"]
     assert step["status"] == "verified" and step["applied"], step
     assert "[PL603] " + FAILED_NOTE + "outputs differ" in step["message"]
     assert step["message"].endswith(": faithful form written")

@@ -21,7 +21,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from clitools import git, jm
+from clitools import committed, jm, run_with_report
 
 pytestmark = pytest.mark.jax
 
@@ -57,17 +57,9 @@ def test_a_scripts_program_is_verified_by_running_the_script(tmp_path: Path) -> 
     shutil.copyfile(FIXTURES / "program_module_level_script.py", tmp_path / "good.py")
     shutil.copyfile(FIXTURES / "program_main_block_generator.py", tmp_path / "main_block.py")
     (tmp_path / "aliased.py").write_text(ALIASED)
-    git(tmp_path, "init", "-q")
-    git(tmp_path, "add", ".")
-    git(tmp_path, "commit", "-qm", "pmap")
-    report = tmp_path.parent / "report.json"
-    proc = jm(
-        *("run", ".", "--timeout", "300", "--report", str(report), "--format", "json"),
-        cwd=tmp_path,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    files = {Path(f["path"]).name: f["sites"] for f in json.loads(report.read_text())["files"]}
+    committed(tmp_path)
+    _, report = run_with_report(tmp_path, ".", "--timeout", "300")
+    files = {Path(f["path"]).name: f["sites"] for f in report["files"]}
     for name, count in (("good.py", 5), ("main_block.py", 6)):
         sites = files[name]
         assert len(sites) == count, sites
