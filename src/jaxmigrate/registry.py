@@ -57,12 +57,36 @@ def chosen_passes(options: Options) -> tuple[type[Pass], ...]:
 
 def rule_doc(pass_cls: type[Pass]) -> str:
     """Return the rule's documentation: its module docstring, headed by code and name."""
+    return f"# {pass_cls.CODE} {pass_cls.NAME} ({pass_cls.SAFETY})\n\n{_doc(pass_cls)}\n"
+
+
+def _doc(pass_cls: type[Pass]) -> str:
     module = sys.modules[pass_cls.__module__]
-    doc = inspect.cleandoc(module.__doc__ or pass_cls.__doc__ or "")
-    return f"# {pass_cls.CODE} {pass_cls.NAME} ({pass_cls.SAFETY})\n\n{doc}\n"
+    return inspect.cleandoc(module.__doc__ or pass_cls.__doc__ or "")
 
 
 _SKIP_CODE = re.compile(r"\[?\s*([A-Z]{2}\d{3})\s*\]?")
+_SKIP_IN_MESSAGE = re.compile(r"\[([A-Z]{2}\d{3})\]")  # `... not taken: [PL301] ...`
+
+
+def skip_codes(message: str) -> list[str]:
+    """The skip codes a site's message gives (`[PL301]`), in order."""
+    return _SKIP_IN_MESSAGE.findall(message)
+
+
+def skip_doc(query: str) -> str | None:
+    """Return the documentation of the skip code `query` names (`find_skip`), headed by the code
+    and its rule; None when no rule documents such a skip."""
+    found = find_skip(query)
+    if found is None:
+        return None
+    rule, code, entry = found
+    return (
+        f"# {code}: a form {rule.CODE} {rule.NAME} does not take\n\n{entry}\n\n"
+        "The site keeps the form its message names, and the message names the value that "
+        f"blocks. `jaxmigrate explain {rule.CODE}` documents the whole rule, its "
+        "`[tool.jaxmigrate]` settings included.\n"
+    )
 
 
 def find_skip(query: str) -> tuple[type[Pass], str, str] | None:
@@ -77,7 +101,7 @@ def find_skip(query: str) -> tuple[type[Pass], str, str] | None:
     for p in all_passes():
         if p.CODE == code:
             return None
-        entry = _skip_entry(inspect.cleandoc(sys.modules[p.__module__].__doc__ or ""), code)
+        entry = _skip_entry(_doc(p), code)
         if entry:
             return p, code, entry
     return None

@@ -9,7 +9,7 @@ import typer
 from rich.markdown import Markdown
 
 from jaxmigrate.cli.common import stderr, stdout
-from jaxmigrate.registry import UnknownRule, find_by_text, find_pass, find_skip, rule_doc
+from jaxmigrate.registry import UnknownRule, find_by_text, find_pass, rule_doc, skip_doc
 
 
 def explain(
@@ -17,17 +17,9 @@ def explain(
 ) -> None:
     """Print what a rule does, why, its before/after, safety, skips and verification; for a
     skip code (`PL301`), why its form is not taken and where the rule says more."""
-    skip = find_skip(query)
+    skip = skip_doc(query)
     if skip is not None:
-        rule, code, entry = skip
-        stdout().print(
-            Markdown(
-                f"# {code}: a form {rule.CODE} {rule.NAME} does not take\n\n{entry}\n\n"
-                f"The site keeps the form its message names, and the message names the value "
-                f"that blocks. `jaxmigrate explain {rule.CODE}` documents the whole rule, its "
-                f"`[tool.jaxmigrate]` settings included."
-            )
-        )
+        stdout().print(Markdown(skip))
         return
     try:
         matches = [find_pass(query)]

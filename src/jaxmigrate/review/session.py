@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import select
 import signal
 import sys
@@ -32,6 +31,7 @@ from jaxmigrate.model import Bucket, FileResult, Options, ProjectFile, Safety, S
 from jaxmigrate.pipeline.engine import enforce_groups, line_map_between
 from jaxmigrate.pipeline.files import migrate_text
 from jaxmigrate.pipeline.project import Project
+from jaxmigrate.registry import skip_codes
 from jaxmigrate.textio import source_lines
 
 PROGRESS_FILE = Path(".jaxmigrate_cache") / "review.json"
@@ -331,9 +331,6 @@ class _File:
         return [u for u in self.units if not u.keys <= self.decisions.keys()]
 
 
-# A skip code a site's message gives (`[PL301]`): `e` explains it after its rule
-SKIP_CODE = re.compile(r"\[([A-Z]{2}\d{3})\]")
-
 DIRTY = "has uncommitted changes; commit or stash them, or pass --allow-dirty"
 
 
@@ -497,7 +494,7 @@ class Review:
             self.presenter.answered(key, prompt)
             if key == "e":
                 codes = {s.code for s in prompt.unit.sites}
-                codes |= {m for s in prompt.unit.sites for m in SKIP_CODE.findall(s.message)}
+                codes |= {c for s in prompt.unit.sites for c in skip_codes(s.message)}
                 self.presenter.explain(sorted(codes))
             elif key == "?" or key not in DECIDING:
                 self.presenter.help(prompt, None if key == "?" else key)

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from jaxmigrate.model import Bucket, FileResult, Options, Safety, Site, Status, place
 from jaxmigrate.pipeline.runner import OneByOne, dirty_files, with_project_files
-from jaxmigrate.registry import find_pass, find_skip, rule_doc
+from jaxmigrate.registry import find_pass, rule_doc, skip_doc
 from jaxmigrate.review.session import KEYS, Progress, Prompt, Review, interrupts_enabled, stdin_keys
 from jaxmigrate.ui.diff import file_diff
 from jaxmigrate.ui.summary import STATUS_STYLE
@@ -109,14 +109,12 @@ class RichPresenter:
         `jaxmigrate explain` does: the entry of this site's skip last, nearest the prompt."""
         from rich.markdown import Markdown
 
-        skips = [found for code in codes if (found := find_skip(code)) is not None]
+        skips = [doc for code in codes if (doc := skip_doc(code)) is not None]
         for code in codes:
-            if not any(code == skip for _, skip, _ in skips):
+            if skip_doc(code) is None:
                 self.console.print(Markdown(rule_doc(find_pass(code))))
-        for rule, code, entry in skips:
-            self.console.print(
-                Markdown(f"# {code}: a form {rule.CODE} {rule.NAME} does not take\n\n{entry}")
-            )
+        for doc in skips:
+            self.console.print(Markdown(doc))
 
     def help(self, prompt: Prompt, unknown: str | None) -> None:
         """Print what every key does (after an unknown key, say so first)."""
