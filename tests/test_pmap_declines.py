@@ -485,3 +485,43 @@ def test_a_public_factory_of_a_package_names_the_setting_that_closes_the_code_ba
     proc = jm(*args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[PL101]" not in proc.stdout and "(program-level)" in proc.stdout, proc.stdout
+
+
+TUPLE_READ_BACK = """\
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def step(w, s, x):
+    return w - jax.lax.pmean(x.mean(0) * w, "i"), s + x.sum(0)
+
+
+def main(w, s, x, h):
+    n = jax.local_device_count()
+    p_step = jax.pmap(step, axis_name="i")
+    w = jnp.broadcast_to(w, (n,) + w.shape)
+    s = jnp.broadcast_to(s, (n,) + s.shape)
+    x = x.reshape((n, -1) + x.shape[1:])
+    w, s = p_step(w, s, x)
+    return jax.tree.map(lambda v: np.array(v[0]), ({}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("items", "expected"),
+    [
+        # big_vision's vqvae: `(params_repl, opt_repl, state_repl)`, its state per device
+        ("w, s", "[PL402] `s` is read back as device 0's copy with `w` (`jax.tree.map("),
+        # a parameter of `main`, its copies not known to be equal
+        ("w, h", "[PL401] `h` is read back as device 0's copy with `w` (`jax.tree.map("),
+    ],
+)
+def test_a_tuple_read_back_names_the_item_that_is_not_surely_the_same(items, expected):
+    """`jax.tree.map(lambda v: np.array(v[0]), (a, b))` is device 0's copy of each item: taken
+    when every item is the same on every device; else the message names the item that blocks
+    (it said "`w` ... passed to `jax.tree.map(...)`: what that does with it is not followed")."""
+    (message,) = pmap_messages(TUPLE_READ_BACK.format(items))
+    assert expected in message, message
+    second = "it is a result that may differ" if "PL402" in expected else "not known to be equal"
+    assert second in message, message

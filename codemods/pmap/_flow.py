@@ -18,6 +18,7 @@ from ._declines import DECORATORS, NOT_NAMED, Decline, NotVisible
 from ._forms import (
     Forms,
     Qualname,
+    base_of,
     bound_arguments,
     field_root,
     field_top,
@@ -1888,7 +1889,8 @@ def _tuple_readback(
     trainer): a readback of device 0 of a tuple written there, `use` (or a field of it) one of
     its items. Deleted when every item is surely the same on every device (`surely_replicated`:
     a replication or a result of the step that is, on every path); returns (the readback, what
-    it becomes), else None."""
+    it becomes), else None. An item that may differ between devices blocks it, and is named
+    (big_vision's vqvae reads back `(params_repl, opt_repl, state_repl)`, its state per device)."""
     top = field_top(flow, use)
     item = flow.parent.get(id(top))
     items = flow.parent.get(id(item))
@@ -1898,8 +1900,6 @@ def _tuple_readback(
         return None
     if not isinstance(arg, cst.Arg) or arg.value is not items or not isinstance(call, cst.Call):
         return None
-    if not all(surely_replicated(program, flow, forms, e.value) for e in items.elements):
-        return None
     hole = "__tuple__"
     stand_in = call.with_changes(
         args=[a.with_changes(value=cst.Name(hole)) if a is arg else a for a in call.args]
@@ -1907,8 +1907,47 @@ def _tuple_readback(
     found = forms.readback_value(stand_in, hole)
     if found is None:
         return None
+    other = next(
+        (e.value for e in items.elements if not surely_replicated(program, flow, forms, e.value)),
+        None,
+    )
+    if other is not None:
+        _blocks_readback(program, flow, forms, use, other, call)
     root, value = found  # the stand-in put back: `(a, b)`, or the copy per leaf of it
     return call, items if value is root else replaced(value, {id(root): items})
+
+
+def _blocks_readback(
+    program: Program,
+    flow: Flow,
+    forms: Forms,
+    use: cst.Name,
+    other: cst.BaseExpression,
+    call: cst.Call,
+) -> None:
+    """Raise for `other`, an item of the tuple read back as device 0's copy with `use` that
+    is not surely the same on every device: a result of the step that may differ between
+    devices (PL402: the program-level form has no device 0's share of it), else a value
+    whose copies are not known to be equal (PL401)."""
+    root, calls = base_of(other), {id(c) for c in program.calls}
+    reach = flow.reach.of(root) if isinstance(root, cst.Name) else set()
+    made = [b for b in reach if isinstance(b, cst.Assign) and id(b.value) in calls]
+    result = bool(made) and all(  # else copies, the step's varying results among them
+        isinstance(b, cst.Assign) and forms.replicated_source(b.value) is not None
+        for b in reach
+        if b not in made
+    )
+    read = f"`{code(other)}` is read back as device 0's copy with `{use.value}` (`{_short(call)}`)"
+    if result:
+        raise NotVisible(
+            f"{read}, and it is a result that may differ between devices: the program-level "
+            "form holds one value of it, not device 0's share",
+            Decline.RESULT_VARIES,
+        )
+    raise NotVisible(
+        f"{read}, and its copies are not known to be equal on every device",
+        Decline.RESULT_READ,
+    )
 
 
 def _one_source(
