@@ -342,8 +342,9 @@ def test_tiled_replicas_over_an_unnamed_axis_hold_on_each_process(
 # name; batches drawn from an iterator converted where passed; a readback in a def the state is
 # passed to deleted; an input iterator of the module yielding flat batches; a script's step made
 # and called at module level; a result rebound through a `jax.tree.map` lambda reading it; a
-# step returned by a method of the class, stored on `self`), run as 2-process jobs: the migrated program must give every process the numbers the original pmap
-# program gives it.
+# step returned by a method of the class, stored on `self`; a factory's step read with the steps
+# of the function calling the factory), run as 2-process jobs: the migrated program must give
+# every process the numbers the original pmap program gives it.
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "pmap"
 # Every case's original and migrated `main()`, one after the other, in one 2-process job (a job
 # per file spent most of its time starting JAX and joining the job: 14 cases took 250 s).
@@ -386,6 +387,7 @@ CASES = [
     "program_stored_steps_passed_to_a_method",
     "program_state_returned_by_callee",
     "program_state_returned_by_nested_def",
+    "program_factory_step_with_own_steps",
 ]
 
 

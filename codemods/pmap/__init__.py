@@ -316,9 +316,10 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
   - `PL101` the step is not assigned to a name by a statement of its own (`self.step =
     jax.pmap(...)`); `return jax.pmap(body, ...)` ending a def of the module (a factory) is
     followed when the factory's one call is `step = factory(...)`, a statement of a function
-    calling `step` that makes no step of its own, and no other module calls it (a public
-    factory in a package may be: PL101 names that): the factory returns `jax.jit(jax.shard_map(
-    body, mesh=...))` on a mesh of its own, the caller lays out the arguments and results;
+    calling `step`, and no other module calls it (a public factory in a package may be: PL101
+    names that): the factory returns `jax.jit(jax.shard_map(body, mesh=...))` on a mesh of its
+    own, the caller lays out the arguments and results, and the steps the caller makes itself
+    are read with it, each the others' sibling (vision_transformer's `train_and_evaluate`);
   - `PL102` the pmapped function is not a def of the module (an attribute `model.apply`, an
     import, a parameter, a def nested in another function) and pmap names its axis (with no
     `axis_name` the body cannot name the axis: it holds no collective over it and runs on each

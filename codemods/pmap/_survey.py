@@ -476,6 +476,10 @@ class Finding(Pass):
         # By id of a pmap decorator: why the factory returning its step, or the class whose method
         # it decorates, blocks it (`_stored_step`)
         self.factory_used: dict[int, NotVisible] = {}
+        # By id of a `return jax.pmap(...)` ending a factory called once, `step = factory(...)`:
+        # the function that call is in, and `step` (`_factory_callers`): the step is read with
+        # the steps that function makes
+        self.factory_hosts: dict[int, tuple[cst.FunctionDef, str]] = {}
         self.kept_pmaps = False  # a `jax.pmap` of the module is left alone (skipped)
         self.outer_calls: dict[int, Program] = {}  # `step = jax.pmap(...)` at module level, taken
         self.outer_defs: dict[int, tuple[OuterStep, Program]] = {}  # pmap-decorated defs, taken
@@ -490,6 +494,7 @@ class Finding(Pass):
         flow = Flow(module, model=self.resolver)
         outer: list[OuterStep] = []
         made_in: dict[int, list[PmapUse]] = {}  # the steps each function makes
+        self.factory_hosts = self._factory_callers(module, flow)
         failed = self._failed_hosts()
         pending: list[_StoredStep] = []
         for site in list(self.sites.values()):
@@ -1099,8 +1104,53 @@ class Finding(Pass):
             self.stored.clear()
 
     def _host(self, site: PmapUse) -> cst.CSTNode | None:
-        """Return the function a step is made in (None: at module level, or by a decorator)."""
+        """Return the function a step is made in (None: at module level, or by a decorator); for
+        a step a factory returns, the function calling the factory (`factory_hosts`)."""
+        if id(site.node) in self.factory_hosts:
+            return self.factory_hosts[id(site.node)][0]
         return None if site.around is site.mapped else site.around
+
+    def _factory_callers(
+        self, module: cst.Module, flow: Flow
+    ) -> dict[int, tuple[cst.FunctionDef, str]]:
+        """By id of each `return jax.pmap(...)` ending a def of the module whose one use is
+        `step = factory(...)`, a statement of a function: that function and `step`. Its other
+        uses are declined where the step is followed (`_factory_program`)."""
+        found: dict[int, tuple[cst.FunctionDef, str]] = {}
+        for site in self.sites.values():
+            factory = site.around
+            statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
+            if not isinstance(factory, cst.FunctionDef) or factory not in module.body:
+                continue
+            lines = factory.body.body if isinstance(factory.body, cst.IndentedBlock) else ()
+            if not lines or lines[-1] is not statement or len(site.pmaps) != 1:
+                continue
+            returned = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+            if not isinstance(returned, cst.Return) or returned.value is not site.node:
+                continue
+            name = factory.name.value
+            assert self.survey is not None
+            if elsewhere(name, self.state.outside, self.survey.strings):
+                continue  # PL101, where the step is followed
+            uses = [u for u in flow.loads.get(name, []) if flow.parent.get(id(u)) is not factory]
+            bound = assigned_call(flow, uses[0]) if len(uses) == 1 else None
+            line = flow.parent.get(id(bound[0])) if bound is not None else None
+            host = next((a for a in flow.ancestors(uses[0]) if isinstance(a, SCOPES)), None)
+            if (
+                bound is not None
+                and isinstance(line, cst.SimpleStatementLine)
+                and len(line.body) == 1
+                and isinstance(host, cst.FunctionDef)
+            ):
+                found[id(site.node)] = (host, bound[1])
+        return found
+
+    def _step_name(self, site: PmapUse) -> str | None:
+        """The name the step is called by where it is followed: bound where it is made, or
+        where the factory returning it is called (`update_fn_repl = make_update_fn(...)`)."""
+        if id(site.node) in self.factory_hosts:
+            return self.factory_hosts[id(site.node)][1]
+        return self._bound_to(site)
 
     def _failed_hosts(self) -> dict[int, tuple[str, str]]:
         """Return, by id of the function a failed group's first step is made in (or of None for
@@ -1135,7 +1185,7 @@ class Finding(Pass):
         followed again without it (a result fed to it is then read other than as taken)."""
         active = sites
         while active:
-            names = {id(s): self._bound_to(s) or "" for s in active}
+            names = {id(s): self._step_name(s) or "" for s in active}
             taken: list[tuple[PmapUse, cst.FunctionDef, Program]] = []
             for site in active:
                 siblings = tuple(n for k, n in names.items() if n and k != id(site))
@@ -1394,8 +1444,8 @@ class Finding(Pass):
                 raise NotVisible(why, Decline.CALLED_WHERE_MADE)
             raise unnamed_step(around, host.name.value, flow.parent)
         assign = statement.body[0]
-        if isinstance(assign, cst.Return) and assign.value is site.node and not siblings:
-            return self._factory_program(module, site, host, statement, body, flow)
+        if isinstance(assign, cst.Return) and assign.value is site.node:
+            return self._factory_program(module, site, host, statement, body, flow, siblings)
         klass = self._def_scope(host)  # `self.step = jax.pmap(...)` in a method: say what blocks
         target = assign.targets[0].target if isinstance(assign, cst.Assign) else None
         if isinstance(target, cst.Attribute) and isinstance(klass, cst.ClassDef):
@@ -1423,11 +1473,13 @@ class Finding(Pass):
         made: cst.SimpleStatementLine,
         body: cst.FunctionDef,
         flow: Flow,
+        siblings: tuple[str, ...] = (),
     ) -> tuple[cst.FunctionDef, Program]:
         """`return jax.pmap(body, ...)` ending a def of the module (vision_transformer's
         `make_update_fn`) called once, `step = factory(...)` in a function that calls `step`:
-        that function's program, the step made where the factory returns it (`Program.factory`).
-        Raise NotVisible (PL101) for any other use of the factory."""
+        that function's program, the step made where the factory returns it (`Program.factory`),
+        read with the steps that function makes (`siblings`, `_take_steps`). Raise NotVisible
+        (PL101) for any other use of the factory."""
         assert self.survey is not None and isinstance(site.node, cst.Call)
         name = factory.name.value
         lines = factory.body.body if isinstance(factory.body, cst.IndentedBlock) else ()
@@ -1454,15 +1506,14 @@ class Finding(Pass):
                 "a function calling `step`"
             )
             raise NotVisible(why, Decline.NOT_NAMED)
-        own = [s for s in self.sites.values() if s is not site and host in s.ancestors]
-        if own or id(host) in self.programs:
+        if id(host) in self.programs:  # another group's: not one mesh for them all
             why = (
                 f"the step is returned by `{name}` to `{host.name.value}`, which makes steps of "
                 "its own: one mesh for all of them is not followed"
             )
             raise NotVisible(why, Decline.NOT_NAMED)
         facts = self._facts(module, host)
-        details = (host, statement, site.node, body, self.qualname, (), facts, None)
+        details = (host, statement, site.node, body, self.qualname, siblings, facts, None)
         program = analyze(*details, self._unnamed(), made=bound[0].value)
         program.factory = (factory, made)
         if self._visit_only is not None:  # the function calling the step holds no pmap
