@@ -477,9 +477,9 @@ class Finding(Pass):
         # it decorates, blocks it (`_stored_step`)
         self.factory_used: dict[int, NotVisible] = {}
         # By id of a `return jax.pmap(...)` ending a factory called once, `step = factory(...)`:
-        # the function that call is in, and `step` (`_factory_callers`): the step is read with
-        # the steps that function makes
-        self.factory_hosts: dict[int, tuple[cst.FunctionDef, str]] = {}
+        # the function that call is in, and the assignment (`_factory_callers`); the step is
+        # read with the steps that function makes
+        self.factory_hosts: dict[int, tuple[cst.FunctionDef, cst.Assign]] = {}
         self.kept_pmaps = False  # a `jax.pmap` of the module is left alone (skipped)
         self.outer_calls: dict[int, Program] = {}  # `step = jax.pmap(...)` at module level, taken
         self.outer_defs: dict[int, tuple[OuterStep, Program]] = {}  # pmap-decorated defs, taken
@@ -1112,11 +1112,13 @@ class Finding(Pass):
 
     def _factory_callers(
         self, module: cst.Module, flow: Flow
-    ) -> dict[int, tuple[cst.FunctionDef, str]]:
-        """By id of each `return jax.pmap(...)` ending a def of the module whose one use is
-        `step = factory(...)`, a statement of a function: that function and `step`. Its other
-        uses are declined where the step is followed (`_factory_program`)."""
-        found: dict[int, tuple[cst.FunctionDef, str]] = {}
+    ) -> dict[int, tuple[cst.FunctionDef, cst.Assign]]:
+        """By id of each `return jax.pmap(...)` ending a def of the module whose one use, and no
+        other module's, is `step = factory(...)`, a statement of a function: that function and
+        the assignment. The factory's other uses are declined where its step is followed
+        (`_factory_program`)."""
+        assert self.survey is not None
+        found: dict[int, tuple[cst.FunctionDef, cst.Assign]] = {}
         for site in self.sites.values():
             factory = site.around
             statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
@@ -1126,10 +1128,9 @@ class Finding(Pass):
             if not lines or lines[-1] is not statement or len(site.pmaps) != 1:
                 continue
             returned = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+            name = factory.name.value
             if not isinstance(returned, cst.Return) or returned.value is not site.node:
                 continue
-            name = factory.name.value
-            assert self.survey is not None
             if elsewhere(name, self.state.outside, self.survey.strings):
                 continue  # PL101, where the step is followed
             uses = [u for u in flow.loads.get(name, []) if flow.parent.get(id(u)) is not factory]
@@ -1142,14 +1143,14 @@ class Finding(Pass):
                 and len(line.body) == 1
                 and isinstance(host, cst.FunctionDef)
             ):
-                found[id(site.node)] = (host, bound[1])
+                found[id(site.node)] = (host, bound[0])
         return found
 
     def _step_name(self, site: PmapUse) -> str | None:
         """The name the step is called by where it is followed: bound where it is made, or
         where the factory returning it is called (`update_fn_repl = make_update_fn(...)`)."""
         if id(site.node) in self.factory_hosts:
-            return self.factory_hosts[id(site.node)][1]
+            return single_name(self.factory_hosts[id(site.node)][1].targets[0].target)
         return self._bound_to(site)
 
     def _failed_hosts(self) -> dict[int, tuple[str, str]]:
@@ -1482,23 +1483,9 @@ class Finding(Pass):
         (PL101) for any other use of the factory."""
         assert self.survey is not None and isinstance(site.node, cst.Call)
         name = factory.name.value
-        lines = factory.body.body if isinstance(factory.body, cst.IndentedBlock) else ()
-        uses = [u for u in flow.loads.get(name, []) if flow.parent.get(id(u)) is not factory]
-        bound = assigned_call(flow, uses[0]) if len(uses) == 1 else None  # `step = factory(...)`
-        statement = flow.parent.get(id(bound[0])) if bound is not None else None
-        around = flow.ancestors(uses[0]) if uses else iter(())
-        host = next((a for a in around if isinstance(a, SCOPES)), None)
-        called = elsewhere(name, self.state.outside, self.survey.strings)
-        if (
-            factory not in module.body
-            or not lines
-            or lines[-1] is not made
-            or bound is None
-            or not isinstance(statement, cst.SimpleStatementLine)
-            or len(statement.body) != 1
-            or not isinstance(host, cst.FunctionDef)
-            or called
-        ):
+        found = self.factory_hosts.get(id(site.node))
+        if found is None:
+            called = elsewhere(name, self.state.outside, self.survey.strings)
             why = f"the step is returned by `{name}`, " + (
                 f"which is called {called}: those calls are not followed{_unless_closed(called)}"
                 if called
@@ -1506,6 +1493,9 @@ class Finding(Pass):
                 "a function calling `step`"
             )
             raise NotVisible(why, Decline.NOT_NAMED)
+        host, bound = found
+        statement = flow.parent.get(id(bound))
+        assert isinstance(statement, cst.SimpleStatementLine)
         if id(host) in self.programs:  # another group's: not one mesh for them all
             why = (
                 f"the step is returned by `{name}` to `{host.name.value}`, which makes steps of "
@@ -1514,7 +1504,7 @@ class Finding(Pass):
             raise NotVisible(why, Decline.NOT_NAMED)
         facts = self._facts(module, host)
         details = (host, statement, site.node, body, self.qualname, siblings, facts, None)
-        program = analyze(*details, self._unnamed(), made=bound[0].value)
+        program = analyze(*details, self._unnamed(), made=bound.value)
         program.factory = (factory, made)
         if self._visit_only is not None:  # the function calling the step holds no pmap
             self._visit_only |= {id(a) for a in (host, *flow.ancestors(host))}
