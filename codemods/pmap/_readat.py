@@ -6,6 +6,7 @@ the same on every device is the result itself, anything else reads the device ax
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from itertools import islice
 
@@ -111,6 +112,12 @@ def _path(node: cst.CSTNode, target: cst.CSTNode) -> tuple[int, ...] | None:
 
 
 def short(node: cst.CSTNode) -> str:
-    """The code of `node` on one line, cut to a length a message can hold."""
-    text = " ".join(code(node).split())
+    """The code of `node` on one line, cut to a length a message can hold: a line break just
+    inside brackets goes (`f(\n    x,\n)` reads `f(x,)`), any other becomes one space."""
+    text = _BROKEN_CLOSE.sub(r"\1", _BROKEN_OPEN.sub(r"\1", code(node)))
+    text = " ".join(text.split())
     return text if len(text) <= 48 else text[:45] + "..."
+
+
+_BROKEN_OPEN = re.compile(r"([(\[{])[ \t]*\n\s*")
+_BROKEN_CLOSE = re.compile(r"\s*\n\s*([)\]}])")
