@@ -525,3 +525,24 @@ def test_a_tuple_read_back_names_the_item_that_is_not_surely_the_same(items, exp
     assert expected in message, message
     second = "it is a result that may differ" if "PL402" in expected else "not known to be equal"
     assert second in message, message
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [
+        "",  # a factory no function of the module calls (private: no other module may)
+        "\n\ndef main(x):\n    a = _make_step()\n    b = _make_step()\n    return a(x), b(x)\n",
+        "\n\ndef main(x):\n    return _make_step()(x)\n",
+    ],
+    ids=["not called", "called twice", "called where made"],
+)
+def test_a_factory_not_called_once_as_step_equals_factory_is_declined(calls):
+    """`return jax.pmap(...)` ending a factory is followed only through its one call,
+    `step = factory(...)`; any other use keeps the faithful form, PL101 (an uncalled factory
+    stopped the pass with an IndexError while its caller was looked up)."""
+    source = (
+        "import jax\n\n\ndef _make_step():\n    def step(x):\n"
+        '        return jax.lax.psum(x, "i")\n\n    return jax.pmap(step, axis_name="i")\n'
+    )
+    (message,) = pmap_messages(source + calls)
+    assert "[PL101] the step is returned by `_make_step`, followed only where" in message, message

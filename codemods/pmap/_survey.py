@@ -1135,11 +1135,12 @@ class Finding(Pass):
                 continue  # PL101, where the step is followed
             uses = [u for u in flow.loads.get(name, []) if flow.parent.get(id(u)) is not factory]
             bound = assigned_call(flow, uses[0]) if len(uses) == 1 else None
-            line = flow.parent.get(id(bound[0])) if bound is not None else None
+            if bound is None:  # not called, called twice, or not as `step = factory(...)`
+                continue
+            line = flow.parent.get(id(bound[0]))
             host = next((a for a in flow.ancestors(uses[0]) if isinstance(a, SCOPES)), None)
             if (
-                bound is not None
-                and isinstance(line, cst.SimpleStatementLine)
+                isinstance(line, cst.SimpleStatementLine)
                 and len(line.body) == 1
                 and isinstance(host, cst.FunctionDef)
             ):
