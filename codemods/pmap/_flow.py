@@ -42,7 +42,7 @@ from ._layout import (
     match,
     row_named,
 )
-from ._passon import passed_on, surely_replicated
+from ._passon import passed_on, surely_replicated, surely_stacked
 from ._program import COPY, Program
 from ._reach import ENTRY, SCOPES, Flow, free_names, nodes_in, params_of, replaced
 from ._readat import at as _at
@@ -1929,14 +1929,9 @@ def _blocks_readback(
     is not surely the same on every device: a result of the step that may differ between
     devices (PL402: the program-level form has no device 0's share of it), else a value
     whose copies are not known to be equal (PL401)."""
-    root, calls = base_of(other), {id(c) for c in program.calls}
-    reach = flow.reach.of(root) if isinstance(root, cst.Name) else set()
-    made = [b for b in reach if isinstance(b, cst.Assign) and id(b.value) in calls]
-    result = bool(made) and all(  # else copies, the step's varying results among them
-        isinstance(b, cst.Assign) and forms.replicated_source(b.value) is not None
-        for b in reach
-        if b not in made
-    )
+    root = base_of(other)
+    # copies or the step's results on every path (`surely_stacked`): a varying result among them
+    result = isinstance(root, cst.Name) and surely_stacked(program, flow, forms, root)
     read = f"`{code(other)}` is read back as device 0's copy with `{use.value}` (`{_short(call)}`)"
     if result:
         raise NotVisible(

@@ -84,11 +84,11 @@ def copied(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str)
     qualname = forms.qualname(call.func) or ""
     if qualname.startswith(LIBRARIES) or isinstance(call.func, (cst.Lambda, cst.Call)):
         return False
-    if not _surely_stacked(program, flow, forms, use):
+    if not surely_stacked(program, flow, forms, use):
         return False
     whole = passed is not use and all(  # a per-device result among them blocks by itself
         isinstance(root := base_of(e.value), cst.Name)
-        and _surely_stacked(program, flow, forms, root)
+        and surely_stacked(program, flow, forms, root)
         for e in passed.elements  # type: ignore[attr-defined]
     )
     copied: cst.BaseExpression = passed if whole else use  # type: ignore[assignment]
@@ -149,7 +149,7 @@ def read_back_in_def(
     return True
 
 
-def _surely_stacked(program: Program, flow: Flow, forms: Forms, use: cst.Name) -> bool:
+def surely_stacked(program: Program, flow: Flow, forms: Forms, use: cst.Name) -> bool:
     """Return True if `use`, a read in the function calling the step itself (not in a nested
     def or lambda, which may run before the replication: big_vision's `init` closure), reads
     on every path a replication or a step's result: its copies are then what pmap passed."""
@@ -169,15 +169,15 @@ def surely_replicated(
     program: Program, flow: Flow, forms: Forms, value: cst.BaseExpression
 ) -> bool:
     """Return True if `value`, a name or a field of one (`params["student"]`), is the same on
-    every device on every path: `_surely_stacked`, and no binding reaching it gives it a result
+    every device on every path: `surely_stacked`, and no binding reaching it gives it a result
     of the step that may differ between devices."""
     root = base_of(value)
-    if not isinstance(root, cst.Name) or not _surely_stacked(program, flow, forms, root):
+    if not isinstance(root, cst.Name) or not surely_stacked(program, flow, forms, root):
         return False
     calls = {id(c) for c in program.calls}
     for binding in flow.reach.of(root):
         if not isinstance(binding, cst.Assign) or id(binding.value) not in calls:
-            continue  # a replication: `_surely_stacked` took it
+            continue  # a replication: `surely_stacked` took it
         target = binding.targets[0].target
         if isinstance(target, cst.Tuple):
             names = [single_name(e.value) for e in target.elements]
