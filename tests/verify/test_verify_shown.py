@@ -228,3 +228,29 @@ def test_gloos_lines_interleaved_by_its_threads_are_not_the_programs_output() ->
         "rank 2 is connected to 7 peers",
     ]
     assert the_programs(printed) == printed[3:]
+
+
+def test_gloos_lines_cut_between_any_of_its_writes_are_not_the_programs_output() -> None:
+    """gloo writes `[Gloo] Rank `, the rank, ` is connected to `, a number, ` peer ranks. `,
+    `Expected number of connected peer ranks is : `, a number and the line's end, one write each
+    (the strings in jaxlib's `libjax_common.so`). Seen in CI: the filter knew ` peer ranks. `
+    and `Expected ...` as one piece, a line of gloo's cut between them was the program's, and a
+    program-level candidate "showed" 2 lines its original did not and failed. Both ends of line
+    written last leave an empty line, the runtime's too; an empty line of the program's own
+    stays."""
+    from jaxmigrate.verify.child.shown import the_programs
+
+    rank, end = (
+        "[Gloo] Rank {} is connected to 7 peer ranks. ",
+        "Expected number of connected peer ranks is : 7",
+    )
+    printed = [
+        rank.format(1) + rank.format(2),  # cut after a piece, the ends of line written later
+        end + end,
+        rank.format(3) + end + rank.format(0) + end,  # two lines' ends written last
+        "",
+        "step 1 loss 0.25",
+        "",
+        "peer ranks. 7",
+    ]
+    assert the_programs(printed) == ["step 1 loss 0.25", "", "peer ranks. 7"]

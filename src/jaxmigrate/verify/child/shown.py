@@ -195,12 +195,17 @@ def stdout_captured() -> Iterator[list[str]]:
 # What JAX's runtime prints to standard output, not the program: gloo's log of the connections
 # a multi-process job makes at its first collective (on whichever side makes it first), a line
 # per local device, `[Gloo] Rank 0 is connected to 7 peer ranks. Expected number of connected
-# peer ranks is : 7`. The devices' threads write their lines piece by piece at once: under load
-# the pieces of two lines interleave (`[Gloo] Rank [Gloo] Rank 0 is connected to ...`, then
-# `2 is connected to ...`), so a line made only of those pieces is the runtime's.
+# peer ranks is : 7`. Each device's thread writes its line as the pieces below, the numbers and
+# the line's end, one write each (they are the strings in jaxlib's `libjax_common.so`). Under
+# load the writes of two threads interleave: a piece of one line lands inside another
+# (`[Gloo] Rank [Gloo] Rank 0 is connected to ...`, `... 7 peer ranks. [Gloo] Rank Expected
+# ...`), and when both ends of line come last the second is a line of its own, empty. So a
+# line made only of those pieces and numbers is the runtime's, and so is an empty line owed by
+# a runtime line that holds more than one line's end.
 RUNTIME_PIECES = re.compile(
-    r"\[Gloo\] Rank | is connected to | peer ranks\. Expected number of connected peer ranks is : "
+    r"\[Gloo\] Rank | is connected to | peer ranks\. |Expected number of connected peer ranks is : "
 )
+RUNTIME_END = "Expected number of connected peer ranks is : "
 RUNTIME_NUMBERS = re.compile(r"\d+")
 
 
@@ -212,7 +217,17 @@ def _runtimes(line: str) -> bool:
 
 def the_programs(lines: list[str]) -> list[str]:
     """Return the lines written to standard output by the program, not by JAX's runtime."""
-    return [line for line in lines if not _runtimes(line)]
+    kept: list[str] = []
+    owed = 0  # line ends written by the runtime beyond one per line of it seen so far
+    for line in lines:
+        if _runtimes(line):
+            owed += line.count(RUNTIME_END) - 1
+        elif not line and owed > 0:
+            owed -= 1
+        else:
+            kept.append(line)
+            owed = 0
+    return kept
 
 
 def placed(lines: list[str], root: str) -> list[str]:
