@@ -65,6 +65,36 @@ def test_the_example_takes_the_program_level_form_and_keeps_its_numbers(tmp_path
         assert len(set(shown[0])) == 1  # every process prints the same numbers
 
 
+def test_the_faithful_form_of_a_file_named_in_its_package_imports_its_helper(
+    tmp_path: Path,
+) -> None:
+    """`legacy_project/train.py` named alone, in no git tree and beside no pyproject: the tree
+    verification copies is the folder holding the package, not the package's folder. Seen in
+    CI, where the program-level form failed once under load and its fallback, the faithful form,
+    imports `legacy_project._pmap_compat`: copied from `legacy_project/`, the package could not
+    be imported ("No module named 'legacy_project'") and the fallback failed too."""
+    shutil.copytree(EXAMPLE, tmp_path / "example")
+    proc = jm(
+        "run",
+        "--dry-run",
+        "--processes",
+        "2",
+        "--select",
+        "JM202",
+        "--pmap-style",
+        "faithful",
+        "legacy_project/train.py",
+        cwd=tmp_path / "example",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sites = [
+        line for line in proc.stdout.splitlines() if line.startswith("legacy_project/train.py")
+    ]
+    assert len(sites) == 2 and all("[unsafe, verified]" in s for s in sites), proc.stdout
+    assert all("shard_map_per_device" in s for s in sites), proc.stdout
+    assert "from legacy_project._pmap_compat import shard_map_per_device" in proc.stdout
+
+
 NUMBERS = re.compile(r"<numbers>(.*?)</numbers>", re.DOTALL)
 
 

@@ -379,13 +379,17 @@ def check_processes(devices: int, processes: int) -> int:
 def project_root(paths: list[Path], config: FileConfig) -> Path:
     """Return the tree to copy: the pyproject's folder, else the git top level, else the
     nearest folder above the paths with a `setup.py` / `setup.cfg`, else the deepest folder
-    holding every given path."""
+    holding every given path and the packages they are in (`pkg/train.py` given: the folder
+    holding `pkg`, so `import pkg...` works in the copy, as a rewrite importing a helper module
+    written beside it does)."""
     if config.path is not None:
         return config.path.parent.resolve()
     folders = [(p if p.is_dir() else p.parent).resolve() for p in paths if p.exists()]
     if not folders:
         return Path.cwd().resolve()
     common = Path(os.path.commonpath(folders))
+    while (common / "__init__.py").is_file() and common.parent != common:
+        common = common.parent
     marked = next(
         (
             f
