@@ -546,3 +546,106 @@ def test_a_factory_not_called_once_as_step_equals_factory_is_declined(calls):
     )
     (message,) = pmap_messages(source + calls)
     assert "[PL101] the step is returned by `_make_step`, followed only where" in message, message
+
+
+STEP = """\
+import functools
+import jax
+import jax.numpy as jnp
+
+
+def step(w, x):
+    return w - jax.lax.pmean(x.mean(0) * w, "i")
+
+"""
+CALLER = """
+
+def main(w, x):
+    n = jax.local_device_count()
+    w = jnp.broadcast_to(w, (n,) + w.shape)
+    x = x.reshape((n, -1) + x.shape[1:])
+    w = p_step(w, x)
+    return w[0]
+"""
+MADE = 'jax.pmap(step, axis_name="i")'
+REBOUND_DEF = """\
+@functools.partial(jax.pmap, axis_name="i")
+    def p_step(w, x):
+        return step(w, x)
+    p_step = p_step"""
+DECORATED = '@functools.partial(jax.pmap, axis_name="i")\n@functools.lru_cache\ndef p_step'
+
+
+@pytest.mark.parametrize(
+    ("made", "expected"),
+    [
+        (
+            f"if jax.device_count() > 1:\n    p_step = {MADE}\n",
+            "[PL104] the step is made in `if jax.device_count() > 1:` at module level",
+        ),
+        (f"p_step = other = {MADE}\n", "[PL101] the pmapped step is not simply assigned"),
+        (f"p_step = {MADE}; N = 1\n", "[PL101] the pmapped step is not simply assigned"),
+        (f"p_step: object = {MADE}\n", "[PL101] the pmapped step is not simply assigned"),
+        (f"STEPS = [{MADE}]\np_step = STEPS[0]\n", "[PL101] the pmapped step is not simply"),
+        (f"p_step = {MADE}\np_step = {MADE}\n", "[PL107] `p_step` is bound more than once in"),
+        (f'__all__ = ["p_step"]\np_step = {MADE}\n', "[PL201] `p_step` is named in a string"),
+        (f"{DECORATED}(w, x):\n    return step(w, x)\n", "[PL106] the def has other decorators"),
+    ],
+    ids=[
+        "if_block",
+        "chained",
+        "two_on_a_line",
+        "annotated",
+        "in_a_list",
+        "bound_twice",
+        "in_all",
+        "two_decorators",
+    ],
+)
+def test_a_module_level_step_made_other_than_plainly_is_declined_with_its_code(made, expected):
+    """Each way a step made at module level is not followed has its code and says why: the
+    program around it keeps its device axis (the faithful form, verified as any other)."""
+    messages = pmap_messages(STEP + made + CALLER)
+    assert messages and all(expected in m for m in messages), messages
+    assert not any("(program-level)" in m for m in messages), messages
+
+
+@pytest.mark.parametrize(
+    ("made", "expected"),
+    [
+        (f"p_step = other = {MADE}", "[PL101] the pmapped step is not simply assigned"),
+        (
+            'p_step = jax.pmap(step, axis_name="i", in_axes=(0,))',
+            "[PL108] `in_axes` is not a tuple with one entry per argument",
+        ),
+        (
+            'p_step = jax.pmap(step, axis_name="i", in_axes=(0, 1))',
+            "[PL108] an `in_axes` entry other than 0 or None",
+        ),
+        (
+            'p_step = jax.pmap(functools.partial(step, y=1), axis_name="i")',
+            "[PL110] `partial` binds `y`, not a parameter of the def",
+        ),
+        (
+            DECORATED.replace("\n", "\n    ") + "(w, x):\n        return step(w, x)",  # indented
+            "[PL106] the def has other decorators",
+        ),
+        (
+            REBOUND_DEF,
+            "[PL107] `p_step` is bound more than once in `main`",
+        ),
+    ],
+    ids=[
+        "chained",
+        "in_axes_short",
+        "in_axes_one",
+        "partial_unknown",
+        "two_decorators",
+        "decorated_rebound",
+    ],
+)
+def test_a_step_made_in_its_function_other_than_taken_is_declined_with_its_code(made, expected):
+    source = STEP + CALLER.replace("    w = jnp", f"    {made}\n    w = jnp", 1)
+    messages = pmap_messages(source)
+    assert messages and all(expected in m for m in messages), messages
+    assert not any("(program-level)" in m for m in messages), messages

@@ -327,7 +327,8 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     differing between devices when an argument does: `jax.pmap(partial(model.apply,
     train=False))` is followed as such a body);
   - `PL103` the step is called where it is made (`jax.pmap(f)(x)`);
-  - `PL104` the step is made in a class body or a lambda (a pmap-decorated method whose
+  - `PL104` the step is made in a class body, a lambda or a block at module level other than
+    `if __name__ == "__main__":` (`if jax.device_count() > 1:`; a pmap-decorated method whose
     `self` is static and that one other method of its class calls is followed there as a step
     stored on `self`, `jax.jit` keeping `self` static, unless another def of the module has its
     name or another module may name its class: PL201). A step made in

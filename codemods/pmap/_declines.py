@@ -13,7 +13,7 @@ class Decline(enum.Enum):
     NOT_NAMED = "PL101"  # the step is not assigned to a name by a statement of its own
     NOT_A_DEF = "PL102"  # the pmapped function is not a def of the module (attribute, import)
     CALLED_WHERE_MADE = "PL103"  # `jax.pmap(f)(x)`
-    MADE_OUTSIDE = "PL104"  # made in a class body, a lambda, `if __name__ == "__main__":`
+    MADE_OUTSIDE = "PL104"  # made in a class body, a lambda, a block at module level
     NESTED = "PL105"  # a nested pmap
     DECORATORS = "PL106"  # the def has other decorators
     REBOUND = "PL107"  # the step's name is bound more than once

@@ -368,10 +368,15 @@ def _globals_unread(
 
 
 def _made_outside(host: cst.CSTNode | None) -> str:
-    """Why the calls of a step made outside any def (or in a lambda, a class) are not followed."""
-    where = "a class body" if isinstance(host, cst.ClassDef) else "a lambda"
-    if host is None:
-        where = 'a block at module level (`if __name__ == "__main__":`)'
+    """Why the calls of a step made outside any def (in a class body, a lambda, a block at
+    module level other than `if __name__ == "__main__":`) are not followed."""
+    if isinstance(host, cst.ClassDef):
+        where = "a class body"
+    elif isinstance(host, cst.BaseCompoundStatement):
+        header = next(line for line in code(host).splitlines() if line.strip()[:1] not in "#")
+        where = f"`{header.strip()}` at module level"
+    else:
+        where = "a lambda" if host is not None else "a block at module level"
     return f"the step is made in {where}: its calls are not followed"
 
 
@@ -1275,7 +1280,7 @@ class Finding(Pass):
         else:
             statement = site.ancestors[1] if len(site.ancestors) > 2 else None
             if isinstance(statement, cst.BaseCompoundStatement):  # `if __name__ == ...:`
-                raise NotVisible(_made_outside(None), Decline.MADE_OUTSIDE)
+                raise NotVisible(_made_outside(statement), Decline.MADE_OUTSIDE)
             assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
             if not isinstance(assign, cst.Assign) or assign.value is not site.node:
                 raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
