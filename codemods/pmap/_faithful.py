@@ -27,6 +27,7 @@ from jaxmigrate.toolkit.passes import Home
 from ._declines import NotVisible
 from ._flow import mapped_name
 from ._layout import fill, holes_of
+from ._reach import nodes_in
 from ._specs import (
     Untranslatable,
     argnums,
@@ -197,6 +198,33 @@ def arity(node: cst.CSTNode | None, statics: Sequence[int] = ()) -> int | None:
     return len(positional) if all(i < passed for i in defaults) else None
 
 
+def arity_of_calls(module: cst.Module, fn: cst.FunctionDef, method: bool) -> int | None:
+    """Return how many positional arguments every call of `fn` in `module` passes (a method's
+    `self`, called as `obj.fn(...)`, counted), when each other reference to its name is such a
+    call and all pass that number by position; else None.
+
+    For a def with a default after its last static argument (AlgoPerf's wmt
+    `predict_step(self, ..., max_decode_len, beam_size=4)`): pmap maps each argument a call
+    passes, so the faithful form has a spec for each. A call in another module passing another
+    number fails loudly, its arguments not matching the specs."""
+    kind = cst.Attribute if method else cst.Name
+
+    def named(node: cst.CSTNode) -> bool:
+        field = node.attr if isinstance(node, cst.Attribute) else node
+        return type(node) is kind and isinstance(field, cst.Name) and field.value == fn.name.value
+
+    counts, called, others = set(), set(), []
+    for node in nodes_in(module, cst.CSTNode):  # type: ignore[type-abstract]
+        if isinstance(node, cst.Call) and named(node.func):
+            if any(a.keyword or a.star for a in node.args):
+                return None
+            counts.add(len(node.args) + method)
+            called.add(id(node.func))
+        elif named(node) and node is not fn.name and id(node) not in called:
+            others.append(node)
+    return counts.pop() if len(counts) == 1 and not others else None
+
+
 def after_imports(body: Sequence[cst.BaseStatement], default: int) -> int:
     """Return the index after the last import statement of `body`, else `default`."""
     imports = [i for i, statement in enumerate(body) if is_import_line(statement)]
@@ -256,6 +284,10 @@ class Faithful(Finding):
             count = arity(site.mapped, statics) if site.mapped is not None else None
             if count is None and mapped is not None:
                 count = self._partial_arity(mapped.arg.value, statics)
+            if count is None and isinstance(site.node, cst.Decorator):
+                count = self._calls_arity(site, statics)
+                if count is not None:
+                    notes.append(f"`in_specs` is sized for the {count} arguments its calls pass")
             in_specs = with_statics(in_specs, statics, count)
         fun = innermost_items[innermost.fun] if innermost.fun is not None else None
         name = names[0] if len(names) == 1 else tuple_of(names)
@@ -419,6 +451,20 @@ class Faithful(Finding):
         room = replace(room, column=room.column + 1, tail=0)  # after the `@`
         helper = Call(partial, [Item(cst.Arg(cst.Name(HELPER))), *plan.helper, *plan.jit])
         return [new.with_changes(decorator=helper.laid_out(room, self.state.style))]
+
+    def _calls_arity(self, site: PmapUse, statics: Sequence[int]) -> int | None:
+        """The arity a decorated def's calls in the module agree on (`arity_of_calls`), when it
+        passes every static argument and leaves out only parameters with defaults."""
+        fn, module = site.mapped, site.ancestors[0]
+        if not isinstance(fn, cst.FunctionDef) or not isinstance(module, cst.Module):
+            return None
+        method = any(isinstance(a, cst.ClassDef) and fn in a.body.body for a in site.ancestors)
+        count = arity_of_calls(module, fn, method)
+        positional = (*fn.params.posonly_params, *fn.params.params)
+        required = sum(p.default is None for p in positional)
+        if count is None or isinstance(fn.params.star_arg, cst.Param):
+            return None
+        return count if max(statics) < count <= len(positional) and count >= required else None
 
     def _partial_arity(self, fun: cst.BaseExpression, statics: Sequence[int]) -> int | None:
         """The positional arity of `functools.partial(f, k=v, ...)`, `f` a def of the module:
