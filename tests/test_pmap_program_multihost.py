@@ -388,6 +388,7 @@ CASES = [
     "program_state_returned_by_callee",
     "program_state_returned_by_nested_def",
     "program_factory_step_with_own_steps",
+    "program_module_lambda_step",
 ]
 
 

@@ -1289,6 +1289,10 @@ class Finding(Pass):
                 raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
             assert isinstance(site.node, cst.Call)
             options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
+            fun = fun_arg(site.node)
+            lam = fun.value if fun is not None else None  # a notebook's cell: a mean kept below
+            if isinstance(lam, cst.Lambda) and not is_mean(site.node, self.qualname):
+                return self._outer_named(OuterStep(site, target, lambda_def(lam), options, False))
             defs = self.survey.defs(options.name)
             if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(options.name):
                 why = self._not_a_def(site.node, options.name or "")
@@ -1304,14 +1308,23 @@ class Finding(Pass):
                     )
                 raise NotVisible(why, Decline.NOT_A_DEF)
             body, name = defs[0], target
-        if len(self.resolver.bindings(name)) != 1:
-            raise NotVisible(f"`{name}` is bound more than once in the module", Decline.REBOUND)
-        if name in self.survey.strings:
+        return self._outer_named(
+            OuterStep(site, name, body, options, isinstance(site.node, cst.Decorator))
+        )
+
+    def _outer_named(self, step: OuterStep) -> OuterStep:
+        """`step`, when its name is bound once in the module and named in no string."""
+        assert self.survey is not None
+        if len(self.resolver.bindings(step.name)) != 1:
             raise NotVisible(
-                f"`{name}` is named in a string (`__all__`?): it may be used elsewhere",
+                f"`{step.name}` is bound more than once in the module", Decline.REBOUND
+            )
+        if step.name in self.survey.strings:
+            raise NotVisible(
+                f"`{step.name}` is named in a string (`__all__`?): it may be used elsewhere",
                 Decline.NOT_CALLED_ONLY,
             )
-        return OuterStep(site, name, body, options, isinstance(site.node, cst.Decorator))
+        return step
 
     def _unnamed(self) -> cst.SimpleString:
         """The name an unnamed mapped axis gets: one no string of the module is."""
