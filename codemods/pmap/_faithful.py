@@ -27,6 +27,7 @@ from jaxmigrate.toolkit.passes import Home
 from ._declines import NotVisible
 from ._flow import mapped_name
 from ._layout import fill, holes_of
+from ._passon import elsewhere
 from ._reach import nodes_in
 from ._specs import (
     Untranslatable,
@@ -287,7 +288,10 @@ class Faithful(Finding):
             if count is None and isinstance(site.node, cst.Decorator):
                 count = self._calls_arity(site, statics)
                 if count is not None:
-                    notes.append(f"`in_specs` is sized for the {count} arguments its calls pass")
+                    notes.append(
+                        f"`in_specs` is sized for the {count} arguments its calls in this module "
+                        "pass (a call elsewhere passing another number raises)"
+                    )
             in_specs = with_statics(in_specs, statics, count)
         fun = innermost_items[innermost.fun] if innermost.fun is not None else None
         name = names[0] if len(names) == 1 else tuple_of(names)
@@ -459,6 +463,9 @@ class Faithful(Finding):
         if not isinstance(fn, cst.FunctionDef) or not isinstance(module, cst.Module):
             return None
         method = any(isinstance(a, cst.ClassDef) and fn in a.body.body for a in site.ancestors)
+        assert self.survey is not None
+        if not method and elsewhere(fn.name.value, self.state.outside, self.survey.strings):
+            return None  # called by other modules too: how many arguments they pass is not seen
         count = arity_of_calls(module, fn, method)
         positional = (*fn.params.posonly_params, *fn.params.params)
         required = sum(p.default is None for p in positional)
