@@ -649,3 +649,16 @@ def test_a_step_made_in_its_function_other_than_taken_is_declined_with_its_code(
     messages = pmap_messages(source)
     assert messages and all(expected in m for m in messages), messages
     assert not any("(program-level)" in m for m in messages), messages
+
+
+def test_a_module_step_fed_a_batch_in_one_function_and_a_copy_in_another_is_declined():
+    """The functions calling a step made at module level must agree on which arguments are
+    batches: the step has one `in_specs`."""
+    evaluate = CALLER.replace("def main", "def evaluate").replace(
+        "x = x.reshape((n, -1) + x.shape[1:])", "x = jnp.broadcast_to(x, (n,) + x.shape)"
+    )
+    source = STEP + f"p_step = {MADE}\n" + CALLER + "\n" + evaluate
+    (message,) = pmap_messages(source)
+    assert "[PL204] `p_step` gets a batch in one function and a replicated value in another" in (
+        message
+    ), message
