@@ -662,3 +662,29 @@ def test_a_module_step_fed_a_batch_in_one_function_and_a_copy_in_another_is_decl
     assert "[PL204] `p_step` gets a batch in one function and a replicated value in another" in (
         message
     ), message
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (
+            "    if (m := x.mean(0)) is not None:\n        return m * w\n    return w",
+            "[PL501] the body binds a name inside an expression",
+        ),
+        (
+            "    while (m := x.mean()) > 100:\n        x = x / 2\n    return m * w",
+            "[PL501] the body binds a name inside an expression",
+        ),
+        ("    parts = (w, x)\n    return (*parts,)", "[PL501] the body returns a starred tuple"),
+    ],
+    ids=["walrus_in_if", "walrus_in_while", "starred_return"],
+)
+def test_a_body_binding_or_returning_other_than_plainly_is_declined(body, expected):
+    """A `:=` in an `if` or `while` test binds a per-device value (`m`) the statements did not
+    see: read as a name from outside, `m * w` was taken as the same on every device, and the
+    step took the program-level form with that result `P()`."""
+    source = STEP.replace(
+        '    return w - jax.lax.pmean(x.mean(0) * w, "i")', body
+    ) + CALLER.replace("    w = jnp", f"    p_step = {MADE}\n    w = jnp", 1)
+    (message,) = pmap_messages(source)
+    assert expected in message and "(program-level)" not in message, message

@@ -87,6 +87,10 @@ def _run(reader: _Reader, body: cst.FunctionDef, start: set[str]) -> None:
     """Read `body`, its parameters `start` differing between devices."""
     if not isinstance(body.body, cst.IndentedBlock) or not _ends_in_return(body.body.body):
         raise NotVisible("the body does not end in a return", Decline.BODY)
+    # `if (m := x.mean(0)) is not None:` binds a value the statements never see (a test is
+    # not a value of the body: pmap's are concrete), so any `:=` in it declines
+    if next(nodes_in(body.body, cst.NamedExpr), None) is not None:
+        raise NotVisible("the body binds a name inside an expression", Decline.BODY)
     reader.local = set(Flow(body).stores)
     reader.reach = Reach(body.body)
     while True:  # closures read names at call time: rerun until what ever differs is stable
@@ -307,8 +311,6 @@ class _Reader:
     # Expressions --------------------------------------------------------------------------
     def varies(self, node: cst.CSTNode, varying: frozenset[str] | set[str]) -> bool:
         """Return True unless `node` is the same on every device."""
-        if isinstance(node, cst.NamedExpr):
-            raise NotVisible("the body binds a name inside an expression", Decline.BODY)
         if isinstance(node, cst.Call):
             name = self.qualname(node.func)
             if name in REDUCED and self._over_axis(node):
