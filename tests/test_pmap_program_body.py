@@ -96,6 +96,13 @@ else:
     "a module helper's result from replicated values": "out = mean_and(x.sum(), jnp.sum(w))",
     "a dict filled by a module helper with a pmean": "out = {}\nfill(out, cross_mean(x.sum()))",
     "a per-device value's shape, one trace's": "out = jnp.zeros(x.shape[1:]).sum() + x.ndim",
+    "a dict filled by a closure with a pmean": """\
+out = {}
+
+def log(name, v):
+    out[name] = v
+
+log("loss", jax.lax.pmean(x.sum(), "i"))""",
     "a DynamicScale's grads, new scale and finite check over the step's axis": """\
 grad_fn = SCALE.value_and_grad(lambda v: jnp.sum(x @ v), axis_name="i")
 scale, finite, loss, g = grad_fn(w)
@@ -141,6 +148,28 @@ for _ in range(2):
     "a dict with one per-device entry": "out = {'a': jax.lax.pmean(x.sum(), 'i'), 'b': x.sum()}",
     "a dict filled per device": "out = {}\nout['a'] = x.sum()",
     "a list appended per device": "out = []\nout.append(x.sum())",
+    # a closure storing into the body's objects: `out` was read as the same on every device
+    "a dict filled per device by a closure": """\
+out = {}
+
+def log(name, v):
+    out[name] = v
+
+log("loss", x.sum())""",
+    "a list appended by a closure reading the batch": """\
+out = []
+
+def add():
+    out.append(x.sum())
+
+add()""",
+    "a dict filled by a closure passed on, its arguments not seen": """\
+out = {}
+
+def put(v):
+    out["a"] = v
+
+jax.tree.map(put, jnp.sum(w))""",
     "a permutation": "out = jax.lax.ppermute(jnp.sum(w), 'i', [(0, 1), (1, 0)])",
     "a mutated field": "out = {'a': jnp.sum(w)}\nout['a'] += x.sum()",
     "a per-device value's shape and values": "out = jnp.zeros(x.shape[1:]).sum() + x.sum()",

@@ -245,6 +245,29 @@ class _Reader:
                 owners = {single_name(base_of(a.value)) for a in call.args} - {None}
                 self.ever |= owners  # type: ignore[arg-type]
                 varying = varying | owners  # type: ignore[operator]
+        return self.filled_by_closures(node, varying)
+
+    def filled_by_closures(self, node: cst.CSTNode, varying: set[str]) -> set[str]:
+        """`log("loss", loss)`, a nested def storing into (or calling a method of) an object of
+        the body it closes over (`metrics[name] = v`), called or passed on in `node`: the
+        body's objects it closes over differ when the def or what it is called with does."""
+        defs = {**self.defs, **self.closures}
+        for ref in nodes_in(node, cst.Name):
+            fn = self.closures.get(ref.value)
+            if fn is None or not _mutates(fn, defs):
+                continue
+            call = next(
+                (c for c in nodes_in(node, cst.Call) if c.func is ref), None
+            )  # passed on (`jax.tree.map(add, ...)`): what it is called with is not seen
+            args = call.args if call is not None else ()
+            if (
+                call is None
+                or self.closure_varies(fn)
+                or any(self.varies(a.value, varying) for a in args)
+            ):
+                owners = (set(names_in(fn)) - {p.name.value for p in fn.params.params}) & self.local
+                self.ever |= owners
+                varying = varying | owners
         return varying
 
     def summarised(self, node: cst.Assign, varying: set[str]) -> list[bool] | None:
