@@ -96,6 +96,7 @@ else:
     "a module helper's result from replicated values": "out = mean_and(x.sum(), jnp.sum(w))",
     "a dict filled by a module helper with a pmean": "out = {}\nfill(out, cross_mean(x.sum()))",
     "a per-device value's shape, one trace's": "out = jnp.zeros(x.shape[1:]).sum() + x.ndim",
+    "a dict filled through an alias with a pmean": "out = {}\nb = out\nb['a'] = cross_mean(x.sum())",
     "a dict filled by a closure with a pmean": """\
 out = {}
 
@@ -148,6 +149,13 @@ for _ in range(2):
     "a dict with one per-device entry": "out = {'a': jax.lax.pmean(x.sum(), 'i'), 'b': x.sum()}",
     "a dict filled per device": "out = {}\nout['a'] = x.sum()",
     "a list appended per device": "out = []\nout.append(x.sum())",
+    # a store into an object another name holds too: `out` was read as the same on every device
+    "a dict filled per device through an alias": "out = {'a': jnp.sum(w)}\nb = out\nb['a'] = x.sum()",
+    "a dict updated per device through an alias": "out = {}\nb, c = out, 1\nb.update(a=x.sum())",
+    "a list in a dict appended per device": "inner = []\nout = {'l': inner}\ninner.append(x.sum())",
+    "a dict of a list filled per device in a loop": "out = [{}]\nfor d in out:\n    d['a'] = x.sum()",
+    "an entry got and filled per device": "out = {'d': {}}\nout.get('d')['a'] = x.sum()",
+    "an entry set by default and appended": "out = {}\nout.setdefault('l', []).append(x.sum())",
     # a closure storing into the body's objects: `out` was read as the same on every device
     "a dict filled per device by a closure": """\
 out = {}
@@ -156,6 +164,13 @@ def log(name, v):
     out[name] = v
 
 log("loss", x.sum())""",
+    "a dict passed to a closure filling it per device": """\
+out = {}
+
+def fill_in(d, v):
+    d["a"] = v
+
+fill_in(out, x.sum())""",
     "a list appended by a closure reading the batch": """\
 out = []
 

@@ -22,7 +22,7 @@ from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import code
 
 from ._declines import Decline, NotVisible
-from ._forms import Qualname, base_of, single_name, target_names
+from ._forms import Qualname, target_names
 from ._imported import NO_IMPORTS, Function, Imported
 from ._layout import TREE_MAPS
 from ._reach import Flow, Reach, nodes_in, statements
@@ -53,6 +53,9 @@ SUMMARIES = (
     # made on them (`jax.value_and_grad` has no `axis_name`).
     Summary("value_and_grad", "axis_name", ("receiver", "same", "call", "same")),
 )
+# Methods whose value is the object or holds what it holds (`out.get("d")`, `out.items()`,
+# a shallow `copy()`): a store into that value may change the object's.
+PARTS = frozenset({"get", "setdefault", "pop", "popitem", "items", "values", "copy"})
 MUTATING = frozenset(
     {"append", "extend", "insert", "update", "setdefault", "pop", "popitem", "clear", "remove"}
     | {"add", "discard", "sort", "reverse", "__setitem__", "__setattr__"}
@@ -92,6 +95,7 @@ def _run(reader: _Reader, body: cst.FunctionDef, start: set[str]) -> None:
     if next(nodes_in(body.body, cst.NamedExpr), None) is not None:
         raise NotVisible("the body binds a name inside an expression", Decline.BODY)
     reader.local = set(Flow(body).stores)
+    reader.aliases = alias_classes(body)
     reader.reach = Reach(body.body)
     while True:  # closures read names at call time: rerun until what ever differs is stable
         seen = set(reader.ever)
@@ -141,6 +145,7 @@ class _Reader:
     def __init__(self, axis: str, qualname: Qualname, defs: Defs, ever: set[str]) -> None:
         self.axis, self.qualname, self.defs = axis, qualname, defs
         self.ever = ever  # every name that differs somewhere in the body
+        self.aliases: dict[str, set[str]] = {}  # see `alias_classes`
         self.closures: dict[str, cst.FunctionDef] = {}  # the body's nested defs
         self.returns: list[tuple[cst.BaseExpression, frozenset[str]]] = []
         self.inside: frozenset[str] = frozenset()  # the module helpers being read (no recursion)
@@ -227,11 +232,16 @@ class _Reader:
         """`metrics.update(x)`, `out.append(x)`: the object differs when what it takes does."""
         if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Attribute):
             return varying
-        owner = single_name(base_of(node.func.value))
-        if owner is not None and any(self.varies(a.value, varying) for a in node.args):
-            self.ever.add(owner)
-            return varying | {owner}
+        if any(self.varies(a.value, varying) for a in node.args):
+            return self.changed(aliased(node.func.value), varying)
         return varying
+
+    def changed(self, owners: set[str], varying: set[str]) -> set[str]:
+        """`varying` with the objects of `owners` now differing between devices, and every
+        name of the body that may be one of them or hold one (`aliases`)."""
+        found = set().union(*(self.aliases.get(n, {n}) for n in owners))
+        self.ever |= found
+        return varying | found
 
     def filled_by_helpers(self, node: cst.CSTNode, varying: set[str]) -> set[str]:
         """`add_metrics(metrics, x)`, a module helper storing into (or calling a method of) a
@@ -242,32 +252,33 @@ class _Reader:
             if helper is None or not mutates(helper, self.defs):
                 continue
             if any(self.varies(a.value, varying) for a in call.args):
-                owners = {single_name(base_of(a.value)) for a in call.args} - {None}
-                self.ever |= owners  # type: ignore[arg-type]
-                varying = varying | owners  # type: ignore[operator]
+                passed = set().union(*(aliased(a.value) for a in call.args))
+                varying = self.changed(passed, varying)
         return self.filled_by_closures(node, varying)
 
     def filled_by_closures(self, node: cst.CSTNode, varying: set[str]) -> set[str]:
         """`log("loss", loss)`, a nested def storing into (or calling a method of) an object of
         the body it closes over (`metrics[name] = v`), called or passed on in `node`: the
         body's objects it closes over differ when the def or what it is called with does."""
-        defs = {**self.defs, **self.closures}
         for ref in nodes_in(node, cst.Name):
             fn = self.closures.get(ref.value)
-            if fn is None or not _mutates(fn, defs):
+            stored = stored_into(fn, {**self.defs, **self.closures}) if fn is not None else set()
+            params = {p.name.value for p in fn.params.params} if fn is not None else set()
+            owners = stored & self.local - params
+            if not owners and not stored & params:
                 continue
             call = next(
                 (c for c in nodes_in(node, cst.Call) if c.func is ref), None
-            )  # passed on (`jax.tree.map(add, ...)`): what it is called with is not seen
+            )  # passed on (`jax.value_and_grad(f)`): what it is called with is not seen
             args = call.args if call is not None else ()
             if (
                 call is None
-                or self.closure_varies(fn)
+                or self.closure_varies(fn)  # type: ignore[arg-type]
                 or any(self.varies(a.value, varying) for a in args)
             ):
-                owners = (set(names_in(fn)) - {p.name.value for p in fn.params.params}) & self.local
-                self.ever |= owners
-                varying = varying | owners
+                if stored & params:  # `def fill(d, v): d["a"] = v`: what is passed
+                    owners = owners.union(*(aliased(a.value) for a in args))
+                varying = self.changed(owners, varying)
         return varying
 
     def summarised(self, node: cst.Assign, varying: set[str]) -> list[bool] | None:
@@ -318,11 +329,7 @@ class _Reader:
     def bind(self, target: cst.BaseExpression, varies: bool, varying: set[str]) -> set[str]:
         """Bind `target` to a value that differs (`varies`) or not."""
         if isinstance(target, (cst.Attribute, cst.Subscript)):  # `x.a = v`, `x[k] = v`
-            owner = single_name(base_of(target))
-            if owner is not None and varies:
-                self.ever.add(owner)
-                return varying | {owner}
-            return varying
+            return self.changed(aliased(target), varying) if varies else varying
         names = set(target_names(target)) if not isinstance(target, cst.StarredElement) else set()
         if "?" in names or not names:
             raise NotVisible("the body binds a name other than plainly", Decline.BODY)
@@ -537,6 +544,88 @@ _PER_DEVICE: list[tuple[Defs, Qualname, dict[str, bool]]] = []
 # `mutates`' answers for the module whose defs were asked last (the body and every helper it
 # follows ask of each call they hold, again for each layout of the arguments).
 _MUTATES: list[tuple[Defs, dict[cst.FunctionDef, bool]]] = []
+
+
+def aliased(node: cst.BaseExpression) -> set[str]:
+    """The names whose objects `node`'s value may be or hold (`b` of `b`, `out` of
+    `out["d"]`, `out.get("d")` and `out.setdefault(...)`, `inner` of `{"l": inner}`): a store
+    into that value may change them. Another call's value is a new object (`x.mean(0)`,
+    `model.apply(...)`, `jax.random.split(key)`)."""
+    if isinstance(node, cst.Name):
+        return {node.value}
+    if isinstance(node, (cst.Attribute, cst.Subscript)):
+        return aliased(node.value)
+    if isinstance(node, cst.Call):
+        func = node.func
+        return (
+            aliased(func.value)
+            if isinstance(func, cst.Attribute) and func.attr.value in PARTS
+            else set()
+        )
+    if isinstance(node, (cst.Tuple, cst.List, cst.Set, cst.Dict)):
+        return set().union(*(aliased(e.value) for e in node.elements))
+    if isinstance(node, cst.IfExp):
+        return aliased(node.body) | aliased(node.orelse)
+    if isinstance(node, cst.BooleanOperation):
+        return aliased(node.left) | aliased(node.right)
+    return set()
+
+
+def stored_into(fn: cst.FunctionDef, defs: Defs) -> set[str]:
+    """The names whose objects `fn` may change, that it does not bind itself: stored into
+    (`m[k] = v`, `m.a += v`), a method changing them called (`m.update(...)`), or passed to a
+    def of `defs` that may change what it is passed (`mutates`)."""
+    stored: set[str] = set()
+    for node in nodes_in(fn.body, cst.CSTNode):  # type: ignore[type-abstract]
+        targets: list[cst.BaseExpression] = []
+        if isinstance(node, cst.Assign):
+            targets = [t.target for t in node.targets]
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
+            targets = [node.target]
+        for target in targets:
+            if isinstance(target, (cst.Attribute, cst.Subscript)):
+                stored |= aliased(target)
+        if not isinstance(node, cst.Call):
+            continue
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value in MUTATING:
+            stored |= aliased(node.func.value)
+        helper = defs.get(node.func.value) if isinstance(node.func, cst.Name) else None
+        if helper is not None and helper is not fn and mutates(helper, defs):
+            stored = stored.union(*(aliased(a.value) for a in node.args))
+    own = set(Flow(fn).stores) - {p.name.value for p in fn.params.params}
+    return stored - own
+
+
+def alias_classes(body: cst.FunctionDef) -> dict[str, set[str]]:
+    """The names of `body` that may hold the same object, in any order of its statements:
+    joined by a binding (`b = out`, `for d in out`, `with out as b`), by storing one into
+    another (`out["l"] = inner`), or by a method taking one (`out.append(inner)`). Only the
+    body's own names (its parameters, what it binds) are joined: `tx.update(grads, ...)` of
+    an optimizer made elsewhere joins nothing."""
+    local = set(Flow(body).stores) | {p.name.value for p in body.params.params}
+    joined: list[set[str]] = []
+    for node in nodes_in(body.body, cst.CSTNode):  # type: ignore[type-abstract]
+        if isinstance(node, cst.Assign):
+            joined += [aliased(t.target) | aliased(node.value) for t in node.targets]
+        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)) and node.value is not None:
+            joined.append(aliased(node.target) | aliased(node.value))
+        elif isinstance(node, cst.For):
+            joined.append(aliased(node.target) | aliased(node.iter))
+        elif isinstance(node, cst.WithItem) and node.asname is not None:
+            joined.append(aliased(node.asname.name) | aliased(node.item))
+        elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            taken = (aliased(a.value) for a in node.args)
+            receiver = aliased(node.func.value)
+            if node.func.attr.value in MUTATING and receiver & local:
+                joined.append(receiver.union(*taken))
+    classes: dict[str, set[str]] = {}
+    for names in joined:
+        names &= local
+        if len(names) > 1:
+            merged = set(names).union(*(classes.get(n, set()) for n in names))
+            for name in merged:
+                classes[name] = merged
+    return classes
 
 
 def mutates(helper: cst.FunctionDef, defs: Defs) -> bool:
