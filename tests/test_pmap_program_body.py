@@ -171,6 +171,13 @@ def fill_in(d, v):
     d["a"] = v
 
 fill_in(out, x.sum())""",
+    "a dict passed with a closure filling it per device": """\
+out = {"a": jnp.sum(w)}
+
+def fill(d):
+    d["a"] = x.sum()
+
+list(map(fill, [out]))""",
     "a list appended by a closure reading the batch": """\
 out = []
 

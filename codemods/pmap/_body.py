@@ -267,10 +267,11 @@ class _Reader:
             owners = stored & self.local - params
             if not owners and not stored & params:
                 continue
-            call = next(
-                (c for c in nodes_in(node, cst.Call) if c.func is ref), None
-            )  # passed on (`jax.value_and_grad(f)`): what it is called with is not seen
-            args = call.args if call is not None else ()
+            calls = list(nodes_in(node, cst.Call))
+            call = next((c for c in calls if c.func is ref), None)
+            # passed on (`map(fill, [out])`): called with what it is passed with, at the most
+            taker = next((c for c in calls if any(a.value is ref for a in c.args)), None)
+            args = call.args if call is not None else taker.args if taker is not None else ()
             if (
                 call is None
                 or self.closure_varies(fn)  # type: ignore[arg-type]
