@@ -178,6 +178,14 @@ def fill(d):
     d["a"] = x.sum()
 
 list(map(fill, [out]))""",
+    "a dict filled per device by a closure through a name of its own": """\
+out = {}
+
+def log(k, v):
+    m = out
+    m[k] = v
+
+log("loss", x.sum())""",
     "a list appended by a closure reading the batch": """\
 out = []
 

@@ -593,16 +593,20 @@ def stored_into(fn: cst.FunctionDef, defs: Defs) -> set[str]:
         helper = defs.get(node.func.value) if isinstance(node.func, cst.Name) else None
         if helper is not None and helper is not fn and mutates(helper, defs):
             stored = stored.union(*(aliased(a.value) for a in node.args))
+    # `m = metrics; m[k] = v`: what its own names may hold, by any of its names
+    classes = alias_classes(fn, own_only=False)
+    stored = stored.union(*(classes.get(n, set()) for n in stored))
     own = set(Flow(fn).stores) - {p.name.value for p in fn.params.params}
     return stored - own
 
 
-def alias_classes(body: cst.FunctionDef) -> dict[str, set[str]]:
+def alias_classes(body: cst.FunctionDef, own_only: bool = True) -> dict[str, set[str]]:
     """The names of `body` that may hold the same object, in any order of its statements:
     joined by a binding (`b = out`, `for d in out`, `with out as b`), by storing one into
     another (`out["l"] = inner`), or by a method taking one (`out.append(inner)`). Only the
     body's own names (its parameters, what it binds) are joined: `tx.update(grads, ...)` of
-    an optimizer made elsewhere joins nothing."""
+    an optimizer made elsewhere joins nothing. `own_only=False`: every name is joined (a
+    nested def's own names with those it closes over)."""
     local = set(Flow(body).stores) | {p.name.value for p in body.params.params}
     joined: list[set[str]] = []
     for node in nodes_in(body.body, cst.CSTNode):  # type: ignore[type-abstract]
@@ -617,11 +621,11 @@ def alias_classes(body: cst.FunctionDef) -> dict[str, set[str]]:
         elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
             taken = (aliased(a.value) for a in node.args)
             receiver = aliased(node.func.value)
-            if node.func.attr.value in MUTATING and receiver & local:
+            if node.func.attr.value in MUTATING and (receiver & local or not own_only):
                 joined.append(receiver.union(*taken))
     classes: dict[str, set[str]] = {}
     for names in joined:
-        names &= local
+        names = names & local if own_only else names
         if len(names) > 1:
             merged = set(names).union(*(classes.get(n, set()) for n in names))
             for name in merged:
