@@ -53,6 +53,12 @@ def fill_through(out, t):
     fill(out, t)
 
 
+def own_box(t, u):
+    box = {{}}
+    box["t"] = t
+    return u
+
+
 def step(w, x):
 {body}
 
@@ -95,6 +101,10 @@ else:
     "a module helper's pmean, passed by keyword": "out = cross_mean(t=x.sum())",
     "a module helper's result from replicated values": "out = mean_and(x.sum(), jnp.sum(w))",
     "a dict filled by a module helper with a pmean": "out = {}\nfill(out, cross_mean(x.sum()))",
+    # `own_box` stores only into a dict of its own: what it is passed is not changed
+    "passed with the batch to a module helper filling a dict of its own": (
+        "out = jnp.sum(w)\nown_box(x.sum(), out)"
+    ),
     "a per-device value's shape, one trace's": "out = jnp.zeros(x.shape[1:]).sum() + x.ndim",
     "a dict filled through an alias with a pmean": "out = {}\nb = out\nb['a'] = cross_mean(x.sum())",
     "a dict filled by a closure with a pmean": """\
@@ -131,6 +141,11 @@ DIFFERENT = {
     "a dict filled per device by a module helper": "out = {}\nfill(out, x.sum())",
     "a dict filled per device two helpers deep": "out = {}\nfill_through(out, x.sum())",
     "a dict filled per device by a helper in an assignment": "out = {}\n_ = fill(out, x.sum())",
+    "a dict passed by keyword to a module helper filling it": "out = {}\nfill(t=x.sum(), out=out)",
+    # a module helper passed on: `out` was read as the same on every device
+    "a dict passed with a module helper filling it per device": (
+        "out = {'a': jnp.sum(w)}\nlist(map(fill, [out], [x.sum()]))"
+    ),
     "a closure reading the batch": "def f(v):\n    return jnp.sum(x) * v\n\nout = f(jnp.sum(w))",
     "a closure reading a name bound later": """\
 def f(v):

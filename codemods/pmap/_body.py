@@ -13,7 +13,7 @@ statement the analysis does not model raises NotVisible (the faithful form is ke
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -25,7 +25,7 @@ from ._declines import Decline, NotVisible
 from ._forms import Qualname, target_names
 from ._imported import NO_IMPORTS, Function, Imported
 from ._layout import TREE_MAPS
-from ._reach import Flow, Reach, nodes_in, statements
+from ._reach import Flow, Reach, nodes_in, params_of, statements
 
 REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin", "all_gather")})
 PER_DEVICE = frozenset(
@@ -202,7 +202,7 @@ class _Reader:
         return varying
 
     def small(self, node: cst.BaseSmallStatement, varying: set[str]) -> set[str]:
-        varying = self.filled_by_helpers(node, varying)
+        varying = self.filled_by_defs(node, varying)
         if isinstance(node, cst.Assign):
             varies = self.varies(node.value, varying)
             results = self.summarised(node, varying)
@@ -243,42 +243,41 @@ class _Reader:
         self.ever |= found
         return varying | found
 
-    def filled_by_helpers(self, node: cst.CSTNode, varying: set[str]) -> set[str]:
-        """`add_metrics(metrics, x)`, a module helper storing into (or calling a method of) a
-        parameter: the objects passed differ when anything passed does."""
-        for call in nodes_in(node, cst.Call):
-            name = call.func.value if isinstance(call.func, cst.Name) else None
-            helper = self.defs.get(name) if name is not None and name not in self.local else None
-            if helper is None or not mutates(helper, self.defs):
-                continue
-            if any(self.varies(a.value, varying) for a in call.args):
-                passed = set().union(*(aliased(a.value) for a in call.args))
-                varying = self.changed(passed, varying)
-        return self.filled_by_closures(node, varying)
-
-    def filled_by_closures(self, node: cst.CSTNode, varying: set[str]) -> set[str]:
-        """`log("loss", loss)`, a nested def storing into (or calling a method of) an object of
-        the body it closes over (`metrics[name] = v`), called or passed on in `node`: the
-        body's objects it closes over differ when the def or what it is called with does."""
+    def filled_by_defs(self, node: cst.CSTNode, varying: set[str]) -> set[str]:
+        """`add_metrics(metrics, x)` (a module helper) or `log("loss", loss)` (a nested def): a
+        def storing into (or calling a method of) what it is passed or, nested, an object of the
+        body it closes over (`metrics[name] = v`), called or passed on in `node`: what it stores
+        into differs when the def (nested) or what it is called with does."""
+        calls = list(nodes_in(node, cst.Call))
         for ref in nodes_in(node, cst.Name):
-            fn = self.closures.get(ref.value)
-            stored = stored_into(fn, {**self.defs, **self.closures}) if fn is not None else set()
-            params = {p.name.value for p in fn.params.params} if fn is not None else set()
-            owners = stored & self.local - params
+            nested = self.closures.get(ref.value)
+            fn = nested or (self.defs.get(ref.value) if ref.value not in self.local else None)
+            if fn is None:
+                continue
+            stored = set(
+                stored_into(fn, {**self.defs, **self.closures})
+                if nested is not None
+                else stored_by_helper(fn, self.defs)
+            )
+            params = {p.name.value for p in params_of(fn.params)}
+            owners = stored & self.local - params if nested is not None else set()
             if not owners and not stored & params:
                 continue
-            calls = list(nodes_in(node, cst.Call))
             call = next((c for c in calls if c.func is ref), None)
             # passed on (`map(fill, [out])`): called with what it is passed with, at the most
             taker = next((c for c in calls if any(a.value is ref for a in c.args)), None)
             args = call.args if call is not None else taker.args if taker is not None else ()
             if (
                 call is None
-                or self.closure_varies(fn)  # type: ignore[arg-type]
+                or (nested is not None and self.closure_varies(nested))
                 or any(self.varies(a.value, varying) for a in args)
             ):
                 if stored & params:  # `def fill(d, v): d["a"] = v`: what is passed
-                    owners = owners.union(*(aliased(a.value) for a in args))
+                    owners |= (
+                        passed_into(call.args, fn, stored & params)
+                        if call is not None
+                        else set().union(*(aliased(a.value) for a in args))
+                    )
                 varying = self.changed(owners, varying)
         return varying
 
@@ -542,9 +541,9 @@ class _Reader:
 
 # `_Reader._calls_per_device`'s answers for the module (its defs and names) asked last.
 _PER_DEVICE: list[tuple[Defs, Qualname, dict[str, bool]]] = []
-# `mutates`' answers for the module whose defs were asked last (the body and every helper it
-# follows ask of each call they hold, again for each layout of the arguments).
-_MUTATES: list[tuple[Defs, dict[cst.FunctionDef, bool]]] = []
+# `stored_by_helper`'s answers for the module whose defs were asked last (the body and every
+# helper it follows ask of each call they hold, again for each layout of the arguments).
+_STORED: list[tuple[Defs, dict[cst.FunctionDef, frozenset[str]]]] = []
 
 
 def aliased(node: cst.BaseExpression) -> set[str]:
@@ -572,10 +571,14 @@ def aliased(node: cst.BaseExpression) -> set[str]:
     return set()
 
 
-def stored_into(fn: cst.FunctionDef, defs: Defs) -> set[str]:
+def stored_into(
+    fn: cst.FunctionDef, defs: Defs, seen: frozenset[cst.FunctionDef] = frozenset()
+) -> set[str]:
     """The names whose objects `fn` may change, that it does not bind itself: stored into
     (`m[k] = v`, `m.a += v`), a method changing them called (`m.update(...)`), or passed to a
-    def of `defs` that may change what it is passed (`mutates`)."""
+    def of `defs` that may change what it is passed (one calling back into a def being read,
+    `seen`, may)."""
+    seen = seen | {fn}
     stored: set[str] = set()
     for node in nodes_in(fn.body, cst.CSTNode):  # type: ignore[type-abstract]
         targets: list[cst.BaseExpression] = []
@@ -591,13 +594,35 @@ def stored_into(fn: cst.FunctionDef, defs: Defs) -> set[str]:
         if isinstance(node.func, cst.Attribute) and node.func.attr.value in MUTATING:
             stored |= aliased(node.func.value)
         helper = defs.get(node.func.value) if isinstance(node.func, cst.Name) else None
-        if helper is not None and helper is not fn and mutates(helper, defs):
-            stored = stored.union(*(aliased(a.value) for a in node.args))
+        if helper is not None:
+            into = {p.name.value for p in params_of(helper.params)}
+            into = into if helper in seen else stored_into(helper, defs, seen) & into
+            stored |= passed_into(node.args, helper, into)
     # `m = metrics; m[k] = v`: what its own names may hold, by any of its names
     classes = alias_classes(fn, own_only=False)
     stored = stored.union(*(classes.get(n, set()) for n in stored))
-    own = set(Flow(fn).stores) - {p.name.value for p in fn.params.params}
+    own = set(Flow(fn).stores) - {p.name.value for p in params_of(fn.params)}
     return stored - own
+
+
+def passed_into(args: Sequence[cst.Arg], fn: cst.FunctionDef, params: set[str]) -> set[str]:
+    """The names of what `args`, a call's, pass to the parameters `params` of `fn`: by position
+    or keyword; all of them when a star, or an argument `fn` has no parameter of its own for,
+    hides which."""
+    if not params:
+        return set()
+    positional = [p.name.value for p in (*fn.params.posonly_params, *fn.params.params)]
+    keywords = {p.name.value for p in params_of(fn.params)} - {
+        p.name.value for p in fn.params.posonly_params
+    }
+    found: set[str] = set()
+    for i, arg in enumerate(args):
+        name = arg.keyword.value if arg.keyword is not None else None
+        if arg.star or name is None and i >= len(positional) or name and name not in keywords:
+            return set().union(*(aliased(a.value) for a in args))
+        if (name or positional[i]) in params:
+            found |= aliased(arg.value)
+    return found
 
 
 def alias_classes(body: cst.FunctionDef, own_only: bool = True) -> dict[str, set[str]]:
@@ -633,41 +658,14 @@ def alias_classes(body: cst.FunctionDef, own_only: bool = True) -> dict[str, set
     return classes
 
 
-def mutates(helper: cst.FunctionDef, defs: Defs) -> bool:
-    """`_mutates(helper, defs)`, answered once per helper of the module `defs` holds."""
-    if not _MUTATES or _MUTATES[0][0] is not defs:
-        _MUTATES[:] = [(defs, {})]
-    known = _MUTATES[0][1]
+def stored_by_helper(helper: cst.FunctionDef, defs: Defs) -> frozenset[str]:
+    """`stored_into(helper, defs)`, answered once per helper of the module `defs` holds."""
+    if not _STORED or _STORED[0][0] is not defs:
+        _STORED[:] = [(defs, {})]
+    known = _STORED[0][1]
     if helper not in known:
-        known[helper] = _mutates(helper, defs)
+        known[helper] = frozenset(stored_into(helper, defs))
     return known[helper]
-
-
-def _mutates(helper: cst.FunctionDef, defs: Defs, seen: frozenset[str] = frozenset()) -> bool:
-    """A module helper that may change an object passed to it: it stores into a field or an
-    entry (`m["k"] = v`, `m.a += v`), calls a method (`m.update(...)`), or passes a value to
-    a module helper that does (at any depth)."""
-    seen = seen | {helper.name.value}
-    for node in nodes_in(helper.body, object):
-        targets: list[cst.BaseExpression] = []
-        if isinstance(node, cst.Assign):
-            targets = [t.target for t in node.targets]
-        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
-            targets = [node.target]
-        if any(isinstance(t, (cst.Attribute, cst.Subscript)) for t in targets):
-            return True
-        method = (
-            node.func.attr.value
-            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
-            else None
-        )
-        if method in MUTATING:  # `m.update(...)`, of a parameter or of an alias of one
-            return True
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
-            inner = defs.get(node.func.value)
-            if inner is not None and inner.name.value not in seen and _mutates(inner, defs, seen):
-                return True
-    return False
 
 
 def _field(node: cst.CSTNode | None) -> str | None:
