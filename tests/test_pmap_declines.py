@@ -688,3 +688,77 @@ def test_a_body_binding_or_returning_other_than_plainly_is_declined(body, expect
     ) + CALLER.replace("    w = jnp", f"    p_step = {MADE}\n    w = jnp", 1)
     (message,) = pmap_messages(source)
     assert expected in message and "(program-level)" not in message, message
+
+
+PREDICT = """\
+import jax
+import jax.numpy as jnp
+
+
+def predict(w, x):
+    return jnp.tanh(x @ w)
+
+
+def main(w, x):
+    n = jax.local_device_count()
+    p_predict = jax.pmap(predict, axis_name="i")
+    w = jnp.broadcast_to(w, (n,) + w.shape)
+    x = x.reshape((n, -1) + x.shape[1:])
+    y = p_predict(w, x)
+    return READ
+"""
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        "y.reshape(-1, y.shape[1])",  # a leading axis: the flat result has one fewer
+        "y.reshape(y.shape[0] * y.shape[1], -1)",
+        "y.reshape(y.size)",  # on several processes the flat result's size is the job's
+        "y.reshape(-1, y.ndim)",
+        'y.flatten(order="F")',  # another order of the elements
+        "y.reshape(-1, *y.shape[-1:])",
+    ],
+)
+def test_a_reshape_reading_what_the_device_axis_changes_is_declined(read):
+    """A result that may differ between devices is read flat: `y.reshape(-1)`, `y.flatten()`,
+    `y.reshape([-1, y.shape[-1]])` are kept as written, as the stacked and the flat result
+    have the same elements in order. A shape reading the leading axes, the number of axes or
+    the size of `y` would differ between the two, and the program-level form is not taken."""
+    (message,) = pmap_messages(PREDICT.replace("READ", read))
+    assert "[PL402] `y`, a result of `p_predict` that may differ between devices" in message
+    assert "is read other than flattened" in message and "(program-level)" not in message
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        "y.reshape(-1)",
+        "y.flatten()",
+        "y.ravel()",
+        "y.reshape([-1, y.shape[-1]])",
+        "y.reshape(2, -1)",
+    ],
+)
+def test_a_reshape_the_same_of_the_stacked_and_the_flat_result_is_kept(read):
+    source = PREDICT.replace("READ", read)
+    messages = [s.message for s in migrate_source(source, options=Options(unsafe_fixes=True)).sites]
+    assert any("(program-level)" in m for m in messages), messages
+    assert any("the flat result has the same elements in order" in m for m in messages), messages
+    code = migrate_source(source, options=Options(unsafe_fixes=True)).code
+    method = read.split("(")[0].removeprefix("y")
+    assert f'global_array_to_host_local_array(y, mesh, P("i")){method}(' in code, code
+
+
+def test_a_helper_flattening_every_axis_is_kept_and_passed_this_processs_part():
+    """flax's one-line `tohost` of `np.asarray(x).reshape(-1)` flattens each device's own axes
+    too: it stays, given the flat result (deleting it, as the helper of `(n * b,) + rest`
+    is, would leave those axes)."""
+    helper = "def tohost(v):\n    return np.asarray(v).reshape(-1)\n\n\ndef main"
+    source = PREDICT.replace("def main", helper).replace(
+        "import jax\n", "import jax\nimport numpy as np\n", 1
+    )
+    result = migrate_source(source.replace("READ", "tohost(y)"), options=Options(unsafe_fixes=True))
+    assert 'return tohost(multihost_utils.global_array_to_host_local_array(y, mesh, P("i")))' in (
+        result.code
+    ), result.code

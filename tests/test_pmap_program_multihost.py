@@ -389,6 +389,7 @@ CASES = [
     "program_state_returned_by_nested_def",
     "program_factory_step_with_own_steps",
     "program_module_lambda_step",
+    "program_results_flattened_whole",
 ]
 
 

@@ -100,9 +100,13 @@ v[0], r)`, `unreplicate(r)`, a module helper doing one of these; a call read so 
 expression, `return unreplicate(step(...))`), appended to a list read by
 `common_utils.get_metrics` (-> `common_utils.stack_forest(jax.device_get(...))`), or fed back;
 and each result is the same on every device, or is read only reshaped on the host
-(`r.reshape(-1)`, `r.reshape(-1, k)`: per-example predictions), which gets `P(axis)` and becomes
-this process's part of the flat result (`multihost_utils.global_array_to_host_local_array`; in
-one process, all of it). "The same on every device" is read from the body (nested defs,
+(`r.reshape(-1)`, `r.flatten()`, `r.reshape(-1, k)`, `r.reshape([-1, r.shape[-1]])`:
+per-example predictions; the shape may read `r`'s last axes, not its leading ones, its number
+of axes or its size), which gets `P(axis)` and becomes this process's part of the flat result
+(`multihost_utils.global_array_to_host_local_array`; in one process, all of it), reshaped as
+written: the stacked and the flat result have the same elements in order. Only a reshape
+merging the device axis into the next alone (`r.reshape((-1,) + r.shape[2:])`, flax's `tohost`)
+goes. "The same on every device" is read from the body (nested defs,
 closures, `value_and_grad(..., has_aux=True)`, dicts, `if`/`else`, loops): a `pmean`/`psum`/
 `pmax`/`pmin`/`all_gather` over the step's axis, a library function's results its summary says
 are (flax's `DynamicScale.value_and_grad(..., axis_name=axis)`: its new scale, finite flag and

@@ -2171,8 +2171,10 @@ def _follow_flattened(
             "device to average"
         )
         raise NotVisible(why, Decline.RESULT_VARIES)
+    reshapes = [r for r in (_reshaped(flow, use, name) for use in reached) if r is not None]
+    in_shapes = {id(n) for r in reshapes for a in r.args for n in nodes_in(a, cst.Name)}
     for use in reached:  # not the argument's value, nor the flat value `r = r.reshape(-1)` binds
-        if _waited(flow, use, forms):
+        if _waited(flow, use, forms) or id(use) in in_shapes:  # `r.shape[-1]` of a reshape
             continue
         around = list(flow.ancestors(use))[:6]  # `r.reshape(...)`, `r` in its shape too
         node = next(
@@ -2186,6 +2188,10 @@ def _follow_flattened(
                 reason = (
                     f"`{code(node.func)}`, a flattening of `{name}` over devices, deleted: the "
                     "result is flat already"
+                )
+            if _whole(helper or node):
+                reason = (
+                    f"`{name}` flattened as it is: the flat result has the same elements in order"
                 )
             program.edit(node, reason, lambda n=node: _flat_value(program, n, name, forms))  # type: ignore[misc]
             program.flat_reads = True
@@ -2207,6 +2213,8 @@ def _follow_flattened(
                 )
             raise NotVisible(why, Decline.RESULT_VARIES)
         reason = f"`{name}` reshaped as it is: the flat result has the same elements in order"
+        if not reshape.args:
+            reason = f"`{name}` flattened as it is: the flat result has the same elements in order"
         program.edit(reshape, reason, lambda r=reshape: _local_reshape(program, r, name))  # type: ignore[misc]
         program.flat_reads = True
 
@@ -2276,31 +2284,75 @@ def _flat_value(
 ) -> cst.BaseExpression:
     """The flat result, copied as the flattening copied it (`np.asarray(r).reshape(-1)`)."""
     helper = _flattening_helper(forms, flattening, name)
+    if helper is not None and _whole(helper):  # `tohost(r)` of `r.reshape(-1)`: of the part
+        arg = flattening.args[0]
+        return flattening.with_changes(args=[arg.with_changes(value=_local_part(program, name))])
+    whole = flattening if _whole(flattening) else None  # `r.reshape(-1)`: of the flat part
     if helper is not None:  # `tohost(r)`: its flattening, of the flat result
         flattening = helper
     assert isinstance(flattening.func, cst.Attribute)
     copy = flattening.func.value
     if not isinstance(copy, cst.Call):
-        return _local_part(program, name)
-    part = _local_part(program, name, host=False)  # copied to the host as the original did
-    return copy.with_changes(args=[copy.args[0].with_changes(value=part)])
+        value = _local_part(program, name)
+    else:
+        part = _local_part(program, name, host=False)  # copied to the host as the original did
+        value = copy.with_changes(args=[copy.args[0].with_changes(value=part)])
+    if whole is None:
+        return value
+    return whole.with_changes(func=whole.func.with_changes(value=value))  # type: ignore[attr-defined]
+
+
+def _whole(flattening: cst.Call) -> bool:
+    """`r.reshape(-1)`: every axis of the stacked result flattened, the device axis and the
+    axes of each device's value alike, so kept (of the flat result: the same elements in
+    order); `r.reshape((-1,) + r.shape[2:])` merges the device axis into the next alone, which
+    the flat result has done already."""
+    return holes_of("{x}.reshape(-1)", flattening) is not None
 
 
 def _reshaped(flow: Flow, use: cst.Name, name: str) -> cst.Call | None:
-    """`name.reshape(...)` whose shape does not read `name`: the per-device results stacked,
-    or flat over the devices, have the same elements in the same (row-major) order."""
+    """`name.reshape(shape)`, `name.flatten()`, `name.ravel()`, whose shape is the same of the
+    stacked and of the flat result: the two have the same elements in the same (row-major)
+    order. The shape may read `name` only as the same in both: its last axes (`name.shape[-1]`,
+    `name.shape[-2:]`), not its leading axes, its number of axes or its size."""
     method = flow.parent.get(id(use))
     call = flow.parent.get(id(method))
-    if not isinstance(method, cst.Attribute) or method.attr.value != "reshape":
+    if not isinstance(method, cst.Attribute) or not isinstance(call, cst.Call):
         return None
-    if not isinstance(call, cst.Call) or call.func is not method or not call.args:
+    if call.func is not method or any(a.keyword is not None or a.star for a in call.args):
+        return None  # `order="F"`: another order
+    if method.attr.value in ("flatten", "ravel"):
+        return None if call.args else call
+    if method.attr.value != "reshape" or not call.args:
         return None
-    if any(a.keyword is not None or a.star for a in call.args):  # `order="F"`: another order
-        return None
+    shape = cst.Tuple([cst.Element(a.value) for a in call.args])
+    reads = [n for n in nodes_in(shape, cst.Name) if n.value == name]
+    return call if all(_same_when_flat(flow, n) for n in reads) else None
+
+
+def _same_when_flat(flow: Flow, use: cst.Name) -> bool:
+    """`r.shape[-k]` or `r.shape[-k:]`: the same of the stacked and the flat `r` (its size is
+    not: on a job of several processes the flat `r` is global, its part this process's)."""
+    attribute = flow.parent.get(id(use))
+    if not isinstance(attribute, cst.Attribute) or attribute.value is not use:
+        return False
+    index = flow.parent.get(id(attribute))
+    if attribute.attr.value != "shape" or not isinstance(index, cst.Subscript):
+        return False
+    if index.value is not attribute or len(index.slice) != 1:
+        return False
+    part = index.slice[0].slice
+    if isinstance(part, cst.Slice):
+        ends = part.upper is None and part.step is None
+        return ends and part.lower is not None and _negative(part.lower)
+    return isinstance(part, cst.Index) and _negative(part.value)
+
+
+def _negative(node: cst.BaseExpression) -> bool:
     return (
-        None
-        if name in set(names_in(cst.Tuple([cst.Element(a.value) for a in call.args])))
-        else call
+        isinstance(node, cst.UnaryOperation)
+        and isinstance(node.operator, cst.Minus)
+        and isinstance(node.expression, cst.Integer)
     )
 
 
