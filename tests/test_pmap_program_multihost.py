@@ -390,6 +390,7 @@ CASES = [
     "program_factory_step_with_own_steps",
     "program_module_lambda_step",
     "program_results_flattened_whole",
+    "program_input_iterator_used_elsewhere",
 ]
 
 

@@ -250,9 +250,10 @@ Batches from an input iterator a def of the module makes (flax imagenet's `creat
 device, maybe through `tree_map` of a def nested in it), iterated by the function calling the
 step (`for step, batch in zip(range(n), it)`, `batch = next(it)`) and each batch read only as
 passed to its steps, are flat batches once that split and that prefetch go; each call takes
-`jax.make_array_from_process_local_data(batch_sharding, batch)` (`_inputs.py`). No other code,
-in the module or the code base, may use those defs (flax's notebook calls `create_input_iter`
-for a pmap of its own: PL301 names it).
+`jax.make_array_from_process_local_data(batch_sharding, batch)` (`_inputs.py`). When other
+code, in the module or the code base, uses those defs (flax's notebook calls `create_input_iter`
+for a pmap of its own), the iterator stays as it is and each batch is converted where the step
+takes it (`global_batch`, below).
 Such a step must be used only as called in functions of the module (not named in a string such
 as `__all__`, not passed around otherwise). Anything else (a step passed to other code, called where no one
 function calls all its callers, arguments from outside the function, a result fed to another
@@ -370,8 +371,7 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
   - `PL206` a call's results are bound other than to plain names (`d["k"] = step(...)`), or
     `step(...)[0]` of a tuple;
   - `PL301` an argument's layout comes from outside the function (a parameter, a global; the
-    argument of a mean over devices, AlgoPerf's `avg_fn`; an input iterator of the module that
-    other code uses too). Parameters of a def whose callers the analysis does not see, when
+    argument of a mean over devices, AlgoPerf's `avg_fn`). Parameters of a def whose callers the analysis does not see, when
     they alone block, end the message with the `[tool.jaxmigrate] pmap-replicated` entry that
     would declare them equal copies per device (`"Evaluator.run(params)"`: never for a batch;
     verification checks it where it runs the program). A value drawn from an iterator the

@@ -412,6 +412,7 @@ def forms_of(flow: Flow, qualname: Qualname, facts: ModuleFacts) -> Forms:
         lambda name: _named_lambda(flow, name),
         bound=bound,
         imported=facts.imported,
+        elsewhere=facts.elsewhere,
     )
 
 

@@ -3,7 +3,7 @@ readbacks of values around one pmapped step, and where each name is bound and re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import libcst as cst
 
@@ -112,8 +112,10 @@ class Forms:
         values: Callable[[cst.Name], cst.BaseExpression | None] | None = None,
         bound: Values | None = None,
         imported: Imported = NO_IMPORTS,
+        elsewhere: Callable[[str, Sequence[cst.FunctionDef]], str] = lambda *_: "",
     ) -> None:
         self.qualname = qualname
+        self.elsewhere = elsewhere  # see `ModuleFacts.elsewhere`
         self.imported = imported  # the code base's modules the module imports: their defs
         self.values = values  # the one value a read name may have (tuples are read through)
         self.counts = counts  # is this the number of local devices (pmap's mapped size)?

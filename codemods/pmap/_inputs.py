@@ -28,9 +28,11 @@ Taken when the iterator def returns, through names bound once, an optional
 `prefetch_to_device(it, n)` of `map(f, ds)`, `f` a def of the module returning a split of its
 argument (or `tree_map` of a def nested in it, or of a lambda, returning one); every iterator the
 function makes with it is read only so, each batch read only as passed to a step of the function
-(this one, or one taken with it); and no other code uses the two defs (`checked`, from the code
-base's index, `FileState.outside`): flax's notebook calls `train.create_input_iter` for a pmap of
-its own, whose batches must stay split per device.
+(this one, or one taken with it); and no other code uses the two defs (another function of the
+module, another module of the code base: `FileState.outside`). flax's notebook calls
+`train.create_input_iter` for a pmap of its own, which reads its batches split per device: the
+iterator then stays as it is, and each batch is converted where the step takes it
+(`global_batch`, as a batch of an iterator the analysis does not see into).
 """
 
 from __future__ import annotations
@@ -100,6 +102,10 @@ def iterated_batches(
     if flat is None:
         return False
     edits, mapped = flat
+    if forms.elsewhere(maker.name.value, (program.host,)) or forms.elsewhere(
+        mapped.value, (maker,)
+    ):
+        return False  # its batches stay split for that code: converted at the step's call
     step_feeds = feeds | program.sibling_feeds
     at_calls: list[cst.Name] = []
     for bound, batch in batches:

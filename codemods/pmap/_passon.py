@@ -235,15 +235,15 @@ def checked(
         ids = {id(n) for n in taken}
         for name in dict.fromkeys(single_name(n) or "" for n in taken):
             loads = flow.loads.get(name, [])
-            here = [u for u in loads if id(u) not in ids and not _defined(flow, u)]
-            where = _where(flow, here[0]) if here else elsewhere(name, outside, strings)
+            here = [u for u in loads if id(u) not in ids and not defined(flow, u)]
+            where = where_in(flow, here[0]) if here else elsewhere(name, outside, strings)
             if where:
                 raise NotVisible(why.format(name=name, where=where), code)
     host = program.host.name.value
     if program.returns:
-        here = [u for u in flow.loads.get(host, []) if not _defined(flow, u)]
+        here = [u for u in flow.loads.get(host, []) if not defined(flow, u)]
         reading = [u for u in here if not isinstance(_statement(flow, u), cst.Expr)]
-        where = _where(flow, reading[0]) if reading else elsewhere(host, outside, strings, "read")
+        where = where_in(flow, reading[0]) if reading else elsewhere(host, outside, strings, "read")
         if not isinstance(flow.parent.get(id(program.host)), cst.Module):
             where = "where its callers are not followed (it is no def at module level)"
         if where:
@@ -255,7 +255,7 @@ def checked(
             )
 
 
-def _where(flow: Flow, use: cst.Name) -> str:
+def where_in(flow: Flow, use: cst.Name) -> str:
     """Where in the module `use` is: "in `f`", the def around it, or "at module level"."""
     node = next((a for a in flow.ancestors(use) if isinstance(a, cst.FunctionDef)), None)
     return f"in `{node.name.value}`" if node is not None else "at module level"
@@ -269,7 +269,7 @@ def pmaps(fn: cst.FunctionDef, forms: Forms) -> bool:
     return any(forms.qualname(f) == "jax.pmap" for f in calls if isinstance(f, cst.BaseExpression))
 
 
-def _defined(flow: Flow, use: cst.Name) -> bool:
+def defined(flow: Flow, use: cst.Name) -> bool:
     parent = flow.parent.get(id(use))
     return isinstance(parent, (cst.FunctionDef, cst.ClassDef)) and parent.name is use
 

@@ -166,6 +166,9 @@ class ModuleFacts:
     # pmap-replicated` names it, and the parameters it says its callers pass as equal copies,
     # one per local device (`_flow._declared_copies`)
     replicated: Mapping[int, Declarable] = field(default_factory=dict)
+    # Where code other than the defs given may use a def of the module (another function,
+    # another module: `_passon.elsewhere`), "" when nowhere
+    elsewhere: Callable[[str, Sequence[cst.FunctionDef]], str] = lambda *_: ""
 
 
 NO_FACTS = ModuleFacts()

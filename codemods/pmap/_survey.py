@@ -45,7 +45,7 @@ from ._outer import (
     setup_function,
 )
 from ._passon import checked as passed_on_checked
-from ._passon import elsewhere
+from ._passon import defined, elsewhere, where_in
 from ._program import Program, Setup
 from ._reach import ENTRY, SCOPES, Flow, assigned_name, free_names, nodes_in, params_of
 from ._readat import short as _short
@@ -485,6 +485,7 @@ class Finding(Pass):
         # the function that call is in, and the assignment (`_factory_callers`); the step is
         # read with the steps that function makes
         self.factory_hosts: dict[int, tuple[cst.FunctionDef, cst.Assign]] = {}
+        self.module_flow: Flow | None = None  # the module's, while its programs are found
         self.kept_pmaps = False  # a `jax.pmap` of the module is left alone (skipped)
         self.outer_calls: dict[int, Program] = {}  # `step = jax.pmap(...)` at module level, taken
         self.outer_defs: dict[int, tuple[OuterStep, Program]] = {}  # pmap-decorated defs, taken
@@ -496,7 +497,7 @@ class Finding(Pass):
 
     def _find_programs(self, module: cst.Module) -> None:
         """Take the sites whose whole data flow is visible to the program-level form."""
-        flow = Flow(module, model=self.resolver)
+        flow = self.module_flow = Flow(module, model=self.resolver)
         outer: list[OuterStep] = []
         made_in: dict[int, list[PmapUse]] = {}  # the steps each function makes
         self.factory_hosts = self._factory_callers(module, flow)
@@ -1694,7 +1695,18 @@ class Finding(Pass):
             self.survey.constants,
             self.imported,
             self._declared(module),
+            self._elsewhere,
         )
+
+    def _elsewhere(self, name: str, within: Sequence[cst.FunctionDef]) -> str:
+        """Where code other than the defs `within` may use the module's def `name`: another
+        function of the module, another module (`elsewhere`); "" when nowhere."""
+        assert self.module_flow is not None and self.survey is not None
+        flow = self.module_flow
+        for use in flow.loads.get(name, []):
+            if not any(a in within for a in flow.ancestors(use)) and not defined(flow, use):
+                return where_in(flow, use)
+        return elsewhere(name, self.state.outside, self.survey.strings)
 
     def _not_a_def(self, pmap: cst.CSTNode, name: str) -> str:
         """Why the function `pmap` maps is not a def this form reads."""
