@@ -230,6 +230,33 @@ def test_a_call_without_arguments_too_long_splits_the_call_it_is_a_method_of() -
     )
 
 
+@pytest.mark.parametrize(
+    ("source", "width", "expected"),
+    [
+        # `gather(...).reshape(` past the width: the short trailer is omitted, `gather` split
+        (
+            "gather(aaaaaaaa, bbbbbbbbbb).reshape(-1)",
+            36,
+            "gather(\n    aaaaaaaa, bbbbbbbbbb\n).reshape(-1)",
+        ),
+        # `gather(...).reshape(` fits: split at the last bracket, as black and ruff do
+        (
+            "gather(aaaaaaaa, bbbb).reshape(cccccccccc, dddddddddd)",
+            36,
+            "gather(aaaaaaaa, bbbb).reshape(\n    cccccccccc, dddddddddd\n)",
+        ),
+    ],
+)
+def test_a_method_of_a_calls_result_is_split_where_black_splits_it(
+    source: str, width: int, expected: str
+) -> None:
+    """black's right-hand split omits a trailer (`.reshape(-1)`) when the line up to its
+    bracket does not fit: `f(x).reshape(\n    -1\n)` was written where black and ruff write
+    `f(\n    x\n).reshape(-1)` (the flat readback of a program-level result)."""
+    laid = Call.of(call(source)).laid_out(Room("", 0), Style(width=width))
+    assert code(laid) == expected
+
+
 def test_fit_call_keeps_multiline_calls_unless_rearranged() -> None:
     old = call("g(\n    a,\n    b,\n)")
     new = call("h(\n    b,\n    a,\n)")

@@ -371,7 +371,9 @@ class Call:
             flat = self.flat()
             if room.column + len(code(flat)) + room.tail <= style.width:
                 return flat
-            if not self.items:  # `f(x).flatten()`: the call it is a method of is split
+            if not self.items or self._head_too_long(room, style):
+                # `f(x).flatten()`, or `f(x).reshape(` past the width: black omits the
+                # trailer and splits the call it is a method of
                 return self._receiver_split(flat, room, style)
             hugged = joined([i.value(Call.flat) for i in self.items])
             if len(inner) + len(code(cst.Call(cst.Name("f"), hugged))) - 3 <= style.width:
@@ -382,6 +384,13 @@ class Call:
                 nested = sole.value(lambda c: c.laid_out(Room(inner, start), style))
                 return self._hugged([nested], inner, room.indent)
         return self._exploded(room.indent, inner, style)
+
+    def _head_too_long(self, room: Room, style: Style) -> bool:
+        """`f(x).m(` (a method of a call's result) does not fit the line up to its `(`."""
+        func = self.func
+        if not isinstance(func, cst.Attribute) or not isinstance(func.value, cst.Call):
+            return False
+        return room.column + len(code(func)) + 1 > style.width
 
     def _receiver_split(self, flat: cst.Call, room: Room, style: Style) -> cst.Call:
         """A call with no arguments too long for its line: `f(x).flatten()` with `f(x)` laid
