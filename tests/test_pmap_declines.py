@@ -762,3 +762,61 @@ def test_a_helper_flattening_every_axis_is_kept_and_passed_this_processs_part():
     assert 'return tohost(multihost_utils.global_array_to_host_local_array(y, mesh, P("i")))' in (
         result.code
     ), result.code
+
+
+@pytest.mark.parametrize(
+    ("calls", "expected"),
+    [
+        ("w = p_step(*(w, x))", "a call of `p_step` unpacks its arguments (`*` or `**`)"),
+        ("w = p_step(w, x, x)", "a call of `p_step` passes more arguments than the body takes"),
+        ("w = p_step(w)", "a call of `p_step` does not pass `x`"),
+        ("w = p_step(w, y=x)", "a call of `p_step` passes a keyword the body does not take"),
+        (
+            "w = p_step(w, x)\n    w = p_step(w, x=x)",
+            "the calls of `p_step` pass different arguments (by position or keyword)",
+        ),
+        (
+            "w = p_step(x=x * 1, w=w + 0)",
+            "keyword arguments computed in another order than the parameters they fill",
+        ),
+    ],
+    ids=["star", "more", "missing", "keyword_unknown", "calls_differ", "keywords_reordered"],
+)
+def test_calls_the_step_cannot_take_as_they_are_are_declined(calls, expected):
+    """The program-level step takes its arguments as its calls pass them, all calls alike: a
+    call unpacking, passing too many or too few, a keyword the body does not have, calls that
+    differ, or keywords computed out of order (passing them by position would reorder their
+    side effects) keep the faithful form, PL204."""
+    made = '    p_step = jax.pmap(step, axis_name="i")\n'
+    source = STEP + CALLER.replace("    w = jnp", made + "    w = jnp", 1).replace(
+        "w = p_step(w, x)", calls
+    )
+    (message,) = pmap_messages(source)
+    assert f"[PL204] {expected}" in message and "(program-level)" not in message, message
+
+
+DECORATED_STEP = (
+    '@functools.partial(jax.pmap, axis_name="i")\ndef p_step(w, x):\n    return step(w, x)\n'
+)
+
+
+def test_a_decorated_step_calling_itself_is_declined():
+    body = "    if False:\n        return p_step(w, x)\n    return step(w, x)"
+    source = STEP + DECORATED_STEP.replace("    return step(w, x)", body) + CALLER
+    (message,) = pmap_messages(source)
+    assert "[PL205] `p_step` calls itself" in message and "(program-level)" not in message
+
+
+def test_a_decorated_step_given_per_device_keys_is_declined():
+    """Per-device keys take a lambda around the body (each device its own key, `key[0]`); a
+    decorator has no place for it."""
+    source = (
+        STEP.replace("def step(w, x):", "def step(w, x, k):")
+        + DECORATED_STEP.replace("(w, x)", "(w, x, k)")
+        + CALLER.replace(
+            "w = p_step(w, x)",
+            "k = jax.random.split(jax.random.PRNGKey(0), n)\n    w = p_step(w, x, k)",
+        )
+    )
+    (message,) = pmap_messages(source)
+    assert "[PL305] `p_step` gets per-device keys and is made outside a function" in message
