@@ -216,7 +216,7 @@ class Evaluator:
         self._count_p = jax.pmap(lambda m: jax.lax.psum(m.sum(), "i"), axis_name="i")
 """
     (message,) = pmap_messages(source)  # big_vision's image_text evaluators
-    assert "[PL101] the step is stored in the attribute `self._count_p`" in message, message
+    assert "[PL205] `self._count_p` is not called in `Evaluator`" in message, message
 
 
 def test_batches_from_another_modules_iterator_are_converted_where_passed():
@@ -820,3 +820,60 @@ def test_a_decorated_step_given_per_device_keys_is_declined():
     )
     (message,) = pmap_messages(source)
     assert "[PL305] `p_step` gets per-device keys and is made outside a function" in message
+
+
+STORED = """\
+import jax
+import jax.numpy as jnp
+
+
+class Evaluator:
+    def __init__(self, predict_fn):
+        def predict(params, batch):
+            return jax.lax.psum(predict_fn(params, batch), axis_name="data")
+
+        self.predict_fn = jax.pmap(predict, axis_name="data")
+
+    def run(self, params, batches):
+        n = jax.local_device_count()
+        params = jnp.broadcast_to(params, (n,) + params.shape)
+        outs = []
+        for batch in batches:
+            batch = batch.reshape((n, -1) + batch.shape[1:])
+            out = self.predict_fn(params, batch)
+            outs.append(out[0])
+        return outs
+"""
+ENDS = "            outs.append(out[0])\n        return outs\n"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        (ENDS, "            yield out[0]\n", "[PL602] `run` is a generator that yields where"),
+        (
+            '        self.predict_fn = jax.pmap(predict, axis_name="data")\n',
+            '        self.predict_fn = jax.pmap(predict, axis_name="data")\n'
+            + "        self.first = self.predict_fn\n",
+            "[PL201] `self.predict_fn` is read in `__init__`, where it is stored",
+        ),
+        (
+            ENDS,
+            ENDS + "\n    def peek(self, other):\n        return other.predict_fn\n",
+            "[PL201] `.predict_fn` is read in `Evaluator.peek` on another object than `self`",
+        ),
+        (
+            ENDS,
+            ENDS + "\n\ndef peek(ev):\n    return ev.predict_fn\n",
+            "[PL201] `.predict_fn` is read outside the method calling the step",
+        ),
+    ],
+    ids=["generator", "read_where_stored", "other_object", "read_outside"],
+)
+def test_a_step_stored_on_self_not_taken_says_why(old, new, expected):
+    """A step stored on `self` and called in one other method takes the program-level form
+    there; when it cannot, the message says what blocks it (it said "its calls are not
+    followed", PL101, for all of these)."""
+    assert "(program-level)" in pmap_messages(STORED)[0]
+    (message,) = pmap_messages(STORED.replace(old, new, 1))
+    assert expected in message and "(program-level)" not in message, message

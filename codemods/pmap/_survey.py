@@ -481,6 +481,9 @@ class Finding(Pass):
         # By id of a pmap decorator: why the factory returning its step, or the class whose method
         # it decorates, blocks it (`_stored_step`)
         self.factory_used: dict[int, NotVisible] = {}
+        # By id of a site storing its step on `self`: why it was not taken as stored (read
+        # other than called, a generator's mesh), said where nothing more specific blocks it
+        self.stored_why: dict[int, NotVisible] = {}
         # By id of a `return jax.pmap(...)` ending a factory called once, `step = factory(...)`:
         # the function that call is in, and the assignment (`_factory_callers`); the step is
         # read with the steps that function makes
@@ -573,7 +576,8 @@ class Finding(Pass):
                 return None
         try:
             readers = stored_reads(module, klass, maker, assign)
-        except NotVisible:
+        except NotVisible as why:
+            self.stored_why[id(site.node)] = why
             return None
         used = self._method_used(module, klass, maker) if in_class else None
         if used is not None:
@@ -659,7 +663,8 @@ class Finding(Pass):
             method = shared[0].method
             try:
                 kept = stored_copy(module, method, [(s.reads, s.bound) for s in shared])
-            except NotVisible:
+            except NotVisible as unread:
+                self.stored_why.update({id(s.site.node): unread for s in shared})
                 continue
             facts = self._facts(module, method)
             declared = facts.replicated.get(id(method), NOT_DECLARABLE)
@@ -710,8 +715,9 @@ class Finding(Pass):
                 end = mesh_end(kept.copy, inner, steps, before)
                 scopes: list[cst.BaseSuite | cst.Module] = [kept.copy.body, module]
                 mesh = mesh_in_scope(scopes, before, inner, steps[0].options.axis, self.qualname)
-            except NotVisible:
-                continue  # each site finds its own reason
+            except NotVisible as unset:  # each site finds its own reason, else this one
+                self.stored_why.update({id(s.site.node): unset for s in shared})
+                continue
             around = frozenset({id(method), *(id(a) for a in flow.ancestors(method))})
             self.stored[id(method)] = kept
             handled |= {id(found.site.node) for found in shared}
@@ -1473,7 +1479,9 @@ class Finding(Pass):
             assert isinstance(assign, cst.Assign)
             options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
             declared = self._declared(module)
-            raise stored_on_self(klass, host, assign, options, body, self.qualname, declared)
+            blocking = stored_on_self(klass, host, assign, options, body, self.qualname, declared)
+            stored = self.stored_why.get(id(site.node))
+            raise stored if stored is not None and blocking.code is Decline.NOT_NAMED else blocking
         facts = self._facts(module, host)
         details = (host, statement, site.node, body, self.qualname, siblings, facts, skip)
         unnamed = self._unnamed()
