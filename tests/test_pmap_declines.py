@@ -877,3 +877,46 @@ def test_a_step_stored_on_self_not_taken_says_why(old, new, expected):
     assert "(program-level)" in pmap_messages(STORED)[0]
     (message,) = pmap_messages(STORED.replace(old, new, 1))
     assert expected in message and "(program-level)" not in message, message
+
+
+CALLEE = (FIXTURES.parent / "pmap" / "program_state_returned_by_callee.py").read_text()
+RETURN = "    return params, float(np.mean(losses))\n"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        (
+            RETURN,
+            "    if not batches:\n        return np.zeros(3), 0.0\n" + RETURN,
+            (
+                "[PL301] `p_train_step` is passed to `train_epoch`, where argument 1 of the step "
+                "comes from elsewhere (`params`, unpacked from `train_epoch(p_train_step"
+            ),
+        ),
+        (
+            RETURN,
+            "    if not batches:\n        return loss, 0.0\n" + RETURN,
+            (
+                "[PL401] `p_train_step` is passed to `train_epoch`, where `train_epoch` returns a "
+                "result of the step as item 1 of what it returns, not the same one on every path"
+            ),
+        ),
+        (
+            "        params, loss = train_epoch(p_train_step, params, batches)\n",
+            "        out = train_epoch(p_train_step, params, batches)\n        params, loss = out\n",
+            (
+                "[PL301] `p_train_step` is passed to `train_epoch`, where argument 1 of the step "
+                "comes from elsewhere (`params`, unpacked from `out`)"
+            ),
+        ),
+    ],
+    ids=["another_value_on_one_path", "another_result_on_one_path", "bound_then_unpacked"],
+)
+def test_a_callee_returning_the_state_other_than_plainly_is_declined(old, new, expected):
+    """A def the step is passed to returns the state it carries (flax's `train_epoch`): the
+    caller takes it back as the step's result only when every path returns the same result
+    and the caller unpacks it where it calls."""
+    assert "(program-level)" in pmap_messages(CALLEE)[0]
+    (message,) = pmap_messages(CALLEE.replace(old, new, 1))
+    assert expected in message and "(program-level)" not in message, message
