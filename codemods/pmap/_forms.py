@@ -370,7 +370,11 @@ def is_device_count(
     )
 
 
-FLATTENINGS = ("{x}.reshape(-1)", "{x}.reshape((-1,) + {v}.shape[2:])")
+FLATTENINGS = (
+    "{x}.reshape(-1)",
+    "{x}.reshape((-1,) + {v}.shape[2:])",
+    "{x}.reshape(-1, *{v}.shape[2:])",
+)
 
 
 def flattens(
