@@ -453,6 +453,7 @@ OUTER_MESSAGE = (
     "`{setup}` sets: replicated arguments and results `P()`, batches `P({axis})`, the device "
     "axis gone"
 )
+UNNAMED_NOTE = "; the unnamed mapped axis is called {}"  # as the faithful form says
 SETUP_MESSAGE = (
     "the mesh of {steps}: {made} over every device of the job (`jax.devices()`, pmap's order); "
     "the rest of `{setup}` runs under it (`with jax.set_mesh(...)`){end}"
@@ -626,7 +627,9 @@ class Pmap(Faithful):
         for site, program in programs:
             axis = code(program.axis)
             layout = {"layout": self._layout(site.node, program)}
-            text = PROGRAM_MESSAGE.format(axis=axis)
+            text = PROGRAM_MESSAGE.format(axis=axis) + (
+                UNNAMED_NOTE.format(axis) if program.unnamed else ""
+            )
             enabled.append(self.site(site.node, text, group=group, fallback=group, details=layout))
         enabled += self._record_edits([q for _, p in programs for q in (p, *p.callees)], group)
         if not all(enabled):
@@ -780,6 +783,7 @@ class Pmap(Faithful):
         enabled = []
         for step in group.steps:
             text = OUTER_MESSAGE.format(setup=setup, axis=code(step.options.axis))
+            text += "" if step.options.named else UNNAMED_NOTE.format(code(step.options.axis))
             node = step.site.node  # type: ignore[attr-defined]
             # What the rewrite assumes, checked on the original (each program calling the step
             # lays its arguments out alike: the step has one `in_specs`)

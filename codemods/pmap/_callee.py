@@ -265,6 +265,7 @@ def follow_passed(
     call, callee, param, args = found[0]
     options = options_of(pmap, qualname, unnamed, facts.constants)
     caller = Program(host, statement, options.fun, options.axis, options.donate, [], None)
+    caller.unnamed = not options.named
     caller.made = assign
     sibling_calls(caller, flow, siblings, facts.defs)
     forms = forms_of(flow, qualname, facts)

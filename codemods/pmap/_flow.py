@@ -274,6 +274,7 @@ def _follow(
         _mean_of_unknown(flow, forms, made_call, step, host)
     calls = [_step_call(flow, forms, call, step, body, fixed) for call in made]
     program = Program(host, None, options.fun, options.axis, options.donate, [False] * arity, None)
+    program.unnamed = not options.named
     program.fixed, program.statics = fixed, options.statics_arg
     program.params = [p.name.value for p in body.params.params]
     program.keywords, program.given, program.carries = keywords, given, carried

@@ -111,6 +111,7 @@ class Program:
     params: list[str] = field(default_factory=list)  # the body's parameters, as the calls fill them
     keywords: tuple[str, ...] = ()  # the last of `params`, which the calls pass by keyword
     keywords_bound: bool = False  # the def itself takes them by position (a decorated step)
+    unnamed: bool = False  # pmap's axis had no name: `axis` is the one the rewrite gives it
     squeezed: set[int] = field(default_factory=set)  # per-device stacks: the body takes x[0]
     arithmetic: dict[int, set[str]] = field(default_factory=dict)  # `x = x - lr * g`: results read
     means: set[int] = field(default_factory=set)  # `state = sync_batch_stats(state)`: its value
