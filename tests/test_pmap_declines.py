@@ -920,3 +920,28 @@ def test_a_callee_returning_the_state_other_than_plainly_is_declined(old, new, e
     assert "(program-level)" in pmap_messages(CALLEE)[0]
     (message,) = pmap_messages(CALLEE.replace(old, new, 1))
     assert expected in message and "(program-level)" not in message, message
+
+
+SEEN = (FIXTURES / "program_copies_seen_at_every_call.py").read_text()
+HALVED = "    halved = _score_all(jax_utils.replicate(np.full(3, 0.5, np.float32)), xs[:1])\n"
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        # one call passes a value of its own: its layout is not a replication
+        (HALVED, "    halved = _score_all(np.full((8, 3), 0.5, np.float32), xs[:1])\n"),
+        # the def is used other than called: calls elsewhere may pass anything
+        (HALVED, HALVED + "    score_all = _score_all\n"),
+        # public: other modules may call it (the code base is not read here)
+        ("_score_all", "score_all"),
+    ],
+    ids=["a_call_passes_another_value", "used_as_a_value", "public"],
+)
+def test_copies_are_seen_only_where_every_call_passes_a_replication(old, new):
+    """The fixture's `_score_all` takes the program-level form because each of its calls passes
+    a replication; where one call may pass anything else, its parameter blocks (PL301), and the
+    message names the `pmap-replicated` entry the project can write."""
+    assert "(program-level)" in pmap_messages(SEEN)[0]
+    (message,) = pmap_messages(SEEN.replace(old, new))
+    assert "[PL301]" in message and "(`params_repl`, a parameter of" in message, message

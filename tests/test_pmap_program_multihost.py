@@ -391,6 +391,7 @@ CASES = [
     "program_module_lambda_step",
     "program_results_flattened_whole",
     "program_input_iterator_used_elsewhere",
+    "program_copies_seen_at_every_call",
 ]
 
 

@@ -279,7 +279,7 @@ def _follow(
     program.params = [p.name.value for p in body.params.params]
     program.keywords, program.given, program.carries = keywords, given, carried
     entry = facts.replicated.get(id(host), NOT_DECLARABLE)
-    program.declared, program.spelling = entry.copies, entry.spelling
+    program.declared, program.spelling, program.seen = entry.copies, entry.spelling, entry.seen
     program.helpers = {
         name
         for name in flow.stores
@@ -1025,10 +1025,11 @@ CONVERTED = (
 
 
 UNCOPIED = (
-    "`{name}`, a parameter whose callers pass equal copies, one per device (`[tool.jaxmigrate] "
-    "pmap-replicated`), -> one value at the entry of `{host}` (`{helper}`: device 0's copy, "
-    "replicated over the job's devices); its callers pass what they passed"
+    "`{name}`, a parameter whose callers pass equal copies, one per device ({seen}), -> one "
+    "value at the entry of `{host}` (`{helper}`: device 0's copy, replicated over the job's "
+    "devices); its callers pass what they passed"
 )
+DECLARED = "`[tool.jaxmigrate] pmap-replicated`"
 
 
 def _declared_copies(program: Program, name: str) -> None:
@@ -1040,7 +1041,12 @@ def _declared_copies(program: Program, name: str) -> None:
         return
     program.uncopied.append(name)
     param = next(p for p in params_of(program.host.params) if p.name.value == name)
-    why = UNCOPIED.format(name=name, host=program.host.name.value, helper=program.uncopier)
+    why = UNCOPIED.format(
+        name=name,
+        seen=program.seen or DECLARED,
+        host=program.host.name.value,
+        helper=program.uncopier,
+    )
     program.edit(param.name, why, lambda: param.name)
 
 

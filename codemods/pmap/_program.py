@@ -88,6 +88,7 @@ class Program:
     # project): those the step reads become one value at the host's entry, by `uncopier`
     declared: frozenset[str] = frozenset()
     spelling: str = ""  # the host as a `pmap-replicated` entry names it ("" for a nested def)
+    seen: str = ""  # how the analysis saw its callers pass copies ("": the entry says so)
     uncopied: list[str] = field(default_factory=list)
     uncopier: str = "from_device_copies"
     # `step = factory(...)` made the step: the factory's def and its `return jax.pmap(...)`,

@@ -146,6 +146,9 @@ class Declarable:
 
     spelling: str
     copies: frozenset[str] = frozenset()
+    # Who says the callers pass copies: "" for `[tool.jaxmigrate] pmap-replicated`, else
+    # what the analysis saw (every call of the def in the code base passing a replication)
+    seen: str = ""
 
 
 NOT_DECLARABLE = Declarable("")  # a def no entry can name (nested in another def)

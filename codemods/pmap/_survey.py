@@ -31,7 +31,7 @@ from ._flow import (
     sibling_calls,
     unnamed_step,
 )
-from ._forms import Forms, bound_arguments, single_name
+from ._forms import Forms, bound_arguments, is_device_count, single_name
 from ._imported import Imported
 from ._inputs import assigned_call
 from ._layout import Layout
@@ -1682,7 +1682,55 @@ class Finding(Pass):
         """`declared_copies` of the module, read once (the module is the one being visited)."""
         if self.declared is None:
             self.declared = declared_copies(module, self.state.pmap_replicated)
+            self._copies_seen(module, self.declared)
         return self.declared
+
+    def _copies_seen(self, module: cst.Module, declared: dict[int, Declarable]) -> None:
+        """Add to `declared` the parameters of the module's functions that every call of them
+        in the code base passes a replication (`flax.jax_utils.replicate(params)`, `x` bound to
+        one on every path): what `pmap-replicated` would declare, seen (a notebook's
+        `get_accuracy(params_repl)` called from its cells). Only where no other module, and no
+        string, may name the function."""
+        assert self.survey is not None
+        flow = self.module_flow or Flow(module, model=self.resolver)
+        defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
+        flows: dict[int, Flow] = {}  # of each function calling one of them
+
+        def replication(call: cst.Call, value: cst.BaseExpression | None) -> bool:
+            host = next((a for a in flow.ancestors(call) if isinstance(a, cst.FunctionDef)), None)
+            if host is None or value is None:
+                return False  # a call at module level: what reaches it is not followed
+            inner = flows.setdefault(id(host), Flow(host, model=self.resolver))
+            counts = lambda node: is_device_count(node, inner, self.qualname)
+            return _replication(inner, Forms(self.qualname, counts, defs), value)
+
+        for name, fn in defs.items():
+            entry = declared.get(id(fn))
+            if entry is None or entry.copies or self.survey.rebound(name):
+                continue
+            if elsewhere(name, self.state.outside, self.survey.strings):
+                continue
+            uses = [u for u in flow.loads.get(name, []) if not defined(flow, u)]
+            calls = [flow.parent.get(id(u)) for u in uses]
+            if not calls or not all(
+                isinstance(c, cst.Call) and c.func is u for c, u in zip(calls, uses)
+            ):
+                continue
+            passed = [bound_arguments(fn, c) for c in calls]  # type: ignore[arg-type]
+            if any(p is None for p in passed):
+                continue
+            copies = {
+                p.name.value
+                for p in fn.params.params
+                if all(
+                    replication(c, args.get(p.name.value))  # type: ignore[arg-type, union-attr]
+                    for c, args in zip(calls, passed)
+                )
+            }
+            if copies:
+                where = "its call" if len(calls) == 1 else f"each of its {len(calls)} calls"
+                seen = f"{where} in the code base passes a replication"
+                declared[id(fn)] = replace(entry, copies=frozenset(copies), seen=seen)
 
     def _facts(self, module: cst.Module, host: cst.FunctionDef) -> ModuleFacts:
         """The defs of the module that nothing else binds (by name), and those of `host`, which
@@ -1874,3 +1922,20 @@ class Finding(Pass):
         if (defs or rebound) and not self.reuse_helper:
             for site in sites:
                 site.skip = site.skip or f"the name `{HELPER}` is already used in this module"
+
+
+def _replication(flow: Flow, forms: Forms, value: cst.BaseExpression) -> bool:
+    """`value`, an argument, is a replication (`replicate(params)`), or a name every binding
+    reaching it binds to one."""
+    if forms.replicated_source(value) is not None:
+        return True
+    if not isinstance(value, cst.Name):
+        return False
+    reach = flow.reach.of(value)
+    return bool(reach) and all(
+        isinstance(b, cst.Assign)
+        and len(b.targets) == 1
+        and single_name(b.targets[0].target) == value.value
+        and forms.replicated_source(b.value) is not None
+        for b in reach
+    )
