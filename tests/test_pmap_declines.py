@@ -935,8 +935,10 @@ HALVED = "    halved = _score_all(jax_utils.replicate(np.full(3, 0.5, np.float32
         (HALVED, HALVED + "    score_all = _score_all\n"),
         # public: other modules may call it (the code base is not read here)
         ("_score_all", "score_all"),
+        # decorated: its calls call the decorator's wrapper
+        ("def _score_all(", "def _traced(f):\n    return f\n\n\n@_traced\ndef _score_all("),
     ],
-    ids=["a_call_passes_another_value", "used_as_a_value", "public"],
+    ids=["a_call_passes_another_value", "used_as_a_value", "public", "decorated"],
 )
 def test_copies_are_seen_only_where_every_call_passes_a_replication(old, new):
     """The fixture's `_score_all` takes the program-level form because each of its calls passes

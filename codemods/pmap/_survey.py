@@ -1706,8 +1706,8 @@ class Finding(Pass):
 
         for name, fn in defs.items():
             entry = declared.get(id(fn))
-            if entry is None or entry.copies or self.survey.rebound(name):
-                continue
+            if entry is None or entry.copies or fn.decorators or self.survey.rebound(name):
+                continue  # declared, or called through a decorator's wrapper
             if elsewhere(name, self.state.outside, self.survey.strings):
                 continue
             uses = [u for u in flow.loads.get(name, []) if not defined(flow, u)]
