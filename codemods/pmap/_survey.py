@@ -1688,9 +1688,10 @@ class Finding(Pass):
     def _copies_seen(self, module: cst.Module, declared: dict[int, Declarable]) -> None:
         """Add to `declared` the parameters of the module's functions that every call of them
         in the code base passes a replication (`flax.jax_utils.replicate(params)`, `x` bound to
-        one on every path): what `pmap-replicated` would declare, seen (a notebook's
-        `get_accuracy(params_repl)` called from its cells). Only where no other module, and no
-        string, may name the function."""
+        one on every path): what `pmap-replicated` would declare, seen (a script's evaluation
+        function its `main` calls with `replicate(params)`). Only where no other module, and no
+        string, may name the function, and every call is in a function (at module level, what
+        reaches a call is not followed)."""
         assert self.survey is not None
         flow = self.module_flow or Flow(module, model=self.resolver)
         defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
@@ -1700,7 +1701,9 @@ class Finding(Pass):
             host = next((a for a in flow.ancestors(call) if isinstance(a, cst.FunctionDef)), None)
             if host is None or value is None:
                 return False  # a call at module level: what reaches it is not followed
-            inner = flows.setdefault(id(host), Flow(host, model=self.resolver))
+            if id(host) not in flows:
+                flows[id(host)] = Flow(host, model=self.resolver)
+            inner = flows[id(host)]
             counts = lambda node: is_device_count(node, inner, self.qualname)
             return _replication(inner, Forms(self.qualname, counts, defs), value)
 
