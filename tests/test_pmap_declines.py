@@ -947,3 +947,21 @@ def test_copies_are_seen_only_where_every_call_passes_a_replication(old, new):
     assert "(program-level)" in pmap_messages(SEEN)[0]
     (message,) = pmap_messages(SEEN.replace(old, new))
     assert "[PL301]" in message and "(`params_repl`, a parameter of" in message, message
+
+
+TOP_LEVEL = SEEN.split("def main():")[0] + (
+    "rng = np.random.default_rng(0)\n"
+    "xs = [rng.normal(size=(8 * 2, 3)).astype(np.float32) for _ in range(2)]\n"
+    "params_repl = jax_utils.replicate(np.linspace(-1.0, 1.0, 3, dtype=np.float32))\n"
+    "print(_score_all(params_repl, xs))\n"
+)
+
+
+def test_copies_are_seen_at_calls_at_module_level_too():
+    """A notebook's cells or a script's top level call the evaluation function: the module's
+    statements are read in order, as a def's (what reaches each call)."""
+    (message,) = pmap_messages(TOP_LEVEL)
+    assert "(program-level)" in message, message
+    again = TOP_LEVEL + "params_repl = np.ones((8, 3))\nprint(_score_all(params_repl, xs))\n"
+    (message,) = pmap_messages(again)
+    assert "[PL301]" in message and "(`params_repl`, a parameter of `_score_all`)" in message

@@ -1689,18 +1689,21 @@ class Finding(Pass):
         """Add to `declared` the parameters of the module's functions that every call of them
         in the code base passes a replication (`flax.jax_utils.replicate(params)`, `x` bound to
         one on every path): what `pmap-replicated` would declare, seen (a script's evaluation
-        function its `main` calls with `replicate(params)`). Only where no other module, and no
-        string, may name the function, and every call is in a function (at module level, what
-        reaches a call is not followed)."""
+        function its `main` calls with `replicate(params)`, a notebook's cells calling
+        `get_accuracy(params_repl)`). Only where no other module, and no string, may name the
+        function."""
         assert self.survey is not None
         flow = self.module_flow or Flow(module, model=self.resolver)
         defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
         flows: dict[int, Flow] = {}  # of each function calling one of them
 
         def replication(call: cst.Call, value: cst.BaseExpression | None) -> bool:
-            host = next((a for a in flow.ancestors(call) if isinstance(a, cst.FunctionDef)), None)
+            around = list(flow.ancestors(call))
+            host = next((a for a in around if isinstance(a, cst.FunctionDef)), None)
+            if host is None:  # at module level: the module's statements read as a def
+                host = self._main_host(module, around[::-1])
             if host is None or value is None:
-                return False  # a call at module level: what reaches it is not followed
+                return False
             if id(host) not in flows:
                 flows[id(host)] = Flow(host, model=self.resolver)
             inner = flows[id(host)]
