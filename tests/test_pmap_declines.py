@@ -965,3 +965,8 @@ def test_copies_are_seen_at_calls_at_module_level_too():
     again = TOP_LEVEL + "params_repl = np.ones((8, 3))\nprint(_score_all(params_repl, xs))\n"
     (message,) = pmap_messages(again)
     assert "[PL301]" in message and "(`params_repl`, a parameter of `_score_all`)" in message
+    # the entry to write, and the call that keeps it from being seen
+    assert (
+        '`pmap-replicated = ["_score_all(params_repl)"]` (its call `_score_all(params_repl, xs)` '
+        "passes `params_repl` = `np.ones((8, 3))`)"
+    ) in message, message

@@ -280,6 +280,7 @@ def _follow(
     program.keywords, program.given, program.carries = keywords, given, carried
     entry = facts.replicated.get(id(host), NOT_DECLARABLE)
     program.declared, program.spelling, program.seen = entry.copies, entry.spelling, entry.seen
+    program.unseen = entry.unseen
     program.helpers = {
         name
         for name in flow.stores
@@ -973,10 +974,12 @@ def _declare_hint(program: Program, params: Iterable[str]) -> str:
     when they are all that blocks: the entry of `[tool.jaxmigrate] pmap-replicated` that would
     declare them equal copies per device."""
     names = ", ".join(dict.fromkeys(params))
+    unseen = [program.unseen[p] for p in dict.fromkeys(params) if p in program.unseen]
     return (
         "; if every caller passes equal copies of one value, one per local device (not a batch "
         "split over the devices), the project can say so in `[tool.jaxmigrate]`: "
         f'`pmap-replicated = ["{program.spelling}({names})"]`'
+        + "".join(f" ({why})" for why in unseen[:1])
     )
 
 

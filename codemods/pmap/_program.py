@@ -37,7 +37,7 @@ per-device gradients; under `check_vma=True` they would come out summed over dev
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +89,7 @@ class Program:
     declared: frozenset[str] = frozenset()
     spelling: str = ""  # the host as a `pmap-replicated` entry names it ("" for a nested def)
     seen: str = ""  # how the analysis saw its callers pass copies ("": the entry says so)
+    unseen: Mapping[str, str] = field(default_factory=dict)  # see `Declarable.unseen`
     uncopied: list[str] = field(default_factory=list)
     uncopier: str = "from_device_copies"
     # `step = factory(...)` made the step: the factory's def and its `return jax.pmap(...)`,

@@ -149,6 +149,8 @@ class Declarable:
     # Who says the callers pass copies: "" for `[tool.jaxmigrate] pmap-replicated`, else
     # what the analysis saw (every call of the def in the code base passing a replication)
     seen: str = ""
+    # By parameter not seen so: the first call passing another value (`_survey._copies_seen`)
+    unseen: Mapping[str, str] = field(default_factory=dict)
 
 
 NOT_DECLARABLE = Declarable("")  # a def no entry can name (nested in another def)

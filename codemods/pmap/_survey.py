@@ -1697,13 +1697,13 @@ class Finding(Pass):
         defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
         flows: dict[int, Flow] = {}  # of each function calling one of them
 
-        def replication(call: cst.Call, value: cst.BaseExpression | None) -> bool:
+        def replication(call: cst.Call, value: cst.BaseExpression | None) -> str | None:
             around = list(flow.ancestors(call))
             host = next((a for a in around if isinstance(a, cst.FunctionDef)), None)
             if host is None:  # at module level: the module's statements read as a def
                 host = self._main_host(module, around[::-1])
             if host is None or value is None:
-                return False
+                return "no value" if value is None else "a call not followed"
             if id(host) not in flows:
                 flows[id(host)] = Flow(host, model=self.resolver)
             inner = flows[id(host)]
@@ -1722,21 +1722,22 @@ class Finding(Pass):
                 isinstance(c, cst.Call) and c.func is u for c, u in zip(calls, uses)
             ):
                 continue
-            passed = [bound_arguments(fn, c) for c in calls]  # type: ignore[arg-type]
-            if any(p is None for p in passed):
+            bound = [(c, bound_arguments(fn, c)) for c in calls if isinstance(c, cst.Call)]
+            passed = [(c, args) for c, args in bound if args is not None]
+            if len(passed) != len(calls):
                 continue
-            copies = {
-                p.name.value
-                for p in fn.params.params
-                if all(
-                    replication(c, args.get(p.name.value))  # type: ignore[arg-type, union-attr]
-                    for c, args in zip(calls, passed)
-                )
-            }
-            if copies:
-                where = "its call" if len(calls) == 1 else f"each of its {len(calls)} calls"
-                seen = f"{where} in the code base passes a replication"
-                declared[id(fn)] = replace(entry, copies=frozenset(copies), seen=seen)
+            copies: set[str] = set()
+            unseen: dict[str, str] = {}  # the first call passing another value, by parameter
+            for param in (p.name.value for p in fn.params.params):
+                whys = ((c, replication(c, args.get(param))) for c, args in passed)
+                other = next(((c, why) for c, why in whys if why is not None), None)
+                if other is None:
+                    copies.add(param)
+                else:
+                    unseen[param] = f"its call `{_short(other[0])}` passes {other[1]}"
+            where = "its call" if len(calls) == 1 else f"each of its {len(calls)} calls"
+            seen = f"{where} in the code base passes a replication" if copies else ""
+            declared[id(fn)] = replace(entry, copies=frozenset(copies), seen=seen, unseen=unseen)
 
     def _facts(self, module: cst.Module, host: cst.FunctionDef) -> ModuleFacts:
         """The defs of the module that nothing else binds (by name), and those of `host`, which
@@ -1930,18 +1931,18 @@ class Finding(Pass):
                 site.skip = site.skip or f"the name `{HELPER}` is already used in this module"
 
 
-def _replication(flow: Flow, forms: Forms, value: cst.BaseExpression) -> bool:
-    """`value`, an argument, is a replication (`replicate(params)`), or a name every binding
-    reaching it binds to one."""
+def _replication(flow: Flow, forms: Forms, value: cst.BaseExpression) -> str | None:
+    """None when `value`, an argument, is a replication (`replicate(params)`), or a name every
+    binding reaching it binds to one; else what it may be instead."""
     if forms.replicated_source(value) is not None:
-        return True
+        return None
     if not isinstance(value, cst.Name):
-        return False
-    reach = flow.reach.of(value)
-    return bool(reach) and all(
-        isinstance(b, cst.Assign)
-        and len(b.targets) == 1
-        and single_name(b.targets[0].target) == value.value
-        and forms.replicated_source(b.value) is not None
-        for b in reach
-    )
+        return f"`{_short(value)}`"
+    for binding in flow.reach.of(value) or {ENTRY}:
+        if not isinstance(binding, cst.Assign):
+            return f"`{value.value}` from outside the function or bound otherwise"
+        if len(binding.targets) != 1 or single_name(binding.targets[0].target) != value.value:
+            return f"`{value.value}` bound by `{_short(binding.value)}`"
+        if forms.replicated_source(binding.value) is None:
+            return f"`{value.value}` = `{_short(binding.value)}`"
+    return None
