@@ -31,6 +31,7 @@ class Decline(enum.Enum):
     STACKED_READ = "PL303"  # a value stacked for the step is read other than passed to it
     CLOSURE = "PL304"  # the body reads a value of the function whose layout changes
     KEYS_OUTSIDE = "PL305"  # per-device keys for a step that cannot take its own key
+    PART_OF_DEVICES = "PL306"  # an argument stacked over devices not visibly all of the process
     RESULT_READ = "PL401"  # a result is read other than as device 0's copy or fed back
     RESULT_VARIES = "PL402"  # a result that differs between devices is read other than flat
     METRICS_LIST = "PL403"  # a list of results is read other than by `get_metrics`

@@ -897,6 +897,7 @@ def _follow_argument(
                     slots.append((root.value, leaf))
             continue
         if layout is Layout.UNKNOWN:
+            _check_part(forms, call.values[position])
             blocking.append(f"`{_short(call.values[position])}`")
         reached(layout, layout is Layout.UNKNOWN and _drawn_inline(call.values[position], flow))
     for name, value in slots:
@@ -933,6 +934,8 @@ def _follow_argument(
                     layout = Layout.PER_DEVICE  # an input iterator a def of the module makes
                 classified[id(binding)] = layout
                 unknown = layout is Layout.UNKNOWN
+                if unknown and isinstance(binding, cst.Assign):
+                    _check_part(forms, binding.value, name)
                 if unknown:
                     blocking.append(_binding_text(name, binding, flow, forms.qualname))
                 reached(layout, unknown and _drawn(binding, name, flow))
@@ -967,6 +970,24 @@ def _follow_argument(
             keys = joined is Layout.KEYS
             replicated = joined is Layout.REPLICAS
             _follow_stacked(program, flow, forms, calls, name, replicated=replicated, keys=keys)
+
+
+PART = (
+    "{value} stacks over {part}, not visibly every device of this process "
+    "(`jax.local_devices()`, `jax.local_device_count()`): pmap maps the step over those devices "
+    "alone, the program-level form over every device of the job"
+)
+
+
+def _check_part(forms: Forms, value: cst.BaseExpression, name: str | None = None) -> None:
+    """Decline PL306 if `value`, an argument of the step or bound to one (`name`), is a
+    replication, a split or keys over a count or devices not visibly every device of this
+    process (brax's `jax.random.split(key, local_devices_to_use)`)."""
+    part = forms.over_part(value)
+    if part is None:
+        return
+    what = f"`{_short(value)}`" if name is None else f"`{name}` = `{_short(value)}`"
+    raise NotVisible(PART.format(value=what, part=f"`{_short(part)}`"), Decline.PART_OF_DEVICES)
 
 
 def _declare_hint(program: Program, params: Iterable[str]) -> str:

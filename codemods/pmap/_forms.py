@@ -20,6 +20,7 @@ from ._layout import (
     holes_of,
     lifted,
     match,
+    over_part,
     rows,
     tree_mapped,
 )
@@ -143,6 +144,16 @@ class Forms:
         found = match(called_value(node, self.bound), self.qualname, self.counts, table)
         found = found or lifted(node, self.qualname, self.counts, table, self.named)
         return found or self.summaries.read(node, table, self.counts)
+
+    def over_part(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
+        """Return the count or devices a replication, split or key split `node` is stacks over
+        when they are not visibly every device of this process, else None (`_layout.over_part`)."""
+        if self.values is not None:
+            node = _tuples_inlined(node, self.values)
+        producers = REPLICATIONS + SPLITS + KEY_SPLITS
+        return over_part(
+            called_value(node, self.bound), self.qualname, self.counts, producers, self.named
+        )
 
     def replicated_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
         """Return x of a replication of x, else None."""

@@ -85,6 +85,7 @@ class Transfer:
     why: str
     source: str = "x"
     counts: tuple[str, ...] = ()  # holes that must be the number of local devices
+    devices: tuple[str, ...] = ()  # holes that must be this process's devices
     pure: tuple[str, ...] = ()  # holes the rewrite drops: they must hold no call
     decline: Decline | None = None  # the decline code when `template` is None
     lifts: bool = True  # False: its rewrite is not the same leaf by leaf (`jax.tree.map`)
@@ -106,6 +107,7 @@ PRODUCER, CONSUMER, CARRIER = Role.PRODUCER, Role.CONSUMER, Role.CARRIER
 HOST, REPLICAS, PER_DEVICE = Layout.HOST, Layout.REPLICAS, Layout.PER_DEVICE
 KEYED, UNKNOWN = Layout.KEYS, Layout.UNKNOWN
 N = ("n",)  # `{n}` is the number of local devices
+LOCAL = ("devices",)  # `{devices}` is this process's devices, `jax.local_devices()`
 
 BROADCASTS = tuple(
     f"{np}.broadcast_to({{x}}, {shape})"
@@ -115,9 +117,10 @@ BROADCASTS = tuple(
 # `x.reshape((n, k) + x.shape[1:])` succeeds only for `k == x.shape[0] // n` (`-1`, or any
 # spelling of it): it is the split into n blocks of rows whatever `k` says, so `{rows}` is any
 # expression without a call (the rewrite drops it).
-SPLITS = (
-    "{x}.reshape(({n}, {rows}) + {x}.shape[1:])",
-    "{x}.reshape(({n}, {rows}, *{x}.shape[1:]))",
+SPLITS = tuple(
+    f"{reshape}{shape}"
+    for reshape in ("{x}.reshape(", "jax.numpy.reshape({x}, ", "numpy.reshape({x}, ")
+    for shape in ("({n}, {rows}) + {x}.shape[1:])", "({n}, {rows}, *{x}.shape[1:]))")
 )
 KEYS_TEMPLATE = "{jax}.make_array_from_process_local_data({sharding}, {value})"
 CONCATENATED = "{jax}.make_array_from_process_local_data({sharding}, {jnp}.concatenate({x}))"
@@ -138,8 +141,8 @@ TRANSFERS: tuple[Transfer, ...] = (
     # Replications: one host value stacked as equal copies; deleted, the value is `P()`.
     Transfer("replicate", ("flax.jax_utils.replicate({x})",),
              HOST, REPLICAS, PRODUCER, "{x}", REPLICATED),
-    Transfer("device_put_replicated", ("jax.device_put_replicated({x}, jax.local_devices())",),
-             HOST, REPLICAS, PRODUCER, "{x}", REPLICATED),
+    Transfer("device_put_replicated", ("jax.device_put_replicated({x}, {devices})",),
+             HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, devices=LOCAL),
     Transfer("broadcast_to", BROADCASTS, HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, counts=N),
     Transfer("stack", ("jax.numpy.stack([{x}] * {n})", "numpy.stack([{x}] * {n})"),
              HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, counts=N),
@@ -152,9 +155,9 @@ TRANSFERS: tuple[Transfer, ...] = (
              HOST, PER_DEVICE, PRODUCER, GLOBAL_BATCH, SPLIT),
     Transfer("reshape", SPLITS, HOST, PER_DEVICE, PRODUCER, GLOBAL_BATCH, SPLIT, counts=N,
              pure=("rows",)),
-    Transfer("device_put_sharded", ("jax.device_put_sharded({x}, jax.local_devices())",),
+    Transfer("device_put_sharded", ("jax.device_put_sharded({x}, {devices})",),
              HOST, PER_DEVICE, PRODUCER, CONCATENATED, SPLIT + " (the slices concatenated)",
-             lifts=False),
+             devices=LOCAL, lifts=False),
     # Per-device keys: stacked in both forms, each device taking its own (`key[0]` in the body).
     Transfer("split", ("jax.random.split({x}, {n})", "jax.random.split({x}, num={n})"),
              HOST, KEYED, PRODUCER, KEYS_TEMPLATE, KEYS, counts=N),
@@ -261,19 +264,55 @@ def match(
     qualname: Qualname,
     counts: Callable[[cst.BaseExpression], bool] = lambda _: True,
     table: tuple[Transfer, ...] = TRANSFERS,
+    loose: bool = False,
 ) -> Match | None:
     """Return the first row of `table` whose pattern `node` is (names resolved by meaning with
-    `qualname`, holes `counts` names the number of local devices), else None."""
+    `qualname`, holes `counts` names the number of local devices and `devices` this process's
+    devices: whatever they hold when `loose`), else None."""
     for row in table:
         for pattern in map(_pattern, row.patterns):
             holes: dict[str, cst.BaseExpression] = {}
             if not _unify(pattern, node, holes, qualname):
                 continue
-            if all(counts(holes[h]) for h in row.counts) and not any(
-                _has_call(holes[h]) for h in row.pure
-            ):
+            if any(_has_call(holes[h]) for h in row.pure):
+                continue
+            if loose or not _fewer(Match(row, holes), qualname, counts):
                 return Match(row, holes | {"value": node})
     return None
+
+
+def _fewer(
+    found: Match, qualname: Qualname, counts: Callable[[cst.BaseExpression], bool]
+) -> cst.BaseExpression | None:
+    """The hole of `found` that does not visibly name every device of this process (a count
+    other than the number of local devices, devices other than `jax.local_devices()`), else
+    None."""
+    wrong = [found.holes[h] for h in found.row.counts if not counts(found.holes[h])]
+    for hole in found.row.devices:
+        devices = found.holes[hole]
+        if (
+            not isinstance(devices, cst.Call)
+            or devices.args
+            or qualname(devices.func) != "jax.local_devices"
+        ):
+            wrong.append(devices)
+    return wrong[0] if wrong else None
+
+
+def over_part(
+    node: cst.BaseExpression,
+    qualname: Qualname,
+    counts: Callable[[cst.BaseExpression], bool],
+    table: tuple[Transfer, ...],
+    named: Callable[[str], cst.Lambda | None] = lambda _: None,
+) -> cst.BaseExpression | None:
+    """The count or the devices a row of `table` stacks `node` over (itself, or leaf by leaf)
+    when they are not visibly every device of this process: brax's `jax.random.split(key,
+    local_devices_to_use)`, `jax.device_put_replicated(x, jax.local_devices()[:n])`, pmap
+    then mapping over those devices alone; else None."""
+    found = match(node, qualname, counts, table, loose=True)
+    found = found or lifted(node, qualname, counts, table, named, loose=True)
+    return None if found is None else _fewer(found, qualname, counts)
 
 
 def lifted(
@@ -282,14 +321,16 @@ def lifted(
     counts: Callable[[cst.BaseExpression], bool] = lambda _: True,
     table: tuple[Transfer, ...] = TRANSFERS,
     named: Callable[[str], cst.Lambda | None] = lambda _: None,
+    loose: bool = False,
 ) -> Match | None:
     """Return the row `jax.tree.map(lambda v: <row of v>, x)` applies to every leaf of `x`
-    (its source hole then holds `x`), else None. `named`: the lambda a name is bound to."""
+    (its source hole then holds `x`), else None. `named`: the lambda a name is bound to;
+    `loose`: as `match`'s."""
     mapped = tree_mapped(node, qualname, named)
     if mapped is None:
         return None
     param, body, tree = mapped
-    leaf = match(body, qualname, counts, tuple(r for r in table if r.lifts))
+    leaf = match(body, qualname, counts, tuple(r for r in table if r.lifts), loose)
     if leaf is None or not isinstance(leaf.source, cst.Name) or leaf.source.value != param:
         return None
     if any(
