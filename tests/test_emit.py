@@ -306,6 +306,19 @@ def test_a_new_import_goes_into_its_sections_group_never_after_first_party() -> 
     assert out.startswith("import functools\nimport os\n\nimport jax\nimport numpy as np\n\n")
 
 
+def test_a_name_joining_a_sorted_from_import_goes_at_its_place() -> None:
+    out = added("from jax.sharding import PartitionSpec as P\n", ("jax.sharding", "Mesh", None))
+    assert out == "from jax.sharding import Mesh, PartitionSpec as P\n"
+    out = added("from m import CONST, Klass, func\n", ("m", "Other", None), ("m", "go", None))
+    assert out == "from m import CONST, Klass, Other, func, go\n"
+    unsorted = "from m import b, a\n"  # the file's own order: the name goes last
+    assert added(unsorted, ("m", "c", None)) == "from m import b, a, c\n"
+    wrapped = "from m import (\n    a,\n    c,\n)\n"  # one name a line: a line of its own
+    assert added(wrapped, ("m", "b", None)) == "from m import (\n    a,\n    b,\n    c,\n)\n"
+    wrapped = "from m import (\n    c,\n    a,\n)\n"
+    assert added(wrapped, ("m", "b", None)) == "from m import (\n    c,\n    a,\n    b,\n)\n"
+
+
 def test_sorted_groups_get_the_import_at_its_place_in_either_order() -> None:
     isort = "import jax\nimport numpy as np\nfrom jax import lax\n\nx = 1\n"
     out = added(isort, ("jax.numpy", None, "jnp"), ("jax.sharding", "Mesh", None))

@@ -273,13 +273,34 @@ def _merge_into(
     assert isinstance(imp, cst.ImportFrom) and not isinstance(imp.names, cst.ImportStar)
     names = list(imp.names)
     last = names[-1]
-    names[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    # The separator the statement uses between its names (`, `, or a newline and indent when
+    # it is wrapped one name a line); a mixed layout gets `, ` after its last name, as written.
+    seps = [a.comma for a in names[:-1]]
+    sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    uniform = all(isinstance(c, cst.Comma) and c.deep_equals(seps[0]) for c in seps)
+    if seps and uniform:
+        sep = seps[0]  # type: ignore[assignment]
     for _, obj, asname in extra:
         assert obj is not None
         alias_as = cst.AsName(name=cst.Name(asname)) if asname else None
         names.append(cst.ImportAlias(name=cst.Name(obj), asname=alias_as))
+    keys = [_member_key(a) for a in imp.names]
+    if uniform and keys == sorted(keys):  # isort's order kept: each name at its place
+        names.sort(key=_member_key)
+    if not uniform:
+        names[len(imp.names) - 1] = last.with_changes(comma=sep)
+    else:
+        names = [a.with_changes(comma=sep) for a in names]
     names[-1] = names[-1].with_changes(comma=last.comma)
     return stmt.with_changes(body=[imp.with_changes(names=names)])
+
+
+def _member_key(alias: cst.ImportAlias) -> tuple[int, str]:
+    """isort's and ruff's order of the names of a from-import (`order-by-type`): constants,
+    then classes, then the rest, each case-insensitively."""
+    name = dotted(alias.name) or ""
+    kind = 0 if name.isupper() and len(name) > 1 else 1 if name[:1].isupper() else 2
+    return kind, name.lower()
 
 
 def _from_line_of(stmt: cst.CSTNode) -> str | None:
