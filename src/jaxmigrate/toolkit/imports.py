@@ -277,9 +277,10 @@ def _merge_into(
     # it is wrapped one name a line); a mixed layout gets `, ` after its last name, as written.
     seps = [a.comma for a in names[:-1]]
     sep = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    uniform = all(isinstance(c, cst.Comma) and c.deep_equals(seps[0]) for c in seps)
-    if seps and uniform:
-        sep = seps[0]  # type: ignore[assignment]
+    commas = [c for c in seps if isinstance(c, cst.Comma)]
+    uniform = len(commas) == len(seps) and all(c.deep_equals(commas[0]) for c in commas)
+    if commas and uniform:
+        sep = commas[0]
     for _, obj, asname in extra:
         assert obj is not None
         alias_as = cst.AsName(name=cst.Name(asname)) if asname else None
