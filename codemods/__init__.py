@@ -5,10 +5,10 @@ passes see `jax.sharding`; the experimental shard_map rename runs before anythin
 `jax.shard_map`; host_callback calls become `io_callback` before the partial-auto callback pass
 looks for callbacks, which runs before the per-shard callback pass (it skips callbacks already in a
 shard_map); pjit runs before `with mesh:`, whose rewrite is grouped with the pjit sites it
-encloses, and before the per-shard callback pass, which reads `jax.jit`. pmap runs before the
-removed `device_put_replicated`/`device_put_sharded` are rewritten: they are pmap's own
-replications and splits, which its program-level form deletes (`jax.device_put_replicated(x,
-jax.local_devices())` -> `x`); those it keeps are rewritten after. A meta-test fails when
+encloses, and before the per-shard callback pass, which reads `jax.jit`. pmap runs last: it reads
+the removed `device_put_replicated` rewritten (`jax.device_put` of stacked copies, a row of its
+layout table) as the replication it is, and its program-level form deletes it; the original
+with the safe rewrites alone is then what verification runs where the original cannot. A meta-test fails when
 a module here is missing from `PASSES`.
 """
 
@@ -35,9 +35,9 @@ PASSES: tuple[type[Pass], ...] = (
     Pjit,
     WithMesh,
     JitCallbackPerShard,
-    Pmap,
     DevicePutReplicated,
     DevicePutSharded,
+    Pmap,
 )
 
 __all__ = ["PASSES"]

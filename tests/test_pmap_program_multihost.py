@@ -392,6 +392,7 @@ CASES = [
     "program_results_flattened_whole",
     "program_input_iterator_used_elsewhere",
     "program_copies_seen_at_every_call",
+    "program_batch_split_with_jnp_reshape",
 ]
 
 

@@ -57,3 +57,51 @@ def test_every_program_fixture_is_written_verified(tmp_path: Path) -> None:
             if "def shard_map_per_device(" not in expected:  # the CLI imports it from beside
                 assert (tmp_path / path.stem / path.name).read_text() == expected, path.name
     assert program_level == sum("kept_faithful" not in p.name for p in PROGRAMS) == 82
+
+
+SAFE_REWRITES_PROGRAM = """\
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def epoch(state, batch):
+    grad = jax.lax.pmean(jnp.mean(batch * state["w"], axis=0), axis_name="i")
+    return {"w": state["w"] - 0.1 * grad}, jax.lax.psum(jnp.sum(batch), axis_name="i")
+
+
+def train(state, obs):
+    p_epoch = jax.pmap(epoch, axis_name="i")
+    state = jax.device_put_replicated(state, jax.local_devices())
+    batch = obs.reshape((jax.local_device_count(), -1) + obs.shape[1:])
+    state, sums = p_epoch(state, batch)
+    return jax.tree.map(lambda x: x[0], state), sums[0]
+
+
+def main():
+    state = {"w": np.ones((3,), np.float32)}
+    return train(state, np.arange(8 * 2 * 3, dtype=np.float32).reshape(8 * 2, 3))
+"""
+
+
+def test_a_program_whose_original_cannot_run_is_verified_against_its_safe_rewrites(
+    tmp_path: Path,
+) -> None:
+    """`jax.device_put_replicated` is gone from the installed JAX: the original raises, and the
+    program-level form is compared with the original with its safe rewrites alone. The pmap
+    rule reads that rewrite (`jax.device_put` of stacked copies) as the replication it is. At
+    40f75a7 the comparison failed on the program's own outputs (PL603): the original's failed
+    attempt left its marker saying the step calls were recorded, so the rewrite's side
+    recorded them too, against a reference that had not."""
+    (tmp_path / "prog.py").write_text(SAFE_REWRITES_PROGRAM)
+    report = tmp_path / "report.json"
+    proc = jm("run", "--no-cache", "--report", str(report), "prog.py", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (entry,) = json.loads(report.read_text())["files"]
+    pmap = [s for s in entry["sites"] if s["code"] == "JM202"]
+    assert pmap and all(s["status"] == "verified" and s["applied"] for s in pmap), pmap
+    assert "(program-level)" in pmap[0]["message"], pmap[0]["message"]
+    why = [s["details"]["verification"] for s in pmap]
+    assert all("agrees with the safe-rewrites reference" in w for w in why), why
+    written = (tmp_path / "prog.py").read_text()
+    assert "pmap" not in written and "device_put" not in written, written

@@ -122,6 +122,15 @@ SPLITS = tuple(
     for reshape in ("{x}.reshape(", "jax.numpy.reshape({x}, ", "numpy.reshape({x}, ")
     for shape in ("({n}, {rows}) + {x}.shape[1:])", "({n}, {rows}, *{x}.shape[1:]))")
 )
+# `jax.device_put_replicated(x, devices)` as the rule for the removed function writes it (run
+# before this one): `len(devices)` copies of each leaf, stacked and split over `devices`.
+DEVICE_PUT_REPLICATED = (
+    (
+        "jax.device_put(jax.tree.map(lambda {a}: jax.numpy.stack([{a}] * len({devices})), {x}), "
+        "jax.sharding.NamedSharding(jax.sharding.Mesh(numpy.array({devices}), ({axis},)), "
+        "jax.sharding.PartitionSpec({axis})))"
+    ),
+)
 KEYS_TEMPLATE = "{jax}.make_array_from_process_local_data({sharding}, {value})"
 CONCATENATED = "{jax}.make_array_from_process_local_data({sharding}, {jnp}.concatenate({x}))"
 # A pmapped `pmean` of its argument over its own axis, called (flax imagenet's module-level
@@ -143,6 +152,8 @@ TRANSFERS: tuple[Transfer, ...] = (
              HOST, REPLICAS, PRODUCER, "{x}", REPLICATED),
     Transfer("device_put_replicated", ("jax.device_put_replicated({x}, {devices})",),
              HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, devices=LOCAL),
+    Transfer("device_put_replicated", DEVICE_PUT_REPLICATED, HOST, REPLICAS, PRODUCER, "{x}",
+             REPLICATED, devices=LOCAL),
     Transfer("broadcast_to", BROADCASTS, HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, counts=N),
     Transfer("stack", ("jax.numpy.stack([{x}] * {n})", "numpy.stack([{x}] * {n})"),
              HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, counts=N),

@@ -190,6 +190,12 @@ def layouts_checked(runner: Runner, request: RunOriginal, variant: str) -> Itera
     from .layouts import checking
     from .references import ORIGINAL
 
+    # The marker of a reference tried before goes first: the original's attempt writes it
+    # even when its run raised (the error is its reply), and a fallback reference (the safe
+    # rewrites, the vmap oracle) records no step calls: the rewrite's side must not either.
+    marker = request.outputs_path + STEPS
+    if os.path.exists(marker):
+        os.remove(marker)
     if variant != ORIGINAL or not request.layouts:
         yield []
         return
@@ -200,9 +206,6 @@ def layouts_checked(runner: Runner, request: RunOriginal, variant: str) -> Itera
     # global array is not readable whole from one process).
     compared = jax.process_count() == 1 and all("candidate_line" in lay for lay in layouts)
     runner.steps = [] if compared else None
-    marker = request.outputs_path + STEPS
-    if os.path.exists(marker):  # from a reference tried before
-        os.remove(marker)
     try:
         with checking(layouts, path, runner.steps) as found:
             yield found
