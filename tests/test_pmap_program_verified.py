@@ -67,33 +67,46 @@ import numpy as np
 
 def epoch(state, batch):
     grad = jax.lax.pmean(jnp.mean(batch * state["w"], axis=0), axis_name="i")
-    return {"w": state["w"] - 0.1 * grad}, jax.lax.psum(jnp.sum(batch), axis_name="i")
+    return {{"w": state["w"] - 0.1 * grad}}, jax.lax.psum(jnp.sum(batch), axis_name="i")
 
 
 def train(state, obs):
     p_epoch = jax.pmap(epoch, axis_name="i")
     state = jax.device_put_replicated(state, jax.local_devices())
-    batch = obs.reshape((jax.local_device_count(), -1) + obs.shape[1:])
+    {split}
     state, sums = p_epoch(state, batch)
     return jax.tree.map(lambda x: x[0], state), sums[0]
 
 
 def main():
-    state = {"w": np.ones((3,), np.float32)}
+    state = {{"w": np.ones((3,), np.float32)}}
     return train(state, np.arange(8 * 2 * 3, dtype=np.float32).reshape(8 * 2, 3))
 """
+SPLITS = {
+    "reshaped": "batch = obs.reshape((jax.local_device_count(), -1) + obs.shape[1:])",
+    "put_sharded": (
+        "batch = jax.device_put_sharded(np.split(obs, jax.local_device_count()), "
+        "jax.local_devices())"
+    ),
+    "put_sharded_rows": (
+        "x = np.asarray(obs).reshape((jax.local_device_count(), -1) + obs.shape[1:])\n"
+        "    batch = jax.device_put_sharded(list(x), jax.local_devices())"
+    ),
+}
 
 
+@pytest.mark.parametrize("split", sorted(SPLITS))
 def test_a_program_whose_original_cannot_run_is_verified_against_its_safe_rewrites(
-    tmp_path: Path,
+    tmp_path: Path, split: str
 ) -> None:
-    """`jax.device_put_replicated` is gone from the installed JAX: the original raises, and the
-    program-level form is compared with the original with its safe rewrites alone. The pmap
-    rule reads that rewrite (`jax.device_put` of stacked copies) as the replication it is. At
-    40f75a7 the comparison failed on the program's own outputs (PL603): the original's failed
-    attempt left its marker saying the step calls were recorded, so the rewrite's side
-    recorded them too, against a reference that had not."""
-    (tmp_path / "prog.py").write_text(SAFE_REWRITES_PROGRAM)
+    """`jax.device_put_replicated`/`device_put_sharded` are gone from the installed JAX: the
+    original raises, and the program-level form is compared with the original with its safe
+    rewrites alone. The pmap rule reads those rewrites (`jax.device_put` of stacked copies, of
+    stacked shards, of an array's rows) as the replication and the split they are. At 40f75a7
+    the comparison failed on the program's own outputs (PL603): the original's failed attempt
+    left its marker saying the step calls were recorded, so the rewrite's side recorded them
+    too, against a reference that had not."""
+    (tmp_path / "prog.py").write_text(SAFE_REWRITES_PROGRAM.format(split=SPLITS[split]))
     report = tmp_path / "report.json"
     proc = jm("run", "--no-cache", "--report", str(report), "prog.py", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -122,14 +122,22 @@ SPLITS = tuple(
     for reshape in ("{x}.reshape(", "jax.numpy.reshape({x}, ", "numpy.reshape({x}, ")
     for shape in ("({n}, {rows}) + {x}.shape[1:])", "({n}, {rows}, *{x}.shape[1:]))")
 )
-# `jax.device_put_replicated(x, devices)` as the rule for the removed function writes it (run
-# before this one): `len(devices)` copies of each leaf, stacked and split over `devices`.
-DEVICE_PUT_REPLICATED = (
-    (
-        "jax.device_put(jax.tree.map(lambda {a}: jax.numpy.stack([{a}] * len({devices})), {x}), "
-        "jax.sharding.NamedSharding(jax.sharding.Mesh(numpy.array({devices}), ({axis},)), "
-        "jax.sharding.PartitionSpec({axis})))"
-    ),
+# The removed `jax.device_put_replicated`/`device_put_sharded` as their rules (run before this
+# one) rewrite them: `jax.device_put` of the stacked values, split over `devices` on the leading
+# axis. Replicated: `len(devices)` copies of each leaf. Sharded: the shards stacked leaf by leaf;
+# or, shards that are the rows of an array, the array itself.
+LEADING_AXIS = (
+    "jax.sharding.NamedSharding(jax.sharding.Mesh(numpy.array({devices}), ({axis},)), "
+    "jax.sharding.PartitionSpec({axis}))"
+)
+STACKED_COPIES = "jax.tree.map(lambda {a}: jax.numpy.stack([{a}] * len({devices})), {x})"
+DEVICE_PUT_REPLICATED = (f"jax.device_put({STACKED_COPIES}, {LEADING_AXIS})",)
+SHARDED_PUTS = (
+    f"jax.device_put(jax.tree.map(lambda *{{xs}}: jax.numpy.stack({{xs}}), *{{x}}), {LEADING_AXIS})",
+    f"jax.device_put({{x}}, {LEADING_AXIS})",
+)
+ROWS_CONCATENATED = (
+    "{jax}.make_array_from_process_local_data({sharding}, {jax}.tree.map({jnp}.concatenate, {x}))"
 )
 KEYS_TEMPLATE = "{jax}.make_array_from_process_local_data({sharding}, {value})"
 CONCATENATED = "{jax}.make_array_from_process_local_data({sharding}, {jnp}.concatenate({x}))"
@@ -166,9 +174,11 @@ TRANSFERS: tuple[Transfer, ...] = (
              HOST, PER_DEVICE, PRODUCER, GLOBAL_BATCH, SPLIT),
     Transfer("reshape", SPLITS, HOST, PER_DEVICE, PRODUCER, GLOBAL_BATCH, SPLIT, counts=N,
              pure=("rows",)),
-    Transfer("device_put_sharded", ("jax.device_put_sharded({x}, {devices})",),
+    Transfer("device_put_sharded", ("jax.device_put_sharded({x}, {devices})",) + SHARDED_PUTS[:1],
              HOST, PER_DEVICE, PRODUCER, CONCATENATED, SPLIT + " (the slices concatenated)",
              devices=LOCAL, lifts=False),
+    Transfer("device_put_stacked", SHARDED_PUTS[1:], HOST, PER_DEVICE, PRODUCER, ROWS_CONCATENATED,
+             SPLIT + " (its rows concatenated)", devices=LOCAL, lifts=False),
     # Per-device keys: stacked in both forms, each device taking its own (`key[0]` in the body).
     Transfer("split", ("jax.random.split({x}, {n})", "jax.random.split({x}, num={n})"),
              HOST, KEYED, PRODUCER, KEYS_TEMPLATE, KEYS, counts=N),
