@@ -395,8 +395,9 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     path to that read brings a replication or a step's result; a value only waited for by a def
     of the code base (`u.chrono.pause(wait_for=x)`) is no read of its layout; `PL304` the body reads a value of the function
     whose layout changes; `PL305` per-device keys for a step that cannot take its own key (a
-    decorated step); `PL306` an argument stacked over devices or a count not visibly every
-    device of the process (brax's `jax.device_put_replicated(state,
+    decorated step);
+  - `PL306` an argument stacked over devices or a count not visibly every device of the
+    process (brax's `jax.device_put_replicated(state,
     jax.local_devices()[:local_devices_to_use])`, `jax.random.split(key, local_devices_to_use)`,
     a literal `8`): pmap maps the step over those devices alone, the program-level form over
     every device of the job;
