@@ -265,7 +265,9 @@ pass equal copies of one value, one per local device) is replicated: the def beg
 `params = from_device_copies(params)` (device 0's copy, replicated over the job's devices), its
 callers unchanged (`tests/test_pmap_declared_copies.py`). A parameter that each call of its
 def passes a replication (`replicate(params)`, or a name every binding reaching it binds to
-one), the def called only so, in its module (its functions, or its statements read in order,
+one, or to a result a step kept per device, made by a factory of the code base, returns the same
+on every device when fed its own: vision_transformer's `params_repl` through
+`train.make_update_fn(...)`'s step, `_survey.kept_copies`), the def called only so, in its module (its functions, or its statements read in order,
 a notebook's cells), and nowhere else (private, or no other module of the code base names it),
 is taken as declared, the message saying it was seen
 (`_survey._copies_seen`; fixture `program_copies_seen_at_every_call`). A site whose one

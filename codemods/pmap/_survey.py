@@ -15,6 +15,7 @@ from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.passes import Callers, Pass
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
+from ._body import body_outputs
 from ._callee import follow_passed, laid_out_in_caller
 from ._declines import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible
 from ._flow import (
@@ -32,7 +33,7 @@ from ._flow import (
     unnamed_step,
 )
 from ._forms import Forms, bound_arguments, is_device_count, single_name
-from ._imported import Imported
+from ._imported import Function, Imported
 from ._inputs import assigned_call
 from ._layout import Layout
 from ._outer import (
@@ -1708,7 +1709,9 @@ class Finding(Pass):
                 flows[id(host)] = Flow(host, model=self.resolver)
             inner = flows[id(host)]
             counts = lambda node: is_device_count(node, inner, self.qualname)
-            return _replication(inner, Forms(self.qualname, counts, defs), value)
+            if self.imported is None:
+                self.imported = Imported(self.state.modules)
+            return _replication(inner, Forms(self.qualname, counts, defs), value, self.imported)
 
         for name, fn in defs.items():
             entry = declared.get(id(fn))
@@ -1931,9 +1934,12 @@ class Finding(Pass):
                 site.skip = site.skip or f"the name `{HELPER}` is already used in this module"
 
 
-def _replication(flow: Flow, forms: Forms, value: cst.BaseExpression) -> str | None:
+def _replication(
+    flow: Flow, forms: Forms, value: cst.BaseExpression, imported: Imported | None = None
+) -> str | None:
     """None when `value`, an argument, is a replication (`replicate(params)`), or a name every
-    binding reaching it binds to one; else what it may be instead."""
+    binding reaching it binds to one, or to a result a pmapped step kept faithful returns as
+    equal copies when it is fed its own (`kept_copies`); else what it may be instead."""
     if forms.replicated_source(value) is not None:
         return None
     if not isinstance(value, cst.Name):
@@ -1942,7 +1948,107 @@ def _replication(flow: Flow, forms: Forms, value: cst.BaseExpression) -> str | N
         if not isinstance(binding, cst.Assign):
             return f"`{value.value}` from outside the function or bound otherwise"
         if len(binding.targets) != 1 or single_name(binding.targets[0].target) != value.value:
+            if imported is not None and kept_copies(flow, forms, binding, value.value, imported):
+                continue
             return f"`{value.value}` bound by `{_short(binding.value)}`"
         if forms.replicated_source(binding.value) is None:
             return f"`{value.value}` = `{_short(binding.value)}`"
     return None
+
+
+def kept_copies(
+    flow: Flow, forms: Forms, binding: cst.Assign, name: str, imported: Imported
+) -> bool:
+    """`a, b, ... = step(x, y, ...)`, `step` bound once to a call of a factory of the code base
+    (vision_transformer's notebook: `update_fn_repl = train.make_update_fn(...)`, returning
+    `jax.pmap(update_fn, axis_name="batch")`) and kept per device: True when the body returns
+    `name`'s result the same on every device, given which of its arguments are: a replication,
+    or a result of this call the body keeps equal, is; anything else differs (the largest such
+    set, found by dropping a result fed back that the body makes differ until none is)."""
+    target, call = binding.targets[0].target, binding.value
+    if not isinstance(target, cst.Tuple) or not isinstance(call, cst.Call):
+        return False
+    names = [single_name(e.value) if type(e) is cst.Element else None for e in target.elements]
+    if name not in names or not isinstance(call.func, cst.Name):
+        return False
+    if any(a.keyword is not None or a.star for a in call.args):
+        return False
+    step = _made_step(flow, forms, call.func, imported)
+    if step is None:
+        return False
+    body, axis, function = step
+    if len(call.args) != len(body.params.params):
+        return False
+    fed: dict[int, int] = {}  # argument position -> the result of this call it may be
+    mapped: list[bool] = []
+    for i, arg in enumerate(a.value for a in call.args):
+        if not isinstance(arg, cst.Name) or arg.value not in names:
+            mapped.append(_replication(flow, forms, arg) is not None)
+            continue
+        other_ok = True  # bound by this call (fed back), or else by replications only
+        for other in flow.reach.of(arg) or {ENTRY}:
+            if other is binding:
+                fed[i] = names.index(arg.value)
+            elif not (
+                isinstance(other, cst.Assign)
+                and len(other.targets) == 1
+                and single_name(other.targets[0].target) == arg.value
+                and forms.replicated_source(other.value) is not None
+            ):
+                other_ok = False
+        mapped.append(not other_ok)
+    while True:
+        try:
+            arity, varying = body_outputs(
+                body, mapped, axis, function.qualname, function.defs, imported=imported
+            )
+        except NotVisible:
+            return False
+        if arity != len(names):
+            return False
+        dropped = [i for i, out in fed.items() if varying[out] and not mapped[i]]
+        if not dropped:
+            return not varying[names.index(name)]
+        for i in dropped:
+            mapped[i] = True
+
+
+def _made_step(
+    flow: Flow, forms: Forms, func: cst.Name, imported: Imported
+) -> tuple[cst.FunctionDef, str, Function] | None:
+    """The body and axis of the step `func` names: bound once, to a call of a def of another
+    module of the code base whose last statement returns `jax.pmap(f, axis_name="...")` of a
+    def `f` of its own (options besides `axis_name` and `donate_argnums` decline)."""
+    bindings = list(flow.reach.of(func) or ())
+    if len(bindings) != 1 or not isinstance(bindings[0], cst.Assign):
+        return None
+    made = bindings[0].value
+    if not isinstance(made, cst.Call):
+        return None
+    function = imported.function(forms.qualname(made.func))
+    if function is None or not isinstance(function.fn.body, cst.IndentedBlock):
+        return None
+    last = function.fn.body.body[-1]
+    returned = last.body[0] if isinstance(last, cst.SimpleStatementLine) else None
+    value = returned.value if isinstance(returned, cst.Return) else None
+    if not isinstance(value, cst.Call) or function.qualname(value.func) != PMAP:
+        return None
+    args = value.args
+    if not args or args[0].keyword is not None or not isinstance(args[0].value, cst.Name):
+        return None
+    options = {a.keyword.value: a.value for a in args[1:] if a.keyword is not None}
+    axis = options.get(
+        "axis_name", args[1].value if len(args) > 1 and not args[1].keyword else None
+    )
+    if len(options) + 1 != len(args) - (0 if "axis_name" in options else 1):
+        return None  # a positional option besides the axis
+    if set(options) - {"axis_name", "donate_argnums"} or not isinstance(axis, cst.SimpleString):
+        return None
+    nested = [
+        d
+        for d in function.fn.body.body
+        if isinstance(d, cst.FunctionDef) and d.name.value == args[0].value.value
+    ]
+    if len(nested) != 1 or nested[0].decorators:
+        return None
+    return nested[0], axis.evaluated_value, function  # type: ignore[return-value]
