@@ -17,10 +17,10 @@ from ._layout import (
     Role,
     Transfer,
     as_row,
+    fewer,
     holes_of,
     lifted,
     match,
-    over_part,
     rows,
     tree_mapped,
 )
@@ -137,23 +137,22 @@ class Forms:
         mapped = tree_mapped(node, self.qualname, self.named)
         return mapped[2] if mapped is not None and leaf(mapped[1], mapped[0]) else None
 
-    def transfer(self, node: cst.BaseExpression, table: tuple[Transfer, ...]) -> Match | None:
-        """Return the row of `table` that `node` is, itself or leaf by leaf (`jax.tree.map`)."""
+    def transfer(
+        self, node: cst.BaseExpression, table: tuple[Transfer, ...], loose: bool = False
+    ) -> Match | None:
+        """Return the row of `table` that `node` is, itself or leaf by leaf (`jax.tree.map`);
+        `loose`: whatever count or devices it names (`match`)."""
         if self.values is not None:  # `x.reshape(prefix + x.shape[1:])`, `prefix = (n, k)`
             node = _tuples_inlined(node, self.values)
-        found = match(called_value(node, self.bound), self.qualname, self.counts, table)
-        found = found or lifted(node, self.qualname, self.counts, table, self.named)
-        return found or self.summaries.read(node, table, self.counts)
+        found = match(called_value(node, self.bound), self.qualname, self.counts, table, loose)
+        found = found or lifted(node, self.qualname, self.counts, table, self.named, loose)
+        return found or (None if loose else self.summaries.read(node, table, self.counts))
 
     def over_part(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
         """Return the count or devices a replication, split or key split `node` is stacks over
-        when they are not visibly every device of this process, else None (`_layout.over_part`)."""
-        if self.values is not None:
-            node = _tuples_inlined(node, self.values)
-        producers = REPLICATIONS + SPLITS + KEY_SPLITS
-        return over_part(
-            called_value(node, self.bound), self.qualname, self.counts, producers, self.named
-        )
+        when they are not visibly every device of this process, else None (`_layout.fewer`)."""
+        found = self.transfer(node, REPLICATIONS + SPLITS + KEY_SPLITS, loose=True)
+        return None if found is None else fewer(found, self.qualname, self.counts)
 
     def replicated_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
         """Return x of a replication of x, else None."""

@@ -132,10 +132,10 @@ LEADING_AXIS = (
 )
 STACKED_COPIES = "jax.tree.map(lambda {a}: jax.numpy.stack([{a}] * len({devices})), {x})"
 DEVICE_PUT_REPLICATED = (f"jax.device_put({STACKED_COPIES}, {LEADING_AXIS})",)
-SHARDED_PUTS = (
-    f"jax.device_put(jax.tree.map(lambda *{{xs}}: jax.numpy.stack({{xs}}), *{{x}}), {LEADING_AXIS})",
-    f"jax.device_put({{x}}, {LEADING_AXIS})",
+STACKED_SHARDS_PUT = (
+    f"jax.device_put(jax.tree.map(lambda *{{xs}}: jax.numpy.stack({{xs}}), *{{x}}), {LEADING_AXIS})"
 )
+ROWS_PUT = f"jax.device_put({{x}}, {LEADING_AXIS})"
 ROWS_CONCATENATED = (
     "{jax}.make_array_from_process_local_data({sharding}, {jax}.tree.map({jnp}.concatenate, {x}))"
 )
@@ -174,10 +174,10 @@ TRANSFERS: tuple[Transfer, ...] = (
              HOST, PER_DEVICE, PRODUCER, GLOBAL_BATCH, SPLIT),
     Transfer("reshape", SPLITS, HOST, PER_DEVICE, PRODUCER, GLOBAL_BATCH, SPLIT, counts=N,
              pure=("rows",)),
-    Transfer("device_put_sharded", ("jax.device_put_sharded({x}, {devices})",) + SHARDED_PUTS[:1],
+    Transfer("device_put_sharded", ("jax.device_put_sharded({x}, {devices})", STACKED_SHARDS_PUT),
              HOST, PER_DEVICE, PRODUCER, CONCATENATED, SPLIT + " (the slices concatenated)",
              devices=LOCAL, lifts=False),
-    Transfer("device_put_stacked", SHARDED_PUTS[1:], HOST, PER_DEVICE, PRODUCER, ROWS_CONCATENATED,
+    Transfer("device_put_stacked", (ROWS_PUT,), HOST, PER_DEVICE, PRODUCER, ROWS_CONCATENATED,
              SPLIT + " (its rows concatenated)", devices=LOCAL, lifts=False),
     # Per-device keys: stacked in both forms, each device taking its own (`key[0]` in the body).
     Transfer("split", ("jax.random.split({x}, {n})", "jax.random.split({x}, num={n})"),
@@ -297,17 +297,18 @@ def match(
                 continue
             if any(_has_call(holes[h]) for h in row.pure):
                 continue
-            if loose or not _fewer(Match(row, holes), qualname, counts):
+            if loose or not fewer(Match(row, holes), qualname, counts):
                 return Match(row, holes | {"value": node})
     return None
 
 
-def _fewer(
+def fewer(
     found: Match, qualname: Qualname, counts: Callable[[cst.BaseExpression], bool]
 ) -> cst.BaseExpression | None:
     """The hole of `found` that does not visibly name every device of this process (a count
-    other than the number of local devices, devices other than `jax.local_devices()`), else
-    None."""
+    other than the number of local devices, devices other than `jax.local_devices()`: brax's
+    `jax.random.split(key, local_devices_to_use)`, pmap then mapping over those devices alone),
+    else None."""
     wrong = [found.holes[h] for h in found.row.counts if not counts(found.holes[h])]
     for hole in found.row.devices:
         devices = found.holes[hole]
@@ -318,22 +319,6 @@ def _fewer(
         ):
             wrong.append(devices)
     return wrong[0] if wrong else None
-
-
-def over_part(
-    node: cst.BaseExpression,
-    qualname: Qualname,
-    counts: Callable[[cst.BaseExpression], bool],
-    table: tuple[Transfer, ...],
-    named: Callable[[str], cst.Lambda | None] = lambda _: None,
-) -> cst.BaseExpression | None:
-    """The count or the devices a row of `table` stacks `node` over (itself, or leaf by leaf)
-    when they are not visibly every device of this process: brax's `jax.random.split(key,
-    local_devices_to_use)`, `jax.device_put_replicated(x, jax.local_devices()[:n])`, pmap
-    then mapping over those devices alone; else None."""
-    found = match(node, qualname, counts, table, loose=True)
-    found = found or lifted(node, qualname, counts, table, named, loose=True)
-    return None if found is None else _fewer(found, qualname, counts)
 
 
 def lifted(

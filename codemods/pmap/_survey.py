@@ -1951,9 +1951,19 @@ def _replication(
             if imported is not None and kept_copies(flow, forms, binding, value.value, imported):
                 continue
             return f"`{value.value}` bound by `{_short(binding.value)}`"
-        if forms.replicated_source(binding.value) is None:
+        if not _binds_replication(forms, binding, value.value):
             return f"`{value.value}` = `{_short(binding.value)}`"
     return None
+
+
+def _binds_replication(forms: Forms, binding: cst.CSTNode, name: str) -> bool:
+    """`name = replicate(x)` (any replication of the table)."""
+    return (
+        isinstance(binding, cst.Assign)
+        and len(binding.targets) == 1
+        and single_name(binding.targets[0].target) == name
+        and forms.replicated_source(binding.value) is not None
+    )
 
 
 def kept_copies(
@@ -1985,18 +1995,11 @@ def kept_copies(
         if not isinstance(arg, cst.Name) or arg.value not in names:
             mapped.append(_replication(flow, forms, arg) is not None)
             continue
-        other_ok = True  # bound by this call (fed back), or else by replications only
-        for other in flow.reach.of(arg) or {ENTRY}:
-            if other is binding:
-                fed[i] = names.index(arg.value)
-            elif not (
-                isinstance(other, cst.Assign)
-                and len(other.targets) == 1
-                and single_name(other.targets[0].target) == arg.value
-                and forms.replicated_source(other.value) is not None
-            ):
-                other_ok = False
-        mapped.append(not other_ok)
+        reaching = flow.reach.of(arg) or {ENTRY}  # this call (fed back), else replications
+        if any(b is binding for b in reaching):
+            fed[i] = names.index(arg.value)
+        others = [b for b in reaching if b is not binding]
+        mapped.append(not all(_binds_replication(forms, b, arg.value) for b in others))
     while True:
         try:
             arity, varying = body_outputs(
@@ -2018,7 +2021,7 @@ def _made_step(
 ) -> tuple[cst.FunctionDef, str, Function] | None:
     """The body and axis of the step `func` names: bound once, to a call of a def of another
     module of the code base whose last statement returns `jax.pmap(f, axis_name="...")` of a
-    def `f` of its own (options besides `axis_name` and `donate_argnums` decline)."""
+    def `f` of its own (read by `options_of`; `in_axes`, static arguments decline)."""
     bindings = list(flow.reach.of(func) or ())
     if len(bindings) != 1 or not isinstance(bindings[0], cst.Assign):
         return None
@@ -2033,22 +2036,18 @@ def _made_step(
     value = returned.value if isinstance(returned, cst.Return) else None
     if not isinstance(value, cst.Call) or function.qualname(value.func) != PMAP:
         return None
-    args = value.args
-    if not args or args[0].keyword is not None or not isinstance(args[0].value, cst.Name):
+    try:
+        options = options_of(value, function.qualname)
+    except NotVisible:
         return None
-    options = {a.keyword.value: a.value for a in args[1:] if a.keyword is not None}
-    axis = options.get(
-        "axis_name", args[1].value if len(args) > 1 and not args[1].keyword else None
-    )
-    if len(options) + 1 != len(args) - (0 if "axis_name" in options else 1):
-        return None  # a positional option besides the axis
-    if set(options) - {"axis_name", "donate_argnums"} or not isinstance(axis, cst.SimpleString):
-        return None
+    plain = options.named and not options.bound and options.in_axes is None
+    if not plain or options.statics or not isinstance(options.fun, cst.Name):
+        return None  # the body is read with every argument mapped, as passed
     nested = [
         d
         for d in function.fn.body.body
-        if isinstance(d, cst.FunctionDef) and d.name.value == args[0].value.value
+        if isinstance(d, cst.FunctionDef) and d.name.value == options.name
     ]
     if len(nested) != 1 or nested[0].decorators:
         return None
-    return nested[0], axis.evaluated_value, function  # type: ignore[return-value]
+    return nested[0], options.literal, function
