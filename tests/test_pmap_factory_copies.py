@@ -10,8 +10,10 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from clitools import jm
+from multihost import run_job
 
 from jaxmigrate.model import Options
 from jaxmigrate.pipeline.engine import migrate_source
@@ -88,3 +90,30 @@ def test_the_program_is_written_verified(tmp_path: Path) -> None:
     assert sites and all(s["status"] == "verified" and s["applied"] for s in sites), sites
     written = (folder / "run.py").read_text()
     assert written == (PROJECT / "run.expected.py").read_text()
+
+
+RUN_BOTH = """\
+import json, runpy, sys
+import jax
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+for name in ("run.py", "run.expected.py"):
+    result = runpy.run_path(f"{sys.argv[1]}/{name}", run_name="fixture")["main"]()
+    print("RESULT", name, json.dumps(np.asarray(result).tolist()), flush=True)
+"""
+
+
+@pytest.mark.jax
+def test_the_program_gives_every_process_the_original_numbers(tmp_path: Path) -> None:
+    """The rewrite places `params_repl` (one value at `_evaluate`'s entry) and the batches on
+    the job's mesh: run as a 2-process job, each process gets the numbers the original gives."""
+    script = tmp_path / "run_both.py"
+    script.write_text(RUN_BOTH)
+    job = run_job(script, processes=2, devices=8, args=[str(PROJECT)], timeout=300)
+    assert job.ok, job.describe()
+    for out in job.stdouts:
+        shown = dict(
+            line.split(" ", 2)[1:] for line in out.splitlines() if line.startswith("RESULT ")
+        )
+        want, got = (json.loads(shown[n]) for n in ("run.py", "run.expected.py"))
+        np.testing.assert_allclose(got, want, rtol=1e-6)
