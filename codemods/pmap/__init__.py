@@ -308,8 +308,10 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
 ## Skips
 - `in_axes`/`out_axes` that are computed, negative (they need the rank), booleans, a top-level
   list or dict (pmap rejects those), or unpack with `*`/`**`.
-- `static_broadcasted_argnums` that is computed, or with one `in_axes` for all arguments when the
-  function's arity is not visible (a lambda, `partial`, an attribute, `*args`, a default after
+- `static_broadcasted_argnums` that is computed (but `tuple(range(k, k + len(names)))` for a
+  def `f(a, b, *args)` of `k` parameters: every star argument static, `in_specs=(P("i"),
+  P("i")) + (None,) * len(names)`; big_vision's flexi trainers), or with one `in_axes` for all
+  arguments when the function's arity is not visible (a lambda, `partial`, an attribute, `*args`, a default after
   the last static argument, unless every reference to a decorated def in its module is a call
   passing the same number of arguments by position: the specs are sized for those).
 - `axis_name` that is computed (a call or subscript: it would be evaluated twice) or a tuple.

@@ -34,7 +34,9 @@ from ._specs import (
     argnums,
     partition_spec,
     spec_tree,
+    static_tail,
     tuple_of,
+    with_static_tail,
     with_statics,
 )
 from ._survey import (
@@ -278,9 +280,11 @@ class Faithful(Finding):
 
         in_specs = self._specs(outer, items, "in_axes", make)
         out_specs = self._specs(outer, items, "out_axes", make)
-        statics = self._statics(outer, items)
+        statics, tail = self._statics(outer, items)
         innermost, innermost_items = layers[-1]
-        if statics:
+        if tail is not None:
+            in_specs = self._tail_specs(site, in_specs, *tail)
+        elif statics:
             mapped = innermost_items[innermost.fun] if innermost.fun is not None else None
             count = arity(site.mapped, statics) if site.mapped is not None else None
             if count is None and mapped is not None:
@@ -311,11 +315,12 @@ class Faithful(Finding):
         elif home is not None and not self.reuse_helper:  # say where the shared helper is
             module = f"{home.package}.{SHARED_MODULE}" if home.package else SHARED_MODULE
             notes.append(f"the helper is imported from `{module}`: {home.why}".rstrip(": "))
-        plan = Rewrite(fun, helper, notes=notes, min_jax=STATIC_MIN_JAX if statics else None)
+        static = bool(statics) or tail is not None
+        plan = Rewrite(fun, helper, notes=notes, min_jax=STATIC_MIN_JAX if static else None)
         for keyword, i in outer.options.items():
             if keyword in ("devices", "backend"):
                 plan.helper.append(items[i])
-            elif keyword == "donate_argnums" or (keyword.startswith("static_") and statics):
+            elif keyword == "donate_argnums" or (keyword.startswith("static_") and static):
                 plan.jit.append(items[i].keyword(keyword.replace("_broadcasted", "")))
             elif keyword == "axis_size":
                 notes.append("`axis_size=` dropped: in one process it only checks the mapped size")
@@ -379,11 +384,39 @@ class Faithful(Finding):
             return items[pmapped.options[old]].keyword(new, value)
         return new_item(new, value)
 
-    def _statics(self, pmapped: Pmapped, items: list[Item]) -> tuple[int, ...]:
+    def _statics(
+        self, pmapped: Pmapped, items: list[Item]
+    ) -> tuple[tuple[int, ...], tuple[int, cst.BaseExpression] | None]:
+        """Return the static positions, or (as second) a tail `(k, n)` (`static_tail`)."""
         if "static_broadcasted_argnums" not in pmapped.options:
-            return ()
+            return (), None
+        value = items[pmapped.options["static_broadcasted_argnums"]].arg.value
         try:
-            return argnums(items[pmapped.options["static_broadcasted_argnums"]].arg.value)
+            return argnums(value), None
+        except Untranslatable as why:
+            tail = static_tail(value)
+            if tail is None:
+                raise NotMigrated(f"`static_broadcasted_argnums`: {why}") from None
+            return (), tail
+
+    def _tail_specs(
+        self, site: PmapUse, specs: cst.BaseExpression, start: int, count: cst.BaseExpression
+    ) -> cst.BaseExpression:
+        """The specs of a def `f(a, b, *args)` whose star arguments are all static."""
+        fn = site.mapped
+        params = fn.params if isinstance(fn, cst.FunctionDef) else None
+        if (
+            params is None
+            or not isinstance(params.star_arg, cst.Param)
+            or len((*params.posonly_params, *params.params)) != start
+            or any(p.default is not None for p in params.params)
+        ):
+            raise NotMigrated(
+                f"`static_broadcasted_argnums` from {start} on: the mapped function is not "
+                f"visibly a def taking `*args` after {start} parameter{'s' * (start != 1)} without defaults"
+            )
+        try:
+            return with_static_tail(specs, start, count)
         except Untranslatable as why:
             raise NotMigrated(f"`static_broadcasted_argnums`: {why}") from None
 

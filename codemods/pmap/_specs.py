@@ -83,6 +83,55 @@ def argnums(node: cst.BaseExpression) -> tuple[int, ...]:
     raise Untranslatable(f"`{code(node)}` is computed: which arguments are static is not known")
 
 
+def static_tail(node: cst.BaseExpression) -> tuple[int, cst.BaseExpression] | None:
+    """Return `(k, n)` for `tuple(range(k, k + n))` (or `list(...)`, or `range(...)` alone),
+    the static positions a def `f(a, ..., *args)` of `k` parameters gives its star arguments
+    (big_vision's flexi trainers); None for any other value. `n` is a name, an attribute or
+    `len()` of one: it is evaluated again where the specs are built."""
+    if isinstance(node, cst.Call) and _called(node, "tuple", "list") and len(node.args) == 1:
+        node = node.args[0].value
+    if not (isinstance(node, cst.Call) and _called(node, "range") and len(node.args) == 2):
+        return None
+    start, stop = (a.value for a in node.args)
+    if not isinstance(start, cst.Integer) or any(a.keyword or a.star for a in node.args):
+        return None
+    if not (isinstance(stop, cst.BinaryOperation) and isinstance(stop.operator, cst.Add)):
+        return None
+    head, count = stop.left, stop.right
+    if not isinstance(head, cst.Integer) or head.evaluated_value != start.evaluated_value:
+        return None
+    if isinstance(count, cst.Call) and _called(count, "len") and len(count.args) == 1:
+        inner = count.args[0]
+        plain = isinstance(inner.value, (cst.Name, cst.Attribute)) and not inner.star
+        return (int(start.evaluated_value), count) if plain else None
+    if isinstance(count, (cst.Name, cst.Attribute)):
+        return int(start.evaluated_value), count
+    return None
+
+
+def _called(call: cst.Call, *names: str) -> bool:
+    return isinstance(call.func, cst.Name) and call.func.value in names
+
+
+def with_static_tail(
+    specs: cst.BaseExpression, start: int, count: cst.BaseExpression
+) -> cst.BaseExpression:
+    """Return the specs of a def with `start` parameters and `*args`, each star argument
+    static: `(spec, ...) + (None,) * count`, one spec for all spread over the `start` places."""
+    if isinstance(specs, cst.Tuple):
+        if len(specs.elements) != start:
+            raise Untranslatable("`in_axes` does not have one entry for each named parameter")
+        head: cst.BaseExpression = specs
+    else:
+        head = tuple_of([specs.deep_clone() for _ in range(start)])
+    nones = tuple_of([cst.Name("None")])
+    return cst.BinaryOperation(
+        left=head,
+        operator=cst.Add(),
+        right=cst.BinaryOperation(left=nones, operator=cst.Multiply(), right=count.deep_clone()),
+    )
+
+
 def with_statics(
     specs: cst.BaseExpression, statics: Sequence[int], arity: int | None
 ) -> cst.BaseExpression:
