@@ -983,10 +983,18 @@ def _check_part(forms: Forms, value: cst.BaseExpression, name: str | None = None
     """Decline PL306 if `value`, an argument of the step or bound to one (`name`), is a
     replication, a split or keys over a count or devices not visibly every device of this
     process (brax's `jax.random.split(key, local_devices_to_use)`)."""
-    part = forms.over_part(value)
+    part, made = forms.over_part(value), value
+    helper = forms.defs.get(code(value.func)) if isinstance(value, cst.Call) else None
+    for returned in nodes_in(helper.body, cst.Return, SCOPES) if part is None and helper else ():
+        # a def of the module returning such a value (brax sac's `_init_training_state`)
+        if returned.value is not None and (part := forms.over_part(returned.value)) is not None:
+            made = returned.value
+            break
     if part is None:
         return
     what = f"`{_short(value)}`" if name is None else f"`{name}` = `{_short(value)}`"
+    if made is not value:
+        what += f", which returns `{_short(made)}`,"
     raise NotVisible(PART.format(value=what, part=f"`{_short(part)}`"), Decline.PART_OF_DEVICES)
 
 
