@@ -403,9 +403,11 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
   - `PL306` an argument stacked over devices or a count not visibly every device of the
     process (brax's `jax.device_put_replicated(state,
     jax.local_devices()[:local_devices_to_use])`, `jax.random.split(key, local_devices_to_use)`,
-    a literal `8`), or bound to a call of a def of the module returning such a value (brax
-    sac's `_init_training_state`): pmap maps the step over those devices alone, the
-    program-level form over every device of the job;
+    a literal `8`), or holding one: a def of the module returning it (brax sac's
+    `_init_training_state`), a field of a class built with keyword arguments or of a container
+    (brax v1's `TrainingState(key=jnp.stack(jax.random.split(key, local_devices_to_use)))`):
+    pmap maps the step over those devices alone, the program-level form over every device of
+    the job;
   - `PL401` a result is read other than as device 0's copy, fed back or flattened (returned
     with its device axis, kept with another value; a call read in an expression other than as
     device 0's copy: `return step(x)`, `state.copy({"k": step(x)})`); `PL402` a result that differs between

@@ -982,20 +982,47 @@ PART = (
 def _check_part(forms: Forms, value: cst.BaseExpression, name: str | None = None) -> None:
     """Decline PL306 if `value`, an argument of the step or bound to one (`name`), is a
     replication, a split or keys over a count or devices not visibly every device of this
-    process (brax's `jax.random.split(key, local_devices_to_use)`)."""
-    part, made = forms.over_part(value), value
-    helper = forms.defs.get(code(value.func)) if isinstance(value, cst.Call) else None
-    for returned in nodes_in(helper.body, cst.Return, SCOPES) if part is None and helper else ():
-        # a def of the module returning such a value (brax sac's `_init_training_state`)
-        if returned.value is not None and (part := forms.over_part(returned.value)) is not None:
-            made = returned.value
-            break
-    if part is None:
+    process (brax's `jax.random.split(key, local_devices_to_use)`), or holds one (`_part_of`)."""
+    found = _part_of(forms, value)
+    if found is None:
         return
+    made, part = found
     what = f"`{_short(value)}`" if name is None else f"`{name}` = `{_short(value)}`"
     if made is not value:
-        what += f", which returns `{_short(made)}`,"
+        what += f", holding `{_short(made)}`,"
     raise NotVisible(PART.format(value=what, part=f"`{_short(part)}`"), Decline.PART_OF_DEVICES)
+
+
+def _part_of(
+    forms: Forms, value: cst.BaseExpression, depth: int = 0
+) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """The value stacked over part of the devices that `value` is or holds, and that part: a
+    stacking of it (`jnp.stack(jax.random.split(key, n))`), a field of a container or of a
+    class built with keyword arguments (brax's `TrainingState(key=...)`), or what a def of the
+    module returns (brax sac's `_init_training_state`); None if none is seen."""
+    part = forms.over_part(value)
+    if part is not None or depth > 3 or not isinstance(value, (cst.Call, *CONTAINER_NODES)):
+        return None if part is None else (value, part)
+    inner: list[cst.BaseExpression] = []
+    if isinstance(value, cst.Call):
+        args, func = value.args, forms.qualname(value.func)
+        if func in STACKS and len(args) == 1 and not args[0].keyword and not args[0].star:
+            inner.append(args[0].value)
+        elif args and all(a.keyword is not None and not a.star for a in args):
+            inner += [a.value for a in args]  # a class's fields, or a dict's
+        helper = forms.defs.get(code(value.func))
+        for returned in nodes_in(helper.body, cst.Return, SCOPES) if helper else ():
+            inner += [returned.value] if returned.value is not None else []
+    inner += _leaves(forms, value) or []
+    for node in inner:
+        found = _part_of(forms, node, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+STACKS = frozenset({"jax.numpy.stack", "numpy.stack", "jax.numpy.asarray", "numpy.asarray"})
+CONTAINER_NODES = (cst.Dict, cst.Tuple, cst.List)
 
 
 def _declare_hint(program: Program, params: Iterable[str]) -> str:
