@@ -393,6 +393,7 @@ CASES = [
     "program_input_iterator_used_elsewhere",
     "program_copies_seen_at_every_call",
     "program_batch_split_with_jnp_reshape",
+    "static_star_args_tail",  # the faithful form, its star arguments all static
 ]
 
 
