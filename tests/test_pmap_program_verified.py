@@ -88,6 +88,11 @@ SPLITS = {
         "batch = jax.device_put_sharded(np.split(obs, jax.local_device_count()), "
         "jax.local_devices())"
     ),
+    "put_sharded_list": (
+        "n = jax.local_device_count()\n"
+        "    shards = [obs[i * 2 : (i + 1) * 2] for i in range(n)]\n"
+        "    batch = jax.device_put_sharded(shards, jax.local_devices())"
+    ),
     "put_sharded_rows": (
         "x = np.asarray(obs).reshape((jax.local_device_count(), -1) + obs.shape[1:])\n"
         "    batch = jax.device_put_sharded(list(x), jax.local_devices())"
@@ -118,3 +123,7 @@ def test_a_program_whose_original_cannot_run_is_verified_against_its_safe_rewrit
     assert all("agrees with the safe-rewrites reference" in w for w in why), why
     written = (tmp_path / "prog.py").read_text()
     assert "pmap" not in written and "device_put" not in written, written
+    if split == "put_sharded":  # an array split, then concatenated again: the array itself
+        assert "make_array_from_process_local_data(batch_sharding, obs)" in written, written
+    if split == "put_sharded_list":  # shards of any pytree: concatenated leaf by leaf
+        assert "jax.tree.map(lambda *xs: jnp.concatenate(xs), *shards)" in written, written

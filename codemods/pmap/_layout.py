@@ -86,7 +86,7 @@ class Transfer:
     source: str = "x"
     counts: tuple[str, ...] = ()  # holes that must be the number of local devices
     devices: tuple[str, ...] = ()  # holes that must be this process's devices
-    pure: tuple[str, ...] = ()  # holes the rewrite drops: they must hold no call
+    pure: tuple[str, ...] = ()  # holes the rewrite drops: no call in them (`_droppable`)
     decline: Decline | None = None  # the decline code when `template` is None
     lifts: bool = True  # False: its rewrite is not the same leaf by leaf (`jax.tree.map`)
 
@@ -136,11 +136,23 @@ STACKED_SHARDS_PUT = (
     f"jax.device_put(jax.tree.map(lambda *{{xs}}: jax.numpy.stack({{xs}}), *{{x}}), {LEADING_AXIS})"
 )
 ROWS_PUT = f"jax.device_put({{x}}, {LEADING_AXIS})"
+# The shards an array split into blocks of rows (`np.split(obs, n)`): that array, concatenated
+# again. `{n}` is dropped: the original raises unless it is the number of devices.
+ARRAY_SPLITS = ("numpy.split({x}, {n})", "jax.numpy.split({x}, {n})")
+SPLIT_PUT = tuple(
+    pattern.replace("{x}", split, 1)
+    for split in ARRAY_SPLITS
+    for pattern in ("jax.device_put_sharded({x}, {devices})", STACKED_SHARDS_PUT)
+)
 ROWS_CONCATENATED = (
     "{jax}.make_array_from_process_local_data({sharding}, {jax}.tree.map({jnp}.concatenate, {x}))"
 )
 KEYS_TEMPLATE = "{jax}.make_array_from_process_local_data({sharding}, {value})"
-CONCATENATED = "{jax}.make_array_from_process_local_data({sharding}, {jnp}.concatenate({x}))"
+# Shards of any pytree, concatenated leaf by leaf (a list of arrays as well as of dicts).
+CONCATENATED = (
+    "{jax}.make_array_from_process_local_data("
+    "{sharding}, {jax}.tree.map(lambda *xs: {jnp}.concatenate(xs), *{x}))"
+)
 # A pmapped `pmean` of its argument over its own axis, called (flax imagenet's module-level
 # `cross_replica_mean`, AlgoPerf's `avg_fn`; the name is read through its one binding).
 MEANS = tuple(
@@ -174,6 +186,8 @@ TRANSFERS: tuple[Transfer, ...] = (
              HOST, PER_DEVICE, PRODUCER, GLOBAL_BATCH, SPLIT),
     Transfer("reshape", SPLITS, HOST, PER_DEVICE, PRODUCER, GLOBAL_BATCH, SPLIT, counts=N,
              pure=("rows",)),
+    Transfer("device_put_split", SPLIT_PUT, HOST, PER_DEVICE, PRODUCER, GLOBAL_BATCH,
+             SPLIT + " (the array split)", devices=LOCAL, pure=("n",), lifts=False),
     Transfer("device_put_sharded", ("jax.device_put_sharded({x}, {devices})", STACKED_SHARDS_PUT),
              HOST, PER_DEVICE, PRODUCER, CONCATENATED, SPLIT + " (the slices concatenated)",
              devices=LOCAL, lifts=False),
@@ -295,7 +309,7 @@ def match(
             holes: dict[str, cst.BaseExpression] = {}
             if not _unify(pattern, node, holes, qualname):
                 continue
-            if any(_has_call(holes[h]) for h in row.pure):
+            if any(not _droppable(holes[h], qualname) for h in row.pure):
                 continue
             if loose or not fewer(Match(row, holes), qualname, counts):
                 return Match(row, holes | {"value": node})
@@ -364,6 +378,14 @@ def tree_mapped(
         fun = named(fun.value) or fun
     param = _one_param(fun)
     return None if param is None else (param, fun.body, tree)  # type: ignore[attr-defined]
+
+
+def _droppable(node: cst.BaseExpression, qualname: Qualname) -> bool:
+    """Nothing happens when `node` is not evaluated: it holds no call, or it is the number of
+    local devices (`jax.local_device_count()`)."""
+    if isinstance(node, cst.Call) and not node.args:
+        return qualname(node.func) in ("jax.local_device_count", "jax.device_count")
+    return not _has_call(node)
 
 
 def _has_call(node: cst.CSTNode) -> bool:
