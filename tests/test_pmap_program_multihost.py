@@ -430,3 +430,89 @@ def test_a_migrated_fixture_gives_every_process_the_original_numbers(
         assert len(got) == len(want) >= 1, process
         for x, y in zip(got, want, strict=True):
             np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, err_msg=f"{case} {process}")
+
+
+# Programs whose original calls the removed `jax.device_put_replicated`/`device_put_sharded`
+# cannot run on the installed JAX: verification compares their program-level form with the
+# original with its safe rewrites alone (JM104, JM105: `jax.device_put` of stacked copies, of
+# stacked shards, of an array's rows; `test_pmap_program_verified.py`). Here that reference and
+# the program-level form run as one 2-process job, each process feeding rows of its own: every
+# process must get the reference's numbers (a rewrite reducing over one process's devices, or
+# putting one process's rows where the other's belong, would not).
+OWN_ROWS_MAIN = """
+
+def main():
+    n, me = jax.local_device_count(), jax.process_index()
+    obs = np.arange(n * 2 * 3, dtype=np.float32).reshape(n * 2, 3) * (me + 1) / 10
+    return train({"w": np.ones((3,), np.float32)}, obs)
+"""
+PYTREE_SHARDS_MAIN = """
+
+def main():
+    n, me = jax.local_device_count(), jax.process_index()
+    rows = np.arange(n * 2 * 4, dtype=np.float32).reshape(n, 2, 4) * (me + 1)
+    obs = np.arange(n * 3 * 4, dtype=np.float32).reshape(n * 3, 4) / (10 + me)
+    return train(rows, obs, 3)
+"""
+
+
+def _safe_reference_sources() -> dict[str, str]:
+    from test_pmap_program_verified import SAFE_REWRITES_PROGRAM, SPLITS
+
+    sources = {}
+    for name, split in sorted(SPLITS.items()):
+        program = SAFE_REWRITES_PROGRAM.format(split=split)
+        sources[name] = program[: program.index("\n\ndef main():")] + OWN_ROWS_MAIN
+    pytrees = (FIXTURES / "program_device_put_sharded_pytrees.py").read_text()
+    sources["sharded_pytrees"] = pytrees + PYTREE_SHARDS_MAIN
+    return sources
+
+
+SAFE_REFERENCE = _safe_reference_sources()
+
+
+@pytest.fixture(scope="module")
+def safe_reference_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobResult, list[dict]]:
+    folder = tmp_path_factory.mktemp("safe_reference")
+    paths = []
+    for name, source in SAFE_REFERENCE.items():
+        reference = migrate_source(source, options=Options(select=("JM104", "JM105"))).code
+        migrated = migrate_source(source, options=Options(unsafe_fixes=True)).code
+        for kind, code in (("reference", reference), ("migrated", migrated)):
+            path = folder / f"{name}.{kind}.py"
+            path.write_text(code)
+            paths.append(str(path))
+    script = folder / "run_mains.py"
+    script.write_text(RUN_MAINS)
+    job = run_job(script, processes=PROCESSES, devices=DEVICES, args=paths, timeout=600)
+    printed = [
+        {
+            Path(paths[int(i)]).name: (kind, json.loads(text))
+            for kind, i, text in (
+                line.split(" ", 2)
+                for line in out.splitlines()
+                if line.startswith(("RESULT ", "ERROR "))
+            )
+        }
+        for out in job.stdouts
+    ]
+    return job, printed
+
+
+@pytest.mark.parametrize("case", sorted(SAFE_REFERENCE))
+def test_a_program_level_form_verified_against_safe_rewrites_holds_on_every_process(
+    safe_reference_runs: tuple[JobResult, list[dict]], case: str, tmp_path: Path
+) -> None:
+    source = SAFE_REFERENCE[case]
+    migrated = migrate_source(source, options=Options(unsafe_fixes=True)).code
+    assert "jax.shard_map(" in migrated and "shard_map_per_device" not in migrated, migrated
+    for removed in ("jax.device_put(", "device_put_replicated(", "device_put_sharded(", "pmap("):
+        assert removed not in migrated, migrated
+    job, printed = safe_reference_runs
+    assert job.ok and len(printed) == PROCESSES, job.describe()
+    for process, shown in enumerate(printed):
+        (kind, want), (also, got) = (shown[f"{case}.{k}.py"] for k in ("reference", "migrated"))
+        assert kind == also == "RESULT", f"process {process}: {want if kind != 'RESULT' else got}"
+        assert len(got) == len(want) >= 1, process
+        for x, y in zip(got, want, strict=True):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, err_msg=f"{case} {process}")
