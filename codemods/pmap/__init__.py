@@ -311,9 +311,10 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
 - `static_broadcasted_argnums` that is computed (but `tuple(range(k, k + len(names)))` for a
   def `f(a, b, *args)` of `k` parameters: every star argument static, `in_specs=(P("i"),
   P("i")) + (None,) * len(names)`; big_vision's flexi trainers), or with one `in_axes` for all
-  arguments when the function's arity is not visible (a lambda, `partial`, an attribute, `*args`, a default after
-  the last static argument, unless every reference to a decorated def in its module is a call
-  passing the same number of arguments by position: the specs are sized for those).
+  arguments when the function's arity is not visible (a lambda, `partial`, an attribute,
+  `*args`, a default after the last static argument, unless every reference to a decorated def
+  in its module is a call passing the same number of arguments by position: the specs are
+  sized for those).
 - `axis_name` that is computed (a call or subscript: it would be evaluated twice) or a tuple.
 - Calls with `*args`/`**kwargs`, unknown keywords, more positional arguments than pmap takes, or
   `fun=` by keyword; `functools.partial(jax.pmap, ...)` kept as a value and `jax.pmap` passed

@@ -395,7 +395,8 @@ class Faithful(Finding):
             return argnums(value), None
         except Untranslatable as why:
             tail = static_tail(value)
-            if tail is None:
+            builtins = ("tuple", "list", "range", "len")  # as they are read: none rebound
+            if tail is None or any(self.resolver.bound(name) for name in builtins):
                 raise NotMigrated(f"`static_broadcasted_argnums`: {why}") from None
             return (), tail
 
@@ -411,9 +412,10 @@ class Faithful(Finding):
             or len((*params.posonly_params, *params.params)) != start
             or any(p.default is not None for p in params.params)
         ):
+            named = f"{start} parameter{'s' * (start != 1)}"
             raise NotMigrated(
                 f"`static_broadcasted_argnums` from {start} on: the mapped function is not "
-                f"visibly a def taking `*args` after {start} parameter{'s' * (start != 1)} without defaults"
+                f"visibly a def taking `*args` after {named} without defaults"
             )
         try:
             return with_static_tail(specs, start, count)

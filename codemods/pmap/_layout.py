@@ -381,8 +381,8 @@ def tree_mapped(
 
 
 def _droppable(node: cst.BaseExpression, qualname: Qualname) -> bool:
-    """Nothing happens when `node` is not evaluated: it holds no call, or it is the number of
-    local devices (`jax.local_device_count()`)."""
+    """Nothing happens when `node` is not evaluated: it holds no call, or it is a device count
+    (`jax.local_device_count()`)."""
     if isinstance(node, cst.Call) and not node.args:
         return qualname(node.func) in ("jax.local_device_count", "jax.device_count")
     return not _has_call(node)
