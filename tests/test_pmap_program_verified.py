@@ -41,7 +41,10 @@ def test_every_program_fixture_is_written_verified(tmp_path: Path) -> None:
         (tmp_path / path.stem).mkdir()
         shutil.copy(path, tmp_path / path.stem / path.name)
     report = tmp_path.parent / "report.json"
-    proc = jm("run", "--no-cache", "--jobs", "2", "--report", str(report), ".", cwd=tmp_path)
+    # Verifies ~90 programs: 100-300 s on 2 cores, more while CI's other legs share them (the
+    # default 300 s ran out on a slower machine); the timeout only guards against a hang.
+    run = ("run", "--no-cache", "--jobs", "2", "--report", str(report), ".")
+    proc = jm(*run, cwd=tmp_path, timeout=1200)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     files = {Path(f["path"]).name: f for f in json.loads(report.read_text())["files"]}
     program_level = 0
