@@ -114,6 +114,34 @@ def test_a_handler_starts_anywhere_in_its_try_and_nested_code_sees_every_binding
     assert found["after"] == ["x = 1", "x = 2", "x = 3"]
 
 
+def test_match_cases_join_as_branches_and_a_final_wildcard_leaves_no_path_around() -> None:
+    found = reaching(
+        """
+        def f(mode, pair):
+            x = 0
+            match mode:
+                case "a":
+                    x = 1
+                case "b" if use(x, "guard"):
+                    x = 2
+            use(x, "after partial")
+            match pair:
+                case [first, *rest]:
+                    use(first, "capture")
+                    y = first
+                case _:
+                    y = 3
+            use(y, "after total")
+            use(rest, "rest")
+        """
+    )
+    assert found["guard"] == ["x = 0"]
+    assert found["after partial"] == ["x = 0", "x = 1", "x = 2"]  # no case may match
+    assert found["capture"] == ['case [first, *rest]: use(first, "capture") y = first']
+    assert found["after total"] == ["y = 3", "y = first"]  # `case _:` takes the rest
+    assert found["rest"] == ["ENTRY", 'case [first, *rest]: use(first, "capture") y = first']
+
+
 def test_flow_binds_and_reads_names_as_the_scope_model_does() -> None:
     """`Flow`, the one binding model of the pmap rule: the function's bindings and reads are the
     toolkit's scope model's (a comprehension's variable and a class body's names are theirs, not

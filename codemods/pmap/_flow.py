@@ -904,7 +904,8 @@ def _follow_argument(
         passed.add(name)
         use = value if isinstance(value, cst.Name) else field_root(value)
         assert use is not None
-        for binding in flow.reach.of(use) or {ENTRY}:  # the bindings whose value it may be
+        reaching = flow.reach.of(use) or {ENTRY}  # the bindings whose value it may be
+        for binding in reaching:
             parameter = name in {p.name.value for p in params_of(program.host.params)}
             if binding is ENTRY and program.given and parameter:
                 given = program.given(program, name, position)  # the caller's argument
@@ -917,6 +918,8 @@ def _follow_argument(
                 host = program.host.name.value
                 where = f"a parameter of `{host}`"
                 where += "" if parameter else " or a global"
+                if not parameter and len(reaching) > 1:  # bound in the function, not always
+                    where = f"not bound on every path in `{host}` to the call"
                 if host == "__main__":
                     where = "a global bound outside the `__main__` block"
                 reached(Layout.UNKNOWN)
@@ -1251,6 +1254,8 @@ def _binding_text(name: str, binding: cst.CSTNode, flow: Flow, qualname: Qualnam
         if isinstance(target, (cst.Tuple, cst.List)):  # `state, fn = state`: AlgoPerf's
             return f"`{name}`, unpacked from `{_short(binding.value)}`"
         return f"`{name}` = `{_short(binding.value)}`"
+    if isinstance(binding, cst.MatchCase):
+        return f"`{name}`, captured by `case {_short(binding.pattern)}`"
     if not isinstance(binding, (cst.For, cst.CompFor)):
         return f"`{name}`, bound by a `{type(binding).__name__}` statement"
     source: cst.BaseExpression = binding.iter

@@ -190,7 +190,11 @@ class Forms:
         if isinstance(rows, cst.BinaryOperation):
             rows = rows.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
         merged = cst.BinaryOperation(dims[0], cst.Multiply(), rows)
-        elements = [shape.elements[0].with_changes(value=merged), *shape.elements[2:]]
+        first = shape.elements[0].with_changes(value=merged)
+        if len(shape.elements) == 2:  # now the last: `(n * b,)`, `[n * b]`, not `(n * b, )`
+            tuple_ = isinstance(shape, cst.Tuple)
+            first = first.with_changes(comma=cst.Comma() if tuple_ else cst.MaybeSentinel.DEFAULT)
+        elements = [first, *shape.elements[2:]]
         return node.with_changes(
             args=[
                 node.args[0].with_changes(value=shape.with_changes(elements=elements)),

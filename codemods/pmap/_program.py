@@ -473,7 +473,7 @@ class _Edit(cst.CSTTransformer):
             self.scoped = True
         if self.setup is not None and node is self.setup[3]:
             self.scoped = False
-        if isinstance(node, cst.IndentedBlock):
+        if isinstance(node, (cst.IndentedBlock, cst.Match)):  # a `match`'s cases: a level
             unit = node.indent if node.indent is not None else self.style.indent
             self.blocks.append(self.blocks[-1] + unit if self.blocks else self.indent)
         if isinstance(node, cst.SimpleStatementLine):
@@ -481,7 +481,7 @@ class _Edit(cst.CSTTransformer):
         return True
 
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
-        if isinstance(original_node, cst.IndentedBlock):
+        if isinstance(original_node, (cst.IndentedBlock, cst.Match)):
             self.blocks.pop()
         here = self.blocks[-1] if self.blocks else self.indent
         here += self.style.indent if self.scoped else ""

@@ -136,15 +136,36 @@ class Reach:
             return self._body(statements(node.body), inner if env is not None else None)
         if isinstance(node, cst.Try):
             return self._try(node, env)
+        if isinstance(node, cst.Match):
+            return self._match(node, env)
         if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
             self._header(node, live)
             out = dict(live)
             self._bind(node.name, node, out)
             return out if env is not None else None
-        # `match`, `try*` and what else may come: every name read sees what reaches, every
+        # `try*` and what else may come: every name read sees what reaches, every
         # block runs from here or not at all, and the names it binds are not known.
         self._reads(node, live)
         return _join(env, *self._unknown(node, live))
+
+    def _match(self, node: cst.Match, env: Env | None) -> Env | None:
+        """The cases of a `match` as the branches of an `if`: each binds its captures, then its
+        guard and body run; no case may match, unless the last is a bare `_` or capture."""
+        live: Env = env if env is not None else {}
+        self._reads(node.subject, live)
+        ends: list[Env | None] = []
+        for case in node.cases:
+            inner = dict(live)
+            for compared in _compared(case.pattern):  # `Color.RED`, `Point(...)`, a key
+                self._reads(compared, live)
+            for capture in _captures(case.pattern):
+                self._bind(capture, case, inner)
+            if case.guard is not None:
+                self._reads(case.guard, inner)
+            ends.append(self._body(statements(case.body), inner if env is not None else None))
+        last = node.cases[-1]
+        total = isinstance(last.pattern, cst.MatchAs) and last.pattern.pattern is None
+        return _join(*ends) if total and last.guard is None else _join(env, *ends)
 
     def _orelse(self, orelse: cst.If | cst.Else | None, env: Env | None) -> Env | None:
         if orelse is None:
@@ -379,6 +400,20 @@ class Reach:
         parts = (node.key, node.value) if isinstance(node, cst.DictComp) else (node.elt,)
         for part in parts:
             self._reads(part, inner, local)
+
+
+def _captures(pattern: cst.MatchPattern) -> Iterator[cst.Name]:
+    """The names a `case` pattern binds (`x`, `[first, *rest]`, `{**others}`, `Point(x=px)`)."""
+    yield from (n.name for n in nodes_in(pattern, cst.MatchAs) if isinstance(n.name, cst.Name))
+    yield from (n.name for n in nodes_in(pattern, cst.MatchStar) if isinstance(n.name, cst.Name))
+    yield from (n.rest for n in nodes_in(pattern, cst.MatchMapping) if n.rest is not None)
+
+
+def _compared(pattern: cst.MatchPattern) -> Iterator[cst.BaseExpression]:
+    """The expressions a `case` pattern reads: values compared with, classes, mapping keys."""
+    yield from (n.value for n in nodes_in(pattern, cst.MatchValue))
+    yield from (n.cls for n in nodes_in(pattern, cst.MatchClass))
+    yield from (n.key for n in nodes_in(pattern, cst.MatchMappingElement))
 
 
 def statements(block: cst.BaseSuite | cst.CSTNode) -> list[cst.BaseStatement]:
