@@ -142,6 +142,28 @@ def test_match_cases_join_as_branches_and_a_final_wildcard_leaves_no_path_around
     assert found["rest"] == ["ENTRY", 'case [first, *rest]: use(first, "capture") y = first']
 
 
+def test_an_if_tests_walrus_binds_and_a_finally_passes_on_only_the_normal_paths() -> None:
+    found = reaching(
+        """
+        def f(a, b):
+            if (x := a) is not None:
+                use(x, "then")
+            if b and (y := a):
+                pass
+            use(y, "maybe")
+            try:
+                z = a
+            finally:
+                use(z, "finally")
+            use(z, "after finally")
+        """
+    )
+    assert found["then"] == ["(x := a)"]
+    assert found["maybe"] == ["(y := a)", "ENTRY"]  # `b` false: `y` is not assigned
+    assert found["finally"] == ["ENTRY", "z = a"]  # an exception before `z = a` runs it too
+    assert found["after finally"] == ["z = a"]  # ... and goes on raising after it
+
+
 def test_flow_binds_and_reads_names_as_the_scope_model_does() -> None:
     """`Flow`, the one binding model of the pmap rule: the function's bindings and reads are the
     toolkit's scope model's (a comprehension's variable and a class body's names are theirs, not

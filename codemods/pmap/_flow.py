@@ -1254,6 +1254,10 @@ def _binding_text(name: str, binding: cst.CSTNode, flow: Flow, qualname: Qualnam
         if isinstance(target, (cst.Tuple, cst.List)):  # `state, fn = state`: AlgoPerf's
             return f"`{name}`, unpacked from `{_short(binding.value)}`"
         return f"`{name}` = `{_short(binding.value)}`"
+    if isinstance(binding, cst.NamedExpr):
+        return f"`{name}` := `{_short(binding.value)}`"
+    if isinstance(binding, cst.WithItem):
+        return f"`{name}`, bound by `with {_short(binding.item)} as ...`"
     if isinstance(binding, cst.MatchCase):
         return f"`{name}`, captured by `case {_short(binding.pattern)}`"
     if not isinstance(binding, (cst.For, cst.CompFor)):

@@ -121,6 +121,7 @@ class Reach:
             return out
         if isinstance(node, cst.If):
             self._reads(node.test, live)
+            env = self._walruses(node.test, dict(env)) if env is not None else None
             then = self._body(statements(node.body), env)
             other = self._orelse(node.orelse, env)
             return _join(then, other)
@@ -220,8 +221,11 @@ class Reach:
         if node.orelse is not None:
             end = self._body(statements(node.orelse.body), end)
         out = _join(end, *ends)
-        if node.finalbody is not None:
-            out = self._body(statements(node.finalbody.body), _join(out, raised))
+        if node.finalbody is not None:  # run on the way out; an exception goes on after it
+            finally_ = statements(node.finalbody.body)
+            after = self._body(finally_, out) if out is not None else None
+            self._body(finally_, _join(out, raised))  # its reads: from either (recorded last)
+            return after
         return out
 
     def _unknown(self, node: cst.CSTNode, env: Env) -> Iterator[Env | None]:
@@ -263,13 +267,21 @@ class Reach:
                 frame = self._loops[-1]
                 (frame.exits if isinstance(node, cst.Break) else frame.heads).append(out)
             return None
-        for walrus in nodes_in(node, cst.NamedExpr, (cst.Lambda, cst.BaseSuite)):
+        return self._walruses(node, out)
+
+    def _walruses(self, node: cst.CSTNode, env: Env) -> Env:
+        """Bind in `env` the names `node`'s `:=` assign (an `if` test's, a statement's); one
+        under an `and`, `or` or `... if ... else` may not be evaluated: joined with what was
+        there."""
+        scopes = (cst.Lambda, cst.BaseSuite)
+        sure = {id(w) for w in nodes_in(node, cst.NamedExpr, (*scopes, *_MAYBE))}
+        for walrus in nodes_in(node, cst.NamedExpr, scopes):
             target = walrus.target
-            if isinstance(target, cst.Name):  # maybe not evaluated: joined with what was there
-                before = out.get(target.value, frozenset({ENTRY}))
-                self._bind(target, walrus, out)
-                out[target.value] |= before
-        return out
+            if isinstance(target, cst.Name):
+                before = env.get(target.value, frozenset({ENTRY}))
+                self._bind(target, walrus, env)
+                env[target.value] |= frozenset() if id(walrus) in sure else before
+        return env
 
     def _closures(self) -> dict[int, Bindings]:
         """The reads inside a nested def that runs only where the function calls it: bound once
@@ -407,6 +419,9 @@ def _captures(pattern: cst.MatchPattern) -> Iterator[cst.Name]:
     yield from (n.name for n in nodes_in(pattern, cst.MatchAs) if isinstance(n.name, cst.Name))
     yield from (n.name for n in nodes_in(pattern, cst.MatchStar) if isinstance(n.name, cst.Name))
     yield from (n.rest for n in nodes_in(pattern, cst.MatchMapping) if n.rest is not None)
+
+
+_MAYBE = (cst.BooleanOperation, cst.IfExp, cst.CompFor)  # what may leave a part unevaluated
 
 
 def _compared(pattern: cst.MatchPattern) -> Iterator[cst.BaseExpression]:
