@@ -374,7 +374,8 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     `evaluate`, where ..."; stored on `self` and passed to a method a subclass overrides,
     naming the override; reading it only as an object, `step not in self._compiled`,
     `self._compiled.add(step)`, is no such use); `PL202` used outside the functions of the module as well as in
-    them (`STEPS = {"total": step}` beside `step(x)` in a def); `PL203` called in a nested
+    them (`STEPS = {"total": step}` beside `step(x)` in a def), or a name the function making
+    it declares `global` or `nonlocal` (other functions may call it); `PL203` called in a nested
     function not followed (called more than once, or maybe before the step is made); `PL204` its calls pass different arguments (`*`/`**`, keywords out of order, a
     batch in one function and a replicated value in another; a method calling steps stored
     on `self`, passed by the method calling it a value the rewrite changes and that it reads

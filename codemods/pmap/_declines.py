@@ -21,7 +21,7 @@ class Decline(enum.Enum):
     UNNAMED_AXIS = "PL109"  # the mapped axis has no literal name
     SIGNATURE = "PL110"  # the body's parameters (`*args`, `partial` binding, names clashing)
     NOT_CALLED_ONLY = "PL201"  # the step is used other than called (passed as a value)
-    USED_OUTSIDE = "PL202"  # the step is used outside the functions of the module
+    USED_OUTSIDE = "PL202"  # used outside the module's functions, or declared `global`
     CALLED_NESTED = "PL203"  # the step is called in a nested function
     CALLS_DIFFER = "PL204"  # its calls pass different arguments, `*args`, keywords out of order
     NOT_CALLED = "PL205"  # the step is not called where it is followed

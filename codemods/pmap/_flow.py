@@ -108,6 +108,7 @@ def analyze(
     flow = Flow(host, skip=local)
     if id(statement) not in flow.parent:
         raise NotVisible("the step is not made in the function that calls it", Decline.MADE_OUTSIDE)
+    _check_own_name(host, step)
     own = local if isinstance(local, cst.FunctionDef) and local.name.value == step else None
     if [s for s in flow.stores.get(step, []) if s is not own] != [assign]:
         raise NotVisible(
@@ -118,6 +119,23 @@ def analyze(
     if local is not None:
         _check_closure(program, body, flow)
     return program
+
+
+def _check_own_name(host: cst.FunctionDef, step: str) -> None:
+    """Raise NotVisible if `host` declares `step` `global` or `nonlocal`: the step is then a
+    name of the module (or of the enclosing def), which other functions may call with stacked
+    values."""
+    nested = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+    declared: list[cst.Global | cst.Nonlocal] = [
+        *nodes_in(host.body, cst.Global, nested),
+        *nodes_in(host.body, cst.Nonlocal, nested),
+    ]
+    for statement in declared:
+        if step in {item.name.value for item in statement.names}:
+            word = "global" if isinstance(statement, cst.Global) else "nonlocal"
+            why = f"`{step}` is declared `{word}` in `{host.name.value}`"
+            why += ": its uses elsewhere are not followed"
+            raise NotVisible(why, Decline.USED_OUTSIDE)
 
 
 def analyze_decorated(
@@ -134,6 +152,7 @@ def analyze_decorated(
         raise NotVisible(DECORATORS, Decline.DECORATORS)
     step = body.name.value
     flow = Flow(host, skip=body)
+    _check_own_name(host, step)
     if flow.only(step) is None:
         raise NotVisible(
             f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
