@@ -1446,6 +1446,13 @@ def _inline_kind(
 ) -> Layout:
     """Lay out an argument passed as an expression (or the value bound to a name passed),
     and record its edit."""
+    if isinstance(value, cst.IfExp):  # `a if c else b`: where the two paths meet
+        body, orelse = (
+            _inline_kind(program, v, forms, position, flow) for v in (value.body, value.orelse)
+        )
+        if body is orelse is Layout.PER_DEVICE:
+            _convert_once(program, value)
+        return body.join(orelse)
     replicated = forms.replicated_source(value)
     if replicated is not None:
         _replication(program, value, replicated, position, _committed(flow, forms, replicated))
@@ -1461,6 +1468,35 @@ def _inline_kind(
         program.edit(value, keys.row.why, lambda: keys.rewrite(program.context()))
         return Layout.KEYS
     return Layout.UNKNOWN
+
+
+def _convert_once(program: Program, choice: cst.IfExp) -> None:
+    """`split(a) if c else split(b)`, each branch converted to this process's part of a global
+    batch: converted once, around the choice (`make_array_from_process_local_data(sharding, a
+    if c else b)`), one edit where there were two."""
+    branches = (id(choice.body), id(choice.orelse))
+    if not all(b in program.edits for b in branches):
+        return  # a branch converted where its name is bound: nothing to join here
+    made = [program.edits[b] for b in branches]
+    why = program.reasons[branches[0]]
+    for b in branches:
+        del program.edits[b], program.nodes[b], program.reasons[b]
+
+    def once() -> cst.BaseExpression:
+        a, b = (edit(choice) for edit in made)  # each a split's rewrite: the node is not read
+        if not (isinstance(a, cst.Call) and isinstance(b, cst.Call) and _same_put(a, b)):
+            return choice.with_changes(body=a, orelse=b)
+        flat = choice.with_changes(body=a.args[1].value, orelse=b.args[1].value)
+        return a.with_changes(args=[a.args[0], a.args[1].with_changes(value=flat)])
+
+    program.edit(choice, why, once)
+
+
+def _same_put(a: cst.Call, b: cst.Call) -> bool:
+    """`put(sharding, x)` and `put(sharding, y)`: the same call and sharding, two arguments."""
+    if len(a.args) != 2 or len(b.args) != 2 or code(a.func) != code(b.func):
+        return False
+    return code(a.args[0]) == code(b.args[0])
 
 
 GENERATED = (
