@@ -1316,7 +1316,7 @@ def _follow_stacked(
         for b in flow.stores.get(name, [])
         if isinstance(b, cst.Assign)
         and (
-            id(b.value) in program.nodes
+            any(id(n) in program.nodes for n in _laid_out_parts(b.value))
             or (id(b) in program.arithmetic and _after_a_call(flow, b, calls))
         )
     ]
@@ -1453,6 +1453,10 @@ def _inline_kind(
         if body is orelse is Layout.PER_DEVICE:
             _convert_once(program, value)
         return body.join(orelse)
+    scaled = _scaled(value)
+    if scaled is not None:  # `shard(x) / 255.0`: elementwise with a number, the same layout
+        layout = _inline_kind(program, scaled, forms, position, flow)
+        return layout if layout in (Layout.PER_DEVICE, Layout.REPLICAS) else Layout.UNKNOWN
     replicated = forms.replicated_source(value)
     if replicated is not None:
         _replication(program, value, replicated, position, _committed(flow, forms, replicated))
@@ -1468,6 +1472,32 @@ def _inline_kind(
         program.edit(value, keys.row.why, lambda: keys.rewrite(program.context()))
         return Layout.KEYS
     return Layout.UNKNOWN
+
+
+def _scaled(value: cst.BaseExpression) -> cst.BaseExpression | None:
+    """`x * 2`, `x / 255.0`, `1.0 - x`: the other operand of an elementwise operation with a
+    number written out, which reads the same of a stacked value and of the flat one; else
+    None."""
+    if not isinstance(value, cst.BinaryOperation) or not isinstance(value.operator, ELEMENTWISE):
+        return None
+    for number, other in ((value.left, value.right), (value.right, value.left)):
+        if isinstance(number, cst.UnaryOperation) and isinstance(number.operator, cst.Minus):
+            number = number.expression
+        if isinstance(number, (cst.Integer, cst.Float)):
+            return other
+    return None
+
+
+def _laid_out_parts(value: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
+    """`value` and the parts of it `_inline_kind` lays out in its place: a conditional's two
+    branches, the operand of an operation with a number (an edit there stacks the whole)."""
+    yield value
+    if isinstance(value, cst.IfExp):
+        yield from _laid_out_parts(value.body)
+        yield from _laid_out_parts(value.orelse)
+    scaled = _scaled(value)
+    if scaled is not None:
+        yield from _laid_out_parts(scaled)
 
 
 def _convert_once(program: Program, choice: cst.IfExp) -> None:

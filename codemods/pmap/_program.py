@@ -50,7 +50,7 @@ from jaxmigrate.toolkit.imports import is_docstring
 
 from ._declines import Decline
 from ._layout import Layout
-from ._reach import assigned_name, nodes_in, read_names
+from ._reach import assigned_name, nodes_in, read_names, replaced
 
 
 @dataclass
@@ -345,11 +345,23 @@ def laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.Bas
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
         return statement
     node = statement.body[0]
-    if not isinstance(node, (cst.Assign, cst.Expr, cst.Return)):
+    if not isinstance(node, (cst.Assign, cst.AugAssign, cst.Expr, cst.Return)):
         return statement
     value = node.value
+    if isinstance(node, cst.Assign) and value is not None and not isinstance(value, cst.Call):
+        return statement.with_changes(
+            body=[node.with_changes(value=_wrapped(value, indent, style))]
+        )
     if not isinstance(value, cst.Call):
-        return statement
+        found = _last_bracket(value) if value is not None else None
+        if found is None:
+            return statement
+        call, tail = found  # `return a, f(x)`, `y = f(x) / 255.0`: black splits f's brackets
+        head = len(indent) + len(code(node)) - tail - len(code(call))
+        laid = with_lambda_calls(Call.of(call)).laid_out(Room(indent, head, tail), style)
+        return statement.with_changes(
+            body=[node.with_changes(value=replaced(value, {id(call): laid}))]
+        )
     head = len(indent) + len(code(node)) - len(code(value))
     method = value.func if not value.args and isinstance(value.func, cst.Attribute) else None
     if method is not None and isinstance(method.value, cst.Call):
@@ -359,6 +371,51 @@ def laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.Bas
         return statement.with_changes(body=[node.with_changes(value=chained)])
     laid = with_lambda_calls(Call.of(value)).laid_out(Room(indent, head), style)
     return statement.with_changes(body=[node.with_changes(value=laid)])
+
+
+def _wrapped(value: cst.BaseExpression, indent: str, style: Style) -> cst.BaseExpression:
+    """An assigned value other than a call, too long for its line, in parentheses on a line of
+    its own, as black writes it (`x = (\n    a / 255.0\n)`); as it is where that is too long."""
+    inner = indent + style.continuation
+    if value.lpar or "\n" in code(value) or len(inner) + len(code(value)) > style.width:
+        return value
+
+    def broken(at: str) -> cst.ParenthesizedWhitespace:
+        return cst.ParenthesizedWhitespace(indent=False, last_line=cst.SimpleWhitespace(at))
+
+    if isinstance(value, cst.Tuple):  # one element a line, each with its comma
+        if any(type(e) is not cst.Element for e in value.elements):
+            return value
+        if any(len(inner) + len(code(e.value)) + 1 > style.width for e in value.elements):
+            return value
+        comma = cst.Comma(whitespace_after=broken(inner))
+        elements = [e.with_changes(comma=comma) for e in value.elements]
+        last = cst.Comma(whitespace_after=broken(indent))
+        elements[-1] = elements[-1].with_changes(comma=last)
+        return value.with_changes(
+            elements=elements,
+            lpar=[cst.LeftParen(whitespace_after=broken(inner))],
+            rpar=[cst.RightParen()],
+        )
+    return value.with_changes(
+        lpar=[cst.LeftParen(whitespace_after=broken(inner))],
+        rpar=[cst.RightParen(whitespace_before=broken(indent))],
+    )
+
+
+def _last_bracket(value: cst.BaseExpression) -> tuple[cst.Call, int] | None:
+    """`a, f(x)` (a `return`'s, a tuple written without parentheses ending in a call): that
+    call, whose brackets black splits first, and how many characters follow it; else None."""
+    if (
+        not isinstance(value, cst.Tuple)
+        or value.lpar
+        or type(value.elements[-1]) is not cst.Element
+    ):
+        return None
+    last = value.elements[-1]
+    if not isinstance(last.value, cst.Call) or last.value.lpar:
+        return None
+    return last.value, len(code(last.comma)) if isinstance(last.comma, cst.Comma) else 0
 
 
 # The statement the mesh is set before, the statements making it, `jax.set_mesh(mesh)`, and the
