@@ -151,6 +151,8 @@ def test_an_if_tests_walrus_binds_and_a_finally_passes_on_only_the_normal_paths(
             if b and (y := a):
                 pass
             use(y, "maybe")
+            ws = [(w := v) for v in a]
+            use(w, "comprehension")
             try:
                 z = a
             finally:
@@ -160,6 +162,7 @@ def test_an_if_tests_walrus_binds_and_a_finally_passes_on_only_the_normal_paths(
     )
     assert found["then"] == ["(x := a)"]
     assert found["maybe"] == ["(y := a)", "ENTRY"]  # `b` false: `y` is not assigned
+    assert found["comprehension"] == ["(w := v)", "ENTRY"]  # `a` empty: nor is `w`
     assert found["finally"] == ["ENTRY", "z = a"]  # an exception before `z = a` runs it too
     assert found["after finally"] == ["z = a"]  # ... and goes on raising after it
 

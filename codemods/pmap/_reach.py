@@ -421,7 +421,15 @@ def _captures(pattern: cst.MatchPattern) -> Iterator[cst.Name]:
     yield from (n.rest for n in nodes_in(pattern, cst.MatchMapping) if n.rest is not None)
 
 
-_MAYBE = (cst.BooleanOperation, cst.IfExp, cst.CompFor)  # what may leave a part unevaluated
+# What may leave a part of an expression unevaluated (a comprehension: over nothing)
+_MAYBE = (
+    cst.BooleanOperation,
+    cst.IfExp,
+    cst.ListComp,
+    cst.SetComp,
+    cst.DictComp,
+    cst.GeneratorExp,
+)
 
 
 def _compared(pattern: cst.MatchPattern) -> Iterator[cst.BaseExpression]:
