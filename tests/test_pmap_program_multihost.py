@@ -393,6 +393,11 @@ CASES = [
     "program_input_iterator_used_elsewhere",
     "program_copies_seen_at_every_call",
     "program_batch_split_with_jnp_reshape",
+    "program_match_cases",  # batches bound in a `match`'s cases
+    "program_try_finally",
+    "program_mesh_in_scope_auto",  # the module's own mesh reused
+    "program_batch_chosen_by_ifexp",  # one conversion around `a if c else b`
+    "program_batch_scaled_by_a_number",
     "static_star_args_tail",  # the faithful form, its star arguments all static
 ]
 
