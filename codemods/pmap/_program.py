@@ -45,7 +45,7 @@ import libcst as cst
 from libcst.helpers import parse_template_expression
 
 from jaxmigrate.toolkit.cstutil import names_in
-from jaxmigrate.toolkit.emit import Call, Room, Style, code, with_lambda_calls
+from jaxmigrate.toolkit.emit import Call, Room, Style, code, exploded_sequence, with_lambda_calls
 from jaxmigrate.toolkit.imports import is_docstring
 
 from ._declines import Decline
@@ -377,26 +377,18 @@ def _wrapped(value: cst.BaseExpression, indent: str, style: Style) -> cst.BaseEx
     """An assigned value other than a call, too long for its line, in parentheses on a line of
     its own, as black writes it (`x = (\n    a / 255.0\n)`); as it is where that is too long."""
     inner = indent + style.continuation
-    if value.lpar or "\n" in code(value) or len(inner) + len(code(value)) > style.width:
+    if value.lpar or "\n" in code(value):
+        return value
+    if isinstance(value, cst.Tuple):  # one element a line, each with its comma (the emitter's)
+        parenthesized = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        laid = exploded_sequence(parenthesized, indent, inner, style.width)
+        return value if laid is parenthesized else laid
+    if len(inner) + len(code(value)) > style.width:
         return value
 
     def broken(at: str) -> cst.ParenthesizedWhitespace:
         return cst.ParenthesizedWhitespace(indent=False, last_line=cst.SimpleWhitespace(at))
 
-    if isinstance(value, cst.Tuple):  # one element a line, each with its comma
-        if any(type(e) is not cst.Element for e in value.elements):
-            return value
-        if any(len(inner) + len(code(e.value)) + 1 > style.width for e in value.elements):
-            return value
-        comma = cst.Comma(whitespace_after=broken(inner))
-        elements = [e.with_changes(comma=comma) for e in value.elements]
-        last = cst.Comma(whitespace_after=broken(indent))
-        elements[-1] = elements[-1].with_changes(comma=last)
-        return value.with_changes(
-            elements=elements,
-            lpar=[cst.LeftParen(whitespace_after=broken(inner))],
-            rpar=[cst.RightParen()],
-        )
     return value.with_changes(
         lpar=[cst.LeftParen(whitespace_after=broken(inner))],
         rpar=[cst.RightParen(whitespace_before=broken(indent))],

@@ -412,9 +412,7 @@ class Call:
             arg = item.value(functools.partial(Call.laid_out, room=room, style=style))
             keyword = len(arg.keyword.value) + 1 if arg.keyword is not None else 0
             if item.call is None and len(inner) + keyword + len(code(arg.value)) + 1 > style.width:
-                value = _exploded_sequence(
-                    arg.value, inner, inner + style.continuation, style.width
-                )
+                value = exploded_sequence(arg.value, inner, inner + style.continuation, style.width)
                 arg = arg.with_changes(value=value)
             args.append(
                 arg.with_changes(
@@ -433,7 +431,7 @@ class Call:
         return cst.Call(self.func, [*args[:-1], last], whitespace_before_args=_break(inner))
 
 
-def _exploded_sequence(
+def exploded_sequence(
     node: cst.BaseExpression, outer: str, inner: str, width: int | None = None
 ) -> cst.BaseExpression:
     """Return a parenthesized tuple or a list too long for its line with one element per line
@@ -452,7 +450,7 @@ def _exploded_sequence(
     laid = []
     for i, e in enumerate(elements):
         if width is not None and len(inner) + len(code(e.value)) + 1 > width:
-            e = e.with_changes(value=_exploded_sequence(e.value, inner, inner + step, width))
+            e = e.with_changes(value=exploded_sequence(e.value, inner, inner + step, width))
         laid.append(
             e.with_changes(comma=cst.Comma(whitespace_after=_break(outer if i == last else inner)))
         )
