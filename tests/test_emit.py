@@ -444,6 +444,31 @@ def test_a_nested_tuple_too_long_for_its_own_line_is_exploded_in_turn() -> None:
     assert ast.dump(ast.parse(laid)) == ast.dump(ast.parse(code(call)))  # the same call
 
 
+
+def test_an_operation_too_long_for_its_own_line_breaks_before_its_operators() -> None:
+    """big_vision's flexi trainers: `in_specs=(P("batch"), ...) + (None,) * len(names)` was 108
+    columns in an 80-column file; black and ruff break before the `+`, then explode the tuple if
+    it is still too long."""
+    specs = ", ".join(['P("batch")'] * 5)
+    call = cst.parse_expression(
+        f'partial(helper, axis_name="batch", in_specs=({specs}) + (None,) * len(names), n=1)'
+    )
+    assert isinstance(call, cst.Call)
+    laid = code(Call.of(call).laid_out(Room("  ", 3), Style(indent="  ", width=80)))
+    assert max(len("  @" + line) for line in laid.splitlines()) <= 80, laid
+    assert f"      in_specs=({specs})\n      + (None,) * len(names),\n" in laid, laid
+    narrow = code(Call.of(call).laid_out(Room("    ", 8), Style(width=50)))
+    assert '        in_specs=(\n            P("batch"),\n' in narrow, narrow
+    assert "        )\n        + (None,) * len(names),\n" in narrow, narrow
+    for text in (laid, narrow):
+        assert ast.dump(ast.parse(text)) == ast.dump(ast.parse(code(call)))  # the same call
+    chain = cst.parse_expression("f(x=first_of_them + second_of_them * 2 - third_of_them)")
+    assert isinstance(chain, cst.Call)
+    split = code(Call.of(chain).laid_out(Room("", 0), Style(width=30)))
+    assert split == (
+        "f(\n    x=first_of_them\n    + second_of_them * 2\n    - third_of_them,\n)"
+    ), split
+
 # The diff's finish (issue 19, item 4) -----------------------------------------------------------
 def test_google_style_files_get_one_imported_name_per_line() -> None:
     """brax and flax import one name per `from` line: so do the new imports."""

@@ -412,7 +412,9 @@ class Call:
             arg = item.value(functools.partial(Call.laid_out, room=room, style=style))
             keyword = len(arg.keyword.value) + 1 if arg.keyword is not None else 0
             if item.call is None and len(inner) + keyword + len(code(arg.value)) + 1 > style.width:
-                value = exploded_sequence(arg.value, inner, inner + style.continuation, style.width)
+                value = split_operation(arg.value, inner, keyword, style)
+                if value is arg.value:
+                    value = exploded_sequence(value, inner, inner + style.continuation, style.width)
                 arg = arg.with_changes(value=value)
             args.append(
                 arg.with_changes(
@@ -459,6 +461,44 @@ def exploded_sequence(
         return node.with_changes(elements=laid, lbracket=cst.LeftSquareBracket(opening))
     lpar = [*node.lpar[:-1], cst.LeftParen(whitespace_after=opening)]
     return node.with_changes(elements=laid, lpar=lpar)
+
+
+# Operators of one precedence: black breaks before each of a chain of them (`a + b - c`).
+_RANKS: dict[type[cst.BaseBinaryOp], int] = {
+    cst.Add: 0,
+    cst.Subtract: 0,
+    cst.Multiply: 1,
+    cst.Divide: 1,
+    cst.FloorDivide: 1,
+    cst.Modulo: 1,
+    cst.MatrixMultiply: 1,
+}
+
+
+def split_operation(
+    node: cst.BaseExpression, indent: str, head: int, style: Style
+) -> cst.BaseExpression:
+    """Return an unparenthesized `a + b * n`, too long for its line inside brackets, broken
+    before each operator of its outermost chain as black breaks it (`in_specs=(...)` on one
+    line, `+ (None,) * len(names)` on the next, both at `indent`; `head` columns, a keyword,
+    precede the first operand); the first operand, still too long, exploded in turn. Anything
+    else, or an operation with comments, is returned as it is."""
+    if not isinstance(node, cst.BinaryOperation) or node.lpar or comments_in(node):
+        return node
+    rank = _RANKS.get(type(node.operator))
+    chain: list[cst.BinaryOperation] = [node]
+    while isinstance(chain[-1].left, cst.BinaryOperation) and not chain[-1].left.lpar:
+        if rank is None or _RANKS.get(type(chain[-1].left.operator)) != rank:
+            break
+        chain.append(chain[-1].left)
+    first = chain[-1].left
+    if len(indent) + head + len(code(first)) > style.width:
+        first = exploded_sequence(first, indent, indent + style.continuation, style.width)
+    laid: cst.BaseExpression = first
+    for op in reversed(chain):
+        operator = op.operator.with_changes(whitespace_before=_break(indent))
+        laid = op.with_changes(left=laid, operator=operator)
+    return laid
 
 
 def _start(item: Item, inner: str) -> int:
