@@ -444,7 +444,6 @@ def test_a_nested_tuple_too_long_for_its_own_line_is_exploded_in_turn() -> None:
     assert ast.dump(ast.parse(laid)) == ast.dump(ast.parse(code(call)))  # the same call
 
 
-
 def test_an_operation_too_long_for_its_own_line_breaks_before_its_operators() -> None:
     """big_vision's flexi trainers: `in_specs=(P("batch"), ...) + (None,) * len(names)` was 108
     columns in an 80-column file; black and ruff break before the `+`, then explode the tuple if
@@ -468,6 +467,7 @@ def test_an_operation_too_long_for_its_own_line_breaks_before_its_operators() ->
     assert split == (
         "f(\n    x=first_of_them\n    + second_of_them * 2\n    - third_of_them,\n)"
     ), split
+
 
 # The diff's finish (issue 19, item 4) -----------------------------------------------------------
 def test_google_style_files_get_one_imported_name_per_line() -> None:

@@ -390,6 +390,7 @@ def named_back(
 
     class Back(cst.CSTTransformer):
         depth = 0  # the blocks around, inside the method's own
+        before = 0  # `renamed` when the statement being left began
 
         def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
             self.depth += 1
@@ -400,9 +401,15 @@ def named_back(
             self.depth -= 1
             return updated_node
 
+        renamed = 0  # the step names read as `self.<attr>` again so far
+
         def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> Any:
             found = stored.steps.get(updated_node.value)
+            self.renamed += found is not None
             return found[0] if found is not None else updated_node
+
+        def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+            self.before = self.renamed
 
         def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> Any:
             bound = bound_by(original_node)
@@ -413,9 +420,15 @@ def named_back(
         def leave_SimpleStatementLine(
             self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine
         ) -> Any:
-            if not any(bound_by(c) for c in nodes_in(original_node, cst.Call)):
-                return updated_node
-            return laid_out(updated_node, indent + style.indent * (self.depth - 1), style)
+            at = indent + style.indent * (self.depth - 1)
+            if any(bound_by(c) for c in nodes_in(original_node, cst.Call)):
+                return laid_out(updated_node, at, style)
+            # `self._count_p` read again where the copy read `count_p`: the line may not fit
+            lines = code(updated_node.with_changes(leading_lines=[])).splitlines()
+            longer = self.renamed > self.before and len(lines) == 1
+            if longer and len(at) + len(lines[0]) > style.width:
+                return laid_out(updated_node, at, style)
+            return updated_node
 
     out = rewritten.visit(Back())
     assert isinstance(out, cst.FunctionDef)
