@@ -390,6 +390,7 @@ def named_back(
 
     class Back(cst.CSTTransformer):
         depth = 0  # the blocks around, inside the method's own
+        renamed = 0  # the step names read as `self.<attr>` again so far
         before = 0  # `renamed` when the statement being left began
 
         def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
@@ -400,8 +401,6 @@ def named_back(
         ) -> Any:
             self.depth -= 1
             return updated_node
-
-        renamed = 0  # the step names read as `self.<attr>` again so far
 
         def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> Any:
             found = stored.steps.get(updated_node.value)
