@@ -20,7 +20,6 @@ from jaxmigrate.model import LATEST_JAX, PMAP_STYLES, Bucket, FileResult, Option
 from jaxmigrate.pipeline.discovery import Discovery
 from jaxmigrate.registry import UnknownRule, chosen_passes, select_passes
 from jaxmigrate.report.json import json_report
-from jaxmigrate.toolkit.passes import version_text
 
 if TYPE_CHECKING:
     from jaxmigrate.pipeline.cache import ResultCache
@@ -508,8 +507,3 @@ def stdout() -> Console:
 def stderr() -> Console:
     """The console for progress and problems."""
     return Console(stderr=True, highlight=False)
-
-
-def target_note(settings: Settings) -> str:
-    """Return a short description of the target JAX, for headers."""
-    return f"target JAX {version_text(settings.options.target_jax)}"

@@ -67,11 +67,6 @@ class Unit:
     sites: tuple[Site, ...]
 
     @property
-    def lead(self) -> Site:
-        """The first site of the unit, in line order; the prompt is about it."""
-        return self.sites[0]
-
-    @property
     def keys(self) -> frozenset[str]:
         """The keys of every site of the unit."""
         return frozenset(s.key for s in self.sites)
@@ -99,7 +94,7 @@ class Unit:
 
 
 def units_of(sites: Sequence[Site], path: str) -> tuple[Unit, ...]:
-    """Return the units of one file's sites, ordered by the line and column of their lead."""
+    """Return the units of one file's sites, ordered by the line and column of their first site."""
     by_group: dict[str, list[Site]] = {}
     units: list[list[Site]] = []
     for site in sorted(sites, key=place_of):

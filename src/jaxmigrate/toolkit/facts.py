@@ -143,7 +143,7 @@ class AstFacts:
     """One walk of a module's `ast`, shared by the name stage and every pass's `may_apply_to`.
 
     `nodes(ast.With)` lists the nodes of a type without walking again; `names` holds the dotted
-    names of imported objects the module mentions (see `referenced_names`).
+    names of imported objects the module mentions (see `_referenced`).
     """
 
     def __init__(self, tree: ast.Module) -> None:
@@ -222,11 +222,6 @@ def _fields(kind: type[ast.AST]) -> tuple[str, ...]:
     if found is None:
         found = _FIELDS[kind] = tuple(f for f in kind._fields if f != "ctx")
     return found
-
-
-def referenced_names(tree: ast.Module) -> set[str]:
-    """Return the dotted names of imported objects the module mentions."""
-    return AstFacts(tree).names
 
 
 def _referenced(facts: AstFacts) -> set[str]:

@@ -563,10 +563,6 @@ class ScopeModel:
             return None if base is None else f"{base}.{node.attr.value}"
         return None
 
-    def is_one_of(self, node: cst.BaseExpression, qualnames: Sequence[str] | set[str]) -> bool:
-        """Return True if `node` refers to one of `qualnames`."""
-        return self.qualified_name(node) in qualnames
-
     def _resolve(self, name: str, scope: Scope, depth: int) -> str | None:
         owner = scope.lookup(name)
         if owner is None or depth > 20:
