@@ -597,7 +597,8 @@ def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
     """Return the positions not mapped: `in_axes` None ("none") and static ones ("static")."""
     fixed = {i: "static" for i in options.statics}
     if any(i >= arity or i < 0 for i in fixed):
-        raise NotVisible("`static_broadcasted_argnums` out of range", Decline.OPTION)
+        why = "`static_broadcasted_argnums` names an argument the calls do not pass by position"
+        raise NotVisible(why, Decline.OPTION)
     axes = options.in_axes
     if axes is None or isinstance(axes, cst.Integer) and axes.value == "0":
         return fixed  # `in_axes=0`: every argument mapped, as by default
@@ -782,7 +783,7 @@ def _check_lambda(program: Program, flow: Flow, calls: list[cst.Call] | None = N
     not hide a name the call reads, and a value `partial` bound, now read when the step is
     traced (at its `calls`, or where they are made from), must be the one it bound: the
     bindings reaching the calls are those reaching the step's making."""
-    clash = set(program.params) & set(names_in(program.body))
+    clash = set(program.params) & free_names(program.body)
     if clash:
         why = f"the step's parameter `{min(clash)}` is also a name in the mapped function"
         raise NotVisible(why, Decline.SIGNATURE)

@@ -641,14 +641,20 @@ def read_names(node: cst.FunctionDef | cst.Module) -> Counter[str]:
     return Counter(n.value for n in nodes_in(module, cst.Name) if model.is_read(n))
 
 
-def free_names(node: cst.FunctionDef | cst.ClassDef) -> set[str]:
-    """The names `node` (a def, a class) reads and does not bind itself."""
-    model = ScopeModel(cst.Module([node]))
+def free_names(node: cst.FunctionDef | cst.ClassDef | cst.BaseExpression) -> set[str]:
+    """The names `node` (a def, a class, an expression) reads and does not bind itself (not
+    the parameters of a lambda in it)."""
+    statement = node if isinstance(node, cst.BaseCompoundStatement) else _statement(node)
+    model = ScopeModel(cst.Module([statement]))
     found = set()
     for name in nodes_in(node, cst.Name):
         if model.is_read(name) and model.scope_of(name).lookup(name.value) is None:
             found.add(name.value)
     return found
+
+
+def _statement(node: cst.BaseExpression) -> cst.SimpleStatementLine:
+    return cst.SimpleStatementLine([cst.Expr(node)])
 
 
 def _traced_later(decorator: cst.BaseExpression) -> bool:
