@@ -424,7 +424,8 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     step stored on `self` and called in two methods, neither calling the other), or
     the function setting its mesh is a generator yielding where it calls the step (the mesh
     would stay set in the code iterating it; a generator yielding only after its calls has the
-    mesh unset before its first `yield`);
+    mesh unset before its first `yield`), or is written on its `def` line (no block to set the
+    mesh in);
   - `PL603` the program-level form failed verification (its group is migrated faithfully).
 
 ## Verification

@@ -332,7 +332,8 @@ class _Reader:
             return self.changed(aliased(target), varying) if varies else varying
         names = set(target_names(target)) if not isinstance(target, cst.StarredElement) else set()
         if "?" in names or not names:
-            raise NotVisible("the body binds a name other than plainly", Decline.BODY)
+            why = f"the body binds `{code(target)}`, not only plain names"
+            raise NotVisible(why, Decline.BODY)
         if varies:
             self.ever |= names
             return varying | names

@@ -162,6 +162,9 @@ def first_statement(
 ) -> cst.BaseStatement:
     """Return the statement of `setup`'s body that first calls a step, or a function calling
     one, or makes a batch: the mesh is set just before it."""
+    if not isinstance(setup.body, cst.IndentedBlock):
+        why = f"`{setup.name.value}` is written on its `def` line: no block to set the mesh in"
+        raise NotVisible(why, Decline.SETUP)
     statements, marked = _marked(setup, flow, group)
     for statement in statements:
         if id(statement) in marked:
