@@ -224,7 +224,8 @@ class Program:
         if isinstance(updated, cst.FunctionDef):
             statements.append(self._decorated(updated, indent, style))
         elif self.factory is not None and isinstance(updated, cst.SimpleStatementLine):
-            statements.append(updated)  # `step = factory(...)`, as it was
+            # `step = factory(...)`, as it was; its comments go first, above the mesh
+            statements.append(updated.with_changes(leading_lines=()))
         if not statements:
             return []
         first = statements[0].with_changes(leading_lines=self.statement.leading_lines)  # type: ignore[attr-defined]

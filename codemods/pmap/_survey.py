@@ -528,6 +528,7 @@ class Finding(Pass):
                 site.fallback = str(why)
         for sites in made_in.values():
             self._take_steps(module, flow, sites)
+        self._beside_kept(module, flow)
         self._group_outer(module, flow, outer)
         self._take_stored(stored)
         self._module_alone(module)
@@ -1117,11 +1118,16 @@ class Finding(Pass):
             self.stored.clear()
 
     def _host(self, site: PmapUse) -> cst.CSTNode | None:
-        """Return the function a step is made in (None: at module level, or by a decorator); for
-        a step a factory returns, the function calling the factory (`factory_hosts`)."""
+        """Return the function a step is made in (None: at module level); for a decorated def,
+        the function it is written in; for a step a factory returns, the function calling the
+        factory (`factory_hosts`)."""
         if id(site.node) in self.factory_hosts:
             return self.factory_hosts[id(site.node)][0]
-        return None if site.around is site.mapped else site.around
+        if site.around is not site.mapped:
+            return site.around
+        scopes = (a for a in reversed(site.ancestors) if isinstance(a, SCOPES))
+        outer = next((a for a in scopes if a is not site.mapped), None)
+        return outer if isinstance(outer, cst.FunctionDef) else None
 
     def _factory_callers(
         self, module: cst.Module, flow: Flow
@@ -1225,9 +1231,46 @@ class Finding(Pass):
         lines = list(getattr(block, "body", ()))
         taken.sort(key=lambda t: lines.index(t[2].statement))
         host = taken[0][1]
+        if id(host) in self.programs:  # a decorated def's steps and those a factory returns
+            why = self._apart(host)
+            for site, _, _ in taken:
+                site.fallback = str(why)
+            return
         for site, _, program in taken:
             del self.sites[id(site.node)]
         self.programs[id(host)] = [(site, program) for site, _, program in taken]
+
+    def _beside_kept(self, module: cst.Module, flow: Flow) -> None:
+        """A function whose steps are taken and that calls a factory of the module whose step
+        keeps the per-device form: the results of that step, read back from device 0, would
+        reach the taken steps committed to one device. They keep the per-device form too."""
+        for site in list(self.sites.values()):
+            factory = site.around
+            if not isinstance(factory, cst.FunctionDef) or factory not in module.body:
+                continue
+            for use in flow.loads.get(factory.name.value, []):
+                host = next((a for a in flow.ancestors(use) if isinstance(a, SCOPES)), None)
+                if isinstance(host, cst.FunctionDef) and id(host) in self.programs:
+                    why = (
+                        f"`{host.name.value}` also calls a step `{factory.name.value}` returns, "
+                        "which keeps the per-device form: its results would reach this step on "
+                        "one device"
+                    )
+                    self._apart(host, NotVisible(why, Decline.MESH))
+
+    def _apart(self, host: cst.FunctionDef, why: NotVisible | None = None) -> NotVisible:
+        """`host` calls steps of two groups (a factory's and its own, made or decorated there):
+        one mesh for all of them is not followed; the group taken first keeps the per-device
+        form too, as the other's results would reach it committed to one device."""
+        why = why or NotVisible(
+            f"`{host.name.value}` calls a step a factory returns and one of its own: one mesh for "
+            "all of them is not followed",
+            Decline.MESH,
+        )
+        for site, _ in self.programs.pop(id(host)):
+            self.sites[id(site.node)] = site
+            site.fallback = str(why)
+        return why
 
     def _module_program(self, flow: Flow, site: PmapUse) -> bool:
         """A step made at module level and read only there, outside any def, class or lambda
@@ -1526,11 +1569,7 @@ class Finding(Pass):
         statement = flow.parent.get(id(bound))
         assert isinstance(statement, cst.SimpleStatementLine)
         if id(host) in self.programs:  # another group's: not one mesh for them all
-            why = (
-                f"the step is returned by `{name}` to `{host.name.value}`, which makes steps of "
-                "its own: one mesh for all of them is not followed"
-            )
-            raise NotVisible(why, Decline.NOT_NAMED)
+            raise self._apart(host)
         facts = self._facts(module, host)
         details = (host, statement, site.node, body, self.qualname, siblings, facts, None)
         program = analyze(*details, self._unnamed(), made=bound.value)
