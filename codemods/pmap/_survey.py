@@ -1232,9 +1232,9 @@ class Finding(Pass):
         taken.sort(key=lambda t: lines.index(t[2].statement))
         host = taken[0][1]
         if id(host) in self.programs:  # a decorated def's steps and those a factory returns
-            why = self._apart(host)
+            kept = self._apart(host)
             for site, _, _ in taken:
-                site.fallback = str(why)
+                site.fallback = str(kept)
             return
         for site, _, program in taken:
             del self.sites[id(site.node)]
