@@ -248,6 +248,11 @@ class Survey(cst.CSTVisitor):
         )
 
 
+# Per-device keys (`jax.random.split(key, n)`) for a step stored on `self`: the lambda taking
+# each device's key would go where the step is made, which other methods' calls do not see.
+_KEYS = "`{}` gets per-device keys: a step stored on `self` cannot take its own key"
+
+
 @dataclass
 class PmapUse:
     """One pmap site: where it is reported, its pmaps (outer first) and what it maps."""
@@ -689,7 +694,8 @@ class Finding(Pass):
                         siblings=others,
                     )
                     if program.squeezed:
-                        raise NotVisible("", Decline.NOT_NAMED)
+                        keys = _KEYS.format(code(kept.steps[name][0]))
+                        raise NotVisible(keys, Decline.KEYS_OUTSIDE)
                     if decorated:
                         keywords_in_place(program, found.body, name)
                 except NotVisible as error:
@@ -699,6 +705,10 @@ class Finding(Pass):
                 steps.append(step)
             if blocked is not None:  # the others keep the per-device form with it
                 name, why = blocked
+                for found, own in zip(shared, names, strict=True):
+                    if own == name and why.code is Decline.KEYS_OUTSIDE:  # else found again
+                        found.site.fallback = str(why)  # type: ignore[attr-defined]
+                        handled.add(id(found.site.node))  # type: ignore[attr-defined]
                 for step in steps if why.why else ():
                     attr = code(kept.steps[name][0])
                     text = (
@@ -711,7 +721,8 @@ class Finding(Pass):
                 continue
             try:
                 if len({code(step.options.axis) for step in steps}) > 1:
-                    raise NotVisible("steps over different axes", Decline.MESH)
+                    apart = f"`{method.name.value}` calls steps over different axes: one mesh"
+                    raise NotVisible(f"{apart} cannot serve them", Decline.MESH)
                 inner = Flow(kept.copy)
                 before = first_statement(kept.copy, inner, steps)
                 end = mesh_end(kept.copy, inner, steps, before)
@@ -907,8 +918,11 @@ class Finding(Pass):
                             raise
                         text = f"`{first}`, passed to `{method.name.value}` as `{name}`: {why.why}"
                         raise NotVisible(text, why.code) from None
-                    if program.squeezed or program.keywords and decorated:
-                        raise NotVisible("", Decline.NOT_NAMED)
+                    if program.squeezed:
+                        raise NotVisible(_KEYS.format(first), Decline.KEYS_OUTSIDE)
+                    if program.keywords and decorated:
+                        odd = f"`{first}`, a decorated def, is called with keyword arguments"
+                        raise NotVisible(odd, Decline.CALLS_DIFFER)
                     if given is not None:
                         program.callees += given.callers
                     step.programs.append(program)
@@ -917,7 +931,8 @@ class Finding(Pass):
                 head = step.programs[0]
                 for program in step.programs[1:]:
                     if program.batches != head.batches or program.params != head.params:
-                        raise NotVisible("", Decline.CALLS_DIFFER)
+                        odd = f"`{first}` is passed other layouts in one method than in another"
+                        raise NotVisible(odd, Decline.CALLS_DIFFER)
                 steps.append(step)
             self._passed_alike(passed)
             if len({code(step.options.axis) for step in steps}) > 1:
