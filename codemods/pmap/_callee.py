@@ -250,8 +250,7 @@ def follow_passed(
     assert isinstance(assign, cst.Assign)
     step = single_name(assign.targets[0].target)
     flow = Flow(host, skip=local)
-    if step is None:
-        raise why
+    assert step is not None  # `analyze` raised PL101 for any other target before `why`
     uses = [  # not the pmap's own `f` of `f = jax.pmap(f, ...)` (brax's trainers)
         u for u in flow.loads.get(step, []) if all(a is not statement for a in flow.ancestors(u))
     ]

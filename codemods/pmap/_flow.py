@@ -106,8 +106,7 @@ def analyze(
         raise unnamed_step(assign, host.name.value)
     options = options_of(pmap, qualname, unnamed, facts.constants)
     flow = Flow(host, skip=local)
-    if id(statement) not in flow.parent:
-        raise NotVisible("the step is not made in the function that calls it", Decline.MADE_OUTSIDE)
+    assert id(statement) in flow.parent  # `host` is the def around the site, not the body
     _check_own_name(host, step)
     own = local if isinstance(local, cst.FunctionDef) and local.name.value == step else None
     if [s for s in flow.stores.get(step, []) if s is not own] != [assign]:
@@ -705,12 +704,8 @@ def _signature(
             raise NotVisible(
                 f"a call of `{step}` unpacks its arguments (`*` or `**`)", Decline.CALLS_DIFFER
             )
-        count = len([a for a in call.args if a.keyword is None])
+        count = len([a for a in call.args if a.keyword is None])  # before any keyword: syntax
         named = [a.keyword.value for a in call.args if a.keyword is not None]
-        if any(a.keyword is None for a in call.args[count:]):
-            raise NotVisible(
-                f"a call of `{step}` passes other than its arguments", Decline.CALLS_DIFFER
-            )
         filled.add((count, frozenset(named)))
     if len(filled) != 1:
         raise NotVisible(
