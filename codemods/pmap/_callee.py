@@ -220,8 +220,11 @@ def carried_back(
         assert output is not None
         results[target] = output
     if set(claims.values()) != set(results):
-        unclaimed = sorted(set(claims.values()) - set(results))
-        why = f"`{unclaimed[0]}`, bound to what `{name}` returns, is not only the step's result"
+        index = min(i for i, n in claims.items() if n not in results)
+        rebound = single_name(returned_items[0][index]) if returned_items else None
+        why = f"`{claims[index]}`, bound to what `{name}` returns, is not only the step's result"
+        if rebound is not None:  # bound from the step's call, then rebound (`x = x[0]`)
+            why += f": `{rebound}` is bound again in `{name}` before it is returned"
         raise NotVisible(why, Decline.RESULT_READ)
     assert statement is not None
     back = _StepCall(statement, call, [], [], [])
