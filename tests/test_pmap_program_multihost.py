@@ -398,6 +398,9 @@ CASES = [
     "program_mesh_in_scope_auto",  # the module's own mesh reused
     "program_batch_chosen_by_ifexp",  # one conversion around `a if c else b`
     "program_batch_scaled_by_a_number",
+    "program_partial_lambda_own_parameter",  # a keyword passed by position through a lambda
+    "program_decorated_steps_in_two_functions",  # a mesh each
+    "program_factory_step_with_decorated_own_step",  # two axes, two meshes in `main`
     "static_star_args_tail",  # the faithful form, its star arguments all static
 ]
 
