@@ -454,6 +454,22 @@ class _Given:
         )
 
 
+def _factory(module: cst.Module, site: PmapUse) -> cst.FunctionDef | None:
+    """The def of the module whose last statement, `return jax.pmap(...)`, returns the step made
+    at `site`; None for any other site."""
+    factory = site.around
+    if not isinstance(factory, cst.FunctionDef) or factory not in module.body:
+        return None
+    statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
+    lines = factory.body.body if isinstance(factory.body, cst.IndentedBlock) else ()
+    if not lines or lines[-1] is not statement or len(site.pmaps) != 1:
+        return None
+    returned = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+    if not isinstance(returned, cst.Return) or returned.value is not site.node:
+        return None
+    return factory
+
+
 def _without_self(method: cst.FunctionDef) -> cst.FunctionDef:
     """`method` as `self.method(...)` calls it: without its first parameter."""
     params = method.params
@@ -1154,17 +1170,10 @@ class Finding(Pass):
         assert self.survey is not None
         found: dict[int, tuple[cst.FunctionDef, cst.Assign]] = {}
         for site in self.sites.values():
-            factory = site.around
-            statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
-            if not isinstance(factory, cst.FunctionDef) or factory not in module.body:
+            factory = _factory(module, site)
+            if factory is None:
                 continue
-            lines = factory.body.body if isinstance(factory.body, cst.IndentedBlock) else ()
-            if not lines or lines[-1] is not statement or len(site.pmaps) != 1:
-                continue
-            returned = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
             name = factory.name.value
-            if not isinstance(returned, cst.Return) or returned.value is not site.node:
-                continue
             if elsewhere(name, self.state.outside, self.survey.strings):
                 continue  # PL101, where the step is followed
             uses = [u for u in flow.loads.get(name, []) if flow.parent.get(id(u)) is not factory]
@@ -1260,8 +1269,8 @@ class Finding(Pass):
         keeps the per-device form: the results of that step, read back from device 0, would
         reach the taken steps committed to one device. They keep the per-device form too."""
         for site in list(self.sites.values()):
-            factory = site.around
-            if not isinstance(factory, cst.FunctionDef) or factory not in module.body:
+            factory = _factory(module, site)
+            if factory is None:
                 continue
             for use in flow.loads.get(factory.name.value, []):
                 host = next((a for a in flow.ancestors(use) if isinstance(a, SCOPES)), None)
