@@ -1072,7 +1072,10 @@ class Finding(Pass):
         """How a parameter of `method`, passed to the step, is laid out: as `setup`'s argument
         for it at `call` (in `setup`'s copy), followed in `setup` as an argument of the step is
         (`_callee.laid_out_in_caller`)."""
-        unbound = _without_self(method)
+        bound = bound_arguments(_without_self(method), call)
+        if bound is None:  # `self.method(**options)`
+            why = f"the arguments of `{method.name.value}` are not visible"
+            raise NotVisible(why, Decline.CALLS_DIFFER)
         facts = self._facts(module, setup.method)
         declared = facts.replicated.get(id(setup.method), NOT_DECLARABLE)
         facts = replace(facts, replicated={id(setup.copy): declared})
@@ -1083,7 +1086,7 @@ class Finding(Pass):
             method,
             found.options,
             call,
-            bound_arguments(unbound, call) or {},
+            bound,
             flow,
             forms,
             declared,
