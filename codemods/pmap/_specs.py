@@ -120,7 +120,10 @@ def with_static_tail(
     static: `(spec, ...) + (None,) * count`, one spec for all spread over the `start` places."""
     if isinstance(specs, cst.Tuple):
         if len(specs.elements) != start:
-            raise Untranslatable("`in_axes` does not have one entry for each named parameter")
+            raise Untranslatable(
+                f"`in_axes` has {len(specs.elements)} entries for {start} named parameters (one "
+                "each is translated, none for the star arguments)"
+            )
         head: cst.BaseExpression = specs
     else:
         head = tuple_of([specs.deep_clone() for _ in range(start)])
