@@ -111,11 +111,17 @@ def stored_on_self(
     return stored
 
 
+def first_parameter(fn: cst.FunctionDef) -> str | None:
+    """The name of a def's first positional parameter (`self` of a method, positional-only or
+    not), None without one."""
+    params = (*fn.params.posonly_params, *fn.params.params)
+    return params[0].name.value if params else None
+
+
 def _self(method: cst.FunctionDef) -> str | None:
     """The name of a method's first parameter (`self`), None without one or for a static one."""
-    params = method.params.params
     static = any(code(d.decorator) == "staticmethod" for d in method.decorators)
-    return params[0].name.value if params and not static else None
+    return None if static else first_parameter(method)
 
 
 def returned_into_self(

@@ -55,6 +55,7 @@ from ._stored import (
     Stored,
     attribute_stores,
     decorated_method,
+    first_parameter,
     returned_into_self,
     stored_copy,
     stored_on_self,
@@ -473,6 +474,10 @@ def _factory(module: cst.Module, site: PmapUse) -> cst.FunctionDef | None:
 def _without_self(method: cst.FunctionDef) -> cst.FunctionDef:
     """`method` as `self.method(...)` calls it: without its first parameter."""
     params = method.params
+    if params.posonly_params:
+        return method.with_changes(
+            params=params.with_changes(posonly_params=params.posonly_params[1:])
+        )
     return method.with_changes(params=params.with_changes(params=params.params[1:]))
 
 
@@ -640,7 +645,7 @@ class Finding(Pass):
         assert self.survey is not None and isinstance(method.decorators[0], cst.Decorator)
         name, owner = method.name.value, klass.name.value
         if 0 not in self._decorator_options(method.decorators[0], method).statics:
-            first = method.params.params[0].name.value
+            first = first_parameter(method)
             return NotVisible(f"`{first}` is not a static argument of its pmap", Decline.OPTION)
         defs = [d for d in nodes_in(module, cst.FunctionDef) if d.name.value == name]
         if len(defs) != 1:
@@ -770,7 +775,7 @@ class Finding(Pass):
         if len(found.readers) != 1 or found.bound:
             return None
         reader, reads = found.readers[0]
-        me = reader.params.params[0].name.value if reader.params.params else None
+        me = first_parameter(reader)
         methods = {m.name.value: m for m in found.klass.body.body if isinstance(m, cst.FunctionDef)}
         args = {id(a.value): c for c in nodes_in(reader, cst.Call) for a in c.args}
         passes = []
@@ -1032,7 +1037,7 @@ class Finding(Pass):
         method (in the module, or, by name, in the code base), nor
         names it in `setup`."""
         assert self.survey is not None
-        me = setup.params.params[0].name.value if setup.params.params else None
+        me = first_parameter(setup)
         for method in methods:
             if method is setup:
                 continue
