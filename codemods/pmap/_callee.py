@@ -219,10 +219,14 @@ def carried_back(
         output = (outputs - {None}).pop()
         assert output is not None
         results[target] = output
-    if set(claims.values()) != set(results):
-        index = min(i for i, n in claims.items() if n not in results)
+    # A claimed name no `return` carries out holds what the callee bound again after the step's
+    # call (`loss = loss[0]`, a readback the callee's form deletes): a value without a device
+    # axis in both forms, unless the caller laid it out as the step's result meanwhile.
+    for index, target in sorted(claims.items()):
+        if target in results or target not in caller.carried_read:
+            continue
         rebound = single_name(returned_items[0][index]) if returned_items else None
-        why = f"`{claims[index]}`, bound to what `{name}` returns, is not only the step's result"
+        why = f"`{target}`, bound to what `{name}` returns, is not only the step's result"
         if rebound is not None:  # bound from the step's call, then rebound (`x = x[0]`)
             why += f": `{rebound}` is bound again in `{name}` before it is returned"
         raise NotVisible(why, Decline.RESULT_READ)

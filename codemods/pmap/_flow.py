@@ -1789,6 +1789,7 @@ def _binding_kind(
     if any(c.binds(binding) for c in calls) or id(binding) in program.siblings:
         return Layout.REPLICAS  # a result of the step (or another's)
     if name in program.carried.get(id(binding), ()):
+        program.carried_read.add(name)  # checked once that def's returns are followed
         return Layout.REPLICAS  # one a def the step is passed to returns (`_callee.py`)
     if single_name(binding.targets[0].target) != name:
         return _unpacked_replication(program, binding, name, forms, position)

@@ -134,6 +134,7 @@ class Program:
     entry: list[cst.SimpleStatementLine] = field(default_factory=list)  # made at its entry
     carried_out: dict[int, tuple[int | None, int | None]] = field(default_factory=dict)
     carried: dict[int, frozenset[str]] = field(default_factory=dict)
+    carried_read: set[str] = field(default_factory=set)  # of those, laid out as results
     # A value stacked for the step passed on to a def of the module reading only device 0's
     # copy, and `return value` (`_passon.py`): checked against every read of those names.
     passed_on: list[cst.Call] = field(default_factory=list)
