@@ -1633,6 +1633,9 @@ class Finding(Pass):
             for call in nodes_in(host.body, cst.Call)
             if single_name(call.func) == target
         }
+        if len(counts) > 1:  # no one arity for the body read from its calls
+            passed = " and ".join(str(c) for c in sorted(counts))
+            why += f", and its calls pass {passed} arguments: no one body stands for it"
         if len(counts) != 1:
             raise NotVisible(why, Decline.NOT_A_DEF)
         params = [cst.Param(cst.Name(f"x{i}")) for i in range(counts.pop())]
