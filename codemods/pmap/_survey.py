@@ -619,12 +619,21 @@ class Finding(Pass):
             options = self._decorator_options(site.node, body)
         else:
             assert isinstance(site.node, cst.Call)
-            options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
-            fun = fun_arg(site.node)
-            if fun is not None and isinstance(fun.value, cst.Lambda):
+            try:  # `jax.pmap(self._step)`, `jax.pmap(f, **options)`: the site's own reason
+                options = options_of(
+                    site.node, self.qualname, self._unnamed(), self.survey.constants
+                )
+                fun = fun_arg(site.node)
+                lambda_ = fun is not None and isinstance(fun.value, cst.Lambda)
+                mapped = None if lambda_ else self._mapped_def_name(site.node)
+            except NotVisible as why:
+                self.stored_why[id(site.node)] = why
+                return None
+            if mapped is None:
+                assert fun is not None and isinstance(fun.value, cst.Lambda)
                 body = lambda_def(fun.value)  # `self._count_p = jax.pmap(lambda m: ...)`
             else:
-                defs = self.survey.defs(self._mapped_def_name(site.node))
+                defs = self.survey.defs(mapped)
                 if len(defs) != 1 or self._def_scope(defs[0]) not in (None, maker):
                     return None
                 body = defs[0]
