@@ -25,7 +25,7 @@ from ._declines import Decline, NotVisible
 from ._forms import Qualname, target_names
 from ._imported import NO_IMPORTS, Function, Imported
 from ._layout import TREE_MAPS
-from ._reach import Flow, Reach, nodes_in, params_of, statements
+from ._reach import SCOPES, Flow, Reach, nodes_in, params_of, statements
 
 REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin", "all_gather")})
 PER_DEVICE = frozenset(
@@ -119,6 +119,43 @@ def _results(reader: _Reader) -> tuple[int | None, list[bool]]:
     if len(arities) != 1:
         raise NotVisible("the body's returns differ in shape", Decline.BODY)
     return arities.pop(), flags
+
+
+# Reductions over every axis when given no `axis` (`jnp.sum(x)`, `x.mean()`): a number per device
+FULL_REDUCTIONS = frozenset({"sum", "mean", "max", "min", "prod", "std", "var", "all", "any"})
+
+
+def scalar_outputs(body: cst.FunctionDef, qualname: Qualname) -> dict[int, cst.BaseExpression]:
+    """The results (by index; 0 for one not in a tuple) some `return` of `body` gives as one
+    number per device: a literal number, a full reduction (`jnp.sum(x)`, `x.mean()`, no
+    `axis`), or a name the body binds once to one; with that value. Such a result has no axis
+    to lay the devices' values side by side on (`out_specs=P(axis)` needs one)."""
+    flow = Flow(body)
+    found: dict[int, cst.BaseExpression] = {}
+    for node in nodes_in(body.body, cst.Return, SCOPES):  # not a nested def's (`loss_fn`)
+        value = node.value
+        if value is None:
+            continue
+        items = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+        for index, item in enumerate(items):
+            bound = flow.value(item.value) if isinstance(item, cst.Name) else None
+            value = bound if bound is not None else item
+            if _scalar(value, qualname):
+                found.setdefault(index, value)
+    return found
+
+
+def _scalar(node: cst.BaseExpression, qualname: Qualname) -> bool:
+    if isinstance(node, (cst.Integer, cst.Float)):
+        return True
+    if not isinstance(node, cst.Call) or any(a.keyword is not None for a in node.args):
+        return False
+    name = qualname(node.func) or ""
+    head, _, op = name.rpartition(".")
+    if head in ("jax.numpy", "numpy") and op in FULL_REDUCTIONS:
+        return len(node.args) == 1 and not node.args[0].star
+    method = node.func.attr.value if isinstance(node.func, cst.Attribute) else None
+    return method in FULL_REDUCTIONS and not node.args and not name.startswith(("jax", "numpy"))
 
 
 def _ends_in_return(lines: Iterable[cst.BaseStatement]) -> bool:

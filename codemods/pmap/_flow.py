@@ -13,7 +13,7 @@ from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.imports import is_docstring as _is_docstring
 
-from ._body import Defs, body_outputs
+from ._body import Defs, body_outputs, scalar_outputs
 from ._declines import DECORATORS, NOT_NAMED, Decline, NotVisible
 from ._forms import (
     Forms,
@@ -351,6 +351,20 @@ def _follow(
             _read_at_once(program, call.readback, call.read, step)
         for output, name in enumerate(call.targets):
             _follow_result(program, flow, forms, calls, step, name, output)
+    # every read accepted: a result flattened (or not read) still needs an axis to lie on
+    for output, value in sorted(scalar_outputs(body, qualname).items()):
+        if program.varying[output]:
+            which = (
+                "the step's result"
+                if program.outputs is None
+                else f"the step's result {output + 1}"
+            )
+            why = (
+                f"{which}, `{_short(value)}`, may differ between devices and is one number per "
+                f"device: the program-level form has no axis to lay them side by side on "
+                f"(`out_specs=P({code(program.axis)})` needs one)"
+            )
+            raise NotVisible(why, Decline.RESULT_VARIES)
     return program
 
 
