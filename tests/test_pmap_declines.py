@@ -865,7 +865,7 @@ ENDS = "            outs.append(out[0])\n        return outs\n"
         (
             ENDS,
             ENDS + "\n\ndef peek(ev):\n    return ev.predict_fn\n",
-            "[PL201] `.predict_fn` is read outside the method calling the step",
+            "[PL201] `ev.predict_fn` is read in `peek`, not in a method of `Evaluator`",
         ),
     ],
     ids=["generator", "read_where_stored", "other_object", "read_outside"],

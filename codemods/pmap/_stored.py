@@ -326,12 +326,27 @@ def stored_reads(
         for a in nodes_in(module, cst.Attribute)
         if a.attr.value == attr and not any(a is r for _, reads in readers for r in reads)
     ]
-    if [a for a in outside if a is not target]:
-        why = f"`.{attr}` is read outside the method calling the step: those reads are not followed"
+    others = [a for a in outside if a is not target]
+    if others:
+        stores = {id(t.target) for t in nodes_in(module, cst.AssignTarget)}
+        how = "stored again" if id(others[0]) in stores else "read"
+        why = (
+            f"`{code(others[0])}` is {how} {_read_in(module, others[0])}, not in a method of "
+            f"`{klass.name.value}`: what code outside it does with the step is not followed"
+        )
         raise NotVisible(why, Decline.NOT_CALLED_ONLY)
     if not readers:
         raise NotVisible(f"`self.{attr}` is not called in `{klass.name.value}`", Decline.NOT_CALLED)
     return readers
+
+
+def _read_in(module: cst.Module, read: cst.CSTNode) -> str:
+    """Where `read` is: "in `Class.method`", "in `function`", or "at the module's top level"."""
+    for fn in nodes_in(module, cst.FunctionDef):
+        if any(r is read for r in nodes_in(fn, cst.Attribute)):
+            owner = next((k for k in nodes_in(module, cst.ClassDef) if fn in k.body.body), None)
+            return f"in `{owner.name.value}.{fn.name.value}`" if owner else f"in `{fn.name.value}`"
+    return "at the module's top level"
 
 
 def stored_copy(
