@@ -87,7 +87,8 @@ the table of a parameter, the number of local devices maybe passed, `_replicate(
 call becomes the row's program-level form, and a private helper no longer called goes) or a
 named lambda doing one of these; a donated one becomes a copy,
 `jax.tree.map(jnp.copy, x)`, as pmap donated the replicas), splits of a
-flat batch (`x.reshape((n, k) + x.shape[1:])`, any `k` without a call: the reshape succeeds
+flat batch (`x.reshape((n, k) + x.shape[1:])`, or `x.reshape(n, k, *x.shape[1:])`, any `k`
+without a call: the reshape succeeds
 only when it is the rows per device; or its `jax.tree.map`, `common_utils.shard`, a
 module helper doing one of these, of a loop variable too; `next(it)` of a generator of the
 function, called once, whose every `yield` is such a split or a tuple of them: the generator then

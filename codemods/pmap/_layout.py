@@ -117,10 +117,13 @@ BROADCASTS = tuple(
 # `x.reshape((n, k) + x.shape[1:])` succeeds only for `k == x.shape[0] // n` (`-1`, or any
 # spelling of it): it is the split into n blocks of rows whatever `k` says, so `{rows}` is any
 # expression without a call (the rewrite drops it).
-SPLITS = tuple(
-    f"{reshape}{shape}"
-    for reshape in ("{x}.reshape(", "jax.numpy.reshape({x}, ", "numpy.reshape({x}, ")
-    for shape in ("({n}, {rows}) + {x}.shape[1:])", "({n}, {rows}, *{x}.shape[1:]))")
+SPLITS = (
+    *(
+        f"{reshape}{shape}"
+        for reshape in ("{x}.reshape(", "jax.numpy.reshape({x}, ", "numpy.reshape({x}, ")
+        for shape in ("({n}, {rows}) + {x}.shape[1:])", "({n}, {rows}, *{x}.shape[1:]))")
+    ),
+    "{x}.reshape({n}, {rows}, *{x}.shape[1:])",  # the shape as arguments (an array's method)
 )
 # The removed `jax.device_put_replicated`/`device_put_sharded` as their rules (run before this
 # one) rewrite them: `jax.device_put` of the stacked values, split over `devices` on the leading
