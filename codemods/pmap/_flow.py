@@ -616,7 +616,11 @@ def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
     if axes is None or isinstance(axes, cst.Integer) and axes.value == "0":
         return fixed  # `in_axes=0`: every argument mapped, as by default
     items = [e.value for e in axes.elements] if isinstance(axes, cst.Tuple) else None
-    if items is None or len(items) != arity:
+    # pmap reads the entries of the arguments not static only (`in_axes[i]`): static ones at
+    # the end may have none, `in_axes=(None, 0, None)` for `f(w, x, lr, scale)`, `scale` static
+    dynamic = [i for i in range(arity) if i not in fixed]
+    covered = items is not None and max(dynamic, default=-1) < len(items) <= arity
+    if items is None or len(items) != arity and not (fixed and covered):
         raise NotVisible("`in_axes` is not a tuple with one entry per argument", Decline.OPTION)
     for i, item in enumerate(items):
         if isinstance(item, cst.Name) and item.value == "None":
