@@ -626,7 +626,10 @@ def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
         if isinstance(item, cst.Name) and item.value == "None":
             fixed.setdefault(i, "none")
         elif not (isinstance(item, cst.Integer) and item.value == "0"):
-            raise NotVisible("an `in_axes` entry other than 0 or None", Decline.OPTION)
+            why = f"an `in_axes` entry other than 0 or None, `{_short(item)}`"
+            if isinstance(item, (cst.Dict, cst.Tuple, cst.List)):  # a pytree of axes
+                why += ": axes given leaf by leaf are not read (one 0 or None for the argument)"
+            raise NotVisible(why, Decline.OPTION)
     return fixed
 
 
