@@ -46,6 +46,7 @@ from ._flow import (
     _StepCall,
     analyze_calls,
     forms_of,
+    helpers_of,
     options_of,
     passed_to,
     sibling_calls,
@@ -273,6 +274,7 @@ def follow_passed(
     caller = Program(host, statement, options.fun, options.axis, options.donate, [], None)
     caller.unnamed = not options.named
     caller.made = assign
+    caller.helpers = helpers_of(flow, qualname)  # `n`, which a nested def may read (`outer`)
     sibling_calls(caller, flow, siblings, facts.defs)
     forms = forms_of(flow, qualname, facts)
 
@@ -295,8 +297,18 @@ def follow_passed(
         caller.carried[id(binding)] = frozenset(claims.values())
     try:
         others = tuple(p for p, v in args.items() if p != param and single_name(v) in siblings)
+        enclosing = flow if why.code is Decline.CALLED_NESTED else None  # of its free names
         inner = analyze_calls(
-            callee, param, options, body, qualname, facts, given, others, carried=True
+            callee,
+            param,
+            options,
+            body,
+            qualname,
+            facts,
+            given,
+            others,
+            carried=True,
+            outer=enclosing,
         )
         caller.outputs, caller.varying = inner.outputs, inner.varying
         carried_back(caller, flow, forms, binding, call, inner, returned, claims, param)

@@ -220,14 +220,15 @@ def analyze_calls(
     siblings: tuple[str, ...] = (),
     methods: tuple[str, ...] = (),
     carried: bool = False,
+    outer: Flow | None = None,
 ) -> Program:
     """Return the program of `host`, a function calling `step`, a step made outside it (at
     module level or by a decorator, or passed to it: `given` then lays out the parameters it
     reads, and, `carried`, the caller follows what it returns, `_callee.py`; `siblings` its
     parameters bound to other steps; `methods`, functions it calls that are followed on their
-    own, their arguments checked there, their results no step's); raise NotVisible for why
-    not."""
-    flow = Flow(host)
+    own, their arguments checked there, their results no step's; `outer`, the flow of the
+    function `host` is nested in); raise NotVisible for why not."""
+    flow = Flow(host, outer=outer)
     if step in flow.stores:
         raise NotVisible(f"`{step}` is bound in `{host.name.value}` too", Decline.REBOUND)
     return _follow(
@@ -299,14 +300,7 @@ def _follow(
     entry = facts.replicated.get(id(host), NOT_DECLARABLE)
     program.declared, program.spelling, program.seen = entry.copies, entry.spelling, entry.seen
     program.unseen = entry.unseen
-    program.helpers = {
-        name
-        for name in flow.stores
-        if (value := flow.value(name)) is not None
-        and len(flow.only(name).targets) == 1  # type: ignore[union-attr]
-        and flow.loads.get(name)
-        and (isinstance(value, cst.Lambda) or is_device_count(value, flow, qualname))
-    }
+    program.helpers = helpers_of(flow, qualname)
     program.made = maker
     program.calls = [c.call for c in calls]
     _keyword_calls(program, calls, keywords)
@@ -434,6 +428,19 @@ def _passed_to_step(flow: Flow, use: cst.Name, step: str) -> bool:
         and single_name(call.func) == step
         and not arg.star
     )
+
+
+def helpers_of(flow: Flow, qualname: Qualname) -> set[str]:
+    """The names the function binds once to the number of devices or a lambda (a replicating
+    one), and reads: their binding goes when the rewrite leaves them unread."""
+    return {
+        name
+        for name in flow.stores
+        if (value := flow.value(name)) is not None
+        and len(flow.only(name).targets) == 1  # type: ignore[union-attr]
+        and flow.loads.get(name)
+        and (isinstance(value, cst.Lambda) or is_device_count(value, flow, qualname))
+    }
 
 
 def forms_of(flow: Flow, qualname: Qualname, facts: ModuleFacts) -> Forms:

@@ -377,6 +377,9 @@ def is_device_count(
     name = single_name(node)
     if name is None or name in seen:  # `n = n`, or names bound to each other
         return False
+    outer = flow.free(name)  # `n` of the function a nested def (`one_step`) is written in
+    if outer is not None:
+        return is_device_count(node, outer, qualname, seen)
     stores = flow.stores.get(name, [])
     return bool(stores) and all(
         isinstance(b, cst.Assign) and is_device_count(b.value, flow, qualname, seen | {name})

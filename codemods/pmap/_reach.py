@@ -545,15 +545,17 @@ class Flow:
     reads of those names anywhere in it (nested defs and lambdas included, in text order);
     `parent`, each node's; `reach`, the bindings reaching each read. `skip`: a nested def whose
     inside is not the function's (the step's own body). A module (`host`, with its `model`)
-    has its own names (the reads of its globals) and parents, no `reach`."""
+    has its own names (the reads of its globals) and parents, no `reach`. `outer`: the flow of
+    the function `host` is nested in, where the names it reads freely are bound."""
 
     def __init__(
         self,
         host: cst.FunctionDef | cst.Module,
         skip: cst.CSTNode | None = None,
         model: ScopeModel | None = None,
+        outer: Flow | None = None,
     ) -> None:
-        self.host, self.skip = host, skip
+        self.host, self.skip, self.outer = host, skip, outer
         self._model = model
         self._marked: dict[frozenset[int], Reach] = {}
 
@@ -599,6 +601,17 @@ class Flow:
     def reach(self) -> Reach:
         assert isinstance(self.host, cst.FunctionDef)
         return Reach(self.host.body, self.skip)
+
+    def free(self, name: str) -> Flow | None:
+        """The flow of the enclosing function binding `name` when `host` reads it freely (it
+        neither binds it nor takes it as a parameter, nor declares it `global`), else None."""
+        host = self.host
+        if self.outer is None or name in self.stores or not isinstance(host, cst.FunctionDef):
+            return None
+        if name in {p.name.value for p in params_of(host.params)}:
+            return None
+        declared = (n.name.value for g in nodes_in(host, cst.Global) for n in g.names)
+        return None if name in set(declared) or name not in self.outer.stores else self.outer
 
     def only(self, name: str | None) -> cst.CSTNode | None:
         """The one binding of `name` in the function, else None."""
