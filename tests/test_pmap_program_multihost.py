@@ -402,7 +402,22 @@ CASES = [
     "program_decorated_steps_in_two_functions",  # a mesh each
     "program_factory_step_with_decorated_own_step",  # two axes, two meshes in `main`
     "static_star_args_tail",  # the faithful form, its star arguments all static
+    "program_stored_step_positional_only_self",
+    "program_callee_reads_back_returned_result",  # `loss = loss[0]` in the def it is passed to
+    "program_method_named_as_the_mapped_function",
+    "program_split_shape_as_arguments",  # `x.reshape(n, -1, *x.shape[1:])`, early `return`
+    "program_in_axes_without_static_tail",
+    "program_nested_def_reads_device_count",  # `n` of the enclosing function
 ]
+# Cases whose migrated program fails on 2 processes: a known defect each, strict (a fix makes
+# the case pass, and its entry must then go).
+KNOWN_DEFECTS = {
+    "program_in_axes_without_static_tail": (
+        "its batch is made with `jnp.asarray(...)` inside the `jax.set_mesh` region, where the "
+        "array spans every process's devices, and `make_array_from_process_local_data` raises "
+        "on 2 processes (1 process verifies)"
+    ),
+}
 
 
 @pytest.fixture(scope="module")
@@ -426,7 +441,15 @@ def fixture_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobResult, l
     return job, printed
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=KNOWN_DEFECTS[c]))
+        if c in KNOWN_DEFECTS
+        else c
+        for c in CASES
+    ],
+)
 def test_a_migrated_fixture_gives_every_process_the_original_numbers(
     fixture_runs: tuple[JobResult, list[dict]], case: str
 ) -> None:
@@ -437,6 +460,9 @@ def test_a_migrated_fixture_gives_every_process_the_original_numbers(
         assert kind == also == "RESULT", f"process {process}: {want if kind != 'RESULT' else got}"
         assert len(got) == len(want) >= 1, process
         for x, y in zip(got, want, strict=True):
+            if isinstance(x, str) or isinstance(y, str):  # a line a program formats, as it is
+                assert x == y, f"{case} {process}"
+                continue
             np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, err_msg=f"{case} {process}")
 
 
