@@ -407,17 +407,11 @@ CASES = [
     "program_method_named_as_the_mapped_function",
     "program_split_shape_as_arguments",  # `x.reshape(n, -1, *x.shape[1:])`, early `return`
     "program_in_axes_without_static_tail",
+    # its batch made by `jnp` under `jax.set_mesh` would span both processes: declined (PL601),
+    # the faithful form must agree on 2 processes
+    "decline_pl601_batch_made_by_jax_under_set_mesh",
     "program_nested_def_reads_device_count",  # `n` of the enclosing function
 ]
-# Cases whose migrated program fails on 2 processes: a known defect each, strict (a fix makes
-# the case pass, and its entry must then go).
-KNOWN_DEFECTS = {
-    "program_in_axes_without_static_tail": (
-        "its batch is made with `jnp.asarray(...)` inside the `jax.set_mesh` region, where the "
-        "array spans every process's devices, and `make_array_from_process_local_data` raises "
-        "on 2 processes (1 process verifies)"
-    ),
-}
 
 
 @pytest.fixture(scope="module")
@@ -441,15 +435,7 @@ def fixture_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobResult, l
     return job, printed
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=KNOWN_DEFECTS[c]))
-        if c in KNOWN_DEFECTS
-        else c
-        for c in CASES
-    ],
-)
+@pytest.mark.parametrize("case", CASES)
 def test_a_migrated_fixture_gives_every_process_the_original_numbers(
     fixture_runs: tuple[JobResult, list[dict]], case: str
 ) -> None:

@@ -36,7 +36,7 @@ class Decline(enum.Enum):
     RESULT_VARIES = "PL402"  # a result that differs between devices is read other than flat
     METRICS_LIST = "PL403"  # a list of results is read other than by `get_metrics`
     BODY = "PL501"  # the body's code is not followed (no final return, `try`, `global`)
-    MESH = "PL601"  # another mesh or pmap of the module would clash with the step's mesh
+    MESH = "PL601"  # another mesh or pmap would clash with the step's, or a batch made under it
     SETUP = "PL602"  # no one function calls every one calling the step, or no block to set it
     VERIFICATION = "PL603"  # the program-level form failed verification
 

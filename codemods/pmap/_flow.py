@@ -35,6 +35,7 @@ from ._layout import (
     GLOBAL_BATCH,
     HOST_ARRAY,
     LOCAL_PART,
+    SPLIT_EDIT,
     Layout,
     Match,
     fill,
@@ -1554,7 +1555,7 @@ def _same_put(a: cst.Call, b: cst.Call) -> bool:
 
 
 GENERATED = (
-    "a split into per-device slices deleted: the generator yields the flat batch, which goes into "
+    f"{SPLIT_EDIT} deleted: the generator yields the flat batch, which goes into "
     "the batch sharded on the mesh"
 )
 
@@ -1652,9 +1653,7 @@ def value_of_name(binding: cst.CSTNode, name: str) -> cst.BaseExpression | None:
     return binding.value if single_name(binding.targets[0].target) == name else None
 
 
-SPLIT_NAMED = (
-    "a split into per-device slices deleted: the flat value goes into the batch sharded on the mesh"
-)
+SPLIT_NAMED = f"{SPLIT_EDIT} deleted: the flat value goes into the batch sharded on the mesh"
 
 
 def _named_splits(program: Program, flow: Flow, forms: Forms, value: cst.BaseExpression) -> bool:

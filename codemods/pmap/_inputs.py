@@ -42,7 +42,7 @@ import libcst as cst
 from jaxmigrate.toolkit.emit import code
 
 from ._forms import Forms, is_device_count, positional, single_name
-from ._layout import GLOBAL_BATCH, TREE_MAPS, fill, match
+from ._layout import GLOBAL_BATCH, SPLIT_EDIT, TREE_MAPS, fill, match
 from ._passon import pmaps, program_of
 from ._program import Program
 from ._reach import Flow, nodes_in
@@ -50,7 +50,7 @@ from ._reach import Flow, nodes_in
 SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
 BUILTINS = ("next", "zip", "enumerate", "map")
 SPLIT = (
-    "a split into per-device slices deleted in `{fn}`: the input iterator yields the flat batch, "
+    SPLIT_EDIT + " deleted in `{fn}`: the input iterator yields the flat batch, "
     "which goes into the batch sharded on the mesh at the step's call"
 )
 PREFETCH = (

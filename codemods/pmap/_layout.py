@@ -96,7 +96,9 @@ LOCAL_PART = "{hosts}.global_array_to_host_local_array({x}, {mesh}, {spec}({axis
 HOST_ARRAY = "{np}.asarray({x})"  # this process's part read into numpy
 DONATED_COPY = "{jax}.tree.map({jnp}.copy, {x})"  # a replication of a donated argument
 REPLICATED = "a replication deleted: the value is passed as it is, replicated (`P()`)"
-SPLIT = "a split into per-device slices -> this process's part of a batch sharded on the mesh"
+# Every edit converting or deleting a batch split per device begins with SPLIT_EDIT
+SPLIT_EDIT = "a split into per-device slices"
+SPLIT = f"{SPLIT_EDIT} -> this process's part of a batch sharded on the mesh"
 KEYS = (
     "per-device keys -> this process's part of the keys sharded on the mesh, one per device "
     "(the body takes its own key, `key[0]`, as under pmap)"

@@ -35,7 +35,7 @@ from ._flow import (
 from ._forms import Forms, bound_arguments, is_device_count, single_name
 from ._imported import Function, Imported
 from ._inputs import assigned_call
-from ._layout import Layout
+from ._layout import SPLIT_EDIT, Layout
 from ._outer import (
     OuterGroup,
     OuterStep,
@@ -67,6 +67,8 @@ from ._summary import NOT_DECLARABLE, Declarable, ModuleFacts, is_mean
 PMAP = "jax.pmap"
 PARTIAL = "functools.partial"
 HELPER = "shard_map_per_device"
+# The jax namespaces making new arrays
+JAX_ARRAYS = ("jax.numpy.", "jax.random.", "jax.lax.", "jax.nn.", "jax.scipy.")
 OPAQUE = "_opaque_step"  # the name of the body read for a function that is no def of the module
 HELPER_DOC = "Run `f` as `jax.pmap` does, in `jax.jit`: one call per device, on its slice."
 KEYWORDS = frozenset(
@@ -1512,6 +1514,8 @@ class Finding(Pass):
                     )
                 if any(host in s.ancestors for s in self.sites.values()):
                     raise NotVisible(f"`{host.name.value}` holds another pmap site", Decline.MESH)
+        for program in (q for step in group for p in step.programs for q in (p, *p.callees)):
+            self._no_jax_batch(program)
         before = first_statement(setup, flow, group)
         end = mesh_end(setup, flow, group, before)
         scopes: list[cst.BaseSuite | cst.Module] = [setup.body, module]
@@ -1519,6 +1523,24 @@ class Finding(Pass):
         hosts = [setup, *(p.host for step in group for p in step.programs)]
         around = frozenset(id(a) for host in hosts for a in flow.ancestors(host))
         return OuterGroup(group, setup, before, end, mesh or "mesh", mesh is None, around=around)
+
+    def _no_jax_batch(self, program: Program) -> None:
+        """Raise PL601 when a batch split for the step is made by a jax operation
+        (`jnp.asarray(x).reshape(n, -1, 4)`): under the mesh `jax.set_mesh` sets, a new jax
+        array spans every process's devices, not this process's part of a batch, and its
+        conversion raises on a multi-process job (a step made where it is called names its
+        mesh, `mesh=`, and sets none)."""
+        for key, node in program.nodes.items():
+            if not program.reasons[key].startswith(SPLIT_EDIT):
+                continue
+            for call in nodes_in(node, cst.Call):
+                if (self.qualname(call.func) or "").startswith(JAX_ARRAYS):
+                    why = (
+                        f"the batch split for `{program.host.name.value}`'s step is made by "
+                        f"`{_short(call)}`: under the mesh `jax.set_mesh` sets, a new jax array "
+                        "spans every process's devices, not this process's part of a batch"
+                    )
+                    raise NotVisible(why, Decline.MESH)
 
     def _program(
         self, module: cst.Module, site: PmapUse, flow: Flow, siblings: tuple[str, ...] = ()
