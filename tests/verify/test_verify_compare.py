@@ -129,3 +129,21 @@ def test_large_magnitudes_scale_the_absolute_tolerance() -> None:
     assert compare(flat(ref), flat(np.array([1e6, 0.5], np.float32))) is None
     assert compare(flat(ref), flat(np.array([1e6, 50.0], np.float32))) is not None
     assert (rtol, atol) == (1e-5, 1e-6)
+
+
+def test_python_floats_read_off_float32_results_agree_as_float32_values() -> None:
+    # `float(loss)` of a float32 mean, summed in two orders: one float32 step apart
+    ref = float(np.float32(0.7312459))
+    new = float(np.nextafter(np.float32(ref), np.float32(1.0)))
+    assert ref != new
+    assert compare(flat(ref), flat(new)) is None
+    # a float64 computation (not a float32 value) keeps float64's tolerance
+    wide_ref = ref + 1e-12
+    assert compare(flat(wide_ref), flat(new)) is not None
+    # and float32 values differing beyond float32's tolerance still differ
+    far = float(np.float32(ref * (1 + 1e-4)))
+    found = compare(flat(ref), flat(far))
+    assert found is not None and "values differ" in found["why"]
+    # NaN against NaN agrees; an overflowing float64 is no float32 value
+    assert compare(flat(float("nan")), flat(float("nan"))) is None
+    assert compare(flat(1e300), flat(1e300 * (1 + 1e-7))) is not None

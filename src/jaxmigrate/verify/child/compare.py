@@ -2,8 +2,9 @@
 
 Structure is compared node by node: node types by qualified name, dict keys and field names,
 static data by value (functions by `module.qualname`). Floating values agree within a tolerance
-that depends on the dtype (two compiled programs may sum in different orders); integers,
-booleans, PRNG key data and scalars must be equal. A mismatch names the pytree path, the shapes
+that depends on the dtype (two compiled programs may sum in different orders), a Python float
+within float64's, or float32's when both floats are float32 values (read off a float32 result);
+integers, booleans, PRNG key data and other scalars must be equal. A mismatch names the pytree path, the shapes
 and the largest absolute and relative errors, in full.
 
 An opaque value (a function, an object) never fails: it agrees when both sides have the same
@@ -65,15 +66,18 @@ def errors(ref: np.ndarray, new: np.ndarray) -> tuple[float, float]:
     return float(diff.max()), float(np.where(same, 0.0, rel).max())
 
 
-def close(ref: np.ndarray, new: np.ndarray) -> bool:
-    """Return True if floating arrays agree within the dtype's tolerance (NaNs in place)."""
-    rtol, atol = tolerance(ref.dtype)
+def close(ref: np.ndarray, new: np.ndarray, precision: np.dtype | None = None) -> bool:
+    """Return True if floating arrays agree within the tolerance of `precision`, by default
+    their dtype (NaNs in place)."""
+    rtol, atol = tolerance(ref.dtype if precision is None else precision)
     a, b = wide(ref), wide(new)
     scale = max(1.0, float(np.nanmax(np.abs(a), initial=0.0, where=np.isfinite(a))))
     return bool(np.allclose(a, b, rtol=rtol, atol=atol * scale, equal_nan=True))
 
 
-def _array_mismatch(where: str, ref: np.ndarray, new: np.ndarray) -> dict[str, Any] | None:
+def _array_mismatch(
+    where: str, ref: np.ndarray, new: np.ndarray, precision: np.dtype | None = None
+) -> dict[str, Any] | None:
     info: dict[str, Any] = {"path": where, "shape": list(ref.shape), "dtype": ref.dtype.name}
     if ref.shape != new.shape:
         return {
@@ -88,7 +92,8 @@ def _array_mismatch(where: str, ref: np.ndarray, new: np.ndarray) -> dict[str, A
             "new_dtype": new.dtype.name,
         }
     if is_inexact(ref):
-        if np.array_equal(ref, new, equal_nan=ref.dtype.kind in "fc") or close(ref, new):
+        equal = np.array_equal(ref, new, equal_nan=ref.dtype.kind in "fc")
+        if equal or close(ref, new, precision):
             return None
         max_abs, max_rel = errors(ref, new)
         return {
@@ -101,6 +106,12 @@ def _array_mismatch(where: str, ref: np.ndarray, new: np.ndarray) -> dict[str, A
         return None
     count = int(np.sum(ref != new))
     return {**info, "why": f"{count} of {ref.size} exact values differ"}
+
+
+def _holds_float32(x: float) -> bool:
+    """Return True if the float32 nearest `x` is `x` (NaN and infinities included)."""
+    with np.errstate(over="ignore"):
+        return bool(np.isnan(x) or float(np.float32(x)) == x)
 
 
 def opaque_note(where: str, ref: Opaque, new: Any) -> str | None:
@@ -142,7 +153,12 @@ def leaf_mismatch(
     if type(ref) is not type(new):
         return {"path": where, "why": f"{type(new).__name__}, expected {type(ref).__name__}"}
     if isinstance(ref, float) and isinstance(new, float):
-        return _array_mismatch(where, np.asarray(ref), np.asarray(new))
+        # A Python float read off a float32 result (`float(loss)`, `loss.item()`) holds float32's
+        # precision: two such floats agree as float32 values do. One a float32 cannot hold
+        # exactly was computed in float64, and both are compared at float64's tolerance.
+        narrow = _holds_float32(ref) and _holds_float32(new)
+        precision = np.dtype(np.float32) if narrow else None
+        return _array_mismatch(where, np.asarray(ref), np.asarray(new), precision)
     return None if ref == new else {"path": where, "why": f"{new!r}, expected {ref!r}"}
 
 
