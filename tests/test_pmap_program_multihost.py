@@ -411,6 +411,7 @@ CASES = [
     # the faithful form must agree on 2 processes
     "decline_pl601_batch_made_by_jax_under_set_mesh",
     "program_nested_def_reads_device_count",  # `n` of the enclosing function
+    "program_split_reshape_spellings",  # `np.reshape(x, (n, -1, 4))`, `[n, -1, 4]`, `x.shape[0] // n`
 ]
 
 

@@ -17,6 +17,7 @@ from ._layout import (
     Role,
     Transfer,
     as_row,
+    droppable,
     fewer,
     holes_of,
     lifted,
@@ -35,6 +36,7 @@ ARRAY_ATTRIBUTES = frozenset(
 )
 DEVICE_GET = frozenset({"jax.device_get"})
 # The same values as a host (or device) array: a copy, no reordering.
+RESHAPES = frozenset({"numpy.reshape", "jax.numpy.reshape"})
 HOST_COPIES = frozenset({"numpy.asarray", "numpy.array", "jax.device_get", "jax.numpy.asarray"})
 REPLICATIONS = rows(Role.PRODUCER, Layout.REPLICAS)
 SPLITS = rows(Role.PRODUCER, Layout.PER_DEVICE)
@@ -225,20 +227,45 @@ class Forms:
         return node.with_changes(elements=changed)
 
     def _split_to_rows(self, node: cst.Call) -> cst.BaseExpression | None:
-        """`x.reshape((n, -1, 3))` -> `x.reshape((-1, 3))`: device i's slice is the i-th of n
-        equal blocks of rows of that (row-major order, the same elements); else None."""
-        assert isinstance(node.func, cst.Attribute)
-        if node.func.attr.value != "reshape" or any(a.keyword or a.star for a in node.args):
+        """`x.reshape(n, -1, 3)` -> `x.reshape(-1, 3)`: device i's slice is the i-th of n equal
+        blocks of rows of that (row-major order, the same elements); else None.
+
+        The shape as arguments, a tuple or a list, of the array's method or of
+        `np.reshape(x, shape)`/`jnp.reshape`, its spelling kept. The block's row count is any
+        expression without a call (`-1`, `x.shape[0] // n`: a reshape that succeeds has one
+        value there) and becomes `-1`; the other dimensions, no call either, stay."""
+        if any(a.keyword or a.star for a in node.args):
             return None
-        dims = [a.value for a in node.args]
-        if len(dims) == 1:
-            dims = [e.value for e in dims[0].elements] if isinstance(dims[0], cst.Tuple) else []
-        if len(dims) < 2 or not self.counts(dims[0]) or holes_of("-1", dims[1]) is None:
+        function = self.qualname(node.func) in RESHAPES
+        if function:
+            if len(node.args) != 2:
+                return None
+            shape: Sequence[cst.BaseExpression] = [node.args[1].value]
+        elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "reshape":
+            shape = [a.value for a in node.args]
+        else:
             return None
-        if not all(isinstance(d, cst.Integer) for d in dims[2:]):
-            return None  # another shape, or one that reads the split value
-        rows = cst.Tuple([cst.Element(d) for d in dims[1:]])
-        return node.with_changes(args=[cst.Arg(rows)])
+        literal = shape[0] if len(shape) == 1 else None
+        if isinstance(literal, (cst.Tuple, cst.List)):
+            if any(isinstance(e, cst.StarredElement) for e in literal.elements):
+                return None
+            shape = [e.value for e in literal.elements]
+        elif function:
+            return None
+        if len(shape) < 2 or not self.counts(shape[0]):
+            return None
+        if not all(droppable(d, self.qualname) for d in shape[1:]):
+            return None  # a call: another shape, maybe one that reads the split value
+        if any(holes_of("-1", d) is not None for d in shape[2:]):
+            return None  # `x.reshape(n, 8, -1)`: the rows are given, the columns left to fill
+        dims = [cst.UnaryOperation(cst.Minus(), cst.Integer("1")), *shape[2:]]
+        if not isinstance(literal, (cst.Tuple, cst.List)):  # the shape as arguments
+            return node.with_changes(args=[cst.Arg(d) for d in dims])
+        elements = [cst.Element(d) for d in dims]
+        if isinstance(literal, cst.Tuple) and len(elements) == 1:
+            elements = [elements[0].with_changes(comma=cst.Comma())]  # `(-1,)`
+        written = literal.with_changes(elements=elements)
+        return node.with_changes(args=[*node.args[:-1], node.args[-1].with_changes(value=written)])
 
     def key_split(self, node: cst.BaseExpression) -> Match | None:
         """Return the per-device keys `node` makes (`jax.random.split(k, n)`, n the number of

@@ -86,7 +86,7 @@ class Transfer:
     source: str = "x"
     counts: tuple[str, ...] = ()  # holes that must be the number of local devices
     devices: tuple[str, ...] = ()  # holes that must be this process's devices
-    pure: tuple[str, ...] = ()  # holes the rewrite drops: no call in them (`_droppable`)
+    pure: tuple[str, ...] = ()  # holes the rewrite drops: no call in them (`droppable`)
     decline: Decline | None = None  # the decline code when `template` is None
     lifts: bool = True  # False: its rewrite is not the same leaf by leaf (`jax.tree.map`)
 
@@ -314,7 +314,7 @@ def match(
             holes: dict[str, cst.BaseExpression] = {}
             if not _unify(pattern, node, holes, qualname):
                 continue
-            if any(not _droppable(holes[h], qualname) for h in row.pure):
+            if any(not droppable(holes[h], qualname) for h in row.pure):
                 continue
             if loose or not fewer(Match(row, holes), qualname, counts):
                 return Match(row, holes | {"value": node})
@@ -385,7 +385,7 @@ def tree_mapped(
     return None if param is None else (param, fun.body, tree)  # type: ignore[attr-defined]
 
 
-def _droppable(node: cst.BaseExpression, qualname: Qualname) -> bool:
+def droppable(node: cst.BaseExpression, qualname: Qualname) -> bool:
     """Nothing happens when `node` is not evaluated: it holds no call, or it is a device count
     (`jax.local_device_count()`)."""
     if isinstance(node, cst.Call) and not node.args:
