@@ -410,6 +410,8 @@ CASES = [
     # its batch made by `jnp` under `jax.set_mesh` would span both processes: declined (PL601),
     # the faithful form must agree on 2 processes
     "decline_pl601_batch_made_by_jax_under_set_mesh",
+    "decline_pl601_batch_bound_to_jax_array_before_set_mesh",  # read through `xs`, then `x`
+    "program_batch_copied_to_host_under_set_mesh",  # `np.asarray(jnp...)`: host data
     "program_nested_def_reads_device_count",  # `n` of the enclosing function
     "program_split_reshape_spellings",  # `np.reshape(x, (n, -1, 4))`, `[n, -1, 4]`, `x.shape[0] // n`
 ]

@@ -421,8 +421,9 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     expression);
   - `PL601` another mesh or pmap of the module would clash with the step's mesh (a
     `jax.make_mesh` in scope, steps over different axes, a pmap kept per-device), or a batch
-    split for the step is made by a jax operation inside the `jax.set_mesh` region, where a
-    new array spans every process's devices;
+    split for the step under `jax.set_mesh` is a jax array (made by a jax operation, or
+    bound to one), which `jax.make_array_from_process_local_data` does not take there on a
+    multi-process job;
   - `PL602` the step is called in several functions and no one function calls them all (a
     step stored on `self` and called in two methods, neither calling the other), or
     the function setting its mesh is a generator yielding where it calls the step (the mesh

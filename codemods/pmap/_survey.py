@@ -3,7 +3,7 @@ program-level form can take."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -67,8 +67,10 @@ from ._summary import NOT_DECLARABLE, Declarable, ModuleFacts, is_mean
 PMAP = "jax.pmap"
 PARTIAL = "functools.partial"
 HELPER = "shard_map_per_device"
-# The jax namespaces making new arrays
-JAX_ARRAYS = ("jax.numpy.", "jax.random.", "jax.lax.", "jax.nn.", "jax.scipy.")
+# The jax namespaces and functions making new jax arrays
+JAX_ARRAYS = ("jax.numpy.", "jax.random.", "jax.lax.", "jax.nn.", "jax.scipy.", "jax.device_put")
+# Copies to the host: numpy arrays, whatever they read
+TO_HOST = frozenset({"numpy.asarray", "numpy.array", "jax.device_get"})
 OPAQUE = "_opaque_step"  # the name of the body read for a function that is no def of the module
 HELPER_DOC = "Run `f` as `jax.pmap` does, in `jax.jit`: one call per device, on its slice."
 KEYWORDS = frozenset(
@@ -477,6 +479,18 @@ def _factory(module: cst.Module, site: PmapUse) -> cst.FunctionDef | None:
     if not isinstance(returned, cst.Return) or returned.value is not site.node:
         return None
     return factory
+
+
+def _bound_values(binding: cst.CSTNode) -> tuple[cst.BaseExpression, ...]:
+    """What a binding statement binds its names from: `x = v`'s `v`, a `for` loop's iterable,
+    the context managers of a `with`; nothing for a def, a class or an import."""
+    if isinstance(binding, (cst.Assign, cst.AnnAssign, cst.AugAssign, cst.NamedExpr)):
+        return () if binding.value is None else (binding.value,)
+    if isinstance(binding, (cst.For, cst.CompFor)):
+        return (binding.iter,)
+    if isinstance(binding, cst.With):
+        return tuple(item.item for item in binding.items)
+    return ()
 
 
 def _without_self(method: cst.FunctionDef) -> cst.FunctionDef:
@@ -1525,22 +1539,67 @@ class Finding(Pass):
         return OuterGroup(group, setup, before, end, mesh or "mesh", mesh is None, around=around)
 
     def _no_jax_batch(self, program: Program) -> None:
-        """Raise PL601 when a batch split for the step is made by a jax operation
-        (`jnp.asarray(x).reshape(n, -1, 4)`): under the mesh `jax.set_mesh` sets, a new jax
-        array spans every process's devices, not this process's part of a batch, and its
-        conversion raises on a multi-process job (a step made where it is called names its
-        mesh, `mesh=`, and sets none)."""
+        """Raise PL601 when a batch split for the step is a jax array: made by a jax operation
+        (`jnp.asarray(x).reshape(n, -1, 4)`), or from a name the function binds to one (`x =
+        jnp.asarray(...)`, wherever it is bound). Under the mesh `jax.set_mesh` sets,
+        `jax.make_array_from_process_local_data` takes this process's part of a batch as host
+        data only: given a jax array, made inside the region or before it, it raises on a
+        multi-process job (JAX 0.10 and 0.12), and one process cannot show it. A step made where
+        it is called names its mesh (`mesh=`), sets none, and takes either."""
+        flow = Flow(program.host)
         for key, node in program.nodes.items():
             if not program.reasons[key].startswith(SPLIT_EDIT):
                 continue
-            for call in nodes_in(node, cst.Call):
-                if (self.qualname(call.func) or "").startswith(JAX_ARRAYS):
-                    why = (
-                        f"the batch split for `{program.host.name.value}`'s step is made by "
-                        f"`{_short(call)}`: under the mesh `jax.set_mesh` sets, a new jax array "
-                        "spans every process's devices, not this process's part of a batch"
-                    )
-                    raise NotVisible(why, Decline.MESH)
+            made = self._jax_made(node, flow, set())
+            if made is None:
+                continue
+            by, name = made
+            source = f"`{_short(by)}`" if name is None else f"`{name}`, bound to `{_short(by)}`"
+            why = (
+                f"the batch split for `{program.host.name.value}`'s step is a jax array, made "
+                f"from {source}: under the mesh `jax.set_mesh` sets, "
+                "`jax.make_array_from_process_local_data` takes this process's part as host "
+                "data only, and raises on a multi-process job"
+            )
+            raise NotVisible(why, Decline.MESH)
+
+    def _jax_made(
+        self, node: cst.CSTNode, flow: Flow, seen: set[str], name: str | None = None
+    ) -> tuple[cst.CSTNode, str | None] | None:
+        """The jax operation making (part of) `node`'s value, a call or a function passed
+        (`jax.tree.map(jnp.asarray, b)`), with the name bound to it, else None: followed
+        through the bindings of the names `node` reads in `flow`'s function, not into a copy
+        to the host (`np.asarray(...)`, `jax.device_get(...)`: numpy, whatever it reads)."""
+        for ref in self._refs(node):
+            if (self.qualname(ref) or "").startswith(JAX_ARRAYS):
+                parent = flow.parent.get(id(ref))
+                called = isinstance(parent, cst.Call) and parent.func is ref
+                return (parent if called else ref), name  # type: ignore[return-value]
+            if not isinstance(ref, cst.Name) or ref.value in seen:
+                continue
+            seen.add(ref.value)
+            for binding in flow.stores.get(ref.value, []):
+                for value in _bound_values(binding):
+                    made = self._jax_made(value, flow, seen, ref.value)
+                    if made is not None:
+                        return made
+        return None
+
+    def _refs(self, node: cst.CSTNode) -> Iterator[cst.Attribute | cst.Name]:
+        """The names and dotted names `node` reads, outermost first, not inside a copy to the
+        host, nor an attribute's name (`x.reshape`'s `reshape`) or a keyword's."""
+        if isinstance(node, cst.Call) and (self.qualname(node.func) or "") in TO_HOST:
+            return
+        if isinstance(node, (cst.Attribute, cst.Name)):
+            yield node
+        if isinstance(node, cst.Name):
+            return
+        for child in node.children:
+            if isinstance(node, cst.Attribute) and child is node.attr:
+                continue
+            if isinstance(node, cst.Arg) and child is node.keyword:
+                continue
+            yield from self._refs(child)
 
     def _program(
         self, module: cst.Module, site: PmapUse, flow: Flow, siblings: tuple[str, ...] = ()
