@@ -99,7 +99,9 @@ or static arguments, or its own results fed back; its results are read only as d
 (`r[0]`, a field `r.step[0]`/`r["loss"][0]`, `jax.device_get(r)[0]`, `jax.tree.map(lambda v:
 v[0], r)`, `unreplicate(r)`, a module helper doing one of these; a call read so in any
 expression, `return unreplicate(step(...))`), appended to a list read by
-`common_utils.get_metrics` (-> `common_utils.stack_forest(jax.device_get(...))`), or fed back;
+`common_utils.get_metrics` (-> `common_utils.stack_forest(jax.device_get(...))`), reduced
+over every axis by a mean, maximum or minimum (`jnp.mean(r)`, `np.max(r)`, `r.mean()`: the
+same of equal copies and of the value, kept), or fed back;
 and each result is the same on every device, or is read only reshaped on the host
 (`r.reshape(-1)`, `r.flatten()`, `r.reshape(-1, k)`, `r.reshape([-1, r.shape[-1]])`:
 per-example predictions; the shape may read `r`'s last axes, not its leading ones, its number

@@ -1963,6 +1963,33 @@ def _arithmetic_results(
     return results if names else None
 
 
+# Reductions over every axis whose value is the same for n equal copies of a value as for the
+# value itself (a sum is not: n times it)
+SAME_OF_COPIES = frozenset({"mean", "max", "min", "amax", "amin", "nanmean", "nanmax", "nanmin"})
+
+
+def _reduced_whole(flow: Flow, forms: Forms, use: cst.Name) -> bool:
+    """`jnp.mean(r)`, `np.max(r)`, `r.mean()`: a result the same on every device reduced over
+    every axis, no `axis=`, reads the same of the stacked copies and the flat value."""
+    parent = flow.parent.get(id(use))
+    if isinstance(parent, cst.Attribute):  # `r.mean()`
+        call = flow.parent.get(id(parent))
+        return (
+            parent.value is use
+            and parent.attr.value in SAME_OF_COPIES
+            and isinstance(call, cst.Call)
+            and call.func is parent
+            and not call.args
+        )
+    call = flow.parent.get(id(parent)) if isinstance(parent, cst.Arg) else None
+    if not isinstance(call, cst.Call) or len(call.args) != 1 or call.args[0] is not parent:
+        return False
+    assert isinstance(parent, cst.Arg)
+    head, _, op = (forms.qualname(call.func) or "").rpartition(".")
+    alone = parent.keyword is None and not parent.star
+    return alone and head in ("numpy", "jax.numpy") and op in SAME_OF_COPIES
+
+
 def _follow_result(
     program: Program,
     flow: Flow,
@@ -2001,6 +2028,8 @@ def _follow_result(
             continue
         if _readback_deleted(program, flow, forms, use, name):
             continue
+        if _reduced_whole(flow, forms, use):
+            continue  # `jnp.mean(loss)`: the same of equal copies and of the value, kept
         if carried_out(program, flow, use, output):
             continue  # returned to the caller, which follows it (`_callee.carried_back`)
         read = Decline.RESULT_READ
