@@ -148,14 +148,25 @@ def scalar_outputs(body: cst.FunctionDef, qualname: Qualname) -> dict[int, cst.B
 def _scalar(node: cst.BaseExpression, qualname: Qualname) -> bool:
     if isinstance(node, (cst.Integer, cst.Float)):
         return True
+    found = full_reduction(node, qualname)
+    return found is not None and found[0] in FULL_REDUCTIONS
+
+
+def full_reduction(
+    node: cst.BaseExpression, qualname: Qualname
+) -> tuple[str, cst.BaseExpression] | None:
+    """`jnp.sum(x)`, `np.mean(x)`, `x.max()`: a numpy or jax.numpy reduction (or an array's
+    method) given no axis nor any keyword, as (its name, `x`); else None."""
     if not isinstance(node, cst.Call) or any(a.keyword is not None for a in node.args):
-        return False
+        return None
     name = qualname(node.func) or ""
     head, _, op = name.rpartition(".")
-    if head in ("jax.numpy", "numpy") and op in FULL_REDUCTIONS:
-        return len(node.args) == 1 and not node.args[0].star
-    method = node.func.attr.value if isinstance(node.func, cst.Attribute) else None
-    return method in FULL_REDUCTIONS and not node.args and not name.startswith(("jax", "numpy"))
+    if head in ("jax.numpy", "numpy"):
+        alone = len(node.args) == 1 and not node.args[0].star
+        return (op, node.args[0].value) if alone else None
+    if not isinstance(node.func, cst.Attribute) or node.args or name.startswith(("jax", "numpy")):
+        return None
+    return node.func.attr.value, node.func.value
 
 
 def _ends_in_return(lines: Iterable[cst.BaseStatement]) -> bool:

@@ -13,7 +13,7 @@ from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.imports import is_docstring as _is_docstring
 
-from ._body import Defs, body_outputs, scalar_outputs
+from ._body import Defs, body_outputs, full_reduction, scalar_outputs
 from ._declines import DECORATORS, NOT_NAMED, Decline, NotVisible
 from ._forms import (
     Forms,
@@ -1972,22 +1972,9 @@ def _reduced_whole(flow: Flow, forms: Forms, use: cst.Name) -> bool:
     """`jnp.mean(r)`, `np.max(r)`, `r.mean()`: a result the same on every device reduced over
     every axis, no `axis=`, reads the same of the stacked copies and the flat value."""
     parent = flow.parent.get(id(use))
-    if isinstance(parent, cst.Attribute):  # `r.mean()`
-        call = flow.parent.get(id(parent))
-        return (
-            parent.value is use
-            and parent.attr.value in SAME_OF_COPIES
-            and isinstance(call, cst.Call)
-            and call.func is parent
-            and not call.args
-        )
-    call = flow.parent.get(id(parent)) if isinstance(parent, cst.Arg) else None
-    if not isinstance(call, cst.Call) or len(call.args) != 1 or call.args[0] is not parent:
-        return False
-    assert isinstance(parent, cst.Arg)
-    head, _, op = (forms.qualname(call.func) or "").rpartition(".")
-    alone = parent.keyword is None and not parent.star
-    return alone and head in ("numpy", "jax.numpy") and op in SAME_OF_COPIES
+    call = flow.parent.get(id(parent)) if isinstance(parent, (cst.Arg, cst.Attribute)) else None
+    found = full_reduction(call, forms.qualname) if isinstance(call, cst.Call) else None
+    return found is not None and found[1] is use and found[0] in SAME_OF_COPIES
 
 
 def _follow_result(
