@@ -32,7 +32,7 @@ from ._flow import (
     sibling_calls,
     unnamed_step,
 )
-from ._forms import Forms, bound_arguments, is_device_count, single_name
+from ._forms import HOST_COPIES, Forms, bound_arguments, is_device_count, single_name
 from ._imported import Function, Imported
 from ._inputs import assigned_call
 from ._layout import SPLIT_EDIT, Layout
@@ -69,8 +69,8 @@ PARTIAL = "functools.partial"
 HELPER = "shard_map_per_device"
 # The jax namespaces and functions making new jax arrays
 JAX_ARRAYS = ("jax.numpy.", "jax.random.", "jax.lax.", "jax.nn.", "jax.scipy.", "jax.device_put")
-# Copies to the host: numpy arrays, whatever they read
-TO_HOST = frozenset({"numpy.asarray", "numpy.array", "jax.device_get"})
+# Copies to the host: numpy arrays, whatever they read (`jnp.asarray` copies to a device)
+TO_HOST = HOST_COPIES - {"jax.numpy.asarray"}
 OPAQUE = "_opaque_step"  # the name of the body read for a function that is no def of the module
 HELPER_DOC = "Run `f` as `jax.pmap` does, in `jax.jit`: one call per device, on its slice."
 KEYWORDS = frozenset(
