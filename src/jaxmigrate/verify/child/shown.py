@@ -7,7 +7,8 @@ it creates or changes is read (`.npy` / `.npz` as arrays, text as lines, anythin
 
 Printed lines and text files are compared line by line: the words exactly, the numbers in them
 within a tolerance (float32's, or one unit of the last printed digit, whichever is larger), so a
-sum taken in another order still agrees. Arrays agree as outputs do (`compare`); other files
+sum taken in another order still agrees; a duration or a rate per second (`in 1.87 sec`) is not
+compared at all. Arrays agree as outputs do (`compare`); other files
 must have the same bytes. What differs between two runs of the original (a timing, a date) is
 left out (`varying`), and said so.
 """
@@ -30,6 +31,17 @@ import numpy as np
 from .compare import _array_mismatch
 
 NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?![\w])|\b(?:nan|inf)\b")
+# A duration, or a rate per second: how fast this machine ran, not what the program computed
+# (`Epoch 0 in 1.87 sec`, `took 12ms`, `350.2 examples/sec`, `4.1 steps per second`). The
+# rewrite compiles and runs in another time, and two runs of the original can agree on one by
+# chance (an epoch's time, to the 0.01 s printed), so these numbers are never compared; the
+# words around them are. Minutes and hours are spelled out (`min 0.3` is a minimum).
+DURATION = re.compile(
+    r"(?<![\w.])(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\s?"
+    r"(?:(?:ms|us|µs|ns|s|secs?|seconds?|minutes?|hrs?|hours?)\b"
+    r"|(?:[A-Za-z_]+\s?)?/\s?(?:s|sec|second)\b"
+    r"|(?:[A-Za-z_]+\s)?per\ssec(?:ond)?\b)"
+)
 READ_LIMIT = 64 * 2**20  # a file larger than this is compared by its hash only
 TEXT_LIMIT = 2**20  # text files up to this size are compared line by line
 SKIP_DIRS = {"__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
@@ -242,7 +254,9 @@ def placed(lines: list[str], root: str) -> list[str]:
 
 
 def numbers(line: str) -> tuple[str, list[str]]:
-    """Return a line with its numbers replaced by `#`, and the numbers."""
+    """Return a line with its durations written `<duration>` (`DURATION`: not compared) and its
+    other numbers replaced by `#`, and those numbers."""
+    line = DURATION.sub("<duration>", line)
     return NUMBER.sub("#", line), NUMBER.findall(line)
 
 
