@@ -177,3 +177,84 @@ def test_a_folder_the_command_names_starts_each_run_as_it_was(tmp_path: Path) ->
     verdict = verify([request], config)[("pkg/train.py", "site")]
     assert verdict.status is Status.VERIFIED, (verdict.reason, verdict.details)
     assert "made the same 2 call(s) of it on both trees" in verdict.reason
+
+
+# A program-level step: the original's pmap takes stacked copies of `w` and the batch split over
+# the devices, the rewrite's `jax.jit(jax.shard_map(...))` takes one `w` and the flat batch. Its
+# calls, recorded during the command, compare in the flat layout (the original's brought to it
+# through the site's `layout`): flax lm1b's three steps verified so, driven on mock data.
+PROGRAM = textwrap.dedent("""
+    import jax
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    from pkg import data
+
+
+    def train(steps=2):
+        x = data.load()
+        n = jax.local_device_count()
+        w = np.full((n,), 3.0, np.float32)
+        step = jax.pmap(lambda w, x: x * w + 1, axis_name="i")  # SITE
+        for _ in range(steps):
+            x = step(w, x=x.reshape(n, -1, 2)).reshape(-1, 2)
+        return x
+    """)
+FLAT = (
+    '    mesh = jax.sharding.Mesh(jax.devices(), ("i",))\n'
+    "    step = jax.jit(jax.shard_map({body}, mesh=mesh, in_specs=(P(), P('i')), "
+    "out_specs=P('i')))  # SITE\n"
+    "    for _ in range(steps):\n"
+    "        x = step(w, x)\n"
+)
+LAYOUT = {
+    "args": ["replicated", "batch"],
+    "keywords": ["x"],
+    "replicated": [0],
+    "results": [],
+    "varying": [True],
+    "tuple": False,
+    "script": False,
+}
+
+
+def program_level(body: str) -> str:
+    head, _, _ = PROGRAM.partition("    step = jax.pmap")
+    head = head.replace("np.full((n,), 3.0, np.float32)", "np.float32(3.0)")
+    return head + FLAT.format(body=body) + "    return x\n"
+
+
+def run_program(project: Path, candidate: str):
+    (project / "pkg" / "program.py").write_text(PROGRAM)
+    (project / "drive_program.py").write_text(
+        "from pkg import data\nfrom pkg.program import train\nwith data.mocked():\n    train()\n"
+    )
+    line = next(i for i, t in enumerate(PROGRAM.splitlines(), 1) if "# SITE" in t)
+    site = Site(
+        "JM202",
+        "pmap",
+        line,
+        12,
+        Safety.UNSAFE,
+        "pmap",
+        key="site",
+        group="g",
+        details={"layout": {"line": line, "end_line": line, **LAYOUT}},
+    )
+    request = VerifyRequest("pkg/program.py", PROGRAM, candidate, (site,))
+    command = f"{sys.executable} drive_program.py"
+    config = VerifyConfig(root=project, timeout=60.0, jobs=1, verify_with=command)
+    return verify([request], config)[("pkg/program.py", "site")]
+
+
+def test_a_program_level_step_is_compared_in_the_flat_layout(project: Path) -> None:
+    verdict = run_program(project, program_level("lambda w, x: x * w + 1"))
+    assert verdict.status is Status.VERIFIED, (verdict.reason, verdict.details)
+    assert "made the same 2 call(s) of it on both trees" in verdict.reason
+    assert verdict.details["input_shapes"], verdict.details  # the flat batch: 8 rows of 2
+    assert any("[8, 2]" in s for s in verdict.details["input_shapes"]), verdict.details
+
+
+def test_a_wrong_program_level_step_fails_in_the_flat_layout(project: Path) -> None:
+    verdict = run_program(project, program_level("lambda w, x: x * w"))
+    assert verdict.status is Status.FAILED, (verdict.reason, verdict.details)

@@ -64,11 +64,16 @@ class Recording:
     supplied: dict[str, str] = field(default_factory=dict)  # plan id -> the tests that recorded it
 
 
-def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> RecordPlan:
+def recording_plan(
+    plans: Sequence[Plan], ws: Workspace, max_calls: int, processes: int = 1
+) -> RecordPlan:
     """Return the recorder's plan: spans for callable and bound targets, functions for the rest.
 
     Bound targets have their outputs recorded too: their command is the unit, compared on both
-    trees (`verify.bound`).
+    trees (`verify.bound`). A bound target that is a program-level step (its site's `layout`)
+    is recorded in the flat layout on the original tree, so that its calls compare with the
+    rewrite's `jax.jit` step's; in one process only: on several, each process holds its own
+    blocks of the original's batch and the rewrite's global arrays span the job.
     """
     spans: dict[str, list[list[Any]]] = defaultdict(list)
     functions: dict[str, dict[str, str]] = defaultdict(dict)
@@ -89,7 +94,18 @@ def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> Reco
         helpers=helpers(plans),
         # only the calls of a function target that run its sites are worth recording
         reach={p.id: reach_spans(p) for p in plans if p.target.kind is Kind.FUNCTION},
+        layouts={p.id: layout for p in plans if (layout := step_layout(p))}
+        if processes == 1
+        else {},
     )
+
+
+def step_layout(plan: Plan) -> dict[str, Any] | None:
+    """Return the layout of a bound plan made for one program-level step's statement, or None."""
+    if plan.target.kind is not Kind.BOUND or len(plan.sites) != 1:
+        return None
+    layout = plan.sites[0].details.get("layout")
+    return layout if isinstance(layout, dict) else None
 
 
 def helpers(plans: Sequence[Plan]) -> list[str]:
@@ -303,7 +319,8 @@ def recorded(items: list[tuple[Path, RecordedCall]], max_calls: int) -> Recorded
 def record(command: str, plans: Sequence[Plan], ws: Workspace, config: VerifyConfig) -> Recording:
     """Run `command` with the recorder and return what it recorded for `plans`."""
     plan_file = ws.base / "record-plan.json"
-    plan_file.write_text(encode(recording_plan(plans, ws, config.max_calls)), encoding="utf-8")
+    plan = recording_plan(plans, ws, config.max_calls, config.processes)
+    plan_file.write_text(encode(plan), encoding="utf-8")
     started = time.monotonic()
     note = run_command(command, ws, config, plan_file)
     refused: list[str] = []

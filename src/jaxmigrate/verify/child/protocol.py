@@ -167,7 +167,10 @@ class RecordPlan(Message):
     the callables made on `spans` (file -> [first, last, target id]) and of `functions` (module
     -> qualname -> target id); `outputs` are targets whose outputs are recorded too, `deep`
     scripts whose nested functions count (notebooks), `helpers` files whose calls are made for
-    their caller's line, `reach` the line spans a function target's calls must run."""
+    their caller's line, `reach` the line spans a function target's calls must run, `layouts`
+    the program-level steps whose calls are recorded in the flat layout (`child.layouts`: the
+    original's pmapped step, its stacked arguments and results brought to what the rewrite's
+    `jax.jit` step takes and returns)."""
 
     KIND: ClassVar[str] = "record-plan"
     root: str
@@ -179,6 +182,7 @@ class RecordPlan(Message):
     deep: list[str] = field(default_factory=list)
     helpers: list[str] = field(default_factory=list)
     reach: dict[str, list[Any]] = field(default_factory=dict)
+    layouts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 # Files ---------------------------------------------------------------------------------------

@@ -85,6 +85,7 @@ class Recorder:
     pending: int = 0  # calls whose path arguments outside the tree were kept, so far
     reach: dict[str, list[list[int]]] = field(default_factory=dict)  # a function target's sites
     helpers: frozenset[str] = frozenset()  # files a rewrite wrote its helpers to (_pmap_compat.py)
+    layouts: dict[str, dict[str, Any]] = field(default_factory=dict)  # steps kept flat (`flat`)
     trees: dict[str, tuple[ast.Module, str] | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -161,7 +162,47 @@ class Recorder:
 
         if not self.wants(target) or has_tracer((args, kwargs)):
             return None
+        layout = self.layouts.get(target)
+        if layout is not None:
+            return self.flat(layout, args, kwargs)
         return to_host((tuple(args), dict(kwargs)))
+
+    @staticmethod
+    def flat(layout: dict[str, Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """Return a call of the original's program-level step as the rewrite's step takes it:
+        its keyword arguments by position, in the step's order (`jax.shard_map` takes no
+        keywords), its stacked values in the flat layout (`layouts.flat_args`). A call passing
+        other keywords stays as it is: its inputs will differ, and the site is not judged."""
+        from .hostify import to_host
+        from .layouts import flatten
+
+        keywords = layout.get("keywords", [])
+        if kwargs and set(kwargs) != set(keywords):
+            return to_host((tuple(args), dict(kwargs)))
+        passed = (*args, *(kwargs[k] for k in keywords)) if kwargs else tuple(args)
+        kinds = layout.get("args", [])
+        # a stacked value flattened; the rest (keys, static arguments) as the rewrite's are kept
+        stacked = ("replicated", "batch")
+        try:
+            flat = tuple(
+                flatten(a, kinds[i]) if i < len(kinds) and kinds[i] in stacked else to_host(a)
+                for i, a in enumerate(passed)
+            )
+            return (flat, {})
+        except Exception:  # noqa: BLE001 - not of the step's layout: not recorded
+            return None
+
+    def flat_output(self, target: str, out: Any) -> Any:
+        """Return a step's output as the rewrite's step returns it (`layouts.flat_results`)."""
+        from .layouts import flat_results
+
+        layout = self.layouts.get(target)
+        if layout is None or isinstance(out, Raised):
+            return out
+        try:
+            return flat_results(layout, out)
+        except Exception:  # noqa: BLE001 - not of the step's layout: compared as it is
+            return out
 
     def pickled(self, tree: Any) -> bytes | None:
         """Return `tree` pickled, or None (an argument we cannot copy: the call is not
@@ -219,6 +260,7 @@ class Recorder:
         with open(base + ".pkl", "wb") as handle:
             handle.write(payload)
         if target in self.outputs:
+            out = self.flat_output(target, out)
             try:
                 flat = pickle.dumps(out.flat() if isinstance(out, Raised) else flatten_output(out))
             except Exception:  # noqa: BLE001 - an output we cannot copy: compared as missing
@@ -484,6 +526,7 @@ def load_plan(path: str) -> Recorder:
     recorder = Recorder(root, plan.out, plan.max_calls, spans, plan.functions, outputs, deep)
     recorder.reach = dict(plan.reach)
     recorder.helpers = frozenset(plan.helpers)
+    recorder.layouts = dict(plan.layouts)
     return recorder
 
 
