@@ -224,24 +224,17 @@ def program_level(body: str) -> str:
     return head + FLAT.format(body=body) + "    return x\n"
 
 
-def run_program(project: Path, candidate: str):
-    (project / "pkg" / "program.py").write_text(PROGRAM)
+def run_program(project: Path, candidate: str, original: str = PROGRAM, layout: dict | None = None):
+    (project / "pkg" / "program.py").write_text(original)
     (project / "drive_program.py").write_text(
         "from pkg import data\nfrom pkg.program import train\nwith data.mocked():\n    train()\n"
     )
-    line = next(i for i, t in enumerate(PROGRAM.splitlines(), 1) if "# SITE" in t)
+    line = next(i for i, t in enumerate(original.splitlines(), 1) if "# SITE" in t)
+    details = {"layout": {"line": line, "end_line": line, **(layout or LAYOUT)}}
     site = Site(
-        "JM202",
-        "pmap",
-        line,
-        12,
-        Safety.UNSAFE,
-        "pmap",
-        key="site",
-        group="g",
-        details={"layout": {"line": line, "end_line": line, **LAYOUT}},
+        "JM202", "pmap", line, 12, Safety.UNSAFE, "pmap", key="site", group="g", details=details
     )
-    request = VerifyRequest("pkg/program.py", PROGRAM, candidate, (site,))
+    request = VerifyRequest("pkg/program.py", original, candidate, (site,))
     command = f"{sys.executable} drive_program.py"
     config = VerifyConfig(root=project, timeout=60.0, jobs=1, verify_with=command)
     return verify([request], config)[("pkg/program.py", "site")]
@@ -258,3 +251,30 @@ def test_a_program_level_step_is_compared_in_the_flat_layout(project: Path) -> N
 def test_a_wrong_program_level_step_fails_in_the_flat_layout(project: Path) -> None:
     verdict = run_program(project, program_level("lambda w, x: x * w"))
     assert verdict.status is Status.FAILED, (verdict.reason, verdict.details)
+
+
+# A result fed back as replicated that is not: each device adds its own rows' sum. Device 0's
+# copy alone would agree with the rewrite's one value; the copies differ, so the record keeps
+# them stacked and the comparison fails, as a unit's layout check does.
+FED_BACK = PROGRAM.replace(
+    'jax.pmap(lambda w, x: x * w + 1, axis_name="i")',
+    'jax.pmap(lambda w, x: w + x.sum(), axis_name="i")',
+).replace("x = step(w, x=x.reshape(n, -1, 2)).reshape(-1, 2)", "w = step(w, x=x.reshape(n, -1, 2))")
+FED_BACK_FLAT = (
+    FED_BACK.partition("    step = jax.pmap")[0].replace(
+        "np.full((n,), 3.0, np.float32)", "np.float32(3.0)"
+    )
+    + '    mesh = jax.sharding.Mesh(jax.devices(), ("i",))\n'
+    "    step = jax.jit(jax.shard_map(lambda w, x: w + x.sum(), mesh=mesh, in_specs=(P(), P('i')), "
+    "out_specs=P(), check_vma=False))  # SITE\n"
+    "    for _ in range(steps):\n"
+    "        w = step(w, x)\n"
+    "    return x\n"
+)
+
+
+def test_a_result_taken_as_replicated_that_differs_between_devices_fails(project: Path) -> None:
+    layout = {**LAYOUT, "results": [0], "varying": [False]}
+    verdict = run_program(project, FED_BACK_FLAT, FED_BACK, layout)
+    assert verdict.status is Status.FAILED, (verdict.reason, verdict.details)
+    assert "call 1" in verdict.reason, verdict.reason

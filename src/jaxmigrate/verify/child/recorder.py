@@ -174,15 +174,21 @@ class Recorder:
         keywords), its stacked values in the flat layout (`layouts.flat_args`). A call passing
         other keywords stays as it is: its inputs will differ, and the site is not judged."""
         from .hostify import to_host
-        from .layouts import flatten
+        from .layouts import differs, flatten
 
         keywords = layout.get("keywords", [])
         if kwargs and set(kwargs) != set(keywords):
             return to_host((tuple(args), dict(kwargs)))
         passed = (*args, *(kwargs[k] for k in keywords)) if kwargs else tuple(args)
         kinds = layout.get("args", [])
-        # a stacked value flattened; the rest (keys, static arguments) as the rewrite's are kept
+        # a stacked value flattened; the rest (keys, static arguments) as the rewrite's are kept.
+        # An argument taken as replicated whose copies differ is kept stacked: the runs' inputs
+        # then differ, and the site is not judged on a layout its program does not have.
         stacked = ("replicated", "batch")
+        kinds = [
+            "" if kind == "replicated" and i < len(passed) and differs(passed[i]) else kind
+            for i, kind in enumerate(kinds)
+        ]
         try:
             flat = tuple(
                 flatten(a, kinds[i]) if i < len(kinds) and kinds[i] in stacked else to_host(a)
@@ -193,11 +199,17 @@ class Recorder:
             return None
 
     def flat_output(self, target: str, out: Any) -> Any:
-        """Return a step's output as the rewrite's step returns it (`layouts.flat_results`)."""
-        from .layouts import flat_results
+        """Return a step's output as the rewrite's step returns it (`layouts.flat_results`);
+        stacked as it is when a result taken as replicated differs between devices, so that
+        the comparison fails there."""
+        from .layouts import differs, flat_results
 
         layout = self.layouts.get(target)
         if layout is None or isinstance(out, Raised):
+            return out
+        results = out if layout.get("tuple") and isinstance(out, tuple) else (out,)
+        taken = [results[i] for i in layout.get("results", []) if i < len(results)]
+        if any(differs(r) for r in taken):  # read as one value: the rewrite's has no devices
             return out
         try:
             return flat_results(layout, out)
