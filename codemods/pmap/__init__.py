@@ -459,7 +459,7 @@ from jaxmigrate.toolkit.emit import Call, code, with_lambda_calls
 from jaxmigrate.toolkit.names import dotted, walk
 from jaxmigrate.toolkit.scope import ScopeModel
 
-from ._dead import drop_dead_helpers
+from ._dead import drop_dead_helpers, drop_dead_locals
 from ._faithful import Faithful, after_imports, helper_text, with_helper
 from ._outer import OuterGroup, OuterStep
 from ._program import Program, assign, edit_owners, rewrite_host
@@ -800,6 +800,7 @@ class Pmap(Faithful):
         updated = drop_dead_helpers(
             original_node, updated_node.with_changes(body=body), self.qualname
         )
+        updated = drop_dead_locals(original_node, updated)
         return super().leave_Module(original_node, self._with_converter(updated))
 
     def _record_outer(self, group: OuterGroup) -> None:
