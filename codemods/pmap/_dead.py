@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ._forms import single_name
 from ._layout import Qualname
-from ._reach import read_names
+from ._reach import nodes_in, read_names
 from ._summary import summarize
 
 
@@ -34,72 +35,28 @@ def drop_dead_helpers(original: cst.Module, updated: cst.Module, qualname: Qualn
     return updated.with_changes(body=kept)
 
 
-# What a dead local's value may be: names, literals and arithmetic on them, their attributes
-# and items (`shape_prefix = (n, rows)`, `rows = x.shape[0] // n`); never a call.
-PURE = (
-    cst.Name,
-    cst.Integer,
-    cst.Float,
-    cst.Imaginary,
-    cst.SimpleString,
-    cst.ConcatenatedString,
-    cst.Tuple,
-    cst.List,
-    cst.Element,
-    cst.StarredElement,
-    cst.BinaryOperation,
-    cst.UnaryOperation,
-    cst.Attribute,
-    cst.Subscript,
-    cst.SubscriptElement,
-    cst.Index,
-    cst.Slice,
-    cst.Ellipsis,
-    cst.LeftParen,
-    cst.RightParen,
-    cst.LeftSquareBracket,
-    cst.RightSquareBracket,
-    cst.Comma,
-    cst.Colon,
-    cst.Dot,
-    cst.BaseBinaryOp,
-    cst.BaseUnaryOp,
-    cst.MaybeSentinel,
-    cst.SimpleWhitespace,
-    cst.ParenthesizedWhitespace,
-    cst.TrailingWhitespace,
-    cst.EmptyLine,
-    cst.Newline,
-    cst.Comment,
-)
+# What a dead local's value may not hold: a call, or code that runs another's (`await`, a
+# comprehension, `:=`). Names, literals, arithmetic, attributes and items (`shape_prefix =
+# (n, rows)`, `rows = x.shape[0] // n`) may go.
+EFFECTS: tuple[type[cst.BaseExpression], ...] = (cst.Call, cst.Await, cst.Yield, cst.NamedExpr)
+EFFECTS += (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.Lambda)
 
 
-def _pure(node: cst.CSTNode) -> bool:
-    return isinstance(node, PURE) and all(_pure(child) for child in node.children)
+def _defs(module: cst.Module) -> dict[tuple[str, ...], cst.FunctionDef]:
+    """Every def of `module` by the names of the defs around it and its own; a path two defs
+    share is left out."""
+    found: dict[tuple[str, ...], list[cst.FunctionDef]] = {}
 
+    def walk(node: cst.CSTNode, path: tuple[str, ...]) -> None:
+        for child in node.children:
+            inner = path
+            if isinstance(child, cst.FunctionDef):
+                inner = (*path, child.name.value)
+                found.setdefault(inner, []).append(child)
+            walk(child, inner)
 
-def _defs(node: cst.CSTNode, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], cst.FunctionDef]:
-    """Every def under `node` by the names of the defs around it and its own; a path two defs
-    share maps to neither (`None` is left out)."""
-    found: dict[tuple[str, ...], cst.FunctionDef] = {}
-    twice: set[tuple[str, ...]] = set()
-
-    class Defs(cst.CSTVisitor):
-        def __init__(self) -> None:
-            self.path = list(path)
-
-        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-            self.path.append(node.name.value)
-            key = tuple(self.path)
-            if key in found:
-                twice.add(key)
-            found[key] = node
-
-        def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
-            self.path.pop()
-
-    node.visit(Defs())
-    return {k: v for k, v in found.items() if k not in twice}
+    walk(module, ())
+    return {path: defs[0] for path, defs in found.items() if len(defs) == 1}
 
 
 def drop_dead_locals(original: cst.Module, updated: cst.Module) -> cst.Module:
@@ -107,38 +64,32 @@ def drop_dead_locals(original: cst.Module, updated: cst.Module) -> cst.Module:
 
     A split deleted (`images = images.reshape(shape_prefix + images.shape[1:])`) leaves the
     value it read unread: `shape_prefix = (num_devices, batch_size_per_device)`. Such a
-    statement of a def goes when its one target is a plain name bound nowhere else in the def,
-    read in the original def and nowhere in the rewritten one (nested defs and lambdas
-    included), its value has no call (`_pure`), and it is not alone in its block. Names at
-    module level stay: another module may import them.
+    statement of a def goes, with its comments, when its one target is a plain name bound once
+    in the def (nested defs included), not declared `global` or `nonlocal`, read in the
+    original def and nowhere in the rewritten one, its value holds none of `EFFECTS`, and it is
+    not alone in its block. Names at module level stay: another module may import them.
     """
-    before, after = _defs(original), _defs(updated)
-    dead: set[int] = set()
-    for path, new in after.items():
+    before, dead = _defs(original), set()
+    for path, new in _defs(updated).items():
         old = before.get(path)
-        if old is None or old is new or old.deep_equals(new):
+        if old is None or old.deep_equals(new):
             continue
         read_before, read_after = read_names(old), read_names(new)
-        bound = [
-            target.target.value
-            for assign in _walk(new, cst.Assign)
-            for target in assign.targets
-            if isinstance(target.target, cst.Name)
-        ]
-        declared = {n.value for d in _walk(new, (cst.Global, cst.Nonlocal)) for n in _names_of(d)}
-        for line in _walk(new, cst.SimpleStatementLine):
-            if len(line.body) != 1 or not isinstance(line.body[0], cst.Assign):
+        bound = [t.target for a in nodes_in(new, cst.Assign) for t in a.targets]
+        declared = {n.name.value for d in nodes_in(new, cst.Global) for n in d.names}
+        declared |= {n.name.value for d in nodes_in(new, cst.Nonlocal) for n in d.names}
+        for line in nodes_in(new, cst.SimpleStatementLine):
+            assign = line.body[0] if len(line.body) == 1 else None
+            if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
                 continue
-            assign = line.body[0]
-            if len(assign.targets) != 1 or not isinstance(assign.targets[0].target, cst.Name):
-                continue
-            name = assign.targets[0].target.value
+            name = single_name(assign.targets[0].target)
             if (
-                read_before[name]
+                name
+                and read_before[name]
                 and not read_after[name]
-                and bound.count(name) == 1
+                and sum(single_name(t) == name for t in bound) == 1
                 and name not in declared
-                and _pure(assign.value)
+                and not any(next(nodes_in(assign.value, kind), None) for kind in EFFECTS)
             ):
                 dead.add(id(line))
     if not dead:
@@ -153,23 +104,3 @@ def drop_dead_locals(original: cst.Module, updated: cst.Module) -> cst.Module:
             return updated_node.with_changes(body=kept) if kept else updated_node
 
     return updated.visit(Drop())
-
-
-def _walk(node: cst.CSTNode, kind: type | tuple[type, ...]) -> list:
-    """The nodes of `kind` in `node`'s own body, not in the defs and classes nested in it."""
-    found = []
-
-    class Walk(cst.CSTVisitor):
-        def on_visit(self, child: cst.CSTNode) -> bool:
-            if child is not node and isinstance(child, (cst.FunctionDef, cst.ClassDef)):
-                return False
-            if isinstance(child, kind):
-                found.append(child)
-            return True
-
-    node.visit(Walk())
-    return found
-
-
-def _names_of(declaration: cst.Global | cst.Nonlocal) -> list[cst.Name]:
-    return [item.name for item in declaration.names]
