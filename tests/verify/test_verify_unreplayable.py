@@ -278,3 +278,49 @@ def test_a_result_taken_as_replicated_that_differs_between_devices_fails(project
     verdict = run_program(project, FED_BACK_FLAT, FED_BACK, layout)
     assert verdict.status is Status.FAILED, (verdict.reason, verdict.details)
     assert "call 1" in verdict.reason, verdict.reason
+
+
+# The same program as a 2-process job (4 devices each): each process records its own part, the
+# original's blocks of its devices and the rewrite's rows of its global arrays
+# (`hostify.process_local`), and the n-th calls of each process pair up.
+GLOBAL = (
+    '    mesh = jax.sharding.Mesh(jax.devices(), ("i",))\n'
+    '    rows = jax.sharding.NamedSharding(mesh, P("i"))\n'
+    "    step = jax.jit(jax.shard_map({body}, mesh=mesh, in_specs=(P(), P('i')), "
+    "out_specs=P('i')))  # SITE\n"
+    "    for _ in range(steps):\n"
+    "        y = step(w, jax.make_array_from_process_local_data(rows, x))\n"
+    "        x = np.asarray(multihost_utils.global_array_to_host_local_array(y, mesh, P('i')))\n"
+    "    return x\n"
+)
+
+
+def multi_process(body: str) -> str:
+    head = program_level(body).partition("    mesh = jax.sharding.Mesh")[0]
+    head = head.replace(
+        "import jax\n", "import jax\nfrom jax.experimental import multihost_utils\n", 1
+    )
+    return head + GLOBAL.format(body=body)
+
+
+@pytest.mark.parametrize(("body", "status"), [("x * w + 1", "verified"), ("x * w", "failed")])
+def test_a_program_level_step_is_compared_per_process_on_two(
+    project: Path, body: str, status: str
+) -> None:
+    (project / "pkg" / "program.py").write_text(PROGRAM)
+    (project / "drive_program.py").write_text(
+        "from pkg import data\nfrom pkg.program import train\nwith data.mocked():\n    train()\n"
+    )
+    line = next(i for i, t in enumerate(PROGRAM.splitlines(), 1) if "# SITE" in t)
+    details = {"layout": {"line": line, "end_line": line, **LAYOUT}}
+    site = Site(
+        "JM202", "pmap", line, 12, Safety.UNSAFE, "pmap", key="site", group="g", details=details
+    )
+    candidate = multi_process(f"lambda w, x: {body}")
+    request = VerifyRequest("pkg/program.py", PROGRAM, candidate, (site,))
+    command = f"{sys.executable} drive_program.py"
+    config = VerifyConfig(
+        root=project, timeout=120.0, jobs=1, verify_with=command, devices=8, processes=2
+    )
+    verdict = verify([request], config)[("pkg/program.py", "site")]
+    assert verdict.status.value == status, (verdict.reason, verdict.details)

@@ -64,16 +64,15 @@ class Recording:
     supplied: dict[str, str] = field(default_factory=dict)  # plan id -> the tests that recorded it
 
 
-def recording_plan(
-    plans: Sequence[Plan], ws: Workspace, max_calls: int, processes: int = 1
-) -> RecordPlan:
+def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> RecordPlan:
     """Return the recorder's plan: spans for callable and bound targets, functions for the rest.
 
     Bound targets have their outputs recorded too: their command is the unit, compared on both
     trees (`verify.bound`). A bound target that is a program-level step (its site's `layout`)
     is recorded in the flat layout on the original tree, so that its calls compare with the
-    rewrite's `jax.jit` step's; in one process only: on several, each process holds its own
-    blocks of the original's batch and the rewrite's global arrays span the job.
+    rewrite's `jax.jit` step's. On several processes each records its own part: its devices'
+    blocks of the original's batch, its rows of the rewrite's global arrays
+    (`hostify.process_local`).
     """
     spans: dict[str, list[list[Any]]] = defaultdict(list)
     functions: dict[str, dict[str, str]] = defaultdict(dict)
@@ -94,9 +93,7 @@ def recording_plan(
         helpers=helpers(plans),
         # only the calls of a function target that run its sites are worth recording
         reach={p.id: reach_spans(p) for p in plans if p.target.kind is Kind.FUNCTION},
-        layouts={p.id: layout for p in plans if (layout := step_layout(p))}
-        if processes == 1
-        else {},
+        layouts={p.id: layout for p in plans if (layout := step_layout(p))},
     )
 
 
@@ -319,7 +316,7 @@ def recorded(items: list[tuple[Path, RecordedCall]], max_calls: int) -> Recorded
 def record(command: str, plans: Sequence[Plan], ws: Workspace, config: VerifyConfig) -> Recording:
     """Run `command` with the recorder and return what it recorded for `plans`."""
     plan_file = ws.base / "record-plan.json"
-    plan = recording_plan(plans, ws, config.max_calls, config.processes)
+    plan = recording_plan(plans, ws, config.max_calls)
     plan_file.write_text(encode(plan), encoding="utf-8")
     started = time.monotonic()
     note = run_command(command, ws, config, plan_file)

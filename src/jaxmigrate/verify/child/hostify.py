@@ -45,8 +45,27 @@ def leaf_to_host(x: Any) -> Any:
     if is_key(x):
         return key_to_host(x)
     if isinstance(x, jax.Array):
-        return HostArray(np.array(x))  # a copy: a view would keep the buffer from being donated
+        return HostArray(np.array(process_local(x)))  # a copy: a view would keep the buffer
     return x
+
+
+def process_local(x: jax.Array) -> Any:
+    """Return `x`, or, for an array spanning other processes' devices too (a multi-process
+    job's global array), this process's part of it as pmap would hold it: the rows of its own
+    devices (`multihost_utils.global_array_to_host_local_array`). An array of another sharding
+    raises: the call is not recorded. An array with no part here is returned as it is: reading
+    it raises JAX's own "spans non-addressable devices"."""
+    if x.is_fully_addressable or not x.addressable_shards:
+        return x
+    from jax.experimental import multihost_utils
+
+    sharding = x.sharding
+    mesh = getattr(sharding, "mesh", None)
+    if not isinstance(sharding, jax.sharding.NamedSharding) or not isinstance(
+        mesh, jax.sharding.Mesh
+    ):
+        raise TypeError(f"a global array sharded as {type(sharding).__name__}")
+    return multihost_utils.global_array_to_host_local_array(x, mesh, sharding.spec)
 
 
 def leaf_from_host(x: Any) -> Any:
@@ -136,7 +155,7 @@ def output_leaf(x: Any) -> Any:
     if is_key(x):
         return key_to_host(x)
     if isinstance(x, jax.Array):
-        return np.array(x)  # a copy: a view would keep the buffer from being donated
+        return np.array(process_local(x))  # a copy: a view would keep the buffer in use
     if isinstance(x, (np.ndarray, np.generic)):
         return np.asarray(x)
     if isinstance(x, SCALARS):

@@ -163,9 +163,12 @@ class Recorder:
         if not self.wants(target) or has_tracer((args, kwargs)):
             return None
         layout = self.layouts.get(target)
-        if layout is not None:
-            return self.flat(layout, args, kwargs)
-        return to_host((tuple(args), dict(kwargs)))
+        try:
+            if layout is not None:
+                return self.flat(layout, args, kwargs)
+            return to_host((tuple(args), dict(kwargs)))
+        except Exception:  # noqa: BLE001 - a value we cannot copy: this call is not recorded
+            return None
 
     @staticmethod
     def flat(layout: dict[str, Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
