@@ -661,6 +661,7 @@ class Pmap(Faithful):
         enabled += self._record_edits([q for _, p in programs for q in (p, *p.callees)], group)
         if not all(enabled):
             return updated
+        self.lifted = True
         spec = self._spec(imported=True)
         host = programs[0][1].host
         jax = dotted(self.module_ref("jax")) or "jax"
@@ -800,7 +801,8 @@ class Pmap(Faithful):
         updated = drop_dead_helpers(
             original_node, updated_node.with_changes(body=body), self.qualname
         )
-        updated = drop_dead_locals(original_node, updated)
+        if self.lifted:
+            updated = drop_dead_locals(original_node, updated)
         return super().leave_Module(original_node, self._with_converter(updated))
 
     def _record_outer(self, group: OuterGroup) -> None:
@@ -835,6 +837,7 @@ class Pmap(Faithful):
             )
         )
         if all(enabled):
+            self.lifted = True
             self._plan_outer(group)
 
     def _plan_outer(self, group: OuterGroup) -> None:

@@ -42,13 +42,19 @@ EFFECTS: tuple[type[cst.BaseExpression], ...] = (cst.Call, cst.Await, cst.Yield,
 EFFECTS += (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.Lambda)
 
 
+BLOCKS = (cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally, cst.MatchCase)
+
+
 def _defs(module: cst.Module) -> dict[tuple[str, ...], cst.FunctionDef]:
     """Every def of `module` by the names of the defs around it and its own; a path two defs
     share is left out."""
     found: dict[tuple[str, ...], list[cst.FunctionDef]] = {}
 
     def walk(node: cst.CSTNode, path: tuple[str, ...]) -> None:
+        # statements only: a def is a statement, and expressions are most of a module's nodes
         for child in node.children:
+            if not isinstance(child, (cst.BaseCompoundStatement, cst.BaseSuite, BLOCKS)):
+                continue
             inner = path
             if isinstance(child, cst.FunctionDef):
                 inner = (*path, child.name.value)

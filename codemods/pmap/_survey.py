@@ -518,6 +518,7 @@ class Finding(Pass):
         self.converters: dict[str, tuple[str, str, str, str]] = {}  # by the helper's base name
         self.imported: Imported | None = None  # `FileState.modules`, parsed when asked
         self.factories: dict[int, Program] = {}  # by id of a factory's def: the program it makes
+        self.lifted = False  # a program-level group was rewritten here: dead locals are looked for
         self.programs: dict[int, list[tuple[PmapUse, Program]]] = {}  # by id of their function
         # `if __name__ == "__main__":` blocks making steps, each read as a def of its body (by
         # id of the `if`): the program's host, its names the module's globals
