@@ -115,6 +115,20 @@ def flat_results(layout: dict[str, Any], out: Any) -> Any:
     return flat if layout.get("tuple") else flat[0]
 
 
+def by_position(
+    layout: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, ...] | None:
+    """Return a call's arguments by the step's parameters, its keyword arguments last in the
+    step's order (`jax.shard_map` takes no keywords: the rewrite passes them so); None when
+    it passes other keywords than the layout's."""
+    if not kwargs:
+        return tuple(args)
+    keywords = layout.get("keywords", [])
+    if set(kwargs) != set(keywords):
+        return None
+    return (*args, *(kwargs[k] for k in keywords))
+
+
 def checked(
     step: Callable[..., Any],
     layout: dict[str, Any],
@@ -131,10 +145,7 @@ def checked(
         if not concrete((args, kwargs)):
             return step(*args, **kwargs)
         calls += 1
-        keywords = layout.get("keywords", [])
-        passed = args  # by the step's parameters: the keyword arguments last, in its order
-        if kwargs and set(kwargs) == set(keywords):
-            passed = (*args, *(kwargs[k] for k in keywords))
+        passed = by_position(layout, args, kwargs) or args
         for position in layout.get("replicated", []):
             if position < len(passed) and differs(passed[position]) and not found:
                 found.append(

@@ -173,16 +173,15 @@ class Recorder:
     @staticmethod
     def flat(layout: dict[str, Any], args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         """Return a call of the original's program-level step as the rewrite's step takes it:
-        its keyword arguments by position, in the step's order (`jax.shard_map` takes no
-        keywords), its stacked values in the flat layout (`layouts.flat_args`). A call passing
-        other keywords stays as it is: its inputs will differ, and the site is not judged."""
+        its arguments by position (`layouts.by_position`), its stacked values in the flat
+        layout (`layouts.flatten`). A call passing other keywords stays as it is: its inputs
+        will differ, and the site is not judged."""
         from .hostify import to_host
-        from .layouts import differs, flatten
+        from .layouts import by_position, differs, flatten
 
-        keywords = layout.get("keywords", [])
-        if kwargs and set(kwargs) != set(keywords):
+        passed = by_position(layout, tuple(args), kwargs)
+        if passed is None:
             return to_host((tuple(args), dict(kwargs)))
-        passed = (*args, *(kwargs[k] for k in keywords)) if kwargs else tuple(args)
         kinds = layout.get("args", [])
         # a stacked value flattened; the rest (keys, static arguments) as the rewrite's are kept.
         # An argument taken as replicated whose copies differ is kept stacked: the runs' inputs
