@@ -152,3 +152,55 @@ def test_a_unit_using_a_module_level_site_must_call_it(tmp_path: Path) -> None:
     inner = Site("JM202", "pmap", 8, 20, Safety.UNSAFE, "pmap", key="s")
     (sim,), _ = plan_all([VerifyRequest("pkg/sim.py", SIM, SIM, (inner,))], tmp_path)
     assert sim.target.kind is Kind.FUNCTION and reach_spans(sim) == [[8, 8]]
+
+
+HELPER_PROGRAM = textwrap.dedent("""
+    import jax
+    import numpy as np
+    from flax import jax_utils
+    from flax.training import common_utils
+
+
+    def update(w, x):
+        return w + jax.lax.pmean(x.sum(), "batch")
+
+
+    def evaluate(*, p_eval, w, x):
+        batch = common_utils.shard(x)
+        result = p_eval(w, batch)
+        return float(jax_utils.unreplicate(result))
+
+
+    def main(steps=2, evaluating=EVALUATING):
+        x = np.arange(32, dtype=np.float32).reshape(16, 2)
+        w = jax_utils.replicate(np.float32(3.0))
+        p_update = jax.pmap(update, axis_name="batch")
+        p_eval = jax.pmap(lambda w, x: update(w, x) * 2, axis_name="batch")
+        for i in range(steps):
+            w = p_update(w, common_utils.shard(x))
+            print(f"step {i} w {float(jax_utils.unreplicate(w)):.6g}")
+        if evaluating:
+            print(f"eval {evaluate(p_eval=p_eval, w=w, x=x):.6g}")
+    """)
+
+
+@pytest.mark.parametrize("evaluating", [False, True])
+def test_a_groups_site_in_a_helper_the_unit_never_calls_is_not_verified(
+    tmp_path: Path, evaluating: bool
+) -> None:
+    """`main()`, the unit of a program-level group, holds edits in `evaluate` too (its split and
+    readback). A run of `main()` that never calls `evaluate` agrees whatever those edits do:
+    before, they were `verified` with the rest; now the run must run them."""
+    from clitools import jm
+
+    (tmp_path / "prog.py").write_text(HELPER_PROGRAM.replace("EVALUATING", str(evaluating)))
+    proc = jm("run", "--dry-run", "--no-cache", "--target-jax", "0.8", "prog.py", cwd=tmp_path)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    evaluate_sites = [line for line in proc.stdout.splitlines() if line.startswith("prog.py:1")]
+    assert len(evaluate_sites) == 2, proc.stdout  # the split and the readback, lines 13 and 15
+    if evaluating:
+        assert proc.stdout.count("[unsafe, verified]") == 7, proc.stdout
+    else:
+        assert all("[unsafe, unverified]" in line for line in evaluate_sites), proc.stdout
+        assert "never ran the site's lines 13, 15" in proc.stdout, proc.stdout
+        assert "[unsafe, verified]" not in proc.stdout, proc.stdout

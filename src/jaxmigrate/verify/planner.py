@@ -190,7 +190,9 @@ def reach_spans(plan: Plan) -> list[Any]:
 
     A call of the function around a site that never runs the site (another branch) agrees on
     both sides whatever the rewrite did; the worker watches for these lines: `[first, last]`,
-    the site's statement in the function's body. A module-level callable a `main()` unit uses
+    the site's statement in the function's body, or in the body of another function of the
+    module the unit holds a site of (a group's edits in a helper it calls). A module-level
+    callable a `main()` unit uses
     (`@partial(jax.pmap, ...) def step`, `step = jax.pmap(f)`) is created at import, so a run
     of the unit shows something about it only if it calls it, that is if the function it maps
     runs: `{"spans": [...], "name": "step"}`, the lines of that function's body (and of the
@@ -208,6 +210,16 @@ def reach_spans(plan: Plan) -> list[Any]:
     spans = [site_span(tree, line) for line in lines]
     found: list[Any] = [list(span) for span in dict.fromkeys(spans)]
     outside = [find_target(tree, s.line) for s in plan.sites if not body[0] <= s.line <= body[1]]
+    # a site in the body of another function the unit calls (a program-level group's edits in
+    # flax lm1b's `evaluate`): a run that never calls it, or takes another path there, shows
+    # nothing about it either
+    for site in plan.sites:
+        other = find_target(tree, site.line)
+        held = body_lines(tree, other) if other.kind is Kind.FUNCTION else None
+        if held and held[0] <= site.line <= held[1] and other.qualname != plan.target.qualname:
+            span = list(site_span(tree, site.line))
+            if span not in found:
+                found.append(span)
     used = {t.qualname for t in outside if t.kind is Kind.CALLABLE and "." not in t.qualname}
     for name in sorted(used - {plan.target.qualname}):
         called = callable_lines(tree, name)
