@@ -37,6 +37,7 @@ from jaxmigrate.verify.recording import (
     Recording,
     collect,
     helpers,
+    printed,
     run_command,
     scratch,
 )
@@ -51,6 +52,7 @@ class Rerun:
     calls: dict[str, Recorded]
     error: str
     unplaced: dict[str, str]
+    printed: tuple[tuple[str, ...], ...] = ()  # its standard output, per process
 
 
 BODIES = ("body", "orelse", "finalbody", "handlers", "cases")
@@ -158,7 +160,7 @@ def rerun(
     ) in plans:  # read when a site's calls fall short: the verifier's doing, not the rewrite's
         if refused and plan.id not in unplaced:
             unplaced[plan.id] = f"{len(refused)} recorded call(s) refused: {refused[0]}"
-    return Rerun(calls, error, unplaced)
+    return Rerun(calls, error, unplaced, printed(ws, side, config.processes))
 
 
 SHADOW = "~site"  # a shadow plan's id: its function plan's id, this, the site's index

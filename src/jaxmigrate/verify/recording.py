@@ -14,12 +14,13 @@ import os
 import shlex
 import shutil
 import subprocess
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from jaxmigrate.verify import lifetime
 from jaxmigrate.verify.child.protocol import (
@@ -38,6 +39,7 @@ from jaxmigrate.verify.processes import Coordinator, wait_all
 from jaxmigrate.verify.targets import Kind
 from jaxmigrate.verify.workspace import Workspace
 
+TEE_WAIT = 5.0  # seconds to wait for a killed command's last output to be copied
 RETURNED = ".returned"  # the recorder's suffix for the calls of a factory's returned function
 MODULE_TOOLS = {"pytest": "pytest", "py.test": "pytest"}  # commands that are `python -m` a module
 PYTHON_VARIABLE = "JAXMIGRATE_PYTHON"  # the interpreter of the side a command runs on
@@ -62,6 +64,8 @@ class Recording:
     note: str = ""
     error: str = ""  # how the command failed, with the last lines of its output; '' if it did not
     supplied: dict[str, str] = field(default_factory=dict)  # plan id -> the tests that recorded it
+    printed: tuple[tuple[str, ...], ...] = ()  # the command's standard output, per process
+    ran: frozenset[str] = frozenset()  # function targets a call ran every site of (`ran_targets`)
 
 
 def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> RecordPlan:
@@ -119,8 +123,61 @@ def scratch(ws: Workspace, side: str) -> Path:
     """
     path = ws.base / f"run-{side}"
     if not path.exists():
-        shutil.copytree(ws.tree(side), path, symlinks=True)
+        shutil.copytree(ws.tree(tree_side(side)), path, symlinks=True)
     return path
+
+
+def tree_side(side: str) -> str:
+    """Return the tree a run's side copies: "original" for the original's runs (the first, and
+    `AGAIN`, the second that tells what varies), else "candidate"."""
+    return "original" if side.startswith("original") else "candidate"
+
+
+AGAIN = "original-again"  # the original's second run, for what differs between two runs
+
+
+def log_name(side: str) -> str:
+    """Return the stem of one side's command logs (`verify-with`, `verify-with-candidate`)."""
+    return "verify-with" if side == "original" else f"verify-with-{side}"
+
+
+def stdout_files(ws: Workspace, side: str, count: int) -> list[Path]:
+    """Return where each process of one side's command run wrote its standard output."""
+    name = log_name(side)
+    return [
+        ws.logs / (f"{name}.stdout" if count == 1 else f"{name}.p{i}.stdout") for i in range(count)
+    ]
+
+
+def printed(ws: Workspace, side: str, count: int) -> tuple[tuple[str, ...], ...]:
+    """Return the lines each process of one side's last command run printed on its standard
+    output, less the lines JAX's runtime writes there (gloo's, on several processes), with the
+    side's copy of the tree written `<tree>` (`shown.the_programs`, `shown.placed`)."""
+    from jaxmigrate.verify.child.shown import placed, the_programs
+
+    out = []
+    for path in stdout_files(ws, side, count):
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            text = ""
+        out.append(tuple(placed(the_programs(text.splitlines()), str(scratch(ws, side)))))
+    return tuple(out)
+
+
+def tee(source: IO[bytes], *sinks: IO[bytes]) -> threading.Thread:
+    """Return a started thread copying `source` (a command's standard output) into `sinks` until
+    it ends: the command's log keeps its whole output, and a file of its own what it printed."""
+
+    def copy() -> None:
+        with source:
+            while chunk := os.read(source.fileno(), 1 << 16):
+                for sink in sinks:
+                    sink.write(chunk)
+
+    thread = threading.Thread(target=copy, name="jaxmigrate-tee", daemon=True)
+    thread.start()
+    return thread
 
 
 def mirror_folders(ran: Path, tree: Path) -> None:
@@ -173,41 +230,48 @@ def run_command(
         return f"`{command}` was not run: its paths outside the project were kept as {exc}"
     imports = tuple(p for p in (tree, tree / "src") if p.is_dir())
     count = config.processes
-    with Coordinator() if count > 1 else contextlib.nullcontext() as held:
+    with (
+        Coordinator() if count > 1 else contextlib.nullcontext() as held,
+        contextlib.ExitStack() as files,
+    ):
         coordinator = held.address if held is not None else ""  # its port held till the end
-        procs = []
+        procs: list[subprocess.Popen[bytes]] = []
         logs = []
-        for i in range(count):
-            python = config.python_of(side)
+        copies = []
+        for i, stdout in enumerate(stdout_files(ws, side, count)):
+            python = config.python_of(tree_side(side))
             env = child_env(config, ws, (ws.boot, *imports), i, coordinator, python)
             env["JAXMIGRATE_RECORD"] = str(plan_file)
             env[PYTHON_VARIABLE] = python  # a notebook's script runs on its side's (`notebooks`)
             env["PATH"] = os.pathsep.join([str(tool_shims(ws, python)), env["PATH"]])
-            name = "verify-with" if side == "original" else f"verify-with-{side}"
+            name = log_name(side)
             log = ws.logs / (f"{name}.log" if count == 1 else f"{name}.p{i}.log")
             logs.append(log)
-            with log.open("ab") as out:
-                try:
-                    procs.append(
-                        lifetime.spawn(
-                            ["/bin/sh", "-c", command],
-                            cwd=config.command_dir(tree),
-                            env=env,
-                            stdin=subprocess.DEVNULL,
-                            stdout=out,
-                            stderr=out,
-                        )
-                    )
-                except OSError as exc:
-                    out.write(f"cannot run the command: {exc}\n".encode())
-                    for proc in procs:
-                        kill_group(proc)
-                    return f"`{command}` could not be started: {exc}"
+            out = files.enter_context(log.open("ab", buffering=0))
+            try:
+                proc = lifetime.spawn(
+                    ["/bin/sh", "-c", command],
+                    cwd=config.command_dir(tree),
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=out,
+                )
+            except OSError as exc:
+                out.write(f"cannot run the command: {exc}\n".encode())
+                for proc in procs:
+                    kill_group(proc)
+                return f"`{command}` could not be started: {exc}"
+            procs.append(proc)
+            assert proc.stdout is not None
+            copies.append(tee(proc.stdout, out, files.enter_context(stdout.open("wb"))))
         try:
             codes = wait_all(procs, config.record_timeout)
         finally:
             for proc in procs:
                 kill_group(proc)
+            for copy in copies:  # the pipe ends with the command's process group
+                copy.join(TEE_WAIT)
         note = command_note(command, codes, config.record_timeout)
         failed = next((i for i, code in enumerate(codes) if code not in (0, None)), None)
         return note + last_lines(logs[failed]) if note and failed is not None else note
@@ -261,6 +325,17 @@ def last_lines(log: Path, count: int = 5) -> str:
         return ""
     lines = [line.rstrip() for line in text.splitlines() if line.strip()][-count:]
     return ":\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
+
+
+def ran_targets(folder: Path, processes: int) -> frozenset[str]:
+    """Return the function targets one of whose calls, in every process, ran every site of
+    it, seen by the recorder's line watch (`Recorder.ran`: recorded or not; under another
+    tracer nothing is watched, and nothing is noted)."""
+    found = [
+        {p.name.rpartition(".ran.")[0] for p in folder.glob(f"*.ran.p{i}")}
+        for i in range(processes)
+    ]
+    return frozenset(set.intersection(*found)) if found else frozenset()
 
 
 def collect(
@@ -328,7 +403,26 @@ def record(command: str, plans: Sequence[Plan], ws: Workspace, config: VerifyCon
     shown = note or f"`{command}` ran in {seconds:.1f} s"
     if refused:
         shown += f"; {len(refused)} recorded call(s) refused: {refused[0]}"
-    return Recording(calls, shown, note)
+    shown_lines = printed(ws, "original", config.processes)
+    ran = ran_targets(ws.records, config.processes)
+    return Recording(calls, shown, note, printed=shown_lines, ran=ran)
+
+
+def record_again(
+    command: str, plans: Sequence[Plan], ws: Workspace, config: VerifyConfig
+) -> tuple[tuple[tuple[str, ...], ...], str]:
+    """Run `command` once more on a fresh copy of the original, recording as the first run did
+    (into a folder of its own, never read); return what it printed and how it ended. What
+    differs from the first run's output (a date, a random draw) is not the rewrite's doing."""
+    folder = ws.base / f"records-{AGAIN}"
+    folder.mkdir(exist_ok=True)
+    plan = replace(
+        recording_plan(plans, ws, config.max_calls), root=str(scratch(ws, AGAIN)), out=str(folder)
+    )
+    plan_file = ws.base / f"record-plan-{AGAIN}.json"
+    plan_file.write_text(encode(plan), encoding="utf-8")
+    error = run_command(command, ws, config, plan_file, side=AGAIN)
+    return printed(ws, AGAIN, config.processes), error
 
 
 def supplement(

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 from jaxmigrate.model import Status
-from jaxmigrate.verify import lifetime, writes, xlacache
+from jaxmigrate.verify import groups, lifetime, writes, xlacache
 from jaxmigrate.verify.bound import fallbacks, judge_bound, parent, rerun, shadows, with_replay
 from jaxmigrate.verify.child.protocol import SCRIPT, Ran
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
@@ -35,7 +35,7 @@ from jaxmigrate.verify.notebooks import demote, verify_notebooks
 from jaxmigrate.verify.planner import Plan, plan_all
 from jaxmigrate.verify.pool import Reply, Worker
 from jaxmigrate.verify.processes import processes_hint
-from jaxmigrate.verify.recording import Recording, record, supplement
+from jaxmigrate.verify.recording import Recording, record, record_again, supplement
 from jaxmigrate.verify.targets import Kind
 from jaxmigrate.verify.workspace import Workspace, workspace
 
@@ -322,6 +322,12 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
                 again = rerun(command, judged, candidates, ws, config)
             if again is not None:
                 found = judge_bound(judged, recording, again, lanes[0].candidate, config)
+                edits = groups.pending(units, [*runnable, *judged], by_plan | found, recording)
+                if edits:  # a group's other sites: what the command prints, `verify.groups`
+                    second = record_again(command, [*modules, *units], ws, config)
+                    functions = {p.id: p for p in runnable}
+                    found |= groups.judge(edits, command, recording, second, again, functions)
+                    judged = [*judged, *edits]
                 found.update(
                     {
                         p.id: with_replay(found[p.id], by_plan[parent(p)])

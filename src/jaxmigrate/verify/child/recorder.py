@@ -87,6 +87,8 @@ class Recorder:
     helpers: frozenset[str] = frozenset()  # files a rewrite wrote its helpers to (_pmap_compat.py)
     layouts: dict[str, dict[str, Any]] = field(default_factory=dict)  # steps kept flat (`flat`)
     trees: dict[str, tuple[ast.Module, str] | None] = field(default_factory=dict)
+    proven: set[str] = field(default_factory=set)  # targets a call ran every site of (`ran`)
+    tries: dict[str, int] = field(default_factory=dict)  # unrecorded calls watched (`unproven`)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     # Where a call comes from ------------------------------------------------------------------
@@ -148,6 +150,27 @@ class Recorder:
         return found
 
     # Recording -----------------------------------------------------------------------------
+    def ran(self, target: str) -> None:
+        """Note that a call of `target` ran every one of its sites, seen by a line watch: a file
+        `<target>.ran.p<process>`, once (`verify.recording.ran_targets`). Written for the calls
+        that cannot be recorded too (an argument that does not pickle: a pmapped function)."""
+        with self.lock:
+            if target in self.proven:
+                return
+            self.proven.add(target)
+        with open(os.path.join(self.out, f"{target}.ran.p{process_index()}"), "w") as handle:
+            handle.write(target)
+
+    def unproven(self, target: str) -> bool:
+        """Return True if a call of `target` that cannot be recorded is to be watched: no call
+        ran every site yet, and fewer than `max_calls` were watched so (each is traced)."""
+        with self.lock:
+            if target in self.proven or target not in self.reach:
+                return False
+            tries = self.tries.get(target, 0)
+            self.tries[target] = tries + 1
+            return tries < self.max_calls
+
     def wants(self, target: str) -> bool:
         with self.lock:
             return self.counts.get(target, 0) < self.max_calls
@@ -422,10 +445,15 @@ class Recording:
         # with iterators, pickled once the call has drawn from them (`PENDING` until then)
         payload = self._recorder.pickled(tree) if not drawing else PENDING if tree else None
         kept = self._recorder.keep_outside(args, kwargs) if payload is not None else None
-        watch = self.watch() if payload is not None else None
+        # a call that cannot be recorded is watched too, until one ran every site (`ran`)
+        proven = self._target in self._recorder.proven
+        watched = payload is not None or self._recorder.unproven(self._target)
+        watch = self.watch() if watched else None
         try:
             with watch if watch is not None else nullcontext():
                 out = self._fn(*args, **kwargs)
+            if watch is not None and watch.watched and not watch.missing and not proven:
+                self._recorder.ran(self._target)
             if watch is not None and watch.missing:  # another path: the call shows nothing
                 payload = None
                 if kept is not None:

@@ -10,13 +10,15 @@ within a tolerance (float32's, or one unit of the last printed digit, whichever 
 sum taken in another order still agrees; a duration or a rate per second (`in 1.87 sec`) is not
 compared at all. Arrays agree as outputs do (`compare`); other files
 must have the same bytes. What differs between two runs of the original (a timing, a date) is
-left out (`varying`), and said so.
+left out (`varying`), and said so. Comparing printed lines needs no numpy: jaxmigrate's own
+process compares what a `--verify-with` command printed (`verify.groups`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import math
 import os
 import re
 import sys
@@ -25,10 +27,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
-
-from .compare import _array_mismatch
 
 NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?![\w])|\b(?:nan|inf)\b")
 # A duration, or a rate per second: how fast this machine ran, not what the program computed
@@ -103,6 +101,8 @@ def read_file(path: str) -> tuple[Any, ...]:
     with open(path, "rb") as handle:
         data = handle.read()
     if path.endswith((".npy", ".npz")):
+        import numpy as np
+
         try:
             loaded = np.load(io.BytesIO(data), allow_pickle=False)
             if isinstance(loaded, np.ndarray):
@@ -276,8 +276,8 @@ def same_number(a: str, b: str) -> bool:
         x, y = float(a), float(b)
     except ValueError:
         return False
-    if np.isnan(x) or np.isnan(y):
-        return bool(np.isnan(x) and np.isnan(y))
+    if math.isnan(x) or math.isnan(y):
+        return math.isnan(x) and math.isnan(y)
     if resolution(a) == 0.0 and resolution(b) == 0.0 and "e" not in (a + b).lower():
         return x == y  # integers: exactly
     tol = max(RTOL * max(abs(x), abs(y)), 1e-6, resolution(a), resolution(b)) * (1 + 1e-9)
@@ -318,6 +318,8 @@ def lines_mismatch(ref: list[str], new: list[str], skip: set[int]) -> tuple[int,
 # Files compared ---------------------------------------------------------------------------
 def file_why(ref: tuple[Any, ...], new: tuple[Any, ...] | None) -> str:
     """Return why a written file differs from the reference's, or ''."""
+    from .compare import _array_mismatch
+
     if new is None:
         return "the original wrote it, the rewrite did not"
     if ref[0] != new[0]:

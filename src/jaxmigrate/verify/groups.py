@@ -1,0 +1,142 @@
+"""The other sites of a program-level group in a function that cannot be replayed: judged by
+what the `--verify-with` command prints.
+
+flax's lm1b `train_and_evaluate` runs inside `tfds.testing.mock_data()`; replayed alone in a
+worker it reads the real, empty dataset, so its sites are left to the command (`bound.shadows`).
+The group's steps are compared there by their calls, in the flat layout. Its other sites (a
+replication deleted, a batch split made a sharded array, a readback gone) create no callable
+whose calls could be recorded, so they stayed `unverified`, and the group, written only whole,
+was never written.
+
+Such a site is judged as a unit (a `main()`) is, on what the program shows, with the command as
+the program:
+
+- a call of the function ran it: the recorder's line watch saw a call run every site of the
+  function (`Recording.ran`), also a call it could not record (lm1b's `evaluate(p_eval_step=...)`
+  takes a pmapped function, which does not pickle);
+- every step of its group verified by its calls: the runs did not diverge before the steps;
+- the command printed the same lines on both trees, each process its own (`shown`: words exactly,
+  numbers within a tolerance, durations not compared), less the lines that differ between two
+  runs of the original (one more run of the command, only when such a site exists), and at
+  least one line was compared.
+
+A difference in what the command prints is the group's failure (its steps then take the
+faithful form, PL603); a command that fails on the rewritten tree alone too. Printing the same
+with nothing compared, or a command failing on the original, leaves the site `unverified`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jaxmigrate.model import Status
+from jaxmigrate.verify.bound import Rerun, parent, tail
+from jaxmigrate.verify.child.shown import Shown, left_out, shown_mismatch, varying
+from jaxmigrate.verify.config import Verdict
+from jaxmigrate.verify.planner import Plan
+from jaxmigrate.verify.recording import Recording
+
+
+def steps_verified(plans: Sequence[Plan], verdicts: Mapping[str, Verdict]) -> set[str]:
+    """Return the program-level groups whose every step is verified so far.
+
+    A step's site may be judged by several plans (the function around it, unverified when its
+    call could not be replayed, and the shadow of its statement): as `session.combined` joins
+    them, failed if any failed, else verified if any verified.
+    """
+    statuses: dict[tuple[str, str], set[Status]] = {}
+    groups: dict[tuple[str, str], str] = {}
+    for plan in plans:
+        for site in plan.sites:
+            if site.group is not None and "layout" in site.details and plan.id in verdicts:
+                statuses.setdefault((plan.path, site.key), set()).add(verdicts[plan.id].status)
+                groups[(plan.path, site.key)] = site.group
+    verified = {g: True for g in groups.values()}
+    for key, found in statuses.items():
+        if Status.FAILED in found or Status.VERIFIED not in found:
+            verified[groups[key]] = False
+    return {g for g, ok in verified.items() if ok}
+
+
+def pending(
+    shadows: Sequence[Plan],
+    plans: Sequence[Plan],
+    verdicts: Mapping[str, Verdict],
+    recording: Recording,
+) -> list[Plan]:
+    """Return the shadows the command's output judges (see the module's doc): sites of a
+    program-level group, in a function left unverified a call of which ran them, whose
+    group's steps all verified (`plans`: every plan judged so far)."""
+    groups = steps_verified(plans, verdicts)
+    out = []
+    for shadow in shadows:
+        site = shadow.sites[0]
+        if shadow.id in verdicts or site.group not in groups or "layout" in site.details:
+            continue
+        function = parent(shadow)
+        if verdicts[function].status is Status.UNVERIFIED and function in recording.ran:
+            out.append(shadow)
+    return out
+
+
+def judge(
+    plans: Sequence[Plan],
+    command: str,
+    recording: Recording,
+    again: tuple[tuple[tuple[str, ...], ...], str],
+    rewritten: Rerun,
+    functions: Mapping[str, Plan],
+) -> dict[str, Verdict]:
+    """Return a verdict per pending shadow from the command's printed output: the original's
+    run (`recording`), its second run (`again`: printed, how it ended), the rewritten tree's
+    (`functions`: the function plans the shadows were made from, by id)."""
+    status, why, details = printed_verdict(command, recording, again, rewritten)
+    out = {}
+    for plan in plans:
+        function = functions[parent(plan)].target.qualname
+        where = f"a call of `{function}` ran its line {plan.sites[0].line}"
+        steps = "its group's steps made the same calls in the flat layout"
+        reason = f"{why}; {where}, and {steps}" if status is Status.VERIFIED else why
+        out[plan.id] = Verdict(status, reason, {"target": plan.label, **details})
+    return out
+
+
+def printed_verdict(
+    command: str,
+    recording: Recording,
+    again: tuple[tuple[tuple[str, ...], ...], str],
+    rewritten: Rerun,
+) -> tuple[Status, str, dict[str, Any]]:
+    """Return the status, reason and details of the command's printed output on both trees."""
+    details: dict[str, Any] = {"unit": "verify-with", "reference": "original"}
+    printed_again, error_again = again
+    if recording.error or error_again:
+        why = f"`{command}` failed on the original tree: it shows nothing to compare against"
+        return Status.UNVERIFIED, why + tail(recording.error or error_again), details
+    if rewritten.error:
+        why = f"`{command}` runs on the original tree, but on the rewritten tree {rewritten.error}"
+        return Status.FAILED, why, details
+    compared = 0
+    skipped = []
+    count = len(recording.printed)
+    for i, (first, second, new) in enumerate(
+        zip(recording.printed, printed_again, rewritten.printed, strict=True)
+    ):
+        reference = varying(Shown(list(first)), Shown(list(second)))
+        found = shown_mismatch(reference, Shown(list(new)))
+        where = f" (process {i} of {count})" if count > 1 else ""
+        if found is not None:
+            details["mismatch"] = {**found, "process": i}
+            why = f"what `{command}` prints differs on the rewritten tree{where}: {found['path']} is {found['why']}"
+            return Status.FAILED, why, details
+        compared += reference.compared()[0]
+        if left_out(reference):
+            skipped.append(left_out(reference) + where)
+    details["printed"] = {"compared": compared, "left_out": skipped}
+    if not compared:
+        why = f"`{command}` printed no line two runs of the original agree on"
+        return Status.UNVERIFIED, why + (f" ({'; '.join(skipped)})" if skipped else ""), details
+    why = f"`{command}` prints the same on both trees (compared: {compared} printed line(s)"
+    why += f"; {'; '.join(skipped)})" if skipped else ")"
+    return Status.VERIFIED, why, details

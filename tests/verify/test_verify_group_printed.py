@@ -1,0 +1,195 @@
+"""A program-level group whose function cannot be replayed: its other sites are judged by what
+the `--verify-with` command prints (`verify.groups`).
+
+`train` below, like flax lm1b's `train_and_evaluate` driven inside `tfds.testing.mock_data()`,
+reads its data from a context only the command enters: replayed alone it raises. Its step is
+compared by the calls the command made of it, in the flat layout; the replication deleted, the
+split made a sharded batch and the readback deleted create nothing to record. Before, they
+stayed `unverified`, and the group, written only whole, was never written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from clitools import jm
+
+from jaxmigrate.model import Options
+from jaxmigrate.pipeline.engine import migrate_source
+from jaxmigrate.verify import VerifyConfig, VerifyRequest, verify
+
+pytestmark = pytest.mark.jax
+
+DATA = textwrap.dedent("""
+    from contextlib import contextmanager
+
+    import numpy as np
+
+    ACTIVE = []
+
+
+    @contextmanager
+    def mocked():
+        ACTIVE.append(True)
+        yield
+        ACTIVE.pop()
+
+
+    def load():
+        if not ACTIVE:
+            raise KeyError("splits is empty: the dataset has not been generated")
+        return np.arange(32, dtype=np.float32).reshape(16, 2)
+    """)
+TRAIN = textwrap.dedent("""
+    import time
+
+    import jax
+    import numpy as np
+    from flax import jax_utils
+    from flax.training import common_utils
+
+    from pkg import data
+
+
+    def update(w, x):
+        return w + jax.lax.pmean(x.sum(), "batch")
+
+
+    def train(steps=2):
+        x = data.load()
+        w = jax_utils.replicate(np.float32(3.0))
+        p_update = jax.pmap(update, axis_name="batch")
+        for i in range(steps):
+            w = p_update(w, common_utils.shard(x))
+            print(f"step {i} w {float(jax_utils.unreplicate(w)):.6g}")
+        print(f"finished at {time.time_ns()}")
+    """)
+DRIVE = "from pkg import data\nfrom pkg.train import train\n\nwith data.mocked():\n    train()\n"
+COMMAND = f"{sys.executable} drive.py"
+
+
+def project(root: Path, train: str = TRAIN) -> Path:
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "data.py").write_text(DATA)
+    (root / "pkg" / "train.py").write_text(train)
+    (root / "drive.py").write_text(DRIVE)
+    return root
+
+
+def shown(root: Path) -> list[str]:
+    """What `python drive.py` prints in `root`, less its clock reading."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    proc = subprocess.run(
+        [sys.executable, "drive.py"], cwd=root, capture_output=True, text=True, env=env, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [line for line in proc.stdout.splitlines() if not line.startswith("finished at")]
+
+
+def test_a_group_in_a_function_that_cannot_be_replayed_is_written_verified(
+    tmp_path: Path,
+) -> None:
+    root = project(tmp_path / "project")
+    before = shown(root)
+    proc = jm("run", "--verify-with", COMMAND, "--target-jax", "0.8", "pkg/train.py", cwd=root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert out.count("[unsafe, verified]") == 4, out  # the step, and the three edits
+    assert f"`{COMMAND}` prints the same on both trees (compared: 2 printed line(s);" in out, out
+    assert "printed line(s) 3 differ between two runs of the original" in out, out
+    written = (root / "pkg" / "train.py").read_text()
+    assert "jax.shard_map(" in written and "jax_utils" not in written, written
+    assert shown(root) == before == ["step 0 w 65", "step 1 w 127"]
+
+
+def wrong_readback(tmp_path: Path) -> tuple[Path, VerifyRequest]:
+    """The right rewrite with its readback made wrong: the value read is the copies' sum, as if
+    the stacked copies were still there. Only what the command prints shows it."""
+    root = project(tmp_path / "project")
+    migrated = migrate_source(TRAIN, options=Options(unsafe_fixes=True, target_jax=(0, 8)))
+    right = "float(w)"
+    assert right in migrated.code, migrated.code
+    wrong = migrated.code.replace(right, "float(w * jax.local_device_count())")
+    return root, VerifyRequest("pkg/train.py", TRAIN, wrong, tuple(migrated.sites))
+
+
+def test_a_wrong_readback_in_such_a_group_fails(tmp_path: Path) -> None:
+    root, request = wrong_readback(tmp_path)
+    config = VerifyConfig(root=root, timeout=120.0, jobs=1, verify_with=COMMAND)
+    verdicts = verify([request], config)
+    by_message = {site.key: verdicts[(request.path, site.key)] for site in request.sites}
+    readback = next(s for s in request.sites if "readback" in s.message)
+    verdict = by_message[readback.key]
+    assert verdict.status.value == "failed", verdict
+    assert "differs on the rewritten tree: printed line 1 is `step 0 w 520`" in verdict.reason
+    # its step's calls agreed, but the command ran it with the wrong readback: not the text
+    # that will be written (the group falls back to the faithful form, and is verified again)
+    step = by_message[next(s for s in request.sites if "layout" in s.details).key]
+    assert step.status.value == "unverified", step
+    assert "not re-verified without the failed sites of its file" in step.reason, step
+
+
+def test_a_command_that_prints_nothing_leaves_the_group_unverified(tmp_path: Path) -> None:
+    quiet = TRAIN.replace('print(f"step {i}', '_ = (f"step {i}').replace(
+        'print(f"finished', '_ = (f"finished'
+    )
+    root = project(tmp_path / "project", quiet)
+    migrated = migrate_source(quiet, options=Options(unsafe_fixes=True, target_jax=(0, 8)))
+    request = VerifyRequest("pkg/train.py", quiet, migrated.code, tuple(migrated.sites))
+    config = VerifyConfig(root=root, timeout=120.0, jobs=1, verify_with=COMMAND)
+    verdicts = verify([request], config)
+    edits = [s for s in request.sites if "layout" not in s.details]
+    assert edits
+    for site in edits:
+        verdict = verdicts[(request.path, site.key)]
+        assert verdict.status.value == "unverified", verdict
+        assert f"`{COMMAND}` printed no line two runs of the original agree on" in verdict.reason
+
+
+def test_a_group_whose_function_did_not_run_an_edit_is_not_judged_by_the_output(
+    tmp_path: Path,
+) -> None:
+    """The command calls `train` with `steps=0`: the step and the split never run. The call of
+    `train` is not recorded (it missed sites), so nothing is judged by what it prints."""
+    root = project(tmp_path / "project")
+    (root / "drive.py").write_text(DRIVE.replace("train()", "train(steps=0)"))
+    proc = jm("run", "--dry-run", "--verify-with", COMMAND, "--target-jax", "0.8", ".", cwd=root)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    assert "verified]" not in proc.stdout.replace("unverified]", ""), proc.stdout
+    assert "prints the same on both trees" not in proc.stdout, proc.stdout
+    shutil.rmtree(root)
+
+
+def test_a_command_under_a_tracer_leaves_the_groups_edits_unverified(tmp_path: Path) -> None:
+    """Under another tracer (a debugger, a coverage tool) the recorder watches no line: the call
+    of `train` is recorded without proof that it ran the edits, so what the command prints does
+    not judge them, though every line ran and the step verifies by its calls."""
+    root = project(tmp_path / "project")
+    traced = "import sys\n\nsys.settrace(lambda *args: None)\n" + DRIVE
+    (root / "drive.py").write_text(traced)
+    proc = jm("run", "--dry-run", "--verify-with", COMMAND, "--target-jax", "0.8", ".", cwd=root)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    assert proc.stdout.count("[unsafe, verified]") == 1, proc.stdout  # the step alone
+    assert proc.stdout.count("[unsafe, unverified]") == 3, proc.stdout
+    assert "prints the same on both trees" not in proc.stdout, proc.stdout
+
+
+def test_such_a_group_is_verified_on_a_two_process_job(tmp_path: Path) -> None:
+    """Each process's printed lines are compared with its own (gloo's log lines aside): the
+    rewrite's global batch is each process's rows, as pmap's stacked batch was."""
+    root = project(tmp_path / "project")
+    proc = jm(
+        "run", "--dry-run", "--verify-with", COMMAND, "--processes", "2", "--target-jax", "0.8",
+        ".", cwd=root,
+    )  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    assert proc.stdout.count("[unsafe, verified]") == 4, proc.stdout
+    assert "prints the same on both trees (compared: 4 printed line(s);" in proc.stdout
+    assert "(process 1 of 2)" in proc.stdout, proc.stdout  # its clock reading, left out
