@@ -153,7 +153,8 @@ def make_task(
         call_as=plan.target.jitted_as or None,  # a function the program only runs jitted
     )
     layouts = [
-        s.details["layout"] | rewritten_step(candidate_text, plan.target.qualname, s.details)
+        s.details["layout"]
+        | rewritten_step(candidate_text, plan.target.qualname, s.details, plan.request.original)
         for s in plan.sites
         if "layout" in s.details
     ]  # program-level pmap rewrites: what they assume, checked on the original
@@ -193,23 +194,30 @@ def make_task(
     return Task(plan, original, candidate)
 
 
-def rewritten_step(text: str, qualname: str, details: dict[str, Any]) -> dict[str, int]:
+def rewritten_step(
+    text: str, qualname: str, details: dict[str, Any], original: str = ""
+) -> dict[str, int]:
     """Return where the rewrite makes a program-level step, `jax.jit(jax.shard_map(body, ...))`
     in the target function (`candidate_line`, `candidate_end_line`), or nothing when it does not
-    (the step is then only checked, its calls not compared)."""
+    (the step is then only checked, its calls not compared).
+
+    Two steps may map one body (`p_train = jax.pmap(update)`, `p_eval = jax.pmap(update)`): the
+    one assigned to the name the `original` assigned on the step's line is taken, so that each
+    step's calls are compared with its own rewrite's (the first step's matched both, and the
+    group fell back to the faithful form, PL603, on calls missing).
+    """
     tree = parse(text)
     body = details["layout"].get("body")
-    unit: ast.AST | None = next(
-        (
-            node
-            for node in (tree.body if tree is not None else [])
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == qualname
-        ),
-        tree if qualname == SCRIPT else None,
-    )
-    # the unit, then the whole module: a step made at module level (`_outer`), in a function
-    # the unit calls, or stored on `self` by a method
-    for node in [*(ast.walk(unit) if unit is not None else ()), *(ast.walk(tree) if tree else ())]:
+    name = assigned_at(original, details["layout"].get("line"))
+    nodes = _units_then_module(tree, qualname)
+    named = [
+        node
+        for node in nodes
+        if isinstance(node, ast.Assign)
+        and _is_step(node.value, body)
+        and name in {ast.unparse(t) for t in node.targets}
+    ]
+    for node in [*named[:1], *nodes]:
         if isinstance(node, ast.Assign) and _is_step(node.value, body):
             end = node.value.end_lineno or node.value.lineno
             return {"candidate_line": node.value.lineno, "candidate_end_line": end}
@@ -220,6 +228,34 @@ def rewritten_step(text: str, qualname: str, details: dict[str, Any]) -> dict[st
                 "candidate_end_line": jit.end_lineno or jit.lineno,
             }
     return {}
+
+
+def _units_then_module(tree: ast.Module | None, qualname: str) -> list[ast.AST]:
+    """Return the nodes of the unit `qualname`, then of the whole module: a step made at module
+    level (`_outer`), in a function the unit calls, or stored on `self` by a method."""
+    if tree is None:
+        return []
+    unit: ast.AST | None = next(
+        (
+            node
+            for node in tree.body
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == qualname
+        ),
+        tree if qualname == SCRIPT else None,
+    )
+    return [*(ast.walk(unit) if unit is not None else ()), *ast.walk(tree)]
+
+
+def assigned_at(text: str, line: int | None) -> str:
+    """Return what the one-target assignment holding `line` of `text` assigns (`p_eval`,
+    `self.step`), or ''."""
+    tree = parse(text) if text and line else None
+    for node in ast.walk(tree) if tree is not None else ():
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1 or line is None:
+            continue
+        if node.lineno <= line <= (node.end_lineno or node.lineno):
+            return ast.unparse(node.targets[0])
+    return ""
 
 
 def _jit_decorator(node: ast.AST, body: str | None) -> ast.expr | None:
