@@ -204,3 +204,51 @@ def test_a_groups_site_in_a_helper_the_unit_never_calls_is_not_verified(
         assert all("[unsafe, unverified]" in line for line in evaluate_sites), proc.stdout
         assert "never ran the site's lines 13, 15" in proc.stdout, proc.stdout
         assert "[unsafe, verified]" not in proc.stdout, proc.stdout
+
+
+UNCALLED_PROGRAM = textwrap.dedent("""
+    import jax
+    import numpy as np
+    from flax import jax_utils
+    from flax.training import common_utils
+
+
+    def update(w, x):
+        return w + jax.lax.pmean(x.sum(), "batch")
+
+
+    def main(steps=2, tuning=TUNING):
+        x = np.arange(32, dtype=np.float32).reshape(16, 2)
+        w = jax_utils.replicate(np.float32(3.0))
+        p_update = jax.pmap(update, axis_name="batch")
+        p_tune = jax.pmap(lambda w, x: update(w, x) / 2, axis_name="batch")
+        for i in range(steps):
+            w = p_update(w, common_utils.shard(x))
+        held_out = common_utils.shard(x + 1)
+        if tuning:
+            w = p_tune(w, held_out)
+        print(f"final w {float(jax_utils.unreplicate(w)):.6g}")
+    """)
+
+
+@pytest.mark.parametrize("tuning", [False, True])
+def test_a_program_level_step_the_unit_never_calls_is_not_verified(
+    tmp_path: Path, tuning: bool
+) -> None:
+    """`p_tune` is made in `main()` but called only `if tuning:`, on a line that holds no
+    site: every site's line runs, and the run agrees, yet nothing `p_tune`'s rewrite computes
+    was compared. Before, the group was `verified`; now the run must call each of its steps."""
+    from clitools import jm
+
+    (tmp_path / "prog.py").write_text(UNCALLED_PROGRAM.replace("TUNING", str(tuning)))
+    proc = jm("run", "--dry-run", "--no-cache", "--target-jax", "0.8", "prog.py", cwd=tmp_path)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    sites = [line for line in proc.stdout.splitlines() if line.startswith("prog.py:")]
+    assert len(sites) == 6, proc.stdout
+    if tuning:
+        assert all("[unsafe, verified]" in line for line in sites), proc.stdout
+    else:
+        assert all("[unsafe, unverified]" in line for line in sites), proc.stdout
+        line = next(i for i, t in enumerate(UNCALLED_PROGRAM.splitlines(), 1) if "p_tune =" in t)
+        why = f"the run of `main()` never called the program-level step made on line(s) {line},"
+        assert why in proc.stdout, proc.stdout

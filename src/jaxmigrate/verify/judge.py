@@ -322,6 +322,23 @@ def layout_verdict(verdict: Verdict, original: Ran) -> Verdict:
     return Verdict(Status.FAILED, reason, details)
 
 
+def uncalled_verdict(verdict: Verdict, plan: Plan, original: Ran) -> Verdict:
+    """Return `verdict` unverified when the run never called a program-level step of the
+    plan: its statement ran (the step was made), but nothing it computed was compared, so the
+    run shows nothing about its rewrite (`p_eval` made in `main()`, called only `if
+    evaluating:`). Its group is then not written."""
+    lines = original.uncalled_steps
+    if not lines or verdict.status is not Status.VERIFIED:
+        return verdict
+    where = ", ".join(str(line) for line in lines)
+    unit = unit_label(plan)
+    reason = (
+        f"the run of {unit} never called the program-level step made on line(s) {where}, so it shows "
+        f"nothing about that rewrite (it agreed on the rest: {verdict.reason})"
+    )
+    return Verdict(Status.UNVERIFIED, reason, {**verdict.details, "uncalled_steps": lines})
+
+
 # Which JAX each side ran -----------------------------------------------------------------------
 # What an original raises on a JAX that removed an API it uses (the worker's one-line errors).
 REMOVED = (

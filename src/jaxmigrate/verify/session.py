@@ -28,6 +28,7 @@ from jaxmigrate.verify.judge import (
     original_verdict,
     test_folder,
     tried,
+    uncalled_verdict,
     with_jax,
 )
 from jaxmigrate.verify.messages import Sources, Task, make_task
@@ -93,7 +94,7 @@ class Run:
         ran = original.message
         assert isinstance(ran, Ran)  # original_verdict judged every other reply
         verdict = candidate_verdict(task.plan, ran, self.candidate_reply(lane, task))
-        return layout_verdict(verdict, ran)
+        return uncalled_verdict(layout_verdict(verdict, ran), task.plan, ran)
 
     def run_lane(self, lane: Lane, tasks: Sequence[Task]) -> dict[str, Verdict]:
         """Run tasks on one lane, the original worker one task ahead of the candidate worker."""

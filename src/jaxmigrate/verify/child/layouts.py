@@ -135,13 +135,17 @@ def checked(
     name: str,
     found: list[str],
     steps: list[Any] | None = None,
+    called: set[int] | None = None,
 ) -> Callable[..., Any]:
     """Return `step` (a pmapped callable) checking each call against `layout`, and keeping
-    its first calls in the flat layout in `steps` (when given)."""
+    its first calls in the flat layout in `steps` (when given); a call, concrete or traced,
+    adds the layout's `line` to `called`."""
     calls = 0
 
     def call(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
+        if called is not None:
+            called.add(layout["line"])
         if not concrete((args, kwargs)):
             return step(*args, **kwargs)
         calls += 1
@@ -204,11 +208,14 @@ def capturing(layouts: list[dict[str, Any]], path: str, steps: list[Any]) -> Ite
 
 @contextlib.contextmanager
 def checking(
-    layouts: list[dict[str, Any]], path: str, steps: list[Any] | None = None
+    layouts: list[dict[str, Any]],
+    path: str,
+    steps: list[Any] | None = None,
+    called: set[int] | None = None,
 ) -> Iterator[list[str]]:
     """Patch `jax.pmap` so that the steps made on the layouts' lines of the file `path` are
-    checked (and their calls kept in `steps`, when given); yield the list the first violation
-    is appended to."""
+    checked (and their calls kept in `steps`, when given; the `line` of each layout whose step
+    was called added to `called`); yield the list the first violation is appended to."""
     found: list[str] = []
     real = jax.pmap
 
@@ -220,7 +227,7 @@ def checking(
         for layout in layouts:
             if layout["line"] <= frame.f_lineno <= layout["end_line"]:
                 name = getattr(args[0], "__name__", "the step") if args else "the step"
-                return checked(step, layout, f"jax.pmap({name})", found, steps)
+                return checked(step, layout, f"jax.pmap({name})", found, steps, called)
         return step
 
     with patched(jax, "pmap", pmap):

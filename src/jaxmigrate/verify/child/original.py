@@ -149,17 +149,21 @@ def failed_errors(reply: Reply) -> list[str]:
 
 def run_references(runner: Runner, request: RunOriginal) -> Reply:
     """Run the original (or its first reference that runs); write inputs and outputs."""
-    from .references import reference
+    from .references import ORIGINAL, reference
 
     errors: list[str] = []
     stages: dict[str, str] = {}
     furthest: UserError | None = None
     for name in request.references:
-        with reference(name), layouts_checked(runner, request, name) as violations:
+        called: set[int] = set()
+        with reference(name), layouts_checked(runner, request, name, called) as violations:
             try:
                 reply = attempt(runner, request, name)
                 if violations:
                     reply = dataclasses.replace(reply, layout_violations=violations)
+                uncalled = sorted({lay["line"] for lay in request.layouts} - called)
+                if uncalled and name == ORIGINAL and isinstance(reply, Ran):
+                    reply = dataclasses.replace(reply, uncalled_steps=uncalled)
             except NoInputs as exc:
                 return Failed(stage=exc.stage, error=str(exc), no_inputs=True)
             except NotReached as exc:  # another reference takes the same path
@@ -182,9 +186,12 @@ def run_references(runner: Runner, request: RunOriginal) -> Reply:
 
 
 @contextmanager
-def layouts_checked(runner: Runner, request: RunOriginal, variant: str) -> Iterator[list[str]]:
+def layouts_checked(
+    runner: Runner, request: RunOriginal, variant: str, called: set[int]
+) -> Iterator[list[str]]:
     """Check the original's pmapped steps against what program-level rewrites assume of
-    them (`child.layouts`); yield where they do not hold (nothing to check: no list)."""
+    them (`child.layouts`); yield where they do not hold (nothing to check: no list). The
+    `line` of each step the run called is added to `called`."""
     import jax
 
     from .layouts import checking
@@ -207,7 +214,7 @@ def layouts_checked(runner: Runner, request: RunOriginal, variant: str) -> Itera
     compared = jax.process_count() == 1 and all("candidate_line" in lay for lay in layouts)
     runner.steps = [] if compared else None
     try:
-        with checking(layouts, path, runner.steps) as found:
+        with checking(layouts, path, runner.steps, called) as found:
             yield found
             if compared:  # the outputs hold the step calls: the rewrite's side too
                 with open(marker, "w", encoding="utf-8") as handle:

@@ -314,6 +314,7 @@ class Ran(Reply):
     mapped_axis_size: int | None = None
     mesh_hint: str | None = None
     layout_violations: list[str] | None = None
+    uncalled_steps: list[int] | None = None  # program-level steps' lines the run never called
     reference_errors: list[str] | None = None  # the references tried before, and why
     reference_stages: dict[str, str] | None = None
     determinism: str | None = None  # why a unit's original ran once only
