@@ -193,3 +193,20 @@ def test_such_a_group_is_verified_on_a_two_process_job(tmp_path: Path) -> None:
     assert proc.stdout.count("[unsafe, verified]") == 4, proc.stdout
     assert "prints the same on both trees (compared: 4 printed line(s);" in proc.stdout
     assert "(process 1 of 2)" in proc.stdout, proc.stdout  # its clock reading, left out
+
+
+def test_what_a_command_printed_is_read_per_process_and_not_past_the_limit(tmp_path: Path) -> None:
+    """`recording.printed` reads each process's standard output as the comparison takes it:
+    gloo's log lines dropped, the side's copy of the tree written `<tree>`, and a process that
+    printed more than the limit is not compared at all (None), rather than cut mid-line."""
+    from jaxmigrate.verify import recording
+    from jaxmigrate.verify.workspace import Workspace
+
+    ws = Workspace(tmp_path)
+    ws.logs.mkdir()
+    ws.candidate.mkdir()
+    tree = recording.scratch(ws, "candidate")
+    first, second = recording.stdout_files(ws, "candidate", 2)
+    first.write_text(f"[Gloo] Rank 0 is connected to 1 peer ranks. \nloss 0.5 in {tree}/out\n")
+    second.write_bytes(b"x" * (recording.PRINTED_LIMIT + 1))
+    assert recording.printed(ws, "candidate", 2) == (("loss 0.5 in <tree>/out",), None)

@@ -33,6 +33,7 @@ from jaxmigrate.verify.messages import parse
 from jaxmigrate.verify.planner import Plan, body_lines
 from jaxmigrate.verify.pool import Worker
 from jaxmigrate.verify.recording import (
+    Printed,
     Recorded,
     Recording,
     collect,
@@ -52,7 +53,7 @@ class Rerun:
     calls: dict[str, Recorded]
     error: str
     unplaced: dict[str, str]
-    printed: tuple[tuple[str, ...], ...] = ()  # its standard output, per process
+    printed: Printed = ()  # its standard output, per process
 
 
 BODIES = ("body", "orelse", "finalbody", "handlers", "cases")

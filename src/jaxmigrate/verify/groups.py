@@ -35,7 +35,7 @@ from jaxmigrate.verify.bound import Rerun, parent, tail
 from jaxmigrate.verify.child.shown import Shown, left_out, shown_mismatch, varying
 from jaxmigrate.verify.config import Verdict
 from jaxmigrate.verify.planner import Plan
-from jaxmigrate.verify.recording import Recording
+from jaxmigrate.verify.recording import PRINTED_LIMIT, Printed, Recording
 
 
 def steps_verified(plans: Sequence[Plan], verdicts: Mapping[str, Verdict]) -> set[str]:
@@ -84,7 +84,7 @@ def judge(
     plans: Sequence[Plan],
     command: str,
     recording: Recording,
-    again: tuple[tuple[tuple[str, ...], ...], str],
+    again: tuple[Printed, str],
     rewritten: Rerun,
     functions: Mapping[str, Plan],
 ) -> dict[str, Verdict]:
@@ -105,7 +105,7 @@ def judge(
 def printed_verdict(
     command: str,
     recording: Recording,
-    again: tuple[tuple[tuple[str, ...], ...], str],
+    again: tuple[Printed, str],
     rewritten: Rerun,
 ) -> tuple[Status, str, dict[str, Any]]:
     """Return the status, reason and details of the command's printed output on both trees."""
@@ -123,9 +123,12 @@ def printed_verdict(
     for i, (first, second, new) in enumerate(
         zip(recording.printed, printed_again, rewritten.printed, strict=True)
     ):
+        where = f" (process {i} of {count})" if count > 1 else ""
+        if first is None or second is None or new is None:
+            why = f"`{command}` printed more than {PRINTED_LIMIT >> 20} MiB{where}: not compared"
+            return Status.UNVERIFIED, why, details
         reference = varying(Shown(list(first)), Shown(list(second)))
         found = shown_mismatch(reference, Shown(list(new)))
-        where = f" (process {i} of {count})" if count > 1 else ""
         if found is not None:
             details["mismatch"] = {**found, "process": i}
             why = f"what `{command}` prints differs on the rewritten tree{where}: {found['path']} is {found['why']}"

@@ -39,10 +39,15 @@ from jaxmigrate.verify.processes import Coordinator, wait_all
 from jaxmigrate.verify.targets import Kind
 from jaxmigrate.verify.workspace import Workspace
 
+PRINTED_LIMIT = 16 * 2**20  # bytes of a command's standard output compared (`printed`)
 TEE_WAIT = 5.0  # seconds to wait for a killed command's last output to be copied
 RETURNED = ".returned"  # the recorder's suffix for the calls of a factory's returned function
 MODULE_TOOLS = {"pytest": "pytest", "py.test": "pytest"}  # commands that are `python -m` a module
 PYTHON_VARIABLE = "JAXMIGRATE_PYTHON"  # the interpreter of the side a command runs on
+
+
+# What a command printed on its standard output, per process: its lines (None: too much)
+Printed = tuple[tuple[str, ...] | None, ...]
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,7 @@ class Recording:
     note: str = ""
     error: str = ""  # how the command failed, with the last lines of its output; '' if it did not
     supplied: dict[str, str] = field(default_factory=dict)  # plan id -> the tests that recorded it
-    printed: tuple[tuple[str, ...], ...] = ()  # the command's standard output, per process
+    printed: Printed = ()  # the command's standard output, per process (`printed`)
     ran: frozenset[str] = frozenset()  # function targets a call ran every site of (`ran_targets`)
 
 
@@ -149,19 +154,25 @@ def stdout_files(ws: Workspace, side: str, count: int) -> list[Path]:
     ]
 
 
-def printed(ws: Workspace, side: str, count: int) -> tuple[tuple[str, ...], ...]:
+def printed(ws: Workspace, side: str, count: int) -> Printed:
     """Return the lines each process of one side's last command run printed on its standard
     output, less the lines JAX's runtime writes there (gloo's, on several processes), with the
-    side's copy of the tree written `<tree>` (`shown.the_programs`, `shown.placed`)."""
+    side's copy of the tree written `<tree>` (`shown.the_programs`, `shown.placed`); None for a
+    process that printed more than `PRINTED_LIMIT` bytes, which is not compared."""
     from jaxmigrate.verify.child.shown import placed, the_programs
 
-    out = []
+    out: list[tuple[str, ...] | None] = []
     for path in stdout_files(ws, side, count):
         try:
-            text = path.read_text(encoding="utf-8", errors="replace")
+            with path.open("rb") as handle:
+                data = handle.read(PRINTED_LIMIT + 1)
         except OSError:
-            text = ""
-        out.append(tuple(placed(the_programs(text.splitlines()), str(scratch(ws, side)))))
+            data = b""
+        if len(data) > PRINTED_LIMIT:
+            out.append(None)
+            continue
+        lines = data.decode("utf-8", errors="replace").splitlines()
+        out.append(tuple(placed(the_programs(lines), str(scratch(ws, side)))))
     return tuple(out)
 
 
@@ -410,7 +421,7 @@ def record(command: str, plans: Sequence[Plan], ws: Workspace, config: VerifyCon
 
 def record_again(
     command: str, plans: Sequence[Plan], ws: Workspace, config: VerifyConfig
-) -> tuple[tuple[tuple[str, ...], ...], str]:
+) -> tuple[Printed, str]:
     """Run `command` once more on a fresh copy of the original, recording as the first run did
     (into a folder of its own, never read); return what it printed and how it ended. What
     differs from the first run's output (a date, a random draw) is not the rewrite's doing."""
