@@ -68,7 +68,7 @@ def test_pytest_runs_under_the_given_interpreter(
         plan.write_text(encode(recording_plan([], ws, 3)))
         note = run_command("pytest -q -p no:cacheprovider test_one.py", ws, config, plan)
         assert note == "", note
-        log = (ws.logs / "verify-with.log").read_text()
+        log = (ws.logs / "verify-with.stdout").read_text()  # its standard output
     assert "1 passed" in log
 
 
@@ -85,4 +85,4 @@ def test_a_pytest_of_the_interpreter_itself_is_used(tmp_path: Path) -> None:
         plan = ws.base / "plan.json"
         plan.write_text(encode(recording_plan([], ws, 3)))
         assert run_command("pytest", ws, config, plan) == ""
-        assert "its own pytest" in (ws.logs / "verify-with.log").read_text()
+        assert "its own pytest" in (ws.logs / "verify-with.stdout").read_text()

@@ -210,3 +210,20 @@ def test_what_a_command_printed_is_read_per_process_and_not_past_the_limit(tmp_p
     first.write_text(f"[Gloo] Rank 0 is connected to 1 peer ranks. \nloss 0.5 in {tree}/out\n")
     second.write_bytes(b"x" * (recording.PRINTED_LIMIT + 1))
     assert recording.printed(ws, "candidate", 2) == (("loss 0.5 in <tree>/out",), None)
+
+
+def test_a_failed_command_is_quoted_from_the_stream_that_says_why(tmp_path: Path) -> None:
+    """Standard output and standard error go to files of their own: a Python traceback is
+    quoted from standard error even when the program printed after it, a test runner's
+    summary from standard output."""
+    from jaxmigrate.verify import recording
+
+    log, out = tmp_path / "verify-with.log", tmp_path / "verify-with.stdout"
+    log.write_text("W tf: a warning\nTraceback (most recent call last):\n  ...\nKeyError: 'x'\n")
+    out.write_text("loss 0.5\n")
+    assert recording.failure_tail(log, out).endswith("KeyError: 'x'")
+    log.write_text("W tf: a warning\n")
+    out.write_text("FAILED test_a.py::test_b - assert 1 == 2\n1 failed in 0.1s\n")
+    assert recording.failure_tail(log, out).endswith("1 failed in 0.1s")
+    out.write_text("")
+    assert recording.failure_tail(log, out).endswith("W tf: a warning")

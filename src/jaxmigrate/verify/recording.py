@@ -14,13 +14,12 @@ import os
 import shlex
 import shutil
 import subprocess
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from jaxmigrate.verify import lifetime
 from jaxmigrate.verify.child.protocol import (
@@ -40,7 +39,6 @@ from jaxmigrate.verify.targets import Kind
 from jaxmigrate.verify.workspace import Workspace
 
 PRINTED_LIMIT = 16 * 2**20  # bytes of a command's standard output compared (`printed`)
-TEE_WAIT = 5.0  # seconds to wait for a killed command's last output to be copied
 RETURNED = ".returned"  # the recorder's suffix for the calls of a factory's returned function
 MODULE_TOOLS = {"pytest": "pytest", "py.test": "pytest"}  # commands that are `python -m` a module
 PYTHON_VARIABLE = "JAXMIGRATE_PYTHON"  # the interpreter of the side a command runs on
@@ -176,21 +174,6 @@ def printed(ws: Workspace, side: str, count: int) -> Printed:
     return tuple(out)
 
 
-def tee(source: IO[bytes], *sinks: IO[bytes]) -> threading.Thread:
-    """Return a started thread copying `source` (a command's standard output) into `sinks` until
-    it ends: the command's log keeps its whole output, and a file of its own what it printed."""
-
-    def copy() -> None:
-        with source:
-            while chunk := os.read(source.fileno(), 1 << 16):
-                for sink in sinks:
-                    sink.write(chunk)
-
-    thread = threading.Thread(target=copy, name="jaxmigrate-tee", daemon=True)
-    thread.start()
-    return thread
-
-
 def mirror_folders(ran: Path, tree: Path) -> None:
     """Create in `tree` the folders the command created in `ran`, without their files.
 
@@ -248,8 +231,8 @@ def run_command(
         coordinator = held.address if held is not None else ""  # its port held till the end
         procs: list[subprocess.Popen[bytes]] = []
         logs = []
-        copies = []
-        for i, stdout in enumerate(stdout_files(ws, side, count)):
+        stdouts = stdout_files(ws, side, count)
+        for i, stdout in enumerate(stdouts):
             python = config.python_of(tree_side(side))
             env = child_env(config, ws, (ws.boot, *imports), i, coordinator, python)
             env["JAXMIGRATE_RECORD"] = str(plan_file)
@@ -258,14 +241,14 @@ def run_command(
             name = log_name(side)
             log = ws.logs / (f"{name}.log" if count == 1 else f"{name}.p{i}.log")
             logs.append(log)
-            out = files.enter_context(log.open("ab", buffering=0))
+            out = files.enter_context(log.open("ab"))
             try:
                 proc = lifetime.spawn(
                     ["/bin/sh", "-c", command],
                     cwd=config.command_dir(tree),
                     env=env,
                     stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
+                    stdout=files.enter_context(stdout.open("wb")),
                     stderr=out,
                 )
             except OSError as exc:
@@ -274,18 +257,16 @@ def run_command(
                     kill_group(proc)
                 return f"`{command}` could not be started: {exc}"
             procs.append(proc)
-            assert proc.stdout is not None
-            copies.append(tee(proc.stdout, out, files.enter_context(stdout.open("wb"))))
         try:
             codes = wait_all(procs, config.record_timeout)
         finally:
             for proc in procs:
                 kill_group(proc)
-            for copy in copies:  # the pipe ends with the command's process group
-                copy.join(TEE_WAIT)
         note = command_note(command, codes, config.record_timeout)
         failed = next((i for i, code in enumerate(codes) if code not in (0, None)), None)
-        return note + last_lines(logs[failed]) if note and failed is not None else note
+        if note and failed is not None:
+            return note + failure_tail(logs[failed], stdouts[failed])
+        return note
 
 
 def same_start(command: str, ws: Workspace, config: VerifyConfig, first: bool) -> None:
@@ -326,6 +307,23 @@ def command_note(command: str, codes: list[int | None], timeout: float) -> str:
     if None in codes:
         return f"`{command}` timed out after {timeout:g} s{where(codes.index(None))}"
     return ""
+
+
+def failure_tail(log: Path, stdout: Path) -> str:
+    """Return how a failed command's output ended, as a suffix (`last_lines`): its standard
+    error's when it holds a Python traceback (an exception), else its standard output's (a
+    test runner's summary, `pytest`'s), else its standard error's.
+
+    The two streams go to files of their own (the log, and what it printed, which a group's
+    edits are judged by: `verify.groups`), so which one ended the run is not known.
+    """
+    try:
+        errors = log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        errors = ""
+    if "Traceback (most recent call last):" in errors:
+        return last_lines(log)
+    return last_lines(stdout) or last_lines(log)
 
 
 def last_lines(log: Path, count: int = 5) -> str:
