@@ -38,20 +38,21 @@ from jaxmigrate.verify.planner import Plan
 from jaxmigrate.verify.recording import PRINTED_LIMIT, Printed, Recording
 
 
-def steps_verified(plans: Sequence[Plan], verdicts: Mapping[str, Verdict]) -> set[str]:
-    """Return the program-level groups whose every step is verified so far.
+def steps_verified(plans: Sequence[Plan], verdicts: Mapping[str, Verdict]) -> set[tuple[str, str]]:
+    """Return the program-level groups, (file, group), whose every step is verified so far.
 
     A step's site may be judged by several plans (the function around it, unverified when its
     call could not be replayed, and the shadow of its statement): as `session.combined` joins
-    them, failed if any failed, else verified if any verified.
+    them, failed if any failed, else verified if any verified. A group is a file's (its id is
+    the step's position there).
     """
     statuses: dict[tuple[str, str], set[Status]] = {}
-    groups: dict[tuple[str, str], str] = {}
+    groups: dict[tuple[str, str], tuple[str, str]] = {}
     for plan in plans:
         for site in plan.sites:
             if site.group is not None and "layout" in site.details and plan.id in verdicts:
                 statuses.setdefault((plan.path, site.key), set()).add(verdicts[plan.id].status)
-                groups[(plan.path, site.key)] = site.group
+                groups[(plan.path, site.key)] = (plan.path, site.group)
     verified = {g: True for g in groups.values()}
     for key, found in statuses.items():
         if Status.FAILED in found or Status.VERIFIED not in found:
@@ -72,7 +73,8 @@ def pending(
     out = []
     for shadow in shadows:
         site = shadow.sites[0]
-        if shadow.id in verdicts or site.group not in groups or "layout" in site.details:
+        held = (shadow.path, site.group or "") in groups
+        if shadow.id in verdicts or not held or "layout" in site.details:
             continue
         function = parent(shadow)
         if verdicts[function].status is Status.UNVERIFIED and function in recording.ran:
