@@ -164,6 +164,9 @@ def test_a_group_whose_function_did_not_run_an_edit_is_not_judged_by_the_output(
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     assert "verified]" not in proc.stdout.replace("unverified]", ""), proc.stdout
     assert "prints the same on both trees" not in proc.stdout, proc.stdout
+    # and the site says why the command's call of `train` was not recorded
+    missed = f"`{COMMAND}` called `train`, but its call(s) never ran the site's lines"
+    assert missed in proc.stdout, proc.stdout
     shutil.rmtree(root)
 
 

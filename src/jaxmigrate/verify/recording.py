@@ -69,6 +69,7 @@ class Recording:
     supplied: dict[str, str] = field(default_factory=dict)  # plan id -> the tests that recorded it
     printed: Printed = ()  # the command's standard output, per process (`printed`)
     ran: frozenset[str] = frozenset()  # function targets a call ran every site of (`ran_targets`)
+    missed: dict[str, str] = field(default_factory=dict)  # target -> what its calls never ran
 
 
 def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> RecordPlan:
@@ -347,6 +348,19 @@ def ran_targets(folder: Path, processes: int) -> frozenset[str]:
     return frozenset(set.intersection(*found)) if found else frozenset()
 
 
+def missed_targets(folder: Path) -> dict[str, str]:
+    """Return, per function target a call of which took another path than its sites, what it
+    never ran (`Recorder.missed`: "never ran the site's line 595"), as process 0 saw it first."""
+    out: dict[str, str] = {}
+    for path in sorted(folder.glob("*.missed.p*")):
+        target = path.name.rpartition(".missed.")[0]
+        try:
+            out.setdefault(target, path.read_text(encoding="utf-8"))
+        except OSError:
+            continue
+    return out
+
+
 def collect(
     ws: Workspace,
     max_calls: int,
@@ -414,7 +428,8 @@ def record(command: str, plans: Sequence[Plan], ws: Workspace, config: VerifyCon
         shown += f"; {len(refused)} recorded call(s) refused: {refused[0]}"
     shown_lines = printed(ws, "original", config.processes)
     ran = ran_targets(ws.records, config.processes)
-    return Recording(calls, shown, note, printed=shown_lines, ran=ran)
+    missed = missed_targets(ws.records)
+    return Recording(calls, shown, note, printed=shown_lines, ran=ran, missed=missed)
 
 
 def record_again(

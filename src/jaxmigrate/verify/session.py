@@ -358,6 +358,7 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
             verdict = replace(verdict, details={**verdict.details, **error})
         if plan.id in recording.supplied:
             verdict = supplied(verdict, plan, recording.supplied[plan.id], command)
+        verdict = missed(verdict, plan, recording, command)
         for site in plan.sites:
             key = (plan.path, site.key)
             verdicts[key] = combined(verdicts[key], verdict) if key in verdicts else verdict
@@ -407,6 +408,23 @@ def combined(first: Verdict, second: Verdict) -> Verdict:
         if status in (first.status, second.status):
             return first if first.status is status else second
     return Verdict(first.status, f"{first.reason}; {second.reason}", first.details)
+
+
+def missed(verdict: Verdict, plan: Plan, recording: Recording, command: str) -> Verdict:
+    """Return an unverified verdict saying why the command's calls of its function were not
+    recorded, when they all took another path than its sites ("never ran the site's line
+    595": flax lm1b's checkpoint readback, with checkpoints off)."""
+    why = recording.missed.get(plan.id)
+    ran = plan.id in recording.calls or plan.id in recording.ran
+    if not why or verdict.status is not Status.UNVERIFIED or ran:
+        return verdict
+    name = plan.target.qualname
+    note = (
+        f"`{command}` called `{name}`, but its call(s) {why} (they took another path through "
+        "it), so none was recorded"
+    )
+    details = {**verdict.details, "missed": why}
+    return replace(verdict, reason=f"{verdict.reason}; {note}", details=details)
 
 
 def supplied(verdict: Verdict, plan: Plan, tests: str, command: str) -> Verdict:

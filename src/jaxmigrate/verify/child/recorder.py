@@ -89,6 +89,7 @@ class Recorder:
     trees: dict[str, tuple[ast.Module, str] | None] = field(default_factory=dict)
     proven: set[str] = field(default_factory=set)  # targets a call ran every site of (`ran`)
     tries: dict[str, int] = field(default_factory=dict)  # unrecorded calls watched (`unproven`)
+    noted: set[str] = field(default_factory=set)  # targets a call of which missed (`missed`)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     # Where a call comes from ------------------------------------------------------------------
@@ -160,6 +161,19 @@ class Recorder:
             self.proven.add(target)
         with open(os.path.join(self.out, f"{target}.ran.p{process_index()}"), "w") as handle:
             handle.write(target)
+
+    def missed(self, target: str, missing: Any) -> None:
+        """Note, once, that a call of `target` took another path than its sites (`missing`, the
+        needs it did not run): a file `<target>.missed.p<process>` saying which, so that "the
+        command made no call of it" can say why none was recorded."""
+        from .reach import describe
+
+        with self.lock:
+            if target in self.noted:
+                return
+            self.noted.add(target)
+        with open(os.path.join(self.out, f"{target}.missed.p{process_index()}"), "w") as handle:
+            handle.write(describe(missing))
 
     def unproven(self, target: str) -> bool:
         """Return True if a call of `target` that cannot be recorded is to be watched: no call
@@ -455,6 +469,7 @@ class Recording:
             if watch is not None and watch.watched and not watch.missing and not proven:
                 self._recorder.ran(self._target)
             if watch is not None and watch.missing:  # another path: the call shows nothing
+                self._recorder.missed(self._target, watch.missing)
                 payload = None
                 if kept is not None:
                     from .outside import discard
