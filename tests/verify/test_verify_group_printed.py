@@ -230,3 +230,42 @@ def test_a_failed_command_is_quoted_from_the_stream_that_says_why(tmp_path: Path
     assert recording.failure_tail(log, out).endswith("1 failed in 0.1s")
     out.write_text("")
     assert recording.failure_tail(log, out).endswith("W tf: a warning")
+
+
+def test_a_group_is_a_files_own(tmp_path: Path) -> None:
+    """A group's id is its step's position in its file, so two files may share one: the steps
+    verified in `a.py` say nothing of `b.py`'s group, whose edit is not judged by the output."""
+    from jaxmigrate.model import Safety, Site, Status
+    from jaxmigrate.verify import groups
+    from jaxmigrate.verify.bound import SHADOW
+    from jaxmigrate.verify.config import Verdict
+    from jaxmigrate.verify.planner import Plan
+    from jaxmigrate.verify.recording import Recording
+    from jaxmigrate.verify.targets import Kind, Target
+
+    layout = {"layout": {"line": 3, "end_line": 3}}
+    group = "JM202:program:3:11"
+
+    def plan(path: str, id_: str, *sites: Site) -> Plan:
+        request = VerifyRequest(path, "", "", sites)
+        target = Target(Kind.FUNCTION, "train", 1, 1)
+        return Plan(id_, request, sites, target, path[:-3], "train", ())
+
+    step = Site("JM202", "pmap", 3, 11, Safety.UNSAFE, "pmap", key="s", group=group, details=layout)
+    edit = Site("JM202", "pmap", 4, 8, Safety.UNSAFE, "pmap", key="e", group=group)
+    a_step, b_step = plan("a.py", f"a{SHADOW}0", step), plan("b.py", f"b{SHADOW}0", step)
+    b_edit = plan("b.py", f"b{SHADOW}1", edit)
+    functions = [plan("a.py", "a", step, edit), plan("b.py", "b", step, edit)]
+    unverified = Verdict(Status.UNVERIFIED, "the original cannot run", {})
+    verdicts = {
+        "a": unverified,
+        "b": unverified,
+        a_step.id: Verdict(Status.VERIFIED, "made the same 2 call(s)", {}),
+        b_step.id: Verdict(Status.UNVERIFIED, "the runs diverged before the site", {}),
+    }
+    judged = [*functions, a_step, b_step]
+    assert groups.steps_verified(judged, verdicts) == {("a.py", group)}
+    recording = Recording(ran=frozenset({"a", "b"}))
+    assert groups.pending([b_edit], judged, verdicts, recording) == []
+    a_edit = plan("a.py", f"a{SHADOW}1", edit)
+    assert groups.pending([a_edit, b_edit], judged, verdicts, recording) == [a_edit]
