@@ -153,6 +153,29 @@ def test_a_command_that_prints_nothing_leaves_the_group_unverified(tmp_path: Pat
         assert f"`{COMMAND}` printed no line two runs of the original agree on" in verdict.reason
 
 
+def test_a_banner_printed_before_the_call_does_not_verify_the_group(tmp_path: Path) -> None:
+    """`train` prints nothing; the command prints a banner before calling it. Both trees print
+    the same banner, but it shows nothing `train` computed: its edits stay unverified. Where
+    the call began is known by the bytes the process had printed then (its standard output is
+    the file jaxmigrate gave it)."""
+    quiet = TRAIN.replace('print(f"step {i}', '_ = (f"step {i}').replace(
+        'print(f"finished', '_ = (f"finished'
+    )
+    root = project(tmp_path / "project", quiet)
+    (root / "drive.py").write_text('print("training on mock data", flush=False)\n' + DRIVE)
+    migrated = migrate_source(quiet, options=Options(unsafe_fixes=True, target_jax=(0, 8)))
+    request = VerifyRequest("pkg/train.py", quiet, migrated.code, tuple(migrated.sites))
+    config = VerifyConfig(root=root, timeout=120.0, jobs=1, verify_with=COMMAND)
+    verdicts = verify([request], config)
+    edits = [s for s in request.sites if "layout" not in s.details]
+    assert edits
+    for site in edits:
+        verdict = verdicts[(request.path, site.key)]
+        assert verdict.status.value == "unverified", verdict
+        before = "each line compared was printed before the call of `train` that ran line"
+        assert before in verdict.reason, verdict.reason
+
+
 def test_a_group_whose_function_did_not_run_an_edit_is_not_judged_by_the_output(
     tmp_path: Path,
 ) -> None:
@@ -265,7 +288,7 @@ def test_a_group_is_a_files_own(tmp_path: Path) -> None:
     }
     judged = [*functions, a_step, b_step]
     assert groups.steps_verified(judged, verdicts) == {("a.py", group)}
-    recording = Recording(ran=frozenset({"a", "b"}))
+    recording = Recording(ran={"a": (0,), "b": (0,)})
     assert groups.pending([b_edit], judged, verdicts, recording) == []
     a_edit = plan("a.py", f"a{SHADOW}1", edit)
     assert groups.pending([a_edit, b_edit], judged, verdicts, recording) == [a_edit]

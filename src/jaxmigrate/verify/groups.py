@@ -18,7 +18,10 @@ the program:
 - the command printed the same lines on both trees, each process its own (`shown`: words exactly,
   numbers within a tolerance, durations not compared), less the lines that differ between two
   runs of the original (one more run of the command, only when such a site exists), and at
-  least one line was compared.
+  least one line was compared that the original printed once that call had begun: a banner
+  printed before it shows nothing of what the call computed. Where the call began is known
+  when the command's Python process prints straight to the file jaxmigrate gave it
+  (`recorder.stdout_offset`); else (a pipe, a test runner's capture) every line counts.
 
 A difference in what the command prints is the group's failure (its steps then take the
 faithful form, PL603); a command that fails on the rewritten tree alone too. Printing the same
@@ -93,15 +96,33 @@ def judge(
     """Return a verdict per pending shadow from the command's printed output: the original's
     run (`recording`), its second run (`again`: printed, how it ended), the rewritten tree's
     (`functions`: the function plans the shadows were made from, by id)."""
-    status, why, details = printed_verdict(command, recording, again, rewritten)
+    status, why, details, kept = printed_verdict(command, recording, again, rewritten)
     out = {}
     for plan in plans:
         function = functions[parent(plan)].target.qualname
         where = f"a call of `{function}` ran its line {plan.sites[0].line}"
         steps = "its group's steps made the same calls in the flat layout"
-        reason = f"{why}; {where}, and {steps}" if status is Status.VERIFIED else why
-        out[plan.id] = Verdict(status, reason, {"target": plan.label, **details})
+        verdict = Verdict(status, f"{why}; {where}, and {steps}", {"target": plan.label, **details})
+        if status is not Status.VERIFIED:
+            verdict = Verdict(status, why, verdict.details)
+        elif not shown_after(kept, recording.ran[parent(plan)]):
+            late = (
+                f"`{command}` prints the same on both trees, but each line compared was printed"
+                f" before the call of `{function}` that ran line {plan.sites[0].line} began:"
+                " none shows what that call computed"
+            )
+            verdict = Verdict(Status.UNVERIFIED, late, verdict.details)
+        out[plan.id] = verdict
     return out
+
+
+def shown_after(kept: Sequence[Sequence[int]], began: Sequence[int | None]) -> bool:
+    """Return True if a process printed a compared line (`kept`, its indices per process) once
+    the call began (`began`: the lines each process printed before it; None: not known, and
+    every line counts)."""
+    return any(
+        any(i >= (start or 0) for i in lines) for lines, start in zip(kept, began, strict=True)
+    )
 
 
 def printed_verdict(
@@ -109,17 +130,19 @@ def printed_verdict(
     recording: Recording,
     again: tuple[Printed, str],
     rewritten: Rerun,
-) -> tuple[Status, str, dict[str, Any]]:
-    """Return the status, reason and details of the command's printed output on both trees."""
+) -> tuple[Status, str, dict[str, Any], list[list[int]]]:
+    """Return the status, reason and details of the command's printed output on both trees,
+    and the indices of the lines compared, per process."""
     details: dict[str, Any] = {"unit": "verify-with", "reference": "original"}
     printed_again, error_again = again
     if recording.error or error_again:
         why = f"`{command}` failed on the original tree: it shows nothing to compare against"
-        return Status.UNVERIFIED, why + tail(recording.error or error_again), details
+        return Status.UNVERIFIED, why + tail(recording.error or error_again), details, []
     if rewritten.error:
         why = f"`{command}` runs on the original tree, but on the rewritten tree {rewritten.error}"
-        return Status.FAILED, why, details
+        return Status.FAILED, why, details, []
     compared = 0
+    kept: list[list[int]] = []
     skipped = []
     count = len(recording.printed)
     for i, (first, second, new) in enumerate(
@@ -128,20 +151,29 @@ def printed_verdict(
         where = f" (process {i} of {count})" if count > 1 else ""
         if first is None or second is None or new is None:
             why = f"`{command}` printed more than {PRINTED_LIMIT >> 20} MiB{where}: not compared"
-            return Status.UNVERIFIED, why, details
+            return Status.UNVERIFIED, why, details, []
         reference = varying(Shown(list(first)), Shown(list(second)))
         found = shown_mismatch(reference, Shown(list(new)))
         if found is not None:
             details["mismatch"] = {**found, "process": i}
             why = f"what `{command}` prints differs on the rewritten tree{where}: {found['path']} is {found['why']}"
-            return Status.FAILED, why, details
+            return Status.FAILED, why, details, []
         compared += reference.compared()[0]
+        kept.append(compared_lines(reference))
         if left_out(reference):
             skipped.append(left_out(reference) + where)
     details["printed"] = {"compared": compared, "left_out": skipped}
     if not compared:
         why = f"`{command}` printed no line two runs of the original agree on"
-        return Status.UNVERIFIED, why + (f" ({'; '.join(skipped)})" if skipped else ""), details
+        return Status.UNVERIFIED, why + (f" ({'; '.join(skipped)})" if skipped else ""), details, []
     why = f"`{command}` prints the same on both trees (compared: {compared} printed line(s)"
     why += f"; {'; '.join(skipped)})" if skipped else ")"
-    return Status.VERIFIED, why, details
+    return Status.VERIFIED, why, details, kept
+
+
+def compared_lines(reference: Shown) -> list[int]:
+    """Return the indices of the printed lines `reference` compares (two runs agree on them)."""
+    if reference.printed_varies:
+        return []
+    varies = set(reference.varying_lines)
+    return [i for i in range(len(reference.printed)) if i not in varies]

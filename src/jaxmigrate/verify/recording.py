@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxmigrate.verify import lifetime
+from jaxmigrate.verify.child.distributed import STDOUT
 from jaxmigrate.verify.child.protocol import (
     CommandPaths,
     ProtocolError,
@@ -68,7 +69,9 @@ class Recording:
     error: str = ""  # how the command failed, with the last lines of its output; '' if it did not
     supplied: dict[str, str] = field(default_factory=dict)  # plan id -> the tests that recorded it
     printed: Printed = ()  # the command's standard output, per process (`printed`)
-    ran: frozenset[str] = frozenset()  # function targets a call ran every site of (`ran_targets`)
+    # function targets a call ran every site of (`ran_targets`), with the lines each process
+    # had printed when that call began (`lines_before`; None: not known)
+    ran: dict[str, tuple[int | None, ...]] = field(default_factory=dict)
     missed: dict[str, str] = field(default_factory=dict)  # target -> what its calls never ran
 
 
@@ -237,6 +240,7 @@ def run_command(
             python = config.python_of(tree_side(side))
             env = child_env(config, ws, (ws.boot, *imports), i, coordinator, python)
             env["JAXMIGRATE_RECORD"] = str(plan_file)
+            env[STDOUT] = str(stdout)  # where a call began in it (`recorder.stdout_offset`)
             env[PYTHON_VARIABLE] = python  # a notebook's script runs on its side's (`notebooks`)
             env["PATH"] = os.pathsep.join([str(tool_shims(ws, python)), env["PATH"]])
             name = log_name(side)
@@ -337,28 +341,57 @@ def last_lines(log: Path, count: int = 5) -> str:
     return ":\n" + "\n".join(f"  {line}" for line in lines) if lines else ""
 
 
-def ran_targets(folder: Path, processes: int) -> frozenset[str]:
+def notes(folder: Path, kind: str) -> dict[str, dict[int, str]]:
+    """Return, per target and per process, the text of the recorder's notes of one kind
+    (`Recorder.note_once`: `<target>.<kind>.p<process>`)."""
+    out: dict[str, dict[int, str]] = {}
+    for path in sorted(folder.glob(f"*.{kind}.p*")):
+        target, _, process = path.name.rpartition(f".{kind}.p")
+        try:
+            out.setdefault(target, {})[int(process)] = path.read_text(encoding="utf-8")
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def ran_targets(folder: Path, processes: int) -> dict[str, tuple[int | None, ...]]:
     """Return the function targets one of whose calls, in every process, ran every site of
     it, seen by the recorder's line watch (`Recorder.ran`: recorded or not; under another
-    tracer nothing is watched, and nothing is noted)."""
-    found = [
-        {p.name.rpartition(".ran.")[0] for p in folder.glob(f"*.ran.p{i}")}
-        for i in range(processes)
-    ]
-    return frozenset(set.intersection(*found)) if found else frozenset()
+    tracer nothing is watched, and nothing is noted), with the bytes each process had printed
+    when that call began (None where not known)."""
+    out = {}
+    for target, texts in notes(folder, "ran").items():
+        if all(i in texts for i in range(processes)):
+            out[target] = tuple(
+                int(texts[i]) if texts[i].isdigit() else None for i in range(processes)
+            )
+    return out
 
 
 def missed_targets(folder: Path) -> dict[str, str]:
     """Return, per function target a call of which took another path than its sites, what it
-    never ran (`Recorder.missed`: "never ran the site's line 595"), as process 0 saw it first."""
-    out: dict[str, str] = {}
-    for path in sorted(folder.glob("*.missed.p*")):
-        target = path.name.rpartition(".missed.")[0]
+    never ran (`Recorder.missed`: "never ran the site's line 595"), as the first process that
+    noted it saw it."""
+    return {target: texts[min(texts)] for target, texts in notes(folder, "missed").items()}
+
+
+def lines_before(
+    ws: Workspace, side: str, offsets: tuple[int | None, ...]
+) -> tuple[int | None, ...]:
+    """Return, per process of one side's command run, how many of the lines `printed` returns
+    it had printed before `offsets[i]` bytes (None where the offset is not known)."""
+    from jaxmigrate.verify.child.shown import the_programs
+
+    out: list[int | None] = []
+    for path, offset in zip(stdout_files(ws, side, len(offsets)), offsets, strict=True):
         try:
-            out.setdefault(target, path.read_text(encoding="utf-8"))
+            with path.open("rb") as handle:
+                data = handle.read(offset) if offset is not None else None
         except OSError:
-            continue
-    return out
+            data = None
+        text = data.decode("utf-8", errors="replace") if data is not None else None
+        out.append(len(the_programs(text.splitlines())) if text is not None else None)
+    return tuple(out)
 
 
 def collect(
@@ -427,7 +460,10 @@ def record(command: str, plans: Sequence[Plan], ws: Workspace, config: VerifyCon
     if refused:
         shown += f"; {len(refused)} recorded call(s) refused: {refused[0]}"
     shown_lines = printed(ws, "original", config.processes)
-    ran = ran_targets(ws.records, config.processes)
+    ran = {
+        target: lines_before(ws, "original", offsets)
+        for target, offsets in ran_targets(ws.records, config.processes).items()
+    }
     missed = missed_targets(ws.records)
     return Recording(calls, shown, note, printed=shown_lines, ran=ran, missed=missed)
 

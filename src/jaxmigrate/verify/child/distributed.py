@@ -31,6 +31,7 @@ COORDINATOR = "JAXMIGRATE_COORDINATOR"
 
 
 RECORD = "JAXMIGRATE_RECORD"
+STDOUT = "JAXMIGRATE_STDOUT"  # the file a recorded command's process prints to (`stdout_offset`)
 R = TypeVar("R", bound=Message)
 _job: list[tuple[int, int, str] | None] = []  # this process's job, read from the environment once
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from types import FrameType, FunctionType, MethodType, ModuleType
 from typing import Any
 
-from .distributed import for_process, job, process_index
+from .distributed import STDOUT, for_process, job, process_index
 from .protocol import RecordedCall, encode
 from .source import enclosing_withs
 
@@ -151,16 +151,13 @@ class Recorder:
         return found
 
     # Recording -----------------------------------------------------------------------------
-    def ran(self, target: str) -> None:
+    def ran(self, target: str, start: int | None) -> None:
         """Note that a call of `target` ran every one of its sites, seen by a line watch: a file
-        `<target>.ran.p<process>`, once (`verify.recording.ran_targets`). Written for the calls
-        that cannot be recorded too (an argument that does not pickle: a pmapped function)."""
-        with self.lock:
-            if target in self.proven:
-                return
-            self.proven.add(target)
-        with open(os.path.join(self.out, f"{target}.ran.p{process_index()}"), "w") as handle:
-            handle.write(target)
+        `<target>.ran.p<process>`, once (`verify.recording.ran_targets`), holding how many bytes
+        the process had printed when that call began (`stdout_offset`; empty if not known).
+        Written for the calls that cannot be recorded too (an argument that does not pickle: a
+        pmapped function)."""
+        self.note_once("ran", self.proven, target, "" if start is None else str(start))
 
     def missed(self, target: str, missing: Any) -> None:
         """Note, once, that a call of `target` took another path than its sites (`missing`, the
@@ -168,12 +165,17 @@ class Recorder:
         command made no call of it" can say why none was recorded."""
         from .reach import describe
 
+        self.note_once("missed", self.noted, target, describe(missing))
+
+    def note_once(self, kind: str, seen: set[str], target: str, text: str) -> None:
+        """Write `text` to `<target>.<kind>.p<process>` unless `target` is in `seen` (read by
+        `verify.recording.notes`)."""
         with self.lock:
-            if target in self.noted:
+            if target in seen:
                 return
-            self.noted.add(target)
-        with open(os.path.join(self.out, f"{target}.missed.p{process_index()}"), "w") as handle:
-            handle.write(describe(missing))
+            seen.add(target)
+        with open(os.path.join(self.out, f"{target}.{kind}.p{process_index()}"), "w") as handle:
+            handle.write(text)
 
     def unproven(self, target: str) -> bool:
         """Return True if a call of `target` that cannot be recorded is to be watched: no call
@@ -426,6 +428,23 @@ def function_like(x: Any) -> bool:
     )
 
 
+def stdout_offset() -> int | None:
+    """Return how many bytes this process has written to its standard output so far, when that
+    is the file jaxmigrate gave the command (`distributed.STDOUT`; not a pipe, nor a file a test
+    runner's capture put there); else None."""
+    expected = os.environ.get(STDOUT)
+    if not expected:
+        return None
+    try:
+        sys.stdout.flush()
+        held, ours = os.fstat(1), os.stat(expected)
+        if (held.st_dev, held.st_ino) != (ours.st_dev, ours.st_ino):
+            return None
+        return os.lseek(1, 0, os.SEEK_CUR)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 class Raised:
     """A recorded call that raised: compared by the exception's type only."""
 
@@ -463,11 +482,12 @@ class Recording:
         proven = self._target in self._recorder.proven
         watched = payload is not None or self._recorder.unproven(self._target)
         watch = self.watch() if watched else None
+        start = stdout_offset() if watch is not None and not proven else None
         try:
             with watch if watch is not None else nullcontext():
                 out = self._fn(*args, **kwargs)
             if watch is not None and watch.watched and not watch.missing and not proven:
-                self._recorder.ran(self._target)
+                self._recorder.ran(self._target, start)
             if watch is not None and watch.missing:  # another path: the call shows nothing
                 self._recorder.missed(self._target, watch.missing)
                 payload = None
