@@ -156,7 +156,7 @@ def test_markdown_summary(project: Path) -> None:
     assert text.startswith("## jaxmigrate: ")
     assert "| would change | 2 |" in text and "| failed | 1 |" in text
     assert "| rule | found | would apply | unverified | not-needed | left alone |" in text
-    assert "| JM202 `pmap` | 1 | 0 | 1 | 0 | 1 |" in text
+    assert "| JM202 `pmap` | 2 | 0 | 1 | 0 | 1 |" in text  # found: 1 site, 1 left alone
     assert "### Not applied (3)" in text
     assert "- `pkg/step.py:3` JM202 **unverified**: unsafe and not verified; to apply:" in text
     assert "- `nb.ipynb[cell 4]:7` JM201" in text

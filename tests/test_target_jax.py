@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 from clitools import jm
 
 from jaxmigrate.config import JaxPin, jax_pin
+
+SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "report.schema.json").read_text())
 
 SHARD_MAP = """\
 from jax.experimental.shard_map import shard_map
@@ -71,6 +74,7 @@ def skips(root: Path, *args: str) -> tuple[list[dict[str, object]], list[dict[st
     proc = jm("check", "--format", "json", *args, "run.py", cwd=root)
     assert proc.returncode in (0, 1), proc.stderr
     report = json.loads(proc.stdout)
+    jsonschema.Draft202012Validator(SCHEMA).validate(report)
     (file,) = report["files"]
     return file["sites"], file["skips"]
 
@@ -93,6 +97,33 @@ def test_the_project_pin_is_the_default_target(tmp_path: Path) -> None:
         "the rewrite needs JAX >= 0.7, the target is 0.6 (the project's `jax>=0.6.2` in "
         "pyproject.toml; --target-jax or target-jax in [tool.jaxmigrate] sets another)"
     )
+    assert skip["needs_jax"] == "0.7"
+
+
+def test_the_terminal_says_the_target_once_and_counts_the_sites_left_alone(
+    tmp_path: Path,
+) -> None:
+    """A project pinned below what a rewrite needs: each site's line says what it needs, and
+    one line under the tables says where the target comes from and what migrates them (a real
+    tree pinned so, flax's examples, printed the whole reason 40 times). The rule's row counts
+    them as found, and left alone."""
+    root = project(tmp_path, PINNED)
+    (root / "more.py").write_text(SHARD_MAP)
+    proc = jm("run", "--dry-run", "--no-verify", ".", cwd=root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    skipped = [line for line in lines if "JM102" in line and "[skipped]" in line]
+    assert len(skipped) == 2, proc.stdout
+    for line in skipped:
+        assert line.endswith("[skipped] the rewrite needs JAX >= 0.7, the target is 0.6"), line
+    assert proc.stdout.count("pyproject.toml") == 1, proc.stdout
+    assert (
+        "Left alone (2): the rewrite needs JAX >= 0.7, the target is 0.6 (the project's "
+        '`jax>=0.6.2` in pyproject.toml); `--target-jax 0.7` (or `target-jax = "0.7"` in '
+        "[tool.jaxmigrate]) migrates them, once the project can require jax>=0.7"
+    ) in " ".join(proc.stdout.split()), proc.stdout
+    (row,) = [line for line in lines if line.lstrip().startswith("JM102")]
+    assert [cell.strip() for cell in row.split("│")][2:] == ["2", "0", "", "2"], row
 
 
 def test_the_flag_and_the_setting_win_over_the_pin(tmp_path: Path) -> None:

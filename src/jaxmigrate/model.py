@@ -93,6 +93,7 @@ class Skip:
     reason: str
     suppressed: bool = False
     cell: int | None = None
+    needs_jax: str = ""  # the JAX its rewrite needs, above the run's target ("0.7"), or ""
 
     def to_json(self, path: str) -> dict[str, Any]:
         """Return the report form of this skip."""
@@ -107,6 +108,8 @@ class Skip:
         }
         if self.cell is not None:
             out["cell"] = self.cell
+        if self.needs_jax:
+            out["needs_jax"] = self.needs_jax
         return out
 
 

@@ -52,12 +52,13 @@ def _rules(results: Sequence[FileResult], dry_run: bool) -> list[str]:
     rows = ["| " + " | ".join(map(str, head)) + " |", "|" + " --- |" + " ---: |" * (len(head) - 1)]
     for code, name in codes:
         mine = [s for s in sites if s.code == code]
+        left = sum(s.code == code for s in skips)
         cells = [
             f"{code} `{name}`",
-            str(len(mine)),
+            str(len(mine) + left),  # found: rewritten or left alone
             str(sum(s.applied for s in mine)),
             *(str(sum(s.status is st for s in mine)) for st in statuses),
-            str(sum(s.code == code for s in skips)),
+            str(left),
         ]
         rows.append("| " + " | ".join(cells) + " |")
     return rows

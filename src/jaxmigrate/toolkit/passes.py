@@ -451,7 +451,8 @@ class Pass(CodemodCommand, cst.CSTTransformer):
             )
             if self.state.target_source:
                 reason += f" ({self.state.target_source})"
-            self.state.skips.append(Skip(self.CODE, self.NAME, line, col, reason))
+            needs = version_text(need)
+            self.state.skips.append(Skip(self.CODE, self.NAME, line, col, reason, needs_jax=needs))
             return False
         missing = [
             c for c in requires if self.state.selected is not None and c not in self.state.selected

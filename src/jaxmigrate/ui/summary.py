@@ -53,7 +53,27 @@ def skip_line(path: str, skip: Skip) -> Text:
     text.append(f" {skip.code} ", style="magenta")
     text.append(f"{skip.name} ", style="cyan")
     text.append("[suppressed] " if skip.suppressed else "[skipped] ", style="dim")
-    text.append(skip.reason)
+    # the target's source and what sets another are said once, under the tables (`too_new`)
+    text.append(skip.reason.partition(" (")[0] if skip.needs_jax else skip.reason)
+    return text
+
+
+def too_new(skips: Sequence[Skip]) -> Text | None:
+    """Return the one note for the sites left alone because their rewrite needs a newer JAX
+    than the run's target: the target, where it comes from, and the flag that migrates them."""
+    held = [s for s in skips if s.needs_jax]
+    if not held:
+        return None
+    need = max((s.needs_jax for s in held), key=lambda v: tuple(map(int, v.split("."))))
+    first = next(s for s in held if s.needs_jax == need)
+    head, _, source = first.reason.partition(" (")
+    source = source.removesuffix(")").partition("; ")[0]  # (what sets another: said below)
+    text = Text(f"Left alone ({len(held)}): ", style="bold")
+    text.append(head + (f" ({source})" if source else ""))
+    text.append(
+        f'; `--target-jax {need}` (or `target-jax = "{need}"` in [tool.jaxmigrate]) migrates'
+        f" them, once the project can require jax>={need}"
+    )
     return text
 
 
@@ -72,6 +92,9 @@ def summary_tables(results: Sequence[FileResult], *, dry_run: bool) -> list[Tabl
     skips = [s for r in results for s in r.skips]
     if sites or skips:
         tables.append(_rule_table(sites, skips, dry_run=dry_run))
+    held = too_new(skips)
+    if held is not None:
+        tables.append(held)
     pending = [(r.path, s) for r in results for s in r.sites if not s.applied]
     if pending:
         tables.append(_pending_lines(pending))
@@ -102,13 +125,14 @@ def _rule_table(sites: Sequence[Site], skips: Sequence[Skip], *, dry_run: bool) 
         statuses = Text(", ").join(
             Text(f"{by_status[st]} {st}", style=STATUS_STYLE[st]) for st in Status if by_status[st]
         )
+        left = sum(s.code == code for s in skips)
         table.add_row(
             code,
             name,
-            str(len(mine)),
+            str(len(mine) + left),  # found: rewritten or left alone
             str(sum(s.applied for s in mine)),
             statuses,
-            str(sum(s.code == code for s in skips)),
+            str(left),
         )
     return table
 
