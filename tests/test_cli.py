@@ -224,6 +224,34 @@ def test_verification_works_from_another_working_directory(tmp_path: Path) -> No
     assert "JM202 pmap [unsafe, verified]" in proc.stdout, proc.stdout
 
 
+@pytest.mark.jax
+def test_a_project_whose_imports_are_not_installed_is_told_what_to_install(
+    tmp_path: Path,
+) -> None:
+    """A first run in a project whose requirements are not installed where its code runs
+    (flax's examples without `clu`): each unverified site's hint names the module to install,
+    not a `--verify-with` that would fail the same way, and one line under the tables counts
+    them by module."""
+    (tmp_path / "step.py").write_text(
+        "import jax\nimport jaxmigrate_absent_requirement\n\n\n"
+        "def double(x):\n    return x * 2\n\n\n"
+        "def main():\n    return jax.pmap(double)(jax.numpy.ones((8, 3)))\n"
+    )
+    proc = jm("run", "--dry-run", "step.py", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert "JM202 pmap [unsafe, unverified]" in out, proc.stdout
+    hint = (
+        "to apply: install `jaxmigrate_absent_requirement` where the project's code runs "
+        "(`--python`) and run again, or --unsafe-fixes"
+    )
+    assert hint in out, proc.stdout
+    assert (
+        "Not verified (1): the original could not run, a module it imports is not installed: "
+        "`jaxmigrate_absent_requirement` (1); install the project's requirements"
+    ) in out, proc.stdout
+
+
 def test_every_test_runs_the_cli_through_clitools() -> None:
     """One runner (tests/clitools.py) sets the terminal and the timeout for every CLI test."""
     spawn = re.compile(r"""["']-m["'],\s*["']jaxmigrate["']""")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 
@@ -95,6 +96,9 @@ def summary_tables(results: Sequence[FileResult], *, dry_run: bool) -> list[Tabl
     held = too_new(skips)
     if held is not None:
         tables.append(held)
+    missing = not_installed(sites)
+    if missing is not None:
+        tables.append(missing)
     pending = [(r.path, s) for r in results for s in r.sites if not s.applied]
     if pending:
         tables.append(_pending_lines(pending))
@@ -137,6 +141,38 @@ def _rule_table(sites: Sequence[Site], skips: Sequence[Skip], *, dry_run: bool) 
     return table
 
 
+# Python's own words for an import that failed: the module verification could not find
+MISSING = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+
+
+def missing_module(site: Site) -> str | None:
+    """Return the top-level module whose absence kept the original from running, if that is
+    why the site was not verified (its `reference_errors`: "original: ModuleNotFoundError...")."""
+    if site.status is not Status.UNVERIFIED:
+        return None
+    for error in site.details.get("reference_errors", ()):
+        found = MISSING.search(error) if str(error).startswith("original: ") else None
+        if found:
+            return found.group(1).split(".")[0]
+    return None
+
+
+def not_installed(sites: Sequence[Site]) -> Text | None:
+    """Return the one note for the sites verification could not run because a module the
+    project imports is not installed where its code runs, naming each with its count."""
+    counts = Counter(m for m in map(missing_module, sites) if m is not None)
+    if not counts:
+        return None
+    modules = ", ".join(f"`{m}` ({n})" for m, n in counts.most_common())
+    text = Text(f"Not verified ({sum(counts.values())}): ", style="bold yellow")
+    text.append(
+        f"the original could not run, a module it imports is not installed: {modules}; install "
+        "the project's requirements in the interpreter that runs its code (`--python`; by "
+        "default the one jaxmigrate runs on) and run again"
+    )
+    return text
+
+
 def apply_hint(site: Site) -> str:
     """Return the flag or action that would apply an unapplied site."""
     if site.status is Status.FAILED:
@@ -149,6 +185,9 @@ def apply_hint(site: Site) -> str:
         return "jaxmigrate run --interactive (resumes the review)"
     if site.reason == REJECTED:
         return "jaxmigrate run --interactive, and answer y"
+    module = missing_module(site)
+    if module is not None:
+        return f"install `{module}` where the project's code runs (`--python`) and run again, or --unsafe-fixes"
     if site.cell is not None and site.details.get("unit") == "notebook":
         return "make the notebook run here (see its reason), or --unsafe-fixes after reviewing the diff"
     if site.cell is not None:
