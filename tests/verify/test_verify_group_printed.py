@@ -136,44 +136,39 @@ def test_a_wrong_readback_in_such_a_group_fails(tmp_path: Path) -> None:
     assert "not re-verified without the failed sites of its file" in step.reason, step
 
 
-def test_a_command_that_prints_nothing_leaves_the_group_unverified(tmp_path: Path) -> None:
-    quiet = TRAIN.replace('print(f"step {i}', '_ = (f"step {i}').replace(
-        'print(f"finished', '_ = (f"finished'
-    )
-    root = project(tmp_path / "project", quiet)
-    migrated = migrate_source(quiet, options=Options(unsafe_fixes=True, target_jax=(0, 8)))
-    request = VerifyRequest("pkg/train.py", quiet, migrated.code, tuple(migrated.sites))
+QUIET = TRAIN.replace('print(f"step {i}', '_ = (f"step {i}').replace(
+    'print(f"finished', '_ = (f"finished'
+)  # `train` prints nothing
+
+
+def quiet_edits(tmp_path: Path, drive: str = DRIVE) -> list[str]:
+    """Verify the quiet `train` with `drive` as `drive.py`; return the reasons of its edits
+    (the sites that are not steps), each unverified."""
+    root = project(tmp_path / "project", QUIET)
+    (root / "drive.py").write_text(drive)
+    migrated = migrate_source(QUIET, options=Options(unsafe_fixes=True, target_jax=(0, 8)))
+    request = VerifyRequest("pkg/train.py", QUIET, migrated.code, tuple(migrated.sites))
     config = VerifyConfig(root=root, timeout=120.0, jobs=1, verify_with=COMMAND)
     verdicts = verify([request], config)
-    edits = [s for s in request.sites if "layout" not in s.details]
+    edits = [verdicts[(request.path, s.key)] for s in request.sites if "layout" not in s.details]
     assert edits
-    for site in edits:
-        verdict = verdicts[(request.path, site.key)]
-        assert verdict.status.value == "unverified", verdict
-        assert f"`{COMMAND}` printed no line two runs of the original agree on" in verdict.reason
+    assert all(verdict.status.value == "unverified" for verdict in edits), edits
+    return [verdict.reason for verdict in edits]
+
+
+def test_a_command_that_prints_nothing_leaves_the_group_unverified(tmp_path: Path) -> None:
+    for reason in quiet_edits(tmp_path):
+        assert f"`{COMMAND}` printed no line two runs of the original agree on" in reason
 
 
 def test_a_banner_printed_before_the_call_does_not_verify_the_group(tmp_path: Path) -> None:
-    """`train` prints nothing; the command prints a banner before calling it. Both trees print
-    the same banner, but it shows nothing `train` computed: its edits stay unverified. Where
-    the call began is known by the bytes the process had printed then (its standard output is
-    the file jaxmigrate gave it)."""
-    quiet = TRAIN.replace('print(f"step {i}', '_ = (f"step {i}').replace(
-        'print(f"finished', '_ = (f"finished'
-    )
-    root = project(tmp_path / "project", quiet)
-    (root / "drive.py").write_text('print("training on mock data", flush=False)\n' + DRIVE)
-    migrated = migrate_source(quiet, options=Options(unsafe_fixes=True, target_jax=(0, 8)))
-    request = VerifyRequest("pkg/train.py", quiet, migrated.code, tuple(migrated.sites))
-    config = VerifyConfig(root=root, timeout=120.0, jobs=1, verify_with=COMMAND)
-    verdicts = verify([request], config)
-    edits = [s for s in request.sites if "layout" not in s.details]
-    assert edits
-    for site in edits:
-        verdict = verdicts[(request.path, site.key)]
-        assert verdict.status.value == "unverified", verdict
+    """The command prints a banner before calling `train`. Both trees print the same banner,
+    but it shows nothing `train` computed: its edits stay unverified. Where the call began is
+    known by the bytes the process had printed then (its standard output is the file
+    jaxmigrate gave it)."""
+    for reason in quiet_edits(tmp_path, 'print("training on mock data")\n' + DRIVE):
         before = "each line compared was printed before the call of `train` that ran line"
-        assert before in verdict.reason, verdict.reason
+        assert before in reason, reason
 
 
 def test_a_group_whose_function_did_not_run_an_edit_is_not_judged_by_the_output(
