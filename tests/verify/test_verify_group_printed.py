@@ -188,6 +188,25 @@ def test_a_group_whose_function_did_not_run_an_edit_is_not_judged_by_the_output(
     shutil.rmtree(root)
 
 
+def test_a_call_that_missed_the_sites_is_named_where_no_inputs_were_found(
+    tmp_path: Path,
+) -> None:
+    """`train(config)` takes what no input can be synthesized for, and the command's call of
+    it took another path than the sites: the reason says the call did not run them, not that
+    the command made no call of it (big_vision's `main(argv)` with checkpoints off)."""
+    configured = TRAIN.replace(
+        "def train(steps=2):", "def train(config):\n    steps = config.steps"
+    )
+    root = project(tmp_path / "project", configured)
+    drive = DRIVE.replace("train()", "train(SimpleNamespace(steps=0))")
+    (root / "drive.py").write_text("from types import SimpleNamespace\n" + drive)
+    proc = jm("run", "--dry-run", "--verify-with", COMMAND, "--target-jax", "0.8", ".", cwd=root)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert f"no inputs for `train`: `{COMMAND}` called `train`, but its call(s) never ran" in out
+    assert f"`{COMMAND}` made no call of it" not in out, proc.stdout
+
+
 def test_a_command_under_a_tracer_leaves_the_groups_edits_unverified(tmp_path: Path) -> None:
     """Under another tracer (a debugger, a coverage tool) the recorder watches no line: the call
     of `train` is recorded without proof that it ran the edits, so what the command prints does

@@ -424,6 +424,9 @@ def missed(verdict: Verdict, plan: Plan, recording: Recording, command: str) -> 
         "it), so none was recorded"
     )
     details = {**verdict.details, "missed": why}
+    said = f"`{command}` made no call of it"  # it did: say what the call did instead
+    if said in verdict.reason:
+        return replace(verdict, reason=verdict.reason.replace(said, note, 1), details=details)
     return replace(verdict, reason=f"{verdict.reason}; {note}", details=details)
 
 
