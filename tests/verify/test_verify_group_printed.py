@@ -207,6 +207,35 @@ def test_a_call_that_missed_the_sites_is_named_where_no_inputs_were_found(
     assert f"`{COMMAND}` made no call of it" not in out, proc.stdout
 
 
+def test_a_groups_edits_in_a_method_say_why_the_command_does_not_judge_them(
+    tmp_path: Path,
+) -> None:
+    """The same program as a method (big_vision's `Evaluator.run`): its step verifies by its
+    calls, but its edits, which make nothing the command calls, are judged by what it prints
+    only in a module-level function; the reason says so, not that the command "made no call"
+    of what it called."""
+    method = TRAIN.replace("def train(steps=2):", "class Trainer:\n    def train(self, steps=2):")
+    method = method.replace("\n    ", "\n        ").replace(
+        "class Trainer:\n        def", "class Trainer:\n    def"
+    )
+    root = project(tmp_path / "project", method)
+    (root / "drive.py").write_text(
+        DRIVE.replace("import train", "import Trainer").replace("train()", "Trainer().train()")
+    )
+    assert shown(root) == ["step 0 w 65", "step 1 w 127"]
+    proc = jm("run", "--dry-run", "--verify-with", COMMAND, "--target-jax", "0.8", ".", cwd=root)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert out.count("[unsafe, verified]") == 1, proc.stdout  # the step, by its calls
+    assert out.count("[unsafe, unverified]") == 3, proc.stdout
+    edits = (
+        "an edit of a program-level group makes nothing whose calls "
+        f"`{COMMAND}` could record; what the command prints judges a group's edits in a "
+        "module-level function only"
+    )
+    assert out.count(edits) == 3, proc.stdout
+
+
 def test_a_command_under_a_tracer_leaves_the_groups_edits_unverified(tmp_path: Path) -> None:
     """Under another tracer (a debugger, a coverage tool) the recorder watches no line: the call
     of `train` is recorded without proof that it ran the edits, so what the command prints does

@@ -243,6 +243,12 @@ def judge_one(
     original = recording.calls.get(plan.id)
     if original is None:
         why = f"cannot be run alone: {plan.target.why}, and `{command}` made no call of it"
+        if all(s.group is not None and "layout" not in s.details for s in plan.sites):
+            why = (  # it makes nothing to call: a replication deleted, a readback, a conversion
+                f"cannot be run alone: {plan.target.why}, and an edit of a program-level group "
+                f"makes nothing whose calls `{command}` could record; what the command prints "
+                "judges a group's edits in a module-level function only"
+            )
         skip = skipped_by(plan)
         why += f": {skip}" if skip else ""
         return Verdict(Status.UNVERIFIED, why + tail(recording.error), details)
