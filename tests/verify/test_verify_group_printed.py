@@ -264,6 +264,27 @@ def test_such_a_group_is_verified_on_a_two_process_job(tmp_path: Path) -> None:
     assert "(process 1 of 2)" in proc.stdout, proc.stdout  # its clock reading, left out
 
 
+def test_a_group_whose_readback_runs_on_process_0_alone_is_verified_on_two_processes(
+    tmp_path: Path,
+) -> None:
+    """big_vision's `main` logs and checkpoints on process 0 alone: on process 1 its calls
+    never run those sites. What process 0 prints shows them, and process 1's lines are
+    compared too: the group is verified. Before, every process had to run every site."""
+    logged = TRAIN.replace(
+        '        print(f"step {i}',
+        '        if jax.process_index() == 0:\n            print(f"step {i}',
+    )
+    assert "if jax.process_index() == 0:" in logged
+    root = project(tmp_path / "project", logged)
+    proc = jm(
+        "run", "--dry-run", "--verify-with", COMMAND, "--processes", "2", "--target-jax", "0.8",
+        ".", cwd=root,
+    )  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    assert proc.stdout.count("[unsafe, verified]") == 4, proc.stdout
+    assert "prints the same on both trees (compared: 2 printed line(s);" in proc.stdout
+
+
 def test_what_a_command_printed_is_read_per_process_and_not_past_the_limit(tmp_path: Path) -> None:
     """`recording.printed` reads each process's standard output as the comparison takes it:
     gloo's log lines dropped, the side's copy of the tree written `<tree>`, and a process that

@@ -354,16 +354,27 @@ def notes(folder: Path, kind: str) -> dict[str, dict[int, str]]:
     return out
 
 
+ELSEWHERE = -1  # a process whose calls took another path: none of its lines shows the call
+
+
 def ran_targets(folder: Path, processes: int) -> dict[str, tuple[int | None, ...]]:
-    """Return the function targets one of whose calls, in every process, ran every site of
-    it, seen by the recorder's line watch (`Recorder.ran`: recorded or not; under another
-    tracer nothing is watched, and nothing is noted), with the bytes each process had printed
-    when that call began (None where not known)."""
+    """Return the function targets one of whose calls ran every site of it in some process,
+    and that every other process called too, seen by the recorder's line watch (`Recorder.ran`,
+    `Recorder.missed`: recorded or not; under another tracer nothing is watched, and nothing is
+    noted), with the bytes each process had printed when that call began (None where not
+    known; `ELSEWHERE` for a process whose calls took another path).
+
+    A site that runs on process 0 alone (big_vision's `main` logs and checkpoints there) does
+    nothing on the others: what process 0 prints shows it, and what each other process prints
+    is compared all the same."""
+    ran, missed = notes(folder, "ran"), notes(folder, "missed")
     out = {}
-    for target, texts in notes(folder, "ran").items():
-        if all(i in texts for i in range(processes)):
+    for target, texts in ran.items():
+        elsewhere = missed.get(target, {})
+        if all(i in texts or i in elsewhere for i in range(processes)):
             out[target] = tuple(
-                int(texts[i]) if texts[i].isdigit() else None for i in range(processes)
+                (int(texts[i]) if texts[i].isdigit() else None) if i in texts else ELSEWHERE
+                for i in range(processes)
             )
     return out
 
@@ -379,11 +390,15 @@ def lines_before(
     ws: Workspace, side: str, offsets: tuple[int | None, ...]
 ) -> tuple[int | None, ...]:
     """Return, per process of one side's command run, how many of the lines `printed` returns
-    it had printed before `offsets[i]` bytes (None where the offset is not known)."""
+    it had printed before `offsets[i]` bytes (None where the offset is not known; for a process
+    whose calls took another path, more lines than it can print)."""
     from jaxmigrate.verify.child.shown import the_programs
 
     out: list[int | None] = []
     for path, offset in zip(stdout_files(ws, side, len(offsets)), offsets, strict=True):
+        if offset == ELSEWHERE:  # every line of it is before: none counts
+            out.append(PRINTED_LIMIT)
+            continue
         try:
             with path.open("rb") as handle:
                 data = handle.read(offset) if offset is not None else None
