@@ -250,15 +250,21 @@ def test_a_command_under_a_tracer_leaves_the_groups_edits_unverified(tmp_path: P
     assert "prints the same on both trees" not in proc.stdout, proc.stdout
 
 
-def test_such_a_group_is_verified_on_a_two_process_job(tmp_path: Path) -> None:
-    """Each process's printed lines are compared with its own (gloo's log lines aside): the
-    rewrite's global batch is each process's rows, as pmap's stacked batch was."""
-    root = project(tmp_path / "project")
+def two_process_run(root: Path) -> subprocess.CompletedProcess[str]:
+    """`jaxmigrate run --dry-run --verify-with COMMAND --processes 2` in `root`, which ends."""
     proc = jm(
         "run", "--dry-run", "--verify-with", COMMAND, "--processes", "2", "--target-jax", "0.8",
         ".", cwd=root,
     )  # fmt: skip
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    return proc
+
+
+def test_such_a_group_is_verified_on_a_two_process_job(tmp_path: Path) -> None:
+    """Each process's printed lines are compared with its own (gloo's log lines aside): the
+    rewrite's global batch is each process's rows, as pmap's stacked batch was."""
+    root = project(tmp_path / "project")
+    proc = two_process_run(root)
     assert proc.stdout.count("[unsafe, verified]") == 4, proc.stdout
     assert "prints the same on both trees (compared: 4 printed line(s);" in proc.stdout
     assert "(process 1 of 2)" in proc.stdout, proc.stdout  # its clock reading, left out
@@ -276,11 +282,7 @@ def test_a_group_whose_readback_runs_on_process_0_alone_is_verified_on_two_proce
     )
     assert "if jax.process_index() == 0:" in logged
     root = project(tmp_path / "project", logged)
-    proc = jm(
-        "run", "--dry-run", "--verify-with", COMMAND, "--processes", "2", "--target-jax", "0.8",
-        ".", cwd=root,
-    )  # fmt: skip
-    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    proc = two_process_run(root)
     assert proc.stdout.count("[unsafe, verified]") == 4, proc.stdout
     assert "prints the same on both trees (compared: 2 printed line(s);" in proc.stdout
 

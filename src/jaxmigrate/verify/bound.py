@@ -29,6 +29,7 @@ from jaxmigrate.verify.child.protocol import (
     encode,
 )
 from jaxmigrate.verify.config import Verdict, VerifyConfig
+from jaxmigrate.verify.judge import no_call
 from jaxmigrate.verify.messages import parse
 from jaxmigrate.verify.planner import Plan, body_lines
 from jaxmigrate.verify.pool import Worker
@@ -242,7 +243,7 @@ def judge_one(
     details: dict[str, Any] = {"target": plan.label, "unit": "verify-with", "reference": "original"}
     original = recording.calls.get(plan.id)
     if original is None:
-        why = f"cannot be run alone: {plan.target.why}, and `{command}` made no call of it"
+        why = f"cannot be run alone: {plan.target.why}, and {no_call(command)}"
         if all(s.group is not None and "layout" not in s.details for s in plan.sites):
             why = (  # it makes nothing to call: a replication deleted, a readback, a conversion
                 f"cannot be run alone: {plan.target.why}, and an edit of a program-level group "

@@ -41,6 +41,12 @@ def test_folder(root: Path) -> str:
     return "tests/"
 
 
+def no_call(command: str | None) -> str:
+    """Return what a reason says of a command that made no call of a site's target; a call that
+    took another path replaces these words (`session.missed`)."""
+    return f"`{command}` made no call of it"
+
+
 def hint(plan: Plan, verify_with: str | None = None, tests: str = "tests/") -> str:
     """Return how to give the verifier inputs for this target, in one line.
 
@@ -51,7 +57,7 @@ def hint(plan: Plan, verify_with: str | None = None, tests: str = "tests/") -> s
     declare = f'declare __jaxmigrate_examples__ = {{"{name}": [(x,)]}} in {plan.path}'
     if verify_with:
         return (
-            f"no inputs for `{name}`: `{verify_with}` made no call of it; point --verify-with "
+            f"no inputs for `{name}`: {no_call(verify_with)}; point --verify-with "
             f"at tests that call it, or {declare}"
         )
     command = f"pytest {tests}".strip()

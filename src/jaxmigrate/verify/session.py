@@ -25,6 +25,7 @@ from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.judge import (
     candidate_verdict,
     layout_verdict,
+    no_call,
     original_verdict,
     test_folder,
     tried,
@@ -424,7 +425,7 @@ def missed(verdict: Verdict, plan: Plan, recording: Recording, command: str) -> 
         "it), so none was recorded"
     )
     details = {**verdict.details, "missed": why}
-    said = f"`{command}` made no call of it"  # it did: say what the call did instead
+    said = no_call(command)  # it did call it: say what the call did instead
     if said in verdict.reason:
         return replace(verdict, reason=verdict.reason.replace(said, note, 1), details=details)
     return replace(verdict, reason=f"{verdict.reason}; {note}", details=details)
@@ -434,7 +435,7 @@ def supplied(verdict: Verdict, plan: Plan, tests: str, command: str) -> Verdict:
     """Return a verdict whose inputs came from the project's tests, saying so."""
     where = (
         f"inputs recorded by the project's tests that call `{plan.target.qualname}`, "
-        f"{tests}: `{command}` made no call of it"
+        f"{tests}: {no_call(command)}"
     )
     details = {**verdict.details, "recorded_by": tests}
     return replace(verdict, reason=f"{verdict.reason} ({where})", details=details)
