@@ -60,6 +60,18 @@ class Site:
     # written in the fallback form, the same key.
     fallback: str | None = None
 
+    @property
+    def group_step(self) -> bool:
+        """A step of a program-level group: the pmap made `jax.jit(jax.shard_map(...))`, whose
+        calls can be recorded (its `layout`, the original's step taken flat)."""
+        return self.group is not None and "layout" in self.details
+
+    @property
+    def group_edit(self) -> bool:
+        """Another edit of a program-level group (a replication deleted, a readback gone): it
+        makes nothing whose calls could be recorded."""
+        return self.group is not None and "layout" not in self.details
+
     def to_json(self, path: str) -> dict[str, Any]:
         """Return the report form of this site."""
         out: dict[str, Any] = {

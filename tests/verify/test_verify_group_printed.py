@@ -207,33 +207,130 @@ def test_a_call_that_missed_the_sites_is_named_where_no_inputs_were_found(
     assert f"`{COMMAND}` made no call of it" not in out, proc.stdout
 
 
-def test_a_groups_edits_in_a_method_say_why_the_command_does_not_judge_them(
+METHOD = (
+    TRAIN.replace("def train(steps=2):", "class Trainer:\n    def train(self, steps=2):")
+    .replace("\n    ", "\n        ")
+    .replace("class Trainer:\n        def", "class Trainer:\n    def")
+)  # big_vision's `Evaluator.run`: the same program as a method
+METHOD_DRIVE = DRIVE.replace("import train", "import Trainer").replace(
+    "train()", "Trainer().train()"
+)
+# ... and as a generator the command iterates, printing what it yields
+GENERATOR = METHOD.replace('print(f"step {i}', 'yield (f"step {i}').replace(
+    'print(f"finished', 'yield (f"finished'
+)
+GENERATOR_DRIVE = METHOD_DRIVE.replace(
+    "Trainer().train()", "for line in Trainer().train():\n        print(line)"
+)
+
+
+def test_a_groups_edits_in_a_method_are_judged_by_what_the_command_prints(
     tmp_path: Path,
 ) -> None:
-    """The same program as a method (big_vision's `Evaluator.run`): its step verifies by its
-    calls, but its edits, which make nothing the command calls, are judged by what it prints
-    only in a module-level function; the reason says so, not that the command "made no call"
-    of what it called."""
-    method = TRAIN.replace("def train(steps=2):", "class Trainer:\n    def train(self, steps=2):")
-    method = method.replace("\n    ", "\n        ").replace(
-        "class Trainer:\n        def", "class Trainer:\n    def"
-    )
-    root = project(tmp_path / "project", method)
-    (root / "drive.py").write_text(
-        DRIVE.replace("import train", "import Trainer").replace("train()", "Trainer().train()")
-    )
+    """Its step verifies by its calls; its edits, which make nothing the command calls, by what
+    it prints once a call of the method ran them, as in a module-level function."""
+    root = project(tmp_path / "project", METHOD)
+    (root / "drive.py").write_text(METHOD_DRIVE)
     assert shown(root) == ["step 0 w 65", "step 1 w 127"]
+    proc = jm("run", "--dry-run", "--verify-with", COMMAND, "--target-jax", "0.8", ".", cwd=root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert out.count("[unsafe, verified]") == 4, proc.stdout
+    assert out.count("a call of `Trainer.train` ran its line") == 3, proc.stdout
+
+
+def test_a_groups_edits_in_a_generator_are_judged_once_it_is_iterated(tmp_path: Path) -> None:
+    """A generator's body runs while the caller iterates it, after the call returned: the watch
+    follows each `next`, and the edits are judged by what the command prints meanwhile."""
+    root = project(tmp_path / "project", GENERATOR)
+    (root / "drive.py").write_text(GENERATOR_DRIVE)
+    assert shown(root) == ["step 0 w 65", "step 1 w 127"]
+    proc = jm("run", "--verify-with", COMMAND, "--target-jax", "0.8", ".", cwd=root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert out.count("[unsafe, verified]") == 4, proc.stdout
+    assert out.count("a call of `Trainer.train` ran its line") == 3, proc.stdout
+    written = (root / "pkg" / "train.py").read_text()
+    assert "jax.shard_map(" in written and "jax_utils" not in written, written
+    assert shown(root) == ["step 0 w 65", "step 1 w 127"]
+
+
+def test_a_wrong_readback_in_a_generator_fails(tmp_path: Path) -> None:
+    root = project(tmp_path / "project", GENERATOR)
+    (root / "drive.py").write_text(GENERATOR_DRIVE)
+    migrated = migrate_source(GENERATOR, options=Options(unsafe_fixes=True, target_jax=(0, 8)))
+    assert "float(w)" in migrated.code, migrated.code
+    wrong = migrated.code.replace("float(w)", "float(w * jax.local_device_count())")
+    request = VerifyRequest("pkg/train.py", GENERATOR, wrong, tuple(migrated.sites))
+    config = VerifyConfig(root=root, timeout=120.0, jobs=1, verify_with=COMMAND)
+    verdicts = verify([request], config)
+    readback = next(s for s in request.sites if "readback" in s.message)
+    verdict = verdicts[(request.path, readback.key)]
+    assert verdict.status.value == "failed", verdict
+    assert "differs on the rewritten tree: printed line 1 is `step 0 w 520`" in verdict.reason
+
+
+EVALUATOR = textwrap.dedent("""
+    import jax
+    import numpy as np
+    from flax.training import common_utils
+
+
+    def evaluate(w, x):
+        return jax.lax.psum((x * w).sum(), "batch")
+
+
+    class Evaluator:
+        def run(self, w, steps=2):
+            x = np.arange(32, dtype=np.float32).reshape(16, 2)
+            p_eval = jax.pmap(evaluate, axis_name="batch")
+            for i in range(steps):
+                total = p_eval(w, common_utils.shard(x + i))
+                yield f"step {i} total {float(total[0]):.6g}"
+    """)
+EVALUATOR_DRIVE = """\
+import numpy as np
+from flax import jax_utils
+
+from pkg.train import Evaluator
+
+for line in Evaluator().run(jax_utils.replicate(np.float32(3.0))):
+    print(line)
+"""
+
+
+def test_a_conversion_at_a_methods_entry_is_judged_with_its_other_edits(tmp_path: Path) -> None:
+    """big_vision's `Evaluator.run(params)`: its callers pass equal copies per device (declared
+    in `[tool.jaxmigrate]`), converted on the method's header, which runs with every call."""
+    root = project(tmp_path / "project", EVALUATOR)
+    (root / "drive.py").write_text(EVALUATOR_DRIVE)
+    (root / "pyproject.toml").write_text(
+        '[tool.jaxmigrate]\npmap-replicated = ["Evaluator.run(w)"]\nclosed-code-base = true\n'
+    )
+    assert shown(root) == ["step 0 total 1488", "step 1 total 1584"]
+    proc = jm("run", "--verify-with", COMMAND, "--target-jax", "0.8", "pkg/train.py", cwd=root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert out.count("[unsafe, verified]") == 4, proc.stdout
+    assert "a call of `Evaluator.run` ran its line 12," in out, proc.stdout  # the header's
+    assert "from_device_copies(w)" in (root / "pkg" / "train.py").read_text()
+    assert shown(root) == ["step 0 total 1488", "step 1 total 1584"]
+
+
+def test_a_method_whose_calls_miss_the_edits_says_so(tmp_path: Path) -> None:
+    """`train(steps=0)` never runs the step, the split and the readback: nothing is judged by
+    what the command prints, and the edits say which lines its call never ran."""
+    root = project(tmp_path / "project", GENERATOR)
+    (root / "drive.py").write_text(GENERATOR_DRIVE.replace(".train()", ".train(steps=0)"))
     proc = jm("run", "--dry-run", "--verify-with", COMMAND, "--target-jax", "0.8", ".", cwd=root)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     out = " ".join(proc.stdout.split())
-    assert out.count("[unsafe, verified]") == 1, proc.stdout  # the step, by its calls
-    assert out.count("[unsafe, unverified]") == 3, proc.stdout
-    edits = (
-        "an edit of a program-level group makes nothing whose calls "
-        f"`{COMMAND}` could record; what the command prints judges a group's edits in a "
-        "module-level function only"
+    assert "prints the same on both trees" not in out, proc.stdout
+    missed = (
+        "what the command prints judges them once a call of `Trainer.train` ran them: "
+        f"`{COMMAND}` called `Trainer.train`, but its call(s) never ran the site's lines"
     )
-    assert out.count(edits) == 3, proc.stdout
+    assert out.count(missed) == 3, proc.stdout
 
 
 def test_a_command_under_a_tracer_leaves_the_groups_edits_unverified(tmp_path: Path) -> None:
@@ -355,6 +452,8 @@ def test_a_group_is_a_files_own(tmp_path: Path) -> None:
     judged = [*functions, a_step, b_step]
     assert groups.steps_verified(judged, verdicts) == {("a.py", group)}
     recording = Recording(ran={"a": (0,), "b": (0,)})
-    assert groups.pending([b_edit], judged, verdicts, recording) == []
+    by_id = {p.id: p for p in functions}
+    assert groups.pending([b_edit], judged, verdicts, recording, by_id) == []
     a_edit = plan("a.py", f"a{SHADOW}1", edit)
-    assert groups.pending([a_edit, b_edit], judged, verdicts, recording) == [a_edit]
+    found = groups.pending([a_edit, b_edit], judged, verdicts, recording, by_id)
+    assert found == [groups.Edit(a_edit, "a", "train")]

@@ -39,6 +39,7 @@ from jaxmigrate.verify.recording import (
     Recording,
     collect,
     helpers,
+    method_watch,
     printed,
     run_command,
     scratch,
@@ -225,6 +226,25 @@ def pairs(recorded: Recorded) -> list[list[str]]:
     return [[f, str(Path(f).with_suffix(".out.pkl"))] for f in recorded.files]
 
 
+def edit_judged(plan: Plan, recording: Recording, command: str | None) -> str:
+    """Return when what the command prints judges a group's edit outside a module-level
+    function, and what kept it from judging this one (`verify.groups`)."""
+    watch = method_watch(plan)
+    if watch is None:
+        return (
+            "what the command prints judges a group's edits in a module-level function, or a "
+            "method of a module-level class, only"
+        )
+    name = watch.qualname
+    said = f"what the command prints judges them once a call of `{name}` ran them"
+    missed = recording.missed.get(watch.id)
+    if missed:
+        return f"{said}: `{command}` called `{name}`, but its call(s) {missed}"
+    if watch.id not in recording.ran:
+        return f"{said}: `{command}` made no call of `{name}` seen to run them"
+    return f"{said}, and the group's steps verified by their calls: not all did"
+
+
 def judge_bound(
     plans: Sequence[Plan],
     recording: Recording,
@@ -244,11 +264,11 @@ def judge_one(
     original = recording.calls.get(plan.id)
     if original is None:
         why = f"cannot be run alone: {plan.target.why}, and {no_call(command)}"
-        if all(s.group is not None and "layout" not in s.details for s in plan.sites):
+        if all(s.group_edit for s in plan.sites):
             why = (  # it makes nothing to call: a replication deleted, a readback, a conversion
                 f"cannot be run alone: {plan.target.why}, and an edit of a program-level group "
-                f"makes nothing whose calls `{command}` could record; what the command prints "
-                "judges a group's edits in a module-level function only"
+                f"makes nothing whose calls `{command}` could record; "
+                + edit_judged(plan, recording, command)
             )
         skip = skipped_by(plan)
         why += f": {skip}" if skip else ""

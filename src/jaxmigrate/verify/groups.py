@@ -31,6 +31,7 @@ with nothing compared, or a command failing on the original, leaves the site `un
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from jaxmigrate.model import Status
@@ -38,7 +39,7 @@ from jaxmigrate.verify.bound import Rerun, parent, tail
 from jaxmigrate.verify.child.shown import Shown, left_out, shown_mismatch, varying
 from jaxmigrate.verify.config import Verdict
 from jaxmigrate.verify.planner import Plan
-from jaxmigrate.verify.recording import PRINTED_LIMIT, Printed, Recording
+from jaxmigrate.verify.recording import PRINTED_LIMIT, Printed, Recording, method_watch
 
 
 def steps_verified(plans: Sequence[Plan], verdicts: Mapping[str, Verdict]) -> set[tuple[str, str]]:
@@ -53,9 +54,9 @@ def steps_verified(plans: Sequence[Plan], verdicts: Mapping[str, Verdict]) -> se
     groups: dict[tuple[str, str], tuple[str, str]] = {}
     for plan in plans:
         for site in plan.sites:
-            if site.group is not None and "layout" in site.details and plan.id in verdicts:
+            if site.group_step and plan.id in verdicts:
                 statuses.setdefault((plan.path, site.key), set()).add(verdicts[plan.id].status)
-                groups[(plan.path, site.key)] = (plan.path, site.group)
+                groups[(plan.path, site.key)] = (plan.path, site.group or "")
     verified = {g: True for g in groups.values()}
     for key, found in statuses.items():
         if Status.FAILED in found or Status.VERIFIED not in found:
@@ -63,49 +64,66 @@ def steps_verified(plans: Sequence[Plan], verdicts: Mapping[str, Verdict]) -> se
     return {g for g, ok in verified.items() if ok}
 
 
+@dataclass(frozen=True)
+class Edit:
+    """A group's edit to judge by what the command prints, and the call that ran it."""
+
+    plan: Plan  # a shadow of a function's site, or a bound plan in a method
+    ran: str  # the recorder's target whose call ran it (`Recording.ran`)
+    function: str  # that target's name, for the reason: `train`, `Evaluator.run`
+
+
 def pending(
-    shadows: Sequence[Plan],
+    candidates: Sequence[Plan],
     plans: Sequence[Plan],
     verdicts: Mapping[str, Verdict],
     recording: Recording,
-) -> list[Plan]:
-    """Return the shadows the command's output judges (see the module's doc): sites of a
-    program-level group, in a function left unverified a call of which ran them, whose
-    group's steps all verified (`plans`: every plan judged so far)."""
+    functions: Mapping[str, Plan],
+) -> list[Edit]:
+    """Return the edits the command's output judges (see the module's doc): sites of a
+    program-level group whose group's steps all verified (`plans`: every plan judged so far),
+    each either a shadow of a site in a function left unverified (`functions`, by id), or a
+    bound plan in a method (`recording.method_watch`), a call of which ran them."""
     groups = steps_verified(plans, verdicts)
     out = []
-    for shadow in shadows:
-        site = shadow.sites[0]
-        held = (shadow.path, site.group or "") in groups
-        if shadow.id in verdicts or not held or "layout" in site.details:
+    for plan in candidates:
+        site = plan.sites[0]
+        if (plan.path, site.group or "") not in groups or not site.group_edit:
             continue
-        function = parent(shadow)
-        if verdicts[function].status is Status.UNVERIFIED and function in recording.ran:
-            out.append(shadow)
+        watch = method_watch(plan)
+        judged = verdicts.get(plan.id)
+        if watch is not None and watch.id in recording.ran:
+            if judged is not None and judged.status is not Status.UNVERIFIED:
+                continue
+            out.append(Edit(plan, watch.id, watch.qualname))
+            continue
+        function = functions.get(parent(plan))
+        if function is None or plan.id in verdicts or function.id not in recording.ran:
+            continue
+        if verdicts[function.id].status is Status.UNVERIFIED:
+            out.append(Edit(plan, function.id, function.target.qualname))
     return out
 
 
 def judge(
-    plans: Sequence[Plan],
+    edits: Sequence[Edit],
     command: str,
     recording: Recording,
     again: tuple[Printed, str],
     rewritten: Rerun,
-    functions: Mapping[str, Plan],
 ) -> dict[str, Verdict]:
-    """Return a verdict per pending shadow from the command's printed output: the original's
-    run (`recording`), its second run (`again`: printed, how it ended), the rewritten tree's
-    (`functions`: the function plans the shadows were made from, by id)."""
+    """Return a verdict per pending edit from the command's printed output: the original's
+    run (`recording`), its second run (`again`: printed, how it ended), the rewritten tree's."""
     status, why, details, kept = printed_verdict(command, recording, again, rewritten)
     out = {}
-    for plan in plans:
-        function = functions[parent(plan)].target.qualname
+    for edit in edits:
+        plan, function = edit.plan, edit.function
         where = f"a call of `{function}` ran its line {plan.sites[0].line}"
         steps = "its group's steps made the same calls in the flat layout"
         verdict = Verdict(status, f"{why}; {where}, and {steps}", {"target": plan.label, **details})
         if status is not Status.VERIFIED:
             verdict = Verdict(status, why, verdict.details)
-        elif not shown_after(kept, recording.ran[parent(plan)]):
+        elif not shown_after(kept, recording.ran[edit.ran]):
             late = (
                 f"`{command}` prints the same on both trees, but each line compared was printed"
                 f" before the call of `{function}` that ran line {plan.sites[0].line} began:"

@@ -97,7 +97,7 @@ def plan_file(
     verdicts: dict[str, Verdict] = {}
     grouped: dict[str, tuple[Target, list[Site]]] = {}
     scripted = script_groups(request.sites)  # a notebook's too: its cells as one script
-    programs = {s.group for s in request.sites if s.group is not None and "layout" in s.details}
+    programs = {s.group for s in request.sites if s.group_step}
     for site in request.sites:
         if site.safety is Safety.SAFE:
             verdicts[site.key] = Verdict(Status.NOT_NEEDED, "safe rewrite")

@@ -8,6 +8,7 @@ the JSON sidecars; the pickled arguments are opened by the workers.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
 import os
@@ -36,7 +37,7 @@ from jaxmigrate.verify.config import VerifyConfig
 from jaxmigrate.verify.planner import Plan, reach_spans
 from jaxmigrate.verify.pool import child_env, kill_group
 from jaxmigrate.verify.processes import Coordinator, wait_all
-from jaxmigrate.verify.targets import Kind
+from jaxmigrate.verify.targets import Kind, method_at, site_span
 from jaxmigrate.verify.workspace import Workspace
 
 PRINTED_LIMIT = 16 * 2**20  # bytes of a command's standard output compared (`printed`)
@@ -75,6 +76,38 @@ class Recording:
     missed: dict[str, str] = field(default_factory=dict)  # target -> what its calls never ran
 
 
+@dataclass(frozen=True)
+class MethodWatch:
+    """The method of a module-level class holding a bound plan's program-level group edits
+    (big_vision's `Evaluator.run`): the recorder watches its calls as a function target's, so
+    that a call that ran the edits (`Recording.ran`) lets what the command prints judge them
+    (`verify.groups`); its calls are not recorded."""
+
+    id: str  # the recorder's target: its `ran` and `missed` marks
+    qualname: str  # `Evaluator.run`
+    spans: tuple[tuple[int, int], ...]  # the edits' statements a call must all run
+
+
+def method_watch(plan: Plan) -> MethodWatch | None:
+    """Return the watch over the method holding a bound plan's sites, when they are all edits
+    of a program-level group in one method of a module-level class; else None."""
+    if plan.target.kind is not Kind.BOUND or not all(s.group_edit for s in plan.sites):
+        return None
+    try:
+        tree = ast.parse(plan.request.original)
+    except SyntaxError:
+        return None
+    methods = {method_at(tree, s.line) for s in plan.sites}
+    found = methods.pop() if len(methods) == 1 else None
+    if found is None:
+        return None
+    qualname, header = found
+    key = hashlib.sha1(f"{plan.path}::{qualname}".encode()).hexdigest()[:12]
+    # an edit on the method's header (a conversion at its entry) runs with every call: not watched
+    body = [s.line for s in plan.sites if s.line > header]
+    return MethodWatch(f"m{key}", qualname, tuple(dict.fromkeys(site_span(tree, n) for n in body)))
+
+
 def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> RecordPlan:
     """Return the recorder's plan: spans for callable and bound targets, functions for the rest.
 
@@ -87,12 +120,18 @@ def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> Reco
     """
     spans: dict[str, list[list[Any]]] = defaultdict(list)
     functions: dict[str, dict[str, str]] = defaultdict(dict)
+    reach = {p.id: reach_spans(p) for p in plans if p.target.kind is Kind.FUNCTION}
     for plan in plans:
         target = plan.target
         if target.kind in (Kind.CALLABLE, Kind.BOUND):
             spans[plan.path].append([target.first, target.last, plan.id])
         if target.kind is not Kind.BOUND and "." not in target.qualname:
             functions[plan.module].setdefault(target.qualname, plan.id)
+        watch = method_watch(plan)
+        if watch is not None:  # a group's edits in a method: only watched
+            functions[plan.module].setdefault(watch.qualname, watch.id)
+            held = reach.setdefault(watch.id, [])
+            held.extend(list(span) for span in watch.spans if list(span) not in held)
     return RecordPlan(
         root=str(scratch(ws, "original")),
         out=str(ws.records),
@@ -103,7 +142,7 @@ def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> Reco
         deep=sorted({p.path for p in plans if p.request.command}),
         helpers=helpers(plans),
         # only the calls of a function target that run its sites are worth recording
-        reach={p.id: reach_spans(p) for p in plans if p.target.kind is Kind.FUNCTION},
+        reach=reach,
         layouts={p.id: layout for p in plans if (layout := step_layout(p))},
     )
 

@@ -324,12 +324,16 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
                 again = rerun(command, judged, candidates, ws, config)
             if again is not None:
                 found = judge_bound(judged, recording, again, lanes[0].candidate, config)
-                edits = groups.pending(units, [*runnable, *judged], by_plan | found, recording)
+                functions = {p.id: p for p in runnable}
+                edits = groups.pending(
+                    [*units, *bound], [*runnable, *judged], by_plan | found, recording, functions
+                )
                 if edits:  # a group's other sites: what the command prints, `verify.groups`
                     second = record_again(command, [*modules, *units], ws, config)
-                    functions = {p.id: p for p in runnable}
-                    found |= groups.judge(edits, command, recording, second, again, functions)
-                    judged = [*judged, *edits]
+                    found |= groups.judge(edits, command, recording, second, again)
+                    # a shadow joins the plans judged; a bound plan in a method is one already
+                    shadowed = {p.id for p in units}
+                    judged = [*judged, *(e.plan for e in edits if e.plan.id in shadowed)]
                 found.update(
                     {
                         p.id: with_replay(found[p.id], by_plan[parent(p)])

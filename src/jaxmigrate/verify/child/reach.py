@@ -90,16 +90,23 @@ class Watch:
 
     Nothing is traced when another tracer (a debugger, coverage) is already installed: `hit`
     then holds every need, as if they ran, since the call cannot be watched without breaking
-    that tool; `watched` says whether the answer is known.
+    that tool; `watched` says whether the answer is known. A watch may be entered again (a
+    generator's body, once per `next`): it is known only if every entry could trace.
     """
 
     def __init__(self, filename: str, needs: Sequence[Need]) -> None:
         self.names = {filename, os.path.realpath(filename)}  # as compiled, and resolved
         self.needs = tuple(needs)
         self.hit: set[Need] = set()
-        self.watched = False
+        self.traced = False  # an entry traced
+        self.blind = False  # an entry could not
+        self.entries: list[bool] = []  # whether each open entry traces, innermost last
         self.codes: dict[CodeType, bool] = {}
         self.previous: list[Any] = []
+
+    @property
+    def watched(self) -> bool:
+        return self.traced and not self.blind
 
     def covers(self, code: CodeType) -> bool:
         """Return True if `code` (a function of the file) holds a line of a need."""
@@ -132,10 +139,12 @@ class Watch:
         return len(self.hit) == len(self.needs)
 
     def __enter__(self) -> Self:
-        if not self.needs or sys.gettrace() is not None:
-            self.hit = set(self.needs)
+        traces = bool(self.needs) and sys.gettrace() is None
+        self.entries.append(traces)
+        if not traces:
+            self.hit, self.blind = set(self.needs), bool(self.needs)
             return self
-        self.watched = True
+        self.traced = True
         hook_callbacks()
         ACTIVE.append(self)
         self.previous.append(threading.gettrace())
@@ -145,7 +154,7 @@ class Watch:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if not self.watched:
+        if not self.entries.pop():
             return
         if sys.gettrace() in (self.on_call, None):
             sys.settrace(None)

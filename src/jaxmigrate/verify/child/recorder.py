@@ -32,10 +32,10 @@ import pickle
 import random
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from types import FrameType, FunctionType, MethodType, ModuleType
+from types import FrameType, FunctionType, GeneratorType, MethodType, ModuleType
 from typing import Any
 
 from .distributed import STDOUT, for_process, job, process_index
@@ -362,10 +362,20 @@ class Recorder:
                 setattr(module, name, self.entry(real))
 
     def patch_functions(self, module: ModuleType) -> None:
+        """Wrap the module's function targets, and the methods watched for a group's edits
+        (`Class.method`, only watched: a call of a method is not recorded)."""
         for qualname, target in self.functions[module.__name__].items():
-            fn = getattr(module, qualname, None)
-            if callable(fn) and not isinstance(fn, Recording):
-                setattr(module, qualname, Recording(fn, target, self, factory=True))
+            owner_name, _, name = qualname.rpartition(".")
+            owner = getattr(module, owner_name, None) if owner_name else module
+            if owner_name and not isinstance(owner, type):
+                continue
+            # a class's own method, not one it inherits (`vars`): the site is in its body
+            fn = vars(owner).get(name) if owner_name else getattr(module, name, None)
+            usable = isinstance(fn, FunctionType) if owner_name else callable(fn)
+            if usable and fn is not None and not isinstance(fn, Recording):
+                wrapped = Recording(fn, target, self, factory=not owner_name)
+                wrapped.watch_only = bool(owner_name)
+                setattr(owner, name, wrapped)
 
 
 PENDING = b""  # a call's record not pickled yet: its iterator arguments are being drawn
@@ -461,6 +471,8 @@ class Raised:
 class Recording:
     """A callable that records its first concrete calls for `target`, then behaves as `fn`."""
 
+    watch_only = False  # a method holding a group's edits: its calls are watched, not recorded
+
     def __init__(
         self, fn: Callable[..., Any], target: str, recorder: Recorder, factory: bool = False
     ) -> None:
@@ -472,9 +484,9 @@ class Recording:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         drawing: list[Drawing] = []
-        if self._recorder.wants(self._target):  # an iterator argument: what the call draws
+        if self._recorder.wants(self._target) and not self.watch_only:  # what the call draws
             args, kwargs, drawing = drawn_from(args, kwargs)
-        tree = self._recorder.hosted(self._target, args, kwargs)
+        tree = None if self.watch_only else self._recorder.hosted(self._target, args, kwargs)
         # with iterators, pickled once the call has drawn from them (`PENDING` until then)
         payload = self._recorder.pickled(tree) if not drawing else PENDING if tree else None
         kept = self._recorder.keep_outside(args, kwargs) if payload is not None else None
@@ -486,15 +498,20 @@ class Recording:
         try:
             with watch if watch is not None else nullcontext():
                 out = self._fn(*args, **kwargs)
-            if watch is not None and watch.watched and not watch.missing and not proven:
-                self._recorder.ran(self._target, start)
-            if watch is not None and watch.missing:  # another path: the call shows nothing
-                self._recorder.missed(self._target, watch.missing)
+            if watch is not None and watch.missing and isinstance(out, GeneratorType):
+                # a generator's body runs as it is iterated: its lines are watched then, and
+                # judged when it ends; the call itself returned no value to record
+                out = watching(out, watch, functools.partial(self.settle, watch, start, proven))
                 payload = None
-                if kept is not None:
-                    from .outside import discard
+            elif watch is not None:
+                self.settle(watch, start, proven)
+            if watch is not None and watch.missing:  # another path: the call shows nothing
+                payload = None
+            if payload is None and kept is not None:
+                from .outside import discard
 
-                    discard(kept.entries, kept.base)
+                discard(kept.entries, kept.base)
+                kept = None
         except BaseException as exc:
             if payload is PENDING:
                 payload = self._recorder.pickled(tree) if all(d.kept for d in drawing) else None
@@ -518,6 +535,13 @@ class Recording:
             return Recording(out, f"{self._target}.returned", self._recorder)
         return out
 
+    def settle(self, watch: Any, start: int | None, proven: bool) -> None:
+        """Note what a watched call ran: every site (`ran`), or another path (`missed`)."""
+        if watch.watched and not watch.missing and not proven:
+            self._recorder.ran(self._target, start)
+        if watch.missing:
+            self._recorder.missed(self._target, watch.missing)
+
     def watch(self) -> Any:
         """Return a Watch over the sites of a function target, so that only calls that run
         them are recorded (`reach`); None for other targets."""
@@ -534,6 +558,34 @@ class Recording:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._fn, name)
+
+
+def watching(gen: Generator[Any, Any, Any], watch: Any, settle: Callable[[], None]) -> Any:
+    """Return a generator that runs `gen` under `watch` each time it is resumed (`next`,
+    `send`, `throw`), passing every value both ways, and calls `settle` when it ends: exhausted,
+    raising, closed, or dropped."""
+
+    def run() -> Generator[Any, Any, Any]:
+        resume: Callable[[Any], Any] = gen.send
+        value: Any = None
+        try:
+            while True:
+                try:
+                    with watch:
+                        item = resume(value)
+                except StopIteration as stop:
+                    return stop.value
+                try:
+                    value, resume = (yield item), gen.send
+                except GeneratorExit:
+                    gen.close()
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - thrown in: `gen`'s to handle
+                    value, resume = exc, gen.throw
+        finally:
+            settle()
+
+    return run()
 
 
 class _After(importlib.abc.Loader):
