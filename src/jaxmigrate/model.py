@@ -106,6 +106,8 @@ class Skip:
     suppressed: bool = False
     cell: int | None = None
     needs_jax: str = ""  # the JAX its rewrite needs, above the run's target ("0.7"), or ""
+    target_jax: str = ""  # with `needs_jax`: the run's target ("0.5")
+    target_source: str = ""  # with `needs_jax`: where that target came from (`Options`)
 
     def to_json(self, path: str) -> dict[str, Any]:
         """Return the report form of this skip."""

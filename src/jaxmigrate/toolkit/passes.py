@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import libcst as cst
@@ -445,14 +445,14 @@ class Pass(CodemodCommand, cst.CSTTransformer):
             return False
         need = max(self.MIN_JAX, min_jax or self.MIN_JAX)
         if self.state.target_jax < need:
-            reason = (
-                f"the rewrite needs JAX >= {version_text(need)}, "
-                f"the target is {version_text(self.state.target_jax)}"
+            needs, target = version_text(need), version_text(self.state.target_jax)
+            source = self.state.target_source
+            reason = f"the rewrite needs JAX >= {needs}, the target is {target}"
+            reason += f" ({source})" if source else ""
+            held = Skip(self.CODE, self.NAME, line, col, reason)
+            self.state.skips.append(
+                replace(held, needs_jax=needs, target_jax=target, target_source=source)
             )
-            if self.state.target_source:
-                reason += f" ({self.state.target_source})"
-            needs = version_text(need)
-            self.state.skips.append(Skip(self.CODE, self.NAME, line, col, reason, needs_jax=needs))
             return False
         missing = [
             c for c in requires if self.state.selected is not None and c not in self.state.selected

@@ -55,8 +55,14 @@ def skip_line(path: str, skip: Skip) -> Text:
     text.append(f"{skip.name} ", style="cyan")
     text.append("[suppressed] " if skip.suppressed else "[skipped] ", style="dim")
     # the target's source and what sets another are said once, under the tables (`too_new`)
-    text.append(skip.reason.partition(" (")[0] if skip.needs_jax else skip.reason)
+    text.append(too_new_reason(skip) if skip.needs_jax else skip.reason)
     return text
+
+
+def too_new_reason(skip: Skip) -> str:
+    """Return the short reason of a site left alone for the target JAX: without where the
+    target came from, said once under the tables (`too_new`)."""
+    return f"the rewrite needs JAX >= {skip.needs_jax}, the target is {skip.target_jax}"
 
 
 def too_new(skips: Sequence[Skip]) -> Text | None:
@@ -67,10 +73,9 @@ def too_new(skips: Sequence[Skip]) -> Text | None:
         return None
     need = max((s.needs_jax for s in held), key=lambda v: tuple(map(int, v.split("."))))
     first = next(s for s in held if s.needs_jax == need)
-    head, _, source = first.reason.partition(" (")
-    source = source.removesuffix(")").partition("; ")[0]  # (what sets another: said below)
+    source = first.target_source.partition("; ")[0]  # (what sets another: said below)
     text = Text(f"Left alone ({len(held)}): ", style="bold")
-    text.append(head + (f" ({source})" if source else ""))
+    text.append(too_new_reason(first) + (f" ({source})" if source else ""))
     text.append(
         f'; `--target-jax {need}` (or `target-jax = "{need}"` in [tool.jaxmigrate]) migrates'
         f" them, once the project can require jax>={need}"
