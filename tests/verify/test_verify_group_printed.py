@@ -367,6 +367,14 @@ def test_such_a_group_is_verified_on_a_two_process_job(tmp_path: Path) -> None:
     assert "(process 1 of 2)" in proc.stdout, proc.stdout  # its clock reading, left out
 
 
+def test_a_groups_edits_in_a_generator_are_verified_on_a_two_process_job(tmp_path: Path) -> None:
+    root = project(tmp_path / "project", GENERATOR)
+    (root / "drive.py").write_text(GENERATOR_DRIVE)
+    proc = two_process_run(root)
+    assert proc.stdout.count("[unsafe, verified]") == 4, proc.stdout
+    assert proc.stdout.count("a call of `Trainer.train` ran its line") == 3, proc.stdout
+
+
 def test_a_group_whose_readback_runs_on_process_0_alone_is_verified_on_two_processes(
     tmp_path: Path,
 ) -> None:
