@@ -28,6 +28,11 @@ def guarded():
         yield 1
     except ValueError:
         yield "caught"
+
+
+def consume(items):
+    drawn = list(items)
+    return drawn
 """
 
 
@@ -89,3 +94,16 @@ def test_under_another_tracer_a_generator_is_not_watched(module) -> None:
         sys.settrace(previous)
     gen.close()
     assert settled and not watch.watched
+
+
+def test_a_watch_inside_another_blinds_neither(module) -> None:
+    """big_vision's `main` (watched until its last site runs) iterates `Evaluator.run`
+    (watched too): both trace, each its own lines; before, the inner watch took the outer's
+    tracer for another tool's, and was blind on every call made before `main`'s last site."""
+    outer = Watch(str(module["__file__"]), [Need(((18, 18),))])  # `return drawn`
+    gen, inner, settled = watched(module, "counter", (2, 5), 3)
+    with outer:
+        assert module["consume"](gen) == [0, 1, 2]  # type: ignore[operator]
+    assert settled == [(2, 5)] and inner.watched and not inner.missing
+    assert outer.watched and not outer.missing
+    assert sys.gettrace() is None  # nothing left tracing

@@ -79,9 +79,41 @@ def describe(needs: Sequence[Need]) -> str:
     return " and ".join(parts + (["never called " + ", ".join(named)] if named else []))
 
 
-# The watches installed, innermost last: what a host callback's thread reports to.
+# The watches entered and tracing, innermost last: what `dispatch` feeds, and what a host
+# callback's thread reports to.
 ACTIVE: list[Watch] = []
 HOOKED: list[bool] = []
+
+
+def dispatch(frame: FrameType, event: str, arg: Any) -> Any:
+    """The one global tracer while watches are active: a new frame's lines go to each active
+    watch with a need left in its code. Watches nest (a method watched while the function
+    calling it is): each sees its own lines, neither blinds the other."""
+    code = frame.f_code
+    interested = [w for w in ACTIVE if not w.done and w.wants(code)]
+    return following(interested) if interested else None
+
+
+def following(watches: list[Watch]) -> Callable[..., Any]:
+    """Return the local tracer of a frame whose lines `watches` want; it stops tracing the
+    frame once they are all done, and new frames once every active watch is."""
+
+    def local(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line":
+            for watch in watches:
+                watch.saw(frame.f_lineno)
+            if all(watch.done for watch in watches):
+                if not pending() and sys.gettrace() is dispatch:
+                    sys.settrace(None)  # every site ran: new frames run untraced
+                return None
+        return local
+
+    return local
+
+
+def pending() -> bool:
+    """Return True if an active watch has a need left."""
+    return any(not watch.done for watch in ACTIVE)
 
 
 class Watch:
@@ -91,7 +123,8 @@ class Watch:
     Nothing is traced when another tracer (a debugger, coverage) is already installed: `hit`
     then holds every need, as if they ran, since the call cannot be watched without breaking
     that tool; `watched` says whether the answer is known. A watch may be entered again (a
-    generator's body, once per `next`): it is known only if every entry could trace.
+    generator's body, once per `next`): it is known only if every entry could trace. Another
+    watch is not another tracer: all trace through `dispatch`.
     """
 
     def __init__(self, filename: str, needs: Sequence[Need]) -> None:
@@ -108,8 +141,10 @@ class Watch:
     def watched(self) -> bool:
         return self.traced and not self.blind
 
-    def covers(self, code: CodeType) -> bool:
-        """Return True if `code` (a function of the file) holds a line of a need."""
+    def wants(self, code: CodeType) -> bool:
+        """Return True if `code` is a function of the file holding a line of a need."""
+        if code.co_filename not in self.names:
+            return False
         found = self.codes.get(code)
         if found is None:
             held = {line for _, _, line in code.co_lines() if line is not None}
@@ -117,29 +152,17 @@ class Watch:
             self.codes[code] = found
         return found
 
-    def on_call(self, frame: FrameType, event: str, arg: Any) -> Any:
-        code = frame.f_code
-        if code.co_filename not in self.names or self.done:
-            return None
-        return self.on_line if self.covers(code) else None
-
-    def on_line(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if event == "line":
-            line = frame.f_lineno
-            for need in self.needs:
-                if need.holds(line):
-                    self.hit.add(need)
-            if self.done:
-                sys.settrace(None)  # every site ran: new frames run untraced
-                return None
-        return self.on_line
+    def saw(self, line: int) -> None:
+        for need in self.needs:
+            if need.holds(line):
+                self.hit.add(need)
 
     @property
     def done(self) -> bool:
         return len(self.hit) == len(self.needs)
 
     def __enter__(self) -> Self:
-        traces = bool(self.needs) and sys.gettrace() is None
+        traces = bool(self.needs) and sys.gettrace() in (None, dispatch)
         self.entries.append(traces)
         if not traces:
             self.hit, self.blind = set(self.needs), bool(self.needs)
@@ -149,18 +172,18 @@ class Watch:
         ACTIVE.append(self)
         self.previous.append(threading.gettrace())
         if not self.done:
-            sys.settrace(self.on_call)
-            threading.settrace(self.on_call)
+            sys.settrace(dispatch)
+            threading.settrace(dispatch)
         return self
 
     def __exit__(self, *exc: object) -> None:
         if not self.entries.pop():
             return
-        if sys.gettrace() in (self.on_call, None):
-            sys.settrace(None)
-        threading.settrace(self.previous.pop())  # type: ignore[arg-type]
         if self in ACTIVE:
             ACTIVE.remove(self)
+        threading.settrace(self.previous.pop())  # type: ignore[arg-type]
+        if not pending() and sys.gettrace() is dispatch:
+            sys.settrace(None)
 
     @property
     def missing(self) -> tuple[Need, ...]:
@@ -169,13 +192,12 @@ class Watch:
 
 def watched_callback(callback: Callable[..., Any]) -> Callable[..., Any]:
     """Return `callback` (a host callback XLA runs on its own thread) tracing that thread for
-    the innermost active watch while it runs."""
+    the active watches while it runs."""
 
     def run(*args: Any) -> Any:
-        watch = ACTIVE[-1] if ACTIVE else None
-        if watch is None or watch.done or sys.gettrace() is not None:
+        if not pending() or sys.gettrace() is not None:
             return callback(*args)
-        sys.settrace(watch.on_call)
+        sys.settrace(dispatch)
         try:
             return callback(*args)
         finally:
