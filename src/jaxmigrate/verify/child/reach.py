@@ -4,7 +4,9 @@ A function target (`def train(..., parallel=False)` holding `jax.pmap(...)` unde
 be called without ever running its site: a call that takes another branch agrees on both sides
 whatever the rewrite did. `Watch` traces line events in the target's file while a call runs,
 only in the frames of code objects that span a site, and notes which sites ran; the tracer is
-removed once every site has, so the rest of the call runs untraced. Each site is a `Need`: one
+removed once every site has, so the rest of the call runs untraced. Watches nest (the recorder
+watches a method called by a function it watches too): the active ones share one tracer,
+`dispatch`, each fed the lines of its own code. Each site is a `Need`: one
 or more ranges of lines (its statement, or a compound statement's header; for a module-level
 callable a unit uses, the body of the function it maps), running any of which counts.
 
