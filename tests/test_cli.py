@@ -237,10 +237,13 @@ def test_a_project_whose_imports_are_not_installed_is_told_what_to_install(
         "def double(x):\n    return x * 2\n\n\n"
         "def main():\n    return jax.pmap(double)(jax.numpy.ones((8, 3)))\n"
     )
-    proc = jm("run", "--dry-run", "step.py", cwd=tmp_path)
+    proc = jm("run", "--dry-run", "step.py", "--report", "report.json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = " ".join(proc.stdout.split())
     assert "JM202 pmap [unsafe, unverified]" in out, proc.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    site = report["files"][0]["sites"][0]
+    assert site["details"]["missing_module"] == "jaxmigrate_absent_requirement", site
     hint = (
         "to apply: install `jaxmigrate_absent_requirement` where the project's code runs "
         "(`--python`) and run again, or --unsafe-fixes"

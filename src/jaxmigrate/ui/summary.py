@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Sequence
 
@@ -146,20 +145,13 @@ def _rule_table(sites: Sequence[Site], skips: Sequence[Skip], *, dry_run: bool) 
     return table
 
 
-# Python's own words for an import that failed: the module verification could not find
-MISSING = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
-
-
 def missing_module(site: Site) -> str | None:
     """Return the top-level module whose absence kept the original from running, if that is
-    why the site was not verified (its `reference_errors`: "original: ModuleNotFoundError...")."""
+    why the site was not verified (the worker's `missing_module`)."""
     if site.status is not Status.UNVERIFIED:
         return None
-    for error in site.details.get("reference_errors", ()):
-        found = MISSING.search(error) if str(error).startswith("original: ") else None
-        if found:
-            return found.group(1).split(".")[0]
-    return None
+    found = site.details.get("missing_module")
+    return found if isinstance(found, str) and found else None
 
 
 def not_installed(sites: Sequence[Site]) -> Text | None:

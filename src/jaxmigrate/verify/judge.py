@@ -24,6 +24,7 @@ PROCESS_TAG = re.compile(r" \[process \d+ of \d+[^\]]*\]$")  # pool.tagged, mult
 KEPT = (
     "reference",
     "reference_errors",
+    "missing_module",
     "calls",
     "input_shapes",
     "output_shapes",
@@ -124,6 +125,8 @@ def original_verdict(
         return Verdict(Status.UNVERIFIED, reason, details)
     errors = data.errors if data.errors is not None else [data.error]
     details["reference_errors"] = errors
+    if data.missing_module:
+        details["missing_module"] = data.missing_module
     if data.stage == "inputs":
         reason = f"{hint(plan, verify_with, tests)} ({data.error})"
         return Verdict(Status.UNVERIFIED, reason, details)

@@ -154,6 +154,7 @@ def run_references(runner: Runner, request: RunOriginal) -> Reply:
     errors: list[str] = []
     stages: dict[str, str] = {}
     furthest: UserError | None = None
+    missing: str | None = None  # the module whose absence kept the original itself from running
     for name in request.references:
         called: set[int] = set()
         with reference(name), layouts_checked(runner, request, name, called) as violations:
@@ -175,14 +176,17 @@ def run_references(runner: Runner, request: RunOriginal) -> Reply:
             except UserError as exc:
                 errors.append(f"{name}: {exc}")
                 stages[name] = exc.stage
+                missing = exc.missing if name == ORIGINAL else missing
                 if furthest is None or STAGES.index(exc.stage) > STAGES.index(furthest.stage):
                     furthest = exc
                 continue
         if errors:
-            reply = dataclasses.replace(reply, reference_errors=errors, reference_stages=stages)
+            reply = dataclasses.replace(
+                reply, reference_errors=errors, reference_stages=stages, missing_module=missing
+            )
         return reply
     stage, error = (furthest.stage, str(furthest)) if furthest else ("inputs", "no reference")
-    return Failed(stage=stage, error=error, errors=errors)
+    return Failed(stage=stage, error=error, errors=errors, missing_module=missing)
 
 
 @contextmanager

@@ -317,6 +317,7 @@ class Ran(Reply):
     uncalled_steps: list[int] | None = None  # program-level steps' lines the run never called
     reference_errors: list[str] | None = None  # the references tried before, and why
     reference_stages: dict[str, str] | None = None
+    missing_module: str | None = None  # the module whose absence kept the original from running
     determinism: str | None = None  # why a unit's original ran once only
 
 
@@ -362,6 +363,7 @@ class Failed(Reply):
     error: str
     errors: list[str] | None = None  # every reference's error, when none ran
     reference_errors: list[str] | None = None
+    missing_module: str | None = None  # the module whose absence kept the original from running
     no_inputs: bool | None = None
     not_reached: bool | None = None
     uncomparable: bool | None = None

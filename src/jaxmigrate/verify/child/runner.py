@@ -89,11 +89,13 @@ def returned_request(request: R) -> R:
 
 
 class UserError(Exception):
-    """User code failed at `stage` (import, target, inputs, call)."""
+    """User code failed at `stage` (import, target, inputs, call); `missing`, the top-level
+    module whose absence failed it (`ModuleNotFoundError`), if that is why."""
 
-    def __init__(self, stage: str, message: str) -> None:
+    def __init__(self, stage: str, message: str, missing: str | None = None) -> None:
         super().__init__(message)
         self.stage = stage
+        self.missing = missing
 
 
 class NotReached(UserError):
@@ -218,7 +220,7 @@ class Runner:
         try:
             module = self.load(spec, variant, watched=bool(getattr(request, "layouts", None)))
         except BaseException as exc:
-            raise UserError("import", self.explain(exc)) from exc
+            raise self.failure("import", exc) from exc
         obj: Any = module
         for part in (spec.call_as or spec.qualname).split("."):
             obj = getattr(obj, part, None)
@@ -235,7 +237,7 @@ class Runner:
             path, text = self.source(spec)
             code = compile(text, path, "exec")
         except BaseException as exc:
-            raise UserError("import", self.explain(exc)) from exc
+            raise self.failure("import", exc) from exc
         stand_in = ModuleType(spec.module)
         stand_in.__file__ = path
 
@@ -261,6 +263,11 @@ class Runner:
     def explain(self, exc: BaseException) -> str:
         at = where(exc, self.root)
         return describe(exc) + (f" (at {at})" if at else "")
+
+    def failure(self, stage: str, exc: BaseException) -> UserError:
+        """Return the UserError of user code that raised `exc` at `stage`."""
+        absent = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        return UserError(stage, self.explain(exc), absent.split(".")[0] if absent else None)
 
     def call(
         self,
@@ -328,9 +335,9 @@ class Runner:
             except Exception as exc:
                 if stage == "inputs" and self.watch is not None:  # a candidate not taken
                     self.watch.hit = seen
-                raise UserError(stage, self.explain(exc)) from exc
+                raise self.failure(stage, exc) from exc
             except BaseException as exc:  # sys.exit is not a shape problem
-                raise UserError("call", self.explain(exc)) from exc
+                raise self.failure("call", exc) from exc
         return flat, notes
 
     @contextmanager
@@ -370,7 +377,7 @@ class Runner:
         except BaseException as exc:
             if self.side == "original" or ctx.module.text is None:
                 return {}
-            raise UserError("import", self.explain(exc)) from exc
+            raise self.failure("import", exc) from exc
 
 
 def isolated(runner: Runner, request: R, handle: Callable[[Runner, R, Any], Reply]) -> Reply:
