@@ -465,3 +465,51 @@ def test_a_group_is_a_files_own(tmp_path: Path) -> None:
     a_edit = plan("a.py", f"a{SHADOW}1", edit)
     found = groups.pending([a_edit, b_edit], judged, verdicts, recording, by_id)
     assert found == [groups.Edit(a_edit, "a", "train")]
+
+
+def test_which_group_edits_a_method_watch_covers() -> None:
+    """A watch covers a method of a module-level class: the edits' statements a call must run,
+    less an edit on the method's header (run with every call). An edit in a function nested in
+    a method, or in an `async def`, has none, and its reason says what is judged."""
+    from jaxmigrate.model import Safety, Site
+    from jaxmigrate.verify.bound import edit_judged
+    from jaxmigrate.verify.planner import Plan
+    from jaxmigrate.verify.recording import Recording, method_watch
+    from jaxmigrate.verify.targets import Kind, Target
+
+    source = textwrap.dedent("""\
+        class Evaluator:
+            def run(self, params):
+                total = params[0]
+                yield total
+
+            def nested(self):
+                def inner(x):
+                    return x[0]
+                return inner
+
+            async def later(self, x):
+                return x[0]
+        """)
+
+    def plan(*lines: int) -> Plan:
+        sites = tuple(
+            Site("JM202", "pmap", n, 5, Safety.UNSAFE, "edit", key=f"e{n}", group="g")
+            for n in lines
+        )
+        request = VerifyRequest("pkg/ev.py", source, source, sites)
+        return Plan("t1", request, sites, Target(Kind.BOUND, "Evaluator", 1, 1), "pkg.ev", "", ())
+
+    watch = method_watch(plan(2, 3))
+    assert watch is not None and watch.qualname == "Evaluator.run"
+    assert watch.spans == ((3, 3),)  # the header's edit runs with every call
+    assert watch.id == method_watch(plan(3)).id  # type: ignore[union-attr]  # one per method
+    for alone in (8, 12):
+        assert method_watch(plan(alone)) is None
+        said = edit_judged(plan(alone), Recording(), "python drive.py")
+        assert said.endswith("a method of a module-level class, only"), said
+    missed = Recording(missed={watch.id: "never ran the site's line 3"})
+    said = edit_judged(plan(3), missed, "python drive.py")
+    assert said.endswith(
+        "`python drive.py` called `Evaluator.run`, but its call(s) never ran the site's line 3"
+    ), said

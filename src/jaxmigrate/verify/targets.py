@@ -93,13 +93,13 @@ def chain_at(tree: ast.Module, line: int) -> list[ast.AST]:
 
 def method_at(tree: ast.Module, line: int) -> tuple[str, int] | None:
     """Return `Class.method` and the last line of its header, when `line` is in a method of a
-    module-level class (not in a function nested in it), else None."""
+    module-level class (not in a function nested in it, nor in an `async def`), else None."""
     chain = chain_at(tree, line)
     named = [n for n in chain if isinstance(n, (*DEFS, ast.ClassDef))]
     if len(named) != 2 or chain[0] is not named[0] or not isinstance(named[0], ast.ClassDef):
         return None
     method = named[1]
-    if not isinstance(method, DEFS) or method not in named[0].body:
+    if not isinstance(method, ast.FunctionDef) or method not in named[0].body:
         return None
     return f"{named[0].name}.{method.name}", header_end(method)
 
