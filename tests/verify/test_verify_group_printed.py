@@ -255,6 +255,24 @@ def test_a_groups_edits_in_a_generator_are_judged_once_it_is_iterated(tmp_path: 
     assert shown(root) == ["step 0 w 65", "step 1 w 127"]
 
 
+def test_a_groups_edits_in_a_module_level_generator_are_judged_too(tmp_path: Path) -> None:
+    """The same for a generator function of the module: its call returned before its sites
+    ran, so the call was noted as having missed them, and they stayed unverified."""
+    generator = TRAIN.replace('print(f"step {i}', 'yield (f"step {i}').replace(
+        'print(f"finished', 'yield (f"finished'
+    )
+    root = project(tmp_path / "project", generator)
+    (root / "drive.py").write_text(
+        DRIVE.replace("    train()", "    for line in train():\n        print(line)")
+    )
+    assert shown(root) == ["step 0 w 65", "step 1 w 127"]
+    proc = jm("run", "--dry-run", "--verify-with", COMMAND, "--target-jax", "0.8", ".", cwd=root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert out.count("[unsafe, verified]") == 4, proc.stdout
+    assert out.count("a call of `train` ran its line") == 3, proc.stdout
+
+
 def test_a_wrong_readback_in_a_generator_fails(tmp_path: Path) -> None:
     root = project(tmp_path / "project", GENERATOR)
     (root / "drive.py").write_text(GENERATOR_DRIVE)
