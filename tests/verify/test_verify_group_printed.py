@@ -224,70 +224,6 @@ GENERATOR_DRIVE = METHOD_DRIVE.replace(
 )
 
 
-def test_a_groups_edits_in_a_method_are_judged_by_what_the_command_prints(
-    tmp_path: Path,
-) -> None:
-    """Its step verifies by its calls; its edits, which make nothing the command calls, by what
-    it prints once a call of the method ran them, as in a module-level function."""
-    root = project(tmp_path / "project", METHOD)
-    (root / "drive.py").write_text(METHOD_DRIVE)
-    assert shown(root) == ["step 0 w 65", "step 1 w 127"]
-    proc = jm("run", "--dry-run", "--verify-with", COMMAND, "--target-jax", "0.8", ".", cwd=root)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = " ".join(proc.stdout.split())
-    assert out.count("[unsafe, verified]") == 4, proc.stdout
-    assert out.count("a call of `Trainer.train` ran its line") == 3, proc.stdout
-
-
-def test_a_groups_edits_in_a_generator_are_judged_once_it_is_iterated(tmp_path: Path) -> None:
-    """A generator's body runs while the caller iterates it, after the call returned: the watch
-    follows each `next`, and the edits are judged by what the command prints meanwhile."""
-    root = project(tmp_path / "project", GENERATOR)
-    (root / "drive.py").write_text(GENERATOR_DRIVE)
-    assert shown(root) == ["step 0 w 65", "step 1 w 127"]
-    proc = jm("run", "--verify-with", COMMAND, "--target-jax", "0.8", ".", cwd=root)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = " ".join(proc.stdout.split())
-    assert out.count("[unsafe, verified]") == 4, proc.stdout
-    assert out.count("a call of `Trainer.train` ran its line") == 3, proc.stdout
-    written = (root / "pkg" / "train.py").read_text()
-    assert "jax.shard_map(" in written and "jax_utils" not in written, written
-    assert shown(root) == ["step 0 w 65", "step 1 w 127"]
-
-
-def test_a_groups_edits_in_a_module_level_generator_are_judged_too(tmp_path: Path) -> None:
-    """The same for a generator function of the module: its call returned before its sites
-    ran, so the call was noted as having missed them, and they stayed unverified."""
-    generator = TRAIN.replace('print(f"step {i}', 'yield (f"step {i}').replace(
-        'print(f"finished', 'yield (f"finished'
-    )
-    root = project(tmp_path / "project", generator)
-    (root / "drive.py").write_text(
-        DRIVE.replace("    train()", "    for line in train():\n        print(line)")
-    )
-    assert shown(root) == ["step 0 w 65", "step 1 w 127"]
-    proc = jm("run", "--dry-run", "--verify-with", COMMAND, "--target-jax", "0.8", ".", cwd=root)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = " ".join(proc.stdout.split())
-    assert out.count("[unsafe, verified]") == 4, proc.stdout
-    assert out.count("a call of `train` ran its line") == 3, proc.stdout
-
-
-def test_a_wrong_readback_in_a_generator_fails(tmp_path: Path) -> None:
-    root = project(tmp_path / "project", GENERATOR)
-    (root / "drive.py").write_text(GENERATOR_DRIVE)
-    migrated = migrate_source(GENERATOR, options=Options(unsafe_fixes=True, target_jax=(0, 8)))
-    assert "float(w)" in migrated.code, migrated.code
-    wrong = migrated.code.replace("float(w)", "float(w * jax.local_device_count())")
-    request = VerifyRequest("pkg/train.py", GENERATOR, wrong, tuple(migrated.sites))
-    config = VerifyConfig(root=root, timeout=120.0, jobs=1, verify_with=COMMAND)
-    verdicts = verify([request], config)
-    readback = next(s for s in request.sites if "readback" in s.message)
-    verdict = verdicts[(request.path, readback.key)]
-    assert verdict.status.value == "failed", verdict
-    assert "differs on the rewritten tree: printed line 1 is `step 0 w 520`" in verdict.reason
-
-
 EVALUATOR = textwrap.dedent("""
     import jax
     import numpy as np
@@ -317,22 +253,64 @@ for line in Evaluator().run(jax_utils.replicate(np.float32(3.0))):
 """
 
 
-def test_a_conversion_at_a_methods_entry_is_judged_with_its_other_edits(tmp_path: Path) -> None:
-    """big_vision's `Evaluator.run(params)`: its callers pass equal copies per device (declared
-    in `[tool.jaxmigrate]`), converted on the method's header, which runs with every call."""
-    root = project(tmp_path / "project", EVALUATOR)
-    (root / "drive.py").write_text(EVALUATOR_DRIVE)
+def test_a_groups_edits_in_methods_and_generators_are_judged_by_what_the_command_prints(
+    tmp_path: Path,
+) -> None:
+    """Four programs, a group each, driven by one command: a method (big_vision's
+    `Evaluator.run`), a generator method the command iterates (its body runs after the call
+    returned: the watch follows each `next`), a module-level generator (its call was noted as
+    having missed its sites), and a method converting a declared argument on its header (run
+    with every call). Each step verifies by its calls, each edit by what the command prints
+    once a call of its method or function ran it; they are written, and the written program
+    prints the same."""
+    root = project(tmp_path / "project", METHOD)
+    stream = GENERATOR.replace("class Trainer:", "class Stream:").replace("step {i}", "gen {i}")
+    lines = TRAIN.replace('print(f"step {i}', 'yield (f"mod {i}').replace(
+        'print(f"finished', 'yield (f"finished'
+    )
+    (root / "pkg" / "stream.py").write_text(stream)
+    (root / "pkg" / "lines.py").write_text(lines.replace("def train(", "def train_lines("))
+    (root / "pkg" / "ev.py").write_text(EVALUATOR)
     (root / "pyproject.toml").write_text(
         '[tool.jaxmigrate]\npmap-replicated = ["Evaluator.run(w)"]\nclosed-code-base = true\n'
     )
-    assert shown(root) == ["step 0 total 1488", "step 1 total 1584"]
-    proc = jm("run", "--verify-with", COMMAND, "--target-jax", "0.8", "pkg/train.py", cwd=root)
+    (root / "drive.py").write_text(
+        textwrap.dedent("""\
+            import numpy as np
+            from flax import jax_utils
+
+            from pkg import data
+            from pkg.ev import Evaluator
+            from pkg.lines import train_lines
+            from pkg.stream import Stream
+            from pkg.train import Trainer
+
+            with data.mocked():
+                Trainer().train()
+                for line in Stream().train():
+                    print(line)
+                for line in train_lines():
+                    print(line)
+            for line in Evaluator().run(jax_utils.replicate(np.float32(3.0))):
+                print(line)
+            """)
+    )
+    before = shown(root)
+    assert before == [
+        *["step 0 w 65", "step 1 w 127", "gen 0 w 65", "gen 1 w 127"],
+        *["mod 0 w 65", "mod 1 w 127", "step 0 total 1488", "step 1 total 1584"],
+    ]
+    proc = jm("run", "--verify-with", COMMAND, "--target-jax", "0.8", "pkg", cwd=root)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = " ".join(proc.stdout.split())
-    assert out.count("[unsafe, verified]") == 4, proc.stdout
+    assert out.count("[unsafe, verified]") == 16, proc.stdout
+    for function in ("Trainer.train", "Stream.train", "train_lines"):
+        assert out.count(f"a call of `{function}` ran its line") == 3, (function, proc.stdout)
     assert "a call of `Evaluator.run` ran its line 12," in out, proc.stdout  # the header's
-    assert "from_device_copies(w)" in (root / "pkg" / "train.py").read_text()
-    assert shown(root) == ["step 0 total 1488", "step 1 total 1584"]
+    written = {name: (root / "pkg" / name).read_text() for name in ("train.py", "ev.py")}
+    assert "jax.shard_map(" in written["train.py"] and "jax_utils" not in written["train.py"]
+    assert "from_device_copies(w)" in written["ev.py"]
+    assert shown(root) == before
 
 
 def test_a_method_whose_calls_miss_the_edits_says_so(tmp_path: Path) -> None:
@@ -531,3 +509,41 @@ def test_which_group_edits_a_method_watch_covers() -> None:
     assert said.endswith(
         "`python drive.py` called `Evaluator.run`, but its call(s) never ran the site's line 3"
     ), said
+
+
+def test_a_wrong_rewrite_in_one_file_fails_its_own_group_not_anothers(tmp_path: Path) -> None:
+    """Two files, a group each, both judged by what the command prints: a function, and a
+    generator method whose readback is made wrong. The tree with every site rewritten prints
+    something else, and each file is judged again on a run where it alone is rewritten: the
+    generator's edit fails, the function's edits verify."""
+    root = project(tmp_path / "project")
+    second = GENERATOR.replace("class Trainer:", "class More:").replace("step {i}", "more {i}")
+    (root / "pkg" / "more.py").write_text(second)
+    (root / "drive.py").write_text(
+        DRIVE.replace(
+            "    train()", "    train()\n    for line in More().train():\n        print(line)"
+        ).replace(
+            "from pkg.train import train", "from pkg.more import More\nfrom pkg.train import train"
+        )
+    )
+    assert shown(root) == ["step 0 w 65", "step 1 w 127", "more 0 w 65", "more 1 w 127"]
+    options = Options(unsafe_fixes=True, target_jax=(0, 8))
+    right = migrate_source(TRAIN, options=options)
+    wrong = migrate_source(second, options=options)
+    assert "float(w)" in wrong.code, wrong.code
+    wrong_text = wrong.code.replace("float(w)", "float(w * jax.local_device_count())")
+    requests = [
+        VerifyRequest("pkg/train.py", TRAIN, right.code, tuple(right.sites)),
+        VerifyRequest("pkg/more.py", second, wrong_text, tuple(wrong.sites)),
+    ]
+    config = VerifyConfig(root=root, timeout=120.0, jobs=1, verify_with=COMMAND)
+    verdicts = verify(requests, config)
+    for request, expected in zip(requests, ("verified", "failed"), strict=True):
+        readback = next(s for s in request.sites if "readback" in s.message)
+        verdict = verdicts[(request.path, readback.key)]
+        assert verdict.status.value == expected, (request.path, verdict)
+        assert f"judged on a run with {request.path} alone rewritten" in verdict.reason, verdict
+    failed = verdicts[
+        ("pkg/more.py", next(s for s in requests[1].sites if "readback" in s.message).key)
+    ]
+    assert "is `more 0 w 520`" in failed.reason, failed

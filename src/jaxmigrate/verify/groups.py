@@ -30,7 +30,7 @@ with nothing compared, or a command failing on the original, leaves the site `un
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,6 +131,36 @@ def judge(
             )
             verdict = Verdict(Status.UNVERIFIED, late, verdict.details)
         out[plan.id] = verdict
+    return out
+
+
+def by_file(
+    edits: Sequence[Edit],
+    command: str,
+    recording: Recording,
+    again: tuple[Printed, str],
+    rerun_alone: Callable[[str, dict[str, str]], Rerun],
+) -> dict[str, Verdict]:
+    """Return the edits' verdicts judged again file by file, each on a run of the command
+    where that file alone is rewritten (`rerun_alone(side, texts)`): when the tree with every
+    site rewritten printed something else and the edits span several files, a wrong rewrite in
+    one file fails its own groups, not another's. Each file's rewrite holds alone (a boundary
+    it shares with a file not rewritten is converted: `device_copies`, `from_device_copies`).
+    """
+    paths = sorted({edit.plan.path for edit in edits})
+    if len(paths) < 2:
+        return {}
+    out = {}
+    for index, path in enumerate(paths):
+        mine = [edit for edit in edits if edit.plan.path == path]
+        request = mine[0].plan.request
+        run = rerun_alone(f"alone-{index}", {**request.files, path: request.candidate})
+        for key, verdict in judge(mine, command, recording, again, run).items():
+            said = (
+                f"{verdict.reason} (judged on a run with {path} alone rewritten: with every "
+                "site rewritten the command printed something else)"
+            )
+            out[key] = Verdict(verdict.status, said, {**verdict.details, "alone": path})
     return out
 
 

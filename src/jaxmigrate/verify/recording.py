@@ -173,6 +173,17 @@ def scratch(ws: Workspace, side: str) -> Path:
     return path
 
 
+def alone(ws: Workspace, side: str, texts: dict[str, str]) -> Path:
+    """Return a copy of the original tree with `texts` (one file's rewrite and the helpers it
+    writes) in place, for `side`'s run of the command (`scratch` then finds it)."""
+    path = ws.base / f"run-{side}"
+    shutil.copytree(ws.tree("original"), path, symlinks=True, dirs_exist_ok=True)
+    for relpath, text in texts.items():
+        (path / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (path / relpath).write_text(text, encoding="utf-8")
+    return path
+
+
 def tree_side(side: str) -> str:
     """Return the tree a run's side copies: "original" for the original's runs (the first, and
     `AGAIN`, the second that tells what varies), else "candidate"."""

@@ -19,7 +19,15 @@ from dataclasses import dataclass, field, replace
 
 from jaxmigrate.model import Status
 from jaxmigrate.verify import groups, lifetime, writes, xlacache
-from jaxmigrate.verify.bound import fallbacks, judge_bound, parent, rerun, shadows, with_replay
+from jaxmigrate.verify.bound import (
+    Rerun,
+    fallbacks,
+    judge_bound,
+    parent,
+    rerun,
+    shadows,
+    with_replay,
+)
 from jaxmigrate.verify.child.protocol import SCRIPT, Ran
 from jaxmigrate.verify.config import Verdict, VerifyConfig, VerifyRequest
 from jaxmigrate.verify.judge import (
@@ -37,7 +45,7 @@ from jaxmigrate.verify.notebooks import demote, verify_notebooks
 from jaxmigrate.verify.planner import Plan, plan_all
 from jaxmigrate.verify.pool import Reply, Worker
 from jaxmigrate.verify.processes import processes_hint
-from jaxmigrate.verify.recording import Recording, record, record_again, supplement
+from jaxmigrate.verify.recording import Recording, alone, record, record_again, supplement
 from jaxmigrate.verify.targets import Kind
 from jaxmigrate.verify.workspace import Workspace, workspace
 
@@ -331,6 +339,13 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
                 if edits:  # a group's other sites: what the command prints, `verify.groups`
                     second = record_again(command, [*modules, *units], ws, config)
                     found |= groups.judge(edits, command, recording, second, again)
+                    if any(found[e.plan.id].status is Status.FAILED for e in edits):
+
+                        def rerun_alone(side: str, texts: dict[str, str]) -> Rerun:
+                            alone(ws, side, texts)
+                            return rerun(command, [], texts, ws, config, side=side)
+
+                        found |= groups.by_file(edits, command, recording, second, rerun_alone)
                     # a shadow joins the plans judged; a bound plan in a method is one already
                     shadowed = {p.id for p in units}
                     judged = [*judged, *(e.plan for e in edits if e.plan.id in shadowed)]
