@@ -511,11 +511,9 @@ def test_which_group_edits_a_method_watch_covers() -> None:
     ), said
 
 
-def test_a_wrong_rewrite_in_one_file_fails_its_own_group_not_anothers(tmp_path: Path) -> None:
-    """Two files, a group each, both judged by what the command prints: a function, and a
-    generator method whose readback is made wrong. The tree with every site rewritten prints
-    something else, and each file is judged again on a run where it alone is rewritten: the
-    generator's edit fails, the function's edits verify."""
+def two_groups(tmp_path: Path) -> tuple[Path, str]:
+    """A project with two files, a group each, both judged by what the command prints: a
+    function (`pkg/train.py`), and a generator method (`pkg/more.py`)."""
     root = project(tmp_path / "project")
     second = GENERATOR.replace("class Trainer:", "class More:").replace("step {i}", "more {i}")
     (root / "pkg" / "more.py").write_text(second)
@@ -527,23 +525,58 @@ def test_a_wrong_rewrite_in_one_file_fails_its_own_group_not_anothers(tmp_path: 
         )
     )
     assert shown(root) == ["step 0 w 65", "step 1 w 127", "more 0 w 65", "more 1 w 127"]
+    return root, second
+
+
+def readbacks(root: Path, texts: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
+    """Verify the files `texts` (path -> original, candidate) in `root`; return each file's
+    readback verdict (status, reason)."""
     options = Options(unsafe_fixes=True, target_jax=(0, 8))
-    right = migrate_source(TRAIN, options=options)
-    wrong = migrate_source(second, options=options)
-    assert "float(w)" in wrong.code, wrong.code
-    wrong_text = wrong.code.replace("float(w)", "float(w * jax.local_device_count())")
-    requests = [
-        VerifyRequest("pkg/train.py", TRAIN, right.code, tuple(right.sites)),
-        VerifyRequest("pkg/more.py", second, wrong_text, tuple(wrong.sites)),
-    ]
+    requests = []
+    for path, (original, candidate) in texts.items():
+        sites = tuple(migrate_source(original, options=options).sites)
+        requests.append(VerifyRequest(path, original, candidate, sites))
     config = VerifyConfig(root=root, timeout=120.0, jobs=1, verify_with=COMMAND)
     verdicts = verify(requests, config)
-    for request, expected in zip(requests, ("verified", "failed"), strict=True):
+    out = {}
+    for request in requests:
         readback = next(s for s in request.sites if "readback" in s.message)
         verdict = verdicts[(request.path, readback.key)]
-        assert verdict.status.value == expected, (request.path, verdict)
-        assert f"judged on a run with {request.path} alone rewritten" in verdict.reason, verdict
-    failed = verdicts[
-        ("pkg/more.py", next(s for s in requests[1].sites if "readback" in s.message).key)
-    ]
-    assert "is `more 0 w 520`" in failed.reason, failed
+        out[request.path] = (verdict.status.value, verdict.reason)
+    return out
+
+
+def test_a_wrong_rewrite_in_one_file_fails_its_own_group_not_anothers(tmp_path: Path) -> None:
+    """The generator's readback is made wrong: the tree with every site rewritten prints
+    something else, and each file is judged again on a run where it alone is rewritten: the
+    generator's edit fails, the function's edits verify."""
+    root, second = two_groups(tmp_path)
+    options = Options(unsafe_fixes=True, target_jax=(0, 8))
+    right = migrate_source(TRAIN, options=options).code
+    wrong = migrate_source(second, options=options).code
+    assert "float(w)" in wrong, wrong
+    wrong = wrong.replace("float(w)", "float(w * jax.local_device_count())")
+    found = readbacks(root, {"pkg/train.py": (TRAIN, right), "pkg/more.py": (second, wrong)})
+    assert found["pkg/train.py"][0] == "verified", found
+    assert found["pkg/more.py"][0] == "failed", found
+    assert "is `more 0 w 520`" in found["pkg/more.py"][1], found
+    for path, (_, reason) in found.items():
+        assert f"judged on a run with {path} alone rewritten" in reason, found
+
+
+def test_rewrites_right_alone_and_wrong_together_are_not_verified(tmp_path: Path) -> None:
+    """Each file's rewrite prints the same alone, but the function's readback doubles its value
+    once the other file's rewrite is imported: what would be written together is wrong, and
+    the first run's failure stands for both."""
+    root, second = two_groups(tmp_path)
+    options = Options(unsafe_fixes=True, target_jax=(0, 8))
+    right = migrate_source(TRAIN, options=options).code
+    coupled = right.replace("float(w)", "float(w) * (2 if data.__dict__.get('MORE') else 1)")
+    assert coupled != right, right
+    marked = (
+        migrate_source(second, options=options).code + "\nfrom pkg import data\ndata.MORE = True\n"
+    )
+    found = readbacks(root, {"pkg/train.py": (TRAIN, coupled), "pkg/more.py": (second, marked)})
+    assert found["pkg/train.py"][0] == "failed", found
+    assert found["pkg/more.py"][0] == "failed", found
+    assert all("alone rewritten" not in reason for _, reason in found.values()), found

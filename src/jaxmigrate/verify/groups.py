@@ -146,21 +146,55 @@ def by_file(
     site rewritten printed something else and the edits span several files, a wrong rewrite in
     one file fails its own groups, not another's. Each file's rewrite holds alone (a boundary
     it shares with a file not rewritten is converted: `device_copies`, `from_device_copies`).
+
+    What is written together is judged together: the files that pass alone are run once more,
+    rewritten together, when there are several, and keep the first run's failure unless that
+    run prints the same too (rewrites right alone and wrong together: neither is verified).
     """
     paths = sorted({edit.plan.path for edit in edits})
     if len(paths) < 2:
         return {}
+    texts = {path: written(edits, [path]) for path in paths}
+    alone = {
+        path: judge(
+            [e for e in edits if e.plan.path == path],
+            command,
+            recording,
+            again,
+            rerun_alone(f"alone-{index}", texts[path]),
+        )
+        for index, path in enumerate(paths)
+    }
+    right = [p for p in paths if all(v.status is Status.VERIFIED for v in alone[p].values())]
+    if len(right) == len(paths):
+        return {}  # each right alone, wrong together: the first run's failure stands
+    kept = right
+    if len(right) > 1:  # written together, so judged together too
+        run = rerun_alone("alone-together", written(edits, right))
+        together = judge([e for e in edits if e.plan.path in right], command, recording, again, run)
+        kept = right if all(v.status is Status.VERIFIED for v in together.values()) else []
     out = {}
-    for index, path in enumerate(paths):
-        mine = [edit for edit in edits if edit.plan.path == path]
-        request = mine[0].plan.request
-        run = rerun_alone(f"alone-{index}", {**request.files, path: request.candidate})
-        for key, verdict in judge(mine, command, recording, again, run).items():
+    for path, verdicts in alone.items():
+        if path in right and path not in kept:
+            continue  # right alone, not together with the others right alone: as it was
+        others = [p for p in kept if p != path] if path in kept else []
+        how = f"{path} alone" if not others else f"{path} alone, and with {', '.join(others)},"
+        for key, verdict in verdicts.items():
             said = (
-                f"{verdict.reason} (judged on a run with {path} alone rewritten: with every "
-                "site rewritten the command printed something else)"
+                f"{verdict.reason} (judged on a run with {how} rewritten: with every site "
+                "rewritten the command printed something else)"
             )
             out[key] = Verdict(verdict.status, said, {**verdict.details, "alone": path})
+    return out
+
+
+def written(edits: Sequence[Edit], paths: Sequence[str]) -> dict[str, str]:
+    """Return the texts of the files `paths` rewritten, with the helpers their rewrites write."""
+    out: dict[str, str] = {}
+    for edit in edits:
+        request = edit.plan.request
+        if request.path in paths:
+            out.update({**request.files, request.path: request.candidate})
     return out
 
 
