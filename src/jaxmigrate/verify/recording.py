@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import hashlib
 import os
 import shlex
@@ -93,9 +94,8 @@ def method_watch(plan: Plan) -> MethodWatch | None:
     of a program-level group in one method of a module-level class; else None."""
     if plan.target.kind is not Kind.BOUND or not all(s.group_edit for s in plan.sites):
         return None
-    try:
-        tree = ast.parse(plan.request.original)
-    except SyntaxError:
+    tree = parsed(plan.request.original)
+    if tree is None:
         return None
     methods = {method_at(tree, s.line) for s in plan.sites}
     found = methods.pop() if len(methods) == 1 else None
@@ -106,6 +106,16 @@ def method_watch(plan: Plan) -> MethodWatch | None:
     # an edit on the method's header (a conversion at its entry) runs with every call: not watched
     body = [s.line for s in plan.sites if s.line > header]
     return MethodWatch(f"m{key}", qualname, tuple(dict.fromkeys(site_span(tree, n) for n in body)))
+
+
+@functools.lru_cache(maxsize=32)
+def parsed(text: str) -> ast.Module | None:
+    """Return a file's tree, parsed once per text (read only): `method_watch` is asked for
+    every bound plan, several times in a run."""
+    try:
+        return ast.parse(text)
+    except SyntaxError:
+        return None
 
 
 def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> RecordPlan:
