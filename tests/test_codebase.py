@@ -246,6 +246,12 @@ def test_a_dynamic_import_reads_the_module_by_its_name_after_binding_it(tmp_path
     # a dynamic import of another package's modules names none of these
     (root / "app" / "user.py").write_text(user.replace('"app.evals." + name', 'f"app.pp.{name}"'))
     assert closed_uses_of(root).of("get_fn") == Outside()
+    # an attribute of the module it returns, read at once, is that name's use alone
+    chained = 'import importlib\n\nev = importlib.import_module("app.evals.cls").Evaluator()\n'
+    (root / "app" / "user.py").write_text(chained)
+    found = closed_uses_of(root)
+    assert found.of("Evaluator") == Outside(called="in `user.py:3`", read="in `user.py:3`")
+    assert found.of("get_fn") == Outside()
 
 
 def test_a_code_base_not_declared_closed_may_be_imported_from_outside(tmp_path: Path) -> None:

@@ -145,7 +145,8 @@ def _package_uses_in(file: Path, text: str, dotted: str, package: str | None) ->
     result bound to a name), or to one of its functions (`from a.b.c import f`; at module level,
     called and read there: another module may import it from this one). A name bound
     to the module and read other than by one of its attributes, a star import, a dynamic
-    import whose result goes elsewhere, or code that does not parse: every function. A name a
+    import whose result goes elsewhere (but to one of its attributes, `import_module(...).f`:
+    that name), or code that does not parse: every function. A name a
     dynamic import binds is its module where read after that binding, in the text of the same
     function (a read before it, reached again by a loop, is taken as the name's other value:
     big_vision's `module = importlib.import_module(f"big_vision.evaluators.{module}")`)."""
@@ -198,6 +199,12 @@ def _package_uses_in(file: Path, text: str, dotted: str, package: str | None) ->
                 continue  # imported for its effects (registering, say)
             targets = parent.targets if isinstance(parent, ast.Assign) else []
             plain = "__" not in ast.unparse(node.func)  # `__import__` gives the top package
+            if isinstance(parent, ast.Attribute) and parent.value is node and plain:
+                # `importlib.import_module(f"bv.evals.{name}").Evaluator(...)`: that one name
+                where = _place(file, parent, starts)
+                read = "" if _unread(parent, parents, tree) else where
+                found[parent.attr] = _merged(found.get(parent.attr), Outside(where, read))
+                continue
             if len(targets) == 1 and isinstance(targets[0], ast.Name) and plain:
                 assert isinstance(parent, ast.Assign)
                 end = (parent.end_lineno or 0, parent.end_col_offset or 0)
