@@ -9,6 +9,7 @@ in the side's own text: the original's `with mesh:`, the rewrite's line mapped t
 from __future__ import annotations
 
 import ast
+import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -26,7 +27,13 @@ from jaxmigrate.verify.child.protocol import (
     RunOriginal,
     Target,
 )
-from jaxmigrate.verify.child.source import MeshWith, call_site_withs, with_at
+from jaxmigrate.verify.child.source import (
+    MeshWith,
+    call_site_withs,
+    enclosing_withs,
+    local_bindings,
+    with_at,
+)
 from jaxmigrate.verify.planner import Plan, reach_spans
 from jaxmigrate.verify.recording import Recorded
 from jaxmigrate.verify.targets import Kind
@@ -52,6 +59,31 @@ class Source:
         for line in range(1, len(self.candidate.splitlines()) + 1):
             out.setdefault(back(line), line)
         return out
+
+    @cached_property
+    def hunks(self) -> Sequence[tuple[str, int, int, int, int]]:
+        """The diff's opcodes from the original's lines to the candidate's."""
+        orig, cand = self.original.splitlines(), self.candidate.splitlines()
+        return difflib.SequenceMatcher(None, orig, cand, autojunk=False).get_opcodes()
+
+    def counterpart(self, line: int) -> int | None:
+        """Return the candidate's line that original `line` became: the same line where the diff
+        kept it, else the most alike line of the candidate's side of its hunk (a call whose
+        arguments changed, indented under a `with` the rewrite added); None if it went."""
+        orig, cand = self.original.splitlines(), self.candidate.splitlines()
+        for tag, i1, i2, j1, j2 in self.hunks:
+            if not i1 < line <= i2:
+                continue
+            if tag == "equal":
+                return j1 + line - i1
+            if j1 == j2:
+                return None
+            text = orig[line - 1].strip()
+            ratios = [
+                difflib.SequenceMatcher(None, text, cand[j].strip()).ratio() for j in range(j1, j2)
+            ]
+            return j1 + ratios.index(max(ratios)) + 1
+        return None
 
     def withs(self, line: int) -> tuple[MeshWith | None, MeshWith | None]:
         """Return the `with` at original `line` as each side has it."""
@@ -103,9 +135,16 @@ def static_withs(plan: Plan) -> tuple[tuple[str, int], ...]:
 
 
 def context_messages(
-    withs: Sequence[tuple[str, int]], sources: Sources
+    withs: Sequence[tuple[str, int]],
+    sources: Sources,
+    frames: Sequence[tuple[str, int]] = (),
 ) -> tuple[list[Context], list[Context]]:
-    """Return the contexts to enter on the original side and on the candidate side."""
+    """Return the contexts to enter on the original side and on the candidate side.
+
+    The original's are the `with` statements recorded around the call. The candidate's, when
+    the call's callers were recorded (`frames`), are those around each caller's line in the
+    rewritten text: a `with jax.set_mesh(mesh):` the rewrite put around a loop calling a
+    step a factory made counts too. Else each recorded `with` as the rewrite has it."""
     orig: list[Context] = []
     cand: list[Context] = []
     for relpath, line in withs:
@@ -117,10 +156,27 @@ def context_messages(
         if orig_with is not None:
             spec = module_spec(sources.root, relpath, None)
             orig.append(Context(module=spec, exprs=list(orig_with.exprs)))
-        if cand_with is not None:
-            spec = module_spec(sources.root, relpath, text)
-            cand.append(Context(module=spec, exprs=list(cand_with.exprs)))
+        if cand_with is not None and not frames:
+            cand.append(candidate_context(sources, relpath, text, cand_with))
+    for relpath, line in frames:
+        source = sources.get(relpath)
+        tree = source.trees[1] if source is not None else None
+        mapped = source.counterpart(line) if source is not None else None
+        if source is None or tree is None or mapped is None:
+            continue
+        text = sources.candidates.get(relpath)
+        for found in enclosing_withs(tree, source.candidate, mapped):
+            cand.append(candidate_context(sources, relpath, text, found))
     return orig, cand
+
+
+def candidate_context(sources: Sources, relpath: str, text: str | None, found: MeshWith) -> Context:
+    """The rewrite's `with` statement `found` in `relpath` as a context to enter, with the
+    locals it reads that its function assigns before it."""
+    tree = parse(text) if text is not None else None
+    bindings = local_bindings(tree, text, found.line) if tree is not None and text else []
+    spec = module_spec(sources.root, relpath, text)
+    return Context(module=spec, exprs=list(found.exprs), bindings=bindings)
 
 
 @dataclass(frozen=True)
@@ -143,7 +199,7 @@ def make_task(
 ) -> Task:
     """Return the original and candidate requests for `plan` against `candidate_text`."""
     withs = recorded.contexts if recorded else static_withs(plan)
-    orig_ctx, cand_ctx = context_messages(withs, sources)
+    orig_ctx, cand_ctx = context_messages(withs, sources, recorded.frames if recorded else ())
     spec = module_spec(sources.root, plan.path, None)
     target = Target(
         module=spec.module,
@@ -159,7 +215,9 @@ def make_task(
         if "layout" in s.details
     ]  # program-level pmap rewrites: what they assume, checked on the original
     returned = recorded.returned if recorded else None
-    orig_ret, cand_ret = context_messages(returned.contexts if returned else (), sources)
+    orig_ret, cand_ret = context_messages(
+        returned.contexts if returned else (), sources, returned.frames if returned else ()
+    )
     meshes = list(returned.meshes) if returned else []
     common: dict[str, Any] = {
         "meshes": list(recorded.meshes) if recorded else [],

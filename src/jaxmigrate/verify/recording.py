@@ -60,6 +60,7 @@ class Recorded:
     meshes: tuple[dict[str, Any], ...]
     shapes: tuple[str, ...]
     returned: Recorded | None = None  # the calls of the function the target returned
+    frames: tuple[tuple[str, int], ...] = ()  # the first call's callers in the tree: file, line
 
 
 @dataclass(frozen=True)
@@ -514,6 +515,7 @@ def recorded(items: list[tuple[Path, RecordedCall]], max_calls: int) -> Recorded
     return Recorded(
         files=tuple(str(p) for p, _ in items[:max_calls]),
         contexts=tuple((rel, int(line)) for rel, line in first.contexts),
+        frames=tuple((rel, int(line)) for rel, line in first.frames),
         meshes=tuple(first.meshes),
         shapes=tuple(first.shapes),
     )

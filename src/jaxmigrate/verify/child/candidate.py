@@ -22,6 +22,7 @@ def handle(runner: Runner, request: RunCandidate, state: Any = None) -> Reply:
     """Run the rewrite on the original's inputs and compare with the original's outputs."""
     from .compare import has_values
     from .inputs import add_import_paths
+    from .layouts import flat_in
     from .observe import Observed
 
     for path in request.records:
@@ -38,7 +39,7 @@ def handle(runner: Runner, request: RunCandidate, state: Any = None) -> Reply:
                 reply = first
             else:
                 sub = returned_request(request)
-                last = runner.last_output
+                last = flat_in(runner.last_output)  # a program-level step: the flat layout
                 reply = compare_calls(runner, last, returned, returned_expected, sub, "r")
     except UserError as exc:
         return Failed(stage=exc.stage, error=str(exc))

@@ -2,8 +2,9 @@
 
 A call is replayed under the `with` items that enclosed it in the program, evaluated from the
 source of the side being run (the original's `with mesh:`, the rewrite's `with
-jax.set_mesh(mesh):`). Names the module cannot resolve (a mesh that was a local variable) are
-bound to the mesh recorded while the program ran.
+jax.set_mesh(mesh):`). A local the with-item reads that its function assigns once before it
+(`mesh = jax.make_mesh(...)`) is evaluated from that assignment (`bind`); names still unresolved
+(a mesh made from a parameter) are bound to the mesh recorded while the program ran.
 """
 
 from __future__ import annotations
@@ -57,11 +58,31 @@ def _fallback(code: Any, namespace: dict[str, Any], meshes: list[Mesh]) -> dict[
     return dict.fromkeys(free, meshes[0])
 
 
-def enter(stack: ExitStack, expr: str, namespace: dict[str, Any], meshes: list[Mesh]) -> str:
-    """Enter one with-item evaluated in `namespace`; return what was entered, or why not."""
+def bind(bindings: list[list[str]], namespace: dict[str, Any]) -> dict[str, Any]:
+    """Return the locals a context's with-items read (`Context.bindings`), each evaluated in
+    `namespace` and those before it; one that cannot be (it reads a parameter) is left out."""
+    found: dict[str, Any] = {}
+    for name, expr in bindings:
+        try:
+            found[name] = eval(compile(expr, "<mesh context>", "eval"), namespace, dict(found))
+        except Exception:  # noqa: BLE001, S112 - then the recorded mesh stands in for it
+            continue
+    return found
+
+
+def enter(
+    stack: ExitStack,
+    expr: str,
+    namespace: dict[str, Any],
+    meshes: list[Mesh],
+    bound: dict[str, Any] | None = None,
+) -> str:
+    """Enter one with-item evaluated in `namespace` and the locals `bound` for it; return what
+    was entered, or why not. Names still free are bound to the first of `meshes`."""
     code = compile(expr, "<mesh context>", "eval")
+    local = dict(bound or {})
     try:
-        value = eval(code, namespace, _fallback(code, namespace, meshes))
+        value = eval(code, namespace, local | _fallback(code, namespace | local, meshes))
     except Exception as exc:  # noqa: BLE001 - a context we cannot rebuild is reported
         return f"skipped `{expr}` ({type(exc).__name__}: {exc})"
     is_call = isinstance(ast.parse(expr, mode="eval").body, ast.Call)

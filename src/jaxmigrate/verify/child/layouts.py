@@ -9,6 +9,10 @@ site's details) names the argument positions and results treated so; each concre
 devices are reported (`layout_violations` in the original's reply). Calls made while tracing
 are not checked (their values are not known).
 
+A factory returning its step (big_vision's `get_eval_fn`) is replayed on the calls recorded for
+what it returned, through the same adapters: the original's step returns its results in the flat
+layout (`flat_out`), and the rewrite's takes each recorded call brought to it (`flat_in`).
+
 The step's calls are also compared one by one through layout adapters (`steps`): the original's
 stacked arguments and results are brought to the flat layout (a replicated value: device 0's
 copy; a split batch or a result read flattened: its blocks joined), the rewrite's step (the
@@ -32,6 +36,7 @@ from .compat import tree_leaves, tree_map
 from .references import patched
 
 MAX_STEP_CALLS = 3
+LAYOUT = "_jaxmigrate_layout"  # on a step made on a layout's lines (`checked`, `capturing`)
 
 
 def differs(value: Any) -> bool:
@@ -173,6 +178,39 @@ def checked(
             steps.append({"arguments": before, "results": flat_results(layout, out)})
         return out
 
+    setattr(call, LAYOUT, layout)
+    return call
+
+
+def flat_out(fn: Any) -> Any:
+    """Return the original's step `fn` (`checked`) returning its results in the flat layout:
+    a factory returns it, and its recorded calls are replayed on both sides (`flat_in`).
+    Any other callable as it is."""
+    layout = getattr(fn, LAYOUT, None)
+    if layout is None:
+        return fn
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return flat_results(layout, fn(*args, **kwargs))
+
+    return call
+
+
+def flat_in(fn: Any) -> Any:
+    """Return the rewrite's step `fn` (`capturing`) taking the original's stacked calls: each
+    brought to the flat layout first (`flat_args`), as the original's results are by
+    `flat_out`. A call passing other keywords than the step's, and any other callable, as they
+    are."""
+    layout = getattr(fn, LAYOUT, None)
+    if layout is None:
+        return fn
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        passed = by_position(layout, args, kwargs)
+        if passed is None:
+            return fn(*args, **kwargs)
+        return fn(*flat_args(layout, passed))
+
     return call
 
 
@@ -187,9 +225,15 @@ def capturing(layouts: list[dict[str, Any]], path: str, steps: list[Any]) -> Ite
         frame = _caller()
         if frame is None or frame.f_code.co_filename != path:
             return jitted
-        if not any(
-            lay["candidate_line"] <= frame.f_lineno <= lay["candidate_end_line"] for lay in layouts
-        ):
+        layout = next(
+            (
+                lay
+                for lay in layouts
+                if lay["candidate_line"] <= frame.f_lineno <= lay["candidate_end_line"]
+            ),
+            None,
+        )
+        if layout is None:
             return jitted
 
         def call(*call_args: Any, **call_kwargs: Any) -> Any:
@@ -200,6 +244,7 @@ def capturing(layouts: list[dict[str, Any]], path: str, steps: list[Any]) -> Ite
                 steps.append({"arguments": before, "results": on_host(out)})
             return out
 
+        setattr(call, LAYOUT, layout)
         return call
 
     with patched(jax, "jit", jit):

@@ -361,12 +361,14 @@ def factory_calls(
     no function or nothing fits it.
     """
     from .inputs import recorded, synthesized
+    from .layouts import flat_out
     from .outside import NotKept
     from .recorder import function_like
 
     made = runner.last_output
     if not function_like(made):
         return [], []
+    made = flat_out(made)  # a program-level step: its results in the rewrite's layout
     sub = returned_request(request)
     files = request.returned.recorded
     if files:

@@ -67,10 +67,13 @@ class Target(Module):
 
 @dataclass(frozen=True, kw_only=True)
 class Context:
-    """A mesh-like `with` statement that enclosed a call: its items, evaluated in `module`."""
+    """A mesh-like `with` statement that enclosed a call: its items, evaluated in `module`;
+    `bindings`, [name, expression] of the locals they read that their function assigns once
+    before them (`mesh = jax.make_mesh(...)`), evaluated first, in order."""
 
     module: Module
     exprs: list[str]
+    bindings: list[list[str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,14 +193,17 @@ class RecordPlan(Message):
 class RecordedCall(Message):
     """The sidecar of one recorded call (`<base>.json` next to its `<base>.pkl`), written by the
     recorder in the command's process and read by jaxmigrate (`verify.recording.collect`) and
-    the workers (`inputs`): its target id, the [file, line] of each mesh-like `with` around it,
-    the meshes set and the arguments' shapes, its process in a job, the tree's folders the
+    the workers (`inputs`): its target id, the [file, line] of each mesh-like `with` around it
+    and of each caller in the tree (`frames`: the rewrite's own `with` statements around the
+    call are found from them), the meshes set and the arguments' shapes, its process in a job,
+    the tree's folders the
     command imported from (`paths`) and the paths outside the tree it named, kept
     (`outside`: `child.outside.keep`'s entries)."""
 
     KIND: ClassVar[str] = "recorded-call"
     target: str
     contexts: list[list[Any]] = field(default_factory=list)
+    frames: list[list[Any]] = field(default_factory=list)
     meshes: list[dict[str, Any]] = field(default_factory=list)
     shapes: list[str] = field(default_factory=list)
     process: int = 0

@@ -138,17 +138,20 @@ class Recorder:
                 self.trees[rel] = None
         return self.trees[rel]
 
-    def context(self, frame: FrameType | None) -> list[list[Any]]:
-        """Return [file, line] of each mesh-like `with` around the callers, outermost first."""
-        found: list[list[Any]] = []
+    def context(self, frame: FrameType | None) -> tuple[list[list[Any]], list[list[Any]]]:
+        """Return [file, line] of each mesh-like `with` around the callers, and of each caller
+        in the tree (the line it was running), both outermost first."""
+        withs_found: list[list[Any]] = []
+        frames: list[list[Any]] = []
         while frame is not None:
             rel = self.relative(frame.f_code.co_filename)
             parsed = self.parsed(rel) if rel else None
             if parsed is not None and rel is not None:
                 withs = enclosing_withs(parsed[0], parsed[1], frame.f_lineno)
-                found[:0] = [[rel, w.line] for w in withs]
+                withs_found[:0] = [[rel, w.line] for w in withs]
+                frames.insert(0, [rel, frame.f_lineno])
             frame = frame.f_back
-        return found
+        return withs_found, frames
 
     # Recording -----------------------------------------------------------------------------
     def ran(self, target: str, start: int | None) -> None:
@@ -321,9 +324,11 @@ class Recorder:
             if flat is not None:
                 with open(base + ".out.pkl", "wb") as handle:
                     handle.write(flat)
+        contexts, frames = self.context(caller)
         meta = RecordedCall(
             target=target,
-            contexts=self.context(caller),
+            contexts=contexts,
+            frames=frames,
             meshes=active_meshes(),
             shapes=shapes(pickle.loads(payload)),
             process=process_index(),

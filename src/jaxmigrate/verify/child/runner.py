@@ -284,7 +284,7 @@ class Runner:
         """
         import jax
 
-        from .contexts import build_mesh, enter
+        from .contexts import bind, build_mesh, enter
         from .hostify import Unflattenable, flatten_output, from_host
         from .isolation import seed
         from .observe import observing
@@ -293,11 +293,11 @@ class Runner:
         args, kwargs = from_host(call)
         meshes = [build_mesh(d) for d in request.meshes]
         with ExitStack() as stack:
-            notes = [
-                enter(stack, expr, self.context_namespace(ctx, request, variant), meshes)
-                for ctx in request.contexts
-                for expr in ctx.exprs
-            ]
+            notes = []
+            for ctx in request.contexts:
+                namespace = self.context_namespace(ctx, request, variant)
+                bound = bind(ctx.bindings, namespace)
+                notes += [enter(stack, expr, namespace, meshes, bound) for expr in ctx.exprs]
             stage = "inputs" if probe else "call"
             # the probe's trace is the call's (jit reuses it), and host callbacks may run
             # until the outputs are ready: all of it is watched (`reach`)

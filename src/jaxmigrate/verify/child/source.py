@@ -81,6 +81,64 @@ def enclosing_withs(tree: ast.Module, text: str, line: int) -> tuple[MeshWith, .
         node = child
 
 
+def local_bindings(tree: ast.Module, text: str, with_line: int) -> list[list[str]]:
+    """Return [name, expression] of the locals the `with` at `with_line` reads that its function
+    assigns once, by a plain `name = ...` before it (and of the locals those read), in the
+    order they run: `mesh = jax.make_mesh(...)` before `with jax.set_mesh(mesh):`."""
+    funcs = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _contains(n, with_line)
+    ]
+    node = next(
+        (
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.With | ast.AsyncWith) and n.lineno == with_line
+        ),
+        None,
+    )
+    if not funcs or node is None:
+        return []
+    func = max(funcs, key=lambda f: f.lineno)  # the innermost
+    assigned: dict[str, list[ast.Assign]] = {}
+    for stmt in _own_nodes(func):
+        if isinstance(stmt, ast.Assign):
+            for target in stmt.targets:
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Name):
+                        assigned.setdefault(leaf.id, []).append(stmt)
+    params = {a.arg for a in ast.walk(func.args) if isinstance(a, ast.arg)}
+    found: dict[str, ast.Assign] = {}
+    todo = [
+        n.id for item in node.items for n in ast.walk(item.context_expr) if isinstance(n, ast.Name)
+    ]
+    while todo:
+        name = todo.pop()
+        stmts = assigned.get(name, [])
+        if name in found or name in params or len(stmts) != 1:
+            continue
+        stmt = stmts[0]
+        if stmt.lineno >= with_line or len(stmt.targets) != 1:
+            continue
+        if not isinstance(stmt.targets[0], ast.Name):
+            continue
+        found[name] = stmt
+        todo += [n.id for n in ast.walk(stmt.value) if isinstance(n, ast.Name)]
+    ordered = sorted(found.items(), key=lambda kv: kv[1].lineno)
+    return [[name, ast.get_source_segment(text, stmt.value) or ""] for name, stmt in ordered]
+
+
+def _own_nodes(func: ast.AST) -> Iterator[ast.AST]:
+    """Every node of a function's body but those of the functions and classes nested in it."""
+    todo = list(ast.iter_child_nodes(func))
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
+
+
 def calls_of(tree: ast.Module, name: str) -> Iterator[ast.Call]:
     """Yield every call of the plain name `name` in the module, in source order."""
     calls = [
