@@ -113,3 +113,42 @@ def test_x64_cwd_and_environment_set_by_another_unit_do_not_leak(
     assert site["details"]["output_shapes"] == [".: float32[8, 4]"], site["details"]
     assert "jax.set_mesh" in (root / "c_reads.py").read_text()
     assert sites["a_setup.py"]["status"] == "verified", sites["a_setup.py"]
+
+
+NAMESPACE = textwrap.dedent("""
+    import sys
+
+    from jaxmigrate.verify.child.isolation import restore, snapshot
+
+    root = sys.argv[1]
+    for _ in range(2):  # two requests of one worker, the tree's modules forgotten in between
+        state = snapshot()
+        sys.path.insert(0, root)
+        import pkg.ns.core
+
+        print(pkg.ns.core.VALUE, sorted(n for n in sys.modules if n.split(".")[0] == "pkg"))
+        print(restore(state, root) or "restored")
+    print(sorted(n for n in sys.modules if n.split(".")[0] == "pkg"))
+    """)
+
+
+def test_a_namespace_package_of_the_tree_is_forgotten_with_its_parent(tmp_path: Path) -> None:
+    """big_vision's `datasets` has no `__init__.py`: a namespace package, with no `__file__`.
+    It was kept while `big_vision` was forgotten, and the next request's `import
+    big_vision.datasets.core` raised `KeyError: 'big_vision'`."""
+    import subprocess
+    import sys
+
+    (tmp_path / "pkg" / "ns").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "ns" / "core.py").write_text("VALUE = 7\n")
+    ran = subprocess.run(
+        [sys.executable, "-c", NAMESPACE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stderr
+    every = "['pkg', 'pkg.ns', 'pkg.ns.core']"
+    assert ran.stdout.splitlines() == [f"7 {every}", "restored"] * 2 + ["[]"], ran.stdout

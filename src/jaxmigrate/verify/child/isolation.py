@@ -125,8 +125,7 @@ def restore(state: State, root: str) -> str:
     sys.stdout, sys.stderr = state.streams
     prefix = os.path.realpath(root) + os.sep
     for name in set(sys.modules) - state.modules:
-        file = getattr(sys.modules.get(name), "__file__", None) or ""
-        if os.path.realpath(file).startswith(prefix):
+        if _of_tree(sys.modules.get(name), prefix):
             sys.modules.pop(name, None)
     np.seterr(**state.numpy_err)
     np.set_printoptions(**state.numpy_print)
@@ -151,6 +150,21 @@ def restore(state: State, root: str) -> str:
         holder.env = state.resources
     problems += check(state)
     return "; ".join(problems)
+
+
+def _of_tree(module: Any, prefix: str) -> bool:
+    """Whether a module comes from the tree under `prefix`: its file, or, a namespace package
+    (a folder without `__init__.py`: big_vision's `datasets`), a folder of its path. Such a
+    package left behind when its parent is forgotten finds its parent in `sys.modules` no
+    more: the next import under it raised `KeyError: 'big_vision'`."""
+    file = getattr(module, "__file__", None)
+    if file:
+        return os.path.realpath(file).startswith(prefix)
+    try:
+        folders = list(getattr(module, "__path__", None) or [])
+    except Exception:  # noqa: BLE001 - a namespace path whose parent is already gone
+        return True
+    return any(os.path.realpath(str(f)).startswith(prefix) for f in folders)
 
 
 def check(state: State) -> list[str]:
