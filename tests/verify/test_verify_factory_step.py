@@ -125,6 +125,12 @@ def test_a_step_a_factory_returns_is_verified_under_the_mesh_its_caller_sets(
     before = shown(root)
     assert before.startswith("mean ")
     args = ("run", "--verify-with", COMMAND, "--target-jax", "0.8", "--select", "pmap")
+    # as a 2-process job, the replay of the returned step is not compared in the flat layout
+    # (each process holds its own blocks): it decides nothing, and the command's calls judge it
+    job = jm(*args, "--dry-run", "--processes", "2", "pkg/evaluators/cls.py", cwd=root)
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert job.stdout.count("[unsafe, verified]") == 6, job.stdout
+    assert "made the same 3 call(s) of it on both trees" in job.stdout, job.stdout
     proc = jm(*args, "pkg/evaluators/cls.py", cwd=root)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr

@@ -361,12 +361,16 @@ def factory_calls(
     no function or nothing fits it.
     """
     from .inputs import recorded, synthesized
-    from .layouts import flat_out
+    from .layouts import LAYOUT, flat_out
     from .outside import NotKept
     from .recorder import function_like
 
     made = runner.last_output
     if not function_like(made):
+        return [], []
+    if getattr(made, LAYOUT, None) is not None and runner.steps is None:
+        # a program-level step whose calls are not compared in the flat layout (on several
+        # processes): its stacked calls fit the original alone; the command's calls judge it
         return [], []
     made = flat_out(made)  # a program-level step: its results in the rewrite's layout
     sub = returned_request(request)
