@@ -163,12 +163,15 @@ def test_the_rewrites_mesh_is_found_around_the_call_and_rebuilt_from_its_locals(
     assert found.exprs == ("jax.set_mesh(mesh)",)
     bindings = local_bindings(tree, rewrite, found.line)
     assert bindings == [["mesh", 'jax.sharding.Mesh(jax.devices(), ("batch",))']]
-    # a parameter, or a name bound twice, is not rebuilt: the recorded mesh stands in for it
-    twice = rewrite.replace(
-        "        with jax.set_mesh", "        mesh = mesh\n        with jax.set_mesh"
-    )
-    (again,) = enclosing_withs(ast.parse(twice), twice, Source(EVALUATOR, twice).counterpart(call))
-    assert local_bindings(ast.parse(twice), twice, again.line) == []
+    # a name bound twice (by `=`, or by a loop) is not rebuilt: the recorded mesh stands in
+    for other in ("mesh = mesh", "for mesh in [mesh]:\n            pass"):
+        twice = rewrite.replace(
+            "        with jax.set_mesh", f"        {other}\n        with jax.set_mesh"
+        )
+        mapped = Source(EVALUATOR, twice).counterpart(call)
+        assert mapped is not None
+        (again,) = enclosing_withs(ast.parse(twice), twice, mapped)
+        assert local_bindings(ast.parse(twice), twice, again.line) == [], other
 
 
 ADAPTERS = textwrap.dedent("""\

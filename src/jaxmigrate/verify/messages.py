@@ -1,9 +1,11 @@
 """Build the requests sent to workers: the target, its inputs, and its mesh contexts per side.
 
 A call's context is the list of mesh-like `with` statements that enclosed it (from the recording,
-or else from the first call of the target in its own file that runs under one). Each is looked up
-in the side's own text: the original's `with mesh:`, the rewrite's line mapped through the diff
-(`with jax.set_mesh(mesh):`, or nothing if the rewrite dropped it).
+or else from the first call of the target in its own file that runs under one). Each side takes
+them from its own text: the original's recorded `with mesh:`; the rewrite's around each recorded
+caller's line as the rewrite has it (`Source.counterpart`: a `with jax.set_mesh(mesh):` the
+rewrite added counts, one it dropped does not), or, without recorded callers, the original's
+`with` lines mapped through the diff.
 """
 
 from __future__ import annotations
@@ -152,30 +154,28 @@ def context_messages(
         if source is None:
             continue
         orig_with, cand_with = source.withs(line)
-        text = sources.candidates.get(relpath)
         if orig_with is not None:
             spec = module_spec(sources.root, relpath, None)
             orig.append(Context(module=spec, exprs=list(orig_with.exprs)))
         if cand_with is not None and not frames:
-            cand.append(candidate_context(sources, relpath, text, cand_with))
+            cand.append(candidate_context(sources, relpath, source, cand_with))
     for relpath, line in frames:
         source = sources.get(relpath)
         tree = source.trees[1] if source is not None else None
         mapped = source.counterpart(line) if source is not None else None
         if source is None or tree is None or mapped is None:
             continue
-        text = sources.candidates.get(relpath)
         for found in enclosing_withs(tree, source.candidate, mapped):
-            cand.append(candidate_context(sources, relpath, text, found))
+            cand.append(candidate_context(sources, relpath, source, found))
     return orig, cand
 
 
-def candidate_context(sources: Sources, relpath: str, text: str | None, found: MeshWith) -> Context:
+def candidate_context(sources: Sources, relpath: str, source: Source, found: MeshWith) -> Context:
     """The rewrite's `with` statement `found` in `relpath` as a context to enter, with the
     locals it reads that its function assigns before it."""
-    tree = parse(text) if text is not None else None
-    bindings = local_bindings(tree, text, found.line) if tree is not None and text else []
-    spec = module_spec(sources.root, relpath, text)
+    tree = source.trees[1]
+    bindings = local_bindings(tree, source.candidate, found.line) if tree is not None else []
+    spec = module_spec(sources.root, relpath, sources.candidates.get(relpath))
     return Context(module=spec, exprs=list(found.exprs), bindings=bindings)
 
 

@@ -101,13 +101,16 @@ def local_bindings(tree: ast.Module, text: str, with_line: int) -> list[list[str
     if not funcs or node is None:
         return []
     func = max(funcs, key=lambda f: f.lineno)  # the innermost
-    assigned: dict[str, list[ast.Assign]] = {}
-    for stmt in _own_nodes(func):
-        if isinstance(stmt, ast.Assign):
-            for target in stmt.targets:
-                for leaf in ast.walk(target):
-                    if isinstance(leaf, ast.Name):
-                        assigned.setdefault(leaf.id, []).append(stmt)
+    binds: dict[str, int] = {}  # every way a name is bound: `=`, `+=`, `for`, `as`, `import`
+    plain: dict[str, ast.Assign] = {}  # `name = value`, one target
+    for child in _own_nodes(func):
+        names = _bound_names(child)
+        for name in names:
+            binds[name] = binds.get(name, 0) + 1
+        if isinstance(child, ast.Assign) and len(child.targets) == 1:
+            target = child.targets[0]
+            if isinstance(target, ast.Name):
+                plain[target.id] = child
     params = {a.arg for a in ast.walk(func.args) if isinstance(a, ast.arg)}
     found: dict[str, ast.Assign] = {}
     todo = [
@@ -115,18 +118,32 @@ def local_bindings(tree: ast.Module, text: str, with_line: int) -> list[list[str
     ]
     while todo:
         name = todo.pop()
-        stmts = assigned.get(name, [])
-        if name in found or name in params or len(stmts) != 1:
-            continue
-        stmt = stmts[0]
-        if stmt.lineno >= with_line or len(stmt.targets) != 1:
-            continue
-        if not isinstance(stmt.targets[0], ast.Name):
+        stmt = plain.get(name)
+        if name in found or name in params or binds.get(name) != 1 or stmt is None:
+            continue  # a parameter, bound more than once or otherwise: the recorded mesh
+        if stmt.lineno >= with_line:
             continue
         found[name] = stmt
         todo += [n.id for n in ast.walk(stmt.value) if isinstance(n, ast.Name)]
     ordered = sorted(found.items(), key=lambda kv: kv[1].lineno)
     return [[name, ast.get_source_segment(text, stmt.value) or ""] for name, stmt in ordered]
+
+
+def _bound_names(node: ast.AST) -> list[str]:
+    """The names one node of a function binds (or declares another scope's: `global`)."""
+    if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+        return [node.id]
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return [(a.asname or a.name).split(".")[0] for a in node.names]
+    if isinstance(node, (ast.Global, ast.Nonlocal)):
+        return list(node.names) * 2  # never one binding of this function's own
+    if isinstance(node, ast.ExceptHandler) and node.name:
+        return [node.name]
+    if isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+        return [node.name]
+    return []
 
 
 def _own_nodes(func: ast.AST) -> Iterator[ast.AST]:
