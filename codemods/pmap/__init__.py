@@ -364,7 +364,11 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
   - `PL107` the step's name is bound more than once;
   - `PL108` a pmap option this form does not take (`devices=` other than `jax.devices()`,
     pmap's default, which is taken as none: lm1b's one device per process; `backend=`, `in_axes` other than
-    a tuple of 0 and None, computed `static_broadcasted_argnums`);
+    a tuple of 0 and None, computed `static_broadcasted_argnums`, but the static tail of a
+    def `f(a, b, *args)`, `tuple(range(2, 2 + len(names)))`, which the program-level form
+    takes too: `jax.jit`'s `static_argnums` keeps the expression, `in_specs` is `(P(),
+    P("i")) + (None,) * len(names)`, and the calls pass the `k` named arguments first, then
+    any star arguments (`*choice`; other calls are PL204));
   - `PL109` the mapped axis has no literal name (a string, a name bound once at module level
     to one, brax's `_PMAP_AXIS_NAME = "i"`, or a field set once to one by a statement of a
     class's `__init__`, big_vision's `self._axis_name = "batch"`; kept as written);

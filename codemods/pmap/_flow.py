@@ -4,6 +4,7 @@ calls in the function that makes it, and records the edits of the program-level 
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -49,6 +50,7 @@ from ._reach import ENTRY, SCOPES, Flow, free_names, nodes_in, params_of, replac
 from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
+from ._specs import static_tail
 from ._summary import NO_FACTS, NOT_DECLARABLE, ModuleFacts
 
 GET_METRICS = (row_named("get_metrics"),)
@@ -278,7 +280,7 @@ def _follow(
     made = [_call_of(flow, use, step, host.name.value) for use in uses]
     if not made:
         raise NotVisible(f"`{step}` is not called in `{host.name.value}`", Decline.NOT_CALLED)
-    body, passed, keywords = _signature(body, made, step)
+    body, passed, keywords = _signature(body, made, step, options.tail)
     arity = len(body.params.params)
     fixed = _fixed_positions(options, passed)
     forms = forms_of(flow, qualname, facts)
@@ -296,6 +298,7 @@ def _follow(
     program = Program(host, None, options.fun, options.axis, options.donate, [False] * arity, None)
     program.unnamed = not options.named
     program.fixed, program.statics = fixed, options.statics_arg
+    program.tail = options.tail[1] if options.tail is not None else None
     program.params = [p.name.value for p in body.params.params]
     program.keywords, program.given, program.carries = keywords, given, carried
     entry = facts.replicated.get(id(host), NOT_DECLARABLE)
@@ -468,6 +471,9 @@ class Options:
     in_axes: cst.BaseExpression | None = None
     statics: tuple[int, ...] = ()
     statics_arg: cst.Arg | None = None
+    # `tuple(range(k, k + n))` for a def `f(a, ..., *args)` of `k` parameters: every star
+    # argument static (big_vision's flexi trainers), `(k, n)`
+    tail: tuple[int, cst.BaseExpression] | None = None
     bound: tuple[str, ...] = ()  # the parameters `functools.partial` binds by keyword
     name: str = ""  # the name of the def mapped
     named: bool = True  # False: pmap's axis is unnamed (the body cannot name it), `axis` ours
@@ -541,7 +547,9 @@ def read_options(
     options.in_axes = found["in_axes"].value if "in_axes" in found else None
     if "static_broadcasted_argnums" in found:
         options.statics_arg = found["static_broadcasted_argnums"]
-        options.statics = _literal_ints(options.statics_arg.value)
+        options.tail = static_tail(options.statics_arg.value)
+        if options.tail is None:
+            options.statics = _literal_ints(options.statics_arg.value)
     return options
 
 
@@ -711,7 +719,10 @@ def _goes(around: cst.CSTNode | None, parents: dict, host: str) -> str:
 
 
 def _signature(
-    body: cst.FunctionDef, calls: list[cst.Call], step: str
+    body: cst.FunctionDef,
+    calls: list[cst.Call],
+    step: str,
+    tail: tuple[int, cst.BaseExpression] | None = None,
 ) -> tuple[cst.FunctionDef, int, tuple[str, ...]]:
     """Return the body as its calls fill it, how many arguments they pass by position, and the
     parameters they fill by keyword (in the def's order).
@@ -720,8 +731,18 @@ def _signature(
     keyword (pmap maps keyword arguments over their leading axis, as `in_axes=0`). The body
     returned takes exactly those parameters (positional ones first, then the keyword ones),
     without defaults; a parameter no call fills keeps its default, the same on every device.
+    With a static `tail` (`f(a, ..., *args)`, every star argument static), the calls pass the
+    def's `k` parameters by position and then anything (`*choice`): those go through as they
+    are, and the body returned takes the `k`.
     """
     params = body.params
+    if tail is not None and _tail_fits(params, tail[0]):
+        for call in calls:
+            head = list(itertools.takewhile(lambda a: not a.star and a.keyword is None, call.args))
+            if len(head) != tail[0] or any(a.keyword is not None for a in call.args):
+                why = f"a call of `{step}` passes other than its {tail[0]} named arguments first"
+                raise NotVisible(why, Decline.CALLS_DIFFER)
+        return body.with_changes(params=cst.Parameters(params=params.params)), tail[0], ()
     extra = isinstance(params.star_arg, cst.Param)  # `*args` (a bare `*` takes nothing)
     if extra or params.star_kwarg or params.posonly_params:
         raise NotVisible(
@@ -765,6 +786,18 @@ def _signature(
     return view, count, tuple(p.name.value for p in taken[count:])
 
 
+def _tail_fits(params: cst.Parameters, count: int) -> bool:
+    """`def f(a, ..., *args)` with `count` plain parameters and nothing else: a static tail's."""
+    plain = all(p.default is None for p in params.params)
+    others = params.kwonly_params or params.star_kwarg or params.posonly_params
+    return (
+        isinstance(params.star_arg, cst.Param)
+        and len(params.params) == count
+        and plain
+        and not others
+    )
+
+
 def _step_call(
     flow: Flow,
     forms: Forms,
@@ -774,7 +807,8 @@ def _step_call(
     fixed: dict[int, str],
 ) -> _StepCall:
     around = flow.parent.get(id(call))
-    slots = bound_arguments(body, call)  # `body` as `_signature` read it: each call fills it
+    named = [a for a in call.args if not a.star]  # a static tail's star arguments: not the body's
+    slots = bound_arguments(body, call.with_changes(args=named))  # each call fills `body`
     assert slots is not None
     values = [slots[p.name.value] for p in body.params.params]
     args = [single_name(v) or ("" if i in fixed else INLINE) for i, v in enumerate(values)]

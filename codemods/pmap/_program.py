@@ -51,6 +51,7 @@ from jaxmigrate.toolkit.imports import is_docstring
 from ._declines import Decline
 from ._layout import Layout
 from ._reach import assigned_name, nodes_in, read_names, replaced
+from ._specs import with_static_tail
 
 
 @dataclass
@@ -100,6 +101,7 @@ class Program:
     # process's devices alone raises ("incompatible devices"); None: read as it is.
     numpy: str | None = None
     statics: cst.Arg | None = None  # `static_broadcasted_argnums`, as written
+    tail: cst.BaseExpression | None = None  # how many star arguments, all static (`_specs`)
     # The binding of `host` making the step (`step = jax.pmap(...)`, the decorated def); None:
     # made outside `host`, before it runs
     made: cst.Assign | cst.FunctionDef | None = None
@@ -163,6 +165,8 @@ class Program:
         outs = [spec(varying) for varying in self.varying]
         options = {"mesh": cst.parse_expression(mesh)} if mesh is not None else {}
         options["in_specs"] = cst.Tuple([cst.Element(v) for v in ins])
+        if self.tail is not None:  # `(P(), P(axis)) + (None,) * len(names)`
+            options["in_specs"] = with_static_tail(options["in_specs"], len(ins), self.tail)
         options["out_specs"] = (
             cst.Tuple([cst.Element(v) for v in outs]) if self.outputs is not None else outs[0]
         )
