@@ -152,3 +152,23 @@ def test_a_namespace_package_of_the_tree_is_forgotten_with_its_parent(tmp_path: 
     assert ran.returncode == 0, ran.stderr
     every = "['pkg', 'pkg.ns', 'pkg.ns.core']"
     assert ran.stdout.splitlines() == [f"7 {every}", "restored"] * 2 + ["[]"], ran.stdout
+
+
+def test_a_module_in_a_namespace_folder_of_a_package_is_named_through_it(tmp_path: Path) -> None:
+    """big_vision's trainers live in folders without `__init__.py` under the package
+    (`big_vision/trainers/proj/flexi/train.py`, run as `big_vision.trainers.proj.flexi.train`).
+    Named `train` on the folder's own path, the recorder waited for a module the program never
+    imported, and the trainer's edits stayed unverified ("made no call of it")."""
+    from jaxmigrate.verify.workspace import module_name
+
+    for folder in ("pkg", "pkg/evals", "scripts"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "evals" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "trainers" / "proj").mkdir(parents=True)
+    assert module_name(tmp_path, "pkg/trainers/proj/train.py") == ("pkg.trainers.proj.train", ".")
+    assert module_name(tmp_path, "pkg/evals/cls.py") == ("pkg.evals.cls", ".")
+    assert module_name(tmp_path, "pkg/__init__.py") == ("pkg", ".")
+    # a folder of scripts in no package is its own entry, as before
+    assert module_name(tmp_path, "scripts/run.py") == ("run", "scripts")
+    assert module_name(tmp_path, "drive.py") == ("drive", ".")

@@ -169,11 +169,29 @@ def workspace(
 
 
 def module_name(root: Path, relpath: str) -> tuple[str, str]:
-    """Return the dotted name of the module at `relpath` and the sys.path entry it needs."""
+    """Return the dotted name of the module at `relpath` and the sys.path entry it needs.
+
+    Folders without `__init__.py` inside a regular package are namespace folders of it
+    (big_vision's `big_vision/trainers/proj/flexi/train.py` is
+    `big_vision.trainers.proj.flexi.train`, as its trainers are run): the name goes through
+    them to the package. A folder of scripts in no package is its own entry."""
     path = Path(relpath)
     parts = [] if path.stem == "__init__" else [path.stem]
-    folder = path.parent
+    folder = _packages_up(root, path.parent, parts)
+    gap: list[str] = []
+    above = folder
+    while above != Path(".") and not (root / above / "__init__.py").exists():
+        gap.insert(0, above.name)
+        above = above.parent
+    if folder != Path(".") and above != Path(".") and all(n.isidentifier() for n in gap):
+        parts[:0] = gap  # namespace folders of the package `above`
+        folder = _packages_up(root, above, parts)
+    return ".".join(parts) or path.parent.name, str(folder)
+
+
+def _packages_up(root: Path, folder: Path, parts: list[str]) -> Path:
+    """Prepend to `parts` the regular packages from `folder` up; return the folder above them."""
     while folder != Path(".") and (root / folder / "__init__.py").exists():
         parts.insert(0, folder.name)
         folder = folder.parent
-    return ".".join(parts) or path.parent.name, str(folder)
+    return folder
