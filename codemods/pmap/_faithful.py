@@ -30,11 +30,13 @@ from ._layout import fill, holes_of
 from ._passon import elsewhere
 from ._reach import nodes_in
 from ._specs import (
+    TAIL_BUILTINS,
     Untranslatable,
     argnums,
     partition_spec,
     spec_tree,
     static_tail,
+    tail_fits,
     tuple_of,
     with_static_tail,
     with_statics,
@@ -395,8 +397,7 @@ class Faithful(Finding):
             return argnums(value), None
         except Untranslatable as why:
             tail = static_tail(value)
-            builtins = ("tuple", "list", "range", "len")  # as they are read: none rebound
-            if tail is None or any(self.resolver.bound(name) for name in builtins):
+            if tail is None or any(self.resolver.bound(name) for name in TAIL_BUILTINS):
                 raise NotMigrated(f"`static_broadcasted_argnums`: {why}") from None
             return (), tail
 
@@ -406,12 +407,7 @@ class Faithful(Finding):
         """The specs of a def `f(a, b, *args)` whose star arguments are all static."""
         fn = site.mapped
         params = fn.params if isinstance(fn, cst.FunctionDef) else None
-        if (
-            params is None
-            or not isinstance(params.star_arg, cst.Param)
-            or len((*params.posonly_params, *params.params)) != start
-            or any(p.default is not None for p in params.params)
-        ):
+        if params is None or not tail_fits(params, start):
             named = f"{start} parameter{'s' * (start != 1)}"
             raise NotMigrated(
                 f"`static_broadcasted_argnums` from {start} on: the mapped function is not "

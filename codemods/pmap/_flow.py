@@ -50,7 +50,7 @@ from ._reach import ENTRY, SCOPES, Flow, free_names, nodes_in, params_of, replac
 from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
-from ._specs import static_tail
+from ._specs import TAIL_BUILTINS, static_tail, tail_fits
 from ._summary import NO_FACTS, NOT_DECLARABLE, ModuleFacts
 
 GET_METRICS = (row_named("get_metrics"),)
@@ -280,6 +280,9 @@ def _follow(
     made = [_call_of(flow, use, step, host.name.value) for use in uses]
     if not made:
         raise NotVisible(f"`{step}` is not called in `{host.name.value}`", Decline.NOT_CALLED)
+    if options.tail is not None and any(b in flow.stores or b in facts.defs for b in TAIL_BUILTINS):
+        why = "`static_broadcasted_argnums` is read with a builtin this module binds again"
+        raise NotVisible(why, Decline.OPTION)
     body, passed, keywords = _signature(body, made, step, options.tail)
     arity = len(body.params.params)
     fixed = _fixed_positions(options, passed)
@@ -736,7 +739,8 @@ def _signature(
     are, and the body returned takes the `k`.
     """
     params = body.params
-    if tail is not None and _tail_fits(params, tail[0]):
+    others = params.star_kwarg or params.posonly_params or params.kwonly_params
+    if tail is not None and tail_fits(params, tail[0]) and not others:
         for call in calls:
             head = list(itertools.takewhile(lambda a: not a.star and a.keyword is None, call.args))
             if len(head) != tail[0] or any(a.keyword is not None for a in call.args):
@@ -784,18 +788,6 @@ def _signature(
     ]
     view = body.with_changes(params=cst.Parameters(params=plain))
     return view, count, tuple(p.name.value for p in taken[count:])
-
-
-def _tail_fits(params: cst.Parameters, count: int) -> bool:
-    """`def f(a, ..., *args)` with `count` plain parameters and nothing else: a static tail's."""
-    plain = all(p.default is None for p in params.params)
-    others = params.kwonly_params or params.star_kwarg or params.posonly_params
-    return (
-        isinstance(params.star_arg, cst.Param)
-        and len(params.params) == count
-        and plain
-        and not others
-    )
 
 
 def _step_call(

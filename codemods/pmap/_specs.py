@@ -109,6 +109,19 @@ def static_tail(node: cst.BaseExpression) -> tuple[int, cst.BaseExpression] | No
     return None
 
 
+TAIL_BUILTINS = ("tuple", "list", "range", "len")  # a static tail is read with these: none rebound
+
+
+def tail_fits(params: cst.Parameters, start: int) -> bool:
+    """`def f(a, ..., *args)`: `start` parameters without defaults, then `*args`, the shape a
+    static tail (`static_tail`) is for."""
+    return (
+        isinstance(params.star_arg, cst.Param)
+        and len((*params.posonly_params, *params.params)) == start
+        and not any(p.default is not None for p in params.params)
+    )
+
+
 def _called(call: cst.Call, *names: str) -> bool:
     return isinstance(call.func, cst.Name) and call.func.value in names
 
