@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import difflib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -110,8 +110,15 @@ class Sources:
     root: Path
     originals: Mapping[str, str]
     candidates: Mapping[str, str]
+    # each file read, parsed and diffed once per run, not once per plan and frame
+    known: dict[str, Source | None] = field(default_factory=dict, compare=False, repr=False)
 
     def get(self, relpath: str) -> Source | None:
+        if relpath not in self.known:
+            self.known[relpath] = self._read(relpath)
+        return self.known[relpath]
+
+    def _read(self, relpath: str) -> Source | None:
         original = self.originals.get(relpath)
         if original is None:
             try:
