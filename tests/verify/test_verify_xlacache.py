@@ -13,6 +13,9 @@ import pytest
 from clitools import cli_env, jm
 
 from jaxmigrate.verify import xlacache
+from jaxmigrate.verify.config import VerifyConfig
+from jaxmigrate.verify.pool import child_env
+from jaxmigrate.verify.workspace import Workspace
 
 PROGRAM = Path(__file__).parent.parent / "fixtures" / "pmap" / "program_state_returned_by_callee.py"
 
@@ -79,3 +82,18 @@ def test_a_run_verifies_the_same_cold_warm_damaged_and_off(tmp_path: Path) -> No
     shutil.rmtree(cache)
     assert run("off", "0") == cold
     assert not cache.exists()
+
+
+def test_a_job_of_several_processes_runs_without_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """JAX 0.12.1 hangs running a cross-process (gloo) program it loaded from the cache: the
+    workers of a `--processes 2` job are not given it; a one-process worker is."""
+    (tmp_path / "xla").mkdir()
+    monkeypatch.setenv(xlacache.ENV, str(tmp_path / "xla"))
+    ws = Workspace(tmp_path / "ws")
+    alone = child_env(VerifyConfig(tmp_path), ws)
+    assert alone[xlacache.ENV] == str(tmp_path / "xla")
+    for process in (0, 1):
+        env = child_env(VerifyConfig(tmp_path, processes=2), ws, (), process, "localhost:1")
+        assert xlacache.ENV not in env and env["JAXMIGRATE_COORDINATOR"] == "localhost:1"

@@ -83,7 +83,8 @@ def child_env(
     env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")])
     cache = xlacache.folder(env)
     env.pop(xlacache.ENV, None)
-    if cache is not None and cache.is_dir():  # made by `verify` (`xlacache.prepare`)
+    # made by `verify` (`xlacache.prepare`); never in a job of several processes (`xlacache`)
+    if cache is not None and cache.is_dir() and config.processes == 1:
         env[xlacache.ENV] = str(cache)
     return env
 

@@ -9,6 +9,11 @@ disk. The parent names the folder, `<jaxmigrate's cache>/xla`, in each worker's 
 `import jax`, before any compile) for every program however quick to compile. JAX before 0.5
 is left as it is (its cache on CPU is younger than the programs it would serve).
 
+Not in a job of several processes (`--processes N`, `pool.child_env`): under JAX 0.12.1 a
+program with collectives across processes (gloo), loaded from the cache where an earlier job
+wrote it, never completes (both processes wait in their first readback), so every 2-process
+verification after the first timed out. Each such job compiles as it would without jaxmigrate.
+
 Left alone: a user's own `JAX_COMPILATION_CACHE_DIR` (their cache, their settings).
 `JAXMIGRATE_XLA_CACHE=0` turns it off; `JAXMIGRATE_XLA_CACHE=DIR` puts it in DIR (CI gives each
 run an empty one, so a clean clone's time is measured from cold). JAX bounds its cache only
