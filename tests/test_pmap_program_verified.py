@@ -36,6 +36,7 @@ PROGRAMS = sorted(
 )
 
 
+@pytest.mark.one_jax  # the corpus runs on JAX 0.12 too (test_fixtures.py); this, once
 def test_every_program_fixture_is_written_verified(tmp_path: Path) -> None:
     for path in PROGRAMS:  # each in a folder of its own: laid out at its own width, as alone
         (tmp_path / path.stem).mkdir()

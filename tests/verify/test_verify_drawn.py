@@ -27,7 +27,7 @@ from jaxmigrate.verify.child.pickling import dumps
 from jaxmigrate.verify.child.recorder import MAX_DRAWN, drawn_from
 from jaxmigrate.verify.child.values import HostDrawn
 
-pytestmark = pytest.mark.jax
+pytestmark = [pytest.mark.jax, pytest.mark.one_jax]  # not again on JAX 0.12 (.ci/run)
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "pmap" / "program_drawn_batches.py"
 COMMAND = f"{sys.executable} -c 'import drawn; drawn.main()'"

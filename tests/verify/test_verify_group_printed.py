@@ -24,7 +24,7 @@ from jaxmigrate.model import Options
 from jaxmigrate.pipeline.engine import migrate_source
 from jaxmigrate.verify import VerifyConfig, VerifyRequest, verify
 
-pytestmark = pytest.mark.jax
+pytestmark = [pytest.mark.jax, pytest.mark.one_jax]  # not again on JAX 0.12 (.ci/run)
 
 DATA = textwrap.dedent("""
     from contextlib import contextmanager

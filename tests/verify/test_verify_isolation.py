@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from clitools import jm
 
-pytestmark = pytest.mark.jax
+pytestmark = [pytest.mark.jax, pytest.mark.one_jax]  # not again on JAX 0.12 (.ci/run)
 
 HEADER = textwrap.dedent("""
     import os

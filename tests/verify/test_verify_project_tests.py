@@ -23,6 +23,8 @@ from clitools import jm
 from jaxmigrate.cli.common import resolve_settings
 from jaxmigrate.config import ConfigError, find_pyproject, load_config
 
+pytestmark = pytest.mark.one_jax  # not again on JAX 0.12 (.ci/run)
+
 SIM = textwrap.dedent("""
     import jax
 

@@ -46,6 +46,8 @@ from jaxmigrate.verify.planner import plan_all
 from jaxmigrate.verify.pool import Reply, Worker
 from jaxmigrate.verify.workspace import CHILD_PACKAGE, Workspace, workspace
 
+pytestmark = pytest.mark.one_jax  # not again on JAX 0.12 (.ci/run)
+
 REPO = Path(__file__).resolve().parents[2]
 BEFORE_PROTOCOL = "c3fc652e627351d83eb516356b3dd56b37335837"  # main before the protocol: its worker sends unversioned dicts
 LEGACY = """

@@ -26,6 +26,8 @@ from jaxmigrate.verify.config import VerifyConfig
 from jaxmigrate.verify.recording import collect, same_start
 from jaxmigrate.verify.workspace import Workspace
 
+pytestmark = pytest.mark.one_jax  # not again on JAX 0.12 (.ci/run)
+
 CALL = RecordedCall(
     target="m.py:step",
     contexts=[["m.py", 12]],

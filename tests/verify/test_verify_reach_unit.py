@@ -21,6 +21,8 @@ from jaxmigrate.model import Safety, Site
 from jaxmigrate.verify import VerifyRequest
 from jaxmigrate.verify.planner import plan_all, reach_spans
 
+pytestmark = pytest.mark.one_jax  # not again on JAX 0.12 (.ci/run)
+
 PROGRAM = textwrap.dedent("""\
     import functools
     import os

@@ -23,7 +23,7 @@ from clitools import cli_env, command, jm
 
 from jaxmigrate.verify.lifetime import GUARD, sweep
 
-pytestmark = pytest.mark.jax
+pytestmark = [pytest.mark.jax, pytest.mark.one_jax]  # not again on JAX 0.12 (.ci/run)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples/legacy_project/legacy_project/sharded.py"
 README_CELLS = [
