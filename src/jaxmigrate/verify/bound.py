@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxmigrate.model import Status
+from jaxmigrate.toolkit.facts import parse
 from jaxmigrate.verify.child import protocol
 from jaxmigrate.verify.child.protocol import (
     CompareRecords,
@@ -30,7 +31,6 @@ from jaxmigrate.verify.child.protocol import (
 )
 from jaxmigrate.verify.config import Verdict, VerifyConfig
 from jaxmigrate.verify.judge import no_call
-from jaxmigrate.verify.messages import parse
 from jaxmigrate.verify.planner import Plan, body_lines
 from jaxmigrate.verify.pool import Worker
 from jaxmigrate.verify.recording import (

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxmigrate.pipeline.engine import line_map_between
+from jaxmigrate.toolkit.facts import parse
 from jaxmigrate.verify.child.protocol import (
     SCRIPT,
     Context,
@@ -94,13 +95,6 @@ class Source:
         mapped = self.forward.get(line)
         cand = with_at(cand_tree, self.candidate, mapped) if cand_tree and mapped else None
         return orig, cand
-
-
-def parse(text: str) -> ast.Module | None:
-    try:
-        return ast.parse(text)
-    except SyntaxError:
-        return None
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from jaxmigrate.toolkit.facts import parse
 from jaxmigrate.verify import lifetime
 from jaxmigrate.verify.child.distributed import STDOUT
 from jaxmigrate.verify.child.protocol import (
@@ -113,10 +114,7 @@ def method_watch(plan: Plan) -> MethodWatch | None:
 def parsed(text: str) -> ast.Module | None:
     """Return a file's tree, parsed once per text (read only): `method_watch` is asked for
     every bound plan, several times in a run."""
-    try:
-        return ast.parse(text)
-    except SyntaxError:
-        return None
+    return parse(text)
 
 
 def recording_plan(plans: Sequence[Plan], ws: Workspace, max_calls: int) -> RecordPlan:
