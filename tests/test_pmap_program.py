@@ -508,3 +508,21 @@ def test_a_stored_step_not_taken_is_diagnosed_with_the_declared_parameters() -> 
     # `w` is the declared copies now: what blocks is the loop joining them with the step's
     # results (a declared parameter rebound by the step is not followed yet)
     assert "[PL301]" not in message and "[PL401]" in message, message
+
+
+@pytest.mark.parametrize(
+    ("case", "args", "tail"),
+    [
+        ("program_static_step", ["replicated", "batch", "batch", "fixed", "static"], False),
+        ("program_static_star_args_tail", ["replicated", "batch"], True),
+    ],
+)
+def test_the_verifier_is_told_which_arguments_are_static(
+    case: str, args: list[str], tail: bool
+) -> None:
+    """A static position is "static" in the layout the verifier gets, and a static `*args`
+    tail is `static_tail`: its adapters pass them to the rewrite's step as they are."""
+    path = Path(__file__).parent / "fixtures" / "pmap" / f"{case}.py"
+    result = migrate_source(path.read_text(), options=Options(unsafe_fixes=True))
+    (layout,) = [s.details["layout"] for s in result.sites if "layout" in s.details]
+    assert layout["args"] == args and layout["static_tail"] is tail

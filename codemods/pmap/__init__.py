@@ -939,7 +939,7 @@ class Pmap(Faithful):
         each argument's kind and which results are read flattened."""
         span = self.get_metadata(PositionProvider, node)
         kinds = [  # "keys": one per device, stacked in both forms (each device takes its own)
-            "fixed"
+            ("static" if program.fixed[i] == "static" else "fixed")
             if i in program.fixed
             else "keys"
             if i in program.squeezed
@@ -958,6 +958,7 @@ class Pmap(Faithful):
             "results": [i for i, varying in enumerate(program.varying) if not varying],
             "varying": list(program.varying),
             "tuple": program.outputs is not None,
+            "static_tail": program.tail is not None,  # the star arguments past `args`: static
             # made and called outside any function: verified by running the module as a script
             "script": any(program.host is host for host in self.main_blocks.values()),
         }

@@ -215,3 +215,50 @@ def test_a_returned_steps_calls_are_compared_in_the_flat_layout() -> None:
     )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split() == ["True", "False"], ran.stdout
+
+
+STATIC = textwrap.dedent("""\
+    import jax
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    from jaxmigrate.verify.child.layouts import LAYOUT, checked, flat_in, flat_out
+
+    def body(w, x, scale, *flexi):
+        return jax.lax.psum((x @ w).sum() * scale * sum(flexi), "b")
+
+    layout = {"args": ["replicated", "batch", "static"], "keywords": [], "replicated": [0],
+              "results": [0], "varying": [False], "tuple": False, "line": 1,
+              "static_tail": True}
+    pmapped = jax.pmap(body, axis_name="b", static_broadcasted_argnums=(2, 3, 4))
+    original = flat_out(checked(pmapped, layout, "step", []))
+    mesh = jax.sharding.Mesh(jax.devices(), ("b",))
+    n = jax.local_device_count()
+    w = np.stack([np.arange(3, dtype=np.float32)] * n)
+    x = np.arange(n * 2 * 3, dtype=np.float32).reshape(n, 2, 3)
+    step = jax.jit(
+        jax.shard_map(body, mesh=mesh, in_specs=(P(), P("b"), None) + (None,) * 2,
+                      out_specs=P(), check_vma=False),
+        static_argnums=(2, 3, 4),
+    )
+    setattr(step, LAYOUT, layout)
+    print(float(original(w, x, 2, 1, 3)) == float(flat_in(step)(w, x, 2, 1, 3)))
+    """)
+
+
+@pytest.mark.jax
+def test_a_returned_steps_static_arguments_stay_as_they_are() -> None:
+    """A static argument (`static_broadcasted_argnums`, and a static `*args` tail) reaches the
+    rewrite's `jax.jit(..., static_argnums=...)` step as the Python value it is: read to the
+    host as an array, `jax.jit` would refuse it ("Non-hashable static arguments")."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    ran = subprocess.run(
+        [sys.executable, "-c", STATIC],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.split() == ["True"], ran.stdout

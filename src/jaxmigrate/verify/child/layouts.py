@@ -94,7 +94,10 @@ def _host(x: Any) -> np.ndarray:
 
 def flatten(tree: Any, kind: str) -> Any:
     """Return a stacked value in the flat layout: "replicated" -> device 0's copy, "batch" ->
-    the blocks joined along the first axis, anything else as it is."""
+    the blocks joined along the first axis, "static" (`jax.jit`'s `static_argnums` in the
+    rewrite) exactly as it is (a Python number stays hashable), anything else on the host."""
+    if kind == "static":
+        return tree
     if kind == "replicated":
         return tree_map(lambda x: _host(x)[0] if np.ndim(x) else x, tree)
     if kind == "batch":
@@ -106,7 +109,8 @@ def flat_args(layout: dict[str, Any], args: tuple[Any, ...]) -> tuple[Any, ...]:
     """Return the arguments of a call of the original's step in the flat layout (read before
     the call: it may donate them)."""
     kinds = layout.get("args", [])
-    return tuple(flatten(a, kinds[i] if i < len(kinds) else "") for i, a in enumerate(args))
+    past = "static" if layout.get("static_tail") else ""  # a static `*args` tail
+    return tuple(flatten(a, kinds[i] if i < len(kinds) else past) for i, a in enumerate(args))
 
 
 def flat_results(layout: dict[str, Any], out: Any) -> Any:
@@ -164,7 +168,8 @@ def checked(
         keep = (
             steps is not None and len(steps) < MAX_STEP_CALLS and (passed is not args or not kwargs)
         )
-        before = flat_args(layout, passed) if keep else ()
+        # on the host as `capturing` keeps the rewrite's calls (a static number read too)
+        before = on_host(flat_args(layout, passed)) if keep else ()
         out = step(*args, **kwargs)
         results = out if layout.get("tuple") and isinstance(out, tuple) else (out,)
         for index in layout.get("results", []):
