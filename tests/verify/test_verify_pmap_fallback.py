@@ -263,6 +263,7 @@ def test_the_step_site_says_what_the_program_level_form_assumes() -> None:
         "results": [0, 1],
         "varying": [False, False],
         "tuple": True,
+        "static_tail": False,  # no `*args` tail passed to `static_argnums`
         "script": False,  # made in a function: that function is the unit
     }
     assert step.details["layout"] == layout
