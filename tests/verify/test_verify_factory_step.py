@@ -174,6 +174,21 @@ def test_the_rewrites_mesh_is_found_around_the_call_and_rebuilt_from_its_locals(
         assert local_bindings(ast.parse(twice), twice, again.line) == [], other
 
 
+def printed(script: str) -> list[str]:
+    """Run `script` in a fresh Python on 8 CPU devices; return the words it printed."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    ran = subprocess.run(
+        [sys.executable, "-c", script],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    return ran.stdout.split()
+
+
 ADAPTERS = textwrap.dedent("""\
     import jax
     import numpy as np
@@ -204,17 +219,7 @@ ADAPTERS = textwrap.dedent("""\
 
 @pytest.mark.jax
 def test_a_returned_steps_calls_are_compared_in_the_flat_layout() -> None:
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    ran = subprocess.run(
-        [sys.executable, "-c", ADAPTERS],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.split() == ["True", "False"], ran.stdout
+    assert printed(ADAPTERS) == ["True", "False"]
 
 
 STATIC = textwrap.dedent("""\
@@ -251,14 +256,4 @@ def test_a_returned_steps_static_arguments_stay_as_they_are() -> None:
     """A static argument (`static_broadcasted_argnums`, and a static `*args` tail) reaches the
     rewrite's `jax.jit(..., static_argnums=...)` step as the Python value it is: read to the
     host as an array, `jax.jit` would refuse it ("Non-hashable static arguments")."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    ran = subprocess.run(
-        [sys.executable, "-c", STATIC],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert ran.returncode == 0, ran.stderr[-2000:]
-    assert ran.stdout.split() == ["True"], ran.stdout
+    assert printed(STATIC) == ["True"]
