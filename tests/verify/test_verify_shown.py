@@ -261,3 +261,27 @@ def test_gloos_lines_cut_between_any_of_its_writes_are_not_the_programs_output()
         "peer ranks. 7",
     ]
     assert the_programs(printed) == ["step 1 loss 0.25", "", "peer ranks. 7"]
+
+
+def test_a_number_of_gloos_written_after_another_threads_line_end_is_not_the_programs() -> None:
+    """Seen in CI (JAX 0.12.1, a 2-process job): a thread's number landed after another
+    thread's end of line, alone on a line, and a faithful rewrite "showed" a line `7` its
+    original did not and failed. A line of digits alone is the runtime's while the runtime's
+    pieces seen since the program's last line owe numbers; after a line of the program's it is
+    the program's."""
+    from jaxmigrate.verify.child.shown import the_programs
+
+    rank, end = (
+        "[Gloo] Rank {} is connected to 7 peer ranks. ",
+        "Expected number of connected peer ranks is : ",
+    )
+    printed = [
+        rank.format(4) + end + rank.format(5) + end + "7",  # 4's number comes after 5's line
+        "7",
+        rank.format(6) + end + "7",
+        "loss 0.25",
+        "7",
+    ]
+    assert the_programs(printed) == ["loss 0.25", "7"]
+    # the owed number was written: a number alone after it is the program's
+    assert the_programs([rank.format(4) + end + "7", "7"]) == ["7"]

@@ -213,12 +213,17 @@ def stdout_captured() -> Iterator[list[str]]:
 # (`[Gloo] Rank [Gloo] Rank 0 is connected to ...`, `... 7 peer ranks. [Gloo] Rank Expected
 # ...`), and when both ends of line come last the second is a line of its own, empty. So a
 # line made only of those pieces and numbers is the runtime's, and so is an empty line owed by
-# a runtime line that holds more than one line's end.
+# a runtime line that holds more than one line's end. A number can also land after another
+# thread's end of line, alone on a line (`... peer ranks is : ` then `7` on the next, seen in
+# CI): a line of digits alone is the runtime's while the pieces seen since the program's last
+# line still owe numbers (each of `Rank `, ` is connected to ` and `is : ` is followed by one),
+# and the program's otherwise.
 RUNTIME_PIECES = re.compile(
     r"\[Gloo\] Rank | is connected to | peer ranks\. |Expected number of connected peer ranks is : "
 )
 RUNTIME_END = "Expected number of connected peer ranks is : "
 RUNTIME_NUMBERS = re.compile(r"\d+")
+RUNTIME_NUMBERED = ("[Gloo] Rank ", " is connected to ", RUNTIME_END)  # each followed by a number
 
 
 def _runtimes(line: str) -> bool:
@@ -231,14 +236,20 @@ def the_programs(lines: list[str]) -> list[str]:
     """Return the lines written to standard output by the program, not by JAX's runtime."""
     kept: list[str] = []
     owed = 0  # line ends written by the runtime beyond one per line of it seen so far
+    numbers = 0  # numbers its pieces seen since the program's last line still owe
     for line in lines:
         if _runtimes(line):
             owed += line.count(RUNTIME_END) - 1
+            owing = sum(line.count(piece) for piece in RUNTIME_NUMBERED)
+            numbers = max(0, numbers + owing - len(RUNTIME_NUMBERS.findall(line)))
         elif not line and owed > 0:
             owed -= 1
+        elif numbers > 0 and line.isdigit():
+            numbers -= 1
+            owed = max(0, owed - 1)
         else:
             kept.append(line)
-            owed = 0
+            owed = numbers = 0
     return kept
 
 
