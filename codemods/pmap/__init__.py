@@ -92,7 +92,10 @@ without a call: the reshape succeeds
 only when it is the rows per device; or its `jax.tree.map`, `common_utils.shard`, a
 module helper doing one of these, of a loop variable too; `next(it)` of a generator of the
 function, called once, whose every `yield` is such a split or a tuple of them: the generator then
-yields the flat batches, JAX's spmd_mnist example), per-device keys (`jax.random.split(k, n)`, `common_utils.shard_prng_key(k)`:
+yields the flat batches, JAX's spmd_mnist example), any of these packed in a tuple and unpacked
+into the same names, maybe through calls keeping each leaf (`np.asarray`, `x.astype(x.dtype)`, a
+module helper mapping one, brax's `state, env = _strip_weak_type((state, env))`, kept as it is),
+per-device keys (`jax.random.split(k, n)`, `common_utils.shard_prng_key(k)`:
 `P(axis)`, each device taking its own key, `key[0]`, in a lambda around the body; steps made in a
 function only), `in_axes=None`
 or static arguments, or its own results fed back; its results are read only as device 0's copy

@@ -35,6 +35,7 @@ from ._layout import (
     DONATED_COPY,
     GLOBAL_BATCH,
     HOST_ARRAY,
+    KEEPING,
     LOCAL_PART,
     SPLIT_EDIT,
     Layout,
@@ -939,6 +940,7 @@ def _follow_argument(
     declarable: dict[str, str] = {}
     classified: dict[int, Layout] = {}  # by id of a binding: its layout (its edit recorded once)
     slots: list[tuple[str, cst.BaseExpression]] = []  # (name passed or INLINE, its value)
+    through: set[int] = set()  # by id: the unpackings of a tuple followed to its part
 
     def reached(layout: Layout, is_drawn: bool = False) -> None:
         layouts.append(layout)
@@ -996,6 +998,10 @@ def _follow_argument(
                 blocking.append(f"`{name}`, {where}")
                 if parameter and program.spelling and host != "__main__":
                     declarable[blocking[-1]] = name
+            elif (part := _unpacked_part(binding, name, forms)) is not None:
+                if id(binding) not in through:  # a loop back through it adds nothing
+                    through.add(id(binding))
+                    slots.append((part.value, part))
             else:
                 layout = classified.get(id(binding)) or _binding_kind(
                     program, binding, name, forms, calls, flow, position
@@ -1372,12 +1378,16 @@ def _follow_stacked(
         )
     ]
     stackings += [ENTRY] if name in program.entries else []  # a parameter: the caller's value
+    # `x, y = keep((x, y))`: the name unpacked is laid out as its part (`_unpacked_part`)
+    stackings += [b for b in flow.stores.get(name, []) if _unpacked_part(b, name, forms)]
     blocking: list[cst.CSTNode] = []  # each read that blocks: every one is named
     for use in _reads(program, flow, forms, calls, name, set(stackings)):  # once stacked
         if not replicated and not keys and _flat_batch(program, flow, forms, use, name):
             continue
         if replicated and _readback_deleted(program, flow, forms, use, name):
             continue
+        if _repacked(flow, forms, use):
+            continue  # the name it is unpacked into is followed as this one
         if replicated and carried_out(program, flow, use, None):
             continue  # returned to the caller, which gave it
         if replicated and passed_on(program, flow, forms, use, name, _readback_around):
@@ -1858,6 +1868,33 @@ def _binding_kind(
     return _inline_kind(program, value, forms, position, flow)
 
 
+def _unpacked_part(binding: cst.CSTNode, name: str, forms: Forms) -> cst.Name | None:
+    """`a, b = (x, y)`, maybe through calls keeping each leaf's layout (`np.asarray`, a
+    helper whose summary is one, brax's `_strip_weak_type((state, env_state))`): the name the
+    tuple holds where `name` is unpacked, laid out as it is; else None."""
+    if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
+        return None
+    target, value = binding.targets[0].target, binding.value
+    for _ in range(3):  # carriers of carriers
+        found = forms.transfer(value, KEEPING) if isinstance(value, cst.Call) else None
+        value = found.source if found is not None else value
+    if not isinstance(target, (cst.Tuple, cst.List)) or not isinstance(value, cst.Tuple):
+        return None
+    items, values = target.elements, value.elements
+    if len(items) != len(values) or any(type(e) is not cst.Element for e in (*items, *values)):
+        return None  # a starred target or value: the parts do not line up
+    at = [i for i, e in enumerate(items) if single_name(e.value) == name]
+    part = values[at[0]].value if len(at) == 1 else None
+    return part if isinstance(part, cst.Name) else None
+
+
+def _repacked(flow: Flow, forms: Forms, use: cst.Name) -> bool:
+    """`use` is the part of a tuple unpacked into its own name, `x, y = keep((x, y))`, laid out
+    as it is (`_unpacked_part`): its reads are followed from there as the name's."""
+    assign = flow.statement(use)
+    return _unpacked_part(assign, use.value, forms) is use
+
+
 def _unpacked_replication(
     program: Program, binding: cst.Assign, name: str, forms: Forms, position: int
 ) -> Layout:
@@ -2032,7 +2069,10 @@ def _follow_result(
             and forms.readback_of(b.value, name)
         ),
     )
+    made = {*made, *(b for b in flow.stores.get(name, []) if _unpacked_part(b, name, forms))}
     for use in _reads(program, flow, forms, calls, name, made):  # a call's result reaches it
+        if _repacked(flow, forms, use):
+            continue  # `x, y = keep((x, y))`: read as `x` is, from there
         listed = _appended_to(flow, use)
         if listed is not None:
             _follow_list(program, flow, forms, calls, step, listed)

@@ -218,6 +218,8 @@ TRANSFERS: tuple[Transfer, ...] = (
              HOST_COPY),
     Transfer("asarray", ("numpy.asarray({x})", "numpy.array({x})", "jax.numpy.asarray({x})"),
              UNKNOWN, UNKNOWN, CARRIER, "{value}", HOST_COPY),
+    Transfer("astype", ("{x}.astype({x}.dtype)",), UNKNOWN, UNKNOWN, CARRIER, "{value}",
+             "the same values, a weak type made strong"),
     # A mean over devices: of equal copies, the value itself; of per-device values (a batch
     # norm's statistics without `axis_name`) a real mean the program-level form has no value
     # for (it holds one value, not one per device): PL402 names the value.
@@ -231,6 +233,10 @@ TRANSFERS: tuple[Transfer, ...] = (
              None, "a step wrapped to pad, split and unpad its batches", decline=Decline.ARGUMENT_UNKNOWN),
 )
 # fmt: on
+
+
+# The carriers kept as they are in both forms, each leaf's layout going through.
+KEEPING = tuple(r for r in TRANSFERS if r.role is CARRIER and r.template == "{value}")
 
 
 def rows(role: Role, gives: Layout) -> tuple[Transfer, ...]:
@@ -356,8 +362,13 @@ def lifted(
         return None
     param, body, tree = mapped
     leaf = match(body, qualname, counts, tuple(r for r in table if r.lifts), loose)
-    if leaf is None or not isinstance(leaf.source, cst.Name) or leaf.source.value != param:
+    inner = leaf
+    while inner is not None and inner.row in KEEPING and not isinstance(inner.source, cst.Name):
+        inner = match(inner.source, qualname, counts, KEEPING, loose)  # a carrier of a carrier
+    if inner is None or not isinstance(inner.source, cst.Name) or inner.source.value != param:
         return None
+    assert leaf is not None
+    leaf = leaf if inner is leaf else Match(leaf.row, {**leaf.holes, leaf.row.source: inner.source})
     if any(
         param in names_in(v)
         for k, v in leaf.holes.items()

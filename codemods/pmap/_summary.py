@@ -56,9 +56,16 @@ def summarize(
         return None
     if isinstance(params.star_arg, cst.Param) or any(p.default for p in params.params):
         return None
+    lines = lines[1 if lines and is_docstring(lines[0]) else 0 :]
+    nested: dict[str, cst.Lambda] = {}
+    while lines and isinstance(lines[0], cst.FunctionDef):  # `def f(leaf): ...` it maps
+        fun = as_lambda(lines[0])
+        if fun is None or lines[0].name.value in names:
+            return None
+        nested[lines[0].name.value] = fun
+        lines = lines[1:]
     smalls: list[Sequence[cst.BaseSmallStatement]] = [
-        line.body if isinstance(line, cst.SimpleStatementLine) else ()
-        for line in lines[1 if lines and is_docstring(lines[0]) else 0 :]
+        line.body if isinstance(line, cst.SimpleStatementLine) else () for line in lines
     ]
     if not smalls or any(len(small) != 1 for small in smalls):
         return None
@@ -80,7 +87,8 @@ def summarize(
 
     seen = {k: v for k, v in (values or {}).items() if k not in names and k not in counted}
     value = called_value(last.value, seen)  # a module name the helper does not shadow
-    found = match(value, qualname, counts) or lifted(value, qualname, counts)
+    found = match(value, qualname, counts)
+    found = found or lifted(value, qualname, counts, named=nested.get)
     found = found or _field_carried(last.value, qualname, seen)
     source = found.source if found is not None and found.row.template else None
     if not isinstance(source, cst.Name) or source.value not in names or found is None:
@@ -95,6 +103,68 @@ def summarize(
     if set(range(len(names))) - {names.index(source.value), *by_count}:
         return None  # a parameter the row does not read: the helper is more than the row
     return Summary(found.row, names.index(source.value), tuple(by_count), found.lifted)
+
+
+def as_lambda(fn: cst.FunctionDef) -> cst.Lambda | None:
+    """`def f(v): v = g(v); return h(v)` as the one lambda it is, `lambda v: h(g(v))`: one
+    parameter, rebound only by assignments of an expression of it; else None."""
+    params = fn.params
+    if fn.decorators or fn.asynchronous or len(params.params) != 1 or params.params[0].default:
+        return None
+    if params.kwonly_params or params.posonly_params or params.star_kwarg:
+        return None
+    if isinstance(params.star_arg, cst.Param):
+        return None
+    name, lines = params.params[0].name.value, fn.body.body
+    if not isinstance(fn.body, cst.IndentedBlock) or not lines:
+        return None
+    body: cst.BaseExpression = cst.Name(name)
+    for i, line in enumerate(lines):
+        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+            return None
+        small = line.body[0]
+        last = i == len(lines) - 1
+        if last and isinstance(small, cst.Return) and small.value is not None:
+            value = small.value
+        elif not last and isinstance(small, cst.Assign) and len(small.targets) == 1:
+            value = small.value
+            if not isinstance(small.targets[0].target, cst.Name):
+                return None
+            if small.targets[0].target.value != name:
+                return None
+        else:
+            return None
+        if _binds(value):
+            return None  # names of its own: a lambda, a comprehension, `:=`
+        body = replaced_name(value, name, body)
+    return cst.Lambda(cst.Parameters([cst.Param(cst.Name(name))]), body)
+
+
+SCOPED = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.NamedExpr)
+
+
+def _binds(node: cst.CSTNode) -> bool:
+    return isinstance(node, SCOPED) or any(_binds(c) for c in node.children)
+
+
+def replaced_name(
+    node: cst.BaseExpression, name: str, by: cst.BaseExpression
+) -> cst.BaseExpression:
+    """`node` with each read of `name` (not an attribute's or a keyword's name) made `by`."""
+
+    class Replace(cst.CSTTransformer):
+        def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
+            return by if original.value == name else updated
+
+        def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.Attribute:
+            return updated.with_changes(attr=original.attr)
+
+        def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
+            return updated.with_changes(keyword=original.keyword)
+
+    out = node.visit(Replace())
+    assert isinstance(out, cst.BaseExpression)
+    return out
 
 
 class Summaries:
