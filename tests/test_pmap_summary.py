@@ -126,3 +126,54 @@ def test_a_mean_over_devices_of_a_field_is_that_row_of_the_whole(text: str) -> N
 )
 def test_a_field_changed_otherwise_has_no_summary(text: str) -> None:
     assert summarize(helper(text), mean_qualname, {"mean": MEAN}) is None
+
+
+NAMES |= {"jnp.asarray": "jax.numpy.asarray", "jax.tree_util.tree_map": "jax.tree_util.tree_map"}
+
+
+def test_a_tree_map_of_a_nested_def_is_read_as_the_one_lambda_it_is() -> None:
+    """brax's `_strip_weak_type`: `def f(leaf): leaf = jnp.asarray(leaf); return
+    leaf.astype(leaf.dtype)`, mapped over the tree, keeps each leaf's layout."""
+    text = (
+        "def _strip_weak_type(tree):\n"
+        "    # strips weak types\n"
+        "    def f(leaf):\n"
+        "        leaf = jnp.asarray(leaf)\n"
+        "        return leaf.astype(leaf.dtype)\n"
+        "    return jax.tree_util.tree_map(f, tree)\n"
+    )
+    found = summarize(helper(text), qualname)
+    assert found is not None and found.row.name == "astype" and found.lifted
+    assert found.row.template == "{value}"
+
+
+def test_a_nested_def_is_rewritten_as_a_lambda_only_where_it_reads_its_parameter() -> None:
+    from codemods.pmap._summary import as_lambda
+
+    def lam(text: str) -> str | None:
+        found = as_lambda(helper(text))
+        return None if found is None else cst.Module([]).code_for_node(found)
+
+    # an attribute's name and a keyword's stay, whatever they are called
+    assert lam("def f(x):\n    x = y.x\n    return g(x, x=x)\n") == "lambda x: g(y.x, x=y.x)"
+    assert lam("def f(x):\n    return x\n") == "lambda x: x"
+    # another name bound, a name of its own, more than one parameter, a decorator: not one lambda
+    assert lam("def f(x):\n    y = g(x)\n    return y\n") is None
+    assert lam("def f(x):\n    return [x for x in x]\n") is None
+    assert lam("def f(x, y):\n    return x\n") is None
+    assert lam("@jit\ndef f(x):\n    return x\n") is None
+    assert lam("def f(x):\n    x = g(x)\n") is None  # no return
+
+
+@pytest.mark.parametrize("last", ["leaf * 2", "leaf[0]", "leaf.astype(jnp.float32)"])
+def test_a_nested_def_doing_more_than_keeping_each_leaf_has_no_summary(last: str) -> None:
+    """A row only through the carriers that keep each leaf (`jnp.asarray(leaf)[0]` is not read
+    as device 0's copy of the tree: no summary, the value stays unknown)."""
+    text = (
+        "def changed(tree):\n"
+        "    def f(leaf):\n"
+        "        leaf = jnp.asarray(leaf)\n"
+        f"        return {last}\n"
+        "    return jax.tree_util.tree_map(f, tree)\n"
+    )
+    assert summarize(helper(text), qualname) is None
