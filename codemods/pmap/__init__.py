@@ -355,7 +355,9 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     `if __name__ == "__main__":` (`if jax.device_count() > 1:`; a pmap-decorated method whose
     `self` is static and that one other method of its class calls is followed there as a step
     stored on `self`, `jax.jit` keeping `self` static, unless another def of the module has its
-    name or another module may name its class: PL201). A step made in
+    name or another module may name its class: PL201; one that a base class in another module
+    of the code base calls, AlgoPerf's `self._eval_model(...)` in `BaseCifarWorkload`, is read
+    there only to name what blocks it, and stays PL104 when nothing does). A step made in
     `if __name__ == "__main__":` is followed in that block as in a function, and one made at
     module level and used only there (a script's loop, a notebook's cells) in the module's
     statements, read as the body of one function: the mesh is made where the step is, its

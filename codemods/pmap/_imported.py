@@ -57,6 +57,23 @@ class Imported:
         """Return the def `qualname` names in one of the modules, else None."""
         if not qualname or not self.texts:
             return None
+        found = self._module_of(qualname)
+        return None if found is None else _resolve(*found)
+
+    def klass(self, qualname: str | None) -> tuple[cst.ClassDef, Qualname] | None:
+        """Return the class `qualname` names in one of the modules (bound once at its level),
+        with how that module spells names; else None."""
+        found = self._module_of(qualname) if qualname and self.texts else None
+        if found is None or len(found[1]) != 1:
+            return None
+        names, (name,) = found
+        bindings = names.module_scope.bindings.get(name, [])
+        if len(bindings) != 1 or not isinstance(bindings[0].node, cst.ClassDef):
+            return None
+        return bindings[0].node, names.qualified_name
+
+    def _module_of(self, qualname: str) -> tuple[ScopeModel, list[str]] | None:
+        """The module of the longest prefix of `qualname` that is one, and the rest."""
         parts = qualname.split(".")
         for cut in range(len(parts) - 1, 0, -1):
             name = ".".join(parts[:cut])
@@ -64,7 +81,7 @@ class Imported:
                 if name not in self.parsed:
                     self.parsed[name] = _parsed(self.texts[name])
                 names = self.parsed[name]
-                return None if names is None else _resolve(names, parts[cut:])
+                return None if names is None else (names, parts[cut:])
         return None
 
 

@@ -33,7 +33,7 @@ from ._flow import (
     unnamed_step,
 )
 from ._forms import HOST_COPIES, Forms, bound_arguments, is_device_count, single_name
-from ._imported import Function, Imported
+from ._imported import Function, Imported, Qualname
 from ._inputs import assigned_call
 from ._layout import SPLIT_EDIT, Layout
 from ._outer import (
@@ -1802,7 +1802,11 @@ class Finding(Pass):
                         f"the step is a method of `{found[0].name.value}`, and {used.why}",
                         used.code,
                     )
-            if isinstance(host, cst.ClassDef):  # AlgoPerf's workloads: called by a base class
+            if found is not None:  # AlgoPerf's workloads: called by a base class's method
+                base = self._base_blocking(*found, self._decorator_options(site.node, body), body)
+                if base is not None:
+                    raise base
+            if isinstance(host, cst.ClassDef):
                 method = f"`{host.name.value}.{body.name.value}`"
                 why += (
                     f" ({method}, called as `self.{body.name.value}(...)`, maybe in a base class)"
@@ -1819,6 +1823,36 @@ class Finding(Pass):
                 deeper = returned_into_self(module, host, options, body, self.qualname, declared)
             raise deeper or self.factory_used.get(id(site.node)) or why from None
         return host, self._checked(module, host, program, flow, body)
+
+    def _base_blocking(
+        self,
+        klass: cst.ClassDef,
+        maker: cst.FunctionDef,
+        assign: cst.Assign,
+        options: Options,
+        body: cst.FunctionDef,
+    ) -> NotVisible | None:
+        """What blocks a step made by a method decorator where a base class of `klass` in
+        another module of the code base calls it (`self._eval_model(...)` in AlgoPerf's
+        `BaseCifarWorkload._eval_model_on_split`), read with that module's names (the step's
+        own, where that module does not know one): only to name it. None when nothing there
+        blocks: the calls in another module are not rewritten from here (PL104 stands)."""
+        if self.imported is None:
+            self.imported = Imported(self.state.modules)
+        for base in klass.bases:
+            found = self.imported.klass(self.qualname(base.value))
+            if found is None:
+                continue
+            cls, spelled = found
+
+            def names(node: cst.BaseExpression, spelled: Qualname = spelled) -> str | None:
+                return spelled(node) or self.qualname(node)
+
+            blocking = stored_on_self(cls, maker, assign, options, body, names, bound=1)
+            if blocking.code is not Decline.NOT_NAMED:
+                where = f"the step is a method of `{klass.name.value}`, called by its base class"
+                return NotVisible(f"{where} `{cls.name.value}`: {blocking.why}", blocking.code)
+        return None
 
     def _checked(
         self,
