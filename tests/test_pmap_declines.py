@@ -290,8 +290,10 @@ import functools
 import jax
 from jax import lax
 
+from algoperf import spec
 
-class Workload:
+
+class Workload(spec.Workload):
     @functools.partial(jax.pmap, axis_name="batch", static_broadcasted_argnums=(0,))
     def _eval_model(self, params, batch):
         return lax.psum((params * batch).sum(), "batch")
@@ -310,6 +312,10 @@ class Workload:
         'argument `model_state["batch_stats"]` comes from elsewhere (`model_state`, a parameter '
         "of `sync_batch_stats`)"
     ) in synchronize, synchronize
+    alone = source.replace("class Workload(spec.Workload):", "class Workload:")
+    assert (  # no base class: called, if at all, on an instance (jax's own tests)
+        "(`Workload._eval_model`: no method of its class calls it, and it has no base class)"
+    ) in pmap_messages(alone)[0]
     other = source.replace("lax.pmean(x, ", "lax.psum(x, ")  # not a mean: its result is read
     assert (
         "[PL401] the result of `avg_fn(...)` is read in `model_state.copy(...)`"

@@ -1808,9 +1808,11 @@ class Finding(Pass):
                     raise base
             if isinstance(host, cst.ClassDef):
                 method = f"`{host.name.value}.{body.name.value}`"
-                why += (
-                    f" ({method}, called as `self.{body.name.value}(...)`, maybe in a base class)"
-                )
+                bases = [b for b in host.bases if code(b.value) != "object"]
+                if bases:
+                    why += f" ({method}, called as `self.{body.name.value}(...)`, maybe in a base class)"
+                else:  # called, if at all, on an instance (jax's `A().my_func_pmap(x)`)
+                    why += f" ({method}: no method of its class calls it, and it has no base class)"
             raise NotVisible(why, Decline.MADE_OUTSIDE)
         options = self._decorator_options(site.node, body)
         facts = self._facts(module, host)
