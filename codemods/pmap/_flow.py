@@ -1211,16 +1211,7 @@ def _taken_from(binding: cst.Assign, name: str, flow: Flow, depth: int = 0) -> c
     `images = batch.get("image")`: a batch's leaves, split per device as the batch is); None
     when the part is not one of a value drawn on every path."""
     target = binding.targets[0].target
-    part: cst.BaseExpression | None = binding.value if single_name(target) == name else None
-    if isinstance(target, (cst.Tuple, cst.List)) and isinstance(
-        binding.value, (cst.Tuple, cst.List)
-    ):
-        items, values = target.elements, binding.value.elements
-        if len(items) == len(values) and not any(
-            isinstance(e, cst.StarredElement) for e in (*items, *values)
-        ):
-            at = [i for i, e in enumerate(items) if single_name(e.value) == name]
-            part = values[at[0]].value if len(at) == 1 else None
+    part = binding.value if single_name(target) == name else _lined_up(target, binding.value, name)
     whole = _derived_from(part) if part is not None and single_name(part) is None else None
     if whole is None or depth > 3:
         return None
@@ -1878,14 +1869,24 @@ def _unpacked_part(binding: cst.CSTNode, name: str, forms: Forms) -> cst.Name | 
     for _ in range(3):  # carriers of carriers
         found = forms.transfer(value, KEEPING) if isinstance(value, cst.Call) else None
         value = found.source if found is not None else value
-    if not isinstance(target, (cst.Tuple, cst.List)) or not isinstance(value, cst.Tuple):
+    part = _lined_up(target, value, name) if isinstance(value, cst.Tuple) else None
+    return part if isinstance(part, cst.Name) else None
+
+
+def _lined_up(
+    target: cst.BaseExpression, value: cst.BaseExpression, name: str
+) -> cst.BaseExpression | None:
+    """`a, b = x, y`: the value written where `name` is unpacked (`x` for `a`); None when the
+    target or the value is no tuple or list, or they do not line up (a starred item)."""
+    if not isinstance(target, (cst.Tuple, cst.List)) or not isinstance(
+        value, (cst.Tuple, cst.List)
+    ):
         return None
     items, values = target.elements, value.elements
     if len(items) != len(values) or any(type(e) is not cst.Element for e in (*items, *values)):
-        return None  # a starred target or value: the parts do not line up
+        return None
     at = [i for i, e in enumerate(items) if single_name(e.value) == name]
-    part = values[at[0]].value if len(at) == 1 else None
-    return part if isinstance(part, cst.Name) else None
+    return values[at[0]].value if len(at) == 1 else None
 
 
 def _repacked(flow: Flow, forms: Forms, use: cst.Name) -> bool:

@@ -27,6 +27,7 @@ from jaxmigrate.toolkit.imports import is_docstring
 
 from ._imported import NO_IMPORTS, Imported
 from ._layout import _HOLE, Match, Qualname, Transfer, lifted, match
+from ._reach import nodes_in, replaced
 
 DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
 # The holes a summarised row's template may have besides its source: the module's spellings.
@@ -151,20 +152,10 @@ def replaced_name(
     node: cst.BaseExpression, name: str, by: cst.BaseExpression
 ) -> cst.BaseExpression:
     """`node` with each read of `name` (not an attribute's or a keyword's name) made `by`."""
-
-    class Replace(cst.CSTTransformer):
-        def leave_Name(self, original: cst.Name, updated: cst.Name) -> cst.BaseExpression:
-            return by if original.value == name else updated
-
-        def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute) -> cst.Attribute:
-            return updated.with_changes(attr=original.attr)
-
-        def leave_Arg(self, original: cst.Arg, updated: cst.Arg) -> cst.Arg:
-            return updated.with_changes(keyword=original.keyword)
-
-    out = node.visit(Replace())
-    assert isinstance(out, cst.BaseExpression)
-    return out
+    names = {id(a.attr) for a in nodes_in(node, cst.Attribute)}
+    names |= {id(a.keyword) for a in nodes_in(node, cst.Arg) if a.keyword is not None}
+    reads = nodes_in(node, cst.Name)
+    return replaced(node, {id(n): by for n in reads if n.value == name and id(n) not in names})
 
 
 class Summaries:
