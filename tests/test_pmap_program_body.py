@@ -114,6 +114,27 @@ def log(name, v):
     out[name] = v
 
 log("loss", jax.lax.pmean(x.sum(), "i"))""",
+    "the part of a tuple that is the same": "pair = (jax.lax.pmean(x.sum(), 'i'), x.sum())\nout = pair[0]",
+    "a nested tuple unpacked": "(out, b), c = (jnp.sum(w), x.sum()), x.sum()",
+    "a closure's part that is the same": (
+        "def f(v):\n    return jnp.sum(w) * v, x.sum()\n\nout, _ = f(2.0)"
+    ),
+    "a part the same on both branches": """\
+pair = (jnp.sum(w), x.sum())
+if SETTING:
+    pair = (jnp.sum(w) * 2, x.sum())
+out = pair[0]""",
+    "an aux part the same, through value_and_grad": """\
+def loss_fn(v):
+    y = x @ v
+    return jnp.sum(y), (jnp.sum(w), y)
+
+grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+aux, g = grad_fn(w)
+g = jax.lax.pmean(g, "i")
+new_w = w - 0.1 * g
+out, y = aux[1]
+return new_w, out""",
     "a DynamicScale's grads, new scale and finite check over the step's axis": """\
 grad_fn = SCALE.value_and_grad(lambda v: jnp.sum(x @ v), axis_name="i")
 scale, finite, loss, g = grad_fn(w)
@@ -215,6 +236,34 @@ def put(v):
     out["a"] = v
 
 jax.tree.map(put, jnp.sum(w))""",
+    "the part of a tuple that differs": "pair = (jax.lax.pmean(x.sum(), 'i'), x.sum())\nout = pair[1]",
+    "a part that differs on one branch": """\
+pair = (jnp.sum(w), x.sum())
+if SETTING:
+    pair = (x.sum(), jnp.sum(w))
+out = pair[0]""",
+    "a part carried through a loop": """\
+pair = (jnp.sum(w), jnp.sum(w))
+for _ in range(2):
+    pair = (pair[1], x.sum())
+out = pair[0]""",
+    "an aux part that differs, through value_and_grad": """\
+def loss_fn(v):
+    y = x @ v
+    return jnp.sum(y), (jnp.sum(w), y.sum())
+
+aux, g = jax.value_and_grad(loss_fn, has_aux=True)(w)
+g = jax.lax.pmean(g, "i")
+new_w = w - 0.1 * g
+same, out = aux[1]
+return new_w, out""",
+    "an aux read whole, through value_and_grad": """\
+def loss_fn(v):
+    return jnp.sum(x @ v), (jnp.sum(w), x.sum())
+
+(loss, out), g = jax.value_and_grad(loss_fn, has_aux=True)(w)
+new_w = w - 0.1 * jax.lax.pmean(g, "i")
+return new_w, out""",
     "a permutation": "out = jax.lax.ppermute(jnp.sum(w), 'i', [(0, 1), (1, 0)])",
     "a mutated field": "out = {'a': jnp.sum(w)}\nout['a'] += x.sum()",
     "a per-device value's shape and values": "out = jnp.zeros(x.shape[1:]).sum() + x.sum()",

@@ -119,7 +119,14 @@ are (flax's `DynamicScale.value_and_grad(..., axis_name=axis)`: its new scale, f
 grads), a shape, or computed from replicated values alone; a
 value computed from a batch or a key, `axis_index`, `ppermute`, a function of the module using
 one, or a closure reading any of these differs (when unsure: differs, and the faithful form is
-kept: batch-norm statistics of each device's forward pass, unless `pmean`'d).
+kept: batch-norm statistics of each device's forward pass, unless `pmean`'d). A tuple the body
+builds, unpacks or indexes is read part by part (`aux, grads = grad_fn(params)` of
+`jax.value_and_grad(loss_fn, has_aux=True)`, then `new_model_state, logits = aux[1]`: the
+statistics the same, the logits not), outside loops. flax's `model.apply(..., mutable=
+["batch_stats"])` (`state.apply_fn`) returns statistics the same on every device when every
+`BatchNorm` named in the step's module and the code base's modules it imports is made (or bound
+by `partial`) with `axis_name=` the step's axis, as flax imagenet's `models.py`; the step's
+message then says so (`_body.averaged_axes`).
 A batch split for the step read by the module's flattening helper (`tohost(batch["inputs"])`)
 becomes this process's part of the global batch.
 A mean over devices of the step's results (a pmapped `pmean` of its argument over its own axis,
@@ -666,6 +673,7 @@ class Pmap(Faithful):
             text = PROGRAM_MESSAGE.format(axis=axis) + (
                 UNNAMED_NOTE.format(axis) if program.unnamed else ""
             )
+            text += "".join(f"; {assumed}" for assumed in program.assumed)
             enabled.append(self.site(site.node, text, group=group, fallback=group, details=layout))
         enabled += self._record_edits([q for _, p in programs for q in (p, *p.callees)], group)
         if not all(enabled):

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import libcst as cst
 
 from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import code
+from jaxmigrate.toolkit.names import walk_in_order
 
 from ._declines import Decline, NotVisible
 from ._forms import Qualname, target_names
@@ -33,6 +35,11 @@ PER_DEVICE = frozenset(
     for op in ("axis_index", "ppermute", "pshuffle", "pswapaxes", "all_to_all", "psum_scatter")
 )
 Defs = Mapping[str, cst.FunctionDef]
+# Whether a value differs between devices, part by part where it is a tuple the body builds or
+# unpacks (`return loss, (new_state, logits)`): a bool, or a tuple of them
+Tree: TypeAlias = "bool | tuple[Tree, ...]"
+STATISTICS = "batch_stats"  # the collection flax's `BatchNorm` updates in training
+APPLIES = frozenset({"apply", "apply_fn"})  # flax's `model.apply`, `TrainState.apply_fn`
 TRACED = frozenset({"shape", "ndim", "dtype", "size", "itemsize"})  # one trace: the same everywhere
 
 
@@ -70,18 +77,23 @@ def body_outputs(
     defs: Defs,
     spellings: frozenset[str] = frozenset(),
     imported: Imported = NO_IMPORTS,
+    norm_axes: frozenset[str] = frozenset(),
+    assumed: set[str] | None = None,
 ) -> tuple[int | None, list[bool]]:
     """Return how many results the body returns as a tuple (None: one, not a tuple), and
     which of them may differ between devices; `mapped`: per parameter, differs between devices.
 
     `defs` are the module's functions the body may call (a call of one that uses a per-device
     collective differs between devices), `imported` the code base's other modules, whose defs
-    it may call too. `spellings`: module constants that name `axis`.
+    it may call too. `spellings`: module constants that name `axis`. `norm_axes`: the axes every
+    batch norm of the code base averages its statistics over (`averaged_axes`); `assumed`
+    collects what the reading took as given beyond the code it read, for the site's message.
     """
     params = [p.name.value for p in body.params.params]
     start = {p for p, m in zip(params, mapped) if m}
     reader = _Reader(axis, qualname, defs, set(start))
-    reader.spellings, reader.imported = spellings, imported
+    reader.spellings, reader.imported, reader.norm_axes = spellings, imported, norm_axes
+    reader.assumed = assumed if assumed is not None else set()
     _run(reader, body, start)
     return _results(reader)
 
@@ -200,8 +212,13 @@ class _Reader:
         self.local: set[str] = set()  # the names the function binds (no module helper then)
         self.spellings: frozenset[str] = frozenset()  # module constants naming the axis
         self.reach: Reach | None = None  # the bindings reaching each read of the body
-        self.made: dict[int, tuple[Summary, bool, bool]] = {}  # see `summarised`
+        self.made: dict[int, tuple[Summary, bool, bool, cst.Call]] = {}  # see `summarised`
         self.imported: Imported = NO_IMPORTS  # the code base's other modules: their defs
+        self.norm_axes: frozenset[str] = frozenset()  # see `averaged_axes`
+        self.assumed: set[str] = set()  # see `body_outputs`, shared with the readers it makes
+        # By binding (an assignment, outside loops) and name: the parts of the tuple it binds
+        self.parts: dict[tuple[int, str], Tree] = {}
+        self.looping = 0  # how many loops of the body the statement read is in
 
     # Statements ---------------------------------------------------------------------------
     def block(self, statements: Iterable[cst.BaseStatement], varying: set[str]) -> set[str]:
@@ -237,6 +254,13 @@ class _Reader:
         )
 
     def loop(self, node: cst.For | cst.While, varying: set[str]) -> set[str]:
+        self.looping += 1
+        try:
+            return self._loop(node, varying)
+        finally:
+            self.looping -= 1
+
+    def _loop(self, node: cst.For | cst.While, varying: set[str]) -> set[str]:
         while True:  # a name that differs after one pass differs on the next: to a fixed point
             inner = set(varying)
             if isinstance(node, cst.For):
@@ -254,11 +278,13 @@ class _Reader:
         if isinstance(node, cst.Assign):
             varies = self.varies(node.value, varying)
             results = self.summarised(node, varying)
-            if results is None and isinstance(node.value, cst.Call):
-                flags = self.helper_results(node.value, varying)
-                results = flags if flags is not None and len(flags) > 1 else None
+            if results is None:
+                tree = self.tree(node.value, varying)
+                results = list(tree) if isinstance(tree, tuple) else None
             if results is not None:
-                return self.bind_each(node.targets[0].target, results, varying)
+                for target in node.targets:
+                    varying = self.bind_each(target.target, results, varying, node)
+                return varying
             for target in node.targets:
                 varying = self.bind(target.target, varies, varying)
         elif isinstance(node, cst.AnnAssign) and node.value is not None:
@@ -329,10 +355,11 @@ class _Reader:
                 varying = self.changed(owners, varying)
         return varying
 
-    def summarised(self, node: cst.Assign, varying: set[str]) -> list[bool] | None:
+    def summarised(self, node: cst.Assign, varying: set[str]) -> list[Tree] | None:
         """`grad_fn = obj.value_and_grad(..., axis_name=axis)` (a row of SUMMARIES) is recorded
         with whether `obj` and the whole call differ; `a, b, c, d = grad_fn(*args)`, where every
-        binding reaching `grad_fn` is such a row, gives each result as the row says."""
+        binding reaching `grad_fn` is such a row, gives each result as the row says (a "call"
+        result of a nested def's, `has_aux=True`: its return, part by part, `grad_value`)."""
         value = node.value
         if not isinstance(value, cst.Call):
             return None
@@ -342,7 +369,7 @@ class _Reader:
                 axis = [a for a in value.args if _keyword(a) == row.axis]
                 if func.attr.value == row.method and axis and self._over_axis(value):
                     receiver = self.varies(func.value, varying)
-                    self.made[id(node)] = (row, receiver, self.varies(value, varying))
+                    self.made[id(node)] = (row, receiver, self.varies(value, varying), value)
             return None
         if not isinstance(func, cst.Name) or self.reach is None:
             return None
@@ -352,32 +379,55 @@ class _Reader:
         if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Tuple):
             return None
         call = any(self.varies(a.value, varying) for a in value.args)
-        return [
-            any(
-                (kind == "receiver" and m[1]) or (kind == "call" and (m[2] or call))
-                for m in made
-                if m
+        found: list[Tree] = []
+        for kind in made[0][0].results:  # type: ignore[index]
+            parts = [self.grad_value(m[3], value, varying) for m in made if m]
+            if kind == "call" and parts and None not in parts:
+                found.append(_joined(*parts))  # type: ignore[arg-type]
+                continue
+            found.append(
+                any(
+                    (kind == "receiver" and m[1]) or (kind == "call" and (m[2] or call))
+                    for m in made
+                    if m
+                )
             )
-            for kind in made[0][0].results  # type: ignore[index]
-        ]
+        return found
 
     def bind_each(
-        self, target: cst.BaseExpression, results: list[bool], varying: set[str]
+        self,
+        target: cst.BaseExpression,
+        results: Sequence[Tree],
+        varying: set[str],
+        binding: cst.Assign | None = None,
     ) -> set[str]:
-        """Bind the elements of the tuple `target` to results that differ or not."""
-        elements = target.elements if isinstance(target, cst.Tuple) else []
+        """Bind the elements of the tuple `target` to results that differ or not, part by part
+        (`(loss, aux), grads = ...`); a name bound to a tuple by `binding` keeps its parts."""
+        if isinstance(target, cst.Name) and binding is not None and not self.looping:
+            self.parts[(id(binding), target.value)] = tuple(results)
+        elements = target.elements if isinstance(target, (cst.Tuple, cst.List)) else []
         if len(elements) != len(results) or any(
             isinstance(e, cst.StarredElement) for e in elements
         ):
-            return self.bind(target, any(results), varying)
-        for element, varies in zip(elements, results):
-            varying = self.bind(element.value, varies, varying)
+            return self.bind(target, any(_flat(r) for r in results), varying)
+        for element, part in zip(elements, results):
+            inner = element.value
+            if isinstance(part, tuple) and isinstance(inner, (cst.Name, cst.Tuple, cst.List)):
+                varying = self.bind_each(inner, part, varying, binding)
+            else:
+                varying = self.bind(inner, _flat(part), varying)
         return varying
 
     def bind(self, target: cst.BaseExpression, varies: bool, varying: set[str]) -> set[str]:
         """Bind `target` to a value that differs (`varies`) or not."""
         if isinstance(target, (cst.Attribute, cst.Subscript)):  # `x.a = v`, `x[k] = v`
             return self.changed(aliased(target), varying) if varies else varying
+        if isinstance(target, (cst.Tuple, cst.List)) and all(
+            type(e) is cst.Element for e in target.elements
+        ):  # `metrics["loss"], grads = ...`: each element as bound alone
+            for element in target.elements:
+                varying = self.bind(element.value, varies, varying)
+            return varying
         names = set(target_names(target)) if not isinstance(target, cst.StarredElement) else set()
         if "?" in names or not names:
             why = f"the body binds `{code(target)}`, not only plain names"
@@ -390,6 +440,11 @@ class _Reader:
     # Expressions --------------------------------------------------------------------------
     def varies(self, node: cst.CSTNode, varying: frozenset[str] | set[str]) -> bool:
         """Return True unless `node` is the same on every device."""
+        index = _index(node)
+        if index is not None:  # `aux[1]` of a tuple whose parts are known
+            whole = self.tree(node.value, varying)  # type: ignore[attr-defined]
+            if isinstance(whole, tuple) and -len(whole) <= index < len(whole):
+                return _flat(whole[index])
         if isinstance(node, cst.Call):
             name = self.qualname(node.func)
             if name in REDUCED and self._over_axis(node):
@@ -411,6 +466,145 @@ class _Reader:
         if isinstance(node, cst.Arg):  # `f(grads=g)`: the keyword is no name
             return self.varies(node.value, varying)
         return any(self.varies(child, varying) for child in node.children)
+
+    def tree(self, node: cst.BaseExpression, varying: frozenset[str] | set[str]) -> Tree:
+        """Whether `node`'s value differs between devices, part by part where it is a tuple the
+        body builds, unpacks or indexes, or one a call is read to return (a nested def's
+        `return loss, (new_state, logits)`, through `jax.value_and_grad(..., has_aux=True)`;
+        flax's `model.apply(..., mutable=["batch_stats"])`); else as `varies`."""
+        if isinstance(node, cst.Tuple) and all(type(e) is cst.Element for e in node.elements):
+            return tuple(self.tree(e.value, varying) for e in node.elements)
+        if isinstance(node, cst.Name) and node.value in varying and self.reach is not None:
+            parts = [self.parts.get((id(b), node.value)) for b in self.reach.of(node)]
+            if parts and None not in parts:
+                return _joined(*parts)  # type: ignore[arg-type]
+        index = _index(node)
+        if index is not None:
+            whole = self.tree(node.value, varying)  # type: ignore[attr-defined]
+            if isinstance(whole, tuple) and -len(whole) <= index < len(whole):
+                return whole[index]
+        if isinstance(node, cst.Call):
+            found = self._call_tree(node, varying)
+            if found is not None:
+                return found
+        return self.varies(node, varying)
+
+    def _call_tree(self, call: cst.Call, varying: frozenset[str] | set[str]) -> Tree | None:
+        """The parts of what `call` returns, where it is read: None where it is not."""
+        statistics = self._statistics(call, varying)
+        if statistics is not None:
+            return statistics
+        made = self._grad_maker(call.func)
+        if made is not None:
+            return self.grad_value(made, call, varying, with_grads=True)
+        closure = self.closures.get(call.func.value) if isinstance(call.func, cst.Name) else None
+        if closure is not None:
+            return self.closure_tree(closure, call, varying)
+        flags = self.helper_results(call, varying)
+        return tuple(flags) if flags is not None and len(flags) > 1 else None
+
+    def _statistics(self, call: cst.Call, varying: frozenset[str] | set[str]) -> Tree | None:
+        """flax's `model.apply(variables, x, mutable=["batch_stats"])` (or `state.apply_fn`):
+        (the output, the updated batch statistics). Those are the same on every device when
+        the variables and the model passed are and every `BatchNorm` of the code base averages
+        its statistics over the step's axis (`norm_axes`: each made with `axis_name=` it)."""
+        func = call.func
+        if not isinstance(func, cst.Attribute) or func.attr.value not in APPLIES:
+            return None
+        mutable = next((a.value for a in call.args if _keyword(a) == "mutable"), None)
+        names = mutable.elements if isinstance(mutable, (cst.List, cst.Tuple)) else [mutable]
+        values = [n.value if isinstance(n, cst.BaseElement) else n for n in names]
+        if not all(
+            isinstance(v, cst.SimpleString) and v.evaluated_value == STATISTICS for v in values
+        ):
+            return None
+        given = [a for a in call.args if a.keyword is None]
+        if not given or any(a.star for a in call.args):
+            return None
+        out = self.varies(call, varying)
+        same = self.norm_axes == {self.axis} and not (
+            self.varies(given[0].value, varying) or self.varies(func.value, varying)
+        )
+        if same and out:
+            self.assumed.add(
+                f'the batch statistics `{code(func)}(..., mutable=["{STATISTICS}"])` updates are '
+                f"the same on every device: every `BatchNorm` of the module and of the modules "
+                f'of its code base it imports averages them over "{self.axis}" (`axis_name`)'
+            )
+        return (out, out and not same)
+
+    def _grad_maker(self, func: cst.BaseExpression) -> cst.Call | None:
+        """`jax.value_and_grad(f, ...)` called where made, or a name every binding reaching
+        which is one call making it (`grad_fn = jax.value_and_grad(loss_fn, has_aux=True)`)."""
+        if isinstance(func, cst.Call):
+            return func if self.qualname(func.func) == "jax.value_and_grad" else None
+        if not isinstance(func, cst.Name) or self.reach is None:
+            return None
+        bindings = self.reach.of(func)
+        values = [
+            b.value
+            for b in bindings
+            if isinstance(b, cst.Assign) and len(b.targets) == 1 and b.targets[0].target is not func
+        ]
+        makers = {id(v): v for v in values if isinstance(v, cst.Call) and self._grad_maker(v) is v}
+        if len(values) != len(bindings) or len(makers) != 1:
+            return None
+        return next(iter(makers.values()))
+
+    def grad_value(
+        self,
+        made: cst.Call,
+        call: cst.Call,
+        varying: frozenset[str] | set[str],
+        with_grads: bool = False,
+    ) -> Tree | None:
+        """What `call` of what `made` made (`jax.value_and_grad(f, has_aux=True)`, or a row of
+        SUMMARIES) returns as its value, `f` a nested def called with `call`'s arguments:
+        (loss, aux), part by part, with `has_aux=True`; `with_grads`: (value, grads), the
+        gradients differing where any part of the value does. None where `f` is not read."""
+        given = [a for a in made.args if a.keyword is None]
+        aux = next((a.value for a in made.args if _keyword(a) == "has_aux"), None)
+        fn = given[0].value if given else None
+        if (
+            not isinstance(fn, cst.Name)
+            or fn.value not in self.closures
+            or any(a.star for a in made.args)
+        ):
+            return None
+        if aux is not None and not (isinstance(aux, cst.Name) and aux.value in ("True", "False")):
+            return None
+        value = self.closure_tree(self.closures[fn.value], call, varying)
+        if value is None:
+            return None
+        has_aux = isinstance(aux, cst.Name) and aux.value == "True"
+        value = value if has_aux and isinstance(value, tuple) and len(value) == 2 else _flat(value)
+        return (value, _flat(value)) if with_grads else value
+
+    def closure_tree(
+        self, fn: cst.FunctionDef, call: cst.Call, varying: frozenset[str] | set[str]
+    ) -> Tree | None:
+        """What the nested def `fn`, called with `call`'s arguments, returns, part by part: read
+        with what it closes over differing where it differs anywhere in the body (`ever`, as
+        `closure_varies`); None where it is not read."""
+        key = fn.name.value
+        if key in self.inside:
+            return None
+        defs = {k: v for k, v in self.defs.items() if k not in self.local}
+        mapped = self._filled(Function(fn, False, self.qualname, defs), call, varying)
+        if mapped is None:
+            return None
+        params = {p.name.value for p in params_of(fn.params)}
+        start = mapped | (self.ever - params)
+        reader = _Reader(self.axis, self.qualname, defs, set(start))
+        reader.closures, reader.inside = dict(self.closures), self.inside | {key}
+        reader.spellings, reader.imported = self.spellings, self.imported
+        reader.norm_axes, reader.assumed = self.norm_axes, self.assumed
+        try:
+            _run(reader, fn, start)
+        except NotVisible:
+            return None
+        trees = [reader.tree(value, inner) for value, inner in reader.returns]
+        return _joined(*trees) if trees else None
 
     def _comprehension_varies(
         self,
@@ -492,6 +686,7 @@ class _Reader:
         # A default is read where the def is made, at module level: the same on every device.
         reader = _Reader(self.axis, function.qualname, function.defs, set(mapped))
         reader.inside, reader.imported = self.inside | {key}, self.imported
+        reader.norm_axes, reader.assumed = self.norm_axes, self.assumed
         reader.spellings = self.spellings if function.defs is self.defs else frozenset()
         try:
             _run(reader, function.fn, mapped)
@@ -715,6 +910,102 @@ def stored_by_helper(helper: cst.FunctionDef, defs: Defs) -> frozenset[str]:
     if helper not in known:
         known[helper] = frozenset(stored_into(helper, defs))
     return known[helper]
+
+
+def _flat(tree: Tree) -> bool:
+    """Whether any part of `tree` differs between devices."""
+    return any(_flat(t) for t in tree) if isinstance(tree, tuple) else tree
+
+
+def _joined(*trees: Tree) -> Tree:
+    """What differs in one of `trees` (the values of several bindings): part by part where
+    they are tuples of one shape."""
+    first, *rest = trees
+    for other in rest:
+        if isinstance(first, tuple) and isinstance(other, tuple) and len(first) == len(other):
+            first = tuple(_joined(a, b) for a, b in zip(first, other))
+        else:
+            first = _flat(first) or _flat(other)
+    return first
+
+
+def _index(node: cst.CSTNode) -> int | None:
+    """`k` of `x[k]`, a literal whole number (negative too), else None."""
+    if not isinstance(node, cst.Subscript) or len(node.slice) != 1:
+        return None
+    index = node.slice[0].slice
+    value = index.value if isinstance(index, cst.Index) else None
+    sign = 1
+    if isinstance(value, cst.UnaryOperation) and isinstance(value.operator, cst.Minus):
+        sign, value = -1, value.expression
+    return sign * int(value.value, 0) if isinstance(value, cst.Integer) else None
+
+
+def averaged_axes(modules: Iterable[cst.Module]) -> frozenset[str]:
+    """The axes flax's batch norms average their statistics over, in `modules` (the module of a
+    step and the code base's modules it imports): each `BatchNorm` named there made, or bound
+    by `partial`, with `axis_name="..."` (flax imagenet's `partial(nn.BatchNorm, ...,
+    axis_name="batch")`). Empty when there is none, when one is named otherwise (no literal
+    axis, a subclass, a value passed on) or when other code makes a `batch_stats` variable:
+    then nothing is known of the statistics."""
+    axes: set[str] = set()
+    for module in modules:
+        found = _Norms()
+        walk_in_order(found, module)  # not `.visit`: it would rebuild every node
+        made: dict[int, str | None] = {}  # by id of a `BatchNorm` name: the axis it is given
+        for call in found.calls:
+            given = [a.value for a in call.args if a.keyword is None]
+            name = _called(call.func)
+            first = given[0] if given else None
+            variable = first.evaluated_value if isinstance(first, cst.SimpleString) else None
+            if name is not None and name.value == "variable" and variable == STATISTICS:
+                return frozenset()  # `self.variable("batch_stats", ...)`
+            if name is not None and name.value == "partial" and first is not None:
+                name = _called(first)
+            if name is None or name.value != "BatchNorm":
+                continue
+            axis = next((a.value for a in call.args if _keyword(a) == "axis_name"), None)
+            literal = axis.evaluated_value if isinstance(axis, cst.SimpleString) else None
+            made[id(name)] = literal if isinstance(literal, str) else None
+        for named in found.named:
+            literal = made.get(id(named))
+            if literal is None:
+                return frozenset()
+            axes.add(literal)
+    return frozenset(axes)
+
+
+NORM_WORDS = ("BatchNorm", STATISTICS)  # a module without either says nothing of the statistics
+
+
+class _Norms(cst.CSTVisitor):
+    """The names `BatchNorm` of a module (not those its imports bind) and its calls of
+    `BatchNorm`, `partial` and `variable`."""
+
+    def __init__(self) -> None:
+        self.named: list[cst.Name] = []
+        self.calls: list[cst.Call] = []
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value == "BatchNorm":
+            self.named.append(node)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = _called(node.func)
+        if name is not None and name.value in ("BatchNorm", "partial", "variable"):
+            self.calls.append(node)
+
+
+def _called(node: cst.BaseExpression) -> cst.Name | None:
+    """The last name of `f` or `a.b.f`."""
+    name = node.attr if isinstance(node, cst.Attribute) else node
+    return name if isinstance(name, cst.Name) else None
 
 
 def _field(node: cst.CSTNode | None) -> str | None:

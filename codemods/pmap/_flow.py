@@ -318,6 +318,7 @@ def _follow(
             _follow_argument(program, flow, forms, calls, position)
     if program.squeezed or keywords:
         _check_lambda(program, flow)
+    assumed: set[str] = set()
     outputs = body_outputs(
         body,
         program.batches,
@@ -326,8 +327,11 @@ def _follow(
         facts.defs,
         options.spellings,
         facts.imported,
+        facts.norm_axes,
+        assumed,
     )
     program.outputs, program.varying = outputs
+    program.assumed = tuple(sorted(assumed))
     read = set().union(*program.arithmetic.values())
     for call in calls:
         for output, name in enumerate(call.targets):

@@ -15,7 +15,7 @@ base class, a module that does not parse all resolve to nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +71,19 @@ class Imported:
         if len(bindings) != 1 or not isinstance(bindings[0].node, cst.ClassDef):
             return None
         return bindings[0].node, names.qualified_name
+
+    def modules(self, words: Sequence[str]) -> list[cst.Module]:
+        """The modules given whose text holds one of `words`, each parsed once."""
+        found = []
+        for name, text in self.texts.items():
+            if not any(word in text for word in words):
+                continue
+            if name not in self.parsed:
+                self.parsed[name] = _parsed(text)
+            names = self.parsed[name]
+            if names is not None:
+                found.append(names.module)
+        return found
 
     def _module_of(self, qualname: str) -> tuple[ScopeModel, list[str]] | None:
         """The module of the longest prefix of `qualname` that is one, and the rest."""

@@ -116,6 +116,9 @@ class Program:
     keywords: tuple[str, ...] = ()  # the last of `params`, which the calls pass by keyword
     keywords_bound: bool = False  # the def itself takes them by position (a decorated step)
     unnamed: bool = False  # pmap's axis had no name: `axis` is the one the rewrite gives it
+    # What the body's reading took as given beyond the body (`_body`: a batch norm's statistics),
+    # said in the site's message
+    assumed: tuple[str, ...] = ()
     squeezed: set[int] = field(default_factory=set)  # per-device stacks: the body takes x[0]
     arithmetic: dict[int, set[str]] = field(default_factory=dict)  # `x = x - lr * g`: results read
     means: set[int] = field(default_factory=set)  # `state = sync_batch_stats(state)`: its value

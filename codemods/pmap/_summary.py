@@ -235,6 +235,9 @@ class ModuleFacts:
     # Where code other than the defs given may use a def of the module (another function,
     # another module: `_passon.elsewhere`), "" when nowhere
     elsewhere: Callable[[str, Sequence[cst.FunctionDef]], str] = lambda *_: ""
+    # The axes every batch norm of the module and of those it imports averages its statistics
+    # over (`_body.averaged_axes`); empty when none is known
+    norm_axes: frozenset[str] = frozenset()
 
 
 NO_FACTS = ModuleFacts()

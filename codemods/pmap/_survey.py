@@ -15,7 +15,7 @@ from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.passes import Callers, Pass
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
-from ._body import body_outputs
+from ._body import NORM_WORDS, averaged_axes, body_outputs
 from ._callee import follow_passed, laid_out_in_caller
 from ._declines import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible
 from ._flow import (
@@ -517,6 +517,7 @@ class Finding(Pass):
         # replicated value's copies), once a program asks: name, how it spells jax, numpy, jnp
         self.converters: dict[str, tuple[str, str, str, str]] = {}  # by the helper's base name
         self.imported: Imported | None = None  # `FileState.modules`, parsed when asked
+        self.norm_axes: frozenset[str] | None = None  # `averaged_axes`, read when first asked
         self.factories: dict[int, Program] = {}  # by id of a factory's def: the program it makes
         self.lifted = False  # a program-level group was rewritten here: dead locals are looked for
         self.programs: dict[int, list[tuple[PmapUse, Program]]] = {}  # by id of their function
@@ -1962,6 +1963,10 @@ class Finding(Pass):
             found |= {d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)}
         if self.imported is None:
             self.imported = Imported(self.state.modules)
+        if self.norm_axes is None:
+            lines = self.state.original_lines
+            own = [module] if any(w in line for line in lines for w in NORM_WORDS) else []
+            self.norm_axes = averaged_axes([*own, *self.imported.modules(NORM_WORDS)])
         return ModuleFacts(
             found,
             self.survey.calls,
@@ -1969,6 +1974,7 @@ class Finding(Pass):
             self.imported,
             self._declared(module),
             self._elsewhere,
+            self.norm_axes,
         )
 
     def _elsewhere(self, name: str, within: Sequence[cst.FunctionDef]) -> str:

@@ -494,6 +494,11 @@ class ScopeModel:
         self._module = module
         self._early_nodes: frozenset[int] | None = None
 
+    @property
+    def module(self) -> cst.Module:
+        """The module this model describes."""
+        return self._module
+
     # Scopes and references ------------------------------------------------------------------
     def scope_of(self, node: cst.Name) -> Scope:
         """Return the scope a Name of the module (a reference or a bound name) is in."""
