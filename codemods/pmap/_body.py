@@ -219,6 +219,11 @@ class _Reader:
         # By binding (an assignment, outside loops) and name: the parts of the tuple it binds
         self.parts: dict[tuple[int, str], Tree] = {}
         self.looping = 0  # how many loops of the body the statement read is in
+        # By nested def and the names differing as it is called: its returns (`closure_tree`)
+        self.closure_trees: dict[tuple[int, frozenset[str]], Tree | None] = {}
+        # By helper, the parameters filled with what differs and the helpers being read: its
+        # results (`helper_results`), shared by the readers one reading of a body makes
+        self.helpers: dict[tuple[int, frozenset[str], frozenset[str]], tuple[bool, ...] | None] = {}
 
     # Statements ---------------------------------------------------------------------------
     def block(self, statements: Iterable[cst.BaseStatement], varying: set[str]) -> set[str]:
@@ -440,11 +445,9 @@ class _Reader:
     # Expressions --------------------------------------------------------------------------
     def varies(self, node: cst.CSTNode, varying: frozenset[str] | set[str]) -> bool:
         """Return True unless `node` is the same on every device."""
-        index = _index(node)
-        if index is not None:  # `aux[1]` of a tuple whose parts are known
-            whole = self.tree(node.value, varying)  # type: ignore[attr-defined]
-            if isinstance(whole, tuple) and -len(whole) <= index < len(whole):
-                return _flat(whole[index])
+        whole = self._named_parts(node, varying)
+        if whole is not None:  # `aux[1]` of a name bound to a tuple whose parts are known
+            return _flat(whole)
         if isinstance(node, cst.Call):
             name = self.qualname(node.func)
             if name in REDUCED and self._over_axis(node):
@@ -474,20 +477,33 @@ class _Reader:
         flax's `model.apply(..., mutable=["batch_stats"])`); else as `varies`."""
         if isinstance(node, cst.Tuple) and all(type(e) is cst.Element for e in node.elements):
             return tuple(self.tree(e.value, varying) for e in node.elements)
-        if isinstance(node, cst.Name) and node.value in varying and self.reach is not None:
-            parts = [self.parts.get((id(b), node.value)) for b in self.reach.of(node)]
-            if parts and None not in parts:
-                return _joined(*parts)  # type: ignore[arg-type]
         index = _index(node)
         if index is not None:
             whole = self.tree(node.value, varying)  # type: ignore[attr-defined]
             if isinstance(whole, tuple) and -len(whole) <= index < len(whole):
                 return whole[index]
+        named = self._named_parts(node, varying)
+        if named is not None:
+            return named
         if isinstance(node, cst.Call):
             found = self._call_tree(node, varying)
             if found is not None:
                 return found
         return self.varies(node, varying)
+
+    def _named_parts(self, node: cst.CSTNode, varying: frozenset[str] | set[str]) -> Tree | None:
+        """The parts of `aux` or `aux[1]`: a name every binding reaching which bound a tuple
+        (`parts`), indexed by literal numbers; None where they are not known."""
+        index = _index(node)
+        if index is not None:
+            whole = self._named_parts(node.value, varying)  # type: ignore[attr-defined]
+            if isinstance(whole, tuple) and -len(whole) <= index < len(whole):
+                return whole[index]
+            return None
+        if not isinstance(node, cst.Name) or node.value not in varying or self.reach is None:
+            return None  # (a name not differing may be a nested def that does)
+        parts = [self.parts.get((id(b), node.value)) for b in self.reach.of(node)]
+        return _joined(*parts) if parts and None not in parts else None  # type: ignore[arg-type]
 
     def _call_tree(self, call: cst.Call, varying: frozenset[str] | set[str]) -> Tree | None:
         """The parts of what `call` returns, where it is read: None where it is not."""
@@ -595,10 +611,18 @@ class _Reader:
             return None
         params = {p.name.value for p in params_of(fn.params)}
         start = mapped | (self.ever - params)
+        key_of = (id(fn), frozenset(start))
+        if key_of not in self.closure_trees:
+            self.closure_trees[key_of] = self._closure_read(fn, defs, start)
+        return self.closure_trees[key_of]
+
+    def _closure_read(self, fn: cst.FunctionDef, defs: Defs, start: set[str]) -> Tree | None:
+        key = fn.name.value
         reader = _Reader(self.axis, self.qualname, defs, set(start))
         reader.closures, reader.inside = dict(self.closures), self.inside | {key}
         reader.spellings, reader.imported = self.spellings, self.imported
         reader.norm_axes, reader.assumed = self.norm_axes, self.assumed
+        reader.helpers = self.helpers
         try:
             _run(reader, fn, start)
         except NotVisible:
@@ -683,17 +707,25 @@ class _Reader:
         mapped = self._filled(function, call, varying)
         if mapped is None:
             return None
+        cached = (id(function.fn), frozenset(mapped), self.inside)
+        if cached not in self.helpers:
+            self.helpers[cached] = self._helper_read(function, mapped)
+        found = self.helpers[cached]
+        return None if found is None else list(found)
+
+    def _helper_read(self, function: Function, mapped: set[str]) -> tuple[bool, ...] | None:
         # A default is read where the def is made, at module level: the same on every device.
         reader = _Reader(self.axis, function.qualname, function.defs, set(mapped))
-        reader.inside, reader.imported = self.inside | {key}, self.imported
+        reader.inside, reader.imported = self.inside | {function.fn.name.value}, self.imported
         reader.norm_axes, reader.assumed = self.norm_axes, self.assumed
+        reader.helpers = self.helpers
         reader.spellings = self.spellings if function.defs is self.defs else frozenset()
         try:
             _run(reader, function.fn, mapped)
             _, flags = _results(reader)
         except NotVisible:
             return None
-        return flags
+        return tuple(flags)
 
     def _filled(
         self, function: Function, call: cst.Call, varying: frozenset[str] | set[str]
