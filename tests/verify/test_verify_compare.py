@@ -147,3 +147,16 @@ def test_python_floats_read_off_float32_results_agree_as_float32_values() -> Non
     # NaN against NaN agrees; an overflowing float64 is no float32 value
     assert compare(flat(float("nan")), flat(float("nan"))) is None
     assert compare(flat(1e300), flat(1e300 * (1 + 1e-7))) is not None
+
+
+def test_a_python_number_of_the_inputs_stands_for_the_array_holding_it() -> None:
+    # flax's `TrainState.step`, `0`: device 0's copy of the replicated original, `int32[]`,
+    # and the rewrite's own Python number, whose replication the program-level form deleted
+    step = np.asarray(np.arange(8, dtype=np.int32) * 0)[0]
+    assert compare(flat(step), flat(0), inputs=True) is None
+    assert compare(flat(np.array(0.5, np.float32)), flat(0.5), inputs=True) is None
+    # outputs stay exact about types, and inputs about values and axes
+    assert compare(flat(step), flat(0)) is not None
+    assert compare(flat(step), flat(1), inputs=True) is not None
+    assert compare(flat(np.array([0], np.int32)), flat(0), inputs=True) is not None
+    assert compare(flat(np.array(0.1, np.float32)), flat(0.1), inputs=True) is not None

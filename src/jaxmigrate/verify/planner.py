@@ -52,6 +52,10 @@ class Plan:
     module: str
     entry: str
     references: tuple[str, ...]
+    # The function making the program-level group this plan's sites serve, when they are all
+    # in another function it passes the program's values to (`save_checkpoint(state)`): its
+    # calls, recorded or made up in the original's layout, cannot judge them alone
+    program_host: str = ""
 
     @property
     def path(self) -> str:
@@ -130,6 +134,7 @@ def plan_file(
         if callable_ and not request.command and site.group not in programs:
             add_to_unit(tree, target, site, grouped)
     module, entry = module_name(root, request.path)
+    hosts = program_hosts(tree, request.sites)
     plans = [
         Plan(
             id=f"t{start + n}",
@@ -141,10 +146,32 @@ def plan_file(
             references=references_for(
                 sites, target, request.original, request.baseline not in (None, request.original)
             ),
+            program_host=served_host(target, sites, hosts),
         )
         for n, (target, sites) in enumerate(grouped.values())
     ]
     return plans, verdicts
+
+
+def program_hosts(tree: ast.Module, sites: Sequence[Site]) -> dict[str, str]:
+    """By program-level group: the function its steps are in (making and calling them), where
+    they are all in one."""
+    found: dict[str, set[str]] = {}
+    for site in sites:
+        if site.group is not None and site.group_step:
+            found.setdefault(site.group, set()).add(find_target(tree, site.line).qualname)
+    return {group: next(iter(names)) for group, names in found.items() if len(names) == 1}
+
+
+def served_host(target: Target, sites: Sequence[Site], hosts: dict[str, str]) -> str:
+    """The function making the program-level group every one of `sites` serves from another
+    function, `target` (a readback deleted in `save_checkpoint(state)`, called with the
+    program's state); "" otherwise."""
+    found = {hosts.get(s.group or "", "") for s in sites if not s.group_step}
+    if len(found) != 1 or any(s.group_step for s in sites):
+        return ""
+    host = found.pop()
+    return host if host and host != target.qualname and target.kind is Kind.FUNCTION else ""
 
 
 def script_groups(sites: Sequence[Site]) -> set[str]:

@@ -231,6 +231,20 @@ def unsure(verdict: Verdict, note: str) -> Verdict:
     return Verdict(Status.UNVERIFIED, note, {**verdict.details, "verified_with_all_sites": True})
 
 
+def served_verdict(plan: Plan, command: str) -> Verdict:
+    """The verdict of a function's sites that serve a program-level group made in another
+    (`Plan.program_host`) before the program runs: `unverified`, as its calls, the original's,
+    carry the device axis the program no longer passes it; with `--verify-with`, what the
+    command prints then judges them (`verify.groups`)."""
+    name, host = plan.target.qualname, plan.program_host
+    reason = (
+        f"`{name}` takes the values of the program-level group `{host}` makes: its calls as the "
+        "original makes them carry the device axis that program no longer passes, so they "
+        f"cannot judge it alone; {'what the program prints judges it' if command else 'run the program with --verify-with CMD to judge it'}"
+    )
+    return Verdict(Status.UNVERIFIED, reason, {"program_host": host})
+
+
 def run_rounds(
     run: Run, requests: Sequence[VerifyRequest], plans: Sequence[Plan]
 ) -> dict[str, Verdict]:
@@ -325,10 +339,13 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
         count = max(1, min(config.jobs, len({p.path for p in modules})))
         with lanes_for(config, ws, count) as lanes:
             run = Run(config, ws, lanes, recording)
-            by_plan = run_rounds(run, requests, runnable) if runnable else {}
+            served = [p for p in runnable if p.program_host]
+            replayed = [p for p in runnable if not p.program_host]
+            by_plan = run_rounds(run, requests, replayed) if replayed else {}
+            by_plan |= {p.id: served_verdict(p, command) for p in served}
             try_alternatives(run, requests, runnable, by_plan)
             judged = [*bound, *fallbacks(units, by_plan, recording)]
-            if judged and again is None:
+            if (judged or served) and again is None and config.verify_with:
                 again = rerun(command, judged, candidates, ws, config)
             if again is not None:
                 found = judge_bound(judged, recording, again, lanes[0].candidate, config)

@@ -228,11 +228,16 @@ def structure_mismatch(
     return None
 
 
-def compare(ref: Flat, new: Flat, notes: list[str] | None = None) -> dict[str, Any] | None:
+def compare(
+    ref: Flat, new: Flat, notes: list[str] | None = None, inputs: bool = False
+) -> dict[str, Any] | None:
     """Return the first difference between two outputs, or None when they agree.
 
     What could not be compared (opaque values without a shared stable key) is appended to
-    `notes`; it never makes the outputs differ.
+    `notes`; it never makes the outputs differ. `inputs`: two calls' arguments, where a Python
+    number of `new` stands for the array of no axes `ref` holds there when it holds that number
+    (flax's `TrainState.step`, `0`, made an array by the replication the program-level form
+    deletes: the step traces both alike).
     """
     notes = [] if notes is None else notes
     if ref.structure is not None and new.structure is not None:
@@ -244,10 +249,24 @@ def compare(ref: Flat, new: Flat, notes: list[str] | None = None) -> dict[str, A
     if len(ref.leaves) != len(new.leaves):
         return {"path": "output", "why": f"{len(new.leaves)} leaves, expected {len(ref.leaves)}"}
     for (where, a), (_, b) in zip(ref.leaves, new.leaves):
-        found = leaf_mismatch(f"output{where}", a, b, notes)
+        found = leaf_mismatch(f"output{where}", a, _as_number_of(a, b) if inputs else b, notes)
         if found is not None:
             return found
     return None
+
+
+def _as_number_of(ref: Any, new: Any) -> Any:
+    """`new`, a Python number, as an array of `ref`'s dtype when `ref` is an array of no axes
+    holding exactly it; else `new`."""
+    if type(new) not in (bool, int, float) or not isinstance(ref, (np.ndarray, np.generic)):
+        return new
+    if np.ndim(ref) != 0:
+        return new
+    try:
+        same = np.asarray(new, dtype=np.asarray(ref).dtype)
+    except (OverflowError, ValueError):
+        return new
+    return same if same.item() == new else new
 
 
 def has_values(flat: Flat) -> bool:

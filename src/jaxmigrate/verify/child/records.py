@@ -34,7 +34,11 @@ def handle(runner: Runner, request: CompareRecords, state: Any = None) -> Reply:
             )
         except OSError:
             return Failed(stage="call", error=f"the output of call {i + 1} was not recorded")
-        found = compare(flatten_output(from_host(orig_in)), flatten_output(from_host(cand_in)))
+        orig_flat, cand_flat = (
+            flatten_output(from_host(orig_in)),
+            flatten_output(from_host(cand_in)),
+        )
+        found = compare(orig_flat, cand_flat, inputs=True)
         if found is not None:
             return RecordsCompared(diverged=record(Mismatch, found | {"call": i}))
         found = compare(orig_out, cand_out, notes)
