@@ -40,6 +40,7 @@ NORMS = {
     ),
     "no axis": ("x = nn.BatchNorm(use_running_average=False)(x)", set()),
     "an axis not literal": ("x = nn.BatchNorm(axis_name=AXIS)(x)", set()),
+    "averaged in groups": ('x = nn.BatchNorm(axis_name="i", axis_index_groups=[[0, 1]])(x)', set()),
     "one of two without": ('a = nn.BatchNorm(axis_name="batch")\nb = nn.BatchNorm()', set()),
     "two axes": ('a = nn.BatchNorm(axis_name="a")\nb = nn.BatchNorm(axis_name="b")', {"a", "b"}),
     "passed on as a value": ('norm: Any = nn.BatchNorm\nx = norm(axis_name="batch")(x)', set()),

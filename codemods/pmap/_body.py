@@ -978,8 +978,8 @@ def averaged_axes(modules: Iterable[cst.Module]) -> frozenset[str]:
     step and the code base's modules it imports): each `BatchNorm` named there made, or bound
     by `partial`, with `axis_name="..."` (flax imagenet's `partial(nn.BatchNorm, ...,
     axis_name="batch")`). Empty when there is none, when one is named otherwise (no literal
-    axis, a subclass, a value passed on) or when other code makes a `batch_stats` variable:
-    then nothing is known of the statistics."""
+    axis, `axis_index_groups`, a subclass, a value passed on) or when other code makes a
+    `batch_stats` variable: then nothing is known of the statistics."""
     axes: set[str] = set()
     for module in modules:
         found = _Norms()
@@ -998,7 +998,8 @@ def averaged_axes(modules: Iterable[cst.Module]) -> frozenset[str]:
                 continue
             axis = next((a.value for a in call.args if _keyword(a) == "axis_name"), None)
             literal = axis.evaluated_value if isinstance(axis, cst.SimpleString) else None
-            made[id(name)] = literal if isinstance(literal, str) else None
+            grouped = any(_keyword(a) == "axis_index_groups" for a in call.args)  # per group
+            made[id(name)] = literal if isinstance(literal, str) and not grouped else None
         for named in found.named:
             literal = made.get(id(named))
             if literal is None:
