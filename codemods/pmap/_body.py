@@ -385,8 +385,8 @@ class _Reader:
             return None
         call = any(self.varies(a.value, varying) for a in value.args)
         found: list[Tree] = []
+        parts = [self.grad_value(m[3], value, varying) for m in made if m]
         for kind in made[0][0].results:  # type: ignore[index]
-            parts = [self.grad_value(m[3], value, varying) for m in made if m]
             if kind == "call" and parts and None not in parts:
                 found.append(_joined(*parts))  # type: ignore[arg-type]
                 continue
@@ -482,7 +482,7 @@ class _Reader:
             whole = self.tree(node.value, varying)  # type: ignore[attr-defined]
             if isinstance(whole, tuple) and -len(whole) <= index < len(whole):
                 return whole[index]
-        named = self._named_parts(node, varying)
+        named = self._named_parts(node, varying) if isinstance(node, cst.Name) else None
         if named is not None:
             return named
         if isinstance(node, cst.Call):
