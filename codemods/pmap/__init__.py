@@ -137,6 +137,10 @@ equal copies: the call goes and the state is fed back, as flax's engineers remov
 `sync_batch_stats` once the step `pmean`ed the statistics. Results that may differ between
 devices (a batch norm without `axis_name`, or a model the analysis does not read) are really
 averaged: PL402, naming the sync; a mean of a value from outside the function is PL301.
+Module-level code that is then read nowhere goes with the group, each deletion a site of it:
+a def or a `name = jax.pmap(...)` whose every read the group deletes or is in code so deleted
+(`sync_batch_stats`, then `cross_replica_mean`), bound once, named in no string, used by no
+other file of the code base (`_dead.left_unread`).
 The device axis then disappears, as in the public migrations (big_vision, AlgoPerf, flax lm1b):
 
 ```python
@@ -475,7 +479,7 @@ from jaxmigrate.toolkit.emit import Call, code, with_lambda_calls
 from jaxmigrate.toolkit.names import dotted, walk
 from jaxmigrate.toolkit.scope import ScopeModel
 
-from ._dead import drop_dead_helpers, drop_dead_locals
+from ._dead import bound_name, drop_dead_helpers, drop_dead_locals
 from ._faithful import Faithful, after_imports, helper_text, with_helper
 from ._outer import OuterGroup, OuterStep
 from ._program import Program, assign, edit_owners, rewrite_host
@@ -573,6 +577,7 @@ class Pmap(Faithful):
                 self.sites[id(site.node)] = site
         if self.state.pmap_style == "idiomatic":
             self._find_programs(node)
+            self._find_unread(node)
             for group in self.outer:
                 self._record_outer(group)
 
@@ -676,9 +681,11 @@ class Pmap(Faithful):
             text += "".join(f"; {assumed}" for assumed in program.assumed)
             enabled.append(self.site(site.node, text, group=group, fallback=group, details=layout))
         enabled += self._record_edits([q for _, p in programs for q in (p, *p.callees)], group)
+        enabled += self._record_unread(group)
         if not all(enabled):
             return updated
         self.lifted = True
+        self._drop_unread(group)
         spec = self._spec(imported=True)
         host = programs[0][1].host
         jax = dotted(self.module_ref("jax")) or "jax"
@@ -814,6 +821,7 @@ class Pmap(Faithful):
         body = [
             new.get(s.name.value, s) if isinstance(s, cst.FunctionDef) else s
             for s in updated_node.body
+            if bound_name(s) not in self.dropped
         ]
         updated = drop_dead_helpers(
             original_node, updated_node.with_changes(body=body), self.qualname
@@ -838,6 +846,7 @@ class Pmap(Faithful):
             enabled.append(self.site(node, text, group=key, fallback=key, details=details))
         programs = [q for s in group.steps for p in s.programs for q in (p, *p.callees)]
         enabled += self._record_edits(programs, key)
+        enabled += self._record_unread(key)
         steps = self._shown(", ".join(f"`{s.name}`" for s in group.steps))
         made = "made once" if group.make else f"`{group.mesh}` reused, a mesh"
         enabled.append(
@@ -855,6 +864,7 @@ class Pmap(Faithful):
         )
         if all(enabled):
             self.lifted = True
+            self._drop_unread(key)
             self._plan_outer(group)
 
     def _plan_outer(self, group: OuterGroup) -> None:
@@ -974,6 +984,8 @@ class Pmap(Faithful):
             "static_tail": program.tail is not None,  # the star arguments past `args`: static
             # made and called outside any function: verified by running the module as a script
             "script": any(program.host is host for host in self.main_blocks.values()),
+            # the function returns, unread, one value where it returned equal copies stacked
+            "returns_one": bool(program.returns),
         }
 
     def _multihost_utils(self) -> str:

@@ -1,16 +1,85 @@
-"""Helpers the program-level form leaves uncalled (`_replicate(tree, n)`, `_unreplicate(tree)`:
-their calls were read through their summaries and rewritten). A private def of the module that
-is such a helper, read before the rewrite and nowhere after it, goes; a public one stays (another
-module may import it)."""
+"""Code the program-level form leaves unread.
+
+Helpers whose calls were read through their summaries and rewritten (`_replicate(tree, n)`,
+`_unreplicate(tree)`): a private def of the module that is such a helper, read before the
+rewrite and nowhere after it, goes (`drop_dead_helpers`). Module-level code whose every read the
+rewrite deletes (flax imagenet's `sync_batch_stats` and the `cross_replica_mean` pmap it calls:
+their calls on the step's equal copies go), public or not, when the code base shows no other
+use of it (`left_unread`). Locals a deleted split read (`drop_dead_locals`).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import libcst as cst
 
 from ._forms import single_name
 from ._layout import Qualname
-from ._reach import nodes_in, read_names
+from ._reach import Flow, assigned_name, nodes_in, read_names
 from ._summary import summarize
+
+
+@dataclass(frozen=True)
+class Unread:
+    """A module-level statement the rewrite of one program group leaves unread."""
+
+    group: str  # the group whose edits delete its reads
+    statement: cst.FunctionDef | cst.SimpleStatementLine
+    readers: tuple[str, ...]  # the other such statements that read it ("" for a deleted call)
+
+
+def bound_name(statement: cst.CSTNode) -> str | None:
+    """The name a module-level def or one-target assignment (`name = ...`) binds, else None."""
+    if isinstance(statement, cst.FunctionDef):
+        return statement.name.value
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        return assigned_name(statement.body[0])
+    return None
+
+
+def left_unread(
+    module: cst.Module,
+    flow: Flow,
+    gone: Mapping[int, str],
+    may_go: Callable[[str, cst.CSTNode], bool],
+) -> dict[str, Unread]:
+    """The module-level statements (those `may_go`) whose every read is one the rewrite deletes
+    (`gone`: the group deleting it, by id of the name read) or is in another such statement
+    or in itself, all for one group; by the name each binds. A name never read stays."""
+    candidates = {}
+    for statement in module.body:
+        name = bound_name(statement)
+        if name is not None and may_go(name, statement):
+            assert isinstance(statement, (cst.FunctionDef, cst.SimpleStatementLine))
+            candidates[name] = statement
+    found: dict[str, Unread] = {}
+    grew = True
+    while grew:
+        grew = False
+        for name, statement in candidates.items():
+            if name in found:
+                continue
+            groups, readers = set(), []
+            for use in flow.loads.get(name, []):
+                around = [a for a in flow.ancestors(use) if not isinstance(a, cst.Module)]
+                reader = bound_name(around[-1]) if around else None
+                if id(use) in gone:
+                    groups.add(gone[id(use)])
+                    readers.append("")
+                elif around and around[-1] is statement:
+                    continue  # a recursive def
+                elif reader in found:
+                    groups.add(found[reader].group)
+                    readers.append(reader)
+                else:
+                    break
+            else:
+                if len(groups) == 1:
+                    found[name] = Unread(groups.pop(), statement, tuple(readers))
+                    grew = True
+    return found
 
 
 def drop_dead_helpers(original: cst.Module, updated: cst.Module, qualname: Qualname) -> cst.Module:

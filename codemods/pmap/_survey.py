@@ -17,6 +17,7 @@ from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
 from ._body import NORM_WORDS, averaged_axes, body_outputs
 from ._callee import follow_passed, laid_out_in_caller
+from ._dead import Unread, left_unread
 from ._declines import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible
 from ._flow import (
     Options,
@@ -35,7 +36,7 @@ from ._flow import (
 from ._forms import HOST_COPIES, Forms, bound_arguments, is_device_count, single_name
 from ._imported import Function, Imported, Qualname
 from ._inputs import assigned_call
-from ._layout import SPLIT_EDIT, Layout
+from ._layout import MEAN_OF_COPIES, SPLIT_EDIT, Layout
 from ._outer import (
     OuterGroup,
     OuterStep,
@@ -548,6 +549,10 @@ class Finding(Pass):
         self.callee_programs: dict[int, list[Program]] = {}  # by id of a def a step is passed to
         # By id of such a def, by axis: the names of the mesh and sharding made at its entry
         self.callee_meshes: dict[int, dict[str, tuple[str, str]]] = {}
+        # Module-level code a group's edits leave unread (`_find_unread`), by the name it binds;
+        # the names whose group was rewritten: their statements go at the module's end
+        self.unread: dict[str, Unread] = {}
+        self.dropped: set[str] = set()
 
     def _find_programs(self, module: cst.Module) -> None:
         """Take the sites whose whole data flow is visible to the program-level form."""
@@ -582,6 +587,83 @@ class Finding(Pass):
         self._group_outer(module, flow, outer)
         self._take_stored(stored)
         self._module_alone(module)
+
+    def _find_unread(self, module: cst.Module) -> None:
+        """Find the module-level defs and `name = jax.pmap(...)` steps whose every read a
+        program group deletes (`_dead.left_unread`: a mean over devices of its step's equal
+        copies, `sync_batch_stats(state)`, and what only such code reads), bound once, named in
+        no string and used by no other module of the code base. Their pmaps are no longer sites
+        of their own: each is recorded with the group and deleted with it."""
+        assert self.module_flow is not None and self.survey is not None
+        groups = [
+            (self.program_group(p[0][0].node), [q for _, q in p]) for p in self.programs.values()
+        ]
+        groups += [
+            (self.program_group(g.steps[0].site.node), [p for s in g.steps for p in s.programs])  # type: ignore[attr-defined]
+            for g in self.outer
+        ]
+        gone: dict[int, str] = {}
+        for key, programs in groups:
+            for program in (q for p in programs for q in (p, *p.callees)):
+                for k, node in program.nodes.items():
+                    if program.reasons.get(k) == MEAN_OF_COPIES and isinstance(node, cst.Call):
+                        gone |= {id(n): key for n in nodes_in(node.func, cst.Name)}
+        if not gone:
+            return
+        steps = {id(s.node) for p in self.programs.values() for s, _ in p}
+        steps |= {id(s.site.node) for g in self.outer for s in g.steps}  # type: ignore[attr-defined]
+        outside, strings = self.state.outside, self.survey.strings
+
+        def may_go(name: str, statement: cst.CSTNode) -> bool:
+            if name.startswith("__") or len(self.resolver.bindings(name)) != 1:
+                return False
+            if elsewhere(name, outside, strings) or elsewhere(name, outside, strings, "read"):
+                return False
+            inner = [k for k, s in self.sites.items() if any(a is statement for a in s.ancestors)]
+            if isinstance(statement, cst.FunctionDef):
+                return not (statement.decorators or inner or id(statement) in self.programs)
+            value = statement.body[0].value  # type: ignore[attr-defined]
+            return inner == [id(value)] and id(value) not in steps
+
+        self.unread = left_unread(module, self.module_flow, gone, may_go)
+        for unread in self.unread.values():
+            if isinstance(unread.statement, cst.SimpleStatementLine):
+                del self.sites[id(unread.statement.body[0].value)]  # type: ignore[attr-defined]
+
+    def _record_unread(self, group: str) -> list[bool]:
+        """Record the deletion of the module-level code `group` leaves unread (`_find_unread`)."""
+        enabled = []
+        for name, unread in self.unread.items():
+            if unread.group != group:
+                continue
+            readers = sorted({f"`{r}`" for r in unread.readers if r})
+            why = ", ".join(
+                (
+                    ["its calls, means over devices of a step's equal copies, deleted"]
+                    if "" in unread.readers
+                    else []
+                )
+                + ([f"read only by {' and '.join(readers)}, deleted too"] if readers else [])
+            )
+            why += "; nothing else in the code base uses it"
+            statement = unread.statement
+            if isinstance(statement, cst.FunctionDef):
+                node: cst.CSTNode = statement
+                text = f"a def deleted, `{name}`: {why}"
+            else:
+                node = statement.body[0].value  # type: ignore[attr-defined]
+                text = f"`jax.pmap` -> deleted with `{name}` (program-level): {why}"
+            details = {"deleted": name}  # judged with the group's steps (`verify.planner`)
+            enabled.append(self.site(node, text, group=group, fallback=group, details=details))
+        return enabled
+
+    def _drop_unread(self, group: str) -> None:
+        """Delete the module-level code `group`, rewritten, leaves unread (at the module's end)."""
+        for name, unread in self.unread.items():
+            if unread.group == group:
+                self.dropped.add(name)
+                for read in names_in(unread.statement):
+                    self.drop_import_if_unused(read)
 
     @staticmethod
     def _reads_of(module: cst.Module, flow: Flow, factory: cst.Name | cst.Attribute) -> int:

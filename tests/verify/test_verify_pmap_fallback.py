@@ -265,6 +265,7 @@ def test_the_step_site_says_what_the_program_level_form_assumes() -> None:
         "tuple": True,
         "static_tail": False,  # no `*args` tail passed to `static_argnums`
         "script": False,  # made in a function: that function is the unit
+        "returns_one": False,  # no `return state` the rewrite leaves unstacked
     }
     assert step.details["layout"] == layout
     with_layout = {s.key for s in result.sites if "layout" in s.details}

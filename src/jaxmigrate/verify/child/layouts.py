@@ -19,6 +19,10 @@ copy; a split batch or a result read flattened: its blocks joined), the rewrite'
 `jax.jit` made on its own lines) is captured as it is, and the first `MAX_STEP_CALLS` calls of
 each side travel with the unit's outputs, so a unit that returns nothing (a `main()` that logs)
 is still compared, and a difference names the step call and the argument or result.
+
+A function the program-level form rewrites may return a value it stacked (`return state`, read
+by no caller: `returns_one` in the step's layout) as one value; its output is compared against
+device 0's copy of the original's, where all copies are equal (`one_copy`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import numpy as np
 
 from .compat import tree_leaves, tree_map
 from .references import patched
+from .values import Flat
 
 MAX_STEP_CALLS = 3
 LAYOUT = "_jaxmigrate_layout"  # on a step made on a layout's lines (`checked`, `capturing`)
@@ -286,3 +291,28 @@ def checking(
 
 def _caller() -> Any:
     return sys._getframe(2)  # pmap's caller: where the step is made
+
+
+def one_copy(layouts: list[dict[str, Any]], ref: Flat, new: Flat) -> Flat:
+    """`ref`, the original's output, with each array of its returned value (`['output']`) that
+    stacks equal copies of `new`'s array there as device 0's copy, when a step's layout says
+    the function returns one value where the original stacked it (`returns_one`). Copies that
+    differ stay stacked: the outputs differ."""
+    if not any(layout.get("returns_one") for layout in layouts):
+        return ref
+    if len(ref.leaves) != len(new.leaves):
+        return ref
+    leaves = []
+    for (where, a), (_, b) in zip(ref.leaves, new.leaves):
+        stacked = (
+            where.startswith("['output']")
+            and isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)
+            and a.ndim == b.ndim + 1
+            and a.shape[1:] == b.shape
+            and len(a) > 0
+        )
+        if stacked and all(np.array_equal(c, a[0], equal_nan=a.dtype.kind in "fc") for c in a):
+            a = a[0]
+        leaves.append((where, a))
+    return Flat(ref.treedef, tuple(leaves), ref.structure)
