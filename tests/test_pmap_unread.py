@@ -1,8 +1,8 @@
 """Module-level code the program-level form leaves unread goes with it (`codemods/pmap/_dead.py`,
 `left_unread`): flax imagenet's `sync_batch_stats`, whose calls on the step's equal copies the
 rewrite deletes, and the `cross_replica_mean` pmap only it calls, as flax's engineers deleted both
-(e637bb39). Each deletion is a site of the program's group, judged with its steps
-(`verify.planner`); the function returning the state it no longer stacks is compared against
+(e637bb39). Each deletion is a site of the program's group, taking the group's verdict
+(`verify.session.with_deleted`); the function returning the state it no longer stacks is compared against
 device 0's copy of the original's (`verify/child/layouts.one_copy`)."""
 
 from __future__ import annotations

@@ -653,7 +653,7 @@ class Finding(Pass):
             else:
                 node = statement.body[0].value  # type: ignore[attr-defined]
                 text = f"`jax.pmap` -> deleted with `{name}` (program-level): {why}"
-            details = {"deleted": name}  # judged with the group's steps (`verify.planner`)
+            details = {"deleted": name}  # takes its group's verdict (`verify.session.with_deleted`)
             enabled.append(self.site(node, text, group=group, fallback=group, details=details))
         return enabled
 

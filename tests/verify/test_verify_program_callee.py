@@ -94,12 +94,18 @@ def test_a_function_saving_the_programs_state_is_judged_with_the_program(
 ) -> None:
     root = project(tmp_path / "p")
     found = sites(root, "--verify-with", COMMAND)
-    steps = [s for s in found if "(program-level)" in s["message"]]
+    steps = [s for s in found if "over the flat data (program-level)" in s["message"]]
     assert len(steps) == 2 and not any("PL603" in s["message"] for s in found), found
     assert all(s["status"] == "verified" and s["applied"] for s in found), found
     saved = next(s for s in found if "in `save_checkpoint`" in s["message"])
     assert "prints the same on both trees" in saved["details"]["verification"], saved
     assert "tree_map(lambda x: x[0]" not in (root / "train.py").read_text()
+    # `sync_batch_stats` and its `cross_replica_mean`, read only where the group deletes: gone
+    # with it, judged by the group's other sites (they run in no rewrite)
+    deleted = [s for s in found if s["details"].get("deleted")]
+    assert len(deleted) == 2, found
+    assert all("runs in no rewrite" in s["details"]["verification"] for s in deleted), deleted
+    assert "sync_batch_stats" not in (root / "train.py").read_text()
 
 
 def test_with_nothing_printed_such_a_function_leaves_the_group_unverified(
@@ -111,5 +117,7 @@ def test_with_nothing_printed_such_a_function_leaves_the_group_unverified(
     assert saved["status"] == "unverified", saved
     assert "cannot judge it alone" in saved["details"]["verification"], saved
     assert not any("PL603" in s["message"] for s in found), found
-    steps = [s for s in found if "(program-level)" in s["message"]]
+    steps = [s for s in found if "over the flat data (program-level)" in s["message"]]
     assert len(steps) == 2 and not any(s["applied"] for s in steps), found
+    deleted = [s for s in found if s["details"].get("deleted")]
+    assert len(deleted) == 2 and all(s["status"] == "unverified" for s in deleted), deleted

@@ -102,7 +102,6 @@ def plan_file(
     grouped: dict[str, tuple[Target, list[Site]]] = {}
     scripted = script_groups(request.sites)  # a notebook's too: its cells as one script
     programs = {s.group for s in request.sites if s.group_step}
-    steps = {s.group: s.line for s in request.sites if s.group_step}
     for site in request.sites:
         if site.safety is Safety.SAFE:
             verdicts[site.key] = Verdict(Status.NOT_NEEDED, "safe rewrite")
@@ -110,10 +109,9 @@ def plan_file(
         if site.group in scripted:  # the module run as a program is the group's unit
             grouped.setdefault(SCRIPT, (script_target(tree), []))[1].append(site)
             continue
-        # Code the group deletes (`sync_batch_stats`, read only by the calls it deletes) does
-        # not run in the rewrite: it is judged with the group's steps, where its calls were.
-        deleted = site.details.get("deleted") and site.group in steps
-        target = find_target(tree, steps[site.group] if deleted else site.line)
+        if site.details.get("deleted") and site.group in programs:
+            continue  # runs in no rewrite: judged with its group (`session.with_deleted`)
+        target = find_target(tree, site.line)
         if request.command:  # a notebook: its program is the unit, whatever the target
             target = replace(target, kind=Kind.BOUND)
         if target.kind is Kind.BOUND and (record or request.command):
@@ -169,15 +167,13 @@ def program_hosts(tree: ast.Module, sites: Sequence[Site]) -> dict[str, str]:
 
 def served_host(target: Target, sites: Sequence[Site], hosts: dict[str, str]) -> str:
     """The function making the program-level group every one of `sites` serves from another
-    function or callable, `target` (a readback deleted in `save_checkpoint(state)`, called
-    with the program's state; `sync_batch_stats` and its `cross_replica_mean` pmap, deleted
-    with their calls); "" otherwise."""
+    function, `target` (a readback deleted in `save_checkpoint(state)`, called with the
+    program's state); "" otherwise."""
     found = {hosts.get(s.group or "", "") for s in sites if not s.group_step}
     if len(found) != 1 or any(s.group_step for s in sites):
         return ""
     host = found.pop()
-    served = target.kind in (Kind.FUNCTION, Kind.CALLABLE)
-    return host if host and host != target.qualname and served else ""
+    return host if host and host != target.qualname and target.kind is Kind.FUNCTION else ""
 
 
 def script_groups(sites: Sequence[Site]) -> set[str]:

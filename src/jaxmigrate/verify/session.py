@@ -310,7 +310,7 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
     """
     plans, verdicts = plan_all(requests, config.root, record=bool(config.verify_with))
     if not plans:
-        return verdicts
+        return with_deleted(requests, verdicts)
     # A notebook's sites are verified by recording its cells' calls, but a program it makes
     # in its cells by running them as one script through the layout adapters (`SCRIPT`).
     notebooks = [p for p in plans if p.request.command and p.target.qualname != SCRIPT]
@@ -399,6 +399,42 @@ def verify(requests: Sequence[VerifyRequest], config: VerifyConfig) -> dict[Key,
         for site in plan.sites:
             key = (plan.path, site.key)
             verdicts[key] = combined(verdicts[key], verdict) if key in verdicts else verdict
+    return with_deleted(requests, verdicts)
+
+
+def with_deleted(
+    requests: Sequence[VerifyRequest], verdicts: dict[Key, Verdict]
+) -> dict[Key, Verdict]:
+    """Give each site deleting code its program-level group leaves unread (`deleted` in its
+    details: flax imagenet's `sync_batch_stats`, whose calls the group deletes) its group's
+    verdict: nothing in the rewrite runs that code, so the group's runs, where its calls were,
+    judge it. Verified when every other site of the group is, failed when one failed."""
+    for request in requests:
+        for site in request.sites:
+            if not site.details.get("deleted") or site.group is None:
+                continue
+            others = [
+                verdicts[(request.path, s.key)]
+                for s in request.sites
+                if s.group == site.group
+                and not s.details.get("deleted")
+                and (request.path, s.key) in verdicts
+            ]
+            statuses = {v.status for v in others}
+            name = f"`{site.details['deleted']}`"
+            if others and statuses <= {Status.VERIFIED, Status.NOT_NEEDED}:
+                reason = (
+                    f"{name} runs in no rewrite: its group's {len(others)} other site(s), "
+                    "where its calls were, verified"
+                )
+                verdict = Verdict(Status.VERIFIED, reason, {"deleted_with": site.group})
+            elif Status.FAILED in statuses:
+                reason = f"{name} runs in no rewrite, and its group failed verification"
+                verdict = Verdict(Status.FAILED, reason, {"deleted_with": site.group})
+            else:
+                reason = f"{name} runs in no rewrite: judged with its group, not verified"
+                verdict = Verdict(Status.UNVERIFIED, reason, {"deleted_with": site.group})
+            verdicts[(request.path, site.key)] = verdict
     return verdicts
 
 
