@@ -334,6 +334,40 @@ def test_sorted_groups_get_the_import_at_its_place_in_either_order() -> None:
     )
 
 
+def test_google_order_sorts_by_the_full_path_of_what_is_imported() -> None:
+    """flax's imagenet example: `from jax import lax` is `jax.lax`, so `import jax.numpy` comes
+    before `from jax import random`; numpy then goes between `ml_collections` and `optax`, not
+    after the group's last line."""
+    flax = (
+        "from absl import logging\nimport flax\nfrom flax import jax_utils\nimport jax\n"
+        "from jax import lax\nimport jax.numpy as jnp\nfrom jax import random\n"
+        "import ml_collections\nimport optax\nimport tensorflow_datasets as tfds\n\n"
+        "import models\n"
+    )
+    out = added(flax, ("numpy", None, "np"), ("jax.sharding", "PartitionSpec", "P"), first="models")
+    assert out == (
+        "from absl import logging\nimport flax\nfrom flax import jax_utils\nimport jax\n"
+        "from jax import lax\nimport jax.numpy as jnp\nfrom jax import random\n"
+        "from jax.sharding import PartitionSpec as P\nimport ml_collections\nimport numpy as np\n"
+        "import optax\nimport tensorflow_datasets as tfds\n\nimport models\n"
+    )
+
+
+def test_google_order_by_module_alone_is_kept_too() -> None:
+    """flax's lm1b example sorts by module alone (`from jax import random` is `jax`, before
+    `import jax.numpy`): a new import takes its place in that order."""
+    lm1b = (
+        "from flax.training import train_state\nimport jax\nfrom jax import random\n"
+        "import jax.numpy as jnp\nimport ml_collections\nimport numpy as np\n"
+    )
+    out = added(lm1b, ("jax.sharding", "PartitionSpec", "P"), ("flax._pmap_compat", "f", None))
+    assert out == (
+        "from flax._pmap_compat import f\nfrom flax.training import train_state\nimport jax\n"
+        "from jax import random\nimport jax.numpy as jnp\n"
+        "from jax.sharding import PartitionSpec as P\nimport ml_collections\nimport numpy as np\n"
+    )
+
+
 def test_a_group_mixing_sections_google_style_gets_the_import_at_its_sorted_place() -> None:
     """chex's and scenic's tests: their own package sorted among the third-party modules."""
     chex = (

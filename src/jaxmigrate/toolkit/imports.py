@@ -9,7 +9,8 @@ as a `Name`), which is conservative: a name still used in a nested scope keeps i
 from __future__ import annotations
 
 import sys
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 import libcst as cst
 
@@ -411,13 +412,18 @@ def _google_sorted(body: Sequence[cst.BaseStatement], at: int, indent: str) -> b
     order says it; else, where every group fits both (only `import` lines), 2-space indentation
     (pyink, Google's style) does."""
     for group in _groups(body, at):
-        google = [_google_key(body[i]) for i in group]
-        isort = [_isort_key(body[i]) for i in group]
-        if google == sorted(google) and isort != sorted(isort):
+        google = any(_sorted(body, group, key) for key in (_google_key, _module_key))
+        isort = _sorted(body, group, _isort_key)
+        if google and not isort:
             return True
-        if isort == sorted(isort) and google != sorted(google):
+        if isort and not google:
             return False
     return indent == "  "
+
+
+def _sorted(body: Sequence[cst.BaseStatement], group: list[int], key: Callable[..., Any]) -> bool:
+    keys = [key(body[i]) for i in group]
+    return keys == sorted(keys)
 
 
 # isort's sections, in their order.
@@ -454,7 +460,20 @@ def _isort_key(stmt: cst.CSTNode) -> tuple[bool, str]:
 
 
 def _google_key(stmt: cst.CSTNode) -> tuple[str, bool]:
-    """Google's order (`force_sort_within_sections`): by module, whatever the statement."""
+    """Google's order (isort's google profile, `force_sort_within_sections` and
+    `lexicographical`): by the full path of what is imported, whatever the statement (`from jax
+    import lax` is `jax.lax`, between `import jax` and `import jax.numpy`)."""
+    assert isinstance(stmt, cst.SimpleStatementLine)
+    imp, path = stmt.body[0], _module_of(stmt)
+    if isinstance(imp, cst.ImportFrom) and not isinstance(imp.names, cst.ImportStar):
+        name = dotted(imp.names[0].name) or ""
+        path = f"{path}.{name}" if path and not path.endswith(".") else path + name
+    return path.lower(), isinstance(imp, cst.ImportFrom)
+
+
+def _module_key(stmt: cst.CSTNode) -> tuple[str, bool]:
+    """Google's order as some of its files keep it: by module alone (`from jax import random`
+    is `jax`, before `import jax.numpy`)."""
     assert isinstance(stmt, cst.SimpleStatementLine)
     return _module_of(stmt).lower(), isinstance(stmt.body[0], cst.ImportFrom)
 
@@ -539,7 +558,8 @@ def _position_in(
     low, high = (earlier[-1] + 1 if earlier else group[0]), (later[0] if later else group[-1] + 1)
     if sections != sorted(sections):
         low, high = group[0], group[-1] + 1
-    for key in (_google_key, _isort_key) if google else (_isort_key, _google_key):
+    google_keys = (_google_key, _module_key)
+    for key in (*google_keys, _isort_key) if google else (_isort_key, *google_keys):
         keys = [key(body[i]) for i in group]
         if keys == sorted(keys):
             before = [i for i, k in zip(group, keys) if k <= key(new)]
