@@ -81,6 +81,19 @@ def test_a_mean_read_by_code_that_stays_stays(project: Path) -> None:
     assert not any("deleted with" in m for m in messages)
 
 
+def test_a_skip_comment_on_a_deletion_keeps_every_deletion_of_its_group(project: Path) -> None:
+    source = (project / "train.py").read_text()
+    source = source.replace(
+        MEAN + 'lambda x: lax.pmean(x, "x"), "x")',
+        MEAN + 'lambda x: lax.pmean(x, "x"), "x")  # jaxmigrate: skip',
+    )
+    assert "# jaxmigrate: skip" in source
+    code, messages, _ = migrated(project, source)
+    assert SYNC in code and MEAN in code  # both kept, the pmap left as it is
+    assert not any("deleted with" in m or "a def deleted" in m for m in messages)
+    assert "jax.jit(\n        jax.shard_map(" in code  # the program itself still rewritten
+
+
 def test_a_text_alone_keeps_its_public_names() -> None:
     source = (PROJECT / "examples" / "imagenet" / "train.py").read_text()
     result = migrate_source(source, options=Options(unsafe_fixes=True))  # no code base around

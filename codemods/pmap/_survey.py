@@ -121,6 +121,14 @@ def _unless_closed(where: str) -> str:
     return "; `[tool.jaxmigrate] closed-code-base = true` says no code there does"
 
 
+def _unread_node(unread: Unread) -> cst.CSTNode:
+    """The node a deletion's site is at: the def, or the pmap call `name = jax.pmap(...)` binds."""
+    statement = unread.statement
+    if isinstance(statement, cst.FunctionDef):
+        return statement
+    return statement.body[0].value  # type: ignore[attr-defined]
+
+
 # Reading one pmap -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Pmapped:
@@ -625,10 +633,18 @@ class Finding(Pass):
             value = statement.body[0].value  # type: ignore[attr-defined]
             return inner == [id(value)] and id(value) not in steps
 
-        self.unread = left_unread(module, self.module_flow, gone, may_go)
+        found = left_unread(module, self.module_flow, gone, may_go)
+        # `# jaxmigrate: skip` on one of a group's deletions keeps all of them: no code the
+        # group leaves in place then reads a name it deleted
+        skipped = {
+            u.group
+            for u in found.values()
+            if self.state.suppressed(self.where(_unread_node(u))[0], self.CODE)
+        }
+        self.unread = {name: u for name, u in found.items() if u.group not in skipped}
         for unread in self.unread.values():
             if isinstance(unread.statement, cst.SimpleStatementLine):
-                del self.sites[id(unread.statement.body[0].value)]  # type: ignore[attr-defined]
+                del self.sites[id(_unread_node(unread))]
 
     def _record_unread(self, group: str) -> list[bool]:
         """Record the deletion of the module-level code `group` leaves unread (`_find_unread`)."""
@@ -646,12 +662,10 @@ class Finding(Pass):
                 + ([f"read only by {' and '.join(readers)}, deleted too"] if readers else [])
             )
             why += "; nothing else in the code base uses it"
-            statement = unread.statement
-            if isinstance(statement, cst.FunctionDef):
-                node: cst.CSTNode = statement
+            node = _unread_node(unread)
+            if isinstance(node, cst.FunctionDef):
                 text = f"a def deleted, `{name}`: {why}"
             else:
-                node = statement.body[0].value  # type: ignore[attr-defined]
                 text = f"`jax.pmap` -> deleted with `{name}` (program-level): {why}"
             details = {"deleted": name}  # takes its group's verdict (`verify.session.with_deleted`)
             enabled.append(self.site(node, text, group=group, fallback=group, details=details))
