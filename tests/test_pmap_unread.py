@@ -94,6 +94,24 @@ def test_a_skip_comment_on_a_deletion_keeps_every_deletion_of_its_group(project:
     assert "jax.jit(\n        jax.shard_map(" in code  # the program itself still rewritten
 
 
+def test_a_pmap_in_a_def_read_nowhere_is_kept_and_said_so(project: Path) -> None:
+    """flax lm1b's `per_host_sum_pmap`: unread before the rewrite came, so kept (the rule
+    deletes only what its own edits leave unread), and its site says so."""
+    source = (project / "train.py").read_text()
+    source += (
+        "\n\ndef per_host_sum_pmap(x):\n"
+        '    host_psum = jax.pmap(lambda v: jax.lax.psum(v, "i"), "i")\n'
+        "    return host_psum(x)\n"
+    )
+    code, messages, _ = migrated(project, source)
+    assert "def per_host_sum_pmap(x):" in code
+    (said,) = [m for m in messages if "read nowhere" in m]
+    assert "`per_host_sum_pmap`, around it, is read nowhere in the code base" in said
+    (project / "other.py").write_text("import train\n\ntrain.per_host_sum_pmap(1)\n")
+    _, messages, _ = migrated(project, source)
+    assert not any("read nowhere" in m for m in messages)
+
+
 def test_a_text_alone_keeps_its_public_names() -> None:
     source = (PROJECT / "examples" / "imagenet" / "train.py").read_text()
     result = migrate_source(source, options=Options(unsafe_fixes=True))  # no code base around

@@ -28,7 +28,7 @@ from ._declines import NotVisible
 from ._flow import mapped_name
 from ._layout import fill, holes_of
 from ._passon import elsewhere
-from ._reach import nodes_in
+from ._reach import Flow, nodes_in
 from ._specs import (
     TAIL_BUILTINS,
     Untranslatable,
@@ -311,6 +311,9 @@ class Faithful(Finding):
             notes.append(site.fallback)
         elif site.fallback:
             notes.append(f"program-level form not taken: {site.fallback}")
+        unread = self._read_nowhere(site)
+        if unread:
+            notes.append(f"`{unread}`, around it, is read nowhere in the code base")
         home = self.state.home
         if home is not None and not self.reuse_helper and not home.directory:
             notes.append(f"the helper is defined in a cell: {home.why}")
@@ -327,6 +330,21 @@ class Faithful(Finding):
             elif keyword == "axis_size":
                 notes.append("`axis_size=` dropped: in one process it only checks the mapped size")
         return plan
+
+    def _read_nowhere(self, site: PmapUse) -> str:
+        """The name of the module-level def holding `site` when nothing reads it: not the module,
+        no other file of the code base, no string (flax lm1b's `per_host_sum_pmap`); "" else.
+        The rule keeps code that was unread before it came; the message says so."""
+        assert self.survey is not None
+        statement = site.statement
+        name = statement.name.value if isinstance(statement, cst.FunctionDef) else ""
+        if not name or name.startswith("__") or self.state.outside is None:
+            return ""
+        outside, strings = self.state.outside, self.survey.strings
+        if elsewhere(name, outside, strings) or elsewhere(name, outside, strings, "read"):
+            return ""
+        flow = self.module_flow or Flow(self.resolver.module, model=self.resolver)
+        return "" if flow.loads.get(name) else name
 
     def _axis_names(self, layers: Layers, notes: list[str]) -> list[cst.BaseExpression]:
         """Return the axis name of each pmap, naming the unnamed ones."""
