@@ -28,7 +28,7 @@ from ._declines import NotVisible
 from ._flow import mapped_name
 from ._layout import fill, holes_of
 from ._passon import elsewhere
-from ._reach import Flow, nodes_in
+from ._reach import nodes_in
 from ._specs import (
     TAIL_BUILTINS,
     Untranslatable,
@@ -340,11 +340,9 @@ class Faithful(Finding):
         name = statement.name.value if isinstance(statement, cst.FunctionDef) else ""
         if not name or name.startswith("__") or self.state.outside is None:
             return ""
-        outside, strings = self.state.outside, self.survey.strings
-        if elsewhere(name, outside, strings) or elsewhere(name, outside, strings, "read"):
+        if self._used_elsewhere(name):
             return ""
-        flow = self.module_flow or Flow(self.resolver.module, model=self.resolver)
-        return "" if flow.loads.get(name) else name
+        return "" if self._module_reads().loads.get(name) else name
 
     def _axis_names(self, layers: Layers, notes: list[str]) -> list[cst.BaseExpression]:
         """Return the axis name of each pmap, naming the unnamed ones."""

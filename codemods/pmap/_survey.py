@@ -620,12 +620,11 @@ class Finding(Pass):
             return
         steps = {id(s.node) for p in self.programs.values() for s, _ in p}
         steps |= {id(s.site.node) for g in self.outer for s in g.steps}  # type: ignore[attr-defined]
-        outside, strings = self.state.outside, self.survey.strings
 
         def may_go(name: str, statement: cst.CSTNode) -> bool:
             if name.startswith("__") or len(self.resolver.bindings(name)) != 1:
                 return False
-            if elsewhere(name, outside, strings) or elsewhere(name, outside, strings, "read"):
+            if self._used_elsewhere(name):
                 return False
             inner = [k for k, s in self.sites.items() if any(a is statement for a in s.ancestors)]
             if isinstance(statement, cst.FunctionDef):
@@ -645,6 +644,19 @@ class Finding(Pass):
         for unread in self.unread.values():
             if isinstance(unread.statement, cst.SimpleStatementLine):
                 del self.sites[id(_unread_node(unread))]
+
+    def _used_elsewhere(self, name: str) -> bool:
+        """Whether another file of the code base, or a string of the module, may call or read
+        the module's def `name` (`elsewhere`; a public name of a text alone may be)."""
+        assert self.survey is not None
+        outside, strings = self.state.outside, self.survey.strings
+        return any(elsewhere(name, outside, strings, how) for how in ("called", "read"))
+
+    def _module_reads(self) -> Flow:
+        """The module's flow (its names' reads), made once: `_find_programs`' when it ran."""
+        if self.module_flow is None:
+            self.module_flow = Flow(self.resolver.module, model=self.resolver)
+        return self.module_flow
 
     def _record_unread(self, group: str) -> list[bool]:
         """Record the deletion of the module-level code `group` leaves unread (`_find_unread`)."""
