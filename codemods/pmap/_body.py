@@ -261,22 +261,19 @@ class _Reader:
     def loop(self, node: cst.For | cst.While, varying: set[str]) -> set[str]:
         self.looping += 1
         try:
-            return self._loop(node, varying)
+            while True:  # a name that differs after one pass differs on the next: a fixed point
+                inner = set(varying)
+                if isinstance(node, cst.For):
+                    inner = self.bind(node.target, self.varies(node.iter, varying), inner)
+                after = varying | self.block(statements(node.body), inner)
+                if after == varying:
+                    break
+                varying = after
+            if node.orelse is not None:
+                varying = self.block(statements(node.orelse.body), varying)
+            return varying
         finally:
             self.looping -= 1
-
-    def _loop(self, node: cst.For | cst.While, varying: set[str]) -> set[str]:
-        while True:  # a name that differs after one pass differs on the next: to a fixed point
-            inner = set(varying)
-            if isinstance(node, cst.For):
-                inner = self.bind(node.target, self.varies(node.iter, varying), inner)
-            after = varying | self.block(statements(node.body), inner)
-            if after == varying:
-                break
-            varying = after
-        if node.orelse is not None:
-            varying = self.block(statements(node.orelse.body), varying)
-        return varying
 
     def small(self, node: cst.BaseSmallStatement, varying: set[str]) -> set[str]:
         varying = self.filled_by_defs(node, varying)
@@ -456,9 +453,11 @@ class _Reader:
                 return True
             if self._tree_mapped_same(node, varying):
                 return False
-            helper = self._helper_varies(node, varying)
+            # a call of a helper (flax's `compute_metrics` doing the `pmean`): it differs when
+            # any of the helper's returns does
+            helper = self.helper_results(node, varying)
             if helper is not None:
-                return helper
+                return any(helper)
         if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
             return self._comprehension_varies(node, varying)
         if isinstance(node, cst.Name):
@@ -617,12 +616,8 @@ class _Reader:
         return self.closure_trees[key_of]
 
     def _closure_read(self, fn: cst.FunctionDef, defs: Defs, start: set[str]) -> Tree | None:
-        key = fn.name.value
-        reader = _Reader(self.axis, self.qualname, defs, set(start))
-        reader.closures, reader.inside = dict(self.closures), self.inside | {key}
-        reader.spellings, reader.imported = self.spellings, self.imported
-        reader.norm_axes, reader.assumed = self.norm_axes, self.assumed
-        reader.helpers = self.helpers
+        reader = self._inner(fn, self.qualname, defs, start)
+        reader.closures, reader.spellings = dict(self.closures), self.spellings
         try:
             _run(reader, fn, start)
         except NotVisible:
@@ -678,12 +673,6 @@ class _Reader:
         inside = inside | {node.name.value}
         return any(self.closure_varies(self.closures[n], inside) for n in free & set(self.closures))
 
-    def _helper_varies(self, call: cst.Call, varying: frozenset[str] | set[str]) -> bool | None:
-        """A call of a helper (flax's `compute_metrics` doing the `pmean`): its result differs
-        when any of the helper's returns does (`helper_results`); None when not read."""
-        results = self.helper_results(call, varying)
-        return None if results is None else any(results)
-
     def helper_results(
         self, call: cst.Call, varying: frozenset[str] | set[str]
     ) -> list[bool] | None:
@@ -715,10 +704,7 @@ class _Reader:
 
     def _helper_read(self, function: Function, mapped: set[str]) -> tuple[bool, ...] | None:
         # A default is read where the def is made, at module level: the same on every device.
-        reader = _Reader(self.axis, function.qualname, function.defs, set(mapped))
-        reader.inside, reader.imported = self.inside | {function.fn.name.value}, self.imported
-        reader.norm_axes, reader.assumed = self.norm_axes, self.assumed
-        reader.helpers = self.helpers
+        reader = self._inner(function.fn, function.qualname, function.defs, mapped)
         reader.spellings = self.spellings if function.defs is self.defs else frozenset()
         try:
             _run(reader, function.fn, mapped)
@@ -726,6 +712,17 @@ class _Reader:
         except NotVisible:
             return None
         return tuple(flags)
+
+    def _inner(
+        self, fn: cst.FunctionDef, qualname: Qualname, defs: Defs, start: set[str]
+    ) -> _Reader:
+        """Return a reader of `fn`, a def this one follows (`start`: the names differing as it is
+        called), told what this one was told and sharing what it finds (`assumed`, `helpers`)."""
+        reader = _Reader(self.axis, qualname, defs, set(start))
+        reader.inside, reader.imported = self.inside | {fn.name.value}, self.imported
+        reader.norm_axes, reader.assumed = self.norm_axes, self.assumed
+        reader.helpers = self.helpers
+        return reader
 
     def _filled(
         self, function: Function, call: cst.Call, varying: frozenset[str] | set[str]
@@ -766,7 +763,7 @@ class _Reader:
 
     def _over_axis(self, call: cst.Call) -> bool:
         """The collective reduces over the step's axis (a literal name), in one group."""
-        if any(a.keyword is not None and a.keyword.value == "axis_index_groups" for a in call.args):
+        if any(_keyword(a) == "axis_index_groups" for a in call.args):
             return False
         axis = next((a.value for a in call.args if _keyword(a) == "axis_name"), None)
         positional = [a.value for a in call.args if a.keyword is None and not a.star]
