@@ -625,32 +625,16 @@ class Pmap(Faithful):
         self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
     ) -> cst.FunctionDef:
         kept = self.stored.get(id(original_node))  # a method calling a step stored on `self`
-        if kept is not None and (
-            id(kept.copy) in self.host_programs or id(kept.copy) in self.host_setups
-        ):
-            first = original_node.body.body[0] if original_node.body.body else original_node
-            indent = self.room(first).indent
-            out = rewrite_host(
-                kept.copy,
-                self.host_programs.get(id(kept.copy), []),
-                self.host_setups.get(id(kept.copy)),
-                indent,
-                self.state.style,
-            )
-            return named_back(kept, out, indent, self.state.style)
+        out = self._host_rewritten(original_node, kept.copy) if kept is not None else None
+        if kept is not None and out is not None:
+            return named_back(kept, out, self._indent(original_node), self.state.style)
         if id(original_node) in self.programs:
             return self._rewrite_program(self.programs[id(original_node)], updated_node)
         if id(original_node) in self.outer_defs:
             return self._outer_decorators(*self.outer_defs[id(original_node)], updated_node)
-        if id(original_node) in self.host_programs or id(original_node) in self.host_setups:
-            first = original_node.body.body[0] if original_node.body.body else original_node
-            return rewrite_host(
-                original_node,
-                self.host_programs.get(id(original_node), []),
-                self.host_setups.get(id(original_node)),
-                self.room(first).indent,
-                self.state.style,
-            )
+        out = self._host_rewritten(original_node, original_node)
+        if out is not None:
+            return out
         decorators: list[cst.Decorator] = []
         pending = list(zip(original_node.decorators, updated_node.decorators))
         while pending:
@@ -664,6 +648,22 @@ class Pmap(Faithful):
             del pending[: len(site.pmaps) - 1]
             decorators += self._decorators(site, plan, new)
         return updated_node.with_changes(decorators=decorators)
+
+    def _host_rewritten(
+        self, original: cst.FunctionDef, host: cst.FunctionDef
+    ) -> cst.FunctionDef | None:
+        """Return `host` (the def `original`, or the copy of it a step stored on `self` is read
+        in) with the edits of the programs calling steps made outside it and the mesh it sets;
+        None when it has neither."""
+        if id(host) not in self.host_programs and id(host) not in self.host_setups:
+            return None
+        programs, setup = self.host_programs.get(id(host), []), self.host_setups.get(id(host))
+        return rewrite_host(host, programs, setup, self._indent(original), self.state.style)
+
+    def _indent(self, fn: cst.FunctionDef) -> str:
+        """Return the indentation of the body of `fn`."""
+        first = fn.body.body[0] if fn.body.body else fn
+        return self.room(first).indent
 
     def _rewrite_program(
         self, programs: list[tuple[PmapUse, Program]], updated: cst.FunctionDef
@@ -770,10 +770,10 @@ class Pmap(Faithful):
         the converter of a batch drawn per device from an iterator not followed
         (`_flow._convert_drawn`), the copier of a replicated value for a call not followed
         (`_passon.copied`)."""
-        for base, wanted in (
-            (CONVERTER, program.converts),
-            (COPIER, program.copies),
-            (UNCOPIER, bool(program.uncopied)),
+        for base, wanted, spelled in (
+            (CONVERTER, program.converts, "converter"),
+            (COPIER, program.copies, "copier"),
+            (UNCOPIER, bool(program.uncopied), "uncopier"),
         ):
             if not wanted:
                 continue
@@ -785,12 +785,7 @@ class Pmap(Faithful):
                 )
                 np = self._numpy() if base != COPIER else ""
                 self.converters[base] = (name, program.jax, np, program.jnp)
-            if base == CONVERTER:
-                program.converter = self.converters[base][0]
-            elif base == COPIER:
-                program.copier = self.converters[base][0]
-            else:
-                program.uncopier = self.converters[base][0]
+            setattr(program, spelled, self.converters[base][0])  # `program.converter`, ...
 
     def _with_converter(self, module: cst.Module) -> cst.Module:
         """The module with the helpers' defs after its imports, if a program asked for them."""
@@ -808,8 +803,7 @@ class Pmap(Faithful):
         for statement in original_node.body:
             programs = self.callee_programs.get(id(statement))
             if programs and isinstance(statement, cst.FunctionDef):
-                first = statement.body.body[0] if statement.body.body else statement
-                indent = self.room(first).indent
+                indent = self._indent(statement)
                 rewritten = rewrite_host(statement, programs, None, indent, self.state.style)
                 new[statement.name.value] = rewritten
         for statement in original_node.body:  # a factory returning a step taken
