@@ -25,8 +25,8 @@ from ._layout import (
     rows,
     tree_mapped,
 )
-from ._reach import Flow, nodes_in, replaced
-from ._summary import Summaries, Values, called_value, counts_devices
+from ._reach import Flow, replaced
+from ._summary import Summaries, Values, called_value, counts_devices, name_reads
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 
@@ -330,9 +330,7 @@ def _tuples_inlined(
     node: cst.BaseExpression, values: Callable[[cst.Name], cst.BaseExpression | None]
 ) -> cst.BaseExpression:
     """`node` with each name read whose one value is a tuple literal replaced by that tuple."""
-    other = {id(a.attr) for a in nodes_in(node, cst.Attribute)}  # `x.shape`: not a read
-    other |= {id(a.keyword) for a in nodes_in(node, cst.Arg) if a.keyword is not None}
-    reads = (n for n in nodes_in(node, cst.Name) if id(n) not in other)
+    reads = name_reads(node)
     return replaced(node, {id(n): v for n in reads if isinstance(v := values(n), cst.Tuple)})
 
 

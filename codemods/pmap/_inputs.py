@@ -45,9 +45,8 @@ from ._forms import Forms, is_device_count, positional, single_name
 from ._layout import GLOBAL_BATCH, SPLIT_EDIT, TREE_MAPS, fill, match
 from ._passon import pmaps, program_of
 from ._program import Program
-from ._reach import Flow, nodes_in
+from ._reach import SCOPES, Flow, nodes_in
 
-SCOPES = (cst.FunctionDef, cst.Lambda, cst.ClassDef)
 BUILTINS = ("next", "zip", "enumerate", "map")
 SPLIT = (
     SPLIT_EDIT + " deleted in `{fn}`: the input iterator yields the flat batch, "

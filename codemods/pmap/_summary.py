@@ -53,9 +53,7 @@ def summarize(
     (or of one field of it, for a row keeping its value: `_field_carried`)."""
     params, lines = fn.params, list(fn.body.body if isinstance(fn.body, cst.IndentedBlock) else ())
     names = [p.name.value for p in params.params]
-    if params.kwonly_params or params.posonly_params or params.star_kwarg or fn.decorators:
-        return None
-    if isinstance(params.star_arg, cst.Param) or any(p.default for p in params.params):
+    if not _plain(fn):
         return None
     lines = lines[1 if lines and is_docstring(lines[0]) else 0 :]
     nested: dict[str, cst.Lambda] = {}
@@ -110,11 +108,7 @@ def as_lambda(fn: cst.FunctionDef) -> cst.Lambda | None:
     """`def f(v): v = g(v); return h(v)` as the one lambda it is, `lambda v: h(g(v))`: one
     parameter, rebound only by assignments of an expression of it; else None."""
     params = fn.params
-    if fn.decorators or fn.asynchronous or len(params.params) != 1 or params.params[0].default:
-        return None
-    if params.kwonly_params or params.posonly_params or params.star_kwarg:
-        return None
-    if isinstance(params.star_arg, cst.Param):
+    if not _plain(fn) or fn.asynchronous or len(params.params) != 1:
         return None
     name, lines = params.params[0].name.value, fn.body.body
     if not isinstance(fn.body, cst.IndentedBlock) or not lines:
@@ -141,6 +135,15 @@ def as_lambda(fn: cst.FunctionDef) -> cst.Lambda | None:
     return cst.Lambda(cst.Parameters([cst.Param(cst.Name(name))]), body)
 
 
+def _plain(fn: cst.FunctionDef) -> bool:
+    """Return True for a def without decorators whose parameters are all plain ones (no
+    `*args`, `**kwargs`, keyword-only or positional-only ones) without defaults."""
+    params = fn.params
+    if fn.decorators or params.kwonly_params or params.posonly_params or params.star_kwarg:
+        return False
+    return not isinstance(params.star_arg, cst.Param) and not any(p.default for p in params.params)
+
+
 SCOPED = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.NamedExpr)
 
 
@@ -151,11 +154,15 @@ def _binds(node: cst.CSTNode) -> bool:
 def replaced_name(
     node: cst.BaseExpression, name: str, by: cst.BaseExpression
 ) -> cst.BaseExpression:
-    """`node` with each read of `name` (not an attribute's or a keyword's name) made `by`."""
-    names = {id(a.attr) for a in nodes_in(node, cst.Attribute)}
-    names |= {id(a.keyword) for a in nodes_in(node, cst.Arg) if a.keyword is not None}
-    reads = nodes_in(node, cst.Name)
-    return replaced(node, {id(n): by for n in reads if n.value == name and id(n) not in names})
+    """`node` with each read of `name` (`name_reads`) made `by`."""
+    return replaced(node, {id(n): by for n in name_reads(node) if n.value == name})
+
+
+def name_reads(node: cst.CSTNode) -> list[cst.Name]:
+    """The names `node` reads: not an attribute's name (`x.shape`) or a keyword's."""
+    other = {id(a.attr) for a in nodes_in(node, cst.Attribute)}
+    other |= {id(a.keyword) for a in nodes_in(node, cst.Arg) if a.keyword is not None}
+    return [n for n in nodes_in(node, cst.Name) if id(n) not in other]
 
 
 class Summaries:
