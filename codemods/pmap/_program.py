@@ -361,25 +361,18 @@ def laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.Bas
         return statement.with_changes(
             body=[node.with_changes(value=_wrapped(value, indent, style))]
         )
-    if not isinstance(value, cst.Call):
+    if isinstance(value, cst.Call):  # the call, or the first of `call(...).method()`
+        method = value.func if not value.args and isinstance(value.func, cst.Attribute) else None
+        inner = method.value if method is not None and isinstance(method.value, cst.Call) else value
+        found: tuple[cst.Call, int] | None = inner, len(code(value)) - len(code(inner))
+    else:  # `return a, f(x)`, `y = f(x) / 255.0`: black splits f's brackets
         found = _last_bracket(value) if value is not None else None
-        if found is None:
-            return statement
-        call, tail = found  # `return a, f(x)`, `y = f(x) / 255.0`: black splits f's brackets
-        head = len(indent) + len(code(node)) - tail - len(code(call))
-        laid = with_lambda_calls(Call.of(call)).laid_out(Room(indent, head, tail), style)
-        return statement.with_changes(
-            body=[node.with_changes(value=replaced(value, {id(call): laid}))]
-        )
-    head = len(indent) + len(code(node)) - len(code(value))
-    method = value.func if not value.args and isinstance(value.func, cst.Attribute) else None
-    if method is not None and isinstance(method.value, cst.Call):
-        tail = len(code(value)) - len(code(method.value))
-        laid = with_lambda_calls(Call.of(method.value)).laid_out(Room(indent, head, tail), style)
-        chained = value.with_changes(func=method.with_changes(value=laid))
-        return statement.with_changes(body=[node.with_changes(value=chained)])
-    laid = with_lambda_calls(Call.of(value)).laid_out(Room(indent, head), style)
-    return statement.with_changes(body=[node.with_changes(value=laid)])
+    if value is None or found is None:
+        return statement
+    call, tail = found
+    head = len(indent) + len(code(node)) - tail - len(code(call))
+    laid = with_lambda_calls(Call.of(call)).laid_out(Room(indent, head, tail), style)
+    return statement.with_changes(body=[node.with_changes(value=replaced(value, {id(call): laid}))])
 
 
 def _wrapped(value: cst.BaseExpression, indent: str, style: Style) -> cst.BaseExpression:
@@ -563,22 +556,15 @@ class _Edit(cst.CSTTransformer):
             updated_node = blank_lines_kept(
                 original_node, updated_node, self.dropped, self.expanded
             )
-        if self.setup is not None and original_node is self.setup[0]:
-            self.before = updated_node
-        if self.setup is not None and original_node is self.setup[3]:
-            self.after = updated_node
+        self._placed(original_node, updated_node)
         if original_node is self.host.body:
             assert isinstance(updated_node, cst.IndentedBlock)
             if self.setup is not None:
                 updated_node = self._with_setup(updated_node)
             return self._with_entry(updated_node)
         if self.edited and isinstance(updated_node, cst.SimpleStatementLine):
-            fitted = _fitted(updated_node, here, self.style)
-            if self.setup is not None and original_node is self.setup[0]:
-                self.before = fitted  # laid out anew: the mesh is set before this one
-            if self.setup is not None and original_node is self.setup[3]:
-                self.after = fitted
-            return fitted
+            # laid out anew: the mesh may be set before this one
+            return self._placed(original_node, _fitted(updated_node, here, self.style))
         if self.scoped and isinstance(updated_node, cst.SimpleStatementLine):
             return _refitted(updated_node, here, self.style)
         if (
@@ -588,6 +574,15 @@ class _Edit(cst.CSTTransformer):
         ):
             return _fitted_for(updated_node, here, self.style)
         return updated_node
+
+    def _placed(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
+        """Return `updated`, noted as the setup's statement (`before`) or the one it ends before
+        (`after`) when `original` is."""
+        if self.setup is not None and original is self.setup[0]:
+            self.before = updated
+        if self.setup is not None and original is self.setup[3]:
+            self.after = updated
+        return updated
 
     def _with_entry(self, block: cst.IndentedBlock) -> cst.IndentedBlock:
         """Make the parameters the callers pass as copies per device one value each, first
