@@ -162,12 +162,10 @@ def claimed(
     if len(statement.targets) != 1:
         return {}
     target = statement.targets[0].target
-    if isinstance(target, (cst.Tuple, cst.List)):
-        names = [
-            single_name(e.value) if isinstance(e, cst.Element) else None for e in target.elements
-        ]
-    else:
-        names = [single_name(target)]
+    elements = (
+        target.elements if isinstance(target, (cst.Tuple, cst.List)) else [cst.Element(target)]
+    )
+    names = [single_name(e.value) if isinstance(e, cst.Element) else None for e in elements]
     if len(names) != len(returned[0]):
         return {}
     return {

@@ -284,13 +284,13 @@ class Faithful(Finding):
         out_specs = self._specs(outer, items, "out_axes", make)
         statics, tail = self._statics(outer, items)
         innermost, innermost_items = layers[-1]
+        fun = innermost_items[innermost.fun] if innermost.fun is not None else None
         if tail is not None:
             in_specs = self._tail_specs(site, in_specs, *tail)
         elif statics:
-            mapped = innermost_items[innermost.fun] if innermost.fun is not None else None
             count = arity(site.mapped, statics) if site.mapped is not None else None
-            if count is None and mapped is not None:
-                count = self._partial_arity(mapped.arg.value, statics)
+            if count is None and fun is not None:
+                count = self._partial_arity(fun.arg.value, statics)
             if count is None and isinstance(site.node, cst.Decorator):
                 count = self._calls_arity(site, statics)
                 if count is not None:
@@ -299,7 +299,6 @@ class Faithful(Finding):
                         "pass (a call elsewhere passing another number raises)"
                     )
             in_specs = with_statics(in_specs, statics, count)
-        fun = innermost_items[innermost.fun] if innermost.fun is not None else None
         name = names[0] if len(names) == 1 else tuple_of(names)
         axis = items[outer.axis_name] if outer.axis_name is not None else Item(cst.Arg(name))
         helper = [
@@ -340,9 +339,7 @@ class Faithful(Finding):
         name = statement.name.value if isinstance(statement, cst.FunctionDef) else ""
         if not name or name.startswith("__") or self.state.outside is None:
             return ""
-        if self._used_elsewhere(name):
-            return ""
-        return "" if self._module_reads().loads.get(name) else name
+        return "" if self._used_elsewhere(name) or self._module_reads().loads.get(name) else name
 
     def _axis_names(self, layers: Layers, notes: list[str]) -> list[cst.BaseExpression]:
         """Return the axis name of each pmap, naming the unnamed ones."""

@@ -312,11 +312,8 @@ class Reach:
         """Record the names in `body`, a nested def's, lambda's or class's, as read whenever it
         runs (the names of fields and keywords there are no reads)."""
         self._nested.extend(nodes_in(body, cst.Name))
-        for node in nodes_in(body, cst.Attribute):
-            self._fields.add(id(node.attr))
-        for arg in nodes_in(body, cst.Arg):
-            if arg.keyword is not None:
-                self._fields.add(id(arg.keyword))
+        self._fields |= {id(node.attr) for node in nodes_in(body, cst.Attribute)}
+        self._fields |= {id(a.keyword) for a in nodes_in(body, cst.Arg) if a.keyword is not None}
 
     # Reads ----------------------------------------------------------------------------------
     def _bind(self, name: cst.Name, binding: cst.CSTNode, env: Env) -> None:
