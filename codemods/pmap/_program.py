@@ -282,13 +282,10 @@ class Program:
 
     def context(self) -> dict[str, cst.BaseExpression]:
         """Return how the rewrite spells what the table's templates name (`{jax}`, ...)."""
-        spelled = {"jax": self.jax, "jnp": self.jnp, "sharding": self.sharding}
+        spelled = {"jax": self.jax, "jnp": self.jnp, "sharding": self.sharding, "np": self.numpy}
         spelled |= {"mesh": self.mesh, "hosts": self.hosts}
-        found = {k: cst.parse_expression(v) for k, v in spelled.items()}
-        found |= {"spec": self.spec, "axis": self.axis}
-        if self.numpy is not None:
-            found["np"] = cst.parse_expression(self.numpy)
-        return found
+        found = {k: cst.parse_expression(v) for k, v in spelled.items() if v is not None}
+        return found | {"spec": self.spec, "axis": self.axis}
 
     def wrapped(self) -> bool:
         """Return True if the body is called from a lambda (per-device stacks, keywords)."""
@@ -427,11 +424,10 @@ def rewrite_host(
     # the sharding of batches made with the step, which only a def it is passed to may convert
     # with (`_callee.py`: over a mesh of its own), is a helper too
     helpers |= {p.sharding for p in programs if p.sharding.isidentifier()}
-    dead = helpers - set(read_names(out))
-    while dead:  # `n = jax.local_device_count()`, `rep = lambda x: ...`, no longer read
-        dropped = _dropped(out, dead)
+    # `n = jax.local_device_count()`, `rep = lambda x: ...`, no longer read
+    while dead := helpers - set(read_names(out)):
+        out = _dropped(out, dead)
         helpers -= dead
-        out, dead = dropped, helpers - set(read_names(dropped))
     return out
 
 
