@@ -38,6 +38,7 @@ Defs = Mapping[str, cst.FunctionDef]
 # Whether a value differs between devices, part by part where it is a tuple the body builds or
 # unpacks (`return loss, (new_state, logits)`): a bool, or a tuple of them
 Tree: TypeAlias = "bool | tuple[Tree, ...]"
+Varying: TypeAlias = frozenset[str] | set[str]  # the names that may differ between devices
 STATISTICS = "batch_stats"  # the collection flax's `BatchNorm` updates in training
 APPLIES = frozenset({"apply", "apply_fn"})  # flax's `model.apply`, `TrainState.apply_fn`
 TRACED = frozenset({"shape", "ndim", "dtype", "size", "itemsize"})  # one trace: the same everywhere
@@ -440,7 +441,7 @@ class _Reader:
         return varying - names
 
     # Expressions --------------------------------------------------------------------------
-    def varies(self, node: cst.CSTNode, varying: frozenset[str] | set[str]) -> bool:
+    def varies(self, node: cst.CSTNode, varying: Varying) -> bool:
         """Return True unless `node` is the same on every device."""
         whole = self._named_parts(node, varying)
         if whole is not None:  # `aux[1]` of a name bound to a tuple whose parts are known
@@ -469,7 +470,7 @@ class _Reader:
             return self.varies(node.value, varying)
         return any(self.varies(child, varying) for child in node.children)
 
-    def tree(self, node: cst.BaseExpression, varying: frozenset[str] | set[str]) -> Tree:
+    def tree(self, node: cst.BaseExpression, varying: Varying) -> Tree:
         """Whether `node`'s value differs between devices, part by part where it is a tuple the
         body builds, unpacks or indexes, or one a call is read to return (a nested def's
         `return loss, (new_state, logits)`, through `jax.value_and_grad(..., has_aux=True)`;
@@ -490,7 +491,7 @@ class _Reader:
                 return found
         return self.varies(node, varying)
 
-    def _named_parts(self, node: cst.CSTNode, varying: frozenset[str] | set[str]) -> Tree | None:
+    def _named_parts(self, node: cst.CSTNode, varying: Varying) -> Tree | None:
         """The parts of `aux` or `aux[1]`: a name every binding reaching which bound a tuple
         (`parts`), indexed by literal numbers; None where they are not known."""
         index = _index(node)
@@ -504,7 +505,7 @@ class _Reader:
         parts = [self.parts.get((id(b), node.value)) for b in self.reach.of(node)]
         return _joined(*parts) if parts and None not in parts else None  # type: ignore[arg-type]
 
-    def _call_tree(self, call: cst.Call, varying: frozenset[str] | set[str]) -> Tree | None:
+    def _call_tree(self, call: cst.Call, varying: Varying) -> Tree | None:
         """The parts of what `call` returns, where it is read: None where it is not."""
         statistics = self._statistics(call, varying)
         if statistics is not None:
@@ -518,7 +519,7 @@ class _Reader:
         flags = self.helper_results(call, varying)
         return tuple(flags) if flags is not None and len(flags) > 1 else None
 
-    def _statistics(self, call: cst.Call, varying: frozenset[str] | set[str]) -> Tree | None:
+    def _statistics(self, call: cst.Call, varying: Varying) -> Tree | None:
         """flax's `model.apply(variables, x, mutable=["batch_stats"])` (or `state.apply_fn`):
         (the output, the updated batch statistics). Those are the same on every device when
         the variables and the model passed are and every `BatchNorm` of the code base averages
@@ -567,11 +568,7 @@ class _Reader:
         return next(iter(makers.values()))
 
     def grad_value(
-        self,
-        made: cst.Call,
-        call: cst.Call,
-        varying: frozenset[str] | set[str],
-        with_grads: bool = False,
+        self, made: cst.Call, call: cst.Call, varying: Varying, with_grads: bool = False
     ) -> Tree | None:
         """What `call` of what `made` made (`jax.value_and_grad(f, has_aux=True)`, or a row of
         SUMMARIES) returns as its value, `f` a nested def called with `call`'s arguments:
@@ -595,9 +592,7 @@ class _Reader:
         value = value if has_aux and isinstance(value, tuple) and len(value) == 2 else _flat(value)
         return (value, _flat(value)) if with_grads else value
 
-    def closure_tree(
-        self, fn: cst.FunctionDef, call: cst.Call, varying: frozenset[str] | set[str]
-    ) -> Tree | None:
+    def closure_tree(self, fn: cst.FunctionDef, call: cst.Call, varying: Varying) -> Tree | None:
         """What the nested def `fn`, called with `call`'s arguments, returns, part by part: read
         with what it closes over differing where it differs anywhere in the body (`ever`, as
         `closure_varies`); None where it is not read."""
@@ -626,9 +621,7 @@ class _Reader:
         return _joined(*trees) if trees else None
 
     def _comprehension_varies(
-        self,
-        node: cst.ListComp | cst.SetComp | cst.GeneratorExp | cst.DictComp,
-        varying: frozenset[str] | set[str],
+        self, node: cst.ListComp | cst.SetComp | cst.GeneratorExp | cst.DictComp, varying: Varying
     ) -> bool:
         """`[lax.psum(g, axis) for g in grads]`: the elements are the same on every device when
         each is, its targets differing where what they iterate over does (the number of
@@ -645,7 +638,7 @@ class _Reader:
             return self.varies(node.key, inner) or self.varies(node.value, inner)
         return self.varies(node.elt, inner)
 
-    def _tree_mapped_same(self, call: cst.Call, varying: frozenset[str] | set[str]) -> bool:
+    def _tree_mapped_same(self, call: cst.Call, varying: Varying) -> bool:
         """`jax.tree.map(lambda g: lax.psum(g, axis), grads)`: each leaf is the lambda's value,
         the same on every device even for leaves that differ (its parameters taken as
         differing); the structure of the trees is the same on every device (one trace)."""
@@ -673,9 +666,7 @@ class _Reader:
         inside = inside | {node.name.value}
         return any(self.closure_varies(self.closures[n], inside) for n in free & set(self.closures))
 
-    def helper_results(
-        self, call: cst.Call, varying: frozenset[str] | set[str]
-    ) -> list[bool] | None:
+    def helper_results(self, call: cst.Call, varying: Varying) -> list[bool] | None:
         """A call of a def of the module, or of another module of the code base
         (`self.imported`: big_vision's `u.mixup(rng, images, labels, **config.mixup)`): per
         result (one unless it returns a tuple), whether it differs between devices, read from
@@ -724,9 +715,7 @@ class _Reader:
         reader.helpers = self.helpers
         return reader
 
-    def _filled(
-        self, function: Function, call: cst.Call, varying: frozenset[str] | set[str]
-    ) -> set[str] | None:
+    def _filled(self, function: Function, call: cst.Call, varying: Varying) -> set[str] | None:
         """The parameters of the def `call` fills with something that differs between devices
         (`*args`, `**kwargs` and a `**mapping` passed included), else None when how the call
         fills them is not plainly visible."""

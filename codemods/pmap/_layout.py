@@ -32,6 +32,7 @@ from jaxmigrate.toolkit.names import child_fields, dotted
 from ._declines import Decline
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
+Counts = Callable[[cst.BaseExpression], bool]  # is this the number of local devices?
 
 
 class Layout(enum.Enum):
@@ -308,7 +309,7 @@ def holes_of(text: str, node: cst.BaseExpression) -> dict[str, cst.BaseExpressio
 def match(
     node: cst.BaseExpression,
     qualname: Qualname,
-    counts: Callable[[cst.BaseExpression], bool] = lambda _: True,
+    counts: Counts = lambda _: True,
     table: tuple[Transfer, ...] = TRANSFERS,
     loose: bool = False,
 ) -> Match | None:
@@ -327,9 +328,7 @@ def match(
     return None
 
 
-def fewer(
-    found: Match, qualname: Qualname, counts: Callable[[cst.BaseExpression], bool]
-) -> cst.BaseExpression | None:
+def fewer(found: Match, qualname: Qualname, counts: Counts) -> cst.BaseExpression | None:
     """The hole of `found` that does not visibly name every device of this process (a count
     other than the number of local devices, devices other than `jax.local_devices()`: brax's
     `jax.random.split(key, local_devices_to_use)`, pmap then mapping over those devices alone),
@@ -349,7 +348,7 @@ def fewer(
 def lifted(
     node: cst.BaseExpression,
     qualname: Qualname,
-    counts: Callable[[cst.BaseExpression], bool] = lambda _: True,
+    counts: Counts = lambda _: True,
     table: tuple[Transfer, ...] = TRANSFERS,
     named: Callable[[str], cst.Lambda | None] = lambda _: None,
     loose: bool = False,

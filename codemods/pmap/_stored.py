@@ -432,10 +432,7 @@ def named_back(
             self.before = self.renamed
 
         def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> Any:
-            bound = bound_by(original_node)
-            return (
-                updated_node.with_changes(args=updated_node.args[bound:]) if bound else updated_node
-            )
+            return updated_node.with_changes(args=updated_node.args[bound_by(original_node) :])
 
         def leave_SimpleStatementLine(
             self, original_node: cst.SimpleStatementLine, updated_node: cst.SimpleStatementLine

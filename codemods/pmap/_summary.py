@@ -26,7 +26,7 @@ from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.imports import is_docstring
 
 from ._imported import NO_IMPORTS, Imported
-from ._layout import _HOLE, Match, Qualname, Transfer, lifted, match
+from ._layout import _HOLE, Counts, Match, Qualname, Transfer, lifted, match
 from ._reach import nodes_in, replaced
 
 DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
@@ -179,10 +179,7 @@ class Summaries:
         self.known: dict[str, Summary | None] = {}
 
     def read(
-        self,
-        node: cst.BaseExpression,
-        table: tuple[Transfer, ...],
-        counts: Callable[[cst.BaseExpression], bool],
+        self, node: cst.BaseExpression, table: tuple[Transfer, ...], counts: Counts
     ) -> Match | None:
         """Return `node`, a call of a helper, read as its summary's row of the argument, when
         that row is in `table` and the call passes the number of local devices where the
