@@ -27,7 +27,7 @@ from ._declines import Decline, NotVisible
 from ._forms import Qualname, target_names
 from ._imported import NO_IMPORTS, Function, Imported
 from ._layout import TREE_MAPS
-from ._reach import SCOPES, Flow, Reach, nodes_in, params_of, statements
+from ._reach import SCOPES, Comprehension, Flow, Reach, nodes_in, params_of, statements
 
 REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin", "all_gather")})
 PER_DEVICE = frozenset(
@@ -459,7 +459,7 @@ class _Reader:
             helper = self.helper_results(node, varying)
             if helper is not None:
                 return any(helper)
-        if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
+        if isinstance(node, Comprehension):
             return self._comprehension_varies(node, varying)
         if isinstance(node, cst.Name):
             closure = self.closures.get(node.value)
@@ -620,9 +620,7 @@ class _Reader:
         trees = [reader.tree(value, inner) for value, inner in reader.returns]
         return _joined(*trees) if trees else None
 
-    def _comprehension_varies(
-        self, node: cst.ListComp | cst.SetComp | cst.GeneratorExp | cst.DictComp, varying: Varying
-    ) -> bool:
+    def _comprehension_varies(self, node: Comprehension, varying: Varying) -> bool:
         """`[lax.psum(g, axis) for g in grads]`: the elements are the same on every device when
         each is, its targets differing where what they iterate over does (the number of
         elements is the trace's, the same on every device); a condition that differs, differs."""

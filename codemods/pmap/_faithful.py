@@ -4,7 +4,7 @@ its per-device view; what each site becomes, and the helper written once per mod
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import libcst as cst
@@ -31,6 +31,7 @@ from ._passon import elsewhere
 from ._reach import nodes_in
 from ._specs import (
     TAIL_BUILTINS,
+    SpecMaker,
     Untranslatable,
     argnums,
     partition_spec,
@@ -375,11 +376,7 @@ class Faithful(Finding):
                     raise NotMigrated(f"nested pmap with `{keyword}=` other than 0")
 
     def _specs(
-        self,
-        pmapped: Pmapped,
-        items: list[Item],
-        keyword: str,
-        make: Callable[[int | None], cst.BaseExpression],
+        self, pmapped: Pmapped, items: list[Item], keyword: str, make: SpecMaker
     ) -> cst.BaseExpression:
         """Return the specs for `in_axes`/`out_axes` (0, pmap's default, when not given)."""
         if keyword not in pmapped.options:

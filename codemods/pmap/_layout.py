@@ -32,6 +32,7 @@ from jaxmigrate.toolkit.names import child_fields, dotted
 from ._declines import Decline
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
+Holes = dict[str, cst.BaseExpression]  # what each hole of a pattern holds, by name
 Counts = Callable[[cst.BaseExpression], bool]  # is this the number of local devices?
 
 
@@ -418,12 +419,7 @@ def _one_param(fun: cst.BaseExpression) -> str | None:
     return params.params[0].name.value
 
 
-def _unify(
-    pattern: cst.CSTNode,
-    node: cst.CSTNode,
-    holes: dict[str, cst.BaseExpression],
-    qualname: Qualname,
-) -> bool:
+def _unify(pattern: cst.CSTNode, node: cst.CSTNode, holes: Holes, qualname: Qualname) -> bool:
     """Return True if `node` is `pattern` up to whitespace and parentheses, binding `holes`
     (a hole seen twice must hold the same code); a dotted name of the pattern in a call's
     function position matches any spelling of that qualified name."""
@@ -449,7 +445,7 @@ def _unify(
 def _unify_fields(
     pattern: cst.CSTNode,
     node: cst.CSTNode,
-    holes: dict[str, cst.BaseExpression],
+    holes: Holes,
     qualname: Qualname,
     skip: tuple[str, ...] = (),
 ) -> bool:

@@ -37,6 +37,7 @@ MARK = "\0mark"  # bound by the statements `Reach` is given as `marks`: they may
 
 Bindings = frozenset[cst.CSTNode]
 Env = dict[str, Bindings]
+Comprehension = cst.ListComp | cst.SetComp | cst.GeneratorExp | cst.DictComp
 
 
 @dataclass
@@ -365,7 +366,7 @@ class Reach:
                     self._reads(param.default, env, local)
             self._inside(node.body)
             return
-        if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
+        if isinstance(node, Comprehension):
             self._comprehension(node, env, local)
             return
         if isinstance(node, cst.BaseSuite):
@@ -389,12 +390,7 @@ class Reach:
                     self._reads(param.default, env, local)
             self._reads(fn.body, env, (local | own))
 
-    def _comprehension(
-        self,
-        node: cst.ListComp | cst.SetComp | cst.GeneratorExp | cst.DictComp,
-        env: Env,
-        local: frozenset[str],
-    ) -> None:
+    def _comprehension(self, node: Comprehension, env: Env, local: frozenset[str]) -> None:
         inner = dict(env)
         compfor: cst.CompFor | None = node.for_in
         first = True

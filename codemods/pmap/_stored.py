@@ -164,6 +164,10 @@ def returned_into_self(
     return None
 
 
+# `self.x = value` in a method of a class of the module: the class, the method, the statement
+Store = tuple[cst.ClassDef, cst.FunctionDef, cst.Assign]
+
+
 @dataclass
 class Stored:
     """The steps stored on `self` and taken that one method of their class calls (`method`),
@@ -179,7 +183,7 @@ class Stored:
 
 def attribute_stores(
     module: cst.Module, fields: Sequence[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]]
-) -> list[tuple[cst.ClassDef, cst.FunctionDef, cst.Assign]]:
+) -> list[Store]:
     """Every `self.x = value` (one target, an attribute) in a method of a class of the module,
     outside the method's nested defs and classes, with its class and method, in text order:
     read from `fields`, the attributes stored and the nodes around each, in text order
@@ -202,10 +206,7 @@ def attribute_stores(
 
 
 def stored_target(
-    module: cst.Module,
-    node: cst.CSTNode,
-    stores: list[tuple[cst.ClassDef, cst.FunctionDef, cst.Assign]],
-    qualname: Qualname,
+    module: cst.Module, node: cst.CSTNode, stores: list[Store], qualname: Qualname
 ) -> tuple | None:
     """`(class, maker, assign, bound)` when the step made at `node` is stored on `self` by a
     method of a class of the module: `self.step = jax.pmap(...)` (a call), or `self.step =
@@ -226,9 +227,7 @@ def stored_target(
     return None
 
 
-def decorated_method(
-    module: cst.Module, node: cst.CSTNode
-) -> tuple[cst.ClassDef, cst.FunctionDef, cst.Assign] | None:
+def decorated_method(module: cst.Module, node: cst.CSTNode) -> Store | None:
     """`(class, method, assign)` when `node` decorates a method of a class of the module (a
     trainer's `@partial(jax.pmap, static_broadcasted_argnums=(0,)) def train_step(self, ...)`):
     the method is a step stored on `self` under its own name, bound to `self` as a `partial`
