@@ -29,6 +29,7 @@ from ._reach import Flow, replaced
 from ._summary import Summaries, Values, called_value, counts_devices, name_reads
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
+NameTest = Callable[[cst.BaseExpression, str], bool]  # is the expression such a form of the name?
 
 ARRAY_ATTRIBUTES = frozenset(
     {"T", "mT", "at", "dtype", "flat", "imag", "itemsize", "nbytes", "ndim", "real", "shape"}
@@ -132,9 +133,7 @@ class Forms:
     def _is(self, node: cst.BaseExpression, names: frozenset[str]) -> bool:
         return isinstance(node, cst.Call) and self.qualname(node.func) in names
 
-    def _tree_mapped(
-        self, node: cst.BaseExpression, leaf: Callable[[cst.BaseExpression, str], bool]
-    ) -> cst.BaseExpression | None:
+    def _tree_mapped(self, node: cst.BaseExpression, leaf: NameTest) -> cst.BaseExpression | None:
         """`jax.tree.map(lambda v: <leaf(v)>, x)` -> x."""
         mapped = tree_mapped(node, self.qualname, self.named)
         return mapped[2] if mapped is not None and leaf(mapped[1], mapped[0]) else None
@@ -419,9 +418,7 @@ FLATTENINGS = (
 )
 
 
-def flattens(
-    node: cst.Call, var: str, copied: Callable[[cst.BaseExpression, str], bool] = lambda *_: False
-) -> bool:
+def flattens(node: cst.Call, var: str, copied: NameTest = lambda *_: False) -> bool:
     """`var.reshape(-1)` or `var.reshape((-1,) + var.shape[2:])`, `var` maybe `copied` first
     (`np.asarray(var).reshape(-1)`)."""
     for text in FLATTENINGS:

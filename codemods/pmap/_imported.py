@@ -129,12 +129,9 @@ def _resolve(names: ScopeModel, rest: list[str]) -> Function | None:
     if len(rest) != 2:
         return None
     made = once(rest[0], cst.Assign)
-    if (
-        made is not None
-        and isinstance(made.value, cst.Call)
-        and isinstance(made.value.func, cst.Name)
-    ):
-        cls = once(made.value.func.value, cst.ClassDef)  # `chrono = Chrono()`
+    value = made.value if made is not None else None
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
+        cls = once(value.func.value, cst.ClassDef)  # `chrono = Chrono()`
     else:
         cls = once(rest[0], cst.ClassDef)  # `Chrono.pause` of an instance the caller made
     if cls is None or any(

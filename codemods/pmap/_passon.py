@@ -98,11 +98,7 @@ def copied(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str)
         "gets the copies per device it had under pmap, made by "
         + (made if whole else f"`{program.copier}({use.value})`")
     )
-
-    def copies() -> cst.BaseExpression:
-        return cst.Call(cst.Name(program.copier), [cst.Arg(copied)])
-
-    program.edit(copied, why, copies)
+    program.edit(copied, why, lambda: cst.Call(cst.Name(program.copier), [cst.Arg(copied)]))
     program.copies = True
     return True
 

@@ -229,8 +229,9 @@ class Program:
                 assign(target, self.step(self.mesh)).with_changes(trailing_whitespace=trailing)
             )
         statements = [laid_out(statement, indent, style) for statement in made]
-        if isinstance(updated, cst.FunctionDef):
-            statements.append(self._decorated(updated, indent, style))
+        if isinstance(updated, cst.FunctionDef):  # `self.decorators`, laid out after the `@`
+            decorators = self.decorators(self.mesh, Room(indent, len(indent) + 1), style)
+            statements.append(updated.with_changes(decorators=decorators))
         elif self.factory is not None and isinstance(updated, cst.SimpleStatementLine):
             # `step = factory(...)`, as it was; its comments go first, above the mesh
             statements.append(updated.with_changes(leading_lines=()))
@@ -260,11 +261,6 @@ class Program:
         assert isinstance(factory.body, cst.IndentedBlock)
         body = [*factory.body.body[:-1], *new]
         return factory.with_changes(body=factory.body.with_changes(body=body))
-
-    def _decorated(self, updated: cst.FunctionDef, indent: str, style: Style) -> cst.FunctionDef:
-        """The def with `@partial(jax.jit, ...)` over `@partial(jax.shard_map, mesh=...)`."""
-        room = Room(indent, len(indent) + 1)  # after the `@`
-        return updated.with_changes(decorators=self.decorators(self.mesh, room, style))
 
     def decorators(self, mesh: str | None, room: Room, style: Style) -> list[cst.Decorator]:
         """`@partial(jax.jit, ...)` over `@partial(jax.shard_map, ...)`, laid out in `room`; no
