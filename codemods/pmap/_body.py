@@ -24,7 +24,7 @@ from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.names import walk_in_order
 
 from ._declines import Decline, NotVisible
-from ._forms import Qualname, target_names
+from ._forms import Qualname, single_name, target_names
 from ._imported import NO_IMPORTS, Function, Imported
 from ._layout import TREE_MAPS
 from ._reach import SCOPES, Comprehension, Flow, Reach, nodes_in, params_of, statements
@@ -762,7 +762,7 @@ class _Reader:
             or (isinstance(s, cst.Name) and s.value in self.spellings - self.local)
             or (  # a field set once in `__init__`: `self._axis_name`
                 isinstance(s, cst.Attribute)
-                and _field(s) not in self.local
+                and single_name(s.value) not in self.local
                 and code(s) in self.spellings
             )
             for s in strings
@@ -1023,12 +1023,6 @@ def _called(node: cst.BaseExpression) -> cst.Name | None:
     """The last name of `f` or `a.b.f`."""
     name = node.attr if isinstance(node, cst.Attribute) else node
     return name if isinstance(name, cst.Name) else None
-
-
-def _field(node: cst.CSTNode | None) -> str | None:
-    """The object's name of a field `self.x`, else None."""
-    ok = isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name)
-    return node.value.value if ok else None  # type: ignore[union-attr]
 
 
 def _keyword(arg: cst.Arg) -> str | None:

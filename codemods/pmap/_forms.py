@@ -64,12 +64,6 @@ def base_of(node: cst.BaseExpression) -> cst.BaseExpression:
     return node
 
 
-def is_zero_index(node: cst.BaseExpression, var: str) -> bool:
-    """`var[0]`."""
-    holes = holes_of("{v}[0]", node)
-    return holes is not None and single_name(holes["v"]) == var
-
-
 def positional(call: cst.Call, count: int) -> list[cst.BaseExpression] | None:
     if len(call.args) != count or any(a.keyword is not None or a.star for a in call.args):
         return None
@@ -274,7 +268,8 @@ class Forms:
     def _copied_zero(self, node: cst.BaseExpression, var: str) -> bool:
         """`np.array(var[0])`: device 0's copy of a leaf, fetched to the host."""
         args = positional(node, 1) if self._is(node, HOST_COPIES) else None  # type: ignore[arg-type]
-        return args is not None and is_zero_index(args[0], var)
+        holes = holes_of("{v}[0]", args[0]) if args is not None else None
+        return holes is not None and single_name(holes["v"]) == var
 
     def host_copy(self, node: cst.BaseExpression, var: str) -> bool:
         """`np.asarray(var)`, `np.array(var)`, `jax.device_get(var)`: `var`'s values, copied."""

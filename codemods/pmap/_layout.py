@@ -428,7 +428,7 @@ def _unify(pattern: cst.CSTNode, node: cst.CSTNode, holes: Holes, qualname: Qual
         if not isinstance(node, cst.BaseExpression):
             return False
         if hole in holes:
-            return _same(holes[hole], node)
+            return _unify_fields(holes[hole], node, {}, _as_spelled)  # the same code
         holes[hole] = node
         return True
     if isinstance(pattern, cst.Call) and isinstance(node, cst.Call) and qualname is not _as_spelled:
@@ -474,7 +474,3 @@ def _unify_fields(
 def _as_spelled(node: cst.BaseExpression) -> str | None:
     """Names compared as spelled: two holes hold the same value when written alike."""
     return None
-
-
-def _same(a: cst.CSTNode, b: cst.CSTNode) -> bool:
-    return _unify_fields(a, b, {}, _as_spelled)

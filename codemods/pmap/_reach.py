@@ -146,9 +146,11 @@ class Reach:
             self._bind(node.name, node, out)
             return out if env is not None else None
         # `try*` and what else may come: every name read sees what reaches, every
-        # block runs from here or not at all, and the names it binds are not known.
+        # block runs from here or not at all, and the names it binds are not known (each
+        # binding of a name in a pattern or a target there is one no other part of the
+        # analysis knows: reads see it as such).
         self._reads(node, live)
-        return _join(env, *self._unknown(node, live))
+        return _join(env, *(self._body(statements(b), dict(live)) for b in _blocks(node)))
 
     def _match(self, node: cst.Match, env: Env | None) -> Env | None:
         """The cases of a `match` as the branches of an `if`: each binds its captures, then its
@@ -228,12 +230,6 @@ class Reach:
             self._body(finally_, _join(out, raised))  # its reads: from either (recorded last)
             return after
         return out
-
-    def _unknown(self, node: cst.CSTNode, env: Env) -> Iterator[Env | None]:
-        """Run every block inside `node` from `env`; each binding of a name in a pattern or a
-        target there is a binding no other part of the analysis knows (reads see it as such)."""
-        for block in _blocks(node):
-            yield self._body(statements(block), dict(env))
 
     def _small(self, node: cst.BaseSmallStatement, env: Env) -> Env | None:
         self._reads(node, env)

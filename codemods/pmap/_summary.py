@@ -131,7 +131,7 @@ def as_lambda(fn: cst.FunctionDef) -> cst.Lambda | None:
             return None
         if _binds(value):
             return None  # names of its own: a lambda, a comprehension, `:=`
-        body = replaced_name(value, name, body)
+        body = replaced(value, {id(n): body for n in name_reads(value) if n.value == name})
     return cst.Lambda(cst.Parameters([cst.Param(cst.Name(name))]), body)
 
 
@@ -149,13 +149,6 @@ SCOPED = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp,
 
 def _binds(node: cst.CSTNode) -> bool:
     return isinstance(node, SCOPED) or any(_binds(c) for c in node.children)
-
-
-def replaced_name(
-    node: cst.BaseExpression, name: str, by: cst.BaseExpression
-) -> cst.BaseExpression:
-    """`node` with each read of `name` (`name_reads`) made `by`."""
-    return replaced(node, {id(n): by for n in name_reads(node) if n.value == name})
 
 
 def name_reads(node: cst.CSTNode) -> list[cst.Name]:
