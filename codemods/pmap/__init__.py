@@ -915,9 +915,8 @@ class Pmap(Faithful):
         """Record each edit once (a batch or a replication two steps share is one edit)."""
         owners = edit_owners(programs).items()
         reasons = [(p.nodes[k], p.reasons[k]) for k, p in owners if k in p.reasons]
-        origin, shown = self._origin, self._shown
         return [
-            self.site(origin(node), shown(why), group=group, fallback=group)
+            self.site(self._origin(node), self._shown(why), group=group, fallback=group)
             for node, why in reasons
         ]
 

@@ -148,13 +148,12 @@ def _called_only_in(
     uses = flow.loads.get(name, [])
     if not uses or name in strings:
         return False
-    for use in uses:
-        call = flow.parent.get(id(use))
-        if not isinstance(call, cst.Call) or call.func is not use:
-            return False
-        if module_function(flow, module, use) is not setup:
-            return False
-    return True
+    return all(
+        isinstance(call := flow.parent.get(id(use)), cst.Call)
+        and call.func is use
+        and module_function(flow, module, use) is setup
+        for use in uses
+    )
 
 
 def first_statement(

@@ -60,9 +60,8 @@ def stored_on_self(
     if not isinstance(target, cst.Attribute) or _self(maker) != code(target.value):
         return stored
     attr, name = target.attr.value, f"_stored_{target.attr.value}"
-    methods = [m for m in klass.body.body if isinstance(m, cst.FunctionDef)]
     callers = []  # the methods reading the step, each followed alone
-    for method in methods:
+    for method in (m for m in klass.body.body if isinstance(m, cst.FunctionDef)):
         me = _self(method)
         if me is None or method is maker:
             continue
