@@ -885,10 +885,9 @@ class Pmap(Faithful):
                 self.outer_defs[id(step.body)] = (step, made)
             else:
                 self.outer_calls[id(step.site.node)] = made  # type: ignore[attr-defined]
-        lines = [assign(group.mesh, group.steps[0].programs[0].new_mesh())]
         self.host_setups[id(group.setup)] = (
             group.before,
-            lines if group.make else [],
+            [assign(group.mesh, group.steps[0].programs[0].new_mesh())] if group.make else [],
             cst.parse_expression(f"{jax}.set_mesh({group.mesh})"),
             group.end,
         )

@@ -336,8 +336,7 @@ class Faithful(Finding):
         no other file of the code base, no string (flax lm1b's `per_host_sum_pmap`); "" else.
         The rule keeps code that was unread before it came; the message says so."""
         assert self.survey is not None
-        statement = site.statement
-        name = statement.name.value if isinstance(statement, cst.FunctionDef) else ""
+        name = site.statement.name.value if isinstance(site.statement, cst.FunctionDef) else ""
         if not name or name.startswith("__") or self.state.outside is None:
             return ""
         return "" if self._used_elsewhere(name) or self._module_reads().loads.get(name) else name
