@@ -662,8 +662,7 @@ class Pmap(Faithful):
 
     def _indent(self, fn: cst.FunctionDef) -> str:
         """Return the indentation of the body of `fn`."""
-        first = fn.body.body[0] if fn.body.body else fn
-        return self.room(first).indent
+        return self.room(fn.body.body[0] if fn.body.body else fn).indent
 
     def _rewrite_program(
         self, programs: list[tuple[PmapUse, Program]], updated: cst.FunctionDef

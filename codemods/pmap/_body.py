@@ -447,8 +447,7 @@ class _Reader:
         if whole is not None:  # `aux[1]` of a name bound to a tuple whose parts are known
             return _flat(whole)
         if isinstance(node, cst.Call):
-            name = self.qualname(node.func)
-            if name in REDUCED and self._over_axis(node):
+            if self.qualname(node.func) in REDUCED and self._over_axis(node):
                 return False
             if self._per_device(node):
                 return True
@@ -596,8 +595,7 @@ class _Reader:
         """What the nested def `fn`, called with `call`'s arguments, returns, part by part: read
         with what it closes over differing where it differs anywhere in the body (`ever`, as
         `closure_varies`); None where it is not read."""
-        key = fn.name.value
-        if key in self.inside:
+        if fn.name.value in self.inside:
             return None
         defs = {k: v for k, v in self.defs.items() if k not in self.local}
         mapped = self._filled(Function(fn, False, self.qualname, defs), call, varying)

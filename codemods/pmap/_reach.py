@@ -123,9 +123,7 @@ class Reach:
         if isinstance(node, cst.If):
             self._reads(node.test, live)
             env = self._walruses(node.test, dict(env)) if env is not None else None
-            then = self._body(statements(node.body), env)
-            other = self._orelse(node.orelse, env)
-            return _join(then, other)
+            return _join(self._body(statements(node.body), env), self._orelse(node.orelse, env))
         if isinstance(node, (cst.For, cst.While)):
             return self._loop(node, env)
         if isinstance(node, cst.With):
