@@ -548,24 +548,22 @@ class _Edit(cst.CSTTransformer):
             updated_node = blank_lines_kept(
                 original_node, updated_node, self.dropped, self.expanded
             )
-        self._placed(original_node, updated_node)
         if original_node is self.host.body:
             assert isinstance(updated_node, cst.IndentedBlock)
             if self.setup is not None:
                 updated_node = self._with_setup(updated_node)
             return self._with_entry(updated_node)
         if self.edited and isinstance(updated_node, cst.SimpleStatementLine):
-            # laid out anew: the mesh may be set before this one
-            return self._placed(original_node, _fitted(updated_node, here, self.style))
-        if self.scoped and isinstance(updated_node, cst.SimpleStatementLine):
-            return _refitted(updated_node, here, self.style)
-        if (
+            updated_node = _fitted(updated_node, here, self.style)  # the mesh may come before
+        elif self.scoped and isinstance(updated_node, cst.SimpleStatementLine):
+            updated_node = _refitted(updated_node, here, self.style)
+        elif (
             isinstance(original_node, cst.For)
             and isinstance(updated_node, cst.For)
             and any(id(n) in self.touched for n in nodes_in(original_node.iter, object))
         ):
-            return _fitted_for(updated_node, here, self.style)
-        return updated_node
+            updated_node = _fitted_for(updated_node, here, self.style)
+        return self._placed(original_node, updated_node)  # laid out anew: `_with_setup` finds it
 
     def _placed(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
         """Return `updated`, noted as the setup's statement (`before`) or the one it ends before
