@@ -433,7 +433,7 @@ class Faithful(Finding):
         if local is not None:
             return cst.Name(local)
         for name, asname in (("P", "P"), ("PartitionSpec", None)):
-            if local is None and self.resolver.is_free(name):
+            if self.resolver.is_free(name):
                 if imported:
                     self.need_import("jax.sharding", "PartitionSpec", asname)
                 return cst.Name(name)

@@ -91,11 +91,11 @@ def follow_step(
 ) -> OuterStep:
     """Fill in the program of every function calling the step; raise NotVisible for why not.
     `declared`: the parameters of the module's defs their callers pass as copies per device."""
+    defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
+    facts = ModuleFacts(defs, replicated=declared)  # (names bound to calls: not read here)
     for host in callers(flow, module, step.name):
         if host is step.body:
             raise NotVisible(f"`{step.name}` calls itself", Decline.NOT_CALLED)
-        defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
-        facts = ModuleFacts(defs, replicated=declared)  # (names bound to calls: not read here)
         step.programs.append(
             analyze_calls(host, step.name, step.options, step.body, qualname, facts)
         )

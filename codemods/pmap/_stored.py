@@ -74,8 +74,9 @@ def stored_on_self(
             continue  # does not read `self.<attr>`
         callers.append(f"`{klass.name.value}.{method.name.value}`")
         try:
-            renamed = replaced(method, {id(read): cst.Name(name) for read in reads})
-            if bound:  # a method: `self.step(x)` read as `step(self, x)`, `self` static
+            if not bound:
+                renamed = replaced(method, {id(read): cst.Name(name) for read in reads})
+            else:  # a method: `self.step(x)` read as `step(self, x)`, `self` static
                 calls = {id(c.func): c for c in nodes_in(method, cst.Call)}
                 if any(id(read) not in calls for read in reads):
                     why = f"`self.{attr}` is used other than called"
