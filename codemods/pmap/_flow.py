@@ -185,7 +185,6 @@ def keywords_in_place(program: Program, body: cst.FunctionDef, step: str) -> Non
 def _check_closure(program: Program, body: cst.FunctionDef, flow: Flow) -> None:
     """A body nested in the function reads the function's names when traced: none of them may
     be a value the rewrite lays out anew (an argument or a result of the step)."""
-    free = free_names(body)
     calls = program.calls
     changed = {
         name
@@ -195,7 +194,7 @@ def _check_closure(program: Program, body: cst.FunctionDef, flow: Flow) -> None:
         if name in flow.stores
     }
     changed |= {name for call in calls for name in target_names(_target_of(flow, call))}
-    hit = free & changed
+    hit = free_names(body) & changed
     if hit:
         why = (
             f"the body reads `{min(hit)}` of `{program.host.name.value}` itself, which the step "
@@ -288,9 +287,8 @@ def _follow(
     arity = len(body.params.params)
     fixed = _fixed_positions(options, passed)
     forms = forms_of(flow, qualname, facts)
-    for (
-        made_call
-    ) in made:  # a call in a nested def or lambda runs when that is called: not followed
+    # a call in a nested def or lambda runs when that is called: not followed
+    for made_call in made:
         inner = _nested(flow, made_call)
         if inner is not None:
             where = f" `{inner.name.value}`" if isinstance(inner, cst.FunctionDef) else ""
@@ -536,10 +534,8 @@ def read_options(
     except NotVisible:
         if "axis_name" in found or isinstance(fun, cst.Lambda):
             raise
-        name, bound = (
-            "",
-            (),
-        )  # no def: read as opaque, the axis unnamed (the survey's `_opaque_body`)
+        # no def: read as opaque, the axis unnamed (the survey's `_opaque_body`)
+        name, bound = "", ()
     axis = found["axis_name"].value if "axis_name" in found else unnamed
     if isinstance(axis, (cst.Name, cst.Attribute)) and code(axis) in constants:
         literal = constants[code(axis)]  # `_AXIS`, or a field `self._axis_name` set once
@@ -786,11 +782,8 @@ def _signature(
     missing = [p.name.value for p in order if p.default is None and p not in taken]
     if missing:
         raise NotVisible(f"a call of `{step}` does not pass `{missing[0]}`", Decline.CALLS_DIFFER)
-    plain = [p.with_changes(default=None, equal=cst.MaybeSentinel.DEFAULT) for p in taken]
-    plain = [
-        p.with_changes(comma=cst.MaybeSentinel.DEFAULT, star=cst.MaybeSentinel.DEFAULT)
-        for p in plain
-    ]
+    bare = cst.MaybeSentinel.DEFAULT
+    plain = [p.with_changes(default=None, equal=bare, comma=bare, star=bare) for p in taken]
     view = body.with_changes(params=cst.Parameters(params=plain))
     return view, count, tuple(p.name.value for p in taken[count:])
 
@@ -808,8 +801,7 @@ def _step_call(
     slots = bound_arguments(body, call.with_changes(args=named))  # each call fills `body`
     assert slots is not None
     values = [slots[p.name.value] for p in body.params.params]
-    args = [single_name(v) or ("" if i in fixed else INLINE) for i, v in enumerate(values)]
-    names = [a or "" for a in args]
+    names = [single_name(v) or ("" if i in fixed else INLINE) for i, v in enumerate(values)]
     if not isinstance(around, cst.Assign) or len(around.targets) != 1:
         found = read_at_once(flow, forms, call)  # `step(...)[0]`, `unreplicate(step(...))`
         if found is not None:
@@ -1267,9 +1259,7 @@ def _derived_from(part: cst.BaseExpression, depth: int = 0) -> cst.Name | None:
         return None
     if isinstance(part, cst.Name):
         return part
-    if isinstance(part, cst.Subscript) and len(part.slice) == 1:
-        return _derived_from(part.value, depth + 1)
-    if isinstance(part, cst.Subscript) and _new_trailing_axes(part):
+    if isinstance(part, cst.Subscript) and (len(part.slice) == 1 or _new_trailing_axes(part)):
         return _derived_from(part.value, depth + 1)
     if not isinstance(part, cst.Call) or any(a.star for a in part.args):
         return None
@@ -1779,25 +1769,19 @@ def _committed(flow: Flow, forms: Forms, source: cst.BaseExpression) -> str | No
     beside arguments on the mesh ("incompatible devices")."""
     if not isinstance(source, cst.Name):
         return None
+    makers: list[cst.BaseExpression] = []  # the function called, then how it is made
     for binding in flow.reach.of(source):
         if not isinstance(binding, cst.Assign) or not isinstance(binding.value, cst.Call):
             continue
         func = binding.value.func
-        how = _committing(func, forms)
-        if how is None and isinstance(func, cst.Name):
-            made = [*flow.stores.get(func.value, []), forms.defs.get(func.value)]
-            for d in made:
-                if isinstance(d, cst.FunctionDef):
-                    how = next(
-                        (h for x in d.decorators if (h := _committing(x.decorator, forms))), None
-                    )
-                elif isinstance(d, cst.Assign):
-                    how = _committing(d.value, forms)
-                if how is not None:
-                    break
-        if how is not None:
-            return how
-    return None
+        makers.append(func)
+        name = single_name(func)
+        for d in [*flow.stores.get(name, []), forms.defs.get(name)] if name else []:
+            if isinstance(d, cst.FunctionDef):
+                makers += [x.decorator for x in d.decorators]
+            elif isinstance(d, cst.Assign):
+                makers.append(d.value)
+    return next((how for node in makers if (how := _committing(node, forms))), None)
 
 
 def _committing(node: cst.BaseExpression, forms: Forms) -> str | None:
@@ -1806,10 +1790,9 @@ def _committing(node: cst.BaseExpression, forms: Forms) -> str | None:
     if not isinstance(node, cst.Call):
         return None
     name = forms.qualname(node.func)
-    if name == "functools.partial" and node.args:
-        if forms.qualname(node.args[0].value) != "jax.jit":
-            return None
-    elif name != "jax.jit":
+    if name == PARTIAL and node.args:  # `partial(jax.jit, ...)`: the keywords of the jit
+        name = forms.qualname(node.args[0].value)
+    if name != "jax.jit":
         return None
     found = next((a for a in node.args if a.keyword and a.keyword.value in COMMITTING), None)
     return f"`{code(found)}`" if found is not None else None
@@ -1882,9 +1865,8 @@ def _lined_up(
 ) -> cst.BaseExpression | None:
     """`a, b = x, y`: the value written where `name` is unpacked (`x` for `a`); None when the
     target or the value is no tuple or list, or they do not line up (a starred item)."""
-    if not isinstance(target, (cst.Tuple, cst.List)) or not isinstance(
-        value, (cst.Tuple, cst.List)
-    ):
+    sequence = (cst.Tuple, cst.List)
+    if not isinstance(target, sequence) or not isinstance(value, sequence):
         return None
     items, values = target.elements, value.elements
     if len(items) != len(values) or any(type(e) is not cst.Element for e in (*items, *values)):
@@ -2099,7 +2081,6 @@ def _follow_result(
             f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`: {how}",
             Decline.RESULT_READ,
         )
-    del output
 
 
 def _reads(
@@ -2321,13 +2302,8 @@ def _appended_to(flow: Flow, use: cst.Name) -> str | None:
     """Return `L` of a statement `L.append(use)`, else None."""
     call = flow.parent.get(id(flow.parent.get(id(use))))
     holes = holes_of("{l}.append({v})", call) if isinstance(call, cst.Call) else None
-    if (
-        holes is None
-        or holes["v"] is not use
-        or not isinstance(flow.parent.get(id(call)), cst.Expr)
-    ):
-        return None
-    return single_name(holes["l"])
+    statement = isinstance(flow.parent.get(id(call)), cst.Expr)
+    return single_name(holes["l"]) if holes and holes["v"] is use and statement else None
 
 
 def _follow_list(
@@ -2340,6 +2316,7 @@ def _follow_list(
     host values, from results that have no device axis.
     """
     results = {t for c in calls for i, t in enumerate(c.targets) if not program.varying[i]}
+    deleted = f"a readback of device 0 of each of `{name}` deleted: the results are replicated"
     gathered: list[cst.CSTNode] = []
     readbacks = {}  # `L = jax.device_get(jax.tree_map(lambda x: x[0], L))`: by id of the read
     for binding in flow.stores.get(name, []):
@@ -2366,13 +2343,11 @@ def _follow_list(
             continue
         if id(use) in readbacks:
             node, value = readbacks[id(use)]
-            why = f"a readback of device 0 of each of `{name}` deleted: the results are replicated"
-            program.edit(node, why, lambda v=value: v)  # type: ignore[misc]
+            program.edit(node, deleted, lambda v=value: v)  # type: ignore[misc]
             continue
         found = _gathering(forms, call, name) if isinstance(call, cst.Call) else None
         if found is not None and isinstance(arg, cst.Arg) and isinstance(call, cst.Call):
-            why = f"a readback of device 0 of each of `{name}` deleted: the results are replicated"
-            program.edit(call, why, lambda f=found: f.rewrite(program.context()))  # type: ignore[misc]
+            program.edit(call, deleted, lambda f=found: f.rewrite(program.context()))  # type: ignore[misc]
             continue
         if not flow.reach.of(use) <= set(gathered):
             why = f"`{name}`, a list of results of `{step}`, is read other than by `get_metrics`"
@@ -2509,10 +2484,8 @@ def _flattening_helper(
     helper = forms.defs.get(node.func.value) if isinstance(node.func, cst.Name) else None
     if helper is None or args is None or code(args[0]) != _text(name):
         return None
-    params = helper.params
-    if len(params.params) != 1 or params.star_arg not in (None, cst.MaybeSentinel.DEFAULT):
-        return None
-    if params.kwonly_params or params.star_kwarg or params.posonly_params or helper.decorators:
+    params = helper.params  # one plain parameter, nothing else (a bare `*` needs keywords)
+    if len(params.params) != 1 or len(params_of(params)) != 1 or helper.decorators:
         return None
     param = params.params[0].name.value
     lines = list(helper.body.body) if isinstance(helper.body, cst.IndentedBlock) else []
@@ -2525,8 +2498,8 @@ def _flattening_helper(
     value = last.value if isinstance(last, cst.Return) else None
     if not isinstance(value, cst.Call):
         return None
-    if len(smalls) == 1:
-        return value if flattens(value, param, forms.host_copy) else None
+    if len(smalls) == 1 and flattens(value, param, forms.host_copy):
+        return value
     if len(smalls) == 2 and _flattens_by_shape(smalls[0], value, param, forms):
         return value
     return None
