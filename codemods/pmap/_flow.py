@@ -901,19 +901,15 @@ def _unpacked_next(flow: Flow, assign: cst.Assign, targets: list[str]) -> cst.As
     if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
         return None
     lines = list(block.body) if isinstance(block, cst.IndentedBlock) else []
-    at = next((i for i, s in enumerate(lines) if s is line), None)
-    following = lines[at + 1] if at is not None and at + 1 < len(lines) else None
+    following = next((b for a, b in itertools.pairwise(lines) if a is line), None)
     if not isinstance(following, cst.SimpleStatementLine) or len(following.body) != 1:
         return None
     unpack = following.body[0]
     if not isinstance(unpack, cst.Assign) or len(unpack.targets) != 1:
         return None
-    if single_name(unpack.value) != targets[0] or not isinstance(
-        unpack.targets[0].target, (cst.Tuple, cst.List)
-    ):
-        return None
-    names = target_names(unpack.targets[0].target)
-    if "?" in names or targets[0] in names:
+    target = unpack.targets[0].target
+    names = target_names(target) if isinstance(target, (cst.Tuple, cst.List)) else ["?"]
+    if single_name(unpack.value) != targets[0] or "?" in names or targets[0] in names:
         return None
     stores, loads = flow.stores.get(targets[0], []), flow.loads.get(targets[0], [])
     if len(stores) != 1 or len(loads) != 1 or loads[0] is not unpack.value:
@@ -984,8 +980,7 @@ def _follow_argument(
                 _declared_copies(program, name)
             elif binding is ENTRY:
                 host = program.host.name.value
-                where = f"a parameter of `{host}`"
-                where += "" if parameter else " or a global"
+                where = f"a parameter of `{host}`" + ("" if parameter else " or a global")
                 if not parameter and len(reaching) > 1:  # bound in the function, not always
                     where = f"not bound on every path in `{host}` to the call"
                 if host == "__main__":
@@ -1413,11 +1408,6 @@ def _flat_batch(program: Program, flow: Flow, forms: Forms, use: cst.Name, name:
     return True
 
 
-def _in_arithmetic(program: Program, flow: Flow, use: cst.Name) -> bool:
-    """Return True for a read in `x = x - lr * g`, an argument replicated as its parts are."""
-    return any(id(a) in program.arithmetic for a in flow.ancestors(use))
-
-
 def _waited(flow: Flow, use: cst.Name, forms: Forms) -> bool:
     """`use.block_until_ready()` (or `jax.block_until_ready(use)`) as a statement of its own,
     or `use` passed (maybe in a tuple) to a def of the code base that only waits for what that
@@ -1445,13 +1435,10 @@ def _waited_in_def(flow: Flow, use: cst.Name, forms: Forms) -> bool:
     )
     if function is None:
         return False
-    params = function.params
+    params, fn = function.params, function.fn.params
     if arg.keyword is not None:
-        param: str | None = arg.keyword.value
-        named = {
-            p.name.value for p in (*function.fn.params.params, *function.fn.params.kwonly_params)
-        }
-        param = param if param in named else None
+        named = {p.name.value for p in (*fn.params, *fn.kwonly_params)}
+        param = arg.keyword.value if arg.keyword.value in named else None
     else:
         plain = [a for a in call.args if a.keyword is None]
         if any(a.star for a in plain):
@@ -2004,11 +1991,10 @@ def _arithmetic_results(
             names.add(node.value)
         elif not isinstance(node, (cst.Integer, cst.Float)):
             return None
-    assigns = {id(c.assign) for c in calls} | {id(c.unpack) for c in calls if c.unpack}
     results = names - {name}
     for result in results:
         bindings = flow.stores.get(result, [])
-        if not bindings or any(id(b) not in assigns for b in bindings):
+        if not bindings or not all(any(c.binds(b) for c in calls) for b in bindings):
             return None
     return results if names else None
 
@@ -2044,18 +2030,15 @@ def _follow_result(
     if program.varying[output]:
         _follow_flattened(program, flow, forms, calls, step, name)
         return
-    made = _one_source(
-        program,
-        flow,
-        calls,
-        step,
-        name,
-        lambda b: (
+
+    def read_back(b: cst.CSTNode) -> object:  # a sibling's results, or a readback of them
+        return (
             id(b) in program.siblings
             or isinstance(b, cst.Assign)
             and forms.readback_of(b.value, name)
-        ),
-    )
+        )
+
+    made = _one_source(program, flow, calls, step, name, read_back)
     made = {*made, *(b for b in flow.stores.get(name, []) if _unpacked_part(b, name, forms))}
     for use in _reads(program, flow, forms, calls, name, made):  # a call's result reaches it
         if _repacked(flow, forms, use):
@@ -2093,11 +2076,11 @@ def _reads(
 ) -> Iterator[cst.Name]:
     """The reads of `name` that `bindings` may reach, but those fed to a step (or a field of
     it, `step(state.params)`, or in a container passed: checked there), read in `x = x - lr *
-    g` (`_in_arithmetic`) or only waited for (`_waited`)."""
+    g` (an argument replicated as its parts are) or only waited for (`_waited`)."""
     feeds = _fed(forms, calls) | program.sibling_feeds
     for use in flow.loads.get(name, []):
-        fed = id(field_top(flow, use)) in feeds
-        if not flow.reach.of(use) & bindings or fed or _in_arithmetic(program, flow, use):
+        arithmetic = any(id(a) in program.arithmetic for a in flow.ancestors(use))
+        if not flow.reach.of(use) & bindings or id(field_top(flow, use)) in feeds or arithmetic:
             continue
         if not _waited(flow, use, forms):
             yield use
@@ -2216,19 +2199,15 @@ def _one_source(
         if not reaching & made:
             continue
         for binding in reaching - made:
-            if binding is ENTRY and not parameter:
-                continue
-            if binding is ENTRY and program.entries.get(name) is Layout.REPLICAS:
-                continue  # the caller's equal copies, as the step's results are
-            if binding is not ENTRY and (
-                not _after_a_call(flow, binding, calls) or allowed(binding)
-            ):
-                continue
-            if id(binding) in program.means:  # the results' own value, the mean call deleted
-                continue
-            raise NotVisible(
-                f"`{name}` holds a result of `{step}` and something else", Decline.RESULT_READ
-            )
+            if binding is ENTRY:  # a parameter's value, but the caller's equal copies (as results)
+                other = parameter and program.entries.get(name) is not Layout.REPLICAS
+            else:  # bound after a call, not allowed nor the results' own (their mean, deleted)
+                other = _after_a_call(flow, binding, calls) and not allowed(binding)
+                other = other and id(binding) not in program.means
+            if other:
+                raise NotVisible(
+                    f"`{name}` holds a result of `{step}` and something else", Decline.RESULT_READ
+                )
     return made
 
 
@@ -2396,19 +2375,17 @@ def _follow_flattened(
 ) -> None:
     """A result that may differ between devices: read only flattened. `r = r.reshape(-1)`
     rebinds `r` to the flat value: a read that only that binding reaches reads the flat value."""
-    made = _one_source(
-        program,
-        flow,
-        calls,
-        step,
-        name,
-        lambda b: (
+
+    def flat(b: cst.CSTNode) -> object:  # `r = r.reshape(-1)`: the flat value
+        return (
             isinstance(b, cst.Assign)
             and isinstance(b.value, cst.Call)
             and _flattening(forms, b.value, name)
-        ),
-    )
+        )
+
+    made = _one_source(program, flow, calls, step, name, flat)
     reached = [use for use in flow.loads.get(name, []) if flow.reach.of(use) & made]
+    as_is = "as it is: the flat result has the same elements in order"
     means = [m for m in (_mean_around(forms, flow, use) for use in reached) if m is not None]
     if means:  # the sync is what needs one value per device: named first
         why = (
@@ -2437,9 +2414,7 @@ def _follow_flattened(
                     "result is flat already"
                 )
             if _whole(helper or node):
-                reason = (
-                    f"`{name}` flattened as it is: the flat result has the same elements in order"
-                )
+                reason = f"`{name}` flattened {as_is}"
             program.edit(node, reason, lambda n=node: _flat_value(program, n, name, forms))  # type: ignore[misc]
             program.flat_reads = True
             continue
@@ -2459,9 +2434,7 @@ def _follow_flattened(
                     "would change the numbers read)"
                 )
             raise NotVisible(why, Decline.RESULT_VARIES)
-        reason = f"`{name}` reshaped as it is: the flat result has the same elements in order"
-        if not reshape.args:
-            reason = f"`{name}` flattened as it is: the flat result has the same elements in order"
+        reason = f"`{name}` {'reshaped' if reshape.args else 'flattened'} {as_is}"
         program.edit(reshape, reason, lambda r=reshape: _local_reshape(program, r, name))  # type: ignore[misc]
         program.flat_reads = True
 
