@@ -317,7 +317,7 @@ def _follow(
     if program.squeezed or keywords:
         _check_lambda(program, flow)
     assumed: set[str] = set()
-    outputs = body_outputs(
+    program.outputs, program.varying = body_outputs(
         body,
         program.batches,
         options.literal,
@@ -328,7 +328,6 @@ def _follow(
         facts.norm_axes,
         assumed,
     )
-    program.outputs, program.varying = outputs
     program.assumed = tuple(sorted(assumed))
     read = set().union(*program.arithmetic.values())
     for call in calls:
@@ -358,11 +357,7 @@ def _follow(
     # every read accepted: a result flattened (or not read) still needs an axis to lie on
     for output, value in sorted(scalar_outputs(body, qualname).items()):
         if program.varying[output]:
-            which = (
-                "the step's result"
-                if program.outputs is None
-                else f"the step's result {output + 1}"
-            )
+            which = "the step's result" + ("" if program.outputs is None else f" {output + 1}")
             why = (
                 f"{which}, `{_short(value)}`, may differ between devices and is one number per "
                 f"device: the program-level form has no axis to lay them side by side on "
@@ -883,11 +878,8 @@ def positional_call(call: cst.Call, keywords: tuple[str, ...]) -> cst.Call:
     moved = [
         by_keyword[k].with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT) for k in keywords
     ]
-    args = [*plain, *moved]
-    last = call.args[-1].comma if call.args else cst.MaybeSentinel.DEFAULT
-    commas = [a.comma for a in call.args]
-    args = [a.with_changes(comma=c) for a, c in zip(args, commas)]
-    args[-1] = args[-1].with_changes(comma=last)
+    args = [*plain, *moved]  # every argument moved: each keeps the comma of its place
+    args = [a.with_changes(comma=c.comma) for a, c in zip(args, call.args, strict=True)]
     return call.with_changes(args=args)
 
 
@@ -926,7 +918,6 @@ def _follow_argument(
     layouts: list[Layout] = []  # one per value reaching a call
     drawn: list[bool] = []  # each: drawn from an iterator not seen into (`_drawn`)
     fields = False  # a field of a name passed, `step(state.params)`: laid out as the name is
-    passed: set[str] = set()
     blocking: list[str] = []  # the values whose layout is not known, and where they come from
     # Those that are parameters of the host a `pmap-replicated` entry can name: by text, the name
     declarable: dict[str, str] = {}
@@ -965,7 +956,6 @@ def _follow_argument(
             blocking.append(f"`{_short(call.values[position])}`")
         reached(layout, layout is Layout.UNKNOWN and _drawn_inline(call.values[position], flow))
     for name, value in slots:
-        passed.add(name)
         use = value if isinstance(value, cst.Name) else field_root(value)
         assert use is not None
         reaching = flow.reach.of(use) or {ENTRY}  # the bindings whose value it may be
@@ -1032,13 +1022,12 @@ def _follow_argument(
         if unknown and set(blocking) == declarable.keys():
             why += _declare_hint(program, declarable.values())
         raise NotVisible(why, code)
-    program.batches[position] = joined in (Layout.PER_DEVICE, Layout.KEYS)
-    if joined is Layout.KEYS:
+    keys, replicated = joined is Layout.KEYS, joined is Layout.REPLICAS
+    program.batches[position] = joined is Layout.PER_DEVICE or keys
+    if keys:
         program.squeezed.add(position)
-    for name in sorted(passed):
+    for name in sorted({name for name, _ in slots}):  # every name passed, or its field
         if not any(id(b) in program.siblings for b in flow.stores.get(name, [])):
-            keys = joined is Layout.KEYS
-            replicated = joined is Layout.REPLICAS
             _follow_stacked(program, flow, forms, calls, name, replicated=replicated, keys=keys)
 
 
@@ -2385,14 +2374,16 @@ def _follow_flattened(
 
     made = _one_source(program, flow, calls, step, name, flat)
     reached = [use for use in flow.loads.get(name, []) if flow.reach.of(use) & made]
+    varies = (
+        f"`{name}`, a result of `{step}` that may differ between devices (the body does not "
+        f"reduce it over {code(program.axis)})"
+    )
     as_is = "as it is: the flat result has the same elements in order"
     means = [m for m in (_mean_around(forms, flow, use) for use in reached) if m is not None]
     if means:  # the sync is what needs one value per device: named first
         why = (
-            f"`{name}`, a result of `{step}` that may differ between devices (the body does "
-            f"not reduce it over {code(program.axis)}), is averaged over the devices by "
-            f"`{_short(means[0])}`: the program-level form holds one value of it, not one per "
-            "device to average"
+            f"{varies}, is averaged over the devices by `{_short(means[0])}`: the program-level "
+            "form holds one value of it, not one per device to average"
         )
         raise NotVisible(why, Decline.RESULT_VARIES)
     reshapes = [r for r in (_reshaped(flow, use, name) for use in reached) if r is not None]
@@ -2406,36 +2397,26 @@ def _follow_flattened(
             None,
         )
         if node is not None:
-            reason = f"a flattening of `{name}` over devices deleted: the result is flat already"
             helper = _flattening_helper(forms, node, name)
-            if helper is not None:
-                reason = (
-                    f"`{code(node.func)}`, a flattening of `{name}` over devices, deleted: the "
-                    "result is flat already"
-                )
+            what = f"a flattening of `{name}` over devices"
+            what = f"`{code(node.func)}`, {what}," if helper is not None else what
+            reason = f"{what} deleted: the result is flat already"
             if _whole(helper or node):
                 reason = f"`{name}` flattened {as_is}"
             program.edit(node, reason, lambda n=node: _flat_value(program, n, name, forms))  # type: ignore[misc]
-            program.flat_reads = True
-            continue
-        reshape = _reshaped(flow, use, name)
-        if reshape is None:
-            why = (
-                f"`{name}`, a result of `{step}` that may differ between devices (the body does "
-                f"not reduce it over {code(program.axis)}), is read other than flattened"
-            )
+        elif (reshape := _reshaped(flow, use, name)) is not None:
+            reason = f"`{name}` {'reshaped' if reshape.args else 'flattened'} {as_is}"
+            program.edit(reshape, reason, lambda r=reshape: _local_reshape(program, r, name))  # type: ignore[misc]
+        else:
+            why = f"{varies}, is read other than flattened"
             gathered = _gathered_list(flow, forms, use)
             if gathered is not None:
                 why = (
-                    f"`{name}`, a result of `{step}` that may differ between devices (the body "
-                    f"does not reduce it over {code(program.axis)}), is appended to a list read "
-                    f"by `{_short(gathered)}`: device 0's own share, which the program-level "
-                    "form, one value for all devices, does not have (reducing it in the body "
-                    "would change the numbers read)"
+                    f"{varies}, is appended to a list read by `{_short(gathered)}`: device 0's "
+                    "own share, which the program-level form, one value for all devices, does "
+                    "not have (reducing it in the body would change the numbers read)"
                 )
             raise NotVisible(why, Decline.RESULT_VARIES)
-        reason = f"`{name}` {'reshaped' if reshape.args else 'flattened'} {as_is}"
-        program.edit(reshape, reason, lambda r=reshape: _local_reshape(program, r, name))  # type: ignore[misc]
         program.flat_reads = True
 
 
