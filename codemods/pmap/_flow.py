@@ -2295,9 +2295,7 @@ def _follow_list(
         readback = _readback_around(flow, forms, reads[0], name) if len(reads) == 1 else None
         if readback is not None and isinstance(binding, cst.Assign) and len(binding.targets) == 1:
             readbacks[id(reads[0])] = readback  # device 0's copy of every result: the results
-            gathered.append(binding)
-            continue
-        if value is None or _gathering(forms, value, name) is None:
+        elif value is None or _gathering(forms, value, name) is None:
             raise NotVisible(
                 f"`{name}`, a list of results of `{step}`, is bound to other values",
                 Decline.METRICS_LIST,
@@ -2309,15 +2307,13 @@ def _follow_list(
         appended = isinstance(arg, cst.Attribute) and _appended_to(flow, _item(call)) == name
         if appended and _item(call).value in results:
             continue
+        found = _gathering(forms, call, name) if isinstance(call, cst.Call) else None
         if id(use) in readbacks:
             node, value = readbacks[id(use)]
             program.edit(node, deleted, lambda v=value: v)  # type: ignore[misc]
-            continue
-        found = _gathering(forms, call, name) if isinstance(call, cst.Call) else None
-        if found is not None and isinstance(arg, cst.Arg) and isinstance(call, cst.Call):
+        elif found is not None and isinstance(arg, cst.Arg) and isinstance(call, cst.Call):
             program.edit(call, deleted, lambda f=found: f.rewrite(program.context()))  # type: ignore[misc]
-            continue
-        if not flow.reach.of(use) <= set(gathered):
+        elif not flow.reach.of(use) <= set(gathered):
             why = f"`{name}`, a list of results of `{step}`, is read other than by `get_metrics`"
             raise NotVisible(why, Decline.METRICS_LIST)
 
@@ -2487,15 +2483,12 @@ def _flat_value(
         arg = flattening.args[0]
         return flattening.with_changes(args=[arg.with_changes(value=_local_part(program, name))])
     whole = flattening if _whole(flattening) else None  # `r.reshape(-1)`: of the flat part
-    if helper is not None:  # `tohost(r)`: its flattening, of the flat result
-        flattening = helper
+    flattening = helper or flattening  # `tohost(r)`: its flattening, of the flat result
     assert isinstance(flattening.func, cst.Attribute)
     copy = flattening.func.value
-    if not isinstance(copy, cst.Call):
-        value = _local_part(program, name)
-    else:
-        part = _local_part(program, name, host=False)  # copied to the host as the original did
-        value = copy.with_changes(args=[copy.args[0].with_changes(value=part)])
+    value = _local_part(program, name, host=not isinstance(copy, cst.Call))
+    if isinstance(copy, cst.Call):  # copied to the host as the original did
+        value = copy.with_changes(args=[copy.args[0].with_changes(value=value)])
     if whole is None:
         return value
     return whole.with_changes(func=whole.func.with_changes(value=value))  # type: ignore[attr-defined]
@@ -2524,8 +2517,7 @@ def _reshaped(flow: Flow, use: cst.Name, name: str) -> cst.Call | None:
         return None if call.args else call
     if method.attr.value != "reshape" or not call.args:
         return None
-    shape = cst.Tuple([cst.Element(a.value) for a in call.args])
-    reads = [n for n in nodes_in(shape, cst.Name) if n.value == name]
+    reads = [n for a in call.args for n in nodes_in(a.value, cst.Name) if n.value == name]
     return call if all(_same_when_flat(flow, n) for n in reads) else None
 
 
