@@ -1073,11 +1073,7 @@ def _part_of(
         for returned in nodes_in(helper.body, cst.Return, SCOPES) if helper else ():
             inner += [returned.value] if returned.value is not None else []
     inner += _leaves(forms, value) or []
-    for node in inner:
-        found = _part_of(forms, node, depth + 1)
-        if found is not None:
-            return found
-    return None
+    return next((found for node in inner if (found := _part_of(forms, node, depth + 1))), None)
 
 
 STACKS = frozenset({"jax.numpy.stack", "numpy.stack", "jax.numpy.asarray", "numpy.asarray"})
@@ -1721,12 +1717,10 @@ def _replication(
     if committed is not None:  # `jax.device_get(x)`: a host value, placed by the step
         why = HOSTED.format(how=committed)
         program.edit(value, why, lambda: fill(HOST_COPY, {**program.context(), "x": source}))
-        return
-    if not _donated(program, position):
+    elif not _donated(program, position):
         program.edit(value, REPLICATED, lambda: source)
-        return
-
-    program.edit(value, COPIED, lambda: fill(DONATED_COPY, {**program.context(), "x": source}))
+    else:
+        program.edit(value, COPIED, lambda: fill(DONATED_COPY, {**program.context(), "x": source}))
 
 
 HOSTED = (
@@ -2592,12 +2586,10 @@ def _readback_around(
     flow: Flow, forms: Forms, use: cst.Name, name: str
 ) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
     """Return the readback of device 0 reading `use` and what it becomes, else None."""
-    node: cst.CSTNode | None = use
-    for _ in range(6):  # var[0]: 1 up; var.a.b[0]: 3; jax.device_get(var.a)[0]: 5
-        node = flow.parent.get(id(node)) if node is not None else None
-        if not isinstance(node, cst.BaseExpression):
-            continue
-        read = forms.readback_value(node, name)
-        if read is not None and read[0] is use:
-            return node, read[1]
+    # var[0]: 1 up; var.a.b[0]: 3; jax.device_get(var.a)[0]: 5
+    for node in list(flow.ancestors(use))[:6]:
+        if isinstance(node, cst.BaseExpression):
+            read = forms.readback_value(node, name)
+            if read is not None and read[0] is use:
+                return node, read[1]
     return None
