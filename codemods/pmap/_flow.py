@@ -527,7 +527,7 @@ def read_options(
     try:
         name, bound = mapped_name(fun, qualname)
     except NotVisible:
-        if "axis_name" in found or isinstance(fun, cst.Lambda):
+        if "axis_name" in found:  # (`mapped_name` takes any lambda)
             raise
         # no def: read as opaque, the axis unnamed (the survey's `_opaque_body`)
         name, bound = "", ()
@@ -594,13 +594,12 @@ def _unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
     if not bound:
         return body
     params = body.params
-    names = {p.name.value for p in (*params.params, *params.kwonly_params)}
-    missing = [b for b in bound if b not in names]
+    order = [*params.params, *params.kwonly_params]
+    missing = [b for b in bound if b not in {p.name.value for p in order}]
     if missing:
         raise NotVisible(
             f"`partial` binds `{missing[0]}`, not a parameter of the def", Decline.SIGNATURE
         )
-    order = [*params.params, *params.kwonly_params]
     first = next(i for i, p in enumerate(order) if p.name.value in bound)
     kept = list(params.params[:first])
     later = [p for p in order[first:] if p.name.value not in bound]
@@ -1022,13 +1021,12 @@ def _follow_argument(
         if unknown and set(blocking) == declarable.keys():
             why += _declare_hint(program, declarable.values())
         raise NotVisible(why, code)
-    keys, replicated = joined is Layout.KEYS, joined is Layout.REPLICAS
-    program.batches[position] = joined is Layout.PER_DEVICE or keys
-    if keys:
+    program.batches[position] = joined in (Layout.PER_DEVICE, Layout.KEYS)
+    if joined is Layout.KEYS:
         program.squeezed.add(position)
     for name in sorted({name for name, _ in slots}):  # every name passed, or its field
         if not any(id(b) in program.siblings for b in flow.stores.get(name, [])):
-            _follow_stacked(program, flow, forms, calls, name, replicated=replicated, keys=keys)
+            _follow_stacked(program, flow, forms, calls, name, joined)
 
 
 PART = (
@@ -1321,18 +1319,13 @@ def _binding_text(name: str, binding: cst.CSTNode, flow: Flow, qualname: Qualnam
 
 
 def _follow_stacked(
-    program: Program,
-    flow: Flow,
-    forms: Forms,
-    calls: list[_StepCall],
-    name: str,
-    *,
-    replicated: bool,
-    keys: bool = False,
+    program: Program, flow: Flow, forms: Forms, calls: list[_StepCall], name: str, joined: Layout
 ) -> None:
     """Check every read of an argument the function stacks for the step (`x = replicate(x)`,
-    `b = shard(b)`) and no step makes: the stacking is deleted, so once stacked it is read only
-    fed to a step or (replicated) as device 0's copy, a readback then deleted."""
+    `b = shard(b)`) and no step makes, laid out as `joined`: the stacking is deleted, so once
+    stacked it is read only fed to a step or (replicated) as device 0's copy, a readback then
+    deleted."""
+    replicated, keys = joined is Layout.REPLICAS, joined is Layout.KEYS
     stackings: list[cst.CSTNode] = [  # and `x = x - lr * g` after a call: replicated as well
         b
         for b in flow.stores.get(name, [])
