@@ -807,10 +807,9 @@ def _step_call(
             f"a result of `{step}` is not bound to a plain name", Decline.RESULTS_UNNAMED
         )
     unpack = _unpacked_next(flow, around, targets)
-    if unpack is not None:
-        unpacked = target_names(unpack.targets[0].target)
-        return _StepCall(around, call, names, unpacked, values, unpack=unpack)
-    return _StepCall(around, call, names, targets, values)
+    if unpack is not None:  # the results are bound where `out` is unpacked
+        targets = target_names(unpack.targets[0].target)
+    return _StepCall(around, call, names, targets, values, unpack=unpack)
 
 
 def _named_lambda(flow: Flow, name: str) -> cst.Lambda | None:
@@ -935,8 +934,7 @@ def _follow_argument(
             slots.append((name, call.values[position]))
             continue
         layout = _inline_kind(program, call.values[position], forms, position, flow)
-        unknown = layout is Layout.UNKNOWN
-        if unknown and _generated_batches(program, flow, forms, calls, position):
+        if layout is Layout.UNKNOWN and _generated_batches(program, flow, forms, calls, position):
             layout = Layout.PER_DEVICE
         leaves = _leaves(forms, call.values[position]) if layout is Layout.UNKNOWN else None
         if leaves is not None:  # `{"params": params}`: each value laid out as passed alone
@@ -1432,12 +1430,10 @@ def _callee_name(flow: Flow, forms: Forms, func: cst.BaseExpression) -> str | No
     name = forms.qualname(func)
     if name is not None or not isinstance(func, cst.Attribute):
         return name
-    owner = func.value
-    made = flow.stores.get(owner.value, []) if isinstance(owner, cst.Name) else []
-    if len(made) != 1 or not isinstance(made[0], cst.Assign) or len(made[0].targets) != 1:
-        return None
-    value = made[0].value
-    if not isinstance(value, cst.Call) or single_name(made[0].targets[0].target) is None:
+    owner = single_name(func.value)
+    made = flow.only(owner)
+    value = value_of_name(made, owner) if made is not None and owner else None
+    if not isinstance(value, cst.Call):
         return None
     cls = forms.qualname(value.func)
     return f"{cls}.{func.attr.value}" if cls is not None else None
@@ -1797,16 +1793,15 @@ def _binding_kind(
         return Layout.REPLICAS  # one a def the step is passed to returns (`_callee.py`)
     if single_name(binding.targets[0].target) != name:
         return _unpacked_replication(program, binding, name, forms, position)
-    value = binding.value
     results = _arithmetic_results(binding.value, name, calls, flow)
     if results is not None:
         program.arithmetic[id(binding)] = results
         return Layout.REPLICAS  # results combined elementwise: equal copies
     if _mean_of_results(program, binding, name, forms, calls, flow):
         return Layout.REPLICAS
-    if forms.replicated_source(value) is None and not _made_before(program, flow, binding):
+    if forms.replicated_source(binding.value) is None and not _made_before(program, flow, binding):
         return Layout.UNKNOWN  # a batch or keys made before the mesh exists
-    return _inline_kind(program, value, forms, position, flow)
+    return _inline_kind(program, binding.value, forms, position, flow)
 
 
 def _unpacked_part(binding: cst.CSTNode, name: str, forms: Forms) -> cst.Name | None:
