@@ -679,9 +679,7 @@ def _identity_read(flow: Flow, use: cst.Name) -> bool:
         isinstance(call, cst.Call)
         and isinstance(call.func, cst.Attribute)
         and call.func.attr.value in ("add", "discard")
-        and len(call.args) == 1
-        and not call.args[0].keyword
-        and not call.args[0].star
+        and positional(call, 1) is not None
     )
 
 
@@ -2118,38 +2116,29 @@ def _tuple_readback(
         (e.value for e in items.elements if not surely_replicated(program, flow, forms, e.value)),
         None,
     )
+    # An item not surely the same on every device blocks it: a result of the step that may
+    # differ between devices (PL402: the program-level form has no device 0's share of it),
+    # else a value whose copies are not known to be equal (PL401).
     if other is not None:
-        _blocks_readback(program, flow, forms, use, other, call)
+        root = base_of(other)
+        # copies or the step's results on every path (`surely_stacked`): a varying result among
+        # them
+        result = isinstance(root, cst.Name) and surely_stacked(program, flow, forms, root)
+        read = (
+            f"`{code(other)}` is read back as device 0's copy with `{use.value}` (`{_short(call)}`)"
+        )
+        if result:
+            raise NotVisible(
+                f"{read}, and it is a result that may differ between devices: the program-level "
+                "form holds one value of it, not device 0's share",
+                Decline.RESULT_VARIES,
+            )
+        raise NotVisible(
+            f"{read}, and its copies are not known to be equal on every device",
+            Decline.RESULT_READ,
+        )
     root, value = found  # the stand-in put back: `(a, b)`, or the copy per leaf of it
     return call, items if value is root else replaced(value, {id(root): items})
-
-
-def _blocks_readback(
-    program: Program,
-    flow: Flow,
-    forms: Forms,
-    use: cst.Name,
-    other: cst.BaseExpression,
-    call: cst.Call,
-) -> None:
-    """Raise for `other`, an item of the tuple read back as device 0's copy with `use` that
-    is not surely the same on every device: a result of the step that may differ between
-    devices (PL402: the program-level form has no device 0's share of it), else a value
-    whose copies are not known to be equal (PL401)."""
-    root = base_of(other)
-    # copies or the step's results on every path (`surely_stacked`): a varying result among them
-    result = isinstance(root, cst.Name) and surely_stacked(program, flow, forms, root)
-    read = f"`{code(other)}` is read back as device 0's copy with `{use.value}` (`{_short(call)}`)"
-    if result:
-        raise NotVisible(
-            f"{read}, and it is a result that may differ between devices: the program-level "
-            "form holds one value of it, not device 0's share",
-            Decline.RESULT_VARIES,
-        )
-    raise NotVisible(
-        f"{read}, and its copies are not known to be equal on every device",
-        Decline.RESULT_READ,
-    )
 
 
 def _one_source(
