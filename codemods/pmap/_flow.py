@@ -288,12 +288,11 @@ def _follow(
     fixed = _fixed_positions(options, passed)
     forms = forms_of(flow, qualname, facts)
     # a call in a nested def or lambda runs when that is called: not followed
-    for made_call in made:
-        inner = _nested(flow, made_call)
-        if inner is not None:
-            where = f" `{inner.name.value}`" if isinstance(inner, cst.FunctionDef) else ""
-            why = f"`{step}` is called in a nested function{where}"
-            raise NotVisible(why, Decline.CALLED_NESTED)
+    inner = next((n for c in made if (n := _nested(flow, c)) is not None), None)
+    if inner is not None:
+        where = f" `{inner.name.value}`" if isinstance(inner, cst.FunctionDef) else ""
+        why = f"`{step}` is called in a nested function{where}"
+        raise NotVisible(why, Decline.CALLED_NESTED)
     for made_call in made:
         _mean_of_unknown(flow, forms, made_call, step, host)
     calls = [_step_call(flow, forms, call, step, body, fixed) for call in made]
@@ -1281,9 +1280,8 @@ def _binding_text(name: str, binding: cst.CSTNode, flow: Flow, qualname: Qualnam
     whole = _taken_from(binding, name, flow) if isinstance(binding, cst.Assign) else None
     if whole is not None:  # a part of a drawn value: named with the value it is taken from
         texts = {_binding_text(whole.value, b, flow, qualname) for b in flow.reach.of(whole)}
-        if whole.value == name:  # `batch = transform(batch)`: named as drawn
-            return min(texts)
-        return f"`{name}`, a part of {min(texts)}"
+        # `batch = transform(batch)`: named as drawn
+        return min(texts) if whole.value == name else f"`{name}`, a part of {min(texts)}"
     if isinstance(binding, cst.Assign):
         target = binding.targets[-1].target
         if isinstance(target, (cst.Tuple, cst.List)):  # `state, fn = state`: AlgoPerf's
@@ -1871,10 +1869,9 @@ def _mean_of_results(
     is PL402, at its read here): their mean is the value itself, so the call goes (`state =
     state`, dropped) and the value is fed back. Recorded as a read of the results
     (`program.arithmetic`)."""
-    if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
-        return False
-    found = forms.transfer(binding.value, MEANS)
-    if single_name(binding.targets[0].target) != name or found is None:
+    value = value_of_name(binding, name)
+    found = forms.transfer(value, MEANS) if value is not None else None
+    if value is None or found is None:
         return False
     source = found.source
     if not isinstance(source, cst.Name) or source.value != name:
@@ -1891,7 +1888,7 @@ def _mean_of_results(
         return False  # a value besides the step's results: not known to be equal copies
     program.arithmetic[id(binding)] = set()
     program.means.add(id(binding))  # the same value as the results it is of (`_one_source`)
-    program.edit(binding.value, found.row.why, lambda: found.rewrite(program.context()))
+    program.edit(value, found.row.why, lambda: found.rewrite(program.context()))
     return True
 
 
