@@ -1559,8 +1559,7 @@ def _generated_batches(
         return False
     if any(flow.reach.of(a[0]) != {binding} for a in args if a):  # type: ignore[arg-type]
         return False
-    nexts = {id(a[0]) for a in args if a}
-    if {id(use) for use in flow.loads.get(it, [])} != nexts:
+    if {id(use) for use in flow.loads.get(it, [])} != {id(a[0]) for a in args if a}:
         return False  # `it` read other than by the step's `next(it)`
     gen = single_name(binding.value.func)
     generator = flow.only(gen)
@@ -2508,11 +2507,9 @@ def _same_when_flat(flow: Flow, use: cst.Name) -> bool:
 
 
 def _negative(node: cst.BaseExpression) -> bool:
-    return (
-        isinstance(node, cst.UnaryOperation)
-        and isinstance(node.operator, cst.Minus)
-        and isinstance(node.expression, cst.Integer)
-    )
+    """Return True for `-k`, a negative integer written out."""
+    holes = holes_of("-{k}", node)
+    return holes is not None and isinstance(holes["k"], cst.Integer)
 
 
 def _local_reshape(program: Program, call: cst.Call, name: str) -> cst.BaseExpression:
