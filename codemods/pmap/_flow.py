@@ -899,9 +899,7 @@ def _unpacked_next(flow: Flow, assign: cst.Assign, targets: list[str]) -> cst.As
     if single_name(unpack.value) != targets[0] or "?" in names or targets[0] in names:
         return None
     stores, loads = flow.stores.get(targets[0], []), flow.loads.get(targets[0], [])
-    if len(stores) != 1 or len(loads) != 1 or loads[0] is not unpack.value:
-        return None
-    return unpack
+    return unpack if len(stores) == 1 and len(loads) == 1 and loads[0] is unpack.value else None
 
 
 def _follow_argument(
@@ -2415,11 +2413,9 @@ def _flattening_helper(
     value = last.value if isinstance(last, cst.Return) else None
     if not isinstance(value, cst.Call):
         return None
-    if len(smalls) == 1 and flattens(value, param, forms.host_copy):
-        return value
-    if len(smalls) == 2 and _flattens_by_shape(smalls[0], value, param, forms):
-        return value
-    return None
+    one = len(smalls) == 1 and flattens(value, param, forms.host_copy)
+    two = len(smalls) == 2 and _flattens_by_shape(smalls[0], value, param, forms)
+    return value if one or two else None
 
 
 def _flattens_by_shape(
