@@ -1454,22 +1454,19 @@ def _inline_kind(
         if body is orelse is Layout.PER_DEVICE:
             _convert_once(program, value)
         return body.join(orelse)
-    scaled = _scaled(value)
-    if scaled is not None:  # `shard(x) / 255.0`: elementwise with a number, the same layout
+    # `shard(x) / 255.0`: elementwise with a number, the same layout
+    if (scaled := _scaled(value)) is not None:
         layout = _inline_kind(program, scaled, forms, position, flow)
         return layout if layout in (Layout.PER_DEVICE, Layout.REPLICAS) else Layout.UNKNOWN
-    replicated = forms.replicated_source(value)
-    if replicated is not None:
+    if (replicated := forms.replicated_source(value)) is not None:
         _replication(program, value, replicated, position, _committed(flow, forms, replicated))
         return Layout.REPLICAS
-    batch = forms.split(value)
-    if batch is not None:
+    if (batch := forms.split(value)) is not None:
         program.edit(value, batch.row.why, lambda: batch.rewrite(program.context()))
         return Layout.PER_DEVICE
     if _named_splits(program, flow, forms, value):
         return Layout.PER_DEVICE
-    keys = forms.key_split(value)
-    if keys is not None:
+    if (keys := forms.key_split(value)) is not None:
         program.edit(value, keys.row.why, lambda: keys.rewrite(program.context()))
         return Layout.KEYS
     return Layout.UNKNOWN
@@ -1496,8 +1493,7 @@ def _laid_out_parts(value: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
     if isinstance(value, cst.IfExp):
         yield from _laid_out_parts(value.body)
         yield from _laid_out_parts(value.orelse)
-    scaled = _scaled(value)
-    if scaled is not None:
+    if (scaled := _scaled(value)) is not None:
         yield from _laid_out_parts(scaled)
 
 
@@ -1786,8 +1782,7 @@ def _binding_kind(
         return Layout.REPLICAS  # one a def the step is passed to returns (`_callee.py`)
     if single_name(binding.targets[0].target) != name:
         return _unpacked_replication(program, binding, name, forms, position)
-    results = _arithmetic_results(binding.value, name, calls, flow)
-    if results is not None:
+    if (results := _arithmetic_results(binding.value, name, calls, flow)) is not None:
         program.arithmetic[id(binding)] = results
         return Layout.REPLICAS  # results combined elementwise: equal copies
     if _mean_of_results(program, binding, name, forms, calls, flow):
@@ -2006,8 +2001,7 @@ def _follow_result(
     for use in _reads(program, flow, forms, calls, name, made):  # a call's result reaches it
         if _repacked(flow, forms, use):
             continue  # `x, y = keep((x, y))`: read as `x` is, from there
-        listed = _appended_to(flow, use)
-        if listed is not None:
+        if (listed := _appended_to(flow, use)) is not None:
             _follow_list(program, flow, forms, calls, step, listed)
             continue
         if _follow_items(program, flow, forms, use, name):
@@ -2018,8 +2012,7 @@ def _follow_result(
             continue  # `jnp.mean(loss)`: the same of equal copies and of the value, kept
         if carried_out(program, flow, use, output):
             continue  # returned to the caller, which follows it (`_callee.carried_back`)
-        read = Decline.RESULT_READ
-        if passed_on(program, flow, forms, use, name, _readback_around, read):
+        if passed_on(program, flow, forms, use, name, _readback_around, Decline.RESULT_READ):
             continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
         _not_returned(program, flow, use, name, step)
         how = _goes(flow.parent.get(id(use)), flow.parent, program.host.name.value)
