@@ -525,7 +525,6 @@ class Finding(Pass):
         # The helpers converting values at a boundary not followed (a batch drawn per device, a
         # replicated value's copies), once a program asks: name, how it spells jax, numpy, jnp
         self.converters: dict[str, tuple[str, str, str, str]] = {}  # by the helper's base name
-        self.imported: Imported | None = None  # `FileState.modules`, parsed when asked
         self.norm_axes: frozenset[str] | None = None  # `averaged_axes`, read when first asked
         self.factories: dict[int, Program] = {}  # by id of a factory's def: the program it makes
         self.lifted = False  # a program-level group was rewritten here: dead locals are looked for
@@ -561,6 +560,11 @@ class Finding(Pass):
         # the names whose group was rewritten: their statements go at the module's end
         self.unread: dict[str, Unread] = {}
         self.dropped: set[str] = set()
+
+    @cached_property
+    def imported(self) -> Imported:
+        """The code base's other modules (`FileState.modules`), parsed when first asked."""
+        return Imported(self.state.modules)
 
     def _find_programs(self, module: cst.Module) -> None:
         """Take the sites whose whole data flow is visible to the program-level form."""
@@ -665,15 +669,10 @@ class Finding(Pass):
             if unread.group != group:
                 continue
             readers = sorted({f"`{r}`" for r in unread.readers if r})
-            why = ", ".join(
-                (
-                    ["its calls, means over devices of a step's equal copies, deleted"]
-                    if "" in unread.readers
-                    else []
-                )
-                + ([f"read only by {' and '.join(readers)}, deleted too"] if readers else [])
-            )
-            why += "; nothing else in the code base uses it"
+            parts = ["its calls, means over devices of a step's equal copies, deleted"]
+            parts = parts if "" in unread.readers else []
+            parts += [f"read only by {' and '.join(readers)}, deleted too"] if readers else []
+            why = ", ".join(parts) + "; nothing else in the code base uses it"
             node = _unread_node(unread)
             if isinstance(node, cst.FunctionDef):
                 text = f"a def deleted, `{name}`: {why}"
@@ -881,27 +880,42 @@ class Finding(Pass):
                     step.site.fallback = str(NotVisible(text, why.code))  # type: ignore[attr-defined]
                     handled.add(id(step.site.node))  # type: ignore[attr-defined]
                 continue
+            around = frozenset({id(method), *(id(a) for a in flow.ancestors(method))})
             try:
-                if len({code(step.options.axis) for step in steps}) > 1:
-                    apart = f"`{method.name.value}` calls steps over different axes: one mesh"
-                    raise NotVisible(f"{apart} cannot serve them", Decline.MESH)
-                inner = Flow(kept.copy)
-                before = first_statement(kept.copy, inner, steps)
-                end = mesh_end(kept.copy, inner, steps, before)
-                scopes: list[cst.BaseSuite | cst.Module] = [kept.copy.body, module]
-                mesh = mesh_in_scope(scopes, before, inner, steps[0].options.axis, self.qualname)
+                self._one_axis(steps, method.name.value)
+                group = self._meshed(module, kept.copy, Flow(kept.copy), steps, around)
             except NotVisible as unset:  # each site finds its own reason, else this one
                 self.stored_why.update({id(s.site.node): unset for s in shared})
                 continue
-            around = frozenset({id(method), *(id(a) for a in flow.ancestors(method))})
             self.stored[id(method)] = kept
             handled |= {id(found.site.node) for found in shared}
-            groups.append(
-                OuterGroup(
-                    steps, kept.copy, before, end, mesh or "mesh", mesh is None, around=around
-                )
-            )
+            groups.append(group)
         return groups, handled
+
+    @staticmethod
+    def _one_axis(steps: list[OuterStep], caller: str = "") -> None:
+        """Raise NotVisible (a mesh decline) when `steps` are over different axes: one mesh
+        cannot serve them; `caller` names the function calling them all, if any."""
+        if len({code(step.options.axis) for step in steps}) > 1:
+            who = f"`{caller}` calls steps" if caller else "steps"
+            raise NotVisible(f"{who} over different axes: one mesh cannot serve them", Decline.MESH)
+
+    def _meshed(
+        self,
+        module: cst.Module,
+        setup: cst.FunctionDef,
+        flow: Flow,
+        steps: list[OuterStep],
+        around: frozenset[int],
+    ) -> OuterGroup:
+        """Return the group of `steps` whose mesh `setup` (read in `flow`) sets, before its
+        first statement calling one; a mesh of pmap's already bound there is reused. Raise
+        NotVisible when no one place in `setup` serves them all."""
+        before = first_statement(setup, flow, steps)
+        end = mesh_end(setup, flow, steps, before)
+        scopes: list[cst.BaseSuite | cst.Module] = [setup.body, module]
+        mesh = mesh_in_scope(scopes, before, flow, steps[0].options.axis, self.qualname)
+        return OuterGroup(steps, setup, before, end, mesh or "mesh", mesh is None, around=around)
 
     @staticmethod
     def _passes(
@@ -1099,14 +1113,11 @@ class Finding(Pass):
             self._passed_alike(passed)
             if len({code(step.options.axis) for step in steps}) > 1:
                 raise NotVisible("steps over different axes", Decline.MESH)
-            kept = copies[id(setup)]
-            inner = Flow(kept.copy)
+            inner = Flow(setup_copy.copy)
             by_name = {m.name.value: m for m in others}
-            self._passed_as_before(inner, kept, steps, given_params, by_name)
-            before = first_statement(kept.copy, inner, steps)
-            end = mesh_end(kept.copy, inner, steps, before)
-            scopes: list[cst.BaseSuite | cst.Module] = [kept.copy.body, module]
-            mesh = mesh_in_scope(scopes, before, inner, steps[0].options.axis, self.qualname)
+            self._passed_as_before(inner, setup_copy, steps, given_params, by_name)
+            around = frozenset(id(a) for m in methods for a in (m, *flow.ancestors(m)))
+            group = self._meshed(module, setup_copy.copy, inner, steps, around)
         except NotVisible as why:
             if not why.why:
                 return None
@@ -1118,12 +1129,9 @@ class Finding(Pass):
             for name, reads in calls.items():  # a method `setup` calls, as it calls it
                 text = text.replace(f"`{name}(", f"`{code(reads[0])}(")
             return NotVisible(text, why.code)
-        around = frozenset(id(a) for m in methods for a in (m, *flow.ancestors(m)))
         for method in methods:
             self.stored[id(method)] = copies[id(method)]
-        return OuterGroup(
-            steps, kept.copy, before, end, mesh or "mesh", mesh is None, around=around
-        )
+        return group
 
     @staticmethod
     def _passed_everywhere(
@@ -1160,13 +1168,9 @@ class Finding(Pass):
         arguments and results alike; else raise (PL204)."""
         for programs in passed.values():
             (one, head), *rest = programs
+            layout = lambda p: (p.batches, p.outputs, p.varying, p.reasons)
             for other, program in rest:
-                if other != one and (
-                    program.batches,
-                    program.outputs,
-                    program.varying,
-                    program.reasons,
-                ) != (head.batches, head.outputs, head.varying, head.reasons):
+                if other != one and layout(program) != layout(head):
                     why = f"`{one}` and `{other}` are passed to one parameter, laid out differently"
                     raise NotVisible(why, Decline.CALLS_DIFFER)
 
@@ -1394,10 +1398,8 @@ class Finding(Pass):
             return
         blocks = {id(flow.parent.get(id(p.statement))) for _, _, p in taken}
         if len(blocks) > 1:
+            apart = "the function makes its steps in different blocks: no one place for the mesh"
             for site, _, _ in taken:
-                apart = (
-                    "the function makes its steps in different blocks: no one place for the mesh"
-                )
                 site.fallback = str(NotVisible(apart, Decline.MESH))
             return
         block = flow.parent.get(id(taken[0][2].statement))
@@ -1468,9 +1470,7 @@ class Finding(Pass):
         host = self.main_blocks.get(id(module))
         if host is None or id(host) not in self.programs:
             return
-        others = bool(self.sites) or bool(self.outer) or bool(self.stored)
-        others = others or any(k != id(host) for k in self.programs)
-        if not others:
+        if not (self.sites or self.outer or self.stored or set(self.programs) - {id(host)}):
             return
         why = NotVisible(
             "the module's statements make and call the step, and the module has other pmaps: "
@@ -1575,10 +1575,7 @@ class Finding(Pass):
             for program in step.programs:
                 program.axis = step.options.axis
         try:
-            if len({code(step.options.axis) for step in steps}) > 1:
-                raise NotVisible(
-                    "steps over different axes: one mesh cannot serve them", Decline.MESH
-                )
+            self._one_axis(steps)
             setup = setup_function(together, flow, module, self.survey.strings)
             groups[id(setup)], setups[id(setup)] = steps, setup
         except NotVisible:
@@ -1623,12 +1620,7 @@ class Finding(Pass):
     def _outer_group(
         self, module: cst.Module, flow: Flow, setup: cst.FunctionDef, group: list[OuterStep]
     ) -> OuterGroup:
-        axes = {code(step.options.axis) for step in group}
-        if len(axes) > 1:
-            why = (
-                f"`{setup.name.value}` calls steps over different axes: one mesh cannot serve them"
-            )
-            raise NotVisible(why, Decline.MESH)
+        self._one_axis(group, setup.name.value)
         for step in group:
             for program in step.programs:
                 host = program.host
@@ -1640,13 +1632,9 @@ class Finding(Pass):
                     raise NotVisible(f"`{host.name.value}` holds another pmap site", Decline.MESH)
         for program in (q for step in group for p in step.programs for q in (p, *p.callees)):
             self._no_jax_batch(program)
-        before = first_statement(setup, flow, group)
-        end = mesh_end(setup, flow, group, before)
-        scopes: list[cst.BaseSuite | cst.Module] = [setup.body, module]
-        mesh = mesh_in_scope(scopes, before, flow, group[0].options.axis, self.qualname)
         hosts = [setup, *(p.host for step in group for p in step.programs)]
         around = frozenset(id(a) for host in hosts for a in flow.ancestors(host))
-        return OuterGroup(group, setup, before, end, mesh or "mesh", mesh is None, around=around)
+        return self._meshed(module, setup, flow, group, around)
 
     def _no_jax_batch(self, program: Program) -> None:
         """Raise PL601 when a batch split for the step is a jax array: made by a jax operation
@@ -1866,9 +1854,8 @@ class Finding(Pass):
         is in, read as a def of its body (one per block); else, for a site in a statement of
         the module, the module's statements read so; else None."""
         block = main_block(module, around)
-        if block is None and (len(around) < 2 or around[0] is not module):
-            return None
-        if block is None and around[1] not in module.body:
+        at_top = len(around) > 1 and around[0] is module and around[1] in module.body
+        if block is None and not at_top:
             return None
         key = id(block if block is not None else module)
         host = self.main_blocks.get(key)
@@ -1948,8 +1935,6 @@ class Finding(Pass):
         `BaseCifarWorkload._eval_model_on_split`), read with that module's names (the step's
         own, where that module does not know one): only to name it. None when nothing there
         blocks: the calls in another module are not rewritten from here (PL104 stands)."""
-        if self.imported is None:
-            self.imported = Imported(self.state.modules)
         for base in klass.bases:
             found = self.imported.klass(self.qualname(base.value))
             if found is None:
@@ -2025,8 +2010,6 @@ class Finding(Pass):
                 flows[id(host)] = Flow(host, model=self.resolver)
             inner = flows[id(host)]
             counts = lambda node: is_device_count(node, inner, self.qualname)
-            if self.imported is None:
-                self.imported = Imported(self.state.modules)
             return _replication(inner, Forms(self.qualname, counts, defs), value, self.imported)
 
         for name, fn in defs.items():
@@ -2069,8 +2052,6 @@ class Finding(Pass):
         }
         if isinstance(host.body, cst.IndentedBlock):
             found |= {d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)}
-        if self.imported is None:
-            self.imported = Imported(self.state.modules)
         if self.norm_axes is None:
             lines = self.state.original_lines
             own = [module] if any(w in line for line in lines for w in NORM_WORDS) else []
