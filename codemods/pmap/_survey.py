@@ -754,17 +754,14 @@ class Finding(Pass):
                 options = options_of(
                     site.node, self.qualname, self._unnamed(), self.survey.constants
                 )
-                fun = fun_arg(site.node)
-                lambda_ = fun is not None and isinstance(fun.value, cst.Lambda)
-                mapped = None if lambda_ else self._mapped_def_name(site.node)
             except NotVisible as why:
                 self.stored_why[id(site.node)] = why
                 return None
-            if mapped is None:
-                assert fun is not None and isinstance(fun.value, cst.Lambda)
+            fun = fun_arg(site.node)
+            if fun is not None and isinstance(fun.value, cst.Lambda):
                 body = lambda_def(fun.value)  # `self._count_p = jax.pmap(lambda m: ...)`
             else:
-                defs = self.survey.defs(mapped)
+                defs = self.survey.defs(self._mapped_def_name(site.node))
                 if len(defs) != 1 or self._def_scope(defs[0]) not in (None, maker):
                     return None
                 body = defs[0]
@@ -1000,10 +997,6 @@ class Finding(Pass):
             }.values()
         )
         setup = next((m for m in methods if self._calls_all(module, m, methods)), None)
-        if setup is not None:
-            blocked = self._passed_everywhere(setup, passes)
-            if blocked is not None:
-                return blocked
         if setup is None and any(passes.values()):  # passed to a method: that is followed
             klass = shared[0].klass.name.value
             where = " and ".join(f"`{klass}.{m.name.value}`" for m in methods)
@@ -1012,6 +1005,9 @@ class Finding(Pass):
             )
         if setup is None:
             return None
+        blocked = self._passed_everywhere(setup, passes)
+        if blocked is not None:
+            return blocked
         others = [m for m in methods if m is not setup]
         calls = {  # in `setup`: `self.method`, the function of the one call of each method
             m.name.value: [
@@ -1049,7 +1045,8 @@ class Finding(Pass):
             passed: dict[tuple[int, str], list[tuple[str, Program]]] = {}
             for found in shared:
                 decorated = isinstance(found.site.node, cst.Decorator)
-                step = None
+                first = names[(id(found), id(found.method))]  # as messages name it
+                step = OuterStep(found.site, first, found.body, found.options, decorated)
                 # Where each program of the step is read: the method, the step's name there,
                 # and the call of that method in `setup` laying out its parameters (None: in
                 # `setup` itself); a step `setup` passes to a method, there, by the parameter
@@ -1066,10 +1063,6 @@ class Finding(Pass):
                         hosts += [(method, name, c) for c in called[method.name.value]]
                 for method, name, at in hosts:
                     kept = copies[id(method)]
-                    first = names[(id(found), id(found.readers[0][0]))]  # as messages name it
-                    step = step or OuterStep(
-                        found.site, first, found.body, found.options, decorated
-                    )
                     facts = self._facts(module, method)
                     declared = facts.replicated.get(id(method), NOT_DECLARABLE)
                     facts = replace(facts, replicated={id(kept.copy): declared})
@@ -1103,7 +1096,6 @@ class Finding(Pass):
                         program.callees += given.callers
                     step.programs.append(program)
                     passed.setdefault((id(kept.copy), name), []).append((first, program))
-                assert step is not None
                 head = step.programs[0]
                 for program in step.programs[1:]:
                     if program.batches != head.batches or program.params != head.params:
@@ -1289,17 +1281,15 @@ class Finding(Pass):
         the module kept per device (`_clash`: those two among them)."""
         taken = {id(s.site.node) for g in groups for s in g.steps}  # type: ignore[attr-defined]
         clash = self._clash(taken) if groups else ""
-        for group in groups:
-            for step in group.steps:
-                site = step.site
-                if clash:
-                    site.fallback = clash  # type: ignore[attr-defined]
-                    continue
+        for site in (step.site for group in groups for step in group.steps):
+            if clash:
+                site.fallback = clash  # type: ignore[attr-defined]
+            else:
                 del self.sites[id(site.node)]  # type: ignore[attr-defined]
-            if not clash:
-                self.outer.append(group)
         if clash:
             self.stored.clear()
+        else:
+            self.outer += groups
 
     def _host(self, site: PmapUse) -> cst.CSTNode | None:
         """Return the function a step is made in (None: at module level); for a decorated def,
@@ -1567,8 +1557,7 @@ class Finding(Pass):
             return
         together = OuterStep(None, "the steps", steps[0].body, steps[0].options, False)
         together.programs = [p for step in steps for p in step.programs]
-        groups: dict[int, list[OuterStep]] = {}
-        setups: dict[int, cst.FunctionDef] = {}
+        groups: dict[int, tuple[cst.FunctionDef, list[OuterStep]]] = {}  # by id of the setup
         named = {code(s.options.axis): s.options.axis for s in steps if s.options.named}
         for step in (s for s in steps if not s.options.named and len(named) == 1):
             step.options.axis = next(iter(named.values()))  # any name serves an unnamed axis
@@ -1577,7 +1566,7 @@ class Finding(Pass):
         try:
             self._one_axis(steps)
             setup = setup_function(together, flow, module, self.survey.strings)
-            groups[id(setup)], setups[id(setup)] = steps, setup
+            groups[id(setup)] = (setup, steps)
         except NotVisible:
             for step in steps:
                 try:
@@ -1585,11 +1574,10 @@ class Finding(Pass):
                 except NotVisible as why:
                     step.site.fallback = str(why)  # type: ignore[attr-defined]
                     continue
-                groups.setdefault(id(setup), []).append(step)
-                setups[id(setup)] = setup
-        for key, group in groups.items():
+                groups.setdefault(id(setup), (setup, []))[1].append(step)
+        for setup, group in groups.values():
             try:
-                self.outer.append(self._outer_group(module, flow, setups[key], group))
+                self.outer.append(self._outer_group(module, flow, setup, group))
             except NotVisible as why:
                 for step in group:
                     step.site.fallback = str(why)  # type: ignore[attr-defined]
@@ -1693,11 +1681,9 @@ class Finding(Pass):
         if isinstance(node, cst.Name):
             return
         for child in node.children:
-            if isinstance(node, cst.Attribute) and child is node.attr:
-                continue
-            if isinstance(node, cst.Arg) and child is node.keyword:
-                continue
-            yield from self._refs(child)
+            named = isinstance(node, cst.Attribute) and child is node.attr
+            if not named and not (isinstance(node, cst.Arg) and child is node.keyword):
+                yield from self._refs(child)
 
     def _program(
         self, module: cst.Module, site: PmapUse, flow: Flow, siblings: tuple[str, ...] = ()
@@ -1894,12 +1880,10 @@ class Finding(Pass):
                 if blocking.code is not Decline.NOT_NAMED:
                     raise blocking
                 if used is not None:
-                    raise NotVisible(
-                        f"the step is a method of `{found[0].name.value}`, and {used.why}",
-                        used.code,
-                    )
-            if found is not None:  # AlgoPerf's workloads: called by a base class's method
-                base = self._base_blocking(*found, self._decorator_options(site.node, body), body)
+                    owner = f"the step is a method of `{found[0].name.value}`"
+                    raise NotVisible(f"{owner}, and {used.why}", used.code)
+                # AlgoPerf's workloads: called by a base class's method
+                base = self._base_blocking(*found, options, body)
                 if base is not None:
                     raise base
             if isinstance(host, cst.ClassDef):
