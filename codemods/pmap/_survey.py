@@ -517,7 +517,7 @@ class Finding(Pass):
 
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
-        self.survey: Survey | None = None
+        self.survey: Survey  # the module's walk, made first thing in `visit_Module`
         self.sites: dict[int, PmapUse] = {}  # by id of the (outer) pmap call or decorator
         self.applied: list[PmapUse] = []
         self.applied_keys: list[str] = []
@@ -606,7 +606,7 @@ class Finding(Pass):
         copies, `sync_batch_stats(state)`, and what only such code reads), bound once, named in
         no string and used by no other module of the code base. Their pmaps are no longer sites
         of their own: each is recorded with the group and deleted with it."""
-        assert self.module_flow is not None and self.survey is not None
+        assert self.module_flow is not None
         groups = [
             (self.program_group(p[0][0].node), [q for _, q in p]) for p in self.programs.values()
         ]
@@ -652,7 +652,6 @@ class Finding(Pass):
     def _used_elsewhere(self, name: str) -> bool:
         """Whether another file of the code base, or a string of the module, may call or read
         the module's def `name` (`elsewhere`; a public name of a text alone may be)."""
-        assert self.survey is not None
         outside, strings = self.state.outside, self.survey.strings
         return any(elsewhere(name, outside, strings, how) for how in ("called", "read"))
 
@@ -706,7 +705,6 @@ class Finding(Pass):
         """A step stored on `self` (`self.step = jax.pmap(...)`, or a factory's decorated def,
         `self.step = get_eval_fn(...)`) and called in one other method of the class, which
         sets its mesh (`_stored_groups`); None when the step is not stored so."""
-        assert self.survey is not None
         if self.stores is None:
             self.stores = attribute_stores(module, self.survey.stored)
         found = stored_target(module, site.node, self.stores, self.qualname)
@@ -779,7 +777,7 @@ class Finding(Pass):
         take `self` as static (an object must be), a def of the module overrides it, or another
         module may name its class (a subclass there, or code calling it, is not read); else
         None."""
-        assert self.survey is not None and isinstance(method.decorators[0], cst.Decorator)
+        assert isinstance(method.decorators[0], cst.Decorator)
         name, owner = method.name.value, klass.name.value
         if 0 not in self._decorator_options(method.decorators[0], method).statics:
             first = first_parameter(method)
@@ -983,7 +981,6 @@ class Finding(Pass):
         is laid out where `setup` passes it (as the argument of a step there: `_callee`'s
         `given`). None when that is not so: each site then finds its own reason; why not, when
         a step is not taken there. `passing`: each step's `_passes`, by id."""
-        assert self.survey is not None
         passes: dict[int, list[tuple[cst.Call, cst.FunctionDef, str]]] = {}
         for found in shared:
             passed_to = passing[id(found)]
@@ -1173,7 +1170,6 @@ class Finding(Pass):
         each call lays out the method's parameters its steps read), and nothing else reads that
         method (in the module, or, by name, in the code base), nor
         names it in `setup`."""
-        assert self.survey is not None
         me = first_parameter(setup)
         for method in methods:
             if method is setup:
@@ -1310,7 +1306,6 @@ class Finding(Pass):
         other module's, is `step = factory(...)`, a statement of a function: that function and
         the assignment. The factory's other uses are declined where its step is followed
         (`_factory_program`)."""
-        assert self.survey is not None
         found: dict[int, tuple[cst.FunctionDef, cst.Assign]] = {}
         for site in self.sites.values():
             factory = _factory(module, site)
@@ -1481,7 +1476,6 @@ class Finding(Pass):
 
     def _outer_step(self, module: cst.Module, site: PmapUse) -> OuterStep:
         """Read a step made outside the functions calling it; raise NotVisible for why not."""
-        assert self.survey is not None
         if len(site.pmaps) != 1:
             raise NotVisible(NESTED, Decline.NESTED)
         if isinstance(site.node, cst.Decorator):
@@ -1528,7 +1522,6 @@ class Finding(Pass):
 
     def _outer_named(self, step: OuterStep) -> OuterStep:
         """`step`, when its name is bound once in the module and named in no string."""
-        assert self.survey is not None
         if len(self.resolver.bindings(step.name)) != 1:
             raise NotVisible(
                 f"`{step.name}` is bound more than once in the module", Decline.REBOUND
@@ -1542,7 +1535,6 @@ class Finding(Pass):
 
     def _unnamed(self) -> cst.SimpleString:
         """The name an unnamed mapped axis gets: one no string of the module is."""
-        assert self.survey is not None
         taken = self.survey.strings
         name = next(
             n for n in ("batch", "device", *(f"device_{k}" for k in range(99))) if n not in taken
@@ -1552,7 +1544,6 @@ class Finding(Pass):
     def _group_outer(self, module: cst.Module, flow: Flow, steps: list[OuterStep]) -> None:
         """Group the steps by the function setting their mesh (one for them all when one
         function calls every function calling them); check each group can be taken."""
-        assert self.survey is not None
         if not steps:
             return
         together = OuterStep(None, "the steps", steps[0].body, steps[0].options, False)
@@ -1689,7 +1680,6 @@ class Finding(Pass):
         self, module: cst.Module, site: PmapUse, flow: Flow, siblings: tuple[str, ...] = ()
     ) -> tuple[cst.FunctionDef, Program]:
         """Return the function making the step and its program; raise NotVisible for why not."""
-        assert self.survey is not None
         host = site.around
         if len(site.pmaps) != 1:
             raise NotVisible(NESTED, Decline.NESTED)
@@ -1765,7 +1755,7 @@ class Finding(Pass):
         that function's program, the step made where the factory returns it (`Program.factory`),
         read with the steps that function makes (`siblings`, `_take_steps`). Raise NotVisible
         (PL101) for any other use of the factory."""
-        assert self.survey is not None and isinstance(site.node, cst.Call)
+        assert isinstance(site.node, cst.Call)
         name = factory.name.value
         found = self.factory_hosts.get(id(site.node))
         if found is None:
@@ -1828,10 +1818,10 @@ class Finding(Pass):
         pmap site nor calls a step made at module level: the step passed there is followed
         there (`_callee.follow_passed`)."""
         uses = flow.loads.get(callee.name.value, [])
-        holds = any(callee in around for _, around in self.survey.refs)  # type: ignore[union-attr]
+        holds = any(callee in around for _, around in self.survey.refs)
         outer = {self._bound_to(s) for s in self.sites.values() if s.scope is None}  # module's
         holds = holds or bool(outer & set(names_in(callee)))  # its calls: another program
-        return uses == [call.func] and not holds and callee.name.value not in self.survey.strings  # type: ignore[union-attr]
+        return uses == [call.func] and not holds and callee.name.value not in self.survey.strings
 
     def _main_host(
         self, module: cst.Module, around: tuple[cst.CSTNode, ...] | list[cst.CSTNode]
@@ -1867,7 +1857,6 @@ class Finding(Pass):
         """The program of a def a pmap decorator makes a step of, in the function calling it."""
         body = site.mapped
         assert isinstance(body, cst.FunctionDef) and isinstance(site.node, cst.Decorator)
-        assert self.survey is not None
         host = self._def_scope(body) or self._main_host(module, site.ancestors)
         if not isinstance(host, cst.FunctionDef):
             why = _made_outside(host)
@@ -1946,7 +1935,7 @@ class Finding(Pass):
         changes; a mesh of pmap's already bound before `made` is reused."""
         if any(host is block for block in self.main_blocks.values()):  # names: the globals
             _globals_unread(module, host, program, flow)
-        passed_on_checked(program, flow, self.state.outside, self.survey.strings)  # type: ignore[union-attr]
+        passed_on_checked(program, flow, self.state.outside, self.survey.strings)
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
         mesh = mesh_in_scope(scopes, made, flow, program.axis, self.qualname)
         if mesh is not None:
@@ -1955,7 +1944,7 @@ class Finding(Pass):
 
     def _decorator_options(self, decorator: cst.CSTNode, body: cst.FunctionDef) -> Options:
         """Read the options of the pmap decorator on `body`."""
-        assert self.survey is not None and isinstance(decorator, cst.Decorator)
+        assert isinstance(decorator, cst.Decorator)
         deco = decorator.decorator
         args = deco.args[1:] if isinstance(deco, cst.Call) else ()
         unnamed, constants = self._unnamed(), self.survey.constants
@@ -1978,7 +1967,6 @@ class Finding(Pass):
         function its `main` calls with `replicate(params)`, a notebook's cells calling
         `get_accuracy(params_repl)`). Only where no other module, and no string, may name the
         function."""
-        assert self.survey is not None
         flow = self.module_flow or Flow(module, model=self.resolver)
         defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
         flows: dict[int, Flow] = {}  # of each function calling one of them
@@ -2028,7 +2016,6 @@ class Finding(Pass):
     def _facts(self, module: cst.Module, host: cst.FunctionDef) -> ModuleFacts:
         """The defs of the module that nothing else binds (by name), and those of `host`, which
         hide the module's; its names bound to calls and strings."""
-        assert self.survey is not None
         found = {
             d.name.value: d
             for d in module.body
@@ -2053,7 +2040,7 @@ class Finding(Pass):
     def _elsewhere(self, name: str, within: Sequence[cst.FunctionDef]) -> str:
         """Where code other than the defs `within` may use the module's def `name`: another
         function of the module, another module (`elsewhere`); "" when nowhere."""
-        assert self.module_flow is not None and self.survey is not None
+        assert self.module_flow is not None
         flow = self.module_flow
         for use in flow.loads.get(name, []):
             if not any(a in within for a in flow.ancestors(use)) and not defined(flow, use):
@@ -2076,7 +2063,7 @@ class Finding(Pass):
             return f"the pmapped function `{name}` is a parameter: the def it is is not visible"
         if kinds == {BindingKind.IMPORT}:
             return f"the pmapped function `{name}` is imported: its body is not read (yet)"
-        if len(self.survey.defs(name) if name else []) > 1:  # type: ignore[union-attr]
+        if len(self.survey.defs(name) if name else []) > 1:
             return f"the pmapped function `{name}` is defined more than once"
         if value is None:
             return "the pmapped function is not a def of this module"
@@ -2150,7 +2137,6 @@ class Finding(Pass):
 
     def _visible(self, fun: cst.Arg | None) -> cst.CSTNode | None:
         """Return the lambda, or the one def of this module, that `fun` is."""
-        assert self.survey is not None
         if fun is not None and isinstance(fun.value, cst.Lambda):
             return fun.value
         if fun is None or not isinstance(fun.value, cst.Name):
@@ -2210,7 +2196,6 @@ class Finding(Pass):
 
     def _check_helper_name(self, module: cst.Module, sites: list[PmapUse]) -> None:
         """Reuse the helper of an earlier run; skip everything if the name means another thing."""
-        assert self.survey is not None
         defs = self.survey.defs(HELPER)
         rebound = self.survey.rebound(HELPER)
         ours = [d for d in defs if d in module.body and docstring_of(d) == HELPER_DOC]
