@@ -99,8 +99,7 @@ def declared_copies(module: cst.Module, declared: Sequence[str]) -> dict[int, De
             defs = [(owner, d) for d in statement.body.body if isinstance(d, cst.FunctionDef)]
         for owner, fn in defs:
             spelling = owner + fn.name.value
-            params = wanted.get(spelling, set())
-            names = {p.name.value for p in params_of(fn.params)} & params
+            names = {p.name.value for p in params_of(fn.params)} & wanted.get(spelling, set())
             found[id(fn)] = Declarable(spelling, frozenset(names))
     return found
 
@@ -997,9 +996,8 @@ class Finding(Pass):
         if setup is None and any(passes.values()):  # passed to a method: that is followed
             klass = shared[0].klass.name.value
             where = " and ".join(f"`{klass}.{m.name.value}`" for m in methods)
-            return NotVisible(
-                f"the steps stored on `self` are read in {where}, {NO_SETUP}", Decline.SETUP
-            )
+            why = f"the steps stored on `self` are read in {where}, {NO_SETUP}"
+            return NotVisible(why, Decline.SETUP)
         if setup is None:
             return None
         blocked = self._passed_everywhere(setup, passes)
@@ -1523,14 +1521,11 @@ class Finding(Pass):
     def _outer_named(self, step: OuterStep) -> OuterStep:
         """`step`, when its name is bound once in the module and named in no string."""
         if len(self.resolver.bindings(step.name)) != 1:
-            raise NotVisible(
-                f"`{step.name}` is bound more than once in the module", Decline.REBOUND
-            )
+            why = f"`{step.name}` is bound more than once in the module"
+            raise NotVisible(why, Decline.REBOUND)
         if step.name in self.survey.strings:
-            raise NotVisible(
-                f"`{step.name}` is named in a string (`__all__`?): it may be used elsewhere",
-                Decline.NOT_CALLED_ONLY,
-            )
+            why = f"`{step.name}` is named in a string (`__all__`?): it may be used elsewhere"
+            raise NotVisible(why, Decline.NOT_CALLED_ONLY)
         return step
 
     def _unnamed(self) -> cst.SimpleString:
@@ -1604,9 +1599,8 @@ class Finding(Pass):
             for program in step.programs:
                 host = program.host
                 if id(host) in self.programs:
-                    raise NotVisible(
-                        f"`{host.name.value}` also makes a pmapped step of its own", Decline.MESH
-                    )
+                    why = f"`{host.name.value}` also makes a pmapped step of its own"
+                    raise NotVisible(why, Decline.MESH)
                 if any(host in s.ancestors for s in self.sites.values()):
                     raise NotVisible(f"`{host.name.value}` holds another pmap site", Decline.MESH)
         for program in (q for step in group for p in step.programs for q in (p, *p.callees)):
@@ -1680,13 +1674,12 @@ class Finding(Pass):
         self, module: cst.Module, site: PmapUse, flow: Flow, siblings: tuple[str, ...] = ()
     ) -> tuple[cst.FunctionDef, Program]:
         """Return the function making the step and its program; raise NotVisible for why not."""
-        host = site.around
         if len(site.pmaps) != 1:
             raise NotVisible(NESTED, Decline.NESTED)
         if isinstance(site.node, cst.Decorator):
             return self._decorated_program(module, site, flow, siblings)
         assert isinstance(site.node, cst.Call)
-        host = host or self._main_host(module, site.ancestors)
+        host = site.around or self._main_host(module, site.ancestors)
         if not isinstance(host, cst.FunctionDef) or host is site.mapped:
             raise NotVisible(_made_outside(host), Decline.MADE_OUTSIDE)
         fun = fun_arg(site.node)
@@ -2040,8 +2033,7 @@ class Finding(Pass):
     def _elsewhere(self, name: str, within: Sequence[cst.FunctionDef]) -> str:
         """Where code other than the defs `within` may use the module's def `name`: another
         function of the module, another module (`elsewhere`); "" when nowhere."""
-        assert self.module_flow is not None
-        flow = self.module_flow
+        flow = self._module_reads()
         for use in flow.loads.get(name, []):
             if not any(a in within for a in flow.ancestors(use)) and not defined(flow, use):
                 return where_in(flow, use)
