@@ -762,11 +762,9 @@ class Finding(Pass):
                 if len(defs) != 1 or self._def_scope(defs[0]) not in (None, maker):
                     return None
                 body = defs[0]
-        for method, _ in readers:
-            if id(method) in self.programs or any(
-                method in s.ancestors for s in self.sites.values()
-            ):
-                return None
+        around = [s.ancestors for s in self.sites.values()]
+        if any(id(m) in self.programs or any(m in a for a in around) for m, _ in readers):
+            return None
         return _StoredStep(site, klass, readers, bound or 0, body, options)
 
     def _method_used(
@@ -828,9 +826,7 @@ class Finding(Pass):
             except NotVisible as unread:
                 self.stored_why.update({id(s.site.node): unread for s in shared})
                 continue
-            facts = self._facts(module, method)
-            declared = facts.replicated.get(id(method), NOT_DECLARABLE)
-            facts = replace(facts, replicated={id(kept.copy): declared})
+            facts = self._copy_facts(module, kept)
             names = list(kept.steps)
             steps: list[OuterStep] = []
             blocked: tuple[str, NotVisible] | None = None  # the first step not taken, and why
@@ -1058,9 +1054,7 @@ class Finding(Pass):
                         hosts += [(method, name, c) for c in called[method.name.value]]
                 for method, name, at in hosts:
                     kept = copies[id(method)]
-                    facts = self._facts(module, method)
-                    declared = facts.replicated.get(id(method), NOT_DECLARABLE)
-                    facts = replace(facts, replicated={id(kept.copy): declared})
+                    facts = self._copy_facts(module, kept)
                     given: _Given | None = None
                     if at is not None:
                         given = self._given(module, setup_copy, method, found, at, tuple(calls))
@@ -1196,6 +1190,13 @@ class Finding(Pass):
                 return False
         return True
 
+    def _copy_facts(self, module: cst.Module, kept: Stored) -> ModuleFacts:
+        """Return the `_facts` of the method `kept` copies, for its copy: the parameters
+        declared of the method (`pmap-replicated`, or seen) are the copy's."""
+        facts = self._facts(module, kept.method)
+        declared = facts.replicated.get(id(kept.method), NOT_DECLARABLE)
+        return replace(facts, replicated={id(kept.copy): declared})
+
     def _given(
         self,
         module: cst.Module,
@@ -1212,9 +1213,7 @@ class Finding(Pass):
         if bound is None:  # `self.method(**options)`
             why = f"the arguments of `{method.name.value}` are not visible"
             raise NotVisible(why, Decline.CALLS_DIFFER)
-        facts = self._facts(module, setup.method)
-        declared = facts.replicated.get(id(setup.method), NOT_DECLARABLE)
-        facts = replace(facts, replicated={id(setup.copy): declared})
+        facts = self._copy_facts(module, setup)
         flow = Flow(setup.copy)
         forms = forms_of(flow, self.qualname, facts)
         return _Given(
@@ -1225,7 +1224,7 @@ class Finding(Pass):
             bound,
             flow,
             forms,
-            declared,
+            facts.replicated[id(setup.copy)],
             tuple(n for n in setup.steps if n not in methods),
             methods,
         )
@@ -1318,11 +1317,8 @@ class Finding(Pass):
                 continue
             line = flow.parent.get(id(bound[0]))
             host = next((a for a in flow.ancestors(uses[0]) if isinstance(a, SCOPES)), None)
-            if (
-                isinstance(line, cst.SimpleStatementLine)
-                and len(line.body) == 1
-                and isinstance(host, cst.FunctionDef)
-            ):
+            alone = isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1
+            if alone and isinstance(host, cst.FunctionDef):
                 found[id(site.node)] = (host, bound[0])
         return found
 
@@ -1476,6 +1472,7 @@ class Finding(Pass):
         """Read a step made outside the functions calling it; raise NotVisible for why not."""
         if len(site.pmaps) != 1:
             raise NotVisible(NESTED, Decline.NESTED)
+        decorated = isinstance(site.node, cst.Decorator)
         if isinstance(site.node, cst.Decorator):
             body = site.mapped
             assert isinstance(body, cst.FunctionDef)
@@ -1514,9 +1511,7 @@ class Finding(Pass):
                     )
                 raise NotVisible(why, Decline.NOT_A_DEF)
             body, name = defs[0], target
-        return self._outer_named(
-            OuterStep(site, name, body, options, isinstance(site.node, cst.Decorator))
-        )
+        return self._outer_named(OuterStep(site, name, body, options, decorated))
 
     def _outer_named(self, step: OuterStep) -> OuterStep:
         """`step`, when its name is bound once in the module and named in no string."""
