@@ -589,7 +589,9 @@ class Finding(Pass):
                     declared = self._declared(module)
                     outer.append(follow_step(step, flow, module, self.qualname, declared))
                     continue
-                made_in.setdefault(id(self._host(site) or self._top(module, site)), []).append(site)
+                # Outside any def: the site's `__main__` block, else the module
+                host = self._host(site) or main_block(module, site.ancestors) or module
+                made_in.setdefault(id(host), []).append(site)
             except NotVisible as why:
                 site.fallback = str(why)
         for sites in made_in.values():
@@ -1437,10 +1439,6 @@ class Finding(Pass):
         return bool(uses) and not any(
             isinstance(a, SCOPES) for use in uses for a in flow.ancestors(use)
         )
-
-    def _top(self, module: cst.Module, site: PmapUse) -> cst.CSTNode:
-        """The block a site outside any def is in: its `__main__` block, else the module."""
-        return main_block(module, site.ancestors) or module
 
     def _module_alone(self, module: cst.Module) -> None:
         """The module's own program is taken only if no other site or program of the module is
