@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Any
 
 import libcst as cst
 from libcst.codemod import CodemodContext
@@ -828,7 +829,6 @@ class Finding(Pass):
             except NotVisible as unread:
                 self.stored_why.update({id(s.site.node): unread for s in shared})
                 continue
-            facts = self._copy_facts(module, kept)
             names = list(kept.steps)
             steps: list[OuterStep] = []
             blocked: tuple[str, NotVisible] | None = None  # the first step not taken, and why
@@ -837,15 +837,7 @@ class Finding(Pass):
                 step = OuterStep(found.site, name, found.body, found.options, decorated)
                 try:
                     others = tuple(n for n in names if n != name)  # a result fed to another
-                    program = analyze_calls(
-                        kept.copy,
-                        name,
-                        found.options,
-                        found.body,
-                        self.qualname,
-                        facts,
-                        siblings=others,
-                    )
+                    program = self._in_copy(module, found, kept, name, siblings=others)
                     if program.squeezed:
                         keys = _KEYS.format(code(kept.steps[name][0]))
                         raise NotVisible(keys, Decline.KEYS_OUTSIDE)
@@ -1056,22 +1048,14 @@ class Finding(Pass):
                         hosts += [(method, name, c) for c in called[method.name.value]]
                 for method, name, at in hosts:
                     kept = copies[id(method)]
-                    facts = self._copy_facts(module, kept)
                     given: _Given | None = None
                     if at is not None:
                         given = self._given(module, setup_copy, method, found, at, tuple(calls))
                         given.params = given_params.setdefault(method.name.value, set())
                     followed = tuple(calls) if method is setup else ()  # their feeds: below
                     try:
-                        program = analyze_calls(
-                            kept.copy,
-                            name,
-                            found.options,
-                            found.body,
-                            self.qualname,
-                            facts,
-                            given,
-                            methods=followed,
+                        program = self._in_copy(
+                            module, found, kept, name, given=given, methods=followed
                         )
                     except NotVisible as why:
                         if name == first:
@@ -1191,6 +1175,16 @@ class Finding(Pass):
             if elsewhere(name, outside, self.survey.strings):
                 return False
         return True
+
+    def _in_copy(
+        self, module: cst.Module, found: _StoredStep, kept: Stored, name: str, **follow: Any
+    ) -> Program:
+        """Return the program of `found`'s step called as `name` in `kept`'s copy of its method,
+        read with the method's facts (`_copy_facts`); `follow`: `analyze_calls`' `given`, and
+        the steps (`siblings`) or methods (`methods`) whose calls there are followed too."""
+        facts = self._copy_facts(module, kept)
+        options, body = found.options, found.body
+        return analyze_calls(kept.copy, name, options, body, self.qualname, facts, **follow)
 
     def _copy_facts(self, module: cst.Module, kept: Stored) -> ModuleFacts:
         """Return the `_facts` of the method `kept` copies, for its copy: the parameters
