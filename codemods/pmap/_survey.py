@@ -941,11 +941,8 @@ class Finding(Pass):
                         isinstance(d, cst.FunctionDef) and d.name.value == name for d in k.body.body
                     )
                 ]
-                which = (
-                    f"overridden by {' and '.join(subclasses)}"
-                    if subclasses
-                    else f"one of several defs named `{name}` in this module"
-                )
+                which = f"one of several defs named `{name}` in this module"
+                which = f"overridden by {' and '.join(subclasses)}" if subclasses else which
                 return NotVisible(
                     f"`{me}.{name}(...)`, which the steps stored on `{me}` are passed to, is "
                     f"{which}: which definition runs there is not followed",
@@ -976,12 +973,9 @@ class Finding(Pass):
             if isinstance(passed_to, NotVisible):  # which definition runs there is not known
                 return passed_to
             passes[id(found)] = passed_to or []
-        methods = list(
-            {
-                **{id(m): m for found in shared for m, _ in found.readers},
-                **{id(m): m for found in shared for _, m, _ in passes[id(found)]},
-            }.values()
-        )
+        methods = [m for found in shared for m, _ in found.readers]
+        methods += [m for found in shared for _, m, _ in passes[id(found)]]
+        methods = list({id(m): m for m in methods}.values())  # each once, in order
         setup = next((m for m in methods if self._calls_all(module, m, methods)), None)
         if setup is None and any(passes.values()):  # passed to a method: that is followed
             klass = shared[0].klass.name.value
@@ -995,10 +989,8 @@ class Finding(Pass):
             return blocked
         others = [m for m in methods if m is not setup]
         calls = {  # in `setup`: `self.method`, the function of the one call of each method
-            m.name.value: [
-                a for a in nodes_in(setup, cst.Attribute) if a.attr.value == m.name.value
-            ]
-            for m in others
+            n: [a for a in nodes_in(setup, cst.Attribute) if a.attr.value == n]
+            for n in (m.name.value for m in others)
         }
         copies: dict[int, Stored] = {}
         names: dict[tuple[int, int], str] = {}  # by (step, method): the step's name there
@@ -1018,12 +1010,8 @@ class Finding(Pass):
                 if id(c) in setup_copy.origins
             }
             called = {  # in `setup`'s copy: the calls of each other method
-                m.name.value: [
-                    c
-                    for c in nodes_in(setup_copy.copy, cst.Call)
-                    if single_name(c.func) == m.name.value
-                ]
-                for m in others
+                n: [c for c in nodes_in(setup_copy.copy, cst.Call) if single_name(c.func) == n]
+                for n in calls
             }
             steps: list[OuterStep] = []
             # By (method's copy, name): the programs of the steps called there by that name
