@@ -1397,9 +1397,11 @@ class Finding(Pass):
                     self._apart(host, NotVisible(why, Decline.MESH))
 
     def _apart(self, host: cst.FunctionDef, why: NotVisible | None = None) -> NotVisible:
-        """`host` calls steps of two groups (a factory's and its own, made or decorated there):
-        one mesh for all of them is not followed; the group taken first keeps the per-device
-        form too, as the other's results would reach it committed to one device."""
+        """Put the steps of `host`'s group back as sites of their own, per device, saying `why`
+        (returned); by default, `host` calls steps of two groups (a factory's and its own, made
+        or decorated there): one mesh for all of them is not followed; the group taken first
+        keeps the per-device form too, as the other's results would reach it committed to one
+        device."""
         why = why or NotVisible(
             f"`{host.name.value}` calls a step a factory returns and one of its own: one mesh for "
             "all of them is not followed",
@@ -1431,14 +1433,11 @@ class Finding(Pass):
             return
         if not (self.sites or self.outer or self.stored or set(self.programs) - {id(host)}):
             return
-        why = NotVisible(
+        why = (
             "the module's statements make and call the step, and the module has other pmaps: "
-            "no one rewrite of its statements for them all",
-            Decline.MESH,
+            "no one rewrite of its statements for them all"
         )
-        for site, _ in self.programs.pop(id(host)):
-            site.fallback = str(why)
-            self.sites[id(site.node)] = site
+        self._apart(host, NotVisible(why, Decline.MESH))
 
     def _made_outside(self, module: cst.Module, site: PmapUse) -> bool:
         """A pmap decorator on a def of the module, or `step = jax.pmap(...)` at module level."""
