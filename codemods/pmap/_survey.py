@@ -1198,19 +1198,12 @@ class Finding(Pass):
             why = f"the arguments of `{method.name.value}` are not visible"
             raise NotVisible(why, Decline.CALLS_DIFFER)
         facts = self._copy_facts(module, setup)
+        declared = facts.replicated[id(setup.copy)]
         flow = Flow(setup.copy)
         forms = forms_of(flow, self.qualname, facts)
+        siblings = tuple(n for n in setup.steps if n not in methods)
         return _Given(
-            setup,
-            method,
-            found.options,
-            call,
-            bound,
-            flow,
-            forms,
-            facts.replicated[id(setup.copy)],
-            tuple(n for n in setup.steps if n not in methods),
-            methods,
+            setup, method, found.options, call, bound, flow, forms, declared, siblings, methods
         )
 
     @staticmethod
@@ -1664,7 +1657,7 @@ class Finding(Pass):
             name = self._mapped_def_name(site.node)
             defs = self.survey.defs(name)
             if len(defs) != 1 or self.survey.rebound(name, site.node):
-                body = self._opaque_body(site, host, flow, self._not_a_def(site.node, name))
+                body = self._opaque_body(site, host, self._not_a_def(site.node, name))
             else:
                 body = defs[0]
             skip = None if body in module.body or body.name.value == OPAQUE else body
@@ -1747,9 +1740,7 @@ class Finding(Pass):
             self._visit_only |= {id(a) for a in (host, *flow.ancestors(host))}
         return host, self._checked(module, host, program, flow, statement)
 
-    def _opaque_body(
-        self, site: PmapUse, host: cst.FunctionDef, flow: Flow, why: str
-    ) -> cst.FunctionDef:
+    def _opaque_body(self, site: PmapUse, host: cst.FunctionDef, why: str) -> cst.FunctionDef:
         """The body of `step = jax.pmap(f)`, `f` no def of the module (`model.apply`, a partial
         of it, an import) and the axis unnamed: the body cannot name the axis, so it holds no
         collective over it and runs on each device's slice alone, as every device's block of
