@@ -416,6 +416,11 @@ def docstring_of(node: cst.FunctionDef) -> str | None:
     return None if docstring is None else " ".join(docstring.split())  # wrapped or not
 
 
+# Where a method passes a step stored on `self` to another method of its class (`_passes`):
+# each call `self.method(...)`, the method, and the parameter the step binds there
+_Passes = list[tuple[cst.Call, cst.FunctionDef, str]]
+
+
 @dataclass
 class _StoredStep:
     """A step stored on `self` (`_stored.stored_target`), before the method calling it is read."""
@@ -902,9 +907,7 @@ class Finding(Pass):
         return OuterGroup(steps, setup, before, end, mesh or "mesh", mesh is None, around=around)
 
     @staticmethod
-    def _passes(
-        module: cst.Module, found: _StoredStep
-    ) -> list[tuple[cst.Call, cst.FunctionDef, str]] | NotVisible | None:
+    def _passes(module: cst.Module, found: _StoredStep) -> _Passes | NotVisible | None:
         """Where the one method reading the step passes it to another method of its class, as
         an argument of `self.method(...)` (big_vision's retrieval evaluator: `self._embed(...,
         self._embed_images_p, ...)`): each call, the method, and the parameter the step binds
@@ -956,7 +959,7 @@ class Finding(Pass):
         module: cst.Module,
         flow: Flow,
         shared: list[_StoredStep],
-        passing: Mapping[int, list[tuple[cst.Call, cst.FunctionDef, str]] | NotVisible | None],
+        passing: Mapping[int, _Passes | NotVisible | None],
     ) -> OuterGroup | NotVisible | None:
         """The group of the steps stored on `self` in one class when one of them is called in
         several methods: one method (`setup`) calls each other method calling a step, once, as
@@ -967,7 +970,7 @@ class Finding(Pass):
         is laid out where `setup` passes it (as the argument of a step there: `_callee`'s
         `given`). None when that is not so: each site then finds its own reason; why not, when
         a step is not taken there. `passing`: each step's `_passes`, by id."""
-        passes: dict[int, list[tuple[cst.Call, cst.FunctionDef, str]]] = {}
+        passes: dict[int, _Passes] = {}
         for found in shared:
             passed_to = passing[id(found)]
             if isinstance(passed_to, NotVisible):  # which definition runs there is not known
@@ -1089,9 +1092,7 @@ class Finding(Pass):
         return group
 
     @staticmethod
-    def _passed_everywhere(
-        setup: cst.FunctionDef, passes: dict[int, list[tuple[cst.Call, cst.FunctionDef, str]]]
-    ) -> NotVisible | None:
+    def _passed_everywhere(setup: cst.FunctionDef, passes: dict[int, _Passes]) -> NotVisible | None:
         """Each call of a method a step is passed to, in `setup`, passes one of the steps for
         that parameter: one passing anything else (a function of its own) would run the
         method's edits, made for a step, on it (PL204)."""
@@ -1698,7 +1699,7 @@ class Finding(Pass):
                 raise
             called_once = lambda d, c: self._called_once(flow, d, c)
             program = follow_passed(why, *details, unnamed, called_once)
-        return host, self._checked(module, host, program, flow, statement)
+        return host, self._checked(module, program, flow, statement)
 
     def _factory_program(
         self,
@@ -1738,7 +1739,7 @@ class Finding(Pass):
         program.factory = (factory, made)
         if self._visit_only is not None:  # the function calling the step holds no pmap
             self._visit_only |= {id(a) for a in (host, *flow.ancestors(host))}
-        return host, self._checked(module, host, program, flow, statement)
+        return host, self._checked(module, program, flow, statement)
 
     def _opaque_body(self, site: PmapUse, host: cst.FunctionDef, why: str) -> cst.FunctionDef:
         """The body of `step = jax.pmap(f)`, `f` no def of the module (`model.apply`, a partial
@@ -1851,7 +1852,7 @@ class Finding(Pass):
                 declared = self._declared(module)
                 deeper = returned_into_self(module, host, options, body, self.qualname, declared)
             raise deeper or self.factory_used.get(id(site.node)) or why from None
-        return host, self._checked(module, host, program, flow, body)
+        return host, self._checked(module, program, flow, body)
 
     def _base_blocking(
         self,
@@ -1882,15 +1883,11 @@ class Finding(Pass):
         return None
 
     def _checked(
-        self,
-        module: cst.Module,
-        host: cst.FunctionDef,
-        program: Program,
-        flow: Flow,
-        made: cst.CSTNode,
+        self, module: cst.Module, program: Program, flow: Flow, made: cst.CSTNode
     ) -> Program:
-        """`program`, made at `made` in `host`, once no def of the module reads a global it
+        """`program`, made at `made` in its host, once no def of the module reads a global it
         changes; a mesh of pmap's already bound before `made` is reused."""
+        host = program.host
         if any(host is block for block in self.main_blocks.values()):  # names: the globals
             _globals_unread(module, host, program, flow)
         passed_on_checked(program, flow, self.state.outside, self.survey.strings)
