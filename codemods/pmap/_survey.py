@@ -924,14 +924,14 @@ class Finding(Pass):
         for read in reads:
             call = args.get(id(read))
             func = call.func if call is not None else None
-            if not isinstance(func, cst.Attribute) or single_name(func.value) != me:
+            if call is None or not isinstance(func, cst.Attribute) or single_name(func.value) != me:
                 return None
             method = methods.get(func.attr.value)
             if method is None or method is reader or not method.params.params:
                 return None
-            bound = bound_arguments(_without_self(method), call) if call is not None else None
-            param = next((p for p, v in (bound or {}).items() if v is read), None)
-            if call is None or param is None:
+            bound = bound_arguments(_without_self(method), call) or {}
+            param = next((p for p, v in bound.items() if v is read), None)
+            if param is None:
                 return None
             name = method.name.value
             if sum(1 for d in nodes_in(module, cst.FunctionDef) if d.name.value == name) != 1:
@@ -1836,8 +1836,7 @@ class Finding(Pass):
                     raise base
             if isinstance(host, cst.ClassDef):
                 method = f"`{host.name.value}.{body.name.value}`"
-                bases = [b for b in host.bases if code(b.value) != "object"]
-                if bases:
+                if any(code(b.value) != "object" for b in host.bases):
                     why += f" ({method}, called as `self.{body.name.value}(...)`, maybe in a base class)"
                 else:  # called, if at all, on an instance (jax's `A().my_func_pmap(x)`)
                     why += f" ({method}: no method of its class calls it, and it has no base class)"
@@ -2172,7 +2171,7 @@ def _replication(
     for binding in flow.reach.of(value) or {ENTRY}:
         if not isinstance(binding, cst.Assign):
             return f"`{value.value}` from outside the function or bound otherwise"
-        if len(binding.targets) != 1 or single_name(binding.targets[0].target) != value.value:
+        if assigned_name(binding) != value.value:
             if imported is not None and kept_copies(flow, forms, binding, value.value, imported):
                 continue
             return f"`{value.value}` bound by `{_short(binding.value)}`"
@@ -2183,12 +2182,9 @@ def _replication(
 
 def _binds_replication(forms: Forms, binding: cst.CSTNode, name: str) -> bool:
     """`name = replicate(x)` (any replication of the table)."""
-    return (
-        isinstance(binding, cst.Assign)
-        and len(binding.targets) == 1
-        and single_name(binding.targets[0].target) == name
-        and forms.replicated_source(binding.value) is not None
-    )
+    if not isinstance(binding, cst.Assign) or assigned_name(binding) != name:
+        return False
+    return forms.replicated_source(binding.value) is not None
 
 
 def kept_copies(
