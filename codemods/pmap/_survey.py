@@ -1087,8 +1087,7 @@ class Finding(Pass):
             for name, reads in calls.items():  # a method `setup` calls, as it calls it
                 text = text.replace(f"`{name}(", f"`{code(reads[0])}(")
             return NotVisible(text, why.code)
-        for method in methods:
-            self.stored[id(method)] = copies[id(method)]
+        self.stored |= copies  # by id of each method
         return group
 
     @staticmethod
@@ -1563,14 +1562,12 @@ class Finding(Pass):
         self, module: cst.Module, flow: Flow, setup: cst.FunctionDef, group: list[OuterStep]
     ) -> OuterGroup:
         self._one_axis(group, setup.name.value)
-        for step in group:
-            for program in step.programs:
-                host = program.host
-                if id(host) in self.programs:
-                    why = f"`{host.name.value}` also makes a pmapped step of its own"
-                    raise NotVisible(why, Decline.MESH)
-                if any(host in s.ancestors for s in self.sites.values()):
-                    raise NotVisible(f"`{host.name.value}` holds another pmap site", Decline.MESH)
+        for host in (p.host for step in group for p in step.programs):
+            if id(host) in self.programs:
+                why = f"`{host.name.value}` also makes a pmapped step of its own"
+                raise NotVisible(why, Decline.MESH)
+            if any(host in s.ancestors for s in self.sites.values()):
+                raise NotVisible(f"`{host.name.value}` holds another pmap site", Decline.MESH)
         for program in (q for step in group for p in step.programs for q in (p, *p.callees)):
             self._no_jax_batch(program)
         hosts = [setup, *(p.host for step in group for p in step.programs)]
