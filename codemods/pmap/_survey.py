@@ -1828,7 +1828,7 @@ class Finding(Pass):
                     owner = f"the step is a method of `{found[0].name.value}`"
                     raise NotVisible(f"{owner}, and {used.why}", used.code)
                 # AlgoPerf's workloads: called by a base class's method
-                base = self._base_blocking(*found, options, body)
+                base = self._base_blocking(*found, options)  # `found[1]` is `body`
                 if base is not None:
                     raise base
             if isinstance(host, cst.ClassDef):
@@ -1851,14 +1851,9 @@ class Finding(Pass):
         return host, self._checked(module, program, flow, body)
 
     def _base_blocking(
-        self,
-        klass: cst.ClassDef,
-        maker: cst.FunctionDef,
-        assign: cst.Assign,
-        options: Options,
-        body: cst.FunctionDef,
+        self, klass: cst.ClassDef, method: cst.FunctionDef, assign: cst.Assign, options: Options
     ) -> NotVisible | None:
-        """What blocks a step made by a method decorator where a base class of `klass` in
+        """What blocks a step a pmap decorator makes of `method` where a base class of `klass` in
         another module of the code base calls it (`self._eval_model(...)` in AlgoPerf's
         `BaseCifarWorkload._eval_model_on_split`), read with that module's names (the step's
         own, where that module does not know one): only to name it. None when nothing there
@@ -1872,7 +1867,7 @@ class Finding(Pass):
             def names(node: cst.BaseExpression, spelled: Qualname = spelled) -> str | None:
                 return spelled(node) or self.qualname(node)
 
-            blocking = stored_on_self(cls, maker, assign, options, body, names, bound=1)
+            blocking = stored_on_self(cls, method, assign, options, method, names, bound=1)
             if blocking.code is not Decline.NOT_NAMED:
                 where = f"the step is a method of `{klass.name.value}`, called by its base class"
                 return NotVisible(f"{where} `{cls.name.value}`: {blocking.why}", blocking.code)
