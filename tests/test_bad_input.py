@@ -293,3 +293,21 @@ def test_read_only_file(tmp_path: Path, who: str, request: pytest.FixtureRequest
     assert (tree / "read_only.py").read_text() == LEGACY
     assert stat.S_IMODE((tree / "read_only.py").stat().st_mode) == 0o444
     assert (tree / "good.py").read_bytes() == LEGACY.encode().replace(OLD, NEW)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("x = " + "(" * 5000 + "1" + ")" * 5000 + "\n", "too deeply nested for the parser"),
+        ("x = " + "-" * 200_000 + "1\n", "too deeply nested for the parser"),
+        ("import jax\n\nx = jax.pmap(f)(y)\n", "internal error: RecursionError: the analysis"),
+    ],
+    ids=["parentheses", "operators", "parses"],
+)
+def test_a_recursion_error_says_whose_it_is(text: str, reason: str) -> None:
+    """Running out of stack on code Python cannot parse is the file's nesting; on code it
+    parses, it is an analysis of ours that recursed without end (`_flow._drawn` did, on a batch
+    carried through a loop), and the file says so instead of blaming its nesting."""
+    from jaxmigrate.pipeline.files import recursion_reason
+
+    assert recursion_reason("m.py", text).startswith(reason)

@@ -1155,10 +1155,11 @@ def _declared_copies(program: Program, name: str) -> None:
     program.edit(param.name, why, lambda: param.name)
 
 
-def _drawn(binding: cst.CSTNode, name: str, flow: Flow) -> bool:
+def _drawn(binding: cst.CSTNode, name: str, flow: Flow, depth: int = 0) -> bool:
     """`for name in it` (or `for i, name in ...`), `name = next(it)`: a value drawn from an
     iterator, fresh data at each step (not state carried from one step to the next); or a part
-    of one (`_taken_from`)."""
+    of one (`_taken_from`, `depth` parts deep: a part of itself, `batch = prep(batch)` in a
+    loop, is carried, and the depth ends the search)."""
     if isinstance(binding, (cst.For, cst.CompFor)):
         return name in target_names(binding.target)
     if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
@@ -1168,7 +1169,7 @@ def _drawn(binding: cst.CSTNode, name: str, flow: Flow) -> bool:
     return (
         drawn
         and name in target_names(binding.targets[0].target)
-        or bool(_taken_from(binding, name, flow))
+        or bool(_taken_from(binding, name, flow, depth))
     )
 
 
@@ -1191,13 +1192,7 @@ def _drawn_everywhere(name: cst.Name, flow: Flow, depth: int = 0) -> bool:
     reaching = flow.reach.of(name)
     if not reaching or ENTRY in reaching:
         return False
-    return all(
-        isinstance(source, cst.Assign)
-        and len(source.targets) == 1
-        and _taken_from(source, name.value, flow, depth + 1)
-        or _drawn(source, name.value, flow)
-        for source in reaching
-    )
+    return all(_drawn(source, name.value, flow, depth + 1) for source in reaching)
 
 
 def _drawn_inline(value: cst.BaseExpression, flow: Flow) -> bool:

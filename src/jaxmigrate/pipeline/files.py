@@ -8,6 +8,7 @@ bad file.
 
 from __future__ import annotations
 
+import ast
 import gc
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -83,7 +84,7 @@ def process_text(
         bucket = Bucket.SKIPPED if exc.skipped else Bucket.FAILED
         return FileResult(shown, bucket, reason=str(exc))
     except RecursionError:
-        return FileResult(shown, Bucket.FAILED, reason="too deeply nested for the parser")
+        return FileResult(shown, Bucket.FAILED, reason=recursion_reason(shown, text))
     except Exception as exc:  # noqa: BLE001 - one bad file never stops the batch
         return FileResult(
             shown, Bucket.FAILED, reason=f"internal error: {type(exc).__name__}: {exc}"
@@ -100,6 +101,23 @@ def process_text(
         old_text=text,
         new_text=result.code,
         files=result.files,
+    )
+
+
+def recursion_reason(shown: str, text: str) -> str:
+    """Why a file's migration ran out of stack: its code nested deeper than a parser takes,
+    or, when Python parses it, an analysis that recursed without end (a defect of ours)."""
+    if not shown.endswith(".ipynb"):
+        try:
+            ast.parse(text)
+        except (RecursionError, MemoryError):
+            return "too deeply nested for the parser"
+        except SyntaxError as exc:  # or syntax newer than this Python's, which libcst reads
+            if "nested" in str(exc.msg):  # "too many nested parentheses"
+                return "too deeply nested for the parser"
+    return (
+        "internal error: RecursionError: the analysis recursed without end on code Python "
+        "parses (a jaxmigrate defect: please report it)"
     )
 
 
