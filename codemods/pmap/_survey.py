@@ -578,15 +578,14 @@ class Finding(Pass):
         made_in: dict[int, list[PmapUse]] = {}  # the steps each function makes
         self.factory_hosts = self._factory_callers(module, flow)
         failed = self._failed_hosts()
+        live = [s for s in self.sites.values() if s.value_axis is None]
+        live = [s for s in live if not self._falls_back(s, failed)]  # once each
         pending: list[_StoredStep] = []
-        for site in list(self.sites.values()):
-            if site.value_axis is None and not self._falls_back(site, failed):
-                found = self._stored_step(module, flow, site)
-                pending += [found] if found is not None else []
+        for site in live:
+            found = self._stored_step(module, flow, site)
+            pending += [found] if found is not None else []
         stored, handled = self._stored_groups(module, flow, pending)
-        for site in list(self.sites.values()):
-            if site.value_axis is not None or self._falls_back(site, failed):
-                continue
+        for site in live:
             if id(site.node) in handled:  # else the site's reason is found as before
                 continue
             try:
@@ -1444,46 +1443,41 @@ class Finding(Pass):
         """Read a step made outside the functions calling it; raise NotVisible for why not."""
         if len(site.pmaps) != 1:
             raise NotVisible(NESTED, Decline.NESTED)
-        decorated = isinstance(site.node, cst.Decorator)
         if isinstance(site.node, cst.Decorator):
             body = site.mapped
             assert isinstance(body, cst.FunctionDef)
             if len(body.decorators) != 1:
                 raise NotVisible(DECORATORS, Decline.DECORATORS)
             options = self._decorator_options(site.node, body)
-            name = body.name.value
-        else:
-            statement = site.ancestors[1] if len(site.ancestors) > 2 else None
-            if isinstance(statement, cst.BaseCompoundStatement):  # `if __name__ == ...:`
-                raise NotVisible(_made_outside(statement), Decline.MADE_OUTSIDE)
-            assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
-            if not isinstance(assign, cst.Assign) or assign.value is not site.node:
-                raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
-            target = assigned_name(assign)
-            if target is None or len(statement.body) != 1:  # type: ignore[union-attr]
-                raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
-            assert isinstance(site.node, cst.Call)
-            options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
-            fun = fun_arg(site.node)
-            lam = fun.value if fun is not None else None  # a notebook's cell: a mean kept below
-            if isinstance(lam, cst.Lambda) and not is_mean(site.node, self.qualname):
-                return self._outer_named(OuterStep(site, target, lambda_def(lam), options, False))
-            defs = self.survey.defs(options.name)
-            if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(options.name):
-                why = self._not_a_def(site.node, options.name or "")
-                if len(defs) == 1 and self.survey.rebound(options.name):
-                    why = (
-                        f"the pmapped def `{options.name}` is bound again (`{options.name} = ...`)"
-                    )
-                if is_mean(site.node, self.qualname):
-                    why = (
-                        f"`{target}` is a mean over devices (a lambda), kept for its callers; "
-                        "where it is called on a step's results that are equal copies, the call "
-                        "is the value itself and goes"
-                    )
-                raise NotVisible(why, Decline.NOT_A_DEF)
-            body, name = defs[0], target
-        return self._outer_named(OuterStep(site, name, body, options, decorated))
+            return self._outer_named(OuterStep(site, body.name.value, body, options, True))
+        statement = site.ancestors[1] if len(site.ancestors) > 2 else None
+        if isinstance(statement, cst.BaseCompoundStatement):  # `if __name__ == ...:`
+            raise NotVisible(_made_outside(statement), Decline.MADE_OUTSIDE)
+        assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if not isinstance(assign, cst.Assign) or assign.value is not site.node:
+            raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
+        target = assigned_name(assign)
+        if target is None or len(statement.body) != 1:  # type: ignore[union-attr]
+            raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
+        assert isinstance(site.node, cst.Call)
+        options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
+        fun = fun_arg(site.node)
+        lam = fun.value if fun is not None else None  # a notebook's cell: a mean kept below
+        if isinstance(lam, cst.Lambda) and not is_mean(site.node, self.qualname):
+            return self._outer_named(OuterStep(site, target, lambda_def(lam), options, False))
+        defs = self.survey.defs(options.name)
+        if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(options.name):
+            why = self._not_a_def(site.node, options.name or "")
+            if len(defs) == 1 and self.survey.rebound(options.name):
+                why = f"the pmapped def `{options.name}` is bound again (`{options.name} = ...`)"
+            if is_mean(site.node, self.qualname):
+                why = (
+                    f"`{target}` is a mean over devices (a lambda), kept for its callers; "
+                    "where it is called on a step's results that are equal copies, the call "
+                    "is the value itself and goes"
+                )
+            raise NotVisible(why, Decline.NOT_A_DEF)
+        return self._outer_named(OuterStep(site, target, defs[0], options, False))
 
     def _outer_named(self, step: OuterStep) -> OuterStep:
         """`step`, when its name is bound once in the module and named in no string."""
