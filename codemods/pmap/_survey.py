@@ -835,7 +835,8 @@ class Finding(Pass):
                 continue
             names = list(kept.steps)
             steps: list[OuterStep] = []
-            blocked: tuple[str, NotVisible] | None = None  # the first step not taken, and why
+            # The first step not taken, its name, and why
+            blocked: tuple[_StoredStep, str, NotVisible] | None = None
             for found, name in zip(shared, names, strict=True):
                 decorated = isinstance(found.site.node, cst.Decorator)
                 step = OuterStep(found.site, name, found.body, found.options, decorated)
@@ -848,16 +849,15 @@ class Finding(Pass):
                     if decorated:
                         keywords_in_place(program, found.body, name)
                 except NotVisible as error:
-                    blocked = blocked or (name, error)
+                    blocked = blocked or (found, name, error)
                     continue
                 step.programs.append(program)
                 steps.append(step)
             if blocked is not None:  # the others keep the per-device form with it
-                name, why = blocked
-                for found, own in zip(shared, names, strict=True):
-                    if own == name and why.code is Decline.KEYS_OUTSIDE:  # else found again
-                        found.site.fallback = str(why)  # type: ignore[attr-defined]
-                        handled.add(id(found.site.node))  # type: ignore[attr-defined]
+                found, name, why = blocked
+                if why.code is Decline.KEYS_OUTSIDE:  # else found again
+                    found.site.fallback = str(why)
+                    handled.add(id(found.site.node))
                 for step in steps if why.why else ():
                     attr = code(kept.steps[name][0])
                     text = (
@@ -1246,8 +1246,16 @@ class Finding(Pass):
                             raise NotVisible(why, Decline.CALLS_DIFFER)
 
     def _take_stored(self, groups: list[OuterGroup]) -> None:
-        """Take the stored steps' groups unless the mesh they set would clash with a pmap of
-        the module kept per device (`_clash`: those two among them)."""
+        """Take the stored steps' groups (`_take_groups`); none of them when their mesh clashes."""
+        if self._take_groups(groups):
+            self.stored.clear()
+        else:
+            self.outer += groups
+
+    def _take_groups(self, groups: list[OuterGroup]) -> str:
+        """Take the sites of `groups`' steps out of `self.sites`, unless the mesh they set would
+        clash with a pmap of the module kept per device (`_clash`): then each says so, as its
+        fallback. Return that clash, "" when there is none."""
         taken = {id(s.site.node) for g in groups for s in g.steps}  # type: ignore[attr-defined]
         clash = self._clash(taken) if groups else ""
         for site in (step.site for group in groups for step in group.steps):
@@ -1255,10 +1263,7 @@ class Finding(Pass):
                 site.fallback = clash  # type: ignore[attr-defined]
             else:
                 del self.sites[id(site.node)]  # type: ignore[attr-defined]
-        if clash:
-            self.stored.clear()
-        else:
-            self.outer += groups
+        return clash
 
     def _host(self, site: PmapUse) -> cst.CSTNode | None:
         """Return the function a step is made in (None: at module level); for a decorated def,
@@ -1528,14 +1533,8 @@ class Finding(Pass):
             except NotVisible as why:
                 for step in group:
                     step.site.fallback = str(why)  # type: ignore[attr-defined]
-        taken = {id(step.site.node) for g in self.outer for step in g.steps}  # type: ignore[attr-defined]
-        clash = self._clash(taken)
-        for outer in self.outer if clash else ():
-            for step in outer.steps:
-                step.site.fallback = clash  # type: ignore[attr-defined]
-        self.outer = [] if clash else self.outer
-        for node_id in () if clash else taken:
-            del self.sites[node_id]
+        if self._take_groups(self.outer):
+            self.outer = []
 
     def _clash(self, taken: set[int]) -> str:
         """Why the mesh `jax.set_mesh` sets would clash with another pmap of the module, if so:
