@@ -603,7 +603,10 @@ class Finding(Pass):
             self._take_steps(module, flow, sites)
         self._beside_kept(module, flow)
         self._group_outer(module, flow, outer)
-        self._take_stored(stored)
+        if self._take_groups(stored):  # the stored steps' groups: none when their mesh clashes
+            self.stored.clear()
+        else:
+            self.outer += stored
         self._module_alone(module)
 
     def _find_unread(self, module: cst.Module) -> None:
@@ -1244,13 +1247,6 @@ class Finding(Pass):
                                 "than as a step's argument, as the rewrite changes it"
                             )
                             raise NotVisible(why, Decline.CALLS_DIFFER)
-
-    def _take_stored(self, groups: list[OuterGroup]) -> None:
-        """Take the stored steps' groups (`_take_groups`); none of them when their mesh clashes."""
-        if self._take_groups(groups):
-            self.stored.clear()
-        else:
-            self.outer += groups
 
     def _take_groups(self, groups: list[OuterGroup]) -> str:
         """Take the sites of `groups`' steps out of `self.sites`, unless the mesh they set would
