@@ -27,7 +27,17 @@ from ._declines import Decline, NotVisible
 from ._forms import Qualname, single_name, target_names
 from ._imported import NO_IMPORTS, Function, Imported
 from ._layout import TREE_MAPS
-from ._reach import SCOPES, Comprehension, Flow, Reach, nodes_in, params_of, statements
+from ._reach import (
+    SCOPES,
+    Comprehension,
+    Flow,
+    Reach,
+    assign_targets,
+    else_of,
+    nodes_in,
+    params_of,
+    statements,
+)
 
 REDUCED = frozenset({f"jax.lax.{op}" for op in ("pmean", "psum", "pmax", "pmin", "all_gather")})
 PER_DEVICE = frozenset(
@@ -192,12 +202,11 @@ def _ends_in_return(lines: Iterable[cst.BaseStatement]) -> bool:
         return isinstance(final, cst.Raise) or (
             isinstance(final, cst.Return) and final.value is not None
         )
-    if isinstance(node, cst.If):
-        other = node.orelse
-        if other is None or not _ends_in_return(statements(node.body)):
-            return False
-        return _ends_in_return([other] if isinstance(other, cst.If) else statements(other.body))
-    return False
+    return (
+        isinstance(node, cst.If)
+        and _ends_in_return(statements(node.body))
+        and _ends_in_return(else_of(node))
+    )
 
 
 class _Reader:
@@ -239,11 +248,7 @@ class _Reader:
             return varying
         if isinstance(node, cst.If):
             taken = self.block(statements(node.body), set(varying))
-            other = node.orelse
-            if other is None:
-                return taken | varying
-            rest = [other] if isinstance(other, cst.If) else statements(other.body)
-            return taken | self.block(rest, set(varying))
+            return taken | self.block(else_of(node), set(varying))
         if isinstance(node, (cst.For, cst.While)):
             return self.loop(node, varying)
         if isinstance(node, cst.With):
@@ -270,9 +275,7 @@ class _Reader:
                 if after == varying:
                     break
                 varying = after
-            if node.orelse is not None:
-                varying = self.block(statements(node.orelse.body), varying)
-            return varying
+            return self.block(else_of(node), varying)
         finally:
             self.looping -= 1
 
@@ -839,12 +842,7 @@ def stored_into(
     seen = seen | {fn}
     stored: set[str] = set()
     for node in nodes_in(fn.body, cst.CSTNode):  # type: ignore[type-abstract]
-        targets: list[cst.BaseExpression] = []
-        if isinstance(node, cst.Assign):
-            targets = [t.target for t in node.targets]
-        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
-            targets = [node.target]
-        for target in targets:
+        for target in assign_targets(node):
             if isinstance(target, (cst.Attribute, cst.Subscript)):
                 stored |= aliased(target)
         if not isinstance(node, cst.Call):
@@ -893,10 +891,8 @@ def alias_classes(body: cst.FunctionDef, own_only: bool = True) -> dict[str, set
     local = set(Flow(body).stores) | {p.name.value for p in body.params.params}
     joined: list[set[str]] = []
     for node in nodes_in(body.body, cst.CSTNode):  # type: ignore[type-abstract]
-        if isinstance(node, cst.Assign):
-            joined += [aliased(t.target) | aliased(node.value) for t in node.targets]
-        elif isinstance(node, (cst.AnnAssign, cst.AugAssign)) and node.value is not None:
-            joined.append(aliased(node.target) | aliased(node.value))
+        if isinstance(node, (cst.Assign, cst.AnnAssign, cst.AugAssign)) and node.value is not None:
+            joined += [aliased(t) | aliased(node.value) for t in assign_targets(node)]
         elif isinstance(node, cst.For):
             joined.append(aliased(node.target) | aliased(node.iter))
         elif isinstance(node, cst.WithItem) and node.asname is not None:

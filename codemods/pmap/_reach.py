@@ -123,7 +123,7 @@ class Reach:
         if isinstance(node, cst.If):
             self._reads(node.test, live)
             env = self._walruses(node.test, dict(env)) if env is not None else None
-            return _join(self._body(statements(node.body), env), self._orelse(node.orelse, env))
+            return _join(self._body(statements(node.body), env), self._body(else_of(node), env))
         if isinstance(node, (cst.For, cst.While)):
             return self._loop(node, env)
         if isinstance(node, cst.With):
@@ -131,8 +131,7 @@ class Reach:
             for item in node.items:
                 self._reads(item.item, live)
                 if item.asname is not None:
-                    for name in target_nodes(item.asname.name):
-                        self._bind(name, item, inner)
+                    self._bind(item.asname.name, item, inner)
             return self._body(statements(node.body), inner if env is not None else None)
         if isinstance(node, cst.Try):
             return self._try(node, env)
@@ -169,13 +168,6 @@ class Reach:
         total = isinstance(last.pattern, cst.MatchAs) and last.pattern.pattern is None
         return _join(*ends) if total and last.guard is None else _join(env, *ends)
 
-    def _orelse(self, orelse: cst.If | cst.Else | None, env: Env | None) -> Env | None:
-        if orelse is None:
-            return env
-        if isinstance(orelse, cst.If):
-            return self._statement(orelse, env)
-        return self._body(statements(orelse.body), env)
-
     def _loop(self, node: cst.For | cst.While, env: Env | None) -> Env | None:
         live: Env = env if env is not None else {}
         if isinstance(node, cst.For):
@@ -189,8 +181,7 @@ class Reach:
                 entered = dict(head)
                 if isinstance(node, cst.For):
                     self._reads(node.target, entered)
-                    for name in target_nodes(node.target):
-                        self._bind(name, node, entered)
+                    self._bind(node.target, node, entered)
                 else:
                     self._reads(node.test, head)
             end = self._body(statements(node.body), entered)
@@ -201,8 +192,7 @@ class Reach:
             head = again
         forever = isinstance(node, cst.While) and _is_true(node.test)
         done = None if forever else head
-        if node.orelse is not None:
-            done = self._body(statements(node.orelse.body), done)
+        done = self._body(else_of(node), done)
         return _join(done, *frame.exits)
 
     def _try(self, node: cst.Try, env: Env | None) -> Env | None:
@@ -217,10 +207,9 @@ class Reach:
             if handler.type is not None:
                 self._reads(handler.type, raised or {})
             if handler.name is not None and start is not None:
-                self._bind(handler.name.name, handler, start)  # type: ignore[arg-type]
+                self._bind(handler.name.name, handler, start)
             ends.append(self._body(statements(handler.body), start))
-        if node.orelse is not None:
-            end = self._body(statements(node.orelse.body), end)
+        end = self._body(else_of(node), end)
         out = _join(end, *ends)
         if node.finalbody is not None:  # run on the way out; an exception goes on after it
             finally_ = statements(node.finalbody.body)
@@ -234,14 +223,10 @@ class Reach:
         out = dict(env)
         if id(node) in self.marks:
             out[MARK] = frozenset({node})
-        if isinstance(node, cst.Assign):
-            for assigned in node.targets:
-                for name in target_nodes(assigned.target):
-                    self._bind(name, node, out)
-        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
+        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
             if not isinstance(node, cst.AnnAssign) or node.value is not None:
-                for name in target_nodes(node.target):
-                    self._bind(name, node, out)
+                for target in assign_targets(node):
+                    self._bind(target, node, out)
         elif isinstance(node, (cst.Import, cst.ImportFrom)):
             names = node.names if isinstance(node.names, Iterable) else ()
             for alias in names:
@@ -250,8 +235,7 @@ class Reach:
                     bound = alias.asname.name  # type: ignore[assignment]
                 while isinstance(bound, cst.Attribute):
                     bound = bound.value
-                if isinstance(bound, cst.Name):
-                    self._bind(bound, node, out)
+                self._bind(bound, node, out)  # `import a.b` binds `a`
         elif isinstance(node, cst.Del):
             for name in target_nodes(node.target):
                 out[name.value] = frozenset()
@@ -311,9 +295,11 @@ class Reach:
         self._fields |= {id(a.keyword) for a in nodes_in(body, cst.Arg) if a.keyword is not None}
 
     # Reads ----------------------------------------------------------------------------------
-    def _bind(self, name: cst.Name, binding: cst.CSTNode, env: Env) -> None:
-        env[name.value] = frozenset({binding})
-        self._all.setdefault(name.value, set()).add(binding)
+    def _bind(self, target: cst.BaseExpression, binding: cst.CSTNode, env: Env) -> None:
+        """Bind in `env` each name `target` binds (`a`, `a, (b, *c)`) to `binding`."""
+        for name in target_nodes(target):
+            env[name.value] = frozenset({binding})
+            self._all.setdefault(name.value, set()).add(binding)
 
     def _header(self, node: cst.FunctionDef | cst.ClassDef, env: Env) -> None:
         """A def's decorators and defaults (a class's bases) are read where it is made; its
@@ -321,9 +307,7 @@ class Reach:
         if isinstance(node, cst.FunctionDef):
             for decorator in node.decorators:
                 self._reads(decorator, env)
-            for param in params_of(node.params):
-                if param.default is not None:
-                    self._reads(param.default, env)
+            self._defaults(node.params, env)
             if node is not self.skip:
                 self._inside(node.body)
                 self._defs.append(node)
@@ -355,9 +339,7 @@ class Reach:
             self._mapped(node, env, local)
             return
         if isinstance(node, cst.Lambda):
-            for param in params_of(node.params):
-                if param.default is not None:
-                    self._reads(param.default, env, local)
+            self._defaults(node.params, env, local)
             self._inside(node.body)
             return
         if isinstance(node, Comprehension):
@@ -379,10 +361,17 @@ class Reach:
                 self._reads(arg, env, local)
                 continue
             own = frozenset(p.name.value for p in params_of(fn.params))
-            for param in params_of(fn.params):
-                if param.default is not None:
-                    self._reads(param.default, env, local)
+            self._defaults(fn.params, env, local)
             self._reads(fn.body, env, (local | own))
+
+    def _defaults(
+        self, params: cst.Parameters, env: Env, local: frozenset[str] = frozenset()
+    ) -> None:
+        """Record what reaches the names of `params`' defaults (read where the def or lambda is
+        made)."""
+        for param in params_of(params):
+            if param.default is not None:
+                self._reads(param.default, env, local)
 
     def _comprehension(self, node: Comprehension, env: Env, local: frozenset[str]) -> None:
         inner = dict(env)
@@ -435,6 +424,14 @@ def statements(block: cst.BaseSuite | cst.CSTNode) -> list[cst.BaseStatement]:
     return []
 
 
+def else_of(node: cst.If | cst.For | cst.While | cst.Try) -> list[cst.BaseStatement]:
+    """Return the statements of `node`'s `else` (an `elif`: that `if`); none without one."""
+    orelse = node.orelse
+    if orelse is None:
+        return []
+    return [orelse] if isinstance(orelse, cst.If) else statements(orelse.body)
+
+
 def _blocks(node: cst.CSTNode) -> Iterator[cst.BaseSuite]:
     for child in node.children:
         if isinstance(child, cst.BaseSuite):
@@ -456,6 +453,14 @@ def assigned_name(node: cst.CSTNode | None) -> str | None:
         return None
     target = node.targets[0].target
     return target.value if isinstance(target, cst.Name) else None
+
+
+def assign_targets(node: cst.CSTNode) -> list[cst.BaseExpression]:
+    """Return the targets of an assignment (`a = b = v`, `a += v`, `a: int = v`); none for
+    another node."""
+    if isinstance(node, cst.Assign):
+        return [t.target for t in node.targets]
+    return [node.target] if isinstance(node, (cst.AugAssign, cst.AnnAssign)) else []
 
 
 def target_nodes(target: cst.BaseExpression) -> list[cst.Name]:
