@@ -680,7 +680,6 @@ class Pmap(Faithful):
             text += "".join(f"; {assumed}" for assumed in program.assumed)
             enabled.append(self.site(site.node, text, group=group, fallback=group, details=layout))
         enabled += self._record_edits([q for _, p in programs for q in (p, *p.callees)], group)
-        enabled += self._record_unread(group)
         if not all(enabled):
             return updated
         self.lifted = True
@@ -839,7 +838,6 @@ class Pmap(Faithful):
             enabled.append(self.site(node, text, group=key, fallback=key, details=details))
         programs = [q for s in group.steps for p in s.programs for q in (p, *p.callees)]
         enabled += self._record_edits(programs, key)
-        enabled += self._record_unread(key)
         steps = self._shown(", ".join(f"`{s.name}`" for s in group.steps))
         made = "made once" if group.make else f"`{group.mesh}` reused, a mesh"
         enabled.append(
@@ -910,13 +908,14 @@ class Pmap(Faithful):
         return updated.with_changes(decorators=decorators)
 
     def _record_edits(self, programs: list[Program], group: str) -> list[bool]:
-        """Record each edit once (a batch or a replication two steps share is one edit)."""
+        """Record each edit once (a batch or a replication two steps share is one edit), then
+        the deletions of module code the group leaves unread; return whether each is enabled."""
         owners = edit_owners(programs).items()
         reasons = [(p.nodes[k], p.reasons[k]) for k, p in owners if k in p.reasons]
         return [
             self.site(self._origin(node), self._shown(why), group=group, fallback=group)
             for node, why in reasons
-        ]
+        ] + self._record_unread(group)
 
     def _shown(self, text: str) -> str:
         """`text` naming a step stored on `self` as the code does (`self.predict_fn`), not as

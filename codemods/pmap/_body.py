@@ -672,16 +672,15 @@ class _Reader:
         the def with its parameters differing as what fills them does (`_filled`), with the
         def's own module's names; None when the call is not one that is followed."""
         name = call.func.value if isinstance(call.func, cst.Name) else None
-        local = self.defs.get(name) if name is not None and name not in self.local else None
-        function: Function | None
-        if local is not None:
-            function = Function(local, False, self.qualname, self.defs)
-        elif name is not None and name in self.local:
+        if name is not None and name in self.local:
             return None
-        else:
-            function = self.imported.function(self.qualname(call.func))
-        key = function.fn.name.value if function is not None else ""
-        if function is None or key in self.inside:
+        local = self.defs.get(name) if name is not None else None
+        function = (
+            Function(local, False, self.qualname, self.defs)
+            if local is not None
+            else self.imported.function(self.qualname(call.func))
+        )
+        if function is None or function.fn.name.value in self.inside:
             return None
         mapped = self._filled(function, call, varying)
         if mapped is None:
@@ -868,9 +867,7 @@ def passed_into(args: Sequence[cst.Arg], fn: cst.FunctionDef, params: set[str]) 
     if not params:
         return set()
     positional = [p.name.value for p in (*fn.params.posonly_params, *fn.params.params)]
-    keywords = {p.name.value for p in params_of(fn.params)} - {
-        p.name.value for p in fn.params.posonly_params
-    }
+    keywords = {p.name.value for p in params_of(fn.params)[len(fn.params.posonly_params) :]}
     found: set[str] = set()
     for i, arg in enumerate(args):
         name = arg.keyword.value if arg.keyword is not None else None
