@@ -559,11 +559,7 @@ class _Reader:
         if not isinstance(func, cst.Name) or self.reach is None:
             return None
         bindings = self.reach.of(func)
-        values = [
-            b.value
-            for b in bindings
-            if isinstance(b, cst.Assign) and len(b.targets) == 1 and b.targets[0].target is not func
-        ]
+        values = [b.value for b in bindings if isinstance(b, cst.Assign) and len(b.targets) == 1]
         makers = {id(v): v for v in values if isinstance(v, cst.Call) and self._grad_maker(v) is v}
         if len(values) != len(bindings) or len(makers) != 1:
             return None
