@@ -757,17 +757,13 @@ class Pmap(Faithful):
 
     def _spell(self, program: Program, jax: str, spec: cst.BaseExpression) -> None:
         """Spell what the rewrite of `program` writes as the module does (`jax`, `jax.numpy`,
-        `PartitionSpec`, the helpers it asks for), and drop the imports its edits leave unread."""
+        `PartitionSpec`), and drop the imports its edits leave unread. Name the module's helpers
+        it asks for, each written once at the module's end: the converter of a batch drawn per
+        device from an iterator not followed (`_flow._convert_drawn`), the copier of a replicated
+        value for a call not followed (`_passon.copied`) and its inverse (`_flow.UNCOPIED`)."""
         self._drop_deleted_imports(program)
         program.jax, program.spec = jax, spec
         program.jnp = self.resolver.module_binding("jax.numpy") or f"{jax}.numpy"
-        self._spell_converter(program)
-
-    def _spell_converter(self, program: Program) -> None:
-        """Name the module's helpers a program asks for, each written once at the module's end:
-        the converter of a batch drawn per device from an iterator not followed
-        (`_flow._convert_drawn`), the copier of a replicated value for a call not followed
-        (`_passon.copied`)."""
         for base, wanted, spelled in (
             (CONVERTER, program.converts, "converter"),
             (COPIER, program.copies, "copier"),

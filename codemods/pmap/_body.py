@@ -100,8 +100,7 @@ def body_outputs(
     batch norm of the code base averages its statistics over (`averaged_axes`); `assumed`
     collects what the reading took as given beyond the code it read, for the site's message.
     """
-    params = [p.name.value for p in body.params.params]
-    start = {p for p, m in zip(params, mapped) if m}
+    start = {p.name.value for p, m in zip(body.params.params, mapped) if m}
     reader = _Reader(axis, qualname, defs, set(start))
     reader.spellings, reader.imported, reader.norm_axes = spellings, imported, norm_axes
     reader.assumed = assumed if assumed is not None else set()
@@ -254,8 +253,7 @@ class _Reader:
         if isinstance(node, cst.With):
             for item in node.items:
                 if item.asname is not None:
-                    varies = self.varies(item.item, varying)
-                    varying = self.bind(item.asname.name, varies, varying)
+                    varying = self.bind(item.asname.name, self.varies(item.item, varying), varying)
             return self.block(statements(node.body), varying)
         if isinstance(node, cst.FunctionDef):
             self.closures[node.name.value] = node  # read when called, see `closure_varies`
