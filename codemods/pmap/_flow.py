@@ -1343,6 +1343,7 @@ def _follow_stacked(
         layout = "made per-device keys" if keys else layout
 
         def flattened(use: cst.CSTNode, call: cst.Call) -> str | None:
+            """Why keys `call` flattens as a batch (`tohost(keys)`) block, else None."""
             if not keys or not isinstance(use, cst.BaseExpression):
                 return None
             if _flattening_helper(forms, call, use) is None:
@@ -1516,9 +1517,8 @@ def _convert_once(program: Program, choice: cst.IfExp) -> None:
 
 def _same_put(a: cst.Call, b: cst.Call) -> bool:
     """`put(sharding, x)` and `put(sharding, y)`: the same call and sharding, two arguments."""
-    if len(a.args) != 2 or len(b.args) != 2 or code(a.func) != code(b.func):
-        return False
-    return code(a.args[0]) == code(b.args[0])
+    same = len(a.args) == len(b.args) == 2 and code(a.func) == code(b.func)
+    return same and code(a.args[0]) == code(b.args[0])
 
 
 GENERATED = (
@@ -2106,19 +2106,15 @@ def _tuple_readback(
         # copies or the step's results on every path (`surely_stacked`): a varying result among
         # them
         result = isinstance(root, cst.Name) and surely_stacked(program, flow, forms, root)
-        read = (
-            f"`{code(other)}` is read back as device 0's copy with `{use.value}` (`{_short(call)}`)"
-        )
+        read = f"`{code(other)}` is read back as device 0's copy with `{use.value}` "
+        read += f"(`{_short(call)}`), and "
         if result:
+            why = "it is a result that may differ between devices: the program-level form holds "
             raise NotVisible(
-                f"{read}, and it is a result that may differ between devices: the program-level "
-                "form holds one value of it, not device 0's share",
-                Decline.RESULT_VARIES,
+                read + why + "one value of it, not device 0's share", Decline.RESULT_VARIES
             )
-        raise NotVisible(
-            f"{read}, and its copies are not known to be equal on every device",
-            Decline.RESULT_READ,
-        )
+        why = "its copies are not known to be equal on every device"
+        raise NotVisible(read + why, Decline.RESULT_READ)
     root, value = found  # the stand-in put back: `(a, b)`, or the copy per leaf of it
     return call, items if value is root else replaced(value, {id(root): items})
 
@@ -2273,39 +2269,23 @@ def _follow_list(
 
 def _binds_empty_list(binding: cst.Assign, name: str) -> bool:
     """`name = []`, or `name, other = [], []` (lists started together, flax's loops)."""
-    value = binding.value
-    if single_name(binding.targets[0].target) == name and len(binding.targets) == 1:
-        return isinstance(value, cst.List) and not value.elements
-    if len(binding.targets) != 1 or not isinstance(value, (cst.Tuple, cst.List)):
-        return False
     target = binding.targets[0].target
-    names = target.elements if isinstance(target, (cst.Tuple, cst.List)) else []
-    if len(names) != len(value.elements) or any(
-        isinstance(e, cst.StarredElement) for e in (*names, *value.elements)
-    ):
-        return False
-    return any(
-        single_name(n.value) == name and isinstance(v.value, cst.List) and not v.value.elements
-        for n, v in zip(names, value.elements)
-    )
+    value = binding.value if single_name(target) == name else _lined_up(target, binding.value, name)
+    return len(binding.targets) == 1 and isinstance(value, cst.List) and not value.elements
 
 
 def _item(call: cst.CSTNode | None) -> cst.Name:
     """The one argument of `L.append(x)`, when a name (else a placeholder no read matches)."""
-    if isinstance(call, cst.Call) and len(call.args) == 1:
-        value = call.args[0].value
-        if isinstance(value, cst.Name):
-            return value
-    return cst.Name("_")
+    value = call.args[0].value if isinstance(call, cst.Call) and len(call.args) == 1 else None
+    return value if isinstance(value, cst.Name) else cst.Name("_")
 
 
 def _gathering(forms: Forms, node: cst.BaseExpression, name: str) -> Match | None:
     """Return `X.get_metrics(name)` (flax's `common_utils`, `X` its owner) as its row, else
     None."""
     found = match(node, forms.qualname, table=GET_METRICS)
-    if found is None or single_name(found.source) != name or "owner" not in found.holes:
-        return None
-    return found
+    ok = found is not None and single_name(found.source) == name and "owner" in found.holes
+    return found if ok else None
 
 
 def _follow_flattened(
