@@ -1101,12 +1101,9 @@ def _leaves(forms: Forms, value: cst.BaseExpression) -> list[cst.BaseExpression]
             return _leaves(forms, value.args[0].value)  # `freeze({...})`, `FrozenDict({...})`
         keyworded = all(a.keyword is not None and not a.star for a in value.args)
         return [a.value for a in value.args] if keyworded else None
-    if isinstance(value, cst.Dict) and all(isinstance(e, cst.DictElement) for e in value.elements):
-        return [e.value for e in value.elements]  # type: ignore[attr-defined]
-    if isinstance(value, (cst.Tuple, cst.List)) and all(
-        isinstance(e, cst.Element) for e in value.elements
-    ):
-        return [e.value for e in value.elements]
+    plain = cst.DictElement if isinstance(value, cst.Dict) else cst.Element  # no `*`, `**`
+    if isinstance(value, CONTAINER_NODES) and all(isinstance(e, plain) for e in value.elements):
+        return [e.value for e in value.elements]  # type: ignore[union-attr]
     return None
 
 
@@ -1204,14 +1201,9 @@ def _drawn_inline(value: cst.BaseExpression, flow: Flow) -> bool:
 def _new_trailing_axes(part: cst.Subscript) -> bool:
     """`x[..., None]` (`None`s after `...`): new axes after the others, the leading one, each
     device's, untouched (big_vision's `labels[..., None]`)."""
-    items = [s.slice for s in part.slice]
-    first = items[0].value if isinstance(items[0], cst.Index) else None
-    rest = [i.value if isinstance(i, cst.Index) else None for i in items[1:]]
-    return (
-        isinstance(first, cst.Ellipsis)
-        and bool(rest)
-        and all(isinstance(r, cst.Name) and r.value == "None" for r in rest)
-    )
+    first, *rest = [s.slice.value if isinstance(s.slice, cst.Index) else None for s in part.slice]
+    nones = all(isinstance(r, cst.Name) and r.value == "None" for r in rest)
+    return isinstance(first, cst.Ellipsis) and bool(rest) and nones
 
 
 def _derived_from(part: cst.BaseExpression, depth: int = 0) -> cst.Name | None:
@@ -2365,15 +2357,14 @@ def _flattening_helper(
     flattening; else None."""
     args = positional(node, 1)
     helper = forms.defs.get(node.func.value) if isinstance(node.func, cst.Name) else None
-    if helper is None or args is None or code(args[0]) != _text(name):
+    if helper is None or args is None or code(args[0]) != code(_expression(name)):
         return None
     params = helper.params  # one plain parameter, nothing else (a bare `*` needs keywords)
     if len(params.params) != 1 or len(params_of(params)) != 1 or helper.decorators:
         return None
     param = params.params[0].name.value
     lines = list(helper.body.body) if isinstance(helper.body, cst.IndentedBlock) else []
-    if lines and _is_docstring(lines[0]):
-        lines = lines[1:]
+    lines = lines[1:] if lines and _is_docstring(lines[0]) else lines
     smalls = [line.body[0] for line in lines if isinstance(line, cst.SimpleStatementLine)]
     if len(smalls) != len(lines) or any(len(line.body) != 1 for line in lines):  # type: ignore[attr-defined]
         return None
@@ -2493,11 +2484,8 @@ def _local_part(
     return part
 
 
-def _text(name: str | cst.BaseExpression) -> str:
-    return name if isinstance(name, str) else code(name)
-
-
 def _expression(name: str | cst.BaseExpression) -> cst.BaseExpression:
+    """Return `name` as an expression (a plain name for a string)."""
     return cst.Name(name) if isinstance(name, str) else name
 
 
