@@ -194,8 +194,7 @@ def _check_closure(program: Program, body: cst.FunctionDef, flow: Flow) -> None:
         if name in flow.stores
     }
     changed |= {name for call in calls for name in target_names(_target_of(flow, call))}
-    hit = free_names(body) & changed
-    if hit:
+    if hit := free_names(body) & changed:
         why = (
             f"the body reads `{min(hit)}` of `{program.host.name.value}` itself, which the step "
             "is passed or returns: its layout changes"
@@ -594,8 +593,7 @@ def _unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
         return body
     params = body.params
     order = [*params.params, *params.kwonly_params]
-    missing = [b for b in bound if b not in {p.name.value for p in order}]
-    if missing:
+    if missing := [b for b in bound if b not in {p.name.value for p in order}]:
         raise NotVisible(
             f"`partial` binds `{missing[0]}`, not a parameter of the def", Decline.SIGNATURE
         )
@@ -770,8 +768,7 @@ def _signature(
             f"a call of `{step}` passes a keyword the body does not take", Decline.CALLS_DIFFER
         )
     taken = [*params.params[:count], *(p for p in order[count:] if p.name.value in keywords)]
-    missing = [p.name.value for p in order if p.default is None and p not in taken]
-    if missing:
+    if missing := [p.name.value for p in order if p.default is None and p not in taken]:
         raise NotVisible(f"a call of `{step}` does not pass `{missing[0]}`", Decline.CALLS_DIFFER)
     bare = cst.MaybeSentinel.DEFAULT
     plain = [p.with_changes(default=None, equal=bare, comma=bare, star=bare) for p in taken]
@@ -794,8 +791,8 @@ def _step_call(
     values = [slots[p.name.value] for p in body.params.params]
     names = [single_name(v) or ("" if i in fixed else INLINE) for i, v in enumerate(values)]
     if not isinstance(around, cst.Assign) or len(around.targets) != 1:
-        found = read_at_once(flow, forms, call)  # `step(...)[0]`, `unreplicate(step(...))`
-        if found is not None:
+        # `step(...)[0]`, `unreplicate(step(...))`
+        if (found := read_at_once(flow, forms, call)) is not None:
             return _StepCall(found[0], call, names, [], values, readback=found[0], read=found[1])
         raise not_read_back(flow, call, step)
     targets = target_names(around.targets[0].target)
@@ -820,8 +817,7 @@ def _check_lambda(program: Program, flow: Flow, calls: list[cst.Call] | None = N
     not hide a name the call reads, and a value `partial` bound, now read when the step is
     traced (at its `calls`, or where they are made from), must be the one it bound: the
     bindings reaching the calls are those reaching the step's making."""
-    clash = set(program.params) & free_names(program.body)
-    if clash:
+    if clash := set(program.params) & free_names(program.body):
         why = f"the step's parameter `{min(clash)}` is also a name in the mapped function"
         raise NotVisible(why, Decline.SIGNATURE)
     fun = program.body
@@ -881,11 +877,9 @@ def positional_call(call: cst.Call, keywords: tuple[str, ...]) -> cst.Call:
 def _unpacked_next(flow: Flow, assign: cst.Assign, targets: list[str]) -> cst.Assign | None:
     """`a, b = out` as the next statement, `out` bound and read nowhere else (AlgoPerf's
     `outputs = step(...)` then `new_state, loss = outputs`): the results are bound to `a, b`."""
-    if len(targets) != 1:
-        return None
     line = flow.parent.get(id(assign))
     block = flow.parent.get(id(line))
-    if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
+    if len(targets) != 1 or not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
         return None
     lines = list(block.body) if isinstance(block, cst.IndentedBlock) else []
     following = next((b for a, b in itertools.pairwise(lines) if a is line), None)
@@ -1384,8 +1378,7 @@ def _waited_in_def(flow: Flow, use: cst.Name, forms: Forms) -> bool:
     call = flow.parent.get(id(arg))
     if not isinstance(arg, cst.Arg) or arg.star or not isinstance(call, cst.Call):
         return False
-    name = single_name(call.func)
-    local = forms.defs.get(name) if name is not None else None
+    local = forms.defs.get(single_name(call.func) or "")
     function = (
         Function(local, False, forms.qualname, forms.defs)
         if local is not None
@@ -1585,8 +1578,7 @@ def _yielded_splits(
         assert isinstance(value, cst.BaseExpression)
         items = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
         for item in items:
-            found = splits.split(item)
-            if found is not None:
+            if (found := splits.split(item)) is not None:
                 edits.append((item, found.source))
                 continue
             if not isinstance(item, cst.Name):
@@ -2070,8 +2062,7 @@ def _tuple_readback(
     a replication or a result of the step that is, on every path); returns (the readback, what
     it becomes), else None. An item that may differ between devices blocks it, and is named
     (big_vision's vqvae reads back `(params_repl, opt_repl, state_repl)`, its state per device)."""
-    top = field_top(flow, use)
-    item = flow.parent.get(id(top))
+    item = flow.parent.get(id(field_top(flow, use)))
     items = flow.parent.get(id(item))
     arg = flow.parent.get(id(items))
     call = flow.parent.get(id(arg))
@@ -2330,8 +2321,7 @@ def _follow_flattened(
             program.edit(reshape, reason, lambda r=reshape: _local_reshape(program, r, name))  # type: ignore[misc]
         else:
             why = f"{varies}, is read other than flattened"
-            gathered = _gathered_list(flow, forms, use)
-            if gathered is not None:
+            if (gathered := _gathered_list(flow, forms, use)) is not None:
                 why = (
                     f"{varies}, is appended to a list read by `{_short(gathered)}`: device 0's "
                     "own share, which the program-level form, one value for all devices, does "
