@@ -784,6 +784,8 @@ def _step_call(
     body: cst.FunctionDef,
     fixed: dict[int, str],
 ) -> _StepCall:
+    """Return `call` as a `_StepCall`: the values it passes by parameter of `body`, the names
+    its results are bound to (or its readback at once); raise NotVisible for any other form."""
     around = flow.parent.get(id(call))
     named = [a for a in call.args if not a.star]  # a static tail's star arguments: not the body's
     slots = bound_arguments(body, call.with_changes(args=named))  # each call fills `body`
@@ -1803,8 +1805,7 @@ def _lined_up(
 def _repacked(flow: Flow, forms: Forms, use: cst.Name) -> bool:
     """`use` is the part of a tuple unpacked into its own name, `x, y = keep((x, y))`, laid out
     as it is (`_unpacked_part`): its reads are followed from there as the name's."""
-    assign = flow.statement(use)
-    return _unpacked_part(assign, use.value, forms) is use
+    return _unpacked_part(flow.statement(use), use.value, forms) is use
 
 
 def _unpacked_replication(
@@ -2458,6 +2459,7 @@ def _negative(node: cst.BaseExpression) -> bool:
 
 
 def _local_reshape(program: Program, call: cst.Call, name: str) -> cst.BaseExpression:
+    """Return `call`, `name.reshape(...)`, of this process's part of the result instead."""
     assert isinstance(call.func, cst.Attribute)
     return call.with_changes(func=call.func.with_changes(value=_local_part(program, name)))
 
