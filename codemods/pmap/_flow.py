@@ -114,9 +114,7 @@ def analyze(
     _check_own_name(host, step)
     own = local if isinstance(local, cst.FunctionDef) and local.name.value == step else None
     if [s for s in flow.stores.get(step, []) if s is not own] != [assign]:
-        raise NotVisible(
-            f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
-        )
+        raise _rebound(step, host)
     program = _follow(host, flow, step, options, body, qualname, assign, siblings, facts, own)
     program.statement = statement
     if local is not None:
@@ -141,6 +139,11 @@ def _check_own_name(host: cst.FunctionDef, step: str) -> None:
             raise NotVisible(why, Decline.USED_OUTSIDE)
 
 
+def _rebound(step: str, host: cst.FunctionDef) -> NotVisible:
+    """Return why a step bound more than once in `host` is not followed."""
+    return NotVisible(f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND)
+
+
 def analyze_decorated(
     host: cst.FunctionDef,
     body: cst.FunctionDef,
@@ -157,9 +160,7 @@ def analyze_decorated(
     flow = Flow(host, skip=body)
     _check_own_name(host, step)
     if flow.only(step) is None:
-        raise NotVisible(
-            f"`{step}` is bound more than once in `{host.name.value}`", Decline.REBOUND
-        )
+        raise _rebound(step, host)
     program = _follow(host, flow, step, options, body, qualname, body, siblings, facts)
     program.statement = body
     if program.squeezed:
