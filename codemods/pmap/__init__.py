@@ -792,7 +792,8 @@ class Pmap(Faithful):
         host = self.main_blocks.get(id(original_node))  # a script's statements, read as a def
         if host is not None and id(host) in self.programs:  # the module's only program
             out = self._rewrite_program(self.programs[id(host)], host)
-            updated_node = updated_node.with_changes(body=out.body.body)
+            if out is not host:  # not taken: the module as the other edits left it
+                updated_node = updated_node.with_changes(body=out.body.body)
         new = {}  # the defs steps are passed to, rewritten, by name (a def of the module once)
         for statement in original_node.body:
             programs = self.callee_programs.get(id(statement))
