@@ -822,13 +822,13 @@ class Pmap(Faithful):
     def _record_outer(self, group: OuterGroup) -> None:
         """Record the steps of `group`, their edits and the mesh as one group of sites; when it
         is enabled, plan the rewrite of each function they touch."""
-        key = self.program_group(group.steps[0].site.node)  # type: ignore[attr-defined]
+        key = self.program_group(group.steps[0].site.node)
         setup = group.setup.name.value
         enabled = []
         for step in group.steps:
             text = OUTER_MESSAGE.format(setup=setup, axis=code(step.options.axis))
             text += "" if step.options.named else UNNAMED_NOTE.format(code(step.options.axis))
-            node = step.site.node  # type: ignore[attr-defined]
+            node = step.site.node
             # What the rewrite assumes, checked on the original (each program calling the step
             # lays its arguments out alike: the step has one `in_specs`)
             details = {"layout": self._layout(node, step.programs[0])} if step.programs else {}
@@ -862,7 +862,7 @@ class Pmap(Faithful):
         if group.make:
             group.mesh = self._fresh("mesh", set(names_in(group.setup)))
         for step in group.steps:
-            ref = step.site.ref  # type: ignore[attr-defined]
+            ref = step.site.ref
             if isinstance(ref, cst.Name):
                 self.drop_import_if_unused(ref.value)
             for program in (q for p in step.programs for q in (p, *p.callees)):
@@ -878,7 +878,7 @@ class Pmap(Faithful):
             if step.decorated:
                 self.outer_defs[id(step.body)] = (step, made)
             else:
-                self.outer_calls[id(step.site.node)] = made  # type: ignore[attr-defined]
+                self.outer_calls[id(step.site.node)] = made
         self.host_setups[id(group.setup)] = (
             group.before,
             [assign(group.mesh, group.steps[0].programs[0].new_mesh())] if group.make else [],

@@ -612,6 +612,8 @@ def _unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
 
 
 def _literal_ints(node: cst.BaseExpression) -> tuple[int, ...]:
+    """The integers of `static_broadcasted_argnums` (one or a tuple of them); raise NotVisible
+    when one is not a literal."""
     items = [e.value for e in node.elements] if isinstance(node, cst.Tuple) else [node]
     if not all(isinstance(i, cst.Integer) for i in items):
         raise NotVisible("`static_broadcasted_argnums` is not a literal", Decline.OPTION)

@@ -6,6 +6,7 @@ function calling them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import libcst as cst
 
@@ -18,6 +19,9 @@ from ._program import Program
 from ._reach import SCOPES, Flow, nodes_in
 from ._summary import Declarable, ModuleFacts
 
+if TYPE_CHECKING:  # `_survey` imports this module
+    from ._survey import PmapUse
+
 MESH = "jax.sharding.Mesh"
 MAKE_MESH = frozenset({"jax.make_mesh", "jax.sharding.make_mesh"})
 ARRAYS = frozenset({"numpy.array", "numpy.asarray", "jax.numpy.array", "jax.numpy.asarray"})
@@ -28,7 +32,7 @@ AUTO = "jax.sharding.AxisType.Auto"
 class OuterStep:
     """One step made outside the functions calling it, and its program in each of them."""
 
-    site: object  # the `PmapUse` (typed loosely: `_survey` imports this module)
+    site: PmapUse
     name: str  # what the functions call
     body: cst.FunctionDef
     options: Options

@@ -407,11 +407,13 @@ def _made_outside(host: cst.CSTNode | None) -> str:
 
 
 def fun_arg(call: cst.Call) -> cst.Arg | None:
+    """The function a pmap call maps: its first argument when positional, else None."""
     first = call.args[0] if call.args else None
     return first if first is not None and first.keyword is None and not first.star else None
 
 
 def docstring_of(node: cst.FunctionDef) -> str | None:
+    """The def's docstring on one line (its words joined by single spaces), or None."""
     docstring = node.get_docstring()
     return None if docstring is None else " ".join(docstring.split())  # wrapped or not
 
@@ -434,10 +436,12 @@ class _StoredStep:
 
     @property
     def method(self) -> cst.FunctionDef:
+        """The method reading the step: the first of its readers."""
         return self.readers[0][0]
 
     @property
     def reads(self) -> list[cst.Attribute]:
+        """The `self.<step>` reads in `method`."""
         return self.readers[0][1]
 
 
@@ -461,6 +465,8 @@ class _Given:
     params: set[str] = field(default_factory=set)
 
     def __call__(self, program: Program, param: str, position: int) -> Layout:
+        """The layout of `param` (the step's argument at `position` in `program`) where
+        `setup` passes it; raise NotVisible for why it cannot be known there."""
         self.params.add(param)
         value = self.args.get(param)
         if value is None:
@@ -620,7 +626,7 @@ class Finding(Pass):
             (self.program_group(p[0][0].node), [q for _, q in p]) for p in self.programs.values()
         ]
         groups += [
-            (self.program_group(g.steps[0].site.node), [p for s in g.steps for p in s.programs])  # type: ignore[attr-defined]
+            (self.program_group(g.steps[0].site.node), [p for s in g.steps for p in s.programs])
             for g in self.outer
         ]
         gone: dict[int, str] = {}
@@ -632,7 +638,7 @@ class Finding(Pass):
         if not gone:
             return
         steps = {id(s.node) for p in self.programs.values() for s, _ in p}
-        steps |= {id(s.site.node) for g in self.outer for s in g.steps}  # type: ignore[attr-defined]
+        steps |= {id(s.site.node) for g in self.outer for s in g.steps}
 
         def may_go(name: str, statement: cst.CSTNode) -> bool:
             if name.startswith("__") or len(self.resolver.bindings(name)) != 1:
@@ -821,7 +827,7 @@ class Finding(Pass):
                 group = self._class_group(module, flow, shared, passes)
                 if isinstance(group, NotVisible):  # what blocks them all
                     for found in shared:
-                        found.site.fallback = str(group)  # type: ignore[attr-defined]
+                        found.site.fallback = str(group)
                 elif group is not None:
                     groups.append(group)
                 if group is not None:
@@ -868,8 +874,8 @@ class Finding(Pass):
                         f"`{method.name.value}` with the one stored in `{attr}`, which keeps the "
                         f"per-device form: {why.why.replace(name, attr)}"
                     )
-                    step.site.fallback = str(NotVisible(text, why.code))  # type: ignore[attr-defined]
-                    handled.add(id(step.site.node))  # type: ignore[attr-defined]
+                    step.site.fallback = str(NotVisible(text, why.code))
+                    handled.add(id(step.site.node))
                 continue
             around = frozenset({id(method), *(id(a) for a in flow.ancestors(method))})
             try:
@@ -1252,13 +1258,13 @@ class Finding(Pass):
         """Take the sites of `groups`' steps out of `self.sites`, unless the mesh they set would
         clash with a pmap of the module kept per device (`_clash`): then each says so, as its
         fallback. Return that clash, "" when there is none."""
-        taken = {id(s.site.node) for g in groups for s in g.steps}  # type: ignore[attr-defined]
+        taken = {id(s.site.node) for g in groups for s in g.steps}
         clash = self._clash(taken) if groups else ""
         for site in (step.site for group in groups for step in group.steps):
             if clash:
-                site.fallback = clash  # type: ignore[attr-defined]
+                site.fallback = clash
             else:
-                del self.sites[id(site.node)]  # type: ignore[attr-defined]
+                del self.sites[id(site.node)]
         return clash
 
     def _host(self, site: PmapUse) -> cst.CSTNode | None:
@@ -1503,7 +1509,7 @@ class Finding(Pass):
         function calls every function calling them); check each group can be taken."""
         if not steps:
             return
-        together = OuterStep(None, "the steps", steps[0].body, steps[0].options, False)
+        together = OuterStep(steps[0].site, "the steps", steps[0].body, steps[0].options, False)
         together.programs = [p for step in steps for p in step.programs]
         groups: dict[int, tuple[cst.FunctionDef, list[OuterStep]]] = {}  # by id of the setup
         named = {code(s.options.axis): s.options.axis for s in steps if s.options.named}
@@ -1520,7 +1526,7 @@ class Finding(Pass):
                 try:
                     setup = setup_function(step, flow, module, self.survey.strings)
                 except NotVisible as why:
-                    step.site.fallback = str(why)  # type: ignore[attr-defined]
+                    step.site.fallback = str(why)
                     continue
                 groups.setdefault(id(setup), (setup, []))[1].append(step)
         for setup, group in groups.values():
@@ -1528,7 +1534,7 @@ class Finding(Pass):
                 self.outer.append(self._outer_group(module, flow, setup, group))
             except NotVisible as why:
                 for step in group:
-                    step.site.fallback = str(why)  # type: ignore[attr-defined]
+                    step.site.fallback = str(why)
         if self._take_groups(self.outer):
             self.outer = []
 
@@ -2038,6 +2044,7 @@ class Finding(Pass):
         return PmapUse(ref, [], ref, ancestors, skip=why)
 
     def _is_partial(self, node: cst.CSTNode, first: cst.Arg) -> bool:
+        """Whether `node` is `functools.partial(f, ...)` with `first` its positional `f`."""
         return (
             isinstance(node, cst.Call)
             and node.args[0] is first
@@ -2057,6 +2064,8 @@ class Finding(Pass):
     def _call_site(
         self, call: cst.Call, ref: cst.BaseExpression, ancestors: tuple[cst.CSTNode, ...]
     ) -> PmapUse:
+        """The site of the pmap `call` (read through `ref`, under `ancestors`): the nested
+        pmaps it maps too, and the lambda or def it maps when visible."""
         pmaps: list[cst.Call | cst.Decorator] = [call]
         fun = fun_arg(call)
         while fun is not None and isinstance(fun.value, cst.Call):
