@@ -6,7 +6,7 @@ function calling them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import libcst as cst
 
@@ -19,20 +19,26 @@ from ._program import Program
 from ._reach import SCOPES, Flow, nodes_in
 from ._summary import Declarable, ModuleFacts
 
-if TYPE_CHECKING:  # `_survey` imports this module
-    from ._survey import PmapUse
-
 MESH = "jax.sharding.Mesh"
 MAKE_MESH = frozenset({"jax.make_mesh", "jax.sharding.make_mesh"})
 ARRAYS = frozenset({"numpy.array", "numpy.asarray", "jax.numpy.array", "jax.numpy.asarray"})
 AUTO = "jax.sharding.AxisType.Auto"
 
 
+class Site(Protocol):
+    """What the groups read and set of a step's site (`_survey.PmapUse`, which imports this
+    module): where it is, how it is spelled, and why its program-level form is not taken."""
+
+    node: cst.CSTNode
+    ref: cst.BaseExpression
+    fallback: str
+
+
 @dataclass
 class OuterStep:
     """One step made outside the functions calling it, and its program in each of them."""
 
-    site: PmapUse
+    site: Site
     name: str  # what the functions call
     body: cst.FunctionDef
     options: Options
