@@ -8,7 +8,6 @@ bad file.
 
 from __future__ import annotations
 
-import ast
 import gc
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -106,19 +105,14 @@ def process_text(
 
 def recursion_reason(shown: str, text: str) -> str:
     """Why a file's migration ran out of stack: its code nested deeper than a parser takes,
-    or, when Python parses it, an analysis that recursed without end (a defect of ours)."""
-    if not shown.endswith(".ipynb"):
-        try:
-            ast.parse(text)
-        except (RecursionError, MemoryError):
-            return "too deeply nested for the parser"
-        except SyntaxError as exc:  # or syntax newer than this Python's, which libcst reads
-            if "nested" in str(exc.msg):  # "too many nested parentheses"
-                return "too deeply nested for the parser"
-    return (
-        "internal error: RecursionError: the analysis recursed without end on code Python "
-        "parses (a jaxmigrate defect: please report it)"
-    )
+    or, when Python parses it (`toolkit.facts.parse`), an analysis that recursed without end
+    (a defect of ours)."""
+    if shown.endswith(".ipynb") or parse(text) is not None:
+        return (
+            "internal error: RecursionError: the analysis recursed without end on code Python "
+            "parses (a jaxmigrate defect: please report it)"
+        )
+    return "too deeply nested for the parser"
 
 
 def process_file(
