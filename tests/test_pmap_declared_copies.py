@@ -306,6 +306,42 @@ def test_without_the_declaration_the_evaluator_says_what_blocks_it() -> None:
     assert "shard_map_per_device(" in migrate_source(EVALUATOR, options=other).code
 
 
+UPDATE = """\
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@functools.partial(jax.pmap, axis_name="batch")
+def step(params, batch):
+    grads = jax.lax.pmean(jax.grad(lambda p: jnp.mean((batch @ p) ** 2))(params), "batch")
+    return params - 0.1 * grads
+
+
+def update(params, seed):
+    flat = np.random.default_rng(seed).normal(size=(32, 4)).astype(np.float32)
+    batch = flat.reshape((jax.local_device_count(), -1) + flat.shape[1:])
+    new = step(params, batch)
+    return new
+"""
+
+
+def test_a_declared_def_returning_the_step_result_keeps_the_per_device_form() -> None:
+    # The callers the entry speaks of pass copies and get the step's stacked result back: the
+    # program-level form would hand them one value where they read copies, and they are not seen.
+    declared = Options(unsafe_fixes=True, pmap_replicated=("update(params)",))
+    result = migrate_source(UPDATE, options=declared)
+    assert "shard_map_per_device" in result.code
+    assert "from_device_copies" not in result.code
+    assert (
+        "[PL401] `new` is returned by `update` with its device axis, and `update`'s result is "
+        "read by the callers `[tool.jaxmigrate] pmap-replicated` says pass it copies"
+        in result.sites[0].message
+    )
+
+
 def test_the_migrated_program_gives_the_original_numbers_on_one_process(runs: dict) -> None:
     same(runs["migrated"][0], runs["original"][0], "one process")
 

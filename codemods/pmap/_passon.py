@@ -16,7 +16,10 @@ its name in the module is a call passing the same value stacked for a step of th
 base, so it counts as called. A value returned from a public function whose result nobody in
 the code base reads (`FileState.outside` again: the example's `train_and_evaluate`, called by
 its `main.py` and tests as a statement) is no read of its layout either: the caller gets a
-global array where it got stacked copies, and no code of the code base looks.
+global array where it got stacked copies, and no code of the code base looks. That holds of
+every program, its step made in the function or outside it (a module-level step, a step stored
+on `self`), but not of a function `[tool.jaxmigrate] pmap-replicated` declares: the callers the
+entry speaks of are not seen, and they read what they are given.
 """
 
 from __future__ import annotations
@@ -242,6 +245,8 @@ def checked(
         where = where_in(flow, reading[0]) if reading else elsewhere(host, outside, strings, "read")
         if not isinstance(flow.parent.get(id(program.host)), cst.Module):
             where = "where its callers are not followed (it is no def at module level)"
+        elif program.uncopied and not program.seen:  # the callers the entry speaks of
+            where = "by the callers `[tool.jaxmigrate] pmap-replicated` says pass it copies"
         if where:
             value, code = program.returns[0]
             raise NotVisible(

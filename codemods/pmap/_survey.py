@@ -598,7 +598,10 @@ class Finding(Pass):
                 if self._made_outside(module, site) and not self._module_program(flow, site):
                     step = self._outer_step(module, site)
                     declared = self._declared(module)
-                    outer.append(follow_step(step, flow, module, self.qualname, declared))
+                    step = follow_step(step, flow, module, self.qualname, declared)
+                    for program in step.programs:  # what its callers read of what it returns
+                        passed_on_checked(program, flow, self.state.outside, self.survey.strings)
+                    outer.append(step)
                     continue
                 # Outside any def: the site's `__main__` block, else the module
                 host = self._host(site) or main_block(module, site.ancestors) or module
@@ -852,6 +855,7 @@ class Finding(Pass):
                 try:
                     others = tuple(n for n in names if n != name)  # a result fed to another
                     program = self._in_copy(module, found, kept, name, siblings=others)
+                    passed_on_checked(program, flow, self.state.outside, self.survey.strings)
                     if program.squeezed:
                         keys = _KEYS.format(code(kept.steps[name][0]))
                         raise NotVisible(keys, Decline.KEYS_OUTSIDE)
