@@ -2241,6 +2241,9 @@ def _follow_list(
         arg = flow.parent.get(id(use))
         call = flow.parent.get(id(arg))
         appended = isinstance(arg, cst.Attribute) and _appended_to(flow, _item(call)) == name
+        if appended and ENTRY in flow.reach.of(use):  # `history.append(state)`, `history` given
+            why = f"`{name}`, a list of results of `{step}`, comes from outside `{program.host.name.value}`"
+            raise NotVisible(f"{why}: its reads there are not followed", Decline.METRICS_LIST)
         if appended and _item(call).value in results:
             continue
         found = _gathering(forms, call, name) if isinstance(call, cst.Call) else None
