@@ -342,6 +342,41 @@ def test_a_declared_def_returning_the_step_result_keeps_the_per_device_form() ->
     )
 
 
+EVALUATE = """\
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@functools.partial(jax.pmap, axis_name="batch")
+def evaluate_step(params, batch):
+    return jax.lax.pmean(jnp.mean((batch @ params) ** 2), "batch")
+
+
+def evaluate(params, seed):
+    flat = np.random.default_rng(seed).normal(size=(32, 4)).astype(np.float32)
+    batch = flat.reshape((jax.local_device_count(), -1) + flat.shape[1:])
+    loss = evaluate_step(params, batch)
+    return loss[0], params
+"""
+
+
+def test_a_declared_parameter_read_other_than_by_the_step_keeps_the_per_device_form() -> None:
+    # `params` becomes one value at the entry of `evaluate`: every other read of it is followed
+    # as a replicated value's is, and returning it would hand the caller one value for copies.
+    declared = Options(unsafe_fixes=True, pmap_replicated=("evaluate(params)",))
+    result = migrate_source(EVALUATE, options=declared)
+    assert "from_device_copies" not in result.code
+    assert (
+        "[PL303] `params`, replicated for the step, is read other than passed to it: read in "
+        "`return loss[0], params`" in result.sites[0].message
+    )
+    kept = EVALUATE.replace("return loss[0], params", "return loss[0]")
+    assert "params = from_device_copies(params)" in migrate_source(kept, options=declared).code
+
+
 def test_the_migrated_program_gives_the_original_numbers_on_one_process(runs: dict) -> None:
     same(runs["migrated"][0], runs["original"][0], "one process")
 

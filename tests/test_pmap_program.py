@@ -505,9 +505,10 @@ def test_a_stored_step_not_taken_is_diagnosed_with_the_declared_parameters() -> 
     assert "[PL301]" in plain and "`w`, a parameter of `fit`" in plain, plain
     declared = Options(unsafe_fixes=True, pmap_replicated=("Trainer.fit(w)", "Trainer.again(w)"))
     message = migrate_source(two, options=declared).sites[0].message
-    # `w` is the declared copies now: what blocks is the loop joining them with the step's
-    # results (a declared parameter rebound by the step is not followed yet)
-    assert "[PL301]" not in message and "[PL401]" in message, message
+    # `w` is the declared copies now, joined in the loop with the step's results (the same
+    # layout): what blocks is the batch `again` is given, `x`, which no entry declares
+    assert "`w`, a parameter" not in message, message
+    assert "[PL301]" in message and "`x`, a parameter of `again`" in message, message
 
 
 @pytest.mark.parametrize(

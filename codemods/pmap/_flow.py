@@ -958,6 +958,7 @@ def _follow_argument(
                 program.entries[name] = given
             elif binding is ENTRY and parameter and name in program.declared:
                 reached(Layout.REPLICAS)
+                program.entries[name] = Layout.REPLICAS  # its other reads are followed too
                 _declared_copies(program, name)
             elif binding is ENTRY:
                 host = program.host.name.value
