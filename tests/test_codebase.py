@@ -263,6 +263,47 @@ def test_a_code_base_not_declared_closed_may_be_imported_from_outside(tmp_path: 
     )
 
 
+def test_a_private_function_is_used_where_the_code_base_imports_it(tmp_path: Path) -> None:
+    # Not closed: anyone may import the module, so every public function counts as used from
+    # outside; a private one only where a module of the code base names it.
+    cls = "def get_fn():\n    pass\n\n\ndef _evaluate(p):\n    return p\n\n\ndef _alone():\n    pass\n"
+    user = "from app.evals.cls import _evaluate\n\nx = _evaluate(1)\n"
+    root = closed_base(tmp_path, {"app/evals/cls.py": cls, "app/user.py": user}, closed=False)
+    found = Project().outside_uses(str(root / "app" / "evals" / "cls.py"))
+    assert found is not None and found.everywhere
+    assert found.of("get_fn").called == found.everywhere
+    assert found.of("_evaluate") == Outside(called="in `user.py:1`", read="in `user.py:1`")
+    assert found.of("_alone") == Outside()
+
+
+def test_copies_seen_at_a_private_function_s_calls_count_the_code_base_s_calls(
+    tmp_path: Path,
+) -> None:
+    # `main` passes `_evaluate` a replication, but `other.py` calls it too, with another value:
+    # its parameter is not taken as the copies `main` passes (no `from_device_copies`).
+    evaluate = (
+        "import jax\nimport jax.numpy as jnp\nimport numpy as np\nfrom flax import jax_utils\n\n\n"
+        "def _evaluate(params, seed):\n"
+        "    flat = np.random.default_rng(seed).normal(size=(32, 4))\n"
+        "    batch = flat.reshape((jax.local_device_count(), -1) + flat.shape[1:])\n"
+        "    return p_step(params, batch)[0]\n\n\n"
+        "def main():\n    return _evaluate(jax_utils.replicate(jnp.ones((4, 2))), 0)\n\n\n"
+        'p_step = jax.pmap(lambda p, b: jax.lax.pmean(jnp.mean(b @ p), "i"), axis_name="i")\n'
+    )
+    other = "import jax.numpy as jnp\n\nfrom app.ev import _evaluate\n\n\n"
+    other += "def other():\n    return _evaluate(jnp.ones((8, 4, 2)), 1)\n"
+    root = closed_base(tmp_path, {"app/ev.py": evaluate}, closed=False)
+    path = str(root / "app" / "ev.py")
+    seen = migrate_source(evaluate, options=Options(unsafe_fixes=True), path=path)
+    assert "params = from_device_copies(params)" in seen.code, [s.message for s in seen.sites]
+    (root / "app" / "other.py").write_text(other)
+    result = migrate_source(evaluate, options=Options(unsafe_fixes=True), path=path)
+    assert "from_device_copies" not in result.code
+    assert "[PL301] argument 1 of the step comes from elsewhere (`params`, a parameter of " in (
+        result.sites[0].message
+    )
+
+
 def test_a_closed_code_base_file_that_does_not_parse_uses_only_what_it_may_import(
     tmp_path: Path,
 ) -> None:

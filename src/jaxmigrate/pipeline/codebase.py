@@ -9,8 +9,11 @@ the answer to the pass (`FileState.outside`): passes do no I/O.
 Timid by design. A module of a package (or of a namespace folder inside one), or at the root of
 its code base, may be imported from outside the code base (a library's API, a `py_modules`
 entry): every function of it counts as called and its result as read, whatever the code base
-does. A module of a folder of scripts (no `__init__.py`: flax's `examples/imagenet`) is imported
-by its bare name, which only code whose folder is first on `sys.path` can do: its siblings, the
+does, but its private functions (`_evaluate`): those count as used where a module of the code
+base (any `.py` file or notebook under its root) names one, as a closed code base's do; no
+module outside it is taken to import a private name. A module of a folder of scripts (no
+`__init__.py`: flax's `examples/imagenet`) is imported by its bare name, which only code whose
+folder is first on `sys.path` can do: its siblings, the
 `.py` files and notebooks of that folder. Each sibling that imports it (`import train`,
 `from train import f`) is read with Python's `ast` (a notebook's code cells joined, its IPython
 lines blanked). A use of a function is called there when it is the function of a call; the result
@@ -93,9 +96,10 @@ def package_module(path: Path, top: Path) -> Callers:
 
 def closed_uses(dotted: str, files: list[tuple[Path, str, str | None]]) -> Callers:
     """The uses the code base's `files` ((path, text, dotted package or None) each, the module
-    itself left out) make of the functions of the module `dotted`, when the code base says
-    nothing outside it imports its modules (`closed-code-base`). Text that cannot name the
-    module (neither its last name nor a dynamic import) is not parsed."""
+    itself left out) make of the functions of the module `dotted`: all of them when the code
+    base says nothing outside it imports its modules (`closed-code-base`), else its private
+    ones. Text that cannot name the module (neither its last name nor a dynamic import) is not
+    parsed."""
     last = dotted.rpartition(".")[2]
     found: dict[str, Outside] = {}
     for file, text, package in files:

@@ -41,7 +41,7 @@ import hashlib
 import os
 import re
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from jaxmigrate.config import (
@@ -81,6 +81,9 @@ NOT_LIBRARY = frozenset(
     }
 )
 SHARED = "_pmap_compat"  # a shared module next to a file is no sibling the file chose to import
+PRIVATE_DEF = re.compile(
+    r"^[ \t]*(?:async[ \t]+)?def[ \t]+(_\w+)", re.MULTILINE
+)  # `def _evaluate(`
 
 
 @dataclass
@@ -97,7 +100,7 @@ class Project:
     siblings: Siblings = field(default_factory=Siblings)
     texts: dict[Path, str | None] = field(default_factory=dict)
     imports: dict[tuple[str, int], tuple[tuple[str, str], ...]] = field(default_factory=dict)
-    closed: dict[Path, list[tuple[Path, str, str | None]] | None] = field(default_factory=dict)
+    closed: dict[Path, list[tuple[Path, str, str | None]]] = field(default_factory=dict)
     closed_modules: dict[tuple[Path, str], Callers] = field(default_factory=dict)
 
     # Style and first-party modules -------------------------------------------------------
@@ -200,38 +203,42 @@ class Project:
         base = self.code_base(here)
         if top is None and here != base:
             return self.siblings.of(file)
-        files = self._closed_files(base) if base is not None else None
-        if files is None:  # anyone may import it
+        if base is None:  # anyone may import it
             return package_module(file, top or here)
+        files = self._code_base_files(base)
         parts = file.relative_to(top.parent if top is not None else here).with_suffix("").parts
         dotted = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         if (file, dotted) not in self.closed_modules:
             others = [f for f in files if f[0] != file]
-            self.closed_modules[(file, dotted)] = closed_uses(dotted, others)
+            uses = closed_uses(dotted, others) if closed_code_base(base) else None
+            if uses is None:
+                # Anyone may import it: every public function counts as used from outside; a
+                # private one (`_evaluate`) by the modules of the code base that import it
+                # (only those texts that name one are read).
+                own = next((t for f, t, _ in files if f == file), "")
+                private = set(PRIVATE_DEF.findall(own))
+                others = [f for f in others if any(n in f[1] for n in private)]
+                uses = replace(
+                    package_module(file, top or here), uses=closed_uses(dotted, others).uses
+                )
+            self.closed_modules[(file, dotted)] = uses
         return self.closed_modules[(file, dotted)]
 
-    def _closed_files(self, base: Path) -> list[tuple[Path, str, str | None]] | None:
+    def _code_base_files(self, base: Path) -> list[tuple[Path, str, str | None]]:
         """The code base at `base`'s `.py` files and notebooks, each with its text and the
-        dotted package it is in (None: none), read once, when its pyproject.toml says nothing
-        outside it imports its modules (`closed-code-base`); else None."""
+        dotted package it is in (None: none), read once."""
         if base not in self.closed:
-            found = None
-            if closed_code_base(base):
-                found = []
-                for parent, dirs, names in os.walk(base):
-                    dirs[:] = sorted(
-                        d for d in dirs if not d.startswith(".") and d not in NOT_SCANNED
-                    )
-                    folder = Path(parent)
-                    chain = self._package_chain(folder)
-                    package = None
-                    if chain:
-                        package = ".".join(folder.relative_to(chain[-1].parent).parts)
-                    for name in sorted(names):
-                        if name.endswith((".py", ".ipynb")):
-                            text = read_module(folder / name)
-                            if text is not None:
-                                found.append((folder / name, text, package))
+            found = []
+            for parent, dirs, names in os.walk(base):
+                dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in NOT_SCANNED)
+                folder = Path(parent)
+                chain = self._package_chain(folder)
+                package = ".".join(folder.relative_to(chain[-1].parent).parts) if chain else None
+                for name in sorted(names):
+                    if name.endswith((".py", ".ipynb")):
+                        text = read_module(folder / name)
+                        if text is not None:
+                            found.append((folder / name, text, package))
             self.closed[base] = found
         return self.closed[base]
 
