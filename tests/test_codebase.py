@@ -274,6 +274,11 @@ def test_a_private_function_is_used_where_the_code_base_imports_it(tmp_path: Pat
     assert found.of("get_fn").called == found.everywhere
     assert found.of("_evaluate") == Outside(called="in `user.py:1`", read="in `user.py:1`")
     assert found.of("_alone") == Outside()
+    # the result cache's key holds that answer: a module importing `_alone` later changes it
+    path = str(root / "app" / "evals" / "cls.py")
+    before = Project().context(path, cls, callers=True)
+    (root / "app" / "late.py").write_text("from app.evals.cls import _alone\n")
+    assert Project().context(path, cls, callers=True) != before
 
 
 def test_copies_seen_at_a_private_function_s_calls_count_the_code_base_s_calls(

@@ -187,10 +187,13 @@ def _process_file(
 
 def cache_context(project: Project, shown: str, text: str, options: Options) -> str:
     """What the result of the file `shown` (holding `text`) depends on besides its bytes and
-    the options (`Project.context`): the imported modules' texts only when a pass reading them
-    (`READS_IMPORTS`) will run on it."""
-    imports = any(p.READS_IMPORTS and p.applies_to(text) for p in chosen_passes(options))
-    return project.context(shown, text, imports=imports)
+    the options (`Project.context`): the imported modules' texts, and how the code base uses its
+    functions, only when a pass reading them (`READS_IMPORTS`, `READS_CALLERS`) will run on it."""
+    passes = [p for p in chosen_passes(options) if p.applies_to(text)]
+    imports = any(p.READS_IMPORTS for p in passes)
+    return project.context(
+        shown, text, imports=imports, callers=any(p.READS_CALLERS for p in passes)
+    )
 
 
 # A file decided faster than this (no text trigger: most files) gets no cache entry: writing

@@ -81,6 +81,7 @@ NOT_LIBRARY = frozenset(
     }
 )
 SHARED = "_pmap_compat"  # a shared module next to a file is no sibling the file chose to import
+PRIVATE_NAME = re.compile(r"\b_\w+")  # a name a file may import or call a private def by
 PRIVATE_DEF = re.compile(
     r"^[ \t]*(?:async[ \t]+)?def[ \t]+(_\w+)", re.MULTILINE
 )  # `def _evaluate(`
@@ -102,6 +103,7 @@ class Project:
     imports: dict[tuple[str, int], tuple[tuple[str, str], ...]] = field(default_factory=dict)
     closed: dict[Path, list[tuple[Path, str, str | None]]] = field(default_factory=dict)
     closed_modules: dict[tuple[Path, str], Callers] = field(default_factory=dict)
+    privates: dict[Path, dict[Path, frozenset[str]]] = field(default_factory=dict)
 
     # Style and first-party modules -------------------------------------------------------
     def style(self, code: str, path: str | None) -> Style:
@@ -147,15 +149,17 @@ class Project:
             names |= self.modules_in(root) | self.modules_in(root / "src")
         return frozenset(names)
 
-    def context(self, path: str, text: str = "", imports: bool = False) -> str:
+    def context(
+        self, path: str, text: str = "", imports: bool = False, callers: bool = True
+    ) -> str:
         """Return what a file's result depends on besides its bytes and the options: the
         project's formatter settings and own modules, the legacy mesh reads of the code the
-        file holding `text` may run, how other modules use its functions, and (`imports`: a
-        pass reading them will run) the text of the code base's modules it imports (part of
-        its result cache key)."""
+        file holding `text` may run, (`callers`: a pass reading them will run) how other modules
+        use its functions, and (`imports`: likewise) the text of the code base's modules it
+        imports (part of its result cache key)."""
         width, indent = project_formatting(Path(path), self.formatting)
         reads = self.legacy_mesh_reads(path, text)
-        outside = self.outside_uses(path)
+        outside = self.outside_uses(path) if callers else None
         modules = self.imported_modules(path, text) if imports else ()
         digest = hashlib.blake2b(repr(modules).encode(), digest_size=16).hexdigest()
         return repr((width, indent, sorted(self.first_party(path)), *reads, outside, digest))
@@ -217,12 +221,20 @@ class Project:
                 # (only those texts that name one are read).
                 own = next((t for f, t, _ in files if f == file), "")
                 private = set(PRIVATE_DEF.findall(own))
-                others = [f for f in others if any(n in f[1] for n in private)]
+                named = self._private_names(base)
+                others = [f for f in others if private & named[f[0]]] if private else []
                 uses = replace(
                     package_module(file, top or here), uses=closed_uses(dotted, others).uses
                 )
             self.closed_modules[(file, dotted)] = uses
         return self.closed_modules[(file, dotted)]
+
+    def _private_names(self, base: Path) -> dict[Path, frozenset[str]]:
+        """By file of the code base at `base`: the private names (`_evaluate`) its text holds."""
+        if base not in self.privates:
+            files = self._code_base_files(base)
+            self.privates[base] = {f: frozenset(PRIVATE_NAME.findall(t)) for f, t, _ in files}
+        return self.privates[base]
 
     def _code_base_files(self, base: Path) -> list[tuple[Path, str, str | None]]:
         """The code base at `base`'s `.py` files and notebooks, each with its text and the
