@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 
 from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import Style, code
@@ -61,7 +62,7 @@ def stored_on_self(
         return stored
     attr, name = target.attr.value, f"_stored_{target.attr.value}"
     callers = []  # the methods reading the step, each followed alone
-    for method in (m for m in klass.body.body if isinstance(m, cst.FunctionDef)):
+    for method in (d for d in klass.body.body if isinstance(d, cst.FunctionDef)):
         me = _self(method)
         if me is None or method is maker:
             continue
@@ -77,16 +78,7 @@ def stored_on_self(
             if not bound:
                 renamed = replaced(method, {id(read): cst.Name(name) for read in reads})
             else:  # a method: `self.step(x)` read as `step(self, x)`, `self` static
-                calls = {id(c.func): c for c in nodes_in(method, cst.Call)}
-                if any(id(read) not in calls for read in reads):
-                    why = f"`self.{attr}` is used other than called"
-                    raise NotVisible(why, Decline.NOT_CALLED_ONLY)
-                me_first = cst.Arg(cst.Name(me))
-                swaps = {
-                    id(c): c.with_changes(func=cst.Name(name), args=[me_first, *c.args])
-                    for c in (calls[id(read)] for read in reads)
-                }
-                renamed = replaced(method, swaps)
+                renamed = replaced(method, _called_as(method, reads, name, [cst.Arg(cst.Name(me))]))
             facts = ModuleFacts(
                 replicated={id(renamed): (declared or {}).get(id(method), NOT_DECLARABLE)}
             )
@@ -96,7 +88,7 @@ def stored_on_self(
             if bound:  # counted as `self.step(...)` passes them: `self` is not one
                 text = re.sub(
                     r"argument (\d+) of the step",
-                    lambda m: f"argument {int(m.group(1)) - bound} of the step",
+                    lambda n: f"argument {int(n.group(1)) - bound} of the step",
                     text.replace(f"self.{attr}({me}, ", f"self.{attr}("),
                 )
             where = f"{klass.name.value}.{method.name.value}"
@@ -138,7 +130,7 @@ def returned_into_self(
     (`params`, a parameter of `run`); None when no method of the module does that, or nothing
     there blocks it (it is used other than called in `factory` then)."""
     name = factory.name.value
-    lines = factory.body.body if isinstance(factory.body, cst.IndentedBlock) else ()
+    lines = factory.body.body  # a def on its `def` line: no statement line
     smalls = [s for line in lines if isinstance(line, cst.SimpleStatementLine) for s in line.body]
     if not any(
         isinstance(s, cst.Return) and code(s.value or cst.Name("_")) == body.name.value
@@ -146,9 +138,8 @@ def returned_into_self(
     ):
         return None  # the factory does not return the step itself
     for klass in (c for c in module.body if isinstance(c, cst.ClassDef)):
-        for method in (m for m in klass.body.body if isinstance(m, cst.FunctionDef)):
-            lines = method.body.body if isinstance(method.body, cst.IndentedBlock) else ()
-            for line in lines:
+        for method in (d for d in klass.body.body if isinstance(d, cst.FunctionDef)):
+            for line in method.body.body:  # none on the `def` line (small statements there)
                 small = line.body if isinstance(line, cst.SimpleStatementLine) else ()
                 assign = small[0] if len(small) == 1 else None
                 value = assign.value if isinstance(assign, cst.Assign) else None
@@ -215,8 +206,7 @@ def stored_target(
     partial(step, a, ...)`, `step` the module's def `node` decorates (big_vision's mean
     evaluator), `bound` the number of arguments bound; or a pmap-decorated method
     (`decorated_method`), `bound` 1: `self`; else None."""
-    method = decorated_method(module, node)
-    if method is not None:
+    if (method := decorated_method(module, node)) is not None:
         return (*method, 1)
     for klass, maker, assign in stores:  # `attribute_stores(module)`
         if assign.value is node or _returns_def(module, assign.value, node, klass, maker):
@@ -250,12 +240,9 @@ def _partial_of(
     if not isinstance(value, cst.Call) or qualname(value.func) != "functools.partial":
         return None
     made = [d for d in module.body if isinstance(d, cst.FunctionDef) and node in d.decorators]
-    first, rest = (value.args[0], value.args[1:]) if value.args else (None, ())
-    if not made or first is None or first.keyword or first.star:
+    if not made or not value.args or any(a.keyword or a.star for a in value.args):
         return None
-    if single_name(first.value) != made[0].name.value:
-        return None
-    return None if any(a.keyword or a.star for a in rest) else len(rest)
+    return len(value.args) - 1 if single_name(value.args[0].value) == made[0].name.value else None
 
 
 def _returns_def(
@@ -280,16 +267,11 @@ def _returns_def(
     factory = next(
         (d for d in defs if isinstance(d, cst.FunctionDef) and d.name.value == name), None
     )
-    if factory is None or not isinstance(factory.body, cst.IndentedBlock):
+    if factory is None:
         return False
-    lines = factory.body.body
-    last = lines[-1] if lines else None
-    small = (
-        last.body[0] if isinstance(last, cst.SimpleStatementLine) and len(last.body) == 1 else None
-    )
-    returned = small.value if isinstance(small, cst.Return) else None
-    made = [d for d in lines if isinstance(d, cst.FunctionDef) and node in d.decorators]
-    return bool(made) and isinstance(returned, cst.Name) and returned.value == made[0].name.value
+    lines = factory.body.body  # a def on its `def` line: no def in it
+    made = [d.name.value for d in lines if isinstance(d, cst.FunctionDef) and node in d.decorators]
+    return bool(made) and m.matches(lines[-1], m.SimpleStatementLine([m.Return(m.Name(made[0]))]))
 
 
 def stored_reads(
@@ -303,7 +285,7 @@ def stored_reads(
     if _self(maker) != code(target.value):
         raise NotVisible(unnamed_step(assign, maker.name.value).why, Decline.NOT_NAMED)
     readers: list[tuple[cst.FunctionDef, list[cst.Attribute]]] = []
-    for method in (m for m in klass.body.body if isinstance(m, cst.FunctionDef)):
+    for method in (d for d in klass.body.body if isinstance(d, cst.FunctionDef)):
         me = _self(method)
         found = [
             a for a in nodes_in(method, cst.Attribute) if a.attr.value == attr and a is not target
@@ -362,7 +344,6 @@ def stored_copy(
     taken = set(names_in(module)) | set(named or ())
     names: dict[str, tuple[cst.Attribute, int]] = {}  # the steps' first, in order
     swaps: dict[int, cst.CSTNode] = {}
-    calls = {id(c.func): c for c in nodes_in(method, cst.Call)}
     for reads, bound in steps:
         attr = reads[0].attr.value
         fresh = (f"_{attr}", *(f"_{attr}_{k}" for k in range(2, 99)))
@@ -371,13 +352,8 @@ def stored_copy(
         if not bound:
             swaps.update({id(read): cst.Name(name) for read in reads})
             continue
-        if any(id(read) not in calls for read in reads):
-            raise NotVisible(f"`self.{attr}` is used other than called", Decline.NOT_CALLED_ONLY)
         placeholders = [cst.Arg(cst.Name(f"{name}_bound_{k}")) for k in range(bound)]
-        for call in (calls[id(read)] for read in reads):
-            swaps[id(call)] = call.with_changes(
-                func=cst.Name(name), args=[*placeholders, *call.args]
-            )
+        swaps.update(_called_as(method, reads, name, placeholders))
     for name, reads in (named or {}).items():
         names[name] = (reads[0], 0)
         swaps.update({id(read): cst.Name(name) for read in reads})
@@ -396,6 +372,21 @@ def stored_copy(
         elif type(new) is type(old) and not isinstance(new, cst.Name):
             pairs += zip(new.children, old.children, strict=False)
     return Stored(method, copy, names, origins)
+
+
+def _called_as(
+    method: cst.FunctionDef, reads: list[cst.Attribute], name: str, first: list[cst.Arg]
+) -> dict[int, cst.CSTNode]:
+    """Each call of a read `self.<attr>` of `method` as `name(*first, ...)`, by id of the call;
+    raise NotVisible when a read is used other than called."""
+    calls = {id(c.func): c for c in nodes_in(method, cst.Call)}
+    if any(id(read) not in calls for read in reads):
+        why = f"`self.{reads[0].attr.value}` is used other than called"
+        raise NotVisible(why, Decline.NOT_CALLED_ONLY)
+    return {
+        id(c): c.with_changes(func=cst.Name(name), args=[*first, *c.args])
+        for c in (calls[id(read)] for read in reads)
+    }
 
 
 def named_back(
