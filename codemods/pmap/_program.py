@@ -624,16 +624,12 @@ def _refitted(statement: cst.SimpleStatementLine, indent: str, style: Style) -> 
     out again, as the formatter would, when its lines fitted the width before the move and
     no longer do; one holding a comment stays as written."""
     text = code(statement.with_changes(leading_lines=[]))
-    lines = text.splitlines()
-    before = indent[: len(indent) - len(style.indent)]
-    if "#" in text or len(before) + len(lines[0]) > style.width:
-        return statement
-    if any(len(line) > style.width - len(style.indent) for line in lines[1:]):
+    first, *rest = text.splitlines()
+    before = len(indent) - len(style.indent)  # its column before the move (`indent` ends so)
+    if "#" in text or before + len(first) > style.width or len(indent) + len(first) <= style.width:
+        return statement  # a comment; a first line too long before the move, or fitting after
+    if any(len(line) > style.width - len(style.indent) for line in rest):
         return statement  # a continuation line did not fit either, once moved
-    if len(indent) + len(lines[0]) <= style.width and all(
-        len(line) + len(style.indent) <= style.width for line in lines[1:]
-    ):
-        return statement
     return laid_out(statement, indent, style)
 
 
