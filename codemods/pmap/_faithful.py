@@ -3,6 +3,7 @@ its per-device view; what each site becomes, and the helper written once per mod
 
 from __future__ import annotations
 
+import functools
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -200,8 +201,7 @@ def arity(node: cst.CSTNode | None, statics: Sequence[int] = ()) -> int | None:
         return None
     positional = (*node.params.posonly_params, *node.params.params)
     passed = max(statics, default=-1) + 1  # at least this many, by position
-    defaults = [i for i, p in enumerate(positional) if p.default is not None]
-    return len(positional) if all(i < passed for i in defaults) else None
+    return len(positional) if all(p.default is None for p in positional[passed:]) else None
 
 
 def arity_of_calls(module: cst.Module, fn: cst.FunctionDef, method: bool) -> int | None:
@@ -276,11 +276,7 @@ class Faithful(Finding):
         names = self._axis_names(layers, notes)
         if len(layers) > 1:
             self._check_nested(layers)
-        spec = self._spec()
-
-        def make(axis: int | None) -> cst.BaseExpression:
-            return partition_spec(spec, names, axis)
-
+        make = functools.partial(partition_spec, self._spec(), names)
         in_specs = self._specs(outer, items, "in_axes", make)
         out_specs = self._specs(outer, items, "out_axes", make)
         statics, tail = self._statics(outer, items)
@@ -311,8 +307,7 @@ class Faithful(Finding):
             notes.append(site.fallback)
         elif site.fallback:
             notes.append(f"program-level form not taken: {site.fallback}")
-        unread = self._read_nowhere(site)
-        if unread:
+        if unread := self._read_nowhere(site):
             notes.append(f"`{unread}`, around it, is read nowhere in the code base")
         home = self.state.home
         if home is not None and not self.reuse_helper and not home.directory:
