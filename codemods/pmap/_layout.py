@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.helpers import parse_template_expression
 
 from jaxmigrate.toolkit.cstutil import names_in
@@ -270,6 +271,12 @@ def as_row(name: str, source: cst.BaseExpression | None, node: cst.BaseExpressio
 
 
 TREE_MAPS = frozenset({"jax.tree.map", "jax.tree_util.tree_map", "jax.tree_map"})
+# `lambda v: ...`: one plain parameter (maybe with a default), nothing else
+ONE_PARAM = m.Lambda(
+    m.Parameters(
+        [m.Param()], star_arg=~m.Param(), kwonly_params=[], star_kwarg=None, posonly_params=[]
+    )
+)
 _HOLE = re.compile(r"\{(\w+)\}")
 _MARK = "__hole_"  # the name a pattern's hole is parsed as
 
@@ -335,14 +342,8 @@ def fewer(found: Match, qualname: Qualname, counts: Counts) -> cst.BaseExpressio
     `jax.random.split(key, local_devices_to_use)`, pmap then mapping over those devices alone),
     else None."""
     wrong = [found.holes[h] for h in found.row.counts if not counts(found.holes[h])]
-    for hole in found.row.devices:
-        devices = found.holes[hole]
-        if (
-            not isinstance(devices, cst.Call)
-            or devices.args
-            or qualname(devices.func) != "jax.local_devices"
-        ):
-            wrong.append(devices)
+    devices = [found.holes[h] for h in found.row.devices]
+    wrong += [d for d in devices if _called(d, qualname) != "jax.local_devices"]
     return wrong[0] if wrong else None
 
 
@@ -392,31 +393,26 @@ def tree_mapped(
     fun, tree = node.args[0].value, node.args[1].value
     if isinstance(fun, cst.Name):  # `replicate_array = lambda x: ...` in the function
         fun = named(fun.value) or fun
-    param = _one_param(fun)
-    return None if param is None else (param, fun.body, tree)  # type: ignore[attr-defined]
+    if not m.matches(fun, ONE_PARAM):
+        return None
+    assert isinstance(fun, cst.Lambda)
+    return fun.params.params[0].name.value, fun.body, tree
 
 
 def droppable(node: cst.BaseExpression, qualname: Qualname) -> bool:
     """Nothing happens when `node` is not evaluated: it holds no call, or it is a device count
     (`jax.local_device_count()`)."""
-    if isinstance(node, cst.Call) and not node.args:
-        return qualname(node.func) in ("jax.local_device_count", "jax.device_count")
-    return not _has_call(node)
+    counted = _called(node, qualname) in ("jax.local_device_count", "jax.device_count")
+    return counted or not _has_call(node)
+
+
+def _called(node: cst.BaseExpression, qualname: Qualname) -> str | None:
+    """The function `node` calls with no argument (`jax.local_devices()`), else None."""
+    return qualname(node.func) if isinstance(node, cst.Call) and not node.args else None
 
 
 def _has_call(node: cst.CSTNode) -> bool:
     return isinstance(node, cst.Call) or any(_has_call(c) for c in node.children)
-
-
-def _one_param(fun: cst.BaseExpression) -> str | None:
-    if not isinstance(fun, cst.Lambda):
-        return None
-    params = fun.params
-    if len(params.params) != 1 or params.kwonly_params or params.posonly_params:
-        return None
-    if isinstance(params.star_arg, cst.Param) or params.star_kwarg is not None:
-        return None
-    return params.params[0].name.value
 
 
 def _unify(pattern: cst.CSTNode, node: cst.CSTNode, holes: Holes, qualname: Qualname) -> bool:
