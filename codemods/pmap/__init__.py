@@ -482,7 +482,7 @@ from jaxmigrate.toolkit.scope import ScopeModel
 from ._dead import bound_name, drop_dead_helpers, drop_dead_locals
 from ._faithful import Faithful, after_imports, helper_text, with_helper
 from ._outer import OuterGroup, OuterStep
-from ._program import Program, assign, edit_owners, rewrite_host
+from ._program import Program, assign, edit_owners, numbered, rewrite_host
 from ._stored import named_back
 from ._survey import HELPER, PMAP, PmapUse, Survey, fun_arg
 
@@ -674,9 +674,7 @@ class Pmap(Faithful):
         for site, program in programs:
             axis = code(program.axis)
             layout = {"layout": self._layout(site.node, program)}
-            text = PROGRAM_MESSAGE.format(axis=axis) + (
-                UNNAMED_NOTE.format(axis) if program.unnamed else ""
-            )
+            text = PROGRAM_MESSAGE.format(axis=axis) + UNNAMED_NOTE.format(axis) * program.unnamed
             text += "".join(f"; {assumed}" for assumed in program.assumed)
             enabled.append(self.site(site.node, text, group=group, fallback=group, details=layout))
         enabled += self._record_edits([q for _, p in programs for q in (p, *p.callees)], group)
@@ -732,11 +730,8 @@ class Pmap(Faithful):
             self._spell(callee, program.jax, program.spec)
             scope = self.resolver.scope_made_by(callee.host)
             if scope is not None and scope.parent is not None and scope.parent.kind != "module":
-                callee.mesh, callee.sharding, callee.hosts = (
-                    program.mesh,
-                    program.sharding,
-                    program.hosts,
-                )
+                callee.mesh, callee.sharding = program.mesh, program.sharding
+                callee.hosts = program.hosts
                 continue  # its edits are made with the caller's
             # made once at its entry, equal to the caller's; dropped when nothing reads them
             made = self.callee_meshes.setdefault(id(callee.host), {})
@@ -772,11 +767,7 @@ class Pmap(Faithful):
             if not wanted:
                 continue
             if base not in self.converters:
-                name = next(
-                    n
-                    for n in (base, *(f"{base}_{k}" for k in range(2, 99)))
-                    if self.resolver.is_free(n)
-                )
+                name = numbered(base, self.resolver.is_free)
                 np = self._numpy() if base != COPIER else ""
                 self.converters[base] = (name, program.jax, np, program.jnp)
             setattr(program, spelled, self.converters[base][0])  # `program.converter`, ...

@@ -252,7 +252,7 @@ class Program:
         assert self.factory is not None
         factory, made = self.factory
         taken = set(names_in(factory))
-        mesh = next(n for n in ("mesh", *(f"mesh_{k}" for k in range(2, 99))) if n not in taken)
+        mesh = numbered("mesh", lambda name: name not in taken)
         returned = cst.SimpleStatementLine(
             [cst.Return(self.step(mesh))], trailing_whitespace=made.trailing_whitespace
         )
@@ -308,6 +308,11 @@ class Program:
             fun = fun.args[0].value
         params = cst.Parameters([cst.Param(cst.Name(p)) for p in self.params])
         return cst.Lambda(params, cst.Call(fun, args))
+
+
+def numbered(base: str, free: Callable[[str], bool]) -> str:
+    """Return the first of `base`, `base_2`, ..., `base_98` that `free` accepts."""
+    return next(n for n in (base, *(f"{base}_{k}" for k in range(2, 99))) if free(n))
 
 
 def keyword(name: str, value: cst.BaseExpression) -> cst.Arg:

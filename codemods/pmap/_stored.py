@@ -31,7 +31,7 @@ from jaxmigrate.toolkit.emit import Style, code
 from ._declines import Decline, NotVisible
 from ._flow import Options, analyze_calls, unnamed_step
 from ._forms import Qualname, single_name
-from ._program import laid_out
+from ._program import laid_out, numbered
 from ._reach import nodes_in, replaced
 from ._summary import NOT_DECLARABLE, Declarable, ModuleFacts
 
@@ -346,8 +346,7 @@ def stored_copy(
     swaps: dict[int, cst.CSTNode] = {}
     for reads, bound in steps:
         attr = reads[0].attr.value
-        fresh = (f"_{attr}", *(f"_{attr}_{k}" for k in range(2, 99)))
-        name = next(n for n in fresh if n not in taken and n not in names)
+        name = numbered(f"_{attr}", lambda n: n not in taken and n not in names)
         names[name] = (reads[0], bound)
         if not bound:
             swaps.update({id(read): cst.Name(name) for read in reads})
