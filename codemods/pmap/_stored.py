@@ -75,10 +75,9 @@ def stored_on_self(
             continue  # does not read `self.<attr>`
         callers.append(f"`{klass.name.value}.{method.name.value}`")
         try:
-            if not bound:
-                renamed = replaced(method, {id(read): cst.Name(name) for read in reads})
-            else:  # a method: `self.step(x)` read as `step(self, x)`, `self` static
-                renamed = replaced(method, _called_as(method, reads, name, [cst.Arg(cst.Name(me))]))
+            # a method: `self.step(x)` read as `step(self, x)`, `self` static
+            first = [cst.Arg(cst.Name(me))] if bound else None
+            renamed = replaced(method, _renamed(method, reads, name, first))
             facts = ModuleFacts(
                 replicated={id(renamed): (declared or {}).get(id(method), NOT_DECLARABLE)}
             )
@@ -211,8 +210,7 @@ def stored_target(
     for klass, maker, assign in stores:  # `attribute_stores(module)`
         if assign.value is node or _returns_def(module, assign.value, node, klass, maker):
             return klass, maker, assign, None
-        bound = _partial_of(module, assign.value, node, qualname)
-        if bound is not None:
+        if (bound := _partial_of(module, assign.value, node, qualname)) is not None:
             return klass, maker, assign, bound
     return None
 
@@ -302,12 +300,9 @@ def stored_reads(
             raise NotVisible(why, Decline.NOT_CALLED_ONLY)
         if found:
             readers.append((method, mine))
-    outside = [
-        a
-        for a in nodes_in(module, cst.Attribute)
-        if a.attr.value == attr and not any(a is r for _, reads in readers for r in reads)
-    ]
-    others = [a for a in outside if a is not target]
+    known = {id(target), *(id(read) for _, reads in readers for read in reads)}
+    found = [a for a in nodes_in(module, cst.Attribute) if a.attr.value == attr]
+    others = [a for a in found if id(a) not in known]
     if others:
         stores = {id(t.target) for t in nodes_in(module, cst.AssignTarget)}
         how = "stored again" if id(others[0]) in stores else "read"
@@ -348,14 +343,11 @@ def stored_copy(
         attr = reads[0].attr.value
         name = numbered(f"_{attr}", lambda n: n not in taken and n not in names)
         names[name] = (reads[0], bound)
-        if not bound:
-            swaps.update({id(read): cst.Name(name) for read in reads})
-            continue
         placeholders = [cst.Arg(cst.Name(f"{name}_bound_{k}")) for k in range(bound)]
-        swaps.update(_called_as(method, reads, name, placeholders))
+        swaps.update(_renamed(method, reads, name, placeholders if bound else None))
     for name, reads in (named or {}).items():
         names[name] = (reads[0], 0)
-        swaps.update({id(read): cst.Name(name) for read in reads})
+        swaps.update(_renamed(method, reads, name, None))
     copy = replaced(method, swaps)
     origins: dict[int, cst.CSTNode] = {}
     pairs: list[tuple[cst.CSTNode, cst.CSTNode]] = [(copy, method)]
@@ -373,11 +365,14 @@ def stored_copy(
     return Stored(method, copy, names, origins)
 
 
-def _called_as(
-    method: cst.FunctionDef, reads: list[cst.Attribute], name: str, first: list[cst.Arg]
+def _renamed(
+    method: cst.FunctionDef, reads: list[cst.Attribute], name: str, first: list[cst.Arg] | None
 ) -> dict[int, cst.CSTNode]:
-    """Each call of a read `self.<attr>` of `method` as `name(*first, ...)`, by id of the call;
-    raise NotVisible when a read is used other than called."""
+    """What `reads`, reads `self.<attr>` in `method`, become, by id: each the name `name`; or,
+    with arguments `first` to pass before the call's, each call of one `name(*first, ...)`
+    (raise NotVisible when a read is used other than called)."""
+    if first is None:
+        return {id(read): cst.Name(name) for read in reads}
     calls = {id(c.func): c for c in nodes_in(method, cst.Call)}
     if any(id(read) not in calls for read in reads):
         why = f"`self.{reads[0].attr.value}` is used other than called"
