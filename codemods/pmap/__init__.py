@@ -583,8 +583,8 @@ class Pmap(Faithful):
 
     # Rewriting ----------------------------------------------------------------------------
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        made = self.outer_calls.get(id(original_node))
-        if made is not None:  # `step = jax.pmap(...)` at module level: no mesh, the program's
+        # `step = jax.pmap(...)` at module level: no mesh, the program's
+        if (made := self.outer_calls.get(id(original_node))) is not None:
             laid = with_lambda_calls(Call.of(made.step(None))).laid_out(
                 self.room(original_node), self.state.style
             )
@@ -632,8 +632,7 @@ class Pmap(Faithful):
             return self._rewrite_program(self.programs[id(original_node)], updated_node)
         if id(original_node) in self.outer_defs:
             return self._outer_decorators(*self.outer_defs[id(original_node)], updated_node)
-        out = self._host_rewritten(original_node, original_node)
-        if out is not None:
+        if (out := self._host_rewritten(original_node, original_node)) is not None:
             return out
         decorators: list[cst.Decorator] = []
         pending = list(zip(original_node.decorators, updated_node.decorators))
@@ -917,8 +916,7 @@ class Pmap(Faithful):
         """The node of the module `node` stands for: itself, or for a node of the copy of a
         method calling a step stored on `self` (`_stored.Stored`), the node it was copied from."""
         for kept in self.stored.values():
-            found = kept.origins.get(id(node))
-            if found is not None:
+            if (found := kept.origins.get(id(node))) is not None:
                 return found
         return node
 
@@ -968,8 +966,7 @@ class Pmap(Faithful):
 
     def _multihost_utils(self) -> str:
         """Return how to spell `jax.experimental.multihost_utils` here, importing it if needed."""
-        bound = self.resolver.module_binding("jax.experimental.multihost_utils")
-        if bound is not None:
+        if (bound := self.resolver.module_binding("jax.experimental.multihost_utils")) is not None:
             return bound
         if self.resolver.is_free("multihost_utils"):
             self.need_import("jax.experimental", "multihost_utils")

@@ -361,8 +361,7 @@ class Faithful(Finding):
     def _check_nested(self, layers: Layers) -> None:
         for depth, (pmapped, items) in enumerate(layers):
             allowed = {"in_axes", "out_axes", *(("donate_argnums",) if depth == 0 else ())}
-            extra = sorted(set(pmapped.options) - allowed)
-            if extra:
+            if extra := sorted(set(pmapped.options) - allowed):
                 raise NotMigrated(f"nested pmap with `{extra[0]}=`: only axis names are translated")
             for keyword in ("in_axes", "out_axes"):
                 index = pmapped.options.get(keyword)
@@ -424,8 +423,8 @@ class Faithful(Finding):
 
     def _spec(self, imported: bool = False) -> cst.BaseExpression:
         """Return how to spell `PartitionSpec` here; `imported`: ask for the import it needs."""
-        local = self.resolver.module_binding(PARTITION_SPEC)  # one no function rebinds
-        if local is not None:
+        # a binding at module level no function rebinds
+        if (local := self.resolver.module_binding(PARTITION_SPEC)) is not None:
             return cst.Name(local)
         for name, asname in (("P", "P"), ("PartitionSpec", None)):
             if self.resolver.is_free(name):
@@ -530,16 +529,14 @@ class Faithful(Finding):
         for deco in site.pmaps:
             if isinstance(deco, cst.Decorator) and isinstance(deco.decorator, cst.Call):
                 return deco.decorator.func.deep_clone()
-        local = self.resolver.module_binding(PARTIAL)
-        if local is not None:
+        if (local := self.resolver.module_binding(PARTIAL)) is not None:
             return cst.Name(local)
         return cst.Attribute(value=self.module_ref("functools"), attr=cst.Name("partial"))
 
     # The helper ---------------------------------------------------------------------------
     def _numpy(self) -> str:
         """Return how to spell `numpy` here, importing it as `np` if needed."""
-        bound = self.resolver.module_alias("numpy")
-        if bound is not None:
+        if (bound := self.resolver.module_alias("numpy")) is not None:
             return bound
         if self.resolver.is_free("np"):
             self.need_import("numpy", None, "np")
@@ -550,8 +547,8 @@ class Faithful(Finding):
         if not self.applied or self.reuse_helper:
             return updated_node
         text = shared_source(self.state.home, self.state.style)
-        shared = self.shared_module(SHARED_MODULE, text, self.applied_keys)
-        if shared is not None:  # one helper for the whole project, imported where needed
+        # one helper for the whole project, imported where needed
+        if (shared := self.shared_module(SHARED_MODULE, text, self.applied_keys)) is not None:
             self.need_import(shared, HELPER)
             return updated_node
         jax = dotted(self.module_ref("jax")) or "jax"

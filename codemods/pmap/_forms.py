@@ -162,8 +162,7 @@ class Forms:
         is the split of the same literal of their sources: each leaf is split alike."""
         if isinstance(node, (cst.Dict, cst.Tuple)) and node.elements:
             return as_row("shard", self._split_literal(node), node)
-        found = self.transfer(node, SPLITS)
-        if found is not None:
+        if (found := self.transfer(node, SPLITS)) is not None:
             return found
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
             return as_row("shard", self._split_to_rows(node) or self._filled_flat(node), node)
@@ -209,8 +208,7 @@ class Forms:
             value = getattr(element, "value", None)
             if not isinstance(element, (cst.DictElement, cst.Element)) or value is None:
                 return None  # `**d` or `*t`: leaves not written out
-            source = self.shard_source(value)
-            if source is None:
+            if (source := self.shard_source(value)) is None:
                 return None
             sources.append(source)
         changed = [e.with_changes(value=v) for e, v in zip(node.elements, sources)]
@@ -283,8 +281,8 @@ class Forms:
         args = positional(node, 1) if self._is(node, HOST_COPIES) else None  # type: ignore[arg-type]
         if args is not None and self.readback_value(args[0], var) is not None:
             node = args[0]
-        copied = self._tree_mapped(node, self._copied_zero)  # `tree.map(lambda v: np.array(v[0]))`
-        if copied is not None:
+        # `tree.map(lambda v: np.array(v[0]), var)`: each leaf's copy on the host
+        if (copied := self._tree_mapped(node, self._copied_zero)) is not None:
             return single_name(copied) == var
         read = self.readback_value(node, var)
         if read is None or read[1] is read[0]:
@@ -396,8 +394,8 @@ def is_device_count(
     name = single_name(node)
     if name is None or name in seen:  # `n = n`, or names bound to each other
         return False
-    outer = flow.free(name)  # `n` of the function a nested def (`one_step`) is written in
-    if outer is not None:
+    # `n` of the function a nested def (`one_step`) is written in
+    if (outer := flow.free(name)) is not None:
         return is_device_count(node, outer, qualname, seen)
     stores = flow.stores.get(name, [])
     return bool(stores) and all(

@@ -517,10 +517,8 @@ class _Edit(cst.CSTTransformer):
         self.expanded: dict[int, int] = {}
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        if self.setup is not None and node is self.setup[0]:
-            self.scoped = True
-        if self.setup is not None and node is self.setup[3]:
-            self.scoped = False
+        if self.setup is not None:  # in from the setup's statement on, out from the one it ends
+            self.scoped = node is self.setup[0] or (self.scoped and node is not self.setup[3])
         if isinstance(node, (cst.IndentedBlock, cst.Match)):  # a `match`'s cases: a level
             unit = node.indent if node.indent is not None else self.style.indent
             self.blocks.append(self.blocks[-1] + unit if self.blocks else self.indent)
@@ -531,15 +529,13 @@ class _Edit(cst.CSTTransformer):
     def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
         if isinstance(original_node, (cst.IndentedBlock, cst.Match)):
             self.blocks.pop()
-        here = self.blocks[-1] if self.blocks else self.indent
-        here += self.style.indent if self.scoped else ""
+        here = (self.blocks[-1] if self.blocks else self.indent) + self.style.indent * self.scoped
         edit = self.edits.get(id(original_node))
         if edit is not None and isinstance(updated_node, cst.BaseExpression):
             self.edited = True
             self.touched.add(id(original_node))
             return edit(updated_node)
-        program = self.made.get(id(original_node))
-        if program is not None:
+        if (program := self.made.get(id(original_node))) is not None:
             made = program.step_statements(here, self.style, updated_node)
             self.expanded[id(original_node)] = len(made)
             return cst.FlattenSentinel(made)
