@@ -597,8 +597,7 @@ class Pmap(Faithful):
             fun = fun_arg(calls[-1])
             assert fun is not None and isinstance(fun.value, cst.Call)
             calls.append(fun.value)
-        plan = self._planned(site, calls)
-        if plan is None:
+        if (plan := self._planned(site, calls)) is None:
             return updated_node
         mapped = [plan.fun] if plan.fun is not None else []
         jit = Call(cst.Name(HELPER), [*mapped, *plan.helper, *plan.jit])
@@ -640,8 +639,7 @@ class Pmap(Faithful):
             original, new = pending.pop(0)
             site = self.sites.get(id(original))
             stacked = [new, *(n for _, n in pending[: len(site.pmaps) - 1])] if site else []
-            plan = self._planned(site, stacked) if site is not None else None
-            if site is None or plan is None:
+            if site is None or (plan := self._planned(site, stacked)) is None:
                 decorators.append(new)
                 continue
             del pending[: len(site.pmaps) - 1]
@@ -827,19 +825,9 @@ class Pmap(Faithful):
         enabled += self._record_edits(programs, key)
         steps = self._shown(", ".join(f"`{s.name}`" for s in group.steps))
         made = "made once" if group.make else f"`{group.mesh}` reused, a mesh"
-        enabled.append(
-            self.site(
-                self._origin(group.before),
-                SETUP_MESSAGE.format(
-                    steps=steps,
-                    made=made,
-                    setup=setup,
-                    end=", up to its first `yield`" if group.end is not None else "",
-                ),
-                group=key,
-                fallback=key,
-            )
-        )
+        end = ", up to its first `yield`" if group.end is not None else ""
+        text = SETUP_MESSAGE.format(steps=steps, made=made, setup=setup, end=end)
+        enabled.append(self.site(self._origin(group.before), text, group=key, fallback=key))
         if all(enabled):
             self.lifted = True
             self._drop_unread(key)
@@ -869,12 +857,9 @@ class Pmap(Faithful):
                 self.outer_defs[id(step.body)] = (step, made)
             else:
                 self.outer_calls[id(step.site.node)] = made
-        self.host_setups[id(group.setup)] = (
-            group.before,
-            [assign(group.mesh, group.steps[0].programs[0].new_mesh())] if group.make else [],
-            cst.parse_expression(f"{jax}.set_mesh({group.mesh})"),
-            group.end,
-        )
+        making = [assign(group.mesh, group.steps[0].programs[0].new_mesh())] if group.make else []
+        setting = cst.parse_expression(f"{jax}.set_mesh({group.mesh})")
+        self.host_setups[id(group.setup)] = (group.before, making, setting, group.end)
         if self._visit_only is not None:  # the functions calling the steps hold no pmap
             touched = {id(p.host) for s in group.steps for p in s.programs}
             self._visit_only = self._visit_only | touched | {id(group.setup)} | group.around
@@ -890,8 +875,9 @@ class Pmap(Faithful):
         room = self.room(site.node)
         room = replace(room, column=room.column + 1, tail=0)  # after the `@`
         decorators = program.decorators(None, room, self.state.style)
-        original = updated.decorators[0]
-        decorators[0] = decorators[0].with_changes(leading_lines=original.leading_lines)
+        decorators[0] = decorators[0].with_changes(
+            leading_lines=updated.decorators[0].leading_lines
+        )
         return updated.with_changes(decorators=decorators)
 
     def _record_edits(self, programs: list[Program], group: str) -> list[bool]:
@@ -937,16 +923,14 @@ class Pmap(Faithful):
         device 0 (now read whole); and, to compare the step's calls through layout adapters,
         each argument's kind and which results are read flattened."""
         span = self.get_metadata(PositionProvider, node)
-        kinds = [  # "keys": one per device, stacked in both forms (each device takes its own)
-            ("static" if program.fixed[i] == "static" else "fixed")
-            if i in program.fixed
-            else "keys"
-            if i in program.squeezed
-            else "batch"
-            if batch
-            else "replicated"
-            for i, batch in enumerate(program.batches)
-        ]
+
+        def kind(i: int, batch: bool) -> str:
+            if i in program.fixed:  # unmapped: "none" or "static"
+                return "static" if program.fixed[i] == "static" else "fixed"
+            # "keys": one per device, stacked in both forms (each device takes its own)
+            return "keys" if i in program.squeezed else "batch" if batch else "replicated"
+
+        kinds = [kind(i, batch) for i, batch in enumerate(program.batches)]
         return {
             "line": self.state.line_map(span.start.line),
             "end_line": self.state.line_map(span.end.line),
