@@ -596,14 +596,10 @@ class _Edit(cst.CSTTransformer):
         body = list(block.body)
         at = next(i for i, s in enumerate(body) if s is self.before)
         end = next((i for i, s in enumerate(body) if s is self.after), len(body))
-        first = body[at]
-        leading = getattr(first, "leading_lines", ())
-        body[at] = first.with_changes(leading_lines=())  # type: ignore[call-arg]
+        leading = getattr(body[at], "leading_lines", ())
+        body[at] = body[at].with_changes(leading_lines=())  # type: ignore[call-arg]
         made = [laid_out(statement, self.indent, self.style) for statement in self.setup[1]]
-        scoped = cst.With(
-            items=[cst.WithItem(self.setup[2])],
-            body=cst.IndentedBlock(body=body[at:end]),
-        )
+        scoped = cst.With([cst.WithItem(self.setup[2])], cst.IndentedBlock(body[at:end]))
         head = [*made, scoped]
         head[0] = head[0].with_changes(leading_lines=leading)  # type: ignore[call-arg]
         return block.with_changes(body=[*body[:at], *head, *body[end:]])
