@@ -188,13 +188,8 @@ class Forms:
         if len(shape.elements) == 2:  # now the last: `(n * b,)`, `[n * b]`, not `(n * b, )`
             tuple_ = isinstance(shape, cst.Tuple)
             first = first.with_changes(comma=cst.Comma() if tuple_ else cst.MaybeSentinel.DEFAULT)
-        elements = [first, *shape.elements[2:]]
-        return node.with_changes(
-            args=[
-                node.args[0].with_changes(value=shape.with_changes(elements=elements)),
-                *node.args[1:],
-            ]
-        )
+        shape = shape.with_changes(elements=[first, *shape.elements[2:]])
+        return node.with_changes(args=[node.args[0].with_changes(value=shape), *node.args[1:]])
 
     def shard_source(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
         """Return x of a split of a flat batch x into per-device slices, else None."""
@@ -205,10 +200,9 @@ class Forms:
         """The sources of a dict or tuple of splits, in the same literal; else None."""
         sources: list[cst.BaseExpression] = []
         for element in node.elements:
-            value = getattr(element, "value", None)
-            if not isinstance(element, (cst.DictElement, cst.Element)) or value is None:
+            if not isinstance(element, (cst.DictElement, cst.Element)):
                 return None  # `**d` or `*t`: leaves not written out
-            if (source := self.shard_source(value)) is None:
+            if (source := self.shard_source(element.value)) is None:
                 return None
             sources.append(source)
         changed = [e.with_changes(value=v) for e, v in zip(node.elements, sources)]
