@@ -368,8 +368,7 @@ def lifted(
         inner = match(inner.source, qualname, counts, KEEPING, loose)  # a carrier of a carrier
     if inner is None or not isinstance(inner.source, cst.Name) or inner.source.value != param:
         return None
-    assert leaf is not None
-    leaf = leaf if inner is leaf else Match(leaf.row, {**leaf.holes, leaf.row.source: inner.source})
+    assert leaf is not None  # its source hole is the leaf (or a carrier of it): `tree` below
     if any(
         param in names_in(v)
         for k, v in leaf.holes.items()
@@ -455,14 +454,12 @@ def _unify_fields(
             continue
         want, have = getattr(pattern, name), getattr(node, name)
         if isinstance(want, cst.CSTNode) and isinstance(have, cst.CSTNode):
-            if not _unify(want, have, holes, qualname):
+            want, have = [want], [have]  # one child: unified as a sequence of one
+        if isinstance(want, (list, tuple)) and isinstance(have, (list, tuple)):
+            pairs = zip(want, have)
+            if len(want) != len(have) or not all(_unify(w, h, holes, qualname) for w, h in pairs):
                 return False
-        elif isinstance(want, (list, tuple)) and isinstance(have, (list, tuple)):
-            if len(want) != len(have) or not all(
-                _unify(w, h, holes, qualname) for w, h in zip(want, have)
-            ):
-                return False
-        elif isinstance(want, cst.CSTNode) or isinstance(have, cst.CSTNode) or want != have:
+        elif want != have:  # a child against no child, or other values (a node is itself only)
             return False
     return True
 
