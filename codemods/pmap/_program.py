@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.helpers import parse_template_expression
 
 from jaxmigrate.toolkit.cstutil import names_in
@@ -398,16 +399,11 @@ def _wrapped(value: cst.BaseExpression, indent: str, style: Style) -> cst.BaseEx
 def _last_bracket(value: cst.BaseExpression) -> tuple[cst.Call, int] | None:
     """`a, f(x)` (a `return`'s, a tuple written without parentheses ending in a call): that
     call, whose brackets black splits first, and how many characters follow it; else None."""
-    if (
-        not isinstance(value, cst.Tuple)
-        or value.lpar
-        or type(value.elements[-1]) is not cst.Element
-    ):
+    if not m.matches(value, m.Tuple([m.ZeroOrMore(), m.Element(m.Call(lpar=[]))], lpar=[])):
         return None
-    last = value.elements[-1]
-    if not isinstance(last.value, cst.Call) or last.value.lpar:
-        return None
-    return last.value, len(code(last.comma)) if isinstance(last.comma, cst.Comma) else 0
+    last = cst.ensure_type(value, cst.Tuple).elements[-1]
+    call = cst.ensure_type(last.value, cst.Call)
+    return call, len(code(last.comma)) if isinstance(last.comma, cst.Comma) else 0
 
 
 # The statement the mesh is set before, the statements making it, `jax.set_mesh(mesh)`, and the
