@@ -840,9 +840,8 @@ class Pmap(Faithful):
         if group.make:
             group.mesh = self._fresh("mesh", set(names_in(group.setup)))
         for step in group.steps:
-            ref = step.site.ref
-            if isinstance(ref, cst.Name):
-                self.drop_import_if_unused(ref.value)
+            if isinstance(step.site.ref, cst.Name):
+                self.drop_import_if_unused(step.site.ref.value)
             for program in (q for p in step.programs for q in (p, *p.callees)):
                 self._spell(program, jax, spec)
                 program.sharding = f"{code(spec)}({code(program.axis)})"  # the mesh set is used

@@ -184,11 +184,6 @@ class Rewrite:
     notes: list[str] = field(default_factory=list)
     min_jax: tuple[int, int] | None = None
 
-    @property
-    def message(self) -> str:
-        """Return the site's message."""
-        return "; ".join([MESSAGE, *self.notes])
-
 
 Layers = list[tuple[Pmapped, list[Item]]]
 
@@ -443,7 +438,8 @@ class Faithful(Finding):
             self.skip(site.node, str(why))
             return None
         fallback = site.failed_program
-        if not self.site(site.node, plan.message, min_jax=plan.min_jax, fallback=fallback):
+        message = "; ".join([MESSAGE, *plan.notes])
+        if not self.site(site.node, message, min_jax=plan.min_jax, fallback=fallback):
             return None
         self._applied(site)
         return plan
