@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import libcst as cst
+import libcst.matchers as m
 
 from jaxmigrate.toolkit.emit import (
     Call,
@@ -164,14 +165,13 @@ def shared_source(home: Home | None = None, style: Style | None = None) -> str:
     `style` (the code base's indentation and line length): the docstring says why the module is
     where it is (the main package, a package, beside scripts)."""
     style = style or Style()
-    helper = helper_text(style)
     imports = "import jax\nimport numpy as np\nfrom jax.sharding import PartitionSpec as P\n"
     where = IN_PACKAGE if home is None or home.main else IN_OWN if home.package else BESIDE
     doc = "\n\n".join(
         textwrap.fill(" ".join(part.split()), style.width - 4, break_on_hyphens=False)
         for part in SHARED_DOC.format(where=where).split("\n\n")
     )
-    return f'"""{doc}\n"""\n\n{imports}\n\n{helper}'
+    return f'"""{doc}\n"""\n\n{imports}\n\n{helper_text(style)}'
 
 
 @dataclass
@@ -208,20 +208,15 @@ def arity_of_calls(module: cst.Module, fn: cst.FunctionDef, method: bool) -> int
     `predict_step(self, ..., max_decode_len, beam_size=4)`): pmap maps each argument a call
     passes, so the faithful form has a spec for each. A call in another module passing another
     number fails loudly, its arguments not matching the specs."""
-    kind = cst.Attribute if method else cst.Name
-
-    def named(node: cst.CSTNode) -> bool:
-        field = node.attr if isinstance(node, cst.Attribute) else node
-        return type(node) is kind and isinstance(field, cst.Name) and field.value == fn.name.value
-
+    named = m.Attribute(attr=m.Name(fn.name.value)) if method else m.Name(fn.name.value)
     counts, called, others = set(), set(), []
     for node in nodes_in(module, cst.CSTNode):  # type: ignore[type-abstract]
-        if isinstance(node, cst.Call) and named(node.func):
+        if isinstance(node, cst.Call) and m.matches(node.func, named):
             if any(a.keyword or a.star for a in node.args):
                 return None
             counts.add(len(node.args) + method)
             called.add(id(node.func))
-        elif named(node) and node is not fn.name and id(node) not in called:
+        elif m.matches(node, named) and node is not fn.name and id(node) not in called:
             others.append(node)
     return counts.pop() if len(counts) == 1 and not others else None
 
