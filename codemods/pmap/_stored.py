@@ -222,8 +222,7 @@ def decorated_method(module: cst.Module, node: cst.CSTNode) -> Store | None:
     binding one argument is; `assign` reads the def as the store `self.train_step = ...`."""
     for klass in (c for c in module.body if isinstance(c, cst.ClassDef)):
         for method in (d for d in klass.body.body if isinstance(d, cst.FunctionDef)):
-            me = _self(method) if node in method.decorators else None
-            if me is not None:
+            if node in method.decorators and (me := _self(method)) is not None:
                 name = method.name.value
                 store = cst.AssignTarget(cst.Attribute(cst.Name(me), cst.Name(name)))
                 return klass, method, cst.Assign([store], cst.Name(name))
