@@ -560,16 +560,12 @@ class _Edit(cst.CSTTransformer):
             and any(id(n) in self.touched for n in nodes_in(original_node.iter, object))
         ):
             updated_node = _fitted_for(updated_node, here, self.style)
-        return self._placed(original_node, updated_node)  # laid out anew: `_with_setup` finds it
-
-    def _placed(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
-        """Return `updated`, noted as the setup's statement (`before`) or the one it ends before
-        (`after`) when `original` is."""
-        if self.setup is not None and original is self.setup[0]:
-            self.before = updated
-        if self.setup is not None and original is self.setup[3]:
-            self.after = updated
-        return updated
+        # Laid out anew, the setup's statement and the one it ends before: `_with_setup` finds them
+        if self.setup is not None and original_node is self.setup[0]:
+            self.before = updated_node
+        if self.setup is not None and original_node is self.setup[3]:
+            self.after = updated_node
+        return updated_node
 
     def _with_entry(self, block: cst.IndentedBlock) -> cst.IndentedBlock:
         """Make the parameters the callers pass as copies per device one value each, first
