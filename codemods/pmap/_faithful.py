@@ -398,9 +398,7 @@ class Faithful(Finding):
         self, site: PmapUse, specs: cst.BaseExpression, start: int, count: cst.BaseExpression
     ) -> cst.BaseExpression:
         """The specs of a def `f(a, b, *args)` whose star arguments are all static."""
-        fn = site.mapped
-        params = fn.params if isinstance(fn, cst.FunctionDef) else None
-        if params is None or not tail_fits(params, start):
+        if not isinstance(site.mapped, cst.FunctionDef) or not tail_fits(site.mapped.params, start):
             named = f"{start} parameter{'s' * (start != 1)}"
             raise NotMigrated(
                 f"`static_broadcasted_argnums` from {start} on: the mapped function is not "
