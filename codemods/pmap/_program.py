@@ -226,9 +226,8 @@ class Program:
             target = self.statement.body[0].targets[0].target  # type: ignore[attr-defined]
             # the statement's own comment (`)  # eos token, max_length are constant`) stays
             trailing = self.statement.trailing_whitespace
-            made.append(
-                assign(target, self.step(self.mesh)).with_changes(trailing_whitespace=trailing)
-            )
+            step = assign(target, self.step(self.mesh))
+            made.append(step.with_changes(trailing_whitespace=trailing))
         statements = [laid_out(statement, indent, style) for statement in made]
         if isinstance(updated, cst.FunctionDef):  # `self.decorators`, laid out after the `@`
             decorators = self.decorators(self.mesh, Room(indent, len(indent) + 1), style)
@@ -299,9 +298,7 @@ class Program:
         first = len(self.params) - len(self.keywords)  # then passed by keyword, as they were
         args = []
         for i, param in enumerate(self.params):
-            value: cst.BaseExpression = cst.Name(param)
-            if i in self.squeezed:
-                value = cst.Subscript(value, [cst.SubscriptElement(cst.Index(cst.Integer("0")))])
+            value = cst.parse_expression(f"{param}[0]") if i in self.squeezed else cst.Name(param)
             args.append(keyword(param, value) if i >= first else cst.Arg(value))
         fun = self.body
         if isinstance(fun, cst.Call):  # `partial(f, k=v)`: `f(..., k=v)`, the same call
