@@ -222,14 +222,10 @@ class Forms:
         if any(a.keyword or a.star for a in node.args):
             return None
         function = self.qualname(node.func) in RESHAPES
-        if function:
-            if len(node.args) != 2:
-                return None
-            shape: Sequence[cst.BaseExpression] = [node.args[1].value]
-        elif isinstance(node.func, cst.Attribute) and node.func.attr.value == "reshape":
-            shape = [a.value for a in node.args]
-        else:
+        method = isinstance(node.func, cst.Attribute) and node.func.attr.value == "reshape"
+        if (function and len(node.args) != 2) or not (function or method):
             return None
+        shape = [node.args[1].value] if function else [a.value for a in node.args]
         literal = shape[0] if len(shape) == 1 else None
         if isinstance(literal, (cst.Tuple, cst.List)):
             if any(isinstance(e, cst.StarredElement) for e in literal.elements):
