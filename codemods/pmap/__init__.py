@@ -908,12 +908,11 @@ class Pmap(Faithful):
     def _drop_deleted_imports(self, program: Program) -> None:
         """`from flax import jax_utils` goes when the replications deleted were its only use (and
         `functools` when the `partial` mapped is folded into a lambda)."""
-        for node in program.nodes.values():
-            for name in names_in(node):
-                self.drop_import_if_unused(name)
+        nodes = list(program.nodes.values())
         if program.wrapped() and isinstance(program.body, cst.Call):  # `partial` folded in
-            for name in names_in(program.body.func):
-                self.drop_import_if_unused(name)
+            nodes.append(program.body.func)
+        for name in (name for node in nodes for name in names_in(node)):
+            self.drop_import_if_unused(name)
 
     def _layout(self, node: cst.CSTNode, program: Program) -> dict[str, Any]:
         """Return what the program-level form assumes of the step made at `node`, for the
