@@ -294,11 +294,10 @@ class Forms:
             if root is None or root.value != var:
                 return None
             assert isinstance(node, cst.Call)
-            fn, tree = node.args[0].value, node.args[-1]
-            fetched = isinstance(fn, cst.Lambda) and self._is(fn.body, DEVICE_GET)
-            if fetched and len(node.args) == 2 and tree.keyword is None:  # `jax.device_get(x)`
-                assert isinstance(fn, cst.Lambda) and isinstance(fn.body, cst.Call)
-                return root, fn.body.with_changes(
+            fn, tree = node.args  # two, by position (`tree_mapped`)
+            if isinstance(fn.value, cst.Lambda) and self._is(fn.value.body, DEVICE_GET):
+                assert isinstance(fn.value.body, cst.Call)  # `jax.device_get(x)`
+                return root, fn.value.body.with_changes(
                     args=[tree.with_changes(comma=cst.MaybeSentinel.DEFAULT)]
                 )
             return root, _copy_per_leaf(node)
