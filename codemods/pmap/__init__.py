@@ -738,10 +738,8 @@ class Pmap(Faithful):
                 mesh = self._fresh("mesh", taken)
                 made[axis] = (mesh, self._fresh("batch_sharding", taken | {mesh}))
             callee.mesh, callee.sharding = made[axis]
-            callee.entry = [
-                assign(callee.mesh, program.new_mesh()),
-                assign(callee.sharding, program.new_sharding(callee.mesh)),
-            ]
+            callee.entry = [assign(callee.mesh, program.new_mesh())]
+            callee.entry.append(assign(callee.sharding, program.new_sharding(callee.mesh)))
             callee.helpers |= {callee.mesh, callee.sharding}
             if callee.flat_reads:
                 callee.hosts = self._multihost_utils()
