@@ -430,9 +430,8 @@ class Faithful(Finding):
         except (NotMigrated, Untranslatable) as why:
             self.skip(site.node, str(why))
             return None
-        fallback = site.failed_program
         message = "; ".join([MESSAGE, *plan.notes])
-        if not self.site(site.node, message, min_jax=plan.min_jax, fallback=fallback):
+        if not self.site(site.node, message, min_jax=plan.min_jax, fallback=site.failed_program):
             return None
         self._applied(site)
         return plan
