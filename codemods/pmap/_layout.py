@@ -459,7 +459,7 @@ def _unify_fields(
             pairs = zip(want, have)
             if len(want) != len(have) or not all(_unify(w, h, holes, qualname) for w, h in pairs):
                 return False
-        elif want != have:  # a child against no child, or other values (a node is itself only)
+        elif want != have:  # a child against none, or two values that differ (`Name.value`)
             return False
     return True
 
