@@ -4,8 +4,10 @@ readbacks of values around one pmapped step, and where each name is bound and re
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import TypeGuard
 
 import libcst as cst
+import libcst.matchers as m
 
 from jaxmigrate.toolkit.emit import code
 
@@ -93,6 +95,7 @@ def bound_arguments(
     return found
 
 
+KEY = m.Subscript(slice=[m.SubscriptElement(m.Index(m.SimpleString()))])  # `...["k"]`
 FILLS = frozenset(
     f"{np}.{fill}" for np in ("numpy", "jax.numpy") for fill in ("ones", "zeros", "full", "empty")
 )
@@ -332,11 +335,7 @@ def _root(node: cst.BaseExpression) -> cst.Name | None:
 
     An array's own attributes (`x.shape[0]`, `x.T[0]`) are no field: device 0 is not read there.
     """
-    while isinstance(node, (cst.Attribute, cst.Subscript)):
-        if isinstance(node, cst.Attribute) and node.attr.value in ARRAY_ATTRIBUTES:
-            return None
-        if isinstance(node, cst.Subscript) and not _is_key(node):
-            return None
+    while _is_field(node):
         node = node.value
     return node if isinstance(node, cst.Name) else None
 
@@ -353,21 +352,18 @@ def field_top(flow: Flow, use: cst.Name) -> cst.CSTNode:
     """The outermost field `use.a["k"].b` read around `use` (`use` itself when none)."""
     node: cst.CSTNode = use
     parent = flow.parent.get(id(node))
-    while (
-        isinstance(parent, cst.Attribute)
-        and parent.value is node
-        and parent.attr.value not in ARRAY_ATTRIBUTES
-    ) or (isinstance(parent, cst.Subscript) and parent.value is node and _is_key(parent)):
+    while _is_field(parent) and parent.value is node:
         node = parent
         parent = flow.parent.get(id(node))
     return node
 
 
-def _is_key(node: cst.Subscript) -> bool:
-    """`...["k"]`: a dict's entry (an array cannot be indexed by a string)."""
-    if len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
-        return False
-    return isinstance(node.slice[0].slice.value, cst.SimpleString)
+def _is_field(node: cst.CSTNode | None) -> TypeGuard[cst.Attribute | cst.Subscript]:
+    """`.a` or `["k"]`, a field of a pytree read: not an array's own attribute (`ARRAY_ATTRIBUTES`)
+    nor an index (an array cannot be indexed by a string: `["k"]` is a dict's entry)."""
+    if isinstance(node, cst.Attribute):
+        return node.attr.value not in ARRAY_ATTRIBUTES
+    return isinstance(node, cst.Subscript) and m.matches(node, KEY)
 
 
 def is_device_count(
