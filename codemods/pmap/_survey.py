@@ -3,6 +3,7 @@ program-level form can take."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -304,10 +305,8 @@ class PmapUse:
     @property
     def scope(self) -> int | None:
         """Return (the id of) the function its result is bound in; None for the module."""
-        for node in reversed(self.ancestors):
-            if isinstance(node, (cst.FunctionDef, cst.Lambda)) and node is not self.mapped:
-                return id(node)
-        return None
+        scopes = [a for a in self.ancestors if isinstance(a, (cst.FunctionDef, cst.Lambda))]
+        return next((id(a) for a in reversed(scopes) if a is not self.mapped), None)
 
 
 def called_here(
@@ -393,7 +392,7 @@ def _globals_unread(
                 raise NotVisible(why, Decline.CLOSURE)
 
 
-def _made_outside(host: cst.CSTNode | None) -> str:
+def _outside_why(host: cst.CSTNode | None) -> str:
     """Why the calls of a step made outside any def (in a class body, a lambda, a block at
     module level other than `if __name__ == "__main__":`) are not followed."""
     if isinstance(host, cst.ClassDef):
@@ -586,16 +585,13 @@ class Finding(Pass):
         failed = self._failed_hosts()
         live = [s for s in self.sites.values() if s.value_axis is None]
         live = [s for s in live if not self._falls_back(s, failed)]  # once each
-        pending: list[_StoredStep] = []
-        for site in live:
-            found = self._stored_step(module, flow, site)
-            pending += [found] if found is not None else []
+        pending = [f for s in live if (f := self._stored_step(module, flow, s)) is not None]
         stored, handled = self._stored_groups(module, flow, pending)
         for site in live:
             if id(site.node) in handled:  # else the site's reason is found as before
                 continue
             try:
-                if self._made_outside(module, site) and not self._module_program(flow, site):
+                if self._is_outer(module, site) and not self._module_program(flow, site):
                     step = self._outer_step(module, site)
                     declared = self._declared(module)
                     step = follow_step(step, flow, module, self.qualname, declared)
@@ -667,11 +663,12 @@ class Finding(Pass):
             if isinstance(unread.statement, cst.SimpleStatementLine):
                 del self.sites[id(_unread_node(unread))]
 
-    def _used_elsewhere(self, name: str) -> bool:
-        """Whether another file of the code base, or a string of the module, may call or read
-        the module's def `name` (`elsewhere`; a public name of a text alone may be)."""
+    def _used_elsewhere(self, name: str) -> str:
+        """Where another file of the code base, or a string of the module, may call or read the
+        module's def or class `name` (`elsewhere`; a public name of a text alone may be); ""
+        when nowhere."""
         outside, strings = self.state.outside, self.survey.strings
-        return any(elsewhere(name, outside, strings, how) for how in ("called", "read"))
+        return elsewhere(name, outside, strings) or elsewhere(name, outside, strings, "read")
 
     def _module_reads(self) -> Flow:
         """The module's flow (its names' reads), made once: `_find_programs`' when it ran."""
@@ -802,13 +799,10 @@ class Finding(Pass):
         if len(defs) != 1:
             why = f"`{owner}.{name}` is one of {len(defs)} defs named `{name}` in this module"
             return NotVisible(why, Decline.NOT_CALLED_ONLY)
-        outside, strings = self.state.outside, self.survey.strings
-        for how in ("called", "read"):
-            where = elsewhere(owner, outside, strings, how)
-            if where:
-                why = f"its class `{owner}` is used {where}: its calls there are not followed"
-                why += _unless_closed(where)
-                return NotVisible(why, Decline.NOT_CALLED_ONLY)
+        where = self._used_elsewhere(owner)
+        if where:
+            why = f"its class `{owner}` is used {where}: its calls there are not followed"
+            return NotVisible(why + _unless_closed(where), Decline.NOT_CALLED_ONLY)
         return None
 
     def _stored_groups(
@@ -1146,33 +1140,29 @@ class Finding(Pass):
     ) -> bool:
         """`setup` calls each other method of `methods`, as `self.method(...)` (once or more:
         each call lays out the method's parameters its steps read), and nothing else reads that
-        method (in the module, or, by name, in the code base), nor
-        names it in `setup`."""
+        method (in the module, or, by name, in the code base), nor names it in `setup`."""
         me = first_parameter(setup)
-        for method in methods:
-            if method is setup:
-                continue
-            name = method.name.value
-            reads = [a for a in nodes_in(module, cst.Attribute) if a.attr.value == name]
-            mine = [a for a in nodes_in(setup, cst.Attribute) if a.attr.value == name]
-            funcs = {id(c.func) for c in nodes_in(setup, cst.Call)}
-            if not mine or len(reads) != len(mine):
-                return False
+        funcs = {id(c.func) for c in nodes_in(setup, cst.Call)}
+        attrs = list(nodes_in(setup, cst.Attribute))
+        named = {id(a.attr) for a in attrs}
+        # A method's name read in `setup` other than as an attribute would be another
+        bare = {n.value for n in nodes_in(setup, cst.Name) if id(n) not in named}
+        reads = Counter(a.attr.value for a in nodes_in(module, cst.Attribute))
+        defs = Counter(d.name.value for d in nodes_in(module, cst.FunctionDef))
+        outside = private = self.state.outside
+        if outside is not None:
+            # A module another one reads as a value (`mock.patch.object(module, ...)`) has each
+            # of its functions used; a private method is reached through its class
+            private = Callers(
+                outside.everywhere, {k: v for k, v in outside.uses.items() if k != "*"}
+            )
+        for name in (m.name.value for m in methods if m is not setup):
+            mine = [a for a in attrs if a.attr.value == name]
+            if not mine or reads[name] != len(mine) or name in bare or defs[name] != 1:
+                return False  # also read elsewhere, or a subclass's override is called too
             if any(single_name(a.value) != me or id(a) not in funcs for a in mine):
                 return False
-            attrs = {id(a.attr) for a in nodes_in(setup, cst.Attribute)}
-            if any(n.value == name and id(n) not in attrs for n in nodes_in(setup, cst.Name)):
-                return False  # read as the method's name in `setup`, it would be another
-            if sum(1 for d in nodes_in(module, cst.FunctionDef) if d.name.value == name) != 1:
-                return False  # a subclass's override is called too
-            outside = self.state.outside
-            if outside is not None and name.startswith("_"):
-                # A module another one reads as a value (`mock.patch.object(module, ...)`) has
-                # each of its functions used; a private method is reached through its class
-                outside = Callers(
-                    outside.everywhere, {k: v for k, v in outside.uses.items() if k != "*"}
-                )
-            if elsewhere(name, outside, self.survey.strings):
+            if elsewhere(name, private if name.startswith("_") else outside, self.survey.strings):
                 return False
         return True
 
@@ -1442,7 +1432,7 @@ class Finding(Pass):
         )
         self._apart(host, NotVisible(why, Decline.MESH))
 
-    def _made_outside(self, module: cst.Module, site: PmapUse) -> bool:
+    def _is_outer(self, module: cst.Module, site: PmapUse) -> bool:
         """A pmap decorator on a def of the module, or `step = jax.pmap(...)` at module level."""
         if isinstance(site.node, cst.Decorator):
             return site.mapped in module.body
@@ -1463,7 +1453,7 @@ class Finding(Pass):
             return self._outer_named(OuterStep(site, body.name.value, body, options, True))
         statement = site.ancestors[1] if len(site.ancestors) > 2 else None
         if isinstance(statement, cst.BaseCompoundStatement):  # `if __name__ == ...:`
-            raise NotVisible(_made_outside(statement), Decline.MADE_OUTSIDE)
+            raise NotVisible(_outside_why(statement), Decline.MADE_OUTSIDE)
         assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
         if not isinstance(assign, cst.Assign) or assign.value is not site.node:
             raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
@@ -1645,7 +1635,7 @@ class Finding(Pass):
         assert isinstance(site.node, cst.Call)
         host = site.around or self._main_host(module, site.ancestors)
         if not isinstance(host, cst.FunctionDef) or host is site.mapped:
-            raise NotVisible(_made_outside(host), Decline.MADE_OUTSIDE)
+            raise NotVisible(_outside_why(host), Decline.MADE_OUTSIDE)
         fun = fun_arg(site.node)
         skip: cst.CSTNode | None = None  # the body, when it is written in the function
         if fun is not None and isinstance(fun.value, cst.Lambda):  # `jax.pmap(lambda x: ...)`
@@ -1814,7 +1804,7 @@ class Finding(Pass):
         assert isinstance(body, cst.FunctionDef) and isinstance(site.node, cst.Decorator)
         host = self._def_scope(body) or self._main_host(module, site.ancestors)
         if not isinstance(host, cst.FunctionDef):
-            why = _made_outside(host)
+            why = _outside_why(host)
             found = decorated_method(module, site.node) if isinstance(host, cst.ClassDef) else None
             if found is not None:  # the value blocking it in the method calling it, if any
                 options = self._decorator_options(site.node, body)
