@@ -515,11 +515,8 @@ def _bound_values(binding: cst.CSTNode) -> tuple[cst.BaseExpression, ...]:
 def _without_self(method: cst.FunctionDef) -> cst.FunctionDef:
     """`method` as `self.method(...)` calls it: without its first parameter."""
     params = method.params
-    if params.posonly_params:
-        return method.with_changes(
-            params=params.with_changes(posonly_params=params.posonly_params[1:])
-        )
-    return method.with_changes(params=params.with_changes(params=params.params[1:]))
+    first = "posonly_params" if params.posonly_params else "params"  # where `self` is
+    return method.with_changes(params=params.with_changes(**{first: getattr(params, first)[1:]}))
 
 
 class Finding(Pass):
@@ -571,6 +568,11 @@ class Finding(Pass):
         self.unread: dict[str, Unread] = {}
         self.dropped: set[str] = set()
 
+    @property
+    def module(self) -> cst.Module:
+        """The module being visited (its scope model's): the one every method reads."""
+        return self.resolver.module
+
     @cached_property
     def imported(self) -> Imported:
         """The code base's other modules (`FileState.modules`), parsed when first asked."""
@@ -581,20 +583,19 @@ class Finding(Pass):
         flow = self.module_flow = Flow(module, model=self.resolver)
         outer: list[OuterStep] = []
         made_in: dict[int, list[PmapUse]] = {}  # the steps each function makes
-        self.factory_hosts = self._factory_callers(module, flow)
+        self.factory_hosts = self._factory_callers(flow)
         failed = self._failed_hosts()
         live = [s for s in self.sites.values() if s.value_axis is None]
         live = [s for s in live if not self._falls_back(s, failed)]  # once each
-        pending = [f for s in live if (f := self._stored_step(module, flow, s)) is not None]
-        stored, handled = self._stored_groups(module, flow, pending)
+        pending = [f for s in live if (f := self._stored_step(flow, s)) is not None]
+        stored, handled = self._stored_groups(flow, pending)
         for site in live:
             if id(site.node) in handled:  # else the site's reason is found as before
                 continue
             try:
-                if self._is_outer(module, site) and not self._module_program(flow, site):
-                    step = self._outer_step(module, site)
-                    declared = self._declared(module)
-                    step = follow_step(step, flow, module, self.qualname, declared)
+                if self._is_outer(site) and not self._module_program(flow, site):
+                    step = self._outer_step(site)
+                    step = follow_step(step, flow, module, self.qualname, self._declared())
                     for program in step.programs:  # what its callers read of what it returns
                         passed_on_checked(program, flow, self.state.outside, self.survey.strings)
                     outer.append(step)
@@ -605,14 +606,14 @@ class Finding(Pass):
             except NotVisible as why:
                 site.fallback = str(why)
         for sites in made_in.values():
-            self._take_steps(module, flow, sites)
-        self._beside_kept(module, flow)
-        self._group_outer(module, flow, outer)
+            self._take_steps(flow, sites)
+        self._beside_kept(flow)
+        self._group_outer(flow, outer)
         if self._take_groups(stored):  # the stored steps' groups: none when their mesh clashes
             self.stored.clear()
         else:
             self.outer += stored
-        self._module_alone(module)
+        self._module_alone()
 
     def _find_unread(self, module: cst.Module) -> None:
         """Find the module-level defs and `name = jax.pmap(...)` steps whose every read a
@@ -621,15 +622,12 @@ class Finding(Pass):
         no string and used by no other module of the code base. Their pmaps are no longer sites
         of their own: each is recorded with the group and deleted with it."""
         assert self.module_flow is not None
-        groups = [
-            (self.program_group(p[0][0].node), [q for _, q in p]) for p in self.programs.values()
-        ]
-        groups += [
-            (self.program_group(g.steps[0].site.node), [p for s in g.steps for p in s.programs])
-            for g in self.outer
-        ]
+        groups = [(p[0][0].node, [q for _, q in p]) for p in self.programs.values()]
+        for g in self.outer:
+            groups.append((g.steps[0].site.node, [p for s in g.steps for p in s.programs]))
         gone: dict[int, str] = {}
-        for key, programs in groups:
+        for first, programs in groups:
+            key = self.program_group(first)
             for program in (q for p in programs for q in (p, *p.callees)):
                 for k, node in program.nodes.items():
                     if program.reasons.get(k) == MEAN_OF_COPIES and isinstance(node, cst.Call):
@@ -704,25 +702,24 @@ class Finding(Pass):
                 for read in names_in(unread.statement):
                     self.drop_import_if_unused(read)
 
-    @staticmethod
-    def _reads_of(module: cst.Module, flow: Flow, factory: cst.Name | cst.Attribute) -> int:
+    def _reads_of(self, flow: Flow, factory: cst.Name | cst.Attribute) -> int:
         """How many times the module reads the factory's name: as a name, or, a method
         (`self.factory`), as the attribute of anything; a method another class of the module
         defines too (a subclass's override) counts as read again."""
         if isinstance(factory, cst.Name):
             return len(flow.loads.get(factory.value, []))
         name = factory.attr.value
-        reads = sum(1 for a in nodes_in(module, cst.Attribute) if a.attr.value == name)
-        defs = sum(1 for d in nodes_in(module, cst.FunctionDef) if d.name.value == name)
+        reads = sum(1 for a in nodes_in(self.module, cst.Attribute) if a.attr.value == name)
+        defs = sum(1 for d in nodes_in(self.module, cst.FunctionDef) if d.name.value == name)
         return reads + defs - 1
 
-    def _stored_step(self, module: cst.Module, flow: Flow, site: PmapUse) -> _StoredStep | None:
+    def _stored_step(self, flow: Flow, site: PmapUse) -> _StoredStep | None:
         """A step stored on `self` (`self.step = jax.pmap(...)`, or a factory's decorated def,
         `self.step = get_eval_fn(...)`) and called in one other method of the class, which
         sets its mesh (`_stored_groups`); None when the step is not stored so."""
         if self.stores is None:
-            self.stores = attribute_stores(module, self.survey.stored)
-        found = stored_target(module, site.node, self.stores, self.qualname)
+            self.stores = attribute_stores(self.module, self.survey.stored)
+        found = stored_target(self.module, site.node, self.stores, self.qualname)
         if found is None or len(site.pmaps) != 1:
             return None
         klass, maker, assign, bound = found
@@ -744,14 +741,14 @@ class Finding(Pass):
                 why = f"the step is returned by `{name}`, which is also called {where}"
                 why += _unless_closed(where)
                 self.factory_used[id(site.node)] = NotVisible(why, Decline.NOT_CALLED_ONLY)
-            if where or self._reads_of(module, flow, factory) != 1:
+            if where or self._reads_of(flow, factory) != 1:
                 return None
         try:
-            readers = stored_reads(module, klass, maker, assign)
+            readers = stored_reads(self.module, klass, maker, assign)
         except NotVisible as why:
             self.stored_why[id(site.node)] = why
             return None
-        used = self._method_used(module, klass, maker) if in_class else None
+        used = self._method_used(klass, maker) if in_class else None
         if used is not None:
             self.factory_used[id(site.node)] = used
             return None
@@ -783,9 +780,7 @@ class Finding(Pass):
             return None
         return _StoredStep(site, klass, readers, bound or 0, body, options)
 
-    def _method_used(
-        self, module: cst.Module, klass: cst.ClassDef, method: cst.FunctionDef
-    ) -> NotVisible | None:
+    def _method_used(self, klass: cst.ClassDef, method: cst.FunctionDef) -> NotVisible | None:
         """Why a pmap-decorated method is not read as a step stored on `self`: pmap does not
         take `self` as static (an object must be), a def of the module overrides it, or another
         module may name its class (a subclass there, or code calling it, is not read); else
@@ -795,7 +790,7 @@ class Finding(Pass):
         if 0 not in self._decorator_options(method.decorators[0], method).statics:
             first = first_parameter(method)
             return NotVisible(f"`{first}` is not a static argument of its pmap", Decline.OPTION)
-        defs = [d for d in nodes_in(module, cst.FunctionDef) if d.name.value == name]
+        defs = [d for d in nodes_in(self.module, cst.FunctionDef) if d.name.value == name]
         if len(defs) != 1:
             why = f"`{owner}.{name}` is one of {len(defs)} defs named `{name}` in this module"
             return NotVisible(why, Decline.NOT_CALLED_ONLY)
@@ -806,7 +801,7 @@ class Finding(Pass):
         return None
 
     def _stored_groups(
-        self, module: cst.Module, flow: Flow, pending: list[_StoredStep]
+        self, flow: Flow, pending: list[_StoredStep]
     ) -> tuple[list[OuterGroup], set[int]]:
         """The groups of the stored steps, one per method calling them: that method is read
         once, each step's reads a fresh name (`_stored.stored_copy`), and sets one mesh for them
@@ -819,9 +814,9 @@ class Finding(Pass):
         handled: set[int] = set()
         by_method: dict[int, list[_StoredStep]] = {}
         for shared in by_class.values():
-            passes = {id(f): self._passes(module, f) for f in shared}  # read once, used twice
+            passes = {id(f): self._passes(f) for f in shared}  # read once, used twice
             if any(len(f.readers) > 1 or passes[id(f)] for f in shared):
-                group = self._class_group(module, flow, shared, passes)
+                group = self._class_group(flow, shared, passes)
                 if isinstance(group, NotVisible):  # what blocks them all
                     for found in shared:
                         found.site.fallback = str(group)
@@ -835,7 +830,7 @@ class Finding(Pass):
         for shared in by_method.values():
             method = shared[0].method
             try:
-                kept = stored_copy(module, method, [(s.reads, s.bound) for s in shared])
+                kept = stored_copy(self.module, method, [(s.reads, s.bound) for s in shared])
             except NotVisible as unread:
                 self.stored_why.update({id(s.site.node): unread for s in shared})
                 continue
@@ -848,7 +843,7 @@ class Finding(Pass):
                 step = OuterStep(found.site, name, found.body, found.options, decorated)
                 try:
                     others = tuple(n for n in names if n != name)  # a result fed to another
-                    program = self._in_copy(module, found, kept, name, siblings=others)
+                    program = self._in_copy(found, kept, name, siblings=others)
                     passed_on_checked(program, flow, self.state.outside, self.survey.strings)
                     if program.squeezed:
                         keys = _KEYS.format(code(kept.steps[name][0]))
@@ -878,7 +873,7 @@ class Finding(Pass):
             around = frozenset({id(method), *(id(a) for a in flow.ancestors(method))})
             try:
                 self._one_axis(steps, method.name.value)
-                group = self._meshed(module, kept.copy, Flow(kept.copy), steps, around)
+                group = self._meshed(kept.copy, Flow(kept.copy), steps, around)
             except NotVisible as unset:  # each site finds its own reason, else this one
                 self.stored_why.update({id(s.site.node): unset for s in shared})
                 continue
@@ -896,32 +891,26 @@ class Finding(Pass):
             raise NotVisible(f"{who} over different axes: one mesh cannot serve them", Decline.MESH)
 
     def _meshed(
-        self,
-        module: cst.Module,
-        setup: cst.FunctionDef,
-        flow: Flow,
-        steps: list[OuterStep],
-        around: frozenset[int],
+        self, setup: cst.FunctionDef, flow: Flow, steps: list[OuterStep], around: frozenset[int]
     ) -> OuterGroup:
         """Return the group of `steps` whose mesh `setup` (read in `flow`) sets, before its
         first statement calling one; a mesh of pmap's already bound there is reused. Raise
         NotVisible when no one place in `setup` serves them all."""
         before = first_statement(setup, flow, steps)
         end = mesh_end(setup, flow, steps, before)
-        scopes: list[cst.BaseSuite | cst.Module] = [setup.body, module]
+        scopes: list[cst.BaseSuite | cst.Module] = [setup.body, self.module]
         mesh = mesh_in_scope(scopes, before, flow, steps[0].options.axis, self.qualname)
         return OuterGroup(steps, setup, before, end, mesh or "mesh", mesh is None, around=around)
 
-    @staticmethod
-    def _passes(module: cst.Module, found: _StoredStep) -> _Passes | NotVisible | None:
+    def _passes(self, found: _StoredStep) -> _Passes | NotVisible:
         """Where the one method reading the step passes it to another method of its class, as
         an argument of `self.method(...)` (big_vision's retrieval evaluator: `self._embed(...,
         self._embed_images_p, ...)`): each call, the method, and the parameter the step binds
-        there; None when a read is anything else or the step is not read so; NotVisible when
+        there; none when a read is anything else or the step is not read so; NotVisible when
         another class of the module (a subclass) defines that method too: which one runs is
         not known here."""
         if len(found.readers) != 1 or found.bound:
-            return None
+            return []
         reader, reads = found.readers[0]
         me = first_parameter(reader)
         methods = {m.name.value: m for m in found.klass.body.body if isinstance(m, cst.FunctionDef)}
@@ -931,20 +920,19 @@ class Finding(Pass):
             call = args.get(id(read))
             func = call.func if call is not None else None
             if call is None or not isinstance(func, cst.Attribute) or single_name(func.value) != me:
-                return None
+                return []
             method = methods.get(func.attr.value)
             if method is None or method is reader or not method.params.params:
-                return None
+                return []
             bound = bound_arguments(_without_self(method), call) or {}
-            param = next((p for p, v in bound.items() if v is read), None)
-            if param is None:
-                return None
+            if (param := next((p for p, v in bound.items() if v is read), None)) is None:
+                return []
             name = method.name.value
-            if sum(1 for d in nodes_in(module, cst.FunctionDef) if d.name.value == name) != 1:
+            if sum(1 for d in nodes_in(self.module, cst.FunctionDef) if d.name.value == name) != 1:
                 mine = found.klass.name.value
                 subclasses = [
                     f"`{k.name.value}.{name}`"
-                    for k in nodes_in(module, cst.ClassDef)
+                    for k in nodes_in(self.module, cst.ClassDef)
                     if any(single_name(b.value) == mine for b in k.bases)
                     and any(
                         isinstance(d, cst.FunctionDef) and d.name.value == name for d in k.body.body
@@ -958,14 +946,10 @@ class Finding(Pass):
                     Decline.NOT_CALLED_ONLY,
                 )
             passes.append((call, method, param))
-        return passes or None
+        return passes
 
     def _class_group(
-        self,
-        module: cst.Module,
-        flow: Flow,
-        shared: list[_StoredStep],
-        passing: Mapping[int, _Passes | NotVisible | None],
+        self, flow: Flow, shared: list[_StoredStep], passing: Mapping[int, _Passes | NotVisible]
     ) -> OuterGroup | NotVisible | None:
         """The group of the steps stored on `self` in one class when one of them is called in
         several methods: one method (`setup`) calls each other method calling a step, once, as
@@ -976,16 +960,13 @@ class Finding(Pass):
         is laid out where `setup` passes it (as the argument of a step there: `_callee`'s
         `given`). None when that is not so: each site then finds its own reason; why not, when
         a step is not taken there. `passing`: each step's `_passes`, by id."""
-        passes: dict[int, _Passes] = {}
-        for found in shared:
-            passed_to = passing[id(found)]
-            if isinstance(passed_to, NotVisible):  # which definition runs there is not known
-                return passed_to
-            passes[id(found)] = passed_to or []
+        passes = {k: p for k, p in passing.items() if not isinstance(p, NotVisible)}
+        if len(passes) < len(passing):  # which definition runs there is not known
+            return next(p for p in passing.values() if isinstance(p, NotVisible))
         methods = [m for found in shared for m, _ in found.readers]
         methods += [m for found in shared for _, m, _ in passes[id(found)]]
         methods = list({id(m): m for m in methods}.values())  # each once, in order
-        setup = next((m for m in methods if self._calls_all(module, m, methods)), None)
+        setup = next((m for m in methods if self._calls_all(m, methods)), None)
         if setup is None and any(passes.values()):  # passed to a method: that is followed
             klass = shared[0].klass.name.value
             where = " and ".join(f"`{klass}.{m.name.value}`" for m in methods)
@@ -993,8 +974,7 @@ class Finding(Pass):
             return NotVisible(why, Decline.SETUP)
         if setup is None:
             return None
-        blocked = self._passed_everywhere(setup, passes)
-        if blocked is not None:
+        if (blocked := self._passed_everywhere(setup, passes)) is not None:
             return blocked
         others = [m for m in methods if m is not setup]
         calls = {  # in `setup`: `self.method`, the function of the one call of each method
@@ -1008,7 +988,7 @@ class Finding(Pass):
             for method in methods:
                 read = [(f, r) for f in shared for m, r in f.readers if m is method]
                 named = calls if method is setup else None
-                kept = stored_copy(module, method, [(r, f.bound) for f, r in read], named)
+                kept = stored_copy(self.module, method, [(r, f.bound) for f, r in read], named)
                 copies[id(method)] = kept
                 for (found, _), name in zip(read, kept.steps, strict=False):
                     names[(id(found), id(method))] = name
@@ -1035,25 +1015,21 @@ class Finding(Pass):
                 hosts: list[tuple[cst.FunctionDef, str, cst.Call | None]] = []
                 for method, _ in found.readers:
                     name = names[(id(found), id(method))]
-                    if method is setup and passes[id(found)]:
-                        hosts += [
-                            (m, param, in_setup[id(call)]) for call, m, param in passes[id(found)]
-                        ]
-                    elif method is setup:
-                        hosts.append((method, name, None))
-                    else:
+                    if method is not setup:
                         hosts += [(method, name, c) for c in called[method.name.value]]
+                    elif passes[id(found)]:
+                        hosts += [(m, p, in_setup[id(c)]) for c, m, p in passes[id(found)]]
+                    else:
+                        hosts.append((method, name, None))
                 for method, name, at in hosts:
                     kept = copies[id(method)]
                     given: _Given | None = None
                     if at is not None:
-                        given = self._given(module, setup_copy, method, found, at, tuple(calls))
+                        given = self._given(setup_copy, method, found, at, tuple(calls))
                         given.params = given_params.setdefault(method.name.value, set())
                     followed = tuple(calls) if method is setup else ()  # their feeds: below
                     try:
-                        program = self._in_copy(
-                            module, found, kept, name, given=given, methods=followed
-                        )
+                        program = self._in_copy(found, kept, name, given=given, methods=followed)
                     except NotVisible as why:
                         if name == first:
                             raise
@@ -1081,7 +1057,7 @@ class Finding(Pass):
             by_name = {m.name.value: m for m in others}
             self._passed_as_before(inner, setup_copy, steps, given_params, by_name)
             around = frozenset(id(a) for m in methods for a in (m, *flow.ancestors(m)))
-            group = self._meshed(module, setup_copy.copy, inner, steps, around)
+            group = self._meshed(setup_copy.copy, inner, steps, around)
         except NotVisible as why:
             if not why.why:
                 return None
@@ -1135,9 +1111,7 @@ class Finding(Pass):
                     why = f"`{one}` and `{other}` are passed to one parameter, laid out differently"
                     raise NotVisible(why, Decline.CALLS_DIFFER)
 
-    def _calls_all(
-        self, module: cst.Module, setup: cst.FunctionDef, methods: list[cst.FunctionDef]
-    ) -> bool:
+    def _calls_all(self, setup: cst.FunctionDef, methods: list[cst.FunctionDef]) -> bool:
         """`setup` calls each other method of `methods`, as `self.method(...)` (once or more:
         each call lays out the method's parameters its steps read), and nothing else reads that
         method (in the module, or, by name, in the code base), nor names it in `setup`."""
@@ -1147,8 +1121,8 @@ class Finding(Pass):
         named = {id(a.attr) for a in attrs}
         # A method's name read in `setup` other than as an attribute would be another
         bare = {n.value for n in nodes_in(setup, cst.Name) if id(n) not in named}
-        reads = Counter(a.attr.value for a in nodes_in(module, cst.Attribute))
-        defs = Counter(d.name.value for d in nodes_in(module, cst.FunctionDef))
+        reads = Counter(a.attr.value for a in nodes_in(self.module, cst.Attribute))
+        defs = Counter(d.name.value for d in nodes_in(self.module, cst.FunctionDef))
         outside = private = self.state.outside
         if outside is not None:
             # A module another one reads as a value (`mock.patch.object(module, ...)`) has each
@@ -1166,26 +1140,23 @@ class Finding(Pass):
                 return False
         return True
 
-    def _in_copy(
-        self, module: cst.Module, found: _StoredStep, kept: Stored, name: str, **follow: Any
-    ) -> Program:
+    def _in_copy(self, found: _StoredStep, kept: Stored, name: str, **follow: Any) -> Program:
         """Return the program of `found`'s step called as `name` in `kept`'s copy of its method,
         read with the method's facts (`_copy_facts`); `follow`: `analyze_calls`' `given`, and
         the steps (`siblings`) or methods (`methods`) whose calls there are followed too."""
-        facts = self._copy_facts(module, kept)
+        facts = self._copy_facts(kept)
         options, body = found.options, found.body
         return analyze_calls(kept.copy, name, options, body, self.qualname, facts, **follow)
 
-    def _copy_facts(self, module: cst.Module, kept: Stored) -> ModuleFacts:
+    def _copy_facts(self, kept: Stored) -> ModuleFacts:
         """Return the `_facts` of the method `kept` copies, for its copy: the parameters
         declared of the method (`pmap-replicated`, or seen) are the copy's."""
-        facts = self._facts(module, kept.method)
+        facts = self._facts(kept.method)
         declared = facts.replicated.get(id(kept.method), NOT_DECLARABLE)
         return replace(facts, replicated={id(kept.copy): declared})
 
     def _given(
         self,
-        module: cst.Module,
         setup: Stored,
         method: cst.FunctionDef,
         found: _StoredStep,
@@ -1199,7 +1170,7 @@ class Finding(Pass):
         if bound is None:  # `self.method(**options)`
             why = f"the arguments of `{method.name.value}` are not visible"
             raise NotVisible(why, Decline.CALLS_DIFFER)
-        facts = self._copy_facts(module, setup)
+        facts = self._copy_facts(setup)
         declared = facts.replicated[id(setup.copy)]
         flow = Flow(setup.copy)
         forms = forms_of(flow, self.qualname, facts)
@@ -1226,8 +1197,7 @@ class Finding(Pass):
         uncopied = {n for p in programs for n in p.uncopied}
         for call in nodes_in(setup.copy, cst.Call):
             name = single_name(call.func) or ""
-            method = methods.get(name)
-            if method is None:
+            if (method := methods.get(name)) is None:
                 continue
             args = bound_arguments(_without_self(method), call)
             if args is None:
@@ -1250,15 +1220,27 @@ class Finding(Pass):
 
     def _take_groups(self, groups: list[OuterGroup]) -> str:
         """Take the sites of `groups`' steps out of `self.sites`, unless the mesh they set would
-        clash with a pmap of the module kept per device (`_clash`): then each says so, as its
-        fallback. Return that clash, "" when there is none."""
-        taken = {id(s.site.node) for g in groups for s in g.steps}
-        clash = self._clash(taken) if groups else ""
-        for site in (step.site for group in groups for step in group.steps):
-            if clash:
-                site.fallback = clash
-            else:
+        clash with another pmap of the module (a `jax.pmap` or `shard_map` over any other mesh
+        fails when called under it): one kept per device, or steps over other axes. Then each
+        says so, as its fallback. Return that clash, "" when there is none."""
+        if not groups:
+            return ""
+        sites = [step.site for group in groups for step in group.steps]
+        taken = {id(site.node) for site in sites}
+        axes = {code(g.steps[0].options.axis) for g in self.outer}
+        axes |= {code(p.axis) for programs in self.programs.values() for _, p in programs}
+        if self.kept_pmaps or any(key not in taken for key in self.sites):
+            line = "a pmap of the module stays per-device"
+        elif len(axes) > 1:
+            line = "the steps of the module are over different axes"
+        else:
+            for site in sites:
                 del self.sites[id(site.node)]
+            return ""
+        why = f"{line}: its mesh would clash with the one `jax.set_mesh` sets (JAX raises)"
+        clash = str(NotVisible(why, Decline.MESH))
+        for site in sites:
+            site.fallback = clash
         return clash
 
     def _host(self, site: PmapUse) -> cst.CSTNode | None:
@@ -1273,17 +1255,14 @@ class Finding(Pass):
         outer = next((a for a in scopes if a is not site.mapped), None)
         return outer if isinstance(outer, cst.FunctionDef) else None
 
-    def _factory_callers(
-        self, module: cst.Module, flow: Flow
-    ) -> dict[int, tuple[cst.FunctionDef, cst.Assign]]:
+    def _factory_callers(self, flow: Flow) -> dict[int, tuple[cst.FunctionDef, cst.Assign]]:
         """By id of each `return jax.pmap(...)` ending a def of the module whose one use, and no
         other module's, is `step = factory(...)`, a statement of a function: that function and
         the assignment. The factory's other uses are declined where its step is followed
         (`_factory_program`)."""
         found: dict[int, tuple[cst.FunctionDef, cst.Assign]] = {}
         for site in self.sites.values():
-            factory = _factory(module, site)
-            if factory is None:
+            if (factory := _factory(self.module, site)) is None:
                 continue
             name = factory.name.value
             if elsewhere(name, self.state.outside, self.survey.strings):
@@ -1319,8 +1298,7 @@ class Finding(Pass):
 
     def _falls_back(self, site: PmapUse, failed: dict[int, tuple[str, str]]) -> bool:
         """Mark `site` faithful when the program-level group it belongs to failed verification."""
-        found = failed.get(id(self._host(site)))
-        if found is None:
+        if (found := failed.get(id(self._host(site)))) is None:
             return False
         site.failed_program = found[0]
         why = f"program-level form failed verification ({found[1]})"
@@ -1333,7 +1311,7 @@ class Finding(Pass):
         line, col = self.where(node)
         return f"{self.CODE}:program:{line}:{col}"
 
-    def _take_steps(self, module: cst.Module, flow: Flow, sites: list[PmapUse]) -> None:
+    def _take_steps(self, flow: Flow, sites: list[PmapUse]) -> None:
         """Take the steps one function makes, together: results fed from one to another are
         replicated on both sides. A step that is not taken is left out and the others are
         followed again without it (a result fed to it is then read other than as taken)."""
@@ -1344,7 +1322,7 @@ class Finding(Pass):
             for site in active:
                 siblings = tuple(n for k, n in names.items() if n and k != id(site))
                 try:
-                    taken.append((site, *self._program(module, site, flow, siblings)))
+                    taken.append((site, *self._program(site, flow, siblings)))
                 except NotVisible as why:
                     site.fallback = str(why)
             if len(taken) == len(active):
@@ -1371,13 +1349,12 @@ class Finding(Pass):
             del self.sites[id(site.node)]
         self.programs[id(host)] = [(site, program) for site, _, program in taken]
 
-    def _beside_kept(self, module: cst.Module, flow: Flow) -> None:
+    def _beside_kept(self, flow: Flow) -> None:
         """A function whose steps are taken and that calls a factory of the module whose step
         keeps the per-device form: the results of that step, read back from device 0, would
         reach the taken steps committed to one device. They keep the per-device form too."""
         for site in list(self.sites.values()):
-            factory = _factory(module, site)
-            if factory is None:
+            if (factory := _factory(self.module, site)) is None:
                 continue
             for use in flow.loads.get(factory.name.value, []):
                 host = next((a for a in flow.ancestors(use) if isinstance(a, SCOPES)), None)
@@ -1417,11 +1394,11 @@ class Finding(Pass):
             isinstance(a, SCOPES) for use in uses for a in flow.ancestors(use)
         )
 
-    def _module_alone(self, module: cst.Module) -> None:
+    def _module_alone(self) -> None:
         """The module's own program is taken only if no other site or program of the module is
         left: its statements are rewritten from the original, other edits in them would be
         lost. Else its steps are faithful, saying so."""
-        host = self.main_blocks.get(id(module))
+        host = self.main_blocks.get(id(self.module))
         if host is None or id(host) not in self.programs:
             return
         if not (self.sites or self.outer or self.stored or set(self.programs) - {id(host)}):
@@ -1432,15 +1409,15 @@ class Finding(Pass):
         )
         self._apart(host, NotVisible(why, Decline.MESH))
 
-    def _is_outer(self, module: cst.Module, site: PmapUse) -> bool:
+    def _is_outer(self, site: PmapUse) -> bool:
         """A pmap decorator on a def of the module, or `step = jax.pmap(...)` at module level."""
         if isinstance(site.node, cst.Decorator):
-            return site.mapped in module.body
-        if main_block(module, site.ancestors) is not None:
+            return site.mapped in self.module.body
+        if main_block(self.module, site.ancestors) is not None:
             return False
         return not any(isinstance(a, SCOPES) for a in site.ancestors)
 
-    def _outer_step(self, module: cst.Module, site: PmapUse) -> OuterStep:
+    def _outer_step(self, site: PmapUse) -> OuterStep:
         """Read a step made outside the functions calling it; raise NotVisible for why not."""
         if len(site.pmaps) != 1:
             raise NotVisible(NESTED, Decline.NESTED)
@@ -1467,7 +1444,7 @@ class Finding(Pass):
         if isinstance(lam, cst.Lambda) and not is_mean(site.node, self.qualname):
             return self._outer_named(OuterStep(site, target, lambda_def(lam), options, False))
         defs = self.survey.defs(options.name)
-        if len(defs) != 1 or defs[0] not in module.body or self.survey.rebound(options.name):
+        if len(defs) != 1 or defs[0] not in self.module.body or self.survey.rebound(options.name):
             why = self._not_a_def(site.node, options.name or "")
             if len(defs) == 1 and self.survey.rebound(options.name):
                 why = f"the pmapped def `{options.name}` is bound again (`{options.name} = ...`)"
@@ -1498,7 +1475,7 @@ class Finding(Pass):
         )
         return cst.SimpleString(f'"{name}"')
 
-    def _group_outer(self, module: cst.Module, flow: Flow, steps: list[OuterStep]) -> None:
+    def _group_outer(self, flow: Flow, steps: list[OuterStep]) -> None:
         """Group the steps by the function setting their mesh (one for them all when one
         function calls every function calling them); check each group can be taken."""
         if not steps:
@@ -1513,42 +1490,27 @@ class Finding(Pass):
                 program.axis = step.options.axis
         try:
             self._one_axis(steps)
-            setup = setup_function(together, flow, module, self.survey.strings)
+            setup = setup_function(together, flow, self.module, self.survey.strings)
             groups[id(setup)] = (setup, steps)
         except NotVisible:
             for step in steps:
                 try:
-                    setup = setup_function(step, flow, module, self.survey.strings)
+                    setup = setup_function(step, flow, self.module, self.survey.strings)
                 except NotVisible as why:
                     step.site.fallback = str(why)
                     continue
                 groups.setdefault(id(setup), (setup, []))[1].append(step)
         for setup, group in groups.values():
             try:
-                self.outer.append(self._outer_group(module, flow, setup, group))
+                self.outer.append(self._outer_group(flow, setup, group))
             except NotVisible as why:
                 for step in group:
                     step.site.fallback = str(why)
         if self._take_groups(self.outer):
             self.outer = []
 
-    def _clash(self, taken: set[int]) -> str:
-        """Why the mesh `jax.set_mesh` sets would clash with another pmap of the module, if so:
-        a `jax.pmap` or `shard_map` over any other mesh fails when called under it."""
-        others = [s for key, s in self.sites.items() if key not in taken]
-        axes = {code(g.steps[0].options.axis) for g in self.outer}
-        axes |= {code(p.axis) for programs in self.programs.values() for _, p in programs}
-        if others or self.kept_pmaps:
-            line = "a pmap of the module stays per-device"
-        elif len(axes) > 1:
-            line = "the steps of the module are over different axes"
-        else:
-            return ""
-        why = f"{line}: its mesh would clash with the one `jax.set_mesh` sets (JAX raises)"
-        return str(NotVisible(why, Decline.MESH))
-
     def _outer_group(
-        self, module: cst.Module, flow: Flow, setup: cst.FunctionDef, group: list[OuterStep]
+        self, flow: Flow, setup: cst.FunctionDef, group: list[OuterStep]
     ) -> OuterGroup:
         self._one_axis(group, setup.name.value)
         for host in (p.host for step in group for p in step.programs):
@@ -1561,7 +1523,7 @@ class Finding(Pass):
             self._no_jax_batch(program)
         hosts = [setup, *(p.host for step in group for p in step.programs)]
         around = frozenset(id(a) for host in hosts for a in flow.ancestors(host))
-        return self._meshed(module, setup, flow, group, around)
+        return self._meshed(setup, flow, group, around)
 
     def _no_jax_batch(self, program: Program) -> None:
         """Raise PL601 when a batch split for the step is a jax array: made by a jax operation
@@ -1572,13 +1534,8 @@ class Finding(Pass):
         multi-process job (JAX 0.10 and 0.12), and one process cannot show it. A step made where
         it is called names its mesh (`mesh=`), sets none, and takes either."""
         flow = Flow(program.host)
-        for key, node in program.nodes.items():
-            if not program.reasons[key].startswith(SPLIT_EDIT):
-                continue
-            made = self._jax_made(node, flow, set())
-            if made is None:
-                continue
-            by, name = made
+        splits = [n for k, n in program.nodes.items() if program.reasons[k].startswith(SPLIT_EDIT)]
+        for by, name in (m for n in splits if (m := self._jax_made(n, flow, set())) is not None):
             source = f"`{_short(by)}`" if name is None else f"`{name}`, bound to `{_short(by)}`"
             why = (
                 f"the batch split for `{program.host.name.value}`'s step is a jax array, made "
@@ -1605,8 +1562,7 @@ class Finding(Pass):
             seen.add(ref.value)
             for binding in flow.stores.get(ref.value, []):
                 for value in _bound_values(binding):
-                    made = self._jax_made(value, flow, seen, ref.value)
-                    if made is not None:
+                    if (made := self._jax_made(value, flow, seen, ref.value)) is not None:
                         return made
         return None
 
@@ -1625,15 +1581,15 @@ class Finding(Pass):
                 yield from self._refs(child)
 
     def _program(
-        self, module: cst.Module, site: PmapUse, flow: Flow, siblings: tuple[str, ...] = ()
+        self, site: PmapUse, flow: Flow, siblings: tuple[str, ...] = ()
     ) -> tuple[cst.FunctionDef, Program]:
         """Return the function making the step and its program; raise NotVisible for why not."""
         if len(site.pmaps) != 1:
             raise NotVisible(NESTED, Decline.NESTED)
         if isinstance(site.node, cst.Decorator):
-            return self._decorated_program(module, site, flow, siblings)
+            return self._decorated_program(site, flow, siblings)
         assert isinstance(site.node, cst.Call)
-        host = site.around or self._main_host(module, site.ancestors)
+        host = site.around or self._main_host(site.ancestors)
         if not isinstance(host, cst.FunctionDef) or host is site.mapped:
             raise NotVisible(_outside_why(host), Decline.MADE_OUTSIDE)
         fun = fun_arg(site.node)
@@ -1647,7 +1603,7 @@ class Finding(Pass):
                 body = self._opaque_body(site, host, self._not_a_def(site.node, name))
             else:
                 body = defs[0]
-            skip = None if body in module.body or body.name.value == OPAQUE else body
+            skip = None if body in self.module.body or body.name.value == OPAQUE else body
             if skip is not None and self._def_scope(body) is not host:
                 why = f"the pmapped function `{name}` is a def nested in another function"
                 raise NotVisible(why, Decline.NOT_A_DEF)
@@ -1656,7 +1612,7 @@ class Finding(Pass):
             around = site.ancestors[-2] if len(site.ancestors) > 1 else None
             if isinstance(around, cst.Call) and around.func is site.node:
                 why = f"the step is called where it is made, `{_short(around)}`"
-                if body in module.body:  # pmap caches a step of the same def
+                if body in self.module.body:  # pmap caches a step of the same def
                     why += (
                         f": made there as `jax.jit(jax.shard_map(...))`, it would be compiled "
                         f"again at every call of `{host.name.value}`, where pmap compiles it once"
@@ -1665,17 +1621,17 @@ class Finding(Pass):
             raise unnamed_step(around, host.name.value, flow.parent)
         assign = statement.body[0]
         if isinstance(assign, cst.Return) and assign.value is site.node:
-            return self._factory_program(module, site, host, statement, body, flow, siblings)
+            return self._factory_program(site, host, statement, body, flow, siblings)
         klass = self._def_scope(host)  # `self.step = jax.pmap(...)` in a method: say what blocks
         target = assign.targets[0].target if isinstance(assign, cst.Assign) else None
         if isinstance(target, cst.Attribute) and isinstance(klass, cst.ClassDef):
             assert isinstance(assign, cst.Assign)
             options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
-            declared = self._declared(module)
+            declared = self._declared()
             blocking = stored_on_self(klass, host, assign, options, body, self.qualname, declared)
             stored = self.stored_why.get(id(site.node))
             raise stored if stored is not None and blocking.code is Decline.NOT_NAMED else blocking
-        facts = self._facts(module, host)
+        facts = self._facts(host)
         details = (host, statement, site.node, body, self.qualname, siblings, facts, skip)
         unnamed = self._unnamed()
         try:
@@ -1685,11 +1641,10 @@ class Finding(Pass):
                 raise
             called_once = lambda d, c: self._called_once(flow, d, c)
             program = follow_passed(why, *details, unnamed, called_once)
-        return host, self._checked(module, program, flow, statement)
+        return host, self._checked(program, flow, statement)
 
     def _factory_program(
         self,
-        module: cst.Module,
         site: PmapUse,
         factory: cst.FunctionDef,
         made: cst.SimpleStatementLine,
@@ -1719,13 +1674,13 @@ class Finding(Pass):
         assert isinstance(statement, cst.SimpleStatementLine)
         if id(host) in self.programs:  # another group's: not one mesh for them all
             raise self._apart(host)
-        facts = self._facts(module, host)
+        facts = self._facts(host)
         details = (host, statement, site.node, body, self.qualname, siblings, facts, None)
         program = analyze(*details, self._unnamed(), made=bound.value)
         program.factory = (factory, made)
         if self._visit_only is not None:  # the function calling the step holds no pmap
             self._visit_only |= {id(a) for a in (host, *flow.ancestors(host))}
-        return host, self._checked(module, program, flow, statement)
+        return host, self._checked(program, flow, statement)
 
     def _opaque_body(self, site: PmapUse, host: cst.FunctionDef, why: str) -> cst.FunctionDef:
         """The body of `step = jax.pmap(f)`, `f` no def of the module (`model.apply`, a partial
@@ -1769,19 +1724,19 @@ class Finding(Pass):
         return uses == [call.func] and not holds and callee.name.value not in self.survey.strings
 
     def _main_host(
-        self, module: cst.Module, around: tuple[cst.CSTNode, ...] | list[cst.CSTNode]
+        self, around: tuple[cst.CSTNode, ...] | list[cst.CSTNode]
     ) -> cst.FunctionDef | None:
         """The `if __name__ == "__main__":` block at module level `around` (a site's ancestors)
         is in, read as a def of its body (one per block); else, for a site in a statement of
         the module, the module's statements read so; else None."""
-        block = main_block(module, around)
-        at_top = len(around) > 1 and around[0] is module and around[1] in module.body
+        block = main_block(self.module, around)
+        at_top = len(around) > 1 and around[0] is self.module and around[1] in self.module.body
         if block is None and not at_top:
             return None
-        key = id(block if block is not None else module)
+        key = id(block if block is not None else self.module)
         host = self.main_blocks.get(key)
         if host is None:
-            body = block.body if block is not None else cst.IndentedBlock(body=module.body)
+            body = block.body if block is not None else cst.IndentedBlock(body=self.module.body)
             assert isinstance(body, cst.IndentedBlock)
             host = cst.FunctionDef(cst.Name("__main__"), cst.Parameters(), body)
             self.main_blocks[key] = host
@@ -1797,18 +1752,20 @@ class Finding(Pass):
         return None if isinstance(outer, cst.Module) else outer
 
     def _decorated_program(
-        self, module: cst.Module, site: PmapUse, flow: Flow, siblings: tuple[str, ...]
+        self, site: PmapUse, flow: Flow, siblings: tuple[str, ...]
     ) -> tuple[cst.FunctionDef, Program]:
         """The program of a def a pmap decorator makes a step of, in the function calling it."""
         body = site.mapped
         assert isinstance(body, cst.FunctionDef) and isinstance(site.node, cst.Decorator)
-        host = self._def_scope(body) or self._main_host(module, site.ancestors)
+        host = self._def_scope(body) or self._main_host(site.ancestors)
         if not isinstance(host, cst.FunctionDef):
             why = _outside_why(host)
-            found = decorated_method(module, site.node) if isinstance(host, cst.ClassDef) else None
+            found = (
+                decorated_method(self.module, site.node) if isinstance(host, cst.ClassDef) else None
+            )
             if found is not None:  # the value blocking it in the method calling it, if any
                 options = self._decorator_options(site.node, body)
-                declared = self._declared(module)
+                declared = self._declared()
                 blocking = stored_on_self(*found, options, body, self.qualname, declared, bound=1)
                 used = self.factory_used.get(id(site.node))
                 if blocking.code is not Decline.NOT_NAMED:
@@ -1828,16 +1785,18 @@ class Finding(Pass):
                     why += f" ({method}: no method of its class calls it, and it has no base class)"
             raise NotVisible(why, Decline.MADE_OUTSIDE)
         options = self._decorator_options(site.node, body)
-        facts = self._facts(module, host)
+        facts = self._facts(host)
         try:
             program = analyze_decorated(host, body, options, self.qualname, siblings, facts)
         except NotVisible as why:  # `return step` from a factory stored on self: what blocks
             deeper = None
             if why.code is Decline.NOT_CALLED_ONLY:
-                declared = self._declared(module)
-                deeper = returned_into_self(module, host, options, body, self.qualname, declared)
+                declared = self._declared()
+                deeper = returned_into_self(
+                    self.module, host, options, body, self.qualname, declared
+                )
             raise deeper or self.factory_used.get(id(site.node)) or why from None
-        return host, self._checked(module, program, flow, body)
+        return host, self._checked(program, flow, body)
 
     def _base_blocking(
         self, klass: cst.ClassDef, method: cst.FunctionDef, assign: cst.Assign, options: Options
@@ -1848,8 +1807,7 @@ class Finding(Pass):
         own, where that module does not know one): only to name it. None when nothing there
         blocks: the calls in another module are not rewritten from here (PL104 stands)."""
         for base in klass.bases:
-            found = self.imported.klass(self.qualname(base.value))
-            if found is None:
+            if (found := self.imported.klass(self.qualname(base.value))) is None:
                 continue
             cls, spelled = found
 
@@ -1862,16 +1820,14 @@ class Finding(Pass):
                 return NotVisible(f"{where} `{cls.name.value}`: {blocking.why}", blocking.code)
         return None
 
-    def _checked(
-        self, module: cst.Module, program: Program, flow: Flow, made: cst.CSTNode
-    ) -> Program:
+    def _checked(self, program: Program, flow: Flow, made: cst.CSTNode) -> Program:
         """`program`, made at `made` in its host, once no def of the module reads a global it
         changes; a mesh of pmap's already bound before `made` is reused."""
         host = program.host
         if any(host is block for block in self.main_blocks.values()):  # names: the globals
-            _globals_unread(module, host, program, flow)
+            _globals_unread(self.module, host, program, flow)
         passed_on_checked(program, flow, self.state.outside, self.survey.strings)
-        scopes: list[cst.BaseSuite | cst.Module] = [host.body, module]
+        scopes: list[cst.BaseSuite | cst.Module] = [host.body, self.module]
         mesh = mesh_in_scope(scopes, made, flow, program.axis, self.qualname)
         if mesh is not None:
             program.mesh, program.make_mesh = mesh, False
@@ -1888,29 +1844,29 @@ class Finding(Pass):
             name, args, self.qualname, positional_axis=False, unnamed=unnamed, constants=constants
         )
 
-    def _declared(self, module: cst.Module) -> dict[int, Declarable]:
+    def _declared(self) -> dict[int, Declarable]:
         """`declared_copies` of the module, read once (the module is the one being visited)."""
         if self.declared is None:
-            self.declared = declared_copies(module, self.state.pmap_replicated)
-            self._copies_seen(module, self.declared)
+            self.declared = declared_copies(self.module, self.state.pmap_replicated)
+            self._copies_seen(self.declared)
         return self.declared
 
-    def _copies_seen(self, module: cst.Module, declared: dict[int, Declarable]) -> None:
+    def _copies_seen(self, declared: dict[int, Declarable]) -> None:
         """Add to `declared` the parameters of the module's functions that every call of them
         in the code base passes a replication (`flax.jax_utils.replicate(params)`, `x` bound to
         one on every path): what `pmap-replicated` would declare, seen (a script's evaluation
         function its `main` calls with `replicate(params)`, a notebook's cells calling
         `get_accuracy(params_repl)`). Only where no other module, and no string, may name the
         function."""
-        flow = self.module_flow or Flow(module, model=self.resolver)
-        defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
+        flow = self.module_flow or Flow(self.module, model=self.resolver)
+        defs = {d.name.value: d for d in self.module.body if isinstance(d, cst.FunctionDef)}
         flows: dict[int, Flow] = {}  # of each function calling one of them
 
         def replication(call: cst.Call, value: cst.BaseExpression | None) -> str | None:
             around = list(flow.ancestors(call))
             host = next((a for a in around if isinstance(a, cst.FunctionDef)), None)
             if host is None:  # at module level: the module's statements read as a def
-                host = self._main_host(module, around[::-1])
+                host = self._main_host(around[::-1])
             if host is None or value is None:
                 return "no value" if value is None else "a call not followed"
             if id(host) not in flows:
@@ -1948,26 +1904,26 @@ class Finding(Pass):
             seen = f"{where} in the code base passes a replication" if copies else ""
             declared[id(fn)] = replace(entry, copies=frozenset(copies), seen=seen, unseen=unseen)
 
-    def _facts(self, module: cst.Module, host: cst.FunctionDef) -> ModuleFacts:
+    def _facts(self, host: cst.FunctionDef) -> ModuleFacts:
         """The defs of the module that nothing else binds (by name), and those of `host`, which
         hide the module's; its names bound to calls and strings."""
         found = {
             d.name.value: d
-            for d in module.body
+            for d in self.module.body
             if isinstance(d, cst.FunctionDef) and not self.survey.rebound(d.name.value)
         }
         if isinstance(host.body, cst.IndentedBlock):
             found |= {d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)}
         if self.norm_axes is None:
             lines = self.state.original_lines
-            own = [module] if any(w in line for line in lines for w in NORM_WORDS) else []
+            own = [self.module] if any(w in line for line in lines for w in NORM_WORDS) else []
             self.norm_axes = averaged_axes([*own, *self.imported.modules(NORM_WORDS)])
         return ModuleFacts(
             found,
             self.survey.calls,
             self.survey.constants,
             self.imported,
-            self._declared(module),
+            self._declared(),
             self._elsewhere,
             self.norm_axes,
         )
@@ -2031,8 +1987,7 @@ class Finding(Pass):
             return PmapUse(ref, [], ref, ancestors, skip=why)
         if isinstance(parent, cst.Assign) and parent.value is ref:
             return None  # an alias: the calls through it are sites of their own
-        axis = called_here(ref, ancestors)
-        if axis is not None:
+        if (axis := called_here(ref, ancestors)) is not None:
             return PmapUse(ref, [], ref, ancestors, value_axis=axis)
         why = "`jax.pmap` passed around as a value: the calls made with it are not visible"
         return PmapUse(ref, [], ref, ancestors, skip=why)
@@ -2107,8 +2062,7 @@ class Finding(Pass):
         for site in sites:
             if site.mapped is not None:
                 mapping.setdefault(id(site.mapped), []).append(site)
-            name = self._bound_to(site)
-            if name is not None:
+            if (name := self._bound_to(site)) is not None:
                 producing.setdefault(name, []).append(site)
         why = (
             "nested pmap in two statements: only nesting within one expression or def is rewritten"
@@ -2188,8 +2142,7 @@ def kept_copies(
         return False
     if any(a.keyword is not None or a.star for a in call.args):
         return False
-    step = _made_step(flow, forms, call.func, imported)
-    if step is None:
+    if (step := _made_step(flow, forms, call.func, imported)) is None:
         return False
     body, axis, function = step
     if len(call.args) != len(body.params.params):
