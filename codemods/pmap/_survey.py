@@ -90,9 +90,8 @@ def declared_copies(module: cst.Module, declared: Sequence[str]) -> dict[int, De
     wanted: dict[str, set[str]] = {}
     for entry in declared:
         name, _, rest = entry.partition("(")
-        wanted.setdefault(name.strip(), set()).update(
-            p.strip() for p in rest.rstrip(")").split(",")
-        )
+        params = {p.strip() for p in rest.rstrip(")").split(",")}
+        wanted.setdefault(name.strip(), set()).update(params)
     found: dict[int, Declarable] = {}
     for statement in module.body:
         defs = [("", statement)] if isinstance(statement, cst.FunctionDef) else []
@@ -338,9 +337,8 @@ def _axis_called(flow: Flow, use: cst.Name) -> cst.SimpleString | None:
     fun, axis = call.args
     if fun.keyword is not None or fun.star or axis.keyword is None:
         return None
-    if axis.keyword.value != "axis_name" or not isinstance(axis.value, cst.SimpleString):
-        return None
-    return axis.value
+    named = axis.keyword.value == "axis_name"
+    return axis.value if named and isinstance(axis.value, cst.SimpleString) else None
 
 
 def main_block(module: cst.Module, around: Sequence[cst.CSTNode]) -> cst.If | None:
@@ -382,8 +380,7 @@ def _globals_unread(
         if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
             free = free_names(statement)
             program.helpers -= free
-            hit = changed & free
-            if hit:
+            if hit := changed & free:
                 why = (
                     f"`{statement.name.value}` reads `{min(hit)}`, a global of the `__main__` "
                     "block whose value the rewrite changes (passed to the step, a result, or a "
@@ -438,11 +435,6 @@ class _StoredStep:
         """The method reading the step: the first of its readers."""
         return self.readers[0][0]
 
-    @property
-    def reads(self) -> list[cst.Attribute]:
-        """The `self.<step>` reads in `method`."""
-        return self.readers[0][1]
-
 
 @dataclass
 class _Given:
@@ -495,9 +487,7 @@ def _factory(module: cst.Module, site: PmapUse) -> cst.FunctionDef | None:
     if not lines or lines[-1] is not statement or len(site.pmaps) != 1:
         return None
     returned = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
-    if not isinstance(returned, cst.Return) or returned.value is not site.node:
-        return None
-    return factory
+    return factory if isinstance(returned, cst.Return) and returned.value is site.node else None
 
 
 def _bound_values(binding: cst.CSTNode) -> tuple[cst.BaseExpression, ...]:
@@ -589,9 +579,7 @@ class Finding(Pass):
         live = [s for s in live if not self._falls_back(s, failed)]  # once each
         pending = [f for s in live if (f := self._stored_step(flow, s)) is not None]
         stored, handled = self._stored_groups(flow, pending)
-        for site in live:
-            if id(site.node) in handled:  # else the site's reason is found as before
-                continue
+        for site in (s for s in live if id(s.node) not in handled):  # the others: as before
             try:
                 if self._is_outer(site) and not self._module_program(flow, site):
                     step = self._outer_step(site)
@@ -830,7 +818,8 @@ class Finding(Pass):
         for shared in by_method.values():
             method = shared[0].method
             try:
-                kept = stored_copy(self.module, method, [(s.reads, s.bound) for s in shared])
+                reads = [(s.readers[0][1], s.bound) for s in shared]  # each step's, in `method`
+                kept = stored_copy(self.module, method, reads)
             except NotVisible as unread:
                 self.stored_why.update({id(s.site.node): unread for s in shared})
                 continue
@@ -1144,9 +1133,8 @@ class Finding(Pass):
         """Return the program of `found`'s step called as `name` in `kept`'s copy of its method,
         read with the method's facts (`_copy_facts`); `follow`: `analyze_calls`' `given`, and
         the steps (`siblings`) or methods (`methods`) whose calls there are followed too."""
-        facts = self._copy_facts(kept)
-        options, body = found.options, found.body
-        return analyze_calls(kept.copy, name, options, body, self.qualname, facts, **follow)
+        facts, options = self._copy_facts(kept), found.options
+        return analyze_calls(kept.copy, name, options, found.body, self.qualname, facts, **follow)
 
     def _copy_facts(self, kept: Stored) -> ModuleFacts:
         """Return the `_facts` of the method `kept` copies, for its copy: the parameters
@@ -1206,17 +1194,14 @@ class Finding(Pass):
                 if param in given.get(name, ()):
                     continue
                 for use in nodes_in(value, cst.Name):
-                    for binding in flow.reach.of(use) or {ENTRY}:
-                        if binding is ENTRY:
-                            changed = use.value in uncopied
-                        else:
-                            changed = id(getattr(binding, "value", None)) in edited
-                        if changed:
-                            why = (
-                                f"`{code(value)}` is passed to `{name}`, which reads it other "
-                                "than as a step's argument, as the rewrite changes it"
-                            )
-                            raise NotVisible(why, Decline.CALLS_DIFFER)
+                    reaching = flow.reach.of(use) or {ENTRY}
+                    made = {id(getattr(b, "value", None)) for b in reaching if b is not ENTRY}
+                    if made & edited or (ENTRY in reaching and use.value in uncopied):
+                        why = (
+                            f"`{code(value)}` is passed to `{name}`, which reads it other than "
+                            "as a step's argument, as the rewrite changes it"
+                        )
+                        raise NotVisible(why, Decline.CALLS_DIFFER)
 
     def _take_groups(self, groups: list[OuterGroup]) -> str:
         """Take the sites of `groups`' steps out of `self.sites`, unless the mesh they set would
@@ -1431,11 +1416,10 @@ class Finding(Pass):
         statement = site.ancestors[1] if len(site.ancestors) > 2 else None
         if isinstance(statement, cst.BaseCompoundStatement):  # `if __name__ == ...:`
             raise NotVisible(_outside_why(statement), Decline.MADE_OUTSIDE)
-        assign = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
-        if not isinstance(assign, cst.Assign) or assign.value is not site.node:
-            raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
-        target = assigned_name(assign)
-        if target is None or len(statement.body) != 1:  # type: ignore[union-attr]
+        lines = statement.body if isinstance(statement, cst.SimpleStatementLine) else ()
+        assign = lines[0] if len(lines) == 1 and isinstance(lines[0], cst.Assign) else None
+        target = assigned_name(assign)  # `step = jax.pmap(...)` alone on its line
+        if assign is None or assign.value is not site.node or target is None:
             raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
         assert isinstance(site.node, cst.Call)
         options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
@@ -1469,10 +1453,8 @@ class Finding(Pass):
 
     def _unnamed(self) -> cst.SimpleString:
         """The name an unnamed mapped axis gets: one no string of the module is."""
-        taken = self.survey.strings
-        name = next(
-            n for n in ("batch", "device", *(f"device_{k}" for k in range(99))) if n not in taken
-        )
+        names = ("batch", "device", *(f"device_{k}" for k in range(99)))
+        name = next(n for n in names if n not in self.survey.strings)
         return cst.SimpleString(f'"{name}"')
 
     def _group_outer(self, flow: Flow, steps: list[OuterStep]) -> None:
@@ -1723,9 +1705,7 @@ class Finding(Pass):
         holds = holds or bool(outer & set(names_in(callee)))  # its calls: another program
         return uses == [call.func] and not holds and callee.name.value not in self.survey.strings
 
-    def _main_host(
-        self, around: tuple[cst.CSTNode, ...] | list[cst.CSTNode]
-    ) -> cst.FunctionDef | None:
+    def _main_host(self, around: Sequence[cst.CSTNode]) -> cst.FunctionDef | None:
         """The `if __name__ == "__main__":` block at module level `around` (a site's ancestors)
         is in, read as a def of its body (one per block); else, for a site in a statement of
         the module, the module's statements read so; else None."""
@@ -1734,21 +1714,17 @@ class Finding(Pass):
         if block is None and not at_top:
             return None
         key = id(block if block is not None else self.module)
-        host = self.main_blocks.get(key)
-        if host is None:
+        if key not in self.main_blocks:
             body = block.body if block is not None else cst.IndentedBlock(body=self.module.body)
             assert isinstance(body, cst.IndentedBlock)
-            host = cst.FunctionDef(cst.Name("__main__"), cst.Parameters(), body)
-            self.main_blocks[key] = host
-        return host
+            self.main_blocks[key] = cst.FunctionDef(cst.Name("__main__"), cst.Parameters(), body)
+        return self.main_blocks[key]
 
     def _def_scope(self, node: cst.FunctionDef) -> cst.CSTNode | None:
         """The def or class `node` is in, from the scope model (None: at module level, or a
         def the module does not hold, `__main__`'s block read as a def)."""
         made = self.resolver.scope_made_by(node)
-        if made is None or made.parent is None:
-            return None
-        outer = made.parent.node
+        outer = made.parent.node if made is not None and made.parent is not None else None
         return None if isinstance(outer, cst.Module) else outer
 
     def _decorated_program(
@@ -1869,9 +1845,8 @@ class Finding(Pass):
                 host = self._main_host(around[::-1])
             if host is None or value is None:
                 return "no value" if value is None else "a call not followed"
-            if id(host) not in flows:
-                flows[id(host)] = Flow(host, model=self.resolver)
-            inner = flows[id(host)]
+            if (inner := flows.get(id(host))) is None:
+                inner = flows[id(host)] = Flow(host, model=self.resolver)
             counts = lambda node: is_device_count(node, inner, self.qualname)
             return _replication(inner, Forms(self.qualname, counts, defs), value, self.imported)
 
@@ -1882,15 +1857,11 @@ class Finding(Pass):
             if elsewhere(name, self.state.outside, self.survey.strings):
                 continue
             uses = [u for u in flow.loads.get(name, []) if not defined(flow, u)]
-            calls = [flow.parent.get(id(u)) for u in uses]
-            if not calls or not all(
-                isinstance(c, cst.Call) and c.func is u for c, u in zip(calls, uses)
-            ):
-                continue
-            bound = [(c, bound_arguments(fn, c)) for c in calls if isinstance(c, cst.Call)]
-            passed = [(c, args) for c, args in bound if args is not None]
-            if len(passed) != len(calls):
-                continue
+            parents = [flow.parent.get(id(u)) for u in uses]
+            calls = [c for c, u in zip(parents, uses) if isinstance(c, cst.Call) and c.func is u]
+            passed = [(c, args) for c in calls if (args := bound_arguments(fn, c)) is not None]
+            if not calls or len(calls) != len(uses) or len(passed) != len(calls):
+                continue  # read other than called, or called with arguments not visible
             copies: set[str] = set()
             unseen: dict[str, str] = {}  # the first call passing another value, by parameter
             for param in (p.name.value for p in fn.params.params):
@@ -2029,13 +2000,11 @@ class Finding(Pass):
 
     def _visible(self, fun: cst.Arg | None) -> cst.CSTNode | None:
         """Return the lambda, or the one def of this module, that `fun` is."""
-        if fun is not None and isinstance(fun.value, cst.Lambda):
-            return fun.value
-        if fun is None or not isinstance(fun.value, cst.Name):
-            return None
-        name = fun.value.value
-        defs = self.survey.defs(name)
-        return defs[0] if len(defs) == 1 and not self.survey.rebound(name) else None
+        value = fun.value if fun is not None else None
+        if not isinstance(value, cst.Name):
+            return value if isinstance(value, cst.Lambda) else None
+        defs = self.survey.defs(value.value)
+        return defs[0] if len(defs) == 1 and not self.survey.rebound(value.value) else None
 
     def _stack_decorators(self, sites: list[PmapUse]) -> list[PmapUse]:
         """Merge two stacked pmap decorators of one def into one site, a nested pmap."""
