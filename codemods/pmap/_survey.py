@@ -239,8 +239,8 @@ class Survey(cst.CSTVisitor):
             if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str)
         }
         for attr, stores in self.fields.items():
-            literal = _set_once_in_init(stores) if attr not in self.strings else None
-            if literal is not None:  # no `setattr(self, "x", ...)`: `attr` is no string
+            # No `setattr(self, "x", ...)`: `attr` is no string
+            if attr not in self.strings and (literal := _set_once_in_init(stores)) is not None:
                 found[f"self.{attr}"] = literal
         return found
 
@@ -459,8 +459,7 @@ class _Given:
         """The layout of `param` (the step's argument at `position` in `program`) where
         `setup` passes it; raise NotVisible for why it cannot be known there."""
         self.params.add(param)
-        value = self.args.get(param)
-        if value is None:
+        if (value := self.args.get(param)) is None:
             why = (
                 f"`{param}`, a parameter of `{self.method.name.value}` passed to the step, is "
                 f"not passed by `{self.setup.method.name.value}`"
@@ -674,10 +673,8 @@ class Finding(Pass):
             parts += [f"read only by {' and '.join(readers)}, deleted too"] if readers else []
             why = ", ".join(parts) + "; nothing else in the code base uses it"
             node = _unread_node(unread)
-            if isinstance(node, cst.FunctionDef):
-                text = f"a def deleted, `{name}`: {why}"
-            else:
-                text = f"`jax.pmap` -> deleted with `{name}` (program-level): {why}"
+            text = f"`jax.pmap` -> deleted with `{name}` (program-level): {why}"
+            text = f"a def deleted, `{name}`: {why}" if isinstance(node, cst.FunctionDef) else text
             details = {"deleted": name}  # takes its group's verdict (`verify.session.with_deleted`)
             enabled.append(self.site(node, text, group=group, fallback=group, details=details))
         return enabled
@@ -718,9 +715,8 @@ class Finding(Pass):
             assert isinstance(site.mapped, cst.FunctionDef)
             factory, name = None, site.mapped.name.value
             statics = self._decorator_options(site.node, site.mapped).statics
-            if len(flow.loads.get(name, [])) != 1 or not set(range(bound)) <= set(statics):
-                return None
-            if elsewhere(name, self.state.outside, self.survey.strings):
+            once = len(flow.loads.get(name, [])) == 1 and set(range(bound)) <= set(statics)
+            if not once or elsewhere(name, self.state.outside, self.survey.strings):
                 return None
         if isinstance(factory, (cst.Name, cst.Attribute)):  # its one use is storing the step
             name = factory.value if isinstance(factory, cst.Name) else factory.attr.value
@@ -736,8 +732,7 @@ class Finding(Pass):
         except NotVisible as why:
             self.stored_why[id(site.node)] = why
             return None
-        used = self._method_used(klass, maker) if in_class else None
-        if used is not None:
+        if in_class and (used := self._method_used(klass, maker)) is not None:
             self.factory_used[id(site.node)] = used
             return None
         if isinstance(site.node, cst.Decorator):
@@ -782,8 +777,7 @@ class Finding(Pass):
         if len(defs) != 1:
             why = f"`{owner}.{name}` is one of {len(defs)} defs named `{name}` in this module"
             return NotVisible(why, Decline.NOT_CALLED_ONLY)
-        where = self._used_elsewhere(owner)
-        if where:
+        if where := self._used_elsewhere(owner):
             why = f"its class `{owner}` is used {where}: its calls there are not followed"
             return NotVisible(why + _unless_closed(where), Decline.NOT_CALLED_ONLY)
         return None
@@ -1187,12 +1181,10 @@ class Finding(Pass):
             name = single_name(call.func) or ""
             if (method := methods.get(name)) is None:
                 continue
-            args = bound_arguments(_without_self(method), call)
-            if args is None:
+            if (args := bound_arguments(_without_self(method), call)) is None:
                 raise NotVisible(f"the arguments of `{name}` are not visible", Decline.CALLS_DIFFER)
-            for param, value in args.items():
-                if param in given.get(name, ()):
-                    continue
+            laid_out = given.get(name, ())  # a step's argument in `setup`: checked there
+            for value in (v for param, v in args.items() if param not in laid_out):
                 for use in nodes_in(value, cst.Name):
                     reaching = flow.reach.of(use) or {ENTRY}
                     made = {id(getattr(b, "value", None)) for b in reaching if b is not ENTRY}
@@ -1641,8 +1633,7 @@ class Finding(Pass):
         (PL101) for any other use of the factory."""
         assert isinstance(site.node, cst.Call)
         name = factory.name.value
-        found = self.factory_hosts.get(id(site.node))
-        if found is None:
+        if (found := self.factory_hosts.get(id(site.node))) is None:
             called = elsewhere(name, self.state.outside, self.survey.strings)
             why = f"the step is returned by `{name}`, " + (
                 f"which is called {called}: those calls are not followed{_unless_closed(called)}"
@@ -1804,8 +1795,7 @@ class Finding(Pass):
             _globals_unread(self.module, host, program, flow)
         passed_on_checked(program, flow, self.state.outside, self.survey.strings)
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, self.module]
-        mesh = mesh_in_scope(scopes, made, flow, program.axis, self.qualname)
-        if mesh is not None:
+        if (mesh := mesh_in_scope(scopes, made, flow, program.axis, self.qualname)) is not None:
             program.mesh, program.make_mesh = mesh, False
         return program
 
@@ -1834,7 +1824,7 @@ class Finding(Pass):
         function its `main` calls with `replicate(params)`, a notebook's cells calling
         `get_accuracy(params_repl)`). Only where no other module, and no string, may name the
         function."""
-        flow = self.module_flow or Flow(self.module, model=self.resolver)
+        flow = self._module_reads()
         defs = {d.name.value: d for d in self.module.body if isinstance(d, cst.FunctionDef)}
         flows: dict[int, Flow] = {}  # of each function calling one of them
 
