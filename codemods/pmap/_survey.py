@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 import libcst as cst
@@ -1486,6 +1486,9 @@ class Finding(Pass):
     def _outer_group(
         self, flow: Flow, setup: cst.FunctionDef, group: list[OuterStep]
     ) -> OuterGroup:
+        """The group of the steps `group`, made outside the functions calling them, whose mesh
+        `setup` sets; raise NotVisible when they are over different axes, a function calling
+        them makes or holds another pmap, or a batch split for one is a jax array."""
         self._one_axis(group, setup.name.value)
         for host in (p.host for step in group for p in step.programs):
             if id(host) in self.programs:
@@ -1613,8 +1616,7 @@ class Finding(Pass):
         except NotVisible as why:  # passed to a def of the module: followed there (`_callee`)
             if why.code not in (Decline.NOT_CALLED_ONLY, Decline.CALLED_NESTED):
                 raise
-            called_once = lambda d, c: self._called_once(flow, d, c)
-            program = follow_passed(why, *details, unnamed, called_once)
+            program = follow_passed(why, *details, unnamed, partial(self._called_once, flow))
         return host, self._checked(program, flow, statement)
 
     def _factory_program(
@@ -1734,15 +1736,13 @@ class Finding(Pass):
                 options = self._decorator_options(site.node, body)
                 declared = self._declared()
                 blocking = stored_on_self(*found, options, body, self.qualname, declared, bound=1)
-                used = self.factory_used.get(id(site.node))
                 if blocking.code is not Decline.NOT_NAMED:
                     raise blocking
-                if used is not None:
+                if (used := self.factory_used.get(id(site.node))) is not None:
                     owner = f"the step is a method of `{found[0].name.value}`"
                     raise NotVisible(f"{owner}, and {used.why}", used.code)
-                # AlgoPerf's workloads: called by a base class's method
-                base = self._base_blocking(*found, options)  # `found[1]` is `body`
-                if base is not None:
+                # AlgoPerf's workloads: called by a base class's method (`found[1]` is `body`)
+                if (base := self._base_blocking(*found, options)) is not None:
                     raise base
             if isinstance(host, cst.ClassDef):
                 method = f"`{host.name.value}.{body.name.value}`"
