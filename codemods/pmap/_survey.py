@@ -750,9 +750,8 @@ class Finding(Pass):
             except NotVisible as why:
                 self.stored_why[id(site.node)] = why
                 return None
-            fun = fun_arg(site.node)
-            if fun is not None and isinstance(fun.value, cst.Lambda):
-                body = lambda_def(fun.value)  # `self._count_p = jax.pmap(lambda m: ...)`
+            if isinstance(site.mapped, cst.Lambda):  # `self._count_p = jax.pmap(lambda m: ...)`
+                body = lambda_def(site.mapped)
             else:
                 defs = self.survey.defs(self._mapped_def_name(site.node))
                 if len(defs) != 1 or self._def_scope(defs[0]) not in (None, maker):
@@ -1415,8 +1414,7 @@ class Finding(Pass):
             raise NotVisible(NOT_NAMED, Decline.NOT_NAMED)
         assert isinstance(site.node, cst.Call)
         options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
-        fun = fun_arg(site.node)
-        lam = fun.value if fun is not None else None  # a notebook's cell: a mean kept below
+        lam = site.mapped  # a notebook's cell: a mean kept below
         if isinstance(lam, cst.Lambda) and not is_mean(site.node, self.qualname):
             return self._outer_named(OuterStep(site, target, lambda_def(lam), options, False))
         defs = self.survey.defs(options.name)
@@ -1569,10 +1567,9 @@ class Finding(Pass):
         host = site.around or self._main_host(site.ancestors)
         if not isinstance(host, cst.FunctionDef) or host is site.mapped:
             raise NotVisible(_outside_why(host), Decline.MADE_OUTSIDE)
-        fun = fun_arg(site.node)
         skip: cst.CSTNode | None = None  # the body, when it is written in the function
-        if fun is not None and isinstance(fun.value, cst.Lambda):  # `jax.pmap(lambda x: ...)`
-            body, skip = lambda_def(fun.value), fun.value
+        if isinstance(site.mapped, cst.Lambda):  # `jax.pmap(lambda x: ...)`
+            body, skip = lambda_def(site.mapped), site.mapped
         else:
             name = self._mapped_def_name(site.node)
             defs = self.survey.defs(name)
