@@ -276,7 +276,7 @@ class Forms:
             node = args[0]
         # `tree.map(lambda v: np.array(v[0]), var)`: each leaf's copy on the host
         if (copied := self._tree_mapped(node, self._copied_zero)) is not None:
-            return single_name(copied) == var
+            return single_name(copied) == var and self.readback_value(node, var) is not None
         read = self.readback_value(node, var)
         if read is None or read[1] is read[0]:
             return read is not None
@@ -298,7 +298,9 @@ class Forms:
                 return None
             assert isinstance(node, cst.Call)
             fn, tree = node.args  # two, by position (`tree_mapped`)
-            if isinstance(fn.value, cst.Lambda) and self._is(fn.value.body, DEVICE_GET):
+            if not isinstance(fn.value, cst.Lambda):  # `to_host = lambda v: ...` read elsewhere
+                return None  # too: it is not rewritten here
+            if self._is(fn.value.body, DEVICE_GET):
                 assert isinstance(fn.value.body, cst.Call)  # `jax.device_get(x)`
                 return root, fn.value.body.with_changes(
                     args=[tree.with_changes(comma=cst.MaybeSentinel.DEFAULT)]
