@@ -179,8 +179,13 @@ def keywords_in_place(program: Program, body: cst.FunctionDef, step: str) -> Non
     same parameters (none left out before one passed by keyword)."""
     names = [p.name.value for p in body.params.params]
     if program.keywords and names[: len(program.params)] != program.params:
-        why = f"a call of `{step}` passes by keyword a parameter after one it leaves out"
-        raise NotVisible(why, Decline.CALLS_DIFFER)
+        raise _call_differs(step, "passes by keyword a parameter after one it leaves out")
+
+
+def _call_differs(step: str, how: str) -> NotVisible:
+    """Why the calls of `step` are not followed: a call of it `how`, unlike the others or the
+    body's parameters."""
+    return NotVisible(f"a call of `{step}` {how}", Decline.CALLS_DIFFER)
 
 
 def _check_closure(program: Program, body: cst.FunctionDef, flow: Flow) -> None:
@@ -329,27 +334,20 @@ def _follow(
     )
     program.assumed = tuple(sorted(assumed))
     read = set().union(*program.arithmetic.values())
+    targets = [(i, name) for c in calls for i, name in enumerate(c.targets)]
+    if combined := [name for i, name in targets if name in read and program.varying[i]]:
+        why = f"`{combined[0]}`, a result of `{step}` that may differ between devices, is "
+        raise NotVisible(why + "combined into an argument of the step", Decline.RESULT_VARIES)
+    wanted = 1 if program.outputs is None else program.outputs
     for call in calls:
-        for output, name in enumerate(call.targets):
-            if name in read and program.varying[output]:
-                why = f"`{name}`, a result of `{step}` that may differ between devices, is "
-                raise NotVisible(
-                    why + "combined into an argument of the step", Decline.RESULT_VARIES
-                )
-    for call in calls:
-        wanted = 1 if program.outputs is None else program.outputs
         if call.readback is None and len(call.targets) != wanted:
-            raise NotVisible(
-                f"a call of `{step}` binds its results other than one name each",
-                Decline.RESULTS_UNNAMED,
-            )
+            why = f"a call of `{step}` binds its results other than one name each"
+            raise NotVisible(why, Decline.RESULTS_UNNAMED)
         if call.readback is not None:
             indexed = isinstance(call.readback, cst.Subscript)  # `[0]` of a tuple: its first
             if any(program.varying) or program.outputs is not None and indexed:
-                raise NotVisible(
-                    f"`{step}(...)[0]` of a tuple or of a per-device result",
-                    Decline.RESULTS_UNNAMED,
-                )
+                why = f"`{step}(...)[0]` of a tuple or of a per-device result"
+                raise NotVisible(why, Decline.RESULTS_UNNAMED)
             _read_at_once(program, call.readback, call.read, step)
         for output, name in enumerate(call.targets):
             _follow_result(program, flow, forms, calls, step, name, output)
@@ -737,23 +735,22 @@ def _signature(
         for call in calls:
             head = list(itertools.takewhile(lambda a: not a.star and a.keyword is None, call.args))
             if len(head) != tail[0] or any(a.keyword is not None for a in call.args):
-                why = f"a call of `{step}` passes other than its {tail[0]} named arguments first"
-                raise NotVisible(why, Decline.CALLS_DIFFER)
+                raise _call_differs(step, f"passes other than its {tail[0]} named arguments first")
         return body.with_changes(params=cst.Parameters(params=params.params)), tail[0], ()
     extra = isinstance(params.star_arg, cst.Param)  # `*args` (a bare `*` takes nothing)
     if extra or params.star_kwarg or params.posonly_params:
         raise NotVisible(
             "the body takes `*args`, `**kwargs` or positional-only parameters", Decline.SIGNATURE
         )
-    filled: set[tuple[int, frozenset[str]]] = set()
-    for call in calls:
-        if any(a.star for a in call.args):
-            raise NotVisible(
-                f"a call of `{step}` unpacks its arguments (`*` or `**`)", Decline.CALLS_DIFFER
-            )
-        count = len([a for a in call.args if a.keyword is None])  # before any keyword: syntax
-        named = [a.keyword.value for a in call.args if a.keyword is not None]
-        filled.add((count, frozenset(named)))
+    if any(a.star for call in calls for a in call.args):
+        raise _call_differs(step, "unpacks its arguments (`*` or `**`)")
+    filled = {  # how many by position (before any keyword: syntax), which by keyword
+        (
+            len([a for a in c.args if a.keyword is None]),
+            frozenset(a.keyword.value for a in c.args if a.keyword),
+        )
+        for c in calls
+    }
     if len(filled) != 1:
         raise NotVisible(
             f"the calls of `{step}` pass different arguments (by position or keyword)",
@@ -762,17 +759,13 @@ def _signature(
     count, keywords = filled.pop()
     order = [*params.params, *params.kwonly_params]
     if count > len(params.params):
-        raise NotVisible(
-            f"a call of `{step}` passes more arguments than the body takes", Decline.CALLS_DIFFER
-        )
+        raise _call_differs(step, "passes more arguments than the body takes")
     names = [p.name.value for p in order]
     if any(k not in names[count:] for k in keywords):
-        raise NotVisible(
-            f"a call of `{step}` passes a keyword the body does not take", Decline.CALLS_DIFFER
-        )
+        raise _call_differs(step, "passes a keyword the body does not take")
     taken = [*params.params[:count], *(p for p in order[count:] if p.name.value in keywords)]
     if missing := [p.name.value for p in order if p.default is None and p not in taken]:
-        raise NotVisible(f"a call of `{step}` does not pass `{missing[0]}`", Decline.CALLS_DIFFER)
+        raise _call_differs(step, f"does not pass `{missing[0]}`")
     bare = cst.MaybeSentinel.DEFAULT
     plain = [p.with_changes(default=None, equal=bare, comma=bare, star=bare) for p in taken]
     view = body.with_changes(params=cst.Parameters(params=plain))
@@ -1000,12 +993,9 @@ def _follow_argument(
     if joined in (Layout.UNKNOWN, Layout.NOTHING):
         unknown = Layout.UNKNOWN in layouts or not layouts
         why = f"comes from elsewhere ({'; '.join(dict.fromkeys(blocking))})" if unknown else ""
-        first = len(program.params) - len(program.keywords)
-        which = (
-            f"argument {position + 1}"
-            if position < first
-            else f"keyword argument `{program.params[position]}`"
-        )
+        which = f"argument {position + 1}"
+        if position >= len(program.params) - len(program.keywords):
+            which = f"keyword argument `{program.params[position]}`"
         if not unknown:
             mixed = ", ".join(sorted({layout.value for layout in layouts}))
             why = f"is mixed ({mixed} on different paths)"
