@@ -7,6 +7,7 @@ import functools
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import libcst as cst
 
@@ -894,6 +895,16 @@ def _unpacked_next(flow: Flow, assign: cst.Assign, targets: list[str]) -> cst.As
     return unpack if len(stores) == 1 and len(loads) == 1 and loads[0] is unpack.value else None
 
 
+class _Site(NamedTuple):
+    """What following an argument or a result reads throughout: the step's program, the flow of
+    the function calling it, the forms that function spells, the step's calls there."""
+
+    program: Program
+    flow: Flow
+    forms: Forms
+    calls: list[_StepCall]
+
+
 def _follow_argument(
     program: Program, flow: Flow, forms: Forms, calls: list[_StepCall], position: int
 ) -> None:
@@ -909,6 +920,7 @@ def _follow_argument(
     classified: dict[int, Layout] = {}  # by id of a binding: its layout (its edit recorded once)
     slots: list[tuple[str, cst.BaseExpression]] = []  # (name passed or INLINE, its value)
     through: set[int] = set()  # by id: the unpackings of a tuple followed to its part
+    site = _Site(program, flow, forms, calls)
 
     def reached(layout: Layout, is_drawn: bool = False) -> None:
         layouts.append(layout)
@@ -921,7 +933,7 @@ def _follow_argument(
             slots.append((name, call.values[position]))
             continue
         layout = _inline_kind(program, call.values[position], forms, position, flow)
-        if layout is Layout.UNKNOWN and _generated_batches(program, flow, forms, calls, position):
+        if layout is Layout.UNKNOWN and _generated_batches(site, position):
             layout = Layout.PER_DEVICE
         leaves = _leaves(forms, call.values[position]) if layout is Layout.UNKNOWN else None
         if leaves is not None:  # `{"params": params}`: each value laid out as passed alone
@@ -969,9 +981,7 @@ def _follow_argument(
                     through.add(id(binding))
                     slots.append((part.value, part))
             else:
-                layout = classified.get(id(binding)) or _binding_kind(
-                    program, binding, name, forms, calls, flow, position
-                )
+                layout = classified.get(id(binding)) or _binding_kind(site, binding, name, position)
                 feeds = {id(c.values[position]) for c in calls}
                 if layout is Layout.UNKNOWN and iterated_batches(
                     program, flow, forms, binding, name, feeds
@@ -1009,7 +1019,7 @@ def _follow_argument(
         program.squeezed.add(position)
     for name in sorted({name for name, _ in slots}):  # every name passed, or its field
         if not any(id(b) in program.siblings for b in flow.stores.get(name, [])):
-            _follow_stacked(program, flow, forms, calls, name, joined)
+            _follow_stacked(site, name, joined)
 
 
 PART = (
@@ -1287,13 +1297,12 @@ def _binding_text(name: str, binding: cst.CSTNode, flow: Flow, qualname: Qualnam
     return text
 
 
-def _follow_stacked(
-    program: Program, flow: Flow, forms: Forms, calls: list[_StepCall], name: str, joined: Layout
-) -> None:
+def _follow_stacked(site: _Site, name: str, joined: Layout) -> None:
     """Check every read of an argument the function stacks for the step (`x = replicate(x)`,
     `b = shard(b)`) and no step makes, laid out as `joined`: the stacking is deleted, so once
     stacked it is read only fed to a step or (replicated) as device 0's copy, a readback then
     deleted."""
+    program, flow, forms, calls = site
     replicated, keys = joined is Layout.REPLICAS, joined is Layout.KEYS
     stackings: list[cst.CSTNode] = [  # and `x = x - lr * g` after a call: replicated as well
         b
@@ -1308,7 +1317,7 @@ def _follow_stacked(
     # `x, y = keep((x, y))`: the name unpacked is laid out as its part (`_unpacked_part`)
     stackings += [b for b in flow.stores.get(name, []) if _unpacked_part(b, name, forms)]
     blocking: list[cst.CSTNode] = []  # each read that blocks: every one is named
-    for use in _reads(program, flow, forms, calls, name, set(stackings)):  # once stacked
+    for use in _reads(site, name, set(stackings)):  # once stacked
         if not replicated and not keys and _flat_batch(program, flow, forms, use, name):
             continue
         if replicated and _readback_deleted(program, flow, forms, use, name):
@@ -1508,14 +1517,13 @@ GENERATED = (
 )
 
 
-def _generated_batches(
-    program: Program, flow: Flow, forms: Forms, calls: list[_StepCall], position: int
-) -> bool:
+def _generated_batches(site: _Site, position: int) -> bool:
     """Every call passes `next(it)` here, `it = gen()` bound once and read only so, `gen` a
     generator def of the function called only there, each of its `yield`s a split of a flat
     batch (or a tuple of splits, or of names only a split reaches and read only in a `yield`):
     the input pipeline then yields flat batches (its splits deleted) and each `next(it)` becomes
     this process's part of a global batch. Record the edits and return True; else False."""
+    program, flow, forms, calls = site
     values = [c.values[position] for c in calls]
     args = [positional(v, 1) if isinstance(v, cst.Call) else None for v in values]
     its = {single_name(a[0]) if a else None for a in args}
@@ -1737,17 +1745,10 @@ def _donated(program: Program, position: int) -> bool:
 BATCH = row_named("shard").why
 
 
-def _binding_kind(
-    program: Program,
-    binding: cst.CSTNode,
-    name: str,
-    forms: Forms,
-    calls: list[_StepCall],
-    flow: Flow,
-    position: int,
-) -> Layout:
+def _binding_kind(site: _Site, binding: cst.CSTNode, name: str, position: int) -> Layout:
     """Return how a binding of an argument lays it out (a result of the step fed back is equal
     copies, as every result the program-level form takes is)."""
+    program, flow, forms, calls = site
     if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
         return Layout.UNKNOWN
     if any(c.binds(binding) for c in calls) or id(binding) in program.siblings:
@@ -1760,7 +1761,7 @@ def _binding_kind(
     if (results := _arithmetic_results(binding.value, name, calls, flow)) is not None:
         program.arithmetic[id(binding)] = results
         return Layout.REPLICAS  # results combined elementwise: equal copies
-    if _mean_of_results(program, binding, name, forms, calls, flow):
+    if _mean_of_results(site, binding, name):
         return Layout.REPLICAS
     if forms.replicated_source(binding.value) is None and not _made_before(program, flow, binding):
         return Layout.UNKNOWN  # a batch or keys made before the mesh exists
@@ -1821,13 +1822,7 @@ def _unpacked_replication(
 
 
 def _mean_of_results(
-    program: Program,
-    binding: cst.CSTNode,
-    name: str,
-    forms: Forms,
-    calls: list[_StepCall],
-    flow: Flow,
-    seen: frozenset[int] = frozenset(),
+    site: _Site, binding: cst.CSTNode, name: str, seen: frozenset[int] = frozenset()
 ) -> bool:
     """`state = sync_batch_stats(state)`: a mean over devices (the table's row, called or read
     through a helper's summary) of `name` as only the step's calls (or a sibling's), or such
@@ -1835,6 +1830,7 @@ def _mean_of_results(
     is PL402, at its read here): their mean is the value itself, so the call goes (`state =
     state`, dropped) and the value is fed back. Recorded as a read of the results
     (`program.arithmetic`)."""
+    program, flow, forms, calls = site
     value = value_of_name(binding, name)
     found = forms.transfer(value, MEANS) if value is not None else None
     if value is None or found is None:
@@ -1848,7 +1844,7 @@ def _mean_of_results(
         any(c.binds(b) for c in calls)
         or id(b) in program.siblings
         or id(b) in seen
-        or _mean_of_results(program, b, name, forms, calls, flow, seen)
+        or _mean_of_results(site, b, name, seen)
         for b in reaching
     ):
         return False  # a value besides the step's results: not known to be equal copies
@@ -1959,8 +1955,9 @@ def _follow_result(
     A result that differs between devices must be read only flattened over the devices
     (`r.reshape(-1)`, `r.reshape((-1,) + r.shape[2:])`): the flat result is that already.
     """
+    site = _Site(program, flow, forms, calls)
     if program.varying[output]:
-        _follow_flattened(program, flow, forms, calls, step, name)
+        _follow_flattened(site, step, name)
         return
 
     def read_back(b: cst.CSTNode) -> object:  # a sibling's results, or a readback of them
@@ -1970,13 +1967,13 @@ def _follow_result(
             and forms.readback_of(b.value, name)
         )
 
-    made = _one_source(program, flow, calls, step, name, read_back)
+    made = _one_source(site, step, name, read_back)
     made = {*made, *(b for b in flow.stores.get(name, []) if _unpacked_part(b, name, forms))}
-    for use in _reads(program, flow, forms, calls, name, made):  # a call's result reaches it
+    for use in _reads(site, name, made):  # a call's result reaches it
         if _repacked(flow, forms, use):
             continue  # `x, y = keep((x, y))`: read as `x` is, from there
         if (listed := _appended_to(flow, use)) is not None:
-            _follow_list(program, flow, forms, calls, step, listed)
+            _follow_list(site, step, listed)
             continue
         if _follow_items(program, flow, forms, use, name):
             continue
@@ -1996,17 +1993,11 @@ def _follow_result(
         )
 
 
-def _reads(
-    program: Program,
-    flow: Flow,
-    forms: Forms,
-    calls: list[_StepCall],
-    name: str,
-    bindings: set[cst.CSTNode],
-) -> Iterator[cst.Name]:
+def _reads(site: _Site, name: str, bindings: set[cst.CSTNode]) -> Iterator[cst.Name]:
     """The reads of `name` that `bindings` may reach, but those fed to a step (or a field of
     it, `step(state.params)`, or in a container passed: checked there), read in `x = x - lr *
     g` (an argument replicated as its parts are) or only waited for (`_waited`)."""
+    program, flow, forms, calls = site
     feeds = _fed(forms, calls) | program.sibling_feeds
     for use in flow.loads.get(name, []):
         arithmetic = any(id(a) in program.arithmetic for a in flow.ancestors(use))
@@ -2098,16 +2089,12 @@ def _tuple_readback(
 
 
 def _one_source(
-    program: Program,
-    flow: Flow,
-    calls: list[_StepCall],
-    step: str,
-    name: str,
-    allowed: Callable[[cst.CSTNode], object],
+    site: _Site, step: str, name: str, allowed: Callable[[cst.CSTNode], object]
 ) -> set[cst.CSTNode]:
     """Return the bindings of `name` to results of the calls; raise NotVisible when a read they
     reach may also read another value: not a binding before the calls, nor `allowed`, nor the
     name unbound on that path (a parameter's value is another value)."""
+    program, flow, _, calls = site
     made = {b for b in flow.stores.get(name, []) if any(c.binds(b) for c in calls)}
     parameter = name in {p.name.value for p in params_of(program.host.params)}
     for use in flow.loads.get(name, []):
@@ -2201,15 +2188,14 @@ def _appended_to(flow: Flow, use: cst.Name) -> str | None:
     return single_name(holes["l"]) if holes and holes["v"] is use and statement else None
 
 
-def _follow_list(
-    program: Program, flow: Flow, forms: Forms, calls: list[_StepCall], step: str, name: str
-) -> None:
+def _follow_list(site: _Site, step: str, name: str) -> None:
     """`L.append(r)` of replicated results, `L` read only as `common_utils.get_metrics(L)`
     (device 0 of each, fetched and stacked) or where that value has replaced it.
 
     `get_metrics(L)` becomes `common_utils.stack_forest(jax.device_get(L))`: the same stacked
     host values, from results that have no device axis.
     """
+    program, flow, forms, calls = site
     results = {t for c in calls for i, t in enumerate(c.targets) if not program.varying[i]}
     deleted = f"a readback of device 0 of each of `{name}` deleted: the results are replicated"
     gathered: list[cst.CSTNode] = []
@@ -2269,11 +2255,10 @@ def _gathering(forms: Forms, node: cst.BaseExpression, name: str) -> Match | Non
     return found if ok else None
 
 
-def _follow_flattened(
-    program: Program, flow: Flow, forms: Forms, calls: list[_StepCall], step: str, name: str
-) -> None:
+def _follow_flattened(site: _Site, step: str, name: str) -> None:
     """A result that may differ between devices: read only flattened. `r = r.reshape(-1)`
     rebinds `r` to the flat value: a read that only that binding reaches reads the flat value."""
+    program, flow, forms, _ = site
 
     def flat(b: cst.CSTNode) -> object:  # `r = r.reshape(-1)`: the flat value
         return (
@@ -2282,7 +2267,7 @@ def _follow_flattened(
             and _flattening(forms, b.value, name)
         )
 
-    made = _one_source(program, flow, calls, step, name, flat)
+    made = _one_source(site, step, name, flat)
     reached = [use for use in flow.loads.get(name, []) if flow.reach.of(use) & made]
     varies = (
         f"`{name}`, a result of `{step}` that may differ between devices (the body does not "
