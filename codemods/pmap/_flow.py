@@ -200,22 +200,17 @@ def _check_closure(program: Program, body: cst.FunctionDef, flow: Flow) -> None:
         for name in names_in(arg.value)
         if name in flow.stores
     }
-    changed |= {name for call in calls for name in target_names(_target_of(flow, call))}
+    for call in calls:  # what `out = step(...)` binds (a caller's stand-in call, laying out an
+        # argument it passes, `_callee.laid_out_in_caller`, binds nothing)
+        around = flow.parent.get(id(call))
+        if isinstance(around, cst.Assign) and len(around.targets) == 1:
+            changed |= set(target_names(around.targets[0].target))
     if hit := free_names(body) & changed:
         why = (
             f"the body reads `{min(hit)}` of `{program.host.name.value}` itself, which the step "
             "is passed or returns: its layout changes"
         )
         raise NotVisible(why, Decline.CLOSURE)
-
-
-def _target_of(flow: Flow, call: cst.Call) -> cst.BaseExpression:
-    """What `out = step(...)` binds (nothing, an empty tuple, for any other call, such as a
-    caller's stand-in call laying out an argument it passes, `_callee.laid_out_in_caller`)."""
-    around = flow.parent.get(id(call))
-    if isinstance(around, cst.Assign) and len(around.targets) == 1:
-        return around.targets[0].target
-    return cst.Tuple([])
 
 
 def analyze_calls(
@@ -932,7 +927,7 @@ def _follow_argument(
             fields = fields or name != call.args[position]
             slots.append((name, call.values[position]))
             continue
-        layout = _inline_kind(program, call.values[position], forms, position, flow)
+        layout = _inline_kind(site, call.values[position], position)
         if layout is Layout.UNKNOWN and _generated_batches(site, position):
             layout = Layout.PER_DEVICE
         leaves = _leaves(forms, call.values[position]) if layout is Layout.UNKNOWN else None
@@ -940,7 +935,7 @@ def _follow_argument(
             for leaf in leaves:
                 root = leaf if isinstance(leaf, cst.Name) else field_root(leaf)
                 if root is None:
-                    layout = _inline_kind(program, leaf, forms, position, flow)
+                    layout = _inline_kind(site, leaf, position)
                     reached(layout)
                     blocking += [f"`{_short(leaf)}`"] if layout is Layout.UNKNOWN else []
                 else:
@@ -1428,21 +1423,18 @@ def _passed(call: _StepCall, position: int) -> str:
     return INLINE if root is None else root.value
 
 
-def _inline_kind(
-    program: Program, value: cst.BaseExpression, forms: Forms, position: int, flow: Flow
-) -> Layout:
+def _inline_kind(site: _Site, value: cst.BaseExpression, position: int) -> Layout:
     """Lay out an argument passed as an expression (or the value bound to a name passed),
     and record its edit."""
+    program, flow, forms, _ = site
     if isinstance(value, cst.IfExp):  # `a if c else b`: where the two paths meet
-        body, orelse = (
-            _inline_kind(program, v, forms, position, flow) for v in (value.body, value.orelse)
-        )
+        body, orelse = (_inline_kind(site, v, position) for v in (value.body, value.orelse))
         if body is orelse is Layout.PER_DEVICE:
             _convert_once(program, value)
         return body.join(orelse)
     # `shard(x) / 255.0`: elementwise with a number, the same layout
     if (scaled := _scaled(value)) is not None:
-        layout = _inline_kind(program, scaled, forms, position, flow)
+        layout = _inline_kind(site, scaled, position)
         return layout if layout in (Layout.PER_DEVICE, Layout.REPLICAS) else Layout.UNKNOWN
     if (replicated := forms.replicated_source(value)) is not None:
         _replication(program, value, replicated, position, _committed(flow, forms, replicated))
@@ -1646,11 +1638,9 @@ def _named_splits(program: Program, flow: Flow, forms: Forms, value: cst.BaseExp
 
 def _flat_literal(forms: Forms, value: cst.Dict | cst.Tuple) -> cst.BaseExpression:
     """The literal with each split element replaced by its flat source (names stay)."""
-    elements = []
-    for element in value.elements:
-        item = element.value  # type: ignore[union-attr]
-        source = forms.shard_source(item)
-        elements.append(element.with_changes(value=source) if source is not None else element)
+    sources = [forms.shard_source(e.value) for e in value.elements]  # type: ignore[union-attr]
+    pairs = zip(value.elements, sources, strict=True)
+    elements = [e if source is None else e.with_changes(value=source) for e, source in pairs]
     return value.with_changes(elements=elements)
 
 
@@ -1765,7 +1755,7 @@ def _binding_kind(site: _Site, binding: cst.CSTNode, name: str, position: int) -
         return Layout.REPLICAS
     if forms.replicated_source(binding.value) is None and not _made_before(program, flow, binding):
         return Layout.UNKNOWN  # a batch or keys made before the mesh exists
-    return _inline_kind(program, binding.value, forms, position, flow)
+    return _inline_kind(site, binding.value, position)
 
 
 def _unpacked_part(binding: cst.CSTNode, name: str, forms: Forms) -> cst.Name | None:
