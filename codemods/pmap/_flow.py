@@ -165,10 +165,8 @@ def analyze_decorated(
     program = _follow(host, flow, step, options, body, qualname, body, siblings, facts)
     program.statement = body
     if program.squeezed:
-        raise NotVisible(
-            f"`{step}` gets per-device keys: a decorator cannot take its own key",
-            Decline.KEYS_OUTSIDE,
-        )
+        why = f"`{step}` gets per-device keys: a decorator cannot take its own key"
+        raise NotVisible(why, Decline.KEYS_OUTSIDE)
     keywords_in_place(program, body, step)
     program.keywords_bound = True  # the def takes the keyword arguments by position itself
     _check_closure(program, body, flow)
@@ -484,9 +482,8 @@ def options_of(
     """Read `jax.pmap(fun, axis_name, ...)`; raise NotVisible when this form does not take it."""
     fun = pmap.args[0].value if pmap.args and pmap.args[0].keyword is None else None
     if fun is None:
-        raise NotVisible(
-            "the pmapped function is not a def of this module named directly", Decline.NOT_A_DEF
-        )
+        why = "the pmapped function is not a def of this module named directly"
+        raise NotVisible(why, Decline.NOT_A_DEF)
     return read_options(
         fun, pmap.args[1:], qualname, positional_axis=True, unnamed=unnamed, constants=constants
     )
@@ -589,9 +586,8 @@ def _unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
     params = body.params
     order = [*params.params, *params.kwonly_params]
     if missing := [b for b in bound if b not in {p.name.value for p in order}]:
-        raise NotVisible(
-            f"`partial` binds `{missing[0]}`, not a parameter of the def", Decline.SIGNATURE
-        )
+        why = f"`partial` binds `{missing[0]}`, not a parameter of the def"
+        raise NotVisible(why, Decline.SIGNATURE)
     first = next(i for i, p in enumerate(order) if p.name.value in bound)
     kept = list(params.params[:first])
     later = [p for p in order[first:] if p.name.value not in bound]
@@ -735,9 +731,8 @@ def _signature(
         return body.with_changes(params=cst.Parameters(params=params.params)), tail[0], ()
     extra = isinstance(params.star_arg, cst.Param)  # `*args` (a bare `*` takes nothing)
     if extra or params.star_kwarg or params.posonly_params:
-        raise NotVisible(
-            "the body takes `*args`, `**kwargs` or positional-only parameters", Decline.SIGNATURE
-        )
+        why = "the body takes `*args`, `**kwargs` or positional-only parameters"
+        raise NotVisible(why, Decline.SIGNATURE)
     if any(a.star for call in calls for a in call.args):
         raise _call_differs(step, "unpacks its arguments (`*` or `**`)")
     filled = {  # how many by position (before any keyword: syntax), which by keyword
@@ -748,10 +743,8 @@ def _signature(
         for c in calls
     }
     if len(filled) != 1:
-        raise NotVisible(
-            f"the calls of `{step}` pass different arguments (by position or keyword)",
-            Decline.CALLS_DIFFER,
-        )
+        why = f"the calls of `{step}` pass different arguments (by position or keyword)"
+        raise NotVisible(why, Decline.CALLS_DIFFER)
     count, keywords = filled.pop()
     order = [*params.params, *params.kwonly_params]
     if count > len(params.params):
@@ -791,9 +784,8 @@ def _step_call(
         raise not_read_back(flow, call, step)
     targets = target_names(around.targets[0].target)
     if "?" in targets:
-        raise NotVisible(
-            f"a result of `{step}` is not bound to a plain name", Decline.RESULTS_UNNAMED
-        )
+        why = f"a result of `{step}` is not bound to a plain name"
+        raise NotVisible(why, Decline.RESULTS_UNNAMED)
     unpack = _unpacked_next(flow, around, targets)
     if unpack is not None:  # the results are bound where `out` is unpacked
         targets = target_names(unpack.targets[0].target)
@@ -990,7 +982,7 @@ def _follow_argument(
                     blocking.append(_binding_text(name, binding, flow, forms.qualname))
                 reached(layout, unknown and _drawn(binding, name, flow))
     if layouts and all(drawn) and position not in program.fixed:
-        _convert_drawn(program, calls, position, blocking)
+        _convert_drawn(site, position, blocking)
         return
     if fields and Layout.KEYS in layouts:
         layouts.append(Layout.UNKNOWN)  # the keys of one device are a key array, not fields
@@ -1232,14 +1224,13 @@ def _derived_from(part: cst.BaseExpression, depth: int = 0) -> cst.Name | None:
     return sources[0] if sources and len(names) == 1 and None not in names else None
 
 
-def _convert_drawn(
-    program: Program, calls: list[_StepCall], position: int, blocking: list[str]
-) -> None:
+def _convert_drawn(site: _Site, position: int, blocking: list[str]) -> None:
     """The argument at `position` is drawn from an iterator whose layout is not visible (another
     module's input pipeline, a parameter): pmap took its leading axis as this process's devices,
     each device its slice; the program-level form takes this process's rows of one global batch,
     the same rows on the same device: converted where it is passed, named (`program.converter`).
     Its other reads keep the value as drawn."""
+    program, _, _, calls = site
     program.batches[position] = True
     source = blocking[0] if blocking else "an iterator"
     why = CONVERTED.format(source=source, helper=program.converter)
@@ -1747,8 +1738,8 @@ def _binding_kind(site: _Site, binding: cst.CSTNode, name: str, position: int) -
         program.carried_read.add(name)  # checked once that def's returns are followed
         return Layout.REPLICAS  # one a def the step is passed to returns (`_callee.py`)
     if single_name(binding.targets[0].target) != name:
-        return _unpacked_replication(program, binding, name, forms, position)
-    if (results := _arithmetic_results(binding.value, name, calls, flow)) is not None:
+        return _unpacked_replication(site, binding, name, position)
+    if (results := _arithmetic_results(site, binding.value, name)) is not None:
         program.arithmetic[id(binding)] = results
         return Layout.REPLICAS  # results combined elementwise: equal copies
     if _mean_of_results(site, binding, name):
@@ -1793,12 +1784,11 @@ def _repacked(flow: Flow, forms: Forms, use: cst.Name) -> bool:
     return _unpacked_part(flow.statement(use), use.value, forms) is use
 
 
-def _unpacked_replication(
-    program: Program, binding: cst.Assign, name: str, forms: Forms, position: int
-) -> Layout:
+def _unpacked_replication(site: _Site, binding: cst.Assign, name: str, position: int) -> Layout:
     """`a, b = replicate((x, y))`: a replication of a tuple written out, unpacked into as many
     names, replicates each (vision_transformer's `params_repl, opt_state_repl`); the
     replication is deleted (`a, b = (x, y)`). Else unknown."""
+    program, _, forms, _ = site
     target = binding.targets[0].target
     source = forms.replicated_source(binding.value)
     if not isinstance(target, cst.Tuple) or not isinstance(source, cst.Tuple):
@@ -1890,13 +1880,12 @@ ELEMENTWISE = (
 )
 
 
-def _arithmetic_results(
-    value: cst.BaseExpression, name: str, calls: list[_StepCall], flow: Flow
-) -> set[str] | None:
+def _arithmetic_results(site: _Site, value: cst.BaseExpression, name: str) -> set[str] | None:
     """The results read by `name = name - 0.1 * grads`: elementwise arithmetic of `name`,
     numbers and results bound only by calls of the step (each then checked to be the same on
     every device); None for any other value. Rows that are all equal combine into rows that
     are all equal: the value stays replicated, its device axis is not read."""
+    _, flow, _, calls = site
     names: set[str] = set()
     nodes: list[cst.BaseExpression] = [value]
     while nodes:
@@ -1977,10 +1966,8 @@ def _follow_result(
             continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
         _not_returned(program, flow, use, name, step)
         how = _goes(flow.parent.get(id(use)), flow.parent, program.host.name.value)
-        raise NotVisible(
-            f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`: {how}",
-            Decline.RESULT_READ,
-        )
+        why = f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`: {how}"
+        raise NotVisible(why, Decline.RESULT_READ)
 
 
 def _reads(site: _Site, name: str, bindings: set[cst.CSTNode]) -> Iterator[cst.Name]:
@@ -2069,9 +2056,8 @@ def _tuple_readback(
         read += f"(`{_short(call)}`), and "
         if result:
             why = "it is a result that may differ between devices: the program-level form holds "
-            raise NotVisible(
-                read + why + "one value of it, not device 0's share", Decline.RESULT_VARIES
-            )
+            why += "one value of it, not device 0's share"
+            raise NotVisible(read + why, Decline.RESULT_VARIES)
         why = "its copies are not known to be equal on every device"
         raise NotVisible(read + why, Decline.RESULT_READ)
     root, value = found  # the stand-in put back: `(a, b)`, or the copy per leaf of it
@@ -2098,9 +2084,8 @@ def _one_source(
                 other = _after_a_call(flow, binding, calls) and not allowed(binding)
                 other = other and id(binding) not in program.means
             if other:
-                raise NotVisible(
-                    f"`{name}` holds a result of `{step}` and something else", Decline.RESULT_READ
-                )
+                why = f"`{name}` holds a result of `{step}` and something else"
+                raise NotVisible(why, Decline.RESULT_READ)
     return made
 
 
@@ -2199,10 +2184,8 @@ def _follow_list(site: _Site, step: str, name: str) -> None:
         if readback is not None and isinstance(binding, cst.Assign) and len(binding.targets) == 1:
             readbacks[id(reads[0])] = readback  # device 0's copy of every result: the results
         elif value is None or _gathering(forms, value, name) is None:
-            raise NotVisible(
-                f"`{name}`, a list of results of `{step}`, is bound to other values",
-                Decline.METRICS_LIST,
-            )
+            why = f"`{name}`, a list of results of `{step}`, is bound to other values"
+            raise NotVisible(why, Decline.METRICS_LIST)
         gathered.append(binding)
     for use in flow.loads.get(name, []):
         arg = flow.parent.get(id(use))
