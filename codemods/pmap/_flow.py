@@ -446,7 +446,8 @@ def forms_of(flow: Flow, qualname: Qualname, facts: ModuleFacts) -> Forms:
         qualname,
         lambda node: is_device_count(node, flow, qualname),
         {name: d for name, d in facts.defs.items() if name not in flow.stores},
-        lambda name: _named_lambda(flow, name),
+        # the lambda `name` is bound to, when that is its only binding in the function
+        lambda name: value if isinstance(value := flow.value(name), cst.Lambda) else None,
         bound=bound,
         imported=facts.imported,
         elsewhere=facts.elsewhere,
@@ -792,12 +793,6 @@ def _step_call(
     return _StepCall(around, call, names, targets, values, unpack=unpack)
 
 
-def _named_lambda(flow: Flow, name: str) -> cst.Lambda | None:
-    """The lambda `name` is bound to, when that is its only binding in the function."""
-    value = flow.value(name)
-    return value if isinstance(value, cst.Lambda) else None
-
-
 def _check_lambda(program: Program, flow: Flow, calls: list[cst.Call] | None = None) -> None:
     """The body is called from a lambda (`lambda x, k: f(x, k[0], lr=lr)`): its parameters must
     not hide a name the call reads, and a value `partial` bound, now read when the step is
@@ -914,7 +909,9 @@ def _follow_argument(
         drawn.append(is_drawn)
 
     for call in calls:
-        name = _passed(call, position)
+        name = call.args[position]  # a name passed, or whose field is (`state.params`)
+        if name == INLINE and (root := field_root(call.values[position])) is not None:
+            name = root.value
         if name != INLINE:
             fields = fields or name != call.args[position]
             slots.append((name, call.values[position]))
@@ -1150,11 +1147,9 @@ def _drawn(binding: cst.CSTNode, name: str, flow: Flow, depth: int = 0) -> bool:
         return False
     value = binding.value
     drawn = isinstance(value, cst.Call) and code(value.func) == "next" and len(value.args) == 1
-    return (
-        drawn
-        and name in target_names(binding.targets[0].target)
-        or bool(_taken_from(binding, name, flow, depth))
-    )
+    if drawn and name in target_names(binding.targets[0].target):
+        return True
+    return bool(_taken_from(binding, name, flow, depth))
 
 
 def _taken_from(binding: cst.Assign, name: str, flow: Flow, depth: int = 0) -> cst.Name | None:
@@ -1403,15 +1398,6 @@ def _callee_name(flow: Flow, forms: Forms, func: cst.BaseExpression) -> str | No
         return None
     cls = forms.qualname(value.func)
     return f"{cls}.{func.attr.value}" if cls is not None else None
-
-
-def _passed(call: _StepCall, position: int) -> str:
-    """The name passed at `position`, or whose field is (`state.params`), else INLINE."""
-    name = call.args[position]
-    if name != INLINE:
-        return name
-    root = field_root(call.values[position])
-    return INLINE if root is None else root.value
 
 
 def _inline_kind(site: _Site, value: cst.BaseExpression, position: int) -> Layout:
@@ -2234,11 +2220,8 @@ def _follow_flattened(site: _Site, step: str, name: str) -> None:
     program, flow, forms, _ = site
 
     def flat(b: cst.CSTNode) -> object:  # `r = r.reshape(-1)`: the flat value
-        return (
-            isinstance(b, cst.Assign)
-            and isinstance(b.value, cst.Call)
-            and _flattening(forms, b.value, name)
-        )
+        value = b.value if isinstance(b, cst.Assign) else None
+        return isinstance(value, cst.Call) and _flattening(forms, value, name)
 
     made = _one_source(site, step, name, flat)
     reached = [use for use in flow.loads.get(name, []) if flow.reach.of(use) & made]
@@ -2259,11 +2242,9 @@ def _follow_flattened(site: _Site, step: str, name: str) -> None:
     for use in reached:  # not the argument's value, nor the flat value `r = r.reshape(-1)` binds
         if _waited(flow, use, forms) or id(use) in in_shapes:  # `r.shape[-1]` of a reshape
             continue
-        around = list(flow.ancestors(use))[:6]  # `r.reshape(...)`, `r` in its shape too
-        node = next(
-            (a for a in around if isinstance(a, cst.Call) and _flattening(forms, a, name)),
-            None,
-        )
+        # `r.reshape(...)`, `r` in its shape too
+        around = [a for a in list(flow.ancestors(use))[:6] if isinstance(a, cst.Call)]
+        node = next((a for a in around if _flattening(forms, a, name)), None)
         if node is not None:
             helper = _flattening_helper(forms, node, name)
             what = f"a flattening of `{name}` over devices"
