@@ -43,6 +43,7 @@ from ._flow import (
     _follow_argument,
     _follow_result,
     _nested,
+    _Site,
     _StepCall,
     analyze_calls,
     forms_of,
@@ -104,7 +105,9 @@ def laid_out_in_caller(
     names = [""] * arity
     names[position] = single_name(value) or INLINE
     proxy = cst.Call(cst.Name(step), [cst.Arg(value)])  # feeds: this argument only
-    _follow_argument(caller, flow, forms, [_StepCall(call, proxy, names, [], values)], position)
+    _follow_argument(
+        _Site(caller, flow, forms, [_StepCall(call, proxy, names, [], values)]), position
+    )
     caller.calls.append(proxy)
     if position in caller.squeezed:
         return Layout.KEYS
@@ -232,7 +235,7 @@ def carried_back(
     assert statement is not None
     back = _StepCall(statement, call, [], [], [])
     for target, output in results.items():
-        _follow_result(caller, flow, forms, [back], step, target, output)
+        _follow_result(_Site(caller, flow, forms, [back]), step, target, output)
 
 
 def follow_passed(

@@ -309,9 +309,10 @@ def _follow(
     program.calls = [c.call for c in calls]
     _keyword_calls(program, calls, keywords)
     sibling_calls(program, flow, siblings, facts.defs, methods)
+    site = _Site(program, flow, forms, calls)
     for position in range(arity):
         if position not in fixed:
-            _follow_argument(program, flow, forms, calls, position)
+            _follow_argument(site, position)
     if program.squeezed or keywords:
         _check_lambda(program, flow)
     assumed: set[str] = set()
@@ -344,7 +345,7 @@ def _follow(
                 raise NotVisible(why, Decline.RESULTS_UNNAMED)
             _read_at_once(program, call.readback, call.read, step)
         for output, name in enumerate(call.targets):
-            _follow_result(program, flow, forms, calls, step, name, output)
+            _follow_result(site, step, name, output)
     # every read accepted: a result flattened (or not read) still needs an axis to lie on
     for output, value in sorted(scalar_outputs(body, qualname).items()):
         if program.varying[output]:
@@ -887,12 +888,11 @@ class _Site(NamedTuple):
     calls: list[_StepCall]
 
 
-def _follow_argument(
-    program: Program, flow: Flow, forms: Forms, calls: list[_StepCall], position: int
-) -> None:
+def _follow_argument(site: _Site, position: int) -> None:
     """Lay out the argument at `position`: the join of the layouts of the bindings that reach
     each call (a binding of the plain value that `x = replicate(x)` then stacks reaches no
     call: not counted)."""
+    program, flow, forms, calls = site
     layouts: list[Layout] = []  # one per value reaching a call
     drawn: list[bool] = []  # each: drawn from an iterator not seen into (`_drawn`)
     fields = False  # a field of a name passed, `step(state.params)`: laid out as the name is
@@ -902,7 +902,6 @@ def _follow_argument(
     classified: dict[int, Layout] = {}  # by id of a binding: its layout (its edit recorded once)
     slots: list[tuple[str, cst.BaseExpression]] = []  # (name passed or INLINE, its value)
     through: set[int] = set()  # by id: the unpackings of a tuple followed to its part
-    site = _Site(program, flow, forms, calls)
 
     def reached(layout: Layout, is_drawn: bool = False) -> None:
         layouts.append(layout)
@@ -1906,21 +1905,13 @@ def _reduced_whole(flow: Flow, forms: Forms, use: cst.Name) -> bool:
     return found is not None and found[1] is use and found[0] in SAME_OF_COPIES
 
 
-def _follow_result(
-    program: Program,
-    flow: Flow,
-    forms: Forms,
-    calls: list[_StepCall],
-    step: str,
-    name: str,
-    output: int,
-) -> None:
+def _follow_result(site: _Site, step: str, name: str, output: int) -> None:
     """Check every read of a result: a readback (then deleted) or fed back to the step.
 
     A result that differs between devices must be read only flattened over the devices
     (`r.reshape(-1)`, `r.reshape((-1,) + r.shape[2:])`): the flat result is that already.
     """
-    site = _Site(program, flow, forms, calls)
+    program, flow, forms, _ = site
     if program.varying[output]:
         _follow_flattened(site, step, name)
         return
