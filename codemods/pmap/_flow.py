@@ -806,13 +806,12 @@ def _check_lambda(program: Program, flow: Flow, calls: list[cst.Call] | None = N
     if not isinstance(fun, cst.Call) or program.made is None:
         return  # made at module level: a function rebinds a global only with `global`
     made = flow.reach.before(program.made)
-    for arg in fun.args[1:]:
-        for name in set(names_in(arg.value)):
-            for call in program.calls if calls is None else calls:
-                at = flow.reach.before(flow.statement(call))
-                if at.get(name, ENTRY_ONLY) != made.get(name, ENTRY_ONLY):
-                    why = f"`{name}`, which `partial` binds, is bound again after the step is made"
-                    raise NotVisible(why, Decline.SIGNATURE)
+    names = [name for arg in fun.args[1:] for name in set(names_in(arg.value))]
+    for name, call in itertools.product(names, program.calls if calls is None else calls):
+        at = flow.reach.before(flow.statement(call))
+        if at.get(name, ENTRY_ONLY) != made.get(name, ENTRY_ONLY):
+            why = f"`{name}`, which `partial` binds, is bound again after the step is made"
+            raise NotVisible(why, Decline.SIGNATURE)
 
 
 def _made_before(program: Program, flow: Flow, binding: cst.CSTNode) -> bool:
@@ -1159,9 +1158,8 @@ def _taken_from(binding: cst.Assign, name: str, flow: Flow, depth: int = 0) -> c
     target = binding.targets[0].target
     part = binding.value if single_name(target) == name else _lined_up(target, binding.value, name)
     whole = _derived_from(part) if part is not None and single_name(part) is None else None
-    if whole is None or depth > 3:
-        return None
-    return whole if _drawn_everywhere(whole, flow, depth) else None
+    drawn = whole is not None and depth <= 3 and _drawn_everywhere(whole, flow, depth)
+    return whole if drawn else None
 
 
 def _drawn_everywhere(name: cst.Name, flow: Flow, depth: int = 0) -> bool:
@@ -1703,9 +1701,8 @@ def _donated(program: Program, position: int) -> bool:
     items = (
         [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
     )
-    if not all(isinstance(i, cst.Integer) for i in items):
-        return True
-    return position in {int(i.value) for i in items}  # type: ignore[attr-defined]
+    literal = all(isinstance(i, cst.Integer) for i in items)
+    return not literal or position in {int(i.value) for i in items}  # type: ignore[attr-defined]
 
 
 BATCH = row_named("shard").why
@@ -1941,9 +1938,19 @@ def _follow_result(site: _Site, step: str, name: str, output: int) -> None:
             continue  # returned to the caller, which follows it (`_callee.carried_back`)
         if passed_on(program, flow, forms, use, name, _readback_around, Decline.RESULT_READ):
             continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
-        _not_returned(program, flow, use, name, step)
-        how = _goes(flow.parent.get(id(use)), flow.parent, program.host.name.value)
+        # A result returned as it is (`return state`, flax's `train_and_evaluate`), stacked
+        # over the devices: the callers' reads are not followed (maybe in another module)
+        statement, host = flow.parent.get(id(use)), program.host.name.value
+        if isinstance(statement, cst.Element):  # `return state, history`
+            items = flow.parent.get(id(statement))
+            statement = flow.parent.get(id(items)) if isinstance(items, cst.Tuple) else None
+        how = _goes(flow.parent.get(id(use)), flow.parent, host)
         why = f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`: {how}"
+        if isinstance(statement, cst.Return):
+            why = (
+                f"`{name}`, a result of `{step}`, is returned by `{host}` with its device axis: "
+                f"the reads of `{host}()`'s callers (maybe in other modules) are not followed"
+            )
         raise NotVisible(why, Decline.RESULT_READ)
 
 
@@ -2102,24 +2109,6 @@ def _follow_items(program: Program, flow: Flow, forms: Forms, use: cst.Name, nam
     for readback, value in found:
         program.edit(readback, why, lambda v=value: v)  # type: ignore[misc]
     return True
-
-
-def _not_returned(program: Program, flow: Flow, use: cst.Name, name: str, step: str) -> None:
-    """Raise NotVisible for a result returned as it is (`return state`, flax's
-    `train_and_evaluate`), stacked over the devices: the callers' reads are not followed, and
-    a caller may be in another module."""
-    statement = flow.parent.get(id(use))
-    if isinstance(statement, cst.Element):  # `return state, history`
-        items = flow.parent.get(id(statement))
-        statement = flow.parent.get(id(items)) if isinstance(items, cst.Tuple) else None
-    if not isinstance(statement, cst.Return):
-        return
-    host = program.host.name.value
-    why = (
-        f"`{name}`, a result of `{step}`, is returned by `{host}` with its device axis: the "
-        f"reads of `{host}()`'s callers (maybe in other modules) are not followed"
-    )
-    raise NotVisible(why, Decline.RESULT_READ)
 
 
 def _gathered_list(flow: Flow, forms: Forms, use: cst.Name) -> cst.Call | None:
