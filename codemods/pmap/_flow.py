@@ -61,6 +61,9 @@ ENTRY_ONLY = frozenset({ENTRY})
 INLINE = "?"  # an argument passed as an expression, not a name: `step(state, shard(batch))`
 KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
 PARTIAL = "functools.partial"
+# Two expressions: a node and what it becomes (a readback deleted, a split's flat source), or
+# a value and the part of the devices it is stacked over
+_Pair = tuple[cst.BaseExpression, cst.BaseExpression]
 
 
 @dataclass
@@ -402,8 +405,7 @@ def passed_feeds(flow: Flow, use: cst.Name, defs: Defs) -> set[int]:
     """The ids of the caller's arguments that the def a step is passed to (`use`) only passes
     on to that step, `callee(p_step=use, params=state.params)` -> `state.params` when `params` is
     read in the callee only in calls of `p_step`: the step's own program lays them out."""
-    found = passed_to(flow, use, defs)
-    if found is None:
+    if (found := passed_to(flow, use, defs)) is None:
         return set()
     _, callee, param, args = found
     inner = Flow(callee)
@@ -1015,8 +1017,7 @@ def _check_part(forms: Forms, value: cst.BaseExpression, name: str | None = None
     """Decline PL306 if `value`, an argument of the step or bound to one (`name`), is a
     replication, a split or keys over a count or devices not visibly every device of this
     process (brax's `jax.random.split(key, local_devices_to_use)`), or holds one (`_part_of`)."""
-    found = _part_of(forms, value)
-    if found is None:
+    if (found := _part_of(forms, value)) is None:
         return
     made, part = found
     what = f"`{_short(value)}`" if name is None else f"`{name}` = `{_short(value)}`"
@@ -1025,9 +1026,7 @@ def _check_part(forms: Forms, value: cst.BaseExpression, name: str | None = None
     raise NotVisible(PART.format(value=what, part=f"`{_short(part)}`"), Decline.PART_OF_DEVICES)
 
 
-def _part_of(
-    forms: Forms, value: cst.BaseExpression, depth: int = 0
-) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+def _part_of(forms: Forms, value: cst.BaseExpression, depth: int = 0) -> _Pair | None:
     """The value stacked over part of the devices that `value` is or holds, and that part: a
     stacking of it (`jnp.stack(jax.random.split(key, n))`), a field of a container or of a
     class built with keyword arguments (brax's `TrainingState(key=...)`), or what a def of the
@@ -1511,8 +1510,7 @@ def _generated_batches(site: _Site, position: int) -> bool:
         return False
     if flow.loads.get(gen or "") != [binding.value.func]:
         return False  # called elsewhere too: those batches are not the step's
-    edits = _yielded_splits(generator, flow, forms)
-    if edits is None:
+    if (edits := _yielded_splits(generator, flow, forms)) is None:
         return False
     for node, source in edits:
         program.edit(node, GENERATED, lambda s=source: s)  # type: ignore[misc]
@@ -1522,9 +1520,7 @@ def _generated_batches(site: _Site, position: int) -> bool:
     return True
 
 
-def _yielded_splits(
-    generator: cst.FunctionDef, flow: Flow, forms: Forms
-) -> list[tuple[cst.BaseExpression, cst.BaseExpression]] | None:
+def _yielded_splits(generator: cst.FunctionDef, flow: Flow, forms: Forms) -> list[_Pair] | None:
     """Return each split the generator's `yield`s give (the split, its flat source), else None."""
     inner = Flow(generator)
     yields = list(nodes_in(generator.body, cst.Yield, SCOPES))  # not of its defs, lambdas
@@ -1542,7 +1538,7 @@ def _yielded_splits(
 
     splits = Forms(forms.qualname, counts, forms.defs, values=value_of)
     inside = {id(n) for y in yields for n in nodes_in(y, cst.Name)}
-    edits: list[tuple[cst.BaseExpression, cst.BaseExpression]] = []
+    edits: list[_Pair] = []
     for y in yields:
         value = y.value
         assert isinstance(value, cst.BaseExpression)
@@ -2000,9 +1996,7 @@ def _readback_deleted(program: Program, flow: Flow, forms: Forms, use: cst.Name,
     return found is not None
 
 
-def _tuple_readback(
-    program: Program, flow: Flow, forms: Forms, use: cst.Name
-) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+def _tuple_readback(program: Program, flow: Flow, forms: Forms, use: cst.Name) -> _Pair | None:
     """`jax.tree.map(lambda x: np.array(x[0]), (params["student"], opt))` (big_vision's distill
     trainer): a readback of device 0 of a tuple written there, `use` (or a field of it) one of
     its items. Deleted when every item is surely the same on every device (`surely_replicated`:
@@ -2021,8 +2015,7 @@ def _tuple_readback(
     stand_in = call.with_changes(
         args=[a.with_changes(value=cst.Name(hole)) if a is arg else a for a in call.args]
     )
-    found = forms.readback_value(stand_in, hole)
-    if found is None:
+    if (found := forms.readback_value(stand_in, hole)) is None:
         return None
     other = next(
         (e.value for e in items.elements if not surely_replicated(program, flow, forms, e.value)),
@@ -2101,8 +2094,7 @@ def _follow_items(program: Program, flow: Flow, forms: Forms, use: cst.Name, nam
         reaching = flow.reach.of(read)
         if loop not in reaching:
             continue  # `value` of another loop (`for key, value in evaluator.run(...)`)
-        around = _readback_around(flow, forms, read, item)
-        if around is None or reaching != {loop}:
+        if (around := _readback_around(flow, forms, read, item)) is None or reaching != {loop}:
             return False
         found.append(around)
     why = f"a readback of device 0 deleted: the values of `{name}` are the same on every device"
@@ -2413,9 +2405,7 @@ def _after_a_call(flow: Flow, binding: cst.CSTNode, calls: list[_StepCall]) -> b
     return flow.ran_before(binding, [c.assign for c in calls])
 
 
-def _readback_around(
-    flow: Flow, forms: Forms, use: cst.Name, name: str
-) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+def _readback_around(flow: Flow, forms: Forms, use: cst.Name, name: str) -> _Pair | None:
     """Return the readback of device 0 reading `use` and what it becomes, else None."""
     # var[0]: 1 up; var.a.b[0]: 3; jax.device_get(var.a)[0]: 5
     for node in list(flow.ancestors(use))[:6]:
