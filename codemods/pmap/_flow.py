@@ -1410,7 +1410,7 @@ def _inline_kind(site: _Site, value: cst.BaseExpression, position: int) -> Layou
         layout = _inline_kind(site, scaled, position)
         return layout if layout in (Layout.PER_DEVICE, Layout.REPLICAS) else Layout.UNKNOWN
     if (replicated := forms.replicated_source(value)) is not None:
-        _replication(program, value, replicated, position, _committed(flow, forms, replicated))
+        _replication(site, value, replicated, position)
         return Layout.REPLICAS
     if (batch := forms.split(value)) is not None:
         program.edit(value, batch.row.why, lambda: batch.rewrite(program.context()))
@@ -1622,20 +1622,19 @@ COPIED = (
 
 
 def _replication(
-    program: Program,
-    value: cst.BaseExpression,
-    source: cst.BaseExpression,
-    position: int,
-    committed: str | None = None,
+    site: _Site, value: cst.BaseExpression, source: cst.BaseExpression, position: int
 ) -> None:
     """Record the edit of a replication of `source` passed at `position`: deleted, or a copy
     when the step donates that argument (pmap donated the replicas, never `source` itself);
-    a copy stays one (`a, b = replicate((x, y))`, `a` donated: both copied). `committed`: how
-    `source` may be committed to one device (`_committed`): then it is copied to the host."""
+    a copy stays one (`a, b = replicate((x, y))`, `a` donated: both copied). When `source`
+    may be committed to one device (`_committed`; never a tuple written out), it is copied to
+    the host."""
+    program, flow, forms, _ = site
     reason = program.reasons.get(id(value), "")
     if reason == COPIED or reason.startswith(HOSTED[:40]):
         return
-    if committed is not None:  # `jax.device_get(x)`: a host value, placed by the step
+    # `jax.device_get(x)`: a host value, placed by the step
+    if (committed := _committed(flow, forms, source)) is not None:
         why = HOSTED.format(how=committed)
         program.edit(value, why, lambda: fill(HOST_COPY, {**program.context(), "x": source}))
     elif not _donated(program, position):
@@ -1766,7 +1765,7 @@ def _unpacked_replication(site: _Site, binding: cst.Assign, name: str, position:
     """`a, b = replicate((x, y))`: a replication of a tuple written out, unpacked into as many
     names, replicates each (vision_transformer's `params_repl, opt_state_repl`); the
     replication is deleted (`a, b = (x, y)`). Else unknown."""
-    program, _, forms, _ = site
+    forms = site.forms
     target = binding.targets[0].target
     source = forms.replicated_source(binding.value)
     if not isinstance(target, cst.Tuple) or not isinstance(source, cst.Tuple):
@@ -1775,7 +1774,7 @@ def _unpacked_replication(site: _Site, binding: cst.Assign, name: str, position:
     plain = all(type(e) is cst.Element for e in source.elements)
     if name not in names or None in names or not plain or len(names) != len(source.elements):
         return Layout.UNKNOWN
-    _replication(program, binding.value, source, position)
+    _replication(site, binding.value, source, position)
     return Layout.REPLICAS
 
 
