@@ -894,8 +894,9 @@ def _follow_argument(site: _Site, position: int) -> None:
     each call (a binding of the plain value that `x = replicate(x)` then stacks reaches no
     call: not counted)."""
     program, flow, forms, calls = site
-    layouts: list[Layout] = []  # one per value reaching a call
-    drawn: list[bool] = []  # each: drawn from an iterator not seen into (`_drawn`)
+    # One per value reaching a call: its layout, and whether it is drawn from an iterator not
+    # seen into (`_drawn`)
+    reached: list[tuple[Layout, bool]] = []
     fields = False  # a field of a name passed, `step(state.params)`: laid out as the name is
     blocking: list[str] = []  # the values whose layout is not known, and where they come from
     # Those that are parameters of the host a `pmap-replicated` entry can name: by text, the name
@@ -903,10 +904,6 @@ def _follow_argument(site: _Site, position: int) -> None:
     classified: dict[int, Layout] = {}  # by id of a binding: its layout (its edit recorded once)
     slots: list[tuple[str, cst.BaseExpression]] = []  # (name passed or INLINE, its value)
     through: set[int] = set()  # by id: the unpackings of a tuple followed to its part
-
-    def reached(layout: Layout, is_drawn: bool = False) -> None:
-        layouts.append(layout)
-        drawn.append(is_drawn)
 
     for call in calls:
         name = call.args[position]  # a name passed, or whose field is (`state.params`)
@@ -925,16 +922,16 @@ def _follow_argument(site: _Site, position: int) -> None:
                 root = leaf if isinstance(leaf, cst.Name) else field_root(leaf)
                 if root is None:
                     layout = _inline_kind(site, leaf, position)
-                    reached(layout)
+                    reached.append((layout, False))
                     blocking += [f"`{_short(leaf)}`"] if layout is Layout.UNKNOWN else []
                 else:
                     fields = fields or root is not leaf
                     slots.append((root.value, leaf))
             continue
-        if layout is Layout.UNKNOWN:
+        if unknown := layout is Layout.UNKNOWN:
             _check_part(forms, call.values[position])
             blocking.append(f"`{_short(call.values[position])}`")
-        reached(layout, layout is Layout.UNKNOWN and _drawn_inline(call.values[position], flow))
+        reached.append((layout, unknown and _drawn_inline(call.values[position], flow)))
     for name, value in slots:
         use = value if isinstance(value, cst.Name) else field_root(value)
         assert use is not None
@@ -943,10 +940,10 @@ def _follow_argument(site: _Site, position: int) -> None:
             parameter = name in {p.name.value for p in params_of(program.host.params)}
             if binding is ENTRY and program.given and parameter:
                 given = program.given(program, name, position)  # the caller's argument
-                reached(given)
+                reached.append((given, False))
                 program.entries[name] = given
             elif binding is ENTRY and parameter and name in program.declared:
-                reached(Layout.REPLICAS)
+                reached.append((Layout.REPLICAS, False))
                 program.entries[name] = Layout.REPLICAS  # its other reads are followed too
                 _declared_copies(program, name)
             elif binding is ENTRY:
@@ -956,7 +953,7 @@ def _follow_argument(site: _Site, position: int) -> None:
                     where = f"not bound on every path in `{host}` to the call"
                 if host == "__main__":
                     where = "a global bound outside the `__main__` block"
-                reached(Layout.UNKNOWN)
+                reached.append((Layout.UNKNOWN, False))
                 blocking.append(f"`{name}`, {where}")
                 if parameter and program.spelling and host != "__main__":
                     declarable[blocking[-1]] = name
@@ -972,13 +969,13 @@ def _follow_argument(site: _Site, position: int) -> None:
                 ):
                     layout = Layout.PER_DEVICE  # an input iterator a def of the module makes
                 classified[id(binding)] = layout
-                unknown = layout is Layout.UNKNOWN
-                if unknown and isinstance(binding, cst.Assign):
-                    _check_part(forms, binding.value, name)
-                if unknown:
+                if unknown := layout is Layout.UNKNOWN:
+                    if isinstance(binding, cst.Assign):
+                        _check_part(forms, binding.value, name)
                     blocking.append(_binding_text(name, binding, flow, forms.qualname))
-                reached(layout, unknown and _drawn(binding, name, flow))
-    if layouts and all(drawn) and position not in program.fixed:
+                reached.append((layout, unknown and _drawn(binding, name, flow)))
+    layouts = [layout for layout, _ in reached]
+    if layouts and all(drawn for _, drawn in reached) and position not in program.fixed:
         _convert_drawn(site, position, blocking)
         return
     if fields and Layout.KEYS in layouts:
