@@ -1222,8 +1222,7 @@ def _convert_drawn(site: _Site, position: int, blocking: list[str]) -> None:
     program.batches[position] = True
     source = blocking[0] if blocking else "an iterator"
     why = CONVERTED.format(source=source, helper=program.converter)
-    for call in calls:
-        value = call.values[position]
+    for value in [call.values[position] for call in calls]:
 
         def converted(value: cst.BaseExpression = value) -> cst.BaseExpression:
             args = [cst.Arg(value), cst.Arg(cst.parse_expression(program.sharding))]
@@ -1789,11 +1788,10 @@ def _mean_of_results(
     found = forms.transfer(value, MEANS) if value is not None else None
     if value is None or found is None:
         return False
-    source = found.source
-    if not isinstance(source, cst.Name) or source.value != name:
+    if not isinstance(found.source, cst.Name) or found.source.value != name:
         return False
     seen |= {id(binding)}  # a loop back to this mean: the same value, no other source
-    reaching = flow.reach.of(source)
+    reaching = flow.reach.of(found.source)
     if not reaching or not all(
         any(c.binds(b) for c in calls)
         or id(b) in program.siblings
