@@ -931,7 +931,9 @@ def _follow_argument(site: _Site, position: int) -> None:
         if unknown := layout is Layout.UNKNOWN:
             _check_part(forms, call.values[position])
             blocking.append(f"`{_short(call.values[position])}`")
-        reached.append((layout, unknown and _drawn_inline(call.values[position], flow)))
+        # `np.asarray(batch["mask"])` passed as it is: computed from a name drawn on every path
+        root = _derived_from(call.values[position]) if unknown else None
+        reached.append((layout, root is not None and _drawn_everywhere(root, flow)))
     for name, value in slots:
         use = value if isinstance(value, cst.Name) else field_root(value)
         assert use is not None
@@ -1167,12 +1169,6 @@ def _drawn_everywhere(name: cst.Name, flow: Flow, depth: int = 0) -> bool:
     return all(_drawn(source, name.value, flow, depth + 1) for source in reaching)
 
 
-def _drawn_inline(value: cst.BaseExpression, flow: Flow) -> bool:
-    """`np.asarray(batch["mask"])` passed as it is: computed from a name drawn on every path."""
-    root = _derived_from(value)
-    return root is not None and _drawn_everywhere(root, flow)
-
-
 def _new_trailing_axes(part: cst.Subscript) -> bool:
     """`x[..., None]` (`None`s after `...`): new axes after the others, the leading one, each
     device's, untouched (big_vision's `labels[..., None]`)."""
@@ -1340,15 +1336,14 @@ def _flat_batch(program: Program, flow: Flow, forms: Forms, use: cst.Name, name:
 
 def _waited(flow: Flow, use: cst.Name, forms: Forms) -> bool:
     """`use.block_until_ready()` (or `jax.block_until_ready(use)`) as a statement of its own,
-    or `use` passed (maybe in a tuple) to a def of the code base that only waits for what that
-    parameter holds (`_waited_in_def`): it waits for the value and reads nothing of its layout."""
-    return waits(flow.parent, use, forms.qualname) or _waited_in_def(flow, use, forms)
+    or `use` passed to a def of the code base that only waits for what that parameter holds:
+    it waits for the value and reads nothing of its layout.
 
-
-def _waited_in_def(flow: Flow, use: cst.Name, forms: Forms) -> bool:
-    """`u.chrono.pause(wait_for=(params, opt))`: `use` passed, whole or as an element of a tuple
-    or list written there, to a def of the module or of another module of the code base
-    (`forms.imported`) that only waits for that parameter (`only_waits_on`)."""
+    The def: `u.chrono.pause(wait_for=(params, opt))`, `use` passed, whole or as an element of
+    a tuple or list written there, to a def of the module or of another module of the code
+    base (`forms.imported`) that only waits for that parameter (`only_waits_on`)."""
+    if waits(flow.parent, use, forms.qualname):
+        return True
     arg = flow.parent.get(id(field_top(flow, use)))  # `wait_for=params["student"]` too
     if isinstance(arg, cst.Element):
         items = flow.parent.get(id(arg))
