@@ -82,9 +82,11 @@ NOT_LIBRARY = frozenset(
 )
 SHARED = "_pmap_compat"  # a shared module next to a file is no sibling the file chose to import
 PRIVATE_NAME = re.compile(r"\b_\w+")  # a name a file may import or call a private def by
+# A private name a module binds at its top level, which another module may import: `def
+# _evaluate(`, `class _Cache`, `_step = jax.pmap(...)` (a method is no name of the module)
 PRIVATE_DEF = re.compile(
-    r"^[ \t]*(?:async[ \t]+)?def[ \t]+(_\w+)", re.MULTILINE
-)  # `def _evaluate(`
+    r"^(?:(?:async[ \t]+)?def[ \t]+|class[ \t]+)?(_\w+)\b(?=[ \t]*[(:=])", re.MULTILINE
+)
 
 
 @dataclass
@@ -220,7 +222,7 @@ class Project:
                 # private one (`_evaluate`) by the modules of the code base that import it
                 # (only those texts that name one are read).
                 own = next((t for f, t, _ in files if f == file), "")
-                private = set(PRIVATE_DEF.findall(own))
+                private = {n for n in PRIVATE_DEF.findall(own) if not n.startswith("__")}
                 named = self._private_names(base)
                 others = [f for f in others if private & named[f[0]]] if private else []
                 uses = replace(
