@@ -808,7 +808,7 @@ def _check_lambda(program: Program, flow: Flow, calls: list[cst.Call] | None = N
     if not isinstance(fun, cst.Call) or program.made is None:
         return  # made at module level: a function rebinds a global only with `global`
     made = flow.reach.before(program.made)
-    names = [name for arg in fun.args[1:] for name in set(names_in(arg.value))]
+    names = [name for arg in fun.args[1:] for name in sorted(names_in(arg.value))]
     for name, call in itertools.product(names, program.calls if calls is None else calls):
         at = flow.reach.before(flow.statement(call))
         if at.get(name, ENTRY_ONLY) != made.get(name, ENTRY_ONLY):
