@@ -527,3 +527,16 @@ def test_the_verifier_is_told_which_arguments_are_static(
     result = migrate_source(path.read_text(), options=Options(unsafe_fixes=True))
     (layout,) = [s.details["layout"] for s in result.sites if "layout" in s.details]
     assert layout["args"] == args and layout["static_tail"] is tail
+
+
+def test_a_def_a_step_is_passed_to_is_rewritten_where_it_is_bound_last() -> None:
+    # Two module-level defs named `evaluate`: the callers call the last; the first, rebound before
+    # anyone calls it, is left as it is written.
+    source = (FIXTURES / "program_passed_to_def.py").read_text()
+    first = "def evaluate(*, p_eval_step, params, batches):\n    return params\n\n\n"
+    assert source.count("\ndef evaluate(") == 1
+    twice = source.replace("\ndef evaluate(", "\n" + first + "def evaluate(", 1)
+    once = migrate_source(source, options=Options(unsafe_fixes=True))
+    result = migrate_source(twice, options=Options(unsafe_fixes=True))
+    assert first in result.code, result.code
+    assert result.code.replace(first, "", 1) == once.code  # the last one rewritten as before

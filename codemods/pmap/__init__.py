@@ -780,23 +780,21 @@ class Pmap(Faithful):
             out = self._rewrite_program(self.programs[id(host)], host)
             if out is not host:  # not taken: the module as the other edits left it
                 updated_node = updated_node.with_changes(body=out.body.body)
-        new = {}  # the defs steps are passed to, rewritten, by name (a def of the module once)
-        for statement in original_node.body:
-            programs = self.callee_programs.get(id(statement))
-            if programs and isinstance(statement, cst.FunctionDef):
+        # The defs steps are passed to and the factories taken, rewritten: by name and which def
+        # of that name (a name may be bound by several defs: only the one analysed changes)
+        new: dict[tuple[str, int], cst.FunctionDef] = {}
+        for key, statement in _defs_by_occurrence(original_node):
+            if programs := self.callee_programs.get(id(statement)):
                 indent = self._indent(statement)
-                rewritten = rewrite_host(statement, programs, None, indent, self.state.style)
-                new[statement.name.value] = rewritten
-        for statement in original_node.body:  # a factory returning a step taken
-            program = self.factories.get(id(statement))
-            if program is not None and isinstance(statement, cst.FunctionDef):
-                assert program.factory is not None
+                new[key] = rewrite_host(statement, programs, None, indent, self.state.style)
+            if (program := self.factories.get(id(statement))) is not None:
+                assert program.factory is not None  # a factory returning a step taken
                 indent = self.room(program.factory[1]).indent
-                new[statement.name.value] = program.factory_rewritten(indent, self.state.style)
+                new[key] = program.factory_rewritten(indent, self.state.style)
+        defs = dict(_defs_by_occurrence(updated_node))
+        changed = {id(defs[key]): fn for key, fn in new.items() if key in defs}
         body = [
-            new.get(s.name.value, s) if isinstance(s, cst.FunctionDef) else s
-            for s in updated_node.body
-            if bound_name(s) not in self.dropped
+            changed.get(id(s), s) for s in updated_node.body if bound_name(s) not in self.dropped
         ]
         updated = drop_dead_helpers(
             original_node, updated_node.with_changes(body=body), self.qualname
@@ -957,3 +955,16 @@ class Pmap(Faithful):
         """Return `name`, or `name_1`, ...: one neither the function nor the module uses."""
         candidates = (name, *(f"{name}_{k}" for k in range(1, len(taken) + 2)))
         return next(c for c in candidates if c not in taken and self.resolver.is_free(c))
+
+
+def _defs_by_occurrence(module: cst.Module) -> list[tuple[tuple[str, int], cst.FunctionDef]]:
+    """The module's top-level defs, each keyed by its name and how many defs of that name come
+    before it (the same keys in the module before and after a transform that adds no def)."""
+    seen: dict[str, int] = {}
+    found = []
+    for statement in module.body:
+        if isinstance(statement, cst.FunctionDef):
+            name = statement.name.value
+            found.append(((name, seen.get(name, 0)), statement))
+            seen[name] = seen.get(name, 0) + 1
+    return found
