@@ -280,7 +280,9 @@ message says why the program-level form was not taken. A parameter `[tool.jaxmig
 pmap-replicated` names (`"Evaluator.run(params)"`: its callers, which the analysis may not see,
 pass equal copies of one value, one per local device) is replicated: the def begins with
 `params = from_device_copies(params)` (device 0's copy, replicated over the job's devices), its
-callers unchanged (`tests/test_pmap_declared_copies.py`). A parameter that each call of its
+callers unchanged (`tests/test_pmap_declared_copies.py`); its other reads are followed as a
+replicated value's, and a def returning the step's stacked result to those callers, whom the
+analysis does not see, keeps the per-device form (PL401). A parameter that each call of its
 def passes a replication (`replicate(params)`, or a name every binding reaching it binds to
 one, or to a result a step kept per device, made by a factory of the code base, returns the same
 on every device when fed its own: vision_transformer's `params_repl` through
