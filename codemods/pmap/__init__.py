@@ -526,9 +526,9 @@ COPIER_SOURCE = '''def {name}(tree):
     mesh = {jax}.sharding.Mesh(devices, ("copies",))
     sharding = {jax}.sharding.NamedSharding(mesh, {jax}.sharding.PartitionSpec("copies"))
 
-    def copies(x):
-        x = x.addressable_data(0) if isinstance(x, {jax}.Array) else x
-        return {jax}.device_put({jnp}.stack([x] * len(devices)), sharding)
+    def copies(x):  # on the host: a jax operation would run under the mesh `jax.set_mesh` sets
+        x = {np}.asarray(x.addressable_data(0) if isinstance(x, {jax}.Array) else x)
+        return {jax}.device_put({np}.broadcast_to(x, (len(devices), *x.shape)), sharding)
 
     return {jax}.tree.map(copies, tree)
 '''
@@ -765,7 +765,7 @@ class Pmap(Faithful):
                 continue
             if base not in self.converters:
                 name = numbered(base, self.resolver.is_free)
-                np = self._numpy() if base != COPIER else ""
+                np = self._numpy()
                 self.converters[base] = (name, program.jax, np, program.jnp)
             setattr(program, spelled, self.converters[base][0])  # `program.converter`, ...
 

@@ -2103,11 +2103,16 @@ def _gathered_list(flow: Flow, forms: Forms, use: cst.Name) -> cst.Call | None:
 
 
 def _appended_to(flow: Flow, use: cst.Name) -> str | None:
-    """Return `L` of a statement `L.append(use)`, else None."""
+    """Return `L` of a statement `L.append(use)`, `L` a list the function makes, else None (a
+    list it is given is its caller's: `use` is passed on to a call not followed, `_passon`)."""
     call = flow.parent.get(id(flow.parent.get(id(use))))
     holes = holes_of("{l}.append({v})", call) if isinstance(call, cst.Call) else None
     statement = isinstance(flow.parent.get(id(call)), cst.Expr)
-    return single_name(holes["l"]) if holes and holes["v"] is use and statement else None
+    if not holes or holes["v"] is not use or not statement:
+        return None
+    listed = holes["l"]
+    given = isinstance(listed, cst.Name) and ENTRY in flow.reach.of(listed)
+    return None if given else single_name(listed)
 
 
 def _follow_list(site: _Site, step: str, name: str) -> None:
