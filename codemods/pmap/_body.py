@@ -162,16 +162,12 @@ def scalar_outputs(body: cst.FunctionDef, qualname: Qualname) -> dict[int, cst.B
         for index, item in enumerate(items):
             bound = flow.value(item.value) if isinstance(item, cst.Name) else None
             value = bound if bound is not None else item
-            if _scalar(value, qualname):
+            reduced = full_reduction(value, qualname)
+            if isinstance(value, (cst.Integer, cst.Float)) or (
+                reduced is not None and reduced[0] in FULL_REDUCTIONS
+            ):
                 found.setdefault(index, value)
     return found
-
-
-def _scalar(node: cst.BaseExpression, qualname: Qualname) -> bool:
-    if isinstance(node, (cst.Integer, cst.Float)):
-        return True
-    found = full_reduction(node, qualname)
-    return found is not None and found[0] in FULL_REDUCTIONS
 
 
 def full_reduction(
@@ -192,20 +188,15 @@ def full_reduction(
 
 
 def _ends_in_return(lines: Iterable[cst.BaseStatement]) -> bool:
-    last = list(lines)[-1:]
-    if not last:
-        return False
-    node = last[0]
-    if isinstance(node, cst.SimpleStatementLine):
-        final = node.body[-1]
-        return isinstance(final, cst.Raise) or (
-            isinstance(final, cst.Return) and final.value is not None
-        )
-    return (
-        isinstance(node, cst.If)
-        and _ends_in_return(statements(node.body))
-        and _ends_in_return(else_of(node))
-    )
+    """Whether the last of `lines` returns a value or raises (an `if`: on both branches)."""
+    match list(lines)[-1:]:
+        case [
+            cst.SimpleStatementLine(body=[*_, cst.Raise() | cst.Return(value=cst.BaseExpression())])
+        ]:
+            return True
+        case [cst.If() as node]:
+            return _ends_in_return(statements(node.body)) and _ends_in_return(else_of(node))
+    return False
 
 
 class _Reader:
@@ -805,23 +796,17 @@ def aliased(node: cst.BaseExpression) -> set[str]:
     `out["d"]`, `out.get("d")` and `out.setdefault(...)`, `inner` of `{"l": inner}`): a store
     into that value may change them. Another call's value is a new object (`x.mean(0)`,
     `model.apply(...)`, `jax.random.split(key)`)."""
-    if isinstance(node, cst.Name):
-        return {node.value}
-    if isinstance(node, (cst.Attribute, cst.Subscript)):
-        return aliased(node.value)
-    if isinstance(node, cst.Call):
-        func = node.func
-        return (
-            aliased(func.value)
-            if isinstance(func, cst.Attribute) and func.attr.value in PARTS
-            else set()
-        )
-    if isinstance(node, (cst.Tuple, cst.List, cst.Set, cst.Dict)):
-        return set().union(*(aliased(e.value) for e in node.elements))
-    if isinstance(node, cst.IfExp):
-        return aliased(node.body) | aliased(node.orelse)
-    if isinstance(node, cst.BooleanOperation):
-        return aliased(node.left) | aliased(node.right)
+    match node:
+        case cst.Name():
+            return {node.value}
+        case cst.Attribute() | cst.Subscript():
+            return aliased(node.value)
+        case cst.Call(func=cst.Attribute(value=owner, attr=attr)) if attr.value in PARTS:
+            return aliased(owner)
+        case cst.Tuple() | cst.List() | cst.Set() | cst.Dict():
+            return set().union(*(aliased(e.value) for e in node.elements))
+        case cst.IfExp(body=one, orelse=other) | cst.BooleanOperation(left=one, right=other):
+            return aliased(one) | aliased(other)
     return set()
 
 

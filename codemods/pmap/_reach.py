@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import libcst as cst
 
@@ -80,9 +80,8 @@ class Reach:
         self._body(statements(block), {})
         refined = self._closures()
         for name in self._nested:
-            found = refined.get(id(name))
             everything = frozenset(self._all.get(name.value, ())) | {ENTRY}
-            self._at[id(name)] = found if found is not None else everything
+            self._at[id(name)] = refined.get(id(name), everything)
 
     def of(self, use: cst.Name) -> Bindings:
         """Return the bindings that may have made the value `use` reads (ENTRY: the function's
@@ -190,9 +189,9 @@ class Reach:
             if again == head:
                 break
             head = again
-        forever = isinstance(node, cst.While) and _is_true(node.test)
-        done = None if forever else head
-        done = self._body(else_of(node), done)
+        test = node.test if isinstance(node, cst.While) else None
+        forever = isinstance(test, cst.Name) and test.value == "True"
+        done = self._body(else_of(node), None if forever else head)
         return _join(done, *frame.exits)
 
     def _try(self, node: cst.Try, env: Env | None) -> Env | None:
@@ -253,7 +252,7 @@ class Reach:
         under an `and`, `or` or `... if ... else` may not be evaluated: joined with what was
         there."""
         scopes = (cst.Lambda, cst.BaseSuite)
-        sure = {id(w) for w in nodes_in(node, cst.NamedExpr, (*scopes, *_MAYBE))}
+        sure = {id(w) for w in nodes_in(node, cst.NamedExpr, scopes + _MAYBE)}
         for walrus in nodes_in(node, cst.NamedExpr, scopes):
             target = walrus.target
             if isinstance(target, cst.Name):
@@ -328,27 +327,21 @@ class Reach:
             self._fields.add(id(node.attr))
         elif isinstance(node, cst.Arg) and node.keyword is not None:
             self._fields.add(id(node.keyword))
-        if (
-            isinstance(node, cst.Call)
-            and isinstance(node.func, cst.Name)
-            and node.func.value not in local
-        ):
-            self._called.setdefault(node.func.value, set()).add(id(node.func))
-            self._calls.setdefault(node.func.value, []).append(env)
-        if isinstance(node, cst.Call) and dotted(node.func) in TREE_MAPS:
-            self._mapped(node, env, local)
-            return
+        elif isinstance(node, cst.Call):
+            if isinstance(node.func, cst.Name) and node.func.value not in local:
+                self._called.setdefault(node.func.value, set()).add(id(node.func))
+                self._calls.setdefault(node.func.value, []).append(env)
+            if dotted(node.func) in TREE_MAPS:
+                self._mapped(node, env, local)
+                return
         if isinstance(node, cst.Lambda):
             self._defaults(node.params, env, local)
             self._inside(node.body)
-            return
-        if isinstance(node, Comprehension):
+        elif isinstance(node, Comprehension):
             self._comprehension(node, env, local)
-            return
-        if isinstance(node, cst.BaseSuite):
-            return
-        for child in node.children:
-            self._reads(child, env, local)
+        elif not isinstance(node, cst.BaseSuite):
+            for child in node.children:
+                self._reads(child, env, local)
 
     def _mapped(self, call: cst.Call, env: Env, local: frozenset[str]) -> None:
         """`jax.tree.map(lambda v: ..., x)` calls the lambda on each leaf before it returns and
@@ -374,12 +367,11 @@ class Reach:
                 self._reads(param.default, env, local)
 
     def _comprehension(self, node: Comprehension, env: Env, local: frozenset[str]) -> None:
-        inner = dict(env)
+        inner, outer = dict(env), env  # the first iterable is read outside
         compfor: cst.CompFor | None = node.for_in
-        first = True
         while compfor is not None:
-            self._reads(compfor.iter, env if first else inner, local)
-            first = False
+            self._reads(compfor.iter, outer, local)
+            outer = inner
             for name in target_nodes(compfor.target):
                 inner[name.value] = frozenset({compfor})  # seen inside the comprehension only
             for condition in compfor.ifs:
@@ -398,14 +390,7 @@ def _captures(pattern: cst.MatchPattern) -> Iterator[cst.Name]:
 
 
 # What may leave a part of an expression unevaluated (a comprehension: over nothing)
-_MAYBE = (
-    cst.BooleanOperation,
-    cst.IfExp,
-    cst.ListComp,
-    cst.SetComp,
-    cst.DictComp,
-    cst.GeneratorExp,
-)
+_MAYBE = (cst.BooleanOperation, cst.IfExp, *get_args(Comprehension))
 
 
 def _compared(pattern: cst.MatchPattern) -> Iterator[cst.BaseExpression]:
@@ -499,10 +484,6 @@ def replaced(node: N, new: dict[int, Any]) -> N:
             return new.get(id(original_node), updated_node)
 
     return node.visit(Replace())  # type: ignore[attr-defined,no-any-return]
-
-
-def _is_true(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Name) and node.value == "True"
 
 
 # One function's names, from the toolkit's scope model -----------------------------------------
