@@ -374,20 +374,18 @@ class _Reader:
         if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Tuple):
             return None
         call = any(self.varies(a.value, varying) for a in value.args)
-        found: list[Tree] = []
         parts = [self.grad_value(m[3], value, varying) for m in made if m]
-        for kind in made[0][0].results:  # type: ignore[index]
-            if kind == "call" and parts and None not in parts:
-                found.append(_joined(*parts))  # type: ignore[arg-type]
-                continue
-            found.append(
-                any(
-                    (kind == "receiver" and m[1]) or (kind == "call" and (m[2] or call))
-                    for m in made
-                    if m
-                )
+        joined = _joined(*parts) if parts and None not in parts else None  # type: ignore[arg-type]
+        return [
+            joined
+            if kind == "call" and joined is not None
+            else any(
+                (kind == "receiver" and m[1]) or (kind == "call" and (m[2] or call))
+                for m in made
+                if m
             )
-        return found
+            for kind in made[0][0].results  # type: ignore[index]
+        ]
 
     def bind_each(
         self,
@@ -473,13 +471,10 @@ class _Reader:
             whole = self.tree(node.value, varying)  # type: ignore[attr-defined]
             if isinstance(whole, tuple) and -len(whole) <= index < len(whole):
                 return whole[index]
-        named = self._named_parts(node, varying) if isinstance(node, cst.Name) else None
-        if named is not None:
+        if isinstance(node, cst.Name) and (named := self._named_parts(node, varying)) is not None:
             return named
-        if isinstance(node, cst.Call):
-            found = self._call_tree(node, varying)
-            if found is not None:
-                return found
+        if isinstance(node, cst.Call) and (found := self._call_tree(node, varying)) is not None:
+            return found
         return self.varies(node, varying)
 
     def _named_parts(self, node: cst.CSTNode, varying: Varying) -> Tree | None:
@@ -561,9 +556,8 @@ class _Reader:
         SUMMARIES) returns as its value, `f` a nested def called with `call`'s arguments:
         (loss, aux), part by part, with `has_aux=True`; `with_grads`: (value, grads), the
         gradients differing where any part of the value does. None where `f` is not read."""
-        given = [a for a in made.args if a.keyword is None]
         aux = next((a.value for a in made.args if _keyword(a) == "has_aux"), None)
-        fn = given[0].value if given else None
+        fn = next((a.value for a in made.args if a.keyword is None), None)
         if (
             not isinstance(fn, cst.Name)
             or fn.value not in self.closures
@@ -756,8 +750,7 @@ class _Reader:
     def _calls_per_device(self, call: cst.Call) -> bool:
         """A call of a module function that uses a per-device collective (at any depth),
         answered once per def of the module (`_PER_DEVICE`)."""
-        name = call.func.value if isinstance(call.func, cst.Name) else None
-        if name is None or name not in self.defs:
+        if not isinstance(call.func, cst.Name) or (name := call.func.value) not in self.defs:
             return False
         last = _PER_DEVICE[0] if _PER_DEVICE else None
         if last is None or last[0] is not self.defs or last[1] != self.qualname:
@@ -770,10 +763,9 @@ class _Reader:
     def _reaches_per_device(self, name: str) -> bool:
         """Whether the def `name` or a def it calls (at any depth) uses a per-device collective."""
         seen: set[str] = set()
-        pending: list[str] = [name]
+        pending = [name]
         while pending:
-            current = pending.pop()
-            if current in seen:
+            if (current := pending.pop()) in seen:
                 continue
             seen.add(current)
             for inner in nodes_in(self.defs[current], cst.Call):
@@ -827,8 +819,7 @@ def stored_into(
             continue
         if isinstance(node.func, cst.Attribute) and node.func.attr.value in MUTATING:
             stored |= aliased(node.func.value)
-        helper = defs.get(node.func.value) if isinstance(node.func, cst.Name) else None
-        if helper is not None:
+        if isinstance(node.func, cst.Name) and (helper := defs.get(node.func.value)) is not None:
             into = {p.name.value for p in params_of(helper.params)}
             into = into if helper in seen else stored_into(helper, defs, seen) & into
             stored |= passed_into(node.args, helper, into)
@@ -940,9 +931,8 @@ def averaged_axes(modules: Iterable[cst.Module]) -> frozenset[str]:
         walk_in_order(found, module)  # not `.visit`: it would rebuild every node
         made: dict[int, str | None] = {}  # by id of a `BatchNorm` name: the axis it is given
         for call in found.calls:
-            given = [a.value for a in call.args if a.keyword is None]
             name = _called(call.func)
-            first = given[0] if given else None
+            first = next((a.value for a in call.args if a.keyword is None), None)
             variable = first.evaluated_value if isinstance(first, cst.SimpleString) else None
             if name is not None and name.value == "variable" and variable == STATISTICS:
                 return frozenset()  # `self.variable("batch_stats", ...)`

@@ -111,14 +111,13 @@ class Reach:
             env = {**env, MARK: frozenset({node})}
         live: Env = env if env is not None else {}  # dead code: its reads see nothing
         if isinstance(node, cst.SimpleStatementLine):
-            out = env
             for small in node.body:
-                self._before[id(small)] = out if out is not None else {}
-                if out is None:
+                self._before[id(small)] = env if env is not None else {}
+                if env is None:
                     self._reads(small, {})
                 else:
-                    out = self._small(small, out)
-            return out
+                    env = self._small(small, env)
+            return env
         if isinstance(node, cst.If):
             self._reads(node.test, live)
             env = self._walruses(node.test, dict(env)) if env is not None else None
