@@ -154,10 +154,9 @@ def scalar_outputs(body: cst.FunctionDef, qualname: Qualname) -> dict[int, cst.B
     to lay the devices' values side by side on (`out_specs=P(axis)` needs one)."""
     flow = Flow(body)
     found: dict[int, cst.BaseExpression] = {}
-    for node in nodes_in(body.body, cst.Return, SCOPES):  # not a nested def's (`loss_fn`)
-        value = node.value
-        if value is None:
-            continue
+    # the values the body returns, not a nested def's (`loss_fn`)
+    returned = (r.value for r in nodes_in(body.body, cst.Return, SCOPES) if r.value is not None)
+    for value in returned:
         items = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
         for index, item in enumerate(items):
             bound = flow.value(item.value) if isinstance(item, cst.Name) else None
@@ -341,12 +340,10 @@ class _Reader:
                 or (nested is not None and self.closure_varies(nested))
                 or any(self.varies(a.value, varying) for a in args)
             ):
-                if stored & params:  # `def fill(d, v): d["a"] = v`: what is passed
-                    owners |= (
-                        passed_into(call.args, fn, stored & params)
-                        if call is not None
-                        else set().union(*(aliased(a.value) for a in args))
-                    )
+                if stored & params and call is not None:  # `def fill(d, v): d["a"] = v`
+                    owners |= passed_into(call.args, fn, stored & params)  # what is passed
+                elif stored & params:
+                    owners |= set().union(*(aliased(a.value) for a in args))
                 varying = self.changed(owners, varying)
         return varying
 
@@ -433,8 +430,8 @@ class _Reader:
     # Expressions --------------------------------------------------------------------------
     def varies(self, node: cst.CSTNode, varying: Varying) -> bool:
         """Return True unless `node` is the same on every device."""
-        whole = self._named_parts(node, varying)
-        if whole is not None:  # `aux[1]` of a name bound to a tuple whose parts are known
+        # `aux[1]` of a name bound to a tuple whose parts are known
+        if (whole := self._named_parts(node, varying)) is not None:
             return _flat(whole)
         if isinstance(node, cst.Call):
             if self.qualname(node.func) in REDUCED and self._over_axis(node):
@@ -445,8 +442,7 @@ class _Reader:
                 return False
             # a call of a helper (flax's `compute_metrics` doing the `pmean`): it differs when
             # any of the helper's returns does
-            helper = self.helper_results(node, varying)
-            if helper is not None:
+            if (helper := self.helper_results(node, varying)) is not None:
                 return any(helper)
         if isinstance(node, Comprehension):
             return self._comprehension_varies(node, varying)
@@ -493,11 +489,9 @@ class _Reader:
 
     def _call_tree(self, call: cst.Call, varying: Varying) -> Tree | None:
         """The parts of what `call` returns, where it is read: None where it is not."""
-        statistics = self._statistics(call, varying)
-        if statistics is not None:
+        if (statistics := self._statistics(call, varying)) is not None:
             return statistics
-        made = self._grad_maker(call.func)
-        if made is not None:
+        if (made := self._grad_maker(call.func)) is not None:
             return self.grad_value(made, call, varying, with_grads=True)
         closure = self.closures.get(call.func.value) if isinstance(call.func, cst.Name) else None
         if closure is not None:
@@ -874,8 +868,7 @@ def alias_classes(body: cst.FunctionDef, own_only: bool = True) -> dict[str, set
         names = names & local if own_only else names
         if len(names) > 1:
             merged = set(names).union(*(classes.get(n, set()) for n in names))
-            for name in merged:
-                classes[name] = merged
+            classes.update(dict.fromkeys(merged, merged))
     return classes
 
 

@@ -167,9 +167,8 @@ class Reach:
         return _join(*ends) if total and last.guard is None else _join(env, *ends)
 
     def _loop(self, node: cst.For | cst.While, env: Env | None) -> Env | None:
-        live: Env = env if env is not None else {}
         if isinstance(node, cst.For):
-            self._reads(node.iter, live)
+            self._reads(node.iter, env if env is not None else {})
         head = env
         while True:
             frame = _Loop()
