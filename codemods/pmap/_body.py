@@ -508,10 +508,9 @@ class _Reader:
         if not isinstance(func, cst.Attribute) or func.attr.value not in APPLIES:
             return None
         mutable = next((a.value for a in call.args if _keyword(a) == "mutable"), None)
-        names = mutable.elements if isinstance(mutable, (cst.List, cst.Tuple)) else [mutable]
-        values = [n.value if isinstance(n, cst.BaseElement) else n for n in names]
         if not all(
-            isinstance(v, cst.SimpleString) and v.evaluated_value == STATISTICS for v in values
+            isinstance(v, cst.SimpleString) and v.evaluated_value == STATISTICS
+            for v in _listed(mutable)
         ):
             return None
         given = [a for a in call.args if a.keyword is None]
@@ -577,8 +576,7 @@ class _Reader:
         mapped = self._filled(Function(fn, False, self.qualname, defs), call, varying)
         if mapped is None:
             return None
-        params = {p.name.value for p in params_of(fn.params)}
-        start = mapped | (self.ever - params)
+        start = mapped | (self.ever - {p.name.value for p in params_of(fn.params)})
         key_of = (id(fn), frozenset(start))
         if key_of not in self.closure_trees:
             self.closure_trees[key_of] = self._closure_read(fn, defs, start)
@@ -728,8 +726,6 @@ class _Reader:
         axis = next((a.value for a in call.args if _keyword(a) == "axis_name"), None)
         positional = [a.value for a in call.args if a.keyword is None and not a.star]
         axis = axis if axis is not None else (positional[1] if len(positional) > 1 else None)
-        names = axis.elements if isinstance(axis, (cst.Tuple, cst.List)) else [axis]
-        strings = [e.value if isinstance(e, cst.BaseElement) else e for e in names]
         return any(
             (isinstance(s, cst.SimpleString) and s.evaluated_value == self.axis)
             or (isinstance(s, cst.Name) and s.value in self.spellings - self.local)
@@ -738,7 +734,7 @@ class _Reader:
                 and single_name(s.value) not in self.local
                 and code(s) in self.spellings
             )
-            for s in strings
+            for s in _listed(axis)
         )
 
     def _calls_per_device(self, call: cst.Call) -> bool:
@@ -970,6 +966,11 @@ class _Norms(cst.CSTVisitor):
         name = _called(node.func)
         if name is not None and name.value in ("BatchNorm", "partial", "variable"):
             self.calls.append(node)
+
+
+def _listed(node: cst.BaseExpression | None) -> list[cst.BaseExpression | None]:
+    """The elements of a tuple or list `node` (`("i", "j")`, `["batch_stats"]`), else `node`."""
+    return [e.value for e in node.elements] if isinstance(node, (cst.Tuple, cst.List)) else [node]
 
 
 def _called(node: cst.BaseExpression) -> cst.Name | None:

@@ -225,8 +225,7 @@ class Reach:
                 for target in assign_targets(node):
                     self._bind(target, node, out)
         elif isinstance(node, (cst.Import, cst.ImportFrom)):
-            names = node.names if isinstance(node.names, Iterable) else ()
-            for alias in names:
+            for alias in node.names if isinstance(node.names, Iterable) else ():  # not `*`
                 bound: cst.BaseExpression = alias.name
                 if alias.asname is not None:
                     bound = alias.asname.name  # type: ignore[assignment]
@@ -301,17 +300,17 @@ class Reach:
     def _header(self, node: cst.FunctionDef | cst.ClassDef, env: Env) -> None:
         """A def's decorators and defaults (a class's bases) are read where it is made; its
         inside whenever it runs."""
-        if isinstance(node, cst.FunctionDef):
-            for decorator in node.decorators:
-                self._reads(decorator, env)
-            self._defaults(node.params, env)
-            if node is not self.skip:
-                self._inside(node.body)
-                self._defs.append(node)
-        else:
-            for part in (*node.decorators, *node.bases, *node.keywords):
+        for decorator in node.decorators:
+            self._reads(decorator, env)
+        if isinstance(node, cst.ClassDef):
+            for part in (*node.bases, *node.keywords):
                 self._reads(part, env)
             self._inside(node.body)
+            return
+        self._defaults(node.params, env, frozenset())
+        if node is not self.skip:
+            self._inside(node.body)
+            self._defs.append(node)
 
     def _reads(self, node: cst.CSTNode, env: Env, local: frozenset[str] = frozenset()) -> None:
         """Record what reaches each name in `node` (an expression or a small statement), not
@@ -355,9 +354,7 @@ class Reach:
             self._defaults(fn.params, env, local)
             self._reads(fn.body, env, (local | own))
 
-    def _defaults(
-        self, params: cst.Parameters, env: Env, local: frozenset[str] = frozenset()
-    ) -> None:
+    def _defaults(self, params: cst.Parameters, env: Env, local: frozenset[str]) -> None:
         """Record what reaches the names of `params`' defaults (read where the def or lambda is
         made)."""
         for param in params_of(params):
