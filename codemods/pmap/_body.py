@@ -420,8 +420,7 @@ class _Reader:
             return varying
         names = set(target_names(target)) if not isinstance(target, cst.StarredElement) else set()
         if "?" in names or not names:
-            why = f"the body binds `{code(target)}`, not only plain names"
-            raise NotVisible(why, Decline.BODY)
+            raise NotVisible(f"the body binds `{code(target)}`, not only plain names", Decline.BODY)
         if varies:
             self.ever |= names
             return varying | names
@@ -855,10 +854,9 @@ def alias_classes(body: cst.FunctionDef, own_only: bool = True) -> dict[str, set
         elif isinstance(node, cst.WithItem) and node.asname is not None:
             joined.append(aliased(node.asname.name) | aliased(node.item))
         elif isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-            taken = (aliased(a.value) for a in node.args)
             receiver = aliased(node.func.value)
             if node.func.attr.value in MUTATING and (receiver & local or not own_only):
-                joined.append(receiver.union(*taken))
+                joined.append(receiver.union(*(aliased(a.value) for a in node.args)))
     classes: dict[str, set[str]] = {}
     for names in joined:
         names = names & local if own_only else names

@@ -220,11 +220,11 @@ class Reach:
         out = dict(env)
         if id(node) in self.marks:
             out[MARK] = frozenset({node})
-        if isinstance(node, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
-            if not isinstance(node, cst.AnnAssign) or node.value is not None:
-                for target in assign_targets(node):
-                    self._bind(target, node, out)
-        elif isinstance(node, (cst.Import, cst.ImportFrom)):
+        # an assignment binds its targets (`x: int` alone none; another statement has none)
+        if not isinstance(node, cst.AnnAssign) or node.value is not None:
+            for target in assign_targets(node):
+                self._bind(target, node, out)
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
             for alias in node.names if isinstance(node.names, Iterable) else ():  # not `*`
                 bound: cst.BaseExpression = alias.name
                 if alias.asname is not None:
