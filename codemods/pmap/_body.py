@@ -52,6 +52,7 @@ Varying: TypeAlias = frozenset[str] | set[str]  # the names that may differ betw
 STATISTICS = "batch_stats"  # the collection flax's `BatchNorm` updates in training
 APPLIES = frozenset({"apply", "apply_fn"})  # flax's `model.apply`, `TrainState.apply_fn`
 TRACED = frozenset({"shape", "ndim", "dtype", "size", "itemsize"})  # one trace: the same everywhere
+NOT_FOLLOWED = "the body has a `{}` statement, not followed"  # a statement's kind: not modelled
 
 
 @dataclass(frozen=True)
@@ -248,9 +249,7 @@ class _Reader:
         if isinstance(node, cst.FunctionDef):
             self.closures[node.name.value] = node  # read when called, see `closure_varies`
             return varying - {node.name.value}
-        raise NotVisible(
-            f"the body has a `{type(node).__name__}` statement, not followed", Decline.BODY
-        )
+        raise NotVisible(NOT_FOLLOWED.format(type(node).__name__), Decline.BODY)
 
     def loop(self, node: cst.For | cst.While, varying: set[str]) -> set[str]:
         self.looping += 1
@@ -291,9 +290,7 @@ class _Reader:
         elif isinstance(node, cst.Return) and node.value is not None:
             self.returns.append((node.value, frozenset(varying)))
         elif isinstance(node, (cst.Global, cst.Nonlocal)):
-            raise NotVisible(
-                f"the body has a `{type(node).__name__}` statement, not followed", Decline.BODY
-            )
+            raise NotVisible(NOT_FOLLOWED.format(type(node).__name__), Decline.BODY)
         return varying
 
     def mutation(self, node: cst.BaseExpression, varying: set[str]) -> set[str]:
@@ -340,8 +337,9 @@ class _Reader:
                 or (nested is not None and self.closure_varies(nested))
                 or any(self.varies(a.value, varying) for a in args)
             ):
-                if stored & params and call is not None:  # `def fill(d, v): d["a"] = v`
-                    owners |= passed_into(call.args, fn, stored & params)  # what is passed
+                # `def fill(d, v): d["a"] = v`: what is passed
+                if stored & params and call is not None:
+                    owners |= passed_into(call.args, fn, stored & params)
                 elif stored & params:
                     owners |= set().union(*(aliased(a.value) for a in args))
                 varying = self.changed(owners, varying)
