@@ -55,85 +55,71 @@ class Imported:
 
     def function(self, qualname: str | None) -> Function | None:
         """Return the def `qualname` names in one of the modules, else None."""
-        if not qualname or not self.texts:
-            return None
         found = self._module_of(qualname)
         return None if found is None else _resolve(*found)
 
     def klass(self, qualname: str | None) -> tuple[cst.ClassDef, Qualname] | None:
         """Return the class `qualname` names in one of the modules (bound once at its level),
         with how that module spells names; else None."""
-        found = self._module_of(qualname) if qualname and self.texts else None
+        found = self._module_of(qualname)
         if found is None or len(found[1]) != 1:
             return None
-        names, (name,) = found
-        bindings = names.module_scope.bindings.get(name, [])
-        if len(bindings) != 1 or not isinstance(bindings[0].node, cst.ClassDef):
-            return None
-        return bindings[0].node, names.qualified_name
+        cls = _once(found[0].module_scope, found[1][0], cst.ClassDef)
+        return None if cls is None else (cls, found[0].qualified_name)
 
     def modules(self, words: Sequence[str]) -> list[cst.Module]:
         """The modules given whose text holds one of `words`, each parsed once."""
-        found = []
-        for name, text in self.texts.items():
-            if not any(word in text for word in words):
-                continue
-            if name not in self.parsed:
-                self.parsed[name] = _parsed(text)
-            names = self.parsed[name]
-            if names is not None:
-                found.append(names.module)
-        return found
+        return [
+            names.module
+            for name, text in self.texts.items()
+            if any(word in text for word in words) and (names := self._parsed(name)) is not None
+        ]
 
-    def _module_of(self, qualname: str) -> tuple[ScopeModel, list[str]] | None:
+    def _module_of(self, qualname: str | None) -> tuple[ScopeModel, list[str]] | None:
         """The module of the longest prefix of `qualname` that is one, and the rest."""
-        parts = qualname.split(".")
+        parts = qualname.split(".") if qualname and self.texts else []
         for cut in range(len(parts) - 1, 0, -1):
-            name = ".".join(parts[:cut])
-            if name in self.texts:
-                if name not in self.parsed:
-                    self.parsed[name] = _parsed(self.texts[name])
-                names = self.parsed[name]
+            if (name := ".".join(parts[:cut])) in self.texts:
+                names = self._parsed(name)
                 return None if names is None else (names, parts[cut:])
         return None
+
+    def _parsed(self, name: str) -> ScopeModel | None:
+        """The module `name` parsed (once), None if it does not parse."""
+        if name not in self.parsed:
+            try:
+                self.parsed[name] = ScopeModel(cst.parse_module(self.texts[name]))
+            except (cst.ParserSyntaxError, RecursionError, ValueError):
+                self.parsed[name] = None
+        return self.parsed[name]
 
 
 NO_IMPORTS = Imported()
 
 
-def _parsed(text: str) -> ScopeModel | None:
-    try:
-        return ScopeModel(cst.parse_module(text))
-    except (cst.ParserSyntaxError, RecursionError, ValueError):
-        return None
+def _once(scope: Any, name: str, kind: type[cst.CSTNode]) -> Any:
+    """The node of kind `kind` that alone binds `name` in `scope`, else None."""
+    bindings = scope.bindings.get(name, [])
+    return bindings[0].node if len(bindings) == 1 and isinstance(bindings[0].node, kind) else None
 
 
 def _resolve(names: ScopeModel, rest: list[str]) -> Function | None:
     """`f`: a def of the module; `obj.m` of `obj = C()` there, or `C.m`: the method `m` of the
     class `C` of the module, its first parameter bound. Each name bound once at module level."""
     scope = names.module_scope
-
-    def once(name: str, kind: type[cst.CSTNode]) -> Any:
-        bindings = scope.bindings.get(name, [])
-        return (
-            bindings[0].node if len(bindings) == 1 and isinstance(bindings[0].node, kind) else None
-        )
-
     defs = {
-        n: node
-        for n in scope.bindings
-        if isinstance(node := once(n, cst.FunctionDef), cst.FunctionDef)
+        n: node for n in scope.bindings if (node := _once(scope, n, cst.FunctionDef)) is not None
     }
     if len(rest) == 1 and rest[0] in defs:
         return Function(defs[rest[0]], False, names.qualified_name, defs)
     if len(rest) != 2:
         return None
-    made = once(rest[0], cst.Assign)
+    made = _once(scope, rest[0], cst.Assign)
     value = made.value if made is not None else None
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
-        cls = once(value.func.value, cst.ClassDef)  # `chrono = Chrono()`
+        cls = _once(scope, value.func.value, cst.ClassDef)  # `chrono = Chrono()`
     else:
-        cls = once(rest[0], cst.ClassDef)  # `Chrono.pause` of an instance the caller made
+        cls = _once(scope, rest[0], cst.ClassDef)  # `Chrono.pause` of an instance the caller made
     if cls is None or any(
         not (isinstance(b.value, cst.Name) and b.value.value == "object") for b in cls.bases
     ):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import libcst as cst
+import libcst.matchers as m
 
 from jaxmigrate.toolkit.emit import code, joined
 
@@ -100,13 +101,11 @@ def static_tail(node: cst.BaseExpression) -> tuple[int, cst.BaseExpression] | No
     head, count = stop.left, stop.right
     if not isinstance(head, cst.Integer) or head.evaluated_value != start.evaluated_value:
         return None
+    named: cst.BaseExpression | None = count
     if isinstance(count, cst.Call) and _called(count, "len") and len(count.args) == 1:
-        inner = count.args[0]
-        plain = isinstance(inner.value, (cst.Name, cst.Attribute)) and not inner.star
-        return (int(start.evaluated_value), count) if plain else None
-    if isinstance(count, (cst.Name, cst.Attribute)):
-        return int(start.evaluated_value), count
-    return None
+        named = None if count.args[0].star else count.args[0].value
+    plain = isinstance(named, (cst.Name, cst.Attribute))
+    return (int(start.evaluated_value), count) if plain else None
 
 
 TAIL_BUILTINS = ("tuple", "list", "range", "len")  # a static tail is read with these: none rebound
@@ -192,7 +191,6 @@ def _with_comma(elements: Sequence[cst.BaseElement]) -> list[cst.BaseElement]:
 
 def _spaced(comma: cst.Comma | cst.MaybeSentinel) -> bool:
     """Return True for a comma followed by whitespace (a space or a line break)."""
-    if isinstance(comma, cst.MaybeSentinel):
-        return False
-    after = comma.whitespace_after
-    return not isinstance(after, cst.SimpleWhitespace) or bool(after.value)
+    return isinstance(comma, cst.Comma) and not m.matches(
+        comma.whitespace_after, m.SimpleWhitespace("")
+    )
