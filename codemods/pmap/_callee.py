@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import libcst as cst
+import libcst.matchers as m
 
 from ._declines import Decline, NotVisible
 from ._flow import (
@@ -135,18 +136,6 @@ def returned_results(callee: cst.FunctionDef) -> tuple[list[list[cst.BaseExpress
     return found, shapes == {None}
 
 
-def _bound_by_calls(callee: cst.FunctionDef, step: str) -> set[str]:
-    """The names statements `a, b = step(...)` of `callee` bind."""
-    found: set[str] = set()
-    for line in nodes_in(callee.body, cst.SimpleStatementLine, SCOPES):
-        for small in line.body:
-            if not isinstance(small, cst.Assign) or not isinstance(small.value, cst.Call):
-                continue
-            if single_name(small.value.func) == step:
-                found |= {n for t in small.targets for n in target_names(t.target)}
-    return found
-
-
 def claimed(
     callee: cst.FunctionDef,
     returned: list[list[cst.BaseExpression]],
@@ -159,7 +148,14 @@ def claimed(
     of `step` (taken for the step's result while the callee's arguments are laid out, checked
     once its results are followed: `carried_back`); `returned`: what its `return`s return
     (`returned_results`)."""
-    bound = _bound_by_calls(callee, step)
+    bound = {  # the names statements `a, b = step(...)` of `callee` bind
+        n
+        for line in nodes_in(callee.body, cst.SimpleStatementLine, SCOPES)
+        for small in line.body
+        if m.matches(small, m.Assign(value=m.Call(func=m.Name(step))))
+        for t in small.targets  # type: ignore[attr-defined]
+        for n in target_names(t.target)
+    }
     if not returned or not isinstance(statement, cst.Assign) or statement.value is not call:
         return {}
     if len(statement.targets) != 1:
@@ -263,14 +259,13 @@ def follow_passed(
     uses = [  # not the pmap's own `f` of `f = jax.pmap(f, ...)` (brax's trainers)
         u for u in flow.loads.get(step, []) if all(a is not statement for a in flow.ancestors(u))
     ]
+    nested = why.code is Decline.CALLED_NESTED
     found = [passed_to(flow, use, facts.defs) for use in uses]
-    if why.code is Decline.CALLED_NESTED:
-        found = [called_nested(flow, uses, step, statement)]
-    elif len(found) != 1 or found[0] is None or not called_once(found[0][1], found[0][0]):
+    one = found[0] if len(found) == 1 else None
+    one = called_nested(flow, uses, step, statement) if nested else one
+    if one is None or not (nested or called_once(one[1], one[0])):
         raise why
-    if found[0] is None:
-        raise why
-    call, callee, param, args = found[0]
+    call, callee, param, args = one
     options = options_of(pmap, qualname, unnamed, facts.constants)
     caller = Program(host, statement, options.fun, options.axis, options.donate, [], None)
     caller.unnamed = not options.named
@@ -298,7 +293,7 @@ def follow_passed(
         caller.carried[id(binding)] = frozenset(claims.values())
     try:
         others = tuple(p for p, v in args.items() if p != param and single_name(v) in siblings)
-        enclosing = flow if why.code is Decline.CALLED_NESTED else None  # of its free names
+        enclosing = flow if nested else None  # of its free names
         inner = analyze_calls(
             callee,
             param,
@@ -314,7 +309,6 @@ def follow_passed(
         caller.outputs, caller.varying = inner.outputs, inner.varying
         carried_back(caller, flow, forms, binding, call, inner, returned, claims, param)
     except NotVisible as deeper:
-        nested = why.code is Decline.CALLED_NESTED
         how = "called in the nested function" if nested else "passed to"
         text = f"`{step}` is {how} `{callee.name.value}`, where {deeper.why}"
         raise NotVisible(text, deeper.code) from None

@@ -62,14 +62,12 @@ class OuterGroup:
 def module_function(flow: Flow, module: cst.Module, node: cst.CSTNode) -> cst.FunctionDef | None:
     """Return the def of the module `node` is in, or the method of a class of the module (a
     def of its body: big_vision's `Evaluator.run`); None at module level or in a nested scope."""
-    scopes = [a for a in flow.ancestors(node) if isinstance(a, SCOPES)]  # nearest first
-    if not scopes or not isinstance(scopes[0], cst.FunctionDef):
-        return None
-    if len(scopes) == 1:
-        return scopes[0] if scopes[0] in module.body else None
-    klass = scopes[1]
-    method = len(scopes) == 2 and isinstance(klass, cst.ClassDef) and klass in module.body
-    return scopes[0] if method and scopes[0] in klass.body.body else None  # type: ignore[union-attr]
+    match [a for a in flow.ancestors(node) if isinstance(a, SCOPES)]:  # nearest first
+        case [cst.FunctionDef() as fn] if fn in module.body:
+            return fn
+        case [cst.FunctionDef() as fn, cst.ClassDef() as klass] if klass in module.body:
+            return fn if fn in klass.body.body else None  # type: ignore[union-attr]
+    return None
 
 
 def callers(flow: Flow, module: cst.Module, name: str) -> list[cst.FunctionDef]:
@@ -79,10 +77,8 @@ def callers(flow: Flow, module: cst.Module, name: str) -> list[cst.FunctionDef]:
         host = module_function(flow, module, use)
         if host is None:
             why = f"`{name}` is used outside the functions of the module"
-            scopes = [a for a in flow.ancestors(use) if isinstance(a, SCOPES)]  # nearest first
-            if len(scopes) == 2 and isinstance(scopes[1], cst.ClassDef):  # big_vision's `run`
-                method, owner = scopes[0], scopes[1]
-                if isinstance(method, cst.FunctionDef):
+            match [a for a in flow.ancestors(use) if isinstance(a, SCOPES)]:  # nearest first
+                case [cst.FunctionDef() as method, cst.ClassDef() as owner]:  # big_vision's `run`
                     why += f" (in `{owner.name.value}.{method.name.value}`, a method)"
             raise NotVisible(why, Decline.USED_OUTSIDE)
         if host not in found:

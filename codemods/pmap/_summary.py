@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
+import libcst.matchers as m
 
 from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.imports import is_docstring
@@ -119,18 +120,10 @@ def as_lambda(fn: cst.FunctionDef) -> cst.Lambda | None:
             return None
         small = line.body[0]
         last = i == len(lines) - 1
-        if last and isinstance(small, cst.Return) and small.value is not None:
-            value = small.value
-        elif not last and isinstance(small, cst.Assign) and len(small.targets) == 1:
-            value = small.value
-            if not isinstance(small.targets[0].target, cst.Name):
-                return None
-            if small.targets[0].target.value != name:
-                return None
-        else:
-            return None
-        if _binds(value):
-            return None  # names of its own: a lambda, a comprehension, `:=`
+        kind = m.Return() if last else m.Assign(targets=[m.AssignTarget(m.Name(name))])
+        value = small.value if m.matches(small, kind) else None  # type: ignore[attr-defined]
+        if value is None or _binds(value):
+            return None  # not `v = f(v)`, then `return g(v)`; or names of its own (`:=`, ...)
         body = replaced(value, {id(n): body for n in name_reads(value) if n.value == name})
     return cst.Lambda(cst.Parameters([cst.Param(cst.Name(name))]), body)
 
@@ -240,9 +233,6 @@ class ModuleFacts:
 NO_FACTS = ModuleFacts()
 
 
-CARRIED = {"replace": "attribute", "copy": "item"}  # a dataclass's `.replace`, a FrozenDict's
-
-
 def called_value(node: cst.BaseExpression, values: Values) -> cst.BaseExpression:
     """Return `node`, a call `f(x)` of a name `values` binds to a function, as that function
     called (`jax.pmap(...)(x)`, matched by the table); else `node`. The arguments are `node`'s
@@ -262,26 +252,19 @@ def _field_carried(node: cst.BaseExpression, qualname: Qualname, values: Values)
     """Return `p.replace(f=<row of p.f>)` / `p.copy({"k": <row of p["k"]>})` as that row of
     `p`, for a row that leaves the value as it is (its template `{x}`, its layout kept): the
     whole of `p` is then what it was, field by field; else None."""
-    func = node.func if isinstance(node, cst.Call) else None
-    if not isinstance(func, cst.Attribute) or not isinstance(func.value, cst.Name):
-        return None
-    assert isinstance(node, cst.Call)
-    owner, kind = func.value.value, CARRIED.get(func.attr.value)
-    args = node.args
-    if kind is None or len(args) != 1 or args[0].star:
-        return None
-    field: cst.BaseExpression | None = None
-    if kind == "attribute" and args[0].keyword is not None:
-        key, field = args[0].keyword.value, args[0].value
-        wanted: cst.BaseExpression = cst.Attribute(cst.Name(owner), cst.Name(key))
-    elif kind == "item" and args[0].keyword is None and isinstance(args[0].value, cst.Dict):
-        items = args[0].value.elements
-        if len(items) != 1 or not isinstance(items[0], cst.DictElement):
+    match node:
+        case cst.Call(
+            func=cst.Attribute(cst.Name(owner), cst.Name("replace")),  # a dataclass's
+            args=[cst.Arg(field, keyword=cst.Name(key), star="")],
+        ):
+            wanted: cst.BaseExpression = cst.Attribute(cst.Name(owner), cst.Name(key))
+        case cst.Call(
+            func=cst.Attribute(cst.Name(owner), cst.Name("copy")),  # a FrozenDict's
+            args=[cst.Arg(cst.Dict([cst.DictElement(key_node, field)]), keyword=None, star="")],
+        ):
+            wanted = cst.Subscript(cst.Name(owner), [cst.SubscriptElement(cst.Index(key_node))])
+        case _:
             return None
-        key_node, field = items[0].key, items[0].value
-        wanted = cst.Subscript(cst.Name(owner), [cst.SubscriptElement(cst.Index(key_node))])
-    if field is None:
-        return None
     found = match(called_value(field, values), qualname)
     if found is None or found.row.template != "{x}" or found.row.takes is not found.row.gives:
         return None
