@@ -188,20 +188,17 @@ def mesh_end(
     made, in or after that statement."""
     statements, marked = _marked(setup, flow, group)
     start = statements.index(before)
-    yields = [
-        i
-        for i, statement in enumerate(statements)
-        if i >= start and any(True for _ in nodes_in(statement, cst.Yield, SCOPES))
-    ]
-    if not yields:
+    yields = [any(True for _ in nodes_in(s, cst.Yield, SCOPES)) for s in statements[start:]]
+    if not any(yields):
         return None
-    if any(id(s) in marked for s in statements[yields[0] :]):
+    end = start + yields.index(True)
+    if any(id(s) in marked for s in statements[end:]):
         why = (
             f"`{setup.name.value}` is a generator that yields where it calls the step: the mesh "
             "`jax.set_mesh` sets for the step would stay set in the code iterating it"
         )
         raise NotVisible(why, Decline.SETUP)
-    return statements[yields[0]]
+    return statements[end]
 
 
 def _marked(
@@ -211,11 +208,9 @@ def _marked(
     function calling one, or an edit making a batch, in `setup` (those statements among them)."""
     hosts = {p.host.name.value for s in group for p in s.programs}
     marks: list[cst.CSTNode] = []
-    for step in group:
-        for program in step.programs:
-            if program.host is setup:
-                marks += program.calls
-                marks += [n for i, n in program.nodes.items() if "batch" in program.reasons[i]]
+    for program in (p for step in group for p in step.programs if p.host is setup):
+        marks += program.calls
+        marks += [n for i, n in program.nodes.items() if "batch" in program.reasons[i]]
     for name in hosts - {setup.name.value}:  # `flow` may be `setup`'s own (a method's copy)
         within = flow.host is setup
         marks += [u for u in flow.loads.get(name, []) if within or setup in flow.ancestors(u)]

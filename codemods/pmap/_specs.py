@@ -32,11 +32,7 @@ def literal_axis(node: cst.BaseExpression) -> int | None:
         return int(node.evaluated_value)
     if isinstance(node, cst.Name) and node.value in ("True", "False"):
         raise Untranslatable(f"`{node.value}` is not an axis: pmap and vmap reject booleans")
-    if (
-        isinstance(node, cst.UnaryOperation)
-        and isinstance(node.operator, cst.Minus)
-        and isinstance(node.expression, cst.Integer)
-    ):
+    if m.matches(node, m.UnaryOperation(m.Minus(), m.Integer())):
         raise Untranslatable("a negative axis needs the value's rank, which is not known here")
     raise Untranslatable(f"`{code(node)}` is computed: its axes are only known at run time")
 

@@ -108,10 +108,9 @@ def summarize(
 def as_lambda(fn: cst.FunctionDef) -> cst.Lambda | None:
     """`def f(v): v = g(v); return h(v)` as the one lambda it is, `lambda v: h(g(v))`: one
     parameter, rebound only by assignments of an expression of it; else None."""
-    params = fn.params
-    if not _plain(fn) or fn.asynchronous or len(params.params) != 1:
+    if not _plain(fn) or fn.asynchronous or len(fn.params.params) != 1:
         return None
-    name, lines = params.params[0].name.value, fn.body.body
+    name, lines = fn.params.params[0].name.value, fn.body.body
     if not isinstance(fn.body, cst.IndentedBlock) or not lines:
         return None
     body: cst.BaseExpression = cst.Name(name)
