@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 
 from jaxmigrate.toolkit.scope import ScopeModel
 
@@ -114,15 +115,12 @@ def _resolve(names: ScopeModel, rest: list[str]) -> Function | None:
         return Function(defs[rest[0]], False, names.qualified_name, defs)
     if len(rest) != 2:
         return None
-    made = _once(scope, rest[0], cst.Assign)
-    value = made.value if made is not None else None
-    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
-        cls = _once(scope, value.func.value, cst.ClassDef)  # `chrono = Chrono()`
-    else:
-        cls = _once(scope, rest[0], cst.ClassDef)  # `Chrono.pause` of an instance the caller made
-    if cls is None or any(
-        not (isinstance(b.value, cst.Name) and b.value.value == "object") for b in cls.bases
-    ):
+    match _once(scope, rest[0], cst.Assign):
+        case cst.Assign(value=cst.Call(func=cst.Name(made))):  # `chrono = Chrono()`
+            cls = _once(scope, made, cst.ClassDef)
+        case _:  # `Chrono.pause` of an instance the caller made
+            cls = _once(scope, rest[0], cst.ClassDef)
+    if cls is None or any(not m.matches(b.value, m.Name("object")) for b in cls.bases):
         return None  # a method may come from a base class
     methods = [
         s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == rest[1]

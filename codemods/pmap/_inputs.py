@@ -97,8 +97,7 @@ def iterated_batches(
             if found is None:
                 return False
             batches.append(found)
-    flat = _flat_iterator(maker, forms)
-    if flat is None:
+    if (flat := _flat_iterator(maker, forms)) is None:
         return False
     edits, mapped = flat
     if forms.elsewhere(maker.name.value, (program.host,)) or forms.elsewhere(
@@ -176,13 +175,12 @@ def _iterated(flow: Flow, use: cst.Name) -> tuple[cst.CSTNode, str] | None:
             return None
         node, parent = parent, flow.parent.get(id(parent))
     if isinstance(parent, cst.For) and parent.iter is node:
-        found = _iterator(parent, "")
         target = parent.target
         names = [e.value for e in target.elements] if isinstance(target, cst.Tuple) else [target]
         batch = single_name(names[-1]) if names else None
         if batch is None:
             return None
-        return (parent, batch) if _iterator(parent, batch) is use or found is use else None
+        return (parent, batch) if _iterator(parent, batch) is use else None
     if isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1:
         batch = single_name(parent.targets[0].target)
         return (parent, batch) if batch and _iterator(parent, batch) is use else None

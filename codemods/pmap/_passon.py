@@ -226,9 +226,8 @@ def checked(
     has its result read. `flow` is the module's; `outside` how other modules use the module's
     functions (None: not known, every public one counts as called and read); `strings` the
     module's strings (a name in `__all__` is exported: used elsewhere)."""
-    passed = [c.func for c in program.passed_on]  # the reads taken, by the name read
-    for taken, why, code in (
-        (passed, PASSED_ELSEWHERE, Decline.STACKED_READ),
+    for taken, why, code in (  # the reads taken, by the name read
+        ([c.func for c in program.passed_on], PASSED_ELSEWHERE, Decline.STACKED_READ),
         (program.inputs, INPUTS_ELSEWHERE, Decline.ARGUMENT_UNKNOWN),
     ):
         ids = {id(n) for n in taken}
