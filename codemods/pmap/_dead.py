@@ -18,7 +18,7 @@ import libcst as cst
 from ._forms import single_name
 from ._layout import Qualname
 from ._reach import Flow, assigned_name, nodes_in, read_names
-from ._summary import summarize
+from ._summary import SCOPED, summarize
 
 
 @dataclass(frozen=True)
@@ -105,10 +105,9 @@ def drop_dead_helpers(original: cst.Module, updated: cst.Module, qualname: Qualn
 
 
 # What a dead local's value may not hold: a call, or code that runs another's (`await`, a
-# comprehension, `:=`). Names, literals, arithmetic, attributes and items (`shape_prefix =
+# comprehension, `:=`, a lambda: `_summary.SCOPED`). Names, literals, arithmetic, attributes and items (`shape_prefix =
 # (n, rows)`, `rows = x.shape[0] // n`) may go.
-EFFECTS: tuple[type[cst.BaseExpression], ...] = (cst.Call, cst.Await, cst.Yield, cst.NamedExpr)
-EFFECTS += (cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.Lambda)
+EFFECTS: tuple[type[cst.BaseExpression], ...] = (cst.Call, cst.Await, cst.Yield, *SCOPED)
 
 
 BLOCKS = (cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally, cst.MatchCase)

@@ -42,8 +42,7 @@ class Function:
     @property
     def params(self) -> list[str]:
         """The names of the parameters a caller fills by position (`self` left out)."""
-        names = [p.name.value for p in self.fn.params.params]
-        return names[1:] if self.bound else names
+        return [p.name.value for p in self.fn.params.params[1 if self.bound else 0 :]]
 
 
 class Imported:

@@ -199,13 +199,10 @@ def _flat_iterator(maker: cst.FunctionDef, forms: Forms) -> tuple[list[Edit], cs
     inner = Flow(maker)
     edits: list[Edit] = []
     while isinstance(value, cst.Name):
-        reads = inner.loads.get(value.value, [])
         bound = inner.reach.of(value)
         one = next(iter(bound)) if len(bound) == 1 else None
-        if (
-            not isinstance(one, cst.Assign)
-            or len([r for r in reads if one in inner.reach.of(r)]) != 1
-        ):
+        reads = [r for r in inner.loads.get(value.value, []) if one in inner.reach.of(r)]
+        if not isinstance(one, cst.Assign) or len(reads) != 1:
             return None
         value = one.value
         found = match(value, forms.qualname)
