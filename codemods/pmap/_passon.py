@@ -263,10 +263,9 @@ def where_in(flow: Flow, use: cst.Name) -> str:
 
 def pmaps(fn: cst.FunctionDef, forms: Forms) -> bool:
     """Return True if `fn` holds a pmap (its own program would rewrite it too)."""
-    calls = [c.func for c in nodes_in(fn, cst.Call)] + [
-        d.decorator for d in nodes_in(fn, cst.Decorator)
-    ]
-    return any(forms.qualname(f) == "jax.pmap" for f in calls if isinstance(f, cst.BaseExpression))
+    called = [c.func for c in nodes_in(fn, cst.Call)]
+    called += [d.decorator for d in nodes_in(fn, cst.Decorator)]
+    return any(forms.qualname(f) == "jax.pmap" for f in called)
 
 
 def defined(flow: Flow, use: cst.Name) -> bool:
