@@ -102,9 +102,8 @@ def laid_out_in_caller(
     caller.batches = caller.batches or [False] * arity
     caller.params, caller.keywords = program.params, program.keywords
     values: list[cst.BaseExpression] = [cst.Name("_")] * arity
-    values[position] = value
     names = [""] * arity
-    names[position] = single_name(value) or INLINE
+    values[position], names[position] = value, single_name(value) or INLINE
     proxy = cst.Call(cst.Name(step), [cst.Arg(value)])  # feeds: this argument only
     _follow_argument(
         _Site(caller, flow, forms, [_StepCall(call, proxy, names, [], values)]), position
