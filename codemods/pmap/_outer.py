@@ -265,14 +265,15 @@ def mesh_kind(node: cst.BaseExpression, axis: cst.BaseExpression, qualname: Qual
     args = [a for a in node.args if a.keyword is None]
     keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
     devices = args[0].value if args else keywords.get("devices")
-    names = args[1].value if len(args) > 1 else keywords.get("axis_names")
     if devices is None or not _all_devices(devices, qualname):
         return "its devices are not `jax.devices()` in order"
-    if names is None or not _one_axis(names, axis):
+    names = _only(args[1].value if len(args) > 1 else keywords.get("axis_names"))
+    want = axis.evaluated_value if isinstance(axis, cst.SimpleString) else None
+    if not isinstance(names, cst.SimpleString) or names.evaluated_value != want:
         return f"its axes are not ({code(axis)},)"
-    types = keywords.get("axis_types")
+    types = _only(keywords.get("axis_types"))
     extra = set(keywords) - {"devices", "axis_names", "axis_types"}
-    if extra or len(args) > 2 or (types is not None and not _auto(types, qualname)):
+    if extra or len(args) > 2 or (types is not None and qualname(types) != AUTO):
         return "its axis types are not Auto"
     return "pmap"
 
@@ -283,14 +284,8 @@ def _all_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
     return all_devices(node, qualname)
 
 
-def _one_axis(node: cst.BaseExpression, axis: cst.BaseExpression) -> bool:
-    want = axis.evaluated_value if isinstance(axis, cst.SimpleString) else None
+def _only(node: cst.BaseExpression | None) -> cst.BaseExpression | None:
+    """The one element of the tuple `node` (`("i",)`), else `node`."""
     if isinstance(node, cst.Tuple) and len(node.elements) == 1:
-        node = node.elements[0].value
-    return isinstance(node, cst.SimpleString) and node.evaluated_value == want
-
-
-def _auto(node: cst.BaseExpression, qualname: Qualname) -> bool:
-    if isinstance(node, cst.Tuple) and len(node.elements) == 1:
-        node = node.elements[0].value
-    return qualname(node) == AUTO
+        return node.elements[0].value
+    return node
