@@ -130,9 +130,7 @@ def returned_results(callee: cst.FunctionDef) -> tuple[list[list[cst.BaseExpress
         else:
             found.append([value])
             shapes.add(None)
-    if len(shapes) != 1:
-        return [], False
-    return found, shapes == {None}
+    return (found, shapes == {None}) if len(shapes) == 1 else ([], False)
 
 
 def claimed(

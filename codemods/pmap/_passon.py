@@ -120,8 +120,7 @@ def read_back_in_def(
     if callee is None or callee is program.host or arg.star or pmaps(callee, forms):
         return False
     param = next((p for p, v in (bound_arguments(callee, call) or {}).items() if v is use), None)
-    inner = Flow(callee) if param is not None else None
-    if inner is None or param is None or not inner.loads.get(param):
+    if param is None or not (inner := Flow(callee)).loads.get(param):
         return False
     found = []
     for read in inner.loads[param]:
