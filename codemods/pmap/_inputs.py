@@ -178,9 +178,7 @@ def _iterated(flow: Flow, use: cst.Name) -> tuple[cst.CSTNode, str] | None:
         target = parent.target
         names = [e.value for e in target.elements] if isinstance(target, cst.Tuple) else [target]
         batch = single_name(names[-1]) if names else None
-        if batch is None:
-            return None
-        return (parent, batch) if _iterator(parent, batch) is use else None
+        return (parent, batch) if batch and _iterator(parent, batch) is use else None
     if isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1:
         batch = single_name(parent.targets[0].target)
         return (parent, batch) if batch and _iterator(parent, batch) is use else None
