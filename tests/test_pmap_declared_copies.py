@@ -342,6 +342,25 @@ def test_a_declared_def_returning_the_step_result_keeps_the_per_device_form() ->
     )
 
 
+def test_no_entry_is_offered_where_it_would_not_take_the_form() -> None:
+    # Undeclared, `update`'s PL301 does not end with a `pmap-replicated` entry to write: declared,
+    # the site would be PL401 (above), so the message says why instead (AlgoPerf's
+    # `update_params` returns the new parameters to its runner).
+    (undeclared,) = [s.message for s in migrate_source(UPDATE, options=Options()).sites]
+    assert "[PL301] argument 1 of the step comes from elsewhere (`params`" in undeclared
+    assert "pmap-replicated = [" not in undeclared, undeclared
+    assert undeclared.endswith(
+        "; a `pmap-replicated` entry would not take it: `update` returns the step's results "
+        "(`new`) to its callers, who hold them with a device axis (PL401)"
+    ), undeclared
+    # Read back before it is returned, the result is one value: the entry is offered, and takes it
+    read = UPDATE.replace("    return new\n", "    return new[0]\n")
+    (offered,) = [s.message for s in migrate_source(read, options=Options()).sites]
+    assert offered.endswith('`pmap-replicated = ["update(params)"]`'), offered
+    declared = Options(unsafe_fixes=True, pmap_replicated=("update(params)",))
+    assert "(program-level)" in migrate_source(read, options=declared).sites[0].message
+
+
 EVALUATE = """\
 import functools
 

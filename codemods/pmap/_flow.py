@@ -995,7 +995,7 @@ def _follow_argument(site: _Site, position: int) -> None:
         code = Decline.ARGUMENT_UNKNOWN if unknown else Decline.ARGUMENT_MIXED
         why = f"{which} of the step {why}: its layout is not visible"
         if unknown and set(blocking) == declarable.keys():
-            why += _declare_hint(program, declarable.values())
+            why += _declare_hint(program, flow, declarable.values())
         raise NotVisible(why, code)
     program.batches[position] = joined in (Layout.PER_DEVICE, Layout.KEYS)
     if joined is Layout.KEYS:
@@ -1051,10 +1051,17 @@ STACKS = frozenset({"jax.numpy.stack", "numpy.stack", "jax.numpy.asarray", "nump
 CONTAINER_NODES = (cst.Dict, cst.Tuple, cst.List)
 
 
-def _declare_hint(program: Program, params: Iterable[str]) -> str:
+def _declare_hint(program: Program, flow: Flow, params: Iterable[str]) -> str:
     """How the project can say what the callers of the host pass for its parameters `params`,
     when they are all that blocks: the entry of `[tool.jaxmigrate] pmap-replicated` that would
-    declare them equal copies per device."""
+    declare them equal copies per device; or, when the host hands the step's results back to
+    those callers, why such an entry would not take the program-level form."""
+    if held := _hands_back(program, flow):
+        return (
+            f"; a `pmap-replicated` entry would not take it: `{program.host.name.value}` "
+            f"returns the step's results (`{held}`) to its callers, who hold them with a device "
+            "axis (PL401)"
+        )
     names = ", ".join(dict.fromkeys(params))
     unseen = [program.unseen[p] for p in dict.fromkeys(params) if p in program.unseen]
     return (
@@ -1063,6 +1070,36 @@ def _declare_hint(program: Program, params: Iterable[str]) -> str:
         f'`pmap-replicated = ["{program.spelling}({names})"]`'
         + "".join(f" ({why})" for why in unseen[:1])
     )
+
+
+def _hands_back(program: Program, flow: Flow) -> str | None:
+    """A name `program.host` returns (alone or in a tuple) that holds the step's results on
+    some path (bound to a call of the step, or to such a name), None if none: the callers a
+    `pmap-replicated` entry speaks of would get one value back where they hold copies
+    (AlgoPerf's `update_params`, returning the new parameters to its runner)."""
+    calls = {id(call) for call in program.calls}
+
+    def result(use: cst.Name, depth: int = 0) -> bool:
+        for binding in flow.reach.of(use) or ():
+            value = binding.value if isinstance(binding, cst.Assign) else None
+            if isinstance(value, cst.Call) and id(value) in calls:
+                return True
+            if isinstance(value, cst.Name) and depth < 4 and result(value, depth + 1):
+                return True
+        return False
+
+    def names(value: cst.BaseExpression) -> Iterator[cst.Name]:
+        if isinstance(value, cst.Name):
+            yield value
+        elif isinstance(value, cst.Tuple):
+            for element in value.elements:
+                yield from names(element.value)
+
+    for returned in nodes_in(program.host.body, cst.Return, SCOPES):
+        for use in names(returned.value) if returned.value is not None else ():
+            if result(use):
+                return use.value
+    return None
 
 
 CONTAINERS = frozenset({"builtins.dict", "flax.core.FrozenDict", "flax.core.freeze"})
