@@ -324,7 +324,7 @@ class Faithful(Finding):
         name = site.statement.name.value if isinstance(site.statement, cst.FunctionDef) else ""
         if not name or name.startswith("__") or self.state.outside is None:
             return ""
-        return "" if self._used_elsewhere(name) or self._module_reads().loads.get(name) else name
+        return "" if self._used_elsewhere(name) or self.module_flow.loads.get(name) else name
 
     def _axis_names(self, layers: Layers, notes: list[str]) -> list[cst.BaseExpression]:
         """Return the axis name of each pmap, naming the unnamed ones."""

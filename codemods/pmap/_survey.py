@@ -530,8 +530,6 @@ class Finding(Pass):
         self.main_blocks: dict[int, cst.FunctionDef] = {}
         self.outer: list[OuterGroup] = []  # the steps made outside the functions calling them
         self.stored: dict[int, Stored] = {}  # by id of the method calling a step on `self`
-        # By id of a def: its parameters `[tool.jaxmigrate] pmap-replicated` declares (`_declared`)
-        self.declared: dict[int, Declarable] | None = None
         self.stores: list[tuple[cst.ClassDef, cst.FunctionDef, cst.Assign]] | None = None
         # By id of a pmap decorator: why the factory returning its step, or the class whose method
         # it decorates, blocks it (`_stored_step`)
@@ -543,7 +541,6 @@ class Finding(Pass):
         # the function that call is in, and the assignment (`_factory_callers`); the step is
         # read with the steps that function makes
         self.factory_hosts: dict[int, tuple[cst.FunctionDef, cst.Assign]] = {}
-        self.module_flow: Flow | None = None  # the module's, while its programs are found
         self.kept_pmaps = False  # a `jax.pmap` of the module is left alone (skipped)
         self.outer_calls: dict[int, Program] = {}  # `step = jax.pmap(...)` at module level, taken
         self.outer_defs: dict[int, tuple[OuterStep, Program]] = {}  # pmap-decorated defs, taken
@@ -569,7 +566,7 @@ class Finding(Pass):
 
     def _find_programs(self, module: cst.Module) -> None:
         """Take the sites whose whole data flow is visible to the program-level form."""
-        flow = self.module_flow = Flow(module, model=self.resolver)
+        flow = self.module_flow
         outer: list[OuterStep] = []
         made_in: dict[int, list[PmapUse]] = {}  # the steps each function makes
         self.factory_hosts = self._factory_callers(flow)
@@ -582,7 +579,7 @@ class Finding(Pass):
             try:
                 if self._is_outer(site) and not self._module_program(flow, site):
                     step = self._outer_step(site)
-                    step = follow_step(step, flow, module, self.qualname, self._declared())
+                    step = follow_step(step, flow, module, self.qualname, self.declared)
                     for program in step.programs:  # what its callers read of what it returns
                         passed_on_checked(program, flow, self.state.outside, self.survey.strings)
                     outer.append(step)
@@ -608,7 +605,6 @@ class Finding(Pass):
         copies, `sync_batch_stats(state)`, and what only such code reads), bound once, named in
         no string and used by no other module of the code base. Their pmaps are no longer sites
         of their own: each is recorded with the group and deleted with it."""
-        assert self.module_flow is not None
         groups = [(p[0][0].node, [q for _, q in p]) for p in self.programs.values()]
         for g in self.outer:
             groups.append((g.steps[0].site.node, [p for s in g.steps for p in s.programs]))
@@ -655,11 +651,10 @@ class Finding(Pass):
         outside, strings = self.state.outside, self.survey.strings
         return elsewhere(name, outside, strings) or elsewhere(name, outside, strings, "read")
 
-    def _module_reads(self) -> Flow:
-        """The module's flow (its names' reads), made once: `_find_programs`' when it ran."""
-        if self.module_flow is None:
-            self.module_flow = Flow(self.resolver.module, model=self.resolver)
-        return self.module_flow
+    @cached_property
+    def module_flow(self) -> Flow:
+        """The module's flow (its names' reads), made when first asked."""
+        return Flow(self.module, model=self.resolver)
 
     def _record_unread(self, group: str) -> list[bool]:
         """Record the deletion of the module-level code `group` leaves unread (`_find_unread`)."""
@@ -1601,8 +1596,9 @@ class Finding(Pass):
         if isinstance(target, cst.Attribute) and isinstance(klass, cst.ClassDef):
             assert isinstance(assign, cst.Assign)
             options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
-            declared = self._declared()
-            blocking = stored_on_self(klass, host, assign, options, body, self.qualname, declared)
+            blocking = stored_on_self(
+                klass, host, assign, options, body, self.qualname, self.declared
+            )
             stored = self.stored_why.get(id(site.node))
             raise stored if stored is not None and blocking.code is Decline.NOT_NAMED else blocking
         facts = self._facts(host)
@@ -1731,8 +1727,9 @@ class Finding(Pass):
             )
             if found is not None:  # the value blocking it in the method calling it, if any
                 options = self._decorator_options(site.node, body)
-                declared = self._declared()
-                blocking = stored_on_self(*found, options, body, self.qualname, declared, bound=1)
+                blocking = stored_on_self(
+                    *found, options, body, self.qualname, self.declared, bound=1
+                )
                 if blocking.code is not Decline.NOT_NAMED:
                     raise blocking
                 if (used := self.factory_used.get(id(site.node))) is not None:
@@ -1755,9 +1752,8 @@ class Finding(Pass):
         except NotVisible as why:  # `return step` from a factory stored on self: what blocks
             deeper = None
             if why.code is Decline.NOT_CALLED_ONLY:
-                declared = self._declared()
                 deeper = returned_into_self(
-                    self.module, host, options, body, self.qualname, declared
+                    self.module, host, options, body, self.qualname, self.declared
                 )
             raise deeper or self.factory_used.get(id(site.node)) or why from None
         return host, self._checked(program, flow, body)
@@ -1807,12 +1803,13 @@ class Finding(Pass):
             name, args, self.qualname, positional_axis=False, unnamed=unnamed, constants=constants
         )
 
-    def _declared(self) -> dict[int, Declarable]:
-        """`declared_copies` of the module, read once (the module is the one being visited)."""
-        if self.declared is None:
-            self.declared = declared_copies(self.module, self.state.pmap_replicated)
-            self._copies_seen(self.declared)
-        return self.declared
+    @cached_property
+    def declared(self) -> dict[int, Declarable]:
+        """By id of a def: its parameters `[tool.jaxmigrate] pmap-replicated` declares
+        (`declared_copies`), and those seen (`_copies_seen`); read when first asked."""
+        declared = declared_copies(self.module, self.state.pmap_replicated)
+        self._copies_seen(declared)
+        return declared
 
     def _copies_seen(self, declared: dict[int, Declarable]) -> None:
         """Add to `declared` the parameters of the module's functions that every call of them
@@ -1821,7 +1818,7 @@ class Finding(Pass):
         function its `main` calls with `replicate(params)`, a notebook's cells calling
         `get_accuracy(params_repl)`). Only where no other module, and no string, may name the
         function."""
-        flow = self._module_reads()
+        flow = self.module_flow
         defs = {d.name.value: d for d in self.module.body if isinstance(d, cst.FunctionDef)}
         flows: dict[int, Flow] = {}  # of each function calling one of them
 
@@ -1881,7 +1878,7 @@ class Finding(Pass):
             self.survey.calls,
             self.survey.constants,
             self.imported,
-            self._declared(),
+            self.declared,
             self._elsewhere,
             self.norm_axes,
         )
@@ -1889,7 +1886,7 @@ class Finding(Pass):
     def _elsewhere(self, name: str, within: Sequence[cst.FunctionDef]) -> str:
         """Where code other than the defs `within` may use the module's def `name`: another
         function of the module, another module (`elsewhere`); "" when nowhere."""
-        flow = self._module_reads()
+        flow = self.module_flow
         for use in flow.loads.get(name, []):
             if not any(a in within for a in flow.ancestors(use)) and not defined(flow, use):
                 return where_in(flow, use)
