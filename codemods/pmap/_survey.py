@@ -199,9 +199,8 @@ class Survey(cst.CSTVisitor):
         # and isinstance against them (ABCs) is what this walk over every node spent most on.
         kind = type(node)
         if kind is cst.Attribute or kind is cst.Name:
-            is_ref = kind is cst.Attribute or self.names.is_read(node)  # type: ignore[arg-type]
-            if self._paths is not None and id(node) not in self._paths:
-                is_ref = False
+            on_path = self._paths is None or id(node) in self._paths
+            is_ref = on_path and (kind is cst.Attribute or self.names.is_read(node))  # type: ignore[arg-type]
             if is_ref and self.names.qualified_name(node) == PMAP:  # type: ignore[arg-type]
                 self.refs.append((node, tuple(self._stack)))  # type: ignore[arg-type]
         elif kind is cst.SimpleString:
