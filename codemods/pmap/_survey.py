@@ -407,10 +407,9 @@ def fun_arg(call: cst.Call) -> cst.Arg | None:
     return first if first is not None and first.keyword is None and not first.star else None
 
 
-def docstring_of(node: cst.FunctionDef) -> str | None:
-    """The def's docstring on one line (its words joined by single spaces), or None."""
-    docstring = node.get_docstring()
-    return None if docstring is None else " ".join(docstring.split())  # wrapped or not
+def docstring_of(node: cst.FunctionDef) -> str:
+    """The def's docstring on one line (its words joined by single spaces), "" without one."""
+    return " ".join((node.get_docstring() or "").split())  # wrapped or not
 
 
 # Where a method passes a step stored on `self` to another method of its class (`_passes`):
