@@ -903,15 +903,14 @@ class Finding(Pass):
             if (param := next((p for p, v in bound.items() if v is read), None)) is None:
                 return []
             name = method.name.value
-            if sum(1 for d in nodes_in(self.module, cst.FunctionDef) if d.name.value == name) != 1:
+            defs = [d for d in nodes_in(self.module, cst.FunctionDef) if d.name.value == name]
+            if len(defs) != 1:
                 mine = found.klass.name.value
                 subclasses = [
                     f"`{k.name.value}.{name}`"
                     for k in nodes_in(self.module, cst.ClassDef)
                     if any(single_name(b.value) == mine for b in k.bases)
-                    and any(
-                        isinstance(d, cst.FunctionDef) and d.name.value == name for d in k.body.body
-                    )
+                    if any(d in k.body.body for d in defs)
                 ]
                 which = f"one of several defs named `{name}` in this module"
                 which = f"overridden by {' and '.join(subclasses)}" if subclasses else which
