@@ -722,6 +722,11 @@ class Finding(Pass):
                 return None
         try:
             readers = stored_reads(self.module, klass, maker, assign)
+            # `jax.pmap(self._step)`, `jax.pmap(f, **options)`: the site's own reason
+            if isinstance(site.node, cst.Call):
+                options = options_of(
+                    site.node, self.qualname, self._unnamed(), self.survey.constants
+                )
         except NotVisible as why:
             self.stored_why[id(site.node)] = why
             return None
@@ -734,22 +739,14 @@ class Finding(Pass):
             if len(body.decorators) != 1:
                 return None
             options = self._decorator_options(site.node, body)
+        elif isinstance(site.mapped, cst.Lambda):  # `self._count_p = jax.pmap(lambda m: ...)`
+            body = lambda_def(site.mapped)
         else:
             assert isinstance(site.node, cst.Call)
-            try:  # `jax.pmap(self._step)`, `jax.pmap(f, **options)`: the site's own reason
-                options = options_of(
-                    site.node, self.qualname, self._unnamed(), self.survey.constants
-                )
-            except NotVisible as why:
-                self.stored_why[id(site.node)] = why
+            defs = self.survey.defs(self._mapped_def_name(site.node))
+            if len(defs) != 1 or self._def_scope(defs[0]) not in (None, maker):
                 return None
-            if isinstance(site.mapped, cst.Lambda):  # `self._count_p = jax.pmap(lambda m: ...)`
-                body = lambda_def(site.mapped)
-            else:
-                defs = self.survey.defs(self._mapped_def_name(site.node))
-                if len(defs) != 1 or self._def_scope(defs[0]) not in (None, maker):
-                    return None
-                body = defs[0]
+            body = defs[0]
         around = [s.ancestors for s in self.sites.values()]
         if any(id(m) in self.programs or any(m in a for a in around) for m, _ in readers):
             return None
