@@ -35,7 +35,7 @@ from ._flow import (
     sibling_calls,
     unnamed_step,
 )
-from ._forms import HOST_COPIES, Forms, bound_arguments, is_device_count, single_name
+from ._forms import HOST_COPIES, Forms, bound_arguments, is_device_count, positional, single_name
 from ._imported import Function, Imported, Qualname
 from ._inputs import assigned_call
 from ._layout import MEAN_OF_COPIES, SPLIT_EDIT, Layout
@@ -2087,16 +2087,14 @@ def kept_copies(
     names = [single_name(e.value) if type(e) is cst.Element else None for e in target.elements]
     if name not in names or not isinstance(call.func, cst.Name):
         return False
-    if any(a.keyword is not None or a.star for a in call.args):
-        return False
     if (step := _made_step(flow, forms, call.func, imported)) is None:
         return False
     body, axis, function = step
-    if len(call.args) != len(body.params.params):
+    if (args := positional(call, len(body.params.params))) is None:
         return False
     fed: dict[int, int] = {}  # argument position -> the result of this call it may be
     mapped: list[bool] = []
-    for i, arg in enumerate(a.value for a in call.args):
+    for i, arg in enumerate(args):
         if not isinstance(arg, cst.Name) or arg.value not in names:
             mapped.append(_replication(flow, forms, arg) is not None)
             continue
