@@ -51,7 +51,7 @@ from ._outer import (
 from ._passon import checked as passed_on_checked
 from ._passon import defined, elsewhere, where_in
 from ._program import Program, Setup
-from ._reach import ENTRY, SCOPES, Flow, assigned_name, free_names, nodes_in, params_of
+from ._reach import ENTRY, SCOPES, Flow, assigned_name, free_names, nodes_in, params_of, statements
 from ._readat import short as _short
 from ._stored import (
     NO_SETUP,
@@ -1861,8 +1861,7 @@ class Finding(Pass):
             for d in self.module.body
             if isinstance(d, cst.FunctionDef) and not self.survey.rebound(d.name.value)
         }
-        if isinstance(host.body, cst.IndentedBlock):
-            found |= {d.name.value: d for d in host.body.body if isinstance(d, cst.FunctionDef)}
+        found |= {d.name.value: d for d in statements(host.body) if isinstance(d, cst.FunctionDef)}
         if self.norm_axes is None:
             lines = self.state.original_lines
             own = [self.module] if any(w in line for line in lines for w in NORM_WORDS) else []
