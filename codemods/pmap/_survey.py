@@ -1716,23 +1716,21 @@ class Finding(Pass):
         host = self._def_scope(body) or self._main_host(site.ancestors)
         if not isinstance(host, cst.FunctionDef):
             why = _outside_why(host)
-            found = (
-                decorated_method(self.module, site.node) if isinstance(host, cst.ClassDef) else None
-            )
-            if found is not None:  # the value blocking it in the method calling it, if any
-                options = self._decorator_options(site.node, body)
-                blocking = stored_on_self(
-                    *found, options, body, self.qualname, self.declared, bound=1
-                )
-                if blocking.code is not Decline.NOT_NAMED:
-                    raise blocking
-                if (used := self.factory_used.get(id(site.node))) is not None:
-                    owner = f"the step is a method of `{found[0].name.value}`"
-                    raise NotVisible(f"{owner}, and {used.why}", used.code)
-                # AlgoPerf's workloads: called by a base class's method (`found[1]` is `body`)
-                if (base := self._base_blocking(*found, options)) is not None:
-                    raise base
             if isinstance(host, cst.ClassDef):
+                found = decorated_method(self.module, site.node)
+                if found is not None:  # the value blocking it in the method calling it, if any
+                    options = self._decorator_options(site.node, body)
+                    blocking = stored_on_self(
+                        *found, options, body, self.qualname, self.declared, bound=1
+                    )
+                    if blocking.code is not Decline.NOT_NAMED:
+                        raise blocking
+                    if (used := self.factory_used.get(id(site.node))) is not None:
+                        owner = f"the step is a method of `{found[0].name.value}`"
+                        raise NotVisible(f"{owner}, and {used.why}", used.code)
+                    # AlgoPerf's workloads: called by a base class's method (`found[1]` is `body`)
+                    if (base := self._base_blocking(*found, options)) is not None:
+                        raise base
                 method = f"`{host.name.value}.{body.name.value}`"
                 if any(code(b.value) != "object" for b in host.bases):
                     why += f" ({method}, called as `self.{body.name.value}(...)`, maybe in a base class)"
