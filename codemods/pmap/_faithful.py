@@ -320,7 +320,6 @@ class Faithful(Finding):
         """The name of the module-level def holding `site` when nothing reads it: not the module,
         no other file of the code base, no string (flax lm1b's `per_host_sum_pmap`); "" else.
         The rule keeps code that was unread before it came; the message says so."""
-        assert self.survey is not None
         name = site.statement.name.value if isinstance(site.statement, cst.FunctionDef) else ""
         if not name or name.startswith("__") or self.state.outside is None:
             return ""
@@ -328,7 +327,6 @@ class Faithful(Finding):
 
     def _axis_names(self, layers: Layers, notes: list[str]) -> list[cst.BaseExpression]:
         """Return the axis name of each pmap, naming the unnamed ones."""
-        assert self.survey is not None
         names: list[cst.BaseExpression] = []
         taken = set(self.survey.strings)
         for pmapped, items in layers:
@@ -485,7 +483,6 @@ class Faithful(Finding):
         if not isinstance(fn, cst.FunctionDef) or not isinstance(module, cst.Module):
             return None
         method = any(isinstance(a, cst.ClassDef) and fn in a.body.body for a in site.ancestors)
-        assert self.survey is not None
         if not method and elsewhere(fn.name.value, self.state.outside, self.survey.strings):
             return None  # called by other modules too: how many arguments they pass is not seen
         count = arity_of_calls(module, fn, method)
@@ -498,7 +495,6 @@ class Faithful(Finding):
     def _partial_arity(self, fun: cst.BaseExpression, statics: Sequence[int]) -> int | None:
         """The positional arity of `functools.partial(f, k=v, ...)`, `f` a def of the module:
         the parameters before the first one bound by keyword (a position cannot reach later)."""
-        assert self.survey is not None
         try:
             name, bound = mapped_name(fun, self.qualname)
         except NotVisible:
