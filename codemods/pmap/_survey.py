@@ -4,8 +4,8 @@ program-level form can take."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from functools import cached_property, partial
 from typing import Any
 
@@ -434,43 +434,9 @@ class _StoredStep:
         return self.readers[0][0]
 
 
-@dataclass
-class _Given:
-    """A parameter of `method` passed to a step there, laid out where `setup` (the method
-    calling it once) passes it: `Program.given` of `method`'s programs. Keeps the programs
-    following those arguments in `setup` (`callers`) and the parameters laid out (`params`)."""
-
-    setup: Stored
-    method: cst.FunctionDef
-    options: Options
-    call: cst.Call  # `method(...)` in `setup`'s copy
-    args: dict[str, cst.BaseExpression]  # the call's argument for each parameter it fills
-    flow: Flow
-    forms: Forms
-    declared: Declarable
-    siblings: tuple[str, ...]  # the steps `setup` calls: their results are replicated
-    methods: tuple[str, ...]  # the methods it calls: what they take is checked there
-    callers: list[Program] = field(default_factory=list)
-    params: set[str] = field(default_factory=set)
-
-    def __call__(self, program: Program, param: str, position: int) -> Layout:
-        """The layout of `param` (the step's argument at `position` in `program`) where
-        `setup` passes it; raise NotVisible for why it cannot be known there."""
-        self.params.add(param)
-        if (value := self.args.get(param)) is None:
-            why = (
-                f"`{param}`, a parameter of `{self.method.name.value}` passed to the step, is "
-                f"not passed by `{self.setup.method.name.value}`"
-            )
-            raise NotVisible(why, Decline.ARGUMENT_UNKNOWN)
-        options = self.options
-        caller = Program(self.setup.copy, None, options.fun, options.axis, options.donate, [], None)
-        caller.declared, caller.spelling = self.declared.copies, self.declared.spelling
-        sibling_calls(caller, self.flow, self.siblings, self.forms.defs, self.methods)
-        self.callers.append(caller)
-        return laid_out_in_caller(
-            caller, self.flow, self.forms, self.call, program, value, position, "_step"
-        )
+# How a parameter of a method passed to a step there is laid out where the method calling it
+# passes it (`Finding._given`): `Program.given` of the method's programs
+_Given = Callable[[Program, str, int], Layout]
 
 
 def _factory(module: cst.Module, site: PmapUse) -> cst.FunctionDef | None:
@@ -995,9 +961,12 @@ class Finding(Pass):
                 for method, name, at in hosts:
                     kept = copies[id(method)]
                     given: _Given | None = None
+                    callers: list[Program] = []  # following the arguments `given` lays out
                     if at is not None:
-                        given = self._given(setup_copy, method, found, at, tuple(calls))
-                        given.params = given_params.setdefault(method.name.value, set())
+                        params = given_params.setdefault(method.name.value, set())
+                        given = self._given(
+                            setup_copy, method, found.options, at, tuple(calls), params, callers
+                        )
                     followed = tuple(calls) if method is setup else ()  # their feeds: below
                     try:
                         program = self._in_copy(found, kept, name, given=given, methods=followed)
@@ -1011,8 +980,7 @@ class Finding(Pass):
                     if program.keywords and decorated:
                         odd = f"`{first}`, a decorated def, is called with keyword arguments"
                         raise NotVisible(odd, Decline.CALLS_DIFFER)
-                    if given is not None:
-                        program.callees += given.callers
+                    program.callees += callers
                     step.programs.append(program)
                     passed.setdefault((id(kept.copy), name), []).append((first, program))
                 head = step.programs[0]
@@ -1129,25 +1097,44 @@ class Finding(Pass):
         self,
         setup: Stored,
         method: cst.FunctionDef,
-        found: _StoredStep,
+        options: Options,
         call: cst.Call,
         methods: tuple[str, ...],
+        params: set[str],
+        callers: list[Program],
     ) -> _Given:
-        """How a parameter of `method`, passed to the step, is laid out: as `setup`'s argument
-        for it at `call` (in `setup`'s copy), followed in `setup` as an argument of the step is
-        (`_callee.laid_out_in_caller`)."""
-        bound = bound_arguments(_without_self(method), call)
-        if bound is None:  # `self.method(**options)`
+        """How a parameter of `method`, passed to the step (`options`), is laid out: as
+        `setup`'s argument for it at `call` (in `setup`'s copy), followed in `setup` as an
+        argument of the step is (`_callee.laid_out_in_caller`). Each parameter laid out is
+        added to `params`, each program following an argument in `setup` to `callers`;
+        `methods`: the methods `setup` calls, what they take is checked there."""
+        args = bound_arguments(_without_self(method), call)
+        if args is None:  # `self.method(**options)`
             why = f"the arguments of `{method.name.value}` are not visible"
             raise NotVisible(why, Decline.CALLS_DIFFER)
         facts = self._copy_facts(setup)
         declared = facts.replicated[id(setup.copy)]
         flow = Flow(setup.copy)
         forms = forms_of(flow, self.qualname, facts)
-        siblings = tuple(n for n in setup.steps if n not in methods)
-        return _Given(
-            setup, method, found.options, call, bound, flow, forms, declared, siblings, methods
-        )
+        siblings = tuple(n for n in setup.steps if n not in methods)  # their results: replicated
+
+        def given(program: Program, param: str, position: int) -> Layout:
+            """The layout of `param` (the step's argument at `position` in `program`) where
+            `setup` passes it; raise NotVisible for why it cannot be known there."""
+            params.add(param)
+            if (value := args.get(param)) is None:
+                why = (
+                    f"`{param}`, a parameter of `{method.name.value}` passed to the step, is "
+                    f"not passed by `{setup.method.name.value}`"
+                )
+                raise NotVisible(why, Decline.ARGUMENT_UNKNOWN)
+            caller = Program(setup.copy, None, options.fun, options.axis, options.donate, [], None)
+            caller.declared, caller.spelling = declared.copies, declared.spelling
+            sibling_calls(caller, flow, siblings, forms.defs, methods)
+            callers.append(caller)
+            return laid_out_in_caller(caller, flow, forms, call, program, value, position, "_step")
+
+        return given
 
     @staticmethod
     def _passed_as_before(
