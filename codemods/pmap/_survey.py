@@ -446,8 +446,7 @@ def _factory(module: cst.Module, site: PmapUse) -> cst.FunctionDef | None:
     if not isinstance(factory, cst.FunctionDef) or factory not in module.body:
         return None
     statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
-    lines = factory.body.body if isinstance(factory.body, cst.IndentedBlock) else ()
-    if not lines or lines[-1] is not statement or len(site.pmaps) != 1:
+    if statements(factory.body)[-1] is not statement or len(site.pmaps) != 1:
         return None
     returned = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
     return factory if isinstance(returned, cst.Return) and returned.value is site.node else None
