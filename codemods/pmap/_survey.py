@@ -722,7 +722,6 @@ class Finding(Pass):
         take `self` as static (an object must be), a def of the module overrides it, or another
         module may name its class (a subclass there, or code calling it, is not read); else
         None."""
-        assert isinstance(method.decorators[0], cst.Decorator)
         name, owner = method.name.value, klass.name.value
         if 0 not in self._decorator_options(method.decorators[0], method).statics:
             first = first_parameter(method)
