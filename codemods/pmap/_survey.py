@@ -1681,7 +1681,6 @@ class Finding(Pass):
         key = id(block if block is not None else self.module)
         if key not in self.main_blocks:
             body = block.body if block is not None else cst.IndentedBlock(body=self.module.body)
-            assert isinstance(body, cst.IndentedBlock)
             self.main_blocks[key] = cst.FunctionDef(cst.Name("__main__"), cst.Parameters(), body)
         return self.main_blocks[key]
 
