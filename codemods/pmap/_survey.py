@@ -222,11 +222,8 @@ class Survey(cst.CSTVisitor):
         """Return every `def name` of the module, in any scope but a class body: a method is
         never what a bare name outside its class names (`Logger.train_step` beside the module's
         `train_step`)."""
-        found = (
-            b.node
-            for b in self.names.bindings(name)
-            if b.kind is BindingKind.DEF and b.scope.kind != "class"
-        )
+        bindings = self.names.bindings(name)
+        found = [b.node for b in bindings if b.kind is BindingKind.DEF and b.scope.kind != "class"]
         return [d for d in found if isinstance(d, cst.FunctionDef)]
 
     @cached_property
