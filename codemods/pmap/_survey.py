@@ -1265,36 +1265,36 @@ class Finding(Pass):
         active = sites
         while active:
             names = {id(s): self._step_name(s) or "" for s in active}
-            taken: list[tuple[PmapUse, cst.FunctionDef, Program]] = []
+            taken: list[tuple[PmapUse, Program]] = []
             for site in active:
                 siblings = tuple(n for k, n in names.items() if n and k != id(site))
                 try:
-                    taken.append((site, *self._program(site, flow, siblings)))
+                    taken.append((site, self._program(site, flow, siblings)))
                 except NotVisible as why:
                     site.fallback = str(why)
             if len(taken) == len(active):
                 break
-            active = [site for site, _, _ in taken]
+            active = [site for site, _ in taken]
         if not active:
             return
-        blocks = {id(flow.parent.get(id(p.statement))) for _, _, p in taken}
+        blocks = {id(flow.parent.get(id(p.statement))) for _, p in taken}
         if len(blocks) > 1:
             apart = "the function makes its steps in different blocks: no one place for the mesh"
-            for site, _, _ in taken:
+            for site, _ in taken:
                 site.fallback = str(NotVisible(apart, Decline.MESH))
             return
-        block = flow.parent.get(id(taken[0][2].statement))
+        block = flow.parent.get(id(taken[0][1].statement))
         lines = list(getattr(block, "body", ()))
-        taken.sort(key=lambda t: lines.index(t[2].statement))
-        host = taken[0][1]
+        taken.sort(key=lambda t: lines.index(t[1].statement))
+        host = taken[0][1].host
         if id(host) in self.programs:  # a decorated def's steps and those a factory returns
             kept = self._apart(host)
-            for site, _, _ in taken:
+            for site, _ in taken:
                 site.fallback = str(kept)
             return
-        for site, _, program in taken:
+        for site, _ in taken:
             del self.sites[id(site.node)]
-        self.programs[id(host)] = [(site, program) for site, _, program in taken]
+        self.programs[id(host)] = taken
 
     def _beside_kept(self, flow: Flow) -> None:
         """A function whose steps are taken and that calls a factory of the module whose step
@@ -1526,10 +1526,9 @@ class Finding(Pass):
             if not named and not (isinstance(node, cst.Arg) and child is node.keyword):
                 yield from self._refs(child)
 
-    def _program(
-        self, site: PmapUse, flow: Flow, siblings: tuple[str, ...] = ()
-    ) -> tuple[cst.FunctionDef, Program]:
-        """Return the function making the step and its program; raise NotVisible for why not."""
+    def _program(self, site: PmapUse, flow: Flow, siblings: tuple[str, ...] = ()) -> Program:
+        """Return the program of the function making the step (its `host`); raise NotVisible
+        for why not."""
         if len(site.pmaps) != 1:
             raise NotVisible(NESTED, Decline.NESTED)
         if isinstance(site.node, cst.Decorator):
@@ -1586,7 +1585,7 @@ class Finding(Pass):
             if why.code not in (Decline.NOT_CALLED_ONLY, Decline.CALLED_NESTED):
                 raise
             program = follow_passed(why, *details, unnamed, partial(self._called_once, flow))
-        return host, self._checked(program, flow, statement)
+        return self._checked(program, flow, statement)
 
     def _factory_program(
         self,
@@ -1596,7 +1595,7 @@ class Finding(Pass):
         body: cst.FunctionDef,
         flow: Flow,
         siblings: tuple[str, ...] = (),
-    ) -> tuple[cst.FunctionDef, Program]:
+    ) -> Program:
         """`return jax.pmap(body, ...)` ending a def of the module (vision_transformer's
         `make_update_fn`) called once, `step = factory(...)` in a function that calls `step`:
         that function's program, the step made where the factory returns it (`Program.factory`),
@@ -1624,7 +1623,7 @@ class Finding(Pass):
         program.factory = (factory, made)
         if self._visit_only is not None:  # the function calling the step holds no pmap
             self._visit_only |= {id(a) for a in (host, *flow.ancestors(host))}
-        return host, self._checked(program, flow, statement)
+        return self._checked(program, flow, statement)
 
     def _opaque_body(self, site: PmapUse, host: cst.FunctionDef, why: str) -> cst.FunctionDef:
         """The body of `step = jax.pmap(f)`, `f` no def of the module (`model.apply`, a partial
@@ -1688,9 +1687,7 @@ class Finding(Pass):
         outer = made.parent.node if made is not None and made.parent is not None else None
         return None if isinstance(outer, cst.Module) else outer
 
-    def _decorated_program(
-        self, site: PmapUse, flow: Flow, siblings: tuple[str, ...]
-    ) -> tuple[cst.FunctionDef, Program]:
+    def _decorated_program(self, site: PmapUse, flow: Flow, siblings: tuple[str, ...]) -> Program:
         """The program of a def a pmap decorator makes a step of, in the function calling it."""
         body = site.mapped
         assert isinstance(body, cst.FunctionDef) and isinstance(site.node, cst.Decorator)
@@ -1729,7 +1726,7 @@ class Finding(Pass):
                     self.module, host, options, body, self.qualname, self.declared
                 )
             raise deeper or self.factory_used.get(id(site.node)) or why from None
-        return host, self._checked(program, flow, body)
+        return self._checked(program, flow, body)
 
     def _base_blocking(
         self, klass: cst.ClassDef, method: cst.FunctionDef, assign: cst.Assign, options: Options
