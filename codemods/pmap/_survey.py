@@ -354,13 +354,11 @@ def main_block(module: cst.Module, around: Sequence[cst.CSTNode]) -> cst.If | No
     return block if sides == {"__name__", '"__main__"'} else None
 
 
-def _globals_unread(
-    module: cst.Module, host: cst.FunctionDef, program: Program, flow: Flow
-) -> None:
-    """A `__main__` block's names (or a script's) are the module's globals: no def or class of
-    the module may read one the step is passed or returns, nor a def of the block the rewrite
-    edits (a generator now yielding flat batches): raise NotVisible if one may. The names it would drop
-    as no longer read (`n = jax.local_device_count()`) stay when such a def reads them."""
+def _globals_unread(module: cst.Module, program: Program, flow: Flow) -> None:
+    """A `__main__` block's names (or a script's: `program.host`) are the module's globals: no
+    def or class of the module may read one the step is passed or returns, nor a def of the
+    block the rewrite edits (a generator now yielding flat batches): raise NotVisible if one
+    may. The names it would drop as no longer read (`n = jax.local_device_count()`) stay when such a def reads them."""
     changed = {n for call in program.calls for a in call.args for n in names_in(a.value)}
     for call in program.calls:
         around = flow.parent.get(id(call))
@@ -369,7 +367,7 @@ def _globals_unread(
     edited = set(program.nodes)
     changed |= {
         d.name.value
-        for d in host.body.body
+        for d in program.host.body.body
         if isinstance(d, cst.FunctionDef) and any(id(n) in edited for n in nodes_in(d, object))
     }
     for statement in module.body:
@@ -1755,7 +1753,7 @@ class Finding(Pass):
         changes; a mesh of pmap's already bound before `made` is reused."""
         host = program.host
         if any(host is block for block in self.main_blocks.values()):  # names: the globals
-            _globals_unread(self.module, host, program, flow)
+            _globals_unread(self.module, program, flow)
         passed_on_checked(program, flow, self.state.outside, self.survey.strings)
         scopes: list[cst.BaseSuite | cst.Module] = [host.body, self.module]
         if (mesh := mesh_in_scope(scopes, made, flow, program.axis, self.qualname)) is not None:
