@@ -654,7 +654,15 @@ class Finding(Pass):
     def _stored_step(self, flow: Flow, site: PmapUse) -> _StoredStep | None:
         """A step stored on `self` (`self.step = jax.pmap(...)`, or a factory's decorated def,
         `self.step = get_eval_fn(...)`) and called in one other method of the class, which
-        sets its mesh (`_stored_groups`); None when the step is not stored so."""
+        sets its mesh (`_stored_groups`); None when the step is not stored so, or when what
+        makes it blocks the form (an option of its decorator: the site's reason)."""
+        try:
+            return self._stored(flow, site)
+        except NotVisible as why:
+            self.stored_why[id(site.node)] = why
+            return None
+
+    def _stored(self, flow: Flow, site: PmapUse) -> _StoredStep | None:
         if self.stores is None:
             self.stores = attribute_stores(self.module, self.survey.stored)
         found = stored_target(self.module, site.node, self.stores, self.qualname)
@@ -680,16 +688,9 @@ class Finding(Pass):
                 self.factory_used[id(site.node)] = NotVisible(why, Decline.NOT_CALLED_ONLY)
             if where or self._reads_of(flow, factory) != 1:
                 return None
-        try:
-            readers = stored_reads(self.module, klass, maker, assign)
-            # `jax.pmap(self._step)`, `jax.pmap(f, **options)`: the site's own reason
-            if isinstance(site.node, cst.Call):
-                options = options_of(
-                    site.node, self.qualname, self._unnamed(), self.survey.constants
-                )
-        except NotVisible as why:
-            self.stored_why[id(site.node)] = why
-            return None
+        readers = stored_reads(self.module, klass, maker, assign)
+        if isinstance(site.node, cst.Call):  # `jax.pmap(f, **options)`: the site's own reason
+            options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
         if in_class and (used := self._method_used(klass, maker)) is not None:
             self.factory_used[id(site.node)] = used
             return None
