@@ -50,11 +50,11 @@ from ._flow import (
     forms_of,
     helpers_of,
     options_of,
-    passed_to,
     sibling_calls,
 )
 from ._forms import Forms, Qualname, bound_arguments, single_name, target_names
 from ._layout import Layout
+from ._passon import passed_to
 from ._program import Program
 from ._reach import SCOPES, Flow, nodes_in
 from ._summary import ModuleFacts

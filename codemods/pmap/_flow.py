@@ -46,7 +46,7 @@ from ._layout import (
     match,
     row_named,
 )
-from ._passon import passed_on, surely_replicated, surely_stacked
+from ._passon import passed_on, passed_to, surely_replicated, surely_stacked
 from ._program import COPY, Program
 from ._reach import ENTRY, SCOPES, Flow, free_names, nodes_in, params_of, replaced
 from ._readat import at as _at
@@ -346,7 +346,9 @@ def _follow(
             if any(program.varying) or program.outputs is not None and indexed:
                 why = f"`{step}(...)[0]` of a tuple or of a per-device result"
                 raise NotVisible(why, Decline.RESULTS_UNNAMED)
-            _read_at_once(program, call.readback, call.read, step)
+            # `step(...)[0]` -> `step(...)`, `unreplicate(step(...))` -> `step(...)`
+            why = f"a readback of device 0 deleted: `{step}`'s result is replicated"
+            program.rewrite(call.readback, why, lambda updated, at=call.read: _at(updated, at))  # type: ignore[misc]
         for output, name in enumerate(call.targets):
             _follow_result(site, step, name, output)
     # every read accepted: a result flattened (or not read) still needs an axis to lie on
@@ -382,23 +384,6 @@ def sibling_calls(
                     program.siblings.add(id(flow.parent.get(id(other))))
             else:
                 program.sibling_feeds |= passed_feeds(flow, use, defs)
-
-
-def passed_to(
-    flow: Flow, use: cst.Name, defs: Defs
-) -> tuple[cst.Call, cst.FunctionDef, str, dict[str, cst.BaseExpression]] | None:
-    """`callee(..., q=use, ...)` (or by position), `callee` a def of the module: the call, the
-    callee, the parameter `q` bound to `use` and every argument by parameter; else None."""
-    arg = flow.parent.get(id(use))
-    call = flow.parent.get(id(arg))
-    if not isinstance(arg, cst.Arg) or not isinstance(call, cst.Call) or arg.value is not use:
-        return None
-    callee = defs.get(single_name(call.func) or "")
-    args = bound_arguments(callee, call) if callee is not None else None
-    if callee is None or args is None:
-        return None
-    param = next((p for p, v in args.items() if v is use), None)
-    return None if param is None else (call, callee, param, args)
 
 
 def passed_feeds(flow: Flow, use: cst.Name, defs: Defs) -> set[int]:
@@ -835,13 +820,11 @@ def _keyword_calls(program: Program, calls: list[_StepCall], keywords: tuple[str
         if order != list(keywords) and not simple:
             why = "keyword arguments computed in another order than the parameters they fill"
             raise NotVisible(why, Decline.CALLS_DIFFER)
-        node_id = id(call.call)
-        program.nodes[node_id] = call.call
-        program.reasons[node_id] = (
+        why = (
             f"keyword arguments passed by position ({', '.join(f'`{k}`' for k in keywords)}): "
             "`jax.shard_map` takes positional arguments only"
         )
-        program.edits[node_id] = lambda updated: positional_call(updated, keywords)  # type: ignore[arg-type]
+        program.rewrite(call.call, why, lambda updated: positional_call(updated, keywords))  # type: ignore[arg-type]
 
 
 def positional_call(call: cst.Call, keywords: tuple[str, ...]) -> cst.Call:
@@ -2419,17 +2402,6 @@ def _local_part(
 def _expression(name: str | cst.BaseExpression) -> cst.BaseExpression:
     """Return `name` as an expression (a plain name for a string)."""
     return cst.Name(name) if isinstance(name, str) else name
-
-
-def _read_at_once(
-    program: Program, readback: cst.BaseExpression, read: tuple[int, ...], step: str
-) -> None:
-    """`step(...)[0]` -> `step(...)`, `unreplicate(step(...))` -> `step(...)`: the result is
-    the same on every device (`read`: where the value left is in the readback)."""
-    node_id = id(readback)
-    program.nodes[node_id] = readback
-    program.reasons[node_id] = f"a readback of device 0 deleted: `{step}`'s result is replicated"
-    program.edits[node_id] = lambda updated: _at(updated, read)
 
 
 def _after_a_call(flow: Flow, binding: cst.CSTNode, calls: list[_StepCall]) -> bool:

@@ -24,7 +24,7 @@ entry speaks of are not seen, and they read what they are given.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from itertools import takewhile
 
 import libcst as cst
@@ -112,15 +112,11 @@ def read_back_in_def(
     """`save_checkpoint(state, workdir)`, `use` the value passed and `save_checkpoint` a def of
     the module reading only device 0's copy of it: record those readbacks' deletion in the def
     (a program of the def) and the call, for `checked`; return True. Else False."""
-    arg = flow.parent.get(id(use))
-    call = flow.parent.get(id(arg))
-    if not isinstance(arg, cst.Arg) or arg.value is not use or not isinstance(call, cst.Call):
+    if (passed := passed_to(flow, use, forms.defs)) is None:
         return False
-    callee = forms.defs.get(single_name(call.func) or "")
-    if callee is None or callee is program.host or arg.star or pmaps(callee, forms):
-        return False
-    param = next((p for p, v in (bound_arguments(callee, call) or {}).items() if v is use), None)
-    if param is None or not (inner := Flow(callee)).loads.get(param):
+    call, callee, param, _ = passed
+    inner = Flow(callee)
+    if callee is program.host or pmaps(callee, forms) or not inner.loads.get(param):
         return False
     found = []
     for read in inner.loads[param]:
@@ -145,6 +141,23 @@ def read_back_in_def(
         mine.edit(node, why, lambda value=value: value)  # type: ignore[misc]
     program.passed_on.append(call)
     return True
+
+
+def passed_to(
+    flow: Flow, use: cst.Name, defs: Mapping[str, cst.FunctionDef]
+) -> tuple[cst.Call, cst.FunctionDef, str, dict[str, cst.BaseExpression]] | None:
+    """`callee(..., q=use, ...)` (or by position), `callee` a def of the module: the call, the
+    callee, the parameter `q` bound to `use` and every argument by parameter; else None."""
+    arg = flow.parent.get(id(use))
+    call = flow.parent.get(id(arg))
+    if not isinstance(arg, cst.Arg) or not isinstance(call, cst.Call) or arg.value is not use:
+        return None
+    callee = defs.get(single_name(call.func) or "")
+    args = bound_arguments(callee, call) if callee is not None else None
+    if callee is None or args is None:
+        return None
+    param = next((p for p, v in args.items() if v is use), None)
+    return None if param is None else (call, callee, param, args)
 
 
 def surely_stacked(program: Program, flow: Flow, forms: Forms, use: cst.Name) -> bool:

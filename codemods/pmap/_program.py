@@ -152,8 +152,17 @@ class Program:
         self, node: cst.BaseExpression, why: str, new: Callable[[], cst.BaseExpression]
     ) -> None:
         """Replace `node` (original) by what `new` returns when the function is rewritten."""
-        self.nodes[id(node)], self.reasons[id(node)] = node, why
-        self.edits[id(node)] = lambda _: new()
+        self.rewrite(node, why, lambda _: new())
+
+    def rewrite(
+        self,
+        node: cst.CSTNode,
+        why: str,
+        edit: Callable[[cst.BaseExpression], cst.BaseExpression],
+    ) -> None:
+        """Replace `node` (original) by what `edit` makes of it as rewritten (the edits inside
+        it made)."""
+        self.nodes[id(node)], self.reasons[id(node)], self.edits[id(node)] = node, why, edit
 
     def shard_map_options(self, mesh: str | None) -> list[cst.Arg]:
         """Return `jax.shard_map`'s arguments besides the body: no `mesh=` when `mesh` is None
