@@ -107,10 +107,8 @@ def follow_step(
         )
     first = step.programs[0]
     if any(p.squeezed for p in step.programs):  # a decorator cannot wrap the body in a lambda
-        raise NotVisible(
-            f"`{step.name}` gets per-device keys and is made outside a function",
-            Decline.KEYS_OUTSIDE,
-        )
+        why = f"`{step.name}` gets per-device keys and is made outside a function"
+        raise NotVisible(why, Decline.KEYS_OUTSIDE)
     for program in step.programs[1:]:
         if program.batches != first.batches:
             why = f"`{step.name}` gets a batch in one function and a replicated value in another"

@@ -91,9 +91,8 @@ def stored_on_self(
                     text.replace(f"self.{attr}({me}, ", f"self.{attr}("),
                 )
             where = f"{klass.name.value}.{method.name.value}"
-            return NotVisible(
-                f"the step stored in `self.{attr}` is called in `{where}`: {text}", why.code
-            )
+            text = f"the step stored in `self.{attr}` is called in `{where}`: {text}"
+            return NotVisible(text, why.code)
     if len(callers) > 1:  # each is taken alone: what blocks is that they are several
         several = (
             f"the step stored in `self.{attr}` is called in {' and '.join(callers)}, {NO_SETUP}"
@@ -289,10 +288,8 @@ def stored_reads(
         ]
         mine = [a for a in found if single_name(a.value) == me and me is not None]
         if method is maker and found:
-            raise NotVisible(
-                f"`self.{attr}` is read in `{maker.name.value}`, where it is stored",
-                Decline.NOT_CALLED_ONLY,
-            )
+            why = f"`self.{attr}` is read in `{maker.name.value}`, where it is stored"
+            raise NotVisible(why, Decline.NOT_CALLED_ONLY)
         if len(mine) != len(found):
             where = f"{klass.name.value}.{method.name.value}"
             why = f"`.{attr}` is read in `{where}` on another object than `self`"
