@@ -38,7 +38,6 @@ import libcst.matchers as m
 
 from ._declines import Decline, NotVisible
 from ._flow import (
-    INLINE,
     _check_closure,
     _check_lambda,
     _follow_argument,
@@ -102,12 +101,9 @@ def laid_out_in_caller(
     caller.batches = caller.batches or [False] * arity
     caller.params, caller.keywords = program.params, program.keywords
     values: list[cst.BaseExpression] = [cst.Name("_")] * arity
-    names = [""] * arity
-    values[position], names[position] = value, single_name(value) or INLINE
+    values[position] = value
     proxy = cst.Call(cst.Name(step), [cst.Arg(value)])  # feeds: this argument only
-    _follow_argument(
-        _Site(caller, flow, forms, [_StepCall(call, proxy, names, [], values)]), position
-    )
+    _follow_argument(_Site(caller, flow, forms, [_StepCall(call, proxy, [], values)]), position)
     caller.calls.append(proxy)
     if position in caller.squeezed:
         return Layout.KEYS
@@ -226,7 +222,7 @@ def carried_back(
             why += f": `{rebound}` is bound again in `{name}` before it is returned"
         raise NotVisible(why, Decline.RESULT_READ)
     assert statement is not None
-    back = _StepCall(statement, call, [], [], [])
+    back = _StepCall(statement, call, [], [])
     for target, output in results.items():
         _follow_result(_Site(caller, flow, forms, [back]), step, target, output)
 

@@ -27,6 +27,7 @@ from ._forms import (
     flattens,
     is_device_count,
     positional,
+    root_name,
     single_name,
     target_names,
 )
@@ -58,7 +59,6 @@ from ._summary import NO_FACTS, NOT_DECLARABLE, ModuleFacts
 GET_METRICS = (row_named("get_metrics"),)
 MEANS = (row_named("cross_device_mean"),)
 ENTRY_ONLY = frozenset({ENTRY})
-INLINE = "?"  # an argument passed as an expression, not a name: `step(state, shard(batch))`
 KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
 PARTIAL = "functools.partial"
 # Two expressions: a node and what it becomes (a readback deleted, a split's flat source), or
@@ -72,7 +72,6 @@ class _StepCall:
 
     assign: cst.CSTNode  # the `out = step(...)` assignment, or the `step(...)[0]` around it
     call: cst.Call
-    args: list[str]
     targets: list[str]  # the names results are bound to, by output position
     values: list[cst.BaseExpression]  # the values passed, by parameter of the step
     readback: cst.BaseExpression | None = None  # `step(...)[0]`, the call read back at once
@@ -193,16 +192,16 @@ def _call_differs(step: str, how: str) -> NotVisible:
 def _check_closure(program: Program, body: cst.FunctionDef, flow: Flow) -> None:
     """A body nested in the function reads the function's names when traced: none of them may
     be a value the rewrite lays out anew (an argument or a result of the step)."""
-    calls = program.calls
     changed = {
         name
-        for call in calls
+        for call in program.calls
         for arg in call.args
         for name in names_in(arg.value)
         if name in flow.stores
     }
-    for call in calls:  # what `out = step(...)` binds (a caller's stand-in call, laying out an
-        # argument it passes, `_callee.laid_out_in_caller`, binds nothing)
+    # what `out = step(...)` binds (a caller's stand-in call, laying out an argument it passes,
+    # `_callee.laid_out_in_caller`, binds nothing)
+    for call in program.calls:
         around = flow.parent.get(id(call))
         if isinstance(around, cst.Assign) and len(around.targets) == 1:
             changed |= set(target_names(around.targets[0].target))
@@ -297,7 +296,7 @@ def _follow(
         raise NotVisible(why, Decline.CALLED_NESTED)
     for made_call in made:
         _mean_of_unknown(flow, forms, made_call, step, host)
-    calls = [_step_call(flow, forms, call, step, body, fixed) for call in made]
+    calls = [_step_call(flow, forms, call, step, body) for call in made]
     program = Program(host, None, options.fun, options.axis, options.donate, [False] * arity, None)
     program.unnamed = not options.named
     program.fixed, program.statics = fixed, options.statics_arg
@@ -429,14 +428,13 @@ def helpers_of(flow: Flow, qualname: Qualname) -> set[str]:
 
 def forms_of(flow: Flow, qualname: Qualname, facts: ModuleFacts) -> Forms:
     """The known forms (replications, splits, readbacks) as `flow`'s function spells them."""
-    bound = {name: v for name, v in facts.calls.items() if name not in flow.stores}
     return Forms(
         qualname,
         lambda node: is_device_count(node, flow, qualname),
         {name: d for name, d in facts.defs.items() if name not in flow.stores},
         # the lambda `name` is bound to, when that is its only binding in the function
         lambda name: value if isinstance(value := flow.value(name), cst.Lambda) else None,
-        bound=bound,
+        bound={name: v for name, v in facts.calls.items() if name not in flow.stores},
         imported=facts.imported,
         elsewhere=facts.elsewhere,
     )
@@ -751,12 +749,7 @@ def _signature(
 
 
 def _step_call(
-    flow: Flow,
-    forms: Forms,
-    call: cst.Call,
-    step: str,
-    body: cst.FunctionDef,
-    fixed: dict[int, str],
+    flow: Flow, forms: Forms, call: cst.Call, step: str, body: cst.FunctionDef
 ) -> _StepCall:
     """Return `call` as a `_StepCall`: the values it passes by parameter of `body`, the names
     its results are bound to (or its readback at once); raise NotVisible for any other form."""
@@ -765,11 +758,10 @@ def _step_call(
     slots = bound_arguments(body, call.with_changes(args=named))  # each call fills `body`
     assert slots is not None
     values = [slots[p.name.value] for p in body.params.params]
-    names = [single_name(v) or ("" if i in fixed else INLINE) for i, v in enumerate(values)]
     if not isinstance(around, cst.Assign) or len(around.targets) != 1:
         # `step(...)[0]`, `unreplicate(step(...))`
         if (found := read_at_once(flow, forms, call)) is not None:
-            return _StepCall(found[0], call, names, [], values, readback=found[0], read=found[1])
+            return _StepCall(found[0], call, [], values, readback=found[0], read=found[1])
         raise not_read_back(flow, call, step)
     targets = target_names(around.targets[0].target)
     if "?" in targets:
@@ -778,7 +770,7 @@ def _step_call(
     unpack = _unpacked_next(flow, around, targets)
     if unpack is not None:  # the results are bound where `out` is unpacked
         targets = target_names(unpack.targets[0].target)
-    return _StepCall(around, call, names, targets, values, unpack=unpack)
+    return _StepCall(around, call, targets, values, unpack=unpack)
 
 
 def _check_lambda(program: Program, flow: Flow, calls: list[cst.Call] | None = None) -> None:
@@ -885,41 +877,37 @@ def _follow_argument(site: _Site, position: int) -> None:
     # Those that are parameters of the host a `pmap-replicated` entry can name: by text, the name
     declarable: dict[str, str] = {}
     classified: dict[int, Layout] = {}  # by id of a binding: its layout (its edit recorded once)
-    slots: list[tuple[str, cst.BaseExpression]] = []  # (name passed or INLINE, its value)
+    slots: list[cst.Name] = []  # each name passed, or whose field is (`state.params`)
     through: set[int] = set()  # by id: the unpackings of a tuple followed to its part
 
     for call in calls:
-        name = call.args[position]  # a name passed, or whose field is (`state.params`)
-        if name == INLINE and (root := field_root(call.values[position])) is not None:
-            name = root.value
-        if name != INLINE:
-            fields = fields or name != call.args[position]
-            slots.append((name, call.values[position]))
+        value = call.values[position]
+        if (root := root_name(value)) is not None:
+            fields = fields or root is not value
+            slots.append(root)
             continue
-        layout = _inline_kind(site, call.values[position], position)
+        layout = _inline_kind(site, value, position)
         if layout is Layout.UNKNOWN and _generated_batches(site, position):
             layout = Layout.PER_DEVICE
-        leaves = _leaves(forms, call.values[position]) if layout is Layout.UNKNOWN else None
+        leaves = _leaves(forms, value) if layout is Layout.UNKNOWN else None
         if leaves is not None:  # `{"params": params}`: each value laid out as passed alone
             for leaf in leaves:
-                root = leaf if isinstance(leaf, cst.Name) else field_root(leaf)
-                if root is None:
+                if (root := root_name(leaf)) is None:
                     layout = _inline_kind(site, leaf, position)
                     reached.append((layout, False))
                     blocking += [f"`{_short(leaf)}`"] if layout is Layout.UNKNOWN else []
                 else:
                     fields = fields or root is not leaf
-                    slots.append((root.value, leaf))
+                    slots.append(root)
             continue
         if unknown := layout is Layout.UNKNOWN:
-            _check_part(forms, call.values[position])
-            blocking.append(f"`{_short(call.values[position])}`")
+            _check_part(forms, value)
+            blocking.append(f"`{_short(value)}`")
         # `np.asarray(batch["mask"])` passed as it is: computed from a name drawn on every path
-        root = _derived_from(call.values[position]) if unknown else None
+        root = _derived_from(value) if unknown else None
         reached.append((layout, root is not None and _drawn_everywhere(root, flow)))
-    for name, value in slots:
-        use = value if isinstance(value, cst.Name) else field_root(value)
-        assert use is not None
+    for use in slots:
+        name = use.value
         reaching = flow.reach.of(use) or {ENTRY}  # the bindings whose value it may be
         for binding in reaching:
             parameter = name in {p.name.value for p in params_of(program.host.params)}
@@ -945,7 +933,7 @@ def _follow_argument(site: _Site, position: int) -> None:
             elif (part := _unpacked_part(binding, name, forms)) is not None:
                 if id(binding) not in through:  # a loop back through it adds nothing
                     through.add(id(binding))
-                    slots.append((part.value, part))
+                    slots.append(part)
             else:
                 layout = classified.get(id(binding)) or _binding_kind(site, binding, name, position)
                 feeds = {id(c.values[position]) for c in calls}
@@ -983,7 +971,7 @@ def _follow_argument(site: _Site, position: int) -> None:
     program.batches[position] = joined in (Layout.PER_DEVICE, Layout.KEYS)
     if joined is Layout.KEYS:
         program.squeezed.add(position)
-    for name in sorted({name for name, _ in slots}):  # every name passed, or its field
+    for name in sorted({use.value for use in slots}):  # every name passed, or its field
         if not any(id(b) in program.siblings for b in flow.stores.get(name, [])):
             _follow_stacked(site, name, joined)
 
@@ -1832,7 +1820,7 @@ def _mean_of_unknown(
     made = flow.value(step)
     found = forms.transfer(call.with_changes(func=made), MEANS) if made else None
     source = found.source if found is not None else None
-    root = source if isinstance(source, cst.Name) else field_root(source) if source else None
+    root = root_name(source) if source is not None else None
     if found is None or root is None or ENTRY not in flow.reach.of(root):
         return
     where = f"a parameter of `{host.name.value}`"

@@ -293,7 +293,7 @@ class Forms:
         found = self.transfer(node, READBACKS)  # the table's rows, lifted, or a summary
         if found is None:  # `jax.tree.map(lambda v: np.array(v[0]), var)`: each leaf's copy
             copied = self._tree_mapped(node, self._copied_zero)
-            root = _root(copied) if copied is not None else None
+            root = root_name(copied) if copied is not None else None
             if root is None or root.value != var:
                 return None
             assert isinstance(node, cst.Call)
@@ -308,7 +308,7 @@ class Forms:
             return root, _copy_per_leaf(node)
         path = found.source  # `jax.device_get(var)[0]`: `var`'s copy on the host
         got = path if found.row.name == "index" and self._is(path, DEVICE_GET) else None
-        root = _root(got.args[0].value if isinstance(got, cst.Call) and got.args else path)
+        root = root_name(got.args[0].value if isinstance(got, cst.Call) and got.args else path)
         return (root, found.source) if root is not None and root.value == var else None
 
 
@@ -332,7 +332,7 @@ def _copy_per_leaf(node: cst.BaseExpression) -> cst.BaseExpression:
     return node.with_changes(args=[mapped, *node.args[1:]])
 
 
-def _root(node: cst.BaseExpression) -> cst.Name | None:
+def root_name(node: cst.BaseExpression) -> cst.Name | None:
     """`x` of `x`, `x.a.b` or `x["k"].a`: a field of a pytree; None for anything else.
 
     An array's own attributes (`x.shape[0]`, `x.T[0]`) are no field: device 0 is not read there.
@@ -347,7 +347,7 @@ def field_root(node: cst.BaseExpression) -> cst.Name | None:
 
     A field of a replicated pytree is replicated; of a batch split per leaf, split the same way.
     """
-    return _root(node) if isinstance(node, (cst.Attribute, cst.Subscript)) else None
+    return root_name(node) if isinstance(node, (cst.Attribute, cst.Subscript)) else None
 
 
 def field_top(flow: Flow, use: cst.Name) -> cst.CSTNode:
