@@ -22,7 +22,6 @@ from ._forms import (
     Qualname,
     base_of,
     bound_arguments,
-    field_root,
     field_top,
     flattens,
     is_device_count,
@@ -808,7 +807,7 @@ def _keyword_calls(program: Program, calls: list[_StepCall], keywords: tuple[str
     for call in calls if keywords else ():
         named = [a for a in call.call.args if a.keyword is not None]
         order = [a.keyword.value for a in named if a.keyword is not None]
-        simple = all(field_root(a.value) or single_name(a.value) for a in named)
+        simple = all(root_name(a.value) for a in named)  # names, or their fields
         if order != list(keywords) and not simple:
             why = "keyword arguments computed in another order than the parameters they fill"
             raise NotVisible(why, Decline.CALLS_DIFFER)

@@ -336,18 +336,11 @@ def root_name(node: cst.BaseExpression) -> cst.Name | None:
     """`x` of `x`, `x.a.b` or `x["k"].a`: a field of a pytree; None for anything else.
 
     An array's own attributes (`x.shape[0]`, `x.T[0]`) are no field: device 0 is not read there.
+    A field of a replicated pytree is replicated; of a batch split per leaf, split the same way.
     """
     while _is_field(node):
         node = node.value
     return node if isinstance(node, cst.Name) else None
-
-
-def field_root(node: cst.BaseExpression) -> cst.Name | None:
-    """`x` of a field `x.a` or `x["k"].b` (not of `x` itself), else None.
-
-    A field of a replicated pytree is replicated; of a batch split per leaf, split the same way.
-    """
-    return root_name(node) if isinstance(node, (cst.Attribute, cst.Subscript)) else None
 
 
 def field_top(flow: Flow, use: cst.Name) -> cst.CSTNode:
