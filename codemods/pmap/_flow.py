@@ -52,7 +52,7 @@ from ._reach import ENTRY, SCOPES, Flow, free_names, nodes_in, params_of, replac
 from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
-from ._specs import TAIL_BUILTINS, static_tail, tail_fits
+from ._specs import TAIL_BUILTINS, Untranslatable, argnums, static_tail, tail_fits
 from ._summary import NO_FACTS, NOT_DECLARABLE, ModuleFacts
 
 GET_METRICS = (row_named("get_metrics"),)
@@ -1690,12 +1690,10 @@ def _donated(program: Program, position: int) -> bool:
     """Return True if the step donates the argument at `position` (any, when not literal)."""
     if program.donate is None:
         return False
-    value = program.donate.value
-    items = (
-        [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
-    )
-    literal = all(isinstance(i, cst.Integer) for i in items)
-    return not literal or position in {int(i.value) for i in items}  # type: ignore[attr-defined]
+    try:
+        return position in argnums(program.donate.value)
+    except Untranslatable:  # computed: any argument may be donated
+        return True
 
 
 BATCH = row_named("shard").why
