@@ -129,16 +129,13 @@ def _check_own_name(host: cst.FunctionDef, step: str) -> None:
     name of the module (or of the enclosing def), which other functions may call with stacked
     values."""
     nested = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
-    declared: list[cst.Global | cst.Nonlocal] = [
-        *nodes_in(host.body, cst.Global, nested),
-        *nodes_in(host.body, cst.Nonlocal, nested),
-    ]
-    for statement in declared:
-        if step in {item.name.value for item in statement.names}:
-            word = "global" if isinstance(statement, cst.Global) else "nonlocal"
-            why = f"`{step}` is declared `{word}` in `{host.name.value}`"
-            why += ": its uses elsewhere are not followed"
-            raise NotVisible(why, Decline.USED_OUTSIDE)
+    kind: type[cst.Global | cst.Nonlocal]
+    for word, kind in (("global", cst.Global), ("nonlocal", cst.Nonlocal)):
+        for statement in nodes_in(host.body, kind, nested):
+            if step in {item.name.value for item in statement.names}:
+                why = f"`{step}` is declared `{word}` in `{host.name.value}`"
+                why += ": its uses elsewhere are not followed"
+                raise NotVisible(why, Decline.USED_OUTSIDE)
 
 
 def _rebound(step: str, host: cst.FunctionDef) -> NotVisible:
