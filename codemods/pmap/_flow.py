@@ -117,7 +117,9 @@ def analyze(
     own = local if isinstance(local, cst.FunctionDef) and local.name.value == step else None
     if [s for s in flow.stores.get(step, []) if s is not own] != [assign]:
         raise _rebound(step, host)
-    program = _follow(host, flow, step, options, body, qualname, assign, siblings, facts, own)
+    program = _follow(
+        host, flow, step, options, body, qualname, facts, siblings=siblings, maker=assign, own=own
+    )
     program.statement = statement
     if local is not None:
         _check_closure(program, body, flow)
@@ -160,7 +162,9 @@ def analyze_decorated(
     _check_own_name(host, step)
     if flow.only(step) is None:
         raise _rebound(step, host)
-    program = _follow(host, flow, step, options, body, qualname, body, siblings, facts)
+    program = _follow(
+        host, flow, step, options, body, qualname, facts, siblings=siblings, maker=body
+    )
     program.statement = body
     if program.squeezed:
         why = f"`{step}` gets per-device keys: a decorator cannot take its own key"
@@ -232,18 +236,7 @@ def analyze_calls(
     if step in flow.stores:
         raise NotVisible(f"`{step}` is bound in `{host.name.value}` too", Decline.REBOUND)
     return _follow(
-        host,
-        flow,
-        step,
-        options,
-        body,
-        qualname,
-        None,
-        siblings,
-        facts,
-        given=given,
-        methods=methods,
-        carried=carried,
+        host, flow, step, options, body, qualname, facts, given, siblings, methods, carried
     )
 
 
@@ -254,13 +247,13 @@ def _follow(
     options: Options,
     body: cst.FunctionDef,
     qualname: Qualname,
-    maker: cst.Assign | cst.FunctionDef | None,
-    siblings: tuple[str, ...] = (),
     facts: ModuleFacts = NO_FACTS,
-    own: cst.FunctionDef | None = None,
     given: Callable[[Program, str, int], Layout] | None = None,
+    siblings: tuple[str, ...] = (),
     methods: tuple[str, ...] = (),
     carried: bool = False,
+    maker: cst.Assign | cst.FunctionDef | None = None,
+    own: cst.FunctionDef | None = None,
 ) -> Program:
     """Follow every argument and result of the calls of `step` in `host` (made by `maker`).
     `own`: the def `step = jax.pmap(step, ...)` maps (brax's trainers); its reads, the pmap's
