@@ -155,10 +155,7 @@ class Program:
         self.rewrite(node, why, lambda _: new())
 
     def rewrite(
-        self,
-        node: cst.CSTNode,
-        why: str,
-        edit: Callable[[cst.BaseExpression], cst.BaseExpression],
+        self, node: cst.CSTNode, why: str, edit: Callable[[cst.BaseExpression], cst.BaseExpression]
     ) -> None:
         """Replace `node` (original) by what `edit` makes of it as rewritten (the edits inside
         it made)."""
