@@ -260,11 +260,8 @@ def checked(
             where = "by the callers `[tool.jaxmigrate] pmap-replicated` says pass it copies"
         if where:
             value, code = program.returns[0]
-            raise NotVisible(
-                f"`{value}` is returned by `{host}` with its device axis, and `{host}`'s result "
-                f"is read {where}",
-                code,
-            )
+            returned = f"`{value}` is returned by `{host}` with its device axis"
+            raise NotVisible(f"{returned}, and `{host}`'s result is read {where}", code)
 
 
 def where_in(flow: Flow, use: cst.Name) -> str:
