@@ -26,6 +26,7 @@ from ._forms import (
     flattens,
     is_device_count,
     positional,
+    readback_around,
     root_name,
     single_name,
     target_names,
@@ -1292,7 +1293,7 @@ def _follow_stacked(site: _Site, name: str, joined: Layout) -> None:
             continue  # the name it is unpacked into is followed as this one
         if replicated and carried_out(program, flow, use, None):
             continue  # returned to the caller, which gave it
-        if replicated and passed_on(program, flow, forms, use, name, _readback_around):
+        if replicated and passed_on(program, flow, forms, use, name):
             continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
         blocking.append(field_top(flow, use))
     if blocking:
@@ -1916,7 +1917,7 @@ def _follow_result(site: _Site, step: str, name: str, output: int) -> None:
             continue  # `jnp.mean(loss)`: the same of equal copies and of the value, kept
         if carried_out(program, flow, use, output):
             continue  # returned to the caller, which follows it (`_callee.carried_back`)
-        if passed_on(program, flow, forms, use, name, _readback_around, Decline.RESULT_READ):
+        if passed_on(program, flow, forms, use, name, Decline.RESULT_READ):
             continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
         # A result returned as it is (`return state`, flax's `train_and_evaluate`), stacked
         # over the devices: the callers' reads are not followed (maybe in another module)
@@ -1973,7 +1974,7 @@ def carried_out(program: Program, flow: Flow, use: cst.Name, output: int | None)
 
 def _readback_deleted(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str) -> bool:
     """Record the deletion of the readback of device 0 reading `use`, if it is one."""
-    found = _readback_around(flow, forms, use, name) or _tuple_readback(program, flow, forms, use)
+    found = readback_around(flow, forms, use, name) or _tuple_readback(program, flow, forms, use)
     if found is not None:
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
         program.edit(found[0], why, lambda: found[1])
@@ -2078,7 +2079,7 @@ def _follow_items(program: Program, flow: Flow, forms: Forms, use: cst.Name, nam
         reaching = flow.reach.of(read)
         if loop not in reaching:
             continue  # `value` of another loop (`for key, value in evaluator.run(...)`)
-        if (around := _readback_around(flow, forms, read, item)) is None or reaching != {loop}:
+        if (around := readback_around(flow, forms, read, item)) is None or reaching != {loop}:
             return False
         found.append(around)
     why = f"a readback of device 0 deleted: the values of `{name}` are the same on every device"
@@ -2127,7 +2128,7 @@ def _follow_list(site: _Site, step: str, name: str) -> None:
         if isinstance(binding, cst.Assign) and _binds_empty_list(binding, name):
             continue
         reads = [r for r in nodes_in(value, cst.Name) if r.value == name] if value else []
-        readback = _readback_around(flow, forms, reads[0], name) if len(reads) == 1 else None
+        readback = readback_around(flow, forms, reads[0], name) if len(reads) == 1 else None
         if readback is not None and isinstance(binding, cst.Assign) and len(binding.targets) == 1:
             readbacks[id(reads[0])] = readback  # device 0's copy of every result: the results
         elif value is None or _gathering(forms, value, name) is None:
@@ -2382,14 +2383,3 @@ def _expression(name: str | cst.BaseExpression) -> cst.BaseExpression:
 def _after_a_call(flow: Flow, binding: cst.CSTNode, calls: list[_StepCall]) -> bool:
     """Whether a call of the step may run before `binding` (else: an argument's plain value)."""
     return flow.ran_before(binding, [c.assign for c in calls])
-
-
-def _readback_around(flow: Flow, forms: Forms, use: cst.Name, name: str) -> _Pair | None:
-    """Return the readback of device 0 reading `use` and what it becomes, else None."""
-    # var[0]: 1 up; var.a.b[0]: 3; jax.device_get(var.a)[0]: 5
-    for node in list(flow.ancestors(use))[:6]:
-        if isinstance(node, cst.BaseExpression):
-            read = forms.readback_value(node, name)
-            if read is not None and read[0] is use:
-                return node, read[1]
-    return None

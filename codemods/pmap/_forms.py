@@ -353,6 +353,19 @@ def field_top(flow: Flow, use: cst.Name) -> cst.CSTNode:
     return node
 
 
+def readback_around(
+    flow: Flow, forms: Forms, use: cst.Name, name: str
+) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    """Return the readback of device 0 reading `use` and what it becomes, else None."""
+    # var[0]: 1 up; var.a.b[0]: 3; jax.device_get(var.a)[0]: 5
+    for node in list(flow.ancestors(use))[:6]:
+        if isinstance(node, cst.BaseExpression):
+            read = forms.readback_value(node, name)
+            if read is not None and read[0] is use:
+                return node, read[1]
+    return None
+
+
 def _is_field(node: cst.CSTNode | None) -> TypeGuard[cst.Attribute | cst.Subscript]:
     """`.a` or `["k"]`, a field of a pytree read: not an array's own attribute (`ARRAY_ATTRIBUTES`)
     nor an index (an array cannot be indexed by a string: `["k"]` is a dict's entry)."""

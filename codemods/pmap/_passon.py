@@ -24,7 +24,7 @@ entry speaks of are not seen, and they read what they are given.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from itertools import takewhile
 
 import libcst as cst
@@ -33,13 +33,9 @@ from jaxmigrate.toolkit.emit import code as code_of
 from jaxmigrate.toolkit.passes import Callers
 
 from ._declines import Decline, NotVisible
-from ._forms import Forms, base_of, bound_arguments, single_name
+from ._forms import Forms, base_of, bound_arguments, readback_around, single_name
 from ._program import Program
 from ._reach import ENTRY, Flow, nodes_in
-
-Readback = Callable[
-    [Flow, Forms, cst.Name, str], tuple[cst.BaseExpression, cst.BaseExpression] | None
-]
 
 
 def passed_on(
@@ -48,14 +44,13 @@ def passed_on(
     forms: Forms,
     use: cst.Name,
     name: str,
-    readback: Readback,
     code: Decline = Decline.STACKED_READ,
 ) -> bool:
     """Return True for a read of `name`, replicated for the step, that `checked` decides:
     passed to a def of the module reading only device 0's copy, or returned (`code`: the
     decline when the result is read, PL401 for a result of the step, else PL303)."""
     return (
-        read_back_in_def(program, flow, forms, use, name, readback)
+        read_back_in_def(program, flow, forms, use, name)
         or returned_unread(program, flow, use, code)
         or copied(program, flow, forms, use, name)
     )
@@ -106,9 +101,7 @@ def copied(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str)
     return True
 
 
-def read_back_in_def(
-    program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str, readback: Readback
-) -> bool:
+def read_back_in_def(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str) -> bool:
     """`save_checkpoint(state, workdir)`, `use` the value passed and `save_checkpoint` a def of
     the module reading only device 0's copy of it: record those readbacks' deletion in the def
     (a program of the def) and the call, for `checked`; return True. Else False."""
@@ -127,7 +120,7 @@ def read_back_in_def(
             continue  # the value it is rebound to (`state = jax.device_get(...)`)
         if reach != {ENTRY}:
             return False  # that or another value
-        around = readback(inner, forms, read, param)
+        around = readback_around(inner, forms, read, param)
         if around is None:
             return False
         found.append(around)
