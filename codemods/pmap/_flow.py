@@ -1997,9 +1997,8 @@ def _tuple_readback(program: Program, flow: Flow, forms: Forms, use: cst.Name) -
     if not isinstance(arg, cst.Arg) or arg.value is not items or not isinstance(call, cst.Call):
         return None
     hole = "__tuple__"
-    stand_in = call.with_changes(
-        args=[a.with_changes(value=cst.Name(hole)) if a is arg else a for a in call.args]
-    )
+    stand_in = call.deep_replace(items, cst.Name(hole))
+    assert isinstance(stand_in, cst.Call)
     if (found := forms.readback_value(stand_in, hole)) is None:
         return None
     other = next(

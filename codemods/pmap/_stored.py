@@ -350,9 +350,8 @@ def stored_copy(
     while pairs:  # the same tree but where a read became the name (a leaf): walked together
         new, old = pairs.pop()
         origins[id(new)] = old
-        bound = (
-            names.get(single_name(new.func) or "", (None, 0))[1] if isinstance(new, cst.Call) else 0
-        )
+        called = single_name(new.func) if isinstance(new, cst.Call) else None
+        bound = names.get(called or "", (None, 0))[1]
         if bound:
             assert isinstance(old, cst.Call) and isinstance(new, cst.Call)
             pairs += [(new.func, old.func), *zip(new.args[bound:], old.args, strict=True)]
