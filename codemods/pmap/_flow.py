@@ -2137,11 +2137,8 @@ def _follow_list(site: _Site, step: str, name: str) -> None:
     for use in flow.loads.get(name, []):
         arg = flow.parent.get(id(use))
         call = flow.parent.get(id(arg))
+        # `history.append(state)` (of a list the function makes: `_appended_to`)
         appended = isinstance(arg, cst.Attribute) and _appended_to(flow, _item(call)) == name
-        if appended and ENTRY in flow.reach.of(use):  # `history.append(state)`, `history` given
-            why = f"`{name}`, a list of results of `{step}`, comes from outside"
-            why += f" `{program.host.name.value}`: its reads there are not followed"
-            raise NotVisible(why, Decline.METRICS_LIST)
         if appended and _item(call).value in results:
             continue
         found = _gathering(forms, call, name) if isinstance(call, cst.Call) else None
