@@ -1320,9 +1320,7 @@ def _flat_batch(program: Program, flow: Flow, forms: Forms, use: cst.Name, name:
     top = field_top(flow, use)
     arg = flow.parent.get(id(top))
     call = flow.parent.get(id(arg))
-    if not isinstance(top, cst.BaseExpression) or not isinstance(call, cst.Call):
-        return False
-    if _flattening_helper(forms, call, top) is None:
+    if not isinstance(call, cst.Call) or _flattening_helper(forms, call, top) is None:
         return False
     reason = (
         f"`{code(call.func)}`, a flattening over devices of `{name}` split for the step, deleted: "

@@ -343,9 +343,9 @@ def root_name(node: cst.BaseExpression) -> cst.Name | None:
     return node if isinstance(node, cst.Name) else None
 
 
-def field_top(flow: Flow, use: cst.Name) -> cst.CSTNode:
+def field_top(flow: Flow, use: cst.Name) -> cst.BaseExpression:
     """The outermost field `use.a["k"].b` read around `use` (`use` itself when none)."""
-    node: cst.CSTNode = use
+    node: cst.BaseExpression = use
     parent = flow.parent.get(id(node))
     while _is_field(parent) and parent.value is node:
         node = parent
