@@ -226,12 +226,8 @@ class Reach:
                 self._bind(target, node, out)
         if isinstance(node, (cst.Import, cst.ImportFrom)):
             for alias in node.names if isinstance(node.names, Iterable) else ():  # not `*`
-                bound: cst.BaseExpression = alias.name
-                if alias.asname is not None:
-                    bound = alias.asname.name  # type: ignore[assignment]
-                while isinstance(bound, cst.Attribute):
-                    bound = bound.value
-                self._bind(bound, node, out)  # `import a.b` binds `a`
+                bound = alias.evaluated_alias or alias.evaluated_name.split(".")[0]
+                self._bind(cst.Name(bound), node, out)  # `import a.b` binds `a`
         elif isinstance(node, cst.Del):
             for name in target_nodes(node.target):
                 out[name.value] = frozenset()
