@@ -278,10 +278,9 @@ def defined(flow: Flow, use: cst.Name) -> bool:
 def _statement(flow: Flow, use: cst.Name) -> cst.CSTNode | None:
     """The small statement whose expression is the call of `use` (`f(...)` alone), else the
     first node around `use` that is no call of it."""
-    node: cst.CSTNode = use
-    parent = flow.parent.get(id(node))
-    if isinstance(parent, cst.Call) and parent.func is node:
-        node, parent = parent, flow.parent.get(id(parent))
+    parent = flow.parent.get(id(use))
+    if isinstance(parent, cst.Call) and parent.func is use:
+        parent = flow.parent.get(id(parent))
     return parent
 
 
