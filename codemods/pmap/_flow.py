@@ -1805,8 +1805,7 @@ def _mean_of_unknown(
     submission's `update_params`)."""
     made = flow.value(step)
     found = forms.transfer(call.with_changes(func=made), MEANS) if made else None
-    source = found.source if found is not None else None
-    root = root_name(source) if source is not None else None
+    root = root_name(found.source) if found is not None else None
     if found is None or root is None or ENTRY not in flow.reach.of(root):
         return
     where = f"a parameter of `{host.name.value}`"
