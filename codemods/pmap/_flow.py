@@ -571,9 +571,7 @@ def _unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
     # The later ones keep their defaults, or are passed by keyword (a position would fill the
     # first parameter bound): keyword-only to the step.
     kwonly = [p.with_changes(comma=cst.MaybeSentinel.DEFAULT) for p in later]
-    star: cst.ParamStar | cst.MaybeSentinel = (
-        cst.ParamStar() if kwonly else cst.MaybeSentinel.DEFAULT
-    )
+    star = cst.ParamStar() if kwonly else cst.MaybeSentinel.DEFAULT
     changed = params.with_changes(params=kept, kwonly_params=kwonly, star_arg=star)
     return body.with_changes(params=changed)
 
