@@ -1575,6 +1575,8 @@ def _named_splits(program: Program, flow: Flow, forms: Forms, value: cst.BaseExp
         binding = flow.only(name)
         if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
             return False
+        if single_name(binding.targets[0].target) != name:
+            return False  # `xs, ys = ...`: the flat value would rebind the other names too
         source = forms.shard_source(binding.value)
         if source is None or not _made_before(program, flow, binding):
             return False
