@@ -15,7 +15,7 @@ from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.imports import is_docstring as _is_docstring
 
-from ._body import Defs, body_outputs, full_reduction, scalar_outputs
+from ._body import MUTATING, Defs, body_outputs, full_reduction, scalar_outputs
 from ._declines import DECORATORS, NOT_NAMED, Decline, NotVisible
 from ._forms import (
     Forms,
@@ -1625,9 +1625,72 @@ def _replication(
         why = HOSTED.format(how=committed)
         program.edit(value, why, lambda: fill(HOST_COPY, {**program.context(), "x": source}))
     elif not _donated(program, position):
+        if (changed := _changed_in_place(flow, source, value)) is not None:
+            why = (
+                f"`{code(source)}`, replicated for the step, is changed in place after: "
+                f"`{_short(changed)}` (the program-level form passes the value itself, changed)"
+            )
+            raise NotVisible(why, Decline.STACKED_READ)
         program.edit(value, REPLICATED, lambda: source)
     else:
         program.edit(value, COPIED, lambda: fill(DONATED_COPY, {**program.context(), "x": source}))
+
+
+# Methods changing their array or container in place (`w.fill(0)`, `params.update(...)`), and
+# functions changing their first argument (`np.copyto(w, v)`, `rng.shuffle(w)`).
+IN_PLACE = MUTATING | {"fill", "resize", "put", "itemset", "partition", "shuffle"}
+IN_PLACE_FIRST = frozenset({"copyto", "shuffle", "put", "place", "putmask", "fill_diagonal"})
+
+
+def _changed_in_place(
+    flow: Flow, source: cst.BaseExpression, replication: cst.BaseExpression
+) -> cst.CSTNode | None:
+    """A statement that may change in place, after `replication` ran, a value a name in
+    `source` holds (`w *= 0`, `params["w"] = v`, `w.fill(0)`, `np.copyto(w, v)`), else None.
+    pmap's replicas are copies; the program-level form passes `source` itself, which sees it."""
+    attrs = {id(a.attr) for a in nodes_in(source, cst.Attribute)}
+    host = flow.host
+    own = (
+        {p.name.value for p in params_of(host.params)}
+        if isinstance(host, cst.FunctionDef)
+        else set()
+    )
+    names = {
+        n.value
+        for n in nodes_in(source, cst.Name)
+        if id(n) not in attrs and (n.value in flow.stores or n.value in own)
+    }
+    for name in sorted(names):
+        changes: list[cst.CSTNode] = [
+            b for b in flow.stores.get(name, []) if isinstance(b, cst.AugAssign)
+        ]
+        for use in flow.loads.get(name, []):
+            top: cst.BaseExpression = use  # `w[0].a`, `w.fill`: the parts of `w` read
+            while isinstance(up := flow.parent.get(id(top)), (cst.Attribute, cst.Subscript)):
+                if up.value is not top:
+                    break
+                top = up
+            parent = flow.parent.get(id(top))
+            if parent is not None and top is not use and getattr(parent, "target", None) is top:
+                changes.append(parent)  # `w[0] = v`, `w.a += v`, `del w["k"]`
+            elif isinstance(top, cst.Attribute) and top.attr.value in IN_PLACE:
+                changes.append(top)  # `w.fill(0)`, `params.update(...)`
+            elif isinstance(arg := flow.parent.get(id(use)), cst.Arg):
+                call = flow.parent.get(id(arg))
+                func = call.func if isinstance(call, cst.Call) else None
+                called = (
+                    func.attr.value
+                    if isinstance(func, cst.Attribute)
+                    else func and single_name(func)
+                )
+                first = isinstance(call, cst.Call) and call.args[0] is arg and not arg.keyword
+                out = arg.keyword is not None and arg.keyword.value == "out"
+                if (first and called in IN_PLACE_FIRST) or out:
+                    changes.append(arg)  # `np.copyto(w, v)`, `np.add(a, b, out=w)`
+        for change in changes:
+            if not isinstance(flow.host, cst.FunctionDef) or flow.ran_before(change, [replication]):
+                return flow.statement(change)
+    return None
 
 
 HOSTED = (
