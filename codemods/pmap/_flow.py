@@ -1398,6 +1398,7 @@ def _inline_kind(site: _Site, value: cst.BaseExpression, position: int) -> Layou
         _replication(site, value, replicated, position)
         return Layout.REPLICAS
     if (batch := forms.split(value)) is not None:
+        _split_kept(site, value, batch.source)
         program.edit(value, batch.row.why, lambda: batch.rewrite(program.context()))
         return Layout.PER_DEVICE
     if _named_splits(program, flow, forms, value):
@@ -1691,6 +1692,24 @@ def _changed_in_place(
             if not isinstance(flow.host, cst.FunctionDef) or flow.ran_before(change, [replication]):
                 return flow.statement(change)
     return None
+
+
+def _split_kept(site: _Site, split: cst.BaseExpression, source: cst.BaseExpression) -> None:
+    """Raise PL303 when the flat `source` of a split made before the step's call (`xb =
+    jnp.reshape(x, ...)`) may be changed in place between the two (`x *= 2`): the split is a
+    copy of the values then (or, of a NumPy array, a view sharing the change), the flat batch
+    made there a copy: the two forms would pass different values."""
+    calls = [site.flow.statement(c.call) for c in site.calls]
+    flow = site.flow
+    if flow.statement(split) in calls:
+        return  # split in the call: nothing runs in between
+    change = _changed_in_place(flow, source, split)
+    if change is not None and any(flow.ran_before(call, [change]) for call in calls):
+        why = (
+            f"the flat batch of `{_short(split)}`, split for the step, is changed in place "
+            f"before the step's call: `{_short(change)}`"
+        )
+        raise NotVisible(why, Decline.STACKED_READ)
 
 
 HOSTED = (
