@@ -1626,6 +1626,14 @@ def _replication(
         why = HOSTED.format(how=committed)
         program.edit(value, why, lambda: fill(HOST_COPY, {**program.context(), "x": source}))
     elif not _donated(program, position):
+        if (number := _python_number(site, value, source)) is not None:
+            why = (
+                f"`{code(source)}`, replicated for the step, holds a Python float "
+                f"(`{_short(number)}`): pmap's replicas of it are a float32 array, "
+                "the float itself is weakly typed in the step (`bfloat16` arithmetic "
+                "with it stays `bfloat16`)"
+            )
+            raise NotVisible(why, Decline.STACKED_READ)
         if (changed := _changed_in_place(flow, source, value)) is not None:
             why = (
                 f"`{code(source)}`, replicated for the step, is changed in place after: "
@@ -1635,6 +1643,35 @@ def _replication(
         program.edit(value, REPLICATED, lambda: source)
     else:
         program.edit(value, COPIED, lambda: fill(DONATED_COPY, {**program.context(), "x": source}))
+
+
+# Replications making an array of a Python number that is not weakly typed (flax's `replicate`
+# stacks with NumPy what is not a `jax.Array`); `jnp.stack` keeps the weak type. Of a float
+# only: a step counter (`"step": 0`) adds the same in both forms (int8 arithmetic is rare).
+STRONG = frozenset({"flax.jax_utils.replicate", "numpy.stack"})
+
+
+def _python_number(
+    site: _Site, replication: cst.BaseExpression, source: cst.BaseExpression
+) -> cst.CSTNode | None:
+    """A Python float `source` visibly is or holds (`0.05`, `lr` bound to one, `{"lr": 0.05}`
+    written out or bound), which a replication of `STRONG` makes a typed array, else None."""
+    flow, forms = site.flow, site.forms
+    func = replication.func if isinstance(replication, cst.Call) else None
+    if func is None or forms.qualname(func) not in STRONG:
+        return None
+    values: list[cst.CSTNode] = [source]
+    if isinstance(source, cst.Name):
+        values += [b.value for b in flow.reach.of(source) if isinstance(b, cst.Assign)]
+    for value in values:
+        leaves = [value]
+        if isinstance(value, (cst.Dict, cst.Tuple, cst.List)):  # one level written out
+            leaves = [getattr(e, "value", e) for e in value.elements]
+        for leaf in leaves:
+            inner = leaf.expression if isinstance(leaf, cst.UnaryOperation) else leaf
+            if isinstance(inner, cst.Float):
+                return leaf
+    return None
 
 
 # Methods changing their array or container in place (`w.fill(0)`, `params.update(...)`), and
