@@ -7,6 +7,8 @@ import re
 import shutil
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
 
 import codemods.pmap
@@ -976,3 +978,37 @@ def test_copies_are_seen_at_calls_at_module_level_too():
         '`pmap-replicated = ["_score_all(params_repl)"]` (its call `_score_all(params_repl, xs)` '
         "passes `params_repl` = `np.ones((8, 3))`)"
     ) in message, message
+
+
+def test_a_drawn_leaf_of_one_value_per_device_raises_in_global_batch() -> None:
+    # A batch drawn per device may hold one value per device (`{"x": (n, b, d), "valid": (n,)}`,
+    # the count of real rows of each device's padded block): pmap passed the body a scalar, the
+    # program-level form would pass an array of one (`(1,)`), which the body computes otherwise
+    # with (at --no-verify a crash far away, or other shapes). The helper raises there, naming
+    # the leaf's shape; verification then writes the faithful form.
+    source = """\
+import jax
+import jax.numpy as jnp
+from flax import jax_utils
+
+
+def step(w, batch):
+    rows = jnp.arange(batch["x"].shape[0]) < batch["valid"]
+    return jax.lax.psum(jnp.sum(jnp.where(rows, batch["x"] @ w, 0.0)), "batch")
+
+
+def evaluate(w, batches):
+    ws = jax_utils.replicate(w)
+    p_step = jax.pmap(step, axis_name="batch")
+    total = 0.0
+    for batch in batches:
+        total += float(p_step(ws, batch)[0])
+    return total
+"""
+    result = migrate_source(source, options=Options(unsafe_fixes=True))
+    assert "global_batch(batch, batch_sharding)" in result.code, result.code
+    helper = result.code[result.code.index("def global_batch") :].split("\n\n\ndef ")[0]
+    namespace: dict = {"np": np, "jax": jax}
+    exec(helper, namespace)  # noqa: S102 (the helper jaxmigrate wrote)
+    with pytest.raises(ValueError, match=r"one value per device, not rows: \(8,\)"):
+        namespace["global_batch"]({"valid": np.ones(8)}, None)
