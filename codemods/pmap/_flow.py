@@ -1634,7 +1634,7 @@ def _replication(
                 "with it stays `bfloat16`)"
             )
             raise NotVisible(why, Decline.STACKED_READ)
-        if (changed := _changed_in_place(flow, source, value)) is not None:
+        if (changed := _changed_in_place(flow, source, value, site.forms.defs)) is not None:
             why = (
                 f"`{code(source)}`, replicated for the step, is changed in place after: "
                 f"`{_short(changed)}` (the program-level form passes the value itself, changed)"
@@ -1681,11 +1681,12 @@ IN_PLACE_FIRST = frozenset({"copyto", "shuffle", "put", "place", "putmask", "fil
 
 
 def _changed_in_place(
-    flow: Flow, source: cst.BaseExpression, replication: cst.BaseExpression
+    flow: Flow, source: cst.BaseExpression, replication: cst.BaseExpression, defs: Defs
 ) -> cst.CSTNode | None:
     """A statement that may change in place, after `replication` ran, a value a name in
-    `source` holds (`w *= 0`, `params["w"] = v`, `w.fill(0)`, `np.copyto(w, v)`), else None.
-    pmap's replicas are copies; the program-level form passes `source` itself, which sees it."""
+    `source` holds (`w *= 0`, `params["w"] = v`, `w.fill(0)`, `np.copyto(w, v)`, a def of the
+    module `defs` doing so to its parameter), else None. pmap's replicas are copies; the
+    program-level form passes `source` itself, which sees it."""
     attrs = {id(a.attr) for a in nodes_in(source, cst.Attribute)}
     host = flow.host
     own = (
@@ -1699,36 +1700,57 @@ def _changed_in_place(
         if id(n) not in attrs and (n.value in flow.stores or n.value in own)
     }
     for name in sorted(names):
-        changes: list[cst.CSTNode] = [
-            b for b in flow.stores.get(name, []) if isinstance(b, cst.AugAssign)
-        ]
-        for use in flow.loads.get(name, []):
-            top: cst.BaseExpression = use  # `w[0].a`, `w.fill`: the parts of `w` read
-            while isinstance(up := flow.parent.get(id(top)), (cst.Attribute, cst.Subscript)):
-                if up.value is not top:
-                    break
-                top = up
-            parent = flow.parent.get(id(top))
-            if parent is not None and top is not use and getattr(parent, "target", None) is top:
-                changes.append(parent)  # `w[0] = v`, `w.a += v`, `del w["k"]`
-            elif isinstance(top, cst.Attribute) and top.attr.value in IN_PLACE:
-                changes.append(top)  # `w.fill(0)`, `params.update(...)`
-            elif isinstance(arg := flow.parent.get(id(use)), cst.Arg):
-                call = flow.parent.get(id(arg))
-                func = call.func if isinstance(call, cst.Call) else None
-                called = (
-                    func.attr.value
-                    if isinstance(func, cst.Attribute)
-                    else func and single_name(func)
-                )
-                first = isinstance(call, cst.Call) and call.args[0] is arg and not arg.keyword
-                out = arg.keyword is not None and arg.keyword.value == "out"
-                if (first and called in IN_PLACE_FIRST) or out:
-                    changes.append(arg)  # `np.copyto(w, v)`, `np.add(a, b, out=w)`
-        for change in changes:
+        for change in _in_place_changes(flow, name, defs):
             if not isinstance(flow.host, cst.FunctionDef) or flow.ran_before(change, [replication]):
                 return flow.statement(change)
     return None
+
+
+def _in_place_changes(flow: Flow, name: str, defs: Defs, depth: int = 0) -> list[cst.CSTNode]:
+    """The nodes of `flow`'s function that may change in place the value `name` holds."""
+    changes: list[cst.CSTNode] = [
+        b for b in flow.stores.get(name, []) if isinstance(b, cst.AugAssign)
+    ]
+    for use in flow.loads.get(name, []):
+        top: cst.BaseExpression = use  # `w[0].a`, `w.fill`: the parts of `w` read
+        while isinstance(up := flow.parent.get(id(top)), (cst.Attribute, cst.Subscript)):
+            if up.value is not top:
+                break
+            top = up
+        parent = flow.parent.get(id(top))
+        if parent is not None and top is not use and getattr(parent, "target", None) is top:
+            changes.append(parent)  # `w[0] = v`, `w.a += v`, `del w["k"]`
+        elif isinstance(top, cst.Attribute) and top.attr.value in IN_PLACE:
+            changes.append(top)  # `w.fill(0)`, `params.update(...)`
+        elif isinstance(arg := flow.parent.get(id(use)), cst.Arg):
+            call = flow.parent.get(id(arg))
+            if not isinstance(call, cst.Call):
+                continue
+            func = call.func
+            called = func.attr.value if isinstance(func, cst.Attribute) else single_name(func)
+            first = call.args[0] is arg and not arg.keyword
+            out = arg.keyword is not None and arg.keyword.value == "out"
+            if (first and called in IN_PLACE_FIRST) or out:
+                changes.append(arg)  # `np.copyto(w, v)`, `np.add(a, b, out=w)`
+            elif _changes_parameter(call, arg, defs.get(single_name(func) or ""), defs, depth):
+                changes.append(arg)  # `reset(params)`, `def reset(tree): tree["w"] = ...`
+    return changes
+
+
+def _changes_parameter(
+    call: cst.Call, arg: cst.Arg, fn: cst.FunctionDef | None, defs: Defs, depth: int
+) -> bool:
+    """Whether `fn`, a def of the module `call` calls, may change in place the parameter
+    `arg` fills (by position or keyword)."""
+    if fn is None or depth > 2 or any(a.star for a in call.args):
+        return False
+    params = [p.name.value for p in params_of(fn.params)]
+    if arg.keyword is not None:
+        param = arg.keyword.value
+    else:
+        index = [a for a in call.args if not a.keyword].index(arg)
+        param = params[index] if index < len(params) else ""
+    return param in params and bool(_in_place_changes(Flow(fn), param, defs, depth + 1))
 
 
 def _split_kept(site: _Site, split: cst.BaseExpression, source: cst.BaseExpression) -> None:
@@ -1740,7 +1762,7 @@ def _split_kept(site: _Site, split: cst.BaseExpression, source: cst.BaseExpressi
     flow = site.flow
     if flow.statement(split) in calls:
         return  # split in the call: nothing runs in between
-    change = _changed_in_place(flow, source, split)
+    change = _changed_in_place(flow, source, split, site.forms.defs)
     if change is not None and any(flow.ran_before(call, [change]) for call in calls):
         why = (
             f"the flat batch of `{_short(split)}`, split for the step, is changed in place "
