@@ -1393,6 +1393,8 @@ def _inline_kind(site: _Site, value: cst.BaseExpression, position: int) -> Layou
     # `shard(x) / 255.0`: elementwise with a number, the same layout
     if (scaled := _scaled(value)) is not None:
         layout = _inline_kind(site, scaled, position)
+        if layout is Layout.PER_DEVICE:
+            _scale_before_put(program, value, scaled)
         return layout if layout in (Layout.PER_DEVICE, Layout.REPLICAS) else Layout.UNKNOWN
     if (replicated := forms.replicated_source(value)) is not None:
         _replication(site, value, replicated, position)
@@ -1454,6 +1456,33 @@ def _convert_once(program: Program, choice: cst.IfExp) -> None:
         return a.with_changes(args=[a.args[0], a.args[1].with_changes(value=flat)])
 
     program.edit(choice, why, once)
+
+
+def _scale_before_put(
+    program: Program, value: cst.BaseExpression, scaled: cst.BaseExpression
+) -> None:
+    """`shard(images) * 0.1` converted: the operation on the flat batch, then put on the mesh
+    (`put(sharding, images * 0.1)`), computed as the original computed it (NumPy's uint8 times
+    a float is float64, rounded once to float32 at pmap's call; on the global jax array, float32
+    with 0.1 rounded first). An edit the split's rewrite does not make a put stays where it is."""
+    key = id(scaled)
+    if key not in program.edits or not isinstance(value, cst.BinaryOperation):
+        return  # converted where its name is bound
+    made, why = program.edits[key], program.reasons[key]
+
+    def once() -> cst.BaseExpression:
+        put = made(scaled)
+        if not (isinstance(put, cst.Call) and len(put.args) == 2):
+            return value.with_changes(**{_operand(value, scaled): put})
+        flat = value.with_changes(**{_operand(value, scaled): put.args[1].value})
+        return put.with_changes(args=[put.args[0], put.args[1].with_changes(value=flat)])
+
+    del program.edits[key], program.nodes[key], program.reasons[key]
+    program.edit(value, why, once)
+
+
+def _operand(value: cst.BinaryOperation, part: cst.BaseExpression) -> str:
+    return "left" if value.left is part else "right"
 
 
 def _same_put(a: cst.Call, b: cst.Call) -> bool:
