@@ -1395,6 +1395,15 @@ def _inline_kind(site: _Site, value: cst.BaseExpression, position: int) -> Layou
         layout = _inline_kind(site, scaled, position)
         if layout is Layout.PER_DEVICE:
             _scale_before_put(program, value, scaled)
+        source = forms.replicated_source(scaled)
+        if (
+            layout is Layout.REPLICAS
+            and source is not None
+            and program.reasons.get(id(scaled)) == REPLICATED
+        ):
+            # `replicate(w8) * 0.1` computed on the jax array pmap's replication made, as before
+            array = lambda: fill(REPLICA_ARRAY, {**program.context(), "x": source})
+            program.edit(scaled, REPLICATED_ARRAY, array)
         return layout if layout in (Layout.PER_DEVICE, Layout.REPLICAS) else Layout.UNKNOWN
     if (replicated := forms.replicated_source(value)) is not None:
         _replication(site, value, replicated, position)
@@ -1632,6 +1641,11 @@ def _flat_literal(forms: Forms, value: cst.Dict | cst.Tuple) -> cst.BaseExpressi
 
 
 REPLICATED = row_named("replicate").why
+REPLICA_ARRAY = "{jax}.numpy.asarray({x})"
+REPLICATED_ARRAY = (
+    "a replication deleted: the value as a jax array, replicated (`P()`), the operation with a "
+    "number on it computed as on pmap's replicas"
+)
 COPIED = (
     f"{COPY} of the value, replicated (`P()`): the step donates it, and "
     "passing the value itself would donate the program's own buffers"
