@@ -860,7 +860,9 @@ class Pmap(Faithful):
         setting = cst.parse_expression(f"{jax}.set_mesh({group.mesh})")
         self.host_setups[id(group.setup)] = (group.before, making, setting, group.end)
         if self._visit_only is not None:  # the functions calling the steps hold no pmap
-            touched = {id(p.host) for s in group.steps for p in s.programs}
+            # and the defs a program passes its values to (their readbacks deleted there)
+            programs = (q for s in group.steps for p in s.programs for q in (p, *p.callees))
+            touched = {id(p.host) for p in programs}
             self._visit_only = self._visit_only | touched | {id(group.setup)} | group.around
 
     def _outer_decorators(
