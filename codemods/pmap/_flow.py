@@ -47,13 +47,22 @@ from ._layout import (
     match,
     row_named,
 )
-from ._passon import passed_on, passed_to, surely_replicated, surely_stacked
+from ._passon import (
+    DONATED_LATER,
+    aliased,
+    donated,
+    donated_after,
+    passed_on,
+    passed_to,
+    surely_replicated,
+    surely_stacked,
+)
 from ._program import COPY, Program
 from ._reach import ENTRY, SCOPES, Flow, free_names, nodes_in, params_of, replaced
 from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
-from ._specs import TAIL_BUILTINS, Untranslatable, argnums, static_tail, tail_fits
+from ._specs import TAIL_BUILTINS, static_tail, tail_fits
 from ._summary import NO_FACTS, NOT_DECLARABLE, ModuleFacts
 
 GET_METRICS = (row_named("get_metrics"),)
@@ -1285,7 +1294,7 @@ def _follow_stacked(site: _Site, name: str, joined: Layout) -> None:
     for use in _reads(site, name, set(stackings)):  # once stacked
         if not replicated and not keys and _flat_batch(program, flow, forms, use, name):
             continue
-        if replicated and _readback_deleted(program, flow, forms, use, name):
+        if replicated and _readback_deleted(site, use, name):
             continue
         if _repacked(flow, forms, use):
             continue  # the name it is unpacked into is followed as this one
@@ -1668,7 +1677,7 @@ def _replication(
     if (committed := _committed(flow, forms, source)) is not None:
         why = HOSTED.format(how=committed)
         program.edit(value, why, lambda: fill(HOST_COPY, {**program.context(), "x": source}))
-    elif not _donated(program, position):
+    elif not donated(program, position):
         if (number := _python_number(site, value, source)) is not None:
             why = (
                 f"`{code(source)}`, replicated for the step, holds a Python float "
@@ -1857,16 +1866,6 @@ def _committing(node: cst.BaseExpression, forms: Forms) -> str | None:
         return None
     found = next((a for a in node.args if a.keyword and a.keyword.value in COMMITTING), None)
     return f"`{code(found)}`" if found is not None else None
-
-
-def _donated(program: Program, position: int) -> bool:
-    """Return True if the step donates the argument at `position` (any, when not literal)."""
-    if program.donate is None:
-        return False
-    try:
-        return position in argnums(program.donate.value)
-    except Untranslatable:  # computed: any argument may be donated
-        return True
 
 
 BATCH = row_named("shard").why
@@ -2092,7 +2091,7 @@ def _follow_result(site: _Site, step: str, name: str, output: int) -> None:
             continue
         if _follow_items(program, flow, forms, use, name):
             continue
-        if _readback_deleted(program, flow, forms, use, name):
+        if _readback_deleted(site, use, name):
             continue
         if _reduced_whole(flow, forms, use):
             continue  # `jnp.mean(loss)`: the same of equal copies and of the value, kept
@@ -2153,13 +2152,48 @@ def carried_out(program: Program, flow: Flow, use: cst.Name, output: int | None)
     return True
 
 
-def _readback_deleted(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str) -> bool:
-    """Record the deletion of the readback of device 0 reading `use`, if it is one."""
+def _readback_deleted(site: _Site, use: cst.Name, name: str) -> bool:
+    """Record the deletion of the readback of device 0 reading `use`, if it is one; a copy
+    when what it becomes is the value itself, kept (not read at once into a Python or numpy
+    value, `int(state.step[0])`), and a call of the step may donate it later (`donated_after`)."""
+    program, flow, forms, _ = site
     found = readback_around(flow, forms, use, name) or _tuple_readback(program, flow, forms, use)
-    if found is not None:
+    if (
+        found is not None
+        and aliased(found[1])
+        and not _read_on_host(flow, forms, found[0])
+        and donated_after(program, flow, use, found[0])
+    ):
+        why = READ_BACK_COPIED.format(name=name)
+        copied = lambda: fill(DONATED_COPY, {**program.context(), "x": found[1]})
+        program.edit(found[0], why, copied)
+    elif found is not None:
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
         program.edit(found[0], why, lambda: found[1])
     return found is not None
+
+
+# Calls reading an array into a new Python or numpy value: what they are given is not kept
+ON_HOST = frozenset(
+    {"int", "float", "bool", "str", "print", "numpy.asarray", "numpy.array", "jax.device_get"}
+)
+
+
+def _read_on_host(flow: Flow, forms: Forms, node: cst.CSTNode) -> bool:
+    """Whether `node` is passed to a call reading it into a new host value (`ON_HOST`)."""
+    arg = flow.parent.get(id(node))
+    call = flow.parent.get(id(arg))
+    return (
+        isinstance(arg, cst.Arg)
+        and isinstance(call, cst.Call)
+        and bool({single_name(call.func), forms.qualname(call.func)} & ON_HOST)
+    )
+
+
+READ_BACK_COPIED = (
+    "a readback of device 0 -> a copy of the value: `{name}` is the same on every device"
+    + DONATED_LATER
+)
 
 
 def _tuple_readback(program: Program, flow: Flow, forms: Forms, use: cst.Name) -> _Pair | None:

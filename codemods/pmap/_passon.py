@@ -34,8 +34,10 @@ from jaxmigrate.toolkit.passes import Callers
 
 from ._declines import Decline, NotVisible
 from ._forms import Forms, base_of, bound_arguments, readback_around, single_name
+from ._layout import DONATED_COPY, fill
 from ._program import Program
 from ._reach import ENTRY, Flow, nodes_in
+from ._specs import Untranslatable, argnums
 
 
 def passed_on(
@@ -126,12 +128,18 @@ def read_back_in_def(program: Program, flow: Flow, forms: Forms, use: cst.Name, 
         found.append(around)
     mine = program_of(program, callee)
     given = "" if param == name else f" `{name}`"
+    kept = donated_after(program, flow, use, call)  # a copy of what the step donates later
     for node, value in found:
         why = (
             f"a readback of device 0 deleted in `{callee.name.value}`: `{param}`, passed"
             f"{given} from `{program.host.name.value}`, is the same on every device"
         )
-        mine.edit(node, why, lambda value=value: value)  # type: ignore[misc]
+        if kept and aliased(value):
+            why = why.replace("deleted", "-> a copy of the value", 1) + DONATED_LATER
+            copy = lambda value=value: fill(DONATED_COPY, {**mine.context(), "x": value})
+            mine.edit(node, why, copy)  # type: ignore[misc]
+        else:
+            mine.edit(node, why, lambda value=value: value)  # type: ignore[misc]
     program.passed_on.append(call)
     return True
 
@@ -194,6 +202,11 @@ def surely_replicated(
     return True
 
 
+DONATED_LATER = (
+    ", and a later call of the step donates it (the readback, a new array under pmap, kept it)"
+)
+
+
 def program_of(program: Program, fn: cst.FunctionDef) -> Program:
     """The program of the def `fn` holding edits only, made for `program` (once)."""
     mine = next((p for p in program.callees if p.host is fn and not p.calls), None)
@@ -201,6 +214,49 @@ def program_of(program: Program, fn: cst.FunctionDef) -> Program:
         mine = Program(fn, None, program.body, program.axis, None, [], None)
         program.callees.append(mine)
     return mine
+
+
+def aliased(value: cst.BaseExpression) -> bool:
+    """Whether `value`, what a readback becomes, is the value read or a part of it
+    (`state.params`, `metrics["loss"]`), not a new array (`jax.device_get(state)`)."""
+    while isinstance(value, (cst.Attribute, cst.Subscript)):
+        value = value.value
+    return isinstance(value, cst.Name)
+
+
+def donated(program: Program, position: int) -> bool:
+    """Return True if the step donates the argument at `position` (any, when not literal)."""
+    if program.donate is None:
+        return False
+    try:
+        return position in argnums(program.donate.value)
+    except Untranslatable:  # computed: any argument may be donated
+        return True
+
+
+def donated_after(program: Program, flow: Flow, use: cst.Name, at: cst.CSTNode) -> bool:
+    """Whether a call of the step that may run after `at` donates a value `use` reads: its
+    name in an argument it donates, read there from a binding reaching `use`. What `at` keeps of it, a
+    readback of device 0 (a new array under pmap) deleted, would be deleted with it."""
+    if program.donate is None:
+        return False
+    reaching = flow.reach.of(use)
+    for call in program.calls:
+        passed = [
+            a.value
+            for i, a in enumerate(call.args)
+            if a.star
+            or (a.keyword is None and donated(program, i))
+            or (
+                a.keyword is not None
+                and a.keyword.value in program.params
+                and donated(program, program.params.index(a.keyword.value))
+            )
+        ]
+        names = [n for value in passed for n in nodes_in(value, cst.Name) if n.value == use.value]
+        if any(flow.reach.of(n) & reaching for n in names) and flow.ran_before(call, [at]):
+            return True
+    return False
 
 
 def returned_unread(program: Program, flow: Flow, use: cst.Name, code: Decline) -> bool:
