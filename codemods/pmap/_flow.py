@@ -54,6 +54,7 @@ from ._passon import (
     donated_after,
     passed_on,
     passed_to,
+    sequence_bound,
     surely_replicated,
     surely_stacked,
 )
@@ -2157,7 +2158,7 @@ def _readback_deleted(site: _Site, use: cst.Name, name: str) -> bool:
     when what it becomes is the value itself, kept (not read at once into a Python or numpy
     value, `int(state.step[0])`), and a call of the step may donate it later (`donated_after`)."""
     program, flow, forms, _ = site
-    found = readback_around(flow, forms, use, name) or _tuple_readback(program, flow, forms, use)
+    found = _readback_around(flow, forms, use, name) or _tuple_readback(program, flow, forms, use)
     if (
         found is not None
         and aliased(found[1])
@@ -2293,7 +2294,7 @@ def _follow_items(program: Program, flow: Flow, forms: Forms, use: cst.Name, nam
         reaching = flow.reach.of(read)
         if loop not in reaching:
             continue  # `value` of another loop (`for key, value in evaluator.run(...)`)
-        if (around := readback_around(flow, forms, read, item)) is None or reaching != {loop}:
+        if (around := _readback_around(flow, forms, read, item)) is None or reaching != {loop}:
             return False
         found.append(around)
     why = f"a readback of device 0 deleted: the values of `{name}` are the same on every device"
@@ -2342,7 +2343,7 @@ def _follow_list(site: _Site, step: str, name: str) -> None:
         if isinstance(binding, cst.Assign) and _binds_empty_list(binding, name):
             continue
         reads = [r for r in nodes_in(value, cst.Name) if r.value == name] if value else []
-        readback = readback_around(flow, forms, reads[0], name) if len(reads) == 1 else None
+        readback = _readback_around(flow, forms, reads[0], name) if len(reads) == 1 else None
         if readback is not None and isinstance(binding, cst.Assign) and len(binding.targets) == 1:
             readbacks[id(reads[0])] = readback  # device 0's copy of every result: the results
         elif value is None or _gathering(forms, value, name) is None:
@@ -2594,3 +2595,19 @@ def _expression(name: str | cst.BaseExpression) -> cst.BaseExpression:
 def _after_a_call(flow: Flow, binding: cst.CSTNode, calls: list[_StepCall]) -> bool:
     """Whether a call of the step may run before `binding` (else: an argument's plain value)."""
     return flow.ran_before(binding, [c.assign for c in calls])
+
+
+SEQUENCE_INDEXED = (
+    "`{read}` reads the first item of `{name}`, a list or tuple here (stacked over the devices "
+    "item by item), not device 0's copy: without the device axis it would read another value"
+)
+STACKED = Decline.STACKED_READ
+
+
+def _readback_around(flow: Flow, forms: Forms, use: cst.Name, name: str) -> _Pair | None:
+    """Return the readback of device 0 reading `use` and what it becomes, else None; raise
+    PL303 when it indexes a list or tuple bound in the function (`sequence_bound`)."""
+    found = readback_around(flow, forms, use, name)
+    if found is not None and sequence_bound(flow, forms, name) and forms.indexes_whole(found[0]):
+        raise NotVisible(SEQUENCE_INDEXED.format(read=code(found[0]), name=name), STACKED)
+    return found

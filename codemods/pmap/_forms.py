@@ -283,6 +283,12 @@ class Forms:
         args = positional(read[1], 1) if isinstance(read[1], cst.Call) else None
         return args is not None and args[0] is read[0]  # `jax.device_get(var)[0]`
 
+    def indexes_whole(self, node: cst.BaseExpression) -> bool:
+        """Whether `node`, a readback, indexes the value whole (`x[0]`, a def returning `p[0]`),
+        not leaf by leaf (`jax.tree.map(lambda v: v[0], x)`, `unreplicate(x)`)."""
+        found = self.transfer(node, READBACKS)
+        return found is not None and found.row.name == "index" and not found.lifted
+
     def readback_value(
         self, node: cst.BaseExpression, var: str
     ) -> tuple[cst.Name, cst.BaseExpression] | None:

@@ -114,6 +114,7 @@ def read_back_in_def(program: Program, flow: Flow, forms: Forms, use: cst.Name, 
     if callee is program.host or pmaps(callee, forms) or not inner.loads.get(param):
         return False
     found = []
+    indexed = sequence_bound(flow, forms, name)  # `p[0]` its first item: not a readback
     for read in inner.loads[param]:
         reach = inner.reach.of(read)
         if not reach:
@@ -123,7 +124,7 @@ def read_back_in_def(program: Program, flow: Flow, forms: Forms, use: cst.Name, 
         if reach != {ENTRY}:
             return False  # that or another value
         around = readback_around(inner, forms, read, param)
-        if around is None:
+        if around is None or indexed and forms.indexes_whole(around[0]):
             return False
         found.append(around)
     mine = program_of(program, callee)
@@ -214,6 +215,27 @@ def program_of(program: Program, fn: cst.FunctionDef) -> Program:
         mine = Program(fn, None, program.body, program.axis, None, [], None)
         program.callees.append(mine)
     return mine
+
+
+SEQUENCES = (cst.List, cst.Tuple, cst.ListComp)
+
+
+def sequence_bound(flow: Flow, forms: Forms, name: str, seen: tuple[str, ...] = ()) -> bool:
+    """Whether `name` is bound in the function to a list or tuple written out (stax's layers,
+    `[(w, b), ...]`), a replication of one, or a name so bound: `name[0]` reads its first item
+    (over the devices, under pmap), not device 0's copy."""
+    for binding in flow.stores.get(name, []):
+        if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
+            continue
+        if single_name(binding.targets[0].target) != name:
+            continue
+        value = forms.replicated_source(binding.value) or binding.value
+        if isinstance(value, SEQUENCES):
+            return True
+        source = single_name(value) or name
+        if source not in (name, *seen) and sequence_bound(flow, forms, source, (*seen, name)):
+            return True
+    return False
 
 
 def aliased(value: cst.BaseExpression) -> bool:
