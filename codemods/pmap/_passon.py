@@ -257,12 +257,15 @@ def donated(program: Program, position: int) -> bool:
 
 
 def donated_after(program: Program, flow: Flow, use: cst.Name, at: cst.CSTNode) -> bool:
-    """Whether a call of the step that may run after `at` donates a value `use` reads: its
-    name in an argument it donates, read there from a binding reaching `use`. What `at` keeps of it, a
+    """Whether a call of the step that may run after `at` (any, for `at` in a nested def)
+    donates a value `use` reads: its name in an argument it donates, read there from a binding
+    reaching `use`. What `at` keeps of it, a
     readback of device 0 (a new array under pmap) deleted, would be deleted with it."""
     if program.donate is None:
         return False
     reaching = flow.reach.of(use)
+    inside = takewhile(lambda a: a is not program.host, flow.ancestors(at))
+    nested = any(isinstance(a, cst.FunctionDef) for a in inside)  # it runs when called
     for call in program.calls:
         passed = [
             a.value
@@ -276,7 +279,9 @@ def donated_after(program: Program, flow: Flow, use: cst.Name, at: cst.CSTNode) 
             )
         ]
         names = [n for value in passed for n in nodes_in(value, cst.Name) if n.value == use.value]
-        if any(flow.reach.of(n) & reaching for n in names) and flow.ran_before(call, [at]):
+        if any(flow.reach.of(n) & reaching for n in names) and (
+            nested or flow.ran_before(call, [at])
+        ):
             return True
     return False
 
