@@ -2217,10 +2217,17 @@ def _tuple_readback(program: Program, flow: Flow, forms: Forms, use: cst.Name) -
     assert isinstance(stand_in, cst.Call)
     if (found := forms.readback_value(stand_in, hole)) is None:
         return None
-    other = next(
-        (e.value for e in items.elements if not surely_replicated(program, flow, forms, e.value)),
-        None,
-    )
+
+    def same(value: cst.BaseExpression) -> bool:  # on every device
+        if surely_replicated(program, flow, forms, value):
+            return True
+        # The body's results not known yet (an argument's reads): a result of the step among
+        # the items is checked again where the results are followed (`_follow_result`)
+        root = base_of(value)
+        pending = not program.varying and isinstance(root, cst.Name)
+        return pending and surely_stacked(program, flow, forms, root)  # type: ignore[arg-type]
+
+    other = next((e.value for e in items.elements if not same(e.value)), None)
     # An item not surely the same on every device blocks it: a result of the step that may
     # differ between devices (PL402: the program-level form has no device 0's share of it),
     # else a value whose copies are not known to be equal (PL401).
