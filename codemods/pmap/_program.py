@@ -336,15 +336,17 @@ def assign(
 
 
 COPY = "a replication -> a copy"  # how the edit of a replication a step donates begins
+COPIED = "-> a copy of the value"  # in each edit copying a value a step donates
 
 
 def edit_owners(programs: list[Program]) -> dict[int, Program]:
     """For each node the programs edit, the program whose edit is made: a copy of a replication
-    one step donates wins over another step's deleting it (both take the value replicated)."""
+    (or of a readback) one step donates wins over another step's deleting it (both take the
+    value replicated)."""
     owners: dict[int, Program] = {}
     for program in programs:  # else the last program's
         for key in program.edits:
-            if key not in owners or not owners[key].reasons.get(key, "").startswith(COPY):
+            if key not in owners or COPIED not in owners[key].reasons.get(key, ""):
                 owners[key] = program
     return owners
 
