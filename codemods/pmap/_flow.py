@@ -2252,25 +2252,41 @@ def _one_source(
     site: _Site, step: str, name: str, allowed: Callable[[cst.CSTNode], object]
 ) -> set[cst.CSTNode]:
     """Return the bindings of `name` to results of the calls; raise NotVisible when a read they
-    reach may also read another value: not a binding before the calls, nor `allowed`, nor the
-    name unbound on that path (a parameter's value is another value)."""
+    reach may also read another value: not a binding before the calls of a name passed to a
+    step (an argument's, checked there) or to `None`, nor `allowed`, nor the name unbound on
+    that path (a parameter's value is another value; so is `metrics = {"loss": zeros(n)}`
+    before the loop, whose layout nothing checks)."""
     program, flow, _, calls = site
     made = {b for b in flow.stores.get(name, []) if any(c.binds(b) for c in calls)}
     parameter = name in {p.name.value for p in params_of(program.host.params)}
-    for use in flow.loads.get(name, []):
+    # Passed to a step (this one or another of the function): a binding before the calls is
+    # an argument's, whose layout is checked there (`params = replicate(params)`)
+    fed = {n.value for c in calls for a in c.call.args for n in nodes_in(a.value, cst.Name)}
+    loads = flow.loads.get(name, [])
+    if any(id(field_top(flow, u)) in program.sibling_feeds for u in loads):
+        fed.add(name)
+    for use in loads:
         reaching = flow.reach.of(use)
         if not reaching & made:
             continue
         for binding in reaching - made:
             if binding is ENTRY:  # a parameter's value, but the caller's equal copies (as results)
                 other = parameter and program.entries.get(name) is not Layout.REPLICAS
+            elif not _after_a_call(flow, binding, calls):  # before: an argument's, or `None`
+                other = name not in fed and not _bound_to_none(binding)
             else:  # bound after a call, not allowed nor the results' own (their mean, deleted)
-                other = _after_a_call(flow, binding, calls) and not allowed(binding)
-                other = other and id(binding) not in program.means
+                other = not allowed(binding) and id(binding) not in program.means
             if other:
                 why = f"`{name}` holds a result of `{step}` and something else"
+                if binding is not ENTRY and not _after_a_call(flow, binding, calls):
+                    why += f" (`{_short(binding)}` before its calls, whose layout is not followed)"
                 raise NotVisible(why, Decline.RESULT_READ)
     return made
+
+
+def _bound_to_none(binding: cst.CSTNode) -> bool:
+    """`x = None`: a value no read of a result can take for it (indexing it raises)."""
+    return isinstance(binding, cst.Assign) and single_name(binding.value) == "None"
 
 
 def _follow_items(program: Program, flow: Flow, forms: Forms, use: cst.Name, name: str) -> bool:
