@@ -356,8 +356,8 @@ class _Reader:
         func = value.func
         if isinstance(func, cst.Attribute) and self.qualname(func) is None:
             for row in SUMMARIES:
-                axis = [a for a in value.args if _keyword(a) == row.axis]
-                if func.attr.value == row.method and axis and self._over_axis(value):
+                given = _given(value, row.axis) is not None
+                if func.attr.value == row.method and given and self._over_axis(value):
                     receiver = self.varies(func.value, varying)
                     self.made[id(node)] = (row, receiver, self.varies(value, varying), value)
             return None
@@ -459,11 +459,10 @@ class _Reader:
         flax's `model.apply(..., mutable=["batch_stats"])`); else as `varies`."""
         if isinstance(node, cst.Tuple) and all(type(e) is cst.Element for e in node.elements):
             return tuple(self.tree(e.value, varying) for e in node.elements)
-        index = _index(node)
-        if index is not None:
-            whole = self.tree(node.value, varying)  # type: ignore[attr-defined]
-            if isinstance(whole, tuple) and -len(whole) <= index < len(whole):
-                return whole[index]
+        if (index := _index(node)) is not None:
+            part = _part(self.tree(node.value, varying), index)  # type: ignore[attr-defined]
+            if part is not None:
+                return part
         if isinstance(node, cst.Name) and (named := self._named_parts(node, varying)) is not None:
             return named
         if isinstance(node, cst.Call) and (found := self._call_tree(node, varying)) is not None:
@@ -473,12 +472,8 @@ class _Reader:
     def _named_parts(self, node: cst.CSTNode, varying: Varying) -> Tree | None:
         """The parts of `aux` or `aux[1]`: a name every binding reaching which bound a tuple
         (`parts`), indexed by literal numbers; None where they are not known."""
-        index = _index(node)
-        if index is not None:
-            whole = self._named_parts(node.value, varying)  # type: ignore[attr-defined]
-            if isinstance(whole, tuple) and -len(whole) <= index < len(whole):
-                return whole[index]
-            return None
+        if (index := _index(node)) is not None:
+            return _part(self._named_parts(node.value, varying), index)  # type: ignore[attr-defined]
         if not isinstance(node, cst.Name) or node.value not in varying or self.reach is None:
             return None  # (a name not differing may be a nested def that does)
         parts = [self.parts.get((id(b), node.value)) for b in self.reach.of(node)]
@@ -504,7 +499,7 @@ class _Reader:
         func = call.func
         if not isinstance(func, cst.Attribute) or func.attr.value not in APPLIES:
             return None
-        mutable = next((a.value for a in call.args if _keyword(a) == "mutable"), None)
+        mutable = _given(call, "mutable")
         if not all(
             isinstance(v, cst.SimpleString) and v.evaluated_value == STATISTICS
             for v in _listed(mutable)
@@ -546,7 +541,7 @@ class _Reader:
         SUMMARIES) returns as its value, `f` a nested def called with `call`'s arguments:
         (loss, aux), part by part, with `has_aux=True`; `with_grads`: (value, grads), the
         gradients differing where any part of the value does. None where `f` is not read."""
-        aux = next((a.value for a in made.args if _keyword(a) == "has_aux"), None)
+        aux = _given(made, "has_aux")
         fn = next((a.value for a in made.args if a.keyword is None), None)
         if (
             not isinstance(fn, cst.Name)
@@ -718,9 +713,9 @@ class _Reader:
 
     def _over_axis(self, call: cst.Call) -> bool:
         """The collective reduces over the step's axis (a literal name), in one group."""
-        if any(_keyword(a) == "axis_index_groups" for a in call.args):
+        if _given(call, "axis_index_groups") is not None:
             return False
-        axis = next((a.value for a in call.args if _keyword(a) == "axis_name"), None)
+        axis = _given(call, "axis_name")
         positional = [a.value for a in call.args if a.keyword is None and not a.star]
         axis = axis if axis is not None else (positional[1] if len(positional) > 1 else None)
         return any(
@@ -903,6 +898,11 @@ def _index(node: cst.CSTNode) -> int | None:
     return sign * int(value.value, 0) if isinstance(value, cst.Integer) else None
 
 
+def _part(whole: Tree | None, index: int) -> Tree | None:
+    """Part `index` of `whole` where it is a tuple that has one, else None."""
+    return whole[index] if isinstance(whole, tuple) and -len(whole) <= index < len(whole) else None
+
+
 def averaged_axes(modules: Iterable[cst.Module]) -> frozenset[str]:
     """The axes flax's batch norms average their statistics over, in `modules` (the module of a
     step and the code base's modules it imports): each `BatchNorm` named there made, or bound
@@ -925,9 +925,9 @@ def averaged_axes(modules: Iterable[cst.Module]) -> frozenset[str]:
                 name = _called(first)
             if name is None or name.value != "BatchNorm":
                 continue
-            axis = next((a.value for a in call.args if _keyword(a) == "axis_name"), None)
+            axis = _given(call, "axis_name")
             literal = axis.evaluated_value if isinstance(axis, cst.SimpleString) else None
-            grouped = any(_keyword(a) == "axis_index_groups" for a in call.args)  # per group
+            grouped = _given(call, "axis_index_groups") is not None  # per group
             made[id(name)] = literal if isinstance(literal, str) and not grouped else None
         for named in found.named:
             literal = made.get(id(named))
@@ -975,5 +975,6 @@ def _called(node: cst.BaseExpression) -> cst.Name | None:
     return name if isinstance(name, cst.Name) else None
 
 
-def _keyword(arg: cst.Arg) -> str | None:
-    return arg.keyword.value if arg.keyword is not None else None
+def _given(call: cst.Call, keyword: str) -> cst.BaseExpression | None:
+    """The value `call` passes as `keyword=`, else None."""
+    return next((a.value for a in call.args if a.keyword and a.keyword.value == keyword), None)
