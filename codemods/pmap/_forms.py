@@ -19,6 +19,7 @@ from ._layout import (
     Role,
     Transfer,
     as_row,
+    counts_devices,
     droppable,
     fewer,
     holes_of,
@@ -28,7 +29,7 @@ from ._layout import (
     tree_mapped,
 )
 from ._reach import Flow, replaced
-from ._summary import Summaries, Values, called_value, counts_devices, name_reads
+from ._summary import Summaries, Values, called_value, name_reads
 
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 NameTest = Callable[[cst.BaseExpression, str], bool]  # is the expression such a form of the name?

@@ -270,6 +270,7 @@ def as_row(name: str, source: cst.BaseExpression | None, node: cst.BaseExpressio
     return Match(row, {row.source: source, "value": node})
 
 
+DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
 TREE_MAPS = frozenset({"jax.tree.map", "jax.tree_util.tree_map", "jax.tree_map"})
 # `lambda v: ...`: one plain parameter (maybe with a default), nothing else
 ONE_PARAM = m.Lambda(
@@ -401,8 +402,12 @@ def tree_mapped(
 def droppable(node: cst.BaseExpression, qualname: Qualname) -> bool:
     """Nothing happens when `node` is not evaluated: it holds no call, or it is a device count
     (`jax.local_device_count()`)."""
-    counted = _called(node, qualname) in ("jax.local_device_count", "jax.device_count")
-    return counted or not _has_call(node)
+    return counts_devices(node, qualname) or not _has_call(node)
+
+
+def counts_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
+    """`jax.local_device_count()` or `jax.device_count()`: the number of devices."""
+    return _called(node, qualname) in DEVICE_COUNTS
 
 
 def _called(node: cst.BaseExpression, qualname: Qualname) -> str | None:

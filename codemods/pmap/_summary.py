@@ -27,10 +27,9 @@ from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.imports import is_docstring
 
 from ._imported import NO_IMPORTS, Imported
-from ._layout import _HOLE, Counts, Match, Qualname, Transfer, lifted, match
+from ._layout import _HOLE, Counts, Match, Qualname, Transfer, counts_devices, lifted, match
 from ._reach import nodes_in, replaced
 
-DEVICE_COUNTS = frozenset({"jax.local_device_count", "jax.device_count"})
 # The holes a summarised row's template may have besides its source: the module's spellings.
 CONTEXT = frozenset({"value", "jax", "jnp", "sharding", "mesh", "hosts", "spec", "axis", "np"})
 
@@ -270,7 +269,3 @@ def _field_carried(node: cst.BaseExpression, qualname: Qualname, values: Values)
     if code(found.source) != code(wanted):
         return None  # the row of another value than the field it replaces
     return Match(found.row, {found.row.source: cst.Name(owner), "value": node})
-
-
-def counts_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
-    return isinstance(node, cst.Call) and not node.args and qualname(node.func) in DEVICE_COUNTS
