@@ -28,6 +28,7 @@ from jaxmigrate.toolkit.passes import Home
 
 from ._declines import NotVisible
 from ._flow import mapped_name
+from ._forms import base_of
 from ._layout import fill, holes_of
 from ._passon import elsewhere
 from ._reach import nodes_in
@@ -242,6 +243,11 @@ def with_helper(module: cst.Module, source: str, style: Style, at: int) -> cst.M
     return module.with_changes(body=body)
 
 
+def _given_as(items: list[Item], at: int | None, keyword: str, value: cst.BaseExpression) -> Item:
+    """`keyword=value`: in place of the argument at `at` (its comments kept), else new."""
+    return new_item(keyword, value) if at is None else items[at].keyword(keyword, value)
+
+
 class Faithful(Finding):
     """The pmap pass's faithful form: planning a site, and emitting it and the helper."""
 
@@ -275,7 +281,7 @@ class Faithful(Finding):
         if tail is not None:
             in_specs = self._tail_specs(site, in_specs, *tail)
         elif statics:
-            count = arity(site.mapped, statics) if site.mapped is not None else None
+            count = arity(site.mapped, statics)
             if count is None and fun is not None:
                 count = self._partial_arity(fun.arg.value, statics)
             if count is None and isinstance(site.node, cst.Decorator):
@@ -287,11 +293,10 @@ class Faithful(Finding):
                     )
             in_specs = with_statics(in_specs, statics, count)
         name = names[0] if len(names) == 1 else tuple_of(names)
-        axis = items[outer.axis_name] if outer.axis_name is not None else Item(cst.Arg(name))
         helper = [
-            axis.keyword("axis_name", name),
-            self._spec_item(outer, items, "in_axes", "in_specs", in_specs),
-            self._spec_item(outer, items, "out_axes", "out_specs", out_specs),
+            _given_as(items, outer.axis_name, "axis_name", name),
+            _given_as(items, outer.options.get("in_axes"), "in_specs", in_specs),
+            _given_as(items, outer.options.get("out_axes"), "out_specs", out_specs),
         ]
         if site.failed_program is not None:
             notes.append(site.fallback)
@@ -370,13 +375,6 @@ class Faithful(Finding):
         except Untranslatable as why:
             raise NotMigrated(f"`{keyword}`: {why}") from None
 
-    def _spec_item(
-        self, pmapped: Pmapped, items: list[Item], old: str, new: str, value: cst.BaseExpression
-    ) -> Item:
-        if old in pmapped.options:
-            return items[pmapped.options[old]].keyword(new, value)
-        return new_item(new, value)
-
     def _statics(
         self, pmapped: Pmapped, items: list[Item]
     ) -> tuple[tuple[int, ...], tuple[int, cst.BaseExpression] | None]:
@@ -442,10 +440,7 @@ class Faithful(Finding):
         self.applied_keys.append(self.state.sites[-1].key)
         if len(self.applied) == 1:
             self._spec(imported=True)
-        ref = site.ref
-        while isinstance(ref, cst.Attribute):
-            ref = ref.value
-        if isinstance(ref, cst.Name):
+        if isinstance(ref := base_of(site.ref), cst.Name):
             self.drop_import_if_unused(ref.value)
 
     def _value(self, site: PmapUse, updated: cst.BaseExpression) -> cst.BaseExpression:
