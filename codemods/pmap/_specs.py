@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import libcst as cst
 import libcst.matchers as m
+from libcst.helpers import parse_template_expression
 
 from jaxmigrate.toolkit.emit import code, joined
 
@@ -135,11 +136,8 @@ def with_static_tail(
         head: cst.BaseExpression = specs
     else:
         head = tuple_of([specs.deep_clone() for _ in range(start)])
-    nones = tuple_of([cst.Name("None")])
-    return cst.BinaryOperation(
-        left=head,
-        operator=cst.Add(),
-        right=cst.BinaryOperation(left=nones, operator=cst.Multiply(), right=count.deep_clone()),
+    return parse_template_expression(
+        "{head} + (None,) * {count}", head=head, count=count.deep_clone()
     )
 
 
