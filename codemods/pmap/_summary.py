@@ -168,16 +168,14 @@ class Summaries:
         """Return `node`, a call of a helper, read as its summary's row of the argument, when
         that row is in `table` and the call passes the number of local devices where the
         helper needs it; else None."""
-        fn = (
-            self.defs.get(node.func.value)
-            if isinstance(node, cst.Call) and isinstance(node.func, cst.Name)
-            else None
-        )
-        if fn is None or any(a.keyword or a.star for a in node.args):  # type: ignore[attr-defined]
+        if not isinstance(node, cst.Call) or not isinstance(node.func, cst.Name):
+            return None
+        fn = self.defs.get(node.func.value)
+        if fn is None or any(a.keyword or a.star for a in node.args):
             return None
         if fn.name.value not in self.known:
             self.known[fn.name.value] = summarize(fn, self.qualname, self.values)
-        found, args = self.known[fn.name.value], [a.value for a in node.args]  # type: ignore[attr-defined]
+        found, args = self.known[fn.name.value], [a.value for a in node.args]
         if found is None or found.row not in table or len(args) != len(fn.params.params):
             return None
         if not all(counts(args[i]) for i in found.counts):
