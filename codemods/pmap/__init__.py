@@ -717,11 +717,10 @@ class Pmap(Faithful):
         first = programs[0][1].statement
         assert first is not None
         indent = self.room(first).indent
-        nested = [  # in `host`: rewritten with it (the others at the module's end)
-            c for _, p in programs for c in p.callees if id(c.host) not in self.callee_programs
-        ]
-        every = [*(p for _, p in programs), *nested]
-        return rewrite_host(host, every, None, indent, self.state.style)
+        steps = [p for _, p in programs]
+        # the callees in `host`: rewritten with it (the others at the module's end)
+        nested = [c for p in steps for c in p.callees if id(c.host) not in self.callee_programs]
+        return rewrite_host(host, steps + nested, None, indent, self.state.style)
 
     def _plan_callees(self, program: Program) -> None:
         """Spell what the programs of the defs a step is passed to need, and plan their
