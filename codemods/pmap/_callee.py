@@ -286,7 +286,6 @@ def follow_passed(
         caller.carried[id(binding)] = frozenset(claims.values())
     try:
         others = tuple(p for p, v in args.items() if p != param and single_name(v) in siblings)
-        enclosing = flow if nested else None  # of its free names
         inner = analyze_calls(
             callee,
             param,
@@ -297,7 +296,7 @@ def follow_passed(
             given,
             others,
             carried=True,
-            outer=enclosing,
+            outer=flow if nested else None,  # of its free names
         )
         caller.outputs, caller.varying = inner.outputs, inner.varying
         carried_back(caller, flow, forms, binding, call, inner, returned, claims, param)
