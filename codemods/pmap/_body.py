@@ -319,13 +319,12 @@ class _Reader:
             fn = nested or (self.defs.get(ref.value) if ref.value not in self.local else None)
             if fn is None:
                 continue
-            stored = set(
-                stored_into(fn, {**self.defs, **self.closures})
-                if nested is not None
-                else stored_by_helper(fn, self.defs)
-            )
             params = {p.name.value for p in params_of(fn.params)}
-            owners = stored & self.local - params if nested is not None else set()
+            if nested is not None:
+                stored = stored_into(nested, {**self.defs, **self.closures})
+                owners = stored & self.local - params
+            else:
+                stored, owners = set(stored_by_helper(fn, self.defs)), set()
             if not owners and not stored & params:
                 continue
             call = next((c for c in calls if c.func is ref), None)
@@ -338,7 +337,7 @@ class _Reader:
                 or any(self.varies(a.value, varying) for a in args)
             ):
                 # `def fill(d, v): d["a"] = v`: what is passed
-                if stored & params and call is not None:
+                if call is not None:
                     owners |= passed_into(call.args, fn, stored & params)
                 elif stored & params:
                     owners |= set().union(*(aliased(a.value) for a in args))
