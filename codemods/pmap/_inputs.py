@@ -192,8 +192,7 @@ def _flat_iterator(maker: cst.FunctionDef, forms: Forms) -> tuple[list[Edit], cs
     """The edits making `maker` return an iterator of flat batches (its optional prefetch to
     the devices deleted, the split of the def it maps deleted), and the name of that def as
     `map` reads it; None if it is not one."""
-    returns = list(nodes_in(maker.body, cst.Return, SCOPES))
-    value = returns[0].value if len(returns) == 1 else None
+    value = _returned(maker)
     inner = Flow(maker)
     edits: list[Edit] = []
     while isinstance(value, cst.Name):
@@ -223,15 +222,13 @@ def _flat_iterator(maker: cst.FunctionDef, forms: Forms) -> tuple[list[Edit], cs
 
 def _split_by(fn: cst.FunctionDef, forms: Forms) -> Edit | None:
     """`fn` returns a split of its one argument (or a `tree_map` of one): the edit deleting it."""
-    params = fn.params.params
-    returns = list(nodes_in(fn.body, cst.Return, SCOPES))
-    if len(params) != 1 or len(returns) != 1 or returns[0].value is None:
+    value = _returned(fn)
+    if len(fn.params.params) != 1 or value is None:
         return None
     outer = Flow(fn)
     splits = Forms(
         forms.qualname, lambda node: is_device_count(node, outer, forms.qualname), forms.defs
     )
-    value = returns[0].value
     found = splits.split(value)
     if found is None:  # `tree_map(_prepare, xs)`, `_prepare` a def nested in `fn`
         args = positional(value, 2) if isinstance(value, cst.Call) else None
@@ -246,13 +243,18 @@ def _split_by(fn: cst.FunctionDef, forms: Forms) -> Edit | None:
         reads = outer.loads.get(nested[0].name.value, [])
         if len([r for r in reads if r is not nested[0].name]) != 1:
             return None  # the nested def called otherwise too
-        inside = list(nodes_in(nested[0].body, cst.Return, SCOPES))
-        if len(nested[0].params.params) != 1 or len(inside) != 1 or inside[0].value is None:
+        value = _returned(nested[0])
+        if len(nested[0].params.params) != 1 or value is None:
             return None
-        value = inside[0].value
         found = splits.split(value)
     if found is None:
         return None
     count = single_name(found.holes.get("n", cst.Name("_")))
     helpers = {count} if count and count in outer.stores else set()
     return (fn, value, found.source, SPLIT, helpers)
+
+
+def _returned(fn: cst.FunctionDef) -> cst.BaseExpression | None:
+    """What the one `return` of `fn` (outside its nested scopes) returns, else None."""
+    returns = list(nodes_in(fn.body, cst.Return, SCOPES))
+    return returns[0].value if len(returns) == 1 else None
