@@ -71,12 +71,9 @@ def argnums(node: cst.BaseExpression) -> tuple[int, ...]:
     if isinstance(node, cst.Integer):
         return (int(node.evaluated_value),)
     if isinstance(node, (cst.Tuple, cst.List)):
-        found = []
-        for element in node.elements:
-            if not isinstance(element, cst.Element) or not isinstance(element.value, cst.Integer):
-                break
-            found.append(int(element.value.evaluated_value))
-        else:
+        values = [e.value for e in node.elements if isinstance(e, cst.Element)]
+        found = [int(v.evaluated_value) for v in values if isinstance(v, cst.Integer)]
+        if len(found) == len(node.elements):  # every element a literal number
             return tuple(found)
     raise Untranslatable(f"`{code(node)}` is computed: which arguments are static is not known")
 
