@@ -51,7 +51,7 @@ from ._flow import (
     options_of,
     sibling_calls,
 )
-from ._forms import Forms, Qualname, bound_arguments, single_name, target_names
+from ._forms import Qualname, bound_arguments, single_name, target_names
 from ._layout import Layout
 from ._passon import passed_to
 from ._program import Program
@@ -84,9 +84,7 @@ def called_nested(
 
 
 def laid_out_in_caller(
-    caller: Program,
-    flow: Flow,
-    forms: Forms,
+    site: _Site,
     call: cst.Call,
     program: Program,
     value: cst.BaseExpression,
@@ -96,14 +94,15 @@ def laid_out_in_caller(
     """Lay out `value`, which the function `caller` follows passes at `call` for a parameter
     that the callee's `program` passes to the step at `position`, as if `caller` passed it to
     the step there (a replication deleted, a parameter declared as copies made one value):
-    return its layout for the callee."""
+    return its layout for the callee. `site`: the caller's, with no call of the step."""
+    caller = site.program
     arity = len(program.batches)
     caller.batches = caller.batches or [False] * arity
     caller.params, caller.keywords = program.params, program.keywords
     values: list[cst.BaseExpression] = [cst.Name("_")] * arity
     values[position] = value
     proxy = cst.Call(cst.Name(step), [cst.Arg(value)])  # feeds: this argument only
-    _follow_argument(_Site(caller, flow, forms, [_StepCall(call, proxy, [], values)]), position)
+    _follow_argument(site._replace(calls=[_StepCall(call, proxy, [], values)]), position)
     caller.calls.append(proxy)
     if position in caller.squeezed:
         return Layout.KEYS
@@ -168,9 +167,7 @@ def claimed(
 
 
 def carried_back(
-    caller: Program,
-    flow: Flow,
-    forms: Forms,
+    site: _Site,
     statement: cst.CSTNode | None,
     call: cst.Call,
     inner: Program,
@@ -214,7 +211,7 @@ def carried_back(
     # call (`loss = loss[0]`, a readback the callee's form deletes): a value without a device
     # axis in both forms, unless the caller laid it out as the step's result meanwhile.
     for index, target in sorted(claims.items()):
-        if target in results or target not in caller.carried_read:
+        if target in results or target not in site.program.carried_read:
             continue
         rebound = single_name(returned_items[0][index]) if returned_items else None
         why = f"`{target}`, bound to what `{name}` returns, is not only the step's result"
@@ -224,7 +221,7 @@ def carried_back(
     assert statement is not None
     back = _StepCall(statement, call, [], [])
     for target, output in results.items():
-        _follow_result(_Site(caller, flow, forms, [back]), step, target, output)
+        _follow_result(site._replace(calls=[back]), step, target, output)
 
 
 def follow_passed(
@@ -265,7 +262,7 @@ def follow_passed(
     caller.made = assign
     caller.helpers = helpers_of(flow, qualname)  # `n`, which a nested def may read (`outer`)
     sibling_calls(caller, flow, siblings, facts.defs)
-    forms = forms_of(flow, qualname, facts)
+    site = _Site(caller, flow, forms_of(flow, qualname, facts), [])  # the caller's, no call
 
     def given(program: Program, name: str, position: int) -> Layout:
         """Lay out in the caller its argument for the callee's parameter `name`, passed to the
@@ -277,7 +274,7 @@ def follow_passed(
                 f"passed by `{host.name.value}`",
                 Decline.ARGUMENT_UNKNOWN,
             )
-        return laid_out_in_caller(caller, flow, forms, call, program, value, position, step)
+        return laid_out_in_caller(site, call, program, value, position, step)
 
     binding = flow.parent.get(id(call))
     returned = returned_results(callee)  # what the callee returns, read once
@@ -299,7 +296,7 @@ def follow_passed(
             outer=flow if nested else None,  # of its free names
         )
         caller.outputs, caller.varying = inner.outputs, inner.varying
-        carried_back(caller, flow, forms, binding, call, inner, returned, claims, param)
+        carried_back(site, binding, call, inner, returned, claims, param)
     except NotVisible as deeper:
         how = "called in the nested function" if nested else "passed to"
         text = f"`{step}` is {how} `{callee.name.value}`, where {deeper.why}"

@@ -23,6 +23,7 @@ from ._dead import Unread, left_unread
 from ._declines import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible
 from ._flow import (
     Options,
+    _Site,
     analyze,
     analyze_calls,
     analyze_decorated,
@@ -1126,7 +1127,8 @@ class Finding(Pass):
             caller.declared, caller.spelling = declared.copies, declared.spelling
             sibling_calls(caller, flow, siblings, forms.defs, methods)
             callers.append(caller)
-            return laid_out_in_caller(caller, flow, forms, call, program, value, position, "_step")
+            site = _Site(caller, flow, forms, [])
+            return laid_out_in_caller(site, call, program, value, position, "_step")
 
         return given
 
