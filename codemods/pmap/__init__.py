@@ -949,12 +949,8 @@ class Pmap(Faithful):
 
     def _multihost_utils(self) -> str:
         """Return how to spell `jax.experimental.multihost_utils` here, importing it if needed."""
-        if (bound := self.resolver.module_binding("jax.experimental.multihost_utils")) is not None:
-            return bound
-        if self.resolver.is_free("multihost_utils"):
-            self.need_import("jax.experimental", "multihost_utils")
-            return "multihost_utils"
-        return dotted(self.module_ref("jax.experimental.multihost_utils")) or "multihost_utils"
+        bound = self.resolver.module_binding("jax.experimental.multihost_utils")
+        return self._spelled(bound, "jax.experimental", "multihost_utils", "multihost_utils")
 
     def _fresh(self, name: str, taken: set[str]) -> str:
         """Return `name`, or `name_1`, ...: one neither the function nor the module uses."""

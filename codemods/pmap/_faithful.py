@@ -515,12 +515,18 @@ class Faithful(Finding):
     # The helper ---------------------------------------------------------------------------
     def _numpy(self) -> str:
         """Return how to spell `numpy` here, importing it as `np` if needed."""
-        if (bound := self.resolver.module_alias("numpy")) is not None:
+        return self._spelled(self.resolver.module_alias("numpy"), "numpy", "np")
+
+    def _spelled(self, bound: str | None, module: str, local: str, obj: str | None = None) -> str:
+        """Return `bound`, the module's own name for `module` (or its `obj`); else `local`,
+        imported as that when the module uses the name nowhere; else the name spelled out."""
+        if bound is not None:
             return bound
-        if self.resolver.is_free("np"):
-            self.need_import("numpy", None, "np")
-            return "np"
-        return dotted(self.module_ref("numpy")) or "numpy"
+        if self.resolver.is_free(local):
+            self.need_import(module, obj, None if local == obj else local)
+            return local
+        full = f"{module}.{obj}" if obj else module
+        return dotted(self.module_ref(full)) or full
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         if not self.applied or self.reuse_helper:
