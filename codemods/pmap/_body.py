@@ -633,15 +633,13 @@ class _Reader:
         result (one unless it returns a tuple), whether it differs between devices, read from
         the def with its parameters differing as what fills them does (`_filled`), with the
         def's own module's names; None when the call is not one that is followed."""
-        name = call.func.value if isinstance(call.func, cst.Name) else None
-        if name is not None and name in self.local:
+        name = call.func.value if isinstance(call.func, cst.Name) else ""  # "": no name
+        if name in self.local:
             return None
-        local = self.defs.get(name) if name is not None else None
-        function = (
-            Function(local, False, self.qualname, self.defs)
-            if local is not None
-            else self.imported.function(self.qualname(call.func))
-        )
+        if (local := self.defs.get(name)) is not None:
+            function: Function | None = Function(local, False, self.qualname, self.defs)
+        else:
+            function = self.imported.function(self.qualname(call.func))
         if function is None or function.fn.name.value in self.inside:
             return None
         mapped = self._filled(function, call, varying)
