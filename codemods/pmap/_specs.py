@@ -177,11 +177,7 @@ def tuple_of(values: Sequence[cst.BaseExpression]) -> cst.Tuple:
 def _with_comma(elements: Sequence[cst.BaseElement]) -> list[cst.BaseElement]:
     """Return `elements`, each followed by a comma and a space."""
     comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-    return [e if _spaced(e.comma) else e.with_changes(comma=comma) for e in elements]
+    return [e if m.matches(e.comma, SPACED) else e.with_changes(comma=comma) for e in elements]
 
 
-def _spaced(comma: cst.Comma | cst.MaybeSentinel) -> bool:
-    """Return True for a comma followed by whitespace (a space or a line break)."""
-    return isinstance(comma, cst.Comma) and not m.matches(
-        comma.whitespace_after, m.SimpleWhitespace("")
-    )
+SPACED = m.Comma(whitespace_after=~m.SimpleWhitespace(""))  # then a space or a line break
