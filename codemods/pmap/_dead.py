@@ -153,17 +153,14 @@ def drop_dead_locals(original: cst.Module, updated: cst.Module) -> cst.Module:
         declared = {n.name.value for d in nodes_in(new, cst.Global) for n in d.names}
         declared |= {n.name.value for d in nodes_in(new, cst.Nonlocal) for n in d.names}
         for line in nodes_in(new, cst.SimpleStatementLine):
-            assign = line.body[0] if len(line.body) == 1 else None
-            if not isinstance(assign, cst.Assign) or len(assign.targets) != 1:
-                continue
-            name = single_name(assign.targets[0].target)
+            name = bound_name(line)  # `name = value`: its one target a plain name
             if (
                 name
                 and read_before[name]
                 and not read_after[name]
                 and sum(single_name(t) == name for t in bound) == 1
                 and name not in declared
-                and not any(next(nodes_in(assign.value, kind), None) for kind in EFFECTS)
+                and not any(next(nodes_in(line, kind), None) for kind in EFFECTS)  # in `value`
             ):
                 dead.add(id(line))
     if not dead:
