@@ -542,15 +542,12 @@ class _Reader:
         gradients differing where any part of the value does. None where `f` is not read."""
         aux = _given(made, "has_aux")
         fn = next((a.value for a in made.args if a.keyword is None), None)
-        if (
-            not isinstance(fn, cst.Name)
-            or fn.value not in self.closures
-            or any(a.star for a in made.args)
-        ):
+        closure = self.closures.get(fn.value) if isinstance(fn, cst.Name) else None
+        if closure is None or any(a.star for a in made.args):
             return None
         if aux is not None and not (isinstance(aux, cst.Name) and aux.value in ("True", "False")):
             return None
-        value = self.closure_tree(self.closures[fn.value], call, varying)
+        value = self.closure_tree(closure, call, varying)
         if value is None:
             return None
         has_aux = isinstance(aux, cst.Name) and aux.value == "True"
