@@ -589,10 +589,8 @@ class Pmap(Faithful):
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         # `step = jax.pmap(...)` at module level: no mesh, the program's
         if (made := self.outer_calls.get(id(original_node))) is not None:
-            laid = with_lambda_calls(Call.of(made.step(None))).laid_out(
-                self.room(original_node), self.state.style
-            )
-            return laid.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
+            call = with_lambda_calls(Call.of(made.step(None)))
+            return self._laid_out(call, original_node, updated_node)
         site = self.sites.get(id(original_node))
         if site is None:
             return updated_node
@@ -606,8 +604,7 @@ class Pmap(Faithful):
         mapped = [plan.fun] if plan.fun is not None else []
         jit = Call(cst.Name(HELPER), [*mapped, *plan.helper, *plan.jit])
         jit = replace(jit, opening=Call.of(updated_node).opening)
-        laid = jit.laid_out(self.room(original_node), self.state.style)
-        return laid.with_changes(lpar=updated_node.lpar, rpar=updated_node.rpar)
+        return self._laid_out(jit, original_node, updated_node)
 
     def leave_Name(
         self, original_node: cst.BaseExpression, updated_node: cst.BaseExpression

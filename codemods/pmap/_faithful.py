@@ -460,8 +460,12 @@ class Faithful(Finding):
         holes = {"partial": self._partial(site), "helper": cst.Name(HELPER)}
         value = fill(template, {**holes, "spec": self._spec(), "axis": site.value_axis})
         assert isinstance(value, cst.Call)
-        laid = Call.of(value).laid_out(self.room(site.node), self.state.style)
-        return laid.with_changes(lpar=updated.lpar, rpar=updated.rpar)
+        return self._laid_out(Call.of(value), site.node, updated)
+
+    def _laid_out(self, call: Call, node: cst.CSTNode, old: cst.BaseExpression) -> cst.Call:
+        """Return `call` laid out where `node` is, in the parentheses `old` had."""
+        laid = call.laid_out(self.room(node), self.state.style)
+        return laid.with_changes(lpar=old.lpar, rpar=old.rpar)
 
     def _decorators(self, site: PmapUse, plan: Rewrite, new: cst.Decorator) -> list[cst.Decorator]:
         """Return `@partial(shard_map_per_device, ...)`, `jax.jit`'s arguments last."""
