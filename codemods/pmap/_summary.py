@@ -149,18 +149,15 @@ def name_reads(node: cst.CSTNode) -> list[cst.Name]:
     return [n for n in nodes_in(node, cst.Name) if id(n) not in other]
 
 
+@dataclass
 class Summaries:
     """The summaries of the module's helpers, each read once (`defs`: the helpers by name;
     `values`: the module's names bound once to a value, read where called)."""
 
-    def __init__(
-        self,
-        defs: Mapping[str, cst.FunctionDef],
-        qualname: Qualname,
-        values: Values | None = None,
-    ) -> None:
-        self.defs, self.qualname, self.values = defs, qualname, values or {}
-        self.known: dict[str, Summary | None] = {}
+    defs: Mapping[str, cst.FunctionDef]
+    qualname: Qualname
+    values: Values
+    known: dict[str, Summary | None] = field(default_factory=dict)
 
     def read(
         self, node: cst.BaseExpression, table: tuple[Transfer, ...], counts: Counts
