@@ -498,10 +498,9 @@ class _Reader:
         func = call.func
         if not isinstance(func, cst.Attribute) or func.attr.value not in APPLIES:
             return None
-        mutable = _given(call, "mutable")
         if not all(
             isinstance(v, cst.SimpleString) and v.evaluated_value == STATISTICS
-            for v in _listed(mutable)
+            for v in _listed(_given(call, "mutable"))
         ):
             return None
         given = [a for a in call.args if a.keyword is None]
