@@ -763,8 +763,7 @@ class Pmap(Faithful):
                 continue
             if base not in self.converters:
                 name = numbered(base, self.resolver.is_free)
-                np = self._numpy()
-                self.converters[base] = (name, program.jax, np, program.jnp)
+                self.converters[base] = (name, program.jax, self._numpy(), program.jnp)
             setattr(program, spelled, self.converters[base][0])  # `program.converter`, ...
 
     def _with_converter(self, module: cst.Module) -> cst.Module:
