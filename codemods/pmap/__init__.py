@@ -728,7 +728,8 @@ class Pmap(Faithful):
             scope = self.resolver.scope_made_by(callee.host)
             if scope is not None and scope.parent is not None and scope.parent.kind != "module":
                 callee.mesh, callee.sharding = program.mesh, program.sharding
-                callee.hosts = program.hosts
+                if callee.flat_reads:  # the caller may read none flattened: spelled here
+                    callee.hosts = self._multihost_utils()
                 continue  # its edits are made with the caller's
             # made once at its entry, equal to the caller's; dropped when nothing reads them
             made = self.callee_meshes.setdefault(id(callee.host), {})
