@@ -77,9 +77,20 @@ def callers(flow: Flow, module: cst.Module, name: str) -> list[cst.FunctionDef]:
         host = module_function(flow, module, use)
         if host is None:
             why = f"`{name}` is used outside the functions of the module"
-            match [a for a in flow.ancestors(use) if isinstance(a, SCOPES)]:  # nearest first
+            scopes = [a for a in flow.ancestors(use) if isinstance(a, SCOPES)]  # nearest first
+            call = flow.parent.get(id(use))
+            match scopes:
                 case [cst.FunctionDef() as method, cst.ClassDef() as owner]:  # big_vision's `run`
                     why += f" (in `{owner.name.value}.{method.name.value}`, a method)"
+                case [inner, *_, cst.FunctionDef() as outer] if (
+                    outer in module.body
+                    and isinstance(call, cst.Call)
+                    and call.func is use
+                    and not any(isinstance(a, cst.ClassDef) for a in scopes)
+                ):  # a def (or lambda) nested in a function of the module, in no class
+                    where = f" `{inner.name.value}`" if isinstance(inner, cst.FunctionDef) else ""
+                    why = f"`{name}` is called in a nested function{where} of `{outer.name.value}`"
+                    raise NotVisible(why, Decline.CALLED_NESTED)
             raise NotVisible(why, Decline.USED_OUTSIDE)
         if host not in found:
             found.append(host)
