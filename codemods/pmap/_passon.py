@@ -230,12 +230,20 @@ def sequence_bound(flow: Flow, forms: Forms, name: str, seen: tuple[str, ...] = 
         if single_name(binding.targets[0].target) != name:
             continue
         value = forms.replicated_source(binding.value) or binding.value
-        if isinstance(value, SEQUENCES):
+        if isinstance(value, SEQUENCES) or _returns_sequence(forms, value):
             return True
         source = single_name(value) or name
         if source not in (name, *seen) and sequence_bound(flow, forms, source, (*seen, name)):
             return True
     return False
+
+
+def _returns_sequence(forms: Forms, value: cst.BaseExpression) -> bool:
+    """`init_params(...)`, a def of the module each of whose `return`s gives a list or tuple
+    written out."""
+    fn = forms.defs.get(single_name(value.func) or "") if isinstance(value, cst.Call) else None
+    returns = list(nodes_in(fn.body, cst.Return, (cst.FunctionDef, cst.Lambda))) if fn else []
+    return bool(returns) and all(isinstance(r.value, SEQUENCES) for r in returns)
 
 
 def aliased(value: cst.BaseExpression) -> bool:
