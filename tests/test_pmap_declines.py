@@ -1012,3 +1012,16 @@ def evaluate(w, batches):
     exec(helper, namespace)  # noqa: S102 (the helper jaxmigrate wrote)
     with pytest.raises(ValueError, match=r"one value per device, not rows: \(8,\)"):
         namespace["global_batch"]({"valid": np.ones(8)}, None)
+
+
+def test_a_replicated_value_changed_in_place_through_another_name_keeps_the_faithful_form():
+    # `host = w; ws = replicate(host); w *= 0`: the same NumPy array under two names; pmap's
+    # replicas were copied before the change, the program-level form would pass it changed.
+    source = PROGRAM.replace(
+        "    w = jnp.broadcast_to(w, (n,) + w.shape)\n",
+        "    host = w\n    ws = jnp.broadcast_to(host, (n,) + host.shape)\n    w *= 0.0\n",
+    ).replace("w = p_step(w, x)", "w = p_step(ws, x)")
+    messages = pmap_messages(source)
+    assert any(
+        "[PL303] `host`, replicated for the step, is changed in place" in m for m in messages
+    ), messages

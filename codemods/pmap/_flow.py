@@ -1752,11 +1752,30 @@ def _changed_in_place(
         for n in nodes_in(source, cst.Name)
         if id(n) not in attrs and (n.value in flow.stores or n.value in own)
     }
-    for name in sorted(names):
+    for name in sorted(_aliases(flow, names)):
         for change in _in_place_changes(flow, name, defs):
             if not isinstance(flow.host, cst.FunctionDef) or flow.ran_before(change, [replication]):
                 return flow.statement(change)
     return None
+
+
+def _aliases(flow: Flow, names: set[str]) -> set[str]:
+    """`names` and the names bound in the function to one of them or they to it (`host = w`):
+    the same object, changed in place through either."""
+    pairs = [
+        (target, value)
+        for binding in itertools.chain.from_iterable(flow.stores.values())
+        if isinstance(binding, cst.Assign) and len(binding.targets) == 1
+        if (target := single_name(binding.targets[0].target))
+        and (value := single_name(binding.value))
+    ]
+    found = set(names)
+    for _ in range(len(pairs)):
+        grown = found | {b for a, b in pairs if a in found} | {a for a, b in pairs if b in found}
+        if grown == found:
+            break
+        found = grown
+    return found
 
 
 def _in_place_changes(flow: Flow, name: str, defs: Defs, depth: int = 0) -> list[cst.CSTNode]:
