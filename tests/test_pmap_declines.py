@@ -1010,7 +1010,7 @@ def evaluate(w, batches):
     helper = result.code[result.code.index("def global_batch") :].split("\n\n\ndef ")[0]
     namespace: dict = {"np": np, "jax": jax}
     exec(helper, namespace)  # noqa: S102 (the helper jaxmigrate wrote)
-    with pytest.raises(ValueError, match=r"one value per device, not rows: \(8,\)"):
+    with pytest.raises(ValueError, match=r"one value per device, no rows: \(8,\)"):
         namespace["global_batch"]({"valid": np.ones(8)}, None)
 
 

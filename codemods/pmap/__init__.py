@@ -516,7 +516,7 @@ CONVERTER_SOURCE = '''def {name}(batch, sharding):
     def rows(x):
         x = {np}.asarray(x)
         if x.ndim < 2:  # one value per device (pmap passed a scalar): no rows to shard
-            raise ValueError(f"one value per device, not rows: {{x.shape}}; keep pmap's form")
+            raise ValueError(f"one value per device, no rows: {{x.shape}}")
         return {jax}.make_array_from_process_local_data(sharding, x.reshape(-1, *x.shape[2:]))
 
     return {jax}.tree.map(rows, batch)
