@@ -3,10 +3,10 @@
 Per step, not per file: `tests/data/pmap_fallback/two_steps.py` makes the same step in two
 functions. In `good` the program-level form is right and is kept. In `aliased` it is wrong: the
 program replicates a numpy array (`jnp.broadcast_to` copies it) and then updates the array in
-place; deleting the replication passes the array itself, so the step sees the update. The
-analysis cannot see that (it follows the step's arguments, not what else happens to the value
-they were replicated from); verification does, and the faithful form, which keeps the
-replication, verifies. Real JAX on 8 simulated CPU devices, real subprocesses.
+place, through the module's dict holding it; deleting the replication passes the array itself,
+so the step sees the update. The analysis cannot see that (it follows the names the step is
+given, `w`, and their in-place changes, not every reference to their values); verification
+does, and the faithful form, which keeps the replication, verifies. Real JAX on 8 simulated CPU devices, real subprocesses.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_a_step_asked_for_its_fallback_is_faithful_and_the_other_stays_program_l
     assert step.message.endswith("program-level form failed verification (outputs differ)")
     assert "shard_map_per_device(\n        step" in result.code  # the aliased step
     assert result.code.count('jax.sharding.Mesh(jax.devices(), ("batch",))') == 2  # the others
-    assert "params = jnp.broadcast_to(w, (n,) + w.shape)\n    w += 1.0" in result.code
+    assert 'params = jnp.broadcast_to(w, (n,) + w.shape)\n    HOST["aliased"] += 1.0' in result.code
 
 
 def site(key: str, status: Status, group: str | None, reason: str = "why") -> Site:
@@ -177,7 +177,7 @@ def test_a_notebooks_failed_program_falls_back_to_the_faithful_form_verified_in_
     written = json.loads(path.read_text())["cells"]
     cells = ["".join(c["source"]) for c in written]
     assert "jax.pmap(" not in cells[2] and "shard_map_per_device(" in cells[2]
-    assert "params = jnp.broadcast_to(w, (n,) + w.shape)\nw += 1.0" in cells[2]
+    assert 'params = jnp.broadcast_to(w, (n,) + w.shape)\nHOST["w"] += 1.0' in cells[2]
 
     # The written cells print what the original's did: params halved from w before it moved on.
     def printed(text: str) -> str:

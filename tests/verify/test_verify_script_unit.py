@@ -7,7 +7,8 @@ shows what it prints and writes, and the step's calls are compared through the l
 (the original's brought to the flat layout). In `good.py` the rewrite is right: verified and
 written. In `aliased.py` it is wrong, as `two_steps.py`'s `aliased` in
 `test_verify_pmap_fallback.py`: the program replicates a numpy array (a copy) and then updates
-the array in place, so deleting the replication passes the step the update; the step's first
+the array in place, through a dict holding it (the analysis follows `w`, not every reference to
+its value), so deleting the replication passes the step the update; the step's first
 call differs, the program-level form fails and the faithful form is written. `main_block.py`
 is JAX's spmd_mnist example's shape, its only output a printed line. Real JAX on 8 simulated
 CPU devices, real subprocesses.
@@ -43,9 +44,10 @@ ALIASED = textwrap.dedent(
 
 
     n = jax.local_device_count()
-    w = np.zeros(3, np.float32)
+    host = {"w": np.zeros(3, np.float32)}  # updated in place through this dict below
+    w = host["w"]
     params = jnp.broadcast_to(w, (n,) + w.shape)  # a copy: the update below is not the step's
-    w += 1.0
+    host["w"] += 1.0
     for i in range(2):
         params, total = step(params, common_utils.shard(np.arange(16, dtype=np.float32) + i))
     print("total", float(total[0]))
