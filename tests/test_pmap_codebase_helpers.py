@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from clitools import jm
+from conftest import jax_env
 from multihost import JobResult, run_job
 
 pytestmark = pytest.mark.jax
@@ -187,8 +188,7 @@ def result_of(stdout: str) -> dict:
 
 
 def run_one(root: Path) -> dict:
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    env["JAX_PLATFORMS"] = "cpu"
+    env = jax_env(8)
     command = [sys.executable, "-m", "bv.train"]
     proc = subprocess.run(command, check=False, cwd=root, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]

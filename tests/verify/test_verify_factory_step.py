@@ -12,7 +12,6 @@ were passed to the rewrite's `jax.jit` step as they were.
 from __future__ import annotations
 
 import ast
-import os
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from clitools import jm
+from conftest import jax_env
 
 from jaxmigrate.verify.child.source import enclosing_withs, local_bindings
 from jaxmigrate.verify.messages import Source
@@ -109,7 +109,7 @@ def project(root: Path) -> Path:
 
 
 def shown(root: Path) -> str:
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = jax_env(8)
     proc = subprocess.run(
         [sys.executable, "drive.py"], cwd=root, capture_output=True, text=True, env=env, check=False
     )
@@ -176,7 +176,7 @@ def test_the_rewrites_mesh_is_found_around_the_call_and_rebuilt_from_its_locals(
 
 def printed(script: str) -> list[str]:
     """Run `script` in a fresh Python on 8 CPU devices; return the words it printed."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = jax_env(8)
     ran = subprocess.run(
         [sys.executable, "-c", script],
         check=False,

@@ -10,7 +10,6 @@ stayed `unverified`, and the group, written only whole, was never written.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from clitools import jm
+from conftest import jax_env
 
 from jaxmigrate.model import Options
 from jaxmigrate.pipeline.engine import migrate_source
@@ -85,7 +85,7 @@ def project(root: Path, train: str = TRAIN) -> Path:
 
 def shown(root: Path) -> list[str]:
     """What `python drive.py` prints in `root`, less its clock reading."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = jax_env(8)
     proc = subprocess.run(
         [sys.executable, "drive.py"], cwd=root, capture_output=True, text=True, env=env, check=False
     )
