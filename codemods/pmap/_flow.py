@@ -1740,88 +1740,53 @@ def _changed_in_place(
     `source` holds (`w *= 0`, `params["w"] = v`, `w.fill(0)`, `np.copyto(w, v)`, a def of the
     module `defs` doing so to its parameter), else None. pmap's replicas are copies; the
     program-level form passes `source` itself, which sees it."""
-    attrs = {id(a.attr) for a in nodes_in(source, cst.Attribute)}
-    host = flow.host
-    own = (
-        {p.name.value for p in params_of(host.params)}
-        if isinstance(host, cst.FunctionDef)
-        else set()
-    )
-    names = {
-        n.value
-        for n in nodes_in(source, cst.Name)
-        if id(n) not in attrs and (n.value in flow.stores or n.value in own)
-    }
-    for name in sorted(_aliases(flow, names)):
+    fields = {id(a.attr) for a in nodes_in(source, cst.Attribute)}
+    names = {n.value for n in nodes_in(source, cst.Name) if id(n) not in fields}
+    for name in sorted(flow.aliases(names & (set(flow.stores) | flow.params))):
         for change in _in_place_changes(flow, name, defs):
             if not isinstance(flow.host, cst.FunctionDef) or flow.ran_before(change, [replication]):
                 return flow.statement(change)
     return None
 
 
-def _aliases(flow: Flow, names: set[str]) -> set[str]:
-    """`names` and the names bound in the function to one of them or they to it (`host = w`):
-    the same object, changed in place through either."""
-    pairs = [
-        (target, value)
-        for binding in itertools.chain.from_iterable(flow.stores.values())
-        if isinstance(binding, cst.Assign) and len(binding.targets) == 1
-        if (target := single_name(binding.targets[0].target))
-        and (value := single_name(binding.value))
-    ]
-    found = set(names)
-    for _ in range(len(pairs)):
-        grown = found | {b for a, b in pairs if a in found} | {a for a, b in pairs if b in found}
-        if grown == found:
-            break
-        found = grown
-    return found
-
-
 def _in_place_changes(flow: Flow, name: str, defs: Defs, depth: int = 0) -> list[cst.CSTNode]:
-    """The nodes of `flow`'s function that may change in place the value `name` holds."""
+    """The nodes of `flow`'s function whose statements may change in place the value `name`
+    holds."""
     changes: list[cst.CSTNode] = [
         b for b in flow.stores.get(name, []) if isinstance(b, cst.AugAssign)
     ]
-    for use in flow.loads.get(name, []):
-        top: cst.BaseExpression = use  # `w[0].a`, `w.fill`: the parts of `w` read
-        while isinstance(up := flow.parent.get(id(top)), (cst.Attribute, cst.Subscript)):
-            if up.value is not top:
-                break
-            top = up
-        parent = flow.parent.get(id(top))
-        if parent is not None and top is not use and getattr(parent, "target", None) is top:
-            changes.append(parent)  # `w[0] = v`, `w.a += v`, `del w["k"]`
-        elif isinstance(top, cst.Attribute) and top.attr.value in IN_PLACE:
-            changes.append(top)  # `w.fill(0)`, `params.update(...)`
-        elif isinstance(arg := flow.parent.get(id(use)), cst.Arg):
-            call = flow.parent.get(id(arg))
-            if not isinstance(call, cst.Call):
-                continue
-            func = call.func
-            called = func.attr.value if isinstance(func, cst.Attribute) else single_name(func)
-            first = call.args[0] is arg and not arg.keyword
-            out = arg.keyword is not None and arg.keyword.value == "out"
-            if (first and called in IN_PLACE_FIRST) or out:
-                changes.append(arg)  # `np.copyto(w, v)`, `np.add(a, b, out=w)`
-            elif _changes_parameter(call, arg, defs.get(single_name(func) or ""), defs, depth):
-                changes.append(arg)  # `reset(params)`, `def reset(tree): tree["w"] = ...`
-    return changes
+    return changes + [use for use in flow.loads.get(name, []) if _changes(flow, use, defs, depth)]
 
 
-def _changes_parameter(
-    call: cst.Call, arg: cst.Arg, fn: cst.FunctionDef | None, defs: Defs, depth: int
-) -> bool:
-    """Whether `fn`, a def of the module `call` calls, may change in place the parameter
-    `arg` fills (by position or keyword)."""
+def _changes(flow: Flow, use: cst.Name, defs: Defs, depth: int) -> bool:
+    """Whether the statement of `use` may change in place the value it reads: stores into a
+    part of it, calls a method changing it, or passes it where it is changed (a function's
+    first argument, `out=`, a parameter a def of the module `defs` changes)."""
+    top: cst.BaseExpression = use  # `w[0].a`, `w.fill`: the parts of `w` read
+    while isinstance(up := flow.parent.get(id(top)), (cst.Attribute, cst.Subscript)):
+        if up.value is not top:
+            break
+        top = up
+    if top is not use and getattr(flow.parent.get(id(top)), "target", None) is top:
+        return True  # `w[0] = v`, `w.a += v`, `del w["k"]`
+    if isinstance(top, cst.Attribute) and top.attr.value in IN_PLACE:
+        return True  # `w.fill(0)`, `params.update(...)`
+    arg = flow.parent.get(id(use))
+    call = flow.parent.get(id(arg))
+    if not isinstance(arg, cst.Arg) or not isinstance(call, cst.Call):
+        return False
+    func = call.func
+    called = func.attr.value if isinstance(func, cst.Attribute) else single_name(func)
+    first = call.args[0] is arg and not arg.keyword and called in IN_PLACE_FIRST
+    if first or arg.keyword is not None and arg.keyword.value == "out":
+        return True  # `np.copyto(w, v)`, `np.add(a, b, out=w)`
+    # `reset(params)`, `def reset(tree): tree["w"] = ...`
+    fn = defs.get(single_name(func) or "")
     if fn is None or depth > 2 or any(a.star for a in call.args):
         return False
     params = [p.name.value for p in params_of(fn.params)]
-    if arg.keyword is not None:
-        param = arg.keyword.value
-    else:
-        index = [a for a in call.args if not a.keyword].index(arg)
-        param = params[index] if index < len(params) else ""
+    plain = [id(a) for a in call.args if not a.keyword]
+    param = arg.keyword.value if arg.keyword else dict(zip(plain, params)).get(id(arg), "")
     return param in params and bool(_in_place_changes(Flow(fn), param, defs, depth + 1))
 
 

@@ -566,13 +566,32 @@ class Flow:
         assert isinstance(self.host, cst.FunctionDef)
         return Reach(self.host.body, self.skip)
 
+    @cached_property
+    def params(self) -> set[str]:
+        """The names of the function's parameters (none for a module)."""
+        params = params_of(self.host.params) if isinstance(self.host, cst.FunctionDef) else []
+        return {p.name.value for p in params}
+
+    def aliases(self, names: set[str]) -> set[str]:
+        """`names` and the names bound in the function to one of them or they to it (`host =
+        w`, anywhere in it): the same object, changed in place through either."""
+        bound = [b for found in self.stores.values() for b in found if isinstance(b, cst.Assign)]
+        pairs = [
+            {target, b.value.value}
+            for b in bound
+            if (target := assigned_name(b)) and isinstance(b.value, cst.Name)
+        ]
+        found = set(names)
+        while grown := {n for pair in pairs if pair & found for n in pair} - found:
+            found |= grown
+        return found
+
     def free(self, name: str) -> Flow | None:
         """The flow of the enclosing function binding `name` when `host` reads it freely (it
         neither binds it nor takes it as a parameter, nor declares it `global`), else None."""
         host = self.host
-        if self.outer is None or name in self.stores or not isinstance(host, cst.FunctionDef):
-            return None
-        if name in {p.name.value for p in params_of(host.params)}:
+        own = name in self.stores or name in self.params
+        if self.outer is None or own or not isinstance(host, cst.FunctionDef):
             return None
         declared = (n.name.value for g in nodes_in(host, cst.Global) for n in g.names)
         return None if name in set(declared) or name not in self.outer.stores else self.outer
