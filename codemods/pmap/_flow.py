@@ -1398,13 +1398,13 @@ def _inline_kind(site: _Site, value: cst.BaseExpression, position: int) -> Layou
     if isinstance(value, cst.IfExp):  # `a if c else b`: where the two paths meet
         body, orelse = (_inline_kind(site, v, position) for v in (value.body, value.orelse))
         if body is orelse is Layout.PER_DEVICE:
-            _convert_once(program, value)
+            _put_once(program, value, [value.body, value.orelse])
         return body.join(orelse)
     # `shard(x) / 255.0`: elementwise with a number, the same layout
     if (scaled := _scaled(value)) is not None:
         layout = _inline_kind(site, scaled, position)
         if layout is Layout.PER_DEVICE:
-            _scale_before_put(program, value, scaled)
+            _put_once(program, value, [scaled])
         source = forms.replicated_source(scaled)
         if (
             layout is Layout.REPLICAS
@@ -1455,59 +1455,35 @@ def _laid_out_parts(value: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
         yield from _laid_out_parts(scaled)
 
 
-def _convert_once(program: Program, choice: cst.IfExp) -> None:
-    """`split(a) if c else split(b)`, each branch converted to this process's part of a global
-    batch: converted once, around the choice (`make_array_from_process_local_data(sharding, a
-    if c else b)`), one edit where there were two."""
-    branches = (id(choice.body), id(choice.orelse))
-    if not all(b in program.edits for b in branches):
-        return  # a branch converted where its name is bound: nothing to join here
-    made = [program.edits[b] for b in branches]
-    why = program.reasons[branches[0]]
-    for b in branches:
-        del program.edits[b], program.nodes[b], program.reasons[b]
+def _put_once(program: Program, value: cst.BaseExpression, parts: list[cst.BaseExpression]) -> None:
+    """`split(a) if c else split(b)`, `shard(images) * 0.1`: the `parts` of `value` (a
+    conditional's branches, the operand of an operation with a number), each converted to this
+    process's part of a global batch, converted once around `value` (`put(sharding, a if c
+    else b)`, `put(sharding, images * 0.1)`), one edit where there were several. The operation
+    is then computed on the flat batch as the original computed it (NumPy's uint8 times a float
+    is float64, rounded once to float32 at pmap's call; on the global jax array, float32 with
+    0.1 rounded first). Rewrites that are not the same put (call and sharding) stay where they
+    are."""
+    if not all(id(p) in program.edits for p in parts):
+        return  # a part converted where its name is bound: nothing to join here
+    made, why = [program.edits[id(p)] for p in parts], program.reasons[id(parts[0])]
+    for p in parts:
+        del program.edits[id(p)], program.nodes[id(p)], program.reasons[id(p)]
+    fields = [
+        next(f for f in ("body", "orelse", "left", "right") if getattr(value, f, 0) is p)
+        for p in parts
+    ]
 
     def once() -> cst.BaseExpression:
-        a, b = (edit(choice) for edit in made)  # each a split's rewrite: the node is not read
-        if not (isinstance(a, cst.Call) and isinstance(b, cst.Call) and _same_put(a, b)):
-            return choice.with_changes(body=a, orelse=b)
-        flat = choice.with_changes(body=a.args[1].value, orelse=b.args[1].value)
-        return a.with_changes(args=[a.args[0], a.args[1].with_changes(value=flat)])
-
-    program.edit(choice, why, once)
-
-
-def _scale_before_put(
-    program: Program, value: cst.BaseExpression, scaled: cst.BaseExpression
-) -> None:
-    """`shard(images) * 0.1` converted: the operation on the flat batch, then put on the mesh
-    (`put(sharding, images * 0.1)`), computed as the original computed it (NumPy's uint8 times
-    a float is float64, rounded once to float32 at pmap's call; on the global jax array, float32
-    with 0.1 rounded first). An edit the split's rewrite does not make a put stays where it is."""
-    key = id(scaled)
-    if key not in program.edits or not isinstance(value, cst.BinaryOperation):
-        return  # converted where its name is bound
-    made, why = program.edits[key], program.reasons[key]
-
-    def once() -> cst.BaseExpression:
-        put = made(scaled)
-        if not (isinstance(put, cst.Call) and len(put.args) == 2):
-            return value.with_changes(**{_operand(value, scaled): put})
-        flat = value.with_changes(**{_operand(value, scaled): put.args[1].value})
+        puts = [edit(p) for edit, p in zip(made, parts, strict=True)]  # the nodes are not read
+        calls = [p for p in puts if isinstance(p, cst.Call) and len(p.args) == 2]
+        if len(calls) != len(puts) or len({(code(c.func), code(c.args[0])) for c in calls}) != 1:
+            return value.with_changes(**dict(zip(fields, puts, strict=True)))
+        flat = value.with_changes(**{f: c.args[1].value for f, c in zip(fields, calls)})
+        put = calls[0]
         return put.with_changes(args=[put.args[0], put.args[1].with_changes(value=flat)])
 
-    del program.edits[key], program.nodes[key], program.reasons[key]
     program.edit(value, why, once)
-
-
-def _operand(value: cst.BinaryOperation, part: cst.BaseExpression) -> str:
-    return "left" if value.left is part else "right"
-
-
-def _same_put(a: cst.Call, b: cst.Call) -> bool:
-    """`put(sharding, x)` and `put(sharding, y)`: the same call and sharding, two arguments."""
-    same = len(a.args) == len(b.args) == 2 and code(a.func) == code(b.func)
-    return same and code(a.args[0]) == code(b.args[0])
 
 
 GENERATED = (
