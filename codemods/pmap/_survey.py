@@ -167,16 +167,15 @@ def _set_once_in_init(stores: list[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]])
     if len(stores) != 1 or len(stores[0][1]) < 7:
         return None
     field, (klass, _, fn, _, _, assign, target) = stores[0][0], stores[0][1][-7:]
-    value = getattr(assign, "value", None)
-    targets = assign.targets if isinstance(assign, cst.Assign) else ()
-    ok = isinstance(klass, cst.ClassDef) and len(targets) == 1 and targets[0] is target
-    ok = ok and isinstance(fn, cst.FunctionDef) and fn.name.value == "__init__"
-    params = fn.params.params if isinstance(fn, cst.FunctionDef) else ()
-    self = code(field.value) if isinstance(field, cst.Attribute) else None
-    ok = ok and targets[0].target is field and bool(params) and params[0].name.value == self
-    ok = ok and self == "self"
-    literal = value.evaluated_value if isinstance(value, cst.SimpleString) else None
-    return literal if ok and isinstance(literal, str) else None
+    match klass, fn, assign, field:
+        case (
+            cst.ClassDef(),
+            cst.FunctionDef(cst.Name("__init__"), cst.Parameters([cst.Param(cst.Name(me)), *_])),
+            cst.Assign([one], cst.SimpleString(evaluated_value=str() as literal)),
+            cst.Attribute(owner),
+        ) if one is target and one.target is field and code(owner) == me == "self":
+            return literal
+    return None
 
 
 # Finding every pmap ---------------------------------------------------------------------------
@@ -342,17 +341,15 @@ def main_block(module: cst.Module, around: Sequence[cst.CSTNode]) -> cst.If | No
     """The `if __name__ == "__main__":` statement of `module` among `around` (ancestors, the
     module first), with no `else` and an indented body, else None."""
     block = around[1] if len(around) > 1 and around[0] is module else None
-    if not isinstance(block, cst.If) or block.orelse is not None:
-        return None
-    if not isinstance(block.body, cst.IndentedBlock) or block not in module.body:
-        return None
-    test = block.test
-    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
-        return None
-    if not isinstance(test.comparisons[0].operator, cst.Equal):
-        return None
-    sides = {code(test.left), code(test.comparisons[0].comparator).replace("'", '"')}
-    return block if sides == {"__name__", '"__main__"'} else None
+    match block:
+        case cst.If(
+            cst.Comparison(left, [cst.ComparisonTarget(cst.Equal(), right)]),
+            cst.IndentedBlock(),
+            None,
+        ) if block in module.body:
+            sides = {code(left), code(right).replace("'", '"')}
+            return block if sides == {"__name__", '"__main__"'} else None
+    return None
 
 
 def _globals_unread(module: cst.Module, program: Program, flow: Flow) -> None:
@@ -361,10 +358,8 @@ def _globals_unread(module: cst.Module, program: Program, flow: Flow) -> None:
     block the rewrite edits (a generator now yielding flat batches): raise NotVisible if one
     may. The names it would drop as no longer read (`n = jax.local_device_count()`) stay when such a def reads them."""
     changed = {n for call in program.calls for a in call.args for n in names_in(a.value)}
-    for call in program.calls:
-        around = flow.parent.get(id(call))
-        if isinstance(around, cst.Assign):
-            changed |= {n for t in around.targets for n in names_in(t.target)}
+    bound = [a for c in program.calls if isinstance(a := flow.parent.get(id(c)), cst.Assign)]
+    changed |= {n for a in bound for t in a.targets for n in names_in(t.target)}
     edited = set(program.nodes)
     changed |= {
         d.name.value
@@ -441,23 +436,18 @@ def _factory(module: cst.Module, site: PmapUse) -> cst.FunctionDef | None:
     factory = site.around
     if not isinstance(factory, cst.FunctionDef) or factory not in module.body:
         return None
-    statement = site.ancestors[-3] if len(site.ancestors) > 3 else None
-    if statements(factory.body)[-1] is not statement or len(site.pmaps) != 1:
-        return None
-    returned = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
-    return factory if isinstance(returned, cst.Return) and returned.value is site.node else None
+    match statements(factory.body)[-1]:
+        case cst.SimpleStatementLine([cst.Return(value), *_]) if value is site.node:
+            return factory if len(site.pmaps) == 1 else None
+    return None
 
 
-def _bound_values(binding: cst.CSTNode) -> tuple[cst.BaseExpression, ...]:
-    """What a binding statement binds its names from: `x = v`'s `v`, a `for` loop's iterable,
-    the context managers of a `with`; nothing for a def, a class or an import."""
+def _bound_value(binding: cst.CSTNode) -> cst.BaseExpression | None:
+    """What a binding binds its names from (`flow.stores`' nodes): `x = v`'s `v`, a `for`
+    loop's iterable; None for anything else (a def, a class, an import, a `with` item)."""
     if isinstance(binding, (cst.Assign, cst.AnnAssign, cst.AugAssign, cst.NamedExpr)):
-        return () if binding.value is None else (binding.value,)
-    if isinstance(binding, (cst.For, cst.CompFor)):
-        return (binding.iter,)
-    if isinstance(binding, cst.With):
-        return tuple(item.item for item in binding.items)
-    return ()
+        return binding.value
+    return binding.iter if isinstance(binding, (cst.For, cst.CompFor)) else None
 
 
 def _without_self(method: cst.FunctionDef) -> cst.FunctionDef:
@@ -773,7 +763,6 @@ class Finding(Pass):
             blocked: tuple[_StoredStep, str, NotVisible] | None = None
             for found, name in zip(shared, names, strict=True):
                 decorated = isinstance(found.site.node, cst.Decorator)
-                step = OuterStep(found.site, name, found.body, found.options, decorated)
                 try:
                     others = tuple(n for n in names if n != name)  # a result fed to another
                     program = self._in_copy(found, kept, name, siblings=others)
@@ -786,8 +775,8 @@ class Finding(Pass):
                 except NotVisible as error:
                     blocked = blocked or (found, name, error)
                     continue
-                step.programs.append(program)
-                steps.append(step)
+                steps.append(OuterStep(found.site, name, found.body, found.options, decorated))
+                steps[-1].programs.append(program)
             if blocked is not None:  # the others keep the per-device form with it
                 found, name, why = blocked
                 if why.code is Decline.KEYS_OUTSIDE:  # else found again
@@ -1171,8 +1160,6 @@ class Finding(Pass):
         clash with another pmap of the module (a `jax.pmap` or `shard_map` over any other mesh
         fails when called under it): one kept per device, or steps over other axes. Then each
         says so, as its fallback. Return that clash, "" when there is none."""
-        if not groups:
-            return ""
         sites = [step.site for group in groups for step in group.steps]
         taken = {id(site.node) for site in sites}
         axes = {code(g.steps[0].options.axis) for g in self.outer}
@@ -1233,23 +1220,19 @@ class Finding(Pass):
             return single_name(self.factory_hosts[id(site.node)][1].targets[0].target)
         return self._bound_to(site)
 
-    def _failed_hosts(self) -> dict[int, tuple[str, str]]:
+    def _failed_hosts(self) -> dict[int, str]:
         """Return, by id of the function a failed group's first step is made in (or of None for
-        steps made outside functions), the group and why it failed verification: every step made
+        steps made outside functions), the group that failed verification: every step made
         there falls back with it, as they were one group."""
-        failed: dict[int, tuple[str, str]] = {}
-        for site in self.sites.values():
-            group = self.program_group(site.node)
-            if group in self.state.fallbacks:
-                failed[id(self._host(site))] = (group, self.state.fallbacks[group])
-        return failed
+        groups = ((site, self.program_group(site.node)) for site in self.sites.values())
+        return {id(self._host(site)): g for site, g in groups if g in self.state.fallbacks}
 
-    def _falls_back(self, site: PmapUse, failed: dict[int, tuple[str, str]]) -> bool:
+    def _falls_back(self, site: PmapUse, failed: dict[int, str]) -> bool:
         """Mark `site` faithful when the program-level group it belongs to failed verification."""
-        if (found := failed.get(id(self._host(site)))) is None:
+        if (group := failed.get(id(self._host(site)))) is None:
             return False
-        site.failed_program = found[0]
-        why = f"program-level form failed verification ({found[1]})"
+        site.failed_program = group
+        why = f"program-level form failed verification ({self.state.fallbacks[group]})"
         site.fallback = str(NotVisible(why, Decline.VERIFICATION))
         return True
 
@@ -1507,10 +1490,9 @@ class Finding(Pass):
             if not isinstance(ref, cst.Name) or ref.value in seen:
                 continue
             seen.add(ref.value)
-            for binding in flow.stores.get(ref.value, []):
-                for value in _bound_values(binding):
-                    if (made := self._jax_made(value, flow, seen, ref.value)) is not None:
-                        return made
+            for value in map(_bound_value, flow.stores.get(ref.value, [])):
+                if value is not None and (made := self._jax_made(value, flow, seen, ref.value)):
+                    return made
         return None
 
     def _refs(self, node: cst.CSTNode) -> Iterator[cst.Attribute | cst.Name]:
@@ -1566,17 +1548,16 @@ class Finding(Pass):
             raise unnamed_step(around, host.name.value, flow.parent)
         assign = statement.body[0]
         if isinstance(assign, cst.Return) and assign.value is site.node:
-            return self._factory_program(site, host, statement, body, flow, siblings)
-        klass = self._def_scope(host)  # `self.step = jax.pmap(...)` in a method: say what blocks
-        target = assign.targets[0].target if isinstance(assign, cst.Assign) else None
-        if isinstance(target, cst.Attribute) and isinstance(klass, cst.ClassDef):
-            assert isinstance(assign, cst.Assign)
-            options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
-            blocking = stored_on_self(
-                klass, host, assign, options, body, self.qualname, self.declared
-            )
-            stored = self.stored_why.get(id(site.node))
-            raise stored if stored is not None and blocking.code is Decline.NOT_NAMED else blocking
+            return self._factory_program(site, body, flow, siblings)
+        match assign, self._def_scope(host):  # `self.step = jax.pmap(...)`: say what blocks
+            case cst.Assign([cst.AssignTarget(cst.Attribute()), *_]), cst.ClassDef() as klass:
+                constants = self.survey.constants
+                options = options_of(site.node, self.qualname, self._unnamed(), constants)
+                blocking = stored_on_self(
+                    klass, host, assign, options, body, self.qualname, self.declared
+                )
+                stored = self.stored_why.get(id(site.node))
+                raise stored if stored and blocking.code is Decline.NOT_NAMED else blocking
         facts = self._facts(host)
         details = (host, statement, site.node, body, self.qualname, siblings, facts, skip)
         unnamed = self._unnamed()
@@ -1589,19 +1570,15 @@ class Finding(Pass):
         return self._checked(program, flow, statement)
 
     def _factory_program(
-        self,
-        site: PmapUse,
-        factory: cst.FunctionDef,
-        made: cst.SimpleStatementLine,
-        body: cst.FunctionDef,
-        flow: Flow,
-        siblings: tuple[str, ...] = (),
+        self, site: PmapUse, body: cst.FunctionDef, flow: Flow, siblings: tuple[str, ...]
     ) -> Program:
         """`return jax.pmap(body, ...)` ending a def of the module (vision_transformer's
         `make_update_fn`) called once, `step = factory(...)` in a function that calls `step`:
         that function's program, the step made where the factory returns it (`Program.factory`),
         read with the steps that function makes (`siblings`, `_take_steps`). Raise NotVisible
         (PL101) for any other use of the factory."""
+        factory, made = site.around or self._main_host(site.ancestors), site.ancestors[-3]
+        assert isinstance(factory, cst.FunctionDef) and isinstance(made, cst.SimpleStatementLine)
         assert isinstance(site.node, cst.Call)
         name = factory.name.value
         if (found := self.factory_hosts.get(id(site.node))) is None:
@@ -1634,10 +1611,8 @@ class Finding(Pass):
         differ between devices when an argument does. Raise NotVisible(`why`) otherwise."""
         assert isinstance(site.node, cst.Call)
         fun = fun_arg(site.node)
-        named = len(site.node.args) > 1 and site.node.args[1].keyword is None
-        named = named or any(
-            a.keyword is not None and a.keyword.value == "axis_name" for a in site.node.args
-        )
+        args = enumerate(site.node.args)  # an axis name, by position or keyword
+        named = any((a.keyword.value if a.keyword else i) in (1, "axis_name") for i, a in args)
         assign = site.ancestors[-2] if len(site.ancestors) > 1 else None  # `step = <call>`
         target = assigned_name(assign)
         if fun is None or named or target is None or isinstance(fun.value, cst.Lambda):
@@ -1796,8 +1771,7 @@ class Finding(Pass):
         def replication(call: cst.Call, value: cst.BaseExpression | None) -> str | None:
             around = list(flow.ancestors(call))
             host = next((a for a in around if isinstance(a, cst.FunctionDef)), None)
-            if host is None:  # at module level: the module's statements read as a def
-                host = self._main_host(around[::-1])
+            host = host or self._main_host(around[::-1])  # at module level: its statements'
             if host is None or value is None:
                 return "no value" if value is None else "a call not followed"
             if (inner := flows.get(id(host))) is None:
@@ -1817,15 +1791,12 @@ class Finding(Pass):
             passed = [(c, args) for c in calls if (args := bound_arguments(fn, c)) is not None]
             if not calls or len(calls) != len(uses) or len(passed) != len(calls):
                 continue  # read other than called, or called with arguments not visible
-            copies: set[str] = set()
             unseen: dict[str, str] = {}  # the first call passing another value, by parameter
             for param in (p.name.value for p in fn.params.params):
                 whys = ((c, replication(c, args.get(param))) for c, args in passed)
-                other = next(((c, why) for c, why in whys if why is not None), None)
-                if other is None:
-                    copies.add(param)
-                else:
+                if other := next(((c, why) for c, why in whys if why is not None), None):
                     unseen[param] = f"its call `{_short(other[0])}` passes {other[1]}"
+            copies = {p.name.value for p in fn.params.params} - set(unseen)
             where = "its call" if len(calls) == 1 else f"each of its {len(calls)} calls"
             seen = f"{where} in the code base passes a replication" if copies else ""
             declared[id(fn)] = replace(entry, copies=frozenset(copies), seen=seen, unseen=unseen)
@@ -1843,15 +1814,8 @@ class Finding(Pass):
             lines = self.state.original_lines
             own = [self.module] if any(w in line for line in lines for w in NORM_WORDS) else []
             self.norm_axes = averaged_axes([*own, *self.imported.modules(NORM_WORDS)])
-        return ModuleFacts(
-            found,
-            self.survey.calls,
-            self.survey.constants,
-            self.imported,
-            self.declared,
-            self._elsewhere,
-            self.norm_axes,
-        )
+        known = (self.survey.calls, self.survey.constants, self.imported, self.declared)
+        return ModuleFacts(found, *known, self._elsewhere, self.norm_axes)
 
     def _elsewhere(self, name: str, within: Sequence[cst.FunctionDef]) -> str:
         """Where code other than the defs `within` may use the module's def `name`: another
@@ -1980,23 +1944,16 @@ class Finding(Pass):
 
     def _mark_nested(self, sites: list[PmapUse]) -> None:
         """Skip pmaps nested across functions or statements: one mesh needs both in view."""
-        mapping: dict[int, list[PmapUse]] = {}
-        producing: dict[str, list[PmapUse]] = {}
-        for site in sites:
-            if site.mapped is not None:
-                mapping.setdefault(id(site.mapped), []).append(site)
-            if (name := self._bound_to(site)) is not None:
-                producing.setdefault(name, []).append(site)
         why = (
             "nested pmap in two statements: only nesting within one expression or def is rewritten"
         )
         for site in sites:
-            outer = [s for a in site.ancestors for s in mapping.get(id(a), [])]
+            outer = [s for s in sites if s.mapped in site.ancestors]
             innermost = site.pmaps[-1] if site.pmaps else None
             fun = fun_arg(innermost) if isinstance(innermost, cst.Call) else None
             if fun is not None and isinstance(fun.value, cst.Name):
                 scopes = {None, *(id(a) for a in site.ancestors)}
-                made = producing.get(fun.value.value, [])
+                made = [s for s in sites if self._bound_to(s) == fun.value.value]
                 outer += [s for s in made if s.scope in scopes]
             for other in (s for s in outer if s is not site):
                 other.skip, site.skip = other.skip or why, site.skip or why
