@@ -43,15 +43,15 @@ from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.helpers import parse_template_expression
 
 from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import Call, Room, Style, code, exploded_sequence, with_lambda_calls
 from jaxmigrate.toolkit.imports import is_docstring
 
+from ._dead import bound_name
 from ._declines import Decline
-from ._layout import Layout
-from ._reach import assigned_name, nodes_in, read_names, replaced
+from ._layout import Layout, fill
+from ._reach import nodes_in, read_names, replaced
 from ._specs import with_static_tail
 
 
@@ -201,16 +201,12 @@ class Program:
 
     def new_mesh(self) -> cst.BaseExpression:
         """`jax.sharding.Mesh(jax.devices(), (axis,))`: pmap's mesh, every device in its order."""
-        template = "{jax}.sharding.Mesh({jax}.devices(), ({axis},))"
-        return parse_template_expression(template, jax=self._jax(), axis=self.axis)
+        return fill("{jax}.sharding.Mesh({jax}.devices(), ({axis},))", self.context())
 
     def new_sharding(self, mesh: str) -> cst.BaseExpression:
         """`jax.sharding.NamedSharding(mesh, P(axis))`: a batch split over the axis of `mesh`."""
         template = "{jax}.sharding.NamedSharding({mesh}, {spec}({axis}))"
-        mesh_expr = cst.parse_expression(mesh)
-        return parse_template_expression(
-            template, jax=self._jax(), mesh=mesh_expr, spec=self.spec, axis=self.axis
-        )
+        return fill(template, self.context() | {"mesh": cst.parse_expression(mesh)})
 
     def _jax(self, name: str | None = None) -> cst.BaseExpression:
         """`jax` as the module spells it, or its attribute `name` (`jax.jit`)."""
@@ -321,8 +317,7 @@ def numbered(base: str, free: Callable[[str], bool]) -> str:
 
 def keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
     """`name=value`, spaced as a keyword argument is."""
-    no_space = cst.SimpleWhitespace("")
-    equal = cst.AssignEqual(whitespace_before=no_space, whitespace_after=no_space)
+    equal = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
     return cst.Arg(value, keyword=cst.Name(name), equal=equal)
 
 
@@ -486,8 +481,7 @@ def blank_lines_kept(
 
 
 def _binds(line: cst.SimpleStatementLine, names: set[str]) -> bool:
-    name = assigned_name(line.body[0]) if len(line.body) == 1 else None
-    return name in names and not any(c.comment for c in line.leading_lines)
+    return bound_name(line) in names and not any(c.comment for c in line.leading_lines)
 
 
 class _Edit(cst.CSTTransformer):
@@ -644,8 +638,7 @@ def _fitted_for(node: cst.For, indent: str, style: Style) -> cst.For:
 
 def _is_self_assignment(statement: cst.CSTNode) -> bool:
     """`x = x`, which deleting a replication or a readback leaves: dropped."""
-    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+    if not m.matches(statement, m.SimpleStatementLine([m.Assign()])):
         return False
-    node = statement.body[0]
-    value = node.value if isinstance(node, cst.Assign) else None
-    return isinstance(value, cst.Name) and assigned_name(node) == value.value
+    value = statement.body[0].value  # type: ignore[attr-defined]
+    return isinstance(value, cst.Name) and bound_name(statement) == value.value
