@@ -497,11 +497,7 @@ PROGRAM_MESSAGE = (
     "`jax.pmap` -> `jax.jit(jax.shard_map(...))` over the flat data (program-level): replicated "
     "arguments and results `P()`, batches `P({axis})`, the device axis gone"
 )
-OUTER_MESSAGE = (
-    "`jax.pmap` -> `jax.jit(jax.shard_map(...))` over the flat data (program-level), on the mesh "
-    "`{setup}` sets: replicated arguments and results `P()`, batches `P({axis})`, the device "
-    "axis gone"
-)
+OUTER_MESSAGE = PROGRAM_MESSAGE.replace(":", ", on the mesh `{setup}` sets:", 1)
 UNNAMED_NOTE = "; the unnamed mapped axis is called {}"  # as the faithful form says
 SETUP_MESSAGE = (
     "the mesh of {steps}: {made} over every device of the job (`jax.devices()`, pmap's order); "
@@ -692,8 +688,6 @@ class Pmap(Faithful):
             if isinstance(program.statement, cst.FunctionDef):  # decorated: `partial` spelled
                 program.partial = code(self._partial(site))
             self._spell(program, jax, spec)
-            if program.flat_reads:  # results read flattened: each process reads its own part
-                program.hosts = self._multihost_utils()
             axis = code(program.axis)
             if axis in meshes:
                 program.mesh, program.make_mesh = meshes[axis], False
@@ -728,8 +722,6 @@ class Pmap(Faithful):
             scope = self.resolver.scope_made_by(callee.host)
             if scope is not None and scope.parent is not None and scope.parent.kind != "module":
                 callee.mesh, callee.sharding = program.mesh, program.sharding
-                if callee.flat_reads:  # the caller may read none flattened: spelled here
-                    callee.hosts = self._multihost_utils()
                 continue  # its edits are made with the caller's
             # made once at its entry, equal to the caller's; dropped when nothing reads them
             made = self.callee_meshes.setdefault(id(callee.host), {})
@@ -742,8 +734,6 @@ class Pmap(Faithful):
             callee.entry = [assign(callee.mesh, program.new_mesh())]
             callee.entry.append(assign(callee.sharding, program.new_sharding(callee.mesh)))
             callee.helpers |= {callee.mesh, callee.sharding}
-            if callee.flat_reads:
-                callee.hosts = self._multihost_utils()
             self.callee_programs.setdefault(id(callee.host), []).append(callee)
 
     def _spell(self, program: Program, jax: str, spec: cst.BaseExpression) -> None:
@@ -766,6 +756,11 @@ class Pmap(Faithful):
                 name = numbered(base, self.resolver.is_free)
                 self.converters[base] = (name, program.jax, self._numpy(), program.jnp)
             setattr(program, spelled, self.converters[base][0])  # `program.converter`, ...
+        if program.flat_reads:  # results read flattened: each process reads its own part
+            bound = self.resolver.module_binding("jax.experimental.multihost_utils")
+            program.hosts = self._spelled(
+                bound, "jax.experimental", "multihost_utils", "multihost_utils"
+            )
 
     def _with_converter(self, module: cst.Module) -> cst.Module:
         """The module with the helpers' defs after its imports, if a program asked for them."""
@@ -844,7 +839,6 @@ class Pmap(Faithful):
                 setup = program.host is group.setup
                 program.mesh = group.mesh if setup else f"{jax}.sharding.get_mesh()"
                 if program.flat_reads:
-                    program.hosts = self._multihost_utils()
                     program.numpy = self._numpy()
                 self.host_programs.setdefault(id(program.host), []).append(program)
             made = step.programs[0]
@@ -943,11 +937,6 @@ class Pmap(Faithful):
             # the function returns, unread, one value where it returned equal copies stacked
             "returns_one": bool(program.returns),
         }
-
-    def _multihost_utils(self) -> str:
-        """Return how to spell `jax.experimental.multihost_utils` here, importing it if needed."""
-        bound = self.resolver.module_binding("jax.experimental.multihost_utils")
-        return self._spelled(bound, "jax.experimental", "multihost_utils", "multihost_utils")
 
     def _fresh(self, name: str, taken: set[str]) -> str:
         """Return `name`, or `name_1`, ...: one neither the function nor the module uses."""
