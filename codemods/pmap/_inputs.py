@@ -38,6 +38,7 @@ iterator then stays as it is, and each batch is converted where the step takes i
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from jaxmigrate.toolkit.emit import code
 
@@ -141,12 +142,9 @@ def assigned_call(flow: Flow, use: cst.Name) -> tuple[cst.Assign, str] | None:
 def _iterator(binding: cst.CSTNode, name: str) -> cst.Name | None:
     """The iterator `binding` reads `name` from: `for name in it`, `for i, name in zip(r, it)`
     or `enumerate(it)`, `name = next(it)`; else None."""
-    if isinstance(binding, cst.Assign):
-        value = binding.value
-        args = positional(value, 1) if isinstance(value, cst.Call) else None
-        if args is None or not isinstance(value, cst.Call) or code(value.func) != "next":
-            return None
-        return args[0] if isinstance(args[0], cst.Name) else None
+    if isinstance(binding, cst.Assign):  # `next(it)`
+        one = m.Call(m.Name("next", lpar=[]), [m.Arg(m.Name(), keyword=None, star="")])
+        return binding.value.args[0].value if m.matches(binding.value, one) else None  # type: ignore[attr-defined,return-value]
     if not isinstance(binding, cst.For):
         return None
     source, target = binding.iter, binding.target

@@ -249,9 +249,7 @@ def _returns_sequence(forms: Forms, value: cst.BaseExpression) -> bool:
 def aliased(value: cst.BaseExpression) -> bool:
     """Whether `value`, what a readback becomes, is the value read or a part of it
     (`state.params`, `metrics["loss"]`), not a new array (`jax.device_get(state)`)."""
-    while isinstance(value, (cst.Attribute, cst.Subscript)):
-        value = value.value
-    return isinstance(value, cst.Name)
+    return isinstance(base_of(value), cst.Name)
 
 
 def donated(program: Program, position: int) -> bool:
