@@ -550,7 +550,7 @@ class _Edit(cst.CSTTransformer):
                 updated_node = self._with_setup(updated_node)
             return self._with_entry(updated_node)
         if self.edited and isinstance(updated_node, cst.SimpleStatementLine):
-            updated_node = _fitted(updated_node, here, self.style)  # the mesh may come before
+            updated_node = fitted(updated_node, here, self.style)  # the mesh may come before
         elif self.scoped and isinstance(updated_node, cst.SimpleStatementLine):
             updated_node = _refitted(updated_node, here, self.style)
         elif (
@@ -596,7 +596,7 @@ class _Edit(cst.CSTTransformer):
         return block.with_changes(body=[*body[:at], *head, *body[end:]])
 
 
-def _fitted(statement: cst.SimpleStatementLine, indent: str, style: Style) -> cst.BaseStatement:
+def fitted(statement: cst.SimpleStatementLine, indent: str, style: Style) -> cst.BaseStatement:
     """An edited `target = call(...)` laid out again when it no longer fits its line."""
     text = code(statement.with_changes(leading_lines=[]))
     lines = text.splitlines()

@@ -31,7 +31,7 @@ from jaxmigrate.toolkit.emit import Style, code
 from ._declines import Decline, NotVisible
 from ._flow import Options, analyze_calls, unnamed_step
 from ._forms import Qualname, single_name
-from ._program import laid_out, numbered
+from ._program import fitted, laid_out, numbered
 from ._reach import nodes_in, replaced
 from ._summary import NOT_DECLARABLE, Declarable, ModuleFacts
 
@@ -128,12 +128,9 @@ def returned_into_self(
     (`params`, a parameter of `run`); None when no method of the module does that, or nothing
     there blocks it (it is used other than called in `factory` then)."""
     name = factory.name.value
-    lines = factory.body.body  # a def on its `def` line: no statement line
-    smalls = [s for line in lines if isinstance(line, cst.SimpleStatementLine) for s in line.body]
-    if not any(
-        isinstance(s, cst.Return) and code(s.value or cst.Name("_")) == body.name.value
-        for s in smalls
-    ):
+    step = m.Return(m.Name(body.name.value, lpar=[]))
+    returns = m.SimpleStatementLine([m.ZeroOrMore(), step, m.ZeroOrMore()])
+    if not any(m.matches(s, returns) for s in factory.body.body):
         return None  # the factory does not return the step itself
     for klass in (c for c in module.body if isinstance(c, cst.ClassDef)):
         for method in (d for d in klass.body.body if isinstance(d, cst.FunctionDef)):
@@ -421,9 +418,8 @@ def named_back(
                 return laid_out(updated_node, at, style)
             # `self._count_p` read again where the copy read `count_p`: the line may not fit
             lines = code(updated_node.with_changes(leading_lines=[])).splitlines()
-            longer = self.renamed > self.before and len(lines) == 1
-            if longer and len(at) + len(lines[0]) > style.width:
-                return laid_out(updated_node, at, style)
+            if self.renamed > self.before and len(lines) == 1:
+                return fitted(updated_node, at, style)
             return updated_node
 
     out = rewritten.visit(Back())
