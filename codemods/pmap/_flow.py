@@ -1686,8 +1686,9 @@ def _python_number(
     """A Python float `source` visibly is or holds (`0.05`, `lr` bound to one, `{"lr": 0.05}`
     written out or bound), which a replication of `STRONG` makes a typed array, else None."""
     flow, forms = site.flow, site.forms
-    func = replication.func if isinstance(replication, cst.Call) else None
-    if func is None or forms.qualname(func) not in STRONG:
+    if not isinstance(replication, cst.Call):
+        return None
+    if forms.qualname(replication.func) not in STRONG:
         return None
     values: list[cst.CSTNode] = [source]
     if isinstance(source, cst.Name):
@@ -1697,9 +1698,37 @@ def _python_number(
         if isinstance(value, (cst.Dict, cst.Tuple, cst.List)):  # one level written out
             leaves = [getattr(e, "value", e) for e in value.elements]
         for leaf in leaves:
-            inner = leaf.expression if isinstance(leaf, cst.UnaryOperation) else leaf
-            if isinstance(inner, cst.Float):
-                return leaf
+            if (found := _float_of(flow, leaf)) is not None:
+                return found
+    return None
+
+
+def _float_of(flow: Flow, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode | None:
+    """The Python float `node` visibly is (`0.05`, `-lr`, `float(x)`, `lr * 2` of one, a name
+    bound to one or a parameter defaulting to one), else None."""
+    inner = node.expression if isinstance(node, cst.UnaryOperation) else node
+    if isinstance(inner, cst.Float) or depth > 3:
+        return node if isinstance(inner, cst.Float) else None
+    if isinstance(inner, cst.Call) and isinstance(inner.func, cst.Name):
+        return node if inner.func.value == "float" and inner.func.value not in flow.stores else None
+    if isinstance(inner, cst.BinaryOperation):  # of Python numbers only: `lr * w` is an array
+        sides = [_float_of(flow, s, depth + 1) for s in (inner.left, inner.right)]
+        numbers = [
+            isinstance(s, cst.Integer) or f is not None
+            for s, f in zip((inner.left, inner.right), sides, strict=True)
+        ]
+        return node if all(numbers) and any(f is not None for f in sides) else None
+    if not isinstance(inner, cst.Name):
+        return None
+    host = flow.host
+    for binding in flow.reach.of(inner):
+        if isinstance(binding, cst.Assign) and (found := _float_of(flow, binding.value, depth + 1)):
+            return found
+        defaults = params_of(host.params) if isinstance(host, cst.FunctionDef) else []
+        for param in defaults if binding is ENTRY else []:
+            default = param.default if param.name.value == inner.value else None
+            if default is not None and (found := _float_of(flow, default, depth + 1)):
+                return found
     return None
 
 
