@@ -40,6 +40,7 @@ from ._layout import (
     KEEPING,
     LOCAL_PART,
     SPLIT_EDIT,
+    TREE_MAPS,
     Layout,
     Match,
     fill,
@@ -1688,7 +1689,11 @@ def _python_number(
     flow, forms = site.flow, site.forms
     if not isinstance(replication, cst.Call):
         return None
-    if forms.qualname(replication.func) not in STRONG:
+    func: cst.BaseExpression | None = replication.func
+    lifted = replication.args[0].value if replication.args else None
+    if forms.qualname(replication.func) in TREE_MAPS and isinstance(lifted, cst.Lambda):
+        func = lifted.body.func if isinstance(lifted.body, cst.Call) else None  # each leaf's
+    if func is None or forms.qualname(func) not in STRONG:
         return None
     values: list[cst.CSTNode] = [source]
     if isinstance(source, cst.Name):
