@@ -119,12 +119,10 @@ def returned_results(callee: cst.FunctionDef) -> tuple[list[list[cst.BaseExpress
         value = node.value
         if value is None:
             return [], False
-        if isinstance(value, cst.Tuple) and all(isinstance(e, cst.Element) for e in value.elements):
-            found.append([e.value for e in value.elements])
-            shapes.add(len(value.elements))
-        else:
-            found.append([value])
-            shapes.add(None)
+        tupled = m.matches(value, m.Tuple([m.ZeroOrMore(m.Element())]))
+        items = cst.ensure_type(value, cst.Tuple).elements if tupled else [cst.Element(value)]
+        found.append([e.value for e in items])
+        shapes.add(len(found[-1]) if tupled else None)
     return (found, shapes == {None}) if len(shapes) == 1 else ([], False)
 
 
