@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import cached_property, partial
+from functools import cache, cached_property, partial
 from typing import Any
 
 import libcst as cst
@@ -125,9 +125,7 @@ def _unless_closed(where: str) -> str:
 def _unread_node(unread: Unread) -> cst.CSTNode:
     """The node a deletion's site is at: the def, or the pmap call `name = jax.pmap(...)` binds."""
     statement = unread.statement
-    if isinstance(statement, cst.FunctionDef):
-        return statement
-    return statement.body[0].value  # type: ignore[attr-defined]
+    return statement if isinstance(statement, cst.FunctionDef) else statement.body[0].value  # type: ignore[attr-defined]
 
 
 # Reading one pmap -----------------------------------------------------------------------------
@@ -248,12 +246,12 @@ class Survey(cst.CSTVisitor):
     def _bound_once(self) -> dict[str, cst.BaseExpression]:
         """The names bound once in the module, at module level, by a plain assignment: their
         values."""
-        found = {}
-        for name, bindings in self.names.bound_names():
-            value = bindings[0].value if len(bindings) == 1 else None
-            if value is not None and bindings[0].plain and bindings[0].scope.kind == "module":
-                found[name] = value
-        return found
+        return {
+            name: value
+            for name, bindings in self.names.bound_names()
+            if len(bindings) == 1 and (value := bindings[0].value) is not None
+            if bindings[0].plain and bindings[0].scope.kind == "module"
+        }
 
     def rebound(self, name: str, by: cst.CSTNode | None = None) -> bool:
         """Return True if anything but a `def` binds `name` anywhere in the module; `by`, the
@@ -608,9 +606,7 @@ class Finding(Pass):
     def _record_unread(self, group: str) -> list[bool]:
         """Record the deletion of the module-level code `group` leaves unread (`_find_unread`)."""
         enabled = []
-        for name, unread in self.unread.items():
-            if unread.group != group:
-                continue
+        for name, unread in ((n, u) for n, u in self.unread.items() if u.group == group):
             readers = sorted({f"`{r}`" for r in unread.readers if r})
             parts = ["its calls, means over devices of a step's equal copies, deleted"]
             parts = parts if "" in unread.readers else []
@@ -625,11 +621,10 @@ class Finding(Pass):
 
     def _drop_unread(self, group: str) -> None:
         """Delete the module-level code `group`, rewritten, leaves unread (at the module's end)."""
-        for name, unread in self.unread.items():
-            if unread.group == group:
-                self.dropped.add(name)
-                for read in names_in(unread.statement):
-                    self.drop_import_if_unused(read)
+        for name, unread in ((n, u) for n, u in self.unread.items() if u.group == group):
+            self.dropped.add(name)
+            for read in names_in(unread.statement):
+                self.drop_import_if_unused(read)
 
     def _reads_of(self, flow: Flow, factory: cst.Name | cst.Attribute) -> int:
         """How many times the module reads the factory's name: as a name, or, a method
@@ -664,7 +659,7 @@ class Finding(Pass):
         factory = assign.value.func if decorated else None  # type: ignore[attr-defined]
         in_class = maker is site.mapped  # a pmap-decorated method: `_method_used`, once called
         if bound is not None and not in_class:  # `partial(step, a)`: the def's one use, static
-            assert isinstance(site.mapped, cst.FunctionDef)
+            assert isinstance(site.mapped, cst.FunctionDef) and isinstance(site.node, cst.Decorator)
             factory, name = None, site.mapped.name.value
             statics = self._decorator_options(site.node, site.mapped).statics
             once = len(flow.loads.get(name, [])) == 1 and set(range(bound)) <= set(statics)
@@ -672,8 +667,7 @@ class Finding(Pass):
                 return None
         if isinstance(factory, (cst.Name, cst.Attribute)):  # its one use is storing the step
             name = factory.value if isinstance(factory, cst.Name) else factory.attr.value
-            where = elsewhere(name, self.state.outside, self.survey.strings)
-            if where:
+            if where := elsewhere(name, self.state.outside, self.survey.strings):
                 why = f"the step is returned by `{name}`, which is also called {where}"
                 why += _unless_closed(where)
                 self.factory_used[id(site.node)] = NotVisible(why, Decline.NOT_CALLED_ONLY)
@@ -839,8 +833,7 @@ class Finding(Pass):
         args = {id(a.value): c for c in nodes_in(reader, cst.Call) for a in c.args}
         passes = []
         for read in reads:
-            call = args.get(id(read))
-            func = call.func if call is not None else None
+            func = call.func if (call := args.get(id(read))) is not None else None
             if call is None or not isinstance(func, cst.Attribute) or single_name(func.value) != me:
                 return []
             method = methods.get(func.attr.value)
@@ -889,8 +882,7 @@ class Finding(Pass):
         methods = list({id(m): m for m in methods}.values())  # each once, in order
         setup = next((m for m in methods if self._calls_all(m, methods)), None)
         if setup is None and any(passes.values()):  # passed to a method: that is followed
-            klass = shared[0].klass.name.value
-            where = " and ".join(f"`{klass}.{m.name.value}`" for m in methods)
+            where = " and ".join(f"`{shared[0].klass.name.value}.{m.name.value}`" for m in methods)
             why = f"the steps stored on `self` are read in {where}, {NO_SETUP}"
             return NotVisible(why, Decline.SETUP)
         if setup is None:
@@ -1011,8 +1003,7 @@ class Finding(Pass):
                     continue
                 args = bound_arguments(_without_self(method), call) or {}
                 for param in sorted(params):
-                    value = args.get(param)
-                    if value is None or id(value) not in reads:
+                    if (value := args.get(param)) is None or id(value) not in reads:
                         what = f"`{code(value)}`" if value is not None else "nothing"
                         why = (
                             f"`{name}` is passed steps stored on `self` as `{param}`, and {what} "
@@ -1092,8 +1083,8 @@ class Finding(Pass):
         argument of the step is (`_callee.laid_out_in_caller`). Each parameter laid out is
         added to `params`, each program following an argument in `setup` to `callers`;
         `methods`: the methods `setup` calls, what they take is checked there."""
-        args = bound_arguments(_without_self(method), call)
-        if args is None:  # `self.method(**options)`
+        if (args := bound_arguments(_without_self(method), call)) is None:
+            # `self.method(**options)`
             why = f"the arguments of `{method.name.value}` are not visible"
             raise NotVisible(why, Decline.CALLS_DIFFER)
         facts = self._copy_facts(setup)
@@ -1203,8 +1194,8 @@ class Finding(Pass):
             if elsewhere(name, self.state.outside, self.survey.strings):
                 continue  # PL101, where the step is followed
             uses = [u for u in flow.loads.get(name, []) if flow.parent.get(id(u)) is not factory]
-            bound = assigned_call(flow, uses[0]) if len(uses) == 1 else None
-            if bound is None:  # not called, called twice, or not as `step = factory(...)`
+            # not called, called twice, or not as `step = factory(...)`
+            if (bound := assigned_call(flow, uses[0]) if len(uses) == 1 else None) is None:
                 continue
             line = flow.parent.get(id(bound[0]))
             host = next((a for a in flow.ancestors(uses[0]) if isinstance(a, SCOPES)), None)
@@ -1267,8 +1258,7 @@ class Finding(Pass):
             for site, _ in taken:
                 site.fallback = str(NotVisible(apart, Decline.MESH))
             return
-        block = flow.parent.get(id(taken[0][1].statement))
-        lines = list(getattr(block, "body", ()))
+        lines = list(getattr(flow.parent.get(id(taken[0][1].statement)), "body", ()))
         taken.sort(key=lambda t: lines.index(t[1].statement))
         host = taken[0][1].host
         if id(host) in self.programs:  # a decorated def's steps and those a factory returns
@@ -1284,9 +1274,7 @@ class Finding(Pass):
         """A function whose steps are taken and that calls a factory of the module whose step
         keeps the per-device form: the results of that step, read back from device 0, would
         reach the taken steps committed to one device. They keep the per-device form too."""
-        for site in list(self.sites.values()):
-            if (factory := _factory(self.module, site)) is None:
-                continue
+        for factory in [f for s in self.sites.values() if (f := _factory(self.module, s))]:
             for use in flow.loads.get(factory.name.value, []):
                 host = next((a for a in flow.ancestors(use) if isinstance(a, SCOPES)), None)
                 if isinstance(host, cst.FunctionDef) and id(host) in self.programs:
@@ -1329,8 +1317,7 @@ class Finding(Pass):
         """The module's own program is taken only if no other site or program of the module is
         left: its statements are rewritten from the original, other edits in them would be
         lost. Else its steps are faithful, saying so."""
-        host = self.main_blocks.get(id(self.module))
-        if host is None or id(host) not in self.programs:
+        if (host := self.main_blocks.get(id(self.module))) is None or id(host) not in self.programs:
             return
         if not (self.sites or self.outer or self.stored or set(self.programs) - {id(host)}):
             return
@@ -1399,8 +1386,7 @@ class Finding(Pass):
     def _unnamed(self) -> cst.SimpleString:
         """The name an unnamed mapped axis gets: one no string of the module is."""
         names = ("batch", "device", *(f"device_{k}" for k in range(99)))
-        name = next(n for n in names if n not in self.survey.strings)
-        return cst.SimpleString(f'"{name}"')
+        return cst.SimpleString(f'"{next(n for n in names if n not in self.survey.strings)}"')
 
     def _group_outer(self, flow: Flow, steps: list[OuterStep]) -> None:
         """Group the steps by the function setting their mesh (one for them all when one
@@ -1671,8 +1657,8 @@ class Finding(Pass):
         if not isinstance(host, cst.FunctionDef):
             why = _outside_why(host)
             if isinstance(host, cst.ClassDef):
-                found = decorated_method(self.module, site.node)
-                if found is not None:  # the value blocking it in the method calling it, if any
+                # the value blocking it in the method calling it, if any
+                if (found := decorated_method(self.module, site.node)) is not None:
                     options = self._decorator_options(site.node, body)
                     blocking = stored_on_self(
                         *found, options, body, self.qualname, self.declared, bound=1
@@ -1738,9 +1724,8 @@ class Finding(Pass):
             program.mesh, program.make_mesh = mesh, False
         return program
 
-    def _decorator_options(self, decorator: cst.CSTNode, body: cst.FunctionDef) -> Options:
+    def _decorator_options(self, decorator: cst.Decorator, body: cst.FunctionDef) -> Options:
         """Read the options of the pmap decorator on `body`."""
-        assert isinstance(decorator, cst.Decorator)
         deco = decorator.decorator
         args = deco.args[1:] if isinstance(deco, cst.Call) else ()
         unnamed, constants = self._unnamed(), self.survey.constants
@@ -1766,7 +1751,7 @@ class Finding(Pass):
         function."""
         flow = self.module_flow
         defs = {d.name.value: d for d in self.module.body if isinstance(d, cst.FunctionDef)}
-        flows: dict[int, Flow] = {}  # of each function calling one of them
+        flow_of = cache(lambda fn: Flow(fn, model=self.resolver))  # each function calling them
 
         def replication(call: cst.Call, value: cst.BaseExpression | None) -> str | None:
             around = list(flow.ancestors(call))
@@ -1774,8 +1759,7 @@ class Finding(Pass):
             host = host or self._main_host(around[::-1])  # at module level: its statements'
             if host is None or value is None:
                 return "no value" if value is None else "a call not followed"
-            if (inner := flows.get(id(host))) is None:
-                inner = flows[id(host)] = Flow(host, model=self.resolver)
+            inner = flow_of(host)
             counts = lambda node: is_device_count(node, inner, self.qualname)
             return _replication(inner, Forms(self.qualname, counts, defs), value, self.imported)
 
@@ -2045,8 +2029,7 @@ def kept_copies(
             return False
         if arity != len(names):
             return False
-        dropped = [i for i, out in fed.items() if varying[out] and not mapped[i]]
-        if not dropped:
+        if not (dropped := [i for i, out in fed.items() if varying[out] and not mapped[i]]):
             return not varying[names.index(name)]
         for i in dropped:
             mapped[i] = True
