@@ -129,8 +129,8 @@ def analyze(
     own = local if isinstance(local, cst.FunctionDef) and local.name.value == step else None
     if [s for s in flow.stores.get(step, []) if s is not own] != [assign]:
         raise _rebound(step, host)
-    program = _follow(
-        host, flow, step, options, body, qualname, facts, siblings=siblings, maker=assign, own=own
+    program = analyze_calls(
+        host, step, options, body, qualname, facts, None, siblings, flow=flow, maker=assign, own=own
     )
     program.statement = statement
     if local is not None:
@@ -174,8 +174,8 @@ def analyze_decorated(
     _check_own_name(host, step)
     if flow.only(step) is None:
         raise _rebound(step, host)
-    program = _follow(
-        host, flow, step, options, body, qualname, facts, siblings=siblings, maker=body
+    program = analyze_calls(
+        host, step, options, body, qualname, facts, siblings=siblings, flow=flow, maker=body
     )
     program.statement = body
     if program.squeezed:
@@ -237,39 +237,23 @@ def analyze_calls(
     methods: tuple[str, ...] = (),
     carried: bool = False,
     outer: Flow | None = None,
+    flow: Flow | None = None,
+    maker: cst.Assign | cst.FunctionDef | None = None,
+    own: cst.FunctionDef | None = None,
 ) -> Program:
     """Return the program of `host`, a function calling `step`, a step made outside it (at
     module level or by a decorator, or passed to it: `given` then lays out the parameters it
     reads, and, `carried`, the caller follows what it returns, `_callee.py`; `siblings` its
     parameters bound to other steps; `methods`, functions it calls that are followed on their
     own, their arguments checked there, their results no step's; `outer`, the flow of the
-    function `host` is nested in); raise NotVisible for why not."""
-    flow = Flow(host, outer=outer)
-    if step in flow.stores:
-        raise NotVisible(f"`{step}` is bound in `{host.name.value}` too", Decline.REBOUND)
-    return _follow(
-        host, flow, step, options, body, qualname, facts, given, siblings, methods, carried
-    )
-
-
-def _follow(
-    host: cst.FunctionDef,
-    flow: Flow,
-    step: str,
-    options: Options,
-    body: cst.FunctionDef,
-    qualname: Qualname,
-    facts: ModuleFacts = NO_FACTS,
-    given: Callable[[Program, str, int], Layout] | None = None,
-    siblings: tuple[str, ...] = (),
-    methods: tuple[str, ...] = (),
-    carried: bool = False,
-    maker: cst.Assign | cst.FunctionDef | None = None,
-    own: cst.FunctionDef | None = None,
-) -> Program:
-    """Follow every argument and result of the calls of `step` in `host` (made by `maker`).
-    `own`: the def `step = jax.pmap(step, ...)` maps (brax's trainers); its reads, the pmap's
-    own, are not the step's, and a read that either may reach is not followed."""
+    function `host` is nested in): every argument and result of its calls followed; raise
+    NotVisible for why not. A step `host` makes comes with its `flow` and `maker`, what makes
+    it (`analyze`); `own`: the def `step = jax.pmap(step, ...)` maps (brax's trainers), whose
+    reads, the pmap's own, are not the step's: a read that either may reach is not followed."""
+    if flow is None:
+        flow = Flow(host, outer=outer)
+        if step in flow.stores:
+            raise NotVisible(f"`{step}` is bound in `{host.name.value}` too", Decline.REBOUND)
     body = _unbound(body, options.bound)
     uses = flow.loads.get(step, [])
     if own is not None:  # a read in a nested function is the step's: it declines PL203 below
