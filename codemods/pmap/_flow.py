@@ -388,14 +388,8 @@ def passed_feeds(flow: Flow, use: cst.Name, defs: Defs) -> set[int]:
 
 def _passed_to_step(flow: Flow, use: cst.Name, step: str) -> bool:
     """`step(..., use.field, ...)`: `use` (or a field of it) is an argument of a call of `step`."""
-    arg = flow.parent.get(id(field_top(flow, use)))
-    call = flow.parent.get(id(arg))
-    return (
-        isinstance(arg, cst.Arg)
-        and isinstance(call, cst.Call)
-        and single_name(call.func) == step
-        and not arg.star
-    )
+    found = flow.passed(field_top(flow, use))
+    return found is not None and single_name(found[1].func) == step and not found[0].star
 
 
 def helpers_of(flow: Flow, qualname: Qualname) -> set[str]:
@@ -1765,10 +1759,9 @@ def _changes(flow: Flow, use: cst.Name, defs: Defs, depth: int) -> bool:
         return True  # `w[0] = v`, `w.a += v`, `del w["k"]`
     if isinstance(top, cst.Attribute) and top.attr.value in IN_PLACE:
         return True  # `w.fill(0)`, `params.update(...)`
-    arg = flow.parent.get(id(use))
-    call = flow.parent.get(id(arg))
-    if not isinstance(arg, cst.Arg) or not isinstance(call, cst.Call):
+    if (found := flow.passed(use)) is None:
         return False
+    arg, call = found
     func = call.func
     called = func.attr.value if isinstance(func, cst.Attribute) else single_name(func)
     first = call.args[0] is arg and not arg.keyword and called in IN_PLACE_FIRST
@@ -2160,13 +2153,8 @@ ON_HOST = frozenset(
 
 def _read_on_host(flow: Flow, forms: Forms, node: cst.CSTNode) -> bool:
     """Whether `node` is passed to a call reading it into a new host value (`ON_HOST`)."""
-    arg = flow.parent.get(id(node))
-    call = flow.parent.get(id(arg))
-    return (
-        isinstance(arg, cst.Arg)
-        and isinstance(call, cst.Call)
-        and bool({single_name(call.func), forms.qualname(call.func)} & ON_HOST)
-    )
+    func = found[1].func if (found := flow.passed(node)) is not None else None
+    return func is not None and bool({single_name(func), forms.qualname(func)} & ON_HOST)
 
 
 READ_BACK_COPIED = (
@@ -2184,12 +2172,10 @@ def _tuple_readback(program: Program, flow: Flow, forms: Forms, use: cst.Name) -
     (big_vision's vqvae reads back `(params_repl, opt_repl, state_repl)`, its state per device)."""
     item = flow.parent.get(id(field_top(flow, use)))
     items = flow.parent.get(id(item))
-    arg = flow.parent.get(id(items))
-    call = flow.parent.get(id(arg))
-    if not isinstance(item, cst.Element) or not isinstance(items, cst.Tuple):
+    passed = flow.passed(items)  # the tuple, an argument
+    if not isinstance(item, cst.Element) or not isinstance(items, cst.Tuple) or passed is None:
         return None
-    if not isinstance(arg, cst.Arg) or arg.value is not items or not isinstance(call, cst.Call):
-        return None
+    call = passed[1]
     hole = "__tuple__"
     stand_in = call.deep_replace(items, cst.Name(hole))
     assert isinstance(stand_in, cst.Call)

@@ -613,6 +613,12 @@ class Flow:
             yield parent
             parent = self.parent.get(id(parent))
 
+    def passed(self, node: cst.CSTNode | None) -> tuple[cst.Arg, cst.Call] | None:
+        """The argument `node` is and the call it is passed to, else None."""
+        arg = self.parent.get(id(node))
+        call = self.parent.get(id(arg))
+        return (arg, call) if isinstance(arg, cst.Arg) and isinstance(call, cst.Call) else None
+
     def statement(self, node: cst.CSTNode) -> cst.CSTNode:
         """The statement (or small statement) of the function's own blocks holding `node`."""
         for around in (node, *self.ancestors(node)):
