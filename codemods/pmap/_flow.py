@@ -60,7 +60,7 @@ from ._passon import (
     surely_stacked,
 )
 from ._program import COPY, Program
-from ._reach import ENTRY, SCOPES, Flow, free_names, nodes_in, params_of, replaced
+from ._reach import ENTRY, SCOPES, Flow, assigned_name, free_names, nodes_in, params_of, replaced
 from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
@@ -859,30 +859,27 @@ def _follow_argument(site: _Site, position: int) -> None:
 
     for call in calls:
         value = call.values[position]
-        if (root := root_name(value)) is not None:
-            fields = fields or root is not value
-            slots.append(root)
-            continue
-        layout = _inline_kind(site, value, position)
-        if layout is Layout.UNKNOWN and _generated_batches(site, position):
-            layout = Layout.PER_DEVICE
-        leaves = _leaves(forms, value) if layout is Layout.UNKNOWN else None
-        if leaves is not None:  # `{"params": params}`: each value laid out as passed alone
-            for leaf in leaves:
-                if (root := root_name(leaf)) is None:
-                    layout = _inline_kind(site, leaf, position)
-                    reached.append((layout, False))
-                    blocking += [f"`{_short(leaf)}`"] if layout is Layout.UNKNOWN else []
-                else:
-                    fields = fields or root is not leaf
-                    slots.append(root)
-            continue
-        if unknown := layout is Layout.UNKNOWN:
-            _check_part(forms, value)
-            blocking.append(f"`{_short(value)}`")
-        # `np.asarray(batch["mask"])` passed as it is: computed from a name drawn on every path
-        root = _derived_from(value) if unknown else None
-        reached.append((layout, root is not None and _drawn_everywhere(root, flow)))
+        leaves: list[cst.BaseExpression] | None = [value]
+        if root_name(value) is None:
+            layout = _inline_kind(site, value, position)
+            if layout is Layout.UNKNOWN and _generated_batches(site, position):
+                layout = Layout.PER_DEVICE
+            leaves = _leaves(forms, value) if layout is Layout.UNKNOWN else None
+        if leaves is None:
+            if unknown := layout is Layout.UNKNOWN:
+                _check_part(forms, value)
+                blocking.append(f"`{_short(value)}`")
+            # `np.asarray(batch["mask"])` passed as it is: computed from a name drawn on every path
+            root = _derived_from(value) if unknown else None
+            reached.append((layout, root is not None and _drawn_everywhere(root, flow)))
+        for leaf in leaves or ():  # `{"params": params}`: each value laid out as passed alone
+            if (root := root_name(leaf)) is None:
+                layout = _inline_kind(site, leaf, position)
+                reached.append((layout, False))
+                blocking += [f"`{_short(leaf)}`"] if layout is Layout.UNKNOWN else []
+            else:
+                fields = fields or root is not leaf
+                slots.append(root)
     for use in slots:
         name = use.value
         reaching = flow.reach.of(use) or {ENTRY}  # the bindings whose value it may be
@@ -1138,8 +1135,7 @@ def _taken_from(binding: cst.Assign, name: str, flow: Flow, depth: int = 0) -> c
     (`labels = batch.pop("labels")`, `labels, mask = batch["labels"], batch["mask"]`,
     `images = batch.get("image")`: a batch's leaves, split per device as the batch is); None
     when the part is not one of a value drawn on every path."""
-    target = binding.targets[0].target
-    part = binding.value if single_name(target) == name else _lined_up(target, binding.value, name)
+    part = _lined_up(binding.targets[0].target, binding.value, name)
     whole = _derived_from(part) if part is not None and single_name(part) is None else None
     drawn = whole is not None and depth <= 3 and _drawn_everywhere(whole, flow, depth)
     return whole if drawn else None
@@ -1305,9 +1301,8 @@ def _flat_batch(program: Program, flow: Flow, forms: Forms, use: cst.Name, name:
     a batch split for the step, or a field of it: the rows of this process's part of the global
     batch, in the same order; recorded as that edit."""
     top = field_top(flow, use)
-    arg = flow.parent.get(id(top))
-    call = flow.parent.get(id(arg))
-    if not isinstance(call, cst.Call) or _flattening_helper(forms, call, top) is None:
+    call = found[1] if (found := flow.passed(top)) is not None else None
+    if call is None or _flattening_helper(forms, call, top) is None:
         return False
     reason = (
         f"`{code(call.func)}`, a flattening over devices of `{name}` split for the step, deleted: "
@@ -1577,9 +1572,7 @@ def _named_splits(program: Program, flow: Flow, forms: Forms, value: cst.BaseExp
             continue
         name = single_name(item)
         binding = flow.only(name)
-        if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
-            return False
-        if single_name(binding.targets[0].target) != name:
+        if not isinstance(binding, cst.Assign) or assigned_name(binding) != name:
             return False  # `xs, ys = ...`: the flat value would rebind the other names too
         source = forms.shard_source(binding.value)
         if source is None or not _made_before(program, flow, binding):
@@ -1675,7 +1668,7 @@ def _python_number(
         return None
     values: list[cst.CSTNode] = [source]
     if isinstance(source, cst.Name):
-        values += [b.value for b in flow.reach.of(source) if isinstance(b, cst.Assign)]
+        values += [b.value for b in site.flow.reach.of(source) if isinstance(b, cst.Assign)]
     for value in values:
         leaves = [value]
         if isinstance(value, (cst.Dict, cst.Tuple, cst.List)):  # one level written out
@@ -1737,13 +1730,11 @@ def _changed_in_place(
     return None
 
 
-def _in_place_changes(flow: Flow, name: str, defs: Defs, depth: int = 0) -> list[cst.CSTNode]:
+def _in_place_changes(flow: Flow, name: str, defs: Defs, depth: int = 0) -> Iterator[cst.CSTNode]:
     """The nodes of `flow`'s function whose statements may change in place the value `name`
-    holds."""
-    changes: list[cst.CSTNode] = [
-        b for b in flow.stores.get(name, []) if isinstance(b, cst.AugAssign)
-    ]
-    return changes + [use for use in flow.loads.get(name, []) if _changes(flow, use, defs, depth)]
+    holds: `name += v`, then its reads that do (`_changes`)."""
+    yield from (b for b in flow.stores.get(name, []) if isinstance(b, cst.AugAssign))
+    yield from (use for use in flow.loads.get(name, []) if _changes(flow, use, defs, depth))
 
 
 def _changes(flow: Flow, use: cst.Name, defs: Defs, depth: int) -> bool:
@@ -1774,7 +1765,8 @@ def _changes(flow: Flow, use: cst.Name, defs: Defs, depth: int) -> bool:
     params = [p.name.value for p in params_of(fn.params)]
     plain = [id(a) for a in call.args if not a.keyword]
     param = arg.keyword.value if arg.keyword else dict(zip(plain, params)).get(id(arg), "")
-    return param in params and bool(_in_place_changes(Flow(fn), param, defs, depth + 1))
+    changes = _in_place_changes(Flow(fn), param, defs, depth + 1)  # run when asked
+    return param in params and any(True for _ in changes)
 
 
 def _split_kept(site: _Site, split: cst.BaseExpression, source: cst.BaseExpression) -> None:
@@ -1883,8 +1875,11 @@ def _unpacked_part(binding: cst.CSTNode, name: str, forms: Forms) -> cst.Name | 
 def _lined_up(
     target: cst.BaseExpression, value: cst.BaseExpression, name: str
 ) -> cst.BaseExpression | None:
-    """`a, b = x, y`: the value written where `name` is unpacked (`x` for `a`); None when the
-    target or the value is no tuple or list, or they do not line up (a starred item)."""
+    """`a, b = x, y`: the value written where `name` is unpacked (`x` for `a`), `value` itself
+    where `target` is `name`; None when the target or the value is no tuple or list, or they do
+    not line up (a starred item)."""
+    if single_name(target) == name:
+        return value
     sequence = (cst.Tuple, cst.List)
     if not isinstance(target, sequence) or not isinstance(value, sequence):
         return None
@@ -2357,8 +2352,7 @@ def _follow_list(site: _Site, step: str, name: str) -> None:
 
 def _binds_empty_list(binding: cst.Assign, name: str) -> bool:
     """`name = []`, or `name, other = [], []` (lists started together, flax's loops)."""
-    target = binding.targets[0].target
-    value = binding.value if single_name(target) == name else _lined_up(target, binding.value, name)
+    value = _lined_up(binding.targets[0].target, binding.value, name)
     return len(binding.targets) == 1 and isinstance(value, cst.List) and not value.elements
 
 
