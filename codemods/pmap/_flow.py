@@ -1025,26 +1025,19 @@ def _hands_back(program: Program, flow: Flow) -> str | None:
     calls = {id(call) for call in program.calls}
 
     def result(use: cst.Name, depth: int = 0) -> bool:
-        for binding in flow.reach.of(use) or ():
-            value = binding.value if isinstance(binding, cst.Assign) else None
-            if isinstance(value, cst.Call) and id(value) in calls:
-                return True
-            if isinstance(value, cst.Name) and depth < 4 and result(value, depth + 1):
-                return True
-        return False
+        values = [b.value for b in flow.reach.of(use) if isinstance(b, cst.Assign)]
+        deeper = lambda v: isinstance(v, cst.Name) and depth < 4 and result(v, depth + 1)
+        return any(id(v) in calls or deeper(v) for v in values)
 
-    def names(value: cst.BaseExpression) -> Iterator[cst.Name]:
+    def names(value: cst.BaseExpression | None) -> Iterator[cst.Name]:
         if isinstance(value, cst.Name):
             yield value
         elif isinstance(value, cst.Tuple):
             for element in value.elements:
                 yield from names(element.value)
 
-    for returned in nodes_in(program.host.body, cst.Return, SCOPES):
-        for use in names(returned.value) if returned.value is not None else ():
-            if result(use):
-                return use.value
-    return None
+    returns = nodes_in(program.host.body, cst.Return, SCOPES)
+    return next((use.value for r in returns for use in names(r.value) if result(use)), None)
 
 
 CONTAINERS = frozenset({"builtins.dict", "flax.core.FrozenDict", "flax.core.freeze"})
@@ -1144,10 +1137,8 @@ def _taken_from(binding: cst.Assign, name: str, flow: Flow, depth: int = 0) -> c
 def _drawn_everywhere(name: cst.Name, flow: Flow, depth: int = 0) -> bool:
     """Every binding of `name` reaching it draws from an iterator (`_drawn`), or binds a part or
     a transform of such a value (`_taken_from`)."""
-    reaching = flow.reach.of(name)
-    if not reaching or ENTRY in reaching:
-        return False
-    return all(_drawn(source, name.value, flow, depth + 1) for source in reaching)
+    reaching = flow.reach.of(name) or {ENTRY}
+    return ENTRY not in reaching and all(_drawn(b, name.value, flow, depth + 1) for b in reaching)
 
 
 def _new_trailing_axes(part: cst.Subscript) -> bool:
@@ -1356,9 +1347,8 @@ def _callee_name(flow: Flow, forms: Forms, func: cst.BaseExpression) -> str | No
     name = forms.qualname(func)
     if name is not None or not isinstance(func, cst.Attribute):
         return name
-    owner = single_name(func.value)
-    made = flow.only(owner)
-    value = value_of_name(made, owner) if made is not None and owner else None
+    owner = single_name(func.value) or ""
+    value = value_of_name(flow.only(owner), owner)
     if not isinstance(value, cst.Call):
         return None
     cls = forms.qualname(value.func)
@@ -1372,13 +1362,13 @@ def _inline_kind(site: _Site, value: cst.BaseExpression, position: int) -> Layou
     if isinstance(value, cst.IfExp):  # `a if c else b`: where the two paths meet
         body, orelse = (_inline_kind(site, v, position) for v in (value.body, value.orelse))
         if body is orelse is Layout.PER_DEVICE:
-            _put_once(program, value, [value.body, value.orelse])
+            _put_once(program, value, ["body", "orelse"])
         return body.join(orelse)
     # `shard(x) / 255.0`: elementwise with a number, the same layout
     if (scaled := _scaled(value)) is not None:
         layout = _inline_kind(site, scaled, position)
         if layout is Layout.PER_DEVICE:
-            _put_once(program, value, [scaled])
+            _put_once(program, value, [f for f in ("left", "right") if getattr(value, f) is scaled])
         source = forms.replicated_source(scaled)
         if (
             layout is Layout.REPLICAS
@@ -1429,8 +1419,8 @@ def _laid_out_parts(value: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
         yield from _laid_out_parts(scaled)
 
 
-def _put_once(program: Program, value: cst.BaseExpression, parts: list[cst.BaseExpression]) -> None:
-    """`split(a) if c else split(b)`, `shard(images) * 0.1`: the `parts` of `value` (a
+def _put_once(program: Program, value: cst.BaseExpression, fields: list[str]) -> None:
+    """`split(a) if c else split(b)`, `shard(images) * 0.1`: the parts of `value` in `fields` (a
     conditional's branches, the operand of an operation with a number), each converted to this
     process's part of a global batch, converted once around `value` (`put(sharding, a if c
     else b)`, `put(sharding, images * 0.1)`), one edit where there were several. The operation
@@ -1438,15 +1428,12 @@ def _put_once(program: Program, value: cst.BaseExpression, parts: list[cst.BaseE
     is float64, rounded once to float32 at pmap's call; on the global jax array, float32 with
     0.1 rounded first). Rewrites that are not the same put (call and sharding) stay where they
     are."""
+    parts = [getattr(value, field) for field in fields]
     if not all(id(p) in program.edits for p in parts):
         return  # a part converted where its name is bound: nothing to join here
     made, why = [program.edits[id(p)] for p in parts], program.reasons[id(parts[0])]
     for p in parts:
         del program.edits[id(p)], program.nodes[id(p)], program.reasons[id(p)]
-    fields = [
-        next(f for f in ("body", "orelse", "left", "right") if getattr(value, f, 0) is p)
-        for p in parts
-    ]
 
     def once() -> cst.BaseExpression:
         puts = [edit(p) for edit, p in zip(made, parts, strict=True)]  # the nodes are not read
@@ -1546,7 +1533,7 @@ def _yielded_splits(generator: cst.FunctionDef, flow: Flow, forms: Forms) -> lis
     return edits
 
 
-def value_of_name(binding: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+def value_of_name(binding: cst.CSTNode | None, name: str) -> cst.BaseExpression | None:
     """The value `name = value` binds, else None."""
     if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
         return None
@@ -1627,14 +1614,7 @@ def _replication(
         why = HOSTED.format(how=committed)
         program.edit(value, why, lambda: fill(HOST_COPY, {**program.context(), "x": source}))
     elif not donated(program, position):
-        if (number := _python_number(site, value, source)) is not None:
-            why = (
-                f"`{code(source)}`, replicated for the step, holds a Python float "
-                f"(`{_short(number)}`): pmap's replicas of it are a float32 array, "
-                "the float itself is weakly typed in the step (`bfloat16` arithmetic "
-                "with it stays `bfloat16`)"
-            )
-            raise NotVisible(why, Decline.STACKED_READ)
+        _check_python_float(site, value, source)
         if (changed := _changed_in_place(flow, source, value, site.forms.defs)) is not None:
             why = (
                 f"`{code(source)}`, replicated for the step, is changed in place after: "
@@ -1652,20 +1632,19 @@ def _replication(
 STRONG = frozenset({"flax.jax_utils.replicate", "numpy.stack"})
 
 
-def _python_number(
+def _check_python_float(
     site: _Site, replication: cst.BaseExpression, source: cst.BaseExpression
-) -> cst.CSTNode | None:
-    """A Python float `source` visibly is or holds (`0.05`, `lr` bound to one, `{"lr": 0.05}`
-    written out or bound), which a replication of `STRONG` makes a typed array, else None."""
-    flow, forms = site.flow, site.forms
+) -> None:
+    """Raise PL303 if `source` visibly is or holds a Python float (`0.05`, `lr` bound to one,
+    `{"lr": 0.05}` written out or bound), which a replication of `STRONG` makes a typed array."""
     if not isinstance(replication, cst.Call):
-        return None
+        return
     func: cst.BaseExpression | None = replication.func
     lifted = replication.args[0].value if replication.args else None
-    if forms.qualname(replication.func) in TREE_MAPS and isinstance(lifted, cst.Lambda):
+    if site.forms.qualname(replication.func) in TREE_MAPS and isinstance(lifted, cst.Lambda):
         func = lifted.body.func if isinstance(lifted.body, cst.Call) else None  # each leaf's
-    if func is None or forms.qualname(func) not in STRONG:
-        return None
+    if func is None or site.forms.qualname(func) not in STRONG:
+        return
     values: list[cst.CSTNode] = [source]
     if isinstance(source, cst.Name):
         values += [b.value for b in site.flow.reach.of(source) if isinstance(b, cst.Assign)]
@@ -1674,9 +1653,14 @@ def _python_number(
         if isinstance(value, (cst.Dict, cst.Tuple, cst.List)):  # one level written out
             leaves = [getattr(e, "value", e) for e in value.elements]
         for leaf in leaves:
-            if (found := _float_of(flow, leaf)) is not None:
-                return found
-    return None
+            if (found := _float_of(site.flow, leaf)) is not None:
+                why = (
+                    f"`{code(source)}`, replicated for the step, holds a Python float "
+                    f"(`{_short(found)}`): pmap's replicas of it are a float32 array, "
+                    "the float itself is weakly typed in the step (`bfloat16` arithmetic "
+                    "with it stays `bfloat16`)"
+                )
+                raise NotVisible(why, Decline.STACKED_READ)
 
 
 def _float_of(flow: Flow, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode | None:
@@ -1746,10 +1730,9 @@ def _changes(flow: Flow, use: cst.Name, defs: Defs, depth: int) -> bool:
         if up.value is not top:
             break
         top = up
-    if top is not use and getattr(flow.parent.get(id(top)), "target", None) is top:
-        return True  # `w[0] = v`, `w.a += v`, `del w["k"]`
-    if isinstance(top, cst.Attribute) and top.attr.value in IN_PLACE:
-        return True  # `w.fill(0)`, `params.update(...)`
+    stored = top is not use and getattr(flow.parent.get(id(top)), "target", None) is top
+    if stored or isinstance(top, cst.Attribute) and top.attr.value in IN_PLACE:
+        return True  # `w[0] = v`, `w.a += v`, `del w["k"]`; `w.fill(0)`, `params.update(...)`
     if (found := flow.passed(use)) is None:
         return False
     arg, call = found
@@ -1900,9 +1883,8 @@ def _unpacked_replication(site: _Site, binding: cst.Assign, name: str, position:
     """`a, b = replicate((x, y))`: a replication of a tuple written out, unpacked into as many
     names, replicates each (vision_transformer's `params_repl, opt_state_repl`); the
     replication is deleted (`a, b = (x, y)`). Else unknown."""
-    forms = site.forms
     target = binding.targets[0].target
-    source = forms.replicated_source(binding.value)
+    source = site.forms.replicated_source(binding.value)
     if not isinstance(target, cst.Tuple) or not isinstance(source, cst.Tuple):
         return Layout.UNKNOWN
     names = [single_name(e.value) if type(e) is cst.Element else None for e in target.elements]
@@ -1958,9 +1940,8 @@ def _mean_of_unknown(
     root = root_name(found.source) if found is not None else None
     if found is None or root is None or ENTRY not in flow.reach.of(root):
         return
-    where = f"a parameter of `{host.name.value}`"
-    if root.value not in {p.name.value for p in params_of(host.params)}:
-        where = f"a global read in `{host.name.value}`"
+    kind = "a parameter of" if root.value in flow.params else "a global read in"
+    where = f"{kind} `{host.name.value}`"
     why = (
         f"`{step}` is a mean over devices, the value itself only for equal copies; its argument "
         f"`{_short(found.source)}` comes from elsewhere (`{root.value}`, {where}): whether it "
@@ -1971,12 +1952,9 @@ def _mean_of_unknown(
 
 def _mean_around(forms: Forms, flow: Flow, use: cst.Name) -> cst.Call | None:
     """Return the mean over devices (`MEANS`) whose value `use` is, if any."""
-    for node in list(flow.ancestors(use))[:4]:
-        if isinstance(node, cst.Call):
-            found = forms.transfer(node, MEANS)
-            if found is not None and found.source is use:
-                return node
-    return None
+    calls = [node for node in list(flow.ancestors(use))[:4] if isinstance(node, cst.Call)]
+    found = ((call, forms.transfer(call, MEANS)) for call in calls)
+    return next((call for call, mean in found if mean is not None and mean.source is use), None)
 
 
 ELEMENTWISE = (
@@ -2125,19 +2103,17 @@ def _readback_deleted(site: _Site, use: cst.Name, name: str) -> bool:
     value, `int(state.step[0])`), and a call of the step may donate it later (`donated_after`)."""
     program, flow, forms, _ = site
     found = _readback_around(flow, forms, use, name) or _tuple_readback(program, flow, forms, use)
-    if (
-        found is not None
-        and aliased(found[1])
-        and not _read_on_host(flow, forms, found[0])
-        and donated_after(program, flow, use, found[0])
-    ):
-        why = READ_BACK_COPIED.format(name=name)
-        copied = lambda: fill(DONATED_COPY, {**program.context(), "x": found[1]})
-        program.edit(found[0], why, copied)
-    elif found is not None:
+    if found is None:
+        return False
+    node, value = found
+    kept = aliased(value) and not _read_on_host(flow, forms, node)  # the value itself, kept
+    if kept and donated_after(program, flow, use, node):
+        copied = lambda: fill(DONATED_COPY, {**program.context(), "x": value})
+        program.edit(node, READ_BACK_COPIED.format(name=name), copied)
+    else:
         why = f"a readback of device 0 deleted: `{name}` is the same on every device"
-        program.edit(found[0], why, lambda: found[1])
-    return found is not None
+        program.edit(node, why, lambda: value)
+    return True
 
 
 # Calls reading an array into a new Python or numpy value: what they are given is not kept
