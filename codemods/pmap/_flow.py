@@ -65,7 +65,7 @@ from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
 from ._specs import TAIL_BUILTINS, static_tail, tail_fits
-from ._summary import NO_FACTS, NOT_DECLARABLE, ModuleFacts
+from ._summary import NO_FACTS, NOT_DECLARABLE, ModuleFacts, Values
 
 GET_METRICS = (row_named("get_metrics"),)
 MEANS = (row_named("cross_device_mean"),)
@@ -416,6 +416,7 @@ def forms_of(flow: Flow, qualname: Qualname, facts: ModuleFacts) -> Forms:
         bound={name: v for name, v in facts.calls.items() if name not in flow.stores},
         imported=facts.imported,
         elsewhere=facts.elsewhere,
+        numbers={name: v for name, v in facts.numbers.items() if name not in flow.stores},
     )
 
 
@@ -1653,7 +1654,7 @@ def _check_python_float(
         if isinstance(value, (cst.Dict, cst.Tuple, cst.List)):  # one level written out
             leaves = [getattr(e, "value", e) for e in value.elements]
         for leaf in leaves:
-            if (found := _float_of(site.flow, leaf)) is not None:
+            if (found := _float_of(site.flow, site.forms.numbers, leaf)) is not None:
                 why = (
                     f"`{code(source)}`, replicated for the step, holds a Python float "
                     f"(`{_short(found)}`): pmap's replicas of it are a float32 array, "
@@ -1663,33 +1664,36 @@ def _check_python_float(
                 raise NotVisible(why, Decline.STACKED_READ)
 
 
-def _float_of(flow: Flow, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode | None:
+def _float_of(flow: Flow, numbers: Values, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode | None:
     """The Python float `node` visibly is (`0.05`, `-lr`, `float(x)`, `lr * 2` of one, a name
-    bound to one or a parameter defaulting to one), else None."""
+    bound to one, a parameter defaulting to one, a module constant of `numbers`), else None."""
     inner = node.expression if isinstance(node, cst.UnaryOperation) else node
     if isinstance(inner, cst.Float) or depth > 3:
         return node if isinstance(inner, cst.Float) else None
     if isinstance(inner, cst.Call) and isinstance(inner.func, cst.Name):
         return node if inner.func.value == "float" and inner.func.value not in flow.stores else None
     if isinstance(inner, cst.BinaryOperation):  # of Python numbers only: `lr * w` is an array
-        sides = [_float_of(flow, s, depth + 1) for s in (inner.left, inner.right)]
-        numbers = [
+        sides = [_float_of(flow, numbers, s, depth + 1) for s in (inner.left, inner.right)]
+        plain = [
             isinstance(s, cst.Integer) or f is not None
             for s, f in zip((inner.left, inner.right), sides, strict=True)
         ]
-        return node if all(numbers) and any(f is not None for f in sides) else None
+        return node if all(plain) and any(f is not None for f in sides) else None
     if not isinstance(inner, cst.Name):
         return None
     host = flow.host
+    defaults = params_of(host.params) if isinstance(host, cst.FunctionDef) else []
     for binding in flow.reach.of(inner):
-        if isinstance(binding, cst.Assign) and (found := _float_of(flow, binding.value, depth + 1)):
+        value = binding.value if isinstance(binding, cst.Assign) else None
+        if value is not None and (found := _float_of(flow, numbers, value, depth + 1)):
             return found
-        defaults = params_of(host.params) if isinstance(host, cst.FunctionDef) else []
         for param in defaults if binding is ENTRY else []:
             default = param.default if param.name.value == inner.value else None
-            if default is not None and (found := _float_of(flow, default, depth + 1)):
+            if default is not None and (found := _float_of(flow, numbers, default, depth + 1)):
                 return found
-    return None
+    own = inner.value in flow.stores or any(p.name.value == inner.value for p in defaults)
+    constant = None if own else numbers.get(inner.value)  # a global read
+    return _float_of(flow, numbers, constant, depth + 1) if constant is not None else None
 
 
 # Methods changing their array or container in place (`w.fill(0)`, `params.update(...)`), and

@@ -115,6 +115,7 @@ class Forms:
         bound: Values | None = None,
         imported: Imported = NO_IMPORTS,
         elsewhere: Callable[[str, Sequence[cst.FunctionDef]], str] = lambda *_: "",
+        numbers: Values | None = None,
     ) -> None:
         self.qualname = qualname
         self.elsewhere = elsewhere  # see `ModuleFacts.elsewhere`
@@ -126,6 +127,7 @@ class Forms:
         self.defs: Mapping[str, cst.FunctionDef] = defs or {}
         self.named = named  # the lambda a name of the function is bound to, if any
         self.bound = bound or {}  # the module's names bound once to a call (`cross_replica_mean`)
+        self.numbers = numbers or {}  # ... and to a number (`LR = 0.05`)
         self.summaries = Summaries(self.defs, qualname, self.bound)
 
     def _is(self, node: cst.BaseExpression, names: frozenset[str]) -> bool:

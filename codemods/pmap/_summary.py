@@ -221,6 +221,8 @@ class ModuleFacts:
     # The axes every batch norm of the module and of those it imports averages its statistics
     # over (`_body.averaged_axes`); empty when none is known
     norm_axes: frozenset[str] = frozenset()
+    # Its names bound once, at module level, to a number (`LEARNING_RATE = 0.05`)
+    numbers: Values = field(default_factory=dict)
 
 
 NO_FACTS = ModuleFacts()

@@ -239,6 +239,12 @@ class Survey(cst.CSTVisitor):
         return found
 
     @cached_property
+    def numbers(self) -> dict[str, cst.BaseExpression]:
+        """The names bound once in the module, at module level, to a number (`LR = 0.05`)."""
+        numbers = (cst.Float, cst.Integer, cst.UnaryOperation)
+        return {n: v for n, v in self._bound_once().items() if isinstance(v, numbers)}
+
+    @cached_property
     def calls(self) -> dict[str, cst.BaseExpression]:
         """The names bound once in the module, at module level, to a call."""
         return {n: v for n, v in self._bound_once().items() if isinstance(v, cst.Call)}
@@ -1799,7 +1805,7 @@ class Finding(Pass):
             own = [self.module] if any(w in line for line in lines for w in NORM_WORDS) else []
             self.norm_axes = averaged_axes([*own, *self.imported.modules(NORM_WORDS)])
         known = (self.survey.calls, self.survey.constants, self.imported, self.declared)
-        return ModuleFacts(found, *known, self._elsewhere, self.norm_axes)
+        return ModuleFacts(found, *known, self._elsewhere, self.norm_axes, self.survey.numbers)
 
     def _elsewhere(self, name: str, within: Sequence[cst.FunctionDef]) -> str:
         """Where code other than the defs `within` may use the module's def `name`: another
