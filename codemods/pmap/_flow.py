@@ -1629,7 +1629,10 @@ def _replication(
 
 # Replications making an array of a Python number that is not weakly typed (flax's `replicate`
 # stacks with NumPy what is not a `jax.Array`); `jnp.stack` keeps the weak type. Of a float
-# only: a step counter (`"step": 0`) adds the same in both forms (int8 arithmetic is rare).
+# only, knowingly: a Python int (`"step": 0`, flax `TrainState.create`'s step) stays weakly typed
+# in the program-level form too, and where the step mixes it with bfloat16 (a warmup factor
+# `(step + 1) / n`) or int8 values the numbers differ; declining every `TrainState` would decline
+# most flax programs, so verification catches those (PL603, the faithful form is written).
 STRONG = frozenset({"flax.jax_utils.replicate", "numpy.stack"})
 
 
