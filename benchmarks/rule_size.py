@@ -3,8 +3,10 @@
     python benchmarks/rule_size.py [--rule pmap] [--vs REV]
 
 A code line is a line holding a token of code: blank lines, comments and docstrings (a module's,
-a class's or a def's first statement when it is a string) do not count, so neither deleting
-comments nor wrapping differently under `ruff format` moves the figure. `--vs REV` reads the
+a class's or a def's first statement when it is a string) do not count, so deleting comments
+does not move the figure; wrapping does (a call `ruff format` lays out over six lines, with a
+magic trailing comma, counts six, three without it), so both sides of a comparison are laid out
+by the same `ruff format`. `--vs REV` reads the
 rule's files at a git revision (`git show`) and prints both columns and the change; the
 closing notes quote this table.
 """
