@@ -1025,3 +1025,23 @@ def test_a_replicated_value_changed_in_place_through_another_name_keeps_the_fait
     assert any(
         "[PL303] `host`, replicated for the step, is changed in place" in m for m in messages
     ), messages
+
+
+def test_a_keyword_named_like_a_value_changed_in_place_is_not_a_change_of_the_replicated_value():
+    # `np.asarray(w, order="C")` holds `w`, not the list `order` the function appends to after
+    # the replication: the keyword's name is no read, the program-level form is taken (it was
+    # declined PL303, "changed in place after: `order.append(...)`").
+    source = (
+        PROGRAM.replace(
+            "import jax.numpy as jnp\n",
+            "import jax.numpy as jnp\nimport numpy as np\nfrom flax import jax_utils\n",
+        )
+        .replace(
+            "    w = jnp.broadcast_to(w, (n,) + w.shape)\n",
+            '    order = []\n    ws = jax_utils.replicate(np.asarray(w, order="C"))\n'
+            '    order.append("replicated")\n',
+        )
+        .replace("w = p_step(w, x)", "w = p_step(ws, x)")
+    )
+    messages = pmap_messages(source)
+    assert len(messages) == 1 and "(program-level)" in messages[0], messages

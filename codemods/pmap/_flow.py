@@ -65,7 +65,7 @@ from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
 from ._specs import TAIL_BUILTINS, static_tail, tail_fits
-from ._summary import NO_FACTS, NOT_DECLARABLE, ModuleFacts, Values
+from ._summary import NO_FACTS, NOT_DECLARABLE, ModuleFacts, Values, name_reads
 
 GET_METRICS = (row_named("get_metrics"),)
 MEANS = (row_named("cross_device_mean"),)
@@ -1712,8 +1712,7 @@ def _changed_in_place(
     `source` holds (`w *= 0`, `params["w"] = v`, `w.fill(0)`, `np.copyto(w, v)`, a def of the
     module `defs` doing so to its parameter), else None. pmap's replicas are copies; the
     program-level form passes `source` itself, which sees it."""
-    fields = {id(a.attr) for a in nodes_in(source, cst.Attribute)}
-    names = {n.value for n in nodes_in(source, cst.Name) if id(n) not in fields}
+    names = {n.value for n in name_reads(source)}  # not `replicate(f(w=x))`'s keyword `w`
     for name in sorted(flow.aliases(names & (set(flow.stores) | flow.params))):
         for change in _in_place_changes(flow, name, defs):
             if not isinstance(flow.host, cst.FunctionDef) or flow.ran_before(change, [replication]):
