@@ -203,12 +203,12 @@ NOT_DECLARABLE = Declarable("")  # a def no entry can name (nested in another de
 @dataclass(frozen=True)
 class ModuleFacts:
     """What the analyses know of the module: its `defs` by name (the helpers a body or a call
-    may reach), its names bound once, at module level, to a call (`calls`: `cross_replica_mean =
-    jax.pmap(...)`, read where called, `called_value`) or to a string (`constants`: `_AXIS =
-    "i"`, or a field `self._axis_name` set once in `__init__`: an axis's literal name)."""
+    may reach), its names bound once, at module level, by a plain assignment (`values`, read
+    as `calls` and `numbers`) or to a string (`constants`: `_AXIS = "i"`, or a field
+    `self._axis_name` set once in `__init__`: an axis's literal name)."""
 
     defs: Mapping[str, cst.FunctionDef] = field(default_factory=dict)
-    calls: Values = field(default_factory=dict)
+    values: Values = field(default_factory=dict)
     constants: Mapping[str, str] = field(default_factory=dict)
     imported: Imported = NO_IMPORTS  # the code base's modules it imports: their defs
     # By id of a def of the module or a method of its classes: how `[tool.jaxmigrate]
@@ -221,8 +221,18 @@ class ModuleFacts:
     # The axes every batch norm of the module and of those it imports averages its statistics
     # over (`_body.averaged_axes`); empty when none is known
     norm_axes: frozenset[str] = frozenset()
-    # Its names bound once, at module level, to a number (`LEARNING_RATE = 0.05`)
-    numbers: Values = field(default_factory=dict)
+
+    @property
+    def calls(self) -> Values:
+        """The `values` that are calls (`cross_replica_mean = jax.pmap(...)`), read where
+        called (`called_value`)."""
+        return {n: v for n, v in self.values.items() if isinstance(v, cst.Call)}
+
+    @property
+    def numbers(self) -> Values:
+        """The `values` that are numbers (`LEARNING_RATE = 0.05`)."""
+        kinds = (cst.Float, cst.Integer, cst.UnaryOperation)
+        return {n: v for n, v in self.values.items() if isinstance(v, kinds)}
 
 
 NO_FACTS = ModuleFacts()

@@ -229,7 +229,7 @@ class Survey(cst.CSTVisitor):
         """The names bound once in the module, at module level, to a string literal."""
         found = {
             name: value.evaluated_value
-            for name, value in self._bound_once().items()
+            for name, value in self.bound_once.items()
             if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str)
         }
         for attr, stores in self.fields.items():
@@ -239,17 +239,7 @@ class Survey(cst.CSTVisitor):
         return found
 
     @cached_property
-    def numbers(self) -> dict[str, cst.BaseExpression]:
-        """The names bound once in the module, at module level, to a number (`LR = 0.05`)."""
-        numbers = (cst.Float, cst.Integer, cst.UnaryOperation)
-        return {n: v for n, v in self._bound_once().items() if isinstance(v, numbers)}
-
-    @cached_property
-    def calls(self) -> dict[str, cst.BaseExpression]:
-        """The names bound once in the module, at module level, to a call."""
-        return {n: v for n, v in self._bound_once().items() if isinstance(v, cst.Call)}
-
-    def _bound_once(self) -> dict[str, cst.BaseExpression]:
+    def bound_once(self) -> dict[str, cst.BaseExpression]:
         """The names bound once in the module, at module level, by a plain assignment: their
         values."""
         return {
@@ -1793,7 +1783,8 @@ class Finding(Pass):
 
     def _facts(self, host: cst.FunctionDef) -> ModuleFacts:
         """The defs of the module that nothing else binds (by name), and those of `host`, which
-        hide the module's; its names bound to calls and strings."""
+        hide the module's; its names bound once at module level (`Survey.bound_once`) and to
+        strings."""
         found = {
             d.name.value: d
             for d in self.module.body
@@ -1804,8 +1795,8 @@ class Finding(Pass):
             lines = self.state.original_lines
             own = [self.module] if any(w in line for line in lines for w in NORM_WORDS) else []
             self.norm_axes = averaged_axes([*own, *self.imported.modules(NORM_WORDS)])
-        known = (self.survey.calls, self.survey.constants, self.imported, self.declared)
-        return ModuleFacts(found, *known, self._elsewhere, self.norm_axes, self.survey.numbers)
+        known = (self.survey.bound_once, self.survey.constants, self.imported, self.declared)
+        return ModuleFacts(found, *known, self._elsewhere, self.norm_axes)
 
     def _elsewhere(self, name: str, within: Sequence[cst.FunctionDef]) -> str:
         """Where code other than the defs `within` may use the module's def `name`: another
