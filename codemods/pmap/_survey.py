@@ -1248,9 +1248,13 @@ class Finding(Pass):
             active = [site for site, _ in taken]
         if not active:
             return
+        host = taken[0][1].host
         blocks = {id(flow.parent.get(id(p.statement))) for _, p in taken}
         if len(blocks) > 1:
-            apart = "the function makes its steps in different blocks: no one place for the mesh"
+            steps = " and ".join(f"`{names[id(site)]}`" for site, _ in taken)
+            apart = (
+                f"`{host.name.value}` makes {steps} in different blocks: no one place for the mesh"
+            )
             for site, _ in taken:
                 site.fallback = str(NotVisible(apart, Decline.MESH))
             return
