@@ -1260,12 +1260,6 @@ class Finding(Pass):
             return
         lines = list(getattr(flow.parent.get(id(taken[0][1].statement)), "body", ()))
         taken.sort(key=lambda t: lines.index(t[1].statement))
-        host = taken[0][1].host
-        if id(host) in self.programs:  # a decorated def's steps and those a factory returns
-            kept = self._apart(host)
-            for site, _ in taken:
-                site.fallback = str(kept)
-            return
         for site, _ in taken:
             del self.sites[id(site.node)]
         self.programs[id(host)] = taken
@@ -1283,23 +1277,14 @@ class Finding(Pass):
                         "which keeps the per-device form: its results would reach this step on "
                         "one device"
                     )
-                    self._apart(host, NotVisible(why, Decline.MESH))
+                    self._apart(host, why)
 
-    def _apart(self, host: cst.FunctionDef, why: NotVisible | None = None) -> NotVisible:
+    def _apart(self, host: cst.FunctionDef, why: str) -> None:
         """Put the steps of `host`'s group back as sites of their own, per device, saying `why`
-        (returned); by default, `host` calls steps of two groups (a factory's and its own, made
-        or decorated there): one mesh for all of them is not followed; the group taken first
-        keeps the per-device form too, as the other's results would reach it committed to one
-        device."""
-        why = why or NotVisible(
-            f"`{host.name.value}` calls a step a factory returns and one of its own: one mesh for "
-            "all of them is not followed",
-            Decline.MESH,
-        )
+        (a mesh decline)."""
         for site, _ in self.programs.pop(id(host)):
             self.sites[id(site.node)] = site
-            site.fallback = str(why)
-        return why
+            site.fallback = str(NotVisible(why, Decline.MESH))
 
     def _module_program(self, flow: Flow, site: PmapUse) -> bool:
         """A step made at module level and read only there, outside any def, class or lambda
@@ -1325,7 +1310,7 @@ class Finding(Pass):
             "the module's statements make and call the step, and the module has other pmaps: "
             "no one rewrite of its statements for them all"
         )
-        self._apart(host, NotVisible(why, Decline.MESH))
+        self._apart(host, why)
 
     def _is_outer(self, site: PmapUse) -> bool:
         """A pmap decorator on a def of the module, or `step = jax.pmap(...)` at module level."""
@@ -1579,8 +1564,6 @@ class Finding(Pass):
         host, bound = found
         statement = flow.parent.get(id(bound))
         assert isinstance(statement, cst.SimpleStatementLine)
-        if id(host) in self.programs:  # another group's: not one mesh for them all
-            raise self._apart(host)
         facts = self._facts(host)
         details = (host, statement, site.node, body, self.qualname, siblings, facts, None)
         program = analyze(*details, self._unnamed(), made=bound.value)
