@@ -629,9 +629,37 @@ class Finding(Pass):
         if isinstance(factory, cst.Name):
             return len(flow.loads.get(factory.value, []))
         name = factory.attr.value
-        reads = sum(1 for a in nodes_in(self.module, cst.Attribute) if a.attr.value == name)
-        defs = sum(1 for d in nodes_in(self.module, cst.FunctionDef) if d.name.value == name)
-        return reads + defs - 1
+        return self._attributes_named[name] + len(self._defs_named.get(name, [])) - 1
+
+    @cached_property
+    def _defs_named(self) -> dict[str, list[cst.FunctionDef]]:
+        """Every def of the module, in any scope, by name."""
+        found: dict[str, list[cst.FunctionDef]] = {}
+        for fn in nodes_in(self.module, cst.FunctionDef):
+            found.setdefault(fn.name.value, []).append(fn)
+        return found
+
+    @cached_property
+    def _attributes_named(self) -> Counter[str]:
+        """How many attributes of the module have each name (`self.step`: `step`)."""
+        return Counter(a.attr.value for a in nodes_in(self.module, cst.Attribute))
+
+    def _other_defs(self, klass: cst.ClassDef, name: str) -> str:
+        """What else of the module is a def `name` besides `klass`'s method: the subclasses
+        overriding it (`self.name(...)` may run theirs), or another def so named; "" when
+        nothing."""
+        defs = self._defs_named[name]
+        if len(defs) == 1:
+            return ""
+        subclasses = [
+            f"`{k.name.value}.{name}`"
+            for k in nodes_in(self.module, cst.ClassDef)
+            if any(single_name(b.value) == klass.name.value for b in k.bases)
+            if any(d in k.body.body for d in defs)
+        ]
+        if subclasses:
+            return f"overridden by {' and '.join(subclasses)}"
+        return f"one of several defs named `{name}` in this module"
 
     def _stored_step(self, flow: Flow, site: PmapUse) -> _StoredStep | None:
         """A step stored on `self` (`self.step = jax.pmap(...)`, or a factory's decorated def,
@@ -703,9 +731,8 @@ class Finding(Pass):
         if 0 not in self._decorator_options(method.decorators[0], method).statics:
             first = first_parameter(method)
             return NotVisible(f"`{first}` is not a static argument of its pmap", Decline.OPTION)
-        defs = [d for d in nodes_in(self.module, cst.FunctionDef) if d.name.value == name]
-        if len(defs) != 1:
-            why = f"`{owner}.{name}` is one of {len(defs)} defs named `{name}` in this module"
+        if which := self._other_defs(klass, name):
+            why = f"`{owner}.{name}` is {which}: which definition runs is not followed"
             return NotVisible(why, Decline.NOT_CALLED_ONLY)
         if where := self._used_elsewhere(owner):
             why = f"its class `{owner}` is used {where}: its calls there are not followed"
@@ -839,17 +866,7 @@ class Finding(Pass):
             if (param := next((p for p, v in bound.items() if v is read), None)) is None:
                 return []
             name = method.name.value
-            defs = [d for d in nodes_in(self.module, cst.FunctionDef) if d.name.value == name]
-            if len(defs) != 1:
-                mine = found.klass.name.value
-                subclasses = [
-                    f"`{k.name.value}.{name}`"
-                    for k in nodes_in(self.module, cst.ClassDef)
-                    if any(single_name(b.value) == mine for b in k.bases)
-                    if any(d in k.body.body for d in defs)
-                ]
-                which = f"one of several defs named `{name}` in this module"
-                which = f"overridden by {' and '.join(subclasses)}" if subclasses else which
+            if which := self._other_defs(found.klass, name):
                 return NotVisible(
                     f"`{me}.{name}(...)`, which the steps stored on `{me}` are passed to, is "
                     f"{which}: which definition runs there is not followed",
@@ -1031,8 +1048,6 @@ class Finding(Pass):
         named = {id(a.attr) for a in attrs}
         # A method's name read in `setup` other than as an attribute would be another
         bare = {n.value for n in nodes_in(setup, cst.Name) if id(n) not in named}
-        reads = Counter(a.attr.value for a in nodes_in(self.module, cst.Attribute))
-        defs = Counter(d.name.value for d in nodes_in(self.module, cst.FunctionDef))
         outside = private = self.state.outside
         if outside is not None:
             # A module another one reads as a value (`mock.patch.object(module, ...)`) has each
@@ -1042,7 +1057,8 @@ class Finding(Pass):
             )
         for name in (m.name.value for m in methods if m is not setup):
             mine = [a for a in attrs if a.attr.value == name]
-            if not mine or reads[name] != len(mine) or name in bare or defs[name] != 1:
+            once = len(self._defs_named[name]) == 1
+            if not mine or self._attributes_named[name] != len(mine) or name in bare or not once:
                 return False  # also read elsewhere, or a subclass's override is called too
             if any(single_name(a.value) != me or id(a) not in funcs for a in mine):
                 return False
