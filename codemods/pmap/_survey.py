@@ -979,8 +979,7 @@ class Finding(Pass):
                         raise NotVisible(odd, Decline.CALLS_DIFFER)
                 steps.append(step)
             self._passed_alike(passed)
-            if len({code(step.options.axis) for step in steps}) > 1:
-                raise NotVisible("steps over different axes", Decline.MESH)
+            self._one_axis(steps)
             inner = Flow(setup_copy.copy)
             by_name = {m.name.value: m for m in others}
             self._passed_as_before(inner, setup_copy, steps, given_params, by_name)
