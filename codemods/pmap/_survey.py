@@ -1143,8 +1143,8 @@ class Finding(Pass):
             name = single_name(call.func) or ""
             if (method := methods.get(name)) is None:
                 continue
-            if (args := bound_arguments(_without_self(method), call)) is None:
-                raise NotVisible(f"the arguments of `{name}` are not visible", Decline.CALLS_DIFFER)
+            args = bound_arguments(_without_self(method), call)
+            assert args is not None  # else `_given` or `_passed_everywhere` declined first
             laid_out = given.get(name, ())  # a step's argument in `setup`: checked there
             for value in (v for param, v in args.items() if param not in laid_out):
                 for use in nodes_in(value, cst.Name):
