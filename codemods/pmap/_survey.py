@@ -1169,7 +1169,7 @@ class Finding(Pass):
         if self.kept_pmaps or any(key not in taken for key in self.sites):
             line = "a pmap of the module stays per-device"
         elif len(axes) > 1:
-            line = "the steps of the module are over different axes"
+            line = f"the steps of the module are over different axes, {' and '.join(sorted(axes))}"
         else:
             for site in sites:
                 del self.sites[id(site.node)]
