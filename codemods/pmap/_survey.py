@@ -1917,9 +1917,15 @@ class Finding(Pass):
             upper, lower = group[0], group[-1]
             assert isinstance(upper.mapped, cst.FunctionDef)
             decorators: list[cst.CSTNode] = list(upper.mapped.decorators)
-            if len(group) > 2 or decorators.index(lower.node) != decorators.index(upper.node) + 1:
+            upper_at, lower_at = decorators.index(upper.node), decorators.index(lower.node)
+            if between := decorators[upper_at + 1 : lower_at]:  # not adjacent, or a third
+                name, count = f"`{upper.mapped.name.value}`", len(group)
+                others = ", ".join(f"`@{code(d.decorator)}`" for d in between)  # type: ignore[attr-defined]
+                why = f"{others} between {name}'s two pmap decorators: only adjacent ones nest"
+                if count > 2:
+                    why = f"three or more levels of nested pmap ({name}'s {count} decorators)"
                 for site in group:
-                    site.skip = "more than two pmap decorators, or not adjacent ones"
+                    site.skip = why
                 continue
             upper.pmaps.append(lower.node)  # type: ignore[arg-type]
             sites.remove(lower)
