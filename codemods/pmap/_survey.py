@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import cache, cached_property, partial
+from functools import cache, cached_property
 from typing import Any
 
 import libcst as cst
@@ -1552,7 +1552,7 @@ class Finding(Pass):
         except NotVisible as why:  # passed to a def of the module: followed there (`_callee`)
             if why.code not in (Decline.NOT_CALLED_ONLY, Decline.CALLED_NESTED):
                 raise
-            program = follow_passed(why, *details, unnamed, partial(self._called_once, flow))
+            program = follow_passed(why, *details, unnamed, self._called_once)
         return self._checked(program, flow, statement)
 
     def _factory_program(
@@ -1616,11 +1616,11 @@ class Finding(Pass):
         block = cst.IndentedBlock([cst.SimpleStatementLine([cst.Return(result)])])
         return cst.FunctionDef(cst.Name(OPAQUE), cst.Parameters(params), block)
 
-    def _called_once(self, flow: Flow, callee: cst.FunctionDef, call: cst.Call) -> bool:
+    def _called_once(self, callee: cst.FunctionDef, call: cst.Call) -> bool:
         """`callee` is a def of the module read only as the function of `call`, and holds no
         pmap site nor calls a step made at module level: the step passed there is followed
         there (`_callee.follow_passed`)."""
-        uses = flow.loads.get(callee.name.value, [])
+        uses = self.module_flow.loads.get(callee.name.value, [])
         holds = any(callee in around for _, around in self.survey.refs)
         outer = {self._bound_to(s) for s in self.sites.values() if s.scope is None}  # module's
         holds = holds or bool(outer & set(names_in(callee)))  # its calls: another program
