@@ -629,15 +629,12 @@ class Finding(Pass):
         if isinstance(factory, cst.Name):
             return len(flow.loads.get(factory.value, []))
         name = factory.attr.value
-        return self._attributes_named[name] + len(self._defs_named.get(name, [])) - 1
+        return self._attributes_named[name] + self._defs_named[name] - 1
 
     @cached_property
-    def _defs_named(self) -> dict[str, list[cst.FunctionDef]]:
-        """Every def of the module, in any scope, by name."""
-        found: dict[str, list[cst.FunctionDef]] = {}
-        for fn in nodes_in(self.module, cst.FunctionDef):
-            found.setdefault(fn.name.value, []).append(fn)
-        return found
+    def _defs_named(self) -> Counter[str]:
+        """How many defs of the module, in any scope, have each name."""
+        return Counter(d.name.value for d in nodes_in(self.module, cst.FunctionDef))
 
     @cached_property
     def _attributes_named(self) -> Counter[str]:
@@ -648,14 +645,13 @@ class Finding(Pass):
         """What else of the module is a def `name` besides `klass`'s method: the subclasses
         overriding it (`self.name(...)` may run theirs), or another def so named; "" when
         nothing."""
-        defs = self._defs_named[name]
-        if len(defs) == 1:
+        if self._defs_named[name] == 1:
             return ""
         subclasses = [
             f"`{k.name.value}.{name}`"
             for k in nodes_in(self.module, cst.ClassDef)
             if any(single_name(b.value) == klass.name.value for b in k.bases)
-            if any(d in k.body.body for d in defs)
+            if any(isinstance(d, cst.FunctionDef) and d.name.value == name for d in k.body.body)
         ]
         if subclasses:
             return f"overridden by {' and '.join(subclasses)}"
@@ -1056,7 +1052,7 @@ class Finding(Pass):
             )
         for name in (m.name.value for m in methods if m is not setup):
             mine = [a for a in attrs if a.attr.value == name]
-            once = len(self._defs_named[name]) == 1
+            once = self._defs_named[name] == 1
             if not mine or self._attributes_named[name] != len(mine) or name in bare or not once:
                 return False  # also read elsewhere, or a subclass's override is called too
             if any(single_name(a.value) != me or id(a) not in funcs for a in mine):
