@@ -940,8 +940,7 @@ class Pmap(Faithful):
 
     def _fresh(self, name: str, taken: set[str]) -> str:
         """Return `name`, or `name_1`, ...: one neither the function nor the module uses."""
-        candidates = (name, *(f"{name}_{k}" for k in range(1, len(taken) + 2)))
-        return next(c for c in candidates if c not in taken and self.resolver.is_free(c))
+        return numbered(name, lambda n: n not in taken and self.resolver.is_free(n))
 
 
 def _defs_by_occurrence(module: cst.Module) -> list[tuple[tuple[str, int], cst.FunctionDef]]:

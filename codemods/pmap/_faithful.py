@@ -17,7 +17,6 @@ from jaxmigrate.toolkit.emit import (
     Style,
     code,
     fit_lines,
-    fresh_name,
     is_plain_reusable,
     items_of,
     new_item,
@@ -31,6 +30,7 @@ from ._flow import mapped_name
 from ._forms import base_of
 from ._layout import fill, holes_of
 from ._passon import elsewhere
+from ._program import numbered
 from ._reach import nodes_in
 from ._specs import (
     TAIL_BUILTINS,
@@ -337,8 +337,7 @@ class Faithful(Finding):
         for pmapped, items in layers:
             value = items[pmapped.axis_name].arg.value if pmapped.axis_name is not None else None
             if value is None or (isinstance(value, cst.Name) and value.value == "None"):
-                candidates = (UNNAMED, *(f"{UNNAMED}_{k}" for k in range(1, len(taken) + 2)))
-                fresh = fresh_name(candidates, taken)
+                fresh = numbered(UNNAMED, lambda n: n not in taken)
                 taken.add(fresh)
                 notes.append(f'the unnamed mapped axis is called "{fresh}"')
                 value = self.state.style.string(fresh)

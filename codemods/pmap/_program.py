@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import count
 from typing import Any
 
 import libcst as cst
@@ -311,8 +312,9 @@ class Program:
 
 
 def numbered(base: str, free: Callable[[str], bool]) -> str:
-    """Return the first of `base`, `base_2`, ..., `base_98` that `free` accepts."""
-    return next(n for n in (base, *(f"{base}_{k}" for k in range(2, 99))) if free(n))
+    """Return the first of `base`, `base_1`, `base_2`, ... that `free` accepts."""
+    names = (f"{base}_{k}" if k else base for k in count())
+    return next(n for n in names if free(n))
 
 
 def keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
