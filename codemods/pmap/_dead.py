@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import dropwhile
+from typing import Any, TypeVar, cast
 
 import libcst as cst
 
@@ -19,6 +21,8 @@ from ._forms import single_name
 from ._layout import Qualname
 from ._reach import Flow, assigned_name, nodes_in, read_names
 from ._summary import SCOPED, summarize
+
+NodeT = TypeVar("NodeT", bound=cst.CSTNode)
 
 
 @dataclass(frozen=True)
@@ -140,8 +144,9 @@ def drop_dead_locals(original: cst.Module, updated: cst.Module) -> cst.Module:
     value it read unread: `shape_prefix = (num_devices, batch_size_per_device)`. Such a
     statement of a def goes, with its comments, when its one target is a plain name bound once
     in the def (nested defs included), not declared `global` or `nonlocal`, read in the
-    original def and nowhere in the rewritten one, its value holds none of `EFFECTS`, and it is
-    not alone in its block. Names at module level stay: another module may import them.
+    original def and nowhere in the rewritten one, and its value holds none of `EFFECTS`
+    (`without`: a block left empty holds `pass`). Names at module level stay: another module
+    may import them.
     """
     before, dead = _defs(original), set()
     for path, new in _defs(updated).items():
@@ -163,15 +168,38 @@ def drop_dead_locals(original: cst.Module, updated: cst.Module) -> cst.Module:
                 and not any(next(nodes_in(line, kind), None) for kind in EFFECTS)  # in `value`
             ):
                 dead.add(id(line))
+    return without(updated, dead)
+
+
+def without(tree: NodeT, dead: set[int]) -> NodeT:
+    """`tree` without the statements `dead` (by id), each with the comments above it. The blank
+    lines above one go to the next statement of its block that has none of its own; a block
+    whose first statements went begins at its next comment or statement."""
     if not dead:
-        return updated
+        return tree
 
     class Drop(cst.CSTTransformer):
         def leave_IndentedBlock(
             self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock
         ) -> cst.IndentedBlock:
-            pairs = zip(original_node.body, updated_node.body, strict=True)
-            kept = [new for old, new in pairs if id(old) not in dead]
-            return updated_node.with_changes(body=kept) if kept else updated_node
+            kept: list[Any] = []
+            blank: list[cst.EmptyLine] = []  # above the statements gone since the last kept one
+            gone = False
+            for old, new in zip(original_node.body, updated_node.body, strict=True):
+                lines = new.leading_lines  # type: ignore[attr-defined]
+                if id(old) in dead:
+                    blank, gone = blank or [line for line in lines if _blank(line)], True
+                    continue
+                if gone and not kept:
+                    new = new.with_changes(leading_lines=list(dropwhile(_blank, lines)))
+                elif blank and not any(map(_blank, lines)):
+                    new = new.with_changes(leading_lines=[*blank, *lines])
+                kept.append(new)
+                blank = []
+            return updated_node.with_changes(body=kept)
 
-    return updated.visit(Drop())
+    return cast(NodeT, tree.visit(Drop()))
+
+
+def _blank(line: cst.EmptyLine) -> bool:
+    return line.comment is None

@@ -49,7 +49,7 @@ from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import Call, Room, Style, code, exploded_sequence, with_lambda_calls
 from jaxmigrate.toolkit.imports import is_docstring
 
-from ._dead import bound_name
+from ._dead import bound_name, without
 from ._declines import Decline
 from ._layout import Layout, fill
 from ._reach import nodes_in, read_names, replaced
@@ -417,73 +417,20 @@ def rewrite_host(
     host: cst.FunctionDef, programs: list[Program], setup: Setup | None, indent: str, style: Style
 ) -> cst.FunctionDef:
     """Return `host` with the edits of `programs` (steps it calls) and the mesh `setup`."""
-    out = host.visit(_Edit(host, programs, setup, indent, style))
-    assert isinstance(out, cst.FunctionDef)
+    edit = _Edit(host, programs, setup, indent, style)
+    out = cst.ensure_type(host.visit(edit), cst.FunctionDef)
     helpers = set().union(*(p.helpers for p in programs))
     # the sharding of batches made with the step, which only a def it is passed to may convert
     # with (`_callee.py`: over a mesh of its own), is a helper too
     helpers |= {p.sharding for p in programs if p.sharding.isidentifier()}
-    # `n = jax.local_device_count()`, `rep = lambda x: ...`, no longer read
-    while dead := helpers - set(read_names(out)):
-        out = _dropped(out, dead)
-        helpers -= dead
+    # `x = x` a deletion left, then `n = jax.local_device_count()`, `rep = lambda x: ...`, no
+    # longer read
+    out = without(out, edit.copies)
+    while unread := helpers - set(read_names(out)):
+        helpers -= unread
+        lines = nodes_in(out.body, cst.SimpleStatementLine)
+        out = without(out, {id(line) for line in lines if bound_name(line) in unread})
     return out
-
-
-def _dropped(host: cst.FunctionDef, names: set[str]) -> cst.FunctionDef:
-    """`host` without its `name = value` statements (no comment above them) binding `names`; a
-    block whose first statement went starts at the next one, without blank lines; elsewhere
-    the blank lines above a statement that went stay above the next one (after a nested def)."""
-    lines = nodes_in(host.body, cst.SimpleStatementLine)
-    drop = {id(line): list(line.leading_lines) for line in lines if _binds(line, names)}
-
-    class Drop(cst.CSTTransformer):
-        def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
-            if id(original_node) in drop:
-                return cst.RemovalSentinel.REMOVE
-            if not isinstance(updated_node, cst.IndentedBlock) or not updated_node.body:
-                return updated_node
-            assert isinstance(original_node, cst.IndentedBlock)
-            updated_node = blank_lines_kept(original_node, updated_node, drop)
-            first = updated_node.body[0]
-            lines = getattr(first, "leading_lines", ())
-            if id(original_node.body[0]) not in drop or any(line.comment for line in lines):
-                return updated_node
-            first = first.with_changes(leading_lines=[])  # type: ignore[call-arg]
-            return updated_node.with_changes(body=[first, *updated_node.body[1:]])
-
-    out = host.visit(Drop())
-    assert isinstance(out, cst.FunctionDef)
-    return out
-
-
-def blank_lines_kept(
-    original: cst.IndentedBlock,
-    updated: cst.IndentedBlock,
-    dropped: dict[int, list[cst.EmptyLine]],
-    expanded: dict[int, int] | None = None,
-) -> cst.IndentedBlock:
-    """The blank lines above a dropped statement (`dropped`: by id of the original, its blank
-    lines) go to the next one kept (which had none); `expanded`: statements made several."""
-    if not any(id(s) in dropped for s in original.body):
-        return updated
-    body, at, pending = list(updated.body), 0, list[cst.EmptyLine]()
-    for statement in original.body:
-        if id(statement) in dropped:
-            pending = pending or dropped[id(statement)]
-            continue
-        count = (expanded or {}).get(id(statement), 1)
-        if pending and count and at < len(body):
-            lines = getattr(body[at], "leading_lines", None)
-            if lines is not None and not any(line.comment is None for line in lines):
-                body[at] = body[at].with_changes(leading_lines=[*pending, *lines])  # type: ignore[call-arg]
-        pending = pending if not count else []
-        at += count
-    return updated.with_changes(body=body)
-
-
-def _binds(line: cst.SimpleStatementLine, names: set[str]) -> bool:
-    return bound_name(line) in names and not any(c.comment for c in line.leading_lines)
 
 
 class _Edit(cst.CSTTransformer):
@@ -508,10 +455,7 @@ class _Edit(cst.CSTTransformer):
         self.edited = False  # whether the statement being left had an edit
         self.touched: set[int] = set()  # the original nodes edited
         self.scoped = False  # past the setup's statement: in `with jax.set_mesh(...)`, deeper
-        # Statements dropped (by id of the original): the blank lines above them, which the
-        # next statement of the block takes; statements made several (by id): how many
-        self.dropped: dict[int, list[cst.EmptyLine]] = {}
-        self.expanded: dict[int, int] = {}
+        self.copies: set[int] = set()  # `x = replicate(x)` left `x = x`: dropped after
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self.setup is not None:  # in from the setup's statement on, out from the one it ends
@@ -533,19 +477,10 @@ class _Edit(cst.CSTTransformer):
             self.touched.add(id(original_node))
             return edit(updated_node)
         if (program := self.made.get(id(original_node))) is not None:
-            made = program.step_statements(here, self.style, updated_node)
-            self.expanded[id(original_node)] = len(made)
-            return cst.FlattenSentinel(made)
+            return cst.FlattenSentinel(program.step_statements(here, self.style, updated_node))
         if _is_self_assignment(updated_node) and not _is_self_assignment(original_node):
-            assert isinstance(updated_node, cst.SimpleStatementLine)
-            blank = [line for line in updated_node.leading_lines if line.comment is None]
-            self.dropped[id(original_node)] = blank
-            return cst.RemovalSentinel.REMOVE  # `x = replicate(x)` with the replication gone
-        if isinstance(original_node, cst.IndentedBlock):
-            assert isinstance(updated_node, cst.IndentedBlock)
-            updated_node = blank_lines_kept(
-                original_node, updated_node, self.dropped, self.expanded
-            )
+            self.copies.add(id(updated_node))
+            return updated_node
         if original_node is self.host.body:
             assert isinstance(updated_node, cst.IndentedBlock)
             if self.setup is not None:
