@@ -1,5 +1,5 @@
 """Statements the program-level rewrite moves one block deeper, under `with jax.set_mesh(mesh):`
-(`_program._refitted`): one that fitted its lines before and no longer does is laid out again,
+(`_program.fitted`, `moved`): one that fitted its lines before and no longer does is laid out again,
 as the formatter would; one that did not fit before, or holds a comment, stays as written."""
 
 from __future__ import annotations

@@ -486,10 +486,9 @@ class _Edit(cst.CSTTransformer):
             if self.setup is not None:
                 updated_node = self._with_setup(updated_node)
             return self._with_entry(updated_node)
-        if self.edited and isinstance(updated_node, cst.SimpleStatementLine):
-            updated_node = fitted(updated_node, here, self.style)  # the mesh may come before
-        elif self.scoped and isinstance(updated_node, cst.SimpleStatementLine):
-            updated_node = _refitted(updated_node, here, self.style)
+        if (self.edited or self.scoped) and isinstance(updated_node, cst.SimpleStatementLine):
+            # edited (the mesh may come before), or moved under `with jax.set_mesh(...)`
+            updated_node = fitted(updated_node, here, self.style, moved=not self.edited)
         elif (
             isinstance(original_node, cst.For)
             and isinstance(updated_node, cst.For)
@@ -533,29 +532,25 @@ class _Edit(cst.CSTTransformer):
         return block.with_changes(body=[*body[:at], *head, *body[end:]])
 
 
-def fitted(statement: cst.SimpleStatementLine, indent: str, style: Style) -> cst.BaseStatement:
-    """An edited `target = call(...)` laid out again when it no longer fits its line."""
+def fitted(
+    statement: cst.SimpleStatementLine, indent: str, style: Style, moved: bool = False
+) -> cst.BaseStatement:
+    """An edited `target = call(...)` laid out again when it no longer fits its line, or is
+    a call written over several lines an edit put into another and holds no comment. `moved`:
+    a statement only moved one block deeper (under `with jax.set_mesh(...)`, at `indent`),
+    laid out again, as the formatter would, when its lines fitted the width before the move,
+    no longer do, and hold no comment."""
     text = code(statement.with_changes(leading_lines=[]))
-    lines = text.splitlines()
-    lines[0] = indent + lines[0]  # continuation lines carry their own indentation
-    # An edit that put a call written over several lines into another is laid out again.
-    if all(len(line) <= style.width for line in lines) and (len(lines) == 1 or "#" in text):
-        return statement
-    return laid_out(statement, indent, style)
-
-
-def _refitted(statement: cst.SimpleStatementLine, indent: str, style: Style) -> cst.BaseStatement:
-    """A statement moved one block deeper (under `with jax.set_mesh(...)`, at `indent`) laid
-    out again, as the formatter would, when its lines fitted the width before the move and
-    no longer do; one holding a comment stays as written."""
-    text = code(statement.with_changes(leading_lines=[]))
-    first, *rest = text.splitlines()
-    before = len(indent) - len(style.indent)  # its column before the move (`indent` ends so)
-    if "#" in text or before + len(first) > style.width or len(indent) + len(first) <= style.width:
-        return statement  # a comment; a first line too long before the move, or fitting after
-    if any(len(line) > style.width - len(style.indent) for line in rest):
-        return statement  # a continuation line did not fit either, once moved
-    return laid_out(statement, indent, style)
+    first, *rest = text.splitlines()  # continuation lines carry their own indentation
+    if moved:
+        before = len(indent) - len(style.indent)  # its column before the move (`indent` ends so)
+        fit = before + len(first) <= style.width
+        fit &= all(len(line) <= style.width - len(style.indent) for line in rest)
+        keep = "#" in text or not fit or len(indent) + len(first) <= style.width
+    else:
+        fits = len(indent) + len(first) <= style.width and all(len(n) <= style.width for n in rest)
+        keep = fits and (not rest or "#" in text)
+    return statement if keep else laid_out(statement, indent, style)
 
 
 def _fitted_for(node: cst.For, indent: str, style: Style) -> cst.For:
