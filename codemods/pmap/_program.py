@@ -425,7 +425,7 @@ def rewrite_host(
     helpers |= {p.sharding for p in programs if p.sharding.isidentifier()}
     # `x = x` a deletion left, then `n = jax.local_device_count()`, `rep = lambda x: ...`, no
     # longer read
-    out = without(out, edit.copies)
+    out = without(out, {id(node) for node in edit.copies})
     while unread := helpers - set(read_names(out)):
         helpers -= unread
         lines = nodes_in(out.body, cst.SimpleStatementLine)
@@ -455,7 +455,8 @@ class _Edit(cst.CSTTransformer):
         self.edited = False  # whether the statement being left had an edit
         self.touched: set[int] = set()  # the original nodes edited
         self.scoped = False  # past the setup's statement: in `with jax.set_mesh(...)`, deeper
-        self.copies: set[int] = set()  # `x = replicate(x)` left `x = x`: dropped after
+        # `x = replicate(x)` left `x = x`: dropped after (kept alive: their ids stay theirs)
+        self.copies: list[cst.CSTNode] = []
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if self.setup is not None:  # in from the setup's statement on, out from the one it ends
@@ -479,7 +480,7 @@ class _Edit(cst.CSTTransformer):
         if (program := self.made.get(id(original_node))) is not None:
             return cst.FlattenSentinel(program.step_statements(here, self.style, updated_node))
         if _is_self_assignment(updated_node) and not _is_self_assignment(original_node):
-            self.copies.add(id(updated_node))
+            self.copies.append(updated_node)
             return updated_node
         if original_node is self.host.body:
             assert isinstance(updated_node, cst.IndentedBlock)
