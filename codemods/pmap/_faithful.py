@@ -200,26 +200,30 @@ def arity(node: cst.CSTNode | None, statics: Sequence[int] = ()) -> int | None:
     return len(positional) if all(p.default is None for p in positional[passed:]) else None
 
 
-def arity_of_calls(module: cst.Module, fn: cst.FunctionDef, method: bool) -> int | None:
+def arity_of_calls(
+    module: cst.Module, fn: cst.FunctionDef, method: bool
+) -> tuple[int, set[str]] | None:
     """Return how many positional arguments every call of `fn` in `module` passes (a method's
-    `self`, called as `obj.fn(...)`, counted), when each other reference to its name is such a
-    call and all pass that number by position; else None.
+    `self`, called as `obj.fn(...)`, counted) and the keywords they pass, when each other
+    reference to its name is such a call and all pass that number by position; else None.
 
     For a def with a default after its last static argument (AlgoPerf's wmt
-    `predict_step(self, ..., max_decode_len, beam_size=4)`): pmap maps each argument a call
-    passes, so the faithful form has a spec for each. A call in another module passing another
-    number fails loudly, its arguments not matching the specs."""
+    `predict_step(self, ..., max_decode_len, beam_size=4)`), or one called with keyword
+    arguments: pmap maps each argument a call passes, so the faithful form has a spec for each
+    positional one. A call in another module passing another number fails loudly, its
+    arguments not matching the specs."""
     named = m.Attribute(attr=m.Name(fn.name.value)) if method else m.Name(fn.name.value)
-    counts, called, others = set(), set(), []
+    counts, keywords, called, others = set(), set[str](), set(), []
     for node in nodes_in(module, cst.CSTNode):  # type: ignore[type-abstract]
         if isinstance(node, cst.Call) and m.matches(node.func, named):
-            if any(a.keyword or a.star for a in node.args):
+            if any(a.star for a in node.args):
                 return None
-            counts.add(len(node.args) + method)
+            keywords.update(a.keyword.value for a in node.args if a.keyword)
+            counts.add(sum(a.keyword is None for a in node.args) + method)
             called.add(id(node.func))
         elif m.matches(node, named) and node is not fn.name and id(node) not in called:
             others.append(node)
-    return counts.pop() if len(counts) == 1 and not others else None
+    return (counts.pop(), keywords) if len(counts) == 1 and not others else None
 
 
 def after_imports(body: Sequence[cst.BaseStatement], default: int) -> int:
@@ -284,13 +288,13 @@ class Faithful(Finding):
             count = arity(site.mapped, statics)
             if count is None and fun is not None:
                 count = self._partial_arity(fun.arg.value, statics)
-            if count is None and isinstance(site.node, cst.Decorator):
-                count = self._calls_arity(site, statics)
-                if count is not None:
-                    notes.append(
-                        f"`in_specs` is sized for the {count} arguments its calls in this module "
-                        "pass (a call elsewhere passing another number raises)"
-                    )
+            called = self._calls_arity(site, statics, count)
+            if called is not None:
+                count = called
+                notes.append(
+                    f"`in_specs` is sized for the {count} arguments its calls in this module "
+                    "pass (a call elsewhere passing another number raises)"
+                )
             in_specs = with_statics(in_specs, statics, count)
         name = names[0] if len(names) == 1 else tuple_of(names)
         helper = [
@@ -474,21 +478,29 @@ class Faithful(Finding):
         helper = Call(partial, [Item(cst.Arg(cst.Name(HELPER))), *plan.helper, *plan.jit])
         return [new.with_changes(decorator=helper.laid_out(room, self.state.style))]
 
-    def _calls_arity(self, site: PmapUse, statics: Sequence[int]) -> int | None:
-        """The arity a decorated def's calls in the module agree on (`arity_of_calls`), when it
-        passes every static argument and leaves out only parameters with defaults."""
+    def _calls_arity(self, site: PmapUse, statics: Sequence[int], known: int | None) -> int | None:
+        """The arity a decorated def's calls in the module agree on (`arity_of_calls`), when
+        `known`, the def's own, is not it: unknown (a default after the last static argument),
+        or more than the calls pass by position, the rest by keyword (pmap maps keyword
+        arguments, so `in_specs` is per position: sized by the def, a call passing `x=` fails).
+        The calls must pass every static argument, and fill every parameter without a default."""
         fn, module = site.mapped, site.ancestors[0]
-        if not isinstance(fn, cst.FunctionDef) or not isinstance(module, cst.Module):
+        if not isinstance(site.node, cst.Decorator) or not isinstance(module, cst.Module):
+            return None
+        if not isinstance(fn, cst.FunctionDef) or isinstance(fn.params.star_arg, cst.Param):
             return None
         method = any(isinstance(a, cst.ClassDef) and fn in a.body.body for a in site.ancestors)
         if not method and elsewhere(fn.name.value, self.state.outside, self.survey.strings):
             return None  # called by other modules too: how many arguments they pass is not seen
-        count = arity_of_calls(module, fn, method)
+        count, keywords = arity_of_calls(module, fn, method) or (None, set[str]())
         positional = (*fn.params.posonly_params, *fn.params.params)
-        required = sum(p.default is None for p in positional)
-        if count is None or isinstance(fn.params.star_arg, cst.Param):
+        filled = all(
+            p.default or i < (count or 0) or p.name.value in keywords
+            for i, p in enumerate(positional)
+        )
+        if count is None or count == known or not filled:
             return None
-        return count if max(statics) < count <= len(positional) and count >= required else None
+        return count if max(statics) < count <= len(positional) else None
 
     def _partial_arity(self, fun: cst.BaseExpression, statics: Sequence[int]) -> int | None:
         """The positional arity of `functools.partial(f, k=v, ...)`, `f` a def of the module:
