@@ -1641,13 +1641,7 @@ def _check_python_float(
 ) -> None:
     """Raise PL303 if `source` visibly is or holds a Python float (`0.05`, `lr` bound to one,
     `{"lr": 0.05}` written out or bound), which a replication of `STRONG` makes a typed array."""
-    if not isinstance(replication, cst.Call):
-        return
-    func: cst.BaseExpression | None = replication.func
-    lifted = replication.args[0].value if replication.args else None
-    if site.forms.qualname(replication.func) in TREE_MAPS and isinstance(lifted, cst.Lambda):
-        func = lifted.body.func if isinstance(lifted.body, cst.Call) else None  # each leaf's
-    if func is None or site.forms.qualname(func) not in STRONG:
+    if not _strong(site.forms, replication):
         return
     values: list[cst.CSTNode] = [source]
     if isinstance(source, cst.Name):
@@ -1665,6 +1659,23 @@ def _check_python_float(
                     "with it stays `bfloat16`)"
                 )
                 raise NotVisible(why, Decline.STACKED_READ)
+
+
+def _strong(forms: Forms, replication: cst.BaseExpression, depth: int = 0) -> bool:
+    """Whether `replication` is a call of `STRONG`: itself, leaf by leaf (`jax.tree.map(lambda
+    v: ..., x)`), or a helper of the module returning one (`def _repl(x): return replicate(x)`,
+    read by its summary)."""
+    if not isinstance(replication, cst.Call) or depth > 3:
+        return False
+    func, lifted = replication.func, replication.args[0].value if replication.args else None
+    if forms.qualname(func) in TREE_MAPS and isinstance(lifted, cst.Lambda):
+        return _strong(forms, lifted.body, depth + 1)  # each leaf's
+    helper = forms.defs.get(func.value) if isinstance(func, cst.Name) else None
+    last = helper.body.body[-1] if helper is not None and helper.body.body else None
+    returned = last.body[-1] if isinstance(last, cst.SimpleStatementLine) else None
+    if isinstance(returned, cst.Return) and returned.value is not None:
+        return _strong(forms, returned.value, depth + 1)
+    return forms.qualname(func) in STRONG
 
 
 def _float_of(flow: Flow, numbers: Values, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode | None:
