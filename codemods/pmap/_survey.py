@@ -438,9 +438,12 @@ def _factory(module: cst.Module, site: PmapUse) -> cst.FunctionDef | None:
 
 def _bound_value(binding: cst.CSTNode) -> cst.BaseExpression | None:
     """What a binding binds its names from (`flow.stores`' nodes): `x = v`'s `v`, a `for`
-    loop's iterable; None for anything else (a def, a class, an import, a `with` item)."""
+    loop's iterable, a `with` item's context (`with nullcontext(v) as x`: what `x` may be made
+    of); None for anything else (a def, a class, an import)."""
     if isinstance(binding, (cst.Assign, cst.AnnAssign, cst.AugAssign, cst.NamedExpr)):
         return binding.value
+    if isinstance(binding, cst.WithItem):
+        return binding.item
     return binding.iter if isinstance(binding, (cst.For, cst.CompFor)) else None
 
 
