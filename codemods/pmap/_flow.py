@@ -1643,22 +1643,34 @@ def _check_python_float(
     `{"lr": 0.05}` written out or bound), which a replication of `STRONG` makes a typed array."""
     if not _strong(site.forms, replication):
         return
-    values: list[cst.CSTNode] = [source]
-    if isinstance(source, cst.Name):
-        values += [b.value for b in site.flow.reach.of(source) if isinstance(b, cst.Assign)]
-    for value in values:
-        leaves = [value]
-        if isinstance(value, (cst.Dict, cst.Tuple, cst.List)):  # one level written out
-            leaves = [getattr(e, "value", e) for e in value.elements]
-        for leaf in leaves:
-            if (found := _float_of(site.flow, site.forms.numbers, leaf)) is not None:
-                why = (
-                    f"`{code(source)}`, replicated for the step, holds a Python float "
-                    f"(`{_short(found)}`): pmap's replicas of it are a float32 array, "
-                    "the float itself is weakly typed in the step (`bfloat16` arithmetic "
-                    "with it stays `bfloat16`)"
-                )
-                raise NotVisible(why, Decline.STACKED_READ)
+    if (found := _float_leaf(site, source)) is not None:
+        why = (
+            f"`{code(source)}`, replicated for the step, holds a Python float "
+            f"(`{_short(found)}`): pmap's replicas of it are a float32 array, "
+            "the float itself is weakly typed in the step (`bfloat16` arithmetic "
+            "with it stays `bfloat16`)"
+        )
+        raise NotVisible(why, Decline.STACKED_READ)
+
+
+def _float_leaf(site: _Site, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode | None:
+    """The Python float a leaf of `node` visibly is (`_float_of`): in a container written out
+    at any depth (`dict(w=w, lr=0.05)` too), either branch of `a if c else b`, an item of a
+    container (`lrs[1]`), followed through the names bound to them; else None."""
+    if depth > 8 or (found := _float_of(site.flow, site.forms.numbers, node)) is not None:
+        return None if depth > 8 else found
+    parts: list[cst.CSTNode] = []
+    if isinstance(node, (cst.Dict, cst.Tuple, cst.List)):
+        parts = [getattr(e, "value", e) for e in node.elements]
+    elif isinstance(node, cst.IfExp):
+        parts = [node.body, node.orelse]
+    elif isinstance(node, cst.Subscript):
+        parts = [node.value]
+    elif isinstance(node, cst.Call):
+        parts = list(_leaves(site.forms, node) or ())
+    elif isinstance(node, cst.Name):
+        parts = [b.value for b in site.flow.reach.of(node) if isinstance(b, cst.Assign)]
+    return next((f for p in parts if (f := _float_leaf(site, p, depth + 1)) is not None), None)
 
 
 def _strong(forms: Forms, replication: cst.BaseExpression, depth: int = 0) -> bool:
