@@ -65,7 +65,7 @@ from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
 from ._specs import TAIL_BUILTINS, static_tail, tail_fits
-from ._summary import NO_FACTS, NOT_DECLARABLE, ModuleFacts, Values, name_reads
+from ._summary import NO_FACTS, NOT_DECLARABLE, NUMBERS, ModuleFacts, Values, name_reads
 
 GET_METRICS = (row_named("get_metrics"),)
 MEANS = (row_named("cross_device_mean"),)
@@ -413,10 +413,9 @@ def forms_of(flow: Flow, qualname: Qualname, facts: ModuleFacts) -> Forms:
         {name: d for name, d in facts.defs.items() if name not in flow.stores},
         # the lambda `name` is bound to, when that is its only binding in the function
         lambda name: value if isinstance(value := flow.value(name), cst.Lambda) else None,
-        bound={name: v for name, v in facts.calls.items() if name not in flow.stores},
+        bound={name: v for name, v in facts.values.items() if name not in flow.stores},
         imported=facts.imported,
         elsewhere=facts.elsewhere,
-        numbers={name: v for name, v in facts.numbers.items() if name not in flow.stores},
     )
 
 
@@ -1657,7 +1656,7 @@ def _float_leaf(site: _Site, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode |
     """The Python float a leaf of `node` visibly is (`_float_of`): in a container written out
     at any depth (`dict(w=w, lr=0.05)` too), either branch of `a if c else b`, an item of a
     container (`lrs[1]`), followed through the names bound to them; else None."""
-    if depth > 8 or (found := _float_of(site.flow, site.forms.numbers, node)) is not None:
+    if depth > 8 or (found := _float_of(site.flow, site.forms.bound, node)) is not None:
         return None if depth > 8 else found
     parts: list[cst.CSTNode] = []
     if isinstance(node, (cst.Dict, cst.Tuple, cst.List)):
@@ -1719,7 +1718,7 @@ def _float_of(flow: Flow, numbers: Values, node: cst.CSTNode, depth: int = 0) ->
                 return found
     own = inner.value in flow.stores or any(p.name.value == inner.value for p in defaults)
     constant = None if own else numbers.get(inner.value)  # a global read
-    return _float_of(flow, numbers, constant, depth + 1) if constant is not None else None
+    return _float_of(flow, numbers, constant, depth + 1) if isinstance(constant, NUMBERS) else None
 
 
 # Methods changing their array or container in place (`w.fill(0)`, `params.update(...)`), and

@@ -115,7 +115,6 @@ class Forms:
         bound: Values | None = None,
         imported: Imported = NO_IMPORTS,
         elsewhere: Callable[[str, Sequence[cst.FunctionDef]], str] = lambda *_: "",
-        numbers: Values | None = None,
     ) -> None:
         self.qualname = qualname
         self.elsewhere = elsewhere  # see `ModuleFacts.elsewhere`
@@ -126,8 +125,9 @@ class Forms:
         # replicating their argument (`shard_batch(b)`), or flattening a result (`tohost(r)`).
         self.defs: Mapping[str, cst.FunctionDef] = defs or {}
         self.named = named  # the lambda a name of the function is bound to, if any
-        self.bound = bound or {}  # the module's names bound once to a call (`cross_replica_mean`)
-        self.numbers = numbers or {}  # ... and to a number (`LR = 0.05`)
+        # The module's names bound once, at module level (`ModuleFacts.values`), the function
+        # does not bind: a call (`cross_replica_mean`), a number (`LR = 0.05`), ...
+        self.bound = bound or {}
         self.summaries = Summaries(self.defs, qualname, self.bound)
 
     def _is(self, node: cst.BaseExpression, names: frozenset[str]) -> bool:

@@ -203,9 +203,10 @@ NOT_DECLARABLE = Declarable("")  # a def no entry can name (nested in another de
 @dataclass(frozen=True)
 class ModuleFacts:
     """What the analyses know of the module: its `defs` by name (the helpers a body or a call
-    may reach), its names bound once, at module level, by a plain assignment (`values`, read
-    as `calls` and `numbers`) or to a string (`constants`: `_AXIS = "i"`, or a field
-    `self._axis_name` set once in `__init__`: an axis's literal name)."""
+    may reach), its names bound once, at module level, by a plain assignment (`values`: a call
+    is read where called, `called_value`; a number, `NUMBERS`, as a Python float) or to a string
+    (`constants`: `_AXIS = "i"`, or a field `self._axis_name` set once in `__init__`: an axis's
+    literal name)."""
 
     defs: Mapping[str, cst.FunctionDef] = field(default_factory=dict)
     values: Values = field(default_factory=dict)
@@ -222,28 +223,18 @@ class ModuleFacts:
     # over (`_body.averaged_axes`); empty when none is known
     norm_axes: frozenset[str] = frozenset()
 
-    @property
-    def calls(self) -> Values:
-        """The `values` that are calls (`cross_replica_mean = jax.pmap(...)`), read where
-        called (`called_value`)."""
-        return {n: v for n, v in self.values.items() if isinstance(v, cst.Call)}
-
-    @property
-    def numbers(self) -> Values:
-        """The `values` that are numbers (`LEARNING_RATE = 0.05`)."""
-        kinds = (cst.Float, cst.Integer, cst.UnaryOperation)
-        return {n: v for n, v in self.values.items() if isinstance(v, kinds)}
-
 
 NO_FACTS = ModuleFacts()
+NUMBERS = (cst.Float, cst.Integer, cst.UnaryOperation)  # the `values` read as numbers (`LR = 0.05`)
 
 
 def called_value(node: cst.BaseExpression, values: Values) -> cst.BaseExpression:
-    """Return `node`, a call `f(x)` of a name `values` binds to a function, as that function
-    called (`jax.pmap(...)(x)`, matched by the table); else `node`. The arguments are `node`'s
+    """Return `node`, a call `f(x)` of a name `values` binds to a call (a function made by a
+    call: `jax.pmap(...)`), as that function called (`jax.pmap(...)(x)`, matched by the table); else `node`. The arguments are `node`'s
     own (a match's source is the code at the call site)."""
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in values:
-        return node.with_changes(func=values[node.func.value])
+    func = node.func if isinstance(node, cst.Call) else None
+    if isinstance(func, cst.Name) and isinstance(value := values.get(func.value), cst.Call):
+        return node.with_changes(func=value)
     return node
 
 
