@@ -1186,11 +1186,14 @@ def _convert_drawn(site: _Site, position: int, blocking: list[str]) -> None:
     each device its slice; the program-level form takes this process's rows of one global batch,
     the same rows on the same device: converted where it is passed, named (`program.converter`).
     Its other reads keep the value as drawn."""
-    program, _, _, calls = site
+    program, flow, forms, calls = site
     program.batches[position] = True
-    source = blocking[0] if blocking else "an iterator"
-    why = CONVERTED.format(source=source, helper=program.converter)
     for value in [call.values[position] for call in calls]:
+        name = value if isinstance(value, cst.Name) else None  # two loops may both draw `x`
+        drawn, reach = (name.value, flow.reach.of(name)) if name is not None else ("", ())
+        own = {_binding_text(drawn, b, flow, forms.qualname) for b in reach if b is not ENTRY}
+        source = own.pop() if len(own) == 1 else blocking[0] if blocking else "an iterator"
+        why = CONVERTED.format(source=source, helper=program.converter)
 
         def converted(value: cst.BaseExpression = value) -> cst.BaseExpression:
             args = [cst.Arg(value), cst.Arg(cst.parse_expression(program.sharding))]
