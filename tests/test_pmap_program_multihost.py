@@ -363,6 +363,7 @@ OTHER_CASES = [
     # a jax array as the batch under `jax.set_mesh`: declined (PL601), the faithful form
     "decline_pl601_batch_made_by_jax_under_set_mesh",
     "decline_pl601_batch_bound_to_jax_array_before_set_mesh",  # read through `xs`, then `x`
+    "decline_pl601_batch_bound_by_with_as_jax_array",  # `with ... as x`: taken, it raised here
 ]
 # Program fixtures whose original is no multi-process program: it splits its batch over
 # `jax.device_count()` (every device of the job) where pmap maps over this process's devices,
