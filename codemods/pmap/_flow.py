@@ -1677,8 +1677,10 @@ def _float_leaf(site: _Site, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode |
 
 def _strong(forms: Forms, replication: cst.BaseExpression, depth: int = 0) -> bool:
     """Whether `replication` is a call of `STRONG`: itself, leaf by leaf (`jax.tree.map(lambda
-    v: ..., x)`), or a helper of the module returning one (`def _repl(x): return replicate(x)`,
-    read by its summary)."""
+    v: ..., x)`), or a helper of the module whose last statement returns one (`def _repl(x):
+    return replicate(x)`). That helper is read here, not through `Forms.transfer`'s summaries:
+    a summary keeps the row (`replicate`, `stack`), not which spelling made it, and only flax's
+    `replicate` and `numpy.stack` make Python numbers strong (`jax.numpy.stack` keeps them weak)."""
     if not isinstance(replication, cst.Call) or depth > 3:
         return False
     func, lifted = replication.func, replication.args[0].value if replication.args else None
