@@ -18,6 +18,7 @@ from jaxmigrate.toolkit.emit import (
     Call,
     Room,
     Style,
+    broken_comprehension,
     code,
     fit_call,
     fit_lines,
@@ -667,3 +668,29 @@ def test_a_google_style_file_of_plain_imports_gets_from_imports_at_their_module(
     four = source.replace("  return", "    return")
     out = added(four, ("jax.sharding", "PartitionSpec", "P"))  # isort's order: `from` last
     assert out.startswith(four.split("\n\n")[0] + "\nfrom jax.sharding import PartitionSpec as P\n")
+
+
+@pytest.mark.parametrize(
+    ("source", "laid"),
+    [
+        # the body fits on a line of its own: hugged, as black writes it
+        (
+            "[score(params, global_batch(x)) for x in batches]",
+            "[\n        score(params, global_batch(x)) for x in batches\n    ]",
+        ),
+        # it does not: each `for` and `if` on a line of its own
+        (
+            "{k: score(params, global_batch(x)) for k, x in batches.items() if x.size > 0}",
+            (
+                "{\n        k: score(params, global_batch(x))\n        for k, x in batches.items()"
+                "\n        if x.size > 0\n    }"
+            ),
+        ),
+        # a comment inside, or parentheses around: as it is
+        ("[f(x) for x in xs  # each\n]", "[f(x) for x in xs  # each\n]"),
+    ],
+)
+def test_a_long_comprehension_is_broken_inside_its_own_brackets(source: str, laid: str) -> None:
+    node = cst.parse_expression(source)
+    assert isinstance(node, (cst.ListComp, cst.SetComp, cst.DictComp))
+    assert code(broken_comprehension(node, "    ", "        ", 60)) == laid

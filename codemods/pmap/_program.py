@@ -46,7 +46,15 @@ import libcst as cst
 import libcst.matchers as m
 
 from jaxmigrate.toolkit.cstutil import names_in
-from jaxmigrate.toolkit.emit import Call, Room, Style, code, exploded_sequence, with_lambda_calls
+from jaxmigrate.toolkit.emit import (
+    Call,
+    Room,
+    Style,
+    broken_comprehension,
+    code,
+    exploded_sequence,
+    with_lambda_calls,
+)
 from jaxmigrate.toolkit.imports import is_docstring
 
 from ._dead import bound_name, without
@@ -380,6 +388,8 @@ def _wrapped(value: cst.BaseExpression, indent: str, style: Style) -> cst.BaseEx
     """An assigned value other than a call, too long for its line, in parentheses on a line of
     its own, as black writes it (`x = (\n    a / 255.0\n)`); as it is where that is too long."""
     inner = indent + style.continuation
+    if isinstance(value, (cst.ListComp, cst.SetComp, cst.DictComp)):
+        return broken_comprehension(value, indent, inner, style.width)
     if value.lpar or "\n" in code(value):
         return value
     if isinstance(value, cst.Tuple):  # one element a line, each with its comma (the emitter's)

@@ -416,9 +416,15 @@ def named_back(
             at = indent + style.indent * (self.depth - 1)
             if any(bound_by(c) for c in nodes_in(original_node, cst.Call)):
                 return laid_out(updated_node, at, style)
-            # `self._count_p` read again where the copy read `count_p`: the line may not fit
+            # `self._count_p` read again where the copy read `count_p`: the line may not fit;
+            # a comprehension broken with the longer fresh names may fit on fewer lines
             lines = code(updated_node.with_changes(leading_lines=[])).splitlines()
-            if self.renamed > self.before and len(lines) == 1:
+            comprehension = m.SimpleStatementLine(
+                [m.Assign(value=m.ListComp() | m.SetComp() | m.DictComp())]
+            )
+            if self.renamed > self.before and (
+                len(lines) == 1 or m.matches(updated_node, comprehension)
+            ):
                 return fitted(updated_node, at, style)
             return updated_node
 

@@ -463,6 +463,40 @@ def exploded_sequence(
     return node.with_changes(elements=laid, lpar=lpar)
 
 
+def broken_comprehension(
+    node: cst.ListComp | cst.SetComp | cst.DictComp, outer: str, inner: str, width: int
+) -> cst.BaseExpression:
+    """Return a comprehension too long for its line broken inside its own brackets, as black
+    writes it (`x = [\n    f(y) for y in ys\n]`), each `for` and `if` on a line of its own
+    where the comprehension does not fit on one line of its own either; a comprehension in
+    parentheses or with comments as it is."""
+    if node.lpar or comments_in(node):
+        return node
+    long = len(inner) + len(" ".join(code(node)[1:-1].split())) > width
+
+    def laid(clause: cst.CompFor | None) -> cst.CompFor | None:
+        def space() -> cst.BaseParenthesizableWhitespace:
+            return _break(inner) if long else cst.SimpleWhitespace(" ")
+
+        return clause and clause.with_changes(
+            whitespace_before=space(),
+            ifs=[i.with_changes(whitespace_before=space()) for i in clause.ifs],
+            inner_for_in=laid(clause.inner_for_in),
+        )
+
+    if isinstance(node, cst.ListComp):
+        return node.with_changes(
+            for_in=laid(node.for_in),
+            lbracket=cst.LeftSquareBracket(whitespace_after=_break(inner)),
+            rbracket=cst.RightSquareBracket(whitespace_before=_break(outer)),
+        )
+    return node.with_changes(
+        for_in=laid(node.for_in),
+        lbrace=cst.LeftCurlyBrace(whitespace_after=_break(inner)),
+        rbrace=cst.RightCurlyBrace(whitespace_before=_break(outer)),
+    )
+
+
 # Operators of one precedence: black breaks before each of a chain of them (`a + b - c`).
 _RANKS: dict[type[cst.BaseBinaryOp], int] = {
     cst.Add: 0,
