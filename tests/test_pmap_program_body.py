@@ -98,6 +98,9 @@ else:
     "an all_gather": "out = jax.lax.all_gather(x.sum(), 'i')",
     "a tuple of axes with the step's": "out = jax.lax.pmean(x.sum(), ('i',))",
     "a module helper's pmean": "out = cross_mean(x.sum())",
+    "a tree map reducing the leaves that differ": (
+        "out = jax.tree.map(lambda v, g: v - 0.1 * jax.lax.pmean(g, 'i'), w, x)"
+    ),
     "a module helper's pmean, passed by keyword": "out = cross_mean(t=x.sum())",
     "a module helper's result from replicated values": "out = mean_and(x.sum(), jnp.sum(w))",
     "a dict filled by a module helper with a pmean": "out = {}\nfill(out, cross_mean(x.sum()))",
@@ -156,6 +159,12 @@ DIFFERENT = {
     "an axis_index": "out = jax.lax.axis_index('i') * jnp.sum(w)",
     "a module function using axis_index": "out = tagged(jnp.sum(w))",
     "a module helper not reducing": "out = total(x)",
+    "a tree map reducing the leaves the same already": (
+        "out = jax.tree.map(lambda v, g: jax.lax.pmean(v, 'i') - 0.1 * g, w, x)"
+    ),
+    "a tree map not reducing the leaves that differ": (
+        "out = jax.tree.map(lambda v, g: v - 0.1 * g, w, x)"
+    ),
     "a module helper reducing over an axis it is passed": "out = other_mean(x.sum(), 'i')",
     "a module helper returning a per-device value too": "out = mean_and(x.sum(), x.sum())",
     "a module helper called with a star": "out = cross_mean(*[x.sum()])",

@@ -597,8 +597,10 @@ class _Reader:
 
     def _tree_mapped_same(self, call: cst.Call, varying: Varying) -> bool:
         """`jax.tree.map(lambda g: lax.psum(g, axis), grads)`: each leaf is the lambda's value,
-        the same on every device even for leaves that differ (its parameters taken as
-        differing); the structure of the trees is the same on every device (one trace)."""
+        the same on every device even for leaves that differ (each parameter differing as the
+        tree it takes the leaves of does: `lambda p, g: p - 0.1 * pmean(g)` over params the
+        same on every device and grads that differ); the structure of the trees is the same on
+        every device (one trace)."""
         args = [a for a in call.args if a.keyword is None and not a.star]
         fn = args[0].value if args and len(args) == len(call.args) else None
         if self.qualname(call.func) not in TREE_MAPS or not isinstance(fn, cst.Lambda):
@@ -608,8 +610,12 @@ class _Reader:
             return False
         if any(p.default is not None for p in (*params.posonly_params, *params.params)):
             return False  # a default is read where the lambda is made
-        names = {p.name.value for p in (*params.posonly_params, *params.params)}
-        return not self.varies(fn.body, set(varying) | names)
+        names = [p.name.value for p in (*params.posonly_params, *params.params)]
+        trees = [a.value for a in args[1:]]
+        differing = set(names)  # each parameter taken as differing, unless one tree fills it
+        if len(trees) == len(names):
+            differing = {n for n, t in zip(names, trees, strict=True) if self.varies(t, varying)}
+        return not self.varies(fn.body, set(varying) - set(names) | differing)
 
     def closure_varies(self, node: cst.FunctionDef, inside: frozenset[str] = frozenset()) -> bool:
         """A nested def differs when it reads (at any depth) what differs anywhere in the body,
