@@ -31,7 +31,7 @@ from ._forms import base_of
 from ._layout import fill, holes_of
 from ._passon import elsewhere
 from ._program import numbered
-from ._reach import nodes_in
+from ._reach import assigned_name, nodes_in
 from ._specs import (
     TAIL_BUILTINS,
     SpecMaker,
@@ -200,28 +200,27 @@ def arity(node: cst.CSTNode | None, statics: Sequence[int] = ()) -> int | None:
     return len(positional) if all(p.default is None for p in positional[passed:]) else None
 
 
-def arity_of_calls(
-    module: cst.Module, fn: cst.FunctionDef, method: bool
-) -> tuple[int, set[str]] | None:
-    """Return how many positional arguments every call of `fn` in `module` passes (a method's
-    `self`, called as `obj.fn(...)`, counted) and the keywords they pass, when each other
-    reference to its name is such a call and all pass that number by position; else None.
+def arity_of_calls(scope: cst.CSTNode, name: cst.Name, method: bool) -> tuple[int, set[str]] | None:
+    """Return how many positional arguments every call of `name` (a def's, or a step's bound
+    by `name = jax.pmap(...)`) in `scope` passes (a method's `self`, called as `obj.fn(...)`,
+    counted) and the keywords they pass, when each other reference to it is such a call and
+    all pass that number by position; else None.
 
     For a def with a default after its last static argument (AlgoPerf's wmt
     `predict_step(self, ..., max_decode_len, beam_size=4)`), or one called with keyword
     arguments: pmap maps each argument a call passes, so the faithful form has a spec for each
     positional one. A call in another module passing another number fails loudly, its
     arguments not matching the specs."""
-    named = m.Attribute(attr=m.Name(fn.name.value)) if method else m.Name(fn.name.value)
+    named = m.Attribute(attr=m.Name(name.value)) if method else m.Name(name.value)
     counts, keywords, called, others = set(), set[str](), set(), []
-    for node in nodes_in(module, cst.CSTNode):  # type: ignore[type-abstract]
+    for node in nodes_in(scope, cst.CSTNode):  # type: ignore[type-abstract]
         if isinstance(node, cst.Call) and m.matches(node.func, named):
             if any(a.star for a in node.args):
                 return None
             keywords.update(a.keyword.value for a in node.args if a.keyword)
             counts.add(sum(a.keyword is None for a in node.args) + method)
             called.add(id(node.func))
-        elif m.matches(node, named) and node is not fn.name and id(node) not in called:
+        elif m.matches(node, named) and node is not name and id(node) not in called:
             others.append(node)
     return (counts.pop(), keywords) if len(counts) == 1 and not others else None
 
@@ -288,7 +287,9 @@ class Faithful(Finding):
             count = arity(site.mapped, statics)
             if count is None and fun is not None:
                 count = self._partial_arity(fun.arg.value, statics)
-            called = self._calls_arity(site, statics, count)
+            called = None  # a tuple of specs has one per argument already
+            if not isinstance(in_specs, cst.Tuple):
+                called = self._calls_arity(site, statics, count)
             if called is not None:
                 count = called
                 notes.append(
@@ -483,8 +484,12 @@ class Faithful(Finding):
         `known`, the def's own, is not it: unknown (a default after the last static argument),
         or more than the calls pass by position, the rest by keyword (pmap maps keyword
         arguments, so `in_specs` is per position: sized by the def, a call passing `x=` fails).
-        The calls must pass every static argument, and fill every parameter without a default."""
+        The calls must pass every static argument, and fill every parameter without a default.
+        Or, the function mapped being no def of the module (`step = get_train_step(...)`), the
+        arity the calls of `step = jax.pmap(...)` in the function making it agree on."""
         fn, module = site.mapped, site.ancestors[0]
+        if isinstance(site.node, cst.Call) and known is None:
+            return self._step_calls_arity(site, statics)
         if not isinstance(site.node, cst.Decorator) or not isinstance(module, cst.Module):
             return None
         if not isinstance(fn, cst.FunctionDef) or isinstance(fn.params.star_arg, cst.Param):
@@ -492,7 +497,7 @@ class Faithful(Finding):
         method = any(isinstance(a, cst.ClassDef) and fn in a.body.body for a in site.ancestors)
         if not method and elsewhere(fn.name.value, self.state.outside, self.survey.strings):
             return None  # called by other modules too: how many arguments they pass is not seen
-        count, keywords = arity_of_calls(module, fn, method) or (None, set[str]())
+        count, keywords = arity_of_calls(module, fn.name, method) or (None, set[str]())
         positional = (*fn.params.posonly_params, *fn.params.params)
         filled = all(
             p.default or i < (count or 0) or p.name.value in keywords
@@ -501,6 +506,22 @@ class Faithful(Finding):
         if count is None or count == known or not filled:
             return None
         return count if max(statics) < count <= len(positional) else None
+
+    @staticmethod
+    def _step_calls_arity(site: PmapUse, statics: Sequence[int]) -> int | None:
+        """How many arguments every call passes of `step = jax.pmap(f, ...)`, a statement of a
+        function read only by calls there passing them all by position (scenic's
+        `jax.pmap(train_step, static_broadcasted_argnums=(2,))` of a made `train_step`)."""
+        assign = site.ancestors[-2] if len(site.ancestors) > 1 else None
+        host = site.around
+        if assigned_name(assign) is None or not isinstance(host, cst.FunctionDef):
+            return None
+        assert isinstance(assign, cst.Assign)
+        name = cst.ensure_type(assign.targets[0].target, cst.Name)
+        found = arity_of_calls(host, name, method=False)
+        if found is None or found[1] or found[0] <= max(statics):
+            return None
+        return found[0]
 
     def _partial_arity(self, fun: cst.BaseExpression, statics: Sequence[int]) -> int | None:
         """The positional arity of `functools.partial(f, k=v, ...)`, `f` a def of the module:

@@ -1819,6 +1819,8 @@ class Finding(Pass):
         if isinstance(value, cst.Attribute):
             return f"the pmapped function `{code(value)}` is an attribute: its body is not visible"
         bindings = self.resolver.bindings(name) if name else []
+        if isinstance(value, cst.Name) and (seen := self.resolver.scope_of(value).lookup(name)):
+            bindings = seen.bindings[name]  # those the pmap's reference sees, not every scope's
         kinds = {b.kind for b in bindings}
         if kinds == {BindingKind.PARAM}:
             return f"the pmapped function `{name}` is a parameter: the def it is is not visible"
