@@ -18,6 +18,7 @@ from jaxmigrate.toolkit.imports import is_docstring as _is_docstring
 from ._body import MUTATING, Defs, body_outputs, full_reduction, scalar_outputs
 from ._declines import DECORATORS, NOT_NAMED, Decline, NotVisible
 from ._forms import (
+    REPLICATIONS,
     Forms,
     Qualname,
     base_of,
@@ -40,7 +41,6 @@ from ._layout import (
     KEEPING,
     LOCAL_PART,
     SPLIT_EDIT,
-    TREE_MAPS,
     Layout,
     Match,
     fill,
@@ -1629,21 +1629,18 @@ def _replication(
         program.edit(value, COPIED, lambda: fill(DONATED_COPY, {**program.context(), "x": source}))
 
 
-# Replications making an array of a Python number that is not weakly typed (flax's `replicate`
-# stacks with NumPy what is not a `jax.Array`); `jnp.stack` keeps the weak type. Of a float
-# only, knowingly: a Python int (`"step": 0`, flax `TrainState.create`'s step) stays weakly typed
-# in the program-level form too, and where the step mixes it with bfloat16 (a warmup factor
-# `(step + 1) / n`) or int8 values the numbers differ; declining every `TrainState` would decline
-# most flax programs, so verification catches those (PL603, the faithful form is written).
-STRONG = frozenset({"flax.jax_utils.replicate", "numpy.stack"})
-
-
+# Of a float only, knowingly: a Python int (`"step": 0`, flax `TrainState.create`'s step) stays
+# weakly typed in the program-level form too, and where the step mixes it with bfloat16 (a warmup
+# factor `(step + 1) / n`) or int8 values the numbers differ; declining every `TrainState` would
+# decline most flax programs, so verification catches those (PL603, the faithful form is written).
 def _check_python_float(
     site: _Site, replication: cst.BaseExpression, source: cst.BaseExpression
 ) -> None:
     """Raise PL303 if `source` visibly is or holds a Python float (`0.05`, `lr` bound to one,
-    `{"lr": 0.05}` written out or bound), which a replication of `STRONG` makes a typed array."""
-    if not _strong(site.forms, replication):
+    `{"lr": 0.05}` written out or bound), which `replication` makes an array that is not weakly
+    typed (its row of the table is `strong`: itself, leaf by leaf, or a helper's summary)."""
+    row = site.forms.transfer(replication, REPLICATIONS)
+    if row is None or not row.row.strong:
         return
     if (found := _float_leaf(site, source)) is not None:
         why = (
@@ -1673,25 +1670,6 @@ def _float_leaf(site: _Site, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode |
     elif isinstance(node, cst.Name):
         parts = [b.value for b in site.flow.reach.of(node) if isinstance(b, cst.Assign)]
     return next((f for p in parts if (f := _float_leaf(site, p, depth + 1)) is not None), None)
-
-
-def _strong(forms: Forms, replication: cst.BaseExpression, depth: int = 0) -> bool:
-    """Whether `replication` is a call of `STRONG`: itself, leaf by leaf (`jax.tree.map(lambda
-    v: ..., x)`), or a helper of the module whose last statement returns one (`def _repl(x):
-    return replicate(x)`). That helper is read here, not through `Forms.transfer`'s summaries:
-    a summary keeps the row (`replicate`, `stack`), not which spelling made it, and only flax's
-    `replicate` and `numpy.stack` make Python numbers strong (`jax.numpy.stack` keeps them weak)."""
-    if not isinstance(replication, cst.Call) or depth > 3:
-        return False
-    func, lifted = replication.func, replication.args[0].value if replication.args else None
-    if forms.qualname(func) in TREE_MAPS and isinstance(lifted, cst.Lambda):
-        return _strong(forms, lifted.body, depth + 1)  # each leaf's
-    helper = forms.defs.get(func.value) if isinstance(func, cst.Name) else None
-    last = helper.body.body[-1] if helper is not None and helper.body.body else None
-    returned = last.body[-1] if isinstance(last, cst.SimpleStatementLine) else None
-    if isinstance(returned, cst.Return) and returned.value is not None:
-        return _strong(forms, returned.value, depth + 1)
-    return forms.qualname(func) in STRONG
 
 
 def _float_of(flow: Flow, numbers: Values, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode | None:

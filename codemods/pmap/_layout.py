@@ -92,6 +92,10 @@ class Transfer:
     pure: tuple[str, ...] = ()  # holes the rewrite drops: no call in them (`droppable`)
     decline: Decline | None = None  # the decline code when `template` is None
     lifts: bool = True  # False: its rewrite is not the same leaf by leaf (`jax.tree.map`)
+    # True: it makes a Python number an array that is not weakly typed (NumPy stacks it as a
+    # float64/int64 array), so `bfloat16` arithmetic with the replicas is float32 where the
+    # number itself, passed as it is, stays weak (`_flow._check_python_float`, PL303)
+    strong: bool = False
 
 
 GLOBAL_BATCH = "{jax}.make_array_from_process_local_data({sharding}, {x})"
@@ -176,15 +180,17 @@ STACKED_FOREST = "{owner}.stack_forest({jax}.device_get({x}))"
 # fmt: off
 TRANSFERS: tuple[Transfer, ...] = (
     # Replications: one host value stacked as equal copies; deleted, the value is `P()`.
-    Transfer("replicate", ("flax.jax_utils.replicate({x})",),
-             HOST, REPLICAS, PRODUCER, "{x}", REPLICATED),
+    Transfer("replicate", ("flax.jax_utils.replicate({x})",),  # NumPy-stacks a non-jax.Array
+             HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, strong=True),
     Transfer("device_put_replicated", ("jax.device_put_replicated({x}, {devices})",),
              HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, devices=LOCAL),
     Transfer("device_put_replicated", DEVICE_PUT_REPLICATED, HOST, REPLICAS, PRODUCER, "{x}",
              REPLICATED, devices=LOCAL),
     Transfer("broadcast_to", BROADCASTS, HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, counts=N),
-    Transfer("stack", ("jax.numpy.stack([{x}] * {n})", "numpy.stack([{x}] * {n})"),
+    Transfer("stack", ("jax.numpy.stack([{x}] * {n})",),  # keeps a Python number weak
              HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, counts=N),
+    Transfer("stack", ("numpy.stack([{x}] * {n})",),
+             HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, counts=N, strong=True),
     Transfer("tile", ("jax.numpy.tile({x}[None], ({n},) + (1,) * {x}.ndim)",),
              HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, counts=N),
     Transfer("repeat", ("jax.numpy.repeat({x}[None], {n}, axis=0)",),
