@@ -883,8 +883,8 @@ def _follow_argument(site: _Site, position: int) -> None:
     for use in slots:
         name = use.value
         reaching = flow.reach.of(use) or {ENTRY}  # the bindings whose value it may be
+        parameter = name in flow.params
         for binding in reaching:
-            parameter = name in {p.name.value for p in params_of(program.host.params)}
             if binding is ENTRY and program.given and parameter:
                 given = program.given(program, name, position)  # the caller's argument
                 reached.append((given, False))
@@ -2057,13 +2057,10 @@ def _follow_result(site: _Site, step: str, name: str, output: int) -> None:
             continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
         # A result returned as it is (`return state`, flax's `train_and_evaluate`), stacked
         # over the devices: the callers' reads are not followed (maybe in another module)
-        statement, host = flow.parent.get(id(use)), program.host.name.value
-        if isinstance(statement, cst.Element):  # `return state, history`
-            items = flow.parent.get(id(statement))
-            statement = flow.parent.get(id(items)) if isinstance(items, cst.Tuple) else None
-        how = _goes(flow.parent.get(id(use)), flow.parent, host)
+        host = program.host.name.value
+        how = _goes(flow.parent.get(id(use)), flow.parent, host)  # `return state, history` too
         why = f"`{name}`, a result of `{step}`, is read other than as `{name}[0]`: {how}"
-        if isinstance(statement, cst.Return):
+        if how.startswith("returned"):
             why = (
                 f"`{name}`, a result of `{step}`, is returned by `{host}` with its device axis: "
                 f"the reads of `{host}()`'s callers (maybe in other modules) are not followed"
@@ -2204,7 +2201,7 @@ def _one_source(
     before the loop, whose layout nothing checks)."""
     program, flow, _, calls = site
     made = {b for b in flow.stores.get(name, []) if any(c.binds(b) for c in calls)}
-    parameter = name in {p.name.value for p in params_of(program.host.params)}
+    parameter = name in flow.params
     # Passed to a step (this one or another of the function): a binding before the calls is
     # an argument's, whose layout is checked there (`params = replicate(params)`)
     fed = {n.value for c in calls for a in c.call.args for n in nodes_in(a.value, cst.Name)}
@@ -2216,15 +2213,16 @@ def _one_source(
         if not reaching & made:
             continue
         for binding in reaching - made:
+            before = binding is not ENTRY and not _after_a_call(flow, binding, calls)
             if binding is ENTRY:  # a parameter's value, but the caller's equal copies (as results)
                 other = parameter and program.entries.get(name) is not Layout.REPLICAS
-            elif not _after_a_call(flow, binding, calls):  # before: an argument's, or `None`
+            elif before:  # an argument's, or `None`
                 other = name not in fed and not _bound_to_none(binding)
             else:  # bound after a call, not allowed nor the results' own (their mean, deleted)
                 other = not allowed(binding) and id(binding) not in program.means
             if other:
                 why = f"`{name}` holds a result of `{step}` and something else"
-                if binding is not ENTRY and not _after_a_call(flow, binding, calls):
+                if before:
                     why += f" (`{_short(binding)}` before its calls, whose layout is not followed)"
                 raise NotVisible(why, Decline.RESULT_READ)
     return made
@@ -2242,11 +2240,10 @@ def _follow_items(program: Program, flow: Flow, forms: Forms, use: cst.Name, nam
     method = flow.parent.get(id(use))
     call = flow.parent.get(id(method))
     loop = flow.parent.get(id(call))
+    # an attribute is its call's `func`, a call its loop's `iter`: no other place holds them
     if not isinstance(method, cst.Attribute) or method.value is not use:
         return False
-    if not isinstance(call, cst.Call) or call.func is not method or call.args:
-        return False
-    if not isinstance(loop, cst.For) or loop.iter is not call or loop.orelse is not None:
+    if not isinstance(call, cst.Call) or call.args or not isinstance(loop, cst.For) or loop.orelse:
         return False
     target = loop.target
     item: str | None = None
@@ -2323,8 +2320,9 @@ def _follow_list(site: _Site, step: str, name: str) -> None:
         arg = flow.parent.get(id(use))
         call = flow.parent.get(id(arg))
         # `history.append(state)` (of a list the function makes: `_appended_to`)
-        appended = isinstance(arg, cst.Attribute) and _appended_to(flow, _item(call)) == name
-        if appended and _item(call).value in results:
+        item = call.args[0].value if isinstance(call, cst.Call) and len(call.args) == 1 else None
+        appended = isinstance(item, cst.Name) and _appended_to(flow, item) == name
+        if appended and item.value in results:  # type: ignore[union-attr]
             continue
         found = _gathering(forms, call, name) if isinstance(call, cst.Call) else None
         if id(use) in readbacks:
@@ -2341,12 +2339,6 @@ def _binds_empty_list(binding: cst.Assign, name: str) -> bool:
     """`name = []`, or `name, other = [], []` (lists started together, flax's loops)."""
     value = _lined_up(binding.targets[0].target, binding.value, name)
     return len(binding.targets) == 1 and isinstance(value, cst.List) and not value.elements
-
-
-def _item(call: cst.CSTNode | None) -> cst.Name:
-    """The one argument of `L.append(x)`, when a name (else a placeholder no read matches)."""
-    value = call.args[0].value if isinstance(call, cst.Call) and len(call.args) == 1 else None
-    return value if isinstance(value, cst.Name) else cst.Name("_")
 
 
 def _gathering(forms: Forms, node: cst.BaseExpression, name: str) -> Match | None:
