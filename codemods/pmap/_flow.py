@@ -2031,11 +2031,8 @@ def _follow_result(site: _Site, step: str, name: str, output: int) -> None:
         return
 
     def read_back(b: cst.CSTNode) -> object:  # a sibling's results, or a readback of them
-        return (
-            id(b) in program.siblings
-            or isinstance(b, cst.Assign)
-            and forms.readback_of(b.value, name)
-        )
+        readback = isinstance(b, cst.Assign) and forms.readback_of(b.value, name)
+        return id(b) in program.siblings or readback
 
     made = _one_source(site, step, name, read_back)
     made = {*made, *(b for b in flow.stores.get(name, []) if _unpacked_part(b, name, forms))}
@@ -2155,10 +2152,9 @@ def _tuple_readback(program: Program, flow: Flow, forms: Forms, use: cst.Name) -
     if not isinstance(item, cst.Element) or not isinstance(items, cst.Tuple) or passed is None:
         return None
     call = passed[1]
-    hole = "__tuple__"
-    stand_in = call.deep_replace(items, cst.Name(hole))
+    stand_in = call.deep_replace(items, cst.Name("__tuple__"))
     assert isinstance(stand_in, cst.Call)
-    if (found := forms.readback_value(stand_in, hole)) is None:
+    if (found := forms.readback_value(stand_in, "__tuple__")) is None:
         return None
 
     def same(value: cst.BaseExpression) -> bool:  # on every device
