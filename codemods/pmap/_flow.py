@@ -1222,6 +1222,8 @@ def _binding_text(name: str, binding: cst.CSTNode, flow: Flow, qualname: Qualnam
         return f"`{name}`, bound by `with {_short(binding.item)} as ...`"
     if isinstance(binding, cst.MatchCase):
         return f"`{name}`, captured by `case {_short(binding.pattern)}`"
+    if isinstance(binding, cst.AnnAssign):  # `x: T = value`: not followed
+        return f"`{name}`, bound by an annotated assignment, which is not followed"
     if not isinstance(binding, (cst.For, cst.CompFor)):
         return f"`{name}`, bound by a `{type(binding).__name__}` statement"
     source: cst.BaseExpression = binding.iter
