@@ -93,6 +93,11 @@ class SiteChecks(Pass):
         first = spec.args[0].value
         if spec.args[0].keyword or not isinstance(first, (cst.SimpleString, cst.Tuple)):
             raise LeftAlone("the operand's spec does not split its leading axis")
+        if any(a.keyword or not _is_none(a.value) for a in spec.args[1:]):
+            raise LeftAlone(
+                "the operand's spec splits an axis besides its leading one: each shard would"
+                " hold part of every row"
+            )
         return mesh.deep_clone(), spec.deep_clone()
 
     def _in_shardings(self, node: cst.FunctionDef) -> cst.BaseExpression | None:
@@ -136,6 +141,10 @@ def keyword(call: cst.Call, name: str) -> cst.BaseExpression | None:
         if arg.keyword is not None and arg.keyword.value == name:
             return arg.value
     return None
+
+
+def _is_none(value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.Name) and value.value == "None"
 
 
 def _at(shardings: cst.BaseExpression, index: int) -> cst.BaseExpression | None:

@@ -62,6 +62,8 @@ when verified (or with `--unsafe-fixes`).
 ## Skips
 - Shardings that are not a literal `NamedSharding(mesh, P(...))` with the operand's spec, a mesh
   that is not a plain name, or a function that rebinds the mesh's name or the operand.
+- A spec that splits an axis besides the leading one (`P("data", "model")`): each shard would hold
+  part of every row.
 - Callbacks with more than one operand, keyword operands, a result shape other than
   `jax.ShapeDtypeStruct(x.shape, dtype)`, or another `vmap_method`.
 - Callbacks already inside a `shard_map`, or in functions nested in the jitted one.
