@@ -67,7 +67,8 @@ host function now receives `jax.Array`s placed on the CPU rather than NumPy arra
   that device fails unless the computation already spans it), `*args`/`**kwargs`, a result shape
   given as a number.
 - `id_tap` whose value is used inside a larger expression, or whose returned argument is not a
-  plain name (it would be evaluated twice); `id_print` (its printed format has no exact
+  plain name (it would be evaluated twice); `id_tap` in a def the module passes to (or decorates
+  with) `jax.vmap`, `jax.grad` or another transformation an ordered `io_callback` raises under; `id_print` (its printed format has no exact
   counterpart: use `jax.debug.print`); any other `host_callback` name, or one used as a value.
 
 ## Verification
@@ -99,6 +100,12 @@ CALL_PARAMS = ("callback_func", "arg")
 CALL_KEYWORDS = frozenset({"result_shape", "call_with_device", "device_index", "callback_flavor"})
 TAP_PARAMS = ("tap_func", "arg")
 TAP_KEYWORDS = frozenset({"result", "tap_with_device", "device_index", "callback_flavor"})
+# Transformations an ordered `io_callback` raises under (`Cannot vmap ordered IO callback`, no JVP).
+TRANSFORMS = frozenset(
+    f"jax.{n}"
+    for n in ("vmap", "grad", "value_and_grad", "jacfwd", "jacrev", "hessian", "jvp", "vjp")
+)
+PARTIAL = "functools.partial"
 
 
 class LeftAlone(Exception):
@@ -119,6 +126,7 @@ class HostCallback(AncestorTracking, Pass):
     def __init__(self, context: CodemodContext) -> None:
         super().__init__(context)
         self._handled: set[int] = set()
+        self._transformed: dict[str, str] | None = None
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         call = _value_call(node.body[0]) if len(node.body) == 1 else None
@@ -137,6 +145,7 @@ class HostCallback(AncestorTracking, Pass):
             return updated_node
         try:
             args = _bind(call, TAP_PARAMS, TAP_KEYWORDS)
+            self._check_untransformed()
             tap = self._tap(call, args)
             value = args.get("result", args["arg"])
             after = self._after_tap(small, new, value)
@@ -203,6 +212,43 @@ class HostCallback(AncestorTracking, Pass):
                 cst.Arg(cst.Name("True"), keyword=cst.Name("ordered"), equal=_equal()),
             ],
         )
+
+    def _check_untransformed(self) -> None:
+        """Raise LeftAlone if the def around the tap is one the module vmaps or differentiates."""
+        defs = [n for n in self.ancestors if isinstance(n, cst.FunctionDef)]
+        if not defs:
+            return
+        if self._transformed is None:
+            self._transformed = self._transformed_defs()
+        name = defs[-1].name.value
+        if name in self._transformed:
+            raise LeftAlone(
+                f"`{name}` is transformed by `{self._transformed[name]}` here: an ordered "
+                "`io_callback` cannot be batched or differentiated (the tap saw the transforms)"
+            )
+
+    def _transformed_defs(self) -> dict[str, str]:
+        """Return `{name: transform}` for each name the module passes to, or decorates with, a
+        transformation in TRANSFORMS (directly or through `functools.partial`)."""
+        found: dict[str, str] = {}
+
+        def transform(func: cst.BaseExpression) -> str | None:
+            if isinstance(func, cst.Call) and self.qualname(func.func) == PARTIAL and func.args:
+                func = func.args[0].value
+            qualname = self.qualname(func)
+            return qualname if qualname in TRANSFORMS else None
+
+        for node in _nodes(self.ancestors[0]):
+            if isinstance(node, cst.Call) and node.args and not node.args[0].keyword:
+                first, what = node.args[0].value, transform(node.func)
+                if what and isinstance(first, cst.Name):
+                    found.setdefault(first.value, what)
+            elif isinstance(node, cst.FunctionDef):
+                for deco in node.decorators:
+                    what = transform(deco.decorator)
+                    if what:
+                        found.setdefault(node.name.value, what)
+        return found
 
     # Expressions: call, barrier_wait, and everything else --------------------------------
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
@@ -289,6 +335,17 @@ class HostCallback(AncestorTracking, Pass):
         if name is None:
             return
         self.drop_import_if_unused(name if "." not in name else name.rpartition(".")[0])
+
+
+def _nodes(tree: cst.CSTNode) -> list[cst.CSTNode]:
+    """Return every node of `tree`, parents before children."""
+    out: list[cst.CSTNode] = []
+    stack: list[cst.CSTNode] = [tree]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(reversed(node.children))
+    return out
 
 
 def _value_call(small: cst.BaseSmallStatement) -> cst.Call | None:
