@@ -73,8 +73,9 @@ host function now receives `jax.Array`s placed on the CPU rather than NumPy arra
 
 ## Verification
 not needed for `call` and `barrier_wait`. An original using host_callback no longer imports on
-current JAX, so `id_tap` rewrites cannot be run against it: they stay unverified and are applied
-with `--unsafe-fixes` or in review.
+current JAX, so `id_tap` rewrites cannot be run against it there: they stay unverified and are
+applied with `--unsafe-fixes` or in review, unless `--reference-jax` runs the original on a JAX
+that has host_callback (0.4.30 does); the calls compared are then those of the def holding the tap.
 """
 
 from __future__ import annotations
