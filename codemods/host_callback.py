@@ -68,7 +68,8 @@ host function now receives `jax.Array`s placed on the CPU rather than NumPy arra
   given as a number.
 - `id_tap` whose value is used inside a larger expression, or whose returned argument is not a
   plain name (it would be evaluated twice); `id_tap` in a def the module passes to (or decorates
-  with) `jax.vmap`, `jax.grad` or another transformation an ordered `io_callback` raises under; `id_print` (its printed format has no exact
+  with) `jax.vmap`, `jax.grad` or another transformation an ordered `io_callback` raises under,
+  or in a def such a def calls; `id_print` (its printed format has no exact
   counterpart: use `jax.debug.print`); any other `host_callback` name, or one used as a value.
 
 ## Verification
@@ -221,23 +222,26 @@ class HostCallback(AncestorTracking, Pass):
             return
         if self._transformed is None:
             self._transformed = self._transformed_defs()
-        name = defs[-1].name.value
-        if name in self._transformed:
-            raise LeftAlone(
-                f"`{name}` is transformed by `{self._transformed[name]}` here: an ordered "
-                "`io_callback` cannot be batched or differentiated (the tap saw the transforms)"
-            )
+        for fn in reversed(defs):  # the def holding the tap, or one it is nested in
+            name = fn.name.value
+            if name in self._transformed:
+                raise LeftAlone(
+                    f"`{name}` is transformed by {self._transformed[name]} here: an ordered "
+                    "`io_callback` cannot be batched or differentiated (the tap saw the "
+                    "transforms)"
+                )
 
     def _transformed_defs(self) -> dict[str, str]:
         """Return `{name: transform}` for each name the module passes to, or decorates with, a
-        transformation in TRANSFORMS (directly or through `functools.partial`)."""
+        transformation in TRANSFORMS (directly or through `functools.partial`), and each def of
+        the module such a def calls, at any depth (`jax.vmap(outer)`, `outer` calling `inner`)."""
         found: dict[str, str] = {}
 
         def transform(func: cst.BaseExpression) -> str | None:
             if isinstance(func, cst.Call) and self.qualname(func.func) == PARTIAL and func.args:
                 func = func.args[0].value
             qualname = self.qualname(func)
-            return qualname if qualname in TRANSFORMS else None
+            return f"`{qualname}`" if qualname in TRANSFORMS else None
 
         for node in _nodes(self.ancestors[0]):
             if isinstance(node, cst.Call) and node.args and not node.args[0].keyword:
@@ -249,6 +253,21 @@ class HostCallback(AncestorTracking, Pass):
                     what = transform(deco.decorator)
                     if what:
                         found.setdefault(node.name.value, what)
+        defs = [n for n in _nodes(self.ancestors[0]) if isinstance(n, cst.FunctionDef)]
+        calls = {
+            fn.name.value: {
+                c.func.value
+                for c in _nodes(fn.body)
+                if isinstance(c, cst.Call) and isinstance(c.func, cst.Name)
+            }
+            for fn in defs
+        }
+        todo = list(found)
+        while todo:  # what a transformed def calls runs transformed too
+            caller = todo.pop()
+            for callee in calls.get(caller, set()) - set(found):
+                found[callee] = f"{found[caller].partition(' (')[0]} (through `{caller}`)"
+                todo.append(callee)
         return found
 
     # Expressions: call, barrier_wait, and everything else --------------------------------
