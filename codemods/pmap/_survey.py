@@ -1279,9 +1279,11 @@ class Finding(Pass):
         self.programs[id(host)] = taken
 
     def _beside_kept(self, flow: Flow) -> None:
-        """A function whose steps are taken and that calls a factory of the module whose step
-        keeps the per-device form: the results of that step, read back from device 0, would
-        reach the taken steps committed to one device. They keep the per-device form too."""
+        """A function whose steps are taken, fed the results of a step of the module that keeps
+        the per-device form, read back from device 0 (`unreplicate(params)`): committed to one
+        device, they would reach the taken steps' mesh (JAX raises). The function's steps keep
+        the per-device form too: when it calls a factory of the module returning such a step,
+        or a function of the module passes it a value made of such a step's results."""
         for factory in [f for s in self.sites.values() if (f := _factory(self.module, s))]:
             for use in flow.loads.get(factory.name.value, []):
                 host = next((a for a in flow.ancestors(use) if isinstance(a, SCOPES)), None)
@@ -1292,6 +1294,73 @@ class Finding(Pass):
                         "one device"
                     )
                     self._apart(host, why)
+        apart = True
+        while apart:  # a function put apart keeps its steps: module-level steps are kept then
+            apart = False
+            for taken in list(self.programs.values()):
+                host = taken[0][1].host
+                kept = self._kept_steps(flow, code(taken[0][1].axis))
+                if isinstance(host, cst.FunctionDef) and (why := self._fed_kept(flow, host, kept)):
+                    self._apart(host, why)
+                    apart = True
+
+    def _kept_steps(self, flow: Flow, axis: str) -> set[str]:
+        """The names of the module's steps that keep the per-device form beside a step over
+        `axis` taken: those declined, and those made at module level unless they can still be
+        taken (`_take_groups`: no other pmap of the module left per-device, one axis)."""
+        outer = [s for s in self.sites.values() if not s.fallback and self._is_outer(s)]
+        outer = [s for s in outer if not self._module_program(flow, s)]
+        axes = {axis} | {code(p.axis) for group in self.programs.values() for _, p in group}
+        if self.kept_pmaps or len(outer) < len(self.sites):
+            axes.add("")  # a pmap kept per-device: so are those of the module
+        for site in outer if len(axes) == 1 else ():
+            try:
+                options = self._outer_step(site).options
+            except NotVisible:
+                axes.add("")
+                continue
+            if options.named:
+                axes.add(code(options.axis))
+        taken = {id(s) for s in outer} if len(axes) == 1 else set()
+        kept = [s for s in self.sites.values() if id(s) not in taken]
+        return {name for site in kept if (name := self._step_name(site))}
+
+    def _fed_kept(self, flow: Flow, host: cst.FunctionDef, kept: set[str]) -> str:
+        """Why `host`'s steps cannot be taken: a function of the module calls it with a value
+        made of the results of a step named in `kept` ("" when none does)."""
+        for use in flow.loads.get(host.name.value, []):
+            call = flow.parent.get(id(use))
+            caller = next((a for a in flow.ancestors(use) if isinstance(a, SCOPES)), None)
+            if not isinstance(caller, cst.FunctionDef) or getattr(call, "func", None) is not use:
+                continue
+            assert isinstance(call, cst.Call)
+            within = Flow(caller)
+            for arg in call.args:
+                if step := self._made_of(arg.value, within, kept, set()):
+                    return (
+                        f"`{caller.name.value}` passes `{_short(arg.value)}` to "
+                        f"`{host.name.value}`, made of the results of `{step}`, which keeps the "
+                        "per-device form: read back on one device, they would reach this "
+                        "step's mesh (JAX raises)"
+                    )
+        return ""
+
+    def _made_of(self, node: cst.CSTNode, flow: Flow, steps: set[str], seen: set[int]) -> str:
+        """The step named in `steps` whose call makes (part of) `node`'s value, "" when none:
+        followed through the bindings reaching the names `node` reads in `flow`'s function
+        (each once: `seen`), not into a copy to the host (`np.asarray(...)`)."""
+        for ref in self._refs(node):
+            parent = flow.parent.get(id(ref))
+            if not isinstance(ref, cst.Name):
+                continue
+            if ref.value in steps and isinstance(parent, cst.Call) and parent.func is ref:
+                return ref.value
+            for binding in [b for b in flow.reach.of(ref) if id(b) not in seen]:
+                seen.add(id(binding))
+                value = _bound_value(binding)
+                if value is not None and (step := self._made_of(value, flow, steps, seen)):
+                    return step
+        return ""
 
     def _apart(self, host: cst.FunctionDef, why: str) -> None:
         """Put the steps of `host`'s group back as sites of their own, per device, saying `why`
