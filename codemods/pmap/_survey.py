@@ -1300,7 +1300,10 @@ class Finding(Pass):
             for taken in list(self.programs.values()):
                 host = taken[0][1].host
                 kept = self._kept_steps(flow, code(taken[0][1].axis))
-                if isinstance(host, cst.FunctionDef) and (why := self._fed_kept(flow, host, kept)):
+                steps = {n for site, _ in taken if (n := self._step_name(site))}
+                if isinstance(host, cst.FunctionDef) and (
+                    why := self._fed_kept(flow, host, steps, kept)
+                ):
                     self._apart(host, why)
                     apart = True
 
@@ -1325,23 +1328,27 @@ class Finding(Pass):
         kept = [s for s in self.sites.values() if id(s) not in taken]
         return {name for site in kept if (name := self._step_name(site))}
 
-    def _fed_kept(self, flow: Flow, host: cst.FunctionDef, kept: set[str]) -> str:
-        """Why `host`'s steps cannot be taken: a function of the module calls it with a value
-        made of the results of a step named in `kept` ("" when none does)."""
-        for use in flow.loads.get(host.name.value, []):
-            call = flow.parent.get(id(use))
-            caller = next((a for a in flow.ancestors(use) if isinstance(a, SCOPES)), None)
+    def _fed_kept(self, flow: Flow, host: cst.FunctionDef, steps: set[str], kept: set[str]) -> str:
+        """Why `host`'s steps (named `steps` there) cannot be taken: a function of the module
+        calls `host`, or `host` calls one of them, with a value made of the results of a step
+        named in `kept` ("" when none)."""
+        own = Flow(host)
+        uses = [(u, flow) for u in flow.loads.get(host.name.value, [])]
+        uses += [(u, own) for name in steps for u in own.loads.get(name, [])]
+        for use, where in uses:
+            call = where.parent.get(id(use))
+            scopes = (a for a in where.ancestors(use) if isinstance(a, SCOPES))
+            caller = host if where is own else next(scopes, None)
             if not isinstance(caller, cst.FunctionDef) or getattr(call, "func", None) is not use:
                 continue
             assert isinstance(call, cst.Call)
-            within = Flow(caller)
+            within = own if where is own else Flow(caller)
             for arg in call.args:
                 if step := self._made_of(arg.value, within, kept, set()):
                     return (
-                        f"`{caller.name.value}` passes `{_short(arg.value)}` to "
-                        f"`{host.name.value}`, made of the results of `{step}`, which keeps the "
-                        "per-device form: read back on one device, they would reach this "
-                        "step's mesh (JAX raises)"
+                        f"`{caller.name.value}` passes `{_short(arg.value)}` to `{use.value}`, "
+                        f"made of the results of `{step}`, which keeps the per-device form: read "
+                        "back on one device, they would reach this step's mesh (JAX raises)"
                     )
         return ""
 
