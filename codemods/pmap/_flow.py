@@ -1657,7 +1657,8 @@ def _check_python_float(
 def _float_leaf(site: _Site, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode | None:
     """The Python float a leaf of `node` visibly is (`_float_of`): in a container written out
     at any depth (`dict(w=w, lr=0.05)` too), either branch of `a if c else b`, an item of a
-    container (`lrs[1]`), followed through the names bound to them; else None."""
+    container (`lrs[1]`), followed through the names bound to them (a global's one value,
+    `CONFIG = {...}`); else None."""
     if depth > 8 or (found := _float_of(site.flow, site.forms.bound, node)) is not None:
         return None if depth > 8 else found
     parts: list[cst.CSTNode] = []
@@ -1671,15 +1672,23 @@ def _float_leaf(site: _Site, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode |
         parts = list(_leaves(site.forms, node) or ())
     elif isinstance(node, cst.Name):
         parts = [b.value for b in site.flow.reach.of(node) if isinstance(b, cst.Assign)]
+        host, value = site.flow.host, site.forms.bound.get(node.value)
+        own = params_of(host.params) if isinstance(host, cst.FunctionDef) else []
+        mine = any(p.name.value == node.value for p in own)
+        if value is not None and not mine:  # a global read: its one value (`CONFIG = {...}`)
+            parts.append(value)
     return next((f for p in parts if (f := _float_leaf(site, p, depth + 1)) is not None), None)
 
 
 def _float_of(flow: Flow, numbers: Values, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode | None:
-    """The Python float `node` visibly is (`0.05`, `-lr`, `float(x)`, `lr * 2` of one, a name
-    bound to one, a parameter defaulting to one, a module constant of `numbers`), else None."""
+    """The Python float `node` visibly is (`0.05`, `-lr`, `float(x)`, `x.item()` (a float or an
+    int, both weakly typed), `lr * 2` of one, a name bound to one, a parameter defaulting to one,
+    a module constant of `numbers`), else None."""
     inner = node.expression if isinstance(node, cst.UnaryOperation) else node
     if isinstance(inner, cst.Float) or depth > 3:
         return node if isinstance(inner, cst.Float) else None
+    if isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute):
+        return node if inner.func.attr.value == "item" and not inner.args else None  # `x.item()`
     if isinstance(inner, cst.Call) and isinstance(inner.func, cst.Name):
         return node if inner.func.value == "float" and inner.func.value not in flow.stores else None
     if isinstance(inner, cst.BinaryOperation):  # of Python numbers only: `lr * w` is an array
