@@ -1669,7 +1669,7 @@ def _float_leaf(site: _Site, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode |
     elif isinstance(node, cst.Subscript):
         parts = [node.value]
     elif isinstance(node, cst.Call):
-        parts = list(_leaves(site.forms, node) or ())
+        parts = list(_leaves(site.forms, node) or _fields(site, node))
     elif isinstance(node, cst.Name):
         parts = [b.value for b in site.flow.reach.of(node) if isinstance(b, cst.Assign)]
         host, value = site.flow.host, site.forms.bound.get(node.value)
@@ -1678,6 +1678,18 @@ def _float_leaf(site: _Site, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode |
         if value is not None and not mine:  # a global read: its one value (`CONFIG = {...}`)
             parts.append(value)
     return next((f for p in parts if (f := _float_leaf(site, p, depth + 1)) is not None), None)
+
+
+def _fields(site: _Site, call: cst.Call) -> list[cst.BaseExpression]:
+    """The arguments of a call of a class of the module (`State(w=w, lr=0.05)`, a flax
+    `struct.dataclass`: its fields are the leaves), none for any other call: of a name neither
+    imported, nor a def of the module, nor bound in the function."""
+    func, forms = call.func, site.forms
+    if not isinstance(func, cst.Name) or forms.qualname(func) is not None:
+        return []
+    if func.value in forms.defs or func.value in site.flow.stores:
+        return []
+    return [a.value for a in call.args if not a.star]
 
 
 def _float_of(flow: Flow, numbers: Values, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode | None:
