@@ -1307,10 +1307,12 @@ class Finding(Pass):
                     self._apart(host, why)
                     apart = True
 
-    def _kept_steps(self, flow: Flow, axis: str) -> set[str]:
+    def _kept_steps(self, flow: Flow, axis: str) -> dict[str, str]:
         """The names of the module's steps that keep the per-device form beside a step over
-        `axis` taken: those declined, and those made at module level unless they can still be
-        taken (`_take_groups`: no other pmap of the module left per-device, one axis)."""
+        `axis` taken (those declined, and those made at module level unless they can still be
+        taken: `_take_groups`, no other pmap of the module left per-device, one axis), and of
+        the functions making them (what they return may be read back from one device), each
+        with what it is."""
         outer = [s for s in self.sites.values() if not s.fallback and self._is_outer(s)]
         outer = [s for s in outer if not self._module_program(flow, s)]
         axes = {axis} | {code(p.axis) for group in self.programs.values() for _, p in group}
@@ -1326,9 +1328,14 @@ class Finding(Pass):
                 axes.add(code(options.axis))
         taken = {id(s) for s in outer} if len(axes) == 1 else set()
         kept = [s for s in self.sites.values() if id(s) not in taken]
-        return {name for site in kept if (name := self._step_name(site))}
+        hosts = [h.name.value for s in kept if isinstance(h := self._host(s), cst.FunctionDef)]
+        found = dict.fromkeys(hosts, "which makes a step kept per-device")
+        names = [name for site in kept if (name := self._step_name(site))]
+        return found | dict.fromkeys(names, "which keeps the per-device form")
 
-    def _fed_kept(self, flow: Flow, host: cst.FunctionDef, steps: set[str], kept: set[str]) -> str:
+    def _fed_kept(
+        self, flow: Flow, host: cst.FunctionDef, steps: set[str], kept: dict[str, str]
+    ) -> str:
         """Why `host`'s steps (named `steps` there) cannot be taken: a function of the module
         calls `host`, or `host` calls one of them, with a value made of the results of a step
         named in `kept` ("" when none)."""
@@ -1347,12 +1354,14 @@ class Finding(Pass):
                 if step := self._made_of(arg.value, within, kept, set()):
                     return (
                         f"`{caller.name.value}` passes `{_short(arg.value)}` to `{use.value}`, "
-                        f"made of the results of `{step}`, which keeps the per-device form: read "
-                        "back on one device, they would reach this step's mesh (JAX raises)"
+                        f"made of the results of `{step}`, {kept[step]}: read back on one "
+                        "device, they would reach this step's mesh (JAX raises)"
                     )
         return ""
 
-    def _made_of(self, node: cst.CSTNode, flow: Flow, steps: set[str], seen: set[int]) -> str:
+    def _made_of(
+        self, node: cst.CSTNode, flow: Flow, steps: Mapping[str, str], seen: set[int]
+    ) -> str:
         """The step named in `steps` whose call makes (part of) `node`'s value, "" when none:
         followed through the bindings reaching the names `node` reads in `flow`'s function
         (each once: `seen`), not into a copy to the host (`np.asarray(...)`)."""
