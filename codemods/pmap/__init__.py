@@ -392,6 +392,10 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
     class's `__init__`, big_vision's `self._axis_name = "batch"`; kept as written);
   - `PL110` the body's parameters (`*args`, `**kwargs`, a `partial` binding a parameter the def
     lacks or a name bound again after the step is made, a parameter named as a global it reads);
+  - `PL111` the step is made, from a def of the module, in a function the module calls more
+    than once or in a loop (`run(params, xs)` twice, to resume from a checkpoint): pmap
+    compiles a step of the same def once, `jax.jit(jax.shard_map(...))` made there would be
+    compiled again at each call;
   - `PL201` the step is used other than called (passed to code of another module, to a def
     called more than once or holding a pmap, named in `__all__`; returned by a factory other
     code may call, a public one of a package unless `closed-code-base`; a def it is passed to

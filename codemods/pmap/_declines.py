@@ -20,6 +20,7 @@ class Decline(enum.Enum):
     OPTION = "PL108"  # a pmap option this form does not take (`devices=`, computed `in_axes`)
     UNNAMED_AXIS = "PL109"  # the mapped axis has no literal name
     SIGNATURE = "PL110"  # the body's parameters (`*args`, `partial` binding, names clashing)
+    MADE_PER_CALL = "PL111"  # made in a function the module calls again: compiled at each call
     NOT_CALLED_ONLY = "PL201"  # the step is used other than called (passed as a value)
     USED_OUTSIDE = "PL202"  # used outside the module's functions, or declared `global`
     CALLED_NESTED = "PL203"  # the step is called in a nested function

@@ -1619,6 +1619,13 @@ class Finding(Pass):
         assign = statement.body[0]
         if isinstance(assign, cst.Return) and assign.value is site.node:
             return self._factory_program(site, body, flow, siblings)
+        if body in self.module.body and (again := self._called_again(host)):
+            why = (
+                f"the step is made in `{host.name.value}`, which {again}: made there as "
+                "`jax.jit(jax.shard_map(...))`, it would be compiled again at each call, where "
+                f"pmap compiles a step of `{body.name.value}` once"
+            )
+            raise NotVisible(why, Decline.MADE_PER_CALL)
         match assign, self._def_scope(host):  # `self.step = jax.pmap(...)`: say what blocks
             case cst.Assign([cst.AssignTarget(cst.Attribute()), *_]), cst.ClassDef() as klass:
                 constants = self.survey.constants
@@ -1699,6 +1706,34 @@ class Finding(Pass):
         result = cst.Call(cst.Name(OPAQUE), [cst.Arg(p.name) for p in params])
         block = cst.IndentedBlock([cst.SimpleStatementLine([cst.Return(result)])])
         return cst.FunctionDef(cst.Name(OPAQUE), cst.Parameters(params), block)
+
+    def _called_again(self, host: cst.FunctionDef) -> str | None:
+        """How the module calls the function `host` more than once ("`main` calls 2 times",
+        "`fit` calls in a loop"), by name or as a method (`self.run(...)`); None when it calls
+        it at most once, outside loops (a public function's other callers are not seen)."""
+        name, calls, looped = host.name.value, list[str](), list[str]()
+        bodies = [(d.name.value, d.body) for d in nodes_in(self.module, cst.FunctionDef)]
+        for caller, body in [("the module", self.module), *bodies]:  # its own statements
+            repeated = {  # the calls a loop of `caller` makes again
+                id(call)
+                for loop in (*nodes_in(body, cst.For, SCOPES), *nodes_in(body, cst.While, SCOPES))
+                for part in (loop.body, getattr(loop, "test", None))
+                if part is not None
+                for call in nodes_in(part, cst.Call, SCOPES)
+            }
+            for call in nodes_in(body, cst.Call, SCOPES):
+                func = call.func
+                method = isinstance(func, cst.Attribute) and func.attr.value == name
+                if single_name(func) == name or method:
+                    calls.append(caller if caller == "the module" else f"`{caller}`")
+                    if id(call) in repeated:
+                        looped.append(calls[-1])
+        if looped:
+            return f"{looped[0]} calls in a loop"
+        if len(calls) < 2:
+            return None
+        callers = " and ".join(sorted(set(calls)))
+        return f"{callers} call{'s' if len(set(calls)) == 1 else ''} {len(calls)} times"
 
     def _called_once(self, callee: cst.FunctionDef, call: cst.Call) -> bool:
         """`callee` is a def of the module read only as the function of `call`, and holds no
