@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache, cached_property
+from itertools import pairwise
 from typing import Any
 
 import libcst as cst
@@ -1709,25 +1710,39 @@ class Finding(Pass):
 
     def _called_again(self, host: cst.FunctionDef) -> str | None:
         """How the module calls the function `host` more than once ("`main` calls 2 times",
-        "`fit` calls in a loop"), by name or as a method (`self.run(...)`); None when it calls
-        it at most once, outside loops (a public function's other callers are not seen)."""
-        name, calls, looped = host.name.value, list[str](), list[str]()
-        bodies = [(d.name.value, d.body) for d in nodes_in(self.module, cst.FunctionDef)]
-        for caller, body in [("the module", self.module), *bodies]:  # its own statements
-            repeated = {  # the calls a loop of `caller` makes again
-                id(call)
-                for loop in (*nodes_in(body, cst.For, SCOPES), *nodes_in(body, cst.While, SCOPES))
-                for part in (loop.body, getattr(loop, "test", None))
-                if part is not None
-                for call in nodes_in(part, cst.Call, SCOPES)
-            }
-            for call in nodes_in(body, cst.Call, SCOPES):
-                func = call.func
-                method = isinstance(func, cst.Attribute) and func.attr.value == name
-                if single_name(func) == name or method:
-                    calls.append(caller if caller == "the module" else f"`{caller}`")
-                    if id(call) in repeated:
-                        looped.append(calls[-1])
+        "`fit` calls in a loop"), by name, or, a method, as `self.<name>(...)` in its class;
+        None when it calls it at most once, outside loops (a public function's other callers
+        are not seen). Read from the module's flow: no walk of the module."""
+        flow, name = self.module_flow, host.name.value
+        klass = self._def_scope(host)
+        if isinstance(klass, cst.ClassDef):
+            reads = [a.attr for a in nodes_in(klass, cst.Attribute) if a.attr.value == name]
+        else:
+            reads = [n for n in flow.loads.get(name, []) if klass is None]
+        calls, looped = list[str](), list[str]()
+        for read in reads:
+            call = flow.parent.get(id(read))
+            call = flow.parent.get(id(call)) if isinstance(call, cst.Attribute) else call
+            if not isinstance(call, cst.Call) or read not in (
+                call.func,
+                getattr(call.func, "attr", None),
+            ):
+                continue
+            around = [call, *flow.ancestors(call)]
+            caller = next(
+                (f"`{a.name.value}`" for a in around if isinstance(a, cst.FunctionDef)),
+                "the module",
+            )
+            calls.append(caller)
+            for inner, outer in pairwise(around):
+                if isinstance(outer, cst.FunctionDef):
+                    break
+                if isinstance(outer, (cst.For, cst.While)) and inner in (
+                    outer.body,
+                    getattr(outer, "test", None),
+                ):
+                    looped.append(caller)
+                    break
         if looped:
             return f"{looped[0]} calls in a loop"
         if len(calls) < 2:
