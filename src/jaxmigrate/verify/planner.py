@@ -20,6 +20,7 @@ from jaxmigrate.verify.targets import (
     Kind,
     Target,
     assigned_names,
+    chain_at,
     find_target,
     header_end,
     site_span,
@@ -118,7 +119,6 @@ def plan_file(
             key = f"{target.qualname}@{target.first}"
             grouped.setdefault(key, (target, []))[1].append(site)
             continue
-        callable_ = target.kind is Kind.CALLABLE and site.name != HAND_MIGRATION
         if site.group in programs and site.name != HAND_MIGRATION:
             # A site of a program-level group is judged through its unit (a `main()` using the
             # function or class it is in), which runs the program as it runs: the step takes
@@ -130,10 +130,15 @@ def plan_file(
                 add_to_unit(tree, target, site, grouped, used=used)
                 continue
         if not target.reachable:
-            verdicts[site.key] = Verdict(Status.UNVERIFIED, unreachable_reason(target))
+            # a method's site (the class needs an instance) is judged by the `main()` using
+            # its class, where there is one
+            used = target.qualname.split(".")[0]
+            unit = site.name != HAND_MIGRATION and method_need(tree, site.line) is not None
+            if not (unit and add_to_unit(tree, target, site, grouped, used=used)):
+                verdicts[site.key] = Verdict(Status.UNVERIFIED, unreachable_reason(target))
             continue
         grouped.setdefault(target.qualname, (target, []))[1].append(site)
-        if callable_ and not request.command and site.group not in programs:
+        if site.name != HAND_MIGRATION and not request.command and site.group not in programs:
             add_to_unit(tree, target, site, grouped)
     module, entry = module_name(root, request.path)
     hosts = program_hosts(tree, request.sites)
@@ -198,20 +203,23 @@ def add_to_unit(
     site: Site,
     grouped: dict[str, tuple[Target, list[Site]]],
     used: str | None = None,
-) -> None:
-    """Verify a module-level callable's site also by running its unit (a `main()` using it, or
-    using `used`: the function or class the site is in): its own inputs may not be
-    synthesizable; the program's are its real ones. (A definition changed by hand, `verify
+) -> bool:
+    """Verify a site of a module-level callable or function also by running its unit (a
+    `main()` using it, or using `used`: the function or class the site is in; a method's site
+    only there, its class needing an instance): its own inputs may not be synthesizable (a
+    matmul's shapes), or not be how the program calls it; the program's are its real ones.
+    `reach_spans` says which lines the unit's run must run. Return whether there is a unit. (A definition changed by hand, `verify
     --against`, is judged on its own: a unit would mix its change with the unit's own.)"""
     name = used or target.qualname
     if "." in name:
-        return
+        return False
     unit = unit_of(tree, name)
     if unit is None or unit == target.qualname:
-        return
+        return False
     node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == unit)
     made = Target(Kind.FUNCTION, unit, start_line(node), header_end(node))
     grouped.setdefault(unit, (made, []))[1].append(site)
+    return True
 
 
 def reach_spans(plan: Plan) -> list[Any]:
@@ -220,7 +228,8 @@ def reach_spans(plan: Plan) -> list[Any]:
     A call of the function around a site that never runs the site (another branch) agrees on
     both sides whatever the rewrite did; the worker watches for these lines: `[first, last]`,
     the site's statement in the function's body, or in the body of another function of the
-    module the unit holds a site of (a group's edits in a helper it calls). A module-level
+    module the unit holds a site of (a group's edits in a helper it calls), or in a method of
+    a class it uses (`method_need`). A module-level
     callable a `main()` unit uses
     (`@partial(jax.pmap, ...) def step`, `step = jax.pmap(f)`) is created at import, so a run
     of the unit shows something about it only if it calls it, that is if the function it maps
@@ -245,7 +254,10 @@ def reach_spans(plan: Plan) -> list[Any]:
     for site in plan.sites:
         other = find_target(tree, site.line)
         held = body_lines(tree, other) if other.kind is Kind.FUNCTION else None
-        if held and held[0] <= site.line <= held[1] and other.qualname != plan.target.qualname:
+        need = method_need(tree, site.line) if other.kind is Kind.BOUND else None
+        if need is not None and need not in found:
+            found.append(need)
+        elif held and held[0] <= site.line <= held[1] and other.qualname != plan.target.qualname:
             span = list(site_span(tree, site.line))
             if span not in found:
                 found.append(span)
@@ -255,6 +267,25 @@ def reach_spans(plan: Plan) -> list[Any]:
         if called:
             found.append({"spans": [list(span) for span in called], "name": name})
     return found
+
+
+def method_need(tree: ast.Module, line: int) -> Any:
+    """Return what a run of a unit must run to show something about a site at `line` in a
+    module-level class: the site's statement in a method's body, or the body of the method
+    whose decorator or header holds it (`{"spans": [...], "name": "Trainer.step"}`: decorated
+    when the class is made, it runs when called); None for a statement of the class's body
+    (it runs when the module is imported, before any unit)."""
+    chain = chain_at(tree, line)
+    if not chain or not isinstance(chain[0], ast.ClassDef):
+        return None
+    defs = [n for n in chain if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if not defs:
+        return None
+    method = defs[0]
+    if line > header_end(method):
+        return list(site_span(tree, line))
+    body = [header_end(method) + 1, method.end_lineno or method.lineno]
+    return {"spans": [body], "name": f"{chain[0].name}.{method.name}"}
 
 
 def module_def(tree: ast.Module, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
