@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from jaxmigrate.verify.lifetime import PREFIX, claim
+
 CHILD_PACKAGE = "_jaxmigrate_child"
 # Folders a verification neither copies nor watches: version control, environments, caches.
 NOT_THE_PROJECT = (
@@ -103,7 +105,9 @@ def copy_project(root: Path, dest: Path) -> None:
     relative link: `loop -> .` stays a loop, as in the project, and is copied once). A link
     that leaves the tree is linked, not copied, when it is a folder (a dataset) or a file over
     `COPY_OUTSIDE_FILE`: the code reads it where it is. A broken or looping link is left out,
-    as discovery leaves it out; so are sockets, FIFOs and devices.
+    as discovery leaves it out; so are sockets, FIFOs and devices. A verifier's workspace
+    (this one, where the root holds the temporary directory, or another run's) is no part of
+    the project: copied, the copy would walk into itself.
     """
     real_root = os.path.realpath(root)
 
@@ -129,7 +133,7 @@ def copy_project(root: Path, dest: Path) -> None:
             return  # a folder that cannot be listed (discovery skips it too)
         ignored = SKIP(folder, [e.name for e in entries])
         for entry in entries:
-            if entry.name in ignored:
+            if entry.name in ignored or entry.name.startswith(PREFIX):
                 continue
             target = into / entry.name
             try:
@@ -150,8 +154,6 @@ def workspace(
     root: Path, originals: Mapping[str, str], candidates: Mapping[str, str]
 ) -> Iterator[Workspace]:
     """Create a workspace for `root` with the given file texts per side; remove it after."""
-    from jaxmigrate.verify.lifetime import PREFIX, claim
-
     base = Path(tempfile.mkdtemp(prefix=PREFIX))
     ws = Workspace(base)
     try:
