@@ -538,7 +538,7 @@ class Finding(Pass):
                 site.fallback = str(why)
         for sites in made_in.values():
             self._take_steps(flow, sites)
-        self._beside_kept(flow)
+        self._beside_kept(flow, outer)
         self._group_outer(flow, outer)
         if self._take_groups(stored):  # the stored steps' groups: none when their mesh clashes
             self.stored.clear()
@@ -1279,12 +1279,13 @@ class Finding(Pass):
             del self.sites[id(site.node)]
         self.programs[id(host)] = taken
 
-    def _beside_kept(self, flow: Flow) -> None:
+    def _beside_kept(self, flow: Flow, outer: list[OuterStep]) -> None:
         """A function whose steps are taken, fed the results of a step of the module that keeps
         the per-device form, read back from device 0 (`unreplicate(params)`): committed to one
         device, they would reach the taken steps' mesh (JAX raises). The function's steps keep
         the per-device form too: when it calls a factory of the module returning such a step,
-        or a function of the module passes it a value made of such a step's results."""
+        or a function of the module passes it a value made of such a step's results. `outer`:
+        the steps made outside the functions calling them, followed there."""
         for factory in [f for s in self.sites.values() if (f := _factory(self.module, s))]:
             for use in flow.loads.get(factory.name.value, []):
                 host = next((a for a in flow.ancestors(use) if isinstance(a, SCOPES)), None)
@@ -1300,7 +1301,7 @@ class Finding(Pass):
             apart = False
             for taken in list(self.programs.values()):
                 host = taken[0][1].host
-                kept = self._kept_steps(flow, code(taken[0][1].axis))
+                kept = self._kept_steps(outer, code(taken[0][1].axis))
                 steps = {n for site, _ in taken if (n := self._step_name(site))}
                 if isinstance(host, cst.FunctionDef) and (
                     why := self._fed_kept(flow, host, steps, kept)
@@ -1308,26 +1309,17 @@ class Finding(Pass):
                     self._apart(host, why)
                     apart = True
 
-    def _kept_steps(self, flow: Flow, axis: str) -> dict[str, str]:
+    def _kept_steps(self, outer: list[OuterStep], axis: str) -> dict[str, str]:
         """The names of the module's steps that keep the per-device form beside a step over
-        `axis` taken (those declined, and those made at module level unless they can still be
-        taken: `_take_groups`, no other pmap of the module left per-device, one axis), and of
-        the functions making them (what they return may be read back from one device), each
-        with what it is."""
-        outer = [s for s in self.sites.values() if not s.fallback and self._is_outer(s)]
-        outer = [s for s in outer if not self._module_program(flow, s)]
+        `axis` taken (those declined, and those made outside the functions calling them,
+        `outer`, unless they can still be taken: `_take_groups`, no other pmap of the module
+        left per-device, one axis), and of the functions making them (what they return may be
+        read back from one device), each with what it is."""
         axes = {axis} | {code(p.axis) for group in self.programs.values() for _, p in group}
+        axes |= {code(step.options.axis) for step in outer if step.options.named}
         if self.kept_pmaps or len(outer) < len(self.sites):
             axes.add("")  # a pmap kept per-device: so are those of the module
-        for site in outer if len(axes) == 1 else ():
-            try:
-                options = self._outer_step(site).options
-            except NotVisible:
-                axes.add("")
-                continue
-            if options.named:
-                axes.add(code(options.axis))
-        taken = {id(s) for s in outer} if len(axes) == 1 else set()
+        taken = {id(step.site) for step in outer} if len(axes) == 1 else set()
         kept = [s for s in self.sites.values() if id(s) not in taken]
         hosts = [h.name.value for s in kept if isinstance(h := self._host(s), cst.FunctionDef)]
         found = dict.fromkeys(hosts, "which makes a step kept per-device")
