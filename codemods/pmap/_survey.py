@@ -1300,12 +1300,9 @@ class Finding(Pass):
         while apart:  # a function put apart keeps its steps: module-level steps are kept then
             apart = False
             for taken in list(self.programs.values()):
-                host = taken[0][1].host
-                kept = self._kept_steps(outer, code(taken[0][1].axis))
+                host, axis = taken[0][1].host, code(taken[0][1].axis)
                 steps = {n for site, _ in taken if (n := self._step_name(site))}
-                if isinstance(host, cst.FunctionDef) and (
-                    why := self._fed_kept(flow, host, steps, kept)
-                ):
+                if why := self._fed_kept(flow, host, steps, self._kept_steps(outer, axis)):
                     self._apart(host, why)
                     apart = True
 
@@ -1358,11 +1355,8 @@ class Finding(Pass):
         """The step named in `steps` whose call makes (part of) `node`'s value, "" when none:
         followed through the bindings reaching the names `node` reads in `flow`'s function
         (each once: `seen`), not into a copy to the host (`np.asarray(...)`)."""
-        for ref in self._refs(node):
-            parent = flow.parent.get(id(ref))
-            if not isinstance(ref, cst.Name):
-                continue
-            if ref.value in steps and isinstance(parent, cst.Call) and parent.func is ref:
+        for ref in (r for r in self._refs(node) if isinstance(r, cst.Name)):
+            if ref.value in steps and getattr(flow.parent.get(id(ref)), "func", None) is ref:
                 return ref.value
             for binding in [b for b in flow.reach.of(ref) if id(b) not in seen]:
                 seen.add(id(binding))
@@ -1707,18 +1701,15 @@ class Finding(Pass):
         are not seen). Read from the module's flow: no walk of the module."""
         flow, name = self.module_flow, host.name.value
         klass = self._def_scope(host)
+        reads: list[cst.Attribute] | list[cst.Name] = []
         if isinstance(klass, cst.ClassDef):
-            reads = [a.attr for a in nodes_in(klass, cst.Attribute) if a.attr.value == name]
-        else:
-            reads = [n for n in flow.loads.get(name, []) if klass is None]
+            reads = [a for a in nodes_in(klass, cst.Attribute) if a.attr.value == name]
+        elif klass is None:
+            reads = flow.loads.get(name, [])
         calls, looped = list[str](), list[str]()
         for read in reads:
             call = flow.parent.get(id(read))
-            call = flow.parent.get(id(call)) if isinstance(call, cst.Attribute) else call
-            if not isinstance(call, cst.Call) or read not in (
-                call.func,
-                getattr(call.func, "attr", None),
-            ):
+            if not isinstance(call, cst.Call) or call.func is not read:
                 continue
             around = [call, *flow.ancestors(call)]
             caller = next(
@@ -2175,15 +2166,12 @@ def _made_step(
     module of the code base whose last statement returns `jax.pmap(f, axis_name="...")` of a
     def `f` of its own (read by `options_of`; `in_axes`, static arguments decline)."""
     bindings = list(flow.reach.of(func) or ())
-    if len(bindings) != 1 or not isinstance(bindings[0], cst.Assign):
-        return None
-    made = bindings[0].value
-    if not isinstance(made, cst.Call):
-        return None
-    function = imported.function(forms.qualname(made.func))
+    made = bindings[0].value if len(bindings) == 1 and isinstance(bindings[0], cst.Assign) else None
+    function = imported.function(forms.qualname(made.func)) if isinstance(made, cst.Call) else None
     if function is None or not isinstance(function.fn.body, cst.IndentedBlock):
         return None
-    last = function.fn.body.body[-1]
+    lines = function.fn.body.body
+    last = lines[-1]
     returned = last.body[0] if isinstance(last, cst.SimpleStatementLine) else None
     value = returned.value if isinstance(returned, cst.Return) else None
     if not isinstance(value, cst.Call) or function.qualname(value.func) != PMAP:
@@ -2195,11 +2183,7 @@ def _made_step(
     plain = options.named and not options.bound and options.in_axes is None
     if not plain or options.statics or not isinstance(options.fun, cst.Name):
         return None  # the body is read with every argument mapped, as passed
-    nested = [
-        d
-        for d in function.fn.body.body
-        if isinstance(d, cst.FunctionDef) and d.name.value == options.name
-    ]
+    nested = [d for d in lines if isinstance(d, cst.FunctionDef) and d.name.value == options.name]
     if len(nested) != 1 or nested[0].decorators:
         return None
     return nested[0], options.literal, function
