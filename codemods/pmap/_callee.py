@@ -31,7 +31,7 @@ or read in the caller other than as the step's result is, blocks (PL301, PL401).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import libcst as cst
 import libcst.matchers as m
@@ -107,6 +107,18 @@ def laid_out_in_caller(
     if position in caller.squeezed:
         return Layout.KEYS
     return Layout.PER_DEVICE if caller.batches[position] else Layout.REPLICAS
+
+
+def argument_for(
+    args: Mapping[str, cst.BaseExpression], param: str, callee: str, caller: str
+) -> cst.BaseExpression:
+    """The argument the def `caller` passes for the parameter `param` of the def `callee`, which
+    `callee` passes to the step (`args`: the call's arguments by parameter); raise NotVisible
+    when it passes none."""
+    if (value := args.get(param)) is None:
+        why = f"`{param}`, a parameter of `{callee}` passed to the step, is not passed"
+        raise NotVisible(f"{why} by `{caller}`", Decline.ARGUMENT_UNKNOWN)
+    return value
 
 
 def returned_results(callee: cst.FunctionDef) -> tuple[list[list[cst.BaseExpression]], bool]:
@@ -265,13 +277,7 @@ def follow_passed(
     def given(program: Program, name: str, position: int) -> Layout:
         """Lay out in the caller its argument for the callee's parameter `name`, passed to the
         step at `position`: return its kind for the callee."""
-        value = args.get(name)
-        if value is None:
-            raise NotVisible(
-                f"`{name}`, a parameter of `{callee.name.value}` passed to the step, is not "
-                f"passed by `{host.name.value}`",
-                Decline.ARGUMENT_UNKNOWN,
-            )
+        value = argument_for(args, name, callee.name.value, host.name.value)
         return laid_out_in_caller(site, call, program, value, position, step)
 
     binding = flow.parent.get(id(call))

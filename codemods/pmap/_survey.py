@@ -19,7 +19,7 @@ from jaxmigrate.toolkit.passes import Callers, Pass
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
 from ._body import NORM_WORDS, averaged_axes, body_outputs
-from ._callee import follow_passed, laid_out_in_caller
+from ._callee import argument_for, follow_passed, laid_out_in_caller
 from ._dead import Unread, left_unread
 from ._declines import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible
 from ._flow import (
@@ -1108,12 +1108,7 @@ class Finding(Pass):
             """The layout of `param` (the step's argument at `position` in `program`) where
             `setup` passes it; raise NotVisible for why it cannot be known there."""
             params.add(param)
-            if (value := args.get(param)) is None:
-                why = (
-                    f"`{param}`, a parameter of `{method.name.value}` passed to the step, is "
-                    f"not passed by `{setup.method.name.value}`"
-                )
-                raise NotVisible(why, Decline.ARGUMENT_UNKNOWN)
+            value = argument_for(args, param, method.name.value, setup.method.name.value)
             caller = Program(setup.copy, None, options.fun, options.axis, options.donate, [], None)
             caller.declared, caller.spelling = declared.copies, declared.spelling
             sibling_calls(caller, flow, siblings, forms.defs, methods)
