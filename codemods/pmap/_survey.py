@@ -704,11 +704,7 @@ class Finding(Pass):
             self.factory_used[id(site.node)] = used
             return None
         if isinstance(site.node, cst.Decorator):
-            body = site.mapped
-            assert isinstance(body, cst.FunctionDef)
-            if len(body.decorators) != 1:
-                return None
-            options = self._decorator_options(site.node, body)
+            body, options = self._decorated(site)
         elif isinstance(site.mapped, cst.Lambda):  # `self._count_p = jax.pmap(lambda m: ...)`
             body = lambda_def(site.mapped)
         else:
@@ -1406,11 +1402,7 @@ class Finding(Pass):
         if len(site.pmaps) != 1:
             raise NotVisible(NESTED, Decline.NESTED)
         if isinstance(site.node, cst.Decorator):
-            body = site.mapped
-            assert isinstance(body, cst.FunctionDef)
-            if len(body.decorators) != 1:
-                raise NotVisible(DECORATORS, Decline.DECORATORS)
-            options = self._decorator_options(site.node, body)
+            body, options = self._decorated(site)
             return self._outer_named(OuterStep(site, body.name.value, body, options, True))
         statement = site.ancestors[1] if len(site.ancestors) > 2 else None
         if isinstance(statement, cst.BaseCompoundStatement):  # `if __name__ == ...:`
@@ -1833,6 +1825,15 @@ class Finding(Pass):
         if (mesh := mesh_in_scope(scopes, made, flow, program.axis, self.qualname)) is not None:
             program.mesh, program.make_mesh = mesh, False
         return program
+
+    def _decorated(self, site: PmapUse) -> tuple[cst.FunctionDef, Options]:
+        """The def a pmap decorator makes a step of, and the decorator's options; raise
+        NotVisible when the def has other decorators."""
+        body = site.mapped
+        assert isinstance(body, cst.FunctionDef) and isinstance(site.node, cst.Decorator)
+        if len(body.decorators) != 1:
+            raise NotVisible(DECORATORS, Decline.DECORATORS)
+        return body, self._decorator_options(site.node, body)
 
     def _decorator_options(self, decorator: cst.Decorator, body: cst.FunctionDef) -> Options:
         """Read the options of the pmap decorator on `body`."""
