@@ -899,10 +899,11 @@ class Finding(Pass):
         if (blocked := self._passed_everywhere(setup, passes)) is not None:
             return blocked
         others = [m for m in methods if m is not setup]
-        calls = {  # in `setup`: `self.method`, the function of the one call of each method
-            n: [a for a in nodes_in(setup, cst.Attribute) if a.attr.value == n]
-            for n in (m.name.value for m in others)
-        }
+        # In `setup`: `self.method`, the function of each call of each other method
+        calls: dict[str, list[cst.Attribute]] = {m.name.value: [] for m in others}
+        for attr in nodes_in(setup, cst.Attribute):
+            if attr.attr.value in calls:
+                calls[attr.attr.value].append(attr)
         copies: dict[int, Stored] = {}
         names: dict[tuple[int, int], str] = {}  # by (step, method): the step's name there
         given_params: dict[str, set[str]] = {}  # by method: its parameters laid out in `setup`
@@ -915,15 +916,13 @@ class Finding(Pass):
                 for (found, _), name in zip(read, kept.steps, strict=False):
                     names[(id(found), id(method))] = name
             setup_copy = copies[id(setup)]
-            in_setup = {  # by id of a call of `method`: the call in the copy
-                id(setup_copy.origins[id(c)]): c
-                for c in nodes_in(setup_copy.copy, cst.Call)
-                if id(c) in setup_copy.origins
-            }
-            called = {  # in `setup`'s copy: the calls of each other method
-                n: [c for c in nodes_in(setup_copy.copy, cst.Call) if single_name(c.func) == n]
-                for n in calls
-            }
+            in_setup: dict[int, cst.Call] = {}  # by id of a call in `setup`: the call in the copy
+            called: dict[str, list[cst.Call]] = {n: [] for n in calls}  # each other method's
+            for call in nodes_in(setup_copy.copy, cst.Call):
+                if id(call) in setup_copy.origins:
+                    in_setup[id(setup_copy.origins[id(call)])] = call
+                if (callee := single_name(call.func)) in called:
+                    called[callee].append(call)
             steps: list[OuterStep] = []
             # By (method's copy, name): the programs of the steps called there by that name
             passed: dict[tuple[int, str], list[tuple[str, Program]]] = {}
