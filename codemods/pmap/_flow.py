@@ -64,7 +64,7 @@ from ._reach import ENTRY, SCOPES, Flow, assigned_name, free_names, nodes_in, pa
 from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
-from ._specs import TAIL_BUILTINS, static_tail, tail_fits
+from ._specs import TAIL_BUILTINS, Untranslatable, argnums, static_tail, tail_fits
 from ._summary import NO_FACTS, NOT_DECLARABLE, NUMBERS, ModuleFacts, Values, name_reads
 
 GET_METRICS = (row_named("get_metrics"),)
@@ -72,6 +72,7 @@ MEANS = (row_named("cross_device_mean"),)
 ENTRY_ONLY = frozenset({ENTRY})
 KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
 PARTIAL = "functools.partial"
+NOT_LITERAL = "`static_broadcasted_argnums` is not a literal"
 # Two expressions: a node and what it becomes (a readback deleted, a split's flat source), or
 # a value and the part of the devices it is stacked over
 _Pair = tuple[cst.BaseExpression, cst.BaseExpression]
@@ -504,7 +505,10 @@ def read_options(
         options.statics_arg = found["static_broadcasted_argnums"]
         options.tail = static_tail(options.statics_arg.value)
         if options.tail is None:
-            options.statics = _literal_ints(options.statics_arg.value)
+            try:  # a literal int, or a tuple or list of them (as the faithful form reads it)
+                options.statics = argnums(options.statics_arg.value)
+            except Untranslatable:
+                raise NotVisible(NOT_LITERAL, Decline.OPTION) from None
     return options
 
 
@@ -563,15 +567,6 @@ def _unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
     star = cst.ParamStar() if kwonly else cst.MaybeSentinel.DEFAULT
     changed = params.with_changes(params=kept, kwonly_params=kwonly, star_arg=star)
     return body.with_changes(params=changed)
-
-
-def _literal_ints(node: cst.BaseExpression) -> tuple[int, ...]:
-    """The integers of `static_broadcasted_argnums` (one or a tuple of them); raise NotVisible
-    when one is not a literal."""
-    items = [e.value for e in node.elements] if isinstance(node, cst.Tuple) else [node]
-    if not all(isinstance(i, cst.Integer) for i in items):
-        raise NotVisible("`static_broadcasted_argnums` is not a literal", Decline.OPTION)
-    return tuple(int(i.value) for i in items)  # type: ignore[attr-defined]
 
 
 def _fixed_positions(options: Options, arity: int) -> dict[int, str]:
