@@ -208,8 +208,9 @@ def add_to_unit(
     `main()` using it, or using `used`: the function or class the site is in; a method's site
     only there, its class needing an instance): its own inputs may not be synthesizable (a
     matmul's shapes), or not be how the program calls it; the program's are its real ones.
-    `reach_spans` says which lines the unit's run must run. Return whether there is a unit. (A definition changed by hand, `verify
-    --against`, is judged on its own: a unit would mix its change with the unit's own.)"""
+    `reach_spans` says which lines the unit's run must run. Return whether there is a unit.
+    (A definition changed by hand, `verify --against`, is judged on its own: a unit would mix
+    its change with the unit's own.)"""
     name = used or target.qualname
     if "." in name:
         return False
