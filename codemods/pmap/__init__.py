@@ -546,6 +546,10 @@ HELPERS = {CONVERTER: CONVERTER_SOURCE, COPIER: COPIER_SOURCE, UNCOPIER: UNCOPIE
 
 # The pass in three layers, one per section: `survey.Finding` holds the state and finds the uses,
 # `faithful.Faithful` plans and emits the faithful form, `Pmap` runs both and the program form.
+# The nodes a site's rewrite replaces (a call, a decorated def, `jax.pmap` kept as a value)
+REWRITTEN = (cst.Call, cst.FunctionDef, cst.Name, cst.Attribute)
+
+
 class Pmap(Faithful):
     """Rewrite `jax.pmap` as `jax.jit(jax.shard_map(...))`."""
 
@@ -586,6 +590,12 @@ class Pmap(Faithful):
                 self._record_outer(group)
 
     # Rewriting ----------------------------------------------------------------------------
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
+        left = super().on_leave(original_node, updated_node)
+        if left is not updated_node and isinstance(original_node, REWRITTEN):
+            self.produced[id(original_node)] = left  # kept where a host is rewritten after
+        return left
+
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         # `step = jax.pmap(...)` at module level: no mesh, the program's
         if (made := self.outer_calls.get(id(original_node))) is not None:
@@ -656,7 +666,9 @@ class Pmap(Faithful):
         if id(host) not in self.host_programs and id(host) not in self.host_setups:
             return None
         programs, setup = self.host_programs.get(id(host), []), self.host_setups.get(id(host))
-        return rewrite_host(host, programs, setup, self._indent(original), self.state.style)
+        return rewrite_host(
+            host, programs, setup, self._indent(original), self.state.style, self.produced
+        )
 
     def _indent(self, fn: cst.FunctionDef) -> str:
         """Return the indentation of the body of `fn`."""
@@ -715,7 +727,7 @@ class Pmap(Faithful):
         steps = [p for _, p in programs]
         # the callees in `host`: rewritten with it (the others at the module's end)
         nested = [c for p in steps for c in p.callees if id(c.host) not in self.callee_programs]
-        return rewrite_host(host, steps + nested, None, indent, self.state.style)
+        return rewrite_host(host, steps + nested, None, indent, self.state.style, self.produced)
 
     def _plan_callees(self, program: Program) -> None:
         """Spell what the programs of the defs a step is passed to need, and plan their
@@ -785,7 +797,9 @@ class Pmap(Faithful):
         for key, statement in _defs_by_occurrence(original_node):
             if programs := self.callee_programs.get(id(statement)):
                 indent = self._indent(statement)
-                new[key] = rewrite_host(statement, programs, None, indent, self.state.style)
+                new[key] = rewrite_host(
+                    statement, programs, None, indent, self.state.style, self.produced
+                )
             if (program := self.factories.get(id(statement))) is not None:
                 assert program.factory is not None  # a factory returning a step taken
                 indent = self.room(program.factory[1]).indent

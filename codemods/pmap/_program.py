@@ -424,10 +424,17 @@ Setup = tuple[cst.CSTNode, list[cst.SimpleStatementLine], cst.BaseExpression, cs
 
 
 def rewrite_host(
-    host: cst.FunctionDef, programs: list[Program], setup: Setup | None, indent: str, style: Style
+    host: cst.FunctionDef,
+    programs: list[Program],
+    setup: Setup | None,
+    indent: str,
+    style: Style,
+    produced: Mapping[int, cst.CSTNode] | None = None,
 ) -> cst.FunctionDef:
-    """Return `host` with the edits of `programs` (steps it calls) and the mesh `setup`."""
-    edit = _Edit(host, programs, setup, indent, style)
+    """Return `host` with the edits of `programs` (steps it calls) and the mesh `setup`; and
+    with what other sites' rewrites `produced` of its nodes (by id of the original node: a
+    pmap of its own the programs do not take, rewritten in its faithful form)."""
+    edit = _Edit(host, programs, setup, indent, style, produced or {})
     out = cst.ensure_type(host.visit(edit), cst.FunctionDef)
     helpers = set().union(*(p.helpers for p in programs))
     # the sharding of batches made with the step, which only a def it is passed to may convert
@@ -453,9 +460,11 @@ class _Edit(cst.CSTTransformer):
         setup: Setup | None,
         indent: str,
         style: Style,
+        produced: Mapping[int, cst.CSTNode],
     ) -> None:
         super().__init__()
         self.host, self.programs, self.setup = host, programs, setup
+        self.produced = produced
         self.indent, self.style = indent, style
         self.edits = {k: p.edits[k] for k, p in edit_owners(programs).items()}
         self.made = {id(p.statement): p for p in programs if p.statement is not None}
@@ -489,6 +498,8 @@ class _Edit(cst.CSTTransformer):
             return edit(updated_node)
         if (program := self.made.get(id(original_node))) is not None:
             return cst.FlattenSentinel(program.step_statements(here, self.style, updated_node))
+        if (made := self._produced(original_node, updated_node)) is not None:
+            return made
         if _is_self_assignment(updated_node) and not _is_self_assignment(original_node):
             self.copies.append(updated_node)
             return updated_node
@@ -512,6 +523,20 @@ class _Edit(cst.CSTTransformer):
         if self.setup is not None and original_node is self.setup[3]:
             self.after = updated_node
         return updated_node
+
+    def _produced(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode | None:
+        """What another site's rewrite made of `original` (a pmap the programs do not take,
+        in its faithful form): as it was made, or, for a def holding the programs' edits, its
+        decorators alone; None when there is none."""
+        made = self.produced.get(id(original))
+        if made is None or original is self.host:
+            return None
+        inside = {id(n) for n in nodes_in(original, object)} - {id(original)}
+        if not inside & (self.edits.keys() | self.made.keys()):
+            return made
+        if isinstance(made, cst.FunctionDef) and isinstance(updated, cst.FunctionDef):
+            return updated.with_changes(decorators=made.decorators)
+        return None
 
     def _with_entry(self, block: cst.IndentedBlock) -> cst.IndentedBlock:
         """Make the parameters the callers pass as copies per device one value each, first

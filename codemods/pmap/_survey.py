@@ -471,6 +471,9 @@ class Finding(Pass):
         self.norm_axes: frozenset[str] | None = None  # `averaged_axes`, read when first asked
         self.factories: dict[int, Program] = {}  # by id of a factory's def: the program it makes
         self.lifted = False  # a program-level group was rewritten here: dead locals are looked for
+        # By id of an original node: what the rewrite of a site made of it, kept when the
+        # function holding it is rewritten from its original nodes (`_program.rewrite_host`)
+        self.produced: dict[int, cst.CSTNode] = {}
         self.programs: dict[int, list[tuple[PmapUse, Program]]] = {}  # by id of their function
         # `if __name__ == "__main__":` blocks making steps, each read as a def of its body (by
         # id of the `if`): the program's host, its names the module's globals
