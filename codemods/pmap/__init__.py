@@ -339,7 +339,13 @@ replicated or closed-over value comes out summed over devices, 8x too large on 8
   `fun=` by keyword; `functools.partial(jax.pmap, ...)` kept as a value and `jax.pmap` passed
   around as a value (its calls are not visible). `t = jax.pmap if c else g` whose every use in
   its function is a call `t(f, axis_name="a")` (one literal `a`) is taken: `jax.pmap` becomes
-  `functools.partial(shard_map_per_device, in_specs=P("a"), out_specs=P("a"))`.
+  `functools.partial(shard_map_per_device, in_specs=P("a"), out_specs=P("a"))`. A shortcut
+  bound at a module's level, `pmap = functools.partial(jax.pmap, axis_name=AXIS)` (ferminet's
+  `constants.pmap`), stays; each call made through it, in its module or in another module of
+  the code base (`constants.pmap(step, donate_argnums=1)`, `@functools.partial(constants.pmap)`,
+  `@constants.pmap`), is read as the `jax.pmap(...)` call it makes and migrated there, and
+  written as it was where it is not (`_shortcut.py`). A module calling it without importing
+  `jax` says so (skipped).
 - `functools.partial(jax.pmap, ...)` binding positional arguments (they would fill `fun`).
 - Nested pmap that is not visible in one expression or one def (a pmapped function whose body
   pmaps again, `jax.pmap(g)` of a `g` pmapped in another statement), whose levels take other
@@ -482,13 +488,17 @@ from libcst.metadata import PositionProvider
 from jaxmigrate.model import Safety
 from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import Call, code, with_lambda_calls
+from jaxmigrate.toolkit.facts import AstFacts
 from jaxmigrate.toolkit.names import dotted, walk
+from jaxmigrate.toolkit.passes import ModuleCache
 from jaxmigrate.toolkit.scope import ScopeModel
 
 from ._dead import bound_name, drop_dead_helpers, drop_dead_locals
 from ._faithful import Faithful, after_imports, helper_text, with_helper
+from ._imported import Imported
 from ._outer import OuterGroup, OuterStep
 from ._program import Program, assign, edit_owners, numbered, rewrite_host
+from ._shortcut import restored, written_out
 from ._stored import named_back
 from ._survey import HELPER, PMAP, PmapUse, Survey, fun_arg
 
@@ -544,10 +554,12 @@ UNCOPIER_SOURCE = '''def {name}(tree):
 HELPERS = {CONVERTER: CONVERTER_SOURCE, COPIER: COPIER_SOURCE, UNCOPIER: UNCOPIER_SOURCE}
 
 
-# The pass in three layers, one per section: `survey.Finding` holds the state and finds the uses,
-# `faithful.Faithful` plans and emits the faithful form, `Pmap` runs both and the program form.
 # The nodes a site's rewrite replaces (a call, a decorated def, `jax.pmap` kept as a value)
 REWRITTEN = (cst.Call, cst.FunctionDef, cst.Name, cst.Attribute)
+
+
+# The pass in three layers, one per section: `survey.Finding` holds the state and finds the uses,
+# `faithful.Faithful` plans and emits the faithful form, `Pmap` runs both and the program form.
 
 
 class Pmap(Faithful):
@@ -566,12 +578,36 @@ class Pmap(Faithful):
     COMMENT_WORDS: ClassVar[tuple[str, str]] = ("pmap", "shard_map")
     QUALNAMES: ClassVar[tuple[str, ...]] = (PMAP,)
 
+    @classmethod
+    def mentioned_in(cls, facts: AstFacts) -> bool:
+        """`jax.pmap`, or a name that may be a shortcut for it another module of the code base
+        binds (`constants.pmap`: `_shortcut.py`)."""
+        return super().mentioned_in(facts) or any(n.split(".")[-1] == "pmap" for n in facts.names)
+
     def has_candidates(self, tree: cst.Module, names: ScopeModel) -> bool:
         return "pmap" in names.all_names
 
+    def transform_module(self, tree: cst.Module) -> cst.Module:
+        """Run the rule on `tree`, its calls through a shortcut for `jax.pmap` written out
+        (`_shortcut.py`); those it leaves as they are stay as they were."""
+        texts = [self.state.cache.code(tree), *(text for _, text in self.state.modules)]
+        if not any("partial(" in text and "pmap" in text for text in texts):
+            return super().transform_module(tree)
+        if not self.state.cache.watch and not self.state.cache.watch_types:
+            self.state.cache = ModuleCache(self.QUALNAMES, self.NODE_TYPES)
+        written = written_out(tree, self.state.cache.names(tree), Imported(self.state.modules))
+        if written is not None and written.unread:
+            self._input = tree  # where `skip` finds the calls
+            for node, why in written.unread:
+                self.skip(node, why)
+        if written is None or not written.written:
+            return super().transform_module(tree)
+        out = super().transform_module(written.module)
+        return tree if out is written.module else restored(out, written)
+
     # Finding ------------------------------------------------------------------------------
     def visit_Module(self, node: cst.Module) -> None:
-        self.survey = Survey(self.resolver)
+        self.survey = Survey(self.resolver, self.imported)
         walk(self.survey, node)
         found = [self._classify(ref, ancestors) for ref, ancestors in self.survey.refs]
         sites = self._stack_decorators([s for s in found if s is not None])

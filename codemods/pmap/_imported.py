@@ -22,7 +22,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from jaxmigrate.toolkit.scope import ScopeModel
+from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
 from ._reach import Flow
 
@@ -74,6 +74,40 @@ class Imported:
             for name, text in self.texts.items()
             if any(word in text for word in words) and (names := self._parsed(name)) is not None
         ]
+
+    def scope(self, module: str) -> ScopeModel | None:
+        """The module `module` of the code base, parsed (once); None if it is not one."""
+        return self._parsed(module) if module in self.texts else None
+
+    def constants(self, names: ScopeModel) -> dict[str, str]:
+        """The strings the code base's modules bind once at their level (ferminet's
+        `constants.PMAP_AXIS_NAME = "qmc_pmap_axis"`), each as `names`' module spells it:
+        `constants.PMAP_AXIS_NAME` after `from ferminet import constants`,
+        `ferminet.constants.PMAP_AXIS_NAME` after `import ferminet.constants`,
+        `PMAP_AXIS_NAME` after `from ferminet.constants import PMAP_AXIS_NAME`."""
+        found: dict[str, str] = {}
+        for local, bindings in names.module_scope.bindings.items():
+            qualname = bindings[0].qualname if len(bindings) == 1 else None
+            if bindings[0].kind is not BindingKind.IMPORT or qualname is None:
+                continue
+            for module in self.texts:  # `local` is the module, or a package holding it
+                if module == qualname or module.startswith(qualname + "."):
+                    spelled = local + module[len(qualname) :]
+                    found |= {f"{spelled}.{k}": v for k, v in self._strings(module).items()}
+            module, _, name = qualname.rpartition(".")  # `local` is a string of the module
+            if module in self.texts and name in (strings := self._strings(module)):
+                found[local] = strings[name]
+        return found
+
+    def _strings(self, module: str) -> dict[str, str]:
+        """The names `module` binds once, at its level, to a string literal."""
+        names = self._parsed(module)
+        found: dict[str, str] = {}
+        for name, bindings in names.module_scope.bindings.items() if names is not None else ():
+            value = bindings[0].value if len(bindings) == 1 and bindings[0].plain else None
+            if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
+                found[name] = value.evaluated_value
+        return found
 
     def _module_of(self, qualname: str | None) -> tuple[ScopeModel, list[str]] | None:
         """The module of the longest prefix of `qualname` that is one, and the rest."""

@@ -55,6 +55,7 @@ from ._passon import defined, elsewhere, where_in
 from ._program import Program, Setup
 from ._reach import ENTRY, SCOPES, Flow, assigned_name, free_names, nodes_in, params_of, statements
 from ._readat import short as _short
+from ._shortcut import shortcuts_in
 from ._stored import (
     NO_SETUP,
     Stored,
@@ -183,9 +184,10 @@ class Survey(cst.CSTVisitor):
 
     Which names are bound, and how, is the scope model's (`defs`, `rebound`)."""
 
-    def __init__(self, names: ScopeModel) -> None:
+    def __init__(self, names: ScopeModel, imported: Imported | None = None) -> None:
         super().__init__()
         self.names = names
+        self.imported = imported  # the code base's modules it imports: their strings
         self.refs: list[tuple[cst.BaseExpression, tuple[cst.CSTNode, ...]]] = []
         self.strings: set[str] = set()
         self.fields: dict[str, list[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]]] = {}
@@ -227,8 +229,10 @@ class Survey(cst.CSTVisitor):
 
     @cached_property
     def constants(self) -> dict[str, str]:
-        """The names bound once in the module, at module level, to a string literal."""
-        found = {
+        """The names bound once in the module, at module level, to a string literal; those
+        of the code base's modules it imports, as it spells them (`Imported.constants`)."""
+        found = self.imported.constants(self.names) if self.imported is not None else {}
+        found |= {
             name: value.evaluated_value
             for name, value in self.bound_once.items()
             if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str)
@@ -1973,6 +1977,11 @@ class Finding(Pass):
             if isinstance(ancestors[-3], cst.Decorator):
                 return PmapUse(ancestors[-3], [ancestors[-3]], ref, ancestors, mapped=ancestors[-4])
             why = "`functools.partial(jax.pmap, ...)` kept as a value: its calls are not visible"
+            if (name := assigned_name(ancestors[-3])) in shortcuts_in(self.resolver):
+                why = (
+                    f"`functools.partial(jax.pmap, ...)` kept: `{name}`, a shortcut for it, is "
+                    "read as the `jax.pmap(...)` it makes where it is called in the code base"
+                )
             return PmapUse(ref, [], ref, ancestors, skip=why)
         if isinstance(parent, cst.Assign) and parent.value is ref:
             return None  # an alias: the calls through it are sites of their own

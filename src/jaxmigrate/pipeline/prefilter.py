@@ -5,7 +5,8 @@ Two stages. The text stage asks each pass's `TRIGGER` regex, once every part of 
 also look at the `ast` itself (`Pass.may_apply_to`). The name stage runs only for passes that
 declare `QUALNAMES` (the legacy objects they rewrite): Python's own `ast` parser, an order of
 magnitude faster than libcst's, lists what the file's imports make reachable, and a pass stays
-only if one of its qualified names is referenced. The name stage over-approximates (it ignores
+only if one of its qualified names is referenced (`Pass.mentioned_in`; the pmap rule also keeps a
+file naming something `pmap` of another module: a shortcut for `jax.pmap` there). The name stage over-approximates (it ignores
 shadowing), so it never drops a file a pass would rewrite; a file `ast` cannot parse (newer
 syntax than the running Python) keeps every pass. The parse is returned with the choice
 (`Prefiltered`), for the engine to reuse.
@@ -39,11 +40,7 @@ def prefilter(source: str, passes: Sequence[type[Pass]]) -> Prefiltered:
     if tree is None:
         return Prefiltered(chosen)
     facts = AstFacts(tree)
-    kept = [
-        p
-        for p in chosen
-        if (not p.QUALNAMES or facts.mentions(p.QUALNAMES)) and p.may_apply_to(facts)
-    ]
+    kept = [p for p in chosen if p.mentioned_in(facts) and p.may_apply_to(facts)]
     return Prefiltered(kept, outline(tree) if exact else None)
 
 

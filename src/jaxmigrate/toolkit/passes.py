@@ -263,6 +263,12 @@ class Pass(CodemodCommand, cst.CSTTransformer):
         return True
 
     @classmethod
+    def mentioned_in(cls, facts: AstFacts) -> bool:
+        """Return False when the file's `ast` references none of `QUALNAMES` (the prefilter's
+        name stage; always True without them)."""
+        return not cls.QUALNAMES or facts.mentions(cls.QUALNAMES)
+
+    @classmethod
     def may_name(cls, source: str) -> bool:
         """Return False when `source` cannot mention any of `QUALNAMES` (always True without).
 

@@ -1,0 +1,255 @@
+"""Calls made through a shortcut for `jax.pmap`, read as the `jax.pmap(...)` call they make.
+
+ferminet binds `pmap = functools.partial(jax.pmap, axis_name=PMAP_AXIS_NAME)` in its
+`constants` module and maps its functions with `constants.pmap(step, donate_argnums=1)` and
+`@functools.partial(constants.pmap, donate_argnums=(0, 1))` (kfac_jax's `utils.pmap` is the same
+shortcut). No `jax.pmap` is written at those calls, so the rule found none of them. A call made
+through the shortcut is `jax.pmap` called with the shortcut's keywords, then its own (a keyword
+of its own wins, as `functools.partial` lets it): `written_out` writes it so, and the rule reads
+and rewrites that call like any other. Where the rule leaves such a call as it is, `restored`
+puts the shortcut back: what the module says is changed only where a site is rewritten.
+
+A shortcut is a name bound once at the level of the module itself or of a module of the code
+base it imports (`FileState.modules`), to `functools.partial(jax.pmap, k=v, ...)`: keywords only,
+each value a literal (`"i"`, `(0, 1)`) or a name bound once at that module's level to one (then
+spelled as the calling module reaches it: `constants.PMAP_AXIS_NAME`). A call through a shortcut
+imported by its own name (`from ferminet.constants import pmap`) is written out only when the
+shortcut's keywords are literals: their names are not bound in the calling module. Timid, and
+left as written: the shortcut passed as a value, a call with a second positional argument (it
+fails today: `axis_name` given twice), a module that does not bind `jax` (the call would name
+it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import libcst as cst
+
+from jaxmigrate.toolkit.emit import code
+from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
+
+from ._imported import Imported
+from ._reach import nodes_in
+
+PMAP = "jax.pmap"
+NO_JAX = (
+    "`{}`, a shortcut for `jax.pmap`, is not read here: this module does not import `jax`, "
+    "which the call it makes names (`import jax` would let it be migrated)"
+)
+PARTIAL = "functools.partial"
+LITERALS = (cst.SimpleString, cst.Integer, cst.Float, cst.Name)  # `Name`: `True`, `None`
+
+
+@dataclass(frozen=True)
+class Shortcut:
+    """A shortcut for `jax.pmap`: its keywords, each as `value`s spelled in its own module, and
+    the module-level names it reads (those must be reached through the module)."""
+
+    keywords: tuple[tuple[str, cst.BaseExpression], ...]
+    names: frozenset[str]
+
+
+def shortcuts_in(names: ScopeModel) -> dict[str, Shortcut]:
+    """The shortcuts for `jax.pmap` a module binds at its level, by name."""
+    found: dict[str, Shortcut] = {}
+    constants = _literal_names(names)
+    for name, bindings in names.module_scope.bindings.items():
+        value = bindings[0].value if len(bindings) == 1 and bindings[0].plain else None
+        if not isinstance(value, cst.Call) or names.qualified_name(value.func) != PARTIAL:
+            continue
+        first, *rest = value.args or (None,)
+        if first is None or first.keyword is not None or first.star:
+            continue
+        if names.qualified_name(first.value) != PMAP or any(a.keyword is None for a in rest):
+            continue
+        keywords = tuple((a.keyword.value, a.value) for a in rest if a.keyword is not None)
+        read = {n.value for _, v in keywords for n in nodes_in(v, cst.Name)} - {"True", "False"}
+        if all(_literal(v, constants) for _, v in keywords) and not any(a.star for a in rest):
+            found[name] = Shortcut(keywords, frozenset(read - {"None"}))
+    return found
+
+
+def _literal_names(names: ScopeModel) -> frozenset[str]:
+    """The names a module binds once, at its level, to a literal (no function rebinds them)."""
+    return frozenset(
+        name
+        for name, bindings in names.module_scope.bindings.items()
+        if len(bindings) == 1 and bindings[0].plain and not names.bound_below_module(name)
+        if _literal(bindings[0].value, frozenset())
+    )
+
+
+def _literal(node: cst.CSTNode | None, constants: frozenset[str]) -> bool:
+    """A literal (a tuple or list of them too), or a name of `constants`."""
+    if isinstance(node, (cst.Tuple, cst.List)):
+        return all(_literal(e.value, constants) for e in node.elements)
+    if isinstance(node, cst.Name):
+        return node.value in ("True", "False", "None") or node.value in constants
+    return isinstance(node, (cst.SimpleString, cst.Integer, cst.Float))
+
+
+@dataclass
+class WrittenOut:
+    """A module with its calls through shortcuts written out, and each call written with the
+    call it was (`restored` puts back those the rule leaves as they are)."""
+
+    module: cst.Module
+    written: list[tuple[cst.BaseExpression, cst.BaseExpression]]
+    unread: list[tuple[cst.CSTNode, str]]  # calls through a shortcut left unread, and why
+
+
+def written_out(module: cst.Module, names: ScopeModel, imported: Imported) -> WrittenOut | None:
+    """`module` with each call through a shortcut for `jax.pmap` written as the `jax.pmap(...)`
+    call it makes; None when it makes none."""
+    reachable = _reachable(names, imported)
+    if not reachable:
+        return None
+    jax = names.module_alias("jax")
+    partial = names.module_binding(PARTIAL)
+    functools = names.module_alias("functools")
+    partial = partial or (f"{functools}.partial" if functools is not None else None)
+
+    def pmap() -> cst.Attribute:  # a node of its own at each call (ids key the analysis)
+        return cst.Attribute(cst.Name(jax or "jax"), cst.Name("pmap"))
+
+    replaced: dict[int, tuple[cst.BaseExpression, cst.BaseExpression]] = {}
+    unread: list[tuple[cst.CSTNode, str]] = []
+
+    def keywords_of(node: cst.CSTNode) -> list[cst.Arg] | None:
+        """The keywords of the shortcut `node` names, spelled here; None if it names none."""
+        spelled = code(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
+        if spelled is None or spelled not in reachable or not _unshadowed(node, names):
+            return None
+        shortcut, reach = reachable[spelled]
+        return [
+            cst.Arg(_respelled(value.deep_clone(), shortcut.names, reach), keyword=cst.Name(key))
+            for key, value in shortcut.keywords
+        ]
+
+    for call in nodes_in(module, cst.Call):
+        args = list(call.args)
+        is_partial = bool(args) and names.qualified_name(call.func) == PARTIAL
+        keywords = keywords_of(args[0].value if is_partial else call.func) if args else None
+        if keywords is None or args[0].keyword is not None or any(a.star for a in args):
+            continue
+        if jax is None:
+            unread.append((call, NO_JAX.format(code(args[0].value if is_partial else call.func))))
+            continue
+        if not is_partial and sum(a.keyword is None for a in args) > 1:
+            continue  # `pmap(f, "i")`: `axis_name` given twice, the call fails today
+        given = {a.keyword.value for a in args if a.keyword is not None}
+        keywords = [k for k in keywords if k.keyword is not None and k.keyword.value not in given]
+        first = args[0].with_changes(value=pmap()) if is_partial else args[0]
+        new = call.with_changes(
+            func=call.func if is_partial else pmap(), args=_inserted(first, keywords, args[1:])
+        )
+        replaced[id(call)] = (new, call)
+    for decorator in nodes_in(module, cst.Decorator):  # `@constants.pmap`
+        keywords = keywords_of(decorator.decorator)
+        if keywords is not None and jax is None:
+            unread.append((decorator, NO_JAX.format(code(decorator.decorator))))
+        if keywords is None or partial is None or jax is None:
+            continue
+        written = cst.Call(cst.parse_expression(partial), [cst.Arg(pmap()), *keywords])
+        replaced[id(decorator.decorator)] = (written, decorator.decorator)
+    if not replaced and not unread:
+        return None
+    decorators = {id(d.decorator): d for d in nodes_in(module, cst.Decorator)}
+    unread = [(decorators.get(id(node), node), why) for node, why in unread]  # said at the `@`
+    out = (
+        module.visit(_Replace({k: new for k, (new, _) in replaced.items()})) if replaced else module
+    )
+    return WrittenOut(out, list(replaced.values()), unread)
+
+
+def restored(module: cst.Module, written: WrittenOut) -> cst.Module:
+    """`module`, the rule's output, with every call `written_out` wrote that the rule left as
+    it was put back as it was written."""
+    return module.visit(_Restore(written.written))
+
+
+def _inserted(first: cst.Arg, keywords: list[cst.Arg], rest: list[cst.Arg]) -> list[cst.Arg]:
+    """`first`, then `keywords`, then `rest`, on the lines they were on."""
+    spaced = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    if not keywords:
+        return [first, *rest]
+    keywords = [k.with_changes(comma=spaced) for k in keywords]
+    if not rest:  # the last argument keeps the first one's (a trailing comma, a line break)
+        keywords[-1] = keywords[-1].with_changes(comma=first.comma)
+        first = first.with_changes(comma=spaced)
+    elif first.comma is cst.MaybeSentinel.DEFAULT:
+        first = first.with_changes(comma=spaced)
+    return [first, *keywords, *rest]
+
+
+def _reachable(names: ScopeModel, imported: Imported) -> dict[str, tuple[Shortcut, str | None]]:
+    """The shortcuts the module can call, by spelling (`pmap`, `constants.pmap`), each with the
+    module name its names are reached through (None: they are the module's own, or literals)."""
+    found: dict[str, tuple[Shortcut, str | None]] = {
+        name: (shortcut, None) for name, shortcut in shortcuts_in(names).items()
+    }
+    for local, bindings in names.module_scope.bindings.items():
+        qualname = bindings[0].qualname if len(bindings) == 1 else None
+        if bindings[0].kind is not BindingKind.IMPORT or qualname is None:
+            continue
+        if (other := imported.scope(qualname)) is not None:  # `from ferminet import constants`
+            found |= {f"{local}.{k}": (v, local) for k, v in shortcuts_in(other).items()}
+            continue
+        module, _, name = qualname.rpartition(".")  # `from ferminet.constants import pmap`
+        other = imported.scope(module)
+        shortcut = shortcuts_in(other).get(name) if other is not None else None
+        if shortcut is not None and not shortcut.names:
+            found[local] = (shortcut, None)
+    return found
+
+
+def _unshadowed(node: cst.CSTNode, names: ScopeModel) -> bool:
+    """Whether the name `node` starts with is the module's own binding where `node` is."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    if not isinstance(node, cst.Name):
+        return False
+    return names.scope_of(node).lookup(node.value) is names.module_scope
+
+
+def _respelled(
+    value: cst.BaseExpression, read: frozenset[str], reach: str | None
+) -> cst.BaseExpression:
+    """`value` of a shortcut, its module's names reached through `reach` (`constants.X`)."""
+    if reach is None or not read:
+        return value
+    return value.visit(_Reach(read, reach))  # type: ignore[return-value]
+
+
+class _Reach(cst.CSTTransformer):
+    def __init__(self, read: frozenset[str], reach: str) -> None:
+        super().__init__()
+        self.read, self.reach = read, reach
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        if original_node.value not in self.read:
+            return updated_node
+        return cst.Attribute(cst.Name(self.reach), updated_node)
+
+
+class _Replace(cst.CSTTransformer):
+    def __init__(self, replaced: Mapping[int, cst.CSTNode]) -> None:
+        super().__init__()
+        self.replaced = replaced
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
+        return self.replaced.get(id(original_node), updated_node)
+
+
+class _Restore(cst.CSTTransformer):
+    def __init__(self, written: list[tuple[cst.BaseExpression, cst.BaseExpression]]) -> None:
+        super().__init__()
+        self.written = written
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        for new, old in self.written:
+            if updated_node.deep_equals(new):
+                return old
+        return updated_node
