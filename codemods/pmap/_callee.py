@@ -48,7 +48,6 @@ from ._flow import (
     analyze_calls,
     forms_of,
     helpers_of,
-    options_of,
     sibling_calls,
 )
 from ._forms import Qualname, bound_arguments, single_name, target_names
@@ -56,6 +55,7 @@ from ._layout import Layout
 from ._passon import passed_to
 from ._program import Program
 from ._reach import SCOPES, Flow, nodes_in
+from ._specs import options_of
 from ._summary import ModuleFacts
 
 

@@ -26,7 +26,6 @@ from jaxmigrate.toolkit.names import dotted
 from jaxmigrate.toolkit.passes import Home
 
 from ._declines import NotVisible
-from ._flow import mapped_name
 from ._forms import base_of
 from ._layout import fill, holes_of
 from ._passon import elsewhere
@@ -36,12 +35,13 @@ from ._specs import (
     TAIL_BUILTINS,
     SpecMaker,
     Untranslatable,
-    argnums,
+    mapped_name,
     partition_spec,
     spec_tree,
-    static_tail,
+    statics,
     tail_fits,
     tuple_of,
+    unbound,
     with_static_tail,
     with_statics,
 )
@@ -386,13 +386,11 @@ class Faithful(Finding):
         if "static_broadcasted_argnums" not in pmapped.options:
             return (), None
         value = items[pmapped.options["static_broadcasted_argnums"]].arg.value
+        rebound = any(self.resolver.bound(name) for name in TAIL_BUILTINS)
         try:
-            return argnums(value), None
+            return statics(value, tail=not rebound)
         except Untranslatable as why:
-            tail = static_tail(value)
-            if tail is None or any(self.resolver.bound(name) for name in TAIL_BUILTINS):
-                raise NotMigrated(f"`static_broadcasted_argnums`: {why}") from None
-            return (), tail
+            raise NotMigrated(f"`static_broadcasted_argnums`: {why}") from None
 
     def _tail_specs(
         self, site: PmapUse, specs: cst.BaseExpression, start: int, count: cst.BaseExpression
@@ -528,16 +526,15 @@ class Faithful(Finding):
         the parameters before the first one bound by keyword (a position cannot reach later)."""
         try:
             name, bound = mapped_name(fun, self.qualname)
-        except NotVisible:
+            defs = self.survey.defs(name) if name and bound else []
+            if len(defs) != 1 or self.survey.rebound(name):
+                return None
+            params = defs[0].params
+            if params.posonly_params or isinstance(params.star_arg, cst.Param):
+                return None
+            return arity(unbound(defs[0], bound), statics)
+        except NotVisible:  # not a def, or `partial` binds no parameter of it
             return None
-        defs = self.survey.defs(name) if name and bound else []
-        if len(defs) != 1 or self.survey.rebound(name):
-            return None
-        params = defs[0].params
-        names = [p.name.value for p in params.params]
-        first = min((names.index(b) for b in bound if b in names), default=len(names))
-        head = defs[0].with_changes(params=params.with_changes(params=params.params[:first]))
-        return None if params.posonly_params else arity(head, statics)
 
     def _partial(self, site: PmapUse) -> cst.BaseExpression:
         """Return `functools.partial` as the site or the module spells it."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -64,15 +64,12 @@ from ._reach import ENTRY, SCOPES, Flow, assigned_name, free_names, nodes_in, pa
 from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
-from ._specs import TAIL_BUILTINS, Untranslatable, argnums, static_tail, tail_fits
+from ._specs import PARTIAL, TAIL_BUILTINS, Options, options_of, tail_fits, unbound
 from ._summary import NO_FACTS, NOT_DECLARABLE, NUMBERS, ModuleFacts, Values, name_reads
 
 GET_METRICS = (row_named("get_metrics"),)
 MEANS = (row_named("cross_device_mean"),)
 ENTRY_ONLY = frozenset({ENTRY})
-KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
-PARTIAL = "functools.partial"
-NOT_LITERAL = "`static_broadcasted_argnums` is not a literal"
 # Two expressions: a node and what it becomes (a readback deleted, a split's flat source), or
 # a value and the part of the devices it is stacked over
 _Pair = tuple[cst.BaseExpression, cst.BaseExpression]
@@ -255,7 +252,7 @@ def analyze_calls(
         flow = Flow(host, outer=outer)
         if step in flow.stores:
             raise NotVisible(f"`{step}` is bound in `{host.name.value}` too", Decline.REBOUND)
-    body = _unbound(body, options.bound)
+    body = unbound(body, options.bound)
     uses = flow.loads.get(step, [])
     if own is not None:  # a read in a nested function is the step's: it declines PL203 below
         reached = [flow.reach.of(use) if not _nested(flow, use) else frozenset() for use in uses]
@@ -420,153 +417,10 @@ def forms_of(flow: Flow, qualname: Qualname, facts: ModuleFacts) -> Forms:
     )
 
 
-@dataclass
-class Options:
-    """What one pmap says: the function mapped, its axis and the options this form takes."""
-
-    fun: cst.BaseExpression  # the def's name, or `functools.partial(name, k=...)`
-    axis: cst.BaseExpression
-    donate: cst.Arg | None = None
-    in_axes: cst.BaseExpression | None = None
-    statics: tuple[int, ...] = ()
-    statics_arg: cst.Arg | None = None
-    # `tuple(range(k, k + n))` for a def `f(a, ..., *args)` of `k` parameters: every star
-    # argument static (big_vision's flexi trainers), `(k, n)`
-    tail: tuple[int, cst.BaseExpression] | None = None
-    bound: tuple[str, ...] = ()  # the parameters `functools.partial` binds by keyword
-    name: str = ""  # the name of the def mapped
-    named: bool = True  # False: pmap's axis is unnamed (the body cannot name it), `axis` ours
-    literal: str = ""  # the axis's name: `axis`'s value, or the string the constant `axis` is
-    spellings: frozenset[str] = frozenset()  # the module's constants the body may name it by
-
-
-def options_of(
-    pmap: cst.Call,
-    qualname: Qualname,
-    unnamed: cst.BaseExpression | None = None,
-    constants: Mapping[str, str] | None = None,
-) -> Options:
-    """Read `jax.pmap(fun, axis_name, ...)`; raise NotVisible when this form does not take it."""
-    fun = pmap.args[0].value if pmap.args and pmap.args[0].keyword is None else None
-    if fun is None:
-        why = "the pmapped function is not a def of this module named directly"
-        raise NotVisible(why, Decline.NOT_A_DEF)
-    return read_options(
-        fun, pmap.args[1:], qualname, positional_axis=True, unnamed=unnamed, constants=constants
-    )
-
-
-def read_options(
-    fun: cst.BaseExpression,
-    args: Sequence[cst.Arg],
-    qualname: Qualname,
-    *,
-    positional_axis: bool,
-    unnamed: cst.BaseExpression | None = None,
-    constants: Mapping[str, str] | None = None,
-) -> Options:
-    """Read pmap's `args` (all but the function); `unnamed` names an axis pmap leaves unnamed.
-    `constants`: the module's names bound once, at module level, to a string (brax's
-    `_PMAP_AXIS_NAME = "i"`): such a name is the axis's literal name, kept as written."""
-    constants = constants or {}
-    found: dict[str, cst.Arg] = {}
-    for i, arg in enumerate(args):
-        positional = "axis_name" if i == 0 and positional_axis else None
-        keyword = arg.keyword.value if arg.keyword else positional
-        if keyword == "devices" and all_devices(arg.value, qualname):
-            continue  # pmap's default: every device of the job, in order (the mesh's)
-        if keyword not in KEYWORDS or arg.star:
-            why = f"pmap's `{keyword or 'argument'}` is not taken by this form yet"
-            if keyword == "devices":  # lm1b/wmt's `per_host_sum_pmap`: one device per process
-                why = f"pmap's `devices={_short(arg.value)}` is not every device of the job"
-            raise NotVisible(why, Decline.OPTION)
-        found[keyword] = arg
-    try:
-        name, bound = mapped_name(fun, qualname)
-    except NotVisible:
-        if "axis_name" in found:  # (`mapped_name` takes any lambda)
-            raise
-        # no def: read as opaque, the axis unnamed (the survey's `_opaque_body`)
-        name, bound = "", ()
-    axis = found["axis_name"].value if "axis_name" in found else unnamed
-    if isinstance(axis, (cst.Name, cst.Attribute)) and code(axis) in constants:
-        literal = constants[code(axis)]  # `_AXIS`, or a field `self._axis_name` set once
-    elif isinstance(axis, cst.SimpleString) and isinstance(axis.evaluated_value, str):
-        literal = axis.evaluated_value
-    else:
-        named = f" (`{_short(axis)}`)" if axis is not None else ""
-        raise NotVisible(f"the mapped axis has no literal name{named}", Decline.UNNAMED_AXIS)
-    options = Options(fun, axis, found.get("donate_argnums"), bound=bound, name=name)
-    options.literal = literal
-    options.spellings = frozenset(n for n, v in constants.items() if v == literal)
-    options.named = "axis_name" in found
-    options.in_axes = found["in_axes"].value if "in_axes" in found else None
-    if "static_broadcasted_argnums" in found:
-        options.statics_arg = found["static_broadcasted_argnums"]
-        options.tail = static_tail(options.statics_arg.value)
-        if options.tail is None:
-            try:  # a literal int, or a tuple or list of them (as the faithful form reads it)
-                options.statics = argnums(options.statics_arg.value)
-            except Untranslatable:
-                raise NotVisible(NOT_LITERAL, Decline.OPTION) from None
-    return options
-
-
-def all_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
-    """`jax.devices()`: the devices pmap maps over by default (`jax.local_devices()` is not: on a
-    multi-process job its collectives would span this process's devices only)."""
-    return isinstance(node, cst.Call) and not node.args and qualname(node.func) == "jax.devices"
-
-
 def lambda_def(fun: cst.Lambda) -> cst.FunctionDef:
     """`lambda x: e` as the def `def _(x): return e`, for the body's analysis."""
     body = cst.IndentedBlock([cst.SimpleStatementLine([cst.Return(fun.body)])])
     return cst.FunctionDef(cst.Name("_"), fun.params, body)
-
-
-def mapped_name(fun: cst.BaseExpression, qualname: Qualname) -> tuple[str, tuple[str, ...]]:
-    """Return the name of the def `fun` maps and the parameters it binds by `partial` keywords
-    (no name for a lambda)."""
-    if isinstance(fun, cst.Name):
-        return fun.value, ()
-    if isinstance(fun, cst.Lambda):
-        return "", ()
-    args = fun.args if isinstance(fun, cst.Call) else ()
-    if (
-        isinstance(fun, cst.Call)
-        and qualname(fun.func) == PARTIAL
-        and args
-        and args[0].keyword is None
-        and not args[0].star
-        and isinstance(args[0].value, cst.Name)
-        and all(a.keyword is not None and not a.star for a in args[1:])
-    ):
-        return args[0].value.value, tuple(a.keyword.value for a in args[1:] if a.keyword)
-    why = "the pmapped function is not a def of this module named directly (or with `partial`)"
-    raise NotVisible(why, Decline.NOT_A_DEF)
-
-
-def _unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
-    """Return `body` as the step sees it: without the parameters `partial` binds by keyword.
-
-    They are the same on every device (pmap does not map them): replicated values in the body.
-    """
-    if not bound:
-        return body
-    params = body.params
-    order = [*params.params, *params.kwonly_params]
-    if missing := [b for b in bound if b not in {p.name.value for p in order}]:
-        why = f"`partial` binds `{missing[0]}`, not a parameter of the def"
-        raise NotVisible(why, Decline.SIGNATURE)
-    first = next(i for i, p in enumerate(order) if p.name.value in bound)
-    kept = list(params.params[:first])
-    later = [p for p in order[first:] if p.name.value not in bound]
-    # The later ones keep their defaults, or are passed by keyword (a position would fill the
-    # first parameter bound): keyword-only to the step.
-    kwonly = [p.with_changes(comma=cst.MaybeSentinel.DEFAULT) for p in later]
-    star = cst.ParamStar() if kwonly else cst.MaybeSentinel.DEFAULT
-    changed = params.with_changes(params=kept, kwonly_params=kwonly, star_arg=star)
-    return body.with_changes(params=changed)
 
 
 def _fixed_positions(options: Options, arity: int) -> dict[int, str]:

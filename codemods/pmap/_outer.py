@@ -13,10 +13,11 @@ import libcst as cst
 from jaxmigrate.toolkit.emit import code
 
 from ._declines import Decline, NotVisible
-from ._flow import Options, all_devices, analyze_calls, keywords_in_place
+from ._flow import analyze_calls, keywords_in_place
 from ._forms import Qualname, single_name
 from ._program import Program
 from ._reach import SCOPES, Flow, nodes_in
+from ._specs import Options, all_devices
 from ._summary import Declarable, ModuleFacts
 
 MESH = "jax.sharding.Mesh"

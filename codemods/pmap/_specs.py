@@ -10,13 +10,18 @@ negative axes (they need the value's rank), booleans and unpacking.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import libcst as cst
 import libcst.matchers as m
 from libcst.helpers import parse_template_expression
 
 from jaxmigrate.toolkit.emit import code, joined
+
+from ._declines import Decline, NotVisible
+from ._layout import Qualname
+from ._readat import short as _short
 
 SpecMaker = Callable[[int | None], cst.BaseExpression]
 
@@ -76,6 +81,17 @@ def argnums(node: cst.BaseExpression) -> tuple[int, ...]:
         if len(found) == len(node.elements):  # every element a literal number
             return tuple(found)
     raise Untranslatable(f"`{code(node)}` is computed: which arguments are static is not known")
+
+
+def statics(
+    node: cst.BaseExpression, tail: bool = True
+) -> tuple[tuple[int, ...], tuple[int, cst.BaseExpression] | None]:
+    """Return the positions a literal `static_broadcasted_argnums` names (`argnums`), or, as
+    second, its static tail `(k, n)` (`static_tail`; not looked for unless `tail`); raise
+    Untranslatable for any other value."""
+    if tail and (found := static_tail(node)) is not None:
+        return (), found
+    return argnums(node), None
 
 
 def static_tail(node: cst.BaseExpression) -> tuple[int, cst.BaseExpression] | None:
@@ -181,3 +197,150 @@ def _with_comma(elements: Sequence[cst.BaseElement]) -> list[cst.BaseElement]:
 
 
 SPACED = m.Comma(whitespace_after=~m.SimpleWhitespace(""))  # then a space or a line break
+
+
+# Reading one pmap's options --------------------------------------------------------------------
+KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
+NOT_LITERAL = "`static_broadcasted_argnums` is not a literal"
+PARTIAL = "functools.partial"
+
+
+@dataclass
+class Options:
+    """What one pmap says: the function mapped, its axis and the options this form takes."""
+
+    fun: cst.BaseExpression  # the def's name, or `functools.partial(name, k=...)`
+    axis: cst.BaseExpression
+    donate: cst.Arg | None = None
+    in_axes: cst.BaseExpression | None = None
+    statics: tuple[int, ...] = ()
+    statics_arg: cst.Arg | None = None
+    # `tuple(range(k, k + n))` for a def `f(a, ..., *args)` of `k` parameters: every star
+    # argument static (big_vision's flexi trainers), `(k, n)`
+    tail: tuple[int, cst.BaseExpression] | None = None
+    bound: tuple[str, ...] = ()  # the parameters `functools.partial` binds by keyword
+    name: str = ""  # the name of the def mapped
+    named: bool = True  # False: pmap's axis is unnamed (the body cannot name it), `axis` ours
+    literal: str = ""  # the axis's name: `axis`'s value, or the string the constant `axis` is
+    spellings: frozenset[str] = frozenset()  # the module's constants the body may name it by
+
+
+def options_of(
+    pmap: cst.Call,
+    qualname: Qualname,
+    unnamed: cst.BaseExpression | None = None,
+    constants: Mapping[str, str] | None = None,
+) -> Options:
+    """Read `jax.pmap(fun, axis_name, ...)`; raise NotVisible when this form does not take it."""
+    fun = pmap.args[0].value if pmap.args and pmap.args[0].keyword is None else None
+    if fun is None:
+        why = "the pmapped function is not a def of this module named directly"
+        raise NotVisible(why, Decline.NOT_A_DEF)
+    return read_options(
+        fun, pmap.args[1:], qualname, positional_axis=True, unnamed=unnamed, constants=constants
+    )
+
+
+def read_options(
+    fun: cst.BaseExpression,
+    args: Sequence[cst.Arg],
+    qualname: Qualname,
+    *,
+    positional_axis: bool,
+    unnamed: cst.BaseExpression | None = None,
+    constants: Mapping[str, str] | None = None,
+) -> Options:
+    """Read pmap's `args` (all but the function); `unnamed` names an axis pmap leaves unnamed.
+    `constants`: the module's names bound once, at module level, to a string (brax's
+    `_PMAP_AXIS_NAME = "i"`): such a name is the axis's literal name, kept as written."""
+    constants = constants or {}
+    found: dict[str, cst.Arg] = {}
+    for i, arg in enumerate(args):
+        positional = "axis_name" if i == 0 and positional_axis else None
+        keyword = arg.keyword.value if arg.keyword else positional
+        if keyword == "devices" and all_devices(arg.value, qualname):
+            continue  # pmap's default: every device of the job, in order (the mesh's)
+        if keyword not in KEYWORDS or arg.star:
+            why = f"pmap's `{keyword or 'argument'}` is not taken by this form yet"
+            if keyword == "devices":  # lm1b/wmt's `per_host_sum_pmap`: one device per process
+                why = f"pmap's `devices={_short(arg.value)}` is not every device of the job"
+            raise NotVisible(why, Decline.OPTION)
+        found[keyword] = arg
+    try:
+        name, bound = mapped_name(fun, qualname)
+    except NotVisible:
+        if "axis_name" in found:  # (`mapped_name` takes any lambda)
+            raise
+        # no def: read as opaque, the axis unnamed (the survey's `_opaque_body`)
+        name, bound = "", ()
+    axis = found["axis_name"].value if "axis_name" in found else unnamed
+    if isinstance(axis, (cst.Name, cst.Attribute)) and code(axis) in constants:
+        literal = constants[code(axis)]  # `_AXIS`, or a field `self._axis_name` set once
+    elif isinstance(axis, cst.SimpleString) and isinstance(axis.evaluated_value, str):
+        literal = axis.evaluated_value
+    else:
+        named = f" (`{_short(axis)}`)" if axis is not None else ""
+        raise NotVisible(f"the mapped axis has no literal name{named}", Decline.UNNAMED_AXIS)
+    options = Options(fun, axis, found.get("donate_argnums"), bound=bound, name=name)
+    options.literal = literal
+    options.spellings = frozenset(n for n, v in constants.items() if v == literal)
+    options.named = "axis_name" in found
+    options.in_axes = found["in_axes"].value if "in_axes" in found else None
+    if "static_broadcasted_argnums" in found:
+        options.statics_arg = found["static_broadcasted_argnums"]
+        try:  # as the faithful form reads it
+            options.statics, options.tail = statics(options.statics_arg.value)
+        except Untranslatable:
+            raise NotVisible(NOT_LITERAL, Decline.OPTION) from None
+    return options
+
+
+def all_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
+    """`jax.devices()`: the devices pmap maps over by default (`jax.local_devices()` is not: on a
+    multi-process job its collectives would span this process's devices only)."""
+    return isinstance(node, cst.Call) and not node.args and qualname(node.func) == "jax.devices"
+
+
+def mapped_name(fun: cst.BaseExpression, qualname: Qualname) -> tuple[str, tuple[str, ...]]:
+    """Return the name of the def `fun` maps and the parameters it binds by `partial` keywords
+    (no name for a lambda)."""
+    if isinstance(fun, cst.Name):
+        return fun.value, ()
+    if isinstance(fun, cst.Lambda):
+        return "", ()
+    args = fun.args if isinstance(fun, cst.Call) else ()
+    if (
+        isinstance(fun, cst.Call)
+        and qualname(fun.func) == PARTIAL
+        and args
+        and args[0].keyword is None
+        and not args[0].star
+        and isinstance(args[0].value, cst.Name)
+        and all(a.keyword is not None and not a.star for a in args[1:])
+    ):
+        return args[0].value.value, tuple(a.keyword.value for a in args[1:] if a.keyword)
+    why = "the pmapped function is not a def of this module named directly (or with `partial`)"
+    raise NotVisible(why, Decline.NOT_A_DEF)
+
+
+def unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
+    """Return `body` as the step sees it: without the parameters `partial` binds by keyword.
+
+    They are the same on every device (pmap does not map them): replicated values in the body.
+    """
+    if not bound:
+        return body
+    params = body.params
+    order = [*params.params, *params.kwonly_params]
+    if missing := [b for b in bound if b not in {p.name.value for p in order}]:
+        why = f"`partial` binds `{missing[0]}`, not a parameter of the def"
+        raise NotVisible(why, Decline.SIGNATURE)
+    first = next(i for i, p in enumerate(order) if p.name.value in bound)
+    kept = list(params.params[:first])
+    later = [p for p in order[first:] if p.name.value not in bound]
+    # The later ones keep their defaults, or are passed by keyword (a position would fill the
+    # first parameter bound): keyword-only to the step.
+    kwonly = [p.with_changes(comma=cst.MaybeSentinel.DEFAULT) for p in later]
+    star = cst.ParamStar() if kwonly else cst.MaybeSentinel.DEFAULT
+    changed = params.with_changes(params=kept, kwonly_params=kwonly, star_arg=star)
+    return body.with_changes(params=changed)

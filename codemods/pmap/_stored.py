@@ -29,10 +29,11 @@ from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import Style, code
 
 from ._declines import Decline, NotVisible
-from ._flow import Options, analyze_calls, unnamed_step
+from ._flow import analyze_calls, unnamed_step
 from ._forms import Qualname, single_name
 from ._program import fitted, laid_out, numbered
 from ._reach import nodes_in, replaced
+from ._specs import Options
 from ._summary import NOT_DECLARABLE, Declarable, ModuleFacts
 
 # Why steps stored on `self` read in several methods are not taken when none of them is the

@@ -23,7 +23,6 @@ from ._callee import argument_for, follow_passed, laid_out_in_caller
 from ._dead import Unread, left_unread
 from ._declines import DECORATORS, NESTED, NOT_NAMED, Decline, NotVisible
 from ._flow import (
-    Options,
     _Site,
     analyze,
     analyze_calls,
@@ -31,9 +30,6 @@ from ._flow import (
     forms_of,
     keywords_in_place,
     lambda_def,
-    mapped_name,
-    options_of,
-    read_options,
     sibling_calls,
     unnamed_step,
 )
@@ -56,6 +52,7 @@ from ._program import Program, Setup
 from ._reach import ENTRY, SCOPES, Flow, assigned_name, free_names, nodes_in, params_of, statements
 from ._readat import short as _short
 from ._shortcut import shortcuts_in
+from ._specs import Options, mapped_name, options_of, read_options
 from ._stored import (
     NO_SETUP,
     Stored,
