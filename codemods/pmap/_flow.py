@@ -53,6 +53,7 @@ from ._passon import (
     aliased,
     donated,
     donated_after,
+    parameter_for,
     passed_on,
     passed_to,
     sequence_bound,
@@ -1167,32 +1168,21 @@ def _waited(flow: Flow, use: cst.Name, forms: Forms) -> bool:
     base (`forms.imported`) that only waits for that parameter (`only_waits_on`)."""
     if waits(flow.parent, use, forms.qualname):
         return True
-    arg = flow.parent.get(id(field_top(flow, use)))  # `wait_for=params["student"]` too
-    if isinstance(arg, cst.Element):
-        items = flow.parent.get(id(arg))
-        arg = flow.parent.get(id(items)) if isinstance(items, (cst.Tuple, cst.List)) else None
-    call = flow.parent.get(id(arg))
-    if not isinstance(arg, cst.Arg) or arg.star or not isinstance(call, cst.Call):
+    value: cst.CSTNode | None = field_top(flow, use)  # `wait_for=params["student"]` too
+    if isinstance(element := flow.parent.get(id(value)), cst.Element):  # `wait_for=(a, b)`
+        items = flow.parent.get(id(element))
+        value = items if isinstance(items, (cst.Tuple, cst.List)) else None
+    if value is None or (found := flow.passed(value)) is None:
         return False
+    call = found[1]
     local = forms.defs.get(single_name(call.func) or "")
     function = (
         Function(local, False, forms.qualname, forms.defs)
         if local is not None
         else forms.imported.function(_callee_name(flow, forms, call.func))
     )
-    if function is None:
-        return False
-    params, fn = function.params, function.fn.params
-    if arg.keyword is not None:
-        named = {p.name.value for p in (*fn.params, *fn.kwonly_params)}
-        param = arg.keyword.value if arg.keyword.value in named else None
-    else:
-        plain = [a for a in call.args if a.keyword is None]
-        if any(a.star for a in plain):
-            return False
-        index = next(i for i, a in enumerate(plain) if a is arg)
-        param = params[index] if index < len(params) else None
-    return param is not None and only_waits_on(function, param)
+    param = parameter_for(function.fn, call, found[0], function.bound) if function else None
+    return function is not None and param is not None and only_waits_on(function, param)
 
 
 def _callee_name(flow: Flow, forms: Forms, func: cst.BaseExpression) -> str | None:
@@ -1626,13 +1616,9 @@ def _changes(flow: Flow, use: cst.Name, defs: Defs, depth: int) -> bool:
         return True  # `np.copyto(w, v)`, `np.add(a, b, out=w)`
     # `reset(params)`, `def reset(tree): tree["w"] = ...`
     fn = defs.get(single_name(func) or "")
-    if fn is None or depth > 2 or any(a.star for a in call.args):
+    if fn is None or depth > 2 or (param := parameter_for(fn, call, arg)) is None:
         return False
-    params = [p.name.value for p in params_of(fn.params)]
-    plain = [id(a) for a in call.args if not a.keyword]
-    param = arg.keyword.value if arg.keyword else dict(zip(plain, params)).get(id(arg), "")
-    changes = _in_place_changes(Flow(fn), param, defs, depth + 1)  # run when asked
-    return param in params and any(True for _ in changes)
+    return any(True for _ in _in_place_changes(Flow(fn), param, defs, depth + 1))
 
 
 def _split_kept(site: _Site, split: cst.BaseExpression, source: cst.BaseExpression) -> None:

@@ -162,6 +162,27 @@ def passed_to(
     return None if param is None else (call, callee, param, args)
 
 
+def parameter_for(
+    fn: cst.FunctionDef, call: cst.Call, arg: cst.Arg, bound: bool = False
+) -> str | None:
+    """The parameter of the def `fn` that `arg`, an argument of `call`, fills: a named one,
+    else `*args` or `**kwargs`, which then hold it (`bound`: a method of an instance, `self`
+    filled already); None when that is not visible (`*x` passed, or `arg` is one) or none
+    does (the call fails)."""
+    params = fn.params
+    plain = [a for a in call.args if a.keyword is None and a.star != "**"]  # by position
+    if arg.star or arg in plain and any(a.star for a in plain):
+        return None  # `*x`: the positions are not known
+    positional = [p.name.value for p in (*params.posonly_params, *params.params)][bound:]
+    named = [p.name.value for p in (*params.params, *params.kwonly_params)]
+    if arg.keyword is not None and arg.keyword.value in named:
+        return arg.keyword.value
+    if arg in plain and (index := plain.index(arg)) < len(positional):
+        return positional[index]
+    rest = params.star_kwarg if arg.keyword is not None else params.star_arg
+    return rest.name.value if isinstance(rest, cst.Param) else None
+
+
 def surely_stacked(program: Program, flow: Flow, forms: Forms, use: cst.Name) -> bool:
     """Return True if `use`, a read in the function calling the step itself (not in a nested
     def or lambda, which may run before the replication: big_vision's `init` closure), reads
