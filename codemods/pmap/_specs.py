@@ -6,6 +6,12 @@
 `spec_tree` keeps the prefix's structure (tuples stay tuples, dicts stay dicts) and the source's
 layout and comments, and refuses what cannot be known without running the code: computed axes,
 negative axes (they need the value's rank), booleans and unpacking.
+
+The options of one pmap are read here too, for both forms: `statics` reads
+`static_broadcasted_argnums` (a literal, or a static tail), `unbound` is the def as `partial`'s
+keywords leave it, and `read_options` gives the program-level form everything it takes
+(`Options`: the def mapped, the axis and its literal name, `in_axes`, the static and donated
+arguments), or NotVisible naming the option it does not take.
 """
 
 from __future__ import annotations
