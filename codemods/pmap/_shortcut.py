@@ -39,7 +39,6 @@ NO_JAX = (
     "which the call it makes names (`import jax` would let it be migrated)"
 )
 PARTIAL = "functools.partial"
-LITERALS = (cst.SimpleString, cst.Integer, cst.Float, cst.Name)  # `Name`: `True`, `None`
 
 
 @dataclass(frozen=True)
