@@ -3,7 +3,8 @@
 `qmc/constants.py` binds `pmap = functools.partial(jax.pmap, axis_name=PMAP_AXIS_NAME)`;
 `qmc/train.py` maps its step with `constants.pmap(train_step, donate_argnums=(0,))`, and two
 helpers with `@functools.partial(constants.pmap)` and `@constants.pmap`; `qmc/density.py` calls
-the shortcut without importing `jax`. No `jax.pmap` is written at those calls: the rule reads each
+the shortcut without importing `jax`, `qmc/sampler.py` imports it by its name, not the constant
+its keyword names (both left as they are, and said). No `jax.pmap` is written at those calls: the rule reads each
 as the `jax.pmap(...)` call it makes (`codemods/pmap/_shortcut.py`), the axis by the name of the
 constant the code base spells it with. The step takes the program-level form, the helpers, whose
 results are read with their device axis, the per-device one; where nothing is applied, the calls
@@ -50,6 +51,17 @@ def make_density_step():
         return jnp.mean(x, axis=0)
 
     return density
+"""
+
+SAMPLER = """\
+import jax
+
+from qmc.constants import pmap
+
+
+@pmap
+def walk(x):
+    return x + jax.lax.axis_index("qmc_pmap_axis")
 """
 
 TRAIN = """\
@@ -116,6 +128,7 @@ def project(root: Path) -> Path:
     (package / "__init__.py").write_text("")
     (package / "constants.py").write_text(CONSTANTS)
     (package / "density.py").write_text(DENSITY)
+    (package / "sampler.py").write_text(SAMPLER)
     (package / "train.py").write_text(TRAIN)
     return root
 
@@ -135,7 +148,9 @@ def test_every_call_through_the_shortcut_is_a_site(tmp_path: Path) -> None:
     }
     shortcut, density, step = "qmc/constants.py:8:26", "qmc/density.py:9:5", "qmc/train.py:26:12"
     helpers = ("qmc/train.py:34:5", "qmc/train.py:38:5")  # `spread`, `doubled`
-    assert {shortcut, density, step, *helpers} <= set(lines), proc.stdout
+    sampler = "qmc/sampler.py:6:1"
+    assert {shortcut, density, step, sampler, *helpers} <= set(lines), proc.stdout
+    assert "its keywords name `PMAP_AXIS_NAME` of `qmc.constants`" in lines[sampler]
     assert "`pmap`, a shortcut for it, is read as the `jax.pmap(...)`" in lines[shortcut]
     assert "this module does not import `jax`" in lines[density]
     assert "(program-level)" in lines[step] and "P(constants.PMAP_AXIS_NAME)" in lines[step]

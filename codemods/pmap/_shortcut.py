@@ -16,8 +16,10 @@ spelled as the calling module reaches it: `constants.PMAP_AXIS_NAME`). A call th
 imported by its own name (`from ferminet.constants import pmap`) is written out only when the
 shortcut's keywords are literals: their names are not bound in the calling module. Timid, and
 left as written: the shortcut passed as a value, a call with a second positional argument (it
-fails today: `axis_name` given twice), a module that does not bind `jax` (the call would name
-it).
+fails today: `axis_name` given twice), a call through another call through a shortcut (the
+outer one is read). A call a module cannot write out (it does not bind `jax`, which the call
+would name, or the shortcut's keyword names a constant it does not import) is skipped, and
+says why.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ PMAP = "jax.pmap"
 NO_JAX = (
     "`{}`, a shortcut for `jax.pmap`, is not read here: this module does not import `jax`, "
     "which the call it makes names (`import jax` would let it be migrated)"
+)
+UNREACHED = (
+    "`{}`, a shortcut for `jax.pmap`, is not read here: its keywords name {} of `{}`, which "
+    "this module does not import"
 )
 PARTIAL = "functools.partial"
 
@@ -89,6 +95,9 @@ def _literal(node: cst.CSTNode | None, constants: frozenset[str]) -> bool:
     return isinstance(node, (cst.SimpleString, cst.Integer, cst.Float))
 
 
+Reached = tuple[Shortcut, str | None] | str  # `_reachable`'s answer for one spelling
+
+
 @dataclass
 class WrittenOut:
     """A module with its calls through shortcuts written out, and each call written with the
@@ -116,12 +125,17 @@ def written_out(module: cst.Module, names: ScopeModel, imported: Imported) -> Wr
     replaced: dict[int, tuple[cst.BaseExpression, cst.BaseExpression]] = {}
     unread: list[tuple[cst.CSTNode, str]] = []
 
-    def keywords_of(node: cst.CSTNode) -> list[cst.Arg] | None:
-        """The keywords of the shortcut `node` names, spelled here; None if it names none."""
+    def keywords_of(node: cst.CSTNode) -> list[cst.Arg] | str | None:
+        """The keywords of the shortcut `node` names, spelled here; None if it names none; why
+        not, if they cannot be spelled here (`NO_JAX`, `UNREACHED`)."""
         spelled = code(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
         if spelled is None or spelled not in reachable or not _unshadowed(node, names):
             return None
-        shortcut, reach = reachable[spelled]
+        if jax is None:
+            return NO_JAX.format(spelled)
+        if isinstance(found := reachable[spelled], str):
+            return found
+        shortcut, reach = found
         return [
             cst.Arg(_respelled(value.deep_clone(), shortcut.names, reach), keyword=cst.Name(key))
             for key, value in shortcut.keywords
@@ -133,8 +147,8 @@ def written_out(module: cst.Module, names: ScopeModel, imported: Imported) -> Wr
         keywords = keywords_of(args[0].value if is_partial else call.func) if args else None
         if keywords is None or args[0].keyword is not None or any(a.star for a in args):
             continue
-        if jax is None:
-            unread.append((call, NO_JAX.format(code(args[0].value if is_partial else call.func))))
+        if isinstance(keywords, str):
+            unread.append((call, keywords))
             continue
         if not is_partial and sum(a.keyword is None for a in args) > 1:
             continue  # `pmap(f, "i")`: `axis_name` given twice, the call fails today
@@ -147,9 +161,9 @@ def written_out(module: cst.Module, names: ScopeModel, imported: Imported) -> Wr
         replaced[id(call)] = (new, call)
     for decorator in nodes_in(module, cst.Decorator):  # `@constants.pmap`
         keywords = keywords_of(decorator.decorator)
-        if keywords is not None and jax is None:
-            unread.append((decorator, NO_JAX.format(code(decorator.decorator))))
-        if keywords is None or partial is None or jax is None:
+        if isinstance(keywords, str):
+            unread.append((decorator, keywords))
+        if keywords is None or isinstance(keywords, str) or partial is None:
             continue
         written = cst.Call(cst.parse_expression(partial), [cst.Arg(pmap()), *keywords])
         replaced[id(decorator.decorator)] = (written, decorator.decorator)
@@ -183,10 +197,11 @@ def _inserted(first: cst.Arg, keywords: list[cst.Arg], rest: list[cst.Arg]) -> l
     return [first, *keywords, *rest]
 
 
-def _reachable(names: ScopeModel, imported: Imported) -> dict[str, tuple[Shortcut, str | None]]:
+def _reachable(names: ScopeModel, imported: Imported) -> dict[str, Reached]:
     """The shortcuts the module can call, by spelling (`pmap`, `constants.pmap`), each with the
-    module name its names are reached through (None: they are the module's own, or literals)."""
-    found: dict[str, tuple[Shortcut, str | None]] = {
+    module name its names are reached through (None: they are the module's own, or literals);
+    or why a shortcut imported by its own name cannot be written out here."""
+    found: dict[str, Reached] = {
         name: (shortcut, None) for name, shortcut in shortcuts_in(names).items()
     }
     for local, bindings in names.module_scope.bindings.items():
@@ -201,6 +216,9 @@ def _reachable(names: ScopeModel, imported: Imported) -> dict[str, tuple[Shortcu
         shortcut = shortcuts_in(other).get(name) if other is not None else None
         if shortcut is not None and not shortcut.names:
             found[local] = (shortcut, None)
+        elif shortcut is not None:
+            read = ", ".join(f"`{n}`" for n in sorted(shortcut.names))
+            found[local] = UNREACHED.format(local, read, module)
     return found
 
 
