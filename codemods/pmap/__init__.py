@@ -495,10 +495,9 @@ from jaxmigrate.toolkit.scope import ScopeModel
 
 from ._dead import bound_name, drop_dead_helpers, drop_dead_locals
 from ._faithful import Faithful, after_imports, helper_text, with_helper
-from ._imported import Imported
 from ._outer import OuterGroup, OuterStep
 from ._program import Program, assign, edit_owners, numbered, rewrite_host
-from ._shortcut import restored, written_out
+from ._shortcut import may_bind, restored, written_out
 from ._stored import named_back
 from ._survey import HELPER, PMAP, PmapUse, Survey, fun_arg
 
@@ -581,8 +580,10 @@ class Pmap(Faithful):
     @classmethod
     def mentioned_in(cls, facts: AstFacts) -> bool:
         """`jax.pmap`, or a name that may be a shortcut for it another module of the code base
-        binds (`constants.pmap`: `_shortcut.py`)."""
-        return super().mentioned_in(facts) or any(n.split(".")[-1] == "pmap" for n in facts.names)
+        binds (`constants.pmap`: `_shortcut.py`; not JAX's own, `jax._src.api.pmap`)."""
+        return super().mentioned_in(facts) or any(
+            n.split(".")[-1] == "pmap" and not n.startswith("jax.") for n in facts.names
+        )
 
     def has_candidates(self, tree: cst.Module, names: ScopeModel) -> bool:
         return "pmap" in names.all_names
@@ -591,11 +592,11 @@ class Pmap(Faithful):
         """Run the rule on `tree`, its calls through a shortcut for `jax.pmap` written out
         (`_shortcut.py`); those it leaves as they are stay as they were."""
         texts = [self.state.cache.code(tree), *(text for _, text in self.state.modules)]
-        if not any("partial(" in text and "pmap" in text for text in texts):
+        if not any(may_bind(text) for text in texts):
             return super().transform_module(tree)
         if not self.state.cache.watch and not self.state.cache.watch_types:
             self.state.cache = ModuleCache(self.QUALNAMES, self.NODE_TYPES)
-        written = written_out(tree, self.state.cache.names(tree), Imported(self.state.modules))
+        written = written_out(tree, self.state.cache.names(tree), self.imported)
         if written is not None and written.unread:
             self._input = tree  # where `skip` finds the calls
             for node, why in written.unread:

@@ -79,25 +79,20 @@ class Imported:
         """The module `module` of the code base, parsed (once); None if it is not one."""
         return self._parsed(module) if module in self.texts else None
 
-    def constants(self, names: ScopeModel) -> dict[str, str]:
-        """The strings the code base's modules bind once at their level (ferminet's
-        `constants.PMAP_AXIS_NAME = "qmc_pmap_axis"`), each as `names`' module spells it:
-        `constants.PMAP_AXIS_NAME` after `from ferminet import constants`,
-        `ferminet.constants.PMAP_AXIS_NAME` after `import ferminet.constants`,
-        `PMAP_AXIS_NAME` after `from ferminet.constants import PMAP_AXIS_NAME`."""
-        found: dict[str, str] = {}
-        for local, bindings in names.module_scope.bindings.items():
-            qualname = bindings[0].qualname if len(bindings) == 1 else None
-            if bindings[0].kind is not BindingKind.IMPORT or qualname is None:
-                continue
-            for module in self.texts:  # `local` is the module, or a package holding it
-                if module == qualname or module.startswith(qualname + "."):
-                    spelled = local + module[len(qualname) :]
-                    found |= {f"{spelled}.{k}": v for k, v in self._strings(module).items()}
-            module, _, name = qualname.rpartition(".")  # `local` is a string of the module
-            if module in self.texts and name in (strings := self._strings(module)):
-                found[local] = strings[name]
-        return found
+    def constant(self, names: ScopeModel, spelled: str) -> str | None:
+        """The string a name of the code base's other modules is bound to once, at that
+        module's level (ferminet's `constants.PMAP_AXIS_NAME = "qmc_pmap_axis"`), spelled as
+        `names`' module reaches it: `constants.PMAP_AXIS_NAME` after `from ferminet import
+        constants`, `ferminet.constants.PMAP_AXIS_NAME` after `import ferminet.constants`,
+        `PMAP_AXIS_NAME` after `from ferminet.constants import PMAP_AXIS_NAME`; else None.
+        Only that module is parsed."""
+        head, *rest = spelled.split(".")
+        bindings = names.module_scope.bindings.get(head, [])
+        qualname = bindings[0].qualname if len(bindings) == 1 else None
+        if qualname is None or bindings[0].kind is not BindingKind.IMPORT:
+            return None
+        module, _, name = ".".join([qualname, *rest]).rpartition(".")
+        return self._strings(module).get(name) if module in self.texts else None
 
     def _strings(self, module: str) -> dict[str, str]:
         """The names `module` binds once, at its level, to a string literal."""

@@ -24,6 +24,7 @@ says why.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -45,6 +46,7 @@ UNREACHED = (
     "this module does not import"
 )
 PARTIAL = "functools.partial"
+BINDING = re.compile(r"^\w+\s*=\s*[\w.]*partial\(\s*[\w.]*pmap\b", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,8 @@ def _reachable(names: ScopeModel, imported: Imported) -> dict[str, Reached]:
         qualname = bindings[0].qualname if len(bindings) == 1 else None
         if bindings[0].kind is not BindingKind.IMPORT or qualname is None:
             continue
+        if not any(_may_bind(imported, m) for m in (qualname, qualname.rpartition(".")[0])):
+            continue  # parsed only if its text may bind a shortcut
         if (other := imported.scope(qualname)) is not None:  # `from ferminet import constants`
             found |= {f"{local}.{k}": (v, local) for k, v in shortcuts_in(other).items()}
             continue
@@ -220,6 +224,16 @@ def _reachable(names: ScopeModel, imported: Imported) -> dict[str, Reached]:
             read = ", ".join(f"`{n}`" for n in sorted(shortcut.names))
             found[local] = UNREACHED.format(local, read, module)
     return found
+
+
+def may_bind(text: str) -> bool:
+    """Whether a module of text `text` may bind a shortcut (`pmap = functools.partial(jax.pmap,
+    ...)` at its level): modules that cannot are not parsed for one."""
+    return "pmap" in text and BINDING.search(text) is not None
+
+
+def _may_bind(imported: Imported, module: str) -> bool:
+    return may_bind(imported.texts.get(module, ""))
 
 
 def _unshadowed(node: cst.CSTNode, names: ScopeModel) -> bool:

@@ -259,7 +259,7 @@ def read_options(
     """Read pmap's `args` (all but the function); `unnamed` names an axis pmap leaves unnamed.
     `constants`: the module's names bound once, at module level, to a string (brax's
     `_PMAP_AXIS_NAME = "i"`): such a name is the axis's literal name, kept as written."""
-    constants = constants or {}
+    constants = {} if constants is None else constants
     found: dict[str, cst.Arg] = {}
     for i, arg in enumerate(args):
         positional = "axis_name" if i == 0 and positional_axis else None

@@ -175,6 +175,31 @@ def _set_once_in_init(stores: list[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]])
     return None
 
 
+class _Constants(dict[str, str]):
+    """The module's string constants by spelling, and those of the code base's other modules
+    (`constants.PMAP_AXIS_NAME`), each looked up when first asked (`in`, `[]`)."""
+
+    def __init__(self, names: ScopeModel, imported: Imported | None) -> None:
+        super().__init__()
+        self.names, self.imported = names, imported
+
+    def __missing__(self, spelled: str) -> str:
+        found = self.imported.constant(self.names, spelled) if self.imported else None
+        if found is None:
+            raise KeyError(spelled)
+        self[spelled] = found
+        return found
+
+    def __contains__(self, spelled: object) -> bool:
+        if dict.__contains__(self, spelled) or not isinstance(spelled, str):
+            return dict.__contains__(self, spelled)
+        try:
+            self[spelled]
+        except KeyError:
+            return False
+        return True
+
+
 # Finding every pmap ---------------------------------------------------------------------------
 class Survey(cst.CSTVisitor):
     """One walk over a module: each `jax.pmap` reference with its ancestors, and the strings.
@@ -227,8 +252,9 @@ class Survey(cst.CSTVisitor):
     @cached_property
     def constants(self) -> dict[str, str]:
         """The names bound once in the module, at module level, to a string literal; those
-        of the code base's modules it imports, as it spells them (`Imported.constants`)."""
-        found = self.imported.constants(self.names) if self.imported is not None else {}
+        of the code base's modules it imports, as it spells them, when asked
+        (`Imported.constant`)."""
+        found = _Constants(self.names, self.imported)
         found |= {
             name: value.evaluated_value
             for name, value in self.bound_once.items()
