@@ -858,7 +858,14 @@ ENDS = "            outs.append(out[0])\n        return outs\n"
 @pytest.mark.parametrize(
     ("old", "new", "expected"),
     [
-        (ENDS, "            yield out[0]\n", "[PL602] `run` is a generator that yields where"),
+        (
+            ENDS,
+            "            yield out[0]\n",
+            (
+                "[PL602] the step stored in `self.predict_fn` is called in `Evaluator.run`: `run` "
+                "is a generator that yields where"
+            ),
+        ),
         (
             '        self.predict_fn = jax.pmap(predict, axis_name="data")\n',
             '        self.predict_fn = jax.pmap(predict, axis_name="data")\n'

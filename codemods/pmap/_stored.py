@@ -86,10 +86,8 @@ def stored_on_self(
         except NotVisible as why:
             text = why.why.replace(f"`{name}`", f"`self.{attr}`").replace(name, f"self.{attr}")
             if bound:  # counted as `self.step(...)` passes them: `self` is not one
-                text = re.sub(
-                    r"argument (\d+) of the step",
-                    lambda n: f"argument {int(n.group(1)) - bound} of the step",
-                    text.replace(f"self.{attr}({me}, ", f"self.{attr}("),
+                text = arguments_as_called(
+                    text.replace(f"self.{attr}({me}, ", f"self.{attr}("), bound
                 )
             where = f"{klass.name.value}.{method.name.value}"
             text = f"the step stored in `self.{attr}` is called in `{where}`: {text}"
@@ -100,6 +98,13 @@ def stored_on_self(
         )
         return NotVisible(several, Decline.SETUP)
     return stored
+
+
+def arguments_as_called(text: str, bound: int) -> str:
+    """`text`, about a step called with the `bound` arguments a stored `partial` binds (or
+    `self`, for a method) passed first, its arguments counted as `self.step(...)` passes them."""
+    count = lambda n: f"argument {int(n.group(1)) - bound} of the step"
+    return re.sub(r"argument (\d+) of the step", count, text)
 
 
 def first_parameter(fn: cst.FunctionDef) -> str | None:

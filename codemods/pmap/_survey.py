@@ -56,6 +56,7 @@ from ._specs import Options, mapped_name, options_of, read_options
 from ._stored import (
     NO_SETUP,
     Stored,
+    arguments_as_called,
     attribute_stores,
     decorated_method,
     first_parameter,
@@ -288,7 +289,7 @@ class Survey(cst.CSTVisitor):
 
 # Per-device keys (`jax.random.split(key, n)`) for a step stored on `self`: the lambda taking
 # each device's key would go where the step is made, which other methods' calls do not see.
-_KEYS = "`{}` gets per-device keys: a step stored on `self` cannot take its own key"
+_KEYS = "it gets per-device keys: a step stored on `self` cannot take its own key"
 
 
 @dataclass
@@ -440,6 +441,7 @@ class _StoredStep:
     bound: int  # the arguments a stored `partial` of it binds
     body: cst.FunctionDef
     options: Options
+    made: str = ""  # for a factory's step, what messages say first: "the step is returned by"
 
     @property
     def method(self) -> cst.FunctionDef:
@@ -712,6 +714,7 @@ class Finding(Pass):
         decorated = isinstance(site.node, cst.Decorator) and isinstance(assign.value, cst.Call)
         factory = assign.value.func if decorated else None  # type: ignore[attr-defined]
         in_class = maker is site.mapped  # a pmap-decorated method: `_method_used`, once called
+        made = ""
         if bound is not None and not in_class:  # `partial(step, a)`: the def's one use, static
             assert isinstance(site.mapped, cst.FunctionDef) and isinstance(site.node, cst.Decorator)
             factory, name = None, site.mapped.name.value
@@ -727,6 +730,7 @@ class Finding(Pass):
                 self.factory_used[id(site.node)] = NotVisible(why, Decline.NOT_CALLED_ONLY)
             if where or self._reads_of(flow, factory) != 1:
                 return None
+            made = f"the step is returned by `{name}`, and "
         readers = stored_reads(self.module, klass, maker, assign)
         if isinstance(site.node, cst.Call):  # `jax.pmap(f, **options)`: the site's own reason
             options = options_of(site.node, self.qualname, self._unnamed(), self.survey.constants)
@@ -746,7 +750,7 @@ class Finding(Pass):
         around = [s.ancestors for s in self.sites.values()]
         if any(id(m) in self.programs or any(m in a for a in around) for m, _ in readers):
             return None
-        return _StoredStep(site, klass, readers, bound or 0, body, options)
+        return _StoredStep(site, klass, readers, bound or 0, body, options, made)
 
     def _method_used(self, klass: cst.ClassDef, method: cst.FunctionDef) -> NotVisible | None:
         """Why a pmap-decorated method is not read as a step stored on `self`: pmap does not
@@ -768,83 +772,30 @@ class Finding(Pass):
     def _stored_groups(
         self, flow: Flow, pending: list[_StoredStep]
     ) -> tuple[list[OuterGroup], set[int]]:
-        """The groups of the stored steps, one per method calling them: that method is read
-        once, each step's reads a fresh name (`_stored.stored_copy`), and sets one mesh for them
-        all. A step not taken there is left to find its own reason; the others called with it
-        keep the per-device form and say which. Also return the ids of the sites handled."""
+        """The groups of the stored steps (`_class_group`): a class's, when one of its steps is
+        read in several methods or passed from one to another; else one per method calling
+        them. Also return the ids of the sites handled: taken, or saying why not."""
         by_class: dict[int, list[_StoredStep]] = {}
         for found in pending:
             by_class.setdefault(id(found.klass), []).append(found)
         groups: list[OuterGroup] = []
         handled: set[int] = set()
-        by_method: dict[int, list[_StoredStep]] = {}
         for shared in by_class.values():
             passes = {id(f): self._passes(f) for f in shared}  # read once, used twice
-            if any(len(f.readers) > 1 or passes[id(f)] for f in shared):
-                group = self._class_group(flow, shared, passes)
-                if isinstance(group, NotVisible):  # what blocks them all
-                    for found in shared:
-                        found.site.fallback = str(group)
-                elif group is not None:
-                    groups.append(group)
-                if group is not None:
-                    handled |= {id(found.site.node) for found in shared}
-                continue  # else each site finds its own reason
-            for found in shared:
-                by_method.setdefault(id(found.method), []).append(found)
-        for shared in by_method.values():
-            method = shared[0].method
-            try:
-                reads = [(s.readers[0][1], s.bound) for s in shared]  # each step's, in `method`
-                kept = stored_copy(self.module, method, reads)
-            except NotVisible as unread:
-                self.stored_why.update({id(s.site.node): unread for s in shared})
-                continue
-            names = list(kept.steps)
-            steps: list[OuterStep] = []
-            # The first step not taken, its name, and why
-            blocked: tuple[_StoredStep, str, NotVisible] | None = None
-            for found, name in zip(shared, names, strict=True):
-                decorated = isinstance(found.site.node, cst.Decorator)
+            parts = {0: shared}
+            if not any(len(f.readers) > 1 or passes[id(f)] for f in shared):
+                parts = {}
+                for found in shared:
+                    parts.setdefault(id(found.method), []).append(found)
+            for part in parts.values():
                 try:
-                    others = tuple(n for n in names if n != name)  # a result fed to another
-                    program = self._in_copy(found, kept, name, siblings=others)
-                    passed_on_checked(program, flow, self.state.outside, self.survey.strings)
-                    if program.squeezed:
-                        keys = _KEYS.format(code(kept.steps[name][0]))
-                        raise NotVisible(keys, Decline.KEYS_OUTSIDE)
-                    if decorated:
-                        keywords_in_place(program, found.body, name)
-                except NotVisible as error:
-                    blocked = blocked or (found, name, error)
-                    continue
-                steps.append(OuterStep(found.site, name, found.body, found.options, decorated))
-                steps[-1].programs.append(program)
-            if blocked is not None:  # the others keep the per-device form with it
-                found, name, why = blocked
-                if why.code is Decline.KEYS_OUTSIDE:  # else found again
-                    found.site.fallback = str(why)
-                    handled.add(id(found.site.node))
-                for step in steps if why.why else ():
-                    attr = code(kept.steps[name][0])
-                    text = (
-                        f"the step stored in `{code(kept.steps[step.name][0])}` is called in "
-                        f"`{method.name.value}` with the one stored in `{attr}`, which keeps the "
-                        f"per-device form: {why.why.replace(name, attr)}"
-                    )
-                    step.site.fallback = str(NotVisible(text, why.code))
-                    handled.add(id(step.site.node))
-                continue
-            around = frozenset({id(method), *(id(a) for a in flow.ancestors(method))})
-            try:
-                self._one_axis(steps, method.name.value)
-                group = self._meshed(kept.copy, Flow(kept.copy), steps, around)
-            except NotVisible as unset:  # each site finds its own reason, else this one
-                self.stored_why.update({id(s.site.node): unset for s in shared})
-                continue
-            self.stored[id(method)] = kept
-            handled |= {id(found.site.node) for found in shared}
-            groups.append(group)
+                    group = self._class_group(flow, part, passes)
+                except NotVisible as why:  # what blocks them all
+                    group = None
+                    for found in part:
+                        found.site.fallback = str(why)
+                groups += [group] if group is not None else []
+                handled |= {id(f.site.node) for f in part if group or f.site.fallback}
         return groups, handled
 
     @staticmethod
@@ -903,31 +854,33 @@ class Finding(Pass):
 
     def _class_group(
         self, flow: Flow, shared: list[_StoredStep], passing: Mapping[int, _Passes | NotVisible]
-    ) -> OuterGroup | NotVisible | None:
-        """The group of the steps stored on `self` in one class when one of them is called in
-        several methods: one method (`setup`) calls each other method calling a step, once, as
-        `self.method(...)`, and is the only code reading it (big_vision's discriminative
-        classifier: `evaluate` calls `self._embed_texts(params, ...)`). Each method is read on a
+    ) -> OuterGroup | None:
+        """The group of the steps stored on `self` in one class (`shared`): one method (`setup`)
+        calls each other method calling a step, once, as `self.method(...)`, and is the only
+        code reading it (big_vision's discriminative classifier: `evaluate` calls
+        `self._embed_texts(params, ...)`), or calls them all itself. Each method is read on a
         copy of its own (`_stored.stored_copy`; in `setup`'s, `self.method` is the method's
         name), the mesh is set in `setup`, and a parameter of another method passed to a step
         is laid out where `setup` passes it (as the argument of a step there: `_callee`'s
-        `given`). None when that is not so: each site then finds its own reason; why not, when
-        a step is not taken there. `passing`: each step's `_passes`, by id."""
+        `given`). None when that is not so: each site says why as its fallback, or, without a
+        reason, finds its own; raise NotVisible for what blocks them all before they are read.
+        `passing`: each step's `_passes`, by id."""
+        if unknown := next((p for p in passing.values() if isinstance(p, NotVisible)), None):
+            raise unknown  # which definition runs there is not known
         passes = {k: p for k, p in passing.items() if not isinstance(p, NotVisible)}
-        if len(passes) < len(passing):  # which definition runs there is not known
-            return next(p for p in passing.values() if isinstance(p, NotVisible))
         methods = [m for found in shared for m, _ in found.readers]
         methods += [m for found in shared for _, m, _ in passes[id(found)]]
         methods = list({id(m): m for m in methods}.values())  # each once, in order
         setup = next((m for m in methods if self._calls_all(m, methods)), None)
         if setup is None and any(passes.values()):  # passed to a method: that is followed
             where = " and ".join(f"`{shared[0].klass.name.value}.{m.name.value}`" for m in methods)
-            why = f"the steps stored on `self` are read in {where}, {NO_SETUP}"
-            return NotVisible(why, Decline.SETUP)
+            raise NotVisible(
+                f"the steps stored on `self` are read in {where}, {NO_SETUP}", Decline.SETUP
+            )
         if setup is None:
             return None
         if (blocked := self._passed_everywhere(setup, passes)) is not None:
-            return blocked
+            raise blocked
         others = [m for m in methods if m is not setup]
         # In `setup`: `self.method`, the function of each call of each other method
         calls: dict[str, list[cst.Attribute]] = {m.name.value: [] for m in others}
@@ -937,6 +890,7 @@ class Finding(Pass):
         copies: dict[int, Stored] = {}
         names: dict[tuple[int, int], str] = {}  # by (step, method): the step's name there
         given_params: dict[str, set[str]] = {}  # by method: its parameters laid out in `setup`
+        reading: _StoredStep | None = None  # the step whose programs are read: what blocks
         try:
             for method in methods:
                 read = [(f, r) for f in shared for m, r in f.readers if m is method]
@@ -957,6 +911,7 @@ class Finding(Pass):
             # By (method's copy, name): the programs of the steps called there by that name
             passed: dict[tuple[int, str], list[tuple[str, Program]]] = {}
             for found in shared:
+                reading = found
                 decorated = isinstance(found.site.node, cst.Decorator)
                 first = names[(id(found), id(found.method))]  # as messages name it
                 step = OuterStep(found.site, first, found.body, found.options, decorated)
@@ -982,18 +937,27 @@ class Finding(Pass):
                             setup_copy, method, found.options, at, tuple(calls), params, callers
                         )
                     followed = tuple(calls) if method is setup else ()  # their feeds: below
+                    # the other steps read there: a result fed to one is checked there
+                    siblings = tuple(n for n in kept.steps if n != name and n not in calls)
                     try:
-                        program = self._in_copy(found, kept, name, given=given, methods=followed)
+                        program = self._in_copy(
+                            found, kept, name, given=given, methods=followed, siblings=siblings
+                        )
                     except NotVisible as why:
                         if name == first:
                             raise
                         text = f"`{first}`, passed to `{method.name.value}` as `{name}`: {why.why}"
                         raise NotVisible(text, why.code) from None
                     if program.squeezed:
-                        raise NotVisible(_KEYS.format(first), Decline.KEYS_OUTSIDE)
-                    if program.keywords and decorated:
+                        raise NotVisible(_KEYS, Decline.KEYS_OUTSIDE)
+                    passed_on_checked(program, flow, self.state.outside, self.survey.strings)
+                    # A decorated def takes keyword arguments by position: in one method, if
+                    # they are in place; calls in several methods are not read alike
+                    if program.keywords and decorated and len(methods) > 1:
                         odd = f"`{first}`, a decorated def, is called with keyword arguments"
                         raise NotVisible(odd, Decline.CALLS_DIFFER)
+                    if decorated:
+                        keywords_in_place(program, found.body, name)
                     program.callees += callers
                     step.programs.append(program)
                     passed.setdefault((id(kept.copy), name), []).append((first, program))
@@ -1003,6 +967,7 @@ class Finding(Pass):
                         odd = f"`{first}` is passed other layouts in one method than in another"
                         raise NotVisible(odd, Decline.CALLS_DIFFER)
                 steps.append(step)
+            reading = None  # what blocks below is the group's
             self._passed_alike(passed)
             self._one_axis(steps)
             inner = Flow(setup_copy.copy)
@@ -1011,18 +976,43 @@ class Finding(Pass):
             around = frozenset(id(a) for m in methods for a in (m, *flow.ancestors(m)))
             group = self._meshed(setup_copy.copy, inner, steps, around)
         except NotVisible as why:
-            if not why.why:
-                return None
-            where = " and ".join(f"`{m.name.value}`" for m in methods)
-            text = f"the steps stored on `self` are called in {where}: {why.why}"
-            for kept in copies.values():  # the steps' names in the copies, as the code reads
-                for name, (attr, _) in kept.steps.items():
-                    text = text if name == attr.attr.value else text.replace(name, code(attr))
-            for name, reads in calls.items():  # a method `setup` calls, as it calls it
-                text = text.replace(f"`{name}(", f"`{code(reads[0])}(")
-            return NotVisible(text, why.code)
+            if why.why:
+                self._not_taken(shared, methods, copies, calls, reading, why)
+            return None
         self.stored |= copies  # by id of each method
         return group
+
+    @staticmethod
+    def _not_taken(
+        shared: list[_StoredStep],
+        methods: list[cst.FunctionDef],
+        copies: dict[int, Stored],
+        calls: dict[str, list[cst.Attribute]],
+        blocking: _StoredStep | None,
+        why: NotVisible,
+    ) -> None:
+        """Say at each site of `shared` why the steps' group, read in `methods`, is not taken:
+        `why`, naming each step and method as the code reads it (`copies`, `calls`); when it
+        is about one step, `blocking`, the others keep the per-device form with that one."""
+        text = why.why
+        for kept in copies.values():  # the steps' names in the copies, as the code reads
+            for name, (attr, _) in kept.steps.items():
+                text = text if name == attr.attr.value else text.replace(name, code(attr))
+        for name, reads in calls.items():  # a method `setup` calls, as it calls it
+            text = text.replace(f"`{name}(", f"`{code(reads[0])}(")
+        klass = shared[0].klass.name.value
+        where = lambda ms: " and ".join(f"`{klass}.{m.name.value}`" for m in ms)
+        stored = lambda found: f"the step stored in `{code(found.readers[0][1][0])}`"
+        for found in shared:
+            said = f"{stored(found)} is called in {where(m for m, _ in found.readers)}"
+            if blocking is None and len(shared) > 1:  # the group's
+                said = f"the steps stored on `self` are called in {where(methods)}: {text}"
+            elif blocking in (None, found):
+                said = f"{found.made}{said}: {arguments_as_called(text, found.bound)}"
+            else:
+                said += f" with the one {stored(blocking)[9:]}, which keeps the per-device form"
+                said += f": {arguments_as_called(text, blocking.bound)}"
+            found.site.fallback = str(NotVisible(said, why.code))
 
     @staticmethod
     def _passed_everywhere(setup: cst.FunctionDef, passes: dict[int, _Passes]) -> NotVisible | None:
