@@ -781,21 +781,20 @@ class Finding(Pass):
         groups: list[OuterGroup] = []
         handled: set[int] = set()
         for shared in by_class.values():
-            passes = {id(f): self._passes(f) for f in shared}  # read once, used twice
-            parts = {0: shared}
-            if not any(len(f.readers) > 1 or passes[id(f)] for f in shared):
-                parts = {}
+            try:
+                passes = {id(f): self._passes(f) for f in shared}  # read once, used twice
+                whole = any(len(f.readers) > 1 or passes[id(f)] for f in shared)
+                parts: dict[int, list[_StoredStep]] = {}
                 for found in shared:
-                    parts.setdefault(id(found.method), []).append(found)
-            for part in parts.values():
-                try:
+                    parts.setdefault(0 if whole else id(found.method), []).append(found)
+                for part in parts.values():
                     group = self._class_group(flow, part, passes)
-                except NotVisible as why:  # what blocks them all
-                    group = None
-                    for found in part:
-                        found.site.fallback = str(why)
-                groups += [group] if group is not None else []
-                handled |= {id(f.site.node) for f in part if group or f.site.fallback}
+                    groups += [group] if group is not None else []  # else said, or not yet
+                    handled |= {id(f.site.node) for f in part if group or f.site.fallback}
+            except NotVisible as why:  # what blocks them all, before any is read
+                for found in shared:
+                    found.site.fallback = str(why)
+                handled |= {id(found.site.node) for found in shared}
         return groups, handled
 
     @staticmethod
@@ -818,13 +817,13 @@ class Finding(Pass):
         mesh = mesh_in_scope(scopes, before, flow, steps[0].options.axis, self.qualname)
         return OuterGroup(steps, setup, before, end, mesh or "mesh", mesh is None, around=around)
 
-    def _passes(self, found: _StoredStep) -> _Passes | NotVisible:
+    def _passes(self, found: _StoredStep) -> _Passes:
         """Where the one method reading the step passes it to another method of its class, as
         an argument of `self.method(...)` (big_vision's retrieval evaluator: `self._embed(...,
         self._embed_images_p, ...)`): each call, the method, and the parameter the step binds
-        there; none when a read is anything else or the step is not read so; NotVisible when
-        another class of the module (a subclass) defines that method too: which one runs is
-        not known here."""
+        there; none when a read is anything else or the step is not read so. Raise NotVisible
+        when another class of the module (a subclass) defines that method too: which one runs
+        is not known here."""
         if len(found.readers) != 1 or found.bound:
             return []
         reader, reads = found.readers[0]
@@ -844,7 +843,7 @@ class Finding(Pass):
                 return []
             name = method.name.value
             if which := self._other_defs(found.klass, name):
-                return NotVisible(
+                raise NotVisible(
                     f"`{me}.{name}(...)`, which the steps stored on `{me}` are passed to, is "
                     f"{which}: which definition runs there is not followed",
                     Decline.NOT_CALLED_ONLY,
@@ -853,7 +852,7 @@ class Finding(Pass):
         return passes
 
     def _class_group(
-        self, flow: Flow, shared: list[_StoredStep], passing: Mapping[int, _Passes | NotVisible]
+        self, flow: Flow, shared: list[_StoredStep], passes: dict[int, _Passes]
     ) -> OuterGroup | None:
         """The group of the steps stored on `self` in one class (`shared`): one method (`setup`)
         calls each other method calling a step, once, as `self.method(...)`, and is the only
@@ -864,10 +863,7 @@ class Finding(Pass):
         is laid out where `setup` passes it (as the argument of a step there: `_callee`'s
         `given`). None when that is not so: each site says why as its fallback, or, without a
         reason, finds its own; raise NotVisible for what blocks them all before they are read.
-        `passing`: each step's `_passes`, by id."""
-        if unknown := next((p for p in passing.values() if isinstance(p, NotVisible)), None):
-            raise unknown  # which definition runs there is not known
-        passes = {k: p for k, p in passing.items() if not isinstance(p, NotVisible)}
+        `passes`: each step's `_passes`, by id."""
         methods = [m for found in shared for m, _ in found.readers]
         methods += [m for found in shared for _, m, _ in passes[id(found)]]
         methods = list({id(m): m for m in methods}.values())  # each once, in order
@@ -1000,19 +996,20 @@ class Finding(Pass):
                 text = text if name == attr.attr.value else text.replace(name, code(attr))
         for name, reads in calls.items():  # a method `setup` calls, as it calls it
             text = text.replace(f"`{name}(", f"`{code(reads[0])}(")
+        text = arguments_as_called(text, blocking.bound if blocking else 0)
         klass = shared[0].klass.name.value
         where = lambda ms: " and ".join(f"`{klass}.{m.name.value}`" for m in ms)
-        stored = lambda found: f"the step stored in `{code(found.readers[0][1][0])}`"
         for found in shared:
-            said = f"{stored(found)} is called in {where(m for m, _ in found.readers)}"
+            step = code(found.readers[0][1][0])
+            said = f"the step stored in `{step}` is called in {where(m for m, _ in found.readers)}"
             if blocking is None and len(shared) > 1:  # the group's
-                said = f"the steps stored on `self` are called in {where(methods)}: {text}"
-            elif blocking in (None, found):
-                said = f"{found.made}{said}: {arguments_as_called(text, found.bound)}"
+                said = f"the steps stored on `self` are called in {where(methods)}"
+            elif blocking is None or blocking is found:
+                said = found.made + said
             else:
-                said += f" with the one {stored(blocking)[9:]}, which keeps the per-device form"
-                said += f": {arguments_as_called(text, blocking.bound)}"
-            found.site.fallback = str(NotVisible(said, why.code))
+                other = code(blocking.readers[0][1][0])
+                said += f" with the one stored in `{other}`, which keeps the per-device form"
+            found.site.fallback = str(NotVisible(f"{said}: {text}", why.code))
 
     @staticmethod
     def _passed_everywhere(setup: cst.FunctionDef, passes: dict[int, _Passes]) -> NotVisible | None:
