@@ -927,11 +927,12 @@ class Finding(Pass):
                     kept = copies[id(method)]
                     given: _Given | None = None
                     callers: list[Program] = []  # following the arguments `given` lays out
-                    if at is not None:
-                        params = given_params.setdefault(method.name.value, set())
+                    if at is not None:  # a method's arguments not visible: the group's reason
+                        params, reading = given_params.setdefault(method.name.value, set()), None
                         given = self._given(
                             setup_copy, method, found.options, at, tuple(calls), params, callers
                         )
+                        reading = found
                     followed = tuple(calls) if method is setup else ()  # their feeds: below
                     # the other steps read there: a result fed to one is checked there
                     siblings = tuple(n for n in kept.steps if n != name and n not in calls)
