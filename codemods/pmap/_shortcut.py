@@ -25,7 +25,6 @@ says why.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import libcst as cst
@@ -34,7 +33,7 @@ from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
 from ._imported import Imported
-from ._reach import nodes_in
+from ._reach import nodes_in, replaced
 
 PMAP = "jax.pmap"
 NO_JAX = (
@@ -124,7 +123,7 @@ def written_out(module: cst.Module, names: ScopeModel, imported: Imported) -> Wr
     def pmap() -> cst.Attribute:  # a node of its own at each call (ids key the analysis)
         return cst.Attribute(cst.Name(jax or "jax"), cst.Name("pmap"))
 
-    replaced: dict[int, tuple[cst.BaseExpression, cst.BaseExpression]] = {}
+    written: dict[int, tuple[cst.BaseExpression, cst.BaseExpression]] = {}
     unread: list[tuple[cst.CSTNode, str]] = []
 
     def keywords_of(node: cst.CSTNode) -> list[cst.Arg] | str | None:
@@ -160,23 +159,21 @@ def written_out(module: cst.Module, names: ScopeModel, imported: Imported) -> Wr
         new = call.with_changes(
             func=call.func if is_partial else pmap(), args=_inserted(first, keywords, args[1:])
         )
-        replaced[id(call)] = (new, call)
+        written[id(call)] = (new, call)
     for decorator in nodes_in(module, cst.Decorator):  # `@constants.pmap`
         keywords = keywords_of(decorator.decorator)
         if isinstance(keywords, str):
             unread.append((decorator, keywords))
         if keywords is None or isinstance(keywords, str) or partial is None:
             continue
-        written = cst.Call(cst.parse_expression(partial), [cst.Arg(pmap()), *keywords])
-        replaced[id(decorator.decorator)] = (written, decorator.decorator)
-    if not replaced and not unread:
+        partial_call = cst.Call(cst.parse_expression(partial), [cst.Arg(pmap()), *keywords])
+        written[id(decorator.decorator)] = (partial_call, decorator.decorator)
+    if not written and not unread:
         return None
     decorators = {id(d.decorator): d for d in nodes_in(module, cst.Decorator)}
     unread = [(decorators.get(id(node), node), why) for node, why in unread]  # said at the `@`
-    out = (
-        module.visit(_Replace({k: new for k, (new, _) in replaced.items()})) if replaced else module
-    )
-    return WrittenOut(out, list(replaced.values()), unread)
+    out = replaced(module, {k: new for k, (new, _) in written.items()}) if written else module
+    return WrittenOut(out, list(written.values()), unread)
 
 
 def restored(module: cst.Module, written: WrittenOut) -> cst.Module:
@@ -251,27 +248,8 @@ def _respelled(
     """`value` of a shortcut, its module's names reached through `reach` (`constants.X`)."""
     if reach is None or not read:
         return value
-    return value.visit(_Reach(read, reach))  # type: ignore[return-value]
-
-
-class _Reach(cst.CSTTransformer):
-    def __init__(self, read: frozenset[str], reach: str) -> None:
-        super().__init__()
-        self.read, self.reach = read, reach
-
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
-        if original_node.value not in self.read:
-            return updated_node
-        return cst.Attribute(cst.Name(self.reach), updated_node)
-
-
-class _Replace(cst.CSTTransformer):
-    def __init__(self, replaced: Mapping[int, cst.CSTNode]) -> None:
-        super().__init__()
-        self.replaced = replaced
-
-    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode):  # type: ignore[override]
-        return self.replaced.get(id(original_node), updated_node)
+    names = [n for n in nodes_in(value, cst.Name) if n.value in read]
+    return replaced(value, {id(n): cst.Attribute(cst.Name(reach), n) for n in names})
 
 
 class _Restore(cst.CSTTransformer):
