@@ -16,17 +16,11 @@ original and the migrated program print the same numbers, on one process and as 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from clitools import jm
-from conftest import jax_env
-from multihost import JobResult, run_job
+from programs import run_one, run_two, same
 
 pytestmark = pytest.mark.jax
 
@@ -182,36 +176,6 @@ def project(root: Path) -> Path:
     return root
 
 
-def result_of(stdout: str) -> dict:
-    (line,) = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-    return json.loads(line.removeprefix("RESULT "))
-
-
-def run_one(root: Path) -> dict:
-    env = jax_env(8)
-    command = [sys.executable, "-m", "bv.train"]
-    proc = subprocess.run(command, check=False, cwd=root, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return result_of(proc.stdout)
-
-
-def run_two(root: Path) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    job: JobResult = run_job(
-        root / "bv" / "train.py", processes=2, devices=8, timeout=300, cwd=root, env=env
-    )
-    job.check()
-    return [result_of(out) for out in job.stdouts]
-
-
-def same(got: dict, want: dict, where: str) -> None:
-    assert set(got) == set(want), where
-    for key, value in want.items():
-        np.testing.assert_allclose(
-            np.asarray(got[key]), np.asarray(value), rtol=1e-5, atol=1e-6, err_msg=where
-        )
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The original program's numbers, then the migrated one's, on 1 and 2 processes."""
@@ -222,8 +186,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {
         "messages": proc.stdout + proc.stderr,
         "train": (migrated / "bv" / "train.py").read_text(),
-        "original": (run_one(original), run_two(original)),
-        "migrated": (run_one(migrated), run_two(migrated)),
+        "original": (run_one(original, "bv.train"), run_two(original, "bv.train")),
+        "migrated": (run_one(migrated, "bv.train"), run_two(migrated, "bv.train")),
     }
 
 

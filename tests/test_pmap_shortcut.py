@@ -14,17 +14,11 @@ as a 2-process job.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from clitools import jm
-from conftest import jax_env
-from multihost import JobResult, run_job
+from programs import run_one, run_two, same
 
 CONSTANTS = """\
 import functools
@@ -168,29 +162,6 @@ def test_calls_through_the_shortcut_left_unapplied_are_written_as_they_were(
     assert texts(root) == before
 
 
-def result_of(stdout: str) -> dict:
-    (line,) = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-    return json.loads(line.removeprefix("RESULT "))
-
-
-def run_one(root: Path) -> dict:
-    command = [sys.executable, "-m", "qmc.train"]
-    proc = subprocess.run(
-        command, check=False, cwd=root, env=jax_env(8), capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return result_of(proc.stdout)
-
-
-def run_two(root: Path) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    job: JobResult = run_job(
-        root / "qmc" / "train.py", processes=2, devices=8, timeout=300, cwd=root, env=env
-    )
-    job.check()
-    return [result_of(out) for out in job.stdouts]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The original program's numbers, then the migrated one's (verified by `main()`), on 1
@@ -202,8 +173,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {
         "report": proc.stdout,
         "files": texts(migrated),
-        "original": (run_one(original), run_two(original)),
-        "migrated": (run_one(migrated), run_two(migrated)),
+        "original": (run_one(original, "qmc.train"), run_two(original, "qmc.train")),
+        "migrated": (run_one(migrated, "qmc.train"), run_two(migrated, "qmc.train")),
     }
 
 
@@ -220,14 +191,6 @@ def test_the_step_takes_the_program_level_form_and_the_helpers_the_per_device_on
     assert runs["files"]["density.py"] == DENSITY
     statuses = [line for line in runs["report"].splitlines() if "qmc/train.py:" in line]
     assert len(statuses) >= 3 and all("[unsafe, verified]" in s for s in statuses), statuses
-
-
-def same(got: dict, want: dict, where: str) -> None:
-    assert set(got) == set(want), where
-    for key, value in want.items():
-        np.testing.assert_allclose(
-            np.asarray(got[key]), np.asarray(value), rtol=1e-5, atol=1e-6, err_msg=where
-        )
 
 
 @pytest.mark.jax
