@@ -559,8 +559,6 @@ REWRITTEN = (cst.Call, cst.FunctionDef, cst.Name, cst.Attribute)
 
 # The pass in three layers, one per section: `survey.Finding` holds the state and finds the uses,
 # `faithful.Faithful` plans and emits the faithful form, `Pmap` runs both and the program form.
-
-
 class Pmap(Faithful):
     """Rewrite `jax.pmap` as `jax.jit(jax.shard_map(...))`."""
 
