@@ -2,8 +2,8 @@
 
 ferminet binds `pmap = functools.partial(jax.pmap, axis_name=PMAP_AXIS_NAME)` in its
 `constants` module and maps its functions with `constants.pmap(step, donate_argnums=1)` and
-`@functools.partial(constants.pmap, donate_argnums=(0, 1))` (kfac_jax's `utils.pmap` is the same
-shortcut). No `jax.pmap` is written at those calls, so the rule found none of them. A call made
+`@functools.partial(constants.pmap, donate_argnums=(0, 1))` (vmcnet's `distribute.pmap`, and
+the code bases that copied ferminet's `constants.py`, bind the same shortcut). No `jax.pmap` is written at those calls, so the rule found none of them. A call made
 through the shortcut is `jax.pmap` called with the shortcut's keywords, then its own (a keyword
 of its own wins, as `functools.partial` lets it): `written_out` writes it so, and the rule reads
 and rewrites that call like any other. Where the rule leaves such a call as it is, `restored`
