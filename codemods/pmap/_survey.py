@@ -1572,7 +1572,11 @@ class Finding(Pass):
 
     def _program(self, site: PmapUse, flow: Flow, siblings: tuple[str, ...] = ()) -> Program:
         """Return the program of the function making the step (its `host`); raise NotVisible
-        for why not."""
+        for why not. A step `return jax.pmap(body, ...)` ending a def of the module (vision_
+        transformer's `make_update_fn`) called once, `step = factory(...)` in a function that
+        calls `step`, is that function's program, the step made where the factory returns it
+        (`Program.factory`), read with the steps that function makes (`siblings`,
+        `_take_steps`); any other use of the factory is declined (PL101)."""
         if len(site.pmaps) != 1:
             raise NotVisible(NESTED, Decline.NESTED)
         if isinstance(site.node, cst.Decorator):
@@ -1607,10 +1611,23 @@ class Finding(Pass):
                     )
                 raise NotVisible(why, Decline.CALLED_WHERE_MADE)
             raise unnamed_step(around, host.name.value, flow.parent)
-        assign = statement.body[0]
-        if isinstance(assign, cst.Return) and assign.value is site.node:
-            return self._factory_program(site, body, flow, siblings)
-        if body in self.module.body and (again := self._called_again(host)):
+        assign, factory = statement.body[0], None
+        if isinstance(assign, cst.Return) and assign.value is site.node:  # a factory's step
+            if (found := self.factory_hosts.get(id(site.node))) is None:
+                name = host.name.value
+                called = elsewhere(name, self.state.outside, self.survey.strings)
+                why = f"the step is returned by `{name}`, " + (
+                    f"which is called {called}: those calls are not followed"
+                    + _unless_closed(called)
+                    if called
+                    else f"followed only where `step = {name}(...)`, its one call, is a "
+                    "statement of a function calling `step`"
+                )
+                raise NotVisible(why, Decline.NOT_NAMED)
+            factory, (host, made) = (host, statement), found  # read where the factory is called
+            statement, skip = flow.parent.get(id(made)), None
+            assert isinstance(statement, cst.SimpleStatementLine)
+        elif body in self.module.body and (again := self._called_again(host)):
             why = (
                 f"the step is made in `{host.name.value}`, which {again}: made there as "
                 "`jax.jit(jax.shard_map(...))`, it would be compiled again at each call, where "
@@ -1630,43 +1647,15 @@ class Finding(Pass):
         details = (host, statement, site.node, body, self.qualname, siblings, facts, skip)
         unnamed = self._unnamed()
         try:
-            program = analyze(*details, unnamed)
+            program = analyze(*details, unnamed, made=made.value if factory else None)
         except NotVisible as why:  # passed to a def of the module: followed there (`_callee`)
-            if why.code not in (Decline.NOT_CALLED_ONLY, Decline.CALLED_NESTED):
+            if factory or why.code not in (Decline.NOT_CALLED_ONLY, Decline.CALLED_NESTED):
                 raise
             program = follow_passed(why, *details, unnamed, self._called_once)
-        return self._checked(program, flow, statement)
-
-    def _factory_program(
-        self, site: PmapUse, body: cst.FunctionDef, flow: Flow, siblings: tuple[str, ...]
-    ) -> Program:
-        """`return jax.pmap(body, ...)` ending a def of the module (vision_transformer's
-        `make_update_fn`) called once, `step = factory(...)` in a function that calls `step`:
-        that function's program, the step made where the factory returns it (`Program.factory`),
-        read with the steps that function makes (`siblings`, `_take_steps`). Raise NotVisible
-        (PL101) for any other use of the factory."""
-        factory, made = site.around or self._main_host(site.ancestors), site.ancestors[-3]
-        assert isinstance(factory, cst.FunctionDef) and isinstance(made, cst.SimpleStatementLine)
-        assert isinstance(site.node, cst.Call)
-        name = factory.name.value
-        if (found := self.factory_hosts.get(id(site.node))) is None:
-            called = elsewhere(name, self.state.outside, self.survey.strings)
-            why = f"the step is returned by `{name}`, " + (
-                f"which is called {called}: those calls are not followed{_unless_closed(called)}"
-                if called
-                else f"followed only where `step = {name}(...)`, its one call, is a statement of "
-                "a function calling `step`"
-            )
-            raise NotVisible(why, Decline.NOT_NAMED)
-        host, bound = found
-        statement = flow.parent.get(id(bound))
-        assert isinstance(statement, cst.SimpleStatementLine)
-        facts = self._facts(host)
-        details = (host, statement, site.node, body, self.qualname, siblings, facts, None)
-        program = analyze(*details, self._unnamed(), made=bound.value)
-        program.factory = (factory, made)
-        if self._visit_only is not None:  # the function calling the step holds no pmap
-            self._visit_only |= {id(a) for a in (host, *flow.ancestors(host))}
+        if factory is not None:  # the step made where the factory returns it
+            program.factory = factory
+            if self._visit_only is not None:  # the function calling the step holds no pmap
+                self._visit_only |= {id(a) for a in (host, *flow.ancestors(host))}
         return self._checked(program, flow, statement)
 
     def _opaque_body(self, site: PmapUse, host: cst.FunctionDef, why: str) -> cst.FunctionDef:
