@@ -549,14 +549,12 @@ class Finding(Pass):
         outer: list[OuterStep] = []
         made_in: dict[int, list[PmapUse]] = {}  # the steps each function makes
         self.factory_hosts = self._factory_callers(flow)
-        failed = self._failed_hosts()
-        live = [s for s in self.sites.values() if s.value_axis is None]
-        live = [s for s in live if not self._falls_back(s, failed)]  # once each
+        live = self._not_failed([s for s in self.sites.values() if s.value_axis is None])
         pending = [f for s in live if (f := self._stored_step(flow, s)) is not None]
         stored, handled = self._stored_groups(flow, pending)
         for site in (s for s in live if id(s.node) not in handled):  # the others: as before
             try:
-                if self._is_outer(site) and not self._module_program(flow, site):
+                if self._is_outer(flow, site):
                     step = self._outer_step(site)
                     step = follow_step(step, flow, module, self.qualname, self.declared)
                     for program in step.programs:  # what its callers read of what it returns
@@ -1230,21 +1228,17 @@ class Finding(Pass):
             return single_name(self.factory_hosts[id(site.node)][1].targets[0].target)
         return self._bound_to(site)
 
-    def _failed_hosts(self) -> dict[int, str]:
-        """Return, by id of the function a failed group's first step is made in (or of None for
-        steps made outside functions), the group that failed verification: every step made
-        there falls back with it, as they were one group."""
+    def _not_failed(self, sites: list[PmapUse]) -> list[PmapUse]:
+        """`sites` but those made where the first step of a group that failed verification is
+        made (in the function, or outside functions: `_host`): each of those falls back to the
+        faithful form with that group, as they were one group, saying so."""
         groups = ((site, self.program_group(site.node)) for site in self.sites.values())
-        return {id(self._host(site)): g for site, g in groups if g in self.state.fallbacks}
-
-    def _falls_back(self, site: PmapUse, failed: dict[int, str]) -> bool:
-        """Mark `site` faithful when the program-level group it belongs to failed verification."""
-        if (group := failed.get(id(self._host(site)))) is None:
-            return False
-        site.failed_program = group
-        why = f"program-level form failed verification ({self.state.fallbacks[group]})"
-        site.fallback = str(NotVisible(why, Decline.VERIFICATION))
-        return True
+        failed = {id(self._host(site)): g for site, g in groups if g in self.state.fallbacks}
+        for site in (s for s in sites if id(self._host(s)) in failed):
+            site.failed_program = group = failed[id(self._host(site))]
+            why = f"program-level form failed verification ({self.state.fallbacks[group]})"
+            site.fallback = str(NotVisible(why, Decline.VERIFICATION))
+        return [site for site in sites if site.failed_program is None]
 
     def program_group(self, node: cst.CSTNode) -> str:
         """Return the group of the program-level form of the step made at `node`: also the key
@@ -1380,18 +1374,6 @@ class Finding(Pass):
             self.sites[id(site.node)] = site
             site.fallback = str(NotVisible(why, Decline.MESH))
 
-    def _module_program(self, flow: Flow, site: PmapUse) -> bool:
-        """A step made at module level and read only there, outside any def, class or lambda
-        (a script's or a notebook's loop): its program is the module's statements', read as
-        the body of one function."""
-        name = self._bound_to(site)
-        if isinstance(site.node, cst.Decorator) and len(site.pmaps) != 1:
-            return False
-        uses = flow.loads.get(name, []) if name else []
-        return bool(uses) and not any(
-            isinstance(a, SCOPES) for use in uses for a in flow.ancestors(use)
-        )
-
     def _module_alone(self) -> None:
         """The module's own program is taken only if no other site or program of the module is
         left: its statements are rewritten from the original, other edits in them would be
@@ -1406,13 +1388,20 @@ class Finding(Pass):
         )
         self._apart(host, why)
 
-    def _is_outer(self, site: PmapUse) -> bool:
-        """A pmap decorator on a def of the module, or `step = jax.pmap(...)` at module level."""
+    def _is_outer(self, flow: Flow, site: PmapUse) -> bool:
+        """A pmap decorator on a def of the module, or `step = jax.pmap(...)` at module level,
+        but for a step made at module level and read only there, outside any def, class or
+        lambda (a script's or a notebook's loop): its program is the module's statements',
+        read as the body of one function."""
         if isinstance(site.node, cst.Decorator):
-            return site.mapped in self.module.body
-        if main_block(self.module, site.ancestors) is not None:
+            if site.mapped not in self.module.body or len(site.pmaps) != 1:
+                return site.mapped in self.module.body
+        elif main_block(self.module, site.ancestors) or any(
+            isinstance(a, SCOPES) for a in site.ancestors
+        ):
             return False
-        return not any(isinstance(a, SCOPES) for a in site.ancestors)
+        uses = flow.loads.get(name, []) if (name := self._bound_to(site)) else []
+        return not uses or any(isinstance(a, SCOPES) for use in uses for a in flow.ancestors(use))
 
     def _outer_step(self, site: PmapUse) -> OuterStep:
         """Read a step made outside the functions calling it; raise NotVisible for why not."""
