@@ -582,20 +582,18 @@ class Finding(Pass):
         copies, `sync_batch_stats(state)`, and what only such code reads), bound once, named in
         no string and used by no other module of the code base. Their pmaps are no longer sites
         of their own: each is recorded with the group and deleted with it."""
-        groups = [(p[0][0].node, [q for _, q in p]) for p in self.programs.values()]
-        for g in self.outer:
-            groups.append((g.steps[0].site.node, [p for s in g.steps for p in s.programs]))
+        groups: list[list[tuple[Any, Program]]] = [*self.programs.values()]  # (site, program)s
+        groups += [[(s.site, p) for s in g.steps for p in s.programs] for g in self.outer]
         gone: dict[int, str] = {}
-        for first, programs in groups:
-            key = self.program_group(first)
-            for program in (q for p in programs for q in (p, *p.callees)):
+        for group in groups:
+            key = self.program_group(group[0][0].node)
+            for program in (q for _, p in group for q in (p, *p.callees)):
                 for k, node in program.nodes.items():
                     if program.reasons.get(k) == MEAN_OF_COPIES and isinstance(node, cst.Call):
                         gone |= {id(n): key for n in nodes_in(node.func, cst.Name)}
         if not gone:
             return
-        steps = {id(s.node) for p in self.programs.values() for s, _ in p}
-        steps |= {id(s.site.node) for g in self.outer for s in g.steps}
+        steps = {id(site.node) for group in groups for site, _ in group}
 
         def may_go(name: str, statement: cst.CSTNode) -> bool:
             if name.startswith("__") or len(self.resolver.bindings(name)) != 1:
