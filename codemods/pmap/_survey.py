@@ -4,7 +4,7 @@ program-level form can take."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cache, cached_property
 from itertools import pairwise
@@ -1341,28 +1341,18 @@ class Finding(Pass):
             assert isinstance(call, cst.Call)
             within = own if where is own else Flow(caller)
             for arg in call.args:
-                if step := self._made_of(arg.value, within, kept, set()):
+                made = self._made_from(arg.value, within, True, set())
+                reads = (r for r, _ in made if isinstance(r, cst.Name) and r.value in kept)
+                # a call of a step, `step(...)`: not the step passed on
+                calls = (
+                    r.value for r in reads if getattr(within.parent.get(id(r)), "func", 0) is r
+                )
+                if step := next(calls, ""):
                     return (
                         f"`{caller.name.value}` passes `{_short(arg.value)}` to `{use.value}`, "
                         f"made of the results of `{step}`, {kept[step]}: read back on one "
                         "device, they would reach this step's mesh (JAX raises)"
                     )
-        return ""
-
-    def _made_of(
-        self, node: cst.CSTNode, flow: Flow, steps: Mapping[str, str], seen: set[int]
-    ) -> str:
-        """The step named in `steps` whose call makes (part of) `node`'s value, "" when none:
-        followed through the bindings reaching the names `node` reads in `flow`'s function
-        (each once: `seen`), not into a copy to the host (`np.asarray(...)`)."""
-        for ref in (r for r in self._refs(node) if isinstance(r, cst.Name)):
-            if ref.value in steps and getattr(flow.parent.get(id(ref)), "func", None) is ref:
-                return ref.value
-            for binding in [b for b in flow.reach.of(ref) if id(b) not in seen]:
-                seen.add(id(binding))
-                value = _bound_value(binding)
-                if value is not None and (step := self._made_of(value, flow, steps, seen)):
-                    return step
         return ""
 
     def _apart(self, host: cst.FunctionDef, why: str) -> None:
@@ -1513,8 +1503,11 @@ class Finding(Pass):
         it is called names its mesh (`mesh=`), sets none, and takes either."""
         flow = Flow(program.host)
         splits = [n for k, n in program.nodes.items() if program.reasons[k].startswith(SPLIT_EDIT)]
-        for by, name in (m for n in splits if (m := self._jax_made(n, flow, set())) is not None):
-            source = f"`{_short(by)}`" if name is None else f"`{name}`, bound to `{_short(by)}`"
+        made = (m for split in splits for m in self._made_from(split, flow, False, set()))
+        for ref, name in (m for m in made if (self.qualname(m[0]) or "").startswith(JAX_ARRAYS)):
+            call = flow.parent.get(id(ref))
+            by = call if isinstance(call, cst.Call) and call.func is ref else ref
+            source = f"`{name}`, bound to `{_short(by)}`" if name else f"`{_short(by)}`"
             why = (
                 f"the batch split for `{program.host.name.value}`'s step is a jax array, made "
                 f"from {source}: under the mesh `jax.set_mesh` sets, "
@@ -1523,25 +1516,21 @@ class Finding(Pass):
             )
             raise NotVisible(why, Decline.MESH)
 
-    def _jax_made(
-        self, node: cst.CSTNode, flow: Flow, seen: set[str], name: str | None = None
-    ) -> tuple[cst.CSTNode, str | None] | None:
-        """The jax operation making (part of) `node`'s value, a call or a function passed
-        (`jax.tree.map(jnp.asarray, b)`), with the name bound to it, else None: followed
-        through the bindings of the names `node` reads in `flow`'s function, not into a copy
-        to the host (`np.asarray(...)`, `jax.device_get(...)`: numpy, whatever it reads)."""
+    def _made_from(
+        self, node: cst.CSTNode, flow: Flow, reaching: bool, seen: set[int], name: str = ""
+    ) -> Iterator[tuple[cst.Attribute | cst.Name, str]]:
+        """The names and dotted names making `node`'s value (`_refs`), each with the name bound
+        to it ("" for `node`'s own), outermost first: followed through the bindings of the names
+        read in `flow`'s function (those reaching the read when `reaching`, else every one of
+        the name, wherever it is bound), each once (`seen`)."""
         for ref in self._refs(node):
-            if (self.qualname(ref) or "").startswith(JAX_ARRAYS):
-                parent = flow.parent.get(id(ref))
-                called = isinstance(parent, cst.Call) and parent.func is ref
-                return (parent if called else ref), name  # type: ignore[return-value]
-            if not isinstance(ref, cst.Name) or ref.value in seen:
-                continue
-            seen.add(ref.value)
-            for value in map(_bound_value, flow.stores.get(ref.value, [])):
-                if value is not None and (made := self._jax_made(value, flow, seen, ref.value)):
-                    return made
-        return None
+            yield ref, name
+            if isinstance(ref, cst.Name):
+                bindings = flow.reach.of(ref) if reaching else flow.stores.get(ref.value, [])
+                for binding in (b for b in bindings if id(b) not in seen):
+                    seen.add(id(binding))
+                    if (value := _bound_value(binding)) is not None:
+                        yield from self._made_from(value, flow, reaching, seen, ref.value)
 
     def _refs(self, node: cst.CSTNode) -> Iterator[cst.Attribute | cst.Name]:
         """The names and dotted names `node` reads, outermost first, not inside a copy to the
