@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cache, cached_property
-from itertools import pairwise
+from itertools import pairwise, takewhile
 from typing import Any
 
 import libcst as cst
@@ -1686,15 +1686,11 @@ class Finding(Pass):
                 "the module",
             )
             calls.append(caller)
-            for inner, outer in pairwise(around):
-                if isinstance(outer, cst.FunctionDef):
-                    break
-                if isinstance(outer, (cst.For, cst.While)) and inner in (
-                    outer.body,
-                    getattr(outer, "test", None),
-                ):
-                    looped.append(caller)
-                    break
+            inside = takewhile(lambda p: type(p[1]) is not cst.FunctionDef, pairwise(around))
+            loops = ((i, o) for i, o in inside if isinstance(o, (cst.For, cst.While)))
+            looped += (
+                [caller] if any(i in (o.body, getattr(o, "test", None)) for i, o in loops) else []
+            )
         if looped:
             return f"{looped[0]} calls in a loop"
         if len(calls) < 2:
