@@ -172,50 +172,19 @@ def _called_only_in(
     )
 
 
-def first_statement(
+def mesh_region(
     setup: cst.FunctionDef, flow: Flow, group: list[OuterStep]
-) -> cst.BaseStatement:
-    """Return the statement of `setup`'s body that first calls a step, or a function calling
-    one, or makes a batch: the mesh is set just before it."""
+) -> tuple[cst.BaseStatement, cst.BaseStatement | None]:
+    """Return the statements of `setup`'s body the mesh is set before and unset before: the
+    first calling a step, or a function calling one, or making a batch; and None (the end of
+    the function) unless `setup` is a generator. A generator's `yield` hands control to the
+    code iterating it, which must not run under the mesh (a pmap or another mesh's
+    `shard_map` there raises): the mesh is unset before the first statement holding a `yield`
+    after the first. Raise NotVisible when no statement calls the step, or (PL602) when it is
+    called, or its batches made, in or after that statement."""
     if not isinstance(setup.body, cst.IndentedBlock):
         why = f"`{setup.name.value}` is written on its `def` line: no block to set the mesh in"
         raise NotVisible(why, Decline.SETUP)
-    statements, marked = _marked(setup, flow, group)
-    for statement in statements:
-        if id(statement) in marked:
-            return statement
-    raise NotVisible(f"no statement of `{setup.name.value}` calls the step", Decline.NOT_CALLED)
-
-
-def mesh_end(
-    setup: cst.FunctionDef, flow: Flow, group: list[OuterStep], before: cst.BaseStatement
-) -> cst.BaseStatement | None:
-    """Return the statement of `setup`'s body the mesh set before `before` is unset before:
-    None (the end of the function) unless `setup` is a generator. A generator's `yield` hands
-    control to the code iterating it, which must not run under the mesh (a pmap or another
-    mesh's `shard_map` there raises): the mesh is unset before the first statement holding a
-    `yield` after `before`. Raise NotVisible (PL602) when the step is called, or its batches
-    made, in or after that statement."""
-    statements, marked = _marked(setup, flow, group)
-    start = statements.index(before)
-    yields = [any(True for _ in nodes_in(s, cst.Yield, SCOPES)) for s in statements[start:]]
-    if not any(yields):
-        return None
-    end = start + yields.index(True)
-    if any(id(s) in marked for s in statements[end:]):
-        why = (
-            f"`{setup.name.value}` is a generator that yields where it calls the step: the mesh "
-            "`jax.set_mesh` sets for the step would stay set in the code iterating it"
-        )
-        raise NotVisible(why, Decline.SETUP)
-    return statements[end]
-
-
-def _marked(
-    setup: cst.FunctionDef, flow: Flow, group: list[OuterStep]
-) -> tuple[list[cst.BaseStatement], set[int]]:
-    """Return `setup`'s statements, and the ids of every node around a call of a step, of a
-    function calling one, or an edit making a batch, in `setup` (those statements among them)."""
     hosts = {p.host.name.value for s in group for p in s.programs}
     marks: list[cst.CSTNode] = []
     for program in (p for step in group for p in step.programs if p.host is setup):
@@ -224,8 +193,22 @@ def _marked(
     for name in hosts - {setup.name.value}:  # `flow` may be `setup`'s own (a method's copy)
         within = flow.host is setup
         marks += [u for u in flow.loads.get(name, []) if within or setup in flow.ancestors(u)]
-    statements = list(setup.body.body) if isinstance(setup.body, cst.IndentedBlock) else []
-    return statements, {id(a) for m in marks for a in flow.ancestors(m)}
+    marked = {id(a) for m in marks for a in flow.ancestors(m)}  # the statements among them
+    statements = list(setup.body.body)
+    start = next((i for i, s in enumerate(statements) if id(s) in marked), None)
+    if start is None:
+        raise NotVisible(f"no statement of `{setup.name.value}` calls the step", Decline.NOT_CALLED)
+    yields = [any(True for _ in nodes_in(s, cst.Yield, SCOPES)) for s in statements[start:]]
+    if not any(yields):
+        return statements[start], None
+    end = start + yields.index(True)
+    if any(id(s) in marked for s in statements[end:]):
+        why = (
+            f"`{setup.name.value}` is a generator that yields where it calls the step: the mesh "
+            "`jax.set_mesh` sets for the step would stay set in the code iterating it"
+        )
+        raise NotVisible(why, Decline.SETUP)
+    return statements[start], statements[end]
 
 
 def mesh_in_scope(

@@ -40,10 +40,9 @@ from ._layout import MEAN_OF_COPIES, SPLIT_EDIT, Layout
 from ._outer import (
     OuterGroup,
     OuterStep,
-    first_statement,
     follow_step,
-    mesh_end,
     mesh_in_scope,
+    mesh_region,
     setup_function,
 )
 from ._passon import checked as passed_on_checked
@@ -807,8 +806,7 @@ class Finding(Pass):
         """Return the group of `steps` whose mesh `setup` (read in `flow`) sets, before its
         first statement calling one; a mesh of pmap's already bound there is reused. Raise
         NotVisible when no one place in `setup` serves them all."""
-        before = first_statement(setup, flow, steps)
-        end = mesh_end(setup, flow, steps, before)
+        before, end = mesh_region(setup, flow, steps)
         scopes: list[cst.BaseSuite | cst.Module] = [setup.body, self.module]
         mesh = mesh_in_scope(scopes, before, flow, steps[0].options.axis, self.qualname)
         return OuterGroup(steps, setup, before, end, mesh or "mesh", mesh is None, around=around)
