@@ -1198,7 +1198,7 @@ class Finding(Pass):
         """By id of each `return jax.pmap(...)` ending a def of the module whose one use, and no
         other module's, is `step = factory(...)`, a statement of a function: that function and
         the assignment. The factory's other uses are declined where its step is followed
-        (`_factory_program`)."""
+        (`_program`)."""
         found: dict[int, tuple[cst.FunctionDef, cst.Assign]] = {}
         for site in self.sites.values():
             if (factory := _factory(self.module, site)) is None:
