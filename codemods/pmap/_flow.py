@@ -66,7 +66,7 @@ from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
 from ._specs import PARTIAL, TAIL_BUILTINS, Options, options_of, tail_fits, unbound
-from ._summary import NO_FACTS, NOT_DECLARABLE, NUMBERS, ModuleFacts, Values, name_reads
+from ._summary import NO_FACTS, NOT_DECLARABLE, ModuleFacts, name_reads
 
 GET_METRICS = (row_named("get_metrics"),)
 MEANS = (row_named("cross_device_mean"),)
@@ -1494,28 +1494,45 @@ def _check_python_float(
 
 
 def _float_leaf(site: _Site, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode | None:
-    """The Python float a leaf of `node` visibly is (`_float_of`): in a container written out
-    at any depth (`dict(w=w, lr=0.05)` too), either branch of `a if c else b`, an item of a
-    container (`lrs[1]`), followed through the names bound to them (a global's one value,
-    `CONFIG = {...}`); else None."""
-    if depth > 8 or (found := _float_of(site.flow, site.forms.bound, node)) is not None:
-        return None if depth > 8 else found
+    """The Python float `node` visibly is or holds: `0.05`, `-lr`, `float(x)`, `x.item()` (a
+    float or an int, both weakly typed), `lr * 2` of one; a leaf of a container written out at
+    any depth (`dict(w=w, lr=0.05)` too), either branch of `a if c else b`, an item of a
+    container (`lrs[1]`); followed through the names bound to them, a parameter's default and a
+    global's one value (`CONFIG = {...}`, `LR = 0.05`); else None."""
+    flow = site.flow
+    inner = node.expression if isinstance(node, cst.UnaryOperation) else node
+    if depth > 8 or isinstance(inner, cst.Float):
+        return node if isinstance(inner, cst.Float) else None
+    func = inner.func if isinstance(inner, cst.Call) else None
+    if isinstance(func, cst.Attribute) and func.attr.value == "item":  # `x.item()`
+        return None if inner.args else node  # type: ignore[attr-defined]
+    if isinstance(func, cst.Name) and func.value == "float" and "float" not in flow.stores:
+        return node
+    if isinstance(inner, cst.BinaryOperation):  # of Python numbers only: `lr * w` is an array
+        sides = [_float_leaf(site, s, depth + 1) for s in (inner.left, inner.right)]
+        plain = [
+            isinstance(s, cst.Integer) or f is not None
+            for s, f in zip((inner.left, inner.right), sides, strict=True)
+        ]
+        return node if all(plain) and any(f is not None for f in sides) else None
     parts: list[cst.CSTNode] = []
-    if isinstance(node, (cst.Dict, cst.Tuple, cst.List)):
-        parts = [getattr(e, "value", e) for e in node.elements]
-    elif isinstance(node, cst.IfExp):
-        parts = [node.body, node.orelse]
-    elif isinstance(node, cst.Subscript):
-        parts = [node.value]
-    elif isinstance(node, cst.Call):
-        parts = list(_leaves(site.forms, node) or _fields(site, node))
-    elif isinstance(node, cst.Name):
-        parts = [b.value for b in site.flow.reach.of(node) if isinstance(b, cst.Assign)]
-        host, value = site.flow.host, site.forms.bound.get(node.value)
+    if isinstance(inner, (cst.Dict, cst.Tuple, cst.List)):
+        parts = [getattr(e, "value", e) for e in inner.elements]
+    elif isinstance(inner, cst.IfExp):
+        parts = [inner.body, inner.orelse]
+    elif isinstance(inner, cst.Subscript):
+        parts = [inner.value]
+    elif isinstance(inner, cst.Call):
+        parts = list(_leaves(site.forms, inner) or _fields(site, inner))
+    elif isinstance(inner, cst.Name):
+        reaching = flow.reach.of(inner)
+        parts = [b.value for b in reaching if isinstance(b, cst.Assign)]
+        host = flow.host
         own = params_of(host.params) if isinstance(host, cst.FunctionDef) else []
-        mine = any(p.name.value == node.value for p in own)
-        if value is not None and not mine:  # a global read: its one value (`CONFIG = {...}`)
-            parts.append(value)
+        mine = [p for p in own if p.name.value == inner.value]
+        parts += [p.default for p in mine if p.default is not None and ENTRY in reaching]
+        if (value := site.forms.bound.get(inner.value)) is not None and not mine:
+            parts.append(value)  # a global read: its one value (`CONFIG = {...}`)
     return next((f for p in parts if (f := _float_leaf(site, p, depth + 1)) is not None), None)
 
 
@@ -1529,41 +1546,6 @@ def _fields(site: _Site, call: cst.Call) -> list[cst.BaseExpression]:
     if func.value in forms.defs or func.value in site.flow.stores:
         return []
     return [a.value for a in call.args if not a.star]
-
-
-def _float_of(flow: Flow, numbers: Values, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode | None:
-    """The Python float `node` visibly is (`0.05`, `-lr`, `float(x)`, `x.item()` (a float or an
-    int, both weakly typed), `lr * 2` of one, a name bound to one, a parameter defaulting to one,
-    a module constant of `numbers`), else None."""
-    inner = node.expression if isinstance(node, cst.UnaryOperation) else node
-    if isinstance(inner, cst.Float) or depth > 3:
-        return node if isinstance(inner, cst.Float) else None
-    if isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute):
-        return node if inner.func.attr.value == "item" and not inner.args else None  # `x.item()`
-    if isinstance(inner, cst.Call) and isinstance(inner.func, cst.Name):
-        return node if inner.func.value == "float" and inner.func.value not in flow.stores else None
-    if isinstance(inner, cst.BinaryOperation):  # of Python numbers only: `lr * w` is an array
-        sides = [_float_of(flow, numbers, s, depth + 1) for s in (inner.left, inner.right)]
-        plain = [
-            isinstance(s, cst.Integer) or f is not None
-            for s, f in zip((inner.left, inner.right), sides, strict=True)
-        ]
-        return node if all(plain) and any(f is not None for f in sides) else None
-    if not isinstance(inner, cst.Name):
-        return None
-    host = flow.host
-    defaults = params_of(host.params) if isinstance(host, cst.FunctionDef) else []
-    for binding in flow.reach.of(inner):
-        value = binding.value if isinstance(binding, cst.Assign) else None
-        if value is not None and (found := _float_of(flow, numbers, value, depth + 1)):
-            return found
-        for param in defaults if binding is ENTRY else []:
-            default = param.default if param.name.value == inner.value else None
-            if default is not None and (found := _float_of(flow, numbers, default, depth + 1)):
-                return found
-    own = inner.value in flow.stores or any(p.name.value == inner.value for p in defaults)
-    constant = None if own else numbers.get(inner.value)  # a global read
-    return _float_of(flow, numbers, constant, depth + 1) if isinstance(constant, NUMBERS) else None
 
 
 # Methods changing their array or container in place (`w.fill(0)`, `params.update(...)`), and
