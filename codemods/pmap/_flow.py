@@ -1352,29 +1352,38 @@ def _yielded_splits(generator: cst.FunctionDef, flow: Flow, forms: Forms) -> lis
         return value_of_name(next(iter(found)), name.value) if len(found) == 1 else None
 
     splits = Forms(forms.qualname, counts, forms.defs, values=value_of)
-    inside = {id(n) for y in yields for n in nodes_in(y, cst.Name)}
-    edits: list[_Pair] = []
+    items: list[cst.BaseExpression] = []
     for y in yields:
-        value = y.value
-        assert isinstance(value, cst.BaseExpression)
-        items = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
-        for item in items:
-            if (found := splits.split(item)) is not None:
-                edits.append((item, found.source))
-                continue
-            if not isinstance(item, cst.Name):
+        assert isinstance(y.value, cst.BaseExpression)
+        items += (
+            [e.value for e in y.value.elements] if isinstance(y.value, cst.Tuple) else [y.value]
+        )
+    return _split_items(
+        inner, splits, items, {id(n) for y in yields for n in nodes_in(y, cst.Name)}
+    )
+
+
+def _split_items(
+    flow: Flow, forms: Forms, items: list[cst.BaseExpression], inside: set[int]
+) -> list[_Pair] | None:
+    """Each of `items` with its flat source: a split, or a name every binding reaching it binds
+    to a split, those bindings' reads all in `inside` (ids of names; a read elsewhere would see
+    the flat value), each split given; None when one is neither."""
+    pairs: list[_Pair] = []
+    for item in items:
+        if (source := forms.shard_source(item)) is not None:
+            pairs.append((item, source))
+            continue
+        if not isinstance(item, cst.Name):
+            return None
+        for binding in flow.reach.of(item):
+            value = value_of_name(binding, item.value)
+            source = forms.shard_source(value) if value is not None else None
+            reads = [u for u in flow.loads.get(item.value, []) if binding in flow.reach.of(u)]
+            if value is None or source is None or any(id(u) not in inside for u in reads):
                 return None
-            for binding in inner.reach.of(item):
-                value_of_binding = value_of_name(binding, item.value)
-                found = splits.split(value_of_binding) if value_of_binding is not None else None
-                if found is None or not all(
-                    id(use) in inside
-                    for use in inner.loads.get(item.value, [])
-                    if binding in inner.reach.of(use)
-                ):
-                    return None  # not a split, or its split value read outside a `yield`
-                edits.append((value_of_binding, found.source))  # type: ignore[arg-type]
-    return edits
+            pairs.append((value, source))
+    return pairs
 
 
 def value_of_name(binding: cst.CSTNode | None, name: str) -> cst.BaseExpression | None:
@@ -1394,39 +1403,22 @@ def _named_splits(program: Program, flow: Flow, forms: Forms, value: cst.BaseExp
     edits and return True; else False (nothing recorded)."""
     if not isinstance(value, (cst.Dict, cst.Tuple)) or not value.elements:
         return False
-    bindings: list[tuple[cst.Assign, cst.BaseExpression]] = []
-    for element in value.elements:
-        item = getattr(element, "value", None)
-        if not isinstance(element, (cst.DictElement, cst.Element)) or item is None:
-            return False
-        if forms.shard_source(item) is not None:
-            continue
-        name = single_name(item)
-        binding = flow.only(name)
-        if not isinstance(binding, cst.Assign) or assigned_name(binding) != name:
-            return False  # `xs, ys = ...`: the flat value would rebind the other names too
-        source = forms.shard_source(binding.value)
-        if source is None or not _made_before(program, flow, binding):
-            return False
-        uses = flow.loads.get(name or "", [])
-        if not all(any(a is value for a in flow.ancestors(use)) for use in uses):
-            return False  # read elsewhere: that read would see the flat value
-        bindings.append((binding, source))
-    if not bindings:
-        return False
-    for binding, source in bindings:
-        program.edit(binding.value, SPLIT_NAMED, lambda s=source: s)  # type: ignore[misc]
-    flat = lambda: fill(GLOBAL_BATCH, {**program.context(), "x": _flat_literal(forms, value)})
-    program.edit(value, BATCH, flat)
+    if not all(isinstance(e, (cst.DictElement, cst.Element)) for e in value.elements):
+        return False  # `**d`, `*t`
+    items = {id(e.value): e.value for e in value.elements}  # type: ignore[union-attr]
+    pairs = _split_items(flow, forms, [*items.values()], {id(n) for n in nodes_in(value, cst.Name)})
+    flat = {id(split): source for split, source in pairs or () if id(split) in items}
+    named = [(flow.parent[id(v)], v, s) for v, s in pairs or () if id(v) not in items]
+    if not named or any(
+        flow.only(assigned_name(b)) is not b or not _made_before(program, flow, b)
+        for b, _, _ in named
+    ):
+        return False  # `xs, ys = ...`: the flat value would rebind the other names too
+    for _, split, source in named:
+        program.edit(split, SPLIT_NAMED, lambda s=source: s)  # type: ignore[misc]
+    batch = lambda: fill(GLOBAL_BATCH, {**program.context(), "x": replaced(value, flat)})
+    program.edit(value, BATCH, batch)
     return True
-
-
-def _flat_literal(forms: Forms, value: cst.Dict | cst.Tuple) -> cst.BaseExpression:
-    """The literal with each split element replaced by its flat source (names stay)."""
-    sources = [forms.shard_source(e.value) for e in value.elements]  # type: ignore[union-attr]
-    pairs = zip(value.elements, sources, strict=True)
-    elements = [e if source is None else e.with_changes(value=source) for e, source in pairs]
-    return value.with_changes(elements=elements)
 
 
 REPLICATED = row_named("replicate").why
