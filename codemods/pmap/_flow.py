@@ -1116,15 +1116,10 @@ def _follow_stacked(site: _Site, name: str, joined: Layout) -> None:
     for use in _reads(site, name, set(stackings)):  # once stacked
         if not replicated and not keys and _flat_batch(program, flow, forms, use, name):
             continue
-        if replicated and _readback_deleted(site, use, name):
-            continue
         if _repacked(flow, forms, use):
             continue  # the name it is unpacked into is followed as this one
-        if replicated and carried_out(program, flow, use, None):
-            continue  # returned to the caller, which gave it
-        if replicated and passed_on(program, flow, forms, use, name):
-            continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
-        blocking.append(field_top(flow, use))
+        if not (replicated and _read_as_one(site, use, name, None, Decline.STACKED_READ)):
+            blocking.append(field_top(flow, use))
     if blocking:
         layout = "replicated" if replicated else "split into per-device slices"
         layout = "made per-device keys" if keys else layout
@@ -1876,14 +1871,10 @@ def _follow_result(site: _Site, step: str, name: str, output: int) -> None:
             continue
         if _follow_items(program, flow, forms, use, name):
             continue
-        if _readback_deleted(site, use, name):
-            continue
         if _reduced_whole(flow, forms, use):
             continue  # `jnp.mean(loss)`: the same of equal copies and of the value, kept
-        if carried_out(program, flow, use, output):
-            continue  # returned to the caller, which follows it (`_callee.carried_back`)
-        if passed_on(program, flow, forms, use, name, Decline.RESULT_READ):
-            continue  # `save_checkpoint(state)`, `return state`: `_passon.py`
+        if _read_as_one(site, use, name, output, Decline.RESULT_READ):
+            continue
         # A result returned as it is (`return state`, flax's `train_and_evaluate`), stacked
         # over the devices: the callers' reads are not followed (maybe in another module)
         host = program.host.name.value
@@ -1895,6 +1886,19 @@ def _follow_result(site: _Site, step: str, name: str, output: int) -> None:
                 f"the reads of `{host}()`'s callers (maybe in other modules) are not followed"
             )
         raise NotVisible(why, Decline.RESULT_READ)
+
+
+def _read_as_one(site: _Site, use: cst.Name, name: str, output: int | None, why: Decline) -> bool:
+    """Whether `use` reads equal copies (a replication, or a result `output` of the step) as
+    the one value the program-level form holds: a readback of device 0 (deleted), returned to
+    the caller that gave it or follows it (`carried_out`), or passed on (`save_checkpoint(state)`,
+    `return state`: `_passon.py`; `why`, the decline of a result read); the edits recorded."""
+    program, flow, forms, _ = site
+    return (
+        _readback_deleted(site, use, name)
+        or carried_out(program, flow, use, output)
+        or passed_on(program, flow, forms, use, name, why)
+    )
 
 
 def _reads(site: _Site, name: str, bindings: set[cst.CSTNode]) -> Iterator[cst.Name]:
@@ -1989,27 +1993,23 @@ def _tuple_readback(program: Program, flow: Flow, forms: Forms, use: cst.Name) -
     if (found := forms.readback_value(stand_in, "__tuple__")) is None:
         return None
 
-    def same(value: cst.BaseExpression) -> bool:  # on every device
-        if surely_replicated(program, flow, forms, value):
-            return True
-        # The body's results not known yet (an argument's reads): a result of the step among
-        # the items is checked again where the results are followed (`_follow_result`)
+    def stacked(value: cst.BaseExpression) -> bool:  # copies or results, on every path
         root = base_of(value)
-        pending = not program.varying and isinstance(root, cst.Name)
-        return pending and surely_stacked(program, flow, forms, root)  # type: ignore[arg-type]
+        return isinstance(root, cst.Name) and surely_stacked(program, flow, forms, root)
 
-    other = next((e.value for e in items.elements if not same(e.value)), None)
+    # The body's results not known yet (an argument's reads): a result of the step among the
+    # items is checked again where the results are followed (`_follow_result`)
+    unsure = [
+        e.value for e in items.elements if not surely_replicated(program, flow, forms, e.value)
+    ]
+    other = next((v for v in unsure if program.varying or not stacked(v)), None)
     # An item not surely the same on every device blocks it: a result of the step that may
     # differ between devices (PL402: the program-level form has no device 0's share of it),
     # else a value whose copies are not known to be equal (PL401).
     if other is not None:
-        root = base_of(other)
-        # copies or the step's results on every path (`surely_stacked`): a varying result among
-        # them
-        result = isinstance(root, cst.Name) and surely_stacked(program, flow, forms, root)
         read = f"`{code(other)}` is read back as device 0's copy with `{use.value}` "
         read += f"(`{_short(call)}`), and "
-        if result:
+        if stacked(other):
             why = "it is a result that may differ between devices: the program-level form holds "
             why += "one value of it, not device 0's share"
             raise NotVisible(read + why, Decline.RESULT_VARIES)
