@@ -1198,26 +1198,24 @@ def _inline_kind(site: _Site, value: cst.BaseExpression, position: int) -> Layou
     """Lay out an argument passed as an expression (or the value bound to a name passed),
     and record its edit."""
     program, flow, forms, _ = site
-    if isinstance(value, cst.IfExp):  # `a if c else b`: where the two paths meet
-        body, orelse = (_inline_kind(site, v, position) for v in (value.body, value.orelse))
-        if body is orelse is Layout.PER_DEVICE:
-            _put_once(program, value, ["body", "orelse"])
-        return body.join(orelse)
-    # `shard(x) / 255.0`: elementwise with a number, the same layout
-    if (scaled := _scaled(value)) is not None:
-        layout = _inline_kind(site, scaled, position)
+    # `a if c else b`: where the two paths meet; `shard(x) / 255.0`: elementwise with a number,
+    # the same layout
+    scaled = _scaled(value)
+    fields = ["body", "orelse"] if isinstance(value, cst.IfExp) else []
+    fields += [f for f in ("left", "right") if scaled is not None and getattr(value, f) is scaled]
+    if fields:
+        parts = [_inline_kind(site, getattr(value, f), position) for f in fields]
+        layout = functools.reduce(Layout.join, parts)
         if layout is Layout.PER_DEVICE:
-            _put_once(program, value, [f for f in ("left", "right") if getattr(value, f) is scaled])
-        source = forms.replicated_source(scaled)
-        if (
-            layout is Layout.REPLICAS
-            and source is not None
-            and program.reasons.get(id(scaled)) == REPLICATED
-        ):
+            _put_once(program, value, fields)
+        replicas = scaled is not None and layout is Layout.REPLICAS
+        source = forms.replicated_source(scaled) if replicas else None  # type: ignore[arg-type]
+        if source is not None and program.reasons.get(id(scaled)) == REPLICATED:
             # `replicate(w8) * 0.1` computed on the jax array pmap's replication made, as before
             array = lambda: fill(REPLICA_ARRAY, {**program.context(), "x": source})
-            program.edit(scaled, REPLICATED_ARRAY, array)
-        return layout if layout in (Layout.PER_DEVICE, Layout.REPLICAS) else Layout.UNKNOWN
+            program.edit(scaled, REPLICATED_ARRAY, array)  # type: ignore[arg-type]
+        kept = scaled is None or layout in (Layout.PER_DEVICE, Layout.REPLICAS)
+        return layout if kept else Layout.UNKNOWN
     if (replicated := forms.replicated_source(value)) is not None:
         _replication(site, value, replicated, position)
         return Layout.REPLICAS
@@ -2334,27 +2332,15 @@ def _reshaped(flow: Flow, use: cst.Name, name: str) -> cst.Call | None:
 
 
 def _same_when_flat(flow: Flow, use: cst.Name) -> bool:
-    """`r.shape[-k]` or `r.shape[-k:]`: the same of the stacked and the flat `r` (its size is
-    not: on a job of several processes the flat `r` is global, its part this process's)."""
-    attribute = flow.parent.get(id(use))
-    if not isinstance(attribute, cst.Attribute) or attribute.value is not use:
-        return False
-    index = flow.parent.get(id(attribute))
-    if attribute.attr.value != "shape" or not isinstance(index, cst.Subscript):
-        return False
-    if index.value is not attribute or len(index.slice) != 1:
-        return False
-    part = index.slice[0].slice
-    if isinstance(part, cst.Slice):
-        ends = part.upper is None and part.step is None
-        return ends and part.lower is not None and _negative(part.lower)
-    return isinstance(part, cst.Index) and _negative(part.value)
-
-
-def _negative(node: cst.BaseExpression) -> bool:
-    """Return True for `-k`, a negative integer written out."""
-    holes = holes_of("-{k}", node)
-    return holes is not None and isinstance(holes["k"], cst.Integer)
+    """`r.shape[-k]` or `r.shape[-k:]`, `k` written out: the same of the stacked and the flat `r`
+    (its size is not: on a job of several processes the flat `r` is global, its part this
+    process's)."""
+    index = flow.parent.get(id(flow.parent.get(id(use))))
+    for text in ("{r}.shape[-{k}]", "{r}.shape[-{k}:]"):
+        holes = holes_of(text, index) if isinstance(index, cst.Subscript) else None
+        if holes is not None and holes["r"] is use and isinstance(holes["k"], cst.Integer):
+            return True
+    return False
 
 
 def _local_reshape(program: Program, call: cst.Call, name: str) -> cst.BaseExpression:
