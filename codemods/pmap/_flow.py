@@ -831,8 +831,8 @@ def _part_of(forms: Forms, value: cst.BaseExpression, depth: int = 0) -> _Pair |
     inner: list[cst.BaseExpression] = []
     if isinstance(value, cst.Call):
         args, func = value.args, forms.qualname(value.func)
-        if func in STACKS and len(args) == 1 and not args[0].keyword and not args[0].star:
-            inner.append(args[0].value)
+        if func in STACKS and (one := positional(value, 1)) is not None:
+            inner += one
         elif args and all(a.keyword is not None and not a.star for a in args):
             inner += [a.value for a in args]  # a class's fields, or a dict's
         helper = forms.defs.get(code(value.func))
@@ -1014,13 +1014,8 @@ def _derived_from(part: cst.BaseExpression, depth: int = 0) -> cst.Name | None:
         return _derived_from(part.value, depth + 1)
     if not isinstance(part, cst.Call) or any(a.star for a in part.args):
         return None
-    func = part.func
-    if (
-        isinstance(func, cst.Attribute)
-        and func.attr.value in ("pop", "get")
-        and len(part.args) == 1
-    ):
-        return _derived_from(func.value, depth + 1)
+    if (found := holes_of("{x}.pop({k})", part) or holes_of("{x}.get({k})", part)) is not None:
+        return _derived_from(found["x"], depth + 1)
     sources = [
         _derived_from(a.value, depth + 1)
         for a in part.args
@@ -1298,25 +1293,20 @@ def _generated_batches(site: _Site, position: int) -> bool:
     this process's part of a global batch. Record the edits and return True; else False."""
     program, flow, forms, calls = site
     values = [c.values[position] for c in calls]
-    args = [positional(v, 1) if isinstance(v, cst.Call) else None for v in values]
-    its = {single_name(a[0]) if a else None for a in args}
-    it = its.pop() if len(its) == 1 else None
-    if it is None or "next" in flow.stores or "next" in forms.defs:
+    found = [holes_of("next({it})", v) for v in values]
+    reads = [it for h in found if h is not None and isinstance(it := h["it"], cst.Name)]
+    if len(reads) != len(values) or "next" in flow.stores or "next" in forms.defs:
         return False
-    if any(single_name(v.func) != "next" for v in values):  # type: ignore[attr-defined]
+    binding = flow.only(reads[0].value)
+    made = binding.value if isinstance(binding, cst.Assign) else None
+    if any(flow.reach.of(r) != {binding} for r in reads) or not isinstance(made, cst.Call):
         return False
-    binding = flow.only(it)
-    if not isinstance(binding, cst.Assign) or not isinstance(binding.value, cst.Call):
-        return False
-    if any(flow.reach.of(a[0]) != {binding} for a in args if a):  # type: ignore[arg-type]
-        return False
-    if {id(use) for use in flow.loads.get(it, [])} != {id(a[0]) for a in args if a}:
+    if {id(use) for use in flow.loads.get(reads[0].value, [])} != {id(r) for r in reads}:
         return False  # `it` read other than by the step's `next(it)`
-    gen = single_name(binding.value.func)
-    generator = flow.only(gen)
+    generator = flow.only(single_name(made.func))
     if not isinstance(generator, cst.FunctionDef) or generator.decorators or generator.asynchronous:
         return False
-    if flow.loads.get(gen or "") != [binding.value.func]:
+    if flow.loads.get(generator.name.value) != [made.func]:
         return False  # called elsewhere too: those batches are not the step's
     if (edits := _yielded_splits(generator, flow, forms)) is None:
         return False
