@@ -479,12 +479,8 @@ def _identity_read(flow: Flow, use: cst.Name) -> bool:
     if isinstance(around, cst.ComparisonTarget):
         return isinstance(around.operator, (cst.Is, cst.IsNot))
     call = flow.parent.get(id(around)) if isinstance(around, cst.Arg) else None
-    return (
-        isinstance(call, cst.Call)
-        and isinstance(call.func, cst.Attribute)
-        and call.func.attr.value in ("add", "discard")
-        and positional(call, 1) is not None
-    )
+    spelled = ("{s}.add({x})", "{s}.discard({x})")
+    return isinstance(call, cst.Call) and any(holes_of(t, call) is not None for t in spelled)
 
 
 def unnamed_step(around: cst.CSTNode | None, host: str, parents: dict | None = None) -> NotVisible:
@@ -1371,9 +1367,7 @@ def _split_items(
 
 def value_of_name(binding: cst.CSTNode | None, name: str) -> cst.BaseExpression | None:
     """The value `name = value` binds, else None."""
-    if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
-        return None
-    return binding.value if single_name(binding.targets[0].target) == name else None
+    return binding.value if assigned_name(binding) == name else None  # type: ignore[union-attr]
 
 
 SPLIT_NAMED = f"{SPLIT_EDIT} deleted: the flat value goes into the batch sharded on the mesh"
