@@ -1316,15 +1316,11 @@ def _generated_batches(site: _Site, position: int) -> bool:
 
 def _yielded_splits(generator: cst.FunctionDef, flow: Flow, forms: Forms) -> list[_Pair] | None:
     """Return each split the generator's `yield`s give (the split, its flat source), else None."""
-    inner = Flow(generator)
+    inner = Flow(generator, outer=flow)  # the count of devices may be the function's
     yields = list(nodes_in(generator.body, cst.Yield, SCOPES))  # not of its defs, lambdas
     if not yields or any(not isinstance(y.value, cst.BaseExpression) for y in yields):
         return None  # a bare `yield`, or `yield from`
-
-    def counts(node: cst.BaseExpression) -> bool:
-        name = single_name(node)
-        own = name is None or name in inner.stores
-        return is_device_count(node, inner if own else flow, forms.qualname)
+    counts = lambda node: is_device_count(node, inner, forms.qualname)
 
     def value_of(name: cst.Name) -> cst.BaseExpression | None:  # the one value reaching it
         found = inner.reach.of(name)
@@ -1333,13 +1329,11 @@ def _yielded_splits(generator: cst.FunctionDef, flow: Flow, forms: Forms) -> lis
     splits = Forms(forms.qualname, counts, forms.defs, values=value_of)
     items: list[cst.BaseExpression] = []
     for y in yields:
-        assert isinstance(y.value, cst.BaseExpression)
-        items += (
-            [e.value for e in y.value.elements] if isinstance(y.value, cst.Tuple) else [y.value]
-        )
-    return _split_items(
-        inner, splits, items, {id(n) for y in yields for n in nodes_in(y, cst.Name)}
-    )
+        value = y.value
+        assert isinstance(value, cst.BaseExpression)
+        items += [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+    inside = {id(n) for y in yields for n in nodes_in(y, cst.Name)}
+    return _split_items(inner, splits, items, inside)
 
 
 def _split_items(
