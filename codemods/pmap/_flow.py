@@ -108,7 +108,7 @@ def analyze(
     """Return the program of a step made by `statement` in `host`; raise NotVisible for why not.
     `local`: the def of `host` itself, or the lambda, that `body` is (its inside is the body's,
     not the host's flow). `made`: `factory(...)`, when `statement` is `step = factory(...)` and
-    a def of the module returns `pmap` (`_survey._factory_program`).
+    a def of the module returns `pmap` (`_survey._program`, at the function calling the factory).
 
     `siblings` are the other steps the function makes: results fed from one to another are
     replicated on both sides (each side checks its own: a result differing between devices is
