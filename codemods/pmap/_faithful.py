@@ -483,43 +483,36 @@ class Faithful(Finding):
         or more than the calls pass by position, the rest by keyword (pmap maps keyword
         arguments, so `in_specs` is per position: sized by the def, a call passing `x=` fails).
         The calls must pass every static argument, and fill every parameter without a default.
-        Or, the function mapped being no def of the module (`step = get_train_step(...)`), the
-        arity the calls of `step = jax.pmap(...)` in the function making it agree on."""
-        fn, module = site.mapped, site.ancestors[0]
-        if isinstance(site.node, cst.Call) and known is None:
-            return self._step_calls_arity(site, statics)
-        if not isinstance(site.node, cst.Decorator) or not isinstance(module, cst.Module):
+        Or, the function mapped being no def of the module, the arity of `step = jax.pmap(...)`,
+        a statement of a function read only by calls there passing every argument by position
+        (scenic's `jax.pmap(train_step, static_broadcasted_argnums=(2,))` of a made
+        `train_step`)."""
+        fn, assign = site.mapped, site.ancestors[-2] if len(site.ancestors) > 1 else None
+        positional: tuple[cst.Param, ...] | None = None  # a step's: not known
+        if isinstance(site.node, cst.Call):
+            if known is not None or assigned_name(assign) is None:
+                return None
+            target = cst.ensure_type(assign, cst.Assign).targets[0].target
+            scope, name, method = site.around, cst.ensure_type(target, cst.Name), False
+            if not isinstance(scope, cst.FunctionDef):
+                return None
+        elif isinstance(fn, cst.FunctionDef) and not isinstance(fn.params.star_arg, cst.Param):
+            method = any(isinstance(a, cst.ClassDef) and fn in a.body.body for a in site.ancestors)
+            if not method and elsewhere(fn.name.value, self.state.outside, self.survey.strings):
+                return None  # called by other modules too: how many arguments they pass is not seen
+            scope, name = site.ancestors[0], fn.name
+            positional = (*fn.params.posonly_params, *fn.params.params)
+        else:
             return None
-        if not isinstance(fn, cst.FunctionDef) or isinstance(fn.params.star_arg, cst.Param):
-            return None
-        method = any(isinstance(a, cst.ClassDef) and fn in a.body.body for a in site.ancestors)
-        if not method and elsewhere(fn.name.value, self.state.outside, self.survey.strings):
-            return None  # called by other modules too: how many arguments they pass is not seen
-        count, keywords = arity_of_calls(module, fn.name, method) or (None, set[str]())
-        positional = (*fn.params.posonly_params, *fn.params.params)
+        count, keywords = arity_of_calls(scope, name, method) or (0, set[str]())
+        if positional is None:
+            return count if count > max(statics) and not keywords else None
         filled = all(
-            p.default or i < (count or 0) or p.name.value in keywords
-            for i, p in enumerate(positional)
+            p.default or i < count or p.name.value in keywords for i, p in enumerate(positional)
         )
-        if count is None or count == known or not filled:
-            return None
-        return count if max(statics) < count <= len(positional) else None
-
-    @staticmethod
-    def _step_calls_arity(site: PmapUse, statics: Sequence[int]) -> int | None:
-        """How many arguments every call passes of `step = jax.pmap(f, ...)`, a statement of a
-        function read only by calls there passing them all by position (scenic's
-        `jax.pmap(train_step, static_broadcasted_argnums=(2,))` of a made `train_step`)."""
-        assign = site.ancestors[-2] if len(site.ancestors) > 1 else None
-        host = site.around
-        if assigned_name(assign) is None or not isinstance(host, cst.FunctionDef):
-            return None
-        assert isinstance(assign, cst.Assign)
-        name = cst.ensure_type(assign.targets[0].target, cst.Name)
-        found = arity_of_calls(host, name, method=False)
-        if found is None or found[1] or found[0] <= max(statics):
-            return None
-        return found[0]
+        return (
+            count if filled and count != known and max(statics) < count <= len(positional) else None
+        )
 
     def _partial_arity(self, fun: cst.BaseExpression, statics: Sequence[int]) -> int | None:
         """The positional arity of `functools.partial(f, k=v, ...)`, `f` a def of the module:
