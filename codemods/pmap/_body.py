@@ -27,6 +27,7 @@ from ._declines import Decline, NotVisible
 from ._forms import Qualname, single_name, target_names
 from ._imported import NO_IMPORTS, Function, Imported
 from ._layout import TREE_MAPS
+from ._passon import parameter_for
 from ._reach import (
     SCOPES,
     Comprehension,
@@ -338,7 +339,7 @@ class _Reader:
             ):
                 # `def fill(d, v): d["a"] = v`: what is passed
                 if call is not None:
-                    owners |= passed_into(call.args, fn, stored & params)
+                    owners |= passed_into(call, fn, stored & params)
                 elif stored & params:
                     owners |= set().union(*(aliased(a.value) for a in args))
                 varying = self.changed(owners, varying)
@@ -678,32 +679,21 @@ class _Reader:
     def _filled(self, function: Function, call: cst.Call, varying: Varying) -> set[str] | None:
         """The parameters of the def `call` fills with something that differs between devices
         (`*args`, `**kwargs` and a `**mapping` passed included), else None when how the call
-        fills them is not plainly visible."""
+        fills them is not plainly visible (`_passon.parameter_for`)."""
         params = function.fn.params
         if params.posonly_params:
             return None
-        plain = function.params
-        star = params.star_arg.name.value if isinstance(params.star_arg, cst.Param) else None
-        kwargs = params.star_kwarg.name.value if params.star_kwarg is not None else None
-        named = set(plain) | {p.name.value for p in params.kwonly_params}
+        kwargs = [params.star_kwarg.name.value] if params.star_kwarg is not None else []
+        by_position = sum(a.keyword is None and not a.star for a in call.args)
+        unfilled = [*function.params[by_position:], *(p.name.value for p in params.kwonly_params)]
         mapped: set[str] = set()
-        position = 0
         for arg in call.args:
             varies = self.varies(arg.value, varying)
-            if arg.star == "*":
-                return None  # which parameters it fills is not visible
             if arg.star == "**":  # `**config.mixup`: any keyword parameter, or `**kwargs`
-                if varies:
-                    mapped |= (named - set(plain[:position])) | ({kwargs} if kwargs else set())
-                continue
-            if arg.keyword is None:
-                param = plain[position] if position < len(plain) else star
-                position += 1
-            else:
-                param = arg.keyword.value if arg.keyword.value in named else kwargs
-            if param is None:
+                mapped |= set(unfilled + kwargs) if varies else set()
+            elif (param := parameter_for(function.fn, call, arg, function.bound)) is None:
                 return None
-            if varies:
+            elif varies:
                 mapped.add(param)
         return mapped
 
@@ -803,7 +793,7 @@ def stored_into(
         if isinstance(node.func, cst.Name) and (helper := defs.get(node.func.value)) is not None:
             into = {p.name.value for p in params_of(helper.params)}
             into = into if helper in seen else stored_into(helper, defs, seen) & into
-            stored |= passed_into(node.args, helper, into)
+            stored |= passed_into(node, helper, into)
     # `m = metrics; m[k] = v`: what its own names may hold, by any of its names
     classes = alias_classes(fn, own_only=False)
     stored = stored.union(*(classes.get(n, set()) for n in stored))
@@ -811,20 +801,20 @@ def stored_into(
     return stored - own
 
 
-def passed_into(args: Sequence[cst.Arg], fn: cst.FunctionDef, params: set[str]) -> set[str]:
-    """The names of what `args`, a call's, pass to the parameters `params` of `fn`: by position
+def passed_into(call: cst.Call, fn: cst.FunctionDef, params: set[str]) -> set[str]:
+    """The names of what `call`'s arguments pass to the parameters `params` of `fn`: by position
     or keyword; all of them when a star, or an argument `fn` has no parameter of its own for,
-    hides which."""
+    hides which (`_passon.parameter_for`)."""
     if not params:
         return set()
-    positional = [p.name.value for p in (*fn.params.posonly_params, *fn.params.params)]
-    keywords = {p.name.value for p in params_of(fn.params)[len(fn.params.posonly_params) :]}
+    rest = {
+        p.name.value for p in (fn.params.star_arg, fn.params.star_kwarg) if isinstance(p, cst.Param)
+    }
     found: set[str] = set()
-    for i, arg in enumerate(args):
-        name = arg.keyword.value if arg.keyword is not None else None
-        if arg.star or name is None and i >= len(positional) or name and name not in keywords:
-            return set().union(*(aliased(a.value) for a in args))
-        if (name or positional[i]) in params:
+    for arg in call.args:
+        if (name := parameter_for(fn, call, arg)) is None or name in rest:
+            return set().union(*(aliased(a.value) for a in call.args))
+        if name in params:
             found |= aliased(arg.value)
     return found
 
