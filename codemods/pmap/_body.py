@@ -13,9 +13,10 @@ statement the analysis does not model raises NotVisible (the faithful form is ke
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from functools import partial
+from typing import Any, TypeAlias, TypeVar, cast
 
 import libcst as cst
 
@@ -50,6 +51,7 @@ Defs = Mapping[str, cst.FunctionDef]
 # unpacks (`return loss, (new_state, logits)`): a bool, or a tuple of them
 Tree: TypeAlias = "bool | tuple[Tree, ...]"
 Varying: TypeAlias = frozenset[str] | set[str]  # the names that may differ between devices
+T = TypeVar("T")
 STATISTICS = "batch_stats"  # the collection flax's `BatchNorm` updates in training
 APPLIES = frozenset({"apply", "apply_fn"})  # flax's `model.apply`, `TrainState.apply_fn`
 TRACED = frozenset({"shape", "ndim", "dtype", "size", "itemsize"})  # one trace: the same everywhere
@@ -325,7 +327,8 @@ class _Reader:
                 stored = stored_into(nested, {**self.defs, **self.closures})
                 owners = stored & self.local - params
             else:
-                stored, owners = set(stored_by_helper(fn, self.defs)), set()
+                stored = set(_once(self.defs, fn, partial(stored_into, fn, self.defs)))
+                owners = set()
             if not owners and not stored & params:
                 continue
             call = next((c for c in calls if c.func is ref), None)
@@ -719,17 +722,10 @@ class _Reader:
         )
 
     def _calls_per_device(self, call: cst.Call) -> bool:
-        """A call of a module function that uses a per-device collective (at any depth),
-        answered once per def of the module (`_PER_DEVICE`)."""
+        """A call of a module function that uses a per-device collective (at any depth)."""
         if not isinstance(call.func, cst.Name) or (name := call.func.value) not in self.defs:
             return False
-        last = _PER_DEVICE[0] if _PER_DEVICE else None
-        if last is None or last[0] is not self.defs or last[1] != self.qualname:
-            _PER_DEVICE[:] = [(self.defs, self.qualname, {})]
-        known = _PER_DEVICE[0][2]
-        if name not in known:
-            known[name] = self._reaches_per_device(name)
-        return known[name]
+        return _once(self.defs, (self.qualname, name), lambda: self._reaches_per_device(name))
 
     def _reaches_per_device(self, name: str) -> bool:
         """Whether the def `name` or a def it calls (at any depth) uses a per-device collective."""
@@ -747,11 +743,19 @@ class _Reader:
         return False
 
 
-# `_Reader._calls_per_device`'s answers for the module (its defs and names) asked last.
-_PER_DEVICE: list[tuple[Defs, Qualname, dict[str, bool]]] = []
-# `stored_by_helper`'s answers for the module whose defs were asked last (the body and every
-# helper it follows ask of each call they hold, again for each layout of the arguments).
-_STORED: list[tuple[Defs, dict[cst.FunctionDef, frozenset[str]]]] = []
+# The answers of `_once` for the module whose defs were asked last (the body and every helper it
+# follows ask of each call they hold, again for each layout of the arguments).
+_ANSWERS: list[tuple[Defs, dict[Hashable, Any]]] = []
+
+
+def _once(defs: Defs, question: Hashable, answer: Callable[[], T]) -> T:
+    """`answer()` to `question` about the module whose defs are `defs`, answered once."""
+    if not _ANSWERS or _ANSWERS[0][0] is not defs:
+        _ANSWERS[:] = [(defs, {})]
+    known = _ANSWERS[0][1]
+    if question not in known:
+        known[question] = answer()
+    return cast(T, known[question])
 
 
 def aliased(node: cst.BaseExpression) -> set[str]:
@@ -846,16 +850,6 @@ def alias_classes(body: cst.FunctionDef, own_only: bool = True) -> dict[str, set
             merged = set(names).union(*(classes.get(n, set()) for n in names))
             classes.update(dict.fromkeys(merged, merged))
     return classes
-
-
-def stored_by_helper(helper: cst.FunctionDef, defs: Defs) -> frozenset[str]:
-    """`stored_into(helper, defs)`, answered once per helper of the module `defs` holds."""
-    if not _STORED or _STORED[0][0] is not defs:
-        _STORED[:] = [(defs, {})]
-    known = _STORED[0][1]
-    if helper not in known:
-        known[helper] = frozenset(stored_into(helper, defs))
-    return known[helper]
 
 
 def _flat(tree: Tree) -> bool:
