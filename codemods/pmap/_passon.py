@@ -36,7 +36,7 @@ from ._declines import Decline, NotVisible
 from ._forms import Forms, base_of, bound_arguments, readback_around, single_name
 from ._layout import DONATED_COPY, fill
 from ._program import Program
-from ._reach import ENTRY, Flow, nodes_in
+from ._reach import ENTRY, Flow, assigned_name, nodes_in
 from ._specs import Untranslatable, argnums
 
 
@@ -246,9 +246,7 @@ def sequence_bound(flow: Flow, forms: Forms, name: str, seen: tuple[str, ...] = 
     `[(w, b), ...]`), a replication of one, or a name so bound: `name[0]` reads its first item
     (over the devices, under pmap), not device 0's copy."""
     for binding in flow.stores.get(name, []):
-        if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
-            continue
-        if single_name(binding.targets[0].target) != name:
+        if not isinstance(binding, cst.Assign) or assigned_name(binding) != name:
             continue
         value = forms.replicated_source(binding.value) or binding.value
         if isinstance(value, SEQUENCES) or _returns_sequence(forms, value):
