@@ -564,24 +564,16 @@ class _Reader:
         if fn.name.value in self.inside:
             return None
         defs = {k: v for k, v in self.defs.items() if k not in self.local}
-        mapped = self._filled(Function(fn, False, self.qualname, defs), call, varying)
-        if mapped is None:
+        function = Function(fn, False, self.qualname, defs)
+        if (mapped := self._filled(function, call, varying)) is None:
             return None
         start = mapped | (self.ever - {p.name.value for p in params_of(fn.params)})
         key_of = (id(fn), frozenset(start))
         if key_of not in self.closure_trees:
-            self.closure_trees[key_of] = self._closure_read(fn, defs, start)
+            reader = self._read(function, start, nested=True)
+            trees = [reader.tree(value, inner) for value, inner in reader.returns] if reader else []
+            self.closure_trees[key_of] = _joined(*trees) if trees else None
         return self.closure_trees[key_of]
-
-    def _closure_read(self, fn: cst.FunctionDef, defs: Defs, start: set[str]) -> Tree | None:
-        reader = self._inner(fn, self.qualname, defs, start)
-        reader.closures, reader.spellings = dict(self.closures), self.spellings
-        try:
-            _run(reader, fn, start)
-        except NotVisible:
-            return None
-        trees = [reader.tree(value, inner) for value, inner in reader.returns]
-        return _joined(*trees) if trees else None
 
     def _comprehension_varies(self, node: Comprehension, varying: Varying) -> bool:
         """`[lax.psum(g, axis) for g in grads]`: the elements are the same on every device when
@@ -658,25 +650,27 @@ class _Reader:
         return None if found is None else list(found)
 
     def _helper_read(self, function: Function, mapped: set[str]) -> tuple[bool, ...] | None:
-        # A default is read where the def is made, at module level: the same on every device.
-        reader = self._inner(function.fn, function.qualname, function.defs, mapped)
-        reader.spellings = self.spellings if function.defs is self.defs else frozenset()
+        reader = self._read(function, mapped)
         try:
-            _run(reader, function.fn, mapped)
-            _, flags = _results(reader)
+            return None if reader is None else tuple(_results(reader)[1])
         except NotVisible:
             return None
-        return tuple(flags)
 
-    def _inner(
-        self, fn: cst.FunctionDef, qualname: Qualname, defs: Defs, start: set[str]
-    ) -> _Reader:
-        """Return a reader of `fn`, a def this one follows (`start`: the names differing as it is
-        called), told what this one was told and sharing what it finds (`assumed`, `helpers`)."""
-        reader = _Reader(self.axis, qualname, defs, set(start))
-        reader.inside, reader.imported = self.inside | {fn.name.value}, self.imported
+    def _read(self, function: Function, start: set[str], nested: bool = False) -> _Reader | None:
+        """A reader of `function`'s def, which this one follows (`start`: the names differing as
+        it is called; `nested`: a def of the body, seeing the body's defs), told what this one
+        was told and sharing what it finds (`assumed`, `helpers`), once run; None where it is
+        not read. A default is read where the def is made, at module level: the same on every
+        device."""
+        reader = _Reader(self.axis, function.qualname, function.defs, set(start))
+        reader.inside, reader.imported = self.inside | {function.fn.name.value}, self.imported
         reader.norm_axes, reader.assumed = self.norm_axes, self.assumed
-        reader.helpers = self.helpers
+        reader.helpers, reader.closures = self.helpers, dict(self.closures) if nested else {}
+        reader.spellings = self.spellings if nested or function.defs is self.defs else frozenset()
+        try:
+            _run(reader, function.fn, start)
+        except NotVisible:
+            return None
         return reader
 
     def _filled(self, function: Function, call: cst.Call, varying: Varying) -> set[str] | None:
