@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar, get_args
 
@@ -38,12 +37,6 @@ MARK = "\0mark"  # bound by the statements `Reach` is given as `marks`: they may
 Bindings = frozenset[cst.CSTNode]
 Env = dict[str, Bindings]
 Comprehension = cst.ListComp | cst.SetComp | cst.GeneratorExp | cst.DictComp
-
-
-@dataclass
-class _Loop:
-    exits: list[Env] = field(default_factory=list)  # environments at its `break`s
-    heads: list[Env] = field(default_factory=list)  # environments at its `continue`s
 
 
 def _join(*envs: Env | None) -> Env | None:
@@ -70,12 +63,11 @@ class Reach:
         self._before: dict[int, Env] = {}  # by id of a statement: what reaches its start
         self._nested: list[cst.Name] = []  # reads inside nested defs and lambdas
         self._all: dict[str, set[cst.CSTNode]] = {}  # every binding of each name
-        self._loops: list[_Loop] = []
+        self._loops: list[tuple[list[Env], list[Env]]] = []  # each one's `break`s, `continue`s
         self._tries: list[list[Env]] = []  # the environments seen in each enclosing `try` body
         self._defs: list[cst.FunctionDef] = []  # the nested defs made in the function
-        self._calls: dict[str, list[Env]] = {}  # by name called: what reaches each call
+        self._calls: dict[str, dict[int, Env]] = {}  # by name called: what reaches each call
         self._own: dict[str, set[int]] = {}  # the reads of each name in the function's blocks
-        self._called: dict[str, set[int]] = {}  # those that are a call's function
         self._fields: set[int] = set()  # names no read: `x.attr`'s, `f(keyword=...)`'s
         self._body(statements(block), {})
         refined = self._closures()
@@ -171,8 +163,9 @@ class Reach:
             self._reads(node.iter, env if env is not None else {})
         head = env
         while True:
-            frame = _Loop()
-            self._loops.append(frame)
+            exits: list[Env] = []  # the environments at its `break`s
+            heads: list[Env] = []  # at its `continue`s
+            self._loops.append((exits, heads))
             entered: Env | None = None
             if head is not None:
                 entered = dict(head)
@@ -183,14 +176,13 @@ class Reach:
                     self._reads(node.test, head)
             end = self._body(statements(node.body), entered)
             self._loops.pop()
-            again = _join(head, end, *frame.heads)
+            again = _join(head, end, *heads)
             if again == head:
                 break
             head = again
-        test = node.test if isinstance(node, cst.While) else None
-        forever = isinstance(test, cst.Name) and test.value == "True"
+        forever = isinstance(node, cst.While) and dotted(node.test) == "True"
         done = self._body(else_of(node), None if forever else head)
-        return _join(done, *frame.exits)
+        return _join(done, *exits)
 
     def _try(self, node: cst.Try, env: Env | None) -> Env | None:
         seen: list[Env] = []
@@ -235,8 +227,8 @@ class Reach:
             return None
         elif isinstance(node, (cst.Break, cst.Continue)):
             if self._loops:
-                frame = self._loops[-1]
-                (frame.exits if isinstance(node, cst.Break) else frame.heads).append(out)
+                exits, heads = self._loops[-1]
+                (exits if isinstance(node, cst.Break) else heads).append(out)
             return None
         return self._walruses(node, out)
 
@@ -265,17 +257,16 @@ class Reach:
         inner = {n.value for n in self._nested if id(n) not in self._fields}
         for fn in self._defs:
             name = fn.name.value
-            own, called = self._own.get(name, set()), self._called.get(name, set())
-            if len(self._all.get(name, ())) != 1 or not own or own != called or name in inner:
+            own, calls = self._own.get(name, set()), self._calls.get(name, {})
+            if len(self._all.get(name, ())) != 1 or not own or own != set(calls) or name in inner:
                 continue
             if not all(_traced_later(d.decorator) for d in fn.decorators) or fn.asynchronous:
                 continue  # a decorator may call it anywhere; a coroutine runs when awaited
             if any(True for _ in nodes_in(fn.body, cst.Yield, SCOPES)):
                 continue  # a generator runs when iterated
-            envs = self._calls.get(name, [])
             for read in nodes_in(fn.body, cst.Name, SCOPES):
                 refined[id(read)] = frozenset().union(
-                    *(env.get(read.value, frozenset({ENTRY})) for env in envs)
+                    *(env.get(read.value, frozenset({ENTRY})) for env in calls.values())
                 )
         return refined
 
@@ -322,8 +313,7 @@ class Reach:
             self._fields.add(id(node.keyword))
         elif isinstance(node, cst.Call):
             if isinstance(node.func, cst.Name) and node.func.value not in local:
-                self._called.setdefault(node.func.value, set()).add(id(node.func))
-                self._calls.setdefault(node.func.value, []).append(env)
+                self._calls.setdefault(node.func.value, {})[id(node.func)] = env
             if dotted(node.func) in TREE_MAPS:
                 self._mapped(node, env, local)
                 return
@@ -576,11 +566,8 @@ class Flow:
         """`names` and the names bound in the function to one of them or they to it (`host =
         w`, anywhere in it): the same object, changed in place through either."""
         bound = [b for found in self.stores.values() for b in found if isinstance(b, cst.Assign)]
-        pairs = [
-            {target, b.value.value}
-            for b in bound
-            if (target := assigned_name(b)) and isinstance(b.value, cst.Name)
-        ]
+        values = [(assigned_name(b), b.value) for b in bound]  # `target = value`
+        pairs = [{target, v.value} for target, v in values if target and isinstance(v, cst.Name)]
         found = set(names)
         while grown := {n for pair in pairs if pair & found for n in pair} - found:
             found |= grown
@@ -603,8 +590,7 @@ class Flow:
 
     def value(self, name: str | None) -> cst.BaseExpression | None:
         """The value of `name = value` when that is `name`'s one binding, else None."""
-        only = self.only(name)
-        return only.value if isinstance(only, cst.Assign) else None
+        return only.value if isinstance(only := self.only(name), cst.Assign) else None
 
     def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         """The nodes around `node`, innermost first."""
