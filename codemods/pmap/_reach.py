@@ -624,25 +624,25 @@ class Flow:
 def read_names(node: cst.FunctionDef | cst.Module) -> Counter[str]:
     """How often each name is read in `node` (as the scope model reads: not a name a binding,
     an attribute or a keyword writes)."""
-    module = node if isinstance(node, cst.Module) else cst.Module([node])
-    model = ScopeModel(module)
-    return Counter(n.value for n in nodes_in(module, cst.Name) if model.is_read(n))
+    return Counter(name.value for name in _reads(node)[1])
 
 
 def free_names(node: cst.FunctionDef | cst.ClassDef | cst.BaseExpression) -> set[str]:
     """The names `node` (a def, a class, an expression) reads and does not bind itself (not
     the parameters of a lambda in it)."""
-    statement = node if isinstance(node, cst.BaseCompoundStatement) else _statement(node)
-    model = ScopeModel(cst.Module([statement]))
-    found = set()
-    for name in nodes_in(node, cst.Name):
-        if model.is_read(name) and model.scope_of(name).lookup(name.value) is None:
-            found.add(name.value)
-    return found
+    model, reads = _reads(node)
+    return {name.value for name in reads if model.scope_of(name).lookup(name.value) is None}
 
 
-def _statement(node: cst.BaseExpression) -> cst.SimpleStatementLine:
-    return cst.SimpleStatementLine([cst.Expr(node)])
+def _reads(
+    node: cst.Module | cst.BaseCompoundStatement | cst.BaseExpression,
+) -> tuple[ScopeModel, list[cst.Name]]:
+    """The scope model of `node` (a module, a def, a class, an expression) and the names it
+    reads, in text order."""
+    if isinstance(node, cst.BaseExpression):
+        return _reads(cst.Module([cst.SimpleStatementLine([cst.Expr(node)])]))
+    model = ScopeModel(node if isinstance(node, cst.Module) else cst.Module([node]))
+    return model, [name for name in nodes_in(node, cst.Name) if model.is_read(name)]
 
 
 def _traced_later(decorator: cst.BaseExpression) -> bool:
