@@ -84,25 +84,21 @@ class Imported:
         module's level (ferminet's `constants.PMAP_AXIS_NAME = "qmc_pmap_axis"`), spelled as
         `names`' module reaches it: `constants.PMAP_AXIS_NAME` after `from ferminet import
         constants`, `ferminet.constants.PMAP_AXIS_NAME` after `import ferminet.constants`,
-        `PMAP_AXIS_NAME` after `from ferminet.constants import PMAP_AXIS_NAME`; else None.
-        Only that module is parsed."""
+        `PMAP_AXIS_NAME` after `from ferminet.constants import PMAP_AXIS_NAME`, when that module
+        binds it once, at its level, to a string literal; else None. Only that module is
+        parsed."""
         head, *rest = spelled.split(".")
         bindings = names.module_scope.bindings.get(head, [])
         qualname = bindings[0].qualname if len(bindings) == 1 else None
         if qualname is None or bindings[0].kind is not BindingKind.IMPORT:
             return None
         module, _, name = ".".join([qualname, *rest]).rpartition(".")
-        return self._strings(module).get(name) if module in self.texts else None
-
-    def _strings(self, module: str) -> dict[str, str]:
-        """The names `module` binds once, at its level, to a string literal."""
-        names = self._parsed(module)
-        found: dict[str, str] = {}
-        for name, bindings in names.module_scope.bindings.items() if names is not None else ():
-            value = bindings[0].value if len(bindings) == 1 and bindings[0].plain else None
-            if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
-                found[name] = value.evaluated_value
-        return found
+        other = self.scope(module)
+        bindings = other.module_scope.bindings.get(name, []) if other is not None else []
+        value = bindings[0].value if len(bindings) == 1 and bindings[0].plain else None
+        if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
+            return value.evaluated_value
+        return None
 
     def _module_of(self, qualname: str | None) -> tuple[ScopeModel, list[str]] | None:
         """The module of the longest prefix of `qualname` that is one, and the rest."""
