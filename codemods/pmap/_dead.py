@@ -88,20 +88,13 @@ def left_unread(
 
 def drop_dead_helpers(original: cst.Module, updated: cst.Module, qualname: Qualname) -> cst.Module:
     """Return `updated` without the private helpers the rewrite left unread."""
-    helpers = {
-        d.name.value
-        for d in original.body
-        if isinstance(d, cst.FunctionDef)
-        and d.name.value.startswith("_")
-        and not d.name.value.startswith("__")
-        and summarize(d, qualname) is not None
-    }
+    defs = [d for d in original.body if isinstance(d, cst.FunctionDef)]
+    private = [d for d in defs if d.name.value.startswith("_") and d.name.value[:2] != "__"]
+    helpers = {d.name.value for d in private if summarize(d, qualname) is not None}
     if not helpers:
         return updated
     before, after = read_names(original), read_names(updated)
     dead = {name for name in helpers if before[name] and not after[name]}
-    if not dead:
-        return updated
     kept = [
         s for s in updated.body if not (isinstance(s, cst.FunctionDef) and s.name.value in dead)
     ]
