@@ -150,14 +150,10 @@ def claimed(
     of `step` (taken for the step's result while the callee's arguments are laid out, checked
     once its results are followed: `carried_back`); `returned`: what its `return`s return
     (`returned_results`)."""
-    bound = {  # the names statements `a, b = step(...)` of `callee` bind
-        n
-        for line in nodes_in(callee.body, cst.SimpleStatementLine, SCOPES)
-        for small in line.body
-        if m.matches(small, m.Assign(value=m.Call(func=m.Name(step))))
-        for t in small.targets  # type: ignore[attr-defined]
-        for n in target_names(t.target)
-    }
+    lines = nodes_in(callee.body, cst.SimpleStatementLine, SCOPES)
+    assigns = [s for line in lines for s in line.body if isinstance(s, cst.Assign)]
+    calls = [a for a in assigns if m.matches(a.value, m.Call(func=m.Name(step)))]
+    bound = {n for a in calls for t in a.targets for n in target_names(t.target)}  # `a, b = step()`
     if not returned or not isinstance(statement, cst.Assign) or statement.value is not call:
         return {}
     if len(statement.targets) != 1:
@@ -305,9 +301,8 @@ def follow_passed(
         how = "called in the nested function" if nested else "passed to"
         text = f"`{step}` is {how} `{callee.name.value}`, where {deeper.why}"
         raise NotVisible(text, deeper.code) from None
-    caller.batches, caller.outputs, caller.varying = inner.batches, inner.outputs, inner.varying
-    caller.fixed, caller.statics, caller.squeezed = inner.fixed, inner.statics, inner.squeezed
-    caller.params, caller.keywords = inner.params, inner.keywords
+    caller.batches, caller.fixed, caller.statics = inner.batches, inner.fixed, inner.statics
+    caller.squeezed, caller.params, caller.keywords = inner.squeezed, inner.params, inner.keywords
     caller.callees = [inner, *caller.callees]
     if caller.squeezed or caller.keywords:
         _check_lambda(caller, flow, [call])
