@@ -67,11 +67,9 @@ def stored_on_self(
         me = _self(method)
         if me is None or method is maker:
             continue
-        reads = [  # `self.<attr>`, outside nested defs and classes (their `self` is another)
-            a
-            for a in nodes_in(method.body, cst.Attribute, (cst.FunctionDef, cst.ClassDef))
-            if single_name(a.value) == me and a.attr.value == attr
-        ]
+        # `self.<attr>`, outside nested defs and classes (their `self` is another)
+        found = nodes_in(method.body, cst.Attribute, (cst.FunctionDef, cst.ClassDef))
+        reads = [a for a in found if single_name(a.value) == me and a.attr.value == attr]
         if not reads:
             continue  # does not read `self.<attr>`
         callers.append(f"`{klass.name.value}.{method.name.value}`")
@@ -263,12 +261,8 @@ def _returns_def(
         name, defs = func.attr.value, klass.body.body
     else:
         return False
-    factory = next(
-        (d for d in defs if isinstance(d, cst.FunctionDef) and d.name.value == name), None
-    )
-    if factory is None:
-        return False
-    lines = factory.body.body  # a def on its `def` line: no def in it
+    factories = [d for d in defs if isinstance(d, cst.FunctionDef) and d.name.value == name]
+    lines = factories[0].body.body if factories else ()  # a def on its `def` line: no def in it
     made = [d.name.value for d in lines if isinstance(d, cst.FunctionDef) and node in d.decorators]
     return bool(made) and m.matches(lines[-1], m.SimpleStatementLine([m.Return(m.Name(made[0]))]))
 
