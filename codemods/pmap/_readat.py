@@ -57,12 +57,9 @@ def not_read_back(flow: Flow, call: cst.Call, step: str) -> NotVisible:
         return NotVisible(why, Decline.RESULTS_UNNAMED)
     readers = (a for a in flow.ancestors(call) if isinstance(a, (cst.Call, cst.BaseSmallStatement)))
     reader = next(readers, None)  # AlgoPerf: `state.copy({"k": step(x)})`
+    where = "by `return`" if isinstance(reader, cst.Return) else "in an expression"
     if isinstance(reader, cst.Call):
         where = f"in `{short(reader.func)}(...)`"
-    elif isinstance(reader, cst.Return):
-        where = "by `return`"
-    else:
-        where = "in an expression"
     why = (
         f"the result of `{step}(...)` is read {where} with its device axis, not as device 0's "
         "copy (`[0]`, `unreplicate`)"
