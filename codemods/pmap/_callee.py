@@ -186,10 +186,8 @@ def carried_back(
     (`state, metrics = callee(...)`), each is the step's result, followed there (fed back to
     the callee, its readbacks deleted). Raise PL401 when an index holds such a value on some
     paths only, or the caller binds it otherwise, or does not take it for what it is."""
-    if not inner.carried_out:
-        return
-    if isinstance(statement, cst.Expr) and statement.value is call:
-        return  # the result is not read
+    if not inner.carried_out or (isinstance(statement, cst.Expr) and statement.value is call):
+        return  # none returned, or the result not read
     returned_items, whole = returned
     name = single_name(call.func)
     results: dict[str, int] = {}

@@ -576,11 +576,10 @@ class Flow:
     def free(self, name: str) -> Flow | None:
         """The flow of the enclosing function binding `name` when `host` reads it freely (it
         neither binds it nor takes it as a parameter, nor declares it `global`), else None."""
-        host = self.host
         own = name in self.stores or name in self.params
-        if self.outer is None or own or not isinstance(host, cst.FunctionDef):
+        if self.outer is None or own or not isinstance(self.host, cst.FunctionDef):
             return None
-        declared = (n.name.value for g in nodes_in(host, cst.Global) for n in g.names)
+        declared = (n.name.value for g in nodes_in(self.host, cst.Global) for n in g.names)
         return None if name in set(declared) or name not in self.outer.stores else self.outer
 
     def only(self, name: str | None) -> cst.CSTNode | None:

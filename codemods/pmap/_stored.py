@@ -276,7 +276,7 @@ def stored_reads(
     assert isinstance(target, cst.Attribute)
     attr = target.attr.value
     if _self(maker) != code(target.value):
-        raise NotVisible(unnamed_step(assign, maker.name.value).why, Decline.NOT_NAMED)
+        raise unnamed_step(assign, maker.name.value)
     readers: list[tuple[cst.FunctionDef, list[cst.Attribute]]] = []
     for method in (d for d in klass.body.body if isinstance(d, cst.FunctionDef)):
         me = _self(method)
