@@ -59,12 +59,9 @@ def left_unread(
             assert isinstance(statement, (cst.FunctionDef, cst.SimpleStatementLine))
             candidates[name] = statement
     found: dict[str, Unread] = {}
-    grew = True
-    while grew:
-        grew = False
-        for name, statement in candidates.items():
-            if name in found:
-                continue
+    while True:  # until a pass over those not found finds no more
+        count = len(found)
+        for name, statement in [(n, s) for n, s in candidates.items() if n not in found]:
             groups, readers = set(), []
             for use in flow.loads.get(name, []):
                 around = [a for a in flow.ancestors(use) if not isinstance(a, cst.Module)]
@@ -82,8 +79,8 @@ def left_unread(
             else:
                 if len(groups) == 1:
                     found[name] = Unread(groups.pop(), statement, tuple(readers))
-                    grew = True
-    return found
+        if len(found) == count:
+            return found
 
 
 def drop_dead_helpers(original: cst.Module, updated: cst.Module, qualname: Qualname) -> cst.Module:
