@@ -263,3 +263,16 @@ def test_a_nested_def_read_other_than_called_or_a_generator_keeps_every_binding(
     )
     assert found["stored"] == ["ENTRY", "x = a()", "x = b()"]
     assert found["generator"] == ["ENTRY", "x = a()", "x = b()"]
+
+
+def test_a_with_item_reads_what_the_items_before_it_bind() -> None:
+    found = reaching(
+        """
+        def f(g, h):
+            x = 1
+            with g() as x, h(use(x, "second")) as y:
+                use(x, "body")
+        """
+    )
+    assert found["second"] == ["g() as x,"]  # the items run in order, each bound before the next
+    assert found["body"] == ["g() as x,"]

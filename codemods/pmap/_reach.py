@@ -118,8 +118,8 @@ class Reach:
             return self._loop(node, env)
         if isinstance(node, cst.With):
             inner = dict(live)
-            for item in node.items:
-                self._reads(item.item, live)
+            for item in node.items:  # in order: an item reads what those before it bind
+                self._reads(item.item, inner)
                 if item.asname is not None:
                     self._bind(item.asname.name, item, inner)
             return self._body(statements(node.body), inner if env is not None else None)
