@@ -33,10 +33,13 @@ from ._program import numbered
 from ._reach import assigned_name, nodes_in
 from ._specs import (
     TAIL_BUILTINS,
+    NotMigrated,
+    Pmapped,
     SpecMaker,
     Untranslatable,
     mapped_name,
     partition_spec,
+    read_pmap,
     spec_tree,
     statics,
     tail_fits,
@@ -50,10 +53,7 @@ from ._survey import (
     HELPER_DOC,
     PARTIAL,
     Finding,
-    NotMigrated,
-    Pmapped,
     PmapUse,
-    read_pmap,
 )
 
 PARTITION_SPEC = "jax.sharding.PartitionSpec"

@@ -206,9 +206,46 @@ SPACED = m.Comma(whitespace_after=~m.SimpleWhitespace(""))  # then a space or a 
 
 
 # Reading one pmap's options --------------------------------------------------------------------
-KEYWORDS = frozenset({"axis_name", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
+class NotMigrated(Exception):
+    """A pmap site this pass leaves alone; the message is the reason."""
+
+
+KEYWORDS = frozenset(
+    {"in_axes", "out_axes", "static_broadcasted_argnums", "donate_argnums"}
+    | {"devices", "backend", "axis_size"}
+)
+TAKEN = frozenset({"devices", "donate_argnums", "in_axes", "static_broadcasted_argnums"})
 NOT_LITERAL = "`static_broadcasted_argnums` is not a literal"
 PARTIAL = "functools.partial"
+
+
+@dataclass(frozen=True)
+class Pmapped:
+    """Which argument of one `jax.pmap(...)` (or `partial(jax.pmap, ...)`) is which: indices."""
+
+    fun: int | None
+    axis_name: int | None
+    options: dict[str, int]
+
+
+def read_pmap(args: Sequence[cst.Arg], *, has_fun: bool) -> Pmapped:
+    """Return which of `args` is which pmap parameter; raise NotMigrated if not understood."""
+    positional = ("fun", "axis_name") if has_fun else ()
+    found: dict[str, int] = {}
+    for i, arg in enumerate(args):
+        if arg.star:
+            raise NotMigrated(f"`{arg.star}` unpacking: which parameters it fills is not known")
+        if arg.keyword is None and i >= len(positional):
+            raise NotMigrated("more positional arguments than `jax.pmap` takes")
+        name = positional[i] if arg.keyword is None else arg.keyword.value
+        if name == "fun" and arg.keyword is not None:
+            raise NotMigrated("`fun=` passed by keyword")
+        if name not in {*positional, "axis_name", *KEYWORDS} or name in found:
+            raise NotMigrated(f"unexpected argument `{name}`: the call fails today")
+        found[name] = i
+    if has_fun and "fun" not in found:
+        raise NotMigrated("no function to map")
+    return Pmapped(found.pop("fun", None), found.pop("axis_name", None), found)
 
 
 @dataclass
@@ -238,48 +275,48 @@ def options_of(
     constants: Mapping[str, str] | None = None,
 ) -> Options:
     """Read `jax.pmap(fun, axis_name, ...)`; raise NotVisible when this form does not take it."""
-    fun = pmap.args[0].value if pmap.args and pmap.args[0].keyword is None else None
-    if fun is None:
+    if not pmap.args or pmap.args[0].keyword is not None:
         why = "the pmapped function is not a def of this module named directly"
         raise NotVisible(why, Decline.NOT_A_DEF)
-    return read_options(
-        fun, pmap.args[1:], qualname, positional_axis=True, unnamed=unnamed, constants=constants
-    )
+    return read_options(pmap.args, qualname, unnamed=unnamed, constants=constants)
 
 
 def read_options(
-    fun: cst.BaseExpression,
     args: Sequence[cst.Arg],
     qualname: Qualname,
     *,
-    positional_axis: bool,
+    fun: cst.BaseExpression | None = None,
     unnamed: cst.BaseExpression | None = None,
     constants: Mapping[str, str] | None = None,
 ) -> Options:
-    """Read pmap's `args` (all but the function); `unnamed` names an axis pmap leaves unnamed.
-    `constants`: the module's names bound once, at module level, to a string (brax's
-    `_PMAP_AXIS_NAME = "i"`): such a name is the axis's literal name, kept as written."""
+    """Read pmap's `args`: a call's, or, given `fun` (the def a decorator maps), the options of
+    `partial(jax.pmap, ...)`; `unnamed` names an axis pmap leaves unnamed. `constants`: the
+    module's names bound once, at module level, to a string (brax's `_PMAP_AXIS_NAME = "i"`):
+    such a name is the axis's literal name, kept as written."""
     constants = {} if constants is None else constants
-    found: dict[str, cst.Arg] = {}
-    for i, arg in enumerate(args):
-        positional = "axis_name" if i == 0 and positional_axis else None
-        keyword = arg.keyword.value if arg.keyword else positional
-        if keyword == "devices" and all_devices(arg.value, qualname):
-            continue  # pmap's default: every device of the job, in order (the mesh's)
-        if keyword not in KEYWORDS or arg.star:
-            why = f"pmap's `{keyword or 'argument'}` is not taken by this form yet"
-            if keyword == "devices":  # lm1b/wmt's `per_host_sum_pmap`: one device per process
-                why = f"pmap's `devices={_short(arg.value)}` is not every device of the job"
+    try:
+        pmapped = read_pmap(args, has_fun=fun is None)
+    except NotMigrated as error:
+        raise NotVisible(str(error), Decline.OPTION) from None
+    found = {keyword: args[i] for keyword, i in pmapped.options.items()}
+    for keyword, arg in found.items():
+        if keyword == "devices" and not all_devices(arg.value, qualname):
+            # lm1b/wmt's `per_host_sum_pmap`: one device per process (`jax.devices()`, every
+            # device of the job in order, is pmap's default, the mesh's)
+            why = f"pmap's `devices={_short(arg.value)}` is not every device of the job"
             raise NotVisible(why, Decline.OPTION)
-        found[keyword] = arg
+        if keyword not in TAKEN:
+            raise NotVisible(f"pmap's `{keyword}` is not taken by this form yet", Decline.OPTION)
+    fun = args[pmapped.fun].value if pmapped.fun is not None else fun
+    assert fun is not None
     try:
         name, bound = mapped_name(fun, qualname)
     except NotVisible:
-        if "axis_name" in found:  # (`mapped_name` takes any lambda)
+        if pmapped.axis_name is not None:  # (`mapped_name` takes any lambda)
             raise
         # no def: read as opaque, the axis unnamed (the survey's `_opaque_body`)
         name, bound = "", ()
-    axis = found["axis_name"].value if "axis_name" in found else unnamed
+    axis = args[pmapped.axis_name].value if pmapped.axis_name is not None else unnamed
     if isinstance(axis, (cst.Name, cst.Attribute)) and code(axis) in constants:
         literal = constants[code(axis)]  # `_AXIS`, or a field `self._axis_name` set once
     elif isinstance(axis, cst.SimpleString) and isinstance(axis.evaluated_value, str):
@@ -290,7 +327,7 @@ def read_options(
     options = Options(fun, axis, found.get("donate_argnums"), bound=bound, name=name)
     options.literal = literal
     options.spellings = frozenset(n for n, v in constants.items() if v == literal)
-    options.named = "axis_name" in found
+    options.named = pmapped.axis_name is not None
     options.in_axes = found["in_axes"].value if "in_axes" in found else None
     if "static_broadcasted_argnums" in found:
         options.statics_arg = found["static_broadcasted_argnums"]

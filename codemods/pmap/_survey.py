@@ -76,10 +76,6 @@ JAX_ARRAYS = ("jax.numpy.", "jax.random.", "jax.lax.", "jax.nn.", "jax.scipy.", 
 TO_HOST = HOST_COPIES - {"jax.numpy.asarray"}
 OPAQUE = "_opaque_step"  # the name of the body read for a function that is no def of the module
 HELPER_DOC = "Run `f` as `jax.pmap` does, in `jax.jit`: one call per device, on its slice."
-KEYWORDS = frozenset(
-    {"in_axes", "out_axes", "static_broadcasted_argnums", "donate_argnums"}
-    | {"devices", "backend", "axis_size"}
-)
 
 
 def declared_copies(module: cst.Module, declared: Sequence[str]) -> dict[int, Declarable]:
@@ -109,10 +105,6 @@ def declared_copies(module: cst.Module, declared: Sequence[str]) -> dict[int, De
 _BOUND = {BindingKind.ASSIGN: "assigned", BindingKind.DEF: "a def in a function or class"}
 
 
-class NotMigrated(Exception):
-    """A pmap site this pass leaves alone; the message is the reason."""
-
-
 def _unless_closed(where: str) -> str:
     """What a decline because code outside the code base may call (`where`, from `elsewhere`)
     adds: the setting that says no code there does."""
@@ -125,36 +117,6 @@ def _unread_node(unread: Unread) -> cst.CSTNode:
     """The node a deletion's site is at: the def, or the pmap call `name = jax.pmap(...)` binds."""
     statement = unread.statement
     return statement if isinstance(statement, cst.FunctionDef) else statement.body[0].value  # type: ignore[attr-defined]
-
-
-# Reading one pmap -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Pmapped:
-    """Which argument of one `jax.pmap(...)` (or `partial(jax.pmap, ...)`) is which: indices."""
-
-    fun: int | None
-    axis_name: int | None
-    options: dict[str, int]
-
-
-def read_pmap(args: Sequence[cst.Arg], *, has_fun: bool) -> Pmapped:
-    """Return which of `args` is which pmap parameter; raise NotMigrated if not understood."""
-    positional = ("fun", "axis_name") if has_fun else ()
-    found: dict[str, int] = {}
-    for i, arg in enumerate(args):
-        if arg.star:
-            raise NotMigrated(f"`{arg.star}` unpacking: which parameters it fills is not known")
-        if arg.keyword is None and i >= len(positional):
-            raise NotMigrated("more positional arguments than `jax.pmap` takes")
-        name = positional[i] if arg.keyword is None else arg.keyword.value
-        if name == "fun" and arg.keyword is not None:
-            raise NotMigrated("`fun=` passed by keyword")
-        if name not in {*positional, "axis_name", *KEYWORDS} or name in found:
-            raise NotMigrated(f"unexpected argument `{name}`: the call fails today")
-        found[name] = i
-    if has_fun and "fun" not in found:
-        raise NotMigrated("no function to map")
-    return Pmapped(found.pop("fun", None), found.pop("axis_name", None), found)
 
 
 def _set_once_in_init(stores: list[tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]]) -> str | None:
@@ -1817,9 +1779,7 @@ class Finding(Pass):
         args = deco.args[1:] if isinstance(deco, cst.Call) else ()
         unnamed, constants = self._unnamed(), self.survey.constants
         name = cst.Name(body.name.value)
-        return read_options(
-            name, args, self.qualname, positional_axis=False, unnamed=unnamed, constants=constants
-        )
+        return read_options(args, self.qualname, fun=name, unnamed=unnamed, constants=constants)
 
     @cached_property
     def declared(self) -> dict[int, Declarable]:
