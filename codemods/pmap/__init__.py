@@ -495,7 +495,7 @@ from jaxmigrate.toolkit.scope import ScopeModel
 
 from ._dead import bound_name, drop_dead_helpers, drop_dead_locals
 from ._faithful import Faithful, after_imports, helper_text, with_helper
-from ._outer import OuterGroup, OuterStep
+from ._outer import OuterGroup, OuterStep, Site
 from ._program import Program, assign, edit_owners, numbered, rewrite_host
 from ._shortcut import may_bind, restored, written_out
 from ._stored import named_back
@@ -555,6 +555,7 @@ HELPERS = {CONVERTER: CONVERTER_SOURCE, COPIER: COPIER_SOURCE, UNCOPIER: UNCOPIE
 
 # The nodes a site's rewrite replaces (a call, a decorated def, `jax.pmap` kept as a value)
 REWRITTEN = (cst.Call, cst.FunctionDef, cst.Name, cst.Attribute)
+Said = tuple[cst.CSTNode, str]  # a site of a group: its node and its message
 
 
 # The pass in three layers, one per section: `survey.Finding` holds the state and finds the uses,
@@ -714,31 +715,21 @@ class Pmap(Faithful):
     ) -> cst.FunctionDef:
         """Record the steps a function makes and their edits as one group; rewrite them all, or
         nothing. Steps over one axis share one mesh (made by the first) and one sharding."""
-        group = self.program_group(programs[0][0].node)
-        enabled = []
+        sites: list[tuple[Site, Program | None, str]] = []
         for site, program in programs:
             axis = code(program.axis)
-            layout = {"layout": self._layout(site.node, program)}
             text = PROGRAM_MESSAGE.format(axis=axis) + UNNAMED_NOTE.format(axis) * program.unnamed
-            text += "".join(f"; {assumed}" for assumed in program.assumed)
-            enabled.append(self.site(site.node, text, group=group, fallback=group, details=layout))
-        enabled += self._record_edits([q for _, p in programs for q in (p, *p.callees)], group)
-        if not all(enabled):
+            sites.append((site, program, text + "".join(f"; {a}" for a in program.assumed)))
+        if not self._recorded(sites, [q for _, p in programs for q in (p, *p.callees)]):
             return updated
-        self.lifted = True
-        self._drop_unread(group)
-        spec = self._spec(imported=True)
         host = programs[0][1].host
-        jax = dotted(self.module_ref("jax")) or "jax"
         taken = set(names_in(host))
         meshes: dict[str, str] = {}  # by axis: the mesh made or reused, and the sharding made
         shardings: dict[str, str] = {}
         for site, program in programs:
-            if isinstance(site.ref, cst.Name):
-                self.drop_import_if_unused(site.ref.value)
             if isinstance(program.statement, cst.FunctionDef):  # decorated: `partial` spelled
                 program.partial = code(self._partial(site))
-            self._spell(program, jax, spec)
+            self._spell(program)
             axis = code(program.axis)
             if axis in meshes:
                 program.mesh, program.make_mesh = meshes[axis], False
@@ -769,7 +760,7 @@ class Pmap(Faithful):
         rewrite (at the module's end: a def may come before its caller). Their mesh is made
         where used, equal to the caller's; a def nested in the caller reads the caller's."""
         for callee in program.callees:
-            self._spell(callee, program.jax, program.spec)
+            self._spell(callee)
             scope = self.resolver.scope_made_by(callee.host)
             if scope is not None and scope.parent is not None and scope.parent.kind != "module":
                 callee.mesh, callee.sharding = program.mesh, program.sharding
@@ -787,15 +778,16 @@ class Pmap(Faithful):
             callee.helpers |= {callee.mesh, callee.sharding}
             self.callee_programs.setdefault(id(callee.host), []).append(callee)
 
-    def _spell(self, program: Program, jax: str, spec: cst.BaseExpression) -> None:
-        """Spell what the rewrite of `program` writes as the module does (`jax`, `jax.numpy`,
-        `PartitionSpec`), and drop the imports its edits leave unread. Name the module's helpers
+    def _spell(self, program: Program) -> None:
+        """Spell what the rewrite of `program` writes as the module does (`PartitionSpec`, `jax`,
+        `jax.numpy`; importing what it lacks), and drop the imports its edits leave unread. Name the module's helpers
         it asks for, each written once at the module's end: the converter of a batch drawn per
         device from an iterator not followed (`_flow._convert_drawn`), the copier of a replicated
         value for a call not followed (`_passon.copied`) and its inverse (`_flow.UNCOPIED`)."""
         self._drop_deleted_imports(program)
-        program.jax, program.spec = jax, spec
-        program.jnp = self.resolver.module_binding("jax.numpy") or f"{jax}.numpy"
+        program.spec = self._spec(imported=True)
+        program.jax = dotted(self.module_ref("jax")) or "jax"
+        program.jnp = self.resolver.module_binding("jax.numpy") or f"{program.jax}.numpy"
         for base, wanted, spelled in (
             (CONVERTER, program.converts, "converter"),
             (COPIER, program.copies, "copier"),
@@ -854,57 +846,46 @@ class Pmap(Faithful):
     def _record_outer(self, group: OuterGroup) -> None:
         """Record the steps of `group`, their edits and the mesh as one group of sites; when it
         is enabled, plan the rewrite of each function they touch."""
-        key = self.program_group(group.steps[0].site.node)
         setup = group.setup.name.value
-        enabled = []
+        steps: list[tuple[Site, Program | None, str]] = []
         for step in group.steps:
-            text = OUTER_MESSAGE.format(setup=setup, axis=code(step.options.axis))
-            text += "" if step.options.named else UNNAMED_NOTE.format(code(step.options.axis))
-            node = step.site.node
-            # What the rewrite assumes, checked on the original (each program calling the step
-            # lays its arguments out alike: the step has one `in_specs`)
-            details = {"layout": self._layout(node, step.programs[0])} if step.programs else {}
-            enabled.append(self.site(node, text, group=key, fallback=key, details=details))
+            axis = code(step.options.axis)
+            text = OUTER_MESSAGE.format(setup=setup, axis=axis)
+            text += "" if step.options.named else UNNAMED_NOTE.format(axis)
+            # each program calling the step lays its arguments out alike: one `in_specs`
+            steps.append((step.site, step.programs[0] if step.programs else None, text))
         programs = [q for s in group.steps for p in s.programs for q in (p, *p.callees)]
-        enabled += self._record_edits(programs, key)
-        steps = self._shown(", ".join(f"`{s.name}`" for s in group.steps))
+        named = self._shown(", ".join(f"`{s.name}`" for s in group.steps))
         made = "made once" if group.make else f"`{group.mesh}` reused, a mesh"
         end = ", up to its first `yield`" if group.end is not None else ""
-        text = SETUP_MESSAGE.format(steps=steps, made=made, setup=setup, end=end)
-        enabled.append(self.site(self._origin(group.before), text, group=key, fallback=key))
-        if all(enabled):
-            self.lifted = True
-            self._drop_unread(key)
-            self._plan_outer(group)
+        text = SETUP_MESSAGE.format(steps=named, made=made, setup=setup, end=end)
+        if self._recorded(steps, programs, (group.before, text)):
+            self._plan_outer(group, programs)
 
-    def _plan_outer(self, group: OuterGroup) -> None:
-        """Spell the names the rewrite needs, and say which node becomes what."""
-        spec = self._spec(imported=True)
-        jax = dotted(self.module_ref("jax")) or "jax"
+    def _plan_outer(self, group: OuterGroup, programs: list[Program]) -> None:
+        """Spell the names the rewrite of `group` (its steps' `programs`) needs, and say which
+        node becomes what."""
         if group.make:
             group.mesh = self._fresh("mesh", set(names_in(group.setup)))
+        for program in programs:
+            self._spell(program)
+            program.sharding = f"{code(program.spec)}({code(program.axis)})"  # the mesh set is used
+            setup = program.host is group.setup
+            program.mesh = group.mesh if setup else f"{program.jax}.sharding.get_mesh()"
+            if program.flat_reads:
+                program.numpy = self._numpy()
+            self.host_programs.setdefault(id(program.host), []).append(program)
         for step in group.steps:
-            if isinstance(step.site.ref, cst.Name):
-                self.drop_import_if_unused(step.site.ref.value)
-            for program in (q for p in step.programs for q in (p, *p.callees)):
-                self._spell(program, jax, spec)
-                program.sharding = f"{code(spec)}({code(program.axis)})"  # the mesh set is used
-                setup = program.host is group.setup
-                program.mesh = group.mesh if setup else f"{jax}.sharding.get_mesh()"
-                if program.flat_reads:
-                    program.numpy = self._numpy()
-                self.host_programs.setdefault(id(program.host), []).append(program)
             made = step.programs[0]
             if step.decorated:
                 self.outer_defs[id(step.body)] = (step, made)
             else:
                 self.outer_calls[id(step.site.node)] = made
-        making = [assign(group.mesh, group.steps[0].programs[0].new_mesh())] if group.make else []
-        setting = cst.parse_expression(f"{jax}.set_mesh({group.mesh})")
+        making = [assign(group.mesh, programs[0].new_mesh())] if group.make else []
+        setting = cst.parse_expression(f"{programs[0].jax}.set_mesh({group.mesh})")
         self.host_setups[id(group.setup)] = (group.before, making, setting, group.end)
         if self._visit_only is not None:  # the functions calling the steps hold no pmap
             # and the defs a program passes its values to (their readbacks deleted there)
-            programs = (q for s in group.steps for p in s.programs for q in (p, *p.callees))
             touched = {id(p.host) for p in programs}
             self._visit_only = self._visit_only | touched | {id(group.setup)} | group.around
 
@@ -924,15 +905,32 @@ class Pmap(Faithful):
         )
         return updated.with_changes(decorators=decorators)
 
-    def _record_edits(self, programs: list[Program], group: str) -> list[bool]:
-        """Record each edit once (a batch or a replication two steps share is one edit), then
-        the deletions of module code the group leaves unread; return whether each is enabled."""
+    def _recorded(
+        self, steps: list[tuple[Site, Program | None, str]], programs: list[Program], *more: Said
+    ) -> bool:
+        """Record as one group the sites of `steps`, each with its message and what its
+        program-level form assumes (checked on the original), each edit of `programs` once (a
+        batch or a replication two steps share is one edit), the deletions of module code the
+        group leaves unread and the sites `more`; return whether the group is rewritten, then
+        dropping that code and the imports that spelled the steps' `pmap`, if unread."""
+        key = self.program_group(steps[0][0].node)
+        enabled = []
+        for site, program, text in steps:
+            layout = {"layout": self._layout(site.node, program)} if program else None
+            enabled.append(self.site(site.node, text, group=key, fallback=key, details=layout))
         owners = edit_owners(programs).items()
-        reasons = [(p.nodes[k], p.reasons[k]) for k, p in owners if k in p.reasons]
-        return [
-            self.site(self._origin(node), self._shown(why), group=group, fallback=group)
-            for node, why in reasons
-        ] + self._record_unread(group)
+        edits = [(p.nodes[k], self._shown(p.reasons[k])) for k, p in owners if k in p.reasons]
+        enabled += [self.site(self._origin(n), t, group=key, fallback=key) for n, t in edits]
+        enabled += self._record_unread(key)
+        enabled += [self.site(self._origin(n), t, group=key, fallback=key) for n, t in more]
+        if not all(enabled):
+            return False
+        self.lifted = True
+        self._drop_unread(key)
+        for site, _, _ in steps:
+            if isinstance(site.ref, cst.Name):
+                self.drop_import_if_unused(site.ref.value)
+        return True
 
     def _shown(self, text: str) -> str:
         """`text` naming a step stored on `self` as the code does (`self.predict_fn`), not as
