@@ -133,10 +133,12 @@ class Forms:
     def _is(self, node: cst.BaseExpression, names: frozenset[str]) -> bool:
         return isinstance(node, cst.Call) and self.qualname(node.func) in names
 
-    def _tree_mapped(self, node: cst.BaseExpression, leaf: NameTest) -> cst.BaseExpression | None:
-        """`jax.tree.map(lambda v: <leaf(v)>, x)` -> x."""
+    def _copied_zeros(self, node: cst.BaseExpression) -> cst.BaseExpression | None:
+        """`jax.tree.map(lambda v: np.array(v[0]), x)` -> x: device 0's copy of each leaf,
+        fetched to the host."""
         mapped = tree_mapped(node, self.qualname, self.named)
-        return mapped[2] if mapped is not None and leaf(mapped[1], mapped[0]) else None
+        copied = mapped is not None and self.host_copy(mapped[1], mapped[0], "{v}[0]")
+        return mapped[2] if mapped is not None and copied else None
 
     def transfer(
         self, node: cst.BaseExpression, table: tuple[Transfer, ...], loose: bool = False
@@ -259,16 +261,12 @@ class Forms:
         local devices; `common_utils.shard_prng_key(k)`), else None."""
         return match(node, self.qualname, self.counts, KEY_SPLITS)
 
-    def _copied_zero(self, node: cst.BaseExpression, var: str) -> bool:
-        """`np.array(var[0])`: device 0's copy of a leaf, fetched to the host."""
+    def host_copy(self, node: cst.BaseExpression, var: str, read: str = "{v}") -> bool:
+        """`np.asarray(var)`, `np.array(var)`, `jax.device_get(var)`: `var`'s values, copied
+        (`read`: of `var` read so, `np.array(var[0])` for `"{v}[0]"`)."""
         args = positional(node, 1) if self._is(node, HOST_COPIES) else None  # type: ignore[arg-type]
-        holes = holes_of("{v}[0]", args[0]) if args is not None else None
+        holes = holes_of(read, args[0]) if args is not None else None
         return holes is not None and single_name(holes["v"]) == var
-
-    def host_copy(self, node: cst.BaseExpression, var: str) -> bool:
-        """`np.asarray(var)`, `np.array(var)`, `jax.device_get(var)`: `var`'s values, copied."""
-        args = positional(node, 1) if isinstance(node, cst.Call) else None
-        return args is not None and self._is(node, HOST_COPIES) and single_name(args[0]) == var
 
     def readback_of(self, node: cst.BaseExpression, var: str) -> bool:
         """`var[0]`, `jax.device_get(var)[0]`, `jax.tree.map(lambda v: v[0], var)`,
@@ -278,7 +276,7 @@ class Forms:
         if args is not None and self.readback_value(args[0], var) is not None:
             node = args[0]
         # `tree.map(lambda v: np.array(v[0]), var)`: each leaf's copy on the host
-        if (copied := self._tree_mapped(node, self._copied_zero)) is not None:
+        if (copied := self._copied_zeros(node)) is not None:
             return single_name(copied) == var and self.readback_value(node, var) is not None
         read = self.readback_value(node, var)
         if read is None or read[1] is read[0]:
@@ -301,7 +299,7 @@ class Forms:
         var)` -> `var`; else None."""
         found = self.transfer(node, READBACKS)  # the table's rows, lifted, or a summary
         if found is None:  # `jax.tree.map(lambda v: np.array(v[0]), var)`: each leaf's copy
-            copied = self._tree_mapped(node, self._copied_zero)
+            copied = self._copied_zeros(node)
             root = root_name(copied) if copied is not None else None
             if root is None or root.value != var:
                 return None
