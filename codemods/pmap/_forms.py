@@ -250,10 +250,7 @@ class Forms:
         dims = [cst.UnaryOperation(cst.Minus(), cst.Integer("1")), *shape[2:]]
         if not isinstance(literal, (cst.Tuple, cst.List)):  # the shape as arguments
             return node.with_changes(args=[cst.Arg(d) for d in dims])
-        elements = [cst.Element(d) for d in dims]
-        if isinstance(literal, cst.Tuple) and len(elements) == 1:
-            elements = [elements[0].with_changes(comma=cst.Comma())]  # `(-1,)`
-        written = literal.with_changes(elements=elements)
+        written = literal.with_changes(elements=[cst.Element(d) for d in dims])  # `(-1,)` too
         return node.with_changes(args=[*node.args[:-1], node.args[-1].with_changes(value=written)])
 
     def key_split(self, node: cst.BaseExpression) -> Match | None:

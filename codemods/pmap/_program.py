@@ -61,7 +61,7 @@ from ._dead import bound_name, without
 from ._declines import Decline
 from ._layout import Layout, fill
 from ._reach import nodes_in, read_names, replaced
-from ._specs import with_static_tail
+from ._specs import tuple_of, with_static_tail
 
 
 @dataclass
@@ -183,12 +183,10 @@ class Program:
         ]
         outs = [spec(varying) for varying in self.varying]
         options = {"mesh": cst.parse_expression(mesh)} if mesh is not None else {}
-        options["in_specs"] = cst.Tuple([cst.Element(v) for v in ins])
+        options["in_specs"] = tuple_of(ins)
         if self.tail is not None:  # `(P(), P(axis)) + (None,) * len(names)`
             options["in_specs"] = with_static_tail(options["in_specs"], len(ins), self.tail)
-        options["out_specs"] = (
-            cst.Tuple([cst.Element(v) for v in outs]) if self.outputs is not None else outs[0]
-        )
+        options["out_specs"] = tuple_of(outs) if self.outputs is not None else outs[0]
         options["check_vma"] = cst.Name("False")
         return [keyword(k, v) for k, v in options.items()]
 

@@ -189,11 +189,8 @@ def with_statics(
 
 
 def tuple_of(values: Sequence[cst.BaseExpression]) -> cst.Tuple:
-    """Return the tuple `(a, b)` of `values`, with the trailing comma a 1-tuple needs."""
-    elements: list[cst.BaseElement] = [cst.Element(v) for v in values]
-    if len(elements) == 1:
-        return cst.Tuple([elements[0].with_changes(comma=cst.Comma())])
-    return cst.Tuple([*_with_comma(elements[:-1]), *elements[-1:]])
+    """Return the tuple `(a, b)` of `values` (libcst writes the comma a 1-tuple needs)."""
+    return cst.Tuple([cst.Element(v) for v in values])
 
 
 def _with_comma(elements: Sequence[cst.BaseElement]) -> list[cst.BaseElement]:
