@@ -53,6 +53,7 @@ from jaxmigrate.toolkit.emit import (
     broken_comprehension,
     code,
     exploded_sequence,
+    with_keyword,
     with_lambda_calls,
 )
 from jaxmigrate.toolkit.imports import is_docstring
@@ -215,10 +216,9 @@ class Program:
         template = "{jax}.sharding.NamedSharding({mesh}, {spec}({axis}))"
         return fill(template, self.context() | {"mesh": cst.parse_expression(mesh)})
 
-    def _jax(self, name: str | None = None) -> cst.BaseExpression:
-        """`jax` as the module spells it, or its attribute `name` (`jax.jit`)."""
-        spelled = cst.parse_expression(self.jax)
-        return spelled if name is None else cst.Attribute(spelled, cst.Name(name))
+    def _jax(self, name: str) -> cst.BaseExpression:
+        """`jax.name` (`jax.jit`), `jax` spelled as the module does."""
+        return cst.Attribute(cst.parse_expression(self.jax), cst.Name(name))
 
     def step_statements(
         self, indent: str, style: Style, updated: cst.CSTNode | None = None
@@ -325,8 +325,7 @@ def numbered(base: str, free: Callable[[str], bool]) -> str:
 
 def keyword(name: str, value: cst.BaseExpression) -> cst.Arg:
     """`name=value`, spaced as a keyword argument is."""
-    equal = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
-    return cst.Arg(value, keyword=cst.Name(name), equal=equal)
+    return with_keyword(cst.Arg(value), name)
 
 
 def assign(
