@@ -32,6 +32,7 @@ import libcst as cst
 from jaxmigrate.toolkit.emit import code
 from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 
+from ._forms import base_of
 from ._imported import Imported
 from ._reach import nodes_in, replaced
 
@@ -124,14 +125,16 @@ def written_out(module: cst.Module, names: ScopeModel, imported: Imported) -> Wr
         return cst.Attribute(cst.Name(jax or "jax"), cst.Name("pmap"))
 
     written: dict[int, tuple[cst.BaseExpression, cst.BaseExpression]] = {}
+    scope = names.module_scope
     unread: list[tuple[cst.CSTNode, str]] = []
 
-    def keywords_of(node: cst.CSTNode) -> list[cst.Arg] | str | None:
+    def keywords_of(node: cst.BaseExpression) -> list[cst.Arg] | str | None:
         """The keywords of the shortcut `node` names, spelled here; None if it names none; why
         not, if they cannot be spelled here (`NO_JAX`, `UNREACHED`)."""
-        spelled = code(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
-        if spelled is None or spelled not in reachable or not _unshadowed(node, names):
-            return None
+        spelled = code(node) if isinstance(node, (cst.Name, cst.Attribute)) else ""
+        root = base_of(node) if spelled in reachable else None  # `constants` of `constants.pmap`
+        if not isinstance(root, cst.Name) or names.scope_of(root).lookup(root.value) is not scope:
+            return None  # not the module's own binding where `node` is
         if jax is None:
             return NO_JAX.format(spelled)
         if isinstance(found := reachable[spelled], str):
@@ -207,7 +210,8 @@ def _reachable(names: ScopeModel, imported: Imported) -> dict[str, Reached]:
         qualname = bindings[0].qualname if len(bindings) == 1 else None
         if bindings[0].kind is not BindingKind.IMPORT or qualname is None:
             continue
-        if not any(_may_bind(imported, m) for m in (qualname, qualname.rpartition(".")[0])):
+        modules = (qualname, qualname.rpartition(".")[0])
+        if not any(may_bind(imported.texts.get(m, "")) for m in modules):
             continue  # parsed only if its text may bind a shortcut
         if (other := imported.scope(qualname)) is not None:  # `from ferminet import constants`
             found |= {f"{local}.{k}": (v, local) for k, v in shortcuts_in(other).items()}
@@ -227,19 +231,6 @@ def may_bind(text: str) -> bool:
     """Whether a module of text `text` may bind a shortcut (`pmap = functools.partial(jax.pmap,
     ...)` at its level): modules that cannot are not parsed for one."""
     return "pmap" in text and BINDING.search(text) is not None
-
-
-def _may_bind(imported: Imported, module: str) -> bool:
-    return may_bind(imported.texts.get(module, ""))
-
-
-def _unshadowed(node: cst.CSTNode, names: ScopeModel) -> bool:
-    """Whether the name `node` starts with is the module's own binding where `node` is."""
-    while isinstance(node, cst.Attribute):
-        node = node.value
-    if not isinstance(node, cst.Name):
-        return False
-    return names.scope_of(node).lookup(node.value) is names.module_scope
 
 
 def _respelled(
