@@ -35,6 +35,7 @@ from jaxmigrate.toolkit.scope import BindingKind, ScopeModel
 from ._forms import base_of
 from ._imported import Imported
 from ._reach import nodes_in, replaced
+from ._specs import partial_keywords
 
 PMAP = "jax.pmap"
 NO_JAX = (
@@ -64,16 +65,12 @@ def shortcuts_in(names: ScopeModel) -> dict[str, Shortcut]:
     constants = _literal_names(names)
     for name, bindings in names.module_scope.bindings.items():
         value = bindings[0].value if len(bindings) == 1 and bindings[0].plain else None
-        if not isinstance(value, cst.Call) or names.qualified_name(value.func) != PARTIAL:
+        bound = partial_keywords(value, names.qualified_name)
+        if bound is None or names.qualified_name(bound[0]) != PMAP:
             continue
-        first, *rest = value.args or (None,)
-        if first is None or first.keyword is not None or first.star:
-            continue
-        if names.qualified_name(first.value) != PMAP or any(a.keyword is None for a in rest):
-            continue
-        keywords = tuple((a.keyword.value, a.value) for a in rest if a.keyword is not None)
+        keywords = tuple((a.keyword.value, a.value) for a in bound[1] if a.keyword is not None)
         read = {n.value for _, v in keywords for n in nodes_in(v, cst.Name)} - {"True", "False"}
-        if all(_literal(v, constants) for _, v in keywords) and not any(a.star for a in rest):
+        if all(_literal(v, constants) for _, v in keywords):
             found[name] = Shortcut(keywords, frozenset(read - {"None"}))
     return found
 

@@ -348,19 +348,22 @@ def mapped_name(fun: cst.BaseExpression, qualname: Qualname) -> tuple[str, tuple
         return fun.value, ()
     if isinstance(fun, cst.Lambda):
         return "", ()
-    args = fun.args if isinstance(fun, cst.Call) else ()
-    if (
-        isinstance(fun, cst.Call)
-        and qualname(fun.func) == PARTIAL
-        and args
-        and args[0].keyword is None
-        and not args[0].star
-        and isinstance(args[0].value, cst.Name)
-        and all(a.keyword is not None and not a.star for a in args[1:])
-    ):
-        return args[0].value.value, tuple(a.keyword.value for a in args[1:] if a.keyword)
+    if (found := partial_keywords(fun, qualname)) and isinstance(found[0], cst.Name):
+        return found[0].value, tuple(a.keyword.value for a in found[1] if a.keyword)
     why = "the pmapped function is not a def of this module named directly (or with `partial`)"
     raise NotVisible(why, Decline.NOT_A_DEF)
+
+
+BOUND = m.Call(args=[m.Arg(keyword=None, star=""), m.ZeroOrMore(m.Arg(keyword=m.Name(), star=""))])
+
+
+def partial_keywords(
+    node: cst.BaseExpression | None, qualname: Qualname
+) -> tuple[cst.BaseExpression, Sequence[cst.Arg]] | None:
+    """`functools.partial(f, k=v, ...)`, only keywords after `f`: `f` and those; else None."""
+    if not isinstance(node, cst.Call) or qualname(node.func) != PARTIAL:
+        return None
+    return (node.args[0].value, node.args[1:]) if m.matches(node, BOUND) else None
 
 
 def unbound(body: cst.FunctionDef, bound: tuple[str, ...]) -> cst.FunctionDef:
