@@ -26,7 +26,7 @@ from libcst.helpers import parse_template_expression
 from jaxmigrate.toolkit.emit import code, joined
 
 from ._declines import Decline, NotVisible
-from ._layout import Qualname
+from ._layout import Qualname, holes_of
 from ._readat import short as _short
 
 SpecMaker = Callable[[int | None], cst.BaseExpression]
@@ -105,21 +105,12 @@ def static_tail(node: cst.BaseExpression) -> tuple[int, cst.BaseExpression] | No
     the static positions a def `f(a, ..., *args)` of `k` parameters gives its star arguments
     (big_vision's flexi trainers); None for any other value. `n` is a name, an attribute or
     `len()` of one: it is evaluated again where the specs are built."""
-    if isinstance(node, cst.Call) and _called(node, "tuple", "list") and len(node.args) == 1:
-        node = node.args[0].value
-    if not (isinstance(node, cst.Call) and _called(node, "range") and len(node.args) == 2):
+    node = (holes_of("tuple({r})", node) or holes_of("list({r})", node) or {"r": node})["r"]
+    holes = holes_of("range({k}, {k} + {n})", node)
+    if holes is None or not isinstance(start := holes["k"], cst.Integer):
         return None
-    start, stop = (a.value for a in node.args)
-    if not isinstance(start, cst.Integer) or any(a.keyword or a.star for a in node.args):
-        return None
-    if not (isinstance(stop, cst.BinaryOperation) and isinstance(stop.operator, cst.Add)):
-        return None
-    head, count = stop.left, stop.right
-    if not isinstance(head, cst.Integer) or head.evaluated_value != start.evaluated_value:
-        return None
-    named: cst.BaseExpression | None = count
-    if isinstance(count, cst.Call) and _called(count, "len") and len(count.args) == 1:
-        named = None if count.args[0].star else count.args[0].value
+    count = holes["n"]
+    named = (holes_of("len({x})", count) or {"x": count})["x"]
     plain = isinstance(named, (cst.Name, cst.Attribute))
     return (int(start.evaluated_value), count) if plain else None
 
@@ -135,10 +126,6 @@ def tail_fits(params: cst.Parameters, start: int) -> bool:
         and len((*params.posonly_params, *params.params)) == start
         and not any(p.default is not None for p in params.params)
     )
-
-
-def _called(call: cst.Call, *names: str) -> bool:
-    return isinstance(call.func, cst.Name) and call.func.value in names
 
 
 def with_static_tail(
