@@ -18,7 +18,7 @@ from ._forms import Qualname, single_name
 from ._program import Program
 from ._reach import SCOPES, Flow, nodes_in
 from ._specs import Options, all_devices
-from ._summary import Declarable, ModuleFacts
+from ._summary import ModuleFacts
 
 MESH = "jax.sharding.Mesh"
 MAKE_MESH = frozenset({"jax.make_mesh", "jax.sharding.make_mesh"})
@@ -105,12 +105,11 @@ def follow_step(
     flow: Flow,
     module: cst.Module,
     qualname: Qualname,
-    declared: dict[int, Declarable],
+    facts: ModuleFacts,
 ) -> OuterStep:
     """Fill in the program of every function calling the step; raise NotVisible for why not.
-    `declared`: the parameters of the module's defs their callers pass as copies per device."""
-    defs = {d.name.value: d for d in module.body if isinstance(d, cst.FunctionDef)}
-    facts = ModuleFacts(defs, replicated=declared)  # (names bound to calls: not read here)
+    `facts`: the module's, as a step made in a function is read with (its defs, constants, the
+    code base's modules it imports, its batch norms' axes, the parameters declared copies)."""
     for host in callers(flow, module, step.name):
         if host is step.body:
             raise NotVisible(f"`{step.name}` calls itself", Decline.NOT_CALLED)

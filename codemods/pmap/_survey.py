@@ -517,7 +517,7 @@ class Finding(Pass):
             try:
                 if self._is_outer(flow, site):
                     step = self._outer_step(site)
-                    step = follow_step(step, flow, module, self.qualname, self.declared)
+                    step = follow_step(step, flow, module, self.qualname, self._facts())
                     for program in step.programs:  # what its callers read of what it returns
                         passed_on_checked(program, flow, self.state.outside, self.survey.strings)
                     outer.append(step)
@@ -1832,16 +1832,17 @@ class Finding(Pass):
             seen = f"{where} in the code base passes a replication" if copies else ""
             declared[id(fn)] = replace(entry, copies=frozenset(copies), seen=seen, unseen=unseen)
 
-    def _facts(self, host: cst.FunctionDef) -> ModuleFacts:
-        """The defs of the module that nothing else binds (by name), and those of `host`, which
-        hide the module's; its names bound once at module level (`Survey.bound_once`) and to
-        strings."""
+    def _facts(self, host: cst.FunctionDef | None = None) -> ModuleFacts:
+        """The defs of the module that nothing else binds (by name), and those of `host` (the
+        function making the step, whose body may be one of them), which hide the module's; its
+        names bound once at module level (`Survey.bound_once`) and to strings."""
         found = {
             d.name.value: d
             for d in self.module.body
             if isinstance(d, cst.FunctionDef) and not self.survey.rebound(d.name.value)
         }
-        found |= {d.name.value: d for d in statements(host.body) if isinstance(d, cst.FunctionDef)}
+        nested = statements(host.body) if host is not None else ()
+        found |= {d.name.value: d for d in nested if isinstance(d, cst.FunctionDef)}
         if self.norm_axes is None:
             lines = self.state.original_lines
             own = [self.module] if any(w in line for line in lines for w in NORM_WORDS) else []
