@@ -22,7 +22,7 @@ import libcst as cst
 
 from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import code
-from jaxmigrate.toolkit.names import walk_in_order
+from jaxmigrate.toolkit.names import walk
 
 from ._declines import Decline, NotVisible
 from ._forms import Qualname, single_name, target_names
@@ -889,10 +889,9 @@ def averaged_axes(modules: Iterable[cst.Module]) -> frozenset[str]:
     `batch_stats` variable: then nothing is known of the statistics."""
     axes: set[str] = set()
     for module in modules:
-        found = _Norms()
-        walk_in_order(found, module)  # not `.visit`: it would rebuild every node
+        walk(found := _Nodes(), module)  # not `nodes_in`: `.children` rebuilds every node
         made: dict[int, str | None] = {}  # by id of a `BatchNorm` name: the axis it is given
-        for call in found.calls:
+        for call in (n for n in found.nodes if isinstance(n, cst.Call)):
             name = _called(call.func)
             first = next((a.value for a in call.args if a.keyword is None), None)
             variable = first.evaluated_value if isinstance(first, cst.SimpleString) else None
@@ -906,7 +905,7 @@ def averaged_axes(modules: Iterable[cst.Module]) -> frozenset[str]:
             literal = axis.evaluated_value if isinstance(axis, cst.SimpleString) else None
             grouped = _given(call, "axis_index_groups") is not None  # per group
             made[id(name)] = literal if isinstance(literal, str) and not grouped else None
-        for named in found.named:
+        for named in (n for n in found.nodes if isinstance(n, cst.Name) and n.value == "BatchNorm"):
             literal = made.get(id(named))
             if literal is None:
                 return frozenset()
@@ -917,28 +916,15 @@ def averaged_axes(modules: Iterable[cst.Module]) -> frozenset[str]:
 NORM_WORDS = ("BatchNorm", STATISTICS)  # a module without either says nothing of the statistics
 
 
-class _Norms(cst.CSTVisitor):
-    """The names `BatchNorm` of a module (not those its imports bind) and its calls of
-    `BatchNorm`, `partial` and `variable`."""
+class _Nodes(cst.CSTVisitor):
+    """Every node of a module but those its imports hold (a `BatchNorm` imported is not made)."""
 
     def __init__(self) -> None:
-        self.named: list[cst.Name] = []
-        self.calls: list[cst.Call] = []
+        self.nodes: list[cst.CSTNode] = []
 
-    def visit_Import(self, node: cst.Import) -> bool:
-        return False
-
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
-        return False
-
-    def visit_Name(self, node: cst.Name) -> None:
-        if node.value == "BatchNorm":
-            self.named.append(node)
-
-    def visit_Call(self, node: cst.Call) -> None:
-        name = _called(node.func)
-        if name is not None and name.value in ("BatchNorm", "partial", "variable"):
-            self.calls.append(node)
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.nodes.append(node)
+        return not isinstance(node, (cst.Import, cst.ImportFrom))
 
 
 def _listed(node: cst.BaseExpression | None) -> list[cst.BaseExpression | None]:
