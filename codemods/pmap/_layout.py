@@ -143,7 +143,7 @@ LEADING_AXIS = (
     "jax.sharding.PartitionSpec({axis}))"
 )
 STACKED_COPIES = "jax.tree.map(lambda {a}: jax.numpy.stack([{a}] * len({devices})), {x})"
-DEVICE_PUT_REPLICATED = (f"jax.device_put({STACKED_COPIES}, {LEADING_AXIS})",)
+STACKED_COPIES_PUT = f"jax.device_put({STACKED_COPIES}, {LEADING_AXIS})"
 STACKED_SHARDS_PUT = (
     f"jax.device_put(jax.tree.map(lambda *{{xs}}: jax.numpy.stack({{xs}}), *{{x}}), {LEADING_AXIS})"
 )
@@ -182,10 +182,9 @@ TRANSFERS: tuple[Transfer, ...] = (
     # Replications: one host value stacked as equal copies; deleted, the value is `P()`.
     Transfer("replicate", ("flax.jax_utils.replicate({x})",),  # NumPy-stacks a non-jax.Array
              HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, strong=True),
-    Transfer("device_put_replicated", ("jax.device_put_replicated({x}, {devices})",),
+    Transfer("device_put_replicated",
+             ("jax.device_put_replicated({x}, {devices})", STACKED_COPIES_PUT),
              HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, devices=LOCAL),
-    Transfer("device_put_replicated", DEVICE_PUT_REPLICATED, HOST, REPLICAS, PRODUCER, "{x}",
-             REPLICATED, devices=LOCAL),
     Transfer("broadcast_to", BROADCASTS, HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, counts=N),
     Transfer("stack", ("jax.numpy.stack([{x}] * {n})",),  # keeps a Python number weak
              HOST, REPLICAS, PRODUCER, "{x}", REPLICATED, counts=N),
