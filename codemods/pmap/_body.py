@@ -364,26 +364,32 @@ class _Reader:
                     receiver = self.varies(func.value, varying)
                     self.made[id(node)] = (row, receiver, self.varies(value, varying), value)
             return None
-        if not isinstance(func, cst.Name) or self.reach is None:
-            return None
-        made = [self.made.get(id(b)) for b in self.reach.of(func)]
-        if not made or None in made or len({m[0] for m in made if m}) != 1:
+        made = self.reaching(func, lambda b: self.made.get(id(b)))
+        if made is None or len({m[0] for m in made}) != 1:
             return None
         if len(node.targets) != 1 or not isinstance(node.targets[0].target, cst.Tuple):
             return None
         call = any(self.varies(a.value, varying) for a in value.args)
-        parts = [self.grad_value(m[3], value, varying) for m in made if m]
-        joined = _joined(*parts) if parts and None not in parts else None  # type: ignore[arg-type]
+        parts = [self.grad_value(m[3], value, varying) for m in made]
+        joined = _joined(*parts) if None not in parts else None  # type: ignore[arg-type]
         return [
             joined
             if kind == "call" and joined is not None
             else any(
-                (kind == "receiver" and m[1]) or (kind == "call" and (m[2] or call))
-                for m in made
-                if m
+                (kind == "receiver" and m[1]) or (kind == "call" and (m[2] or call)) for m in made
             )
-            for kind in made[0][0].results  # type: ignore[index]
+            for kind in made[0][0].results
         ]
+
+    def reaching(
+        self, node: cst.CSTNode, value: Callable[[cst.CSTNode], T | None]
+    ) -> list[T] | None:
+        """What `value` gives of each binding reaching the name `node`, when it gives something
+        of each (and one reaches it); else None."""
+        if not isinstance(node, cst.Name) or self.reach is None:
+            return None
+        found = [value(b) for b in self.reach.of(node)]
+        return found if found and None not in found else None  # type: ignore[return-value]
 
     def bind_each(
         self,
@@ -477,10 +483,10 @@ class _Reader:
         (`parts`), indexed by literal numbers; None where they are not known."""
         if (index := _index(node)) is not None:
             return _part(self._named_parts(node.value, varying), index)  # type: ignore[attr-defined]
-        if not isinstance(node, cst.Name) or node.value not in varying or self.reach is None:
+        if not isinstance(node, cst.Name) or node.value not in varying:
             return None  # (a name not differing may be a nested def that does)
-        parts = [self.parts.get((id(b), node.value)) for b in self.reach.of(node)]
-        return _joined(*parts) if parts and None not in parts else None  # type: ignore[arg-type]
+        parts = self.reaching(node, lambda b: self.parts.get((id(b), node.value)))
+        return None if parts is None else _joined(*parts)  # type: ignore[arg-type]
 
     def _call_tree(self, call: cst.Call, varying: Varying) -> Tree | None:
         """The parts of what `call` returns, where it is read: None where it is not."""
@@ -527,14 +533,8 @@ class _Reader:
         which is one call making it (`grad_fn = jax.value_and_grad(loss_fn, has_aux=True)`)."""
         if isinstance(func, cst.Call):
             return func if self.qualname(func.func) == "jax.value_and_grad" else None
-        if not isinstance(func, cst.Name) or self.reach is None:
-            return None
-        bindings = self.reach.of(func)
-        values = [b.value for b in bindings if isinstance(b, cst.Assign) and len(b.targets) == 1]
-        makers = {id(v): v for v in values if isinstance(v, cst.Call) and self._grad_maker(v) is v}
-        if len(values) != len(bindings) or len(makers) != 1:
-            return None
-        return next(iter(makers.values()))
+        made = self.reaching(func, lambda b: (c := _assigned_call(b)) and self._grad_maker(c))
+        return made[0] if made is not None and len(made) == 1 else None
 
     def grad_value(
         self, made: cst.Call, call: cst.Call, varying: Varying, with_grads: bool = False
@@ -925,6 +925,12 @@ class _Nodes(cst.CSTVisitor):
     def on_visit(self, node: cst.CSTNode) -> bool:
         self.nodes.append(node)
         return not isinstance(node, (cst.Import, cst.ImportFrom))
+
+
+def _assigned_call(binding: cst.CSTNode) -> cst.Call | None:
+    """`f(...)` of a binding `name = f(...)` (one target), else None."""
+    value = binding.value if isinstance(binding, cst.Assign) and len(binding.targets) == 1 else None
+    return value if isinstance(value, cst.Call) else None
 
 
 def _listed(node: cst.BaseExpression | None) -> list[cst.BaseExpression | None]:
