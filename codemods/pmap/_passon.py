@@ -150,10 +150,9 @@ def passed_to(
 ) -> tuple[cst.Call, cst.FunctionDef, str, dict[str, cst.BaseExpression]] | None:
     """`callee(..., q=use, ...)` (or by position), `callee` a def of the module: the call, the
     callee, the parameter `q` bound to `use` and every argument by parameter; else None."""
-    arg = flow.parent.get(id(use))
-    call = flow.parent.get(id(arg))
-    if not isinstance(arg, cst.Arg) or not isinstance(call, cst.Call) or arg.value is not use:
+    if (passed := flow.passed(use)) is None:
         return None
+    call = passed[1]
     callee = defs.get(single_name(call.func) or "")
     args = bound_arguments(callee, call) if callee is not None else None
     if callee is None or args is None:
@@ -183,10 +182,13 @@ def parameter_for(
     return rest.name.value if isinstance(rest, cst.Param) else None
 
 
-def surely_stacked(program: Program, flow: Flow, forms: Forms, use: cst.Name) -> bool:
+def surely_stacked(
+    program: Program, flow: Flow, forms: Forms, use: cst.Name, same: bool = False
+) -> bool:
     """Return True if `use`, a read in the function calling the step itself (not in a nested
     def or lambda, which may run before the replication: big_vision's `init` closure), reads
-    on every path a replication or a step's result: its copies are then what pmap passed."""
+    on every path a replication or a step's result: its copies are then what pmap passed.
+    `same`: a result of the step only where it is one that is the same on every device."""
     inside = takewhile(lambda a: a is not program.host, flow.ancestors(use))
     if any(isinstance(a, (cst.FunctionDef, cst.Lambda)) for a in inside):
         return False
@@ -194,7 +196,11 @@ def surely_stacked(program: Program, flow: Flow, forms: Forms, use: cst.Name) ->
     reach = flow.reach.of(use)
     return bool(reach) and all(
         isinstance(b, cst.Assign)
-        and (id(b.value) in calls or forms.replicated_source(b.value) is not None)
+        and (
+            id(b.value) in calls
+            and not (same and _differs(program, b, use.value))
+            or forms.replicated_source(b.value) is not None
+        )
         for b in reach
     )
 
@@ -206,22 +212,18 @@ def surely_replicated(
     every device on every path: `surely_stacked`, and no binding reaching it gives it a result
     of the step that may differ between devices."""
     root = base_of(value)
-    if not isinstance(root, cst.Name) or not surely_stacked(program, flow, forms, root):
-        return False
-    calls = {id(c) for c in program.calls}
-    for binding in flow.reach.of(root):
-        if not isinstance(binding, cst.Assign) or id(binding.value) not in calls:
-            continue  # a replication: `surely_stacked` took it
-        target = binding.targets[0].target
-        if isinstance(target, cst.Tuple):
-            names = [single_name(e.value) for e in target.elements]
-            if len(names) != len(program.varying) or any(
-                v and n == root.value for n, v in zip(names, program.varying)
-            ):
-                return False
-        elif any(program.varying):
-            return False
-    return True
+    return isinstance(root, cst.Name) and surely_stacked(program, flow, forms, root, same=True)
+
+
+def _differs(program: Program, binding: cst.Assign, name: str) -> bool:
+    """Whether `binding`, of the step's results, binds `name` to one that may differ between
+    devices (or to them all, one of which may)."""
+    target = binding.targets[0].target
+    if not isinstance(target, cst.Tuple):
+        return any(program.varying)
+    names = [single_name(e.value) for e in target.elements]
+    pairs = zip(names, program.varying)
+    return len(names) != len(program.varying) or any(v and n == name for n, v in pairs)
 
 
 DONATED_LATER = (
@@ -271,14 +273,23 @@ def aliased(value: cst.BaseExpression) -> bool:
     return isinstance(base_of(value), cst.Name)
 
 
-def donated(program: Program, position: int) -> bool:
-    """Return True if the step donates the argument at `position` (any, when not literal)."""
-    if program.donate is None:
+def donated(program: Program, position: int | None) -> bool:
+    """Return True if the step donates the argument at `position` (any, when not literal; None:
+    no parameter of the step)."""
+    if program.donate is None or position is None:
         return False
     try:
         return position in argnums(program.donate.value)
     except Untranslatable:  # computed: any argument may be donated
         return True
+
+
+def _position(program: Program, index: int, arg: cst.Arg) -> int | None:
+    """The position of the step's parameter that `arg`, the `index`th argument of a call of the
+    step, fills; None when it fills none."""
+    if arg.keyword is None:
+        return index
+    return program.params.index(arg.keyword.value) if arg.keyword.value in program.params else None
 
 
 def donated_after(program: Program, flow: Flow, use: cst.Name, at: cst.CSTNode) -> bool:
@@ -292,17 +303,8 @@ def donated_after(program: Program, flow: Flow, use: cst.Name, at: cst.CSTNode) 
     inside = takewhile(lambda a: a is not program.host, flow.ancestors(at))
     nested = any(isinstance(a, cst.FunctionDef) for a in inside)  # it runs when called
     for call in program.calls:
-        passed = [
-            a.value
-            for i, a in enumerate(call.args)
-            if a.star
-            or (a.keyword is None and donated(program, i))
-            or (
-                a.keyword is not None
-                and a.keyword.value in program.params
-                and donated(program, program.params.index(a.keyword.value))
-            )
-        ]
+        args = enumerate(call.args)
+        passed = [a.value for i, a in args if a.star or donated(program, _position(program, i, a))]
         names = [n for value in passed for n in nodes_in(value, cst.Name) if n.value == use.value]
         if any(flow.reach.of(n) & reaching for n in names) and (
             nested or flow.ran_before(call, [at])
