@@ -287,10 +287,9 @@ class Faithful(Finding):
             count = arity(site.mapped, statics)
             if count is None and fun is not None:
                 count = self._partial_arity(fun.arg.value, statics)
-            called = None  # a tuple of specs has one per argument already
-            if not isinstance(in_specs, cst.Tuple):
-                called = self._calls_arity(site, statics, count)
-            if called is not None:
+            # a tuple of specs has one per argument already
+            tupled = isinstance(in_specs, cst.Tuple)
+            if (called := None if tupled else self._calls_arity(site, statics, count)) is not None:
                 count = called
                 notes.append(
                     f"`in_specs` is sized for the {count} arguments its calls in this module "
