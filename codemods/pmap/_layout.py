@@ -30,8 +30,6 @@ from libcst.helpers import parse_template_expression
 from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.names import child_fields, dotted
 
-from ._declines import Decline
-
 Qualname = Callable[[cst.BaseExpression], "str | None"]
 Holes = dict[str, cst.BaseExpression]  # what each hole of a pattern holds, by name
 Counts = Callable[[cst.BaseExpression], bool]  # is this the number of local devices?
@@ -57,11 +55,6 @@ class Layout(enum.Enum):
             return other
         return Layout.UNKNOWN
 
-    @property
-    def stacked(self) -> bool:
-        """True for a layout with pmap's leading device axis."""
-        return self in (Layout.REPLICAS, Layout.PER_DEVICE, Layout.KEYS)
-
 
 class Role(enum.Enum):
     """What a row does: makes the device axis, reads it away, or carries a value through."""
@@ -76,8 +69,8 @@ class Transfer:
     """One row of the table: its spellings (`patterns`, holes `{x}`...), the layout of its
     `source` hole it needs (`takes`), the layout it gives, and its program-level rewrite
     (`template`: holes of the pattern plus `{jax}`, `{jnp}`, `{sharding}`, `{owner}`, `{value}`
-    the whole expression; None: no rewrite yet, a value it makes blocks the program-level form
-    with `decline`)."""
+    the whole expression; None: no rewrite yet, a value it makes is of unknown layout to the
+    step, PL301)."""
 
     name: str
     patterns: tuple[str, ...]
@@ -90,7 +83,6 @@ class Transfer:
     counts: tuple[str, ...] = ()  # holes that must be the number of local devices
     devices: tuple[str, ...] = ()  # holes that must be this process's devices
     pure: tuple[str, ...] = ()  # holes the rewrite drops: no call in them (`droppable`)
-    decline: Decline | None = None  # the decline code when `template` is None
     lifts: bool = True  # False: its rewrite is not the same leaf by leaf (`jax.tree.map`)
     # True: it makes a Python number an array that is not weakly typed (NumPy stacks it as a
     # float64/int64 array), so `bfloat16` arithmetic with the replicas is float32 where the
@@ -232,13 +224,14 @@ TRANSFERS: tuple[Transfer, ...] = (
     # norm's statistics without `axis_name`) a real mean the program-level form has no value
     # for (it holds one value, not one per device): PL402 names the value.
     Transfer("cross_device_mean", MEANS, REPLICAS, REPLICAS, CARRIER, "{x}", MEAN_OF_COPIES),
-    # Not rewritten yet (the input pipeline must yield flat global batches): a value they make
-    # is an argument of unknown layout to the step.
+    # No rewrite of their own: a prefetch is deleted where `_inputs.py` follows the iterator
+    # it feeds (it then yields flat batches); elsewhere a value they make is an argument of
+    # unknown layout to the step (PL301).
     Transfer("prefetch_to_device", ("flax.jax_utils.prefetch_to_device({x}, {size})",),
              PER_DEVICE, PER_DEVICE, CARRIER, None,
-             "batches prefetched to the devices, still split per device", decline=Decline.ARGUMENT_UNKNOWN),
+             "batches prefetched to the devices, still split per device"),
     Transfer("pad_shard_unpad", ("flax.jax_utils.pad_shard_unpad({x})",), HOST, HOST, CARRIER,
-             None, "a step wrapped to pad, split and unpad its batches", decline=Decline.ARGUMENT_UNKNOWN),
+             None, "a step wrapped to pad, split and unpad its batches"),
 )
 # fmt: on
 
