@@ -780,10 +780,11 @@ class Pmap(Faithful):
 
     def _spell(self, program: Program) -> None:
         """Spell what the rewrite of `program` writes as the module does (`PartitionSpec`, `jax`,
-        `jax.numpy`; importing what it lacks), and drop the imports its edits leave unread. Name the module's helpers
-        it asks for, each written once at the module's end: the converter of a batch drawn per
-        device from an iterator not followed (`_flow._convert_drawn`), the copier of a replicated
-        value for a call not followed (`_passon.copied`) and its inverse (`_flow.UNCOPIED`)."""
+        `jax.numpy`; importing what it lacks), and drop the imports its edits leave unread. Name
+        the module's helpers it asks for, each written once at the module's end: the converter of
+        a batch drawn per device from an iterator not followed (`_flow._convert_drawn`), the
+        copier of a replicated value for a call not followed (`_passon.copied`) and its inverse
+        (`_flow.UNCOPIED`)."""
         self._drop_deleted_imports(program)
         program.spec = self._spec(imported=True)
         program.jax = dotted(self.module_ref("jax")) or "jax"
