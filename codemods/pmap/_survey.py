@@ -421,9 +421,14 @@ def _factory(module: cst.Module, site: PmapUse) -> cst.FunctionDef | None:
     factory = site.around
     if not isinstance(factory, cst.FunctionDef) or factory not in module.body:
         return None
-    match statements(factory.body)[-1]:
-        case cst.SimpleStatementLine([cst.Return(value), *_]) if value is site.node:
-            return factory if len(site.pmaps) == 1 else None
+    return factory if _returned(factory) is site.node and len(site.pmaps) == 1 else None
+
+
+def _returned(fn: cst.FunctionDef) -> cst.BaseExpression | None:
+    """What `fn`'s last statement returns, `return value` (None for anything else)."""
+    match statements(fn.body)[-1]:
+        case cst.SimpleStatementLine([cst.Return(value), *_]):
+            return value
     return None
 
 
@@ -1901,10 +1906,12 @@ class Finding(Pass):
         """Return the site a reference to `jax.pmap` belongs to; None if another covers it."""
         parent = ancestors[-1]
         if isinstance(parent, cst.Call) and parent.func is ref:
-            return None if self._is_inner(ancestors) else self._call_site(parent, ref, ancestors)
+            # the `jax.pmap(g)` of `jax.pmap(jax.pmap(g))`: the outer one has it
+            inner = len(ancestors) > 2 and self._maps(ancestors[-3], ancestors[-2], PMAP)
+            return None if inner else self._call_site(parent, ref, ancestors)
         if isinstance(parent, cst.Decorator):
             return PmapUse(parent, [parent], ref, ancestors, mapped=ancestors[-2])
-        if isinstance(parent, cst.Arg) and self._is_partial(ancestors[-2], parent):
+        if self._maps(ancestors[-2], parent, PARTIAL):
             if isinstance(ancestors[-3], cst.Decorator):
                 return PmapUse(ancestors[-3], [ancestors[-3]], ref, ancestors, mapped=ancestors[-4])
             why = "`functools.partial(jax.pmap, ...)` kept as a value: its calls are not visible"
@@ -1921,22 +1928,13 @@ class Finding(Pass):
         why = "`jax.pmap` passed around as a value: the calls made with it are not visible"
         return PmapUse(ref, [], ref, ancestors, skip=why)
 
-    def _is_partial(self, node: cst.CSTNode, first: cst.Arg) -> bool:
-        """Whether `node` is `functools.partial(f, ...)` with `first` its positional `f`."""
+    def _maps(self, node: cst.CSTNode, first: cst.CSTNode, function: str) -> bool:
+        """Whether `node` calls `function` (`jax.pmap`, `functools.partial`) with `first` its
+        first argument, positional: the function it maps."""
         return (
             isinstance(node, cst.Call)
-            and node.args[0] is first
-            and first.keyword is None
-            and self.qualname(node.func) == PARTIAL
-        )
-
-    def _is_inner(self, ancestors: tuple[cst.CSTNode, ...]) -> bool:
-        """Return True for the `jax.pmap(g)` of `jax.pmap(jax.pmap(g))`: the outer one has it."""
-        outer = ancestors[-3] if len(ancestors) > 2 else None
-        return (
-            isinstance(outer, cst.Call)
-            and fun_arg(outer) is ancestors[-2]
-            and self.qualname(outer.func) == PMAP
+            and fun_arg(node) is first
+            and self.qualname(node.func) == function
         )
 
     def _call_site(
@@ -2106,13 +2104,8 @@ def _made_step(
     bindings = list(flow.reach.of(func) or ())
     made = bindings[0].value if len(bindings) == 1 and isinstance(bindings[0], cst.Assign) else None
     function = imported.function(forms.qualname(made.func)) if isinstance(made, cst.Call) else None
-    if function is None or not isinstance(function.fn.body, cst.IndentedBlock):
-        return None
-    lines = function.fn.body.body
-    last = lines[-1]
-    returned = last.body[0] if isinstance(last, cst.SimpleStatementLine) else None
-    value = returned.value if isinstance(returned, cst.Return) else None
-    if not isinstance(value, cst.Call) or function.qualname(value.func) != PMAP:
+    value = _returned(function.fn) if function is not None else None
+    if function is None or not isinstance(value, cst.Call) or function.qualname(value.func) != PMAP:
         return None
     try:
         options = options_of(value, function.qualname)
@@ -2121,6 +2114,7 @@ def _made_step(
     plain = options.named and not options.bound and options.in_axes is None
     if not plain or options.statics or not isinstance(options.fun, cst.Name):
         return None  # the body is read with every argument mapped, as passed
+    lines = statements(function.fn.body)
     nested = [d for d in lines if isinstance(d, cst.FunctionDef) and d.name.value == options.name]
     if len(nested) != 1 or nested[0].decorators:
         return None
