@@ -705,8 +705,11 @@ class Finding(Pass):
             body = lambda_def(site.mapped)
         else:
             assert isinstance(site.node, cst.Call)
-            defs = self.survey.defs(self._mapped_def_name(site.node))
+            mapped = self._mapped_def_name(site.node)
+            defs = self.survey.defs(mapped)
             if len(defs) != 1 or self._def_scope(defs[0]) not in (None, maker):
+                return None
+            if self.survey.rebound(mapped, site.node):  # `f = other` too: which one is mapped
                 return None
             body = defs[0]
         around = [s.ancestors for s in self.sites.values()]
