@@ -397,8 +397,7 @@ def helpers_of(flow: Flow, qualname: Qualname) -> set[str]:
     return {
         name
         for name in flow.stores
-        if (value := flow.value(name)) is not None
-        and len(flow.only(name).targets) == 1  # type: ignore[union-attr]
+        if (value := value_of_name(flow.only(name), name)) is not None
         and flow.loads.get(name)
         and (isinstance(value, cst.Lambda) or is_device_count(value, flow, qualname))
     }
@@ -962,8 +961,7 @@ def _drawn(binding: cst.CSTNode, name: str, flow: Flow, depth: int = 0) -> bool:
         return name in target_names(binding.target)
     if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
         return False
-    value = binding.value
-    drawn = isinstance(value, cst.Call) and code(value.func) == "next" and len(value.args) == 1
+    drawn = holes_of("next({it})", binding.value) is not None
     if drawn and name in target_names(binding.targets[0].target):
         return True
     return bool(_taken_from(binding, name, flow, depth))
@@ -1101,14 +1099,10 @@ def _follow_stacked(site: _Site, name: str, joined: Layout) -> None:
         )
     ]
     stackings += [ENTRY] if name in program.entries else []  # a parameter: the caller's value
-    # `x, y = keep((x, y))`: the name unpacked is laid out as its part (`_unpacked_part`)
-    stackings += [b for b in flow.stores.get(name, []) if _unpacked_part(b, name, forms)]
     blocking: list[cst.CSTNode] = []  # each read that blocks: every one is named
     for use in _reads(site, name, set(stackings)):  # once stacked
         if not replicated and not keys and _flat_batch(program, flow, forms, use, name):
             continue
-        if _repacked(flow, forms, use):
-            continue  # the name it is unpacked into is followed as this one
         if not (replicated and _read_as_one(site, use, name, None, Decline.STACKED_READ)):
             blocking.append(field_top(flow, use))
     if blocking:
@@ -1317,8 +1311,9 @@ def _generated_batches(site: _Site, position: int) -> bool:
 def _yielded_splits(generator: cst.FunctionDef, flow: Flow, forms: Forms) -> list[_Pair] | None:
     """Return each split the generator's `yield`s give (the split, its flat source), else None."""
     inner = Flow(generator, outer=flow)  # the count of devices may be the function's
-    yields = list(nodes_in(generator.body, cst.Yield, SCOPES))  # not of its defs, lambdas
-    if not yields or any(not isinstance(y.value, cst.BaseExpression) for y in yields):
+    yields = [y.value for y in nodes_in(generator.body, cst.Yield, SCOPES)]  # not its defs'
+    values = [v for v in yields if isinstance(v, cst.BaseExpression)]
+    if not values or len(values) != len(yields):
         return None  # a bare `yield`, or `yield from`
     counts = lambda node: is_device_count(node, inner, forms.qualname)
 
@@ -1327,12 +1322,9 @@ def _yielded_splits(generator: cst.FunctionDef, flow: Flow, forms: Forms) -> lis
         return value_of_name(next(iter(found)), name.value) if len(found) == 1 else None
 
     splits = Forms(forms.qualname, counts, forms.defs, values=value_of)
-    items: list[cst.BaseExpression] = []
-    for y in yields:
-        value = y.value
-        assert isinstance(value, cst.BaseExpression)
-        items += [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
-    inside = {id(n) for y in yields for n in nodes_in(y, cst.Name)}
+    tuples = [v.elements if isinstance(v, cst.Tuple) else [cst.Element(v)] for v in values]
+    items = [e.value for t in tuples for e in t]  # each item of a tuple yielded
+    inside = {id(n) for v in values for n in nodes_in(v, cst.Name)}
     return _split_items(inner, splits, items, inside)
 
 
@@ -1837,11 +1829,7 @@ def _follow_result(site: _Site, step: str, name: str, output: int) -> None:
         readback = isinstance(b, cst.Assign) and forms.readback_of(b.value, name)
         return id(b) in program.siblings or readback
 
-    made = _one_source(site, step, name, read_back)
-    made = {*made, *(b for b in flow.stores.get(name, []) if _unpacked_part(b, name, forms))}
-    for use in _reads(site, name, made):  # a call's result reaches it
-        if _repacked(flow, forms, use):
-            continue  # `x, y = keep((x, y))`: read as `x` is, from there
+    for use in _reads(site, name, _one_source(site, step, name, read_back)):
         if (listed := _appended_to(flow, use)) is not None:
             _follow_list(site, step, listed)
             continue
@@ -1878,16 +1866,19 @@ def _read_as_one(site: _Site, use: cst.Name, name: str, output: int | None, why:
 
 
 def _reads(site: _Site, name: str, bindings: set[cst.CSTNode]) -> Iterator[cst.Name]:
-    """The reads of `name` that `bindings` may reach, but those fed to a step (or a field of
-    it, `step(state.params)`, or in a container passed: checked there), read in `x = x - lr *
-    g` (an argument replicated as its parts are) or only waited for (`_waited`)."""
+    """The reads of `name` that `bindings` may reach, or its bindings as a part of a tuple
+    unpacked (`x, y = keep((x, y))`: laid out as the part, `_unpacked_part`), but those fed to
+    a step (or a field of it, `step(state.params)`, or in a container passed: checked there),
+    read in `x = x - lr * g` (an argument replicated as its parts are), only waited for
+    (`_waited`) or the part unpacked into `name` itself (its reads are followed from there)."""
     program, flow, forms, calls = site
     feeds = _fed(forms, calls) | program.sibling_feeds
+    bindings = bindings | {b for b in flow.stores.get(name, []) if _unpacked_part(b, name, forms)}
     for use in flow.loads.get(name, []):
         arithmetic = any(id(a) in program.arithmetic for a in flow.ancestors(use))
         if not flow.reach.of(use) & bindings or id(field_top(flow, use)) in feeds or arithmetic:
             continue
-        if not _waited(flow, use, forms):
+        if not _waited(flow, use, forms) and not _repacked(flow, forms, use):
             yield use
 
 
@@ -2008,10 +1999,9 @@ def _one_source(
     parameter = name in flow.params
     # Passed to a step (this one or another of the function): a binding before the calls is
     # an argument's, whose layout is checked there (`params = replicate(params)`)
-    fed = {n.value for c in calls for a in c.call.args for n in nodes_in(a.value, cst.Name)}
     loads = flow.loads.get(name, [])
-    if any(id(field_top(flow, u)) in program.sibling_feeds for u in loads):
-        fed.add(name)
+    fed = any(name in names_in(a.value) for c in calls for a in c.call.args)
+    fed = fed or any(id(field_top(flow, u)) in program.sibling_feeds for u in loads)
     for use in loads:
         reaching = flow.reach.of(use)
         if not reaching & made:
@@ -2021,7 +2011,7 @@ def _one_source(
             if binding is ENTRY:  # a parameter's value, but the caller's equal copies (as results)
                 other = parameter and program.entries.get(name) is not Layout.REPLICAS
             elif before:  # an argument's, or `None`
-                other = name not in fed and not _bound_to_none(binding)
+                other = not fed and not _bound_to_none(binding)
             else:  # bound after a call, not allowed nor the results' own (their mean, deleted)
                 other = not allowed(binding) and id(binding) not in program.means
             if other:
@@ -2041,22 +2031,16 @@ def _follow_items(program: Program, flow: Flow, forms: Forms, use: cst.Name, nam
     """`for k, v in name.items():` (or `for v in name.values():`) of a replicated dict of
     results, `v` read only as `v[0]` where the loop binds it (big_vision's logging of its
     measurements; `v` may be another loop's name elsewhere): each readback deleted. False when the read is not such a loop."""
-    method = flow.parent.get(id(use))
-    call = flow.parent.get(id(method))
-    loop = flow.parent.get(id(call))
-    # an attribute is its call's `func`, a call its loop's `iter`: no other place holds them
-    if not isinstance(method, cst.Attribute) or method.value is not use:
+    loop = flow.statement(use)
+    if not isinstance(loop, cst.For) or loop.orelse:
         return False
-    if not isinstance(call, cst.Call) or call.args or not isinstance(loop, cst.For) or loop.orelse:
-        return False
-    target = loop.target
     item: str | None = None
-    if method.attr.value == "items" and isinstance(target, (cst.Tuple, cst.List)):
-        items = [single_name(e.value) for e in target.elements]
-        if len(items) == 2 and None not in items and items[0] != items[1]:
-            item = items[1]
-    elif method.attr.value == "values":
-        item = single_name(target)
+    if (holes_of("{d}.values()", loop.iter) or {}).get("d") is use:
+        item = single_name(loop.target)
+    elif (holes_of("{d}.items()", loop.iter) or {}).get("d") is use:
+        pair = holes_of("({k}, {v})", loop.target) or holes_of("[{k}, {v}]", loop.target)
+        names = [single_name(pair[h]) for h in "kv"] if pair else []
+        item = names[1] if len(set(names) - {None}) == 2 else None
     if item is None or item == name or loop not in flow.stores.get(item, []):
         return False
     found = []
