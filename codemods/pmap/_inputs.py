@@ -38,15 +38,14 @@ iterator then stays as it is, and each batch is converted where the step takes i
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from jaxmigrate.toolkit.emit import code
 
 from ._forms import Forms, is_device_count, positional, single_name
-from ._layout import GLOBAL_BATCH, SPLIT_EDIT, TREE_MAPS, fill, match
+from ._layout import GLOBAL_BATCH, SPLIT_EDIT, TREE_MAPS, fill, holes_of, match
 from ._passon import pmaps, program_of
 from ._program import Program
-from ._reach import SCOPES, Flow, nodes_in
+from ._reach import SCOPES, Flow, assigned_name, nodes_in
 
 BUILTINS = ("next", "zip", "enumerate", "map")
 SPLIT = (
@@ -143,8 +142,8 @@ def _iterator(binding: cst.CSTNode, name: str) -> cst.Name | None:
     """The iterator `binding` reads `name` from: `for name in it`, `for i, name in zip(r, it)`
     or `enumerate(it)`, `name = next(it)`; else None."""
     if isinstance(binding, cst.Assign):  # `next(it)`
-        one = m.Call(m.Name("next", lpar=[]), [m.Arg(m.Name(), keyword=None, star="")])
-        return binding.value.args[0].value if m.matches(binding.value, one) else None  # type: ignore[attr-defined,return-value]
+        found = holes_of("next({it})", binding.value)
+        return it if found is not None and isinstance(it := found["it"], cst.Name) else None
     if not isinstance(binding, cst.For):
         return None
     source, target = binding.iter, binding.target
@@ -164,23 +163,15 @@ def _iterator(binding: cst.CSTNode, name: str) -> cst.Name | None:
 
 
 def _iterated(flow: Flow, use: cst.Name) -> tuple[cst.CSTNode, str] | None:
-    """The binding and the name a read of the iterator gives batches to, else None."""
-    parent = flow.parent.get(id(use))
-    node: cst.CSTNode = use
-    if isinstance(parent, cst.Arg):
-        node, parent = parent.value, flow.parent.get(id(parent))
-        if not isinstance(parent, cst.Call):
-            return None
-        node, parent = parent, flow.parent.get(id(parent))
-    if isinstance(parent, cst.For) and parent.iter is node:
-        target = parent.target
+    """The binding and the name a read of the iterator gives batches to (the loop's last target,
+    or the name `next(it)` is bound to), else None."""
+    binding = flow.statement(use)
+    batch = assigned_name(binding)
+    if isinstance(binding, cst.For):
+        target = binding.target
         names = [e.value for e in target.elements] if isinstance(target, cst.Tuple) else [target]
         batch = single_name(names[-1]) if names else None
-        return (parent, batch) if batch and _iterator(parent, batch) is use else None
-    if isinstance(parent, cst.Assign) and parent.value is node and len(parent.targets) == 1:
-        batch = single_name(parent.targets[0].target)
-        return (parent, batch) if batch and _iterator(parent, batch) is use else None
-    return None
+    return (binding, batch) if batch and _iterator(binding, batch) is use else None
 
 
 Edit = tuple[cst.FunctionDef, cst.BaseExpression, cst.BaseExpression, str, set[str]]
@@ -205,16 +196,14 @@ def _flat_iterator(maker: cst.FunctionDef, forms: Forms) -> tuple[list[Edit], cs
             source = found.holes["x"]
             edits.append((maker, value, source, PREFETCH, set()))
             value = source
-        elif (
-            isinstance(value, cst.Call) and code(value.func) == "map" and "map" not in inner.stores
-        ):
-            args = positional(value, 2)
-            mapped = forms.defs.get(single_name(args[0]) or "") if args else None
-            if args is None or mapped is None or mapped is maker or pmaps(mapped, forms):
+        elif (mapping := holes_of("map({f}, {xs})", value)) and "map" not in inner.stores:
+            f = mapping["f"]  # the def mapped over the batches
+            mapped = forms.defs.get(single_name(f) or "")
+            if not isinstance(f, cst.Name) or mapped is None or mapped is maker:
                 return None
-            split = _split_by(mapped, forms)
-            assert isinstance(args[0], cst.Name)
-            return None if split is None else ([*edits, split], args[0])
+            if pmaps(mapped, forms) or (split := _split_by(mapped, forms)) is None:
+                return None
+            return [*edits, split], f
     return None
 
 
@@ -231,18 +220,14 @@ def _split_by(fn: cst.FunctionDef, forms: Forms) -> Edit | None:
     if found is None:  # `tree_map(_prepare, xs)`, `_prepare` a def nested in `fn`
         args = positional(value, 2) if isinstance(value, cst.Call) else None
         func = value.func if isinstance(value, cst.Call) else value
-        nested = [
-            d
-            for d in nodes_in(fn.body, cst.FunctionDef)
-            if args and d is not fn and d.name.value == single_name(args[0])
-        ]
-        if forms.qualname(func) not in TREE_MAPS or len(nested) != 1:
+        nested = outer.only(single_name(args[0])) if args else None  # the def `fn` binds
+        if forms.qualname(func) not in TREE_MAPS or not isinstance(nested, cst.FunctionDef):
             return None
-        reads = outer.loads.get(nested[0].name.value, [])
-        if len([r for r in reads if r is not nested[0].name]) != 1:
+        reads = outer.loads.get(nested.name.value, [])
+        if len([r for r in reads if r is not nested.name]) != 1:
             return None  # the nested def called otherwise too
-        value = _returned(nested[0])
-        if len(nested[0].params.params) != 1 or value is None:
+        value = _returned(nested)
+        if len(nested.params.params) != 1 or value is None:
             return None
         found = splits.split(value)
     if found is None:
