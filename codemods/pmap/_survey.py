@@ -239,6 +239,12 @@ class Survey(cst.CSTVisitor):
             if bindings[0].plain and bindings[0].scope.kind == "module"
         }
 
+    def only_def(self, name: str, by: cst.CSTNode | None = None) -> cst.FunctionDef | None:
+        """Return the one `def name` of the module (`defs`) when nothing else binds `name`
+        (`rebound`, `by` not counting), else None."""
+        defs = self.defs(name)
+        return defs[0] if len(defs) == 1 and not self.rebound(name, by) else None
+
     def rebound(self, name: str, by: cst.CSTNode | None = None) -> bool:
         """Return True if anything but a `def` binds `name` anywhere in the module; `by`, the
         value of `name = jax.pmap(name, ...)`, is the def's own step and does not count."""
@@ -705,13 +711,11 @@ class Finding(Pass):
             body = lambda_def(site.mapped)
         else:
             assert isinstance(site.node, cst.Call)
-            mapped = self._mapped_def_name(site.node)
-            defs = self.survey.defs(mapped)
-            if len(defs) != 1 or self._def_scope(defs[0]) not in (None, maker):
+            # `f = other` too (`only_def`): which one is mapped is not known
+            mapped = self.survey.only_def(self._mapped_def_name(site.node), site.node)
+            if mapped is None or self._def_scope(mapped) not in (None, maker):
                 return None
-            if self.survey.rebound(mapped, site.node):  # `f = other` too: which one is mapped
-                return None
-            body = defs[0]
+            body = mapped
         around = [s.ancestors for s in self.sites.values()]
         if any(id(m) in self.programs or any(m in a for a in around) for m, _ in readers):
             return None
@@ -843,10 +847,8 @@ class Finding(Pass):
             raise blocked
         others = [m for m in methods if m is not setup]
         # In `setup`: `self.method`, the function of each call of each other method
-        calls: dict[str, list[cst.Attribute]] = {m.name.value: [] for m in others}
-        for attr in nodes_in(setup, cst.Attribute):
-            if attr.attr.value in calls:
-                calls[attr.attr.value].append(attr)
+        attrs = list(nodes_in(setup, cst.Attribute))
+        calls = {m.name.value: [a for a in attrs if a.attr.value == m.name.value] for m in others}
         copies: dict[int, Stored] = {}
         names: dict[tuple[int, int], str] = {}  # by (step, method): the step's name there
         given_params: dict[str, set[str]] = {}  # by method: its parameters laid out in `setup`
@@ -860,13 +862,10 @@ class Finding(Pass):
                 for (found, _), name in zip(read, kept.steps, strict=False):
                     names[(id(found), id(method))] = name
             setup_copy = copies[id(setup)]
-            in_setup: dict[int, cst.Call] = {}  # by id of a call in `setup`: the call in the copy
-            called: dict[str, list[cst.Call]] = {n: [] for n in calls}  # each other method's
-            for call in nodes_in(setup_copy.copy, cst.Call):
-                if id(call) in setup_copy.origins:
-                    in_setup[id(setup_copy.origins[id(call)])] = call
-                if (callee := single_name(call.func)) in called:
-                    called[callee].append(call)
+            made, origins = list(nodes_in(setup_copy.copy, cst.Call)), setup_copy.origins
+            # By id of a call in `setup`: the call in the copy; the calls of each other method
+            in_setup = {id(origins[id(c)]): c for c in made if id(c) in origins}
+            called = {n: [c for c in made if single_name(c.func) == n] for n in calls}
             steps: list[OuterStep] = []
             # By (method's copy, name): the programs of the steps called there by that name
             passed: dict[tuple[int, str], list[tuple[str, Program]]] = {}
@@ -1534,11 +1533,9 @@ class Finding(Pass):
             body, skip = lambda_def(site.mapped), site.mapped
         else:
             name = self._mapped_def_name(site.node)
-            defs = self.survey.defs(name)
-            if len(defs) != 1 or self.survey.rebound(name, site.node):
-                body = self._opaque_body(site, host, self._not_a_def(site.node, name))
-            else:
-                body = defs[0]
+            body = self.survey.only_def(name, site.node) or self._opaque_body(
+                site, host, self._not_a_def(site.node, name)
+            )
             skip = None if body in self.module.body or body.name.value == OPAQUE else body
             if skip is not None and self._def_scope(body) is not host:
                 why = f"the pmapped function `{name}` is a def nested in another function"
@@ -1819,8 +1816,8 @@ class Finding(Pass):
             return _replication(inner, Forms(self.qualname, counts, defs), value, self.imported)
 
         for name, fn in defs.items():
-            entry = declared.get(id(fn))
-            if entry is None or entry.copies or fn.decorators or self.survey.rebound(name):
+            entry = declared[id(fn)]  # `declared_copies` has each def of the module's body
+            if entry.copies or fn.decorators or self.survey.rebound(name):
                 continue  # declared, or called through a decorator's wrapper
             if elsewhere(name, self.state.outside, self.survey.strings):
                 continue
@@ -1962,8 +1959,7 @@ class Finding(Pass):
         value = fun.value if fun is not None else None
         if not isinstance(value, cst.Name):
             return value if isinstance(value, cst.Lambda) else None
-        defs = self.survey.defs(value.value)
-        return defs[0] if len(defs) == 1 and not self.survey.rebound(value.value) else None
+        return self.survey.only_def(value.value)
 
     def _stack_decorators(self, sites: list[PmapUse]) -> list[PmapUse]:
         """Merge two stacked pmap decorators of one def into one site, a nested pmap."""
