@@ -369,7 +369,7 @@ def _globals_unread(module: cst.Module, program: Program, flow: Flow) -> None:
                 raise NotVisible(why, Decline.CLOSURE)
 
 
-def _outside_why(host: cst.CSTNode | None) -> str:
+def _outside_why(host: cst.CSTNode) -> str:
     """Why the calls of a step made outside any def (in a class body, a lambda, a block at
     module level other than `if __name__ == "__main__":`) are not followed."""
     if isinstance(host, cst.ClassDef):
@@ -378,7 +378,7 @@ def _outside_why(host: cst.CSTNode | None) -> str:
         header = next(line for line in code(host).splitlines() if line.strip()[:1] not in "#")
         where = f"`{header.strip()}` at module level"
     else:
-        where = "a lambda" if host is not None else "a block at module level"
+        where = "a lambda"
     return f"the step is made in {where}: its calls are not followed"
 
 
@@ -608,8 +608,8 @@ class Finding(Pass):
         enabled = []
         for name, unread in ((n, u) for n, u in self.unread.items() if u.group == group):
             readers = sorted({f"`{r}`" for r in unread.readers if r})
-            parts = ["its calls, means over devices of a step's equal copies, deleted"]
-            parts = parts if "" in unread.readers else []
+            deleted = "its calls, means over devices of a step's equal copies, deleted"
+            parts = [deleted] if "" in unread.readers else []
             parts += [f"read only by {' and '.join(readers)}, deleted too"] if readers else []
             why = ", ".join(parts) + "; nothing else in the code base uses it"
             node = _unread_node(unread)
@@ -1646,16 +1646,13 @@ class Finding(Pass):
             if not isinstance(call, cst.Call) or call.func is not read:
                 continue
             around = [call, *flow.ancestors(call)]
-            caller = next(
-                (f"`{a.name.value}`" for a in around if isinstance(a, cst.FunctionDef)),
-                "the module",
-            )
+            fn = next((a for a in around if isinstance(a, cst.FunctionDef)), None)
+            caller = f"`{fn.name.value}`" if fn is not None else "the module"
             calls.append(caller)
             inside = takewhile(lambda p: type(p[1]) is not cst.FunctionDef, pairwise(around))
             loops = ((i, o) for i, o in inside if isinstance(o, (cst.For, cst.While)))
-            looped += (
-                [caller] if any(i in (o.body, getattr(o, "test", None)) for i, o in loops) else []
-            )
+            if any(i in (o.body, getattr(o, "test", None)) for i, o in loops):
+                looped.append(caller)
         if looped:
             return f"{looped[0]} calls in a loop"
         if len(calls) < 2:
@@ -1673,14 +1670,11 @@ class Finding(Pass):
         holds = holds or bool(outer & set(names_in(callee)))  # its calls: another program
         return uses == [call.func] and not holds and callee.name.value not in self.survey.strings
 
-    def _main_host(self, around: Sequence[cst.CSTNode]) -> cst.FunctionDef | None:
-        """The `if __name__ == "__main__":` block at module level `around` (a site's ancestors)
-        is in, read as a def of its body (one per block); else, for a site in a statement of
-        the module, the module's statements read so; else None."""
+    def _main_host(self, around: Sequence[cst.CSTNode]) -> cst.FunctionDef:
+        """The `if __name__ == "__main__":` block at module level `around` (a node's ancestors,
+        the module first) is in, read as a def of its body (one per block); else the module's
+        statements read so."""
         block = main_block(self.module, around)
-        at_top = len(around) > 1 and around[0] is self.module and around[1] in self.module.body
-        if block is None and not at_top:
-            return None
         key = id(block if block is not None else self.module)
         if key not in self.main_blocks:
             body = block.body if block is not None else cst.IndentedBlock(body=self.module.body)
@@ -1809,8 +1803,8 @@ class Finding(Pass):
             around = list(flow.ancestors(call))
             host = next((a for a in around if isinstance(a, cst.FunctionDef)), None)
             host = host or self._main_host(around[::-1])  # at module level: its statements'
-            if host is None or value is None:
-                return "no value" if value is None else "a call not followed"
+            if value is None:
+                return "no value"
             inner = flow_of(host)
             counts = lambda node: is_device_count(node, inner, self.qualname)
             return _replication(inner, Forms(self.qualname, counts, defs), value, self.imported)
