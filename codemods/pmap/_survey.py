@@ -416,6 +416,9 @@ class _StoredStep:
         return self.readers[0][0]
 
 
+# By name of a method another calls, its reads `self.method` there (`Finding._calls_of`)
+_Calls = dict[str, list[cst.Attribute]]
+
 # How a parameter of a method passed to a step there is laid out where the method calling it
 # passes it (`Finding._given`): `Program.given` of the method's programs
 _Given = Callable[[Program, str, int], Layout]
@@ -835,7 +838,9 @@ class Finding(Pass):
         methods = [m for found in shared for m, _ in found.readers]
         methods += [m for found in shared for _, m, _ in passes[id(found)]]
         methods = list({id(m): m for m in methods}.values())  # each once, in order
-        setup = next((m for m in methods if self._calls_all(m, methods)), None)
+        # In `setup`: `self.method`, the function of each call of each other method
+        setups = ((m, c) for m in methods if (c := self._calls_of(m, methods)) is not None)
+        setup, calls = next(setups, (None, {}))
         if setup is None and any(passes.values()):  # passed to a method: that is followed
             where = " and ".join(f"`{shared[0].klass.name.value}.{m.name.value}`" for m in methods)
             raise NotVisible(
@@ -846,9 +851,6 @@ class Finding(Pass):
         if (blocked := self._passed_everywhere(setup, passes)) is not None:
             raise blocked
         others = [m for m in methods if m is not setup]
-        # In `setup`: `self.method`, the function of each call of each other method
-        attrs = list(nodes_in(setup, cst.Attribute))
-        calls = {m.name.value: [a for a in attrs if a.attr.value == m.name.value] for m in others}
         copies: dict[int, Stored] = {}
         names: dict[tuple[int, int], str] = {}  # by (step, method): the step's name there
         given_params: dict[str, set[str]] = {}  # by method: its parameters laid out in `setup`
@@ -947,7 +949,7 @@ class Finding(Pass):
         shared: list[_StoredStep],
         methods: list[cst.FunctionDef],
         copies: dict[int, Stored],
-        calls: dict[str, list[cst.Attribute]],
+        calls: _Calls,
         blocking: _StoredStep | None,
         why: NotVisible,
     ) -> None:
@@ -1013,10 +1015,11 @@ class Finding(Pass):
                     why = f"`{one}` and `{other}` are passed to one parameter, laid out differently"
                     raise NotVisible(why, Decline.CALLS_DIFFER)
 
-    def _calls_all(self, setup: cst.FunctionDef, methods: list[cst.FunctionDef]) -> bool:
-        """`setup` calls each other method of `methods`, as `self.method(...)` (once or more:
-        each call lays out the method's parameters its steps read), and nothing else reads that
-        method (in the module, or, by name, in the code base), nor names it in `setup`."""
+    def _calls_of(self, setup: cst.FunctionDef, methods: list[cst.FunctionDef]) -> _Calls | None:
+        """By name of each other method of `methods`, its reads `self.method` in `setup`, when
+        `setup` calls each of them so, `self.method(...)` (once or more: each call lays out the
+        method's parameters its steps read), and nothing else reads that method (in the module,
+        or, by name, in the code base), nor names it in `setup`; else None."""
         me = first_parameter(setup)
         funcs = {id(c.func) for c in nodes_in(setup, cst.Call)}
         attrs = list(nodes_in(setup, cst.Attribute))
@@ -1030,16 +1033,17 @@ class Finding(Pass):
             private = Callers(
                 outside.everywhere, {k: v for k, v in outside.uses.items() if k != "*"}
             )
-        for name in (m.name.value for m in methods if m is not setup):
-            mine = [a for a in attrs if a.attr.value == name]
+        others = [m.name.value for m in methods if m is not setup]
+        calls = {name: [a for a in attrs if a.attr.value == name] for name in others}
+        for name, mine in calls.items():
             once = self._defs_named[name] == 1
             if not mine or self._attributes_named[name] != len(mine) or name in bare or not once:
-                return False  # also read elsewhere, or a subclass's override is called too
+                return None  # also read elsewhere, or a subclass's override is called too
             if any(single_name(a.value) != me or id(a) not in funcs for a in mine):
-                return False
+                return None
             if elsewhere(name, private if name.startswith("_") else outside, self.survey.strings):
-                return False
-        return True
+                return None
+        return calls
 
     def _in_copy(self, found: _StoredStep, kept: Stored, name: str, **follow: Any) -> Program:
         """Return the program of `found`'s step called as `name` in `kept`'s copy of its method,
