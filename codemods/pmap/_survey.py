@@ -1725,11 +1725,9 @@ class Finding(Pass):
         try:
             program = analyze_decorated(host, body, options, self.qualname, siblings, facts)
         except NotVisible as why:  # `return step` from a factory stored on self: what blocks
-            deeper = None
-            if why.code is Decline.NOT_CALLED_ONLY:
-                deeper = returned_into_self(
-                    self.module, host, options, body, self.qualname, self.declared
-                )
+            deeper = why.code is Decline.NOT_CALLED_ONLY and returned_into_self(
+                self.module, host, options, body, self.qualname, self.declared
+            )
             raise deeper or self.factory_used.get(id(site.node)) or why from None
         return self._checked(program, flow, body)
 
