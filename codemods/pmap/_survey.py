@@ -1613,8 +1613,7 @@ class Finding(Pass):
         fun = fun_arg(site.node)
         args = enumerate(site.node.args)  # an axis name, by position or keyword
         named = any((a.keyword.value if a.keyword else i) in (1, "axis_name") for i, a in args)
-        assign = site.ancestors[-2] if len(site.ancestors) > 1 else None  # `step = <call>`
-        target = assigned_name(assign)
+        target = self._bound_to(site)  # `step = <call>`
         if fun is None or named or target is None or isinstance(fun.value, cst.Lambda):
             raise NotVisible(why, Decline.NOT_A_DEF)
         counts = {
