@@ -19,6 +19,7 @@ from functools import partial
 from typing import Any, TypeAlias, TypeVar, cast
 
 import libcst as cst
+import libcst.matchers as m
 
 from jaxmigrate.toolkit.cstutil import names_in
 from jaxmigrate.toolkit.emit import code
@@ -55,6 +56,7 @@ T = TypeVar("T")
 STATISTICS = "batch_stats"  # the collection flax's `BatchNorm` updates in training
 APPLIES = frozenset({"apply", "apply_fn"})  # flax's `model.apply`, `TrainState.apply_fn`
 TRACED = frozenset({"shape", "ndim", "dtype", "size", "itemsize"})  # one trace: the same everywhere
+ONE_CALL = m.Assign([m.AssignTarget()], m.Call())  # `name = f(...)`, one target
 NOT_FOLLOWED = "the body has a `{}` statement, not followed"  # a statement's kind: not modelled
 
 
@@ -533,7 +535,10 @@ class _Reader:
         which is one call making it (`grad_fn = jax.value_and_grad(loss_fn, has_aux=True)`)."""
         if isinstance(func, cst.Call):
             return func if self.qualname(func.func) == "jax.value_and_grad" else None
-        made = self.reaching(func, lambda b: (c := _assigned_call(b)) and self._grad_maker(c))
+        made = self.reaching(
+            func,
+            lambda b: self._grad_maker(b.value) if m.matches(b, ONE_CALL) else None,  # type: ignore[attr-defined]
+        )
         return made[0] if made is not None and len(made) == 1 else None
 
     def grad_value(
@@ -645,16 +650,13 @@ class _Reader:
             return None
         cached = (id(function.fn), frozenset(mapped), self.inside)
         if cached not in self.helpers:
-            self.helpers[cached] = self._helper_read(function, mapped)
+            reader = self._read(function, mapped)
+            try:
+                self.helpers[cached] = None if reader is None else tuple(_results(reader)[1])
+            except NotVisible:
+                self.helpers[cached] = None
         found = self.helpers[cached]
         return None if found is None else list(found)
-
-    def _helper_read(self, function: Function, mapped: set[str]) -> tuple[bool, ...] | None:
-        reader = self._read(function, mapped)
-        try:
-            return None if reader is None else tuple(_results(reader)[1])
-        except NotVisible:
-            return None
 
     def _read(self, function: Function, start: set[str], nested: bool = False) -> _Reader | None:
         """A reader of `function`'s def, which this one follows (`start`: the names differing as
@@ -925,12 +927,6 @@ class _Nodes(cst.CSTVisitor):
     def on_visit(self, node: cst.CSTNode) -> bool:
         self.nodes.append(node)
         return not isinstance(node, (cst.Import, cst.ImportFrom))
-
-
-def _assigned_call(binding: cst.CSTNode) -> cst.Call | None:
-    """`f(...)` of a binding `name = f(...)` (one target), else None."""
-    value = binding.value if isinstance(binding, cst.Assign) and len(binding.targets) == 1 else None
-    return value if isinstance(value, cst.Call) else None
 
 
 def _listed(node: cst.BaseExpression | None) -> list[cst.BaseExpression | None]:
