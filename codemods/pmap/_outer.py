@@ -227,18 +227,12 @@ def mesh_in_scope(
         for line in scope.body:
             before = before and id(line) not in holding
             small = line.body if isinstance(line, cst.SimpleStatementLine) else ()
-            for node in small:
-                if not isinstance(node, cst.Assign) or len(node.targets) != 1:
+            for node in (s for s in small if isinstance(s, cst.Assign) and len(s.targets) == 1):
+                if (kind := mesh_kind(node.value, axis, qualname)) is None:
                     continue
-                kind = mesh_kind(node.value, axis, qualname)
-                name = single_name(node.targets[0].target)
-                if kind is None:
-                    continue
-                if kind != "pmap" or name is None:
-                    why = (
-                        f"a mesh already in scope (`{code(node.targets[0].target)}`) is not "
-                        f"pmap's: {kind}"
-                    )
+                target = node.targets[0].target
+                if kind != "pmap" or (name := single_name(target)) is None:
+                    why = f"a mesh already in scope (`{code(target)}`) is not pmap's: {kind}"
                     raise NotVisible(why, Decline.MESH)
                 if before and found is None:
                     found = name
@@ -257,7 +251,10 @@ def mesh_kind(node: cst.BaseExpression, axis: cst.BaseExpression, qualname: Qual
     args = [a for a in node.args if a.keyword is None]
     keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
     devices = args[0].value if args else keywords.get("devices")
-    if devices is None or not _all_devices(devices, qualname):
+    array = devices if isinstance(devices, cst.Call) and len(devices.args) == 1 else None
+    if array is not None and qualname(array.func) in ARRAYS:  # `np.array(jax.devices())`
+        devices = array.args[0].value
+    if devices is None or not all_devices(devices, qualname):
         return "its devices are not `jax.devices()` in order"
     names = _only(args[1].value if len(args) > 1 else keywords.get("axis_names"))
     want = axis.evaluated_value if isinstance(axis, cst.SimpleString) else None
@@ -268,12 +265,6 @@ def mesh_kind(node: cst.BaseExpression, axis: cst.BaseExpression, qualname: Qual
     if extra or len(args) > 2 or (types is not None and qualname(types) != AUTO):
         return "its axis types are not Auto"
     return "pmap"
-
-
-def _all_devices(node: cst.BaseExpression, qualname: Qualname) -> bool:
-    if isinstance(node, cst.Call) and qualname(node.func) in ARRAYS and len(node.args) == 1:
-        node = node.args[0].value
-    return all_devices(node, qualname)
 
 
 def _only(node: cst.BaseExpression | None) -> cst.BaseExpression | None:
