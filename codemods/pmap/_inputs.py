@@ -131,10 +131,10 @@ def iterated_batches(
 def assigned_call(flow: Flow, use: cst.Name) -> tuple[cst.Assign, str] | None:
     """`it = use(...)`: the binding and `it`, else None."""
     call = flow.parent.get(id(use))
-    assign = flow.parent.get(id(call)) if isinstance(call, cst.Call) else None
+    assign = flow.parent.get(id(call))
     if not isinstance(call, cst.Call) or call.func is not use or not isinstance(assign, cst.Assign):
         return None
-    target = single_name(assign.targets[0].target) if len(assign.targets) == 1 else None
+    target = assigned_name(assign)
     return (assign, target) if target is not None and assign.value is call else None
 
 

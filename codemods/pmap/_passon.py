@@ -117,12 +117,10 @@ def read_back_in_def(program: Program, flow: Flow, forms: Forms, use: cst.Name, 
     indexed = sequence_bound(flow, forms, name)  # `p[0]` its first item: not a readback
     for read in inner.loads[param]:
         reach = inner.reach.of(read)
-        if not reach:
-            return False  # a read the bindings are not followed to (in a lambda, a nested def)
-        if ENTRY not in reach:
+        if reach and ENTRY not in reach:
             continue  # the value it is rebound to (`state = jax.device_get(...)`)
-        if reach != {ENTRY}:
-            return False  # that or another value
+        if reach != {ENTRY}:  # that or another value, or none followed (a lambda, a nested def)
+            return False
         around = readback_around(inner, forms, read, param)
         if around is None or indexed and forms.indexes_whole(around[0]):
             return False

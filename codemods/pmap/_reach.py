@@ -87,14 +87,11 @@ class Reach:
 
     # Statements -----------------------------------------------------------------------------
     def _body(self, statements: Iterable[cst.BaseStatement], env: Env | None) -> Env | None:
-        for statement in statements:
-            for seen in self._tries:
-                if env is not None:
-                    seen.append(env)
-            env = self._statement(statement, env)
-        for seen in self._tries:
+        for statement in (*statements, None):  # what reaches each, and the end: a `try`'s
             if env is not None:
-                seen.append(env)
+                for seen in self._tries:
+                    seen.append(env)
+            env = self._statement(statement, env) if statement is not None else env
         return env
 
     def _statement(self, node: cst.BaseStatement, env: Env | None) -> Env | None:
