@@ -167,10 +167,9 @@ def waits(parent: Mapping[int, cst.CSTNode], use: cst.Name, qualname: Qualname) 
     waits for the value and reads nothing of its layout."""
     around = parent.get(id(use))
     call = parent.get(id(around))
-    if isinstance(around, cst.Attribute) and around.value is use:
-        ok = around.attr.value == "block_until_ready"
-        ok = ok and isinstance(call, cst.Call) and call.func is around and not call.args
-    else:
-        ok = isinstance(around, cst.Arg) and around.keyword is None and isinstance(call, cst.Call)
-        ok = ok and len(call.args) == 1 and qualname(call.func) == "jax.block_until_ready"  # type: ignore[union-attr]
-    return ok and isinstance(parent.get(id(call)), cst.Expr)
+    if not isinstance(call, cst.Call) or not isinstance(parent.get(id(call)), cst.Expr):
+        return False
+    if isinstance(around, cst.Attribute):  # `use` is its value: a name is no attribute's `attr`
+        return m.matches(call, m.Call(m.Attribute(attr=m.Name("block_until_ready")), args=[]))
+    alone = m.matches(call, m.Call(args=[m.Arg(keyword=None)]))  # the `Arg` around `use`
+    return alone and qualname(call.func) == "jax.block_until_ready"
