@@ -644,9 +644,7 @@ def _reads(
 def _traced_later(decorator: cst.BaseExpression) -> bool:
     """`jax.jit`, `jax.jit(...)`, `partial(jax.jit, ...)`: the def runs when called (traced at
     its first call), not when decorated or later elsewhere."""
-    if isinstance(decorator, cst.Call):
-        head = dotted(decorator.func)
-        if head in ("functools.partial", "partial") and decorator.args:
-            return dotted(decorator.args[0].value) == "jax.jit"
-        return head == "jax.jit"
+    if isinstance(decorator, cst.Call):  # what `partial` binds, or what is called
+        partial = dotted(decorator.func) in ("functools.partial", "partial") and decorator.args
+        decorator = decorator.args[0].value if partial else decorator.func
     return dotted(decorator) == "jax.jit"
