@@ -154,16 +154,12 @@ def claimed(
     assigns = [s for line in lines for s in line.body if isinstance(s, cst.Assign)]
     calls = [a for a in assigns if m.matches(a.value, m.Call(func=m.Name(step)))]
     bound = {n for a in calls for t in a.targets for n in target_names(t.target)}  # `a, b = step()`
-    if not returned or not isinstance(statement, cst.Assign) or statement.value is not call:
-        return {}
-    if len(statement.targets) != 1:
+    if not returned or not isinstance(statement, cst.Assign) or len(statement.targets) != 1:
         return {}
     target = statement.targets[0].target
-    elements = (
-        target.elements if isinstance(target, (cst.Tuple, cst.List)) else [cst.Element(target)]
-    )
-    names = [single_name(e.value) if isinstance(e, cst.Element) else None for e in elements]
-    if len(names) != len(returned[0]):
+    parts = target.elements if isinstance(target, (cst.Tuple, cst.List)) else [cst.Element(target)]
+    names = [single_name(e.value) if isinstance(e, cst.Element) else None for e in parts]
+    if statement.value is not call or len(names) != len(returned[0]):
         return {}
     return {
         i: n
