@@ -254,8 +254,7 @@ def row_named(name: str) -> Transfer:
 
 def fill(template: str, holes: Mapping[str, cst.BaseExpression]) -> cst.BaseExpression:
     """Return `template` with its holes filled from `holes` (extra entries ignored)."""
-    wanted = set(_HOLE.findall(template))
-    filled: dict[str, Any] = {k: v for k, v in holes.items() if k in wanted}
+    filled: dict[str, Any] = {k: v for k, v in holes.items() if k in _HOLE.findall(template)}
     return parse_template_expression(template, **filled)
 
 
