@@ -535,10 +535,8 @@ class _Reader:
         which is one call making it (`grad_fn = jax.value_and_grad(loss_fn, has_aux=True)`)."""
         if isinstance(func, cst.Call):
             return func if self.qualname(func.func) == "jax.value_and_grad" else None
-        made = self.reaching(
-            func,
-            lambda b: self._grad_maker(b.value) if m.matches(b, ONE_CALL) else None,  # type: ignore[attr-defined]
-        )
+        made_by = lambda b: self._grad_maker(b.value) if m.matches(b, ONE_CALL) else None  # type: ignore[attr-defined]
+        made = self.reaching(func, made_by)
         return made[0] if made is not None and len(made) == 1 else None
 
     def grad_value(
