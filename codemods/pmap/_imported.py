@@ -132,9 +132,7 @@ def _resolve(names: ScopeModel, rest: list[str]) -> Function | None:
     """`f`: a def of the module; `obj.m` of `obj = C()` there, or `C.m`: the method `m` of the
     class `C` of the module, its first parameter bound. Each name bound once at module level."""
     scope = names.module_scope
-    defs = {
-        n: node for n in scope.bindings if (node := _once(scope, n, cst.FunctionDef)) is not None
-    }
+    defs = {n: d for n in scope.bindings if (d := _once(scope, n, cst.FunctionDef)) is not None}
     if len(rest) == 1 and rest[0] in defs:
         return Function(defs[rest[0]], False, names.qualified_name, defs)
     if len(rest) != 2:
@@ -146,12 +144,10 @@ def _resolve(names: ScopeModel, rest: list[str]) -> Function | None:
             cls = _once(scope, rest[0], cst.ClassDef)
     if cls is None or any(not m.matches(b.value, m.Name("object")) for b in cls.bases):
         return None  # a method may come from a base class
-    methods = [
-        s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == rest[1]
-    ]
-    if len(methods) != 1 or methods[0].decorators or not methods[0].params.params:
+    found = [s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == rest[1]]
+    if len(found) != 1 or found[0].decorators or not found[0].params.params:
         return None
-    return Function(methods[0], True, names.qualified_name, defs)
+    return Function(found[0], True, names.qualified_name, defs)
 
 
 def only_waits_on(function: Function, param: str) -> bool:
