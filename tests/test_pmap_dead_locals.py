@@ -57,3 +57,22 @@ def test_a_name_bound_twice_stays() -> None:
     after = before.replace(SPLIT, "")
     code = drop_dead_locals(cst.parse_module(before), cst.parse_module(after)).code
     assert "prefix = (n, rows)" in code and "prefix = (rows, n)" in code, code
+
+
+def test_a_del_of_dead_names_alone_goes_with_them() -> None:
+    """`del prefix` after the split: kept without its assignment, it raises
+    `UnboundLocalError`."""
+    before = BEFORE.format(binding="x.shape[1:]").replace(SPLIT, SPLIT + "        del prefix\n")
+    after = before.replace(SPLIT, "")
+    code = drop_dead_locals(cst.parse_module(before), cst.parse_module(after)).code
+    assert "prefix = (n, rows)" not in code and "del prefix" not in code, code
+
+
+def test_a_name_deleted_with_a_live_one_keeps_its_assignment() -> None:
+    before = BEFORE.format(binding="x.shape[1:]").replace(
+        SPLIT, SPLIT + "        del prefix, rows\n"
+    )
+    after = before.replace(SPLIT, "")
+    code = drop_dead_locals(cst.parse_module(before), cst.parse_module(after)).code
+    assert "prefix = (n, rows)" in code and "del prefix, rows" in code, code
+    assert "shape = x.shape[1:]" not in code, code  # not deleted: it goes as before

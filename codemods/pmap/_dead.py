@@ -135,8 +135,10 @@ def drop_dead_locals(original: cst.Module, updated: cst.Module) -> cst.Module:
     statement of a def goes, with its comments, when its one target is a plain name bound once
     in the def (nested defs included), not declared `global` or `nonlocal`, read in the
     original def and nowhere in the rewritten one, and its value holds none of `EFFECTS`
-    (`without`: a block left empty holds `pass`). Names at module level stay: another module
-    may import them.
+    (`without`: a block left empty holds `pass`). A `del` of such names alone goes with them
+    (`del shape_prefix` after the split: kept, it would raise `UnboundLocalError`); a name a
+    `del` deletes with a live one keeps its assignment. Names at module level stay: another
+    module may import them.
     """
     before, dead = _defs(original), set()
     for path, new in _defs(updated).items():
@@ -147,6 +149,7 @@ def drop_dead_locals(original: cst.Module, updated: cst.Module) -> cst.Module:
         bound = [t.target for a in nodes_in(new, cst.Assign) for t in a.targets]
         declared = {n.name.value for d in nodes_in(new, cst.Global) for n in d.names}
         declared |= {n.name.value for d in nodes_in(new, cst.Nonlocal) for n in d.names}
+        unread: dict[str, int] = {}
         for line in nodes_in(new, cst.SimpleStatementLine):
             name = bound_name(line)  # `name = value`: its one target a plain name
             if (
@@ -157,7 +160,19 @@ def drop_dead_locals(original: cst.Module, updated: cst.Module) -> cst.Module:
                 and name not in declared
                 and not any(next(nodes_in(line, kind), None) for kind in EFFECTS)  # in `value`
             ):
+                unread[name] = id(line)
+        for line in nodes_in(new, cst.SimpleStatementLine):
+            deleted = [  # the names a `del` unbinds (not `del x.a`, `del x[i]`: reads of `x`)
+                n.value
+                for d in nodes_in(line, cst.Del)
+                for n in nodes_in(d.target, cst.Name, skip=(cst.Attribute, cst.Subscript))
+            ]
+            if deleted and len(line.body) == 1 and set(deleted) <= unread.keys():
                 dead.add(id(line))
+            else:
+                for name in deleted:
+                    unread.pop(name, None)
+        dead |= set(unread.values())
     return without(updated, dead)
 
 
