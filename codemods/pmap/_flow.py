@@ -290,8 +290,7 @@ def analyze_calls(
     entry = facts.replicated.get(id(host), NOT_DECLARABLE)
     program.declared, program.spelling, program.seen = entry.copies, entry.spelling, entry.seen
     program.unseen = entry.unseen
-    program.helpers = helpers_of(flow, qualname)
-    program.made = maker
+    program.helpers, program.made = helpers_of(flow, qualname), maker
     program.calls = [c.call for c in calls]
     _keyword_calls(program, calls, keywords)
     sibling_calls(program, flow, siblings, facts.defs, methods)
@@ -544,13 +543,9 @@ def _signature(
         raise NotVisible(why, Decline.SIGNATURE)
     if any(a.star for call in calls for a in call.args):
         raise _call_differs(step, "unpacks its arguments (`*` or `**`)")
-    filled = {  # how many by position (before any keyword: syntax), which by keyword
-        (
-            len([a for a in c.args if a.keyword is None]),
-            frozenset(a.keyword.value for a in c.args if a.keyword),
-        )
-        for c in calls
-    }
+    # how many by position (before any keyword: syntax), which by keyword
+    keyed = [[a.keyword.value for a in c.args if a.keyword] for c in calls]
+    filled = {(len(c.args) - len(k), frozenset(k)) for c, k in zip(calls, keyed, strict=True)}
     if len(filled) != 1:
         why = f"the calls of `{step}` pass different arguments (by position or keyword)"
         raise NotVisible(why, Decline.CALLS_DIFFER)
@@ -1089,15 +1084,11 @@ def _follow_stacked(site: _Site, name: str, joined: Layout) -> None:
     deleted."""
     program, flow, forms, calls = site
     replicated, keys = joined is Layout.REPLICAS, joined is Layout.KEYS
-    stackings: list[cst.CSTNode] = [  # and `x = x - lr * g` after a call: replicated as well
-        b
-        for b in flow.stores.get(name, [])
-        if isinstance(b, cst.Assign)
-        and (
-            any(id(n) in program.nodes for n in _laid_out_parts(b.value))
-            or (id(b) in program.arithmetic and _after_a_call(flow, b, calls))
-        )
-    ]
+    assigns = [b for b in flow.stores.get(name, []) if isinstance(b, cst.Assign)]
+    laid_out = lambda b: any(id(n) in program.nodes for n in _laid_out_parts(b.value))
+    # and `x = x - lr * g` after a call: replicated as well
+    fed_back = lambda b: id(b) in program.arithmetic and _after_a_call(flow, b, calls)
+    stackings: list[cst.CSTNode] = [b for b in assigns if laid_out(b) or fed_back(b)]
     stackings += [ENTRY] if name in program.entries else []  # a parameter: the caller's value
     blocking: list[cst.CSTNode] = []  # each read that blocks: every one is named
     for use in _reads(site, name, set(stackings)):  # once stacked
@@ -1464,12 +1455,9 @@ def _float_leaf(site: _Site, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode |
     if isinstance(func, cst.Name) and func.value == "float" and "float" not in flow.stores:
         return node
     if isinstance(inner, cst.BinaryOperation):  # of Python numbers only: `lr * w` is an array
-        sides = [_float_leaf(site, s, depth + 1) for s in (inner.left, inner.right)]
-        plain = [
-            isinstance(s, cst.Integer) or f is not None
-            for s, f in zip((inner.left, inner.right), sides, strict=True)
-        ]
-        return node if all(plain) and any(f is not None for f in sides) else None
+        sides = [(s, _float_leaf(site, s, depth + 1)) for s in (inner.left, inner.right)]
+        plain = all(isinstance(s, cst.Integer) or f is not None for s, f in sides)
+        return node if plain and any(f is not None for _, f in sides) else None
     parts: list[cst.CSTNode] = []
     if isinstance(inner, (cst.Dict, cst.Tuple, cst.List)):
         parts = [getattr(e, "value", e) for e in inner.elements]
