@@ -141,10 +141,9 @@ def _check_own_name(host: cst.FunctionDef, step: str) -> None:
     """Raise NotVisible if `host` declares `step` `global` or `nonlocal`: the step is then a
     name of the module (or of the enclosing def), which other functions may call with stacked
     values."""
-    nested = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
     kind: type[cst.Global | cst.Nonlocal]
     for word, kind in (("global", cst.Global), ("nonlocal", cst.Nonlocal)):
-        for statement in nodes_in(host.body, kind, nested):
+        for statement in nodes_in(host.body, kind, SCOPES):
             if step in {item.name.value for item in statement.names}:
                 why = f"`{step}` is declared `{word}` in `{host.name.value}`"
                 why += ": its uses elsewhere are not followed"
@@ -203,13 +202,8 @@ def _call_differs(step: str, how: str) -> NotVisible:
 def _check_closure(program: Program, body: cst.FunctionDef, flow: Flow) -> None:
     """A body nested in the function reads the function's names when traced: none of them may
     be a value the rewrite lays out anew (an argument or a result of the step)."""
-    changed = {
-        name
-        for call in program.calls
-        for arg in call.args
-        for name in names_in(arg.value)
-        if name in flow.stores
-    }
+    args = [arg.value for call in program.calls for arg in call.args]
+    changed = {name for arg in args for name in names_in(arg) if name in flow.stores}
     # what `out = step(...)` binds (a caller's stand-in call, laying out an argument it passes,
     # `_callee.laid_out_in_caller`, binds nothing)
     for call in program.calls:
@@ -282,8 +276,7 @@ def analyze_calls(
         _mean_of_unknown(flow, forms, made_call, step, host)
     calls = [_step_call(flow, forms, call, step, body) for call in made]
     program = Program(host, None, options.fun, options.axis, options.donate, [False] * arity, None)
-    program.unnamed = not options.named
-    program.fixed, program.statics = fixed, options.statics_arg
+    program.unnamed, program.fixed, program.statics = not options.named, fixed, options.statics_arg
     program.tail = options.tail[1] if options.tail is not None else None
     program.params = [p.name.value for p in body.params.params]
     program.keywords, program.given, program.carries = keywords, given, carried
@@ -888,14 +881,13 @@ def _leaves(forms: Forms, value: cst.BaseExpression) -> list[cst.BaseExpression]
     """The values a container passed to the step holds (`{"k": v}`, `(a, b)`, `dict(k=v)`,
     flax's `FrozenDict(k=v)`/`freeze({...})`), each laid out as passed alone; None for any
     other expression (or a container with `*`/`**` in it)."""
-    builtin = (
-        isinstance(value, cst.Call) and code(value.func) == "dict" and "dict" not in forms.defs
-    )
-    if isinstance(value, cst.Call) and (builtin or forms.qualname(value.func) in CONTAINERS):
-        if len(value.args) == 1 and value.args[0].keyword is None and not value.args[0].star:
-            return _leaves(forms, value.args[0].value)  # `freeze({...})`, `FrozenDict({...})`
-        keyworded = all(a.keyword is not None and not a.star for a in value.args)
-        return [a.value for a in value.args] if keyworded else None
+    call = value if isinstance(value, cst.Call) else None
+    builtin = call is not None and code(call.func) == "dict" and "dict" not in forms.defs
+    if call is not None and (builtin or forms.qualname(call.func) in CONTAINERS):
+        if len(call.args) == 1 and call.args[0].keyword is None and not call.args[0].star:
+            return _leaves(forms, call.args[0].value)  # `freeze({...})`, `FrozenDict({...})`
+        keyworded = all(a.keyword is not None and not a.star for a in call.args)
+        return [a.value for a in call.args] if keyworded else None
     plain = cst.DictElement if isinstance(value, cst.Dict) else cst.Element  # no `*`, `**`
     if isinstance(value, CONTAINER_NODES) and all(isinstance(e, plain) for e in value.elements):
         return [e.value for e in value.elements]  # type: ignore[union-attr]
@@ -956,10 +948,9 @@ def _drawn(binding: cst.CSTNode, name: str, flow: Flow, depth: int = 0) -> bool:
         return name in target_names(binding.target)
     if not isinstance(binding, cst.Assign) or len(binding.targets) != 1:
         return False
-    drawn = holes_of("next({it})", binding.value) is not None
-    if drawn and name in target_names(binding.targets[0].target):
-        return True
-    return bool(_taken_from(binding, name, flow, depth))
+    drawn = holes_of("next({it})", binding.value) is not None  # `name = next(it)`
+    drawn = drawn and name in target_names(binding.targets[0].target)
+    return drawn or _taken_from(binding, name, flow, depth) is not None
 
 
 def _taken_from(binding: cst.Assign, name: str, flow: Flow, depth: int = 0) -> cst.Name | None:
@@ -1355,11 +1346,11 @@ def _named_splits(program: Program, flow: Flow, forms: Forms, value: cst.BaseExp
     step is made, to a split (`xs = x.reshape((n, -1, 3))`) and read only there: the literal
     becomes this process's part of a batch, each such name bound to the flat value. Record the
     edits and return True; else False (nothing recorded)."""
-    if not isinstance(value, (cst.Dict, cst.Tuple)) or not value.elements:
+    # no `**d`, `*t`
+    leaves = _leaves(forms, value) if isinstance(value, (cst.Dict, cst.Tuple)) else None
+    if not leaves:
         return False
-    if not all(isinstance(e, (cst.DictElement, cst.Element)) for e in value.elements):
-        return False  # `**d`, `*t`
-    items = {id(e.value): e.value for e in value.elements}  # type: ignore[union-attr]
+    items = {id(v): v for v in leaves}
     pairs = _split_items(flow, forms, [*items.values()], {id(n) for n in nodes_in(value, cst.Name)})
     flat = {id(split): source for split, source in pairs or () if id(split) in items}
     named = [(flow.parent[id(v)], v, s) for v, s in pairs or () if id(v) not in items]
@@ -1470,8 +1461,7 @@ def _float_leaf(site: _Site, node: cst.CSTNode, depth: int = 0) -> cst.CSTNode |
     elif isinstance(inner, cst.Name):
         reaching = flow.reach.of(inner)
         parts = [b.value for b in reaching if isinstance(b, cst.Assign)]
-        host = flow.host
-        own = params_of(host.params) if isinstance(host, cst.FunctionDef) else []
+        own = params_of(flow.host.params) if isinstance(flow.host, cst.FunctionDef) else []
         mine = [p for p in own if p.name.value == inner.value]
         parts += [p.default for p in mine if p.default is not None and ENTRY in reaching]
         if (value := site.forms.bound.get(inner.value)) is not None and not mine:
