@@ -1697,13 +1697,8 @@ def _mean_of_results(
         return False
     seen |= {id(binding)}  # a loop back to this mean: the same value, no other source
     reaching = flow.reach.of(found.source)
-    if not reaching or not all(
-        any(c.binds(b) for c in calls)
-        or id(b) in program.siblings
-        or id(b) in seen
-        or _mean_of_results(site, b, name, seen)
-        for b in reaching
-    ):
+    known = lambda b: any(c.binds(b) for c in calls) or id(b) in program.siblings or id(b) in seen
+    if not reaching or not all(known(b) or _mean_of_results(site, b, name, seen) for b in reaching):
         return False  # a value besides the step's results: not known to be equal copies
     program.arithmetic[id(binding)] = set()
     program.means.add(id(binding))  # the same value as the results it is of (`_one_source`)
@@ -1811,11 +1806,9 @@ def _follow_result(site: _Site, step: str, name: str, output: int) -> None:
         if (listed := _appended_to(flow, use)) is not None:
             _follow_list(site, step, listed)
             continue
-        if _follow_items(program, flow, forms, use, name):
-            continue
-        if _reduced_whole(flow, forms, use):
-            continue  # `jnp.mean(loss)`: the same of equal copies and of the value, kept
-        if _read_as_one(site, use, name, output, Decline.RESULT_READ):
+        # `jnp.mean(loss)` (`_reduced_whole`): the same of equal copies and of the value, kept
+        kept = _follow_items(program, flow, forms, use, name) or _reduced_whole(flow, forms, use)
+        if kept or _read_as_one(site, use, name, output, Decline.RESULT_READ):
             continue
         # A result returned as it is (`return state`, flax's `train_and_evaluate`), stacked
         # over the devices: the callers' reads are not followed (maybe in another module)
