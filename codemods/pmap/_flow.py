@@ -634,9 +634,8 @@ def positional_call(call: cst.Call, keywords: tuple[str, ...]) -> cst.Call:
     order of `keywords` (`jax.shard_map` takes positional arguments only)."""
     plain = [a for a in call.args if a.keyword is None]
     by_keyword = {a.keyword.value: a for a in call.args if a.keyword is not None}
-    moved = [
-        by_keyword[k].with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT) for k in keywords
-    ]
+    bare = cst.MaybeSentinel.DEFAULT
+    moved = [by_keyword[k].with_changes(keyword=None, equal=bare) for k in keywords]
     args = [*plain, *moved]  # every argument moved: each keeps the comma of its place
     args = [a.with_changes(comma=c.comma) for a, c in zip(args, call.args, strict=True)]
     return call.with_changes(args=args)
