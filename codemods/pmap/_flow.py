@@ -861,12 +861,10 @@ def _hands_back(program: Program, flow: Flow) -> str | None:
         deeper = lambda v: isinstance(v, cst.Name) and depth < 4 and result(v, depth + 1)
         return any(id(v) in calls or deeper(v) for v in values)
 
-    def names(value: cst.BaseExpression | None) -> Iterator[cst.Name]:
-        if isinstance(value, cst.Name):
-            yield value
-        elif isinstance(value, cst.Tuple):
-            for element in value.elements:
-                yield from names(element.value)
+    def names(value: cst.BaseExpression | None) -> list[cst.Name]:  # `a`, `(a, (b, c))`
+        if isinstance(value, cst.Tuple):
+            return [name for element in value.elements for name in names(element.value)]
+        return [value] if isinstance(value, cst.Name) else []
 
     returns = nodes_in(program.host.body, cst.Return, SCOPES)
     return next((use.value for r in returns for use in names(r.value) if result(use)), None)
