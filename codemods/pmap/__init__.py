@@ -922,8 +922,7 @@ class Pmap(Faithful):
         for site, program, text in steps:
             layout = {"layout": self._layout(site.node, program)} if program else None
             enabled.append(self.site(site.node, text, group=key, fallback=key, details=layout))
-        owners = edit_owners(programs).items()
-        edits = [(p.nodes[k], self._shown(p.reasons[k])) for k, p in owners if k in p.reasons]
+        edits = [(p.nodes[k], self._shown(p.reasons[k])) for k, p in edit_owners(programs).items()]
         enabled += [self.site(self._origin(n), t, group=key, fallback=key) for n, t in edits]
         enabled += self._record_unread(key)
         enabled += [self.site(self._origin(n), t, group=key, fallback=key) for n, t in more]

@@ -274,16 +274,12 @@ class Program:
     def decorators(self, mesh: str | None, room: Room, style: Style) -> list[cst.Decorator]:
         """`@partial(jax.jit, ...)` over `@partial(jax.shard_map, ...)`, laid out in `room`; no
         `mesh=` when `mesh` is None (the mesh the program sets with `jax.set_mesh` is used)."""
-        partial = cst.parse_expression(self.partial)
-        jit_options = self.jit_options()
+        partial, jit_options = cst.parse_expression(self.partial), self.jit_options()
         jit = cst.Call(partial, [cst.Arg(self._jax("jit")), *jit_options])
         shard_map = [cst.Arg(self._jax("shard_map")), *self.shard_map_options(mesh)]
-        decorators = []
-        for expr in (jit if jit_options else self._jax("jit"), cst.Call(partial, shard_map)):
-            if isinstance(expr, cst.Call):
-                expr = Call.of(expr).laid_out(room, style)
-            decorators.append(cst.Decorator(decorator=expr))
-        return decorators
+        top = Call.of(jit).laid_out(room, style) if jit_options else self._jax("jit")
+        laid = Call.of(cst.Call(partial, shard_map)).laid_out(room, style)
+        return [cst.Decorator(top), cst.Decorator(laid)]
 
     def context(self) -> dict[str, cst.BaseExpression]:
         """Return how the rewrite spells what the table's templates name (`{jax}`, ...)."""
@@ -348,7 +344,7 @@ def edit_owners(programs: list[Program]) -> dict[int, Program]:
     owners: dict[int, Program] = {}
     for program in programs:  # else the last program's
         for key in program.edits:
-            if key not in owners or COPIED not in owners[key].reasons.get(key, ""):
+            if key not in owners or COPIED not in owners[key].reasons[key]:
                 owners[key] = program
     return owners
 

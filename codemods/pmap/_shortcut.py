@@ -142,6 +142,7 @@ def written_out(module: cst.Module, names: ScopeModel, imported: Imported) -> Wr
             for key, value in shortcut.keywords
         ]
 
+    decorators = {id(d.decorator): d for d in nodes_in(module, cst.Decorator)}
     for call in nodes_in(module, cst.Call):
         args = list(call.args)
         is_partial = bool(args) and names.qualified_name(call.func) == PARTIAL
@@ -149,7 +150,7 @@ def written_out(module: cst.Module, names: ScopeModel, imported: Imported) -> Wr
         if keywords is None or args[0].keyword is not None or any(a.star for a in args):
             continue
         if isinstance(keywords, str):
-            unread.append((call, keywords))
+            unread.append((decorators.get(id(call), call), keywords))  # said at the `@`
             continue
         if not is_partial and sum(a.keyword is None for a in args) > 1:
             continue  # `pmap(f, "i")`: `axis_name` given twice, the call fails today
@@ -160,7 +161,7 @@ def written_out(module: cst.Module, names: ScopeModel, imported: Imported) -> Wr
             func=call.func if is_partial else pmap(), args=_inserted(first, keywords, args[1:])
         )
         written[id(call)] = (new, call)
-    for decorator in nodes_in(module, cst.Decorator):  # `@constants.pmap`
+    for decorator in decorators.values():  # `@constants.pmap`
         keywords = keywords_of(decorator.decorator)
         if isinstance(keywords, str):
             unread.append((decorator, keywords))
@@ -170,8 +171,6 @@ def written_out(module: cst.Module, names: ScopeModel, imported: Imported) -> Wr
         written[id(decorator.decorator)] = (partial_call, decorator.decorator)
     if not written and not unread:
         return None
-    decorators = {id(d.decorator): d for d in nodes_in(module, cst.Decorator)}
-    unread = [(decorators.get(id(node), node), why) for node, why in unread]  # said at the `@`
     out = replaced(module, {k: new for k, (new, _) in written.items()}) if written else module
     return WrittenOut(out, list(written.values()), unread)
 
@@ -179,7 +178,13 @@ def written_out(module: cst.Module, names: ScopeModel, imported: Imported) -> Wr
 def restored(module: cst.Module, written: WrittenOut) -> cst.Module:
     """`module`, the rule's output, with every call `written_out` wrote that the rule left as
     it was put back as it was written."""
-    return module.visit(_Restore(written.written))
+
+    class Restore(cst.CSTTransformer):
+        def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+            found = (old for new, old in written.written if updated_node.deep_equals(new))
+            return next(found, updated_node)
+
+    return module.visit(Restore())
 
 
 def _inserted(first: cst.Arg, keywords: list[cst.Arg], rest: list[cst.Arg]) -> list[cst.Arg]:
@@ -200,9 +205,7 @@ def _reachable(names: ScopeModel, imported: Imported) -> dict[str, Reached]:
     """The shortcuts the module can call, by spelling (`pmap`, `constants.pmap`), each with the
     module name its names are reached through (None: they are the module's own, or literals);
     or why a shortcut imported by its own name cannot be written out here."""
-    found: dict[str, Reached] = {
-        name: (shortcut, None) for name, shortcut in shortcuts_in(names).items()
-    }
+    found: dict[str, Reached] = {k: (v, None) for k, v in shortcuts_in(names).items()}
     for local, bindings in names.module_scope.bindings.items():
         qualname = bindings[0].qualname if len(bindings) == 1 else None
         if bindings[0].kind is not BindingKind.IMPORT or qualname is None:
@@ -238,15 +241,3 @@ def _respelled(
         return value
     names = [n for n in nodes_in(value, cst.Name) if n.value in read]
     return replaced(value, {id(n): cst.Attribute(cst.Name(reach), n) for n in names})
-
-
-class _Restore(cst.CSTTransformer):
-    def __init__(self, written: list[tuple[cst.BaseExpression, cst.BaseExpression]]) -> None:
-        super().__init__()
-        self.written = written
-
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        for new, old in self.written:
-            if updated_node.deep_equals(new):
-                return old
-        return updated_node

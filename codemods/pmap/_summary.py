@@ -63,19 +63,18 @@ def summarize(
             return None
         nested[lines[0].name.value] = fun
         lines = lines[1:]
-    smalls: list[Sequence[cst.BaseSmallStatement]] = [
-        line.body if isinstance(line, cst.SimpleStatementLine) else () for line in lines
-    ]
-    if not smalls or any(len(small) != 1 for small in smalls):
+    one = m.SimpleStatementLine([m.DoNotCare()])  # a line of one statement
+    if not lines or not all(m.matches(line, one) for line in lines):
         return None
+    smalls = [cst.ensure_type(line, cst.SimpleStatementLine).body[0] for line in lines]
     counted = {
         n.target.value
         for a in smalls[:-1]
-        if isinstance(a[0], cst.Assign) and counts_devices(a[0].value, qualname)
-        for n in a[0].targets
+        if isinstance(a, cst.Assign) and counts_devices(a.value, qualname)
+        for n in a.targets
         if isinstance(n.target, cst.Name) and n.target.value not in names
     }
-    last = smalls[-1][0]
+    last = smalls[-1]
     if len(counted) != len(smalls) - 1 or not isinstance(last, cst.Return) or not last.value:
         return None  # a statement besides `n = jax.local_device_count()`, or no `return x`
 
@@ -114,12 +113,10 @@ def as_lambda(fn: cst.FunctionDef) -> cst.Lambda | None:
         return None
     body: cst.BaseExpression = cst.Name(name)
     for i, line in enumerate(lines):
-        if not isinstance(line, cst.SimpleStatementLine) or len(line.body) != 1:
-            return None
-        small = line.body[0]
         last = i == len(lines) - 1
         kind = m.Return() if last else m.Assign(targets=[m.AssignTarget(m.Name(name))])
-        value = small.value if m.matches(small, kind) else None  # type: ignore[attr-defined]
+        matched = m.matches(line, m.SimpleStatementLine([kind]))  # one statement, of that kind
+        value = line.body[0].value if matched else None  # type: ignore[attr-defined]
         if value is None or _binds(value):
             return None  # not `v = f(v)`, then `return g(v)`; or names of its own (`:=`, ...)
         body = replaced(value, {id(n): body for n in name_reads(value) if n.value == name})
