@@ -702,9 +702,8 @@ class Pmap(Faithful):
         if id(host) not in self.host_programs and id(host) not in self.host_setups:
             return None
         programs, setup = self.host_programs.get(id(host), []), self.host_setups.get(id(host))
-        return rewrite_host(
-            host, programs, setup, self._indent(original), self.state.style, self.produced
-        )
+        indent, style = self._indent(original), self.state.style
+        return rewrite_host(host, programs, setup, indent, style, self.produced)
 
     def _indent(self, fn: cst.FunctionDef) -> str:
         """Return the indentation of the body of `fn`."""
@@ -824,10 +823,8 @@ class Pmap(Faithful):
         new: dict[tuple[str, int], cst.FunctionDef] = {}
         for key, statement in _defs_by_occurrence(original_node):
             if programs := self.callee_programs.get(id(statement)):
-                indent = self._indent(statement)
-                new[key] = rewrite_host(
-                    statement, programs, None, indent, self.state.style, self.produced
-                )
+                style, indent = self.state.style, self._indent(statement)
+                new[key] = rewrite_host(statement, programs, None, indent, style, self.produced)
             if (program := self.factories.get(id(statement))) is not None:
                 assert program.factory is not None  # a factory returning a step taken
                 indent = self.room(program.factory[1]).indent

@@ -64,6 +64,8 @@ from ._layout import Layout, fill
 from ._reach import nodes_in, read_names, replaced
 from ._specs import tuple_of, with_static_tail
 
+Edit = Callable[[cst.BaseExpression], cst.BaseExpression]  # an expression, as rewritten -> new
+
 
 @dataclass
 class Program:
@@ -77,9 +79,7 @@ class Program:
     donate: cst.Arg | None
     batches: list[bool]  # per argument: a split batch (True) or replicated (False)
     outputs: int | None  # how many results the body returns as a tuple; None: one result
-    edits: dict[int, Callable[[cst.BaseExpression], cst.BaseExpression]] = field(
-        default_factory=dict
-    )  # by id of an original expression: what it becomes
+    edits: dict[int, Edit] = field(default_factory=dict)  # by id of an original: what it becomes
     jax: str = "jax"  # how the module spells `jax`
     jnp: str = "jax.numpy"  # how the module spells `jax.numpy`
     partial: str = "functools.partial"  # how the module spells it (a decorated step's)
@@ -164,9 +164,7 @@ class Program:
         """Replace `node` (original) by what `new` returns when the function is rewritten."""
         self.rewrite(node, why, lambda _: new())
 
-    def rewrite(
-        self, node: cst.CSTNode, why: str, edit: Callable[[cst.BaseExpression], cst.BaseExpression]
-    ) -> None:
+    def rewrite(self, node: cst.CSTNode, why: str, edit: Edit) -> None:
         """Replace `node` (original) by what `edit` makes of it as rewritten (the edits inside
         it made)."""
         self.nodes[id(node)], self.reasons[id(node)], self.edits[id(node)] = node, why, edit

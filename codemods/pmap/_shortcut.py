@@ -165,10 +165,9 @@ def written_out(module: cst.Module, names: ScopeModel, imported: Imported) -> Wr
         keywords = keywords_of(decorator.decorator)
         if isinstance(keywords, str):
             unread.append((decorator, keywords))
-        if keywords is None or isinstance(keywords, str) or partial is None:
-            continue
-        partial_call = cst.Call(cst.parse_expression(partial), [cst.Arg(pmap()), *keywords])
-        written[id(decorator.decorator)] = (partial_call, decorator.decorator)
+        elif keywords is not None and partial is not None:
+            partial_call = cst.Call(cst.parse_expression(partial), [cst.Arg(pmap()), *keywords])
+            written[id(decorator.decorator)] = (partial_call, decorator.decorator)
     if not written and not unread:
         return None
     out = replaced(module, {k: new for k, (new, _) in written.items()}) if written else module
