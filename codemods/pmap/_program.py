@@ -219,10 +219,11 @@ class Program:
         return cst.Attribute(cst.parse_expression(self.jax), cst.Name(name))
 
     def step_statements(
-        self, indent: str, style: Style, updated: cst.CSTNode | None = None
+        self, indent: str, style: Style, updated: cst.CSTNode
     ) -> list[cst.BaseStatement]:
         """Return the mesh, made once, and the step as `jax.jit` of `jax.shard_map` (a def the
-        pmap decorated, `updated`, gets their decorators)."""
+        pmap decorated, `updated` as rewritten, gets their decorators; `step = factory(...)`
+        stays): never none, the step is made or kept."""
         assert self.statement is not None
         made: list[cst.SimpleStatementLine] = []
         if self.make_mesh and (self.factory is None or any(self.batches)):
@@ -231,10 +232,9 @@ class Program:
             made.append(assign(self.sharding, self.new_sharding(self.mesh)))
         if not isinstance(self.statement, cst.FunctionDef) and self.factory is None:
             target = self.statement.body[0].targets[0].target  # type: ignore[attr-defined]
-            # the statement's own comment (`)  # eos token, max_length are constant`) stays
-            trailing = self.statement.trailing_whitespace
             step = assign(target, self.step(self.mesh))
-            made.append(step.with_changes(trailing_whitespace=trailing))
+            # the statement's own comment (`)  # eos token, max_length are constant`) stays
+            made.append(step.with_changes(trailing_whitespace=self.statement.trailing_whitespace))
         statements = [laid_out(statement, indent, style) for statement in made]
         if isinstance(updated, cst.FunctionDef):  # `self.decorators`, laid out after the `@`
             decorators = self.decorators(self.mesh, Room(indent, len(indent) + 1), style)
@@ -242,8 +242,6 @@ class Program:
         elif self.factory is not None and isinstance(updated, cst.SimpleStatementLine):
             # `step = factory(...)`, as it was; its comments go first, above the mesh
             statements.append(updated.with_changes(leading_lines=()))
-        if not statements:
-            return []
         first = statements[0].with_changes(leading_lines=self.statement.leading_lines)  # type: ignore[attr-defined]
         if len(statements) > 1 and isinstance(statements[-1], cst.FunctionDef):
             # One blank line before an inner def after statements, as black writes it; two
