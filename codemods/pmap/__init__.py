@@ -850,9 +850,8 @@ class Pmap(Faithful):
             axis = code(step.options.axis)
             text = OUTER_MESSAGE.format(setup=setup, axis=axis)
             text += "" if step.options.named else UNNAMED_NOTE.format(axis)
-            text += "".join(
-                f"; {a}" for a in dict.fromkeys(a for p in step.programs for a in p.assumed)
-            )
+            assumed = dict.fromkeys(a for p in step.programs for a in p.assumed)  # each once
+            text += "".join(f"; {a}" for a in assumed)
             # each program calling the step lays its arguments out alike: one `in_specs`
             steps.append((step.site, step.programs[0] if step.programs else None, text))
         programs = [q for s in group.steps for p in s.programs for q in (p, *p.callees)]

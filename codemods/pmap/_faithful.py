@@ -509,9 +509,8 @@ class Faithful(Finding):
         filled = all(
             p.default or i < count or p.name.value in keywords for i, p in enumerate(positional)
         )
-        return (
-            count if filled and count != known and max(statics) < count <= len(positional) else None
-        )
+        fits = count != known and max(statics) < count <= len(positional)
+        return count if filled and fits else None
 
     def _partial_arity(self, fun: cst.BaseExpression, statics: Sequence[int]) -> int | None:
         """The positional arity of `functools.partial(f, k=v, ...)`, `f` a def of the module:
