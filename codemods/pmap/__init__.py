@@ -800,10 +800,9 @@ class Pmap(Faithful):
                 self.converters[base] = (name, program.jax, self._numpy(), program.jnp)
             setattr(program, spelled, self.converters[base][0])  # `program.converter`, ...
         if program.flat_reads:  # results read flattened: each process reads its own part
-            bound = self.resolver.module_binding("jax.experimental.multihost_utils")
-            program.hosts = self._spelled(
-                bound, "jax.experimental", "multihost_utils", "multihost_utils"
-            )
+            hosts = "multihost_utils"  # `from jax.experimental import multihost_utils`
+            bound = self.resolver.module_binding(f"jax.experimental.{hosts}")
+            program.hosts = self._spelled(bound, "jax.experimental", hosts, hosts)
 
     def _with_converter(self, module: cst.Module) -> cst.Module:
         """The module with the helpers' defs after its imports, if a program asked for them."""

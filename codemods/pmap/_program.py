@@ -258,9 +258,7 @@ class Program:
         factory, made = self.factory
         taken = set(names_in(factory))
         mesh = numbered("mesh", lambda name: name not in taken)
-        returned = cst.SimpleStatementLine(
-            [cst.Return(self.step(mesh))], trailing_whitespace=made.trailing_whitespace
-        )
+        returned = made.with_changes(body=[cst.Return(self.step(mesh))], leading_lines=[])
         new = [laid_out(s, indent, style) for s in (assign(mesh, self.new_mesh()), returned)]
         new[0] = new[0].with_changes(leading_lines=made.leading_lines)  # type: ignore[union-attr]
         assert isinstance(factory.body, cst.IndentedBlock)
@@ -356,9 +354,8 @@ def laid_out(statement: cst.BaseStatement, indent: str, style: Style) -> cst.Bas
         return statement
     value = node.value
     if isinstance(node, cst.Assign) and value is not None and not isinstance(value, cst.Call):
-        return statement.with_changes(
-            body=[node.with_changes(value=_wrapped(value, indent, style))]
-        )
+        wrapped = node.with_changes(value=_wrapped(value, indent, style))
+        return statement.with_changes(body=[wrapped])
     if isinstance(value, cst.Call):  # the call, or the first of `call(...).method()`
         method = value.func if not value.args and isinstance(value.func, cst.Attribute) else None
         inner = method.value if method is not None and isinstance(method.value, cst.Call) else value
