@@ -61,17 +61,8 @@ from ._passon import (
     surely_stacked,
 )
 from ._program import COPY, Program
-from ._reach import (
-    ENTRY,
-    SCOPES,
-    Flow,
-    assigned_name,
-    free_names,
-    nodes_in,
-    params_of,
-    replaced,
-    statements,
-)
+from ._reach import ENTRY, SCOPES, Flow, assigned_name, free_names, nodes_in, params_of, replaced
+from ._reach import statements as _statements
 from ._readat import at as _at
 from ._readat import not_read_back, read_at_once, readers
 from ._readat import short as _short
@@ -2191,7 +2182,7 @@ def _flattening_helper(
     if len(params.params) != 1 or len(params_of(params)) != 1 or helper.decorators:
         return None
     param = params.params[0].name.value
-    lines = statements(helper.body)  # `def tohost(x): return ...` on one line too
+    lines = _statements(helper.body)  # `def tohost(x): return ...` on one line too
     lines = lines[1:] if lines and _is_docstring(lines[0]) else lines
     smalls = [line.body[0] for line in lines if isinstance(line, cst.SimpleStatementLine)]
     if len(smalls) != len(lines) or any(len(line.body) != 1 for line in lines):  # type: ignore[attr-defined]
